@@ -1,0 +1,44 @@
+"""File helpers shared by every writer and reader: atomic writes and transparent gzip."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import tempfile
+from pathlib import Path
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` (gzip-compressed when it ends in ``.gz``) via a temp file and rename.
+
+    A crash or error leaves either the old file or none, never a half-written one.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = text.encode("utf-8")
+    if path.suffix == ".gz":
+        data = gzip.compress(data, mtime=0)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as tmp:
+            tmp.write(data)
+            tmp.flush()
+            os.fsync(tmp.fileno())
+        os.replace(tmp_name, path)
+    except BaseException:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise
+
+
+def read_text(path: Path) -> str:
+    """Read a UTF-8 text file, gunzipping it when it starts with the gzip magic bytes.
+
+    Raises:
+        OSError: the file cannot be read.
+        gzip.BadGzipFile, EOFError: truncated or corrupt gzip data.
+        UnicodeDecodeError: not text.
+    """
+    raw = Path(path).read_bytes()
+    if raw[:2] == b"\x1f\x8b":
+        raw = gzip.decompress(raw)
+    return raw.decode("utf-8")
