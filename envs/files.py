@@ -8,6 +8,13 @@ import tempfile
 from pathlib import Path
 
 
+def _default_mode() -> int:
+    """Permissions a newly created file gets under the current umask."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
 def write_text_atomic(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` (gzip-compressed when it ends in ``.gz``) via a temp file and rename.
 
@@ -20,6 +27,7 @@ def write_text_atomic(path: Path, text: str) -> None:
         data = gzip.compress(data, mtime=0)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.chmod(tmp_name, path.stat().st_mode & 0o777 if path.exists() else _default_mode())
         with os.fdopen(fd, "wb") as tmp:
             tmp.write(data)
             tmp.flush()

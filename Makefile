@@ -1,0 +1,47 @@
+# kdvfs developer entry points. `make demo` and `make test` are the README's Quick start.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+RAW := data/raw/h200
+OUT := data/traces/h200
+
+.PHONY: setup demo test lint bundled-traces clean
+
+$(BIN)/kdvfs: pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -c constraints.txt torch
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev]'
+	touch $@
+
+setup: $(BIN)/kdvfs
+
+demo: setup
+	$(BIN)/kdvfs demo
+
+test: setup
+	$(BIN)/python -m pytest -q
+	$(BIN)/ruff check envs agents runtime tests benchmarks
+	$(BIN)/mypy
+
+lint: setup
+	$(BIN)/ruff check envs agents runtime tests benchmarks
+	$(BIN)/mypy
+
+# Re-create the bundled kdvfs traces from the raw H200 recordings (see data/README.md).
+bundled-traces: setup
+	$(BIN)/kdvfs trace import $(RAW)/trace_gpt3xl_24layer_b4.json.gz -o $(OUT)/gpt3xl-24layer-b4.trace.json \
+		--workload gpt3xl-24layer-b4 --ref-mem-mhz 3201 --observed-core-mhz 1665 \
+		--energy-j-per-step 109.87776923076923 --step-time-s 0.15864369205128198
+	$(BIN)/kdvfs trace import $(RAW)/trace_gpt3xl_1layer_b4.json.gz -o $(OUT)/gpt3xl-1layer-b4.trace.json \
+		--workload gpt3xl-1layer-b4 --ref-mem-mhz 3201 --observed-core-mhz 1980 --ncu $(RAW)/ncu_gpt3xl_1layer.csv.gz \
+		--energy-j-per-step 25.567474999999998 --step-time-s 0.05164994993750001
+	$(BIN)/kdvfs trace import $(RAW)/trace_gpt2s_b16.json.gz -o $(OUT)/gpt2s-b16.trace.json \
+		--workload gpt2s-b16 --ref-mem-mhz 3201 --observed-core-mhz 1935 \
+		--energy-j-per-step 32.9578359375 --step-time-s 0.04751704915624999
+	$(BIN)/kdvfs trace import $(RAW)/trace_resnet50_b128.json.gz -o $(OUT)/resnet50-b128.trace.json \
+		--workload resnet50-b128 --ref-mem-mhz 3201 --observed-core-mhz 1980 --ncu $(RAW)/ncu_resnet50_first400.csv.gz \
+		--energy-j-per-step 17.24685789473684 --step-time-s 0.031753824189473714
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -1,0 +1,1 @@
+"""kdvfs decision makers: learned PPO policies, exact planners and baselines, behind one interface."""

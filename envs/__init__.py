@@ -1,0 +1,1 @@
+"""kdvfs world model: kernel traces, GPU profiles, the cost model and the Gymnasium environment."""

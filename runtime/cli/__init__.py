@@ -1,0 +1,38 @@
+"""The ``kdvfs`` command line. Each command module adds its parser with ``add_parser(subparsers)``
+and sets ``func`` to a callable taking the parsed arguments and returning the exit code."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from envs.errors import KdvfsError
+from runtime.cli import demo_cmd, gpus_cmd, trace_cmd
+
+COMMANDS = (demo_cmd, trace_cmd, gpus_cmd)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full ``kdvfs`` argument parser."""
+    parser = argparse.ArgumentParser(prog="kdvfs", description="Learned kernel-level GPU clock control.")
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for module in COMMANDS:
+        module.add_parser(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``kdvfs`` console script; returns the process exit code."""
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except KdvfsError as error:
+        print(f"kdvfs: error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("kdvfs: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

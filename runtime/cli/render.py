@@ -1,0 +1,69 @@
+"""Terminal rendering shared by the CLI commands: JSON output and rich tables."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from envs.profiles import GpuProfile
+
+console = Console()
+
+
+def print_json(document: Any) -> None:
+    """Print machine-readable output (stable key order, no colour)."""
+    print(json.dumps(document, indent=2))
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3f}"
+
+
+def trace_tables(summary: dict[str, Any]) -> list[Table]:
+    """The summary of ``envs.summary.summarize`` as three tables: overview, by category, by phase."""
+    overview = Table(title=f"Trace {summary['workload']} ({summary['gpu']})", show_header=False)
+    overview.add_row("source", summary["source"])
+    overview.add_row("kernels / memsets / memcpys per step",
+                     f"{summary['kernels_per_step']} / {summary['memsets_per_step']} / {summary['memcpys_per_step']}")
+    overview.add_row("step time (ms)", _ms(summary["step_time_s"]))
+    overview.add_row("kernel time / idle (ms)", f"{_ms(summary['busy_s'])} / {_ms(summary['idle_s'])}")
+    overview.add_row("median kernel (us)", f"{summary['median_kernel_s'] * 1e6:.1f}")
+    overview.add_row("kernels with counters", str(summary["kernels_with_features"]))
+    for key, value in summary["measurements"].items():
+        overview.add_row(f"measured {key}", f"{value:.4g}")
+    tables = [overview]
+    for title, key in (("Time by category", "by_category"), ("Time by phase", "by_phase")):
+        table = Table(title=title)
+        for column in (title.split()[-1], "kernels", "time (ms)", "share"):
+            table.add_column(column, justify="left" if column == title.split()[-1] else "right")
+        for name, row in summary[key].items():
+            table.add_row(name, str(row["kernels"]), _ms(row["time_s"]), f"{row['share']:.1%}")
+        tables.append(table)
+    return tables
+
+
+def profile_table(profile: GpuProfile) -> Table:
+    """One GPU profile as a two-column table."""
+    table = Table(title=f"GPU profile {profile.name} ({profile.model})", show_header=False)
+    clocks = profile.clocks
+    for mem in clocks.memory_mhz:
+        cores = clocks.core_mhz[mem]
+        table.add_row(f"core clocks @ mem {mem} MHz", f"{cores[0]}-{cores[-1]} MHz ({len(cores)} values)")
+    table.add_row("clock pairs", str(len(profile.clock_pairs_mhz)))
+    table.add_row("power limit (range)", f"{profile.power.limit_w:.0f} W ({profile.power.limit_range_w[0]:.0f}-"
+                  f"{profile.power.limit_range_w[1]:.0f} W)")
+    table.add_row("idle power", f"{profile.power.idle_w:.1f} W")
+    peaks = ", ".join(f"{k} {v / 1e12:.1f}" for k, v in profile.roofline.peak_flops.items())
+    table.add_row("peak TFLOP/s", peaks)
+    table.add_row("DRAM bandwidth", f"{profile.roofline.dram_bandwidth_bytes_per_s / 1e12:.2f} TB/s")
+    table.add_row("SMs", str(profile.roofline.sm_count))
+    switching = profile.switching
+    table.add_row("switching latency", f"{switching.latency_mean_s * 1e3:.3f} ± {switching.latency_std_s * 1e3:.3f} ms"
+                  f"{' (estimate)' if switching.estimated else ''}")
+    calibrated = sum(1 for p in profile.cost_model.values() if p.status != "placeholder")
+    table.add_row("cost model", f"{calibrated}/{len(profile.cost_model)} parameters set" if profile.cost_model
+                  else "not calibrated yet")
+    return table

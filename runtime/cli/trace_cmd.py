@@ -1,0 +1,70 @@
+"""``kdvfs trace import|show|list``: bring profiler recordings into kdvfs and inspect traces."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import replace
+from pathlib import Path
+
+from envs.bundled import bundled_traces, open_trace
+from envs.kineto import import_kineto
+from envs.ncu import enrich_with_ncu, read_ncu_csv
+from envs.summary import summarize
+from envs.trace_format import save_trace
+from runtime.cli.render import console, print_json, trace_tables
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("trace", help="import and inspect kernel traces")
+    commands = parser.add_subparsers(dest="trace_command", required=True, metavar="ACTION")
+
+    imp = commands.add_parser("import", help="import a PyTorch profiler (Kineto) trace")
+    imp.add_argument("source", type=Path, help="Kineto chrome trace, .json or .json.gz")
+    imp.add_argument("-o", "--output", type=Path, required=True, help="kdvfs trace to write (.json or .json.gz)")
+    imp.add_argument("--ncu", type=Path, help="Nsight Compute `--csv --page raw` export to take counters from")
+    imp.add_argument("--step", type=int, default=-1, help="which complete step to keep (default -1: the last)")
+    imp.add_argument("--workload", help="workload label (default: the file name)")
+    imp.add_argument("--ref-mem-mhz", type=float, help="memory clock during the recording (MHz)")
+    imp.add_argument("--observed-core-mhz", type=float, help="median SM clock during the recording (MHz)")
+    imp.add_argument("--energy-j-per-step", type=float, help="measured energy of one step (J)")
+    imp.add_argument("--step-time-s", type=float, help="measured wall time of one step (s)")
+    imp.set_defaults(func=run_import)
+
+    show = commands.add_parser("show", help="summarise a trace: counts, time by category and phase")
+    show.add_argument("trace", help="trace file or bundled name (see `kdvfs trace list`)")
+    show.add_argument("--json", action="store_true", help="print JSON for scripts")
+    show.set_defaults(func=run_show)
+
+    listing = commands.add_parser("list", help="list the bundled traces")
+    listing.set_defaults(func=run_list)
+
+
+def run_import(args: argparse.Namespace) -> int:
+    measured = {key: value for key, value in (("energy_j_per_step", args.energy_j_per_step),
+                                              ("step_time_s", args.step_time_s)) if value is not None}
+    trace = import_kineto(args.source, step=args.step, workload=args.workload, measurements=measured,
+                          ref_mem_mhz=args.ref_mem_mhz, observed_core_mhz=args.observed_core_mhz)
+    note = ""
+    if args.ncu is not None:
+        trace, matched = enrich_with_ncu(trace, read_ncu_csv(args.ncu), args.ncu.name)
+        trace = replace(trace, meta=replace(trace.meta, source=f"{trace.meta.source}+ncu:{args.ncu.name}"))
+        note = f", {matched} with ncu counters"
+    save_trace(trace, args.output)
+    console.print(f"wrote {args.output}: step {trace.meta.step_index}, {len(trace)} activities{note}")
+    return 0
+
+
+def run_show(args: argparse.Namespace) -> int:
+    summary = summarize(open_trace(args.trace))
+    if args.json:
+        print_json(summary)
+    else:
+        for table in trace_tables(summary):
+            console.print(table)
+    return 0
+
+
+def run_list(args: argparse.Namespace) -> int:
+    for name in bundled_traces():
+        console.print(name)
+    return 0
