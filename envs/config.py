@@ -52,7 +52,8 @@ def _convert(value: Any, kind: Any, where: str, key: str) -> Any:
         item_types = [args[0]] * len(value) if args[-1] is Ellipsis else list(args)
         if len(item_types) != len(value):
             _fail(where, key, f"expected {len(item_types)} values, got {len(value)}")
-        return tuple(_convert(v, t, where, f"{key}[{i}]") for i, (v, t) in enumerate(zip(value, item_types)))
+        pairs = enumerate(zip(value, item_types, strict=True))
+        return tuple(_convert(v, t, where, f"{key}[{i}]") for i, (v, t) in pairs)
     if origin in (dict, collections.abc.Mapping) or kind is dict:
         if not isinstance(value, dict):
             _fail(where, key, f"expected a mapping, got {value!r}")

@@ -17,6 +17,7 @@ launched inside ``Optimizer.step``, other afterwards (e.g. ``zero_grad``).
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from dataclasses import dataclass
@@ -193,7 +194,7 @@ def _steps_from_repetition(recording: _Recording, path: Path) -> list[range]:
     if len(activities) % period == 0:
         offset = 0
     else:
-        gaps = [max(0.0, b.start_us - (a.start_us + a.dur_us)) for a, b in zip(activities, activities[1:])]
+        gaps = [max(0.0, b.start_us - (a.start_us + a.dur_us)) for a, b in itertools.pairwise(activities)]
         offset = (1 + max(range(len(gaps)), key=gaps.__getitem__)) % period
     return [range(s, s + period) for s in range(offset, len(activities) - period + 1, period)]
 

@@ -72,17 +72,17 @@ def parse_ncu_csv(text: str, where: str) -> list[NcuKernel]:
                                "`ncu --csv --page raw ...`")
     header = rows[header_at]
     dram = next((c for c in DRAM_COLUMNS if c in header), None)
-    missing = [c for c in (SM_COLUMN,) if c not in header] + ([] if dram else [DRAM_COLUMNS[0]])
-    if missing:
+    if SM_COLUMN not in header or dram is None:
+        missing = [c for c in (SM_COLUMN,) if c not in header] + ([] if dram else [DRAM_COLUMNS[0]])
         raise TraceFormatError(f"{where}: missing column(s) {missing}; collect them with "
                                "`ncu --section SpeedOfLight --csv --page raw`")
     col = {name: i for i, name in enumerate(header)}
     tensor = next((c for c in TENSOR_COLUMNS if c in col), None)
-    body = rows[header_at + 1:]
-    if body and body[0] and body[0][0] == "":
-        body = body[1:]  # the units row
+    first = header_at + 1
+    if first < len(rows) and rows[first] and rows[first][0] == "":
+        first += 1  # the units row
     kernels = []
-    for number, row in enumerate(body, start=header_at + 3):
+    for number, row in enumerate(rows[first:], start=first + 1):
         if not row:
             continue
         place = f"{where}: row {number}"

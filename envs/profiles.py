@@ -123,7 +123,7 @@ class GpuProfile:
     def clock_pairs_mhz(self) -> np.ndarray:
         """Every supported (core, memory) pair, shape ``(n_pairs, 2)``, memory descending then core ascending."""
         pairs = [(core, mem) for mem in self.clocks.memory_mhz for core in self.clocks.core_mhz[mem]]
-        array = np.asarray(pairs, dtype=np.float64)
+        array: np.ndarray = np.asarray(pairs, dtype=np.float64)
         array.flags.writeable = False
         return array
 

@@ -163,7 +163,7 @@ class TraceMeta:
 
 
 def _readonly(values: list[float] | list[bool] | list[int], dtype: type) -> np.ndarray:
-    array = np.asarray(values, dtype=dtype)
+    array: np.ndarray = np.asarray(values, dtype=dtype)
     array.flags.writeable = False
     return array
 
