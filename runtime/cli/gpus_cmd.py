@@ -1,12 +1,19 @@
-"""``kdvfs gpus [list|show NAME]``: the GPU profiles kdvfs ships."""
+"""``kdvfs gpus [list|show NAME|local]``: the GPU profiles kdvfs ships, and the GPUs of this machine."""
 
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
+
+from rich.table import Table
 
 from envs.config import to_plain
 from envs.profiles import available_profiles, load_profile
 from runtime.cli.render import console, print_json, profile_table
+from runtime.device.errors import DeviceIndexError
+from runtime.device.nvml_info import LocalGpu, read_local_gpus
+from runtime.device.profile_skeleton import skeleton_profile, write_skeleton_yaml
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -21,6 +28,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     show.add_argument("name", help="profile name (e.g. h200) or path to a profile .yaml")
     show.add_argument("--json", action="store_true", help="print JSON for scripts")
     show.set_defaults(func=run_show)
+
+    local = commands.add_parser("local", help="read this machine's GPUs through NVML (read-only)")
+    local.add_argument("--json", action="store_true", help="print JSON for scripts")
+    local.add_argument("--write", type=Path, metavar="PATH", help="write a profile skeleton (.yaml) of GPU --index")
+    local.add_argument("--name", help="profile name for --write (default: the file name without .yaml)")
+    local.add_argument("--index", type=int, default=0, help="which GPU --write describes (default 0)")
+    local.set_defaults(func=run_local)
 
 
 def run_list(args: argparse.Namespace) -> int:
@@ -37,4 +51,41 @@ def run_show(args: argparse.Namespace) -> int:
         print_json(to_plain(profile))
     else:
         console.print(profile_table(profile))
+    return 0
+
+
+def _local_table(gpu: LocalGpu) -> Table:
+    """One installed GPU as a two-column table."""
+    table = Table(title=f"GPU {gpu.index}: {gpu.name} (driver {gpu.driver_version})", show_header=False)
+    table.add_row("UUID", gpu.uuid)
+    memory_mhz = ", ".join(map(str, gpu.memory_clocks_mhz))
+    table.add_row("memory clocks", f"{memory_mhz} MHz (default {gpu.default_memory_mhz})")
+    for mem in gpu.memory_clocks_mhz:
+        cores = gpu.core_clocks_mhz[mem]
+        table.add_row(f"core clocks @ mem {mem} MHz", f"{cores[0]}-{cores[-1]} MHz ({len(cores)} values)")
+    low_w, high_w = gpu.power_limit_range_w
+    table.add_row("power limit (range)", f"{gpu.power_limit_w:.0f} W ({low_w:.0f}-{high_w:.0f} W)")
+    utilization = "unknown" if gpu.utilization_pct is None else f"{gpu.utilization_pct}%"
+    table.add_row("power draw", f"{gpu.power_draw_w:.1f} W (utilisation {utilization})")
+    table.add_row("SMs", "not reported by NVML" if gpu.sm_count is None else str(gpu.sm_count))
+    table.add_row("memory", f"{gpu.memory_total_bytes / 2**30:.1f} GiB")
+    return table
+
+
+def run_local(args: argparse.Namespace) -> int:
+    gpus = read_local_gpus()
+    if args.write is not None and not 0 <= args.index < len(gpus):
+        raise DeviceIndexError(f"GPU index {args.index} is out of range: this machine has {len(gpus)} GPU(s); "
+                               "pick one listed by `kdvfs gpus local`")
+    if args.json:
+        print_json([to_plain(gpu) for gpu in gpus])
+    else:
+        for gpu in gpus:
+            console.print(_local_table(gpu))
+        if not gpus:
+            console.print("NVML reports no GPUs on this machine")
+    if args.write is not None:
+        profile = write_skeleton_yaml(skeleton_profile(gpus[args.index], args.name or args.write.stem), args.write)
+        print(f"kdvfs: wrote GPU profile {profile.name!r} of GPU {args.index} to {args.write}; check the values "
+              "its sources list as copied", file=sys.stderr)
     return 0

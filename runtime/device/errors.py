@@ -1,0 +1,61 @@
+"""Typed device errors, and the one place where NVML's vendor errors become kdvfs errors."""
+
+from __future__ import annotations
+
+import pynvml
+
+from envs.errors import KdvfsError
+
+
+class DeviceError(KdvfsError):
+    """An NVML call failed; base class of every device error."""
+
+
+class NvmlUnavailableError(DeviceError):
+    """No NVIDIA driver or no ``libnvidia-ml`` on this machine."""
+
+
+class NvmlPermissionError(DeviceError):
+    """The call needs root or ``CAP_SYS_ADMIN`` (setting clocks or power limits)."""
+
+
+class NvmlNotSupportedError(DeviceError):
+    """This GPU or driver does not support the query."""
+
+
+class DriverTooOldError(DeviceError):
+    """The installed driver lacks an NVML function or structure version kdvfs uses."""
+
+
+class DeviceIndexError(DeviceError):
+    """A GPU index (or another NVML argument) is out of range."""
+
+
+_TRANSLATIONS: dict[int, tuple[type[DeviceError], str]] = {
+    pynvml.NVML_ERROR_LIBRARY_NOT_FOUND: (
+        NvmlUnavailableError,
+        "install the NVIDIA driver (it provides libnvidia-ml.so.1) or run on a machine with an NVIDIA GPU"),
+    pynvml.NVML_ERROR_DRIVER_NOT_LOADED: (
+        NvmlUnavailableError,
+        "load the NVIDIA driver (check that `nvidia-smi` works) or run on a machine with an NVIDIA GPU"),
+    pynvml.NVML_ERROR_NO_PERMISSION: (
+        NvmlPermissionError, "run as root or give the process CAP_SYS_ADMIN"),
+    pynvml.NVML_ERROR_NOT_SUPPORTED: (
+        NvmlNotSupportedError, "this GPU or driver does not offer it; use a GPU and driver that do"),
+    pynvml.NVML_ERROR_FUNCTION_NOT_FOUND: (
+        DriverTooOldError, "the NVIDIA driver is too old for this NVML function; upgrade the driver"),
+    pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH: (
+        DriverTooOldError, "the NVIDIA driver is too old for this NVML struct version; upgrade the driver"),
+    pynvml.NVML_ERROR_INVALID_ARGUMENT: (
+        DeviceIndexError, "check the GPU index against `kdvfs gpus local` or `nvidia-smi -L`"),
+}
+
+
+def translate_nvml_error(error: pynvml.NVMLError, action: str) -> KdvfsError:
+    """The kdvfs error for an NVML error raised while doing ``action`` (e.g. "read the power limit of GPU 0").
+
+    The message is one line naming the action, NVML's own words and the fix.
+    """
+    code = int(error.value)
+    kind, fix = _TRANSLATIONS.get(code, (DeviceError, "check the GPU and driver state with `nvidia-smi`"))
+    return kind(f"cannot {action}: {error} (NVML error {code}); {fix}")

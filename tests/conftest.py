@@ -1,0 +1,33 @@
+"""Shared pytest setup: ``gpu``-marked tests are skipped automatically where NVML cannot start."""
+
+from __future__ import annotations
+
+import functools
+
+import pynvml
+import pytest
+
+
+@functools.cache
+def _nvml_starts() -> bool:
+    """True when NVML initialises on this machine (an NVIDIA driver and GPU are present)."""
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return False
+    pynvml.nvmlShutdown()
+    return True
+
+
+@pytest.fixture(scope="session")
+def nvml_available() -> bool:
+    """Whether real NVML works here, for tests that behave differently with and without a GPU."""
+    return _nvml_starts()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    gpu_items = [item for item in items if item.get_closest_marker("gpu")]
+    if gpu_items and not _nvml_starts():
+        skip = pytest.mark.skip(reason="needs a real NVIDIA GPU: NVML does not initialise here")
+        for item in gpu_items:
+            item.add_marker(skip)
