@@ -9,7 +9,9 @@ from pathlib import Path
 from envs.bundled import bundled_traces, open_trace
 from envs.kineto import import_kineto
 from envs.ncu import enrich_with_ncu, read_ncu_csv
+from envs.profiles import load_profile
 from envs.summary import summarize
+from envs.synthetic import available_workloads, generate_transformer_trace, load_workload
 from envs.trace_format import save_trace
 from runtime.cli.render import console, print_json, trace_tables
 
@@ -37,6 +39,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
     listing = commands.add_parser("list", help="list the bundled traces")
     listing.set_defaults(func=run_list)
+
+    generate = commands.add_parser("generate", help="generate a synthetic transformer training step")
+    generate.add_argument("--workload", required=True,
+                          help=f"preset in configs/workloads ({', '.join(available_workloads())}) or a .yaml")
+    generate.add_argument("--gpu", required=True, help="GPU profile name or .yaml (sets the roofline)")
+    generate.add_argument("--seed", type=int, help="add seeded noise to kernel durations")
+    generate.add_argument("-o", "--output", type=Path, required=True, help="kdvfs trace to write")
+    generate.set_defaults(func=run_generate)
 
 
 def run_import(args: argparse.Namespace) -> int:
@@ -67,4 +77,11 @@ def run_show(args: argparse.Namespace) -> int:
 def run_list(args: argparse.Namespace) -> int:
     for name in bundled_traces():
         console.print(name)
+    return 0
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    trace = generate_transformer_trace(load_workload(args.workload), load_profile(args.gpu), rng_seed=args.seed)
+    save_trace(trace, args.output)
+    console.print(f"wrote {args.output}: {len(trace)} activities, step {trace.step_time_s * 1e3:.2f} ms")
     return 0

@@ -82,3 +82,12 @@ def test_console_script_is_installed() -> None:
     assert script is not None
     result = subprocess.run([script, "trace", "list"], capture_output=True, text=True, check=True)
     assert "h200/gpt3xl-24layer-b4" in result.stdout.split()
+
+
+def test_trace_generate(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    out_path = tmp_path / "g.trace.json"
+    code, out, _ = run(capsys, "trace", "generate", "--workload", "gpt2s", "--gpu", "h200", "-o", str(out_path))
+    assert code == 0 and "wrote" in out
+    assert load_trace(out_path).meta.workload == "gpt2s"
+    code, _, err = run(capsys, "trace", "generate", "--workload", "nope", "--gpu", "h200", "-o", str(out_path))
+    assert code == 2 and "nope" in err
