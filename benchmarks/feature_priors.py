@@ -1,0 +1,77 @@
+"""Derive the per-category feature priors of ``envs.estimate.FEATURE_PRIORS`` from real ncu counters.
+
+Usage: ``python benchmarks/feature_priors.py``. Reads the ncu-enriched bundled traces, prints the table
+(and the Python literal to paste into ``envs/estimate.py``) and writes ``benchmarks/results/feature_priors.json``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import platform
+import subprocess
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+from envs.bundled import open_trace
+from envs.estimate import CategoryPrior, derive_priors
+from envs.trace import Category, Trace
+
+TRACES = ("h200/gpt3xl-1layer-b4", "h200/resnet50-b128")
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def git_revision() -> str:
+    """HEAD commit of the repository, with ``+dirty`` when the working tree has changes."""
+    root = Path(__file__).resolve().parent.parent
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "--no-optional-locks", "status", "--porcelain"], cwd=root, capture_output=True,
+                           text=True).stdout
+    return head + ("+dirty" if dirty.strip() else "")
+
+
+def provenance(command: str) -> dict[str, str]:
+    """Command, machine, Python version, UTC date and git revision of a benchmark run."""
+    return {"command": command, "machine": f"{platform.node()} ({platform.processor() or platform.machine()})",
+            "python": sys.version.split()[0], "date_utc": datetime.datetime.now(datetime.UTC).isoformat(),
+            "git_revision": git_revision()}
+
+
+def measured_counts(traces: list[Trace]) -> dict[Category, int]:
+    """Number of ncu-measured kernels per category."""
+    counts = dict.fromkeys(Category, 0)
+    for trace in traces:
+        for k in trace.kernels:
+            if k.features is not None and k.features.source.startswith("ncu:"):
+                counts[k.category] += 1
+    return counts
+
+
+def as_literal(priors: dict[Category, CategoryPrior]) -> str:
+    """The priors as the Python mapping literal of ``envs/estimate.py``."""
+    lines = [f"    Category.{c.name}: CategoryPrior({p.sm_util}, {p.dram_util}, {p.tensor_util}, {p.sm_per_dram}),"
+             for c, p in priors.items()]
+    return "FEATURE_PRIORS: Mapping[Category, CategoryPrior] = {\n" + "\n".join(lines) + "\n}"
+
+
+def main() -> None:
+    traces = [open_trace(name) for name in TRACES]
+    priors = derive_priors(traces)
+    counts = measured_counts(traces)
+    print(f"{'category':14s} {'n':>4s} {'sm_util':>8s} {'dram_util':>9s} {'tensor_util':>11s} {'sm_per_dram':>11s}")
+    for category, prior in priors.items():
+        print(f"{category.value:14s} {counts[category]:4d} {prior.sm_util:8.3f} {prior.dram_util:9.3f} "
+              f"{prior.tensor_util:11.3f} {prior.sm_per_dram:11.3f}")
+    print()
+    print(as_literal(priors))
+    RESULTS.mkdir(exist_ok=True)
+    document = {**provenance("python benchmarks/feature_priors.py"), "traces": list(TRACES),
+                "statistic": "duration-weighted median over ncu-measured kernels; sm_per_dram over kernels "
+                             "without tensor-core use and with dram_util >= 0.05",
+                "priors": {c.value: {**asdict(p), "n_kernels": counts[c]} for c, p in priors.items()}}
+    (RESULTS / "feature_priors.json").write_text(json.dumps(document, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
