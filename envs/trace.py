@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from functools import cached_property
 from types import MappingProxyType
@@ -227,3 +227,18 @@ class Trace:
     def count(self, kind: Kind) -> int:
         """Number of activities of one kind in the step."""
         return sum(1 for k in self.kernels if k.kind is kind)
+
+
+def with_measured_gaps(trace: Trace) -> Trace:
+    """The trace with its idle gaps scaled so the step lasts the measured, unprofiled step time.
+
+    Profiler overhead slows the CPU's kernel launches and inflates the GPU's idle gaps; when the metadata
+    holds ``measurements["step_time_s"]`` shorter than the traced step, the gaps shrink in proportion
+    (to zero at most). Otherwise the trace is returned unchanged.
+    """
+    measured = trace.meta.measurements.get("step_time_s")
+    idle_s = float(trace.gap_before_s.sum())
+    if measured is None or measured >= trace.step_time_s or idle_s <= 0:
+        return trace
+    scale = max(0.0, measured - trace.busy_s) / idle_s
+    return Trace(trace.meta, tuple(replace(k, gap_before_s=k.gap_before_s * scale) for k in trace.kernels))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any
 
 from rich.console import Console
@@ -10,7 +11,7 @@ from rich.table import Table
 
 from envs.profiles import GpuProfile
 
-console = Console()
+console = Console(width=None if sys.stdout.isatty() else 120, soft_wrap=True)
 
 
 def print_json(document: Any) -> None:
@@ -63,7 +64,32 @@ def profile_table(profile: GpuProfile) -> Table:
     switching = profile.switching
     table.add_row("switching latency", f"{switching.latency_mean_s * 1e3:.3f} ± {switching.latency_std_s * 1e3:.3f} ms"
                   f"{' (estimate)' if switching.estimated else ''}")
-    calibrated = sum(1 for p in profile.cost_model.values() if p.status != "placeholder")
-    table.add_row("cost model", f"{calibrated}/{len(profile.cost_model)} parameters set" if profile.cost_model
-                  else "not calibrated yet")
+    statuses = [p.status for p in profile.cost_model.values()]
+    summary = ", ".join(f"{statuses.count(s)} {s}" for s in ("calibrated", "estimate", "placeholder") if s in statuses)
+    table.add_row("cost model", f"{len(statuses)} parameters: {summary}" if statuses else "not calibrated yet")
+    return table
+
+
+def breakdown_table(result: dict[str, Any]) -> Table:
+    """``kdvfs predict`` output: one column per mode, step totals then energy by category."""
+    predictions = result["predictions"]
+    table = Table(title=f"Predicted step of {result['trace']} on {result['gpu']}")
+    table.add_column("")
+    for row in predictions:
+        label = "auto" if row["mode"] == "auto" else f"{row['core_mhz']:g}:{row['mem_mhz']:g} MHz"
+        table.add_column(label, justify="right")
+    if result["measured"]:
+        table.add_column("measured", justify="right")
+    measured = result["measured"]
+    lines = [("step time (ms)", "step_time_s", 1e3, measured.get("step_time_s")),
+             ("energy (J)", "energy_j", 1.0, measured.get("energy_j_per_step")),
+             ("average power (W)", "avg_power_w", 1.0, None)]
+    for label, key, scale, observed in lines:
+        cells = [f"{row[key] * scale:.2f}" for row in predictions]
+        if measured:
+            cells.append("" if observed is None else f"{observed * scale:.2f}")
+        table.add_row(label, *cells)
+    for category in predictions[0]["by_category"]:
+        cells = [f"{row['by_category'][category]['energy_j']:.2f}" for row in predictions]
+        table.add_row(f"  {category} energy (J)", *cells, *([""] if measured else []))
     return table

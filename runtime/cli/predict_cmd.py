@@ -1,0 +1,57 @@
+"""``kdvfs predict``: step time, energy and power of a trace on a GPU, in auto mode and at given clocks."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import numpy as np
+
+from envs.bundled import open_trace
+from envs.cost_tables import build_tables, step_breakdown
+from envs.errors import KdvfsError
+from envs.profiles import load_profile
+from envs.trace import with_measured_gaps
+from runtime.cli.render import breakdown_table, console, print_json
+
+
+def _pair(text: str) -> tuple[float, float]:
+    try:
+        core, mem = (float(v) for v in text.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not CORE_MHZ:MEM_MHZ (e.g. 1410:3201)") from None
+    return core, mem
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("predict", help="predict step time, energy and power of a trace")
+    parser.add_argument("--trace", required=True, help="trace file or bundled name")
+    parser.add_argument("--gpu", required=True, help="GPU profile name or .yaml")
+    parser.add_argument("--pair", type=_pair, action="append", default=[], metavar="CORE_MHZ:MEM_MHZ",
+                        help="also predict at this locked clock pair (repeatable)")
+    parser.add_argument("--json", action="store_true", help="print JSON for scripts")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    trace, profile = with_measured_gaps(open_trace(args.trace)), load_profile(args.gpu)
+    tables = build_tables(trace, profile)
+    rows: list[dict[str, Any]] = [{"mode": "auto", "core_mhz": None, "mem_mhz": float(tables.memory_mhz[0]),
+                                   **step_breakdown(trace, tables, tables.auto_time_s[:, 0],
+                                                    tables.auto_energy_j[:, 0], tables.auto_gap_power_w[:, 0])}]
+    for core, mem in args.pair:
+        match = np.flatnonzero((tables.pairs_mhz[:, 0] == core) & (tables.pairs_mhz[:, 1] == mem))
+        if not len(match):
+            raise KdvfsError(f"clock pair {core:g}:{mem:g} MHz is not supported by GPU profile {profile.name!r}; "
+                             f"see `kdvfs gpus show {profile.name}`")
+        index = int(match[0])
+        rows.append({"mode": "locked", "core_mhz": core, "mem_mhz": mem,
+                     **step_breakdown(trace, tables, tables.time_s[:, index], tables.energy_j[:, index],
+                                      float(tables.gap_power_w[index]))})
+    result = {"trace": trace.meta.workload, "gpu": profile.name, "measured": dict(trace.meta.measurements),
+              "predictions": rows}
+    if args.json:
+        print_json(result)
+    else:
+        console.print(breakdown_table(result))
+    return 0
