@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 RAW := data/raw/h200
 OUT := data/traces/h200
 
-.PHONY: setup demo test lint bundled-traces clean
+.PHONY: setup demo test lint bundled-traces calibrate clean
 
 $(BIN)/kdvfs: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -21,11 +21,11 @@ demo: setup
 
 test: setup
 	$(BIN)/python -m pytest -q
-	$(BIN)/ruff check envs agents runtime tests benchmarks
+	$(BIN)/ruff check envs agents runtime tests benchmarks scripts
 	$(BIN)/mypy
 
 lint: setup
-	$(BIN)/ruff check envs agents runtime tests benchmarks
+	$(BIN)/ruff check envs agents runtime tests benchmarks scripts
 	$(BIN)/mypy
 
 # Re-create the bundled kdvfs traces from the raw H200 recordings (see data/README.md).
@@ -42,6 +42,16 @@ bundled-traces: setup
 	$(BIN)/kdvfs trace import $(RAW)/trace_resnet50_b128.json.gz -o $(OUT)/resnet50-b128.trace.json \
 		--workload resnet50-b128 --ref-mem-mhz 3201 --observed-core-mhz 1980 --ncu $(RAW)/ncu_resnet50_first400.csv.gz \
 		--energy-j-per-step 17.24685789473684 --step-time-s 0.031753824189473714
+
+# Re-create the sweeps and the shipped profiles' cost-model parameters (see docs/cost-model.md).
+calibrate: setup
+	$(BIN)/kdvfs model convert wang-chu data/raw/public/gtx980-dvfs-sweep.csv --gpu gtx980 -o data/sweeps/gtx980.sweep.csv
+	$(BIN)/kdvfs model convert wang-chu data/raw/public/gtx1080ti-dvfs-sweep.csv --gpu gtx1080ti \
+		-o data/sweeps/gtx1080ti.sweep.csv
+	$(BIN)/kdvfs model convert h200-default data/raw/h200 -o data/sweeps/h200-default.sweep.csv
+	$(BIN)/kdvfs model fit --sweep data/sweeps/h200-default.sweep.csv --gpu h200 \
+		--fix voltage_min,voltage_knee_fraction,leakage_w,traffic_core_share --write
+	$(BIN)/python scripts/derive_profile_estimates.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

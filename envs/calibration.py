@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
 
-from envs.cost_model import CostParams
+from envs.cost_model import ClockLimits, CostParams
 from envs.errors import KdvfsError
 from envs.fit import (
     POWER_PARAMS,
@@ -51,6 +51,7 @@ def calibrate(profile: GpuProfile, sweep: Sweep, fixed: Sequence[str] = ()) -> C
     if unknown:
         raise KdvfsError(f"unknown parameter(s) {unknown} in --fix; parameters are {list(CostParams.names())}")
     sweep.check_clocks(profile)
+    sweep = replace(sweep, grid_limits=ClockLimits.of(profile))
     start, entries = starting_params(profile, sweep)
     free = [n for n in identifiable(sweep, TIME_PARAMS + POWER_PARAMS) if n not in fixed]
     params = fit_params(sweep, start, free)

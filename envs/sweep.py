@@ -48,6 +48,8 @@ class Sweep:
         kernel_index: (R,) row -> kernel.
         core_mhz, mem_mhz, time_s, power_w: (R,) per-row measurements.
         sm_util, dram_util, tensor_util: (R,) per-row utilisations (only reference rows are used).
+        grid_limits: the maximum clocks the model normalises by; None means the sweep's own grid maxima.
+            Subsets keep their parent's, and a calibration uses the GPU profile's.
     """
 
     source: str
@@ -60,6 +62,7 @@ class Sweep:
     sm_util: Array
     dram_util: Array
     tensor_util: Array
+    grid_limits: ClockLimits | None = None
 
     @property
     def reference_rows(self) -> Array:
@@ -70,8 +73,8 @@ class Sweep:
 
     @property
     def limits(self) -> ClockLimits:
-        """Maximum core and memory clocks of the sweep's grid."""
-        return ClockLimits(float(self.core_mhz.max()), float(self.mem_mhz.max()))
+        """Maximum core and memory clocks the model normalises by (see ``grid_limits``)."""
+        return self.grid_limits or ClockLimits(float(self.core_mhz.max()), float(self.mem_mhz.max()))
 
     def row_inputs(self) -> KernelInputs:
         """(R,) model inputs: each row's kernel with its reference time, clocks and utilisations."""
@@ -92,7 +95,7 @@ class Sweep:
         renumber[kernels] = np.arange(len(kernels))
         return Sweep(self.source, tuple(self.kernel_names[i] for i in kernels), renumber[self.kernel_index[keep]],
                      self.core_mhz[keep], self.mem_mhz[keep], self.time_s[keep], self.power_w[keep],
-                     self.sm_util[keep], self.dram_util[keep], self.tensor_util[keep])
+                     self.sm_util[keep], self.dram_util[keep], self.tensor_util[keep], self.limits)
 
     def check_clocks(self, profile: GpuProfile) -> None:
         """Raise if a row's clock pair is not supported by ``profile``."""

@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 
 from envs.bundled import DEFAULT_TRACE, open_trace
+from envs.cost_tables import build_tables, step_breakdown
 from envs.profiles import load_profile
 from envs.summary import summarize
-from runtime.cli.render import console, profile_table, trace_tables
+from envs.trace import with_measured_gaps
+from runtime.cli.render import breakdown_table, console, profile_table, trace_tables
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -18,9 +20,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    trace = open_trace(args.trace)
+    trace = with_measured_gaps(open_trace(args.trace))
     profile = load_profile(args.gpu)
     for table in trace_tables(summarize(trace)):
         console.print(table)
     console.print(profile_table(profile))
+    tables = build_tables(trace, profile)
+    auto = step_breakdown(trace, tables, tables.auto_time_s[:, 0], tables.auto_energy_j[:, 0],
+                          tables.auto_gap_power_w[:, 0])
+    console.print(breakdown_table({"trace": trace.meta.workload, "gpu": profile.name,
+                                   "measured": dict(trace.meta.measurements), "predictions": [{"mode": "auto",
+                                   "core_mhz": None, "mem_mhz": float(tables.memory_mhz[0]), **auto}]}))
     return 0
