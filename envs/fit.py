@@ -149,8 +149,13 @@ def _fold_errors(sweep: Sweep, held_out: Array, initial: CostParams | None) -> t
 def cross_validate(sweep: Sweep, folds: int = 5, seed: int = 0, initial: CostParams | None = None) -> Validation:
     """k-fold by kernel: fit on the other kernels, predict each held-out kernel from its reference row."""
     kernels = len(sweep.kernel_names)
+    if folds < 2:
+        raise SweepError(f"{sweep.source}: {folds} folds leave nothing to fit or to hold out; use --folds 2 or more")
     if kernels < folds:
         raise SweepError(f"{sweep.source}: {kernels} kernels cannot be split into {folds} folds; use fewer folds")
+    if np.bincount(sweep.kernel_index).max() < 2:
+        raise SweepError(f"{sweep.source}: every kernel has one row, so no clock change can be predicted; validate "
+                         "on a sweep that measures each kernel at several clock pairs")
     order = np.random.default_rng(seed).permutation(kernels)
     time_errors, power_errors, utilisation_errors, per_kernel = [], [], [], {}
     for held_out in np.array_split(order, folds):

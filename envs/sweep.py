@@ -19,6 +19,7 @@ Utilisations of non-reference rows are ignored.
 from __future__ import annotations
 
 import csv
+import io
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -122,7 +123,7 @@ def _cell(value: str, where: str, column: str, positive: bool) -> float:
 
 def parse_sweep(text: str, source: str) -> Sweep:
     """Parse sweep CSV text; ``source`` names the file in errors."""
-    reader = csv.DictReader(text.splitlines())
+    reader = csv.DictReader(io.StringIO(text))
     header = reader.fieldnames or []
     missing = [c for c in REQUIRED_COLUMNS if c not in header]
     if missing:
@@ -131,8 +132,8 @@ def parse_sweep(text: str, source: str) -> Sweep:
     names: dict[str, int] = {}
     index, values = [], []
     numeric = [c for c in (*REQUIRED_COLUMNS[1:], *OPTIONAL_COLUMNS) if c in header]
-    for line, row in enumerate(reader, start=2):
-        where = f"{source}: row {line}"
+    for row in reader:
+        where = f"{source}: row {reader.line_num}"
         if not row.get("kernel"):
             raise SweepError(f"{where}: empty 'kernel'")
         index.append(names.setdefault(row["kernel"], len(names)))
@@ -162,10 +163,11 @@ def load_sweep(path: Path) -> Sweep:
 
 def sweep_to_csv(sweep: Sweep) -> str:
     """Serialise a sweep in the schema (used by the converters)."""
-    lines = [",".join((*REQUIRED_COLUMNS, *OPTIONAL_COLUMNS))]
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow((*REQUIRED_COLUMNS, *OPTIONAL_COLUMNS))
     for row in range(len(sweep.time_s)):
-        name = sweep.kernel_names[sweep.kernel_index[row]].replace(",", ";")
         numbers = (sweep.core_mhz[row], sweep.mem_mhz[row], sweep.time_s[row], sweep.power_w[row],
                    sweep.sm_util[row], sweep.dram_util[row], sweep.tensor_util[row])
-        lines.append(",".join([name, *(repr(float(v)) for v in numbers)]))
-    return "\n".join(lines) + "\n"
+        writer.writerow([sweep.kernel_names[sweep.kernel_index[row]], *(repr(float(v)) for v in numbers)])
+    return out.getvalue()

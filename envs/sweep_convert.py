@@ -60,16 +60,27 @@ def convert_wang_chu(path: Path, gpu: str) -> Sweep:
     if not rows or not required <= set(rows[0]):
         raise SweepError(f"{path}: not a Wang & Chu sweep (needs columns {sorted(required)})")
     records = []
-    for row in rows:
-        mem_mhz = float(row["memF"])
-        peak_gb_s = mem_mhz * 2 * WANG_CHU_BUS_BYTES[gpu] / 1e3
-        dram_gb_s = float(row["dram_read_throughput"]) + float(row["dram_write_throughput"])
-        ipc = float(row.get("executed_ipc") or row.get("ipc") or 0.0)
-        active = float(row.get("sm_activity") or row.get("sm_efficiency") or 0.0)
-        records.append((f"{row['appName']}/{row['kernel']}/{row['argNo']}", float(row["coreF"]), mem_mhz,
-                        float(row["time/ms"]) / 1e3, float(row["power/W"]),
-                        min(1.0, active * ipc / ISSUE_WIDTH_IPC), min(1.0, dram_gb_s / peak_gb_s), 0.0))
+    for line, row in enumerate(rows, start=2):
+        try:
+            records.append(_wang_chu_record(row, gpu))
+        except (TypeError, ValueError):
+            raise SweepError(f"{path}: row {line}: missing or non-numeric values; the file is damaged or "
+                             "truncated: take a fresh copy of the published CSV") from None
     return _sweep(str(path), records)
+
+
+def _wang_chu_record(row: dict[str, str], gpu: str) -> tuple[str, float, float, float, float, float, float, float]:
+    """One sweep row from a Wang & Chu row (raises TypeError/ValueError on missing or bad cells)."""
+    mem_mhz = float(row["memF"])
+    peak_gb_s = mem_mhz * 2 * WANG_CHU_BUS_BYTES[gpu] / 1e3
+    dram_gb_s = float(row["dram_read_throughput"]) + float(row["dram_write_throughput"])
+    ipc = float(row.get("executed_ipc") or row.get("ipc") or 0.0)
+    active = float(row.get("sm_activity") or row.get("sm_efficiency") or 0.0)
+    return (f"{row['appName']}/{row['kernel']}/{row['argNo']}", float(row["coreF"]), mem_mhz,
+            float(row["time/ms"]) / 1e3, float(row["power/W"]),
+            min(1.0, active * ipc / ISSUE_WIDTH_IPC), min(1.0, dram_gb_s / peak_gb_s), 0.0)
+
+
 
 
 def _features(kernel: NcuKernel) -> tuple[float, float, float]:
