@@ -20,11 +20,14 @@ def write_text_atomic(path: Path, text: str) -> None:
 
     A crash or error leaves either the old file or none, never a half-written one.
     """
+    data = text.encode("utf-8")
+    write_bytes_atomic(path, gzip.compress(data, mtime=0) if Path(path).suffix == ".gz" else data)
+
+
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` via a temp file in the same folder and an atomic rename."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    data = text.encode("utf-8")
-    if path.suffix == ".gz":
-        data = gzip.compress(data, mtime=0)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         os.chmod(tmp_name, path.stat().st_mode & 0o777 if path.exists() else _default_mode())

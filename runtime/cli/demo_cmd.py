@@ -3,19 +3,27 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
+from agents.compare import compare, plot_tradeoff
+from agents.problem import Problem
+from agents.registry import COMPARED
 from envs.bundled import DEFAULT_TRACE, open_trace
 from envs.cost_tables import build_tables, step_breakdown
-from envs.profiles import load_profile
+from envs.profiles import GpuProfile, load_profile
 from envs.summary import summarize
-from envs.trace import with_measured_gaps
-from runtime.cli.render import breakdown_table, console, profile_table, trace_tables
+from envs.trace import Trace, with_measured_gaps
+from runtime.cli.render import breakdown_table, compare_table, console, profile_table, trace_tables
+from runtime.run_record import write_run_record
+
+DEMO_BUDGETS = (0.0, 0.01, 0.03, 0.05, 0.1)
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("demo", help="run the main job on the bundled H200 data")
     parser.add_argument("--trace", default=DEFAULT_TRACE, help=f"trace to use (default {DEFAULT_TRACE})")
     parser.add_argument("--gpu", default="h200", help="GPU profile (default h200)")
+    parser.add_argument("--out", type=Path, default=Path("runs/demo"), help="folder for the plot and run record")
     parser.set_defaults(func=run)
 
 
@@ -31,4 +39,18 @@ def run(args: argparse.Namespace) -> int:
     console.print(breakdown_table({"trace": trace.meta.workload, "gpu": profile.name,
                                    "measured": dict(trace.meta.measurements), "predictions": [{"mode": "auto",
                                    "core_mhz": None, "mem_mhz": float(tables.memory_mhz[0]), **auto}]}))
+    _compare(trace, profile, args.out)
     return 0
+
+
+def _compare(trace: Trace, profile: GpuProfile, out: Path) -> None:
+    """Every method at a 1% budget, and the trade-off plot over DEMO_BUDGETS."""
+    problem = Problem.build(trace, profile, 0.01)
+    with console.status("planning") as status:
+        rows = compare(problem, DEMO_BUDGETS, COMPARED, lambda text: status.update(f"planning: {text}"))
+    console.print(compare_table([r for r in rows if r.budget == 0.01], problem))
+    plot = out / "pareto.png"
+    plot_tradeoff(rows, f"{trace.meta.workload} on {profile.name}, {problem.latency_s * 1e3:g} ms switching", plot)
+    record = write_run_record(out, {"trace": trace.meta.workload, "gpu": profile.name, "budgets": DEMO_BUDGETS,
+                                    "latency_s": problem.latency_s, "methods": COMPARED})
+    console.print(f"wrote {plot} and {record}")

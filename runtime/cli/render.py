@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
 
 from envs.profiles import GpuProfile
+
+if TYPE_CHECKING:
+    from agents.compare import Row
+    from agents.problem import Problem
 
 console = Console(width=None if sys.stdout.isatty() else 120, soft_wrap=True)
 
@@ -92,4 +97,18 @@ def breakdown_table(result: dict[str, Any]) -> Table:
     for category in predictions[0]["by_category"]:
         cells = [f"{row['by_category'][category]['energy_j']:.2f}" for row in predictions]
         table.add_row(f"  {category} energy (J)", *cells, *([""] if measured else []))
+    return table
+
+
+def compare_table(rows: Sequence[Row], problem: Problem) -> Table:
+    """``kdvfs compare`` output: one row per method and budget, executed with the problem's latency."""
+    table = Table(title=f"{problem.trace.meta.workload} on {problem.profile.name}, "
+                        f"{problem.latency_s * 1e3:g} ms switching latency")
+    for column in ("budget", "method", "energy saved", "slowdown", "switches/step", "solve (s)",
+                   "as planned: saved / slowdown"):
+        table.add_column(column, justify="left" if column == "method" else "right")
+    for row in rows:
+        e, p = row.executed, row.planned
+        table.add_row(f"{row.budget:.1%}", e.method, f"{e.energy_saved_pct:.2f}%", f"{e.slowdown_pct:.2f}%",
+                      str(e.switches), f"{e.solve_s:.2f}", f"{p.energy_saved_pct:.2f}% / {p.slowdown_pct:.2f}%")
     return table

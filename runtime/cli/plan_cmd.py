@@ -1,0 +1,112 @@
+"""``kdvfs plan`` and ``kdvfs compare``: schedule clocks for a step with any method, or all of them."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from agents.compare import compare, plot_tradeoff
+from agents.problem import Problem, outcome_of
+from agents.registry import COMPARED, PLANNERS, make_planner
+from envs.bundled import open_trace
+from envs.errors import KdvfsError
+from envs.files import write_text_atomic
+from envs.profiles import load_profile
+from envs.schedule import Schedule
+from runtime.cli.render import compare_table, console, print_json
+
+PLOT_BUDGETS = (0.0, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1)
+
+
+def _percent_list(text: str) -> list[float]:
+    try:
+        values = [float(v) for v in text.split(",") if v]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of fractions (0.01 = 1%)") from None
+    if not values or min(values) < 0:
+        raise argparse.ArgumentTypeError("budgets must be >= 0 fractions (0.01 = 1%)")
+    return values
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--trace", required=True, help="trace file or bundled name")
+    parser.add_argument("--gpu", required=True, help="GPU profile name or .yaml")
+    parser.add_argument("--latency-ms", type=float, help="switching latency to execute with (default: the "
+                        "profile's; 0 = ideal switching)")
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    plan = subparsers.add_parser("plan", help="schedule clocks for a step with one method")
+    _common(plan)
+    plan.add_argument("--method", required=True, choices=sorted(PLANNERS), help="decision maker")
+    plan.add_argument("--slowdown", type=float, required=True, help="step-time budget over auto (0.01 = 1%%)")
+    plan.add_argument("-o", "--output", type=Path, help="write the schedule as JSON")
+    plan.set_defaults(func=run_plan)
+
+    comparison = subparsers.add_parser("compare", help="every method on a step, at one or more budgets")
+    _common(comparison)
+    comparison.add_argument("--slowdown", type=_percent_list, required=True, help="budgets, e.g. 0.01 or 0,0.01,0.05")
+    comparison.add_argument("--json", action="store_true", help="print JSON for scripts")
+    comparison.add_argument("--plot", type=Path, help=f"write the trade-off plot (budgets {PLOT_BUDGETS[0]:.0%}-"
+                            f"{PLOT_BUDGETS[-1]:.0%}) to this PNG")
+    comparison.set_defaults(func=run_compare)
+
+
+def _problem(args: argparse.Namespace, slowdown: float) -> Problem:
+    latency_s = None if args.latency_ms is None else args.latency_ms / 1e3
+    if latency_s is not None and latency_s < 0:
+        raise KdvfsError(f"--latency-ms {args.latency_ms} must be >= 0")
+    return Problem.build(open_trace(args.trace), load_profile(args.gpu), slowdown, latency_s)
+
+
+def schedule_json(problem: Problem, schedule: Schedule) -> dict[str, Any]:
+    """A schedule as segments of consecutive kernels with their clocks, plus its predicted cost."""
+    actions, costs = schedule.actions, problem.costs
+    starts = [0] + [k for k in range(1, len(actions)) if actions[k] != actions[k - 1]]
+    executed, planned, auto = outcome_of(problem, schedule), outcome_of(problem, schedule, ideal=True), problem.auto
+    return {
+        "format": "kdvfs-schedule", "version": 1, "method": schedule.method, "trace": problem.trace.meta.workload,
+        "gpu": problem.profile.name, "slowdown_budget": problem.slowdown, "latency_s": problem.latency_s,
+        "kernels": costs.kernels, "solve_s": schedule.solve_s, "info": schedule.info,
+        "segments": [{"start_kernel": k, "clocks": costs.label(int(actions[k]))} for k in starts],
+        "auto": {"step_time_s": auto.time_s, "energy_j": auto.energy_j},
+        "executed": {"step_time_s": executed.time_s, "energy_j": executed.energy_j, "switches": executed.switches},
+        "planned": {"step_time_s": planned.time_s, "energy_j": planned.energy_j, "switches": planned.switches},
+    }
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    problem = _problem(args, args.slowdown)
+    schedule = make_planner(args.method).plan(problem)
+    document = schedule_json(problem, schedule)
+    if args.output:
+        write_text_atomic(args.output, json.dumps(document, indent=1) + "\n")
+        console.print(f"wrote {args.output}")
+    executed, auto = document["executed"], document["auto"]
+    console.print(f"{args.method}: {len(document['segments'])} segments, energy saved "
+                  f"{1 - executed['energy_j'] / auto['energy_j']:.2%}, slowdown "
+                  f"{executed['step_time_s'] / auto['step_time_s'] - 1:.2%} (executed with "
+                  f"{problem.latency_s * 1e3:g} ms switching), solved in {schedule.solve_s:.2f} s")
+    return 0
+
+
+def run_compare(args: argparse.Namespace) -> int:
+    problem = _problem(args, args.slowdown[0])
+    with console.status("planning") as status:
+        rows = compare(problem, args.slowdown, COMPARED, lambda text: status.update(f"planning: {text}"))
+        if args.plot:
+            plotted = rows + compare(problem, [b for b in PLOT_BUDGETS if b not in args.slowdown], COMPARED,
+                                     lambda text: status.update(f"plot: {text}"))
+            title = (f"{problem.trace.meta.workload} on {problem.profile.name}, "
+                     f"{problem.latency_s * 1e3:g} ms switching")
+            plot_tradeoff(plotted, title, args.plot)
+    if args.json:
+        print_json([row.as_json() for row in rows])
+    else:
+        console.print(compare_table(rows, problem))
+    if args.plot:
+        console.print(f"wrote {args.plot}")
+    return 0
+
