@@ -53,3 +53,14 @@ def read_text(path: Path) -> str:
     if raw[:2] == b"\x1f\x8b":
         raw = gzip.decompress(raw)
     return raw.decode("utf-8")
+
+
+def read_input(path: Path, error: type[Exception], missing_hint: str = "check the path") -> str:
+    """Read a user-supplied text file (gzip allowed); a missing or unreadable file raises ``error`` with a
+    one-line message naming the file and the fix."""
+    try:
+        return read_text(Path(path))
+    except FileNotFoundError:
+        raise error(f"{path}: no such file; {missing_hint}") from None
+    except (OSError, EOFError, UnicodeDecodeError) as reason:
+        raise error(f"{path}: cannot be read ({reason}); the file is corrupt or truncated") from None

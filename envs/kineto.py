@@ -26,7 +26,7 @@ from typing import Any
 
 from envs.classify import classify
 from envs.errors import StepDetectionError, TraceFormatError
-from envs.files import read_text
+from envs.files import read_input
 from envs.trace import Kernel, Kind, OpInfo, Phase, Trace, TraceMeta
 
 _KIND_BY_CAT = {"kernel": Kind.KERNEL, "gpu_memset": Kind.MEMSET, "gpu_memcpy": Kind.MEMCPY}
@@ -60,11 +60,10 @@ class _Recording:
 
 
 def _load_events(path: Path) -> dict[str, Any]:
+    text = read_input(path, TraceFormatError)
     try:
-        document = json.loads(read_text(path))
-    except FileNotFoundError:
-        raise TraceFormatError(f"{path}: no such file; check the path") from None
-    except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        document = json.loads(text)
+    except json.JSONDecodeError as error:
         raise TraceFormatError(f"{path}: not a readable JSON profiler trace ({error}); the file is corrupt or "
                                "truncated: re-export it with torch.profiler's export_chrome_trace") from None
     if not isinstance(document, dict) or not isinstance(document.get("traceEvents"), list):

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from envs.errors import TraceFormatError
-from envs.files import read_text
+from envs.files import read_input
 from envs.trace import Features, Kind, Trace
 
 NAME_COLUMN = "Kernel Name"
@@ -104,13 +104,7 @@ def parse_ncu_csv(text: str, where: str) -> list[NcuKernel]:
 
 def read_ncu_csv(path: Path) -> list[NcuKernel]:
     """Read an ncu raw CSV export (``.csv`` or ``.csv.gz``)."""
-    try:
-        text = read_text(Path(path))
-    except FileNotFoundError:
-        raise TraceFormatError(f"{path}: no such file; check the path") from None
-    except (OSError, EOFError, UnicodeDecodeError) as error:
-        raise TraceFormatError(f"{path}: cannot be read ({error}); the file is corrupt or truncated") from None
-    return parse_ncu_csv(text, str(path))
+    return parse_ncu_csv(read_input(path, TraceFormatError), str(path))
 
 
 _TEMPLATE = re.compile(r"<[^<>]*>")

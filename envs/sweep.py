@@ -28,7 +28,7 @@ import numpy as np
 
 from envs.cost_model import Array, ClockLimits, KernelInputs
 from envs.errors import KdvfsError
-from envs.files import read_text
+from envs.files import read_input
 from envs.profiles import GpuProfile
 
 REQUIRED_COLUMNS = ("kernel", "core_mhz", "mem_mhz", "time_s", "power_w", "sm_util", "dram_util")
@@ -152,13 +152,7 @@ def parse_sweep(text: str, source: str) -> Sweep:
 
 def load_sweep(path: Path) -> Sweep:
     """Read a sweep CSV (``.csv`` or ``.csv.gz``)."""
-    try:
-        text = read_text(Path(path))
-    except FileNotFoundError:
-        raise SweepError(f"{path}: no such file") from None
-    except (OSError, EOFError, UnicodeDecodeError) as error:
-        raise SweepError(f"{path}: cannot be read ({error})") from None
-    return parse_sweep(text, str(path))
+    return parse_sweep(read_input(path, SweepError), str(path))
 
 
 def sweep_to_csv(sweep: Sweep) -> str:

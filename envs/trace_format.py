@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from envs.errors import TraceFormatError
-from envs.files import read_text, write_text_atomic
+from envs.files import read_input, write_text_atomic
 from envs.trace import Category, Features, Kernel, Kind, OpInfo, Phase, Trace, TraceMeta
 
 FORMAT_NAME = "kdvfs-trace"
@@ -198,12 +198,5 @@ def loads_trace(text: str, where: str = "<string>") -> Trace:
 
 def load_trace(path: Path) -> Trace:
     """Load a kdvfs trace file (``.json`` or ``.json.gz``)."""
-    path = Path(path)
-    try:
-        text = read_text(path)
-    except FileNotFoundError:
-        raise TraceFormatError(f"{path}: no such file; check the path or list bundled traces with "
-                               "`kdvfs trace list`") from None
-    except (OSError, EOFError, UnicodeDecodeError) as error:
-        raise TraceFormatError(f"{path}: cannot be read ({error}); the file is corrupt or truncated") from None
+    text = read_input(path, TraceFormatError, "check the path or list bundled traces with `kdvfs trace list`")
     return loads_trace(text, str(path))
