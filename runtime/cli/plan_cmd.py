@@ -106,7 +106,7 @@ def run_compare(args: argparse.Namespace) -> int:
         print_json([row.as_json() for row in rows])
     else:
         console.print(compare_table(rows, problem))
-    if args.plot:
+    if args.plot and not args.json:
         console.print(f"wrote {args.plot}")
     return 0
 
