@@ -7,9 +7,18 @@ import argparse
 import sys
 
 from envs.errors import KdvfsError
-from runtime.cli import demo_cmd, gpus_cmd, model_cmd, plan_cmd, predict_cmd, trace_cmd
+from runtime.cli import (
+    calibrate_cmd,
+    capture_cmd,
+    demo_cmd,
+    gpus_cmd,
+    model_cmd,
+    plan_cmd,
+    predict_cmd,
+    trace_cmd,
+)
 
-COMMANDS = (demo_cmd, trace_cmd, gpus_cmd, model_cmd, predict_cmd, plan_cmd)
+COMMANDS = (demo_cmd, trace_cmd, gpus_cmd, model_cmd, predict_cmd, plan_cmd, capture_cmd, calibrate_cmd)
 
 
 def build_parser() -> argparse.ArgumentParser:

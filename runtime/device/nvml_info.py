@@ -1,4 +1,5 @@
-"""Read the installed NVIDIA GPUs through NVML.
+"""Read the installed NVIDIA GPUs through NVML: their facts (:func:`read_local_gpus`) and live readings of
+one GPU's energy counter and clocks (:class:`GpuReader`).
 
 READ-ONLY: this module only initialises NVML, calls ``nvmlSystemGet*`` / ``nvmlDeviceGet*`` queries and shuts
 NVML down. It never calls an ``nvmlDeviceSet*`` or ``nvmlDeviceReset*`` function, so it cannot change a GPU's
@@ -8,14 +9,16 @@ clocks or power limit and needs no root. Every NVML error is translated by
 
 from __future__ import annotations
 
+import importlib
 import types
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from types import TracebackType
 from typing import Any
 
 import pynvml
 
-from runtime.device.errors import NvmlNotSupportedError, translate_nvml_error
+from runtime.device.errors import NvmlNotSupportedError, NvmlUnavailableError, translate_nvml_error
 
 # NVML codes meaning "this optional fact is not offered here" (a full H200 answers NOT_SUPPORTED for
 # nvmlDeviceGetAttributes; an old driver lacks the function).
@@ -45,6 +48,15 @@ class LocalGpu:
     def is_idle(self) -> bool:
         """True when NVML reports 0% GPU utilisation, so ``power_draw_w`` is the idle power."""
         return self.utilization_pct == 0
+
+
+def import_nvml(name: str = "pynvml") -> types.ModuleType:
+    """The NVML binding module ``name`` (``pynvml``; tests name a fake), chosen explicitly by the caller."""
+    try:
+        return importlib.import_module(name)
+    except ImportError as error:
+        raise NvmlUnavailableError(f"cannot import the NVML binding {name!r} ({error}); install nvidia-ml-py or "
+                                   "name an importable binding") from None
 
 
 def _call(action: str, function: Callable[..., Any], *args: Any) -> Any:
@@ -125,3 +137,46 @@ def read_local_gpus(nvml: types.ModuleType | None = None) -> list[LocalGpu]:
         return [_read_gpu(nvml, index, driver_version) for index in range(count)]
     finally:
         _call("shut NVML down", nvml.nvmlShutdown)
+
+
+class GpuReader:
+    """Live readings of one GPU: its total-energy counter, SM and memory clocks.
+
+    A context manager: NVML is initialised on entry (which fails early when the GPU has no energy counter)
+    and shut down on exit. ``nvml`` is the binding (``pynvml`` by default; tests pass a fake). NVML is
+    thread-safe, so a background sampler may read while the caller does.
+    """
+
+    def __init__(self, index: int = 0, nvml: types.ModuleType | None = None) -> None:
+        self.index = index
+        self.name = ""
+        self._nvml = pynvml if nvml is None else nvml
+        self._handle: Any = None
+
+    def __enter__(self) -> GpuReader:
+        _call("initialise NVML", self._nvml.nvmlInit)
+        try:
+            self._handle = _call(f"open GPU {self.index}", self._nvml.nvmlDeviceGetHandleByIndex, self.index)
+            self.name = str(_call(f"read the name of GPU {self.index}", self._nvml.nvmlDeviceGetName, self._handle))
+            self.energy_j()
+        except BaseException:
+            _call("shut NVML down", self._nvml.nvmlShutdown)
+            raise
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 trace: TracebackType | None) -> None:
+        _call("shut NVML down", self._nvml.nvmlShutdown)
+
+    def energy_j(self) -> float:
+        """The GPU's total energy since the driver loaded (J); NVML counts millijoules."""
+        return _call(f"read the total-energy counter of GPU {self.index}",
+                     self._nvml.nvmlDeviceGetTotalEnergyConsumption, self._handle) / 1000.0
+
+    def clocks_mhz(self) -> tuple[float, float]:
+        """The current SM and memory clocks (MHz)."""
+        sm = _call(f"read the SM clock of GPU {self.index}", self._nvml.nvmlDeviceGetClockInfo, self._handle,
+                   pynvml.NVML_CLOCK_SM)
+        mem = _call(f"read the memory clock of GPU {self.index}", self._nvml.nvmlDeviceGetClockInfo, self._handle,
+                    pynvml.NVML_CLOCK_MEM)
+        return float(sm), float(mem)

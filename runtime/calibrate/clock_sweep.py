@@ -1,0 +1,47 @@
+"""``kdvfs calibrate --sweep``: the microbenchmarks at a grid of locked clock pairs (needs clock permission).
+
+For every pair the SM and memory clocks are locked, the GPU settles, and the idle power and every
+microbenchmark are measured at the clocks the GPU then runs (a locked clock is an upper bound: the power
+cap may still lower it). The GPU's clocks are restored afterwards, also on an error or SIGTERM
+(:func:`runtime.device.clock_control.locked_clocks`). Each pair's idle row is its own sweep kernel, so it
+only informs the power fit.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from envs.profiles import GpuProfile
+from runtime.calibrate.measure import Measurement
+from runtime.calibrate.profile_fit import nearest_clock
+from runtime.device.clock_control import ClockControl, locked_clocks
+
+SETTLE_S = 0.5
+
+
+def clock_grid(profile: GpuProfile, core_points: int = 5, lowest_fraction: float = 0.4) -> list[tuple[int, int]]:
+    """(core, memory) pairs: ``core_points`` core clocks from ``lowest_fraction`` of the maximum up to it, at
+    every memory clock; highest first."""
+    pairs = []
+    for mem in profile.clocks.memory_mhz:
+        cores = profile.clocks.core_mhz[mem]
+        targets = np.linspace(lowest_fraction * max(cores), max(cores), core_points)
+        chosen = sorted({nearest_clock(float(t), cores) for t in targets}, reverse=True)
+        pairs += [(core, mem) for core in chosen]
+    return pairs
+
+
+def measure_clock_sweep(control: ClockControl, pairs: Sequence[tuple[int, int]],
+                        measure: Callable[[str], list[Measurement]], settle_s: float = SETTLE_S
+                        ) -> list[Measurement]:
+    """Lock each pair, wait ``settle_s``, collect ``measure(idle_name)``; clocks restored at the end."""
+    rows: list[Measurement] = []
+    with locked_clocks(control):
+        for core, mem in pairs:
+            control.lock(core, mem)
+            time.sleep(settle_s)
+            rows += measure(f"idle@{core}:{mem}")
+    return rows

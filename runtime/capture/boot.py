@@ -1,0 +1,104 @@
+"""The process ``kdvfs capture`` runs the user's script in: ``python -m runtime.capture.boot CONFIG SCRIPT ARGS``.
+
+It installs a global ``torch.optim`` optimizer-step hook that calls :meth:`Capture.step` (or, for
+``--ncu`` runs, :meth:`StepMarker.step`), runs the unmodified script as ``__main__`` (``SCRIPT ARGS`` or
+``-m MODULE ARGS``), and ends it once the capture completed by raising :class:`CaptureStop` from the
+hook. It writes a JSON report for the parent: ``{"status": "ok", "report": {...}}`` or
+``{"status": "error", "message": ...}``. Exit codes: 0 captured, 2 a kdvfs error, otherwise the script's
+own (an uncaught exception in the script is exit code 1, as without kdvfs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import runpy
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from torch.optim.optimizer import register_optimizer_step_post_hook
+
+from envs.errors import KdvfsError
+from runtime.capture.config import CaptureConfig
+from runtime.capture.errors import CaptureError, CaptureStop
+from runtime.capture.ncu_run import StepMarker
+from runtime.capture.session import Capture
+
+
+def _write_report(config: CaptureConfig, document: dict[str, Any]) -> None:
+    if config.report_path:
+        Path(config.report_path).write_text(json.dumps(document), encoding="utf-8")
+
+
+@contextlib.contextmanager
+def _step_hook(step: Callable[[], bool]) -> Iterator[None]:
+    """Call ``step`` after every optimizer step; stop the script when it returns True or fails."""
+
+    def hook(optimizer: Any, args: Any, kwargs: Any) -> None:
+        try:
+            done = step()
+        except KdvfsError as error:
+            raise CaptureStop(error) from None
+        if done:
+            raise CaptureStop()
+
+    handle = register_optimizer_step_post_hook(hook)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def _run_target(target: Sequence[str]) -> None:
+    """Run ``SCRIPT ARGS`` or ``-m MODULE ARGS`` as ``__main__``; a ``sys.exit(0)`` is a normal end."""
+    try:
+        if target[0] == "-m":
+            sys.argv = [target[1], *target[2:]]
+            runpy.run_module(target[1], run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = list(target)
+            sys.path.insert(0, str(Path(target[0]).resolve().parent))
+            runpy.run_path(target[0], run_name="__main__")
+    except SystemExit as stop:
+        if stop.code not in (0, None):
+            raise
+
+
+def _capture(config: CaptureConfig, target: Sequence[str]) -> dict[str, Any]:
+    """Run the script under the capture (or the ncu step marker); the capture's report."""
+    if config.mark_only:
+        marker = StepMarker(config.warmup)
+        try:
+            with _step_hook(marker.step):
+                _run_target(target)
+        except CaptureStop:
+            return {}
+        raise CaptureError(f"the script ended after {marker.steps_seen} training steps, before the step after "
+                           f"warm-up step {config.warmup} that ncu profiles; let the script run longer")
+    capture = Capture.from_config(config)
+    try:
+        with capture, _step_hook(capture.step):
+            _run_target(target)
+    except CaptureStop as stop:
+        if stop.error is not None:
+            raise stop.error from None
+    assert capture.report is not None
+    return capture.report.as_json()
+
+
+def main(argv: Sequence[str]) -> int:
+    """Run the capture described by the config file ``argv[0]`` around the script ``argv[1:]``."""
+    config = CaptureConfig.load(Path(argv[0]))
+    try:
+        report = _capture(config, argv[1:])
+    except KdvfsError as error:
+        _write_report(config, {"status": "error", "message": str(error)})
+        return 2
+    _write_report(config, {"status": "ok", "report": report})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,119 @@
+"""Turn a finished profiler recording and its measurements into a kdvfs trace and a capture report.
+
+Step detection, phase labelling and classification are :func:`envs.kineto.import_kineto`'s; this module
+adds what the capture measured (unprofiled step time, joules per step, clocks) to the trace's metadata.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from envs.files import read_text, write_text_atomic
+from envs.kineto import import_kineto
+from envs.trace import Kind, Trace
+from envs.trace_format import save_trace
+from runtime.capture.config import CaptureConfig
+from runtime.capture.cpu_emulation import emulate_gpu_recording
+from runtime.device.energy import WindowReading
+
+CPU_TEST_GPU = "CPU (kdvfs capture --cpu-test-mode: leaf CPU ops stand in for kernels)"
+
+
+@dataclass(frozen=True)
+class StepTiming:
+    """Wall time of the unprofiled measurement window and of the profiled steps.
+
+    Attributes:
+        window_s: length of the unprofiled window (s); window_steps: steps in it.
+        profiled_s: wall time of the profiled steps (s); profiled_steps: their number.
+        reading: energy and clocks over the unprofiled window, None without NVML (``--no-energy``).
+    """
+
+    window_s: float
+    window_steps: int
+    profiled_s: float
+    profiled_steps: int
+    reading: WindowReading | None
+
+    @property
+    def step_time_s(self) -> float:
+        return self.window_s / self.window_steps
+
+    @property
+    def profiled_step_time_s(self) -> float:
+        return self.profiled_s / self.profiled_steps
+
+    def measurements(self) -> dict[str, float]:
+        """The trace's ``meta.measurements``: seconds, joules and watts per step."""
+        values = {"step_time_s": self.step_time_s, "profiled_step_time_s": self.profiled_step_time_s,
+                  "window_s": self.window_s, "window_steps": float(self.window_steps)}
+        if self.reading is not None:
+            values["energy_j_per_step"] = self.reading.avg_power_w * self.step_time_s
+            values["avg_power_w"] = self.reading.avg_power_w
+        return values
+
+
+@dataclass(frozen=True)
+class CaptureReport:
+    """What ``kdvfs capture`` prints: the trace written and the figures of the capture (SI units)."""
+
+    output: str
+    workload: str
+    gpu: str
+    activities: int
+    kernels: int
+    step_time_s: float
+    profiled_step_time_s: float
+    overhead: float
+    energy_j_per_step: float | None
+    avg_power_w: float | None
+    observed_core_mhz: float | None
+    mem_mhz: float | None
+    window_s: float
+    window_steps: int
+    kernels_with_counters: int = 0
+
+    def as_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _gpu_recording(profile: Path, config: CaptureConfig) -> Path:
+    if not config.cpu_test_mode:
+        return profile
+    emulated = profile.with_name("emulated.json")
+    emulate_gpu_recording(profile, emulated)
+    return emulated
+
+
+def build_trace(profile: Path, config: CaptureConfig, timing: StepTiming, gpu_name: str) -> Trace:
+    """The last complete step of the recording, with the capture's measurements and provenance."""
+    reading = timing.reading
+    trace = import_kineto(_gpu_recording(profile, config), step=-1, workload=config.workload,
+                          measurements=timing.measurements(),
+                          ref_mem_mhz=reading.mem_mhz if reading else None,
+                          observed_core_mhz=reading.sm_mhz if reading else None)
+    gpu = CPU_TEST_GPU if config.cpu_test_mode else gpu_name or trace.meta.gpu
+    source = f"kdvfs capture --steps {config.steps} --warmup {config.warmup}: {config.command}".rstrip(": ")
+    return replace(trace, meta=replace(trace.meta, gpu=gpu, source=source))
+
+
+def write_capture(trace: Trace, profile: Path, config: CaptureConfig, timing: StepTiming) -> CaptureReport:
+    """Write the trace (and the raw recording when asked) atomically; return the report."""
+    if config.keep_profile:
+        write_text_atomic(Path(config.keep_profile), read_text(profile))
+    save_trace(trace, Path(config.output))
+    reading = timing.reading
+    return CaptureReport(
+        output=config.output, workload=trace.meta.workload, gpu=trace.meta.gpu, activities=len(trace),
+        kernels=trace.count(Kind.KERNEL), step_time_s=timing.step_time_s,
+        profiled_step_time_s=timing.profiled_step_time_s,
+        overhead=timing.profiled_step_time_s / timing.step_time_s - 1.0,
+        energy_j_per_step=trace.meta.measurements.get("energy_j_per_step"),
+        avg_power_w=reading.avg_power_w if reading else None,
+        observed_core_mhz=reading.sm_mhz if reading else None, mem_mhz=reading.mem_mhz if reading else None,
+        window_s=timing.window_s, window_steps=timing.window_steps,
+        kernels_with_counters=int(trace.has_features.sum()),
+    )

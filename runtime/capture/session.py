@@ -1,0 +1,175 @@
+"""Record training steps of the running process into a kdvfs trace: the capture's Python API.
+
+In the style of ``torch.profiler.profile``: call :meth:`Capture.step` once at the end of every training
+step (``kdvfs capture`` does it from a ``torch.optim`` optimizer-step hook)::
+
+    from runtime.capture.session import Capture
+
+    with Capture("step.trace.json", steps=2, warmup=5) as capture:
+        for batch in loader:
+            train_step(batch)
+            if capture.step():
+                break
+
+Stages, one after another: ``warmup`` steps run untouched; then a window of unprofiled steps lasting at
+least ``energy_window_s`` measures the step time and, through the NVML energy counter, the joules per step
+and the clocks; then the PyTorch profiler (CPU and CUDA activities, op shapes) records one warm-up step and
+``steps`` steps; the last complete one becomes the trace, written atomically. The profiled steps' wall time
+against the unprofiled step time is the capture overhead. Nothing is written unless every stage completed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import tempfile
+import time
+import types
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.profiler import ProfilerActivity, profile, schedule
+
+from runtime.capture.config import CaptureConfig
+from runtime.capture.errors import CaptureError
+from runtime.capture.recording import CaptureReport, StepTiming, build_trace, write_capture
+from runtime.device.energy import WindowReading, WindowSampler
+from runtime.device.nvml_info import GpuReader, import_nvml
+
+MIN_WINDOW_STEPS = 3
+NO_CUDA = ("no CUDA kernels recorded: the script ran on the CPU (PyTorch had not initialised CUDA by the end of "
+           "its first training step); move the model and data to the GPU (e.g. --device cuda), or try the "
+           "capture on the CPU with --cpu-test-mode")
+
+
+class Stage(StrEnum):
+    """Where a capture is: see the module docstring."""
+
+    WARMUP = "warmup"
+    WINDOW = "window"
+    PROFILER_WARMUP = "profiler-warmup"
+    PROFILE = "profile"
+    DONE = "done"
+
+
+def _synchronize() -> None:
+    """Wait for the GPU to finish queued work (nothing to wait for when CUDA is not in use)."""
+    if torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
+class Capture:
+    """A capture of ``steps`` training steps into the kdvfs trace ``output`` (options: :class:`CaptureConfig`).
+
+    ``nvml`` is the NVML binding for the energy measurement (default: the module ``nvml_module`` names).
+    After completion, :attr:`report` holds the figures.
+    """
+
+    def __init__(self, output: str | Path, nvml: types.ModuleType | None = None, **options: Any) -> None:
+        self.config = CaptureConfig(output=str(output), **options)
+        self.stage = Stage.WARMUP
+        self.steps_seen = 0
+        self.report: CaptureReport | None = None
+        self._nvml = nvml
+        self._stack = contextlib.ExitStack()
+        self._folder = Path()
+        self._reader: GpuReader | None = None
+        self._sampler: WindowSampler | None = None
+        self._profiler: profile | None = None
+        self._mark_s = 0.0
+        self._counted = 0
+        self._window: tuple[float, int, WindowReading | None] = (0.0, 0, None)
+
+    @classmethod
+    def from_config(cls, config: CaptureConfig, nvml: types.ModuleType | None = None) -> Capture:
+        options = {k: v for k, v in vars(config).items() if k != "output"}
+        return cls(config.output, nvml, **options)
+
+    def __enter__(self) -> Capture:
+        self._folder = Path(self._stack.enter_context(tempfile.TemporaryDirectory(prefix="kdvfs-capture-")))
+        if self.config.measure_energy:
+            nvml = self._nvml or import_nvml(self.config.nvml_module)
+            self._reader = self._stack.enter_context(GpuReader(self.config.gpu_index, nvml))
+            self._sampler = WindowSampler(self._reader)
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 trace: types.TracebackType | None) -> None:
+        if self._sampler is not None:
+            self._sampler.cancel()
+        if self._profiler is not None:
+            with contextlib.suppress(RuntimeError):
+                self._profiler.stop()
+            self._profiler = None
+        self._stack.close()
+        if kind is None and self.stage is not Stage.DONE:
+            raise CaptureError(self._incomplete())
+
+    def _incomplete(self) -> str:
+        needed = f"{self.config.warmup} warm-up, >= {self.config.energy_window_s:g} s of measured and " \
+                 f"{self.config.steps + 1} profiled steps"
+        if self.steps_seen == 0:
+            return ("the script ended without reaching a step boundary (no torch.optim optimizer step); kdvfs "
+                    "capture finds training steps by optimizer.step(): use a torch.optim optimizer, or mark steps "
+                    "with runtime.capture.session.Capture.step()")
+        return (f"the script ended after {self.steps_seen} training steps, in the {self.stage.value} stage; the "
+                f"capture needs {needed}: let the script run longer (e.g. more --steps) or lower --warmup")
+
+    def step(self) -> bool:
+        """Mark the end of a training step; True once the trace is written."""
+        if self.stage is Stage.DONE:
+            return True
+        self.steps_seen += 1
+        if self.steps_seen == 1 and not self.config.cpu_test_mode and not torch.cuda.is_initialized():
+            raise CaptureError(NO_CUDA)
+        {Stage.WARMUP: self._warmup_step, Stage.WINDOW: self._window_step,
+         Stage.PROFILER_WARMUP: self._profiler_warmup_step, Stage.PROFILE: self._profile_step}[self.stage]()
+        return self.stage is Stage.DONE
+
+    def _warmup_step(self) -> None:
+        if self.steps_seen < self.config.warmup:
+            return
+        _synchronize()
+        if self._sampler is not None:
+            self._sampler.start()
+        self._mark_s, self._counted, self.stage = time.perf_counter(), 0, Stage.WINDOW
+
+    def _window_step(self) -> None:
+        self._counted += 1
+        if time.perf_counter() - self._mark_s < self.config.energy_window_s or self._counted < MIN_WINDOW_STEPS:
+            return
+        _synchronize()
+        elapsed_s = time.perf_counter() - self._mark_s
+        reading = self._sampler.stop() if self._sampler is not None else None
+        self._window = (elapsed_s, self._counted, reading)
+        activities = [ProfilerActivity.CPU] + ([] if self.config.cpu_test_mode else [ProfilerActivity.CUDA])
+        self._profiler = profile(activities=activities, record_shapes=True,
+                                 schedule=schedule(wait=0, warmup=1, active=self.config.steps, repeat=1),
+                                 on_trace_ready=lambda p: p.export_chrome_trace(str(self._folder / "profile.json")))
+        self._profiler.start()
+        self.stage = Stage.PROFILER_WARMUP
+
+    def _profiler_warmup_step(self) -> None:
+        _synchronize()
+        assert self._profiler is not None
+        self._profiler.step()
+        self._mark_s, self._counted, self.stage = time.perf_counter(), 0, Stage.PROFILE
+
+    def _profile_step(self) -> None:
+        assert self._profiler is not None
+        self._counted += 1
+        if self._counted < self.config.steps:
+            self._profiler.step()
+            return
+        _synchronize()
+        profiled_s = time.perf_counter() - self._mark_s
+        self._profiler.step()
+        self._profiler.stop()
+        self._profiler = None
+        window_s, window_steps, reading = self._window
+        timing = StepTiming(window_s, window_steps, profiled_s, self.config.steps, reading)
+        recording = self._folder / "profile.json"
+        trace = build_trace(recording, self.config, timing, self._reader.name if self._reader else "")
+        self.report = write_capture(trace, recording, self.config, timing)
+        self.stage = Stage.DONE

@@ -1,0 +1,118 @@
+"""``kdvfs calibrate --gpu-index I -o profile.yaml``: fit a GPU profile from microbenchmarks on this GPU.
+
+READ-ONLY by default: the microbenchmarks run at the GPU's own default clocks and NVML is only read
+(energy counter, clocks); no clock, power-limit, persistence or application-clock setting is changed, no
+``nvmlDeviceSet*`` or ``nvmlDeviceReset*`` function is called. ``--sweep`` (explicit, and only with root
+or CAP_SYS_ADMIN) locks a grid of clock pairs through :mod:`runtime.device.clock_control`, which restores
+the clocks afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import types
+from pathlib import Path
+from typing import Any
+
+from envs.files import write_text_atomic
+from envs.sweep import sweep_to_csv
+from runtime.calibrate.clock_sweep import clock_grid, measure_clock_sweep
+from runtime.calibrate.profile_fit import (
+    READ_ONLY_FIXED,
+    fit_mapping,
+    load_mapping,
+    measurements_to_sweep,
+    starting_mapping,
+    write_calibrated,
+)
+from runtime.cli.render import console, print_json
+from runtime.device.clock_control import ClockControl, require_clock_permission
+from runtime.device.errors import DeviceIndexError
+from runtime.device.nvml_info import GpuReader, LocalGpu, import_nvml, read_local_gpus
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("calibrate", help="fit a GPU profile from microbenchmarks (read-only by default)")
+    parser.add_argument("--gpu-index", type=int, default=0, help="NVML index of the GPU (default 0)")
+    parser.add_argument("-o", "--output", type=Path, required=True, help="GPU profile to write (.yaml)")
+    parser.add_argument("--name", help="profile name (default: the output file name without .yaml)")
+    parser.add_argument("--duration-s", type=float, default=3.0, help="seconds per measurement (default 3)")
+    parser.add_argument("--save-sweep", type=Path, metavar="CSV", help="also write the measurements as a sweep")
+    parser.add_argument("--sweep", action="store_true",
+                        help="lock a grid of clock pairs and fit every parameter (needs root; restores clocks)")
+    parser.add_argument("--core-points", type=int, default=5, help="core clocks per memory clock with --sweep")
+    parser.add_argument("--device", help="torch device of the GPU (default cuda:GPU_INDEX)")
+    parser.add_argument("--scale", type=float, default=1.0, help="shrink the microbenchmarks' shapes (tests)")
+    parser.add_argument("--nvml-module", default="pynvml", help="NVML binding to import (default pynvml)")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.set_defaults(func=run)
+
+
+def _local_gpu(nvml: types.ModuleType, index: int) -> LocalGpu:
+    gpus = read_local_gpus(nvml)
+    if not 0 <= index < len(gpus):
+        raise DeviceIndexError(f"GPU index {index} is out of range: this machine has {len(gpus)} GPU(s); pick one "
+                               "listed by `kdvfs gpus local`")
+    return gpus[index]
+
+
+def _progress(row: Any) -> None:
+    console.print(f"  {row.kernel:<24} {row.time_s * 1e6:>12.1f} us  {row.power_w:>6.1f} W  "
+                  f"{row.core_mhz:>6.0f} / {row.mem_mhz:.0f} MHz")
+
+
+def _measure(args: argparse.Namespace, nvml: types.ModuleType, mapping: dict[str, Any]) -> list[Any]:
+    """Every measurement row: at default clocks, or at each pair of the clock grid with ``--sweep``."""
+    import torch
+
+    from runtime.calibrate.measure import measure_at_default_clocks, measure_benchmark, measure_idle
+    from runtime.calibrate.microbench import MICROBENCHMARKS
+
+    device = torch.device(args.device or f"cuda:{args.gpu_index}")
+    progress = _progress if not args.json else (lambda row: None)
+    with GpuReader(args.gpu_index, nvml) as reader:
+        if not args.sweep:
+            return measure_at_default_clocks(MICROBENCHMARKS, device, reader, args.duration_s, args.scale, progress)
+
+        def at_locked_clocks(idle_name: str) -> list[Any]:
+            rows = [measure_idle(idle_name, reader, args.duration_s)]
+            rows += [measure_benchmark(bench, device, reader, args.duration_s, args.scale) for bench in MICROBENCHMARKS]
+            for row in rows:
+                progress(row)
+            return rows
+
+        grid = clock_grid(load_mapping(mapping), args.core_points)
+        return measure_clock_sweep(ClockControl(args.gpu_index, nvml), grid, at_locked_clocks)
+
+
+def _print_result(path: Path, mapping: dict[str, Any], fitted: tuple[str, ...], power_mape: float) -> None:
+    console.print(f"wrote {path}: GPU profile {mapping['name']!r} of {mapping['model']}")
+    for name, entry in mapping["cost_model"].items():
+        marker = "fitted" if name in fitted else f"kept ({entry['status']})"
+        console.print(f"  {name:<24} {entry['value']:>12.5g}  {marker}")
+    console.print(f"in-sample power error from utilisations only: {power_mape:.1%}")
+
+
+def run(args: argparse.Namespace) -> int:
+    nvml = import_nvml(args.nvml_module)
+    gpu = _local_gpu(nvml, args.gpu_index)
+    if args.sweep:
+        require_clock_permission()
+    mapping = starting_mapping(gpu, args.name or args.output.stem)
+    rows = _measure(args, nvml, mapping)
+    how = "with locked clock sweeps" if args.sweep else "read-only at default clocks"
+    sweep = measurements_to_sweep(rows, load_mapping(mapping), f"measurements on GPU {gpu.index} ({gpu.name}), {how}")
+    idle = next((row.power_w for row in rows if row.kernel == "idle"), None)
+    mapping, result = fit_mapping(mapping, sweep, () if args.sweep else READ_ONLY_FIXED,
+                                  f"{how} on GPU {gpu.index}", idle)
+    if args.save_sweep:
+        write_text_atomic(args.save_sweep, sweep_to_csv(sweep))
+    write_calibrated(mapping, args.output)
+    if args.json:
+        print_json({"profile": str(args.output), "fitted": list(result.fitted), "power_mape": result.power_mape,
+                    "time_mape": result.time_mape, "cost_model": mapping["cost_model"],
+                    "measurements": [vars(row) for row in rows]})
+    else:
+        _print_result(args.output, mapping, result.fitted, result.power_mape)
+    return 0
+

@@ -1,0 +1,78 @@
+"""``kdvfs capture [--steps N] [--warmup W] -o trace.json -- python train.py ARGS``: record a training step."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from runtime.capture.config import CaptureConfig
+from runtime.capture.errors import ScriptExitError
+from runtime.capture.launch import run_capture, split_command
+from runtime.capture.recording import CaptureReport
+from runtime.cli.render import console, print_json
+
+STDERR_FD = 2
+"""With --json the script's own output goes to standard error, so standard output holds only the report."""
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "capture", help="record a training step of a PyTorch script into a trace, with its joules per step",
+        usage="kdvfs capture [options] -o TRACE -- python train.py ARGS...")
+    parser.add_argument("-o", "--output", type=Path, required=True, help="kdvfs trace to write (.json or .json.gz)")
+    parser.add_argument("--steps", type=int, default=2, help="profiled steps; the trace keeps the last (default 2)")
+    parser.add_argument("--warmup", type=int, default=5, help="unmeasured steps first (default 5)")
+    parser.add_argument("--energy-window-s", type=float, default=5.0,
+                        help="length of the unprofiled window that measures step time and energy (default 5 s; "
+                             "the NVML energy counter updates ~10 times a second)")
+    parser.add_argument("--workload", help="label stored in the trace (default: the script's name)")
+    parser.add_argument("--gpu-index", type=int, default=0, help="NVML index of the GPU the script uses (default 0)")
+    parser.add_argument("--no-energy", action="store_true", help="do not read NVML (no joules per step)")
+    parser.add_argument("--ncu", action="store_true",
+                        help="add Nsight Compute counters from a second run (ncu --clock-control none)")
+    parser.add_argument("--keep-profile", type=Path, metavar="PATH",
+                        help="also write the raw PyTorch profiler recording (chrome trace; .gz compresses)")
+    parser.add_argument("--cpu-test-mode", action="store_true",
+                        help="accept a CPU-only script; CPU ops stand in for kernels (tests and dry runs only)")
+    parser.add_argument("--nvml-module", default="pynvml", help="NVML binding to import (default pynvml)")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- python train.py ARGS...")
+    parser.set_defaults(func=run)
+
+
+def _workload(command: list[str]) -> str:
+    _, target = split_command(command)
+    return target[1].rsplit(".", 1)[-1] if target[0] == "-m" else Path(target[0]).stem
+
+
+def _print_report(report: CaptureReport) -> None:
+    console.print(f"wrote {report.output}: {report.workload}, {report.activities} activities "
+                  f"({report.kernels} kernels) on {report.gpu}")
+    console.print(f"step time {report.step_time_s * 1e3:.2f} ms unprofiled, {report.profiled_step_time_s * 1e3:.2f} "
+                  f"ms profiled: capture overhead {report.overhead:+.1%}")
+    if report.energy_j_per_step is not None and report.avg_power_w is not None:
+        console.print(f"energy {report.energy_j_per_step:.2f} J/step at {report.avg_power_w:.0f} W over "
+                      f"{report.window_s:.1f} s ({report.window_steps} steps), SM clock {report.observed_core_mhz:.0f} "
+                      f"MHz, memory {report.mem_mhz:.0f} MHz")
+    if report.kernels_with_counters:
+        console.print(f"Nsight Compute counters on {report.kernels_with_counters} kernels")
+
+
+def run(args: argparse.Namespace) -> int:
+    command = list(args.command)
+    config = CaptureConfig(
+        output=str(args.output), steps=args.steps, warmup=args.warmup, energy_window_s=args.energy_window_s,
+        measure_energy=not args.no_energy, gpu_index=args.gpu_index, nvml_module=args.nvml_module,
+        cpu_test_mode=args.cpu_test_mode, workload=args.workload or _workload(command),
+        keep_profile=str(args.keep_profile) if args.keep_profile else None)
+    try:
+        report = run_capture(command, config, ncu=args.ncu, script_stdout=STDERR_FD if args.json else None)
+    except ScriptExitError as error:
+        print(f"kdvfs: error: {error}", file=sys.stderr)
+        return error.exit_code
+    if args.json:
+        print_json(report.as_json())
+    else:
+        _print_report(report)
+    return 0
