@@ -71,8 +71,19 @@ def test_unknown_gpu(capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 2 and "unknown GPU 'h300'" in err
 
 
-def test_demo_prints_trace_and_profile(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run(capsys, "demo")
+def test_demo_on_a_small_trace_writes_the_plot_and_run_record(capsys: pytest.CaptureFixture[str],
+                                                               tmp_path: Path) -> None:
+    code, out, _ = run(capsys, "demo", "--trace", "h200/gpt3xl-1layer-b4", "--out", str(tmp_path))
+    assert code == 0
+    assert "GPU profile h200" in out and "latency-optimal" in out and "measured" in out
+    assert (tmp_path / "pareto.png").read_bytes()[:4] == b"\x89PNG"
+    record = json.loads((tmp_path / "run.json").read_text())
+    assert record["config"]["trace"] == "gpt3xl-1layer-b4" and record["git_revision"]
+
+
+@pytest.mark.slow
+def test_demo_on_the_default_trace(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code, out, _ = run(capsys, "demo", "--out", str(tmp_path))
     assert code == 0
     assert "1438" in out and "GPU profile h200" in out and "220" in out
 
