@@ -1,1 +1,5 @@
 """kdvfs world model: kernel traces, GPU profiles, the cost model and the Gymnasium environment."""
+
+from gymnasium.envs.registration import register
+
+register(id="KernelDVFS-v0", entry_point="envs.dvfs_env:KernelDVFSEnv")

@@ -64,13 +64,18 @@ def kernel_inputs(trace: Trace, profile: GpuProfile, params: CostParams) -> Kern
 
     A trace recorded at locked clocks (``meta.ref_core_mhz``) uses them as the reference; one recorded in
     auto mode gets the clocks the power limiter chose while recording: per window, the highest core clock
-    whose average power (each kernel with its own utilisations) fits the cap.
+    whose average power (each kernel with its own utilisations) fits the cap. A trace recorded at a memory
+    clock this profile lacks (on another GPU) is taken as recorded at the profile's default memory clock.
     """
     if not trace.has_features.all():
         trace = estimate_features(trace, profile)
     count = len(trace)
     known = np.full(count, np.nan)
-    mem_mhz = np.full(count, float(trace.meta.ref_mem_mhz or profile.clocks.default_memory_mhz))
+    recorded_mem = trace.meta.ref_mem_mhz
+    reference_mem = profile.clocks.default_memory_mhz
+    if recorded_mem is not None and int(recorded_mem) in profile.clocks.memory_mhz:
+        reference_mem = int(recorded_mem)
+    mem_mhz = np.full(count, float(reference_mem))
     core_mhz = np.full(count, float(trace.meta.ref_core_mhz or profile.clocks.max_core_mhz))
     inputs = KernelInputs(
         time_s=np.asarray(trace.duration_s, dtype=np.float64), core_mhz=core_mhz, mem_mhz=mem_mhz,

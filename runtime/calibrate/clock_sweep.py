@@ -17,7 +17,7 @@ import numpy as np
 from envs.profiles import GpuProfile
 from runtime.calibrate.measure import Measurement
 from runtime.calibrate.profile_fit import nearest_clock
-from runtime.device.clock_control import ClockControl, locked_clocks
+from runtime.device.clock_control import NvmlDevice, locked_clocks
 
 SETTLE_S = 0.5
 
@@ -34,14 +34,15 @@ def clock_grid(profile: GpuProfile, core_points: int = 5, lowest_fraction: float
     return pairs
 
 
-def measure_clock_sweep(control: ClockControl, pairs: Sequence[tuple[int, int]],
+def measure_clock_sweep(device: NvmlDevice, pairs: Sequence[tuple[int, int]],
                         measure: Callable[[str], list[Measurement]], settle_s: float = SETTLE_S
                         ) -> list[Measurement]:
-    """Lock each pair, wait ``settle_s``, collect ``measure(idle_name)``; clocks restored at the end."""
+    """Lock each pair on the open ``device``, wait ``settle_s``, collect ``measure(idle_name)``; clocks restored
+    at the end."""
     rows: list[Measurement] = []
-    with locked_clocks(control):
+    with locked_clocks(device):
         for core, mem in pairs:
-            control.lock(core, mem)
+            device.lock_clocks_mhz(core, mem)
             time.sleep(settle_s)
             rows += measure(f"idle@{core}:{mem}")
     return rows

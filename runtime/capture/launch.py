@@ -9,8 +9,6 @@ that fails passes its exit code through; nothing is written then.
 from __future__ import annotations
 
 import json
-import os
-import re
 import subprocess
 import tempfile
 from collections.abc import Sequence
@@ -18,7 +16,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import runtime
 from envs.files import read_text, write_text_atomic
 from envs.trace import Trace
 from envs.trace_format import load_trace, save_trace
@@ -26,34 +23,13 @@ from runtime.capture import ncu_run
 from runtime.capture.config import CaptureConfig
 from runtime.capture.errors import CaptureError, ScriptExitError
 from runtime.capture.recording import CaptureReport
-
-_PYTHON = re.compile(r"python[\d.]*(\.exe)?")
-USAGE = "write the command after `--` as `python train.py ARGS` or `python -m package.module ARGS`"
+from runtime.child import child_environment
+from runtime.child import split_command as split_user_command
 
 
 def split_command(command: Sequence[str]) -> tuple[str, list[str]]:
-    """The interpreter and the target (``SCRIPT ARGS`` or ``-m MODULE ARGS``) of the user's command."""
-    words = list(command)
-    if words[:1] == ["--"]:
-        words = words[1:]
-    if not words:
-        raise CaptureError(f"no command to capture; {USAGE}")
-    interpreter, target = words[0], words[1:]
-    if not _PYTHON.fullmatch(Path(interpreter).name):
-        raise CaptureError(f"{interpreter!r} is not a Python interpreter: kdvfs capture runs Python training "
-                           f"scripts; {USAGE}")
-    if not target or (target[0] == "-m" and len(target) < 2) or (target[0].startswith("-") and target[0] != "-m"):
-        raise CaptureError(f"{' '.join(words)!r}: no script or module to run; {USAGE}")
-    if target[0] != "-m" and not Path(target[0]).is_file():
-        raise CaptureError(f"{target[0]}: no such script; check the path")
-    return interpreter, target
-
-
-def _environment() -> dict[str, str]:
-    """The child's environment: this kdvfs first on PYTHONPATH, so its bootstrap is the one that runs."""
-    root = str(Path(runtime.__file__).resolve().parent.parent)
-    paths = [root, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
+    """The interpreter and the target of the user's command (see :func:`runtime.child.split_command`)."""
+    return split_user_command(command, "kdvfs capture")
 
 
 def boot_argv(interpreter: str, config_path: Path, target: Sequence[str]) -> list[str]:
@@ -65,7 +41,7 @@ def _run_child(argv: Sequence[str], config: CaptureConfig, config_path: Path, st
     """Run one child process with ``config`` saved at ``config_path`` (its standard output to the file
     descriptor ``stdout``, default inherited); its report, or the matching error."""
     config.save(config_path)
-    code = subprocess.run(list(argv), env=_environment(), stdout=stdout, check=False).returncode
+    code = subprocess.run(list(argv), env=child_environment(), stdout=stdout, check=False).returncode
     report = Path(config.report_path or "")
     document = json.loads(report.read_text(encoding="utf-8")) if report.is_file() else None
     if document is not None and document.get("status") == "ok":

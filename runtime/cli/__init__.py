@@ -12,13 +12,16 @@ from runtime.cli import (
     capture_cmd,
     demo_cmd,
     gpus_cmd,
+    learn_cmd,
     model_cmd,
     plan_cmd,
     predict_cmd,
+    run_cmd,
     trace_cmd,
 )
 
-COMMANDS = (demo_cmd, trace_cmd, gpus_cmd, model_cmd, predict_cmd, plan_cmd, capture_cmd, calibrate_cmd)
+COMMANDS = (demo_cmd, trace_cmd, gpus_cmd, model_cmd, predict_cmd, plan_cmd, capture_cmd, calibrate_cmd, learn_cmd,
+            run_cmd)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -26,9 +26,9 @@ from runtime.calibrate.profile_fit import (
     write_calibrated,
 )
 from runtime.cli.render import console, print_json
-from runtime.device.clock_control import ClockControl, require_clock_permission
+from runtime.device.clock_control import NvmlDevice, require_clock_permission
 from runtime.device.errors import DeviceIndexError
-from runtime.device.nvml_info import GpuReader, LocalGpu, import_nvml, read_local_gpus
+from runtime.device.nvml_info import LocalGpu, import_nvml, read_local_gpus
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -70,19 +70,19 @@ def _measure(args: argparse.Namespace, nvml: types.ModuleType, mapping: dict[str
 
     device = torch.device(args.device or f"cuda:{args.gpu_index}")
     progress = _progress if not args.json else (lambda row: None)
-    with GpuReader(args.gpu_index, nvml) as reader:
+    with NvmlDevice(args.gpu_index, nvml) as gpu:
         if not args.sweep:
-            return measure_at_default_clocks(MICROBENCHMARKS, device, reader, args.duration_s, args.scale, progress)
+            return measure_at_default_clocks(MICROBENCHMARKS, device, gpu, args.duration_s, args.scale, progress)
 
         def at_locked_clocks(idle_name: str) -> list[Any]:
-            rows = [measure_idle(idle_name, reader, args.duration_s)]
-            rows += [measure_benchmark(bench, device, reader, args.duration_s, args.scale) for bench in MICROBENCHMARKS]
+            rows = [measure_idle(idle_name, gpu, args.duration_s)]
+            rows += [measure_benchmark(bench, device, gpu, args.duration_s, args.scale) for bench in MICROBENCHMARKS]
             for row in rows:
                 progress(row)
             return rows
 
         grid = clock_grid(load_mapping(mapping), args.core_points)
-        return measure_clock_sweep(ClockControl(args.gpu_index, nvml), grid, at_locked_clocks)
+        return measure_clock_sweep(gpu, grid, at_locked_clocks)
 
 
 def _print_result(path: Path, mapping: dict[str, Any], fitted: tuple[str, ...], power_mape: float) -> None:

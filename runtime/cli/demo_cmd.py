@@ -5,16 +5,17 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from agents.compare import compare, plot_tradeoff
+from agents.compare import Row, compare, plot_tradeoff
+from agents.policy_planner import PolicyPlanner, policy_rows, shipped_policy_path
 from agents.problem import Problem
 from agents.registry import COMPARED
 from envs.bundled import DEFAULT_TRACE, open_trace
 from envs.cost_tables import build_tables, step_breakdown
 from envs.profiles import GpuProfile, load_profile
+from envs.run_record import write_run_record
 from envs.summary import summarize
 from envs.trace import Trace, with_measured_gaps
 from runtime.cli.render import breakdown_table, compare_table, console, profile_table, trace_tables
-from runtime.run_record import write_run_record
 
 DEMO_BUDGETS = (0.0, 0.01, 0.03, 0.05, 0.1)
 
@@ -44,13 +45,23 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _compare(trace: Trace, profile: GpuProfile, out: Path) -> None:
-    """Every method at a 1% budget, and the trade-off plot over DEMO_BUDGETS."""
+    """Every method and the shipped policy at a 1% budget, and the trade-off plot over DEMO_BUDGETS."""
     problem = Problem.build(trace, profile, 0.01)
     with console.status("planning") as status:
         rows = compare(problem, DEMO_BUDGETS, COMPARED, lambda text: status.update(f"planning: {text}"))
+        rows += _shipped_policy_rows(problem)
     console.print(compare_table([r for r in rows if r.budget == 0.01], problem))
     plot = out / "pareto.png"
     plot_tradeoff(rows, f"{trace.meta.workload} on {profile.name}, {problem.latency_s * 1e3:g} ms switching", plot)
     record = write_run_record(out, {"trace": trace.meta.workload, "gpu": profile.name, "budgets": DEMO_BUDGETS,
-                                    "latency_s": problem.latency_s, "methods": COMPARED})
+                                    "latency_s": problem.latency_s, "methods": (*COMPARED, "policy")})
     console.print(f"wrote {plot} and {record}")
+
+
+def _shipped_policy_rows(problem: Problem) -> list[Row]:
+    """The GPU's shipped policy at a 1% budget (none if it has no shipped policy)."""
+    path = shipped_policy_path(problem.profile.name)
+    if not path.is_file():
+        console.print(f"no shipped policy for {problem.profile.name} ({path})")
+        return []
+    return policy_rows(problem, PolicyPlanner.from_file(path, problem.profile), [0.01])

@@ -1,1 +1,3 @@
-"""The NVML device layer: read-only GPU queries, typed device errors and profile skeletons."""
+"""The device layer: one GPU interface (``interface.Device``) over NVML (``clock_control.NvmlDevice``, read-only
+queries in ``nvml_info``) and its cost-model fake (``fake.FakeGpu``), typed device errors, energy windows and
+profile skeletons."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -80,12 +80,14 @@ class WindowSampler:
     """Samples a :class:`Meter` between :meth:`start` and :meth:`stop` on a background thread.
 
     ``start`` and ``stop`` each take one sample on the caller's thread, so the window's edges are where
-    the caller put them (e.g. right after ``torch.cuda.synchronize()``).
+    the caller put them (e.g. right after ``torch.cuda.synchronize()``). ``now_s`` is the time base
+    (``time.monotonic``; the controller's tests pass a virtual clock).
     """
 
-    def __init__(self, meter: Meter, interval_s: float = 0.01) -> None:
+    def __init__(self, meter: Meter, interval_s: float = 0.01, now_s: Callable[[], float] = time.monotonic) -> None:
         self._meter = meter
         self._interval_s = interval_s
+        self._now_s = now_s
         self._samples: list[Sample] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -93,7 +95,7 @@ class WindowSampler:
 
     def _sample(self) -> Sample:
         sm_mhz, mem_mhz = self._meter.clocks_mhz()
-        return Sample(time.monotonic(), self._meter.energy_j(), sm_mhz, mem_mhz)
+        return Sample(self._now_s(), self._meter.energy_j(), sm_mhz, mem_mhz)
 
     def _poll(self) -> None:
         try:

@@ -31,6 +31,10 @@ class DeviceIndexError(DeviceError):
     """A GPU index (or another NVML argument) is out of range."""
 
 
+class UnsupportedClockError(DeviceError):
+    """A requested SM or memory clock is not one this GPU supports."""
+
+
 _TRANSLATIONS: dict[int, tuple[type[DeviceError], str]] = {
     pynvml.NVML_ERROR_LIBRARY_NOT_FOUND: (
         NvmlUnavailableError,
@@ -51,11 +55,21 @@ _TRANSLATIONS: dict[int, tuple[type[DeviceError], str]] = {
 }
 
 
-def translate_nvml_error(error: pynvml.NVMLError, action: str) -> KdvfsError:
+_CLOCK_REQUEST_INVALID = (
+    UnsupportedClockError, "request a clock pair this GPU lists (`kdvfs gpus local`), e.g. a plan or policy made "
+    "for this GPU's profile")
+
+
+def translate_nvml_error(error: pynvml.NVMLError, action: str, clock_request: bool = False) -> KdvfsError:
     """The kdvfs error for an NVML error raised while doing ``action`` (e.g. "read the power limit of GPU 0").
 
-    The message is one line naming the action, NVML's own words and the fix.
+    The message is one line naming the action, NVML's own words and the fix. With ``clock_request`` (a clock
+    lock), an invalid argument is an unsupported clock rather than a bad GPU index.
     """
     code = int(error.value)
-    kind, fix = _TRANSLATIONS.get(code, (DeviceError, "check the GPU and driver state with `nvidia-smi`"))
+    kind: type[DeviceError]
+    if clock_request and code == pynvml.NVML_ERROR_INVALID_ARGUMENT:
+        kind, fix = _CLOCK_REQUEST_INVALID
+    else:
+        kind, fix = _TRANSLATIONS.get(code, (DeviceError, "check the GPU and driver state with `nvidia-smi`"))
     return kind(f"cannot {action}: {error} (NVML error {code}); {fix}")

@@ -14,7 +14,7 @@ import types
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import Any, Self
 
 import pynvml
 
@@ -140,25 +140,27 @@ def read_local_gpus(nvml: types.ModuleType | None = None) -> list[LocalGpu]:
 
 
 class GpuReader:
-    """Live readings of one GPU: its total-energy counter, SM and memory clocks.
+    """Live readings of one GPU: its total-energy counter, power, SM and memory clocks, supported clocks.
 
-    A context manager: NVML is initialised on entry (which fails early when the GPU has no energy counter)
-    and shut down on exit. ``nvml`` is the binding (``pynvml`` by default; tests pass a fake). NVML is
-    thread-safe, so a background sampler may read while the caller does.
+    A context manager: NVML is initialised on entry (which fails early when the GPU has no energy counter,
+    unless ``check_energy`` is False) and shut down on exit. ``nvml`` is the binding (``pynvml`` by default;
+    tests pass a fake). NVML is thread-safe, so a background sampler may read while the caller does.
     """
 
-    def __init__(self, index: int = 0, nvml: types.ModuleType | None = None) -> None:
+    def __init__(self, index: int = 0, nvml: types.ModuleType | None = None, check_energy: bool = True) -> None:
         self.index = index
         self.name = ""
         self._nvml = pynvml if nvml is None else nvml
         self._handle: Any = None
+        self._check_energy = check_energy
 
-    def __enter__(self) -> GpuReader:
+    def __enter__(self) -> Self:
         _call("initialise NVML", self._nvml.nvmlInit)
         try:
             self._handle = _call(f"open GPU {self.index}", self._nvml.nvmlDeviceGetHandleByIndex, self.index)
             self.name = str(_call(f"read the name of GPU {self.index}", self._nvml.nvmlDeviceGetName, self._handle))
-            self.energy_j()
+            if self._check_energy:
+                self.energy_j()
         except BaseException:
             _call("shut NVML down", self._nvml.nvmlShutdown)
             raise
@@ -180,3 +182,12 @@ class GpuReader:
         mem = _call(f"read the memory clock of GPU {self.index}", self._nvml.nvmlDeviceGetClockInfo, self._handle,
                     pynvml.NVML_CLOCK_MEM)
         return float(sm), float(mem)
+
+    def power_w(self) -> float:
+        """The board's current power draw (W); NVML reports milliwatts."""
+        return _call(f"read the power draw of GPU {self.index}", self._nvml.nvmlDeviceGetPowerUsage,
+                     self._handle) / 1000.0
+
+    def supported_clocks_mhz(self) -> dict[int, tuple[int, ...]]:
+        """Supported SM clocks (ascending) per supported memory clock (descending), in MHz."""
+        return _clock_tables(self._nvml, self._handle, f"GPU {self.index}")

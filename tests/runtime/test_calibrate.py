@@ -30,7 +30,7 @@ from runtime.calibrate.profile_fit import (
 from runtime.capture import boot, cpu_emulation, launch, ncu_run, recording, session
 from runtime.cli import calibrate_cmd, capture_cmd, main
 from runtime.device import clock_control
-from runtime.device.clock_control import ClockControl, has_clock_permission, require_clock_permission
+from runtime.device.clock_control import NvmlDevice, has_clock_permission, require_clock_permission
 from runtime.device.errors import NvmlPermissionError
 from runtime.device.nvml_info import read_local_gpus
 from tests.runtime import nvml_fake
@@ -157,33 +157,31 @@ def test_clock_grid_of_the_h200() -> None:
 
 def test_sweep_locks_each_pair_and_restores(fake: EnergyFakeNvml) -> None:
     seen = []
-    fake.nvmlInit()
 
     def measure_here(idle_name: str) -> list[Measurement]:
         seen.append((idle_name, dict(fake.locked)))
         return []
 
-    measure_clock_sweep(ClockControl(0, fake), [(1980, 3201), (990, 2201)], measure_here, settle_s=0)
+    with NvmlDevice(0, fake) as device:
+        measure_clock_sweep(device, [(1980, 3201), (990, 2201)], measure_here, settle_s=0)
     assert seen == [("idle@1980:3201", {"core": 1980, "mem": 3201}), ("idle@990:2201", {"core": 990, "mem": 2201})]
     assert [c for c in fake.state.calls if c in SETTERS][-2:] == list(SETTERS[2:]) and fake.locked == {}
 
 
 def test_sweep_restores_clocks_after_an_error(fake: EnergyFakeNvml) -> None:
-    fake.nvmlInit()
-
     def failing(idle_name: str) -> list[Measurement]:
         raise RuntimeError("benchmark failed")
 
-    with pytest.raises(RuntimeError, match="benchmark failed"):
-        measure_clock_sweep(ClockControl(0, fake), [(1980, 3201)], failing, settle_s=0)
-    assert fake.state.calls[-2:] == list(SETTERS[2:]) and fake.locked == {}
+    with pytest.raises(RuntimeError, match="benchmark failed"), NvmlDevice(0, fake) as device:
+        measure_clock_sweep(device, [(1980, 3201)], failing, settle_s=0)
+    assert fake.state.calls[-3:-1] == list(SETTERS[2:]) and fake.locked == {}
 
 
 def test_lock_refused_by_nvml_is_a_permission_error(fake: EnergyFakeNvml) -> None:
-    fake.nvmlInit()
     fake.state.failures["nvmlDeviceSetMemoryLockedClocks"] = pynvml.NVML_ERROR_NO_PERMISSION
-    with pytest.raises(NvmlPermissionError, match="cannot lock the memory clock of GPU 0"):
-        measure_clock_sweep(ClockControl(0, fake), [(1980, 3201)], lambda name: [], settle_s=0)
+    with pytest.raises(NvmlPermissionError, match="cannot lock the memory clock of GPU 0"), \
+            NvmlDevice(0, fake) as device:
+        measure_clock_sweep(device, [(1980, 3201)], lambda name: [], settle_s=0)
     assert "nvmlDeviceResetGpuLockedClocks" not in fake.state.calls
 
 

@@ -13,8 +13,8 @@ import pytest
 from envs.paths import REPO_ROOT
 from envs.trace import Phase
 from envs.trace_format import load_trace
-from runtime.capture.errors import CaptureError
 from runtime.capture.launch import split_command
+from runtime.child import CommandError
 from runtime.cli import main
 
 FAKE = ["--nvml-module", "tests.runtime.nvml_fake"]
@@ -98,13 +98,13 @@ def test_machine_without_nvml_is_a_one_line_error(capsys: pytest.CaptureFixture[
 
 
 @pytest.mark.parametrize(("command", "message"), [
-    ([], "no command to capture"),
+    ([], "no command to run"),
     (["bash", "train.sh"], "'bash' is not a Python interpreter"),
     (["python", "-c", "print(1)"], "no script or module to run"),
     (["python", "missing.py"], "missing.py: no such script"),
 ])
 def test_bad_commands(command: list[str], message: str) -> None:
-    with pytest.raises(CaptureError, match=message):
+    with pytest.raises(CommandError, match=message):
         split_command(["--", *command])
 
 

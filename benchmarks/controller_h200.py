@@ -1,0 +1,279 @@
+"""The clock controller in dry-run mode on a real GPU: its overhead on step time and its timing error.
+
+    python benchmarks/controller_h200.py plans                # anywhere: the latency-optimal plans it applies
+    python benchmarks/controller_h200.py run RESULTS_DIR      # on the GPU machine: dry runs only
+    python benchmarks/controller_h200.py report RESULTS_DIR   # anywhere: benchmarks/results/controller_h200.*
+
+``run`` never changes a clock: every controller there is a dry run whose NVML binding is
+``benchmarks.nvml_guard`` (the real pynvml; any Set/Reset/Clear call is refused and counted). It runs
+
+1. ``kdvfs run --dry-run`` of ``examples/gpt.py`` (GPT-3 XL, batch 4) with the plan, end to end;
+2. per workload, one process (``child``) that trains ``examples/gpt.py`` and alternates windows of steps
+   with and without the controller (order ABBA...), each window timed between ``torch.cuda.synchronize``
+   calls; for GPT-3 XL it then profiles ten controlled steps with ``torch.profiler``, CUDA activities
+   only (recording CPU ops slows the launches enough to change the GPU timeline being measured).
+
+``report`` computes the overhead (step time with over without the controller) and the timing error: each
+planned switch instant (from the controller's log) minus the profiled start of the kernel it was planned
+for, and the same for every kernel's predicted start. The profiler's clock is mapped to the host clock by
+one constant offset: the median over the profiled steps of (end of a step's last kernel in the profile)
+minus (the controller's host time for that step end); so a constant lag of the controller's step-end
+estimate is not seen, but its step-to-step jitter is. ``--cpu-test`` runs all of
+it on a CPU with a tiny model, a CPU-captured trace and the fake NVML of the tests (a dry run of the
+script; its figures mean nothing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from envs.paths import REPO_ROOT
+
+RESULTS = REPO_ROOT / "benchmarks" / "results"
+CLI = "import sys; from runtime.cli import main; sys.exit(main(sys.argv[1:]))"
+GUARD = "benchmarks.nvml_guard"
+ORDER = (True, False, False, True, True, False, False, True)
+WORKLOADS: dict[str, dict[str, Any]] = {
+    "gpt3xl-b4": {"trace": "h200/capture-gpt3xl-b4", "window_steps": 30, "profile_steps": 10,
+                  "script": ["examples/gpt.py", "--size", "gpt3xl", "--batch", "4"]},
+    "gpt2s-b16": {"trace": "h200/capture-gpt2s-b16", "window_steps": 80, "profile_steps": 0,
+                  "script": ["examples/gpt.py", "--size", "gpt2s", "--batch", "16"]},
+}
+CPU_WORKLOADS: dict[str, dict[str, Any]] = {
+    "gpt-tiny": {"trace": "", "window_steps": 8, "profile_steps": 3,
+                 "script": ["examples/gpt.py", "--size", "tiny", "--device", "cpu"]},
+}
+CLI_STEPS = 150
+WARMUP_STEPS = 10
+SETTLE_STEPS = 10
+
+
+def plan_path(label: str, folder: Path = RESULTS) -> Path:
+    return folder / f"controller_h200.plan-{label}.json"
+
+
+def make_plan(trace: str, output: Path) -> None:
+    """The latency-optimal plan at a 1% budget with the profile's switching latency (`kdvfs plan`)."""
+    _kdvfs(["plan", "--trace", trace, "--gpu", "h200", "--method", "latency-optimal", "--slowdown", "0.01",
+            "-o", str(output)])
+
+
+def _kdvfs(args: list[str], env: dict[str, str] | None = None, stdout: Any = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", CLI, *args], cwd=REPO_ROOT, text=True, env=env, stdout=stdout,
+                          check=True)
+
+
+class Done(BaseException):
+    """Ends the training script from the optimizer hook once the measurements are taken."""
+
+
+def _sync() -> None:
+    import torch
+
+    if torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
+class Harness:
+    """Drives one ``child`` run from the optimizer-step hook (a generator resumed once per step)."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.windows: list[dict[str, Any]] = []
+        self._steps = self._schedule()
+
+    def on_step(self) -> None:
+        next(self._steps)
+
+    def _controller(self, log: str | None) -> Any:
+        from runtime.controller import Controller
+
+        return Controller(self.args.plan, self.args.trace, dry_run=True, nvml_module=self.args.nvml_module, log=log,
+                          baseline_steps=5, cpu_test_mode=self.args.cpu_test,
+                          match_tolerance=0.99 if self.args.cpu_test else 0.1)
+
+    def _window(self, on: bool, steps: int) -> Iterator[None]:
+        controller = self._controller(str(self.args.out / "window.jsonl")) if on else None
+        if controller is not None:
+            controller.__enter__()
+        _sync()
+        start_s = time.perf_counter()
+        for _ in range(steps):
+            if controller is not None:
+                controller.step()
+            yield
+        _sync()
+        elapsed_s = time.perf_counter() - start_s
+        if controller is not None:
+            controller.close()
+        self.windows.append({"controller": on, "steps": steps, "elapsed_s": elapsed_s,
+                             "summary": None if controller is None else controller.summary})
+
+    def _schedule(self) -> Iterator[None]:
+        for _ in range(WARMUP_STEPS):
+            yield
+        for on in ORDER:
+            yield from self._window(on, self.args.window_steps)
+        if self.args.profile_steps:
+            yield from self._profiled()
+        raise Done
+
+    def _profiled(self) -> Iterator[None]:
+        import torch
+        from torch.profiler import ProfilerActivity, profile
+
+        controller = self._controller(str(self.args.out / f"{self.args.label}.log.jsonl"))
+        controller.__enter__()
+        for _ in range(SETTLE_STEPS):
+            controller.step()
+            yield
+        on_gpu = torch.cuda.is_initialized()
+        profiler = profile(activities=[ProfilerActivity.CUDA if on_gpu else ProfilerActivity.CPU])
+        profiler.start()
+        for _ in range(self.args.profile_steps + 1):
+            controller.step()
+            yield
+        _sync()
+        profiler.stop()
+        profiler.export_chrome_trace(str(self.args.out / f"{self.args.label}.profile.json.gz"))
+        controller.close()
+
+
+def child(args: argparse.Namespace) -> int:
+    """Train the script with the harness's hook; write RESULTS_DIR/LABEL.json."""
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    from runtime.capture.boot import _run_target
+    from runtime.device.nvml_info import import_nvml
+
+    harness = Harness(args)
+    register_optimizer_step_post_hook(lambda optimizer, a, k: harness.on_step())
+    with contextlib.suppress(Done):
+        _run_target(args.script)
+    nvml = import_nvml(args.nvml_module)
+    log = args.out / f"{args.label}.log.jsonl"
+    document = {"label": args.label, "plan": os.path.relpath(args.plan, REPO_ROOT), "trace": args.trace,
+                "windows": harness.windows,
+                "profile": f"{args.label}.profile.json.gz" if args.profile_steps else None,
+                "log": [json.loads(line) for line in log.read_text().splitlines()] if log.is_file() else [],
+                "nvml": nvml.record() if hasattr(nvml, "record") else None}
+    (args.out / f"{args.label}.json").write_text(json.dumps(document))
+    log.unlink(missing_ok=True)
+    (args.out / "window.jsonl").unlink(missing_ok=True)
+    return 0
+
+
+def _nvidia_smi() -> str:
+    try:
+        return subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,clocks.sm,clocks.mem,power.draw,"
+                               "power.limit,persistence_mode,temperature.gpu", "--format=csv,noheader"],
+                              capture_output=True, text=True, check=False).stdout.strip()
+    except FileNotFoundError:
+        return "nvidia-smi not found"
+
+
+def _cpu_setup(folder: Path) -> dict[str, dict[str, Any]]:
+    """CPU test: capture the tiny model's step on the CPU and plan it."""
+    trace = folder / "gpt-tiny.trace.json"
+    _kdvfs(["capture", "--cpu-test-mode", "--nvml-module", "tests.runtime.nvml_fake", "--energy-window-s", "0.5",
+            "-o", str(trace), "--", "python", *CPU_WORKLOADS["gpt-tiny"]["script"], "--steps", "60"])
+    make_plan(str(trace), plan_path("gpt-tiny", folder))
+    return {"gpt-tiny": {**CPU_WORKLOADS["gpt-tiny"], "trace": str(trace)}}
+
+
+def _cli_run(folder: Path, label: str, workload: dict[str, Any], plans: Path, fake: list[str]) -> dict[str, Any]:
+    """``kdvfs run --dry-run`` end to end; its summary and the NVML calls it made."""
+    record = folder / "cli-nvml.json"
+    env = {**os.environ, "KDVFS_NVML_RECORD": str(record)}
+    nvml = fake or ["--nvml-module", GUARD]
+    start_s = time.perf_counter()
+    done = _kdvfs(["run", "--dry-run", "--policy", str(plan_path(label, plans)), "--trace", workload["trace"],
+                   "--log", str(folder / "cli.log.jsonl"), "--json", *nvml, "--", "python3", *workload["script"],
+                   "--steps", str(CLI_STEPS)], env=env, stdout=subprocess.PIPE)
+    nvml_calls = json.loads(record.read_text()) if record.is_file() else None
+    requests = sum(1 for line in (folder / "cli.log.jsonl").read_text().splitlines() if '"request"' in line)
+    (folder / "cli.log.jsonl").unlink()
+    return {"command": f"kdvfs run --dry-run --policy {plan_path(label, plans).name} --trace {workload['trace']} "
+                       f"--nvml-module {GUARD} -- python3 {' '.join(workload['script'])} --steps {CLI_STEPS}",
+            "wall_s": time.perf_counter() - start_s, "summary": json.loads(done.stdout), "nvml": nvml_calls,
+            "logged_requests": requests}
+
+
+def run(folder: Path, cpu_test: bool) -> None:
+    """All device-side measurements into ``folder``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    workloads, plans = (_cpu_setup(folder), folder) if cpu_test else (WORKLOADS, RESULTS)
+    fake = ["--cpu-test-mode", "--nvml-module", "tests.runtime.nvml_fake"] if cpu_test else []
+    first = next(iter(workloads))
+    log: dict[str, Any] = {"machine": platform.node(), "python": sys.version.split()[0], "started_utc": _now(),
+                           "nvidia_smi_before": _nvidia_smi(), "cli": _cli_run(folder, first, workloads[first], plans,
+                                                                                fake)}
+    for label, workload in workloads.items():
+        start_s = time.perf_counter()
+        subprocess.run([sys.executable, str(Path(__file__).resolve()), "child", "--label", label,
+                        "--plan", str(plan_path(label, plans)), "--trace", workload["trace"],
+                        "--window-steps", str(workload["window_steps"]), "--profile-steps",
+                        str(workload["profile_steps"]), "--nvml-module", fake[-1] if fake else GUARD,
+                        *(["--cpu-test"] if cpu_test else []), str(folder), "--", *workload["script"], "--steps",
+                        "100000"],
+                       cwd=REPO_ROOT, check=True, env=_with_root_on_path())
+        log[f"{label}_wall_s"] = time.perf_counter() - start_s
+    log["children"], log["nvidia_smi_after"], log["finished_utc"] = list(workloads), _nvidia_smi(), _now()
+    (folder / "run.json").write_text(json.dumps(log, indent=1))
+
+
+def _with_root_on_path() -> dict[str, str]:
+    paths = [str(REPO_ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="what", required=True)
+    sub.add_parser("plans")
+    for name in ("run", "report"):
+        command = sub.add_parser(name)
+        command.add_argument("folder", type=Path)
+        command.add_argument("--cpu-test", action="store_true")
+    kid = sub.add_parser("child")
+    kid.add_argument("out", type=Path)
+    for option in ("--label", "--plan", "--trace", "--nvml-module"):
+        kid.add_argument(option, required=True)
+    kid.add_argument("--window-steps", type=int, required=True)
+    kid.add_argument("--profile-steps", type=int, required=True)
+    kid.add_argument("--cpu-test", action="store_true")
+    kid.add_argument("script", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    if args.what == "plans":
+        for label, workload in WORKLOADS.items():
+            make_plan(workload["trace"], plan_path(label))
+    elif args.what == "run":
+        run(args.folder, args.cpu_test)
+    elif args.what == "child":
+        args.script = args.script[1:] if args.script[:1] == ["--"] else args.script
+        return child(args)
+    else:
+        sys.path.insert(0, str(REPO_ROOT))
+        from benchmarks.controller_report import report
+
+        report(args.folder, args.cpu_test)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

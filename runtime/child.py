@@ -1,0 +1,46 @@
+"""Running a user's Python training command under a kdvfs bootstrap (shared by ``kdvfs capture`` and
+``kdvfs run``): checking the command and giving the child this kdvfs on its path."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+import runtime
+from envs.errors import KdvfsError
+
+_PYTHON = re.compile(r"python[\d.]*(\.exe)?")
+USAGE = "write the command after `--` as `python train.py ARGS` or `python -m package.module ARGS`"
+
+
+class CommandError(KdvfsError):
+    """The user's command cannot be run under kdvfs."""
+
+
+def split_command(command: Sequence[str], tool: str = "kdvfs") -> tuple[str, list[str]]:
+    """The interpreter and the target (``SCRIPT ARGS`` or ``-m MODULE ARGS``) of the user's command.
+
+    ``tool`` names the kdvfs command in error messages (e.g. ``"kdvfs capture"``).
+    """
+    words = list(command)
+    if words[:1] == ["--"]:
+        words = words[1:]
+    if not words:
+        raise CommandError(f"no command to run; {USAGE}")
+    interpreter, target = words[0], words[1:]
+    if not _PYTHON.fullmatch(Path(interpreter).name):
+        raise CommandError(f"{interpreter!r} is not a Python interpreter: {tool} runs Python training scripts; {USAGE}")
+    if not target or (target[0] == "-m" and len(target) < 2) or (target[0].startswith("-") and target[0] != "-m"):
+        raise CommandError(f"{' '.join(words)!r}: no script or module to run; {USAGE}")
+    if target[0] != "-m" and not Path(target[0]).is_file():
+        raise CommandError(f"{target[0]}: no such script; check the path")
+    return interpreter, target
+
+
+def child_environment() -> dict[str, str]:
+    """The child's environment: this kdvfs first on PYTHONPATH, so its bootstrap is the one that runs."""
+    root = str(Path(runtime.__file__).resolve().parent.parent)
+    paths = [root, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}

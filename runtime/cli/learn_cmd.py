@@ -1,0 +1,65 @@
+"""``kdvfs train`` and ``kdvfs evaluate``: learn a clock policy for a GPU with PPO, and score a frozen
+policy next to every planner on a step."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from agents.compare import compare
+from agents.policy_planner import PolicyPlanner, policy_rows
+from agents.registry import COMPARED
+from envs.errors import KdvfsError
+from runtime.cli.plan_cmd import _common, _percent_list, _problem
+from runtime.cli.render import compare_table, console, print_json
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    train = subparsers.add_parser("train", help="train a clock policy for a GPU with PPO")
+    train.add_argument("--gpu", required=True, help="GPU profile name the policy is for")
+    train.add_argument("--config", type=Path, help="PPO config YAML (default: configs/ppo/<gpu>.yaml)")
+    train.add_argument("--timesteps", type=int, help="environment steps to train for (default: the config's)")
+    train.add_argument("--out", type=Path, required=True, help="run folder: logs, checkpoints, frozen policy")
+    train.add_argument("--no-progress", action="store_true", help="no progress bar")
+    train.set_defaults(func=run_train)
+
+    evaluate = subparsers.add_parser("evaluate", help="a frozen policy next to every planner on a step")
+    evaluate.add_argument("--policy", type=Path, required=True, help="frozen policy file (.kdvfs-policy.npz)")
+    _common(evaluate)
+    evaluate.add_argument("--slowdown", type=_percent_list, default=[0.01], help="budgets (default 0.01 = 1%%)")
+    evaluate.add_argument("--json", action="store_true", help="print JSON for scripts (as `kdvfs compare --json`)")
+    evaluate.set_defaults(func=run_evaluate)
+
+
+def run_train(args: argparse.Namespace) -> int:
+    from agents.ppo import load_train_config
+    from agents.train import train
+
+    config = load_train_config(args.config or args.gpu)
+    if config.gpu != args.gpu:
+        raise KdvfsError(f"--gpu {args.gpu} but the config {args.config} trains for {config.gpu!r}; pass a matching "
+                         "--config")
+    if args.timesteps is not None and args.timesteps <= 0:
+        raise KdvfsError(f"--timesteps {args.timesteps} must be > 0")
+    result = train(config, args.out, args.timesteps, progress_bar=not args.no_progress)
+    console.print(f"trained {result.timesteps} timesteps in {result.wall_s / 60:.1f} min; held-out steps "
+                  f"(deterministic, {config.env.budgets[0]:.1%} budget):")
+    for name, outcome in result.held_out.items():
+        console.print(f"  {name}: energy saved {outcome['energy_saved_pct']:.2f}%, slowdown "
+                      f"{outcome['slowdown_pct']:.2f}%, {outcome['switches']} switches")
+    console.print(f"wrote {result.policy_path} (TensorBoard: {args.out / 'tensorboard'})")
+    return 0
+
+
+def run_evaluate(args: argparse.Namespace) -> int:
+    problem = _problem(args, args.slowdown[0])
+    planner = PolicyPlanner.from_file(args.policy, problem.profile)
+    with console.status("planning") as status:
+        rows = compare(problem, args.slowdown, COMPARED, lambda text: status.update(f"planning: {text}"))
+        status.update("policy")
+        rows = sorted(rows + policy_rows(problem, planner, args.slowdown), key=lambda row: row.budget)
+    if args.json:
+        print_json([row.as_json() for row in rows])
+    else:
+        console.print(compare_table(rows, problem))
+    return 0

@@ -1,0 +1,97 @@
+"""``kdvfs run --policy P --trace T [--dry-run] [--budget 0.01] -- python train.py ARGS`` and ``kdvfs reset``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+
+from runtime.cli.render import console, print_json
+from runtime.controller.config import ControllerConfig
+from runtime.controller.launch import run_controlled
+from runtime.device.clock_control import require_clock_permission, reset_gpu_clocks
+from runtime.device.nvml_info import import_nvml
+
+STDERR_FD = 2
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    run = subparsers.add_parser(
+        "run", help="train with the clock controller applying a plan or frozen policy (--dry-run: change nothing)",
+        usage="kdvfs run --policy P --trace T [options] -- python train.py ARGS...")
+    run.add_argument("--policy", required=True, help="plan from `kdvfs plan -o` or frozen policy (.kdvfs-policy.npz)")
+    run.add_argument("--trace", required=True, help="the expected step: trace file (`kdvfs capture`) or bundled name")
+    run.add_argument("--gpu", help="GPU profile (default: the plan's, or the nearest shipped one of the GPU)")
+    run.add_argument("--dry-run", action="store_true", help="change no clock; log what would be requested and when")
+    run.add_argument("--budget", type=float, default=0.01, help="step-time budget over auto (default 0.01 = 1%%)")
+    run.add_argument("--gpu-index", type=int, default=0, help="NVML index of the GPU the script uses (default 0)")
+    run.add_argument("--latency-ms", type=float, help="switching latency to request ahead by (default: the profile's)")
+    run.add_argument("--log", type=Path, help="JSONL log of every request, step and energy window")
+    run.add_argument("--tensorboard", type=Path, metavar="DIR", help="write TensorBoard scalars to DIR")
+    run.add_argument("--cpu-test-mode", action="store_true", help="accept a CPU-only script (tests and dry runs)")
+    run.add_argument("--nvml-module", default="pynvml", help="NVML binding to import (default pynvml)")
+    run.add_argument("--json", action="store_true", help="print the summary as JSON (script output to stderr)")
+    run.add_argument("command", nargs=argparse.REMAINDER, help="-- python train.py ARGS...")
+    run.set_defaults(func=run_command)
+
+    reset = subparsers.add_parser("reset", help="return a GPU's SM and memory clocks to its own control (root)")
+    reset.add_argument("--gpu-index", type=int, default=0, help="NVML index of the GPU (default 0)")
+    reset.add_argument("--nvml-module", default="pynvml", help="NVML binding to import (default pynvml)")
+    reset.set_defaults(func=reset_command)
+
+
+def _figure(value: Any, scale: float = 1.0, unit: str = "", digits: int = 2) -> str:
+    return "-" if value is None else f"{value * scale:.{digits}f}{unit}"
+
+
+def summary_table(summary: dict[str, Any]) -> Table:
+    """The controller's summary at exit."""
+    mode = "dry run (no clock changed)" if summary["dry_run"] else "clocks controlled"
+    table = Table(title=f"kdvfs run: {summary['source']} on {summary['gpu']}, {mode}", show_header=False)
+    predicted = summary["predicted"]
+    rows = [
+        ("steps / controlled / mismatches", f"{summary['steps']} / {summary['controlled_steps']} / "
+                                             f"{summary['mismatches']}"),
+        ("clock requests" + (" (would have made)" if summary["dry_run"] else ""), str(summary["switches"])),
+        ("step time (ms, GPU)", _figure(summary["step_time_s"], 1e3)),
+        ("energy per step (J, NVML)", _figure(summary["energy_j_per_step"])),
+        ("energy per step auto / controlled (J)", f"{_figure(summary['energy_j_per_step_auto'])} / "
+                                                  f"{_figure(summary['energy_j_per_step_controlled'])}"),
+        ("guard: slowdown vs auto baseline", _figure(summary["guard_slowdown"], 100, "%")),
+        ("predicted saving / slowdown (cost model)", f"{predicted['energy_saved_pct']:.2f}% / "
+                                                     f"{predicted['slowdown_pct']:.2f}%"),
+    ]
+    if summary["backed_off"]:
+        rows.append(("backed off", summary["backoff_reason"]))
+    if summary["error"]:
+        rows.append(("controller error (GPU returned to auto)", summary["error"]))
+    for label, value in rows:
+        table.add_row(label, value)
+    return table
+
+
+def run_command(args: argparse.Namespace) -> int:
+    config = ControllerConfig(
+        policy=args.policy, trace=args.trace, gpu=args.gpu, budget=args.budget, dry_run=args.dry_run,
+        gpu_index=args.gpu_index, nvml_module=args.nvml_module, latency_ms=args.latency_ms,
+        log=str(args.log) if args.log else None, tensorboard=str(args.tensorboard) if args.tensorboard else None,
+        cpu_test_mode=args.cpu_test_mode)
+    code, summary = run_controlled(args.command, config, script_stdout=STDERR_FD if args.json else None)
+    if summary is not None and args.json:
+        print_json(summary)
+    elif summary is not None:
+        console.print(summary_table(summary))
+    if code != 0:
+        print(f"kdvfs: the script exited with code {code}", file=sys.stderr)
+    return code
+
+
+def reset_command(args: argparse.Namespace) -> int:
+    nvml = import_nvml(args.nvml_module)
+    require_clock_permission(needs="resetting GPU clocks", fix="run `sudo kdvfs reset`")
+    name = reset_gpu_clocks(args.gpu_index, nvml)
+    console.print(f"GPU {args.gpu_index} ({name}): SM and memory clocks returned to the GPU's own control")
+    return 0

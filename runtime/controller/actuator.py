@@ -1,0 +1,107 @@
+"""Clock requests to the device, or (dry run) only to the log; and the controller's JSONL event log."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+from typing import IO, Any
+
+from runtime.device.clock import Clock
+from runtime.device.interface import Device
+
+FLUSH_RECORDS = 200
+
+
+class EventLog:
+    """JSON lines (``{"event": ..., ...}``) appended to ``path`` (nothing written when None); thread-safe.
+
+    Times are seconds on the controller's host clock (``time.perf_counter`` in a real run), named ``*_s``.
+    """
+
+    def __init__(self, path: str | Path | None) -> None:
+        self._file: IO[str] | None = open(path, "w", encoding="utf-8") if path else None  # noqa: SIM115 (closed by close())
+        self._lines: list[str] = []
+        self._lock = threading.Lock()
+
+    def write(self, event: str, **fields: Any) -> None:
+        if self._file is None:
+            return
+        with self._lock:
+            self._lines.append(json.dumps({"event": event, **fields}))
+            if len(self._lines) >= FLUSH_RECORDS:
+                self._flush()
+
+    def _flush(self) -> None:
+        if self._file is not None and self._lines:
+            self._file.write("\n".join(self._lines) + "\n")
+            self._file.flush()
+            self._lines = []
+
+    def close(self) -> None:
+        with self._lock:
+            self._flush()
+            if self._file is not None:
+                self._file.close()
+                self._file = None
+
+
+def parse_clocks(label: str) -> tuple[int | None, int]:
+    """``"1410:3201"`` -> (1410, 3201); ``"auto:2201"`` -> (None, 2201)."""
+    core, mem = label.split(":")
+    return (None if core == "auto" else int(float(core))), int(float(mem))
+
+
+class Actuator:
+    """Applies clock labels to ``device`` (never in a dry run), one at a time, skipping repeats.
+
+    Auto at the default memory clock is a reset of both clocks; auto at another memory clock locks only the
+    memory clock. After :meth:`close` every request is ignored, so a late request of the controller's thread
+    cannot follow the final restore.
+    """
+
+    def __init__(self, device: Device | None, dry_run: bool, default_mem_mhz: int, log: EventLog,
+                 clock: Clock) -> None:
+        self.device, self.dry_run, self.log, self.clock = device, dry_run, log, clock
+        self.auto = f"auto:{default_mem_mhz}"
+        self.default_mem_mhz = default_mem_mhz
+        self.current = self.auto
+        self.switches = 0
+        self.touched = False
+        self.restored = False
+        self._closed = False
+        self._lock = threading.Lock()
+
+    def _apply(self, clocks: str) -> None:
+        if self.dry_run or self.device is None:
+            return
+        core_mhz, mem_mhz = parse_clocks(clocks)
+        self.touched = True
+        if core_mhz is None and mem_mhz == self.default_mem_mhz:
+            self.device.reset_clocks()
+        else:
+            self.device.lock_clocks_mhz(core_mhz, mem_mhz)
+
+    def request(self, clocks: str, **record: Any) -> bool:
+        """Request ``clocks`` now; ``record`` (step, kernel, due time, ...) goes to the log. False when it was
+        a repeat or the actuator is closed."""
+        with self._lock:
+            if self._closed or clocks == self.current:
+                return False
+            issued_s = self.clock.now_s()
+            self._apply(clocks)
+            self.current = clocks
+            self.switches += 1
+        self.log.write("request", clocks=clocks, issued_s=issued_s, dry_run=self.dry_run, **record)
+        return True
+
+    def close(self) -> None:
+        """Return the clocks to the GPU (when anything was changed) and ignore every later request."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            if self.touched and self.device is not None:
+                self.device.reset_clocks()
+                self.current = self.auto
+            self.restored = True

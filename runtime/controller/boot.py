@@ -1,0 +1,62 @@
+"""The process ``kdvfs run`` runs the user's script in: ``python -m runtime.controller.boot CONFIG SCRIPT ARGS``.
+
+It opens the :class:`~runtime.controller.controller.Controller` described by CONFIG (every check happens
+here, before the script starts; a failed one is exit code 2 with the clocks untouched), registers a global
+``torch.optim`` optimizer-step hook that calls :meth:`Controller.step`, and runs the unmodified script as
+``__main__`` with the same runner as ``kdvfs capture``. Whatever way the script ends, the controller is
+closed (clocks restored) and the summary is written to the report file for the parent. The script's own
+exit code passes through.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from torch.optim.optimizer import register_optimizer_step_post_hook
+
+from envs.errors import KdvfsError
+from runtime.capture.boot import _run_target
+from runtime.controller.config import ControllerConfig
+from runtime.controller.controller import Controller
+
+
+def write_report(config: ControllerConfig, document: dict[str, Any]) -> None:
+    if config.report_path:
+        Path(config.report_path).write_text(json.dumps(document), encoding="utf-8")
+
+
+@contextlib.contextmanager
+def step_hook(controller: Controller) -> Iterator[None]:
+    """Call ``controller.step()`` after every optimizer step."""
+    handle = register_optimizer_step_post_hook(lambda optimizer, args, kwargs: controller.step())
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def main(argv: Sequence[str]) -> int:
+    """Run the script ``argv[1:]`` under the controller configured by the file ``argv[0]``."""
+    config = ControllerConfig.load(Path(argv[0]))
+    controller = Controller(config=config)
+    try:
+        controller.__enter__()
+    except KdvfsError as error:
+        write_report(config, {"status": "error", "message": str(error)})
+        return 2
+    try:
+        with step_hook(controller):
+            _run_target(argv[1:])
+    finally:
+        controller.close()
+        write_report(config, {"status": "ok", "summary": controller.summary})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

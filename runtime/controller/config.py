@@ -1,0 +1,82 @@
+"""Options of the clock controller, shared by ``kdvfs run``, its child process and the Python API."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from envs.errors import KdvfsError
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    """What the controller applies and how.
+
+    Attributes:
+        policy: the schedule source: a plan from ``kdvfs plan -o plan.json`` or a frozen policy
+            (``.kdvfs-policy.npz``).
+        trace: the expected training step (a kdvfs trace file or bundled name, e.g. from ``kdvfs capture``).
+        gpu: GPU profile name or ``.yaml`` (default: the plan's, or the nearest shipped profile of the GPU).
+        budget: allowed step-time increase over auto (0.01 = 1%): the policy's budget and the guard's.
+        dry_run: do everything except changing clocks; log what would have been requested.
+        gpu_index: NVML index of the GPU the script trains on.
+        nvml_module: the NVML binding to import (``pynvml``; tests name a fake).
+        latency_ms: switching latency to issue requests ahead by (default: the profile's).
+        log: JSONL file of every request, step and measurement window (default: none).
+        tensorboard: folder for TensorBoard scalars (default: none).
+        match_tolerance: largest relative difference between a step's GPU time and the expected one.
+        confirm_steps: consecutive matching steps before the controller acts (and to learn the step's
+            allocation count).
+        baseline_steps: matching steps measured at auto before the first clock change (the guard's baseline).
+        guard_steps: controlled steps whose median step time the guard compares with the baseline.
+        guard_margin: measurement noise allowed beyond the budget before the guard backs off.
+        window_steps, window_s: accounting windows last at least this many steps and seconds.
+        energy_poll_s: how often the energy counter is read within a window (its updates mark the window's
+            edges; tests with a virtual clock read it at the window edges only).
+        watchdog: spawn the watchdog process (only ever when clocks are changed, never in a dry run).
+        cpu_test_mode: accept a CPU-only script; host time stands in for the GPU timeline (tests).
+        report_path: where the child process of ``kdvfs run`` writes its summary.
+    """
+
+    policy: str
+    trace: str
+    gpu: str | None = None
+    budget: float = 0.01
+    dry_run: bool = False
+    gpu_index: int = 0
+    nvml_module: str = "pynvml"
+    latency_ms: float | None = None
+    log: str | None = None
+    tensorboard: str | None = None
+    match_tolerance: float = 0.1
+    confirm_steps: int = 2
+    baseline_steps: int = 10
+    guard_steps: int = 20
+    guard_margin: float = 0.005
+    window_steps: int = 50
+    window_s: float = 5.0
+    energy_poll_s: float = 0.02
+    watchdog: bool = True
+    cpu_test_mode: bool = False
+    report_path: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.budget < 0:
+            raise KdvfsError(f"--budget {self.budget} must be >= 0 (a fraction: 0.01 = 1%)")
+        if self.latency_ms is not None and self.latency_ms < 0:
+            raise KdvfsError(f"--latency-ms {self.latency_ms} must be >= 0")
+        if not 0 < self.match_tolerance < 1:
+            raise KdvfsError(f"match tolerance {self.match_tolerance} must be in (0, 1)")
+        if min(self.confirm_steps, self.guard_steps, self.window_steps) < 1 or self.baseline_steps < 0:
+            raise KdvfsError("confirm, guard and window steps must be >= 1, baseline steps >= 0")
+
+    def save(self, path: Path) -> None:
+        """Write the config as JSON (for the child process)."""
+        Path(path).write_text(json.dumps(dataclasses.asdict(self)), encoding="utf-8")
+
+    @classmethod
+    def load(cls, path: Path) -> ControllerConfig:
+        """Read a config written by :meth:`save`."""
+        return cls(**json.loads(Path(path).read_text(encoding="utf-8")))

@@ -1,0 +1,185 @@
+"""The predictive clock controller's Python API: a context manager with ``.step()`` once per training step.
+
+    from runtime.controller import Controller
+
+    with Controller("plan.json", "step.trace.json", dry_run=True, log="kdvfs-run.jsonl") as controller:
+        for batch in loader:
+            train_step(batch)
+            controller.step()
+    print(controller.summary)
+
+On entry it opens the GPU (NVML, or the device it is given), computes the step's schedule once from the
+source (:mod:`runtime.controller.source`), checks that the profile is this GPU's, that every clock of the
+schedule is supported and, unless ``dry_run``, that this process may lock clocks; then it starts the
+watchdog process (not in a dry run) and its background thread (:mod:`runtime.controller.issuer`). A check
+that fails raises before any clock changed. ``step()`` records a CUDA event and reads the caching
+allocator's counter (a few microseconds, no GPU sync). On exit, on an exception, on SIGINT (as
+KeyboardInterrupt) and SIGTERM (as SystemExit) it stops the thread, returns the clocks to the GPU, stops
+the watchdog and builds :attr:`summary`.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import sys
+import threading
+import types
+from dataclasses import asdict
+from typing import Any
+
+from agents.problem import score
+from runtime.controller.accounting import Accounting
+from runtime.controller.actuator import Actuator, EventLog, parse_clocks
+from runtime.controller.config import ControllerConfig
+from runtime.controller.gpu_timeline import CudaStepTimeline, HostStepTimeline, StepTimeline
+from runtime.controller.issuer import Issuer
+from runtime.controller.matching import Guard, StepMatcher
+from runtime.controller.source import Plan, load_plan
+from runtime.controller.timeline import StepPlan
+from runtime.controller.watchdog import spawn_watchdog, stop_watchdog
+from runtime.device.clock import Clock, RealClock
+from runtime.device.clock_control import NvmlDevice, require_clock_permission, terminate_on_sigterm
+from runtime.device.interface import Device, check_clocks_mhz
+from runtime.device.nvml_info import import_nvml
+
+STOP_TIMEOUT_S = 5.0
+RUN_NEEDS = "the clock controller locks GPU clocks"
+RUN_FIX = "run it as root, or add --dry-run to see what it would do without changing clocks"
+
+
+def check_device(plan: Plan, device: Device) -> None:
+    """Raise unless ``device`` supports each clock of ``plan``'s schedule."""
+    supported = device.supported_clocks_mhz()
+    for action in sorted(set(int(a) for a in plan.schedule.actions)):
+        core_mhz, mem_mhz = parse_clocks(plan.problem.costs.label(action))
+        check_clocks_mhz(supported, core_mhz, mem_mhz, f"GPU {device.index} ({device.name})")
+
+
+class Controller:
+    """See the module docstring. ``policy`` and ``trace`` and ``options`` make a :class:`ControllerConfig`.
+
+    ``device``, ``timeline`` and ``clock`` replace the GPU (NVML), its CUDA-event timeline and the host clock;
+    tests pass a :class:`~runtime.device.fake.FakeGpu` with its timeline and virtual clock, explicitly.
+    """
+
+    def __init__(self, policy: str | None = None, trace: str | None = None, *, config: ControllerConfig | None = None,
+                 device: Device | None = None, timeline: StepTimeline | None = None, clock: Clock | None = None,
+                 **options: Any) -> None:
+        if config is None:
+            if policy is None or trace is None:
+                raise TypeError("Controller needs a policy (or plan) and the expected trace, or a config")
+            config = ControllerConfig(policy=str(policy), trace=str(trace), **options)
+        self.config = config
+        self.summary: dict[str, Any] | None = None
+        self.plan: Plan | None = None
+        self.step_plan: StepPlan | None = None
+        self._device, self._timeline, self._clock = device, timeline, clock or RealClock()
+        self._stack = contextlib.ExitStack()
+        self._issuer: Issuer | None = None
+        self._actuator: Actuator | None = None
+        self._accounting: Accounting | None = None
+        self._log = EventLog(None)
+
+    def __enter__(self) -> Controller:
+        try:
+            self._open()
+        except BaseException:
+            self._stack.close()
+            raise
+        atexit.register(self.close)
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 trace: types.TracebackType | None) -> None:
+        self.close()
+
+    def _open(self) -> None:
+        config = self.config
+        device: Device = self._device or self._stack.enter_context(
+            NvmlDevice(config.gpu_index, import_nvml(config.nvml_module)))
+        self.plan = load_plan(config, device.name)
+        check_device(self.plan, device)
+        if not config.dry_run:
+            require_clock_permission(needs=RUN_NEEDS, fix=RUN_FIX, allowed=device.has_clock_permission())
+        problem = self.plan.problem
+        self.step_plan = StepPlan.build(problem, self.plan.schedule, config.dry_run)
+        if threading.current_thread() is threading.main_thread():
+            self._stack.enter_context(terminate_on_sigterm())
+        if not config.dry_run and config.watchdog and isinstance(device, NvmlDevice):
+            watchdog = spawn_watchdog(config.gpu_index, config.nvml_module)
+            self._stack.callback(lambda: stop_watchdog(watchdog, self._actuator is None or self._actuator.restored))
+        self._log = EventLog(config.log)
+        self._stack.callback(self._log.close)
+        self._log.write("start", clock="perf_counter", source=self.plan.source, gpu=problem.profile.name,
+                        trace=problem.trace.meta.workload, dry_run=config.dry_run, latency_s=problem.latency_s,
+                        expected_s=self.step_plan.expected_s, auto_s=self.step_plan.auto_s,
+                        changes=len(self.step_plan.kernels))
+        self._start_thread(device)
+
+    def _start_thread(self, device: Device) -> None:
+        config, plan, clock = self.config, self.step_plan, self._clock
+        assert plan is not None and self.plan is not None
+        self._actuator = Actuator(device, config.dry_run, self.plan.problem.profile.clocks.default_memory_mhz,
+                                  self._log, clock)
+        self._stack.callback(self._actuator.close)
+        self._accounting = Accounting(device, clock, config.window_steps, config.window_s, self._log,
+                                      config.tensorboard, config.energy_poll_s)
+        timeline = self._timeline or (HostStepTimeline(clock) if config.cpu_test_mode else CudaStepTimeline(clock))
+        self._issuer = Issuer(plan, self.plan.problem.latency_s, timeline,
+                              StepMatcher(plan.auto_s, config.match_tolerance, config.confirm_steps),
+                              Guard(config.budget, config.guard_margin, config.baseline_steps, config.guard_steps),
+                              self._actuator, self._accounting, clock, self._log)
+        self._timeline = timeline
+        self._issuer.start()
+        self._stack.callback(self._stop_thread)
+
+    def step(self) -> None:
+        """Mark the end of a training step (call it once per optimizer step)."""
+        issuer = self._issuer
+        if issuer is not None and issuer.is_alive() and issuer.error is None:
+            assert self._timeline is not None
+            issuer.queue.put(self._timeline.mark())
+
+    def flush(self) -> None:
+        """Block until the background thread has handled every step marked so far."""
+        if self._issuer is not None and self._issuer.is_alive():
+            self._issuer.queue.join()
+
+    def _stop_thread(self) -> None:
+        issuer = self._issuer
+        assert issuer is not None
+        issuer.stop_event.set()
+        issuer.queue.put(None)
+        issuer.join(STOP_TIMEOUT_S)
+        if self._actuator is not None:
+            self._actuator.close()
+        if self._accounting is not None:
+            self._accounting.close()
+        self.summary = self._summary()
+        self._log.write("summary", **self.summary)
+
+    def close(self) -> None:
+        """Restore the clocks and stop everything (idempotent); what ``__exit__`` does."""
+        atexit.unregister(self.close)
+        try:
+            self._stack.close()
+        except Exception as error:  # a failed restore must be seen, but after everything else was tried
+            print(f"kdvfs: error while restoring the GPU: {error}", file=sys.stderr)
+            raise
+
+    def _summary(self) -> dict[str, Any]:
+        issuer, actuator, accounting, plan = self._issuer, self._actuator, self._accounting, self.plan
+        assert issuer is not None and actuator is not None and accounting is not None and plan is not None
+        predicted = score(plan.problem, plan.schedule)
+        return {
+            "source": plan.source, "gpu": plan.problem.profile.name, "trace": plan.problem.trace.meta.workload,
+            "dry_run": self.config.dry_run, "steps": issuer.steps, "controlled_steps": issuer.controlled_steps,
+            "switches": actuator.switches, "mismatches": issuer.matcher.mismatches,
+            "backed_off": issuer.guard.backed_off, "backoff_reason": issuer.guard.reason,
+            "guard_rebaselines": issuer.guard.rebaselines,
+            "guard_slowdown": issuer.guard.slowdown(), "baseline_step_time_s": issuer.guard.baseline_s,
+            "error": None if issuer.error is None else str(issuer.error),
+            **accounting.figures(),
+            "predicted": {k: v for k, v in asdict(predicted).items() if k != "method"},
+        }

@@ -1,0 +1,89 @@
+"""The controller as a Hugging Face ``TrainerCallback`` and a PyTorch Lightning ``Callback``.
+
+Neither library is a kdvfs dependency: each is imported when its callback is made. The callbacks open the
+controller when training begins, mark a step after every optimizer step, and close it (clocks restored)
+when training ends or fails::
+
+    trainer = Trainer(..., callbacks=[hf_callback(Controller("plan.json", "step.trace.json"))])
+    trainer = lightning.Trainer(..., callbacks=[lightning_callback(Controller("plan.json", "step.trace.json"))])
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from runtime.controller.controller import Controller
+
+
+class _Steps:
+    """The shared logic: open at the start, one ``step()`` per optimizer step, close at the end."""
+
+    def __init__(self, controller: Controller) -> None:
+        self.controller = controller
+        self._open = False
+
+    def begin(self) -> None:
+        if not self._open:
+            self.controller.__enter__()
+            self._open = True
+
+    def step(self) -> None:
+        if self._open:
+            self.controller.step()
+
+    def end(self) -> None:
+        if self._open:
+            self._open = False
+            self.controller.close()
+
+
+def hf_callback(controller: Controller, base: type | None = None) -> Any:
+    """A ``transformers.TrainerCallback`` driving ``controller`` (``base``: the class to derive from;
+    default ``transformers.TrainerCallback``). ``on_step_end`` runs once per optimizer step, after
+    gradient accumulation."""
+    if base is None:
+        from transformers import TrainerCallback
+
+        base = TrainerCallback
+    steps = _Steps(controller)
+
+    class KdvfsTrainerCallback(base):  # type: ignore[misc, valid-type]
+        def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            steps.begin()
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            steps.step()
+
+        def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            steps.end()
+
+    return KdvfsTrainerCallback()
+
+
+def lightning_callback(controller: Controller, base: type | None = None) -> Any:
+    """A Lightning ``Callback`` driving ``controller`` (``base``: default ``lightning.pytorch.Callback``, else
+    ``pytorch_lightning.Callback``). A step is marked after the batch that ran the optimizer (every
+    ``trainer.accumulate_grad_batches`` batches); an exception closes the controller too."""
+    if base is None:
+        try:
+            from lightning.pytorch import Callback
+        except ImportError:
+            from pytorch_lightning import Callback
+        base = Callback
+    steps = _Steps(controller)
+
+    class KdvfsLightningCallback(base):  # type: ignore[misc, valid-type]
+        def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+            steps.begin()
+
+        def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+            if (batch_idx + 1) % max(1, int(getattr(trainer, "accumulate_grad_batches", 1))) == 0:
+                steps.step()
+
+        def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+            steps.end()
+
+        def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+            steps.end()
+
+    return KdvfsLightningCallback()

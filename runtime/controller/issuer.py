@@ -1,0 +1,125 @@
+"""The controller's background thread: follows the GPU step by step and issues the clock requests.
+
+For every step boundary marked by the training thread it waits until the GPU has finished that step
+(:meth:`StepTimeline.wait`: the step end on the host's time base and the step's GPU time), feeds the step
+to the matcher, the guard and the accounting, and then decides the next step:
+
+* matching, baseline measured, guard content: controlled (the first auto step after a controlled one,
+  which started at the controlled clocks, is not part of a baseline). The step's requests (:meth:`StepPlan.requests`,
+  the timeline stretched by the median ratio of measured to expected step time of the last matching
+  steps) are issued at their instants, sleeping in between; the first controlled step also gets its own
+  early changes at once;
+* otherwise (not matching yet, an evaluation pass or new shape, measuring the baseline, backed off): the
+  GPU is returned to auto.
+
+Every step and request goes to the event log. When the controller stops, the steps already marked
+are still waited for and counted, but nothing more is requested. An error on this thread (e.g. NVML)
+returns the GPU to auto, ends control for the run and is reported in the summary; training continues.
+"""
+
+from __future__ import annotations
+
+import queue
+import statistics
+import threading
+from collections import deque
+from typing import Any
+
+from runtime.controller.accounting import Accounting
+from runtime.controller.actuator import Actuator, EventLog
+from runtime.controller.gpu_timeline import StepEnd, StepTimeline
+from runtime.controller.matching import Guard, StepMatcher
+from runtime.controller.timeline import StepPlan
+from runtime.device.clock import Clock
+
+SCALE_STEPS = 5
+
+
+class Issuer(threading.Thread):
+    """See the module docstring. Feed it with ``queue.put(token)``; ``queue.put(None)`` ends it."""
+
+    def __init__(self, plan: StepPlan, latency_s: float, timeline: StepTimeline, matcher: StepMatcher, guard: Guard,
+                 actuator: Actuator, accounting: Accounting, clock: Clock, log: EventLog) -> None:
+        super().__init__(name="kdvfs-controller", daemon=True)
+        self.plan, self.latency_s, self.timeline = plan, latency_s, timeline
+        self.matcher, self.guard, self.actuator, self.accounting = matcher, guard, actuator, accounting
+        self.clock, self.log = clock, log
+        self.queue: queue.Queue[Any] = queue.Queue()
+        self.stop_event = threading.Event()
+        self.steps = 0
+        self.controlled_steps = 0
+        self.error: BaseException | None = None
+        self._controlling = False
+        self._after_control = False
+        self._ratios: deque[float] = deque(maxlen=SCALE_STEPS)
+
+    @property
+    def scale(self) -> float:
+        """Measured over expected step time, median of the last matching steps (1 before any)."""
+        return statistics.median(self._ratios) if self._ratios else 1.0
+
+    def run(self) -> None:
+        while True:
+            token = self.queue.get()
+            try:
+                if token is None:
+                    return
+                if self.error is None:
+                    self._window(token)
+            except Exception as error:  # reported in the summary; the GPU goes back to auto
+                self.error = error
+                self.log.write("error", step=self.steps, message=str(error))
+                self.actuator.close()
+            finally:
+                self.queue.task_done()
+
+    def _window(self, token: Any) -> None:
+        end = self.timeline.wait(token)
+        index, was_controlled = self.steps, self._controlling
+        self.steps += 1
+        if index == 0:
+            self.accounting.start()
+        elif end.duration_s is not None:
+            self.accounting.step(index, end.duration_s, was_controlled)
+        self.controlled_steps += was_controlled
+        matched = self.matcher.observe(end.duration_s, end.signature)
+        self._controlling = self._decide(end, matched, was_controlled)
+        self.log.write("step", step=index, end_s=end.end_s, duration_s=end.duration_s, signature=end.signature,
+                       matched=matched, controlled=was_controlled, next_controlled=self._controlling, scale=self.scale)
+        if self.stop_event.is_set():
+            return
+        if self._controlling:
+            self._issue(index + 1, end.end_s, first=not was_controlled)
+        else:
+            self.actuator.request(self.actuator.auto, step=index + 1, kernel=0, request_s=end.end_s, due_s=end.end_s)
+
+    def _decide(self, end: StepEnd, matched: bool, was_controlled: bool) -> bool:
+        """Whether the next step is controlled, after this one (see the module docstring)."""
+        if not matched or end.duration_s is None or self.guard.backed_off:
+            if was_controlled and not self.guard.backed_off:
+                self.log.write("mismatch", step=self.steps - 1, duration_s=end.duration_s, signature=end.signature)
+            self._after_control = self._after_control or was_controlled
+            return False
+        expected_s = self.plan.expected_s if was_controlled else self.plan.auto_s
+        self._ratios.append(end.duration_s / expected_s)
+        if not was_controlled:
+            if not self._after_control:
+                self.guard.add_baseline(end.duration_s)
+            self._after_control = False
+            return self.guard.ready
+        verdict = self.guard.observe(end.duration_s)
+        if verdict != Guard.OK:
+            self.log.write("backoff" if verdict == Guard.BACK_OFF else "rebaseline", step=self.steps - 1,
+                           reason=self.guard.reason, slowdown=self.guard.slowdown())
+            self._after_control = True
+            return False
+        return True
+
+    def _issue(self, step: int, start_s: float, first: bool) -> None:
+        """Issue one window's requests, from ``start_s`` (the host time step ``step`` started on the GPU)."""
+        for request in self.plan.requests(self.scale, self.latency_s, first):
+            request_s = start_s + request.offset_s
+            if not self.clock.sleep_until(request_s, self.stop_event):
+                return
+            self.actuator.request(request.clocks, step=step + request.next_step, kernel=request.kernel,
+                                  request_s=request_s, due_s=start_s + request.due_s)

@@ -1,0 +1,61 @@
+"""``kdvfs run``'s parent side: run the user's command under the controller bootstrap, collect its summary.
+
+The command is split and checked like ``kdvfs capture``'s (:func:`runtime.child.split_command`)
+and runs in a child process of the user's Python with this kdvfs first on ``PYTHONPATH``. While it runs,
+SIGTERM is forwarded to it and SIGINT is left to it (a terminal's Ctrl-C reaches the whole process group;
+the child restores the clocks and ends), so that the parent lives to report.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+import subprocess
+import tempfile
+import types
+from collections.abc import Iterator, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from envs.errors import KdvfsError
+from runtime.child import child_environment, split_command
+from runtime.controller.config import ControllerConfig
+
+
+@contextlib.contextmanager
+def _forwarding_signals(process: subprocess.Popen[bytes]) -> Iterator[None]:
+    def forward(signum: int, frame: types.FrameType | None) -> None:
+        process.send_signal(signum)
+
+    previous_term = signal.signal(signal.SIGTERM, forward)
+    previous_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous_term)
+        signal.signal(signal.SIGINT, previous_int)
+
+
+def run_controlled(command: Sequence[str], config: ControllerConfig, script_stdout: int | None = None
+                   ) -> tuple[int, dict[str, Any] | None]:
+    """Run ``command`` (``python train.py ARGS``) under the controller; its exit code and the summary.
+
+    Raises:
+        KdvfsError: the controller refused to start (a check failed; nothing was changed).
+    """
+    interpreter, target = split_command(command, "kdvfs run")
+    with tempfile.TemporaryDirectory(prefix="kdvfs-run-") as name:
+        folder = Path(name)
+        child = replace(config, report_path=str(folder / "report.json"))
+        child.save(folder / "run.json")
+        argv = [interpreter, "-m", "runtime.controller.boot", str(folder / "run.json"), *target]
+        process = subprocess.Popen(argv, env=child_environment(), stdout=script_stdout)
+        with _forwarding_signals(process):
+            code = process.wait()
+        report = folder / "report.json"
+        document = json.loads(report.read_text(encoding="utf-8")) if report.is_file() else {}
+    if document.get("status") == "error":
+        raise KdvfsError(str(document.get("message")))
+    return (code if code >= 0 else 128 - code), document.get("summary")

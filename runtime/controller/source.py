@@ -1,0 +1,119 @@
+"""Schedule sources: what the controller applies to each matching step.
+
+Given the expected step (a kdvfs trace) and the GPU profile, a source produces the step's
+:class:`~envs.schedule.Schedule`, one clock action per kernel:
+
+* a plan file written by ``kdvfs plan -o plan.json`` (format ``kdvfs-schedule`` version 1: segments of
+  consecutive kernels with their clocks), checked against the profile and the trace's kernel count;
+* a frozen policy (``.kdvfs-policy.npz``, :mod:`agents.frozen`), rolled over the trace by
+  :class:`agents.policy_planner.PolicyPlanner` (which checks that it was trained for the profile).
+
+The schedule is computed once; the controller replays it every step.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from agents.problem import Problem
+from envs.bundled import open_trace
+from envs.errors import KdvfsError
+from envs.profiles import GpuProfile, load_profile
+from envs.schedule import Schedule
+from runtime.controller.config import ControllerConfig
+from runtime.device.profile_skeleton import nearest_profile_name
+
+PLAN_FORMAT, PLAN_VERSION = "kdvfs-schedule", 1
+ZIP_MAGIC = b"PK\x03\x04"
+
+
+class ScheduleSourceError(KdvfsError):
+    """A plan or policy file that cannot drive this trace on this GPU."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The step's problem (trace, profile, budget, latency), the schedule to apply and where it came from."""
+
+    problem: Problem
+    schedule: Schedule
+    source: str
+
+
+def _read_plan_document(path: Path) -> dict[str, Any] | None:
+    """The plan file's JSON document, or None for a frozen policy (a zip archive)."""
+    try:
+        head = path.read_bytes()[:4]
+        if head == ZIP_MAGIC:
+            return None
+        document = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ScheduleSourceError(f"{path}: no such plan or policy file") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ScheduleSourceError(f"{path}: neither a kdvfs plan (JSON) nor a frozen policy ({error})") from None
+    if not isinstance(document, dict) or (document.get("format"), document.get("version")) != (PLAN_FORMAT,
+                                                                                               PLAN_VERSION):
+        raise ScheduleSourceError(f"{path}: not a {PLAN_FORMAT} version {PLAN_VERSION} file; write one with "
+                                  "`kdvfs plan ... -o plan.json` or pass a frozen policy (.kdvfs-policy.npz)")
+    return document
+
+
+def _profile(config: ControllerConfig, document: dict[str, Any] | None, device_name: str) -> GpuProfile:
+    if config.gpu:
+        return load_profile(config.gpu)
+    if document is not None:
+        return load_profile(str(document.get("gpu")))
+    return load_profile(nearest_profile_name(device_name))
+
+
+def _plan_schedule(path: Path, document: dict[str, Any], problem: Problem) -> Schedule:
+    """The plan's segments as one action per kernel of ``problem``."""
+    costs, gpu = problem.costs, problem.profile.name
+    if document.get("gpu") != gpu:
+        raise ScheduleSourceError(f"{path}: plan was made for GPU profile {document.get('gpu')!r}, not {gpu!r}; make "
+                                  f"one for this GPU with `kdvfs plan --gpu {gpu} ...`")
+    if document.get("kernels") != costs.kernels:
+        raise ScheduleSourceError(f"{path}: plan covers {document.get('kernels')} kernels, the trace "
+                                  f"{problem.trace.meta.workload!r} has {costs.kernels}; plan this trace with "
+                                  "`kdvfs plan --trace ...`")
+    segments = document.get("segments") or []
+    starts = [int(s["start_kernel"]) for s in segments]
+    if not starts or starts[0] != 0 or starts != sorted(set(starts)) or starts[-1] >= costs.kernels:
+        raise ScheduleSourceError(f"{path}: segments must start at kernel 0 and increase within the step")
+    try:
+        labels = [costs.index_of(str(s["clocks"])) for s in segments]
+    except ValueError as error:
+        raise ScheduleSourceError(f"{path}: {error}; make the plan with this GPU's profile") from None
+    lengths = np.diff([*starts, costs.kernels])
+    return Schedule(np.repeat(labels, lengths).astype(np.int64), str(document.get("method", "plan")),
+                    float(document.get("solve_s", 0.0)))
+
+
+def _policy_schedule(path: Path, problem: Problem) -> Schedule:
+    """The frozen policy's schedule over ``problem`` (through the issue-5 planner interface)."""
+    from agents.policy_planner import PolicyPlanner
+
+    return PolicyPlanner.from_file(path, problem.profile).plan(problem)
+
+
+def load_plan(config: ControllerConfig, device_name: str) -> Plan:
+    """The problem and schedule ``config`` describes, on the GPU called ``device_name`` (its NVML name, which
+    must be the profile's model)."""
+    path = Path(config.policy)
+    document = _read_plan_document(path)
+    profile = _profile(config, document, device_name)
+    if profile.model.lower() != device_name.lower():
+        what = "policy" if document is None else f"plan {path.name}"
+        raise ScheduleSourceError(f"the {what} is for GPU profile {profile.name!r} ({profile.model}), but the GPU is "
+                                  f"an {device_name}; use a plan or policy made for this GPU's profile (`kdvfs gpus "
+                                  "local --write`, then `kdvfs plan --gpu ...`)")
+    latency_s = None if config.latency_ms is None else config.latency_ms / 1e3
+    problem = Problem.build(open_trace(config.trace), profile, config.budget, latency_s)
+    if document is None:
+        return Plan(problem, _policy_schedule(path, problem), f"policy {path.name}")
+    return Plan(problem, _plan_schedule(path, document, problem), f"plan {path.name} ({document.get('method')})")

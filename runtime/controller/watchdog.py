@@ -1,0 +1,83 @@
+"""The watchdog: a small process that resets a GPU's clocks if the training process dies with them locked.
+
+``python -m runtime.controller.watchdog PARENT_PID GPU_INDEX NVML_MODULE``, spawned by the controller (only
+when it changes clocks, never in a dry run) in its own session, so a Ctrl-C or a signal to the training
+process group does not reach it. It holds the read end of a pipe from the training process and polls
+its parent every ``POLL_S`` seconds. A ``stop`` line means the controller restored the clocks itself: it
+exits. End of file without ``stop`` (the training process died: SIGKILL, a crash in native code, an OOM
+kill) or a parent that is gone: it resets the GPU's clocks through NVML and exits. It never imports torch.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import subprocess
+import sys
+from collections.abc import Sequence
+
+from runtime.child import child_environment
+from runtime.device.clock_control import reset_gpu_clocks
+from runtime.device.nvml_info import import_nvml
+
+POLL_S = 0.1
+STOP = b"stop\n"
+STOP_TIMEOUT_S = 5.0
+
+
+def spawn_watchdog(gpu_index: int, nvml_module: str) -> subprocess.Popen[bytes]:
+    """Start the watchdog for this process and GPU ``gpu_index``."""
+    argv = [sys.executable, "-m", "runtime.controller.watchdog", str(os.getpid()), str(gpu_index), nvml_module]
+    return subprocess.Popen(argv, stdin=subprocess.PIPE, env=child_environment(), start_new_session=True)
+
+
+def stop_watchdog(process: subprocess.Popen[bytes], restored: bool) -> None:
+    """Tell the watchdog the clocks are ``restored`` (it exits), or not (it resets them); wait for it to end."""
+    try:
+        if process.stdin is not None:
+            if restored:
+                process.stdin.write(STOP)
+            process.stdin.close()
+        process.wait(STOP_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired):
+        process.kill()
+
+
+def _parent_alive(parent_pid: int) -> bool:
+    if os.getppid() != parent_pid:
+        return False
+    try:
+        os.kill(parent_pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def watch(parent_pid: int) -> bool:
+    """Block until the parent says ``stop`` (False) or dies (True)."""
+    stdin = sys.stdin.buffer
+    while _parent_alive(parent_pid):
+        readable, _, _ = select.select([stdin], [], [], POLL_S)
+        if readable:
+            line = stdin.readline()
+            if line == STOP:
+                return False
+            if not line:
+                return True
+    return True
+
+
+def main(argv: Sequence[str]) -> int:
+    parent_pid, gpu_index, nvml_module = int(argv[0]), int(argv[1]), argv[2]
+    if not watch(parent_pid):
+        return 0
+    name = reset_gpu_clocks(gpu_index, import_nvml(nvml_module))
+    print(f"kdvfs watchdog: training process {parent_pid} ended without restoring the clocks; reset GPU "
+          f"{gpu_index} ({name}) to its own clock control", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,132 @@
+"""A fake GPU for tests: the :class:`~runtime.device.interface.Device` interface simulated by the cost model.
+
+It runs training steps of one trace on a virtual clock (no sleeping): each kernel at the clocks in effect
+when it starts, priced by the step's :class:`~envs.schedule.ActionCosts`; a clock request takes effect the
+profile's switching latency after it was made and stalls the GPU for ``stall_s`` at idle power, as in
+:mod:`envs.schedule`. Every device call is recorded with its virtual time. It is only ever used when a
+caller constructs it: kdvfs never falls back to it.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from envs.cost_model import Array
+from envs.profiles import GpuProfile
+from envs.schedule import ActionCosts
+from runtime.device.clock import VirtualClock
+from runtime.device.errors import NvmlPermissionError
+from runtime.device.interface import check_clocks_mhz
+
+
+@dataclass(frozen=True)
+class DeviceCall:
+    """One call on the fake device: virtual time (s), method and arguments."""
+
+    time_s: float
+    name: str
+    args: tuple[Any, ...] = ()
+
+
+@dataclass
+class FakeStep:
+    """What one simulated step did: start and end (virtual s), energy (J), the action each kernel ran at."""
+
+    start_s: float
+    end_s: float
+    energy_j: float
+    applied: Array = field(repr=False)
+
+
+class FakeGpu:
+    """A simulated GPU running the step priced by ``costs`` (see the module docstring).
+
+    Args:
+        costs: the step's time and energy under every action.
+        profile: the GPU (name, supported clocks, default memory clock).
+        latency_s, stall_s: switching latency and stall per change (s).
+        clock: the virtual clock shared with the code under test.
+        permission: what :meth:`has_clock_permission` answers.
+    """
+
+    def __init__(self, costs: ActionCosts, profile: GpuProfile, latency_s: float, stall_s: float,
+                 clock: VirtualClock, permission: bool = True) -> None:
+        self.index, self.name = 0, profile.model
+        self.costs, self.profile, self.latency_s, self.stall_s = costs, profile, latency_s, stall_s
+        self.clock, self.permission = clock, permission
+        self.calls: list[DeviceCall] = []
+        self.steps: list[FakeStep] = []
+        self._changes: list[tuple[float, int]] = []
+        self._action = costs.auto_index
+        self._energy_j, self._power_w, self._end_s = 0.0, 0.0, 0.0
+        self._lock = threading.Lock()
+
+    def _record(self, name: str, *args: Any) -> None:
+        self.calls.append(DeviceCall(self.clock.now_s(), name, args))
+
+    @property
+    def set_calls(self) -> list[DeviceCall]:
+        """Calls that change clocks."""
+        return [call for call in self.calls if call.name in ("lock_clocks_mhz", "reset_clocks")]
+
+    def supported_clocks_mhz(self) -> dict[int, tuple[int, ...]]:
+        clocks = self.profile.clocks
+        return {mem: tuple(clocks.core_mhz[mem]) for mem in clocks.memory_mhz}
+
+    def clocks_mhz(self) -> tuple[float, float]:
+        core, mem = self.costs.core_mhz[self._action], self.costs.mem_mhz[self._action]
+        return float(self.profile.clocks.max_core_mhz if np.isnan(core) else core), float(mem)
+
+    def power_w(self) -> float:
+        return self._power_w
+
+    def energy_j(self) -> float:
+        with self._lock:
+            return self._energy_j
+
+    def has_clock_permission(self) -> bool:
+        return self.permission
+
+    def _request(self, action: int) -> None:
+        with self._lock:
+            self._changes.append((self.clock.now_s() + self.latency_s, action))
+
+    def lock_clocks_mhz(self, core_mhz: int | None, mem_mhz: int) -> None:
+        self._record("lock_clocks_mhz", core_mhz, mem_mhz)
+        if not self.permission:
+            raise NvmlPermissionError("cannot lock the clocks of fake GPU 0: no permission; run as root")
+        check_clocks_mhz(self.supported_clocks_mhz(), core_mhz, mem_mhz, f"fake GPU 0 ({self.name})")
+        self._request(self.costs.index_of(f"{'auto' if core_mhz is None else core_mhz}:{mem_mhz}"))
+
+    def reset_clocks(self) -> None:
+        self._record("reset_clocks")
+        self._request(self.costs.auto_index)
+
+    def run_step(self, extra_s: float = 0.0) -> FakeStep:
+        """Run one step right after the previous one, then ``extra_s`` of idle work (e.g. an evaluation pass)."""
+        with self._lock:
+            now_s, energy_j = self._end_s, 0.0
+            applied = np.empty(self.costs.kernels, dtype=np.int64)
+            for kernel in range(self.costs.kernels):
+                while self._changes and self._changes[0][0] <= now_s:
+                    _, action = self._changes.pop(0)
+                    if action != self._action:
+                        self._action = action
+                        now_s += self.stall_s
+                        energy_j += self.stall_s * float(self.costs.idle_power_w[action])
+                applied[kernel] = self._action
+                now_s += float(self.costs.time_s[kernel, self._action])
+                energy_j += float(self.costs.energy_j[kernel, self._action])
+            now_s += extra_s
+            energy_j += extra_s * float(self.costs.idle_power_w[self._action])
+            step = FakeStep(self._end_s, now_s, energy_j, applied)
+            self._energy_j += energy_j
+            self._power_w = energy_j / (now_s - self._end_s)
+            self._end_s = now_s
+        self.steps.append(step)
+        self.clock.advance_to(now_s)
+        return step

@@ -1,0 +1,27 @@
+"""A tiny PPO run shared by the PPO and frozen-policy tests (trained once per session, a few seconds)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from agents.ppo import NetArch, PolicyKwargs, TrainConfig, load_train_config
+from agents.train import TrainResult, train
+from envs.workloads import WorkloadSet
+
+
+def tiny_config() -> TrainConfig:
+    """The H200 config cut down: one small training step, one held-out step, a 16x16 MLP, 256 timesteps."""
+    config = load_train_config("h200")
+    ppo = replace(config.ppo, n_steps=64, batch_size=64, n_epochs=1,
+                  policy_kwargs=PolicyKwargs(NetArch((16, 16), (16, 16))))
+    data = replace(config.data, train=WorkloadSet(bundled=("h200/gpt3xl-1layer-b4",)),
+                   held_out=WorkloadSet(bundled=("h200/gpt2s-b16",)))
+    return replace(config, total_timesteps=256, n_envs=2, checkpoint_every=128, eval_every=128, ppo=ppo, data=data)
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> TrainResult:
+    return train(tiny_config(), Path(tmp_path_factory.mktemp("ppo")))

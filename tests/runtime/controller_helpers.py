@@ -1,0 +1,58 @@
+"""Shared setup of the controller tests: a small step on the H200 profile, its plan file, and a controller
+on the cost-model fake GPU with a virtual clock."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from agents.problem import Problem
+from agents.registry import make_planner
+from envs.bundled import open_trace
+from envs.profiles import load_profile
+from runtime.cli.plan_cmd import schedule_json
+from runtime.controller import Controller
+from runtime.controller.gpu_timeline import FakeStepTimeline
+from runtime.device.clock import VirtualClock
+from runtime.device.fake import FakeGpu
+
+TRACE = "h200/gpt3xl-1layer-b4"
+LATENCY_MS = 2.0
+PLAN_BUDGET = 0.05
+
+
+def small_problem(budget: float = PLAN_BUDGET) -> Problem:
+    return Problem.build(open_trace(TRACE), load_profile("h200"), budget, LATENCY_MS / 1e3)
+
+
+def write_plan(path: Path, method: str = "latency-optimal") -> Path:
+    """A plan of the small step (``kdvfs plan`` format) at a 5% budget, 2 ms switching."""
+    problem = small_problem()
+    path.write_text(json.dumps(schedule_json(problem, make_planner(method).plan(problem))))
+    return path
+
+
+def fake_controller(policy: Path, permission: bool = True, **options: Any
+                    ) -> tuple[Controller, FakeGpu, FakeStepTimeline]:
+    """A controller on a fake H200 running the small step; options override the test defaults."""
+    problem = small_problem()
+    clock = VirtualClock()
+    gpu = FakeGpu(problem.costs, problem.profile, problem.latency_s, problem.stall_s, clock, permission)
+    timeline = FakeStepTimeline(gpu, clock)
+    settings: dict[str, Any] = {"latency_ms": LATENCY_MS, "budget": PLAN_BUDGET, "baseline_steps": 3,
+                                "window_steps": 5, "window_s": 0.1, "guard_steps": 5, "energy_poll_s": 3600.0,
+                                **options}
+    controller = Controller(str(policy), TRACE, device=gpu, timeline=timeline, clock=clock, **settings)
+    return controller, gpu, timeline
+
+
+def run_steps(controller: Controller, steps: int) -> None:
+    """Mark ``steps`` training steps, letting the controller's thread handle each before the next."""
+    for _ in range(steps):
+        controller.step()
+        controller.flush()
+
+
+def log_records(path: Path, event: str) -> list[dict[str, Any]]:
+    return [r for r in map(json.loads, path.read_text().splitlines()) if r["event"] == event]
