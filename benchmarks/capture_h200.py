@@ -17,16 +17,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import subprocess
 import sys
 import time
 from dataclasses import replace
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from provenance import host, nvidia_smi, utc_now, write_results
 
 from envs.bundled import open_trace
 from envs.cost_model import ClockLimits, CostParams
@@ -38,7 +37,6 @@ from envs.sweep import load_sweep
 from envs.trace import Trace
 from envs.trace_format import load_trace
 
-RESULTS = REPO_ROOT / "benchmarks" / "results"
 CLI = "import sys; from runtime.cli import main; sys.exit(main(sys.argv[1:]))"
 WORKLOADS = {
     "gpt3xl-b4": ["examples/gpt.py", "--size", "gpt3xl", "--batch", "4", "--steps", "300"],
@@ -113,22 +111,8 @@ def run(folder: Path, cpu_test: bool) -> None:
                                                "--keep-profile", str(folder / "ncu-tiny.profile.json.gz"),
                                                "-o", str(folder / "ncu-tiny.trace.json"), "--json", "--", "python3",
                                                "examples/gpt.py", "--size", "tiny", "--steps", "5000"]))
-    environment = {"machine": platform.node(), "python": sys.version.split()[0], "date_utc": _now(), "log": log,
-                   "nvidia_smi": _nvidia_smi()}
+    environment = {**host(), "date_utc": utc_now(), "log": log, "nvidia_smi": nvidia_smi()}
     (folder / "run.json").write_text(json.dumps(environment, indent=1))
-
-
-def _nvidia_smi() -> str:
-    query = "name,driver_version,clocks.sm,clocks.mem,power.draw,power.limit,persistence_mode,temperature.gpu"
-    try:
-        return subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv"], capture_output=True,
-                              text=True).stdout
-    except OSError:
-        return "nvidia-smi not available"
-
-
-def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 def auto_step(trace: Trace, profile: GpuProfile) -> dict[str, Any]:
@@ -170,8 +154,8 @@ def report(folder: Path) -> dict[str, Any]:
     result = {
         "provenance": {"command": f"python benchmarks/capture_h200.py run {folder} (on the GPU machine), then "
                                   f"python benchmarks/capture_h200.py report {folder}",
-                       "device_run": json.loads((folder / "run.json").read_text()), "report_machine": platform.node(),
-                       "report_date_utc": _now()},
+                       "device_run": json.loads((folder / "run.json").read_text()), "report_machine": host()["machine"],
+                       "report_date_utc": utc_now()},
         "captures": {label: json.loads((folder / f"{label}.out.json").read_text()) for label in captures},
         "energy_per_step": _energy_errors({label: load_trace(p) for label, p in captures.items()}, profiles),
         "bundled_energy_per_step": _energy_errors({k: open_trace(v) for k, v in BUNDLED.items()}, profiles),
@@ -181,9 +165,7 @@ def report(folder: Path) -> dict[str, Any]:
     }
     ncu = folder / "ncu-tiny.out.json"
     result["ncu_tiny"] = json.loads(ncu.read_text()) if ncu.is_file() else None
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "capture_h200.json").write_text(json.dumps(result, indent=1) + "\n")
-    (RESULTS / "capture_h200.md").write_text(markdown(result))
+    write_results("capture_h200", result, markdown(result), indent=1)
     return result
 
 

@@ -1,8 +1,12 @@
 """The clock controller in dry-run mode on a real GPU: its overhead on step time and its timing error.
 
     python benchmarks/controller_h200.py plans                # anywhere: the latency-optimal plans it applies
-    python benchmarks/controller_h200.py run RESULTS_DIR      # on the GPU machine: dry runs only
+    python benchmarks/controller_h200.py run RESULTS_DIR [--policy P]   # on the GPU machine: dry runs only
     python benchmarks/controller_h200.py report RESULTS_DIR   # anywhere: benchmarks/results/controller_h200.*
+
+``--policy P`` applies a plan or frozen policy (``policies/h200.kdvfs-policy.npz``) to every workload
+instead of the latency-optimal plans. On the device machine (no package registry) gymnasium and
+farama-notifications travel as wheels (see ``docs/controller.md``, "On an H200").
 
 ``run`` never changes a clock: every controller there is a dry run whose NVML binding is
 ``benchmarks.nvml_guard`` (the real pynvml; any Set/Reset/Clear call is refused and counted). It runs
@@ -14,8 +18,10 @@
    only (recording CPU ops slows the launches enough to change the GPU timeline being measured).
 
 ``report`` computes the overhead (step time with over without the controller) and the timing error: each
-planned switch instant (from the controller's log) minus the profiled start of the kernel it was planned
-for, and the same for every kernel's predicted start. The profiler's clock is mapped to the host clock by
+planned switch instant (from the controller's log: placed on an anchor inside the step where one was
+early enough, see ``runtime/controller/anchoring.py``) minus the profiled start of the kernel it was planned
+for, and the same for every kernel's predicted start, from the step's start and re-placed on the logged
+anchors as the controller would have. The profiler's clock is mapped to the host clock by
 one constant offset: the median over the profiled steps of (end of a step's last kernel in the profile)
 minus (the controller's host time for that step end); so a constant lag of the controller's step-end
 estimate is not seen, but its step-to-step jitter is. ``--cpu-test`` runs all of
@@ -29,18 +35,17 @@ import argparse
 import contextlib
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from provenance import RESULTS, host, nvidia_smi, utc_now
+
 from envs.paths import REPO_ROOT
 
-RESULTS = REPO_ROOT / "benchmarks" / "results"
 CLI = "import sys; from runtime.cli import main; sys.exit(main(sys.argv[1:]))"
 GUARD = "benchmarks.nvml_guard"
 ORDER = (True, False, False, True, True, False, False, True)
@@ -174,15 +179,6 @@ def child(args: argparse.Namespace) -> int:
     return 0
 
 
-def _nvidia_smi() -> str:
-    try:
-        return subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,clocks.sm,clocks.mem,power.draw,"
-                               "power.limit,persistence_mode,temperature.gpu", "--format=csv,noheader"],
-                              capture_output=True, text=True, check=False).stdout.strip()
-    except FileNotFoundError:
-        return "nvidia-smi not found"
-
-
 def _cpu_setup(folder: Path) -> dict[str, dict[str, Any]]:
     """CPU test: capture the tiny model's step on the CPU and plan it."""
     trace = folder / "gpt-tiny.trace.json"
@@ -192,54 +188,53 @@ def _cpu_setup(folder: Path) -> dict[str, dict[str, Any]]:
     return {"gpt-tiny": {**CPU_WORKLOADS["gpt-tiny"], "trace": str(trace)}}
 
 
-def _cli_run(folder: Path, label: str, workload: dict[str, Any], plans: Path, fake: list[str]) -> dict[str, Any]:
+def _cli_run(folder: Path, workload: dict[str, Any], source: Path, fake: list[str]) -> dict[str, Any]:
     """``kdvfs run --dry-run`` end to end; its summary and the NVML calls it made."""
     record = folder / "cli-nvml.json"
     env = {**os.environ, "KDVFS_NVML_RECORD": str(record)}
     nvml = fake or ["--nvml-module", GUARD]
     start_s = time.perf_counter()
-    done = _kdvfs(["run", "--dry-run", "--policy", str(plan_path(label, plans)), "--trace", workload["trace"],
+    done = _kdvfs(["run", "--dry-run", "--policy", str(source), "--trace", workload["trace"],
                    "--log", str(folder / "cli.log.jsonl"), "--json", *nvml, "--", "python3", *workload["script"],
                    "--steps", str(CLI_STEPS)], env=env, stdout=subprocess.PIPE)
     nvml_calls = json.loads(record.read_text()) if record.is_file() else None
     requests = sum(1 for line in (folder / "cli.log.jsonl").read_text().splitlines() if '"request"' in line)
     (folder / "cli.log.jsonl").unlink()
-    return {"command": f"kdvfs run --dry-run --policy {plan_path(label, plans).name} --trace {workload['trace']} "
+    return {"command": f"kdvfs run --dry-run --policy {source.name} --trace {workload['trace']} "
                        f"--nvml-module {GUARD} -- python3 {' '.join(workload['script'])} --steps {CLI_STEPS}",
             "wall_s": time.perf_counter() - start_s, "summary": json.loads(done.stdout), "nvml": nvml_calls,
             "logged_requests": requests}
 
 
-def run(folder: Path, cpu_test: bool) -> None:
-    """All device-side measurements into ``folder``."""
+def run(folder: Path, cpu_test: bool, policy: Path | None) -> None:
+    """All device-side measurements into ``folder``; ``policy`` replaces the plans of every workload."""
     folder.mkdir(parents=True, exist_ok=True)
     workloads, plans = (_cpu_setup(folder), folder) if cpu_test else (WORKLOADS, RESULTS)
+    sources = {label: policy.resolve() if policy else plan_path(label, plans) for label in workloads}
     fake = ["--cpu-test-mode", "--nvml-module", "tests.runtime.nvml_fake"] if cpu_test else []
     first = next(iter(workloads))
-    log: dict[str, Any] = {"machine": platform.node(), "python": sys.version.split()[0], "started_utc": _now(),
-                           "nvidia_smi_before": _nvidia_smi(), "cli": _cli_run(folder, first, workloads[first], plans,
-                                                                                fake)}
+    command = " ".join(["python", "benchmarks/controller_h200.py", *sys.argv[1:]])
+    log: dict[str, Any] = {**host(), "command": command, "started_utc": utc_now(),
+                           "nvidia_smi_before": nvidia_smi(header=False),
+                           "cli": _cli_run(folder, workloads[first], sources[first], fake)}
     for label, workload in workloads.items():
         start_s = time.perf_counter()
         subprocess.run([sys.executable, str(Path(__file__).resolve()), "child", "--label", label,
-                        "--plan", str(plan_path(label, plans)), "--trace", workload["trace"],
+                        "--plan", str(sources[label]), "--trace", workload["trace"],
                         "--window-steps", str(workload["window_steps"]), "--profile-steps",
                         str(workload["profile_steps"]), "--nvml-module", fake[-1] if fake else GUARD,
                         *(["--cpu-test"] if cpu_test else []), str(folder), "--", *workload["script"], "--steps",
                         "100000"],
                        cwd=REPO_ROOT, check=True, env=_with_root_on_path())
         log[f"{label}_wall_s"] = time.perf_counter() - start_s
-    log["children"], log["nvidia_smi_after"], log["finished_utc"] = list(workloads), _nvidia_smi(), _now()
+    log["children"], log["nvidia_smi_after"] = list(workloads), nvidia_smi(header=False)
+    log["finished_utc"] = utc_now()
     (folder / "run.json").write_text(json.dumps(log, indent=1))
 
 
 def _with_root_on_path() -> dict[str, str]:
     paths = [str(REPO_ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     return {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
-
-
-def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -250,6 +245,8 @@ def main(argv: list[str] | None = None) -> int:
         command = sub.add_parser(name)
         command.add_argument("folder", type=Path)
         command.add_argument("--cpu-test", action="store_true")
+    sub.choices["run"].add_argument("--policy", type=Path, help="a plan or frozen policy for every workload "
+                                    "(default: the latency-optimal plans in benchmarks/results)")
     kid = sub.add_parser("child")
     kid.add_argument("out", type=Path)
     for option in ("--label", "--plan", "--trace", "--nvml-module"):
@@ -263,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
         for label, workload in WORKLOADS.items():
             make_plan(workload["trace"], plan_path(label))
     elif args.what == "run":
-        run(args.folder, args.cpu_test)
+        run(args.folder, args.cpu_test, args.policy)
     elif args.what == "child":
         args.script = args.script[1:] if args.script[:1] == ["--"] else args.script
         return child(args)

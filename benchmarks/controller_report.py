@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from provenance import RESULTS, write_results
 
 from envs.bundled import open_trace
 from envs.kineto import split_steps
@@ -18,45 +19,54 @@ from runtime.controller.config import ControllerConfig
 from runtime.controller.source import load_plan
 from runtime.controller.timeline import StepPlan
 
-RESULTS = REPO_ROOT / "benchmarks" / "results"
 SETTLE_STEPS = 10
 TARGETS = {"overhead": 0.01, "median_ms": 0.5, "p99_ms": 2.0}
 DISCUSSION = """
-## Discussion (written for the H200 runs of 2026-11-29; re-check it after a new run)
+## Discussion (written for the H200 run of 2026-11-29 22:58 UTC, anchors inside the step; re-check it after a new run)
 
-- Applied schedule: `controller_h200.plan-gpt3xl-b4.json`, `kdvfs plan --method latency-optimal
+- Applied schedule (this run): `controller_h200.plan-gpt3xl-b4.json`, `kdvfs plan --method latency-optimal
   --slowdown 0.01` of `h200/capture-gpt3xl-b4` (the step this script runs): 1770 MHz for kernels 0-1786,
-  1290 MHz from kernel 1787 (the last backward kernel, then the optimizer), memory 3201 MHz; predicted
-  2.06% energy saved at 0.99% slowdown with 6 ms switching. GPT-2 small: a one-segment plan
-  (`...plan-gpt2s-b16.json`): one or two requests per controller run.
+  1290 MHz from kernel 1787 (the last backward kernel, then the optimizer), memory 3201 MHz; 6 ms switching.
+  So each controlled step has two switch instants: kernel 1787 and the next step's kernel 0. GPT-2 small: a
+  one-segment plan (`...plan-gpt2s-b16.json`). A run with `--policy` names its file in the end-to-end line.
 - Dry run only. Every controller used `benchmarks.nvml_guard` (real pynvml; any Set/Reset/Clear call is
   refused and counted): zero refused, zero state-changing calls, in the `kdvfs run` process and both
   benchmark processes (`nvml_in_children` in the JSON).
-- Overhead: met with a wide margin; the per-pair spread (about +-0.4%) is the GPU's own step-time noise.
-- Timing: NOT met. What the error is made of:
-  - step start: the controller's step-end estimate (CUDA event GPU time plus the minimum host offset)
-    jitters by ~2 us around the profiled step ends; its constant lag was 30-40 us in the first run, where
-    the profiler also recorded CPU-side marks (the second run maps clocks by the median step end instead);
-  - within the step: the controller stretches the captured timeline by the recent measured step times, so
-    an error in a step's length grows along the step. Under the profiler, step times jumped between 152 and
-    164 ms from one step to the next (148.5-149.8 ms for the unprofiled steps just before), and the
-    switch instants near the step's end (kernel 1787 and the next step's start) inherit that: median
-    2.4 ms, p99 10.5 ms. In the one profiled step whose length the previous ones predicted within 0.1%
-    (152.86 against 152.77 ms), kernel starts were off by 0.33 ms median, 0.62 ms at most;
-  - the first run, profiling CPU ops too (a heavier perturbation) and a 3-step median, gave switch instants
-    5.1 ms median, 8.3 ms p99 (12 instants);
-  - `step_ends_unprofiled` (5 steps, no profiler) is the controller's own prediction of the next step end
-    against the CUDA events: median 1.0 ms, and one 17 ms step: in both runs steps 6-7 after the controller
-    started ran 157-169 ms without the profiler; the cause was not established.
-  A predictor anchored only at step boundaries cannot do better than the step-to-step variation of the step
-  time; meeting 0.5 ms needs anchors inside the step (e.g. a CUDA event at the optimizer's pre-step hook)
-  and a measurement that perturbs less than the PyTorch profiler. Left open.
-- The guard backed off in both `kdvfs run` dry runs after ~20 controlled steps (+1.55% and +1.90% against
-  a baseline taken while the GPU was cold, limit 1.5%): in a dry run nothing was applied, so that was the
-  GPU's own drift. The guard now re-measures the baseline at the first excess and backs off only at a
-  second one; that version was tested on the fake device, not rerun on the H200.
-- The end-to-end `kdvfs run` figures (summary in the JSON) count 150 steps, its energy windows 104.9 J per
-  step at 151.4 ms (NVML energy counter; the capture measured 105.4 J at 152.6 ms).
+- What changed since the first H200 runs (switch instants 2.40 ms median, 10.5 ms p99; step-level timeline
+  only): the controller now records CUDA events inside the step (before each of the 24 blocks' forward, when
+  each block's output gradient is ready, and before the optimizer step: 49 a step, all found and learned)
+  and places each request on the latest anchor at least latency + 2 ms before the change
+  (`runtime/controller/anchoring.py`). Here the kernel-1787 change was placed on a backward-block anchor
+  (kernel 1614-1661, 11-15 ms ahead) and the next step's first change on the optimizer anchor (kernel
+  1788-1792, ~11 ms ahead).
+- Timing: met. Switch instants 0.15 ms median, 0.71 ms p99 (20 instants in 10 profiled controlled steps);
+  every kernel start re-placed offline on the logged anchors by the same rule: 0.18 ms median, 0.92 ms p99
+  (16695 starts), against 0.66 ms / 6.1 ms from the step's start alone in the same steps. The anchors
+  correct what the step-level timeline cannot see: in the profiled controller's log, anchors near the step's
+  end deviated from their step-level instants by up to 12 ms (one 162 ms step) and by 1-6 ms in others.
+  The first run of the same code, before two small changes (the issue-early allowance below; the order
+  check among anchors only), gave 0.14 ms / 0.88 ms (switch instants) and 0.24 ms / 1.31 ms (kernel
+  starts), overhead +0.03% and +0.26%.
+- Requests: the thread woke 0.18 ms (median), 0.40 ms (most) after the GPU passed the anchor it waited on
+  (blocking CUDA events; the interpreter lock was not the bottleneck), so the 2 ms margin is ample. A timed
+  sleep wakes 0.09-0.14 ms late, which made requests go out 5.85 ms ahead of their change in the first run;
+  they are now issued 0.25 ms early (`issue_early_ms`): 6.13 ms ahead (median), 6.02 ms (least), all at least
+  the 6 ms latency. The one exception per controller is the first controlled step's own change, issued at
+  once, late, by design.
+- Fallbacks: in 3 of the 4 controller windows of the overhead measurement, 2 requests were placed on the
+  step-level timeline because their anchors lay more than 10% of the step from where it expected them; each
+  such window also had one mismatch (a step more than 10% long; presumably one of the unexplained slow steps
+  6-7 after a controller starts, 157-169 ms in every H200 run so far; the windows' logs are not kept),
+  consistent with the anchors seeing, during the step, the deviation the matcher rejected at its end.
+- Overhead: met (+0.09% GPT-3 XL, +0.18% GPT-2 small, windows ABBA); per-pair spread +-0.3%, the GPU's own
+  step-time noise. The anchors cost ~49 event records and tensor hooks per step on the training side.
+- Step-end prediction (`step_ends_*`, the step-level figure, unchanged): still off by up to 7-12 ms on the
+  slow steps; it no longer drives the switch instants where an anchor is available.
+- End to end (`kdvfs run --dry-run`, 150 steps): 127 controlled, no mismatch, 254 of 257 requests placed
+  on anchors (2 step-level: no anchor precedes a change issued at once when control (re)starts; 1 anchor
+  not recorded in time, so its request kept the step-level instant); the re-baselining
+  guard re-measured its baseline once and did not back off (it backed off in the first H200 runs).
+- The measurement itself perturbs: under the profiler, step times varied 151-158 ms (149-151 ms before it).
 """
 
 
@@ -127,6 +137,38 @@ def step_end_errors_ms(records: list[dict[str, Any]], plan: StepPlan, profiled: 
     return errors
 
 
+def anchored_starts_s(plan: StepPlan, log: list[dict[str, Any]], step: dict[str, Any], start_s: float,
+                      scale: float) -> np.ndarray:
+    """Every kernel's start in ``step`` (its log record) as the controller would place a change due at it: on
+    the latest anchor of the map in effect that precedes it by the latency and margin (``runtime/controller/
+    anchoring.py``; its live checks of order and distance are not repeated), else from the step's start."""
+    start = next(r for r in log if r["event"] == "start")
+    maps = [r for r in log if r["event"] == "anchor_map" and r["step"] < step["step"]]
+    predicted_s = start_s + scale * plan.kernel_start_s
+    anchors_s = np.asarray(step.get("anchors_s") or [])
+    if not maps or len(maps[-1]["positions_s"]) != len(anchors_s) or not len(anchors_s):
+        return predicted_s
+    positions_s = np.asarray(maps[-1]["positions_s"])
+    latest_s = plan.kernel_start_s - (start["latency_s"] + (start.get("anchor_margin_s") or 0.0)) / scale
+    index = np.searchsorted(positions_s, latest_s, side="right") - 1
+    on = np.clip(index, 0, None)
+    return np.where(index >= 0, anchors_s[on] + scale * (plan.kernel_start_s - positions_s[on]), predicted_s)
+
+
+def request_figures(log: list[dict[str, Any]], steps: set[int]) -> dict[str, Any]:
+    """Of the requests of ``steps``: how many were placed on an anchor, how long before its change each was
+    issued (the switching latency ahead is the aim) and how late the thread woke after its anchor."""
+    latency_s = next(r for r in log if r["event"] == "start")["latency_s"]
+    requests = [r for r in log if r["event"] == "request" and r["step"] in steps]
+    leads_ms = [1e3 * (r["due_s"] - r["issued_s"]) for r in requests]
+    wakes_ms = [1e3 * (r["woke_s"] - r["anchor_s"]) for r in requests if r.get("anchor") is not None]
+    return {"requests": len(requests), "anchored": len(wakes_ms), "latency_ms": 1e3 * latency_s,
+            "lead_ms_min": min(leads_ms, default=None), "lead_ms_median": float(np.median(leads_ms)) if leads_ms
+            else None, "issued_a_latency_ahead": sum(lead >= 1e3 * latency_s - 0.05 for lead in leads_ms),
+            "anchor_wake_ms_median": float(np.median(wakes_ms)) if wakes_ms else None,
+            "anchor_wake_ms_max": max(wakes_ms, default=None)}
+
+
 def timing_figures(folder: Path, document: dict[str, Any], cpu_test: bool) -> dict[str, Any]:
     """Planned switch instants and predicted kernel starts against the profiled kernel starts."""
     profile = folder / document["profile"]
@@ -144,21 +186,31 @@ def timing_figures(folder: Path, document: dict[str, Any], cpu_test: bool) -> di
     offset_us, shift = clock_offset_us(boundaries_us, [r["end_s"] for r in records])
     steps = {records[j + shift]["step"] + 1: (start, records[j + shift]) for j, start in enumerate(starts)
              if records[j + shift]["next_controlled"]}
-    switch, every, jitter = [], [], []
+    switch, every, anchored, jitter = [], [], [], []
     for record in (r for r in document["log"] if r["event"] == "request" and r["step"] in steps):
         actual_us = acts[steps[record["step"]][0] + record["kernel"]].start_us
         switch.append((record["due_s"] * 1e6 + offset_us - actual_us) / 1e3)
-    for first, record in steps.values():
-        predicted_us = (record["end_s"] + record["scale"] * plan.kernel_start_s) * 1e6 + offset_us
+    by_step = {r["step"]: r for r in records}
+    for step, (first, record) in steps.items():
         actual_us = np.array([a.start_us for a in acts[first:first + len(trace_names)]])
+        predicted_us = (record["end_s"] + record["scale"] * plan.kernel_start_s) * 1e6 + offset_us
         every += list((predicted_us - actual_us) / 1e3)
+        if step in by_step:
+            placed_s = anchored_starts_s(plan, document["log"], by_step[step], record["end_s"], record["scale"])
+            anchored += list((placed_s * 1e6 + offset_us - actual_us) / 1e3)
         jitter.append((record["end_s"] * 1e6 + offset_us - (acts[first - 1].start_us + acts[first - 1].dur_us)) / 1e3)
     return {"profiled_steps_with_trace_sequence": len(starts), "controlled_profiled_steps": len(steps),
             "step_ends_unprofiled": _errors_ms(step_end_errors_ms(records, plan, profiled=False)),
             "step_ends_profiled": _errors_ms(step_end_errors_ms(records, plan, profiled=True)),
             "trace_kernels": len(trace_names), "clock_offset_us": offset_us,
             "step_end_jitter_ms": _errors_ms(jitter), "switch_instants": _errors_ms(switch),
-            "kernel_starts": _errors_ms(every)}
+            "kernel_starts": _errors_ms(every), "kernel_starts_anchored": _errors_ms(anchored),
+            "requests": request_figures(document["log"], set(steps)),
+            "requests_all_steps": request_figures(document["log"], {r["step"] for r in records} | {len(records)})}
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f} ms"
 
 
 def _verdict(value: float | None, limit: float) -> str:
@@ -184,7 +236,8 @@ def _markdown(result: dict[str, Any]) -> str:
               "| workload | what | count | median abs (ms) | p99 abs (ms) | max abs (ms) | median signed (ms) | "
               "targets (median <= 0.5, p99 <= 2 ms) |", "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
     for label, t in result["timing"].items():
-        for what in ("switch_instants", "kernel_starts", "step_ends_profiled", "step_ends_unprofiled"):
+        for what in ("switch_instants", "kernel_starts_anchored", "kernel_starts", "step_ends_profiled",
+                     "step_ends_unprofiled"):
             e = t[what]
             if not e["count"]:
                 lines.append(f"| {label} | {what} | 0 | - | - | - | - | n/a |")
@@ -197,6 +250,14 @@ def _markdown(result: dict[str, Any]) -> str:
                      f"{t['trace_kernels']}-kernel sequence, {t['controlled_profiled_steps']} of them controlled; the "
                      f"controller's step-end estimate jitters by {t['step_end_jitter_ms'].get('median_abs_ms', 0):.3f} "
                      "ms (median abs) around the profiled step ends.")
+        for key, what in (("requests", "profiled controlled steps"), ("requests_all_steps", "whole run")):
+            r = t[key]
+            if r["requests"]:
+                lines.append(f"Requests ({what}): {r['requests']}, {r['anchored']} placed on an anchor; issued "
+                             f"{r['lead_ms_median']:.2f} ms (median), {r['lead_ms_min']:.2f} ms (least) before their "
+                             f"change, {r['issued_a_latency_ahead']} at least the {r['latency_ms']:.0f} ms latency "
+                             f"ahead; the thread woke {_ms(r['anchor_wake_ms_median'])} (median), "
+                             f"{_ms(r['anchor_wake_ms_max'])} (most) after the GPU passed the anchor.")
     return "\n".join(lines) + "\n" + result.get("notes", "")
 
 
@@ -204,12 +265,10 @@ def report(folder: Path, cpu_test: bool) -> None:
     """Write ``controller_h200.{md,json}`` (into ``folder`` for a CPU test, else ``benchmarks/results``)."""
     run = json.loads((folder / "run.json").read_text())
     children = [json.loads((folder / f"{label}.json").read_text()) for label in run["children"]]
-    result = {"command": "python benchmarks/controller_h200.py run DIR (on the GPU machine), then "
-                         "python benchmarks/controller_h200.py report DIR",
+    ran = run.get("command", "python benchmarks/controller_h200.py run DIR")
+    result = {"command": f"{ran} (on the GPU machine), then python benchmarks/controller_h200.py report DIR",
               "run": run, "targets": TARGETS,
               "overhead": {d["label"]: overhead_figures(d["windows"]) for d in children},
               "timing": {d["label"]: timing_figures(folder, d, cpu_test) for d in children if d["profile"]},
               "nvml_in_children": {d["label"]: d["nvml"] for d in children}, "notes": "" if cpu_test else DISCUSSION}
-    out = folder if cpu_test else RESULTS
-    (out / "controller_h200.json").write_text(json.dumps(result, indent=1) + "\n")
-    (out / "controller_h200.md").write_text(_markdown(result))
+    write_results("controller_h200", result, _markdown(result), indent=1, folder=folder if cpu_test else RESULTS)

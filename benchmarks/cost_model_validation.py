@@ -7,27 +7,22 @@ Writes ``benchmarks/results/cost_model.json`` and ``.md``. Run from the reposito
 
 from __future__ import annotations
 
-import json
-import platform
-import subprocess
-import sys
 import time
 from dataclasses import replace
-from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
+from provenance import provenance, provenance_lines, write_results
 
 from envs.bundled import open_trace
 from envs.cost_model import ClockLimits, CostParams, KernelInputs, capped_clock_mhz, self_referenced_power_w
 from envs.cost_tables import build_tables, step_breakdown
 from envs.estimate import estimate_features
 from envs.fit import POWER_PARAMS, cross_validate, fit_params, predict_power_w
-from envs.paths import DATA_DIR, REPO_ROOT
+from envs.paths import DATA_DIR
 from envs.profiles import load_profile
 from envs.sweep import Sweep, load_sweep
 
-RESULTS = REPO_ROOT / "benchmarks" / "results"
 SWEEPS = DATA_DIR / "sweeps"
 WORKLOADS = {"gpt3xl": "h200/gpt3xl-24layer-b4", "gpt2s": "h200/gpt2s-b16", "resnet50": "h200/resnet50-b128"}
 BF16_GEMMS = ("gemm_qkv_fwd", "gemm_fc_fwd", "gemm_out_fwd", "steady_gemm_8192_bf16")
@@ -123,19 +118,9 @@ def table_speed(repeats: int = 20) -> dict[str, Any]:
     return {**timings, "kernels": int(tables.time_s.shape[0]), "clock_pairs": int(tables.time_s.shape[1])}
 
 
-def _provenance() -> dict[str, str]:
-    revision = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=REPO_ROOT).stdout
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True,
-                           cwd=REPO_ROOT).stdout
-    return {"command": "python benchmarks/cost_model_validation.py",
-            "machine": f"{platform.node()} ({platform.machine()}, {platform.processor() or 'cpu'})",
-            "python": sys.version.split()[0], "date_utc": datetime.now(UTC).isoformat(timespec="seconds"),
-            "git_revision": revision.strip() + ("+dirty" if dirty.strip() else "")}
-
-
 def _markdown(result: dict[str, Any]) -> str:
     lines = ["# Cost-model validation", ""]
-    lines += [f"- {key}: `{value}`" for key, value in result["provenance"].items()]
+    lines += provenance_lines(result["provenance"])
     lines += ["", "## Public sweeps, 5-fold leave-kernels-out (target: time and power MAPE <= 10%)", "",
               "| GPU | kernels | points | time MAPE | power MAPE | power MAPE, utilisations only | worst kernel |",
               "| --- | ---: | ---: | ---: | ---: | ---: | --- |"]
@@ -176,7 +161,7 @@ def _markdown(result: dict[str, Any]) -> str:
 
 def main() -> None:
     result = {
-        "provenance": _provenance(),
+        "provenance": provenance("python benchmarks/cost_model_validation.py"),
         "public_sweeps": public_sweeps(),
         "h200_microbenchmarks": h200_microbenchmarks(),
         "h200_gemm_auto_clock": h200_gemm_auto_clock(),
@@ -184,9 +169,7 @@ def main() -> None:
         "window_sensitivity": {str(w): h200_energy_per_step(w) for w in (1e-4, 1e-3, 1e-2, 1e-1, 1.0)},
         "table_speed": table_speed(),
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "cost_model.json").write_text(json.dumps(result, indent=2) + "\n")
-    (RESULTS / "cost_model.md").write_text(_markdown(result))
+    write_results("cost_model", result, _markdown(result))
     print(_markdown(result))
 
 

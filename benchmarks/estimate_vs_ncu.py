@@ -14,20 +14,17 @@ Writes ``benchmarks/results/estimate_vs_ncu.{json,md}``.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 import numpy as np
-from feature_priors import provenance
+from provenance import provenance, provenance_lines, write_results
 
 from envs.bundled import open_trace
 from envs.estimate import FEATURE_PRIORS, CategoryPrior, derive_priors, estimate_features, split_work
 from envs.profiles import GpuProfile, load_profile
 from envs.trace import Category, Features, Kind, Trace
 
-RESULTS = Path(__file__).resolve().parent / "results"
 DURATION_TOLERANCE = 0.25
 COMMAND = "python benchmarks/estimate_vs_ncu.py"
 
@@ -137,7 +134,7 @@ def run(profile: GpuProfile) -> dict[str, object]:
 def markdown(document: Mapping[str, object]) -> str:
     """The headline figures as a Markdown report."""
     lines = ["# estimate_features vs Nsight Compute (H200)", ""]
-    lines += [f"- {key}: `{document[key]}`" for key in ("command", "machine", "python", "date_utc", "git_revision")]
+    lines += provenance_lines(document)
     lines += ["", "Errors are estimate minus ncu, in utilisation fractions: `med abs` the median absolute error over "
               "kernels, `tw abs` / `tw bias` the duration-weighted mean absolute / signed error. `n (prior)`: "
               "kernels compared (of which estimated from category priors). Module priors are in-sample (derived "
@@ -171,10 +168,8 @@ def markdown(document: Mapping[str, object]) -> str:
 def main() -> None:
     document = {**provenance(COMMAND), "profile": "h200", "duration_tolerance": DURATION_TOLERANCE,
                 "results": run(load_profile("h200"))}
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "estimate_vs_ncu.json").write_text(json.dumps(document, indent=1) + "\n")
     report = markdown(document)
-    (RESULTS / "estimate_vs_ncu.md").write_text(report)
+    write_results("estimate_vs_ncu", document, report, indent=1)
     print(report)
 
 

@@ -6,36 +6,15 @@ Usage: ``python benchmarks/feature_priors.py``. Reads the ncu-enriched bundled t
 
 from __future__ import annotations
 
-import datetime
-import json
-import platform
-import subprocess
-import sys
 from dataclasses import asdict
-from pathlib import Path
+
+from provenance import provenance, write_results
 
 from envs.bundled import open_trace
 from envs.estimate import CategoryPrior, derive_priors
 from envs.trace import Category, Trace
 
 TRACES = ("h200/gpt3xl-1layer-b4", "h200/resnet50-b128")
-RESULTS = Path(__file__).resolve().parent / "results"
-
-
-def git_revision() -> str:
-    """HEAD commit of the repository, with ``+dirty`` when the working tree has changes."""
-    root = Path(__file__).resolve().parent.parent
-    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "--no-optional-locks", "status", "--porcelain"], cwd=root, capture_output=True,
-                           text=True).stdout
-    return head + ("+dirty" if dirty.strip() else "")
-
-
-def provenance(command: str) -> dict[str, str]:
-    """Command, machine, Python version, UTC date and git revision of a benchmark run."""
-    return {"command": command, "machine": f"{platform.node()} ({platform.processor() or platform.machine()})",
-            "python": sys.version.split()[0], "date_utc": datetime.datetime.now(datetime.UTC).isoformat(),
-            "git_revision": git_revision()}
 
 
 def measured_counts(traces: list[Trace]) -> dict[Category, int]:
@@ -65,12 +44,11 @@ def main() -> None:
               f"{prior.tensor_util:11.3f} {prior.sm_per_dram:11.3f}")
     print()
     print(as_literal(priors))
-    RESULTS.mkdir(exist_ok=True)
     document = {**provenance("python benchmarks/feature_priors.py"), "traces": list(TRACES),
                 "statistic": "duration-weighted median over ncu-measured kernels; sm_per_dram over kernels "
                              "without tensor-core use and with dram_util >= 0.05",
                 "priors": {c.value: {**asdict(p), "n_kernels": counts[c]} for c, p in priors.items()}}
-    (RESULTS / "feature_priors.json").write_text(json.dumps(document, indent=1) + "\n")
+    write_results("feature_priors", document, indent=1)
 
 
 if __name__ == "__main__":

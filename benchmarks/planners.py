@@ -7,23 +7,18 @@ Writes ``benchmarks/results/planners.json``, ``.md`` and ``pareto_h200_gpt3xl.pn
 
 from __future__ import annotations
 
-import json
-import platform
-import subprocess
-import sys
 from dataclasses import replace
-from datetime import UTC, datetime
 from typing import Any
+
+from provenance import RESULTS, provenance, provenance_lines, write_results
 
 from agents.compare import compare, plot_tradeoff
 from agents.problem import Problem, score
 from agents.registry import COMPARED, make_planner
 from envs.bundled import open_trace
-from envs.paths import REPO_ROOT
 from envs.profiles import load_profile
 from envs.synthetic import generate_transformer_trace, load_workload
 
-RESULTS = REPO_ROOT / "benchmarks" / "results"
 PAPER = {"ilp_global_0pct": 15.64, "ilp_global_1pct": 17.0, "pass_level_0pct": 2.07}
 PLOT_BUDGETS = (0.0, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1)
 
@@ -56,18 +51,8 @@ def h200_methods() -> dict[str, Any]:
             "tradeoff": [{"budget_pct": 100 * r.budget, **r.executed.as_json()} for r in plotted]}
 
 
-def _provenance() -> dict[str, str]:
-    revision = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=REPO_ROOT).stdout
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True,
-                           cwd=REPO_ROOT).stdout
-    return {"command": "python benchmarks/planners.py",
-            "machine": f"{platform.node()} ({platform.machine()}, {platform.processor() or 'cpu'})",
-            "python": sys.version.split()[0], "date_utc": datetime.now(UTC).isoformat(timespec="seconds"),
-            "git_revision": revision.strip() + ("+dirty" if dirty.strip() else "")}
-
-
 def _markdown(result: dict[str, Any]) -> str:
-    lines = ["# Planner benchmarks", ""] + [f"- {k}: `{v}`" for k, v in result["provenance"].items()]
+    lines = ["# Planner benchmarks", "", *provenance_lines(result["provenance"])]
     paper = result["paper_check"]
     lines += ["", "## Paper check: GPT-3-XL layer (seq 1024, batch 40, generated) on `rtx3080ti`, ideal switching",
               "", f"{paper['kernels']} kernels per step.", "", "| figure | kdvfs | arXiv 2601.08539 |",
@@ -89,10 +74,9 @@ def _markdown(result: dict[str, Any]) -> str:
 
 
 def main() -> None:
-    result = {"provenance": _provenance(), "paper_check": paper_check(), "h200": h200_methods()}
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "planners.json").write_text(json.dumps(result, indent=2) + "\n")
-    (RESULTS / "planners.md").write_text(_markdown(result))
+    result = {"provenance": provenance("python benchmarks/planners.py"), "paper_check": paper_check(),
+              "h200": h200_methods()}
+    write_results("planners", result, _markdown(result))
     print(_markdown(result))
 
 

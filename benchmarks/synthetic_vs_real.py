@@ -10,14 +10,11 @@ class. Writes ``benchmarks/results/synthetic_vs_real.json`` and ``.md``.
 
 from __future__ import annotations
 
-import datetime
-import json
-import platform
-import subprocess
 import sys
 from collections import defaultdict
-from pathlib import Path
 from typing import Any
+
+from provenance import provenance, provenance_lines, write_results
 
 from envs.bundled import open_trace
 from envs.profiles import load_profile
@@ -28,22 +25,6 @@ from envs.trace import Kind, Trace
 CASES = (("gpt3xl", "h200/gpt3xl-24layer-b4"), ("gpt2s", "h200/gpt2s-b16"))
 TOLERANCE = 0.25
 COMMAND = "python benchmarks/synthetic_vs_real.py"
-RESULTS = Path(__file__).resolve().parent / "results"
-
-
-def git_revision() -> str:
-    """HEAD commit of the repository, with ``+dirty`` when the working tree has changes."""
-    root = Path(__file__).resolve().parent.parent
-    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True).stdout
-    return head + ("+dirty" if dirty.strip() else "")
-
-
-def provenance() -> dict[str, str]:
-    """Command, machine, Python version, UTC date and git revision of this run."""
-    return {"command": COMMAND, "machine": f"{platform.node()} ({platform.processor() or platform.machine()})",
-            "python": sys.version.split()[0], "date_utc": datetime.datetime.now(datetime.UTC).isoformat(),
-            "git_revision": git_revision()}
 
 
 def summarize(trace: Trace, layers: int) -> dict[str, Any]:
@@ -91,7 +72,7 @@ def compare(workload: str, real_name: str) -> dict[str, Any]:
 def markdown(document: dict[str, Any]) -> str:
     """The results as a Markdown report."""
     lines = ["# Synthetic vs real transformer traces (H200)", "",
-             *(f"- {key}: `{document[key]}`" for key in ("command", "machine", "python", "date_utc", "git_revision")),
+             *provenance_lines(document),
              "", "Relative error = (generated - real) / real. Kernels per layer = period of the repeating forward "
              "plus backward kernel pattern (memsets excluded); non-layer kernels = the rest.", ""]
     for case in document["cases"]:
@@ -132,11 +113,9 @@ def class_table(times: dict[str, dict[str, float]] | None) -> list[str]:
 
 
 def main() -> int:
-    document = {**provenance(), "tolerance": TOLERANCE, "cases": [compare(w, r) for w, r in CASES]}
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "synthetic_vs_real.json").write_text(json.dumps(document, indent=1) + "\n")
+    document = {**provenance(COMMAND), "tolerance": TOLERANCE, "cases": [compare(w, r) for w, r in CASES]}
     report = markdown(document)
-    (RESULTS / "synthetic_vs_real.md").write_text(report)
+    write_results("synthetic_vs_real", document, report, indent=1)
     print(report)
     return 0
 

@@ -11,12 +11,16 @@ fused AdamW and ``scaled_dot_product_attention``; on a CPU in fp32 with the defa
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+if __package__:  # imported as ``examples.gpt``
+    from ._loop import parse_args, train
+else:  # run as a script: this folder is first on sys.path
+    from _loop import parse_args, train
 
 
 @dataclass(frozen=True)
@@ -78,38 +82,19 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--size", choices=sorted(SIZES), default="tiny", help="model size (default tiny)")
-    parser.add_argument("--batch", type=int, help="sequences per step (default: the size's)")
-    parser.add_argument("--steps", type=int, default=20, help="training steps (default 20)")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cuda or cpu")
-    parser.add_argument("--lr", type=float, default=1e-4, help="AdamW learning rate (default 1e-4)")
-    parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    return parser.parse_args(argv)
-
-
 def main(argv: list[str] | None = None) -> float:
     """Train for ``--steps`` steps; returns the last loss."""
-    args = parse_args(argv)
+    args = parse_args(__doc__.split("\n")[0], SIZES, "sequences", "AdamW", "1e-4", argv)
     size, device = SIZES[args.size], torch.device(args.device)
     torch.manual_seed(args.seed)
     with device:
         model = GPT(size)
-    on_gpu = device.type == "cuda"
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, fused=on_gpu)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, fused=device.type == "cuda")
     batch = args.batch or size.batch
     data = [torch.randint(size.vocab, (2, batch, size.seq), device=device) for _ in range(4)]
-    loss = torch.zeros(())
-    for step in range(args.steps):
-        tokens, targets = data[step % len(data)]
-        optimizer.zero_grad(set_to_none=True)
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=on_gpu):
-            loss = model(tokens, targets)
-        loss.backward()
-        optimizer.step()
-    print(f"gpt {args.size}: {args.steps} steps of batch {batch} x {size.seq} on {device}, loss {loss.item():.3f}")
-    return float(loss.item())
+    loss = train(optimizer, lambda step: model(*data[step % len(data)]), args.steps, device)
+    print(f"gpt {args.size}: {args.steps} steps of batch {batch} x {size.seq} on {device}, loss {loss:.3f}")
+    return loss
 
 
 if __name__ == "__main__":

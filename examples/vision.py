@@ -11,12 +11,16 @@ tensors, SGD with momentum and weight decay; bf16 autocast on a GPU.
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+if __package__:  # imported as ``examples.vision``
+    from ._loop import parse_args, train
+else:  # run as a script: this folder is first on sys.path
+    from _loop import parse_args, train
 
 
 @dataclass(frozen=True)
@@ -80,20 +84,9 @@ class ResNet(nn.Module):
         return self.head(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--size", choices=sorted(SIZES), default="tiny", help="model size (default tiny)")
-    parser.add_argument("--batch", type=int, help="images per step (default: the size's)")
-    parser.add_argument("--steps", type=int, default=20, help="training steps (default 20)")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cuda or cpu")
-    parser.add_argument("--lr", type=float, default=0.1, help="SGD learning rate (default 0.1)")
-    parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    return parser.parse_args(argv)
-
-
 def main(argv: list[str] | None = None) -> float:
     """Train for ``--steps`` steps; returns the last loss."""
-    args = parse_args(argv)
+    args = parse_args(__doc__.split("\n")[0], SIZES, "images", "SGD", "0.1", argv)
     size, device = SIZES[args.size], torch.device(args.device)
     torch.manual_seed(args.seed)
     with device:
@@ -102,16 +95,9 @@ def main(argv: list[str] | None = None) -> float:
     batch = args.batch or size.batch
     images = torch.randn(batch, 3, size.image, size.image, device=device).to(memory_format=torch.channels_last)
     labels = torch.randint(size.classes, (batch,), device=device)
-    loss = torch.zeros(())
-    for _ in range(args.steps):
-        optimizer.zero_grad(set_to_none=True)
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
-            loss = F.cross_entropy(model(images), labels)
-        loss.backward()
-        optimizer.step()
-    print(f"vision {args.size}: {args.steps} steps of batch {batch} at {size.image} px on {device}, "
-          f"loss {loss.item():.3f}")
-    return float(loss.item())
+    loss = train(optimizer, lambda step: F.cross_entropy(model(images), labels), args.steps, device)
+    print(f"vision {args.size}: {args.steps} steps of batch {batch} at {size.image} px on {device}, loss {loss:.3f}")
+    return loss
 
 
 if __name__ == "__main__":

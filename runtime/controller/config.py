@@ -35,6 +35,12 @@ class ControllerConfig:
         window_steps, window_s: accounting windows last at least this many steps and seconds.
         energy_poll_s: how often the energy counter is read within a window (its updates mark the window's
             edges; tests with a virtual clock read it at the window edges only).
+        anchors: record CUDA events inside the step (top-level blocks' forward and backward, the optimizer
+            step) and place requests on them (:mod:`runtime.controller.anchoring`); off: step boundaries only.
+        anchor_margin_ms: an anchor is used for a request only if it is expected at least this long before the
+            request's issue instant (the thread's wake-up after the GPU passed it must fit in between).
+        issue_early_ms: requests go out this much earlier than one latency before their change, so that the
+            thread's late wake-up from a timed sleep (0.09-0.14 ms on the H200) does not make them late.
         watchdog: spawn the watchdog process (only ever when clocks are changed, never in a dry run).
         cpu_test_mode: accept a CPU-only script; host time stands in for the GPU timeline (tests).
         report_path: where the child process of ``kdvfs run`` writes its summary.
@@ -58,6 +64,9 @@ class ControllerConfig:
     window_steps: int = 50
     window_s: float = 5.0
     energy_poll_s: float = 0.02
+    anchors: bool = True
+    anchor_margin_ms: float = 2.0
+    issue_early_ms: float = 0.25
     watchdog: bool = True
     cpu_test_mode: bool = False
     report_path: str | None = None
@@ -67,6 +76,9 @@ class ControllerConfig:
             raise KdvfsError(f"--budget {self.budget} must be >= 0 (a fraction: 0.01 = 1%)")
         if self.latency_ms is not None and self.latency_ms < 0:
             raise KdvfsError(f"--latency-ms {self.latency_ms} must be >= 0")
+        if min(self.anchor_margin_ms, self.issue_early_ms) < 0:
+            raise KdvfsError(f"anchor margin {self.anchor_margin_ms} ms and issue-early {self.issue_early_ms} ms "
+                             "must be >= 0")
         if not 0 < self.match_tolerance < 1:
             raise KdvfsError(f"match tolerance {self.match_tolerance} must be in (0, 1)")
         if min(self.confirm_steps, self.guard_steps, self.window_steps) < 1 or self.baseline_steps < 0:

@@ -13,7 +13,9 @@ source (:mod:`runtime.controller.source`), checks that the profile is this GPU's
 schedule is supported and, unless ``dry_run``, that this process may lock clocks; then it starts the
 watchdog process (not in a dry run) and its background thread (:mod:`runtime.controller.issuer`). A check
 that fails raises before any clock changed. ``step()`` records a CUDA event and reads the caching
-allocator's counter (a few microseconds, no GPU sync). On exit, on an exception, on SIGINT (as
+allocator's counter (a few microseconds, no GPU sync); with ``anchors`` (the default) hooks record CUDA events
+inside the step too (:mod:`runtime.controller.anchors`), on which the thread places the step's requests. On
+exit, on an exception, on SIGINT (as
 KeyboardInterrupt) and SIGTERM (as SystemExit) it stops the thread, returns the clocks to the GPU, stops
 the watchdog and builds :attr:`summary`.
 """
@@ -31,6 +33,8 @@ from typing import Any
 from agents.problem import score
 from runtime.controller.accounting import Accounting
 from runtime.controller.actuator import Actuator, EventLog, parse_clocks
+from runtime.controller.anchoring import Anchoring
+from runtime.controller.anchors import AnchorHooks
 from runtime.controller.config import ControllerConfig
 from runtime.controller.gpu_timeline import CudaStepTimeline, HostStepTimeline, StepTimeline
 from runtime.controller.issuer import Issuer
@@ -79,6 +83,7 @@ class Controller:
         self._issuer: Issuer | None = None
         self._actuator: Actuator | None = None
         self._accounting: Accounting | None = None
+        self._hooks: AnchorHooks | None = None
         self._log = EventLog(None)
 
     def __enter__(self) -> Controller:
@@ -114,6 +119,7 @@ class Controller:
         self._log.write("start", clock="perf_counter", source=self.plan.source, gpu=problem.profile.name,
                         trace=problem.trace.meta.workload, dry_run=config.dry_run, latency_s=problem.latency_s,
                         expected_s=self.step_plan.expected_s, auto_s=self.step_plan.auto_s,
+                        anchor_margin_s=config.anchor_margin_ms / 1e3 if config.anchors else None,
                         changes=len(self.step_plan.kernels))
         self._start_thread(device)
 
@@ -126,13 +132,21 @@ class Controller:
         self._accounting = Accounting(device, clock, config.window_steps, config.window_s, self._log,
                                       config.tensorboard, config.energy_poll_s)
         timeline = self._timeline or (HostStepTimeline(clock) if config.cpu_test_mode else CudaStepTimeline(clock))
-        self._issuer = Issuer(plan, self.plan.problem.latency_s, timeline,
+        latency_s = self.plan.problem.latency_s
+        anchoring = Anchoring(plan, timeline, clock, latency_s, config.anchor_margin_ms / 1e3 if config.anchors
+                              else float("inf"), config.match_tolerance, learn_auto=config.dry_run)
+        self._issuer = Issuer(plan, latency_s, timeline,
                               StepMatcher(plan.auto_s, config.match_tolerance, config.confirm_steps),
                               Guard(config.budget, config.guard_margin, config.baseline_steps, config.guard_steps),
-                              self._actuator, self._accounting, clock, self._log)
+                              self._actuator, self._accounting, clock, self._log, anchoring,
+                              config.issue_early_ms / 1e3)
         self._timeline = timeline
         self._issuer.start()
         self._stack.callback(self._stop_thread)
+        if config.anchors and isinstance(timeline, CudaStepTimeline):
+            self._hooks = AnchorHooks(timeline.anchor)
+            self._hooks.install()
+            self._stack.callback(self._hooks.remove)
 
     def step(self) -> None:
         """Mark the end of a training step (call it once per optimizer step)."""
@@ -180,6 +194,7 @@ class Controller:
             "guard_rebaselines": issuer.guard.rebaselines,
             "guard_slowdown": issuer.guard.slowdown(), "baseline_step_time_s": issuer.guard.baseline_s,
             "error": None if issuer.error is None else str(issuer.error),
+            "anchors": {**issuer.anchoring.figures(), "blocks": None if self._hooks is None else self._hooks.blocks},
             **accounting.figures(),
             "predicted": {k: v for k, v in asdict(predicted).items() if k != "method"},
         }

@@ -8,35 +8,51 @@ time since the first one (``Event.elapsed_time``, microsecond resolution); it be
 the offset host-minus-GPU, estimated at every step as the smallest (waking from ``Event.synchronize`` is
 only ever late) of the last ``OFFSET_WINDOW`` observations. So a late wake-up (a busy interpreter lock)
 does not move the timeline, and clock drift is followed within a window.
+
+Anchors (:mod:`runtime.controller.anchors`) are events recorded inside a step. Those recorded after the
+boundary marked ``i - 1`` and before boundary ``i`` belong to step ``i`` (the step that ends at boundary
+``i``, the ``i``-th token, 0-based). :meth:`StepTimeline.anchor_s` waits for anchor ``index`` of a step
+(first until the training thread has recorded it, at most until a deadline, then until the GPU has passed
+it) and returns its host time; :class:`StepEnd` carries the host times of all of a finished step's anchors.
 """
 
 from __future__ import annotations
 
+import threading
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Protocol
+
+import numpy as np
 
 from runtime.device.clock import Clock, VirtualClock
 from runtime.device.fake import FakeGpu
 
 OFFSET_WINDOW = 32
 NORMAL_SIGNATURE = 1000
+MAX_ANCHORS_PER_STEP = 4096
+KEEP_STEPS = 64
 
 
 @dataclass(frozen=True)
 class StepEnd:
     """A finished step: host time its GPU work ended (s), its GPU time since the previous step's end (s, None
-    for the first), and its allocation count (None when not counted)."""
+    for the first), its allocation count (None when not counted) and the host times of its anchors (s)."""
 
     end_s: float
     duration_s: float | None
     signature: int | None
+    anchors_s: tuple[float, ...] = ()
 
 
 class StepTimeline(Protocol):
     def mark(self) -> Any: ...
 
     def wait(self, token: Any) -> StepEnd: ...
+
+    def anchor_s(self, step: int, index: int, deadline_s: float) -> float | None:
+        """Host time at which the GPU passed anchor ``index`` of step ``step`` (waiting for it), or None when
+        the training thread had not recorded it by ``deadline_s`` (host s) or ended the step without it."""
 
 
 def _allocations() -> int:
@@ -47,7 +63,12 @@ def _allocations() -> int:
 
 
 class CudaStepTimeline:
-    """Step ends from CUDA events on the current stream (see the module docstring)."""
+    """Step ends and anchors from CUDA events on the current stream (see the module docstring).
+
+    :meth:`mark` is called on the training thread, :meth:`anchor` on the training thread or autograd's,
+    :meth:`wait` and :meth:`anchor_s` on the controller's thread. Anchor events block on an OS primitive
+    when waited for (``blocking=True``), so waiting neither spins a core nor holds the interpreter lock.
+    """
 
     def __init__(self, clock: Clock) -> None:
         self._clock = clock
@@ -55,8 +76,11 @@ class CudaStepTimeline:
         self._offsets_s: deque[float] = deque(maxlen=OFFSET_WINDOW)
         self._previous_gpu_s: float | None = None
         self._allocations: int | None = None
+        self._anchors: dict[int, list[Any]] = {}
+        self._marks = 0
+        self._changed = threading.Condition()
 
-    def mark(self) -> tuple[Any, int | None]:
+    def mark(self) -> tuple[Any, int | None, int]:
         import torch
 
         event = torch.cuda.Event(enable_timing=True)
@@ -66,17 +90,52 @@ class CudaStepTimeline:
         count = _allocations()
         signature = None if self._allocations is None else count - self._allocations
         self._allocations = count
-        return event, signature
+        with self._changed:
+            step = self._marks
+            self._marks += 1
+            self._anchors.pop(step - KEEP_STEPS, None)  # a controller thread that stopped waiting
+            self._changed.notify_all()
+        return event, signature, step
 
-    def wait(self, token: tuple[Any, int | None]) -> StepEnd:
-        event, signature = token
+    def anchor(self) -> None:
+        """Record an anchor event of the current step (from a hook; a few microseconds)."""
+        import torch
+
+        event = torch.cuda.Event(enable_timing=True, blocking=True)
+        event.record()
+        with self._changed:
+            events = self._anchors.setdefault(self._marks, [])
+            if len(events) < MAX_ANCHORS_PER_STEP:
+                events.append(event)
+                self._changed.notify_all()
+
+    def _host_s(self, event: Any) -> float:
+        return self._first.elapsed_time(event) / 1e3 + min(self._offsets_s)
+
+    def wait(self, token: tuple[Any, int | None, int]) -> StepEnd:
+        event, signature, step = token
         event.synchronize()
         wake_s = self._clock.now_s()
         gpu_s = self._first.elapsed_time(event) / 1e3
         self._offsets_s.append(wake_s - gpu_s)
         duration_s = None if self._previous_gpu_s is None else gpu_s - self._previous_gpu_s
         self._previous_gpu_s = gpu_s
-        return StepEnd(gpu_s + min(self._offsets_s), duration_s, signature)
+        with self._changed:
+            anchors = self._anchors.pop(step, [])
+        return StepEnd(gpu_s + min(self._offsets_s), duration_s, signature, tuple(map(self._host_s, anchors)))
+
+    def anchor_s(self, step: int, index: int, deadline_s: float) -> float | None:
+        def ready() -> bool:
+            return len(self._anchors.get(step, ())) > index or self._marks > step
+
+        with self._changed:
+            self._changed.wait_for(ready, max(0.0, deadline_s - self._clock.now_s()))
+            events = self._anchors.get(step, [])
+            if len(events) <= index or self._first is None or not self._offsets_s:
+                return None
+            event = events[index]
+        event.synchronize()
+        return self._host_s(event)
 
 
 class HostStepTimeline:
@@ -94,25 +153,55 @@ class HostStepTimeline:
         self._previous_s = token
         return StepEnd(token, duration_s, None)
 
+    def anchor_s(self, step: int, index: int, deadline_s: float) -> float | None:
+        return None
+
 
 class FakeStepTimeline:
     """Steps of a :class:`FakeGpu`: each runs when the controller waits for it, after the requests made so far.
 
     ``irregular[i] = (extra_s, signature)`` makes step ``i`` (0-based) take ``extra_s`` longer and count
     ``signature`` allocations (an evaluation pass); other steps count ``NORMAL_SIGNATURE``.
+
+    Anchors: each step has one before each kernel of ``anchor_kernels``, at that kernel's start on the GPU.
+    While a step has not run yet (:meth:`anchor_s`, from the controller's thread during the step) its
+    kernels are timed at auto clocks, which a dry run keeps. ``late[i] = (index, delay_s)`` delays step
+    ``i``'s work from anchor ``index`` on by ``delay_s`` (the step ends that much later too);
+    ``anchors[i] = times`` replaces step ``i``'s anchor offsets from its start (s: missing or disordered
+    anchors).
     """
 
-    def __init__(self, gpu: FakeGpu, clock: VirtualClock) -> None:
-        self.gpu, self.clock = gpu, clock
+    def __init__(self, gpu: FakeGpu, clock: VirtualClock, anchor_kernels: tuple[int, ...] = ()) -> None:
+        self.gpu, self.clock, self.anchor_kernels = gpu, clock, anchor_kernels
         self.irregular: dict[int, tuple[float, int]] = {}
+        self.late: dict[int, tuple[int, float]] = {}
+        self.anchors: dict[int, tuple[float, ...]] = {}
         self._marked = 0
 
-    def mark(self) -> tuple[float, int]:
+    def mark(self) -> tuple[float, int, int]:
         extra_s, signature = self.irregular.get(self._marked, (0.0, NORMAL_SIGNATURE))
         self._marked += 1
-        return extra_s, signature
+        return extra_s + self.late.get(self._marked - 1, (0, 0.0))[1], signature, self._marked - 1
 
-    def wait(self, token: tuple[float, int]) -> StepEnd:
-        extra_s, signature = token
+    def _offsets_s(self, step: int, applied: np.ndarray) -> tuple[float, ...]:
+        if step in self.anchors:
+            return self.anchors[step]
+        costs = self.gpu.costs
+        durations_s = costs.time_s[np.arange(costs.kernels), applied]
+        starts_s = np.cumsum(durations_s) - durations_s
+        late, delay_s = self.late.get(step, (len(self.anchor_kernels), 0.0))
+        return tuple(float(starts_s[k]) + (delay_s if i >= late else 0.0) for i, k in enumerate(self.anchor_kernels))
+
+    def wait(self, token: tuple[float, int, int]) -> StepEnd:
+        extra_s, signature, index = token
         step = self.gpu.run_step(extra_s)
-        return StepEnd(step.end_s, step.end_s - step.start_s, signature)
+        anchors_s = tuple(step.start_s + offset_s for offset_s in self._offsets_s(index, step.applied))
+        return StepEnd(step.end_s, step.end_s - step.start_s, signature, anchors_s)
+
+    def anchor_s(self, step: int, index: int, deadline_s: float) -> float | None:
+        start_s = self.gpu.steps[-1].end_s if self.gpu.steps else 0.0
+        offsets_s = self._offsets_s(step, np.full(self.gpu.costs.kernels, self.gpu.costs.auto_index))
+        if index >= len(offsets_s):
+            return None
+        self.clock.advance_to(start_s + offsets_s[index])
+        return start_s + offsets_s[index]

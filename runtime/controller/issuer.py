@@ -7,8 +7,10 @@ to the matcher, the guard and the accounting, and then decides the next step:
 * matching, baseline measured, guard content: controlled (the first auto step after a controlled one,
   which started at the controlled clocks, is not part of a baseline). The step's requests (:meth:`StepPlan.requests`,
   the timeline stretched by the median ratio of measured to expected step time of the last matching
-  steps) are issued at their instants, sleeping in between; the first controlled step also gets its own
-  early changes at once;
+  steps) are placed on the latest anchor inside the step that precedes each request's issue instant by a
+  margin (:mod:`runtime.controller.anchoring`; the step's start when there is none or it is not trusted)
+  and issued at their instants (``early_s`` ahead, for the thread's wake-up), sleeping in between; the
+  first controlled step also gets its own early changes at once;
 * otherwise (not matching yet, an evaluation pass or new shape, measuring the baseline, backed off): the
   GPU is returned to auto.
 
@@ -27,6 +29,7 @@ from typing import Any
 
 from runtime.controller.accounting import Accounting
 from runtime.controller.actuator import Actuator, EventLog
+from runtime.controller.anchoring import Anchoring
 from runtime.controller.gpu_timeline import StepEnd, StepTimeline
 from runtime.controller.matching import Guard, StepMatcher
 from runtime.controller.timeline import StepPlan
@@ -39,9 +42,11 @@ class Issuer(threading.Thread):
     """See the module docstring. Feed it with ``queue.put(token)``; ``queue.put(None)`` ends it."""
 
     def __init__(self, plan: StepPlan, latency_s: float, timeline: StepTimeline, matcher: StepMatcher, guard: Guard,
-                 actuator: Actuator, accounting: Accounting, clock: Clock, log: EventLog) -> None:
+                 actuator: Actuator, accounting: Accounting, clock: Clock, log: EventLog, anchoring: Anchoring,
+                 early_s: float = 0.0) -> None:
         super().__init__(name="kdvfs-controller", daemon=True)
-        self.plan, self.latency_s, self.timeline = plan, latency_s, timeline
+        self.plan, self.latency_s, self.timeline, self.anchoring = plan, latency_s, timeline, anchoring
+        self.early_s = early_s
         self.matcher, self.guard, self.actuator, self.accounting = matcher, guard, actuator, accounting
         self.clock, self.log = clock, log
         self.queue: queue.Queue[Any] = queue.Queue()
@@ -85,7 +90,12 @@ class Issuer(threading.Thread):
         matched = self.matcher.observe(end.duration_s, end.signature)
         self._controlling = self._decide(end, matched, was_controlled)
         self.log.write("step", step=index, end_s=end.end_s, duration_s=end.duration_s, signature=end.signature,
-                       matched=matched, controlled=was_controlled, next_controlled=self._controlling, scale=self.scale)
+                       matched=matched, controlled=was_controlled, next_controlled=self._controlling, scale=self.scale,
+                       anchors_s=end.anchors_s)
+        if self.anchoring.learn(end, matched, was_controlled):
+            anchors = self.anchoring.map.anchors
+            self.log.write("anchor_map", step=index, kernels=[a.kernel for a in anchors],
+                           positions_s=[a.position_s for a in anchors])
         if self.stop_event.is_set():
             return
         if self._controlling:
@@ -117,9 +127,12 @@ class Issuer(threading.Thread):
 
     def _issue(self, step: int, start_s: float, first: bool) -> None:
         """Issue one window's requests, from ``start_s`` (the host time step ``step`` started on the GPU)."""
+        self.anchoring.begin(step, start_s, self.scale)
         for request in self.plan.requests(self.scale, self.latency_s, first):
-            request_s = start_s + request.offset_s
-            if not self.clock.sleep_until(request_s, self.stop_event):
+            if request.clocks == self.actuator.current:
+                continue  # a repeat: nothing to request, nothing to wait for
+            placed = self.anchoring.place(request)
+            if not self.clock.sleep_until(placed.request_s - self.early_s, self.stop_event):
                 return
             self.actuator.request(request.clocks, step=step + request.next_step, kernel=request.kernel,
-                                  request_s=request_s, due_s=start_s + request.due_s)
+                                  request_s=placed.request_s, due_s=placed.due_s, **placed.record())

@@ -42,6 +42,7 @@ def fake_controller(policy: Path, permission: bool = True, **options: Any
     timeline = FakeStepTimeline(gpu, clock)
     settings: dict[str, Any] = {"latency_ms": LATENCY_MS, "budget": PLAN_BUDGET, "baseline_steps": 3,
                                 "window_steps": 5, "window_s": 0.1, "guard_steps": 5, "energy_poll_s": 3600.0,
+                                "issue_early_ms": 0.0,
                                 **options}
     controller = Controller(str(policy), TRACE, device=gpu, timeline=timeline, clock=clock, **settings)
     return controller, gpu, timeline

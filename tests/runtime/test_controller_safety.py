@@ -28,6 +28,8 @@ from runtime.cli import main
 from runtime.controller import (
     accounting,
     actuator,
+    anchoring,
+    anchors,
     boot,
     controller,
     gpu_timeline,
@@ -165,7 +167,8 @@ def test_plan_files_that_do_not_fit_the_trace(tmp_path: Path, plan_file: Path) -
 
 def _random_policy(path: Path, gpu: str) -> Path:
     """A frozen policy with random weights (the issue-5 file format), trained for ``gpu``."""
-    env = {"core_fractions": [0.6, 0.8], "memory_mhz": [3201, 2201], "next_kernels": 4, "window_latencies": [1.0]}
+    env = {"core_fractions": [0.6, 0.8], "memory_mhz": [3201, 2201], "next_kernels": 4, "window_latencies": [1.0],
+           "decision_latencies": 0.25}
     grid = ClockGrid.for_profile(load_profile("h200"), env["core_fractions"], env["memory_mhz"])
     spec = ObservationSpec(grid, 4, (1.0,))
     nvec = (2, grid.levels, 2)
@@ -255,8 +258,8 @@ def test_the_real_callback_bases_when_installed(plan_file: Path) -> None:
     assert isinstance(hf_callback(control), transformers.TrainerCallback)
 
 
-@pytest.mark.parametrize("module", [accounting, actuator, boot, controller, gpu_timeline, integrations, issuer, launch,
-                                    source, timeline, watchdog, fake])
+@pytest.mark.parametrize("module", [accounting, actuator, anchoring, anchors, boot, controller, gpu_timeline,
+                                    integrations, issuer, launch, source, timeline, watchdog, fake])
 def test_only_clock_control_names_nvml_setters(module: types.ModuleType) -> None:
     tree = ast.parse(inspect.getsource(module))
     names = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and re.match(r"nvml[A-Z]", n.attr)}

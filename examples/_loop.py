@@ -1,0 +1,39 @@
+"""What the example training scripts share: their command line and their training loop.
+
+Plain PyTorch, like the examples. They run as ``python examples/NAME.py`` (this folder first on ``sys.path``,
+so they import this module as ``_loop``) or are imported as ``examples.NAME`` (as ``examples._loop``).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Iterable
+
+import torch
+
+
+def parse_args(description: str, sizes: Iterable[str], batch_unit: str, optimizer: str, lr: str,
+               argv: list[str] | None = None) -> argparse.Namespace:
+    """``--size --batch --steps --device --lr --seed``: ``batch_unit`` names what a batch holds (``images``),
+    ``lr`` is the default learning rate of ``optimizer`` as the help shows it (``1e-4``)."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--size", choices=sorted(sizes), default="tiny", help="model size (default tiny)")
+    parser.add_argument("--batch", type=int, help=f"{batch_unit} per step (default: the size's)")
+    parser.add_argument("--steps", type=int, default=20, help="training steps (default 20)")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cuda or cpu")
+    parser.add_argument("--lr", type=float, default=float(lr), help=f"{optimizer} learning rate (default {lr})")
+    parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    return parser.parse_args(argv)
+
+
+def train(optimizer: torch.optim.Optimizer, step_loss: Callable[[int], torch.Tensor], steps: int,
+          device: torch.device) -> float:
+    """Run ``steps`` optimizer steps on ``step_loss(step)``, under bf16 autocast on a GPU; the last loss."""
+    loss = torch.zeros(())
+    for step in range(steps):
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+            loss = step_loss(step)
+        loss.backward()
+        optimizer.step()
+    return float(loss.item())

@@ -1,0 +1,172 @@
+"""Re-anchoring a step's clock requests on anchors inside the step (:mod:`runtime.controller.anchors`).
+
+Learning (:class:`AnchorMap`). For each finished matching step that ran on the plan's timeline (every
+matching step in a dry run, the controlled ones otherwise), the anchors' offsets from the step's start,
+scaled by the step's expected over measured time, are positions on the plan's timeline. Once the last
+``LEARN_STEPS`` such steps had the same number of anchors, each in order, every anchor's position is the
+median of its positions, mapped to the kernel of the captured trace whose expected start is nearest: the
+anchor stands for that kernel's start. A step with another number of anchors drops the map at once and
+starts learning again; a step whose anchors are out of order or outside the step is ignored.
+
+Placing (:class:`Anchoring`). A request due at ``due`` (on the window's timeline, stretched by ``scale``)
+must be issued at ``offset = due - latency``. It waits for the latest anchor whose position is at least
+``margin`` before ``offset`` (the thread wakes a little after the GPU passed the anchor and still has to
+issue one latency ahead) and puts the change at the anchor's host time plus the planned time from the
+anchor's kernel to the change (``due - scale * position``); the request goes out one latency before
+that. It keeps the step-level instants (the step's start plus the planned offsets) when no anchor is
+learned that early, when the anchor was not recorded by the request's step-level issue time, when it is
+earlier than an anchor already used in the window, or when it lies further than ``tolerance`` of the step
+time from where the step-level timeline expects it. (The order is checked among anchors only: the step's
+start was put on the host clock with the host-minus-GPU offset known then, which may have improved since.)
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import Counter, deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from envs.cost_model import Array
+from runtime.controller.gpu_timeline import StepEnd, StepTimeline
+from runtime.controller.timeline import Request, StepPlan
+from runtime.device.clock import Clock
+
+LEARN_STEPS = 5
+
+
+@dataclass(frozen=True)
+class Anchor:
+    """Anchor ``index`` of a step: it stands for the start of ``kernel``, ``position_s`` from the step's start
+    on the plan's timeline."""
+
+    index: int
+    kernel: int
+    position_s: float
+
+
+def nearest_kernels(kernel_start_s: Array, positions_s: Array) -> Array:
+    """For each position (s from the step's start), the kernel whose expected start is nearest."""
+    starts_s = np.asarray(kernel_start_s, dtype=float)
+    if len(starts_s) < 2:
+        return np.zeros(len(positions_s), dtype=np.int64)
+    right = np.clip(np.searchsorted(starts_s, positions_s), 1, len(starts_s) - 1)
+    left = right - 1
+    return np.where(positions_s - starts_s[left] <= starts_s[right] - positions_s, left, right)
+
+
+class AnchorMap:
+    """Where each anchor of a step sits on the plan's timeline (see the module docstring)."""
+
+    def __init__(self, kernel_start_s: Array, expected_s: float, learn_steps: int = LEARN_STEPS) -> None:
+        self.kernel_start_s, self.expected_s = np.asarray(kernel_start_s, dtype=float), expected_s
+        self.anchors: tuple[Anchor, ...] = ()
+        self._positions_s: list[float] = []
+        self._history: deque[Array] = deque(maxlen=learn_steps)
+
+    def observe(self, start_s: float, end_s: float, anchors_s: Sequence[float]) -> bool:
+        """Learn from one finished step (host times, s); True when the map changed."""
+        offsets_s = np.asarray(anchors_s, dtype=float) - start_s
+        duration_s = end_s - start_s
+        disordered = len(offsets_s) > 0 and bool(np.any(np.diff(offsets_s) < 0) or offsets_s[0] < 0
+                                                   or offsets_s[-1] > duration_s)
+        if duration_s <= 0 or disordered:
+            return False
+        before = self.anchors
+        if self._history and len(self._history[-1]) != len(offsets_s):
+            self._history.clear()
+            self.anchors = ()
+        self._history.append(offsets_s * self.expected_s / duration_s)
+        if len(self._history) == self._history.maxlen and len(offsets_s):
+            median_s = np.median(np.stack(list(self._history)), axis=0)
+            kernels = nearest_kernels(self.kernel_start_s, median_s)
+            self.anchors = tuple(Anchor(i, int(k), float(self.kernel_start_s[k])) for i, k in enumerate(kernels))
+        self._positions_s = [a.position_s for a in self.anchors]
+        return [a.kernel for a in before] != [a.kernel for a in self.anchors]
+
+    def pick(self, latest_s: float) -> Anchor | None:
+        """The last anchor positioned at or before ``latest_s`` (s from the step's start), None if none."""
+        index = bisect.bisect_right(self._positions_s, latest_s)
+        return self.anchors[index - 1] if index else None
+
+
+@dataclass(frozen=True)
+class Placement:
+    """When to issue a request and when its change is due (host s), and the anchor it was placed on, with
+    the anchor's host time and when the thread woke from waiting for it (None: step-level timeline)."""
+
+    request_s: float
+    due_s: float
+    anchor: Anchor | None = None
+    anchor_s: float | None = None
+    woke_s: float | None = None
+
+    def record(self) -> dict[str, Any]:
+        """The anchor fields of the request's log record."""
+        if self.anchor is None:
+            return {"anchor": None}
+        return {"anchor": self.anchor.index, "anchor_kernel": self.anchor.kernel, "anchor_s": self.anchor_s,
+                "woke_s": self.woke_s}
+
+
+class Anchoring:
+    """Learns the anchor map and places each window's requests (see the module docstring).
+
+    Args:
+        plan: the step's plan (its expected kernel starts and step time).
+        timeline: where anchors are waited for.
+        clock: the host clock.
+        latency_s: switching latency: requests go out this long before the change is due.
+        margin_s: an anchor must be placed at least this long before the request's issue instant.
+        tolerance: largest distance of an anchor from its step-level instant, as a fraction of the step time.
+        learn_auto: learn from steps in auto mode too (a dry run, whose plan timeline is the auto one).
+    """
+
+    def __init__(self, plan: StepPlan, timeline: StepTimeline, clock: Clock, latency_s: float, margin_s: float,
+                 tolerance: float, learn_auto: bool) -> None:
+        self.plan, self.timeline, self.clock = plan, timeline, clock
+        self.latency_s, self.margin_s, self.tolerance, self.learn_auto = latency_s, margin_s, tolerance, learn_auto
+        self.map = AnchorMap(plan.kernel_start_s, plan.expected_s)
+        self.counts: Counter[str] = Counter()
+        self._step, self._start_s, self._scale, self._last_s = 0, 0.0, 1.0, -np.inf
+
+    def learn(self, end: StepEnd, matched: bool, controlled: bool) -> bool:
+        """Learn from a finished step (controlled: it ran the plan's clocks); True when the map changed."""
+        if not matched or end.duration_s is None or not (controlled or self.learn_auto):
+            return False
+        return self.map.observe(end.end_s - end.duration_s, end.end_s, end.anchors_s)
+
+    def begin(self, step: int, start_s: float, scale: float) -> None:
+        """Start the window of step ``step``, which started at host time ``start_s`` (timeline x ``scale``)."""
+        self._step, self._start_s, self._scale, self._last_s = step, start_s, scale, -np.inf
+
+    def place(self, request: Request) -> Placement:
+        """When to issue ``request`` (of the current window) and when it is due; may wait for an anchor."""
+        step_level = Placement(self._start_s + request.offset_s, self._start_s + request.due_s)
+        anchor = self.map.pick((request.offset_s - self.margin_s) / self._scale)
+        if anchor is None:
+            self.counts["step_level"] += 1
+            return step_level
+        anchor_s = self.timeline.anchor_s(self._step, anchor.index, step_level.request_s)
+        woke_s = self.clock.now_s()
+        expected_s = self._start_s + self._scale * anchor.position_s
+        if anchor_s is None:
+            self.counts["missing"] += 1
+            return step_level
+        if anchor_s < self._last_s or abs(anchor_s - expected_s) > self.tolerance * self._scale * self.plan.expected_s:
+            self.counts["rejected"] += 1
+            return step_level
+        self.counts["anchored"] += 1
+        self._last_s = anchor_s
+        due_s = anchor_s + request.due_s - self._scale * anchor.position_s
+        return Placement(due_s - self.latency_s, due_s, anchor, anchor_s, woke_s)
+
+    def figures(self) -> dict[str, Any]:
+        """For the summary: requests placed on anchors, on the step-level timeline (no anchor early enough),
+        and fallbacks (anchor missing or rejected); the learned anchors."""
+        return {"anchored": self.counts["anchored"], "step_level": self.counts["step_level"],
+                "missing": self.counts["missing"], "rejected": self.counts["rejected"],
+                "learned": len(self.map.anchors)}

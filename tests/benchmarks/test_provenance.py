@@ -1,0 +1,41 @@
+"""The provenance block and results files shared by the benchmark scripts (``benchmarks/provenance.py``)."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+
+from benchmarks.provenance import PROVENANCE_KEYS, host, provenance, provenance_lines, utc_now, write_results
+from envs.run_record import git_revision
+
+
+def test_provenance_has_the_keys_results_files_carry() -> None:
+    record = provenance("python benchmarks/example.py")
+    assert tuple(record) == PROVENANCE_KEYS == ("command", "machine", "python", "date_utc", "git_revision")
+    assert record["command"] == "python benchmarks/example.py" and all(isinstance(v, str) for v in record.values())
+    assert record["machine"].startswith(host()["machine"] + " (") and record["machine"].endswith(" cores)")
+    assert record["python"].count(".") == 2 and record["git_revision"] == git_revision()
+    assert datetime.fromisoformat(record["date_utc"]).utcoffset() is not None
+
+
+def test_markdown_lines_of_a_block_or_a_document() -> None:
+    record = provenance("c")
+    lines = provenance_lines({**record, "other": 1})
+    assert lines == [f"- {key}: `{record[key]}`" for key in PROVENANCE_KEYS]
+    assert lines[0] == "- command: `c`"
+
+
+def test_host_record_and_time() -> None:
+    assert set(host()) == {"machine", "python"}
+    assert len(utc_now()) == len("2026-11-29T20:00:51+00:00")
+
+
+def test_write_results(tmp_path: Path) -> None:
+    result = {"provenance": provenance("c"), "figures": [1, 2]}
+    write_results("bench", result, "# Bench\n", folder=tmp_path / "out")
+    assert (tmp_path / "out" / "bench.json").read_text() == json.dumps(result, indent=2) + "\n"
+    assert (tmp_path / "out" / "bench.md").read_text() == "# Bench\n"
+    write_results("only_json", result, indent=1, folder=tmp_path)
+    assert json.loads((tmp_path / "only_json.json").read_text()) == result
+    assert not (tmp_path / "only_json.md").exists()
