@@ -29,7 +29,7 @@ from envs.profiles import GpuProfile
 FORMAT = "kdvfs-policy"
 VERSION = 1
 SUFFIX = ".kdvfs-policy.npz"
-ACTIVATIONS: dict[str, Callable[[Array], Array]] = {"tanh": np.tanh, "relu": lambda x: np.maximum(x, 0.0)}
+ACTIVATIONS: dict[str, Callable[..., Array]] = {"tanh": np.tanh, "relu": lambda x, out: np.maximum(x, 0.0, out=out)}
 
 
 class PolicyFileError(KdvfsError):
@@ -65,32 +65,53 @@ class FrozenPolicy:
     obs_clip: float
     obs_epsilon: float
     meta: dict[str, Any]
-    _std: Array = field(init=False, repr=False, compare=False)
+    _mean32: Array = field(init=False, repr=False, compare=False)
+    _inverse_std32: Array = field(init=False, repr=False, compare=False)
     _parts: tuple[tuple[int, int], ...] = field(init=False, repr=False, compare=False)
+    _layers: tuple[tuple[Array, Array, Array], ...] = field(init=False, repr=False, compare=False)
+    _input: Array = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "_std", np.sqrt(self.obs_var + self.obs_epsilon))
+        object.__setattr__(self, "_mean32", self.obs_mean.astype(np.float32))
+        object.__setattr__(self, "_inverse_std32", (1.0 / np.sqrt(self.obs_var + self.obs_epsilon)).astype(np.float32))
         bounds = np.cumsum([0, *self.nvec])
         object.__setattr__(self, "_parts", tuple(zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True)))
+        object.__setattr__(self, "_layers", tuple(
+            (np.ascontiguousarray(w.T, dtype=np.float32), b.astype(np.float32), np.empty(len(b), dtype=np.float32))
+            for w, b in zip(self.weights, self.biases, strict=True)))
+        object.__setattr__(self, "_input", np.empty(len(self.obs_mean), dtype=np.float32))
 
     def grid(self, profile: GpuProfile) -> ClockGrid:
         """The clock grid of this policy on ``profile``."""
         return ClockGrid.for_profile(profile, self.env["core_fractions"], self.env["memory_mhz"])
 
+    def observation_kwargs(self) -> dict[str, Any]:
+        """The environment arguments that define this policy's observation (besides the grid)."""
+        return {"next_kernels": int(self.env["next_kernels"]),
+                "window_latencies": tuple(float(w) for w in self.env["window_latencies"]),
+                "plan_budgets": tuple(float(b) for b in self.env.get("plan_budgets", ()))}
+
     def spec(self, profile: GpuProfile) -> ObservationSpec:
         """The observation spec this policy expects on ``profile``."""
-        return ObservationSpec(self.grid(profile), int(self.env["next_kernels"]),
-                               tuple(float(w) for w in self.env["window_latencies"]))
+        return ObservationSpec(self.grid(profile), **self.observation_kwargs())
 
     def act(self, observation: Array) -> Array:
-        """The deterministic action (one int per action part) for one raw observation (as VecNormalize and
-        SB3's ``predict(deterministic=True)``: normalised in float64, the network in float32)."""
-        normalised = (observation - self.obs_mean) / self._std
-        x = np.minimum(np.maximum(normalised, -self.obs_clip), self.obs_clip).astype(np.float32)
+        """The deterministic action (one int per action part) for one raw observation, as VecNormalize and
+        SB3's ``predict(deterministic=True)`` compute it (here all in float32). Works in buffers of the
+        policy: not for concurrent use from several threads."""
+        x = self._input
+        np.subtract(observation, self._mean32, out=x, casting="unsafe")
+        np.multiply(x, self._inverse_std32, out=x)
+        np.minimum(x, self.obs_clip, out=x)
+        np.maximum(x, -self.obs_clip, out=x)
         activation = ACTIVATIONS[self.activation]
-        for weight, bias in zip(self.weights[:-1], self.biases[:-1], strict=True):
-            x = activation(x @ weight + bias)
-        logits = x @ self.weights[-1] + self.biases[-1]
+        *hidden, (weight, bias, logits) = self._layers
+        for hidden_weight, hidden_bias, out in hidden:
+            np.dot(hidden_weight, x, out=out)
+            np.add(out, hidden_bias, out=out)
+            x = activation(out, out=out)
+        np.dot(weight, x, out=logits)
+        np.add(logits, bias, out=logits)
         return np.array([int(logits[start:end].argmax()) for start, end in self._parts])
 
     def save(self, path: Path) -> None:
@@ -180,4 +201,5 @@ def freeze(model: Any, obs_mean: Array, obs_var: Array, obs_clip: float, obs_eps
     header = {"gpu": gpu, "spec_hash": spec.hash(), "env": env, "nvec": [int(n) for n in model.action_space.nvec],
               "activation": kinds.pop() if kinds else "tanh", "obs_clip": obs_clip, "obs_epsilon": obs_epsilon,
               "meta": meta}
-    return _from_parts(header, weights, biases, np.asarray(obs_mean), np.asarray(obs_var))
+    mean, var = np.array(obs_mean, dtype=np.float64), np.array(obs_var, dtype=np.float64)
+    return _from_parts(header, weights, biases, mean, var)

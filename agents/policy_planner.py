@@ -8,11 +8,12 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from agents.compare import Row
 from agents.frozen import FrozenPolicy, PolicyFileError
 from agents.problem import Problem, score
+from envs.cost_model import Array
 from envs.dvfs_env import KernelDVFSEnv
 from envs.paths import REPO_ROOT
 from envs.profiles import GpuProfile
@@ -34,13 +35,20 @@ def policy_env(policy: FrozenPolicy, problem: Problem) -> KernelDVFSEnv:
     step = StepData.from_costs(problem.trace.meta.workload, problem.trace, problem.costs, policy.grid(problem.profile))
     return KernelDVFSEnv([step], problem.profile, budgets=(problem.slowdown,), latency_s=problem.latency_s,
                          stall_s=problem.stall_s, latency_noise=False, duration_noise=0.0,
-                         next_kernels=int(policy.env["next_kernels"]), window_latencies=policy.env["window_latencies"])
+                         decision_latencies=float(policy.env["decision_latencies"]), **policy.observation_kwargs())
 
 
-def rollout(policy: FrozenPolicy, env: KernelDVFSEnv, options: dict[str, Any] | None = None) -> dict[str, Any]:
-    """One episode of ``policy`` on ``env`` (reset with seed 0 and ``options``); the episode summary.
+class Actor(Protocol):
+    """Anything that picks an action for an observation (a :class:`FrozenPolicy`, an expert)."""
+
+    def act(self, observation: Array) -> Array: ...
+
+
+def rollout(policy: Actor, env: KernelDVFSEnv, options: dict[str, Any] | None = None, seed: int = 0
+            ) -> dict[str, Any]:
+    """One episode of ``policy`` on ``env`` (reset with ``seed`` and ``options``); the episode summary.
     The clocks that ran are left in ``env.applied``."""
-    observation, _ = env.reset(seed=0, options=options)
+    observation, _ = env.reset(seed=seed, options=options)
     done = False
     while not done:
         observation, _, done, _, _ = env.step(policy.act(observation))

@@ -98,6 +98,7 @@ class EnvArgs:
     decision_latencies: float
     next_kernels: int
     window_latencies: tuple[float, ...]
+    plan_budgets: tuple[float, ...]
     core_fractions: tuple[float, ...]
     memory_mhz: tuple[int, ...] | None = None
 

@@ -1,5 +1,6 @@
 """Train a clock policy for one GPU with PPO, top to bottom: price the steps, build the envs and the model,
-learn (TensorBoard logs, checkpoints, held-out evaluations), then freeze the actor into one file.
+clone the expert, learn (TensorBoard logs, checkpoints, held-out evaluations), then freeze the actor into
+one file: PPO's, or the clone's where PPO did not improve on it on the training steps under noise.
 
 Everything a run writes goes to ``out``: ``run.json`` (command, resolved config, git revision, seed),
 ``config.yaml``, ``tensorboard/``, ``checkpoints/``, ``model.zip`` and ``vecnormalize.pkl`` (SB3),
@@ -33,6 +34,8 @@ from envs.run_record import git_revision, write_run_record
 from envs.step_data import StepData
 
 POLICY_FILE = f"policy{SUFFIX}"
+SCORE_SEEDS = 2
+"""Noise seeds per training step when the clone and PPO's policy are compared."""
 
 
 @dataclass(frozen=True)
@@ -62,28 +65,34 @@ def train(config: TrainConfig, out: Path, timesteps: int | None = None, progress
     train_steps = build_steps(config.data.train.traces(profile), profile, grid)
     held_out_steps = build_steps(config.data.held_out.traces(profile), profile, grid)
 
-    # Environments and model; a head start by cloning the latency-aware optimum, then PPO.
+    # Environments and model; a head start by cloning the plan advisors' expert, then PPO.
     env = make_vec_env(config, train_steps, profile)
     model = make_model(config, env, out / "tensorboard")
     imitation = imitate(model, env, config, profile, train_steps)
+    cloned = freeze_model(model, env, config, profile, {})
     evaluate = HeldOutEvaluation(config, profile, held_out_steps, config.eval_every)
     checkpoints = CheckpointCallback(max(1, config.checkpoint_every // config.n_envs), str(out / "checkpoints"),
                                      name_prefix="ppo", save_vecnormalize=True)
     model.learn(config.total_timesteps, callback=CallbackList([EpisodeMetrics(), checkpoints, evaluate]),
                 progress_bar=progress_bar)
 
-    # Save, freeze, and evaluate the final policy on the held-out steps.
+    # Save and freeze; keep PPO's policy only if it beats the clone on the training steps (under noise).
     model.save(out / "model.zip")
     env.save(str(out / "vecnormalize.pkl"))
+    scores = {"imitation": training_score(cloned, train_steps, profile, config),
+              "ppo": training_score(freeze_model(model, env, config, profile, {}), train_steps, profile, config)}
+    selected = "ppo" if scores["ppo"] >= scores["imitation"] else "imitation"
     meta = {"timesteps": int(model.num_timesteps), "train_wall_s": time.perf_counter() - start,
-            "git_revision": git_revision(), "seed": config.seed, "imitation": imitation}
-    policy = freeze_model(model, env, config, profile, meta)
+            "git_revision": git_revision(), "seed": config.seed, "imitation": imitation,
+            "training_scores": scores, "selected": selected}
+    policy = replace(freeze_model(model, env, config, profile, meta) if selected == "ppo" else cloned, meta=meta)
     policy_path = out / POLICY_FILE
     policy.save(policy_path)
     held_out = evaluate_steps(policy, held_out_steps, profile, config)
     env.close()
     wall_s = time.perf_counter() - start
-    summary = {"wall_s": wall_s, "timesteps": int(model.num_timesteps), "imitation": imitation, "held_out": held_out,
+    summary = {"wall_s": wall_s, "timesteps": int(model.num_timesteps), "imitation": imitation,
+               "training_scores": scores, "selected": selected, "held_out": held_out,
                "train_steps": [s.name for s in train_steps]}
     write_text_atomic(out / "summary.json", json.dumps(summary, indent=1) + "\n")
     return TrainResult(out, policy_path, wall_s, int(model.num_timesteps), held_out)
@@ -91,13 +100,12 @@ def train(config: TrainConfig, out: Path, timesteps: int | None = None, progress
 
 def imitate(model: Any, env: VecNormalize, config: TrainConfig, profile: GpuProfile,
             steps: list[StepData]) -> dict[str, float]:
-    """Clone the latency-aware optimum of each training step into ``model``'s policy and critic; the
+    """Clone the plan advisors' expert (:mod:`agents.imitation`) into ``model``'s policy and critic; the
     recorded observations also start the env's normalisation statistics."""
     expert_env = KernelDVFSEnv(steps, profile, **config.env.env_kwargs())
-    demos = demonstrations(expert_env, config.env.budgets, config.imitation.budget_margin, config.seed,
-                           config.torch_threads)
+    demos = demonstrations(expert_env, config.env.budgets, config.seed)
     observations, actions, returns = record(expert_env, demos, config.imitation.episodes_per_step,
-                                            config.ppo.gamma, config.seed)
+                                            config.ppo.gamma, config.imitation.budget_margin, config.seed)
     assert isinstance(env.obs_rms, RunningMeanStd)
     env.obs_rms.update(observations)
     normalised = env.normalize_obs(observations)
@@ -120,8 +128,23 @@ def evaluate_steps(policy: FrozenPolicy, steps: list[StepData], profile: GpuProf
                    config: TrainConfig) -> dict[str, dict[str, Any]]:
     """Deterministic rollouts (mean latency, no noise) at the first training budget, per step name."""
     env = KernelDVFSEnv(steps, profile, budgets=config.env.budgets[:1], latency_noise=False, duration_noise=0.0,
-                        next_kernels=config.env.next_kernels, window_latencies=config.env.window_latencies)
+                        decision_latencies=config.env.decision_latencies, next_kernels=config.env.next_kernels,
+                        window_latencies=config.env.window_latencies, plan_budgets=config.env.plan_budgets)
     return {step.name: rollout(policy, env, {"step": i}) for i, step in enumerate(steps)}
+
+
+def training_score(policy: FrozenPolicy, steps: list[StepData], profile: GpuProfile, config: TrainConfig) -> float:
+    """Mean return (energy saved % - overrun penalty x overrun %) of the deterministic policy on every
+    training step at the first training budget, with the environment's noise, seeds 0..SCORE_SEEDS-1."""
+    kwargs = {**config.env.env_kwargs(), "budgets": config.env.budgets[:1]}
+    env = KernelDVFSEnv(steps, profile, **kwargs)
+    returns = [_return(rollout(policy, env, {"step": i}, seed), config.env.overrun_penalty)
+               for i in range(len(steps)) for seed in range(SCORE_SEEDS)]
+    return float(np.mean(returns))
+
+
+def _return(summary: dict[str, Any], overrun_penalty: float) -> float:
+    return float(summary["energy_saved_pct"] - overrun_penalty * summary["overrun_pct"])
 
 
 class HeldOutEvaluation(BaseCallback):

@@ -18,7 +18,8 @@ import numpy as np
 from provenance import provenance, provenance_lines, write_results
 
 from agents.frozen import FrozenPolicy
-from agents.policy_planner import PolicyPlanner, policy_env, shipped_policy_path
+from agents.imitation import expert_action
+from agents.policy_planner import PolicyPlanner, policy_env, rollout, shipped_policy_path
 from agents.ppo import build_steps, load_train_config
 from agents.problem import Problem, score
 from agents.registry import make_planner
@@ -36,6 +37,19 @@ def _saved(problem: Problem, planner: Any) -> dict[str, float]:
             "switches": result.switches, "solve_s": result.solve_s}
 
 
+def expert(policy: FrozenPolicy, problem: Problem) -> dict[str, float]:
+    """The imitation expert (follow the plan advisor for the budget) through the policy's environment."""
+    env = policy_env(policy, problem)
+
+    class Expert:
+        def act(self, _observation: Any) -> Any:
+            return expert_action(env, 0.0)
+
+    summary = rollout(Expert(), env)
+    return {"energy_saved_pct": summary["energy_saved_pct"], "slowdown_pct": summary["slowdown_pct"],
+            "switches": summary["switches"]}
+
+
 def held_out(gpu: str, policy: FrozenPolicy, profile: GpuProfile) -> list[dict[str, Any]]:
     """Every held-out step of the GPU's config: policy and planners, with latency and with ideal switching."""
     planner = PolicyPlanner(policy)
@@ -44,6 +58,7 @@ def held_out(gpu: str, policy: FrozenPolicy, profile: GpuProfile) -> list[dict[s
         problem = Problem.build(trace, profile, BUDGET)
         row: dict[str, Any] = {"step": name, "latency_ms": problem.latency_s * 1e3, "policy": _saved(problem, planner)}
         row.update({method: _saved(problem, make_planner(method)) for method in BASELINES})
+        row["expert"] = expert(policy, problem)
         ideal = Problem.build(trace, profile, BUDGET, latency_s=0.0)
         row["ideal"] = {"policy": _saved(ideal, planner), "ilp": _saved(ideal, make_planner("ilp"))}
         oracle, mine = row["latency-optimal"]["energy_saved_pct"], row["policy"]["energy_saved_pct"]
@@ -109,7 +124,8 @@ def _markdown(result: dict[str, Any]) -> str:
     for gpu, figures in result["gpus"].items():
         lines += ["", f"## {gpu}: 1% budget, {figures['held_out'][0]['latency_ms']:g} ms switching", "",
                   "| held-out step | policy saved | slowdown | latency-optimal | fraction | per-phase | static | "
-                  "switches |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+                  "switches | expert (plan for the budget) |",
+                  "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
         for row in figures["held_out"]:
             p, o = row["policy"], row["latency-optimal"]
             lines.append(f"| {row['step']} | {p['energy_saved_pct']:.2f}% | {p['slowdown_pct']:.2f}% | "
@@ -117,7 +133,8 @@ def _markdown(result: dict[str, Any]) -> str:
                          f"{row['fraction_of_optimum']:.0%} | "
                          f"{row['per-phase']['energy_saved_pct']:.2f}% / {row['per-phase']['slowdown_pct']:.2f}% | "
                          f"{row['static']['energy_saved_pct']:.2f}% / {row['static']['slowdown_pct']:.2f}% | "
-                         f"{p['switches']} |")
+                         f"{p['switches']} | {row['expert']['energy_saved_pct']:.2f}% / "
+                         f"{row['expert']['slowdown_pct']:.2f}% |")
         lines += ["", "Ideal switching (no latency, no stall), 1% budget:", "",
                   "| held-out step | policy saved / slowdown | ILP saved / slowdown | fraction |",
                   "| --- | ---: | ---: | ---: |"]

@@ -26,27 +26,20 @@ from envs.observation import (
     OBS_LIMIT,
     REMAINING_LATENCIES_CAP,
     ObservationSpec,
+    advisor_index,
     static_observations,
     window_bounds,
 )
+from envs.plan_advice import PlanAdvice, fitting_plan, plan_advice
 from envs.profiles import GpuProfile, load_profile
 from envs.step_data import StepData
 from envs.synthetic import generate_transformer_trace, load_workload
 
 ENV_ID = "KernelDVFS-v0"
 EPS = 1e-12
-_STATIC_CACHE: weakref.WeakKeyDictionary[StepData, dict[tuple[ObservationSpec, float], Array]] = \
-    weakref.WeakKeyDictionary()
-"""Decision-point observations per step, shared by the envs of one process (they are read-only)."""
-
-
-def _advisor_index(windows: int, size: int) -> Array:
-    """(4, windows) offsets into the window block (slowdowns of every window, then savings) of each
-    advisor's saving and slowdown over its own window and over the rest of the step (add its pair)."""
-    own = np.arange(windows) * size
-    rest = np.full(windows, (windows - 1) * size)
-    savings = windows * size
-    return np.stack([own + savings, own, rest + savings, rest])
+_STATIC_CACHE: weakref.WeakKeyDictionary[StepData, dict[tuple[ObservationSpec, float, float],
+                                                         tuple[Array, PlanAdvice]]] = weakref.WeakKeyDictionary()
+"""Decision-point observations and plan advice per step, shared by the envs of one process (read-only)."""
 
 
 def default_step(profile: GpuProfile) -> StepData:
@@ -62,17 +55,18 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
     ## Description
     An episode is one training step of a trace drawn (with ``self.np_random``) from ``steps``. The agent acts
     at decision points: before the step's first kernel, then before the first kernel that starts at least
-    ``decision_latencies`` switching latencies after the previous decision point (every kernel with ideal
-    switching). A request takes effect one switching latency later (drawn from the profile's spread when
-    ``latency_noise``), at the first kernel that starts after that; the controller holds one request at a
-    time; each change stalls the GPU. Kernel times and energies get seeded multiplicative noise. Details and
-    the reasons for each choice: ``docs/environment.md``.
+    ``decision_latencies`` switching latencies after the previous decision point or after a pending change
+    took effect (every kernel with ideal switching). A request takes effect one switching latency later
+    (drawn from the profile's spread when ``latency_noise``), at the first kernel that starts after that;
+    the controller holds one request at a time; each change stalls the GPU. Kernel times and energies get
+    seeded multiplicative noise. Details and the reasons for each choice: ``docs/environment.md``.
 
     ## Action Space
-    ``MultiDiscrete([2, G + W + 1])``: (request?, clocks). Clocks ``g < G`` are pair ``g = level * M +
-    memory`` of the clock grid (:class:`envs.clock_grid.ClockGrid`: C core levels, level 0 "auto" where the
-    firmware picks the core clock, by M memory clocks, highest first; g = 0 is the default behaviour);
-    ``G + w`` is the pair advisor w proposes now (below). With request = 0 the clocks are kept; with 1 the
+    ``MultiDiscrete([2, G + W + 1 + P + 1])``: (request?, clocks). Clocks ``g < G`` are pair ``g = level * M
+    + memory`` of the clock grid (:class:`envs.clock_grid.ClockGrid`: C core levels, level 0 "auto" where
+    the firmware picks the core clock, by M memory clocks, highest first; g = 0 is the default behaviour);
+    ``G + w`` is the pair advisor w proposes now (W + 1 window advisors, then P plan advisors, then the
+    fitting plan; below). With request = 0 the clocks are kept; with 1 the
     chosen pair is requested if the controller is free and differs from the pair in effect. A request at
     the first decision takes effect at once (the step starts with it).
 
@@ -85,10 +79,13 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
     time until the pending change (in latencies); whether the controller is free and whether a choice
     applies at once; the budget (%), the share of it used so far (slowdown relative to auto's progress), the
     slowdown still affordable over the rest (%), the progress and the remaining step in latencies; and for
-    each advisor w (one per
-    window: the pair saving the most over the window among those whose slowdown there fits the affordable
-    slowdown, auto always fitting) its saving and slowdown over its window and over the rest, and whether
-    it is the pair in effect.
+    each window advisor (the pair saving the most over the window among those whose slowdown there fits
+    the affordable slowdown, auto always fitting) its saving and slowdown over its window and over the
+    rest, and whether it is the pair in effect; for each plan advisor (:mod:`envs.plan_advice`: the
+    latency-aware optimum of the step for each of ``plan_budgets``, proposing the pair it runs where a
+    request made now takes effect) its saving and slowdown from there to the step's end and whether its
+    pair is in effect; the fitting plan's (the plan saving the most among those fitting what is still
+    affordable there) saving, slowdown, whether in effect and whether any plan fits.
 
     ## Rewards
     Per decision: ``100 * (E_auto - E) / E_auto_step`` over the kernels run since the last decision (energy
@@ -120,7 +117,7 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
                  latency_std_s: float | None = None, stall_s: float | None = None, latency_noise: bool = True,
                  duration_noise: float = 0.02, overrun_penalty: float = 20.0, decision_latencies: float = 0.25,
                  next_kernels: int = 2, window_latencies: Sequence[float] = (1.0, 2.0, 4.0),
-                 render_mode: str | None = None) -> None:
+                 plan_budgets: Sequence[float] = (), render_mode: str | None = None) -> None:
         """
         Args:
             steps: the training steps episodes are drawn from, all built with one clock grid; None: one small
@@ -128,7 +125,7 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
             gpu: the GPU profile (or its name) the steps were priced on; gives the latency and stall defaults.
             budgets: slowdown budgets (fractions, 0.01 = 1%) drawn per episode.
             latency_s: mean switching latency (s); None: the profile's. 0 = ideal switching.
-            latency_std_s: spread of the latency (s); None: the profile's.
+            latency_std_s: spread of the latency (s); None: the profile's, or 0 with ideal switching.
             stall_s: GPU stall per clock change (s); None: the profile's, or 0 with ideal switching.
             latency_noise: draw each request's latency from N(mean, spread) (clipped at 0); else the mean.
             duration_noise: sigma of log-normal multiplicative noise on each kernel's time and energy, per
@@ -138,6 +135,8 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
                 every kernel is a decision point).
             next_kernels: how many coming kernels' features the observation shows.
             window_latencies: look-ahead window lengths in switching latencies.
+            plan_budgets: slowdown budgets (fractions) of the plan advisors (:mod:`envs.plan_advice`); empty:
+                none.
             render_mode: must be None (nothing to render).
         """
         profile = gpu if isinstance(gpu, GpuProfile) else load_profile(gpu)
@@ -148,48 +147,61 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
         if not budgets or min(budgets) < 0:
             raise KdvfsError(f"budgets {list(budgets)} must be a non-empty list of fractions >= 0")
         if render_mode is not None:
-            raise KdvfsError(f"render_mode {render_mode!r} is not supported (KernelDVFS-v0 renders nothing)")
+            raise KdvfsError(f"render_mode {render_mode!r} is not supported (it renders nothing)")
+        if decision_latencies < 0 or next_kernels < 1 or not window_latencies or min(window_latencies) <= 0:
+            raise KdvfsError("need decision_latencies >= 0, next_kernels >= 1 and positive window_latencies")
         self.profile, self.grid, self.budgets = profile, grid, tuple(float(b) for b in budgets)
         self._pairs, self._memories = grid.size, len(grid.memory_mhz)
         self.latency_s = profile.switching.latency_mean_s if latency_s is None else float(latency_s)
-        self.latency_std_s = profile.switching.latency_std_s if latency_std_s is None else float(latency_std_s)
+        default_std = profile.switching.latency_std_s if self.latency_s > 0 else 0.0
+        self.latency_std_s = default_std if latency_std_s is None else float(latency_std_s)
         default_stall = profile.cost_param("switch_stall_s") if self.latency_s > 0 else 0.0
         self.stall_s = default_stall if stall_s is None else float(stall_s)
-        self.latency_noise, self.duration_noise = latency_noise, float(duration_noise)
-        self.overrun_penalty = float(overrun_penalty)
-        if decision_latencies < 0 or next_kernels < 1 or not window_latencies or min(window_latencies) <= 0:
-            raise KdvfsError("need decision_latencies >= 0, next_kernels >= 1 and positive window_latencies")
+        self.latency_noise, self.duration_noise, self.overrun_penalty = latency_noise, duration_noise, overrun_penalty
         self.decision_interval_s = float(decision_latencies) * self.latency_s
-        self.observation_spec = ObservationSpec(grid, next_kernels, tuple(float(w) for w in window_latencies))
+        self.observation_spec = ObservationSpec(grid, next_kernels, tuple(float(w) for w in window_latencies),
+                                                tuple(float(b) for b in plan_budgets))
         self.observation_space = spaces.Box(-OBS_LIMIT, OBS_LIMIT, (self.observation_spec.size,), np.float32)
-        self.action_space = spaces.MultiDiscrete([2, grid.size + len(self.observation_spec.window_latencies) + 1])
+        self.action_space = spaces.MultiDiscrete([2, grid.size + self.observation_spec.advisors])
         self.render_mode = render_mode
-        self._static = [self._static_observations(s) for s in self.steps]
+        self._prepare()
+        self._select(0, self.budgets[0])
+
+    def _prepare(self) -> None:
+        """Per-step decision-point data, the observation buffer and the views written at every decision."""
         self._effect = [window_bounds(s.cumulative[:, 0, 0], self.latency_s, (1.0,))[:, 0] for s in self.steps]
+        self._static, self._plans = zip(*(self._static_observations(s, e) for s, e in zip(self.steps, self._effect,
+                                                                                           strict=True)), strict=True)
         self._offsets = self.observation_spec.offsets()
         self._obs = np.zeros(self.observation_spec.size, dtype=np.float32)
         self._views = self._observation_views()
         windows = len(self.observation_spec.window_latencies) + 1
-        self._advisor_index = _advisor_index(windows, grid.size)
-        self._advice = np.zeros(windows, dtype=np.int64)
-        self._fits = np.zeros((windows, grid.size), dtype=bool)
-        self._select(0, self.budgets[0])
+        self._advisor_index = advisor_index(windows, self._pairs)
+        self._advice = np.zeros(self.observation_spec.advisors, dtype=np.int64)
+        self._fits = np.zeros((windows, self._pairs), dtype=bool)
 
     def _observation_views(self) -> dict[str, Array]:
         """Views into the observation buffer of the blocks written at every decision."""
         obs, offsets, size = self._obs, self._offsets, self.grid.size
         start, end = offsets["window_slowdown_then_saving_pct"], offsets["window_beyond_step"]
         middle = (start + end) // 2
+        plans = offsets["plans_rest_saving_then_slowdown_pct"]
         return {"slowdowns": obs[start:middle].reshape(-1, size), "savings": obs[middle:end].reshape(-1, size),
-                "windows_flat": obs[offsets["window_slowdown_then_saving_pct"]:offsets["window_beyond_step"]],
-                "advisors": obs[offsets["advisors"]:].reshape(len(ADVISOR_FEATURES), -1)}
+                "windows_flat": obs[start:end],
+                "advisors": obs[offsets["advisors"]:plans].reshape(len(ADVISOR_FEATURES), -1),
+                "plans_rest": obs[plans:offsets["plans_in_effect"]],
+                "plans_in_effect": obs[offsets["plans_in_effect"]:offsets["fitting_plan"]],
+                "fitting_plan": obs[offsets["fitting_plan"]:]}
 
-    def _static_observations(self, step: StepData) -> Array:
-        """The decision-point part of every observation of ``step``, computed once per process."""
-        key = (self.observation_spec, self.latency_s)
+    def _static_observations(self, step: StepData, effect: Array) -> tuple[Array, PlanAdvice]:
+        """The decision-point part of every observation of ``step`` and its plan advice, computed once per
+        process."""
+        key = (self.observation_spec, self.latency_s, self.stall_s)
         cached = _STATIC_CACHE.setdefault(step, {})
         if key not in cached:
-            cached[key] = static_observations(step, self.observation_spec, self.latency_s)
+            plans = plan_advice(step, self.observation_spec.plan_budgets, effect,
+                                self.latency_s + 1.0 * self.latency_std_s, self.stall_s)
+            cached[key] = (static_observations(step, self.observation_spec, self.latency_s), plans)
         return cached[key]
 
     def _select(self, index: int, budget: float) -> None:
@@ -263,6 +275,8 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
         while self._k < self._kernels:
             if self._pending >= 0 and self._effective_at_s <= self._now_s + EPS:
                 self._apply_pending()
+                if ran:
+                    return
             if ran and self._now_s >= deadline_s - EPS:
                 return
             limit_s = deadline_s if self._pending < 0 else min(deadline_s, self._effective_at_s)
@@ -306,12 +320,9 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
 
     @property
     def advice(self) -> Array:
-        """Each advisor's pair at this decision point (windows 1x, 2x, 4x, rest of step)."""
+        """Each advisor's pair at this decision point, in action order: windows (1x, 2x, 4x, rest of step), plans
+        (by price), the fitting plan."""
         return self._advice.copy()
-
-    def effect_kernel(self) -> int:
-        """The kernel at which a request made now would take effect (mean latency, auto timeline)."""
-        return int(self._effect[self._index][self._k])
 
     def episode_summary(self) -> dict[str, Any]:
         """Energy saved and slowdown against auto (%, with this episode's noise), overrun, switches, step."""
@@ -333,10 +344,34 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
         the affordable slowdown (at most 0 when none is left: auto always fits), with what it saves and costs."""
         fits = self._fits
         np.less_equal(self._views["slowdowns"], max(affordable, 0.0), out=fits)
-        self._advice = best = np.where(fits, self._views["savings"], -np.inf).argmax(axis=1)
+        windows = len(fits)
+        best = np.where(fits, self._views["savings"], -np.inf).argmax(axis=1)
+        self._advice[:windows] = best
         advisors = self._views["advisors"]
         advisors[:4] = self._views["windows_flat"].take(self._advisor_index + best)
         advisors[4] = best == self._in_effect
+        self._observe_plans(windows)
+
+    def _observe_plans(self, windows: int) -> None:
+        """Each plan advisor's pair where a request made now would take effect at the clocks in effect, its
+        saving and slowdown from there, whether it is in effect, and the fitting plan (auto if none fits):
+        the one saving the most among those whose slowdown from there fits what is still affordable there,
+        once the kernels until then have run at the clocks in effect."""
+        advice, effect, next_effect = self._plans[self._index], *self._effects_in_effect()
+        pairs = advice.advice_pairs(effect, next_effect)
+        self._advice[windows:-1] = pairs
+        np.equal(pairs, self._in_effect, out=self._views["plans_in_effect"], casting="unsafe")
+        rest = self._views["plans_rest"]
+        rest[:] = advice.rest_pct[effect]
+        followable = self._views["plans_in_effect"].astype(bool) | advice.joinable[effect]
+        chosen = fitting_plan(rest, self._affordable_from_effect_pct(effect), followable)
+        fitting = self._views["fitting_plan"]
+        if chosen < 0:
+            self._advice[-1] = 0
+            fitting[:] = (0.0, 0.0, float(self._in_effect == 0), 0.0)
+        else:
+            self._advice[-1] = pairs[chosen]
+            fitting[:] = (rest[chosen], rest[len(pairs) + chosen], float(pairs[chosen] == self._in_effect), 1.0)
 
     def _observe_clocks(self, obs: Array, start: int, controller: int) -> None:
         memories = self._memories
@@ -355,6 +390,28 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
             obs[controller] = 0.0
         obs[controller + 1] = 1.0 if self._pending < 0 else 0.0
         obs[controller + 2] = 1.0 if self._k == 0 or latency <= 0 else 0.0
+
+    def _effects_in_effect(self) -> tuple[int, int]:
+        """The kernel where a request made now takes effect at the earliest (latency one spread below its
+        mean), and the one where a request made at the next decision point (the next kernel, at least one
+        decision interval away) takes effect at the latest (one spread above), if the kernels until then run
+        at the clocks in effect (mean times; K if beyond the step). Plans are followed with these: a slower
+        pair only once even an early change lands in its segment, a faster one early enough for a late one."""
+        times, k = self._data.cumulative_of(self._in_effect)[0], self._k
+        following_s = max(times[min(k + 1, self._kernels)], times[k] + self.decision_interval_s)
+        earliest_s = times[k] + max(self.latency_s - self.latency_std_s, 0.0)
+        latest_s = following_s + self.latency_s + self.latency_std_s
+        found = times.searchsorted([earliest_s - EPS, latest_s - EPS], side="left")
+        return (0 if k == 0 else min(int(found[0]), self._kernels)), min(int(found[1]), self._kernels)
+
+    def _affordable_from_effect_pct(self, effect: int) -> float:
+        """Slowdown (%) still affordable from kernel ``effect`` to the step's end, if the kernels until then
+        run at the clocks in effect (mean values)."""
+        cumulative, k = self._data.cumulative, self._k
+        total, auto_at_effect = self._auto_time_s, float(cumulative[effect, 0, 0])
+        committed_s = float(cumulative[effect, 0, self._in_effect] - cumulative[k, 0, self._in_effect])
+        used_s = self._elapsed_s + committed_s - auto_at_effect
+        return 100.0 * (self.budget * total - used_s) / max(total - auto_at_effect, 1e-6 * total)
 
     def _observe_budget(self, obs: Array, start: int) -> float:
         """Writes the budget block; returns the slowdown still affordable over the rest of the step (%)."""

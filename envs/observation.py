@@ -18,10 +18,11 @@ from envs.clock_grid import ClockGrid
 from envs.cost_model import Array
 from envs.step_data import KERNEL_FEATURES, StepData
 
-OBSERVATION_VERSION = 1
+OBSERVATION_VERSION = 2
 BUDGET_FEATURES = ("budget_pct", "budget_used", "affordable_slowdown_pct", "progress", "remaining_latencies")
 CONTROLLER_FEATURES = ("pending_latencies", "controller_free", "immediate")
 ADVISOR_FEATURES = ("saving_pct", "slowdown_pct", "rest_saving_pct", "rest_slowdown_pct", "in_effect")
+PLAN_ADVISOR_FEATURES = ("rest_saving_pct", "rest_slowdown_pct", "in_effect", "fits")
 OBS_LIMIT = 1000.0
 """Every entry is clipped to [-OBS_LIMIT, OBS_LIMIT] (percentages of very slow clocks can be large)."""
 REMAINING_LATENCIES_CAP = 50.0
@@ -37,11 +38,14 @@ class ObservationSpec:
         window_latencies: lengths of the look-ahead windows in switching latencies (e.g. 1, 2, 4); each
             starts where a request issued now would take effect. One more window runs from there to the
             step's end (the controller knows the whole step: training steps repeat).
+        plan_budgets: slowdown budgets (fractions) of the plan advisors (:mod:`envs.plan_advice`); empty:
+            no plan advisors.
     """
 
     grid: ClockGrid
     next_kernels: int
     window_latencies: tuple[float, ...]
+    plan_budgets: tuple[float, ...] = ()
 
     def blocks(self) -> tuple[tuple[str, int], ...]:
         """(name, size) of each block in order."""
@@ -50,7 +54,9 @@ class ObservationSpec:
                 ("window_slowdown_then_saving_pct", (len(self.window_latencies) + 1) * 2 * self.grid.size),
                 ("window_beyond_step", 1), ("clocks_in_effect", clocks), ("clocks_pending", clocks),
                 ("controller", len(CONTROLLER_FEATURES)), ("budget", len(BUDGET_FEATURES)),
-                ("advisors", (len(self.window_latencies) + 1) * len(ADVISOR_FEATURES)))
+                ("advisors", (len(self.window_latencies) + 1) * len(ADVISOR_FEATURES)),
+                ("plans_rest_saving_then_slowdown_pct", 2 * len(self.plan_budgets)),
+                ("plans_in_effect", len(self.plan_budgets)), ("fitting_plan", len(PLAN_ADVISOR_FEATURES)))
 
     @property
     def size(self) -> int:
@@ -62,6 +68,12 @@ class ObservationSpec:
         return {name: int(start) for (name, _), start in zip(self.blocks(), np.cumsum([0, *sizes[:-1]]), strict=True)}
 
     @property
+    def advisors(self) -> int:
+        """Advisor actions after the grid's pairs: one per window, the rest of the step, each plan, and the
+        fitting plan."""
+        return len(self.window_latencies) + 1 + len(self.plan_budgets) + 1
+
+    @property
     def static_size(self) -> int:
         """Entries that depend only on the decision point (next kernels, windows), not on the agent's past."""
         return self.offsets()["clocks_in_effect"]
@@ -71,6 +83,7 @@ class ObservationSpec:
         return {"version": OBSERVATION_VERSION, "blocks": [list(b) for b in self.blocks()],
                 "kernel_features": list(KERNEL_FEATURES), "budget_features": list(BUDGET_FEATURES),
                 "controller_features": list(CONTROLLER_FEATURES), "advisor_features": list(ADVISOR_FEATURES),
+                "plan_advisor_features": list(PLAN_ADVISOR_FEATURES), "plan_budgets": list(self.plan_budgets),
                 "window_latencies": list(self.window_latencies),
                 "grid": self.grid.describe()}
 
@@ -126,3 +139,12 @@ def static_observations(step: StepData, spec: ObservationSpec, latency_s: float)
     relative[beyond] = 0.0
     windows = np.clip(relative.transpose(0, 2, 1, 3).reshape(kernels + 1, -1), -OBS_LIMIT, OBS_LIMIT)
     return np.column_stack([coming, windows, beyond]).astype(np.float32)
+
+
+def advisor_index(windows: int, size: int) -> Array:
+    """(4, windows) offsets into the window block (slowdowns of every window, then savings) of each
+    advisor's saving and slowdown over its own window and over the rest of the step (add its pair)."""
+    own = np.arange(windows) * size
+    rest = np.full(windows, (windows - 1) * size)
+    savings = windows * size
+    return np.stack([own + savings, own, rest + savings, rest])

@@ -92,6 +92,14 @@ class StepData:
         np.cumsum(self.energy_j[:, action] * noise, out=energy_j[1:])
         return time_s, energy_j
 
+    @cached_property
+    def action_costs(self) -> ActionCosts:
+        """The grid actions as planner costs (grid action 0, auto, is the default behaviour)."""
+        labels = [self.grid.label(g).split(":") for g in range(self.grid.size)]
+        core = np.array([np.nan if c == "auto" else float(c) for c, _ in labels])
+        return ActionCosts(self.time_s, self.energy_j, core, np.array([float(m) for _, m in labels]), 0,
+                           self.idle_power_w)
+
     @property
     def kernels(self) -> int:
         return int(self.time_s.shape[0])

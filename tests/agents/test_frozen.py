@@ -83,7 +83,7 @@ def test_policy_planner_schedule_scores_as_its_rollout(tiny_run: TrainResult) ->
     assert result.slowdown_pct == pytest.approx(summary["slowdown_pct"], abs=1e-9)
 
 
-@pytest.mark.parametrize("gpu", ["h200"])
+@pytest.mark.parametrize("gpu", ["h200", "rtx3080ti"])
 def test_shipped_policies_load_for_their_gpu(gpu: str) -> None:
     policy = FrozenPolicy.load(shipped_policy_path(gpu), load_profile(gpu))
     assert policy.gpu == gpu

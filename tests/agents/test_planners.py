@@ -8,7 +8,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from agents.latency_optimal import LatencyOptimal, segments_ok
+from agents.latency_optimal import LatencyOptimal
 from agents.mckp import solve_mckp
 from agents.problem import InfeasibleBudgetError, Problem, outcome_of, score
 from agents.registry import COMPARED, make_planner
@@ -17,6 +17,7 @@ from envs.bundled import open_trace
 from envs.errors import KdvfsError
 from envs.profiles import load_profile
 from envs.schedule import ActionCosts, execute, replay
+from envs.segment_plans import plan_totals, segment_plans, segment_starts, segments_ok
 
 SEEDS = range(60)
 
@@ -53,7 +54,7 @@ def brute_force(costs: ActionCosts, latency_s: float, stall_s: float, budget_s: 
     best = np.inf
     for plan in itertools.product(range(costs.time_s.shape[1]), repeat=costs.kernels):
         actions = np.array(plan)
-        if not segments_ok(costs, actions, latency_s):
+        if not segments_ok(costs.time_s, actions, latency_s):
             continue
         outcome = replay(costs, actions, stall_s)
         if lam is not None:
@@ -65,14 +66,14 @@ def brute_force(costs: ActionCosts, latency_s: float, stall_s: float, budget_s: 
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_latency_dp_is_exact_for_its_lagrangian(seed: int) -> None:
-    from agents.latency_optimal import _segment_starts, _solve_lagrangian
-
     costs, rng = tiny(seed)
-    latency, lam = float(rng.uniform(0, 6)), float(rng.uniform(0, 2))
-    cum_time = np.vstack([np.zeros(3), np.cumsum(costs.time_s, axis=0)])
-    solution = _solve_lagrangian(costs, lam, latency, 0.05, _segment_starts(cum_time, latency), cum_time)
-    assert segments_ok(costs, solution.actions, latency)
-    assert solution.lagrangian == pytest.approx(brute_force(costs, latency, 0.05, np.inf, lam), abs=1e-9)
+    latency = 0.0 if seed % 4 == 0 else float(rng.uniform(0, 6))
+    prices = rng.uniform(0, 2, 3)
+    plans = segment_plans(costs, prices, 0.05, segment_starts(costs.time_s, latency))
+    times_s, energies_j = plan_totals(costs, plans, 0.05)
+    for plan, lam, time_s, energy_j in zip(plans, prices, times_s, energies_j, strict=True):
+        assert segments_ok(costs.time_s, plan, latency)
+        assert energy_j + lam * time_s == pytest.approx(brute_force(costs, latency, 0.05, np.inf, lam), abs=1e-9)
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -83,7 +84,7 @@ def test_latency_optimum_is_feasible_and_within_its_certificate(seed: int) -> No
     outcome = replay(costs, schedule.actions, problem.stall_s)
     optimum = brute_force(costs, problem.latency_s, problem.stall_s, problem.budget_s)
     assert outcome.time_s <= problem.budget_s + 1e-12
-    assert segments_ok(costs, schedule.actions, problem.latency_s)
+    assert segments_ok(costs.time_s, schedule.actions, problem.latency_s)
     assert optimum - 1e-9 <= outcome.energy_j <= optimum + schedule.info["gap_j"] + 1e-9
     if schedule.info["gap_j"] == 0.0:
         assert outcome.energy_j == pytest.approx(optimum, abs=1e-9)

@@ -8,9 +8,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from agents.frozen import FrozenPolicy
 from agents.ppo import PPO_CONFIG_DIR, load_train_config
 from agents.train import TrainResult
 from envs.config import ConfigError
+from envs.profiles import load_profile
 from envs.workloads import DataSplit, Variants, WorkloadSet
 
 
@@ -57,3 +59,12 @@ def test_smoke_run_writes_policy_logs_checkpoints_and_record(tiny_run: TrainResu
     summary = json.loads((out / "summary.json").read_text())
     assert set(summary["held_out"]) == {"h200/gpt2s-b16"}
     assert set(tiny_run.held_out["h200/gpt2s-b16"]) >= {"energy_saved_pct", "slowdown_pct", "switches"}
+
+
+def test_the_shipped_policy_is_the_better_of_clone_and_ppo_on_the_training_steps(tiny_run: TrainResult) -> None:
+    summary = json.loads((tiny_run.out / "summary.json").read_text())
+    scores, selected = summary["training_scores"], summary["selected"]
+    assert set(scores) == {"imitation", "ppo"}
+    assert selected == ("ppo" if scores["ppo"] >= scores["imitation"] else "imitation")
+    policy = FrozenPolicy.load(tiny_run.policy_path, load_profile("h200"))
+    assert policy.meta["selected"] == selected and policy.meta["training_scores"] == scores

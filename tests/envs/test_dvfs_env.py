@@ -53,8 +53,9 @@ def run(env: KernelDVFSEnv, actions: list[np.ndarray] | None = None, seed: int =
     return total, info
 
 
-def test_passes_gymnasium_and_sb3_checkers_without_warnings() -> None:
-    env = gym.make(ENV_ID)
+@pytest.mark.parametrize("kwargs", [{}, {"plan_budgets": (0.005, 0.01, 0.02)}])
+def test_passes_gymnasium_and_sb3_checkers_without_warnings(kwargs: dict[str, object]) -> None:
+    env = gym.make(ENV_ID, **kwargs)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         gymnasium_check_env(env.unwrapped)
@@ -63,7 +64,8 @@ def test_passes_gymnasium_and_sb3_checkers_without_warnings() -> None:
 
 def test_seeded_rollouts_are_identical(step: StepData, problem: Problem) -> None:
     def rollout(seed: int) -> list[tuple]:
-        env = KernelDVFSEnv([step, replace(step, name="other")], problem.profile, budgets=(0.01, 0.02))
+        env = KernelDVFSEnv([step, replace(step, name="other")], problem.profile, budgets=(0.01, 0.02),
+                            plan_budgets=(0.005, 0.01))
         observation, _ = env.reset(seed=seed)
         env.action_space.seed(seed)
         history, done = [observation], False
