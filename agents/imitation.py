@@ -30,15 +30,12 @@ class ImitationArgs:
         epochs: passes over the recorded decisions.
         batch_size: decisions per gradient step.
         learning_rate: Adam step size.
-        budget_margin: the expert follows the plan with the largest budget within ``budget * (1 - budget_margin)``
-            (room for noise).
     """
 
     episodes_per_step: int
     epochs: int
     batch_size: int
     learning_rate: float
-    budget_margin: float
 
 
 @dataclass(frozen=True)
@@ -56,18 +53,15 @@ def demonstrations(env: KernelDVFSEnv, budgets: Sequence[float], seed: int) -> l
             for b in dict.fromkeys((budgets[0], budgets[int(rng.integers(len(budgets)))]))]
 
 
-def expert_action(env: KernelDVFSEnv, margin: float) -> Array:
-    """What the expert does at every decision: request the pair of the plan advisor with the largest budget
-    within ``env.budget * (1 - margin)`` (the smallest plan if none is). A standing order: the environment
+def expert_action(env: KernelDVFSEnv) -> Array:
+    """What the expert does at every decision: request the pair of the budget's plan advisor (the last
+    advisor: the plan with the largest budget within the episode's). A standing order: the environment
     ignores it while a request is pending or when that pair is in effect, so the expert's action is the
     same all episode and the plan's changes happen when the plan proposes them."""
-    spec = env.observation_spec
-    within = [i for i, b in enumerate(spec.plan_budgets) if b <= env.budget * (1.0 - margin) + 1e-12]
-    plan = max(within, key=lambda i: spec.plan_budgets[i]) if within else int(np.argmin(spec.plan_budgets))
-    return np.array([1, env.grid.size + len(spec.window_latencies) + 1 + plan])
+    return np.array([1, env.grid.size + env.observation_spec.advisors - 1])
 
 
-def record(env: KernelDVFSEnv, demos: Sequence[Demonstration], episodes: int, gamma: float, margin: float,
+def record(env: KernelDVFSEnv, demos: Sequence[Demonstration], episodes: int, gamma: float,
            seed: int) -> tuple[Array, Array, Array]:
     """Observations, expert actions and discounted returns of ``episodes`` episodes per demonstration."""
     observations: list[Array] = []
@@ -78,7 +72,7 @@ def record(env: KernelDVFSEnv, demos: Sequence[Demonstration], episodes: int, ga
             observation, _ = env.reset(seed=seed + episode, options={"step": demo.index, "budget": demo.budget})
             rewards, done = [], False
             while not done:
-                action = expert_action(env, margin)
+                action = expert_action(env)
                 observations.append(observation)
                 actions.append(action)
                 observation, reward, done, _, _ = env.step(action)

@@ -105,7 +105,7 @@ def imitate(model: Any, env: VecNormalize, config: TrainConfig, profile: GpuProf
     expert_env = KernelDVFSEnv(steps, profile, **config.env.env_kwargs())
     demos = demonstrations(expert_env, config.env.budgets, config.seed)
     observations, actions, returns = record(expert_env, demos, config.imitation.episodes_per_step,
-                                            config.ppo.gamma, config.imitation.budget_margin, config.seed)
+                                            config.ppo.gamma, config.seed)
     assert isinstance(env.obs_rms, RunningMeanStd)
     env.obs_rms.update(observations)
     normalised = env.normalize_obs(observations)

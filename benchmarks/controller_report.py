@@ -22,51 +22,40 @@ from runtime.controller.timeline import StepPlan
 SETTLE_STEPS = 10
 TARGETS = {"overhead": 0.01, "median_ms": 0.5, "p99_ms": 2.0}
 DISCUSSION = """
-## Discussion (written for the H200 run of 2026-11-29 22:58 UTC, anchors inside the step; re-check it after a new run)
+## Discussion (written for the H200 run of 2026-11-30 00:30 UTC with the shipped policy; re-check it after a new run)
 
-- Applied schedule (this run): `controller_h200.plan-gpt3xl-b4.json`, `kdvfs plan --method latency-optimal
-  --slowdown 0.01` of `h200/capture-gpt3xl-b4` (the step this script runs): 1770 MHz for kernels 0-1786,
-  1290 MHz from kernel 1787 (the last backward kernel, then the optimizer), memory 3201 MHz; 6 ms switching.
-  So each controlled step has two switch instants: kernel 1787 and the next step's kernel 0. GPT-2 small: a
-  one-segment plan (`...plan-gpt2s-b16.json`). A run with `--policy` names its file in the end-to-end line.
+- Applied schedule (this run): the shipped H200 policy, `policies/h200.kdvfs-policy.npz`, rolled out by the
+  controller on `h200/capture-gpt3xl-b4` (the step this script runs) at a 1% budget: auto until kernel 896,
+  1770 MHz from kernel 897 (in the backward pass), 1290 MHz from kernel 1801 (the optimizer), memory
+  3201 MHz, back to auto at the next step's start; predicted 1.80% energy saved at 0.94% slowdown with 6 ms
+  switching. Each controlled step has three switch instants. GPT-2 small (`h200/capture-gpt2s-b16`): one
+  locked pair all step (1890 MHz), so no switch instant inside the step.
 - Dry run only. Every controller used `benchmarks.nvml_guard` (real pynvml; any Set/Reset/Clear call is
   refused and counted): zero refused, zero state-changing calls, in the `kdvfs run` process and both
   benchmark processes (`nvml_in_children` in the JSON).
-- What changed since the first H200 runs (switch instants 2.40 ms median, 10.5 ms p99; step-level timeline
-  only): the controller now records CUDA events inside the step (before each of the 24 blocks' forward, when
-  each block's output gradient is ready, and before the optimizer step: 49 a step, all found and learned)
-  and places each request on the latest anchor at least latency + 2 ms before the change
-  (`runtime/controller/anchoring.py`). Here the kernel-1787 change was placed on a backward-block anchor
-  (kernel 1614-1661, 11-15 ms ahead) and the next step's first change on the optimizer anchor (kernel
-  1788-1792, ~11 ms ahead).
-- Timing: met. Switch instants 0.15 ms median, 0.71 ms p99 (20 instants in 10 profiled controlled steps);
-  every kernel start re-placed offline on the logged anchors by the same rule: 0.18 ms median, 0.92 ms p99
-  (16695 starts), against 0.66 ms / 6.1 ms from the step's start alone in the same steps. The anchors
-  correct what the step-level timeline cannot see: in the profiled controller's log, anchors near the step's
-  end deviated from their step-level instants by up to 12 ms (one 162 ms step) and by 1-6 ms in others.
-  The first run of the same code, before two small changes (the issue-early allowance below; the order
-  check among anchors only), gave 0.14 ms / 0.88 ms (switch instants) and 0.24 ms / 1.31 ms (kernel
-  starts), overhead +0.03% and +0.26%.
-- Requests: the thread woke 0.18 ms (median), 0.40 ms (most) after the GPU passed the anchor it waited on
-  (blocking CUDA events; the interpreter lock was not the bottleneck), so the 2 ms margin is ample. A timed
-  sleep wakes 0.09-0.14 ms late, which made requests go out 5.85 ms ahead of their change in the first run;
-  they are now issued 0.25 ms early (`issue_early_ms`): 6.13 ms ahead (median), 6.02 ms (least), all at least
-  the 6 ms latency. The one exception per controller is the first controlled step's own change, issued at
-  once, late, by design.
-- Fallbacks: in 3 of the 4 controller windows of the overhead measurement, 2 requests were placed on the
-  step-level timeline because their anchors lay more than 10% of the step from where it expected them; each
-  such window also had one mismatch (a step more than 10% long; presumably one of the unexplained slow steps
-  6-7 after a controller starts, 157-169 ms in every H200 run so far; the windows' logs are not kept),
-  consistent with the anchors seeing, during the step, the deviation the matcher rejected at its end.
-- Overhead: met (+0.09% GPT-3 XL, +0.18% GPT-2 small, windows ABBA); per-pair spread +-0.3%, the GPU's own
+- The controller records CUDA events inside the step (before each of the 24 blocks' forward, when each
+  block's output gradient is ready, and before the optimizer step: 49 a step, all found and learned) and
+  places each request on the latest anchor at least latency + 2 ms before the change
+  (`runtime/controller/anchoring.py`). Before the anchors (step-level timeline only) the first H200 runs
+  gave switch instants 2.40 ms median, 10.5 ms p99.
+- Timing: met. Switch instants 0.11 ms median, 0.74 ms p99 (30 instants in 10 profiled controlled steps);
+  every kernel start re-placed offline on the logged anchors by the same rule: 0.21 ms median, 1.23 ms p99
+  (16695 starts), against 0.78 ms / 6.9 ms from the step's start alone in the same steps. Earlier runs of
+  the same controller: with the latency-optimal plan of this step (2 instants a step) 0.15 ms / 0.71 ms;
+  with an earlier policy (16 instants a step, 1740/1770 MHz alternating) 0.22 ms / 0.91 ms.
+- Requests: the thread woke 0.24 ms (median), 1.87 ms (most) after the GPU passed the anchor it waited on;
+  requests went out 6.09 ms (median) before their change, 25 of 30 at least the 6 ms latency ahead (the
+  other 5 between 5.1 and 6 ms: late wake-ups eat into the 0.25 ms `issue_early_ms` allowance). Over the
+  whole run, the change sent at once when control (re)starts is late by design.
+- Overhead: met (+0.04% GPT-3 XL, +0.02% GPT-2 small, windows ABBA); per-pair spread +-0.3%, the GPU's own
   step-time noise. The anchors cost ~49 event records and tensor hooks per step on the training side.
-- Step-end prediction (`step_ends_*`, the step-level figure, unchanged): still off by up to 7-12 ms on the
-  slow steps; it no longer drives the switch instants where an anchor is available.
-- End to end (`kdvfs run --dry-run`, 150 steps): 127 controlled, no mismatch, 254 of 257 requests placed
-  on anchors (2 step-level: no anchor precedes a change issued at once when control (re)starts; 1 anchor
-  not recorded in time, so its request kept the step-level instant); the re-baselining
-  guard re-measured its baseline once and did not back off (it backed off in the first H200 runs).
-- The measurement itself perturbs: under the profiler, step times varied 151-158 ms (149-151 ms before it).
+- Step-end prediction (`step_ends_*`, the step-level figure): still off by up to 7-15 ms on the slow steps;
+  it no longer drives the switch instants where an anchor is available.
+- End to end (`kdvfs run --dry-run`, 150 steps): 127 controlled, 381 requests logged (the dry-run log
+  counts every planned request, three a step), no mismatch; the guard re-measured its baseline once and
+  did not back off.
+- The measurement itself perturbs: under the profiler, step times vary by several ms from step to step
+  (149-151 ms without it).
 """
 
 

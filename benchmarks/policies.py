@@ -43,7 +43,7 @@ def expert(policy: FrozenPolicy, problem: Problem) -> dict[str, float]:
 
     class Expert:
         def act(self, _observation: Any) -> Any:
-            return expert_action(env, 0.0)
+            return expert_action(env)
 
     summary = rollout(Expert(), env)
     return {"energy_saved_pct": summary["energy_saved_pct"], "slowdown_pct": summary["slowdown_pct"],

@@ -30,7 +30,7 @@ from envs.observation import (
     static_observations,
     window_bounds,
 )
-from envs.plan_advice import PlanAdvice, fitting_plan, plan_advice
+from envs.plan_advice import PlanAdvice, fitting_plan, plan_advice, plan_for_budget
 from envs.profiles import GpuProfile, load_profile
 from envs.step_data import StepData
 from envs.synthetic import generate_transformer_trace, load_workload
@@ -62,11 +62,11 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
     seeded multiplicative noise. Details and the reasons for each choice: ``docs/environment.md``.
 
     ## Action Space
-    ``MultiDiscrete([2, G + W + 1 + P + 1])``: (request?, clocks). Clocks ``g < G`` are pair ``g = level * M
+    ``MultiDiscrete([2, G + W + 1 + P + 2])``: (request?, clocks). Clocks ``g < G`` are pair ``g = level * M
     + memory`` of the clock grid (:class:`envs.clock_grid.ClockGrid`: C core levels, level 0 "auto" where
     the firmware picks the core clock, by M memory clocks, highest first; g = 0 is the default behaviour);
-    ``G + w`` is the pair advisor w proposes now (W + 1 window advisors, then P plan advisors, then the
-    fitting plan; below). With request = 0 the clocks are kept; with 1 the
+    ``G + w`` is the pair advisor w proposes now (W + 1 window advisors, then P plan advisors, the fitting
+    plan and the budget's plan; below). With request = 0 the clocks are kept; with 1 the
     chosen pair is requested if the controller is free and differs from the pair in effect. A request at
     the first decision takes effect at once (the step starts with it).
 
@@ -84,8 +84,9 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
     rest, and whether it is the pair in effect; for each plan advisor (:mod:`envs.plan_advice`: the
     latency-aware optimum of the step for each of ``plan_budgets``, proposing the pair it runs where a
     request made now takes effect) its saving and slowdown from there to the step's end and whether its
-    pair is in effect; the fitting plan's (the plan saving the most among those fitting what is still
-    affordable there) saving, slowdown, whether in effect and whether any plan fits.
+    pair is in effect; for the fitting plan (the plan saving the most among those fitting what is still
+    affordable there) and the budget's plan (the largest plan budget within the episode's) the same and
+    whether there is one.
 
     ## Rewards
     Per decision: ``100 * (E_auto - E) / E_auto_step`` over the kernels run since the last decision (energy
@@ -191,7 +192,8 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
                 "advisors": obs[offsets["advisors"]:plans].reshape(len(ADVISOR_FEATURES), -1),
                 "plans_rest": obs[plans:offsets["plans_in_effect"]],
                 "plans_in_effect": obs[offsets["plans_in_effect"]:offsets["fitting_plan"]],
-                "fitting_plan": obs[offsets["fitting_plan"]:]}
+                "fitting_plan": obs[offsets["fitting_plan"]:offsets["budget_plan"]],
+                "budget_plan": obs[offsets["budget_plan"]:]}
 
     def _static_observations(self, step: StepData, effect: Array) -> tuple[Array, PlanAdvice]:
         """The decision-point part of every observation of ``step`` and its plan advice, computed once per
@@ -207,6 +209,7 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
     def _select(self, index: int, budget: float) -> None:
         """Start an episode on step ``index`` with ``budget``: clocks auto, nothing spent, no noise."""
         self._index, self._data, self.budget = index, self.steps[index], budget
+        self._budget_plan = plan_for_budget(self.observation_spec.plan_budgets, budget)
         self._kernels = self._data.kernels
         self._auto_time_s, self._auto_energy_j = self._data.auto_time_s, self._data.auto_energy_j
         self._noise: Array | None = None
@@ -354,24 +357,29 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
 
     def _observe_plans(self, windows: int) -> None:
         """Each plan advisor's pair where a request made now would take effect at the clocks in effect, its
-        saving and slowdown from there, whether it is in effect, and the fitting plan (auto if none fits):
-        the one saving the most among those whose slowdown from there fits what is still affordable there,
-        once the kernels until then have run at the clocks in effect."""
+        saving and slowdown from there, whether it is in effect; the fitting plan (auto if none fits): the
+        one saving the most among those whose slowdown from there fits what is still affordable there, once
+        the kernels until then have run at the clocks in effect; and the plan for the episode's budget (the
+        largest plan budget within it; auto if none is)."""
         advice, effect, next_effect = self._plans[self._index], *self._effects_in_effect()
         pairs = advice.advice_pairs(effect, next_effect)
-        self._advice[windows:-1] = pairs
+        self._advice[windows:windows + len(pairs)] = pairs
         np.equal(pairs, self._in_effect, out=self._views["plans_in_effect"], casting="unsafe")
         rest = self._views["plans_rest"]
         rest[:] = advice.rest_pct[effect]
         followable = self._views["plans_in_effect"].astype(bool) | advice.joinable[effect]
         chosen = fitting_plan(rest, self._affordable_from_effect_pct(effect), followable)
-        fitting = self._views["fitting_plan"]
-        if chosen < 0:
-            self._advice[-1] = 0
-            fitting[:] = (0.0, 0.0, float(self._in_effect == 0), 0.0)
+        self._observe_plan_advisor(-2, self._views["fitting_plan"], chosen, pairs, rest)
+        self._observe_plan_advisor(-1, self._views["budget_plan"], self._budget_plan, pairs, rest)
+
+    def _observe_plan_advisor(self, slot: int, view: Array, plan: int, pairs: Array, rest: Array) -> None:
+        """Advisor ``slot`` proposes plan ``plan``'s pair (auto if -1); ``view`` gets its features."""
+        if plan < 0:
+            self._advice[slot] = 0
+            view[:] = (0.0, 0.0, float(self._in_effect == 0), 0.0)
         else:
-            self._advice[-1] = pairs[chosen]
-            fitting[:] = (rest[chosen], rest[len(pairs) + chosen], float(pairs[chosen] == self._in_effect), 1.0)
+            self._advice[slot] = pairs[plan]
+            view[:] = (rest[plan], rest[len(pairs) + plan], float(pairs[plan] == self._in_effect), 1.0)
 
     def _observe_clocks(self, obs: Array, start: int, controller: int) -> None:
         memories = self._memories

@@ -22,7 +22,7 @@ OBSERVATION_VERSION = 2
 BUDGET_FEATURES = ("budget_pct", "budget_used", "affordable_slowdown_pct", "progress", "remaining_latencies")
 CONTROLLER_FEATURES = ("pending_latencies", "controller_free", "immediate")
 ADVISOR_FEATURES = ("saving_pct", "slowdown_pct", "rest_saving_pct", "rest_slowdown_pct", "in_effect")
-PLAN_ADVISOR_FEATURES = ("rest_saving_pct", "rest_slowdown_pct", "in_effect", "fits")
+PLAN_ADVISOR_FEATURES = ("rest_saving_pct", "rest_slowdown_pct", "in_effect", "exists")
 OBS_LIMIT = 1000.0
 """Every entry is clipped to [-OBS_LIMIT, OBS_LIMIT] (percentages of very slow clocks can be large)."""
 REMAINING_LATENCIES_CAP = 50.0
@@ -56,7 +56,8 @@ class ObservationSpec:
                 ("controller", len(CONTROLLER_FEATURES)), ("budget", len(BUDGET_FEATURES)),
                 ("advisors", (len(self.window_latencies) + 1) * len(ADVISOR_FEATURES)),
                 ("plans_rest_saving_then_slowdown_pct", 2 * len(self.plan_budgets)),
-                ("plans_in_effect", len(self.plan_budgets)), ("fitting_plan", len(PLAN_ADVISOR_FEATURES)))
+                ("plans_in_effect", len(self.plan_budgets)), ("fitting_plan", len(PLAN_ADVISOR_FEATURES)),
+                ("budget_plan", len(PLAN_ADVISOR_FEATURES)))
 
     @property
     def size(self) -> int:
@@ -69,9 +70,9 @@ class ObservationSpec:
 
     @property
     def advisors(self) -> int:
-        """Advisor actions after the grid's pairs: one per window, the rest of the step, each plan, and the
-        fitting plan."""
-        return len(self.window_latencies) + 1 + len(self.plan_budgets) + 1
+        """Advisor actions after the grid's pairs: one per window, the rest of the step, each plan, the
+        fitting plan and the budget's plan."""
+        return len(self.window_latencies) + 1 + len(self.plan_budgets) + 2
 
     @property
     def static_size(self) -> int:

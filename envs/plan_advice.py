@@ -142,3 +142,9 @@ def fitting_plan(rest_pct: Array, affordable_pct: float, followable: Array) -> i
     if not fits.any():
         return -1
     return int(np.where(fits, savings, -np.inf).argmax())
+
+
+def plan_for_budget(plan_budgets: tuple[float, ...], budget: float) -> int:
+    """Index of the plan with the largest budget within ``budget`` (fractions), -1 if none is."""
+    within = [i for i, b in enumerate(plan_budgets) if b <= budget + 1e-12]
+    return max(within, key=lambda i: plan_budgets[i]) if within else -1
