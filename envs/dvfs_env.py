@@ -30,13 +30,12 @@ from envs.observation import (
     static_observations,
     window_bounds,
 )
-from envs.plan_advice import PlanAdvice, fitting_plan, plan_advice, plan_for_budget
+from envs.plan_advice import EPS, PlanAdvice, fitting_plan, landing_kernels, plan_advice, plan_for_budget
 from envs.profiles import GpuProfile, load_profile
 from envs.step_data import StepData
 from envs.synthetic import generate_transformer_trace, load_workload
 
 ENV_ID = "KernelDVFS-v0"
-EPS = 1e-12
 _STATIC_CACHE: weakref.WeakKeyDictionary[StepData, dict[tuple[ObservationSpec, float, float],
                                                          tuple[Array, PlanAdvice]]] = weakref.WeakKeyDictionary()
 """Decision-point observations and plan advice per step, shared by the envs of one process (read-only)."""
@@ -400,17 +399,9 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
         obs[controller + 2] = 1.0 if self._k == 0 or latency <= 0 else 0.0
 
     def _effects_in_effect(self) -> tuple[int, int]:
-        """The kernel where a request made now takes effect at the earliest (latency one spread below its
-        mean), and the one where a request made at the next decision point (the next kernel, at least one
-        decision interval away) takes effect at the latest (one spread above), if the kernels until then run
-        at the clocks in effect (mean times; K if beyond the step). Plans are followed with these: a slower
-        pair only once even an early change lands in its segment, a faster one early enough for a late one."""
-        times, k = self._data.cumulative_of(self._in_effect)[0], self._k
-        following_s = max(times[min(k + 1, self._kernels)], times[k] + self.decision_interval_s)
-        earliest_s = times[k] + max(self.latency_s - self.latency_std_s, 0.0)
-        latest_s = following_s + self.latency_s + self.latency_std_s
-        found = times.searchsorted([earliest_s - EPS, latest_s - EPS], side="left")
-        return (0 if k == 0 else min(int(found[0]), self._kernels)), min(int(found[1]), self._kernels)
+        """:func:`envs.plan_advice.landing_kernels` on the timeline of the clocks in effect (mean times)."""
+        times = self._data.cumulative_of(self._in_effect)[0]
+        return landing_kernels(times, self._k, self.latency_s, self.latency_std_s, self.decision_interval_s)
 
     def _affordable_from_effect_pct(self, effect: int) -> float:
         """Slowdown (%) still affordable from kernel ``effect`` to the step's end, if the kernels until then

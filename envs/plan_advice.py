@@ -21,6 +21,8 @@ from envs.schedule import switch_points
 from envs.segment_plans import cheapest_within, segment_starts
 from envs.step_data import StepData
 
+EPS = 1e-12
+"""Tolerance on times (s) when finding where a request lands."""
 PLAN_BISECTIONS = 16
 """Bisection steps on the price of time per plan (after bracketing by 4x steps: about 0.03% of the price)."""
 
@@ -148,3 +150,19 @@ def plan_for_budget(plan_budgets: tuple[float, ...], budget: float) -> int:
     """Index of the plan with the largest budget within ``budget`` (fractions), -1 if none is."""
     within = [i for i, b in enumerate(plan_budgets) if b <= budget + 1e-12]
     return max(within, key=lambda i: plan_budgets[i]) if within else -1
+
+
+def landing_kernels(times_s: Array, kernel: int, latency_s: float, latency_std_s: float,
+                    decision_interval_s: float) -> tuple[int, int]:
+    """Where requests land on a timeline ``times_s`` ((K + 1,) kernel starts, s), deciding before ``kernel``:
+    the kernel where a request made now takes effect at the earliest (latency one spread below its mean; 0
+    at the step's first decision), and the one where a request made at the next decision point (the next
+    kernel, at least one decision interval away) takes effect at the latest (one spread above); K if beyond
+    the step. Plans are followed with these: a slower pair only once even an early change lands in its
+    segment, a faster one early enough for a late one."""
+    kernels = len(times_s) - 1
+    following_s = max(times_s[min(kernel + 1, kernels)], times_s[kernel] + decision_interval_s)
+    earliest_s = times_s[kernel] + max(latency_s - latency_std_s, 0.0)
+    latest_s = following_s + latency_s + latency_std_s
+    found = times_s.searchsorted([earliest_s - EPS, latest_s - EPS], side="left")
+    return (0 if kernel == 0 else min(int(found[0]), kernels)), min(int(found[1]), kernels)
