@@ -44,7 +44,8 @@ class FrozenPolicy:
         gpu: the GPU profile name it was trained for.
         spec_hash: :meth:`envs.observation.ObservationSpec.hash` of its observations.
         env: environment arguments it was trained with (``core_fractions``, ``memory_mhz``,
-            ``next_kernels``, ``window_latencies`` define the observation; the rest is the record).
+            ``next_kernels``, ``window_latencies``, ``plan_budgets`` define the observation; the rest is the
+            record).
         nvec: sizes of the action parts (request, core level, memory clock).
         activation: hidden-layer activation, ``tanh`` or ``relu``.
         weights: (in, out) float32 matrices of each layer, the action logits last.

@@ -61,6 +61,16 @@ def expert_action(env: KernelDVFSEnv) -> Array:
     return np.array([1, env.grid.size + env.observation_spec.advisors - 1])
 
 
+@dataclass(frozen=True)
+class Expert:
+    """The expert as an actor on ``env`` (for rollouts next to frozen policies)."""
+
+    env: KernelDVFSEnv
+
+    def act(self, _observation: Array) -> Array:
+        return expert_action(self.env)
+
+
 def record(env: KernelDVFSEnv, demos: Sequence[Demonstration], episodes: int, gamma: float,
            seed: int) -> tuple[Array, Array, Array]:
     """Observations, expert actions and discounted returns of ``episodes`` episodes per demonstration."""

@@ -127,9 +127,9 @@ def freeze_model(model: Any, env: VecNormalize, config: TrainConfig, profile: Gp
 def evaluate_steps(policy: FrozenPolicy, steps: list[StepData], profile: GpuProfile,
                    config: TrainConfig) -> dict[str, dict[str, Any]]:
     """Deterministic rollouts (mean latency, no noise) at the first training budget, per step name."""
-    env = KernelDVFSEnv(steps, profile, budgets=config.env.budgets[:1], latency_noise=False, duration_noise=0.0,
-                        decision_latencies=config.env.decision_latencies, next_kernels=config.env.next_kernels,
-                        window_latencies=config.env.window_latencies, plan_budgets=config.env.plan_budgets)
+    kwargs = {**config.env.env_kwargs(), "budgets": config.env.budgets[:1], "latency_noise": False,
+              "duration_noise": 0.0}
+    env = KernelDVFSEnv(steps, profile, **kwargs)
     return {step.name: rollout(policy, env, {"step": i}) for i, step in enumerate(steps)}
 
 

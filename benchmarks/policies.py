@@ -18,7 +18,7 @@ import numpy as np
 from provenance import provenance, provenance_lines, write_results
 
 from agents.frozen import FrozenPolicy
-from agents.imitation import expert_action
+from agents.imitation import Expert
 from agents.policy_planner import PolicyPlanner, policy_env, rollout, shipped_policy_path
 from agents.ppo import build_steps, load_train_config
 from agents.problem import Problem, score
@@ -40,12 +40,7 @@ def _saved(problem: Problem, planner: Any) -> dict[str, float]:
 def expert(policy: FrozenPolicy, problem: Problem) -> dict[str, float]:
     """The imitation expert (follow the plan advisor for the budget) through the policy's environment."""
     env = policy_env(policy, problem)
-
-    class Expert:
-        def act(self, _observation: Any) -> Any:
-            return expert_action(env)
-
-    summary = rollout(Expert(), env)
+    summary = rollout(Expert(env), env)
     return {"energy_saved_pct": summary["energy_saved_pct"], "slowdown_pct": summary["slowdown_pct"],
             "switches": summary["switches"]}
 

@@ -36,7 +36,7 @@ from envs.step_data import StepData
 from envs.synthetic import generate_transformer_trace, load_workload
 
 ENV_ID = "KernelDVFS-v0"
-_STATIC_CACHE: weakref.WeakKeyDictionary[StepData, dict[tuple[ObservationSpec, float, float],
+_STATIC_CACHE: weakref.WeakKeyDictionary[StepData, dict[tuple[ObservationSpec, float, float, float],
                                                          tuple[Array, PlanAdvice]]] = weakref.WeakKeyDictionary()
 """Decision-point observations and plan advice per step, shared by the envs of one process (read-only)."""
 
@@ -169,9 +169,7 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
 
     def _prepare(self) -> None:
         """Per-step decision-point data, the observation buffer and the views written at every decision."""
-        self._effect = [window_bounds(s.cumulative[:, 0, 0], self.latency_s, (1.0,))[:, 0] for s in self.steps]
-        self._static, self._plans = zip(*(self._static_observations(s, e) for s, e in zip(self.steps, self._effect,
-                                                                                           strict=True)), strict=True)
+        self._static, self._plans = zip(*(self._static_observations(s) for s in self.steps), strict=True)
         self._offsets = self.observation_spec.offsets()
         self._obs = np.zeros(self.observation_spec.size, dtype=np.float32)
         self._views = self._observation_views()
@@ -194,14 +192,15 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
                 "fitting_plan": obs[offsets["fitting_plan"]:offsets["budget_plan"]],
                 "budget_plan": obs[offsets["budget_plan"]:]}
 
-    def _static_observations(self, step: StepData, effect: Array) -> tuple[Array, PlanAdvice]:
-        """The decision-point part of every observation of ``step`` and its plan advice, computed once per
-        process."""
-        key = (self.observation_spec, self.latency_s, self.stall_s)
+    def _static_observations(self, step: StepData) -> tuple[Array, PlanAdvice]:
+        """The decision-point part of every observation of ``step`` and its plan advice (segments at least a
+        latency plus its spread long), computed once per process."""
+        key = (self.observation_spec, self.latency_s, self.latency_std_s, self.stall_s)
         cached = _STATIC_CACHE.setdefault(step, {})
         if key not in cached:
+            effect = window_bounds(step.cumulative[:, 0, 0], self.latency_s, (1.0,))[:, 0]
             plans = plan_advice(step, self.observation_spec.plan_budgets, effect,
-                                self.latency_s + 1.0 * self.latency_std_s, self.stall_s)
+                                self.latency_s + self.latency_std_s, self.stall_s)
             cached[key] = (static_observations(step, self.observation_spec, self.latency_s), plans)
         return cached[key]
 
@@ -323,7 +322,7 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
     @property
     def advice(self) -> Array:
         """Each advisor's pair at this decision point, in action order: windows (1x, 2x, 4x, rest of step), plans
-        (by price), the fitting plan."""
+        (by budget), the fitting plan, the budget's plan."""
         return self._advice.copy()
 
     def episode_summary(self) -> dict[str, Any]:

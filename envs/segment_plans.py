@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from envs.cost_model import Array
-from envs.schedule import ActionCosts
+from envs.schedule import ActionCosts, switch_points
 
 
 def segment_starts(time_s: Array, latency_s: float) -> Array:
@@ -109,7 +109,8 @@ class BudgetPlans:
 
     Attributes:
         plans: (P, K) actions per kernel (the auto action everywhere where no schedule fits).
-        prices_j_per_s: (P,) the price of time each plan is optimal for (NaN where none fits).
+        prices_j_per_s: (P,) the price of time of the cheapest Lagrangian plan found within each budget (NaN
+            where none fits; kept where a single action replaced that plan).
         energy_j: (P,) each plan's energy as planned (J).
         lower_bounds_j: (P,) the best Lagrangian lower bound on the energy within each budget (J).
         feasible: (P,) whether a schedule within the budget was found.
@@ -179,7 +180,7 @@ def _keep_cheaper_single_actions(costs: ActionCosts, budgets_s: Array, best: Bud
 
 def segments_ok(time_s: Array, actions: Array, latency_s: float) -> bool:
     """True if every segment of a multi-segment schedule ``actions`` (K,) lasts at least ``latency_s``."""
-    bounds = np.r_[0, np.flatnonzero(actions[1:] != actions[:-1]) + 1, len(actions)]
+    bounds = np.r_[0, switch_points(actions), len(actions)]
     if len(bounds) == 2:
         return True
     durations = np.add.reduceat(time_s[np.arange(len(actions)), actions], bounds[:-1])

@@ -63,5 +63,13 @@ def _from_environment() -> EnergyFakeNvml:
 FAKE = _from_environment()
 
 
+def fresh() -> EnergyFakeNvml:
+    """The shared fake with its call log, injected failures and locked clocks cleared."""
+    FAKE.state.calls.clear()
+    FAKE.state.failures.clear()
+    FAKE.locked.clear()
+    return FAKE
+
+
 def __getattr__(name: str) -> Any:
     return getattr(FAKE, name)

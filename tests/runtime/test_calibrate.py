@@ -98,11 +98,8 @@ def test_features_of_every_microbenchmark() -> None:
 
 
 @pytest.fixture
-def fake() -> types.ModuleType:
-    nvml_fake.FAKE.state.calls.clear()
-    nvml_fake.FAKE.state.failures.clear()
-    nvml_fake.FAKE.locked.clear()
-    return nvml_fake.FAKE
+def fake() -> EnergyFakeNvml:
+    return nvml_fake.fresh()
 
 
 CPU_CALIBRATE = ["calibrate", "--nvml-module", "tests.runtime.nvml_fake", "--device", "cpu", "--scale", "0.01",

@@ -58,10 +58,7 @@ def plan_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def nvml() -> types.ModuleType:
-    nvml_fake.FAKE.state.calls.clear()
-    nvml_fake.FAKE.state.failures.clear()
-    nvml_fake.FAKE.locked.clear()
-    return nvml_fake.FAKE
+    return nvml_fake.fresh()
 
 
 @pytest.mark.parametrize("signum, raised", [(signal.SIGTERM, SystemExit), (signal.SIGINT, KeyboardInterrupt)])
