@@ -21,11 +21,11 @@ demo: setup
 
 test: setup
 	$(BIN)/python -m pytest -q
-	$(BIN)/ruff check envs agents runtime tests benchmarks scripts examples
+	$(BIN)/ruff check kdvfs envs agents runtime tests benchmarks scripts examples
 	$(BIN)/mypy
 
 lint: setup
-	$(BIN)/ruff check envs agents runtime tests benchmarks scripts examples
+	$(BIN)/ruff check kdvfs envs agents runtime tests benchmarks scripts examples
 	$(BIN)/mypy
 
 # Re-create the bundled kdvfs traces from the raw H200 recordings (see data/README.md).

@@ -27,17 +27,17 @@ from typing import Any
 import numpy as np
 from provenance import host, nvidia_smi, utc_now, write_results
 
-from envs.bundled import open_trace
-from envs.cost_model import ClockLimits, CostParams
-from envs.cost_tables import build_tables, step_breakdown
-from envs.fit import predict_power_w
-from envs.paths import DATA_DIR, REPO_ROOT
-from envs.profiles import GpuProfile, load_profile
-from envs.sweep import load_sweep
-from envs.trace import Trace
-from envs.trace_format import load_trace
+from kdvfs.envs.calibration.fit import predict_power_w
+from kdvfs.envs.calibration.sweep import load_sweep
+from kdvfs.envs.common.paths import DATA_DIR, REPO_ROOT
+from kdvfs.envs.gpu.profiles import GpuProfile, load_profile
+from kdvfs.envs.model.cost_model import ClockLimits, CostParams
+from kdvfs.envs.model.cost_tables import build_tables, step_breakdown
+from kdvfs.envs.trace.bundled import open_trace
+from kdvfs.envs.trace.format import load_trace
+from kdvfs.envs.trace.trace import Trace
 
-CLI = "import sys; from runtime.cli import main; sys.exit(main(sys.argv[1:]))"
+CLI = "import sys; from kdvfs.runtime.cli import main; sys.exit(main(sys.argv[1:]))"
 WORKLOADS = {
     "gpt3xl-b4": ["examples/gpt.py", "--size", "gpt3xl", "--batch", "4", "--steps", "300"],
     "gpt2s-b16": ["examples/gpt.py", "--size", "gpt2s", "--batch", "16", "--steps", "1000"],
@@ -58,7 +58,7 @@ DISCUSSION = """
 - Capture overhead (profiled steps' wall time over the unprofiled window's, same process): GPT-3-XL -1.3%
   (GPU-bound: the profiler's CPU cost hides behind the launch queue; noise), GPT-2 small +23.8%, ResNet-50
   +94.7% (short kernels: the CPU-side cost of profiling every op with its shapes shows). The traces' gaps are
-  scaled to the unprofiled step time (`envs.trace.with_measured_gaps`), so the overhead stays out of the
+  scaled to the unprofiled step time (`kdvfs.envs.trace.trace.with_measured_gaps`), so the overhead stays out of the
   predictions.
 - `steady_copy_2GiB` with the calibrated profile on the bundled data, +16.8%: the same 2 GiB copy loop drew
   624 W in this run and 546 W in `data/raw/h200/probe.json` (1004 vs 1019 us per copy). The read-only fit

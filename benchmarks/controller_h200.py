@@ -44,9 +44,9 @@ from typing import Any
 
 from provenance import RESULTS, host, nvidia_smi, utc_now
 
-from envs.paths import REPO_ROOT
+from kdvfs.envs.common.paths import REPO_ROOT
 
-CLI = "import sys; from runtime.cli import main; sys.exit(main(sys.argv[1:]))"
+CLI = "import sys; from kdvfs.runtime.cli import main; sys.exit(main(sys.argv[1:]))"
 GUARD = "benchmarks.nvml_guard"
 ORDER = (True, False, False, True, True, False, False, True)
 WORKLOADS: dict[str, dict[str, Any]] = {
@@ -102,7 +102,7 @@ class Harness:
         next(self._steps)
 
     def _controller(self, log: str | None) -> Any:
-        from runtime.controller import Controller
+        from kdvfs.runtime.controller import Controller
 
         return Controller(self.args.plan, self.args.trace, dry_run=True, nvml_module=self.args.nvml_module, log=log,
                           baseline_steps=5, cpu_test_mode=self.args.cpu_test,
@@ -159,8 +159,8 @@ def child(args: argparse.Namespace) -> int:
     """Train the script with the harness's hook; write RESULTS_DIR/LABEL.json."""
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
-    from runtime.capture.boot import _run_target
-    from runtime.device.nvml_info import import_nvml
+    from kdvfs.runtime.capture.boot import _run_target
+    from kdvfs.runtime.device.nvml_info import import_nvml
 
     harness = Harness(args)
     register_optimizer_step_post_hook(lambda optimizer, a, k: harness.on_step())

@@ -11,13 +11,13 @@ from typing import Any
 import numpy as np
 from provenance import RESULTS, write_results
 
-from envs.bundled import open_trace
-from envs.kineto import split_steps
-from envs.paths import REPO_ROOT
-from runtime.capture.cpu_emulation import emulate_gpu_recording
-from runtime.controller.config import ControllerConfig
-from runtime.controller.source import load_plan
-from runtime.controller.timeline import StepPlan
+from kdvfs.envs.common.paths import REPO_ROOT
+from kdvfs.envs.trace.bundled import open_trace
+from kdvfs.envs.trace.kineto import split_steps
+from kdvfs.runtime.capture.cpu_emulation import emulate_gpu_recording
+from kdvfs.runtime.controller.config import ControllerConfig
+from kdvfs.runtime.controller.source import load_plan
+from kdvfs.runtime.controller.timeline import StepPlan
 
 SETTLE_STEPS = 10
 TARGETS = {"overhead": 0.01, "median_ms": 0.5, "p99_ms": 2.0}

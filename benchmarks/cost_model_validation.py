@@ -14,14 +14,14 @@ from typing import Any
 import numpy as np
 from provenance import provenance, provenance_lines, write_results
 
-from envs.bundled import open_trace
-from envs.cost_model import ClockLimits, CostParams, KernelInputs, capped_clock_mhz, self_referenced_power_w
-from envs.cost_tables import build_tables, step_breakdown
-from envs.estimate import estimate_features
-from envs.fit import POWER_PARAMS, cross_validate, fit_params, predict_power_w
-from envs.paths import DATA_DIR
-from envs.profiles import load_profile
-from envs.sweep import Sweep, load_sweep
+from kdvfs.envs.calibration.fit import POWER_PARAMS, cross_validate, fit_params, predict_power_w
+from kdvfs.envs.calibration.sweep import Sweep, load_sweep
+from kdvfs.envs.common.paths import DATA_DIR
+from kdvfs.envs.gpu.profiles import load_profile
+from kdvfs.envs.model.cost_model import ClockLimits, CostParams, KernelInputs, capped_clock_mhz, self_referenced_power_w
+from kdvfs.envs.model.cost_tables import build_tables, step_breakdown
+from kdvfs.envs.model.estimate import estimate_features
+from kdvfs.envs.trace.bundled import open_trace
 
 SWEEPS = DATA_DIR / "sweeps"
 WORKLOADS = {"gpt3xl": "h200/gpt3xl-24layer-b4", "gpt2s": "h200/gpt2s-b16", "resnet50": "h200/resnet50-b128"}

@@ -1,4 +1,4 @@
-"""Validate ``envs.estimate.estimate_features`` against Nsight Compute counters of the bundled H200 traces.
+"""Validate ``kdvfs.envs.model.estimate.estimate_features`` against Nsight Compute counters of the bundled H200 traces.
 
 Usage: ``python benchmarks/estimate_vs_ncu.py``. Two comparisons:
 
@@ -20,10 +20,10 @@ from dataclasses import dataclass, replace
 import numpy as np
 from provenance import provenance, provenance_lines, write_results
 
-from envs.bundled import open_trace
-from envs.estimate import FEATURE_PRIORS, CategoryPrior, derive_priors, estimate_features, split_work
-from envs.profiles import GpuProfile, load_profile
-from envs.trace import Category, Features, Kind, Trace
+from kdvfs.envs.gpu.profiles import GpuProfile, load_profile
+from kdvfs.envs.model.estimate import FEATURE_PRIORS, CategoryPrior, derive_priors, estimate_features, split_work
+from kdvfs.envs.trace.bundled import open_trace
+from kdvfs.envs.trace.trace import Category, Features, Kind, Trace
 
 DURATION_TOLERANCE = 0.25
 COMMAND = "python benchmarks/estimate_vs_ncu.py"

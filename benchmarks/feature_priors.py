@@ -1,7 +1,7 @@
-"""Derive the per-category feature priors of ``envs.estimate.FEATURE_PRIORS`` from real ncu counters.
+"""Derive the per-category feature priors of ``kdvfs.envs.model.estimate.FEATURE_PRIORS`` from real ncu counters.
 
 Usage: ``python benchmarks/feature_priors.py``. Reads the ncu-enriched bundled traces, prints the table
-(and the Python literal to paste into ``envs/estimate.py``) and writes ``benchmarks/results/feature_priors.json``.
+(and the Python literal to paste into ``envs/model/estimate.py``) and writes ``benchmarks/results/feature_priors.json``.
 """
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from dataclasses import asdict
 
 from provenance import provenance, write_results
 
-from envs.bundled import open_trace
-from envs.estimate import CategoryPrior, derive_priors
-from envs.trace import Category, Trace
+from kdvfs.envs.model.estimate import CategoryPrior, derive_priors
+from kdvfs.envs.trace.bundled import open_trace
+from kdvfs.envs.trace.trace import Category, Trace
 
 TRACES = ("h200/gpt3xl-1layer-b4", "h200/resnet50-b128")
 
@@ -28,7 +28,7 @@ def measured_counts(traces: list[Trace]) -> dict[Category, int]:
 
 
 def as_literal(priors: dict[Category, CategoryPrior]) -> str:
-    """The priors as the Python mapping literal of ``envs/estimate.py``."""
+    """The priors as the Python mapping literal of ``envs/model/estimate.py``."""
     lines = [f"    Category.{c.name}: CategoryPrior({p.sm_util}, {p.dram_util}, {p.tensor_util}, {p.sm_per_dram}),"
              for c, p in priors.items()]
     return "FEATURE_PRIORS: Mapping[Category, CategoryPrior] = {\n" + "\n".join(lines) + "\n}"

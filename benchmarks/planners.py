@@ -12,12 +12,12 @@ from typing import Any
 
 from provenance import RESULTS, provenance, provenance_lines, write_results
 
-from agents.compare import compare, plot_tradeoff
-from agents.problem import Problem, score
-from agents.registry import COMPARED, make_planner
-from envs.bundled import open_trace
-from envs.profiles import load_profile
-from envs.synthetic import generate_transformer_trace, load_workload
+from kdvfs.agents.common.problem import Problem, score
+from kdvfs.agents.evaluation.compare import compare, plot_tradeoff
+from kdvfs.agents.planners.registry import COMPARED, make_planner
+from kdvfs.envs.gpu.profiles import load_profile
+from kdvfs.envs.synthetic.generator import generate_transformer_trace, load_workload
+from kdvfs.envs.trace.bundled import open_trace
 
 PAPER = {"ilp_global_0pct": 15.64, "ilp_global_1pct": 17.0, "pass_level_0pct": 2.07}
 PLOT_BUDGETS = (0.0, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1)

@@ -17,14 +17,14 @@ from typing import Any
 import numpy as np
 from provenance import provenance, provenance_lines, write_results
 
-from agents.frozen import FrozenPolicy
-from agents.imitation import Expert
-from agents.policy_planner import PolicyPlanner, policy_env, rollout, shipped_policy_path
-from agents.ppo import build_steps, load_train_config
-from agents.problem import Problem, score
-from agents.registry import make_planner
-from envs.dvfs_env import KernelDVFSEnv
-from envs.profiles import GpuProfile, load_profile
+from kdvfs.agents.common.problem import Problem, score
+from kdvfs.agents.learned.frozen import FrozenPolicy
+from kdvfs.agents.learned.imitation import Expert
+from kdvfs.agents.learned.policy_planner import PolicyPlanner, policy_env, rollout, shipped_policy_path
+from kdvfs.agents.learned.ppo import build_steps, load_train_config
+from kdvfs.agents.planners.registry import make_planner
+from kdvfs.envs.env.dvfs_env import KernelDVFSEnv
+from kdvfs.envs.gpu.profiles import GpuProfile, load_profile
 
 GPUS = ("h200", "rtx3080ti")
 BUDGET = 0.01

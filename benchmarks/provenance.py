@@ -16,8 +16,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from envs.paths import REPO_ROOT
-from envs.run_record import git_revision
+from kdvfs.envs.common.paths import REPO_ROOT
+from kdvfs.envs.common.run_record import git_revision
 
 RESULTS = REPO_ROOT / "benchmarks" / "results"
 PROVENANCE_KEYS = ("command", "machine", "python", "date_utc", "git_revision")

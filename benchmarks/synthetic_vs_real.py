@@ -2,7 +2,7 @@
 
 Usage: ``python benchmarks/synthetic_vs_real.py``. For each workload preset and its measured bundled trace it
 reports kernels per step, kernels per layer (the period of the repeating forward + backward kernel pattern,
-see ``envs.synthetic.layer_kernel_counts``), step time (kernels + gaps) and the share of kernel time per
+see ``kdvfs.envs.synthetic.generator.layer_kernel_counts``), step time (kernels + gaps) and the share of kernel time per
 category, with relative errors ``(generated - real) / real``; where the generated activities line up one to
 one with the real ones (same kinds and categories in the same order), also the kernel time per efficiency
 class. Writes ``benchmarks/results/synthetic_vs_real.json`` and ``.md``.
@@ -16,11 +16,16 @@ from typing import Any
 
 from provenance import provenance, provenance_lines, write_results
 
-from envs.bundled import open_trace
-from envs.profiles import load_profile
-from envs.synthetic import TransformerConfig, generate_transformer_trace, layer_kernel_counts, load_workload
-from envs.synthetic_kernels import step_specs
-from envs.trace import Kind, Trace
+from kdvfs.envs.gpu.profiles import load_profile
+from kdvfs.envs.synthetic.generator import (
+    TransformerConfig,
+    generate_transformer_trace,
+    layer_kernel_counts,
+    load_workload,
+)
+from kdvfs.envs.synthetic.kernels import step_specs
+from kdvfs.envs.trace.bundled import open_trace
+from kdvfs.envs.trace.trace import Kind, Trace
 
 CASES = (("gpt3xl", "h200/gpt3xl-24layer-b4"), ("gpt2s", "h200/gpt2s-b16"))
 TOLERANCE = 0.25

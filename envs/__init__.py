@@ -2,4 +2,4 @@
 
 from gymnasium.envs.registration import register
 
-register(id="KernelDVFS-v0", entry_point="envs.dvfs_env:KernelDVFSEnv")
+register(id="KernelDVFS-v0", entry_point="kdvfs.envs.env.dvfs_env:KernelDVFSEnv")

@@ -8,8 +8,8 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-import runtime
-from envs.errors import KdvfsError
+import kdvfs
+from kdvfs.envs.common.errors import KdvfsError
 
 _PYTHON = re.compile(r"python[\d.]*(\.exe)?")
 USAGE = "write the command after `--` as `python train.py ARGS` or `python -m package.module ARGS`"
@@ -41,6 +41,6 @@ def split_command(command: Sequence[str], tool: str = "kdvfs") -> tuple[str, lis
 
 def child_environment() -> dict[str, str]:
     """The child's environment: this kdvfs first on PYTHONPATH, so its bootstrap is the one that runs."""
-    root = str(Path(runtime.__file__).resolve().parent.parent)
+    root = str(Path(kdvfs.__file__).parent.parent)
     paths = [root, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     return {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}

@@ -17,12 +17,12 @@ Run from the repository root after `kdvfs model fit ... --gpu h200 --write`:
 
 from __future__ import annotations
 
-from envs.cost_model import CostParams
-from envs.fit import POWER_PARAMS, TIME_PARAMS, fit_params
-from envs.paths import DATA_DIR
-from envs.profile_io import write_cost_model
-from envs.profiles import CostParam, load_profile, profile_path
-from envs.sweep import load_sweep
+from kdvfs.envs.calibration.fit import POWER_PARAMS, TIME_PARAMS, fit_params
+from kdvfs.envs.calibration.sweep import load_sweep
+from kdvfs.envs.common.paths import DATA_DIR
+from kdvfs.envs.gpu.profile_io import write_cost_model
+from kdvfs.envs.gpu.profiles import CostParam, load_profile, profile_path
+from kdvfs.envs.model.cost_model import CostParams
 
 WATT_PARAMS = tuple(name for name in POWER_PARAMS if name.endswith("_w"))
 GTX1080TI_TDP_W = 250.0

@@ -1,7 +1,7 @@
 """Measure microbenchmarks in steady state: time per call, average power and clocks over a window.
 
 Each benchmark is warmed up, its time per call estimated, then called back to back for ``duration_s``
-while a :class:`~runtime.device.energy.WindowSampler` reads the NVML energy counter and clocks (the
+while a :class:`~kdvfs.runtime.device.energy.WindowSampler` reads the NVML energy counter and clocks (the
 counter updates ~10 times a second: windows of a few seconds). Idle power is measured the same way with
 nothing running, before and after a CUDA context exists. Read-only: nothing here changes the GPU.
 """
@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
-from runtime.calibrate.microbench import Call, Features, Microbenchmark, microbenchmark_features
-from runtime.device.energy import Meter, WindowReading, WindowSampler
+from kdvfs.runtime.calibrate.microbench import Call, Features, Microbenchmark, microbenchmark_features
+from kdvfs.runtime.device.energy import Meter, WindowReading, WindowSampler
 
 IDLE_FEATURES: Features = (0.0, 0.0, 0.0)
 

@@ -4,7 +4,7 @@ Each runs one kernel of a GPT-3-XL layer (d=2048, 16 heads, sequence 2048, batch
 50304) on the shapes of that layer, so that it is the same kernel template on the same shapes as a row of
 the bundled Nsight Compute export of that layer (``data/raw/h200/ncu_gpt3xl_1layer.csv.gz``); that row
 gives its SM, DRAM and tensor-pipe utilisations (the cost model's features). The matches of the 11
-classes of ``power_micro.json`` are ``envs.sweep_convert.H200_NCU_MATCH``; the bias-gradient reduction is
+classes of ``power_micro.json`` are ``kdvfs.envs.calibration.convert.H200_NCU_MATCH``; the bias-gradient reduction is
 matched here (same ``reduce_kernel`` over a [8192, 8192] bf16 gradient, row 51); the two steady loops
 (an 8192^3 bf16 GEMM, a 2 GiB copy) take the features of the GEMM and copy of the same template, and the
 fp32 GEMM those of ``H200_FP32_GEMM_FEATURES``. The features were measured on an H200; on another GPU
@@ -21,16 +21,17 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from envs.ncu import read_ncu_csv
-from envs.paths import RAW_DATA_DIR
-from envs.sweep_convert import H200_FP32_GEMM_FEATURES, H200_NCU_MATCH
+from kdvfs.envs.calibration.convert import H200_FP32_GEMM_FEATURES, H200_NCU_MATCH
+from kdvfs.envs.common.paths import RAW_DATA_DIR
+from kdvfs.envs.trace.ncu import read_ncu_csv
 
 NCU_EXPORT = RAW_DATA_DIR / "h200" / "ncu_gpt3xl_1layer.csv.gz"
 EXTRA_NCU_MATCH = {"reduce_bias_grad_bf16": 51}
 """Class -> row of NCU_EXPORT beyond H200_NCU_MATCH: ``reduce_kernel<128, 4, ReduceOp<BFloat16, sum>>``
 summing the MLP's [8192, 8192] bias gradient over tokens (launch grid 64 x 33)."""
 FEATURES_LIKE = {"steady_gemm_8192_bf16": "gemm_qkv_fwd", "steady_copy_2GiB": "copy_bf16"}
-"""Steady loops -> the class whose features they take (as ``envs.sweep_convert`` does for the bundled probe)."""
+"""Steady loops -> the class whose features they take (as ``kdvfs.envs.calibration.convert`` does for the
+bundled probe)."""
 
 Call = Callable[[], object]
 Features = tuple[float, float, float]

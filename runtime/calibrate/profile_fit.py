@@ -1,9 +1,9 @@
 """From calibration measurements to a fitted GPU profile.
 
 The profile starts as the installed GPU's skeleton (clocks and power limits from NVML, the rest from the
-nearest shipped profile, :mod:`runtime.device.profile_skeleton`) with the nearest shipped profile's
-cost-model parameters. The measurements become a sweep (``envs.sweep`` schema, clocks snapped to the
-supported ones) and :func:`envs.calibration.calibrate` fits what the sweep determines. Read-only
+nearest shipped profile, :mod:`kdvfs.runtime.device.profile_skeleton`) with the nearest shipped profile's
+cost-model parameters. The measurements become a sweep (``kdvfs.envs.calibration.sweep`` schema, clocks snapped to the
+supported ones) and :func:`kdvfs.envs.calibration.calibrate` fits what the sweep determines. Read-only
 measurements (default clocks only) determine static, core-idle, per-class core and data-movement power;
 the voltage curve, leakage, the traffic's core share, the memory background power and the time
 parameters need other clocks and are kept from the shipped profile, and the profile says so.
@@ -19,13 +19,13 @@ from typing import Any
 
 import numpy as np
 
-from envs.calibration import Calibration, calibrate
-from envs.profile_io import write_profile_yaml
-from envs.profiles import GpuProfile, load_profile
-from envs.sweep import Sweep
-from runtime.calibrate.measure import Measurement
-from runtime.device.nvml_info import LocalGpu
-from runtime.device.profile_skeleton import nearest_profile_name, skeleton_profile
+from kdvfs.envs.calibration.calibrate import Calibration, calibrate
+from kdvfs.envs.calibration.sweep import Sweep
+from kdvfs.envs.gpu.profile_io import write_profile_yaml
+from kdvfs.envs.gpu.profiles import GpuProfile, load_profile
+from kdvfs.runtime.calibrate.measure import Measurement
+from kdvfs.runtime.device.nvml_info import LocalGpu
+from kdvfs.runtime.device.profile_skeleton import nearest_profile_name, skeleton_profile
 
 READ_ONLY_FIXED = ("voltage_min", "voltage_knee_fraction", "leakage_w", "traffic_core_share")
 """Parameters default-clock data cannot separate (as in the shipped H200 fit, ``make calibrate``)."""

@@ -1,2 +1,2 @@
-"""Trace capture from live PyTorch training: ``kdvfs capture`` and the :class:`~runtime.capture.session.Capture`
-context manager (imported from ``runtime.capture.session``, which loads torch)."""
+"""Trace capture from live PyTorch training: ``kdvfs capture`` and the :class:`~kdvfs.runtime.capture.session.Capture`
+context manager (imported from ``kdvfs.runtime.capture.session``, which loads torch)."""

@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from runtime.capture.errors import CaptureError
+from kdvfs.runtime.capture.errors import CaptureError
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from envs.errors import KdvfsError
+from kdvfs.envs.common.errors import KdvfsError
 
 
 class CaptureError(KdvfsError):

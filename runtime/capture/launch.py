@@ -1,6 +1,6 @@
 """``kdvfs capture``'s parent side: run the user's command under the capture bootstrap and collect the result.
 
-The script runs unmodified in a child process of the user's Python (``python -m runtime.capture.boot``),
+The script runs unmodified in a child process of the user's Python (``python -m kdvfs.runtime.capture.boot``),
 which writes the trace and a report into a private temporary folder; only when everything succeeded are
 the trace (and the raw recording, ``--keep-profile``) copied atomically to where the user asked. A script
 that fails passes its exit code through; nothing is written then.
@@ -16,25 +16,25 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from envs.files import read_text, write_text_atomic
-from envs.trace import Trace
-from envs.trace_format import load_trace, save_trace
-from runtime.capture import ncu_run
-from runtime.capture.config import CaptureConfig
-from runtime.capture.errors import CaptureError, ScriptExitError
-from runtime.capture.recording import CaptureReport
-from runtime.child import child_environment
-from runtime.child import split_command as split_user_command
+from kdvfs.envs.common.files import read_text, write_text_atomic
+from kdvfs.envs.trace.format import load_trace, save_trace
+from kdvfs.envs.trace.trace import Trace
+from kdvfs.runtime.capture import ncu_run
+from kdvfs.runtime.capture.config import CaptureConfig
+from kdvfs.runtime.capture.errors import CaptureError, ScriptExitError
+from kdvfs.runtime.capture.recording import CaptureReport
+from kdvfs.runtime.child import child_environment
+from kdvfs.runtime.child import split_command as split_user_command
 
 
 def split_command(command: Sequence[str]) -> tuple[str, list[str]]:
-    """The interpreter and the target of the user's command (see :func:`runtime.child.split_command`)."""
+    """The interpreter and the target of the user's command (see :func:`kdvfs.runtime.child.split_command`)."""
     return split_user_command(command, "kdvfs capture")
 
 
 def boot_argv(interpreter: str, config_path: Path, target: Sequence[str]) -> list[str]:
     """The child process command: the capture bootstrap around the user's target."""
-    return [interpreter, "-m", "runtime.capture.boot", str(config_path), *target]
+    return [interpreter, "-m", "kdvfs.runtime.capture.boot", str(config_path), *target]
 
 
 def _run_child(argv: Sequence[str], config: CaptureConfig, config_path: Path, stdout: int | None) -> dict[str, Any]:

@@ -4,7 +4,8 @@ A second run of the script under ``ncu --clock-control none`` (clocks left to th
 profiles only the kernels launched inside an NVTX start/end range that :class:`StepMarker` puts around the
 first step after the warm-up (a process-wide range: a push/pop range would miss the backward kernels,
 which the autograd engine launches from its own thread); the script is stopped after it. The counters
-(SM, DRAM and tensor-pipe throughput, SM clock) are matched to the trace's kernels by :func:`envs.ncu.enrich_with_ncu`.
+(SM, DRAM and tensor-pipe throughput, SM clock) are matched to the trace's kernels by
+:func:`kdvfs.envs.trace.ncu.enrich_with_ncu`.
 """
 
 from __future__ import annotations
@@ -14,10 +15,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from envs.files import read_text
-from envs.ncu import CLOCK_COLUMN, DRAM_COLUMNS, SM_COLUMN, TENSOR_COLUMNS, enrich_with_ncu, parse_ncu_csv
-from envs.trace import Trace
-from runtime.capture.errors import CaptureError
+from kdvfs.envs.common.files import read_text
+from kdvfs.envs.trace.ncu import CLOCK_COLUMN, DRAM_COLUMNS, SM_COLUMN, TENSOR_COLUMNS, enrich_with_ncu, parse_ncu_csv
+from kdvfs.envs.trace.trace import Trace
+from kdvfs.runtime.capture.errors import CaptureError
 
 NVTX_RANGE = "kdvfs_step"
 NCU_METRICS = (SM_COLUMN, DRAM_COLUMNS[0], TENSOR_COLUMNS[0], CLOCK_COLUMN)

@@ -1,6 +1,6 @@
 """Turn a finished profiler recording and its measurements into a kdvfs trace and a capture report.
 
-Step detection, phase labelling and classification are :func:`envs.kineto.import_kineto`'s; this module
+Step detection, phase labelling and classification are :func:`kdvfs.envs.trace.kineto.import_kineto`'s; this module
 adds what the capture measured (unprofiled step time, joules per step, clocks) to the trace's metadata.
 """
 
@@ -11,13 +11,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from envs.files import read_text, write_text_atomic
-from envs.kineto import import_kineto
-from envs.trace import Kind, Trace
-from envs.trace_format import save_trace
-from runtime.capture.config import CaptureConfig
-from runtime.capture.cpu_emulation import emulate_gpu_recording
-from runtime.device.energy import WindowReading
+from kdvfs.envs.common.files import read_text, write_text_atomic
+from kdvfs.envs.trace.format import save_trace
+from kdvfs.envs.trace.kineto import import_kineto
+from kdvfs.envs.trace.trace import Kind, Trace
+from kdvfs.runtime.capture.config import CaptureConfig
+from kdvfs.runtime.capture.cpu_emulation import emulate_gpu_recording
+from kdvfs.runtime.device.energy import WindowReading
 
 CPU_TEST_GPU = "CPU (kdvfs capture --cpu-test-mode: leaf CPU ops stand in for kernels)"
 

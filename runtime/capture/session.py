@@ -3,7 +3,7 @@
 In the style of ``torch.profiler.profile``: call :meth:`Capture.step` once at the end of every training
 step (``kdvfs capture`` does it from a ``torch.optim`` optimizer-step hook)::
 
-    from runtime.capture.session import Capture
+    from kdvfs.runtime.capture.session import Capture
 
     with Capture("step.trace.json", steps=2, warmup=5) as capture:
         for batch in loader:
@@ -31,11 +31,11 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile, schedule
 
-from runtime.capture.config import CaptureConfig
-from runtime.capture.errors import CaptureError
-from runtime.capture.recording import CaptureReport, StepTiming, build_trace, write_capture
-from runtime.device.energy import WindowReading, WindowSampler
-from runtime.device.nvml_info import GpuReader, import_nvml
+from kdvfs.runtime.capture.config import CaptureConfig
+from kdvfs.runtime.capture.errors import CaptureError
+from kdvfs.runtime.capture.recording import CaptureReport, StepTiming, build_trace, write_capture
+from kdvfs.runtime.device.energy import WindowReading, WindowSampler
+from kdvfs.runtime.device.nvml_info import GpuReader, import_nvml
 
 MIN_WINDOW_STEPS = 3
 NO_CUDA = ("no CUDA kernels recorded: the script ran on the CPU (PyTorch had not initialised CUDA by the end of "
@@ -112,7 +112,7 @@ class Capture:
         if self.steps_seen == 0:
             return ("the script ended without reaching a step boundary (no torch.optim optimizer step); kdvfs "
                     "capture finds training steps by optimizer.step(): use a torch.optim optimizer, or mark steps "
-                    "with runtime.capture.session.Capture.step()")
+                    "with kdvfs.runtime.capture.session.Capture.step()")
         return (f"the script ended after {self.steps_seen} training steps, in the {self.stage.value} stage; the "
                 f"capture needs {needed}: let the script run longer (e.g. more --steps) or lower --warmup")
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from envs.errors import KdvfsError
-from runtime.cli import (
+from kdvfs.envs.common.errors import KdvfsError
+from kdvfs.runtime.cli import (
     calibrate_cmd,
     capture_cmd,
     demo_cmd,

@@ -3,7 +3,7 @@
 READ-ONLY by default: the microbenchmarks run at the GPU's own default clocks and NVML is only read
 (energy counter, clocks); no clock, power-limit, persistence or application-clock setting is changed, no
 ``nvmlDeviceSet*`` or ``nvmlDeviceReset*`` function is called. ``--sweep`` (explicit, and only with root
-or CAP_SYS_ADMIN) locks a grid of clock pairs through :mod:`runtime.device.clock_control`, which restores
+or CAP_SYS_ADMIN) locks a grid of clock pairs through :mod:`kdvfs.runtime.device.clock_control`, which restores
 the clocks afterwards.
 """
 
@@ -14,10 +14,10 @@ import types
 from pathlib import Path
 from typing import Any
 
-from envs.files import write_text_atomic
-from envs.sweep import sweep_to_csv
-from runtime.calibrate.clock_sweep import clock_grid, measure_clock_sweep
-from runtime.calibrate.profile_fit import (
+from kdvfs.envs.calibration.sweep import sweep_to_csv
+from kdvfs.envs.common.files import write_text_atomic
+from kdvfs.runtime.calibrate.clock_sweep import clock_grid, measure_clock_sweep
+from kdvfs.runtime.calibrate.profile_fit import (
     READ_ONLY_FIXED,
     fit_mapping,
     load_mapping,
@@ -25,10 +25,10 @@ from runtime.calibrate.profile_fit import (
     starting_mapping,
     write_calibrated,
 )
-from runtime.cli.render import console, print_json
-from runtime.device.clock_control import NvmlDevice, require_clock_permission
-from runtime.device.errors import DeviceIndexError
-from runtime.device.nvml_info import LocalGpu, import_nvml, read_local_gpus
+from kdvfs.runtime.cli.render import console, print_json
+from kdvfs.runtime.device.clock_control import NvmlDevice, require_clock_permission
+from kdvfs.runtime.device.errors import DeviceIndexError
+from kdvfs.runtime.device.nvml_info import LocalGpu, import_nvml, read_local_gpus
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -65,8 +65,8 @@ def _measure(args: argparse.Namespace, nvml: types.ModuleType, mapping: dict[str
     """Every measurement row: at default clocks, or at each pair of the clock grid with ``--sweep``."""
     import torch
 
-    from runtime.calibrate.measure import measure_at_default_clocks, measure_benchmark, measure_idle
-    from runtime.calibrate.microbench import MICROBENCHMARKS
+    from kdvfs.runtime.calibrate.measure import measure_at_default_clocks, measure_benchmark, measure_idle
+    from kdvfs.runtime.calibrate.microbench import MICROBENCHMARKS
 
     device = torch.device(args.device or f"cuda:{args.gpu_index}")
     progress = _progress if not args.json else (lambda row: None)

@@ -6,11 +6,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from runtime.capture.config import CaptureConfig
-from runtime.capture.errors import ScriptExitError
-from runtime.capture.launch import run_capture, split_command
-from runtime.capture.recording import CaptureReport
-from runtime.cli.render import console, print_json
+from kdvfs.runtime.capture.config import CaptureConfig
+from kdvfs.runtime.capture.errors import ScriptExitError
+from kdvfs.runtime.capture.launch import run_capture, split_command
+from kdvfs.runtime.capture.recording import CaptureReport
+from kdvfs.runtime.cli.render import console, print_json
 
 STDERR_FD = 2
 """With --json the script's own output goes to standard error, so standard output holds only the report."""

@@ -5,17 +5,17 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from agents.compare import Row, compare, plot_tradeoff
-from agents.policy_planner import PolicyPlanner, policy_rows, shipped_policy_path
-from agents.problem import Problem
-from agents.registry import COMPARED
-from envs.bundled import DEFAULT_TRACE, open_trace
-from envs.cost_tables import build_tables, step_breakdown
-from envs.profiles import GpuProfile, load_profile
-from envs.run_record import write_run_record
-from envs.summary import summarize
-from envs.trace import Trace, with_measured_gaps
-from runtime.cli.render import breakdown_table, compare_table, console, profile_table, trace_tables
+from kdvfs.agents.common.problem import Problem
+from kdvfs.agents.evaluation.compare import Row, compare, plot_tradeoff
+from kdvfs.agents.learned.policy_planner import PolicyPlanner, policy_rows, shipped_policy_path
+from kdvfs.agents.planners.registry import COMPARED
+from kdvfs.envs.common.run_record import write_run_record
+from kdvfs.envs.gpu.profiles import GpuProfile, load_profile
+from kdvfs.envs.model.cost_tables import build_tables, step_breakdown
+from kdvfs.envs.trace.bundled import DEFAULT_TRACE, open_trace
+from kdvfs.envs.trace.summary import summarize
+from kdvfs.envs.trace.trace import Trace, with_measured_gaps
+from kdvfs.runtime.cli.render import breakdown_table, compare_table, console, profile_table, trace_tables
 
 DEMO_BUDGETS = (0.0, 0.01, 0.03, 0.05, 0.1)
 

@@ -8,12 +8,12 @@ from pathlib import Path
 
 from rich.table import Table
 
-from envs.config import to_plain
-from envs.profiles import available_profiles, load_profile
-from runtime.cli.render import console, print_json, profile_table
-from runtime.device.errors import DeviceIndexError
-from runtime.device.nvml_info import LocalGpu, read_local_gpus
-from runtime.device.profile_skeleton import skeleton_profile, write_skeleton_yaml
+from kdvfs.envs.common.config import to_plain
+from kdvfs.envs.gpu.profiles import available_profiles, load_profile
+from kdvfs.runtime.cli.render import console, print_json, profile_table
+from kdvfs.runtime.device.errors import DeviceIndexError
+from kdvfs.runtime.device.nvml_info import LocalGpu, read_local_gpus
+from kdvfs.runtime.device.profile_skeleton import skeleton_profile, write_skeleton_yaml
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:

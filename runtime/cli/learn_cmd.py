@@ -6,12 +6,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from agents.compare import compare
-from agents.policy_planner import PolicyPlanner, policy_rows
-from agents.registry import COMPARED
-from envs.errors import KdvfsError
-from runtime.cli.plan_cmd import _common, _percent_list, _problem
-from runtime.cli.render import compare_table, console, print_json
+from kdvfs.agents.evaluation.compare import compare
+from kdvfs.agents.learned.policy_planner import PolicyPlanner, policy_rows
+from kdvfs.agents.planners.registry import COMPARED
+from kdvfs.envs.common.errors import KdvfsError
+from kdvfs.runtime.cli.plan_cmd import _common, _percent_list, _problem
+from kdvfs.runtime.cli.render import compare_table, console, print_json
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -32,8 +32,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    from agents.ppo import load_train_config
-    from agents.train import train
+    from kdvfs.agents.learned.ppo import load_train_config
+    from kdvfs.agents.learned.train import train
 
     config = load_train_config(args.config or args.gpu)
     if config.gpu != args.gpu:

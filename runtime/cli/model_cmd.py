@@ -5,15 +5,15 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from envs.calibration import calibrate
-from envs.errors import KdvfsError
-from envs.files import write_text_atomic
-from envs.fit import cross_validate
-from envs.profile_io import write_cost_model
-from envs.profiles import load_profile, profile_path
-from envs.sweep import load_sweep, sweep_to_csv
-from envs.sweep_convert import WANG_CHU_BUS_BYTES, convert_h200_default, convert_wang_chu
-from runtime.cli.render import console, print_json
+from kdvfs.envs.calibration.calibrate import calibrate
+from kdvfs.envs.calibration.convert import WANG_CHU_BUS_BYTES, convert_h200_default, convert_wang_chu
+from kdvfs.envs.calibration.fit import cross_validate
+from kdvfs.envs.calibration.sweep import load_sweep, sweep_to_csv
+from kdvfs.envs.common.errors import KdvfsError
+from kdvfs.envs.common.files import write_text_atomic
+from kdvfs.envs.gpu.profile_io import write_cost_model
+from kdvfs.envs.gpu.profiles import load_profile, profile_path
+from kdvfs.runtime.cli.render import console, print_json
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:

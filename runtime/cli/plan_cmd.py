@@ -7,15 +7,15 @@ import json
 from pathlib import Path
 from typing import Any
 
-from agents.compare import compare, plot_tradeoff
-from agents.problem import Problem, outcome_of
-from agents.registry import COMPARED, PLANNERS, make_planner
-from envs.bundled import open_trace
-from envs.errors import KdvfsError
-from envs.files import write_text_atomic
-from envs.profiles import load_profile
-from envs.schedule import Schedule
-from runtime.cli.render import compare_table, console, print_json
+from kdvfs.agents.common.problem import Problem, outcome_of
+from kdvfs.agents.evaluation.compare import compare, plot_tradeoff
+from kdvfs.agents.planners.registry import COMPARED, PLANNERS, make_planner
+from kdvfs.envs.common.errors import KdvfsError
+from kdvfs.envs.common.files import write_text_atomic
+from kdvfs.envs.gpu.profiles import load_profile
+from kdvfs.envs.model.schedule import Schedule
+from kdvfs.envs.trace.bundled import open_trace
+from kdvfs.runtime.cli.render import compare_table, console, print_json
 
 PLOT_BUDGETS = (0.0, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1)
 

@@ -7,12 +7,12 @@ from typing import Any
 
 import numpy as np
 
-from envs.bundled import open_trace
-from envs.cost_tables import build_tables, step_breakdown
-from envs.errors import KdvfsError
-from envs.profiles import load_profile
-from envs.trace import with_measured_gaps
-from runtime.cli.render import breakdown_table, console, print_json
+from kdvfs.envs.common.errors import KdvfsError
+from kdvfs.envs.gpu.profiles import load_profile
+from kdvfs.envs.model.cost_tables import build_tables, step_breakdown
+from kdvfs.envs.trace.bundled import open_trace
+from kdvfs.envs.trace.trace import with_measured_gaps
+from kdvfs.runtime.cli.render import breakdown_table, console, print_json
 
 
 def _pair(text: str) -> tuple[float, float]:

@@ -10,11 +10,11 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.table import Table
 
-from envs.profiles import GpuProfile
+from kdvfs.envs.gpu.profiles import GpuProfile
 
 if TYPE_CHECKING:
-    from agents.compare import Row
-    from agents.problem import Problem
+    from kdvfs.agents.common.problem import Problem
+    from kdvfs.agents.evaluation.compare import Row
 
 console = Console(width=None if sys.stdout.isatty() else 120, soft_wrap=True)
 
@@ -29,7 +29,7 @@ def _ms(seconds: float) -> str:
 
 
 def trace_tables(summary: dict[str, Any]) -> list[Table]:
-    """The summary of ``envs.summary.summarize`` as three tables: overview, by category, by phase."""
+    """The summary of ``kdvfs.envs.trace.summary.summarize`` as three tables: overview, by category, by phase."""
     overview = Table(title=f"Trace {summary['workload']} ({summary['gpu']})", show_header=False)
     overview.add_row("source", summary["source"])
     overview.add_row("kernels / memsets / memcpys per step",

@@ -9,11 +9,11 @@ from typing import Any
 
 from rich.table import Table
 
-from runtime.cli.render import console, print_json
-from runtime.controller.config import ControllerConfig
-from runtime.controller.launch import run_controlled
-from runtime.device.clock_control import require_clock_permission, reset_gpu_clocks
-from runtime.device.nvml_info import import_nvml
+from kdvfs.runtime.cli.render import console, print_json
+from kdvfs.runtime.controller.config import ControllerConfig
+from kdvfs.runtime.controller.launch import run_controlled
+from kdvfs.runtime.device.clock_control import require_clock_permission, reset_gpu_clocks
+from kdvfs.runtime.device.nvml_info import import_nvml
 
 STDERR_FD = 2
 

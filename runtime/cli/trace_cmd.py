@@ -6,14 +6,14 @@ import argparse
 from dataclasses import replace
 from pathlib import Path
 
-from envs.bundled import bundled_traces, open_trace
-from envs.kineto import import_kineto
-from envs.ncu import enrich_with_ncu, read_ncu_csv
-from envs.profiles import load_profile
-from envs.summary import summarize
-from envs.synthetic import available_workloads, generate_transformer_trace, load_workload
-from envs.trace_format import save_trace
-from runtime.cli.render import console, print_json, trace_tables
+from kdvfs.envs.gpu.profiles import load_profile
+from kdvfs.envs.synthetic.generator import available_workloads, generate_transformer_trace, load_workload
+from kdvfs.envs.trace.bundled import bundled_traces, open_trace
+from kdvfs.envs.trace.format import save_trace
+from kdvfs.envs.trace.kineto import import_kineto
+from kdvfs.envs.trace.ncu import enrich_with_ncu, read_ncu_csv
+from kdvfs.envs.trace.summary import summarize
+from kdvfs.runtime.cli.render import console, print_json, trace_tables
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:

@@ -1,7 +1,7 @@
 """Joules and seconds per step over windows of steps, TensorBoard scalars, and the figures of the summary.
 
 The NVML total-energy counter updates ~10 times a second on an H200, so energy is measured over windows
-of at least ``window_steps`` steps and ``window_s`` seconds with :class:`runtime.device.energy.WindowSampler`
+of at least ``window_steps`` steps and ``window_s`` seconds with :class:`kdvfs.runtime.device.energy.WindowSampler`
 (average power between the first and last counter update in the window). Seconds per step are the GPU
 step times of the window (CUDA events); joules per step are the window's average power times that. The
 last, partial window of a run is not counted.
@@ -14,10 +14,10 @@ from typing import Any
 
 import numpy as np
 
-from runtime.controller.actuator import EventLog
-from runtime.device.clock import Clock
-from runtime.device.energy import Meter, WindowSampler
-from runtime.device.errors import DeviceError
+from kdvfs.runtime.controller.actuator import EventLog
+from kdvfs.runtime.device.energy import Meter, WindowSampler
+from kdvfs.runtime.device.errors import DeviceError
+from kdvfs.runtime.device.host_time import Clock
 
 
 @dataclass(frozen=True)

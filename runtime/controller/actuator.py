@@ -7,8 +7,8 @@ import threading
 from pathlib import Path
 from typing import IO, Any
 
-from runtime.device.clock import Clock
-from runtime.device.interface import Device
+from kdvfs.runtime.device.host_time import Clock
+from kdvfs.runtime.device.interface import Device
 
 FLUSH_RECORDS = 200
 

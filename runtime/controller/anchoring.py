@@ -1,4 +1,4 @@
-"""Re-anchoring a step's clock requests on anchors inside the step (:mod:`runtime.controller.anchors`).
+"""Re-anchoring a step's clock requests on anchors inside the step (:mod:`kdvfs.runtime.controller.anchors`).
 
 Learning (:class:`AnchorMap`). For each finished matching step that ran on the plan's timeline (every
 matching step in a dry run, the controlled ones otherwise), the anchors' offsets from the step's start,
@@ -30,10 +30,10 @@ from typing import Any
 
 import numpy as np
 
-from envs.cost_model import Array
-from runtime.controller.gpu_timeline import StepEnd, StepTimeline
-from runtime.controller.timeline import Request, StepPlan
-from runtime.device.clock import Clock
+from kdvfs.envs.model.cost_model import Array
+from kdvfs.runtime.controller.gpu_timeline import StepEnd, StepTimeline
+from kdvfs.runtime.controller.timeline import Request, StepPlan
+from kdvfs.runtime.device.host_time import Clock
 
 LEARN_STEPS = 5
 

@@ -1,6 +1,6 @@
-"""The process ``kdvfs run`` runs the user's script in: ``python -m runtime.controller.boot CONFIG SCRIPT ARGS``.
+"""The process ``kdvfs run`` runs the user's script in: ``python -m kdvfs.runtime.controller.boot CONFIG SCRIPT ARGS``.
 
-It opens the :class:`~runtime.controller.controller.Controller` described by CONFIG (every check happens
+It opens the :class:`~kdvfs.runtime.controller.controller.Controller` described by CONFIG (every check happens
 here, before the script starts; a failed one is exit code 2 with the clocks untouched), registers a global
 ``torch.optim`` optimizer-step hook that calls :meth:`Controller.step`, and runs the unmodified script as
 ``__main__`` with the same runner as ``kdvfs capture``. Whatever way the script ends, the controller is
@@ -19,10 +19,10 @@ from typing import Any
 
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from envs.errors import KdvfsError
-from runtime.capture.boot import _run_target
-from runtime.controller.config import ControllerConfig
-from runtime.controller.controller import Controller
+from kdvfs.envs.common.errors import KdvfsError
+from kdvfs.runtime.capture.boot import _run_target
+from kdvfs.runtime.controller.config import ControllerConfig
+from kdvfs.runtime.controller.controller import Controller
 
 
 def write_report(config: ControllerConfig, document: dict[str, Any]) -> None:

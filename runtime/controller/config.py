@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from envs.errors import KdvfsError
+from kdvfs.envs.common.errors import KdvfsError
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ class ControllerConfig:
         energy_poll_s: how often the energy counter is read within a window (its updates mark the window's
             edges; tests with a virtual clock read it at the window edges only).
         anchors: record CUDA events inside the step (top-level blocks' forward and backward, the optimizer
-            step) and place requests on them (:mod:`runtime.controller.anchoring`); off: step boundaries only.
+            step) and place requests on them (:mod:`kdvfs.runtime.controller.anchoring`); off: step boundaries only.
         anchor_margin_ms: an anchor is used for a request only if it is expected at least this long before the
             request's issue instant (the thread's wake-up after the GPU passed it must fit in between).
         issue_early_ms: requests go out this much earlier than one latency before their change, so that the

@@ -1,6 +1,6 @@
 """The predictive clock controller's Python API: a context manager with ``.step()`` once per training step.
 
-    from runtime.controller import Controller
+    from kdvfs.runtime.controller import Controller
 
     with Controller("plan.json", "step.trace.json", dry_run=True, log="kdvfs-run.jsonl") as controller:
         for batch in loader:
@@ -9,12 +9,12 @@
     print(controller.summary)
 
 On entry it opens the GPU (NVML, or the device it is given), computes the step's schedule once from the
-source (:mod:`runtime.controller.source`), checks that the profile is this GPU's, that every clock of the
+source (:mod:`kdvfs.runtime.controller.source`), checks that the profile is this GPU's, that every clock of the
 schedule is supported and, unless ``dry_run``, that this process may lock clocks; then it starts the
-watchdog process (not in a dry run) and its background thread (:mod:`runtime.controller.issuer`). A check
+watchdog process (not in a dry run) and its background thread (:mod:`kdvfs.runtime.controller.issuer`). A check
 that fails raises before any clock changed. ``step()`` records a CUDA event and reads the caching
 allocator's counter (a few microseconds, no GPU sync); with ``anchors`` (the default) hooks record CUDA events
-inside the step too (:mod:`runtime.controller.anchors`), on which the thread places the step's requests. On
+inside the step too (:mod:`kdvfs.runtime.controller.anchors`), on which the thread places the step's requests. On
 exit, on an exception, on SIGINT (as
 KeyboardInterrupt) and SIGTERM (as SystemExit) it stops the thread, returns the clocks to the GPU, stops
 the watchdog and builds :attr:`summary`.
@@ -30,22 +30,22 @@ import types
 from dataclasses import asdict
 from typing import Any
 
-from agents.problem import score
-from runtime.controller.accounting import Accounting
-from runtime.controller.actuator import Actuator, EventLog, parse_clocks
-from runtime.controller.anchoring import Anchoring
-from runtime.controller.anchors import AnchorHooks
-from runtime.controller.config import ControllerConfig
-from runtime.controller.gpu_timeline import CudaStepTimeline, HostStepTimeline, StepTimeline
-from runtime.controller.issuer import Issuer
-from runtime.controller.matching import Guard, StepMatcher
-from runtime.controller.source import Plan, load_plan
-from runtime.controller.timeline import StepPlan
-from runtime.controller.watchdog import spawn_watchdog, stop_watchdog
-from runtime.device.clock import Clock, RealClock
-from runtime.device.clock_control import NvmlDevice, require_clock_permission, terminate_on_sigterm
-from runtime.device.interface import Device, check_clocks_mhz
-from runtime.device.nvml_info import import_nvml
+from kdvfs.agents.common.problem import score
+from kdvfs.runtime.controller.accounting import Accounting
+from kdvfs.runtime.controller.actuator import Actuator, EventLog, parse_clocks
+from kdvfs.runtime.controller.anchoring import Anchoring
+from kdvfs.runtime.controller.anchors import AnchorHooks
+from kdvfs.runtime.controller.config import ControllerConfig
+from kdvfs.runtime.controller.gpu_timeline import CudaStepTimeline, HostStepTimeline, StepTimeline
+from kdvfs.runtime.controller.issuer import Issuer
+from kdvfs.runtime.controller.matching import Guard, StepMatcher
+from kdvfs.runtime.controller.source import Plan, load_plan
+from kdvfs.runtime.controller.timeline import StepPlan
+from kdvfs.runtime.controller.watchdog import spawn_watchdog, stop_watchdog
+from kdvfs.runtime.device.clock_control import NvmlDevice, require_clock_permission, terminate_on_sigterm
+from kdvfs.runtime.device.host_time import Clock, RealClock
+from kdvfs.runtime.device.interface import Device, check_clocks_mhz
+from kdvfs.runtime.device.nvml_info import import_nvml
 
 STOP_TIMEOUT_S = 5.0
 RUN_NEEDS = "the clock controller locks GPU clocks"
@@ -64,7 +64,7 @@ class Controller:
     """See the module docstring. ``policy`` and ``trace`` and ``options`` make a :class:`ControllerConfig`.
 
     ``device``, ``timeline`` and ``clock`` replace the GPU (NVML), its CUDA-event timeline and the host clock;
-    tests pass a :class:`~runtime.device.fake.FakeGpu` with its timeline and virtual clock, explicitly.
+    tests pass a :class:`~kdvfs.runtime.device.fake.FakeGpu` with its timeline and virtual clock, explicitly.
     """
 
     def __init__(self, policy: str | None = None, trace: str | None = None, *, config: ControllerConfig | None = None,

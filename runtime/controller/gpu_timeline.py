@@ -9,7 +9,7 @@ the offset host-minus-GPU, estimated at every step as the smallest (waking from 
 only ever late) of the last ``OFFSET_WINDOW`` observations. So a late wake-up (a busy interpreter lock)
 does not move the timeline, and clock drift is followed within a window.
 
-Anchors (:mod:`runtime.controller.anchors`) are events recorded inside a step. Those recorded after the
+Anchors (:mod:`kdvfs.runtime.controller.anchors`) are events recorded inside a step. Those recorded after the
 boundary marked ``i - 1`` and before boundary ``i`` belong to step ``i`` (the step that ends at boundary
 ``i``, the ``i``-th token, 0-based). :meth:`StepTimeline.anchor_s` waits for anchor ``index`` of a step
 (first until the training thread has recorded it, at most until a deadline, then until the GPU has passed
@@ -25,8 +25,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from runtime.device.clock import Clock, VirtualClock
-from runtime.device.fake import FakeGpu
+from kdvfs.runtime.device.fake import FakeGpu
+from kdvfs.runtime.device.host_time import Clock, VirtualClock
 
 OFFSET_WINDOW = 32
 NORMAL_SIGNATURE = 1000

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from runtime.controller.controller import Controller
+from kdvfs.runtime.controller.controller import Controller
 
 
 class _Steps:

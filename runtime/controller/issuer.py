@@ -8,7 +8,7 @@ to the matcher, the guard and the accounting, and then decides the next step:
   which started at the controlled clocks, is not part of a baseline). The step's requests (:meth:`StepPlan.requests`,
   the timeline stretched by the median ratio of measured to expected step time of the last matching
   steps) are placed on the latest anchor inside the step that precedes each request's issue instant by a
-  margin (:mod:`runtime.controller.anchoring`; the step's start when there is none or it is not trusted)
+  margin (:mod:`kdvfs.runtime.controller.anchoring`; the step's start when there is none or it is not trusted)
   and issued at their instants (``early_s`` ahead, for the thread's wake-up), sleeping in between; the
   first controlled step also gets its own early changes at once;
 * otherwise (not matching yet, an evaluation pass or new shape, measuring the baseline, backed off): the
@@ -27,13 +27,13 @@ import threading
 from collections import deque
 from typing import Any
 
-from runtime.controller.accounting import Accounting
-from runtime.controller.actuator import Actuator, EventLog
-from runtime.controller.anchoring import Anchoring
-from runtime.controller.gpu_timeline import StepEnd, StepTimeline
-from runtime.controller.matching import Guard, StepMatcher
-from runtime.controller.timeline import StepPlan
-from runtime.device.clock import Clock
+from kdvfs.runtime.controller.accounting import Accounting
+from kdvfs.runtime.controller.actuator import Actuator, EventLog
+from kdvfs.runtime.controller.anchoring import Anchoring
+from kdvfs.runtime.controller.gpu_timeline import StepEnd, StepTimeline
+from kdvfs.runtime.controller.matching import Guard, StepMatcher
+from kdvfs.runtime.controller.timeline import StepPlan
+from kdvfs.runtime.device.host_time import Clock
 
 SCALE_STEPS = 5
 

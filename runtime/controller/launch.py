@@ -1,6 +1,6 @@
 """``kdvfs run``'s parent side: run the user's command under the controller bootstrap, collect its summary.
 
-The command is split and checked like ``kdvfs capture``'s (:func:`runtime.child.split_command`)
+The command is split and checked like ``kdvfs capture``'s (:func:`kdvfs.runtime.child.split_command`)
 and runs in a child process of the user's Python with this kdvfs first on ``PYTHONPATH``. While it runs,
 SIGTERM is forwarded to it and SIGINT is left to it (a terminal's Ctrl-C reaches the whole process group;
 the child restores the clocks and ends), so that the parent lives to report.
@@ -19,9 +19,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from envs.errors import KdvfsError
-from runtime.child import child_environment, split_command
-from runtime.controller.config import ControllerConfig
+from kdvfs.envs.common.errors import KdvfsError
+from kdvfs.runtime.child import child_environment, split_command
+from kdvfs.runtime.controller.config import ControllerConfig
 
 
 @contextlib.contextmanager
@@ -50,7 +50,7 @@ def run_controlled(command: Sequence[str], config: ControllerConfig, script_stdo
         folder = Path(name)
         child = replace(config, report_path=str(folder / "report.json"))
         child.save(folder / "run.json")
-        argv = [interpreter, "-m", "runtime.controller.boot", str(folder / "run.json"), *target]
+        argv = [interpreter, "-m", "kdvfs.runtime.controller.boot", str(folder / "run.json"), *target]
         process = subprocess.Popen(argv, env=child_environment(), stdout=script_stdout)
         with _forwarding_signals(process):
             code = process.wait()

@@ -1,12 +1,12 @@
 """Schedule sources: what the controller applies to each matching step.
 
 Given the expected step (a kdvfs trace) and the GPU profile, a source produces the step's
-:class:`~envs.schedule.Schedule`, one clock action per kernel:
+:class:`~kdvfs.envs.model.schedule.Schedule`, one clock action per kernel:
 
 * a plan file written by ``kdvfs plan -o plan.json`` (format ``kdvfs-schedule`` version 1: segments of
   consecutive kernels with their clocks), checked against the profile and the trace's kernel count;
-* a frozen policy (``.kdvfs-policy.npz``, :mod:`agents.frozen`), rolled over the trace by
-  :class:`agents.policy_planner.PolicyPlanner` (which checks that it was trained for the profile).
+* a frozen policy (``.kdvfs-policy.npz``, :mod:`kdvfs.agents.learned.frozen`), rolled over the trace by
+  :class:`kdvfs.agents.learned.policy_planner.PolicyPlanner` (which checks that it was trained for the profile).
 
 The schedule is computed once; the controller replays it every step.
 """
@@ -20,13 +20,13 @@ from typing import Any
 
 import numpy as np
 
-from agents.problem import Problem
-from envs.bundled import open_trace
-from envs.errors import KdvfsError
-from envs.profiles import GpuProfile, load_profile
-from envs.schedule import Schedule
-from runtime.controller.config import ControllerConfig
-from runtime.device.profile_skeleton import nearest_profile_name
+from kdvfs.agents.common.problem import Problem
+from kdvfs.envs.common.errors import KdvfsError
+from kdvfs.envs.gpu.profiles import GpuProfile, load_profile
+from kdvfs.envs.model.schedule import Schedule
+from kdvfs.envs.trace.bundled import open_trace
+from kdvfs.runtime.controller.config import ControllerConfig
+from kdvfs.runtime.device.profile_skeleton import nearest_profile_name
 
 PLAN_FORMAT, PLAN_VERSION = "kdvfs-schedule", 1
 ZIP_MAGIC = b"PK\x03\x04"
@@ -96,7 +96,7 @@ def _plan_schedule(path: Path, document: dict[str, Any], problem: Problem) -> Sc
 
 def _policy_schedule(path: Path, problem: Problem) -> Schedule:
     """The frozen policy's schedule over ``problem`` (through the issue-5 planner interface)."""
-    from agents.policy_planner import PolicyPlanner
+    from kdvfs.agents.learned.policy_planner import PolicyPlanner
 
     return PolicyPlanner.from_file(path, problem.profile).plan(problem)
 

@@ -1,9 +1,9 @@
 """A schedule on the step's expected timeline: when each clock change is due and when to request it.
 
 The timeline is the captured step's own (kernel durations and idle gaps as measured, gaps scaled to the
-unprofiled step time, :func:`envs.trace.with_measured_gaps`); at locked clocks each kernel's time is scaled
+unprofiled step time, :func:`kdvfs.envs.trace.trace.with_measured_gaps`); at locked clocks each kernel's time is scaled
 by the cost model's ratio to its auto time. In a dry run the GPU stays in auto mode, so the timeline is the
-auto one. The change instants follow :func:`envs.schedule.request_times` (aimed at the start of the idle
+auto one. The change instants follow :func:`kdvfs.envs.model.schedule.request_times` (aimed at the start of the idle
 gap before the kernel that needs the new clocks, a switching latency apart at least). At run time the whole
 timeline is stretched by ``scale`` (measured over expected step time) and requests go out one latency
 before each change is due; a request due earlier than one latency after the step's start is issued during
@@ -16,10 +16,10 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from agents.problem import Problem
-from envs.cost_model import Array
-from envs.schedule import Schedule, execute, request_times
-from envs.trace import with_measured_gaps
+from kdvfs.agents.common.problem import Problem
+from kdvfs.envs.model.cost_model import Array
+from kdvfs.envs.model.schedule import Schedule, execute, request_times
+from kdvfs.envs.trace.trace import with_measured_gaps
 
 
 @dataclass(frozen=True)

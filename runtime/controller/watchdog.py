@@ -1,6 +1,6 @@
 """The watchdog: a small process that resets a GPU's clocks if the training process dies with them locked.
 
-``python -m runtime.controller.watchdog PARENT_PID GPU_INDEX NVML_MODULE``, spawned by the controller (only
+``python -m kdvfs.runtime.controller.watchdog PARENT_PID GPU_INDEX NVML_MODULE``, spawned by the controller (only
 when it changes clocks, never in a dry run) in its own session, so a Ctrl-C or a signal to the training
 process group does not reach it. It holds the read end of a pipe from the training process and polls
 its parent every ``POLL_S`` seconds. A ``stop`` line means the controller restored the clocks itself: it
@@ -16,9 +16,9 @@ import subprocess
 import sys
 from collections.abc import Sequence
 
-from runtime.child import child_environment
-from runtime.device.clock_control import reset_gpu_clocks
-from runtime.device.nvml_info import import_nvml
+from kdvfs.runtime.child import child_environment
+from kdvfs.runtime.device.clock_control import reset_gpu_clocks
+from kdvfs.runtime.device.nvml_info import import_nvml
 
 POLL_S = 0.1
 STOP = b"stop\n"
@@ -27,7 +27,7 @@ STOP_TIMEOUT_S = 5.0
 
 def spawn_watchdog(gpu_index: int, nvml_module: str) -> subprocess.Popen[bytes]:
     """Start the watchdog for this process and GPU ``gpu_index``."""
-    argv = [sys.executable, "-m", "runtime.controller.watchdog", str(os.getpid()), str(gpu_index), nvml_module]
+    argv = [sys.executable, "-m", "kdvfs.runtime.controller.watchdog", str(os.getpid()), str(gpu_index), nvml_module]
     return subprocess.Popen(argv, stdin=subprocess.PIPE, env=child_environment(), start_new_session=True)
 
 

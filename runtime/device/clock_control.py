@@ -1,7 +1,7 @@
 """Lock and restore a GPU's clocks through NVML: the only kdvfs module that changes GPU state.
 
-:class:`NvmlDevice` is the NVML implementation of :class:`runtime.device.interface.Device`: the read-only
-readings of :class:`~runtime.device.nvml_info.GpuReader` plus locking the SM and memory clocks
+:class:`NvmlDevice` is the NVML implementation of :class:`kdvfs.runtime.device.interface.Device`: the read-only
+readings of :class:`~kdvfs.runtime.device.nvml_info.GpuReader` plus locking the SM and memory clocks
 (``nvmlDeviceSetGpuLockedClocks``, ``nvmlDeviceSetMemoryLockedClocks``) and returning them to the GPU
 (``nvmlDeviceResetGpuLockedClocks``, ``nvmlDeviceResetMemoryLockedClocks``). Used by ``kdvfs calibrate
 --sweep``, the clock controller (``kdvfs run`` without ``--dry-run``), its watchdog and ``kdvfs reset``,
@@ -21,9 +21,9 @@ from typing import Any
 
 import pynvml
 
-from runtime.device.errors import NvmlPermissionError, translate_nvml_error
-from runtime.device.interface import check_clocks_mhz
-from runtime.device.nvml_info import GpuReader
+from kdvfs.runtime.device.errors import NvmlPermissionError, translate_nvml_error
+from kdvfs.runtime.device.interface import check_clocks_mhz
+from kdvfs.runtime.device.nvml_info import GpuReader
 
 CAP_SYS_ADMIN = 21
 SWEEP_NEEDS = "a clock sweep locks GPU clocks"
@@ -79,7 +79,7 @@ class NvmlDevice(GpuReader):
             raise translate_nvml_error(error, f"{action} of GPU {self.index}", clock_request=True) from None
 
     def check_clocks_mhz(self, core_mhz: int | None, mem_mhz: int) -> None:
-        """Raise :class:`~runtime.device.errors.UnsupportedClockError` for clocks this GPU does not list."""
+        """Raise :class:`~kdvfs.runtime.device.errors.UnsupportedClockError` for clocks this GPU does not list."""
         if self._supported is None:
             self._supported = self.supported_clocks_mhz()
         check_clocks_mhz(self._supported, core_mhz, mem_mhz, f"GPU {self.index} ({self.name})")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pynvml
 
-from envs.errors import KdvfsError
+from kdvfs.envs.common.errors import KdvfsError
 
 
 class DeviceError(KdvfsError):

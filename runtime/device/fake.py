@@ -1,9 +1,9 @@
-"""A fake GPU for tests: the :class:`~runtime.device.interface.Device` interface simulated by the cost model.
+"""A fake GPU for tests: the :class:`~kdvfs.runtime.device.interface.Device` interface simulated by the cost model.
 
 It runs training steps of one trace on a virtual clock (no sleeping): each kernel at the clocks in effect
-when it starts, priced by the step's :class:`~envs.schedule.ActionCosts`; a clock request takes effect the
+when it starts, priced by the step's :class:`~kdvfs.envs.model.schedule.ActionCosts`; a clock request takes effect the
 profile's switching latency after it was made and stalls the GPU for ``stall_s`` at idle power, as in
-:mod:`envs.schedule`. Every device call is recorded with its virtual time. It is only ever used when a
+:mod:`kdvfs.envs.model.schedule`. Every device call is recorded with its virtual time. It is only ever used when a
 caller constructs it: kdvfs never falls back to it.
 """
 
@@ -15,12 +15,12 @@ from typing import Any
 
 import numpy as np
 
-from envs.cost_model import Array
-from envs.profiles import GpuProfile
-from envs.schedule import ActionCosts
-from runtime.device.clock import VirtualClock
-from runtime.device.errors import NvmlPermissionError
-from runtime.device.interface import check_clocks_mhz
+from kdvfs.envs.gpu.profiles import GpuProfile
+from kdvfs.envs.model.cost_model import Array
+from kdvfs.envs.model.schedule import ActionCosts
+from kdvfs.runtime.device.errors import NvmlPermissionError
+from kdvfs.runtime.device.host_time import VirtualClock
+from kdvfs.runtime.device.interface import check_clocks_mhz
 
 
 @dataclass(frozen=True)

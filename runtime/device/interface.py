@@ -1,15 +1,16 @@
 """The one interface kdvfs uses to a GPU: readings, clock locks and the permission check, units in the names.
 
-:class:`~runtime.device.clock_control.NvmlDevice` implements it over NVML; :class:`~runtime.device.fake.FakeGpu`
-implements it on the cost model and a virtual clock, for tests. Code that changes clocks takes a
-:class:`Device` and is handed one explicitly: nothing swaps the real GPU for the fake on its own.
+:class:`~kdvfs.runtime.device.clock_control.NvmlDevice` implements it over NVML;
+:class:`~kdvfs.runtime.device.fake.FakeGpu` implements it on the cost model and a virtual clock, for tests.
+Code that changes clocks takes a :class:`Device` and is handed one explicitly: nothing swaps the real GPU for
+the fake on its own.
 """
 
 from __future__ import annotations
 
 from typing import Protocol
 
-from runtime.device.errors import UnsupportedClockError
+from kdvfs.runtime.device.errors import UnsupportedClockError
 
 
 class Device(Protocol):
@@ -17,7 +18,7 @@ class Device(Protocol):
 
     ``lock_clocks_mhz(core, mem)`` locks the memory clock at ``mem_mhz`` and the SM clock at ``core_mhz``
     (``None``: the SM clock is left to the GPU); ``reset_clocks`` returns both to the GPU's control.
-    Implementations raise :class:`~runtime.device.errors.UnsupportedClockError` for a clock the GPU does not
+    Implementations raise :class:`~kdvfs.runtime.device.errors.UnsupportedClockError` for a clock the GPU does not
     list, before changing anything.
     """
 

@@ -4,7 +4,7 @@ one GPU's energy counter and clocks (:class:`GpuReader`).
 READ-ONLY: this module only initialises NVML, calls ``nvmlSystemGet*`` / ``nvmlDeviceGet*`` queries and shuts
 NVML down. It never calls an ``nvmlDeviceSet*`` or ``nvmlDeviceReset*`` function, so it cannot change a GPU's
 clocks or power limit and needs no root. Every NVML error is translated by
-:func:`runtime.device.errors.translate_nvml_error`.
+:func:`kdvfs.runtime.device.errors.translate_nvml_error`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any, Self
 
 import pynvml
 
-from runtime.device.errors import NvmlNotSupportedError, NvmlUnavailableError, translate_nvml_error
+from kdvfs.runtime.device.errors import NvmlNotSupportedError, NvmlUnavailableError, translate_nvml_error
 
 # NVML codes meaning "this optional fact is not offered here" (a full H200 answers NOT_SUPPORTED for
 # nvmlDeviceGetAttributes; an old driver lacks the function).
@@ -127,7 +127,7 @@ def read_local_gpus(nvml: types.ModuleType | None = None) -> list[LocalGpu]:
     """Every installed GPU, in NVML index order.
 
     ``nvml`` is the NVML binding (``pynvml`` by default; tests pass a fake with the same function names).
-    Raises :class:`~runtime.device.errors.NvmlUnavailableError` when no driver or NVML library is present.
+    Raises :class:`~kdvfs.runtime.device.errors.NvmlUnavailableError` when no driver or NVML library is present.
     """
     nvml = pynvml if nvml is None else nvml
     _call("initialise NVML", nvml.nvmlInit)

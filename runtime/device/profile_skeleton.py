@@ -12,10 +12,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from envs.config import to_plain
-from envs.profile_io import write_profile_yaml
-from envs.profiles import GpuProfile, load_profile
-from runtime.device.nvml_info import LocalGpu
+from kdvfs.envs.common.config import to_plain
+from kdvfs.envs.gpu.profile_io import write_profile_yaml
+from kdvfs.envs.gpu.profiles import GpuProfile, load_profile
+from kdvfs.runtime.device.nvml_info import LocalGpu
 
 # (text in the NVML model name, shipped profile) in the order they are tried; no match -> DEFAULT_REFERENCE.
 NEAREST_PROFILES = (("H200", "h200"), ("H100", "h100-sxm"), ("A100", "a100-sxm4"), ("3080 Ti", "rtx3080ti"),

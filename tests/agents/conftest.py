@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from agents.ppo import NetArch, PolicyKwargs, TrainConfig, load_train_config
-from agents.train import TrainResult, train
-from envs.workloads import WorkloadSet
+from kdvfs.agents.learned.ppo import NetArch, PolicyKwargs, TrainConfig, load_train_config
+from kdvfs.agents.learned.train import TrainResult, train
+from kdvfs.envs.env.workloads import WorkloadSet
 
 
 def tiny_config() -> TrainConfig:

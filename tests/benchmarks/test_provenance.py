@@ -7,7 +7,7 @@ from datetime import datetime
 from pathlib import Path
 
 from benchmarks.provenance import PROVENANCE_KEYS, host, provenance, provenance_lines, utc_now, write_results
-from envs.run_record import git_revision
+from kdvfs.envs.common.run_record import git_revision
 
 
 def test_provenance_has_the_keys_results_files_carry() -> None:

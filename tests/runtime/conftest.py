@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 
-from envs.paths import REPO_ROOT
+from kdvfs.envs.common.paths import REPO_ROOT
 
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))

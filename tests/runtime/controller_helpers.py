@@ -7,15 +7,15 @@ import json
 from pathlib import Path
 from typing import Any
 
-from agents.problem import Problem
-from agents.registry import make_planner
-from envs.bundled import open_trace
-from envs.profiles import load_profile
-from runtime.cli.plan_cmd import schedule_json
-from runtime.controller import Controller
-from runtime.controller.gpu_timeline import FakeStepTimeline
-from runtime.device.clock import VirtualClock
-from runtime.device.fake import FakeGpu
+from kdvfs.agents.common.problem import Problem
+from kdvfs.agents.planners.registry import make_planner
+from kdvfs.envs.gpu.profiles import load_profile
+from kdvfs.envs.trace.bundled import open_trace
+from kdvfs.runtime.cli.plan_cmd import schedule_json
+from kdvfs.runtime.controller import Controller
+from kdvfs.runtime.controller.gpu_timeline import FakeStepTimeline
+from kdvfs.runtime.device.fake import FakeGpu
+from kdvfs.runtime.device.host_time import VirtualClock
 
 TRACE = "h200/gpt3xl-1layer-b4"
 LATENCY_MS = 2.0

@@ -1,6 +1,6 @@
 """A fake NVML binding importable by name (``--nvml-module tests.runtime.nvml_fake``), also in child processes.
 
-It is the recording :class:`~tests.runtime.test_nvml_info.FakeNvml` of the recorded H200, plus a
+It is the recording :class:`~tests.runtime.device.test_nvml_info.FakeNvml` of the recorded H200, plus a
 total-energy counter that grows at ``power_w`` watts (updating ``update_hz`` times a second, or at every
 read when 0), SM and memory clocks, and the clock-locking functions (which it records and obeys). The
 environment variable ``KDVFS_FAKE_NVML`` (JSON) configures it in a child: ``{"power_w": 400,
@@ -16,7 +16,7 @@ from typing import Any
 
 import pynvml
 
-from tests.runtime.test_nvml_info import FakeGpu, FakeNvml, h200_from_probe
+from tests.runtime.device.test_nvml_info import FakeGpu, FakeNvml, h200_from_probe
 
 
 class EnergyFakeNvml(FakeNvml):

@@ -1,0 +1,112 @@
+"""The planning problem every decision maker solves, and the interface they share.
+
+A :class:`Problem` is one training step (trace) on one GPU (profile) with a slowdown budget and a
+switching latency. A :class:`Planner` turns it into a :class:`~kdvfs.envs.model.schedule.Schedule`; learned policies
+and exact planners alike, so ``kdvfs compare`` scores them the same way (:func:`score`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from kdvfs.envs.common.errors import KdvfsError
+from kdvfs.envs.gpu.profiles import GpuProfile
+from kdvfs.envs.model.cost_model import CostParams
+from kdvfs.envs.model.cost_tables import build_tables
+from kdvfs.envs.model.estimate import estimate_features
+from kdvfs.envs.model.schedule import ActionCosts, Outcome, Schedule, execute, replay
+from kdvfs.envs.trace.trace import Trace
+
+
+class InfeasibleBudgetError(KdvfsError):
+    """No schedule meets the time budget."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One step to schedule.
+
+    Attributes:
+        trace: the training step, every kernel with features (estimated where it had none).
+        profile: the GPU.
+        costs: time and energy of every kernel under every action.
+        slowdown: allowed step-time increase over auto, as a fraction (0.01 = 1%).
+        latency_s: switching latency the schedule is executed with (s).
+        stall_s: GPU stall per clock change (s).
+    """
+
+    trace: Trace
+    profile: GpuProfile
+    costs: ActionCosts
+    slowdown: float
+    latency_s: float
+    stall_s: float
+
+    @classmethod
+    def build(cls, trace: Trace, profile: GpuProfile, slowdown: float, latency_s: float | None = None) -> Problem:
+        """Cost tables of ``trace`` on ``profile``. Latency defaults to the profile's mean; a latency of 0
+        models ideal switching (no stall either)."""
+        if slowdown < 0:
+            raise KdvfsError(f"slowdown budget {slowdown} must be >= 0 (a fraction: 0.01 = 1%)")
+        params = CostParams.from_profile(profile)
+        trace = estimate_features(trace, profile)
+        costs = ActionCosts.from_tables(build_tables(trace, profile, params))
+        latency = profile.switching.latency_mean_s if latency_s is None else latency_s
+        return cls(trace, profile, costs, slowdown, latency, params.switch_stall_s if latency > 0 else 0.0)
+
+    def with_slowdown(self, slowdown: float) -> Problem:
+        return Problem(self.trace, self.profile, self.costs, slowdown, self.latency_s, self.stall_s)
+
+    @property
+    def auto(self) -> Outcome:
+        """The GPU's default behaviour: every kernel in auto mode at the highest memory clock."""
+        return execute(self.costs, np.full(self.costs.kernels, self.costs.auto_index), 0.0, self.stall_s)
+
+    @property
+    def budget_s(self) -> float:
+        """Largest allowed step time (s): auto's step time times (1 + slowdown)."""
+        return self.auto.time_s * (1.0 + self.slowdown)
+
+
+class Planner(Protocol):
+    """Anything that schedules clocks for a step: ``plan`` returns an action per kernel."""
+
+    name: str
+
+    def plan(self, problem: Problem) -> Schedule: ...
+
+
+@dataclass(frozen=True)
+class Score:
+    """A schedule executed with the problem's switching latency, relative to auto (percent)."""
+
+    method: str
+    energy_saved_pct: float
+    slowdown_pct: float
+    switches: int
+    solve_s: float
+
+    def as_json(self) -> dict[str, float | int | str]:
+        return {"method": self.method, "energy_saved_pct": self.energy_saved_pct, "slowdown_pct": self.slowdown_pct,
+                "switches": self.switches, "solve_s": self.solve_s}
+
+
+def outcome_of(problem: Problem, schedule: Schedule, ideal: bool = False) -> Outcome:
+    """What ``schedule`` costs: executed with the problem's latency and stalls, or as planned (``ideal``:
+    every change on time and free). A reactive schedule already holds the clocks that ran."""
+    if ideal:
+        return execute(problem.costs, schedule.actions, 0.0, 0.0)
+    if schedule.reactive:
+        return replay(problem.costs, schedule.actions, problem.stall_s)
+    return execute(problem.costs, schedule.actions, problem.latency_s, problem.stall_s)
+
+
+def score(problem: Problem, schedule: Schedule, ideal: bool = False) -> Score:
+    """Cost of ``schedule`` (see :func:`outcome_of`) relative to auto."""
+    outcome = outcome_of(problem, schedule, ideal)
+    auto = problem.auto
+    return Score(schedule.method, 100.0 * (1.0 - outcome.energy_j / auto.energy_j),
+                 100.0 * (outcome.time_s / auto.time_s - 1.0), outcome.switches, schedule.solve_s)

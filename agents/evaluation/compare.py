@@ -1,0 +1,70 @@
+"""Run every decision maker on one step at one or more slowdown budgets, and plot the trade-off."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from io import BytesIO
+from pathlib import Path
+
+from kdvfs.agents.common.problem import InfeasibleBudgetError, Problem, Score, score
+from kdvfs.agents.planners.registry import COMPARED, make_planner
+from kdvfs.envs.common.files import write_bytes_atomic
+
+
+@dataclass(frozen=True)
+class Row:
+    """One method at one budget: its score when executed, and as planned (no latency, no stalls)."""
+
+    budget: float
+    executed: Score
+    planned: Score
+
+    def as_json(self) -> dict[str, float | int | str]:
+        return {**self.executed.as_json(), "budget_pct": 100.0 * self.budget}
+
+
+def compare(problem: Problem, budgets: Sequence[float], methods: Sequence[str] = COMPARED,
+            progress: Callable[[str], None] | None = None) -> list[Row]:
+    """Every method at every budget. A method with no schedule within a budget is skipped (reported via
+    ``progress``); auto and the reactive governor ignore the budget."""
+    rows = []
+    for budget in budgets:
+        case = problem.with_slowdown(budget)
+        for name in methods:
+            if progress:
+                progress(f"{name} @ {budget:.1%}")
+            try:
+                schedule = make_planner(name).plan(case)
+            except InfeasibleBudgetError as error:
+                if progress:
+                    progress(f"skipped: {error}")
+                continue
+            rows.append(Row(budget, score(case, schedule), score(case, schedule, ideal=True)))
+    return rows
+
+
+def plot_tradeoff(rows: Sequence[Row], title: str, path: Path) -> None:
+    """Energy saved against slowdown, one curve per method through its budgets in increasing order
+    (executed with the problem's latency, so a plan that ignores latency can land past its budget)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(7.5, 5.0), dpi=120)
+    for method in dict.fromkeys(row.executed.method for row in rows):
+        points = [(r.executed.slowdown_pct, r.executed.energy_saved_pct)
+                  for r in sorted(rows, key=lambda r: r.budget) if r.executed.method == method]
+        axes.plot([p[0] for p in points], [p[1] for p in points], marker="o", markersize=3.5, label=method)
+    axes.axhline(0.0, color="grey", linewidth=0.6)
+    axes.set_xlabel("step slowdown vs auto (%)")
+    axes.set_ylabel("step energy saved vs auto (%)")
+    axes.set_title(title, fontsize=10)
+    axes.grid(alpha=0.3)
+    axes.legend(fontsize=8, loc="best")
+    figure.tight_layout()
+    buffer = BytesIO()
+    figure.savefig(buffer, format="png")
+    plt.close(figure)
+    write_bytes_atomic(path, buffer.getvalue())

@@ -1,0 +1,206 @@
+"""Frozen policies: a trained actor in one small ``.npz`` file, run with numpy alone.
+
+The file holds the actor MLP's weights, the observation normalisation, the environment arguments that
+define the observation and the clock grid, the GPU profile it was trained for and the hash of its
+observation spec. :meth:`FrozenPolicy.load` refuses another profile, another observation layout, or a
+damaged file with a :class:`~kdvfs.envs.common.errors.KdvfsError`. Neither stable-baselines3 nor torch is imported.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from io import BytesIO
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kdvfs.envs.common.errors import KdvfsError
+from kdvfs.envs.common.files import write_bytes_atomic
+from kdvfs.envs.env.clock_grid import ClockGrid
+from kdvfs.envs.env.observation import ObservationSpec
+from kdvfs.envs.gpu.profiles import GpuProfile
+from kdvfs.envs.model.cost_model import Array
+
+FORMAT = "kdvfs-policy"
+VERSION = 1
+SUFFIX = ".kdvfs-policy.npz"
+ACTIVATIONS: dict[str, Callable[..., Array]] = {"tanh": np.tanh, "relu": lambda x, out: np.maximum(x, 0.0, out=out)}
+
+
+class PolicyFileError(KdvfsError):
+    """A frozen-policy file is damaged, foreign, or made for another GPU or observation layout."""
+
+
+@dataclass(frozen=True)
+class FrozenPolicy:
+    """A deterministic actor: normalise the observation, run the MLP, take each action part's argmax.
+
+    Attributes:
+        gpu: the GPU profile name it was trained for.
+        spec_hash: :meth:`kdvfs.envs.env.observation.ObservationSpec.hash` of its observations.
+        env: environment arguments it was trained with (``core_fractions``, ``memory_mhz``,
+            ``next_kernels``, ``window_latencies``, ``plan_budgets`` define the observation; the rest is the
+            record).
+        nvec: sizes of the action parts (request, core level, memory clock).
+        activation: hidden-layer activation, ``tanh`` or ``relu``.
+        weights: (in, out) float32 matrices of each layer, the action logits last.
+        biases: (out,) float32 vectors of each layer.
+        obs_mean, obs_var: (N,) running observation statistics; obs_clip and obs_epsilon as VecNormalize.
+        meta: what produced it (config, timesteps, revision), for the record.
+    """
+
+    gpu: str
+    spec_hash: str
+    env: dict[str, Any]
+    nvec: tuple[int, ...]
+    activation: str
+    weights: tuple[Array, ...]
+    biases: tuple[Array, ...]
+    obs_mean: Array
+    obs_var: Array
+    obs_clip: float
+    obs_epsilon: float
+    meta: dict[str, Any]
+    _mean32: Array = field(init=False, repr=False, compare=False)
+    _inverse_std32: Array = field(init=False, repr=False, compare=False)
+    _parts: tuple[tuple[int, int], ...] = field(init=False, repr=False, compare=False)
+    _layers: tuple[tuple[Array, Array, Array], ...] = field(init=False, repr=False, compare=False)
+    _input: Array = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_mean32", self.obs_mean.astype(np.float32))
+        object.__setattr__(self, "_inverse_std32", (1.0 / np.sqrt(self.obs_var + self.obs_epsilon)).astype(np.float32))
+        bounds = np.cumsum([0, *self.nvec])
+        object.__setattr__(self, "_parts", tuple(zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True)))
+        object.__setattr__(self, "_layers", tuple(
+            (np.ascontiguousarray(w.T, dtype=np.float32), b.astype(np.float32), np.empty(len(b), dtype=np.float32))
+            for w, b in zip(self.weights, self.biases, strict=True)))
+        object.__setattr__(self, "_input", np.empty(len(self.obs_mean), dtype=np.float32))
+
+    def grid(self, profile: GpuProfile) -> ClockGrid:
+        """The clock grid of this policy on ``profile``."""
+        return ClockGrid.for_profile(profile, self.env["core_fractions"], self.env["memory_mhz"])
+
+    def observation_kwargs(self) -> dict[str, Any]:
+        """The environment arguments that define this policy's observation (besides the grid)."""
+        return {"next_kernels": int(self.env["next_kernels"]),
+                "window_latencies": tuple(float(w) for w in self.env["window_latencies"]),
+                "plan_budgets": tuple(float(b) for b in self.env.get("plan_budgets", ()))}
+
+    def spec(self, profile: GpuProfile) -> ObservationSpec:
+        """The observation spec this policy expects on ``profile``."""
+        return ObservationSpec(self.grid(profile), **self.observation_kwargs())
+
+    def act(self, observation: Array) -> Array:
+        """The deterministic action (one int per action part) for one raw observation, as VecNormalize and
+        SB3's ``predict(deterministic=True)`` compute it (here all in float32). Works in buffers of the
+        policy: not for concurrent use from several threads."""
+        x = self._input
+        np.subtract(observation, self._mean32, out=x, casting="unsafe")
+        np.multiply(x, self._inverse_std32, out=x)
+        np.minimum(x, self.obs_clip, out=x)
+        np.maximum(x, -self.obs_clip, out=x)
+        activation = ACTIVATIONS[self.activation]
+        *hidden, (weight, bias, logits) = self._layers
+        for hidden_weight, hidden_bias, out in hidden:
+            np.dot(hidden_weight, x, out=out)
+            np.add(out, hidden_bias, out=out)
+            x = activation(out, out=out)
+        np.dot(weight, x, out=logits)
+        np.add(logits, bias, out=logits)
+        return np.array([int(logits[start:end].argmax()) for start, end in self._parts])
+
+    def save(self, path: Path) -> None:
+        """Write the policy to one ``.npz`` file (atomically)."""
+        header = {"format": FORMAT, "version": VERSION, "gpu": self.gpu, "spec_hash": self.spec_hash, "env": self.env,
+                  "nvec": list(self.nvec), "activation": self.activation, "obs_clip": self.obs_clip,
+                  "obs_epsilon": self.obs_epsilon, "layers": len(self.weights), "meta": self.meta}
+        arrays: dict[str, Any] = {"header": np.array(json.dumps(header)), "obs_mean": self.obs_mean,
+                                  "obs_var": self.obs_var}
+        for i, (weight, bias) in enumerate(zip(self.weights, self.biases, strict=True)):
+            arrays[f"w{i}"], arrays[f"b{i}"] = weight, bias
+        buffer = BytesIO()
+        np.savez_compressed(buffer, **arrays)
+        write_bytes_atomic(Path(path), buffer.getvalue())
+
+    @classmethod
+    def load(cls, path: Path, profile: GpuProfile) -> FrozenPolicy:
+        """Read a policy for ``profile``; another profile, spec or a damaged file is a :class:`PolicyFileError`."""
+        policy = _read(Path(path))
+        if policy.gpu != profile.name:
+            raise PolicyFileError(f"{path}: policy was trained for GPU {policy.gpu!r}, not {profile.name!r}; "
+                                  f"train one with `kdvfs train --gpu {profile.name}`")
+        expected = policy.spec(profile).hash()
+        if policy.spec_hash != expected:
+            raise PolicyFileError(f"{path}: observation spec {policy.spec_hash} differs from this version's "
+                                  f"{expected} for {profile.name!r} (environment or profile clocks changed); "
+                                  "retrain the policy")
+        if policy.obs_mean.shape != (policy.spec(profile).size,):
+            raise PolicyFileError(f"{path}: normalisation has {policy.obs_mean.shape} entries, the spec "
+                                  f"{policy.spec(profile).size}; the file is damaged")
+        return policy
+
+
+def _read(path: Path) -> FrozenPolicy:
+    """Parse a policy file without checking it against a profile."""
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            header = json.loads(str(data["header"]))
+            if header.get("format") != FORMAT or header.get("version") != VERSION:
+                raise PolicyFileError(f"{path}: not a {FORMAT} version {VERSION} file")
+            layers = int(header["layers"])
+            weights = tuple(data[f"w{i}"].astype(np.float32) for i in range(layers))
+            biases = tuple(data[f"b{i}"].astype(np.float32) for i in range(layers))
+            policy = _from_parts(header, weights, biases, data["obs_mean"], data["obs_var"])
+    except FileNotFoundError:
+        raise PolicyFileError(f"{path}: no such policy file") from None
+    except (OSError, ValueError, KeyError, TypeError, zipfile.BadZipFile, json.JSONDecodeError) as error:
+        raise PolicyFileError(f"{path}: damaged or not a kdvfs policy file ({type(error).__name__}: "
+                              f"{str(error)[:80]})") from None
+    return policy
+
+
+def _from_parts(header: dict[str, Any], weights: tuple[Array, ...], biases: tuple[Array, ...], obs_mean: Array,
+             obs_var: Array) -> FrozenPolicy:
+    """A policy from a parsed header and arrays; shapes must chain (``ValueError`` otherwise)."""
+    sizes = [w.shape for w in weights]
+    if any(a[1] != b[0] for a, b in itertools.pairwise(sizes)) or sizes[-1][1] != sum(header["nvec"]) \
+            or sizes[0][0] != len(obs_mean) or header["activation"] not in ACTIVATIONS:
+        raise ValueError(f"inconsistent layer shapes {sizes} or activation {header['activation']!r}")
+    return FrozenPolicy(gpu=header["gpu"], spec_hash=header["spec_hash"], env=header["env"],
+                        nvec=tuple(header["nvec"]), activation=header["activation"], weights=weights, biases=biases,
+                        obs_mean=obs_mean.astype(np.float64), obs_var=obs_var.astype(np.float64),
+                        obs_clip=float(header["obs_clip"]), obs_epsilon=float(header["obs_epsilon"]),
+                        meta=header["meta"])
+
+
+def freeze(model: Any, obs_mean: Array, obs_var: Array, obs_clip: float, obs_epsilon: float, gpu: str,
+           spec: ObservationSpec, env: dict[str, Any], meta: dict[str, Any]) -> FrozenPolicy:
+    """Export the actor of a trained SB3 ``PPO`` ``model`` (MLP policy, MultiDiscrete actions).
+
+    Args:
+        model: the trained model (duck-typed: ``model.policy.mlp_extractor.policy_net``, ``action_net``).
+        obs_mean, obs_var: VecNormalize's observation statistics (zeros and ones without normalisation).
+        obs_clip, obs_epsilon: VecNormalize's ``clip_obs`` and ``epsilon``.
+        gpu: the profile name.
+        spec: the observation spec of the training environment.
+        env: the environment arguments (see :attr:`FrozenPolicy.env`).
+        meta: provenance to store.
+    """
+    layers = [m for m in model.policy.mlp_extractor.policy_net if hasattr(m, "weight")]
+    kinds = {type(m).__name__.lower() for m in model.policy.mlp_extractor.policy_net if not hasattr(m, "weight")}
+    if len(kinds) > 1 or not kinds <= set(ACTIVATIONS):
+        raise KdvfsError(f"cannot freeze a policy network with activations {sorted(kinds)}")
+    layers.append(model.policy.action_net)
+    weights = tuple(m.weight.detach().cpu().numpy().T.astype(np.float32) for m in layers)
+    biases = tuple(m.bias.detach().cpu().numpy().astype(np.float32) for m in layers)
+    header = {"gpu": gpu, "spec_hash": spec.hash(), "env": env, "nvec": [int(n) for n in model.action_space.nvec],
+              "activation": kinds.pop() if kinds else "tanh", "obs_clip": obs_clip, "obs_epsilon": obs_epsilon,
+              "meta": meta}
+    mean, var = np.array(obs_mean, dtype=np.float64), np.array(obs_var, dtype=np.float64)
+    return _from_parts(header, weights, biases, mean, var)

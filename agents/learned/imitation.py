@@ -1,0 +1,123 @@
+"""A head start for PPO: behaviour cloning of the plan advisors on the training steps.
+
+Random clocks overrun a 1% budget by far more than any clock saves, so PPO from scratch learns to leave
+the GPU on auto and stops exploring. Instead the policy first imitates an expert: at each decision point,
+request the pair of the plan advisor (:mod:`kdvfs.envs.env.plan_advice`: the latency-aware optimum of the step on
+the policy's clock grid for that budget) with the largest budget within the episode's, through the
+environment's own request semantics. The critic learns the expert's discounted returns. PPO then improves
+on the clone with the environment's own reward (budget tracking under noise, unseen steps).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from stable_baselines3.common.policies import ActorCriticPolicy
+
+from kdvfs.envs.env.dvfs_env import KernelDVFSEnv
+from kdvfs.envs.model.cost_model import Array
+
+
+@dataclass(frozen=True)
+class ImitationArgs:
+    """Behaviour cloning before PPO.
+
+    Attributes:
+        episodes_per_step: expert episodes recorded per demonstration (with the env's noise).
+        epochs: passes over the recorded decisions.
+        batch_size: decisions per gradient step.
+        learning_rate: Adam step size.
+    """
+
+    episodes_per_step: int
+    epochs: int
+    batch_size: int
+    learning_rate: float
+
+
+@dataclass(frozen=True)
+class Demonstration:
+    """Expert episodes on step ``index`` of the environment at ``budget``."""
+
+    index: int
+    budget: float
+
+
+def demonstrations(env: KernelDVFSEnv, budgets: Sequence[float], seed: int) -> list[Demonstration]:
+    """Every step of ``env`` at the first budget and at one other drawn from ``budgets``."""
+    rng = np.random.default_rng(seed)
+    return [Demonstration(i, b) for i in range(len(env.steps))
+            for b in dict.fromkeys((budgets[0], budgets[int(rng.integers(len(budgets)))]))]
+
+
+def expert_action(env: KernelDVFSEnv) -> Array:
+    """What the expert does at every decision: request the pair of the budget's plan advisor (the last
+    advisor: the plan with the largest budget within the episode's). A standing order: the environment
+    ignores it while a request is pending or when that pair is in effect, so the expert's action is the
+    same all episode and the plan's changes happen when the plan proposes them."""
+    return np.array([1, env.grid.size + env.observation_spec.advisors - 1])
+
+
+@dataclass(frozen=True)
+class Expert:
+    """The expert as an actor on ``env`` (for rollouts next to frozen policies)."""
+
+    env: KernelDVFSEnv
+
+    def act(self, _observation: Array) -> Array:
+        return expert_action(self.env)
+
+
+def record(env: KernelDVFSEnv, demos: Sequence[Demonstration], episodes: int, gamma: float,
+           seed: int) -> tuple[Array, Array, Array]:
+    """Observations, expert actions and discounted returns of ``episodes`` episodes per demonstration."""
+    observations: list[Array] = []
+    actions: list[Array] = []
+    returns: list[float] = []
+    for demo in demos:
+        for episode in range(episodes):
+            observation, _ = env.reset(seed=seed + episode, options={"step": demo.index, "budget": demo.budget})
+            rewards, done = [], False
+            while not done:
+                action = expert_action(env)
+                observations.append(observation)
+                actions.append(action)
+                observation, reward, done, _, _ = env.step(action)
+                rewards.append(reward)
+            returns.extend(_discounted(np.array(rewards), gamma))
+    return np.array(observations), np.array(actions), np.array(returns, dtype=np.float32)
+
+
+def _discounted(rewards: Array, gamma: float) -> Array:
+    out, running = np.empty_like(rewards), 0.0
+    for i in range(len(rewards) - 1, -1, -1):
+        running = rewards[i] + gamma * running
+        out[i] = running
+    return out
+
+
+def clone(policy: ActorCriticPolicy, observations: Array, actions: Array, returns: Array, args: ImitationArgs,
+          seed: int) -> dict[str, float]:
+    """Fit an SB3 actor-critic ``policy`` to the expert: maximise the log-likelihood of its actions, regress
+    values on its returns. ``observations`` must already be normalised as the policy sees them."""
+    generator = torch.Generator().manual_seed(seed)
+    optimizer = torch.optim.Adam(policy.parameters(), lr=args.learning_rate)
+    obs_t, act_t = torch.as_tensor(observations, dtype=torch.float32), torch.as_tensor(actions)
+    ret_t = torch.as_tensor(returns, dtype=torch.float32)
+    policy.train()
+    for _ in range(args.epochs):
+        for batch in torch.randperm(len(obs_t), generator=generator).split(args.batch_size):
+            values, log_prob, _ = policy.evaluate_actions(obs_t[batch], act_t[batch])
+            imitation = -log_prob.mean()
+            loss = imitation + 0.5 * torch.nn.functional.mse_loss(values.flatten(), ret_t[batch])
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    policy.train(False)
+    with torch.no_grad():
+        predicted = policy._predict(obs_t, deterministic=True)
+    agree = (predicted == act_t).all(dim=1)
+    return {"expert_agreement": float(agree.float().mean()), "decisions": len(obs_t)}

@@ -1,0 +1,84 @@
+"""A frozen policy behind the planner interface, so ``compare``, ``evaluate`` and ``demo`` score it like
+every other method: it is rolled deterministically through ``KernelDVFS-v0`` on the problem's step (mean
+switching latency, no noise) and its schedule is the clocks that ran (``Schedule.reactive``)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from kdvfs.agents.common.problem import Problem, score
+from kdvfs.agents.evaluation.compare import Row
+from kdvfs.agents.learned.frozen import FrozenPolicy, PolicyFileError
+from kdvfs.envs.common.paths import REPO_ROOT
+from kdvfs.envs.env.dvfs_env import KernelDVFSEnv
+from kdvfs.envs.env.step_data import StepData
+from kdvfs.envs.gpu.profiles import GpuProfile
+from kdvfs.envs.model.cost_model import Array
+from kdvfs.envs.model.schedule import Schedule
+
+POLICY_DIR = REPO_ROOT / "policies"
+
+
+def shipped_policy_path(gpu: str) -> Path:
+    """Where the policy shipped for ``gpu`` lives: ``policies/<gpu>.kdvfs-policy.npz``."""
+    return POLICY_DIR / f"{gpu}.kdvfs-policy.npz"
+
+
+def policy_env(policy: FrozenPolicy, problem: Problem) -> KernelDVFSEnv:
+    """The environment of ``problem`` as ``policy`` sees it: one step, deterministic dynamics."""
+    if problem.profile.name != policy.gpu:
+        raise PolicyFileError(f"policy was trained for GPU {policy.gpu!r}, the problem is on {problem.profile.name!r}")
+    step = StepData.from_costs(problem.trace.meta.workload, problem.trace, problem.costs, policy.grid(problem.profile))
+    return KernelDVFSEnv([step], problem.profile, budgets=(problem.slowdown,), latency_s=problem.latency_s,
+                         stall_s=problem.stall_s, latency_noise=False, duration_noise=0.0,
+                         decision_latencies=float(policy.env["decision_latencies"]), **policy.observation_kwargs())
+
+
+class Actor(Protocol):
+    """Anything that picks an action for an observation (a :class:`FrozenPolicy`, an expert)."""
+
+    def act(self, observation: Array) -> Array: ...
+
+
+def rollout(policy: Actor, env: KernelDVFSEnv, options: dict[str, Any] | None = None, seed: int = 0
+            ) -> dict[str, Any]:
+    """One episode of ``policy`` on ``env`` (reset with ``seed`` and ``options``); the episode summary.
+    The clocks that ran are left in ``env.applied``."""
+    observation, _ = env.reset(seed=seed, options=options)
+    done = False
+    while not done:
+        observation, _, done, _, _ = env.step(policy.act(observation))
+    return env.episode_summary()
+
+
+@dataclass
+class PolicyPlanner:
+    """Runs a :class:`FrozenPolicy` over the step; ``solve_s`` is the whole rollout's wall time."""
+
+    policy: FrozenPolicy
+    name: str = "policy"
+
+    @classmethod
+    def from_file(cls, path: Path, profile: GpuProfile, name: str = "policy") -> PolicyPlanner:
+        return cls(FrozenPolicy.load(path, profile), name)
+
+    def plan(self, problem: Problem) -> Schedule:
+        start = time.perf_counter()
+        env = policy_env(self.policy, problem)
+        summary = rollout(self.policy, env)
+        return Schedule(env.applied.copy(), self.name, time.perf_counter() - start,
+                        {"switches": float(summary["switches"])}, reactive=True)
+
+
+def policy_rows(problem: Problem, planner: PolicyPlanner, budgets: Sequence[float]) -> list[Row]:
+    """The policy's ``compare`` rows at each budget (executed, and as planned)."""
+    rows = []
+    for budget in budgets:
+        case = problem.with_slowdown(budget)
+        schedule = planner.plan(case)
+        rows.append(Row(budget, score(case, schedule), score(case, schedule, ideal=True)))
+    return rows

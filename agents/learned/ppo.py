@@ -1,0 +1,224 @@
+"""PPO for ``KernelDVFS-v0`` with stable-baselines3: the training config, the vectorised envs, the model.
+
+``configs/ppo/<gpu>.yaml`` loads strictly (unknown keys are errors) into :class:`TrainConfig`; its ``ppo``
+section holds arguments of ``stable_baselines3.PPO`` under SB3's own names, ``vec_normalize`` those of
+``VecNormalize``, ``env`` those of the environment and its clock grid, ``data`` the train/held-out split.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from stable_baselines3 import PPO
+from stable_baselines3.common.callbacks import BaseCallback
+from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecEnv, VecMonitor, VecNormalize
+
+from kdvfs.agents.learned.imitation import ImitationArgs
+from kdvfs.envs.common.config import ConfigError, from_mapping, load_yaml
+from kdvfs.envs.common.paths import CONFIG_DIR
+from kdvfs.envs.env.clock_grid import ClockGrid
+from kdvfs.envs.env.dvfs_env import ENV_ID
+from kdvfs.envs.env.step_data import StepData
+from kdvfs.envs.env.workloads import DataSplit
+from kdvfs.envs.gpu.profiles import GpuProfile
+
+PPO_CONFIG_DIR = CONFIG_DIR / "ppo"
+ACTIVATIONS = ("tanh", "relu")
+VEC_ENVS = ("dummy", "subprocess")
+EPISODE_METRICS = ("energy_saved_pct", "slowdown_pct", "overrun_pct", "switches")
+
+
+@dataclass(frozen=True)
+class NetArch:
+    """Hidden layer sizes of the actor (``pi``) and critic (``vf``) MLPs."""
+
+    pi: tuple[int, ...]
+    vf: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class PolicyKwargs:
+    """SB3 ``policy_kwargs``; ``activation_fn`` by name (``tanh`` or ``relu``)."""
+
+    net_arch: NetArch
+    activation_fn: str = "tanh"
+
+    def __post_init__(self) -> None:
+        if self.activation_fn not in ACTIVATIONS:
+            raise ConfigError(f"activation_fn {self.activation_fn!r} must be one of {list(ACTIVATIONS)}")
+
+    def for_sb3(self) -> dict[str, Any]:
+        import torch
+
+        activation = {"tanh": torch.nn.Tanh, "relu": torch.nn.ReLU}[self.activation_fn]
+        return {"net_arch": {"pi": list(self.net_arch.pi), "vf": list(self.net_arch.vf)}, "activation_fn": activation}
+
+
+@dataclass(frozen=True)
+class PpoArgs:
+    """Arguments of ``stable_baselines3.PPO`` (same names, same meaning)."""
+
+    learning_rate: float
+    n_steps: int
+    batch_size: int
+    n_epochs: int
+    gamma: float
+    gae_lambda: float
+    clip_range: float
+    ent_coef: float
+    vf_coef: float
+    max_grad_norm: float
+    policy_kwargs: PolicyKwargs
+    target_kl: float | None = None
+
+
+@dataclass(frozen=True)
+class VecNormalizeArgs:
+    """Arguments of ``stable_baselines3.common.vec_env.VecNormalize`` (rewards are never normalised)."""
+
+    norm_obs: bool = True
+    clip_obs: float = 10.0
+    epsilon: float = 1e-8
+
+
+@dataclass(frozen=True)
+class EnvArgs:
+    """Arguments of ``KernelDVFS-v0`` and of the clock grid its steps are priced on."""
+
+    budgets: tuple[float, ...]
+    latency_noise: bool
+    duration_noise: float
+    overrun_penalty: float
+    decision_latencies: float
+    next_kernels: int
+    window_latencies: tuple[float, ...]
+    plan_budgets: tuple[float, ...]
+    core_fractions: tuple[float, ...]
+    memory_mhz: tuple[int, ...] | None = None
+
+    def grid(self, profile: GpuProfile) -> ClockGrid:
+        return ClockGrid.for_profile(profile, self.core_fractions, self.memory_mhz)
+
+    def env_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of the environment (the grid ones go to the steps instead)."""
+        kwargs = asdict(self)
+        for grid_only in ("core_fractions", "memory_mhz"):
+            kwargs.pop(grid_only)
+        return kwargs
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """One training run.
+
+    Attributes:
+        gpu: GPU profile name the policy is trained for.
+        seed: seeds PPO, the environments and the data.
+        total_timesteps: environment steps (kernel decisions) to train for.
+        n_envs: environments stepped together.
+        vec_env: ``dummy`` (in this process) or ``subprocess`` (one process each).
+        torch_threads: CPU threads for torch.
+        request_prior: the untrained policy's probability of requesting new clocks at a decision point (most
+            random clocks overrun the budget badly, so exploration starts close to the default behaviour).
+        checkpoint_every: save a checkpoint every this many timesteps.
+        eval_every: evaluate the deterministic policy on the held-out steps every this many timesteps.
+        env: environment arguments.
+        ppo: PPO arguments.
+        vec_normalize: observation normalisation.
+        imitation: behaviour cloning of the latency-aware optimum before PPO.
+        data: the train/held-out split.
+    """
+
+    gpu: str
+    seed: int
+    total_timesteps: int
+    n_envs: int
+    vec_env: str
+    torch_threads: int
+    request_prior: float
+    checkpoint_every: int
+    eval_every: int
+    env: EnvArgs
+    ppo: PpoArgs
+    vec_normalize: VecNormalizeArgs
+    imitation: ImitationArgs
+    data: DataSplit
+
+    def __post_init__(self) -> None:
+        if self.vec_env not in VEC_ENVS:
+            raise ConfigError(f"vec_env {self.vec_env!r} must be one of {list(VEC_ENVS)}")
+        for name in ("total_timesteps", "n_envs", "torch_threads", "checkpoint_every", "eval_every"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be > 0")
+        if not 0.0 < self.request_prior < 1.0:
+            raise ConfigError(f"request_prior {self.request_prior} must be in (0, 1)")
+
+
+def load_train_config(gpu_or_path: str | Path) -> TrainConfig:
+    """``configs/ppo/<gpu>.yaml`` by GPU name, or any YAML file; unknown keys are errors."""
+    path = Path(gpu_or_path)
+    if path.suffix not in (".yaml", ".yml"):
+        path = PPO_CONFIG_DIR / f"{gpu_or_path}.yaml"
+        if not path.is_file():
+            known = ", ".join(sorted(p.stem for p in PPO_CONFIG_DIR.glob("*.yaml")))
+            raise ConfigError(f"no PPO config for GPU {str(gpu_or_path)!r} (have {known}); pass --config FILE")
+    return from_mapping(TrainConfig, load_yaml(path), str(path))
+
+
+def build_steps(named_traces: Sequence[tuple[str, Any]], profile: GpuProfile, grid: ClockGrid) -> list[StepData]:
+    """Price each (name, trace) on ``profile`` for the environment."""
+    return [StepData.build(name, trace, profile, grid) for name, trace in named_traces]
+
+
+def make_vec_env(config: TrainConfig, steps: Sequence[StepData], profile: GpuProfile) -> VecNormalize:
+    """``config.n_envs`` environments over ``steps``, monitored, observations normalised (PPO seeds them)."""
+
+    def make() -> gym.Env:
+        return gym.make(ENV_ID, steps=steps, gpu=profile, **config.env.env_kwargs())
+
+    makers = [make] * config.n_envs
+    vec: VecEnv = SubprocVecEnv(makers) if config.vec_env == "subprocess" else DummyVecEnv(makers)
+    norm = config.vec_normalize
+    return VecNormalize(VecMonitor(vec), norm_obs=norm.norm_obs, norm_reward=False,
+                        clip_obs=norm.clip_obs, gamma=config.ppo.gamma, epsilon=norm.epsilon)
+
+
+def make_model(config: TrainConfig, env: VecNormalize, tensorboard_dir: Path | None) -> PPO:
+    """An untrained PPO with an MLP policy and the config's arguments."""
+    import torch
+
+    args = {k: v for k, v in asdict(config.ppo).items() if k != "policy_kwargs"}
+    model = PPO("MlpPolicy", env, policy_kwargs=config.ppo.policy_kwargs.for_sb3(), seed=config.seed, device="cpu",
+                tensorboard_log=str(tensorboard_dir) if tensorboard_dir else None, verbose=0, **args)
+    with torch.no_grad():  # the action head starts near zero weights: its biases set the first probabilities
+        request_logit = math.log(config.request_prior / (1 - config.request_prior))
+        bias = model.policy.action_net.bias
+        assert isinstance(bias, torch.Tensor)
+        bias[:2] = torch.tensor([0.0, request_logit])
+    return model
+
+
+class EpisodeMetrics(BaseCallback):
+    """Logs the mean energy saved, slowdown, budget overrun and switches of the episodes of each rollout."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._episodes: list[dict[str, Any]] = []
+
+    def _on_step(self) -> bool:
+        for info, done in zip(self.locals["infos"], self.locals["dones"], strict=True):
+            if done and "energy_saved_pct" in info:
+                self._episodes.append(info)
+        return True
+
+    def _on_rollout_end(self) -> None:
+        if self._episodes:
+            for key in EPISODE_METRICS:
+                self.logger.record(f"episode/{key}", float(np.mean([e[key] for e in self._episodes])))
+            self._episodes = []

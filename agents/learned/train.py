@@ -1,0 +1,168 @@
+"""Train a clock policy for one GPU with PPO, top to bottom: price the steps, build the envs and the model,
+clone the expert, learn (TensorBoard logs, checkpoints, held-out evaluations), then freeze the actor into
+one file: PPO's, or the clone's where PPO did not improve on it on the training steps under noise.
+
+Everything a run writes goes to ``out``: ``run.json`` (command, resolved config, git revision, seed),
+``config.yaml``, ``tensorboard/``, ``checkpoints/``, ``model.zip`` and ``vecnormalize.pkl`` (SB3),
+``policy.kdvfs-policy.npz`` (the frozen policy) and ``summary.json`` (wall time, held-out results).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import yaml
+from stable_baselines3.common.callbacks import BaseCallback, CallbackList, CheckpointCallback
+from stable_baselines3.common.running_mean_std import RunningMeanStd
+from stable_baselines3.common.vec_env import VecNormalize
+
+from kdvfs.agents.learned.frozen import SUFFIX, FrozenPolicy, freeze
+from kdvfs.agents.learned.imitation import clone, demonstrations, record
+from kdvfs.agents.learned.policy_planner import rollout
+from kdvfs.agents.learned.ppo import EpisodeMetrics, TrainConfig, build_steps, make_model, make_vec_env
+from kdvfs.envs.common.config import to_plain
+from kdvfs.envs.common.files import write_text_atomic
+from kdvfs.envs.common.run_record import git_revision, write_run_record
+from kdvfs.envs.env.dvfs_env import KernelDVFSEnv
+from kdvfs.envs.env.step_data import StepData
+from kdvfs.envs.gpu.profiles import GpuProfile, load_profile
+
+POLICY_FILE = f"policy{SUFFIX}"
+SCORE_SEEDS = 2
+"""Noise seeds per training step when the clone and PPO's policy are compared."""
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """What a run produced: its folder, the frozen policy, wall time (s), timesteps, held-out results."""
+
+    out: Path
+    policy_path: Path
+    wall_s: float
+    timesteps: int
+    held_out: dict[str, dict[str, Any]]
+
+
+def train(config: TrainConfig, out: Path, timesteps: int | None = None, progress_bar: bool = False) -> TrainResult:
+    """Train ``config`` (for ``timesteps`` instead of ``config.total_timesteps`` if given) into ``out``."""
+    start = time.perf_counter()
+    config = replace(config, total_timesteps=timesteps or config.total_timesteps)
+    torch.set_num_threads(config.torch_threads)
+    torch.distributions.Distribution.set_default_validate_args(False)  # ~10% faster rollouts
+    out.mkdir(parents=True, exist_ok=True)
+    write_run_record(out, to_plain(config), config.seed)
+    write_text_atomic(out / "config.yaml", yaml.safe_dump(to_plain(config), sort_keys=False))
+
+    # Data: every training and held-out step priced once on the GPU's profile.
+    profile = load_profile(config.gpu)
+    grid = config.env.grid(profile)
+    train_steps = build_steps(config.data.train.traces(profile), profile, grid)
+    held_out_steps = build_steps(config.data.held_out.traces(profile), profile, grid)
+
+    # Environments and model; a head start by cloning the plan advisors' expert, then PPO.
+    env = make_vec_env(config, train_steps, profile)
+    model = make_model(config, env, out / "tensorboard")
+    imitation = imitate(model, env, config, profile, train_steps)
+    cloned = freeze_model(model, env, config, profile, {})
+    evaluate = HeldOutEvaluation(config, profile, held_out_steps, config.eval_every)
+    checkpoints = CheckpointCallback(max(1, config.checkpoint_every // config.n_envs), str(out / "checkpoints"),
+                                     name_prefix="ppo", save_vecnormalize=True)
+    model.learn(config.total_timesteps, callback=CallbackList([EpisodeMetrics(), checkpoints, evaluate]),
+                progress_bar=progress_bar)
+
+    # Save and freeze; keep PPO's policy only if it beats the clone on the training steps (under noise).
+    model.save(out / "model.zip")
+    env.save(str(out / "vecnormalize.pkl"))
+    scores = {"imitation": training_score(cloned, train_steps, profile, config),
+              "ppo": training_score(freeze_model(model, env, config, profile, {}), train_steps, profile, config)}
+    selected = "ppo" if scores["ppo"] >= scores["imitation"] else "imitation"
+    meta = {"timesteps": int(model.num_timesteps), "train_wall_s": time.perf_counter() - start,
+            "git_revision": git_revision(), "seed": config.seed, "imitation": imitation,
+            "training_scores": scores, "selected": selected}
+    policy = replace(freeze_model(model, env, config, profile, meta) if selected == "ppo" else cloned, meta=meta)
+    policy_path = out / POLICY_FILE
+    policy.save(policy_path)
+    held_out = evaluate_steps(policy, held_out_steps, profile, config)
+    env.close()
+    wall_s = time.perf_counter() - start
+    summary = {"wall_s": wall_s, "timesteps": int(model.num_timesteps), "imitation": imitation,
+               "training_scores": scores, "selected": selected, "held_out": held_out,
+               "train_steps": [s.name for s in train_steps]}
+    write_text_atomic(out / "summary.json", json.dumps(summary, indent=1) + "\n")
+    return TrainResult(out, policy_path, wall_s, int(model.num_timesteps), held_out)
+
+
+def imitate(model: Any, env: VecNormalize, config: TrainConfig, profile: GpuProfile,
+            steps: list[StepData]) -> dict[str, float]:
+    """Clone the plan advisors' expert (:mod:`kdvfs.agents.learned.imitation`) into ``model``'s policy and critic; the
+    recorded observations also start the env's normalisation statistics."""
+    expert_env = KernelDVFSEnv(steps, profile, **config.env.env_kwargs())
+    demos = demonstrations(expert_env, config.env.budgets, config.seed)
+    observations, actions, returns = record(expert_env, demos, config.imitation.episodes_per_step,
+                                            config.ppo.gamma, config.seed)
+    assert isinstance(env.obs_rms, RunningMeanStd)
+    env.obs_rms.update(observations)
+    normalised = env.normalize_obs(observations)
+    assert isinstance(normalised, np.ndarray)
+    return clone(model.policy, normalised, actions, returns, config.imitation, config.seed)
+
+
+def freeze_model(model: Any, env: VecNormalize, config: TrainConfig, profile: GpuProfile,
+                 meta: dict[str, Any]) -> FrozenPolicy:
+    """The model's actor with the env's current observation statistics, as a :class:`FrozenPolicy`."""
+    spec = env.get_attr("observation_spec", [0])[0]
+    stats = env.obs_rms
+    assert isinstance(stats, RunningMeanStd)
+    mean, var = (stats.mean, stats.var) if config.vec_normalize.norm_obs else (np.zeros(spec.size), np.ones(spec.size))
+    return freeze(model, mean, var, env.clip_obs, env.epsilon, profile.name, spec, to_plain(config.env),
+                  {**meta, "config": to_plain(config)})
+
+
+def evaluate_steps(policy: FrozenPolicy, steps: list[StepData], profile: GpuProfile,
+                   config: TrainConfig) -> dict[str, dict[str, Any]]:
+    """Deterministic rollouts (mean latency, no noise) at the first training budget, per step name."""
+    kwargs = {**config.env.env_kwargs(), "budgets": config.env.budgets[:1], "latency_noise": False,
+              "duration_noise": 0.0}
+    env = KernelDVFSEnv(steps, profile, **kwargs)
+    return {step.name: rollout(policy, env, {"step": i}) for i, step in enumerate(steps)}
+
+
+def training_score(policy: FrozenPolicy, steps: list[StepData], profile: GpuProfile, config: TrainConfig) -> float:
+    """Mean return (energy saved % - overrun penalty x overrun %) of the deterministic policy on every
+    training step at the first training budget, with the environment's noise, seeds 0..SCORE_SEEDS-1."""
+    kwargs = {**config.env.env_kwargs(), "budgets": config.env.budgets[:1]}
+    env = KernelDVFSEnv(steps, profile, **kwargs)
+    returns = [_return(rollout(policy, env, {"step": i}, seed), config.env.overrun_penalty)
+               for i in range(len(steps)) for seed in range(SCORE_SEEDS)]
+    return float(np.mean(returns))
+
+
+def _return(summary: dict[str, Any], overrun_penalty: float) -> float:
+    return float(summary["energy_saved_pct"] - overrun_penalty * summary["overrun_pct"])
+
+
+class HeldOutEvaluation(BaseCallback):
+    """Every ``every`` timesteps, logs the deterministic policy's mean result on the held-out steps
+    (monitoring only: nothing is selected by it)."""
+
+    def __init__(self, config: TrainConfig, profile: GpuProfile, steps: list[StepData], every: int) -> None:
+        super().__init__()
+        self.config, self.profile, self.steps, self.every = config, profile, steps, every
+        self._next = every
+
+    def _on_step(self) -> bool:
+        if self.num_timesteps >= self._next and self.steps:
+            self._next += self.every
+            env = self.model.get_env()
+            assert isinstance(env, VecNormalize)
+            policy = freeze_model(self.model, env, self.config, self.profile, {})
+            results = evaluate_steps(policy, self.steps, self.profile, self.config).values()
+            for key in ("energy_saved_pct", "slowdown_pct", "overrun_pct", "switches"):
+                self.logger.record(f"held_out/{key}", float(np.mean([r[key] for r in results])))
+        return True

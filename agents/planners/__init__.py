@@ -1,0 +1,3 @@
+"""Exact and classic planners: the multiple-choice-knapsack ILP (global and per kernel), the
+latency-aware optimum, auto, best static pair, per phase, greedy per kernel, the reactive governor, and the
+registry of every method by name."""

@@ -1,0 +1,36 @@
+"""What produced an output: every run writes ``run.json`` (command, resolved config, git revision, seed)
+next to what it wrote."""
+
+from __future__ import annotations
+
+import json
+import platform
+import subprocess
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from kdvfs.envs.common.files import write_text_atomic
+from kdvfs.envs.common.paths import REPO_ROOT
+
+
+def git_revision() -> str:
+    """The repository's HEAD commit, with ``+dirty`` for uncommitted tracked changes, or ``unknown``."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=REPO_ROOT, check=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                               text=True, cwd=REPO_ROOT, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
+def write_run_record(folder: Path, config: dict[str, Any], seed: int | None = None) -> Path:
+    """Write ``folder/run.json`` describing this run; returns its path."""
+    record = {"command": sys.argv, "config": config, "seed": seed, "git_revision": git_revision(),
+              "date_utc": datetime.now(UTC).isoformat(timespec="seconds"), "python": sys.version.split()[0],
+              "machine": platform.node()}
+    path = Path(folder) / "run.json"
+    write_text_atomic(path, json.dumps(record, indent=1, default=str) + "\n")
+    return path

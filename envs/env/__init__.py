@@ -1,0 +1,2 @@
+"""The Gymnasium environment ``KernelDVFS-v0``: the policy's clock grid, one step's data prepared for stepping,
+the observation and its spec, the plan advisors, and the split of training and held-out workloads."""

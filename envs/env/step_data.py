@@ -1,0 +1,115 @@
+"""One training step prepared for the environment, built once so that stepping only indexes arrays.
+
+:class:`StepData` holds, for the grid actions of a :class:`~kdvfs.envs.env.clock_grid.ClockGrid`, each kernel's time
+and energy (idle gap before it included) from the cost model, their cumulative sums (look-ahead windows
+are differences of two rows), and each kernel's observation features: log duration, SM, DRAM and tensor
+utilisation and its category, never its name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+
+from kdvfs.envs.env.clock_grid import ClockGrid
+from kdvfs.envs.gpu.profiles import GpuProfile
+from kdvfs.envs.model.cost_model import Array, CostParams
+from kdvfs.envs.model.cost_tables import build_tables
+from kdvfs.envs.model.estimate import estimate_features
+from kdvfs.envs.model.schedule import ActionCosts
+from kdvfs.envs.trace.trace import Category, Trace
+
+CATEGORIES = tuple(Category)
+KERNEL_FEATURES = ("log_duration", "sm_util", "dram_util", "tensor_util", *(f"is_{c.value}" for c in CATEGORIES))
+LOG10_DURATION_CENTRE = -4.5
+"""log10 of a ~30 us kernel: kernels of 1 us to 1 ms map to about -1 to 1."""
+
+
+def kernel_features(trace: Trace) -> Array:
+    """(K, F) float32 observation features of each kernel (see ``KERNEL_FEATURES``); missing utilisations 0."""
+    utilisation = np.nan_to_num(np.stack([trace.sm_util, trace.dram_util, trace.tensor_util], axis=1), nan=0.0)
+    categories = np.array([CATEGORIES.index(k.category) for k in trace.kernels])
+    one_hot = np.eye(len(CATEGORIES))[categories]
+    duration = np.log10(np.asarray(trace.duration_s)) - LOG10_DURATION_CENTRE
+    return np.column_stack([duration, utilisation, one_hot]).astype(np.float32)
+
+
+@dataclass(frozen=True, eq=False)
+class StepData:
+    """A step's grid-action costs and kernel features. K kernels, G grid actions (g = 0 is auto). Compared
+    and hashed by identity (it holds arrays).
+
+    Attributes:
+        name: the step's label (workload or variant name).
+        grid: the clock actions the columns stand for.
+        actions: (G,) each grid action's index into the step's full ``ActionCosts``.
+        time_s: (K, G) kernel plus preceding idle gap (s) at each grid action.
+        energy_j: (K, G) the same in energy (J).
+        idle_power_w: (G,) power while stalled for a clock change at each grid action (W).
+        features: (K, F) float32 kernel features (``KERNEL_FEATURES``).
+        cumulative: (K + 1, 2, G) cumulative time (s) and energy (J) before each kernel, per grid action.
+    """
+
+    name: str
+    grid: ClockGrid
+    actions: Array
+    time_s: Array
+    energy_j: Array
+    idle_power_w: Array
+    features: Array
+    cumulative: Array
+
+    @classmethod
+    def from_costs(cls, name: str, trace: Trace, costs: ActionCosts, grid: ClockGrid) -> StepData:
+        """From a step's action costs (as a planner's ``Problem`` holds them); ``trace`` has features."""
+        actions = grid.indices(costs)
+        time_s, energy_j = costs.time_s[:, actions], costs.energy_j[:, actions]
+        both = np.stack([time_s, energy_j], axis=1)
+        cumulative = np.concatenate([np.zeros((1, *both.shape[1:])), np.cumsum(both, axis=0)])
+        return cls(name, grid, actions, time_s, energy_j, costs.idle_power_w[actions], kernel_features(trace),
+                   cumulative)
+
+    @classmethod
+    def build(cls, name: str, trace: Trace, profile: GpuProfile, grid: ClockGrid) -> StepData:
+        """Price ``trace`` on ``profile`` with the cost model (features estimated where missing)."""
+        trace = estimate_features(trace, profile)
+        costs = ActionCosts.from_tables(build_tables(trace, profile, CostParams.from_profile(profile)))
+        return cls.from_costs(name, trace, costs, grid)
+
+    @cached_property
+    def _by_action(self) -> tuple[Array, Array]:
+        return np.ascontiguousarray(self.cumulative[:, 0].T), np.ascontiguousarray(self.cumulative[:, 1].T)
+
+    def cumulative_of(self, action: int, noise: Array | None = None) -> tuple[Array, Array]:
+        """Cumulative time (s) and energy (J) before each kernel at grid action ``action``, each (K + 1,);
+        ``noise`` (K,) multiplies each kernel's time and energy."""
+        if noise is None:
+            return self._by_action[0][action], self._by_action[1][action]
+        time_s, energy_j = np.zeros(self.kernels + 1), np.zeros(self.kernels + 1)
+        np.cumsum(self.time_s[:, action] * noise, out=time_s[1:])
+        np.cumsum(self.energy_j[:, action] * noise, out=energy_j[1:])
+        return time_s, energy_j
+
+    @cached_property
+    def action_costs(self) -> ActionCosts:
+        """The grid actions as planner costs (grid action 0, auto, is the default behaviour)."""
+        labels = [self.grid.label(g).split(":") for g in range(self.grid.size)]
+        core = np.array([np.nan if c == "auto" else float(c) for c, _ in labels])
+        return ActionCosts(self.time_s, self.energy_j, core, np.array([float(m) for _, m in labels]), 0,
+                           self.idle_power_w)
+
+    @property
+    def kernels(self) -> int:
+        return int(self.time_s.shape[0])
+
+    @property
+    def auto_time_s(self) -> float:
+        """Step time in auto mode (s)."""
+        return float(self.cumulative[-1, 0, 0])
+
+    @property
+    def auto_energy_j(self) -> float:
+        """Step energy in auto mode (J)."""
+        return float(self.cumulative[-1, 1, 0])

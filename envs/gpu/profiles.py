@@ -1,0 +1,187 @@
+"""GPU profiles: the clocks, power limits, roofline and switching latency of one GPU model.
+
+Profiles live in ``configs/gpus/<name>.yaml`` (schema in ``docs/gpu-profiles.md``) and load into the
+frozen :class:`GpuProfile`. Core clocks per memory clock are either an explicit list of MHz values or a
+range ``{min_mhz, max_mhz, step_mhz}``. Cost-model parameters carry a status; a placeholder is never
+handed out silently (:meth:`GpuProfile.cost_param` raises :class:`~kdvfs.envs.common.errors.UncalibratedError`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kdvfs.envs.common.config import ConfigError, from_mapping, load_yaml
+from kdvfs.envs.common.errors import ProfileError, UncalibratedError
+from kdvfs.envs.common.paths import GPU_PROFILE_DIR
+
+PARAM_STATUSES = ("placeholder", "estimate", "calibrated")
+
+
+@dataclass(frozen=True)
+class Clocks:
+    """Supported clocks (MHz). ``memory_mhz`` descending; each ``core_mhz`` list strictly ascending."""
+
+    memory_mhz: tuple[int, ...]
+    core_mhz: Mapping[int, tuple[int, ...]]
+    default_memory_mhz: int
+    max_core_mhz: int
+    idle_core_mhz: int
+
+    def __post_init__(self) -> None:
+        if not self.memory_mhz or list(self.memory_mhz) != sorted(set(self.memory_mhz), reverse=True):
+            raise ProfileError(f"memory_mhz {list(self.memory_mhz)} must be distinct and in descending order")
+        if set(self.core_mhz) != set(self.memory_mhz):
+            raise ProfileError(f"core_mhz has entries for {sorted(self.core_mhz)} but memory_mhz lists "
+                               f"{sorted(self.memory_mhz)}; give the core clocks of every memory clock")
+        for mem, cores in self.core_mhz.items():
+            if not cores or list(cores) != sorted(set(cores)) or cores[0] <= 0:
+                raise ProfileError(f"core_mhz[{mem}] must be positive, distinct and in ascending order")
+        if self.default_memory_mhz not in self.memory_mhz:
+            raise ProfileError(f"default_memory_mhz {self.default_memory_mhz} is not in memory_mhz")
+        if self.max_core_mhz != max(self.core_mhz[self.default_memory_mhz]):
+            raise ProfileError(f"max_core_mhz {self.max_core_mhz} differs from the highest core clock "
+                               f"{max(self.core_mhz[self.default_memory_mhz])} at the default memory clock")
+
+
+@dataclass(frozen=True)
+class Power:
+    """Power facts (W): enforced limit, settable limit range, idle draw."""
+
+    limit_w: float
+    limit_range_w: tuple[float, float]
+    idle_w: float
+
+    def __post_init__(self) -> None:
+        low, high = self.limit_range_w
+        if not 0 < low <= self.limit_w <= high:
+            raise ProfileError(f"limit_w {self.limit_w} must lie in limit_range_w {list(self.limit_range_w)}")
+        if not 0 < self.idle_w < self.limit_w:
+            raise ProfileError(f"idle_w {self.idle_w} must be positive and below limit_w {self.limit_w}")
+
+
+@dataclass(frozen=True)
+class Roofline:
+    """Peak dense throughput by precision (FLOP/s), DRAM bandwidth (bytes/s) and SM count."""
+
+    peak_flops: Mapping[str, float]
+    dram_bandwidth_bytes_per_s: float
+    sm_count: int
+
+    def __post_init__(self) -> None:
+        if not self.peak_flops or min(self.peak_flops.values()) <= 0 or self.dram_bandwidth_bytes_per_s <= 0:
+            raise ProfileError("peak_flops and dram_bandwidth_bytes_per_s must be positive")
+
+
+@dataclass(frozen=True)
+class Switching:
+    """Latency from an NVML clock request to the new clock taking effect (seconds)."""
+
+    latency_mean_s: float
+    latency_std_s: float
+    source: str
+    estimated: bool
+
+    def __post_init__(self) -> None:
+        if self.latency_mean_s < 0 or self.latency_std_s < 0:
+            raise ProfileError("latency_mean_s and latency_std_s must be >= 0")
+
+
+@dataclass(frozen=True)
+class CostParam:
+    """One cost-model parameter with its provenance."""
+
+    value: float
+    status: str
+    source: str
+
+    def __post_init__(self) -> None:
+        if self.status not in PARAM_STATUSES:
+            raise ProfileError(f"status {self.status!r} must be one of {list(PARAM_STATUSES)}")
+
+
+@dataclass(frozen=True)
+class GpuProfile:
+    """Everything kdvfs knows about one GPU model. Load with :func:`load_profile`."""
+
+    name: str
+    model: str
+    architecture: str
+    sources: tuple[str, ...]
+    clocks: Clocks
+    power: Power
+    roofline: Roofline
+    switching: Switching
+    cost_model: Mapping[str, CostParam] = field(default_factory=dict)
+
+    @cached_property
+    def clock_pairs_mhz(self) -> np.ndarray:
+        """Every supported (core, memory) pair, shape ``(n_pairs, 2)``, memory descending then core ascending."""
+        pairs = [(core, mem) for mem in self.clocks.memory_mhz for core in self.clocks.core_mhz[mem]]
+        array: np.ndarray = np.asarray(pairs, dtype=np.float64)
+        array.flags.writeable = False
+        return array
+
+    def cost_param(self, name: str) -> float:
+        """A cost-model parameter's value; raises if it is missing or still a placeholder."""
+        param = self.cost_model.get(name)
+        if param is None or param.status == "placeholder":
+            raise UncalibratedError(f"GPU profile {self.name!r}: cost-model parameter {name!r} is "
+                                    f"{'missing' if param is None else 'a placeholder'}; calibrate it with "
+                                    "`kdvfs model fit`")
+        return param.value
+
+
+def _expand_core_clocks(raw: Any, where: str) -> Any:
+    """Turn ``{min_mhz, max_mhz, step_mhz}`` ranges under clocks.core_mhz into explicit lists."""
+    core = raw.get("clocks", {}).get("core_mhz") if isinstance(raw, dict) and isinstance(raw.get("clocks"), dict) \
+        else None
+    if not isinstance(core, dict):
+        return raw
+    expanded = {}
+    for mem, spec in core.items():
+        if isinstance(spec, dict):
+            if set(spec) != {"min_mhz", "max_mhz", "step_mhz"}:
+                raise ConfigError(f"{where}: clocks.core_mhz.{mem}: a range needs exactly min_mhz, max_mhz, step_mhz")
+            low, high, step = spec["min_mhz"], spec["max_mhz"], spec["step_mhz"]
+            if not (isinstance(step, int) and step > 0 and isinstance(low, int) and isinstance(high, int)
+                    and low <= high):
+                raise ConfigError(f"{where}: clocks.core_mhz.{mem}: need integers min_mhz <= max_mhz, step_mhz > 0")
+            expanded[mem] = list(range(low, high + 1, step))
+        else:
+            expanded[mem] = spec
+    return {**raw, "clocks": {**raw["clocks"], "core_mhz": expanded}}
+
+
+def available_profiles() -> list[str]:
+    """Names of the profiles shipped in ``configs/gpus``."""
+    return sorted(p.stem for p in GPU_PROFILE_DIR.glob("*.yaml"))
+
+
+def profile_path(name_or_path: str | Path) -> Path:
+    """Resolve a profile name (``h200``) or a path to a YAML file."""
+    candidate = Path(name_or_path)
+    if candidate.suffix in (".yaml", ".yml"):
+        if not candidate.is_file():
+            raise ProfileError(f"{candidate}: no such GPU profile file")
+        return candidate
+    path = GPU_PROFILE_DIR / f"{name_or_path}.yaml"
+    if not path.is_file():
+        raise ProfileError(f"unknown GPU {str(name_or_path)!r}; known: {', '.join(available_profiles())} "
+                           "(or pass a profile .yaml; `kdvfs gpus local --write` makes one for this machine)")
+    return path
+
+
+def load_profile(name_or_path: str | Path) -> GpuProfile:
+    """Load and validate a GPU profile by name or path."""
+    path = profile_path(name_or_path)
+    raw = _expand_core_clocks(load_yaml(path), str(path))
+    profile = from_mapping(GpuProfile, raw, str(path))
+    if profile.name != path.stem and path.parent == GPU_PROFILE_DIR:
+        raise ProfileError(f"{path}: name {profile.name!r} must match the file name {path.stem!r}")
+    return profile

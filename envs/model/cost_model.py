@@ -1,0 +1,236 @@
+"""The DVFS cost model: time, power and energy of a kernel at any (core, memory) clock pair.
+
+Every number kdvfs reports is scored by this one model (equations and constants with their sources in
+``docs/cost-model.md``). All functions are vectorised: per-kernel arrays have shape ``(K,)`` and
+broadcast against clock arrays, e.g. ``(K, 1)`` against ``(N,)`` gives ``(K, N)`` tables.
+
+Time. A kernel measured at reference clocks (f_c0, f_m0) for t0 seconds, with SM and DRAM utilisations
+u_s, u_d there, is a smooth roofline (p-norm of its compute, memory and latency demands) plus a fixed part:
+
+    r_c = F_c / f_c,   R_m = max(F_m / f_m, kappa * r_c)
+    S(f_c, f_m) = phi_0 + (1 - phi_0) * ((u_s r_c)^p + (u_d R_m)^p + (eps r_c)^p)^(1/p)
+    t(f_c, f_m) = t0 * S(f_c, f_m) / S(f_c0, f_m0)
+
+with F_c, F_m the profile's maximum clocks: memory traffic slows with the memory clock, and once the core
+clock falls below kappa * F_c the L2/crossbar (core clock domain) becomes the memory bottleneck; eps is the
+latency-bound floor that scales with the core clock; p -> infinity is the hard roofline max.
+
+Power. With v(f) the normalised voltage (flat at v_min below the knee, linear to 1 at F_c), the core
+work rate at the new clocks w = (t0 f_c0) / (t f_c) (1 at the reference), and DRAM traffic as a fraction
+of peak bandwidth a_d = u_d * (f_m0 / F_m) * t0 / t:
+
+    P = static_w + leakage_w * v + v^2 (f_c / F_c) (core_idle_w + A w)
+        + mem_background_w (f_m / F_m) + mem_traffic_w a_d ((1 - s) + s v^2)
+
+where the kernel's core activity A = core_sm_w u_s + core_tensor_w u_t, or, when the kernel's power P0
+at the reference clocks was measured, the value that reproduces P0 there; s is the share of data-movement
+power in the core voltage domain (energy per byte moved through L2 and the crossbar scales with v^2).
+
+Auto mode: the firmware's power limiter averages power over windows of ``power_window_s``; each window's
+kernels run at the highest supported core clock whose average power over the window (idle gaps included)
+fits the cap. A kernel alone in its window (a steady loop of one kernel) gets its own capped clock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import numpy as np
+
+from kdvfs.envs.gpu.profiles import GpuProfile
+
+Array = np.ndarray
+
+
+@dataclass(frozen=True)
+class CostParams:
+    """Cost-model parameters of one GPU (names are the keys of a profile's ``cost_model`` section).
+
+    Attributes:
+        fixed_fraction: phi_0, share of a kernel's time that no clock changes (launch overhead).
+        boundness_exponent: p, sharpness of the smooth roofline (p-norm of compute, memory, latency).
+        latency_floor: eps, latency-bound demand (scales with the core clock) below which utilisations vanish.
+        memory_core_knee: kappa, core clock (fraction of max) below which memory traffic slows.
+        static_w: static power independent of clocks (W).
+        leakage_w: leakage power at maximum voltage, scaling with v (W).
+        core_idle_w: core dynamic power at max clock and voltage with idle SMs (W).
+        core_sm_w: additional core dynamic power at full SM throughput (W).
+        core_tensor_w: additional core dynamic power at full tensor-pipe utilisation (W).
+        voltage_min: v at and below the knee, relative to the voltage at the max core clock.
+        voltage_knee_fraction: core clock (fraction of max) above which voltage rises.
+        mem_background_w: memory power at the max memory clock with no traffic (W), linear in f_m.
+        mem_traffic_w: additional power of moving data at full DRAM bandwidth (W).
+        traffic_core_share: share of that data-movement power spent in the core voltage domain (L2,
+            crossbar, load/store units), which scales with v^2; the rest is in the DRAM and its interface.
+        switch_stall_s: time the GPU stalls when a clock change takes effect (s).
+        power_window_s: averaging window of the firmware's power limiter (s): in auto mode the core
+            clock of a window of kernels is the highest whose average power over the window fits the cap.
+    """
+
+    fixed_fraction: float
+    boundness_exponent: float
+    latency_floor: float
+    memory_core_knee: float
+    static_w: float
+    leakage_w: float
+    core_idle_w: float
+    core_sm_w: float
+    core_tensor_w: float
+    voltage_min: float
+    voltage_knee_fraction: float
+    mem_background_w: float
+    mem_traffic_w: float
+    traffic_core_share: float
+    switch_stall_s: float
+    power_window_s: float
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))
+
+    @classmethod
+    def from_profile(cls, profile: GpuProfile) -> CostParams:
+        """Read every parameter from the profile; raises ``UncalibratedError`` for placeholders."""
+        return cls(**{name: profile.cost_param(name) for name in cls.names()})
+
+    def as_array(self) -> Array:
+        return np.array([getattr(self, name) for name in self.names()], dtype=np.float64)
+
+    @classmethod
+    def from_array(cls, values: Array) -> CostParams:
+        return cls(**dict(zip(cls.names(), (float(v) for v in values), strict=True)))
+
+
+@dataclass(frozen=True)
+class KernelInputs:
+    """What the model needs of each kernel, as arrays of shape ``(K,)``.
+
+    Attributes:
+        time_s: duration at the reference clocks (s).
+        core_mhz: reference core clock (MHz).
+        mem_mhz: reference memory clock (MHz).
+        sm_util, dram_util, tensor_util: utilisation fractions at the reference clocks.
+        power_w: measured average power at the reference clocks (W), NaN where unknown.
+    """
+
+    time_s: Array
+    core_mhz: Array
+    mem_mhz: Array
+    sm_util: Array
+    dram_util: Array
+    tensor_util: Array
+    power_w: Array
+
+    def column(self) -> KernelInputs:
+        """The same inputs reshaped to ``(K, 1)`` to broadcast against clock rows."""
+        return KernelInputs(*(getattr(self, f.name)[:, None] for f in fields(self)))
+
+
+@dataclass(frozen=True)
+class ClockLimits:
+    """The maximum core and memory clocks (MHz) the model normalises by."""
+
+    max_core_mhz: float
+    max_mem_mhz: float
+
+    @classmethod
+    def of(cls, profile: GpuProfile) -> ClockLimits:
+        return cls(float(profile.clocks.max_core_mhz), float(max(profile.clocks.memory_mhz)))
+
+
+def slowdown(params: CostParams, limits: ClockLimits, k: KernelInputs, core_mhz: Array, mem_mhz: Array) -> Array:
+    """S(f_c, f_m): each kernel's time relative to its ideal at the max clocks (dimensionless, broadcasts)."""
+    p = params.boundness_exponent
+    core_ratio = limits.max_core_mhz / core_mhz
+    memory_ratio = np.maximum(limits.max_mem_mhz / mem_mhz, params.memory_core_knee * core_ratio)
+    compute = np.power(np.clip(k.sm_util, 0.0, 1.0) * core_ratio, p)
+    memory = np.power(np.clip(k.dram_util, 0.0, 1.0) * memory_ratio, p)
+    latency = np.power(params.latency_floor * core_ratio, p)
+    return params.fixed_fraction + (1.0 - params.fixed_fraction) * np.power(compute + memory + latency, 1.0 / p)
+
+
+def kernel_time_s(params: CostParams, limits: ClockLimits, k: KernelInputs, core_mhz: Array, mem_mhz: Array) -> Array:
+    """Duration (s) of each kernel at the given clocks (broadcast of ``k`` arrays with the clocks)."""
+    reference = slowdown(params, limits, k, k.core_mhz, k.mem_mhz)
+    return k.time_s * slowdown(params, limits, k, core_mhz, mem_mhz) / reference
+
+
+def voltage(params: CostParams, limits: ClockLimits, core_mhz: Array) -> Array:
+    """v(f): core voltage relative to the voltage at the max core clock."""
+    knee = params.voltage_knee_fraction * limits.max_core_mhz
+    rise = np.clip((core_mhz - knee) / max(limits.max_core_mhz - knee, 1e-9), 0.0, 1.0)
+    return params.voltage_min + (1.0 - params.voltage_min) * rise
+
+
+def idle_power_w(params: CostParams, limits: ClockLimits, core_mhz: Array, mem_mhz: Array) -> Array:
+    """Power (W) of the GPU holding the given clocks with no kernel running (idle gaps)."""
+    v = voltage(params, limits, core_mhz)
+    return (params.static_w + params.leakage_w * v + v * v * (core_mhz / limits.max_core_mhz) * params.core_idle_w
+            + params.mem_background_w * mem_mhz / limits.max_mem_mhz)
+
+
+def _core_activity_w(params: CostParams, limits: ClockLimits, k: KernelInputs) -> Array:
+    """Core dynamic power (W, at max clock and voltage) of each kernel's work at its reference rate.
+
+    From the utilisations, or, where the kernel's power at the reference clocks was measured, the part of
+    that measurement the idle and memory terms do not explain.
+    """
+    from_utilisation = params.core_sm_w * k.sm_util + params.core_tensor_w * k.tensor_util
+    v = voltage(params, limits, k.core_mhz)
+    unexplained = (k.power_w - idle_power_w(params, limits, k.core_mhz, k.mem_mhz)
+                   - _traffic_w(params, v, k.dram_util * k.mem_mhz / limits.max_mem_mhz))
+    from_measurement = np.maximum(unexplained, 0.0) / (v * v * k.core_mhz / limits.max_core_mhz)
+    return np.where(np.isfinite(k.power_w), from_measurement, from_utilisation)
+
+
+def kernel_power_w(params: CostParams, limits: ClockLimits, k: KernelInputs, core_mhz: Array, mem_mhz: Array,
+                   time_s: Array) -> Array:
+    """Average power (W) of each kernel at the given clocks, given its duration there."""
+    stretch = k.time_s / time_s
+    core_work = stretch * k.core_mhz / core_mhz
+    dram_rate = k.dram_util * (k.mem_mhz / limits.max_mem_mhz) * stretch
+    v = voltage(params, limits, core_mhz)
+    active = v * v * (core_mhz / limits.max_core_mhz) * _core_activity_w(params, limits, k) * core_work
+    return idle_power_w(params, limits, core_mhz, mem_mhz) + active + _traffic_w(params, v, dram_rate)
+
+
+def _traffic_w(params: CostParams, v: Array, dram_rate: Array) -> Array:
+    """Data-movement power (W) at a DRAM traffic rate (fraction of peak bandwidth) and core voltage v."""
+    share = params.traffic_core_share
+    return params.mem_traffic_w * dram_rate * ((1.0 - share) + share * v * v)
+
+
+def self_referenced_power_w(params: CostParams, limits: ClockLimits, k: KernelInputs, core_mhz: Array) -> Array:
+    """Power (W) of kernels whose utilisations were measured at ``core_mhz`` itself (broadcasts)."""
+    same = KernelInputs(k.time_s, core_mhz, k.mem_mhz, k.sm_util, k.dram_util, k.tensor_util, k.power_w)
+    return kernel_power_w(params, limits, same, core_mhz, k.mem_mhz, k.time_s)
+
+
+def capped_clock_mhz(power_w: Array, core_mhz: Array, cap_w: float) -> Array:
+    """Highest clock in ``core_mhz`` (ascending, last axis of ``power_w``) whose power is within the cap.
+
+    Falls back to the lowest clock where even that exceeds the cap. Shape: ``power_w.shape[:-1]``.
+    """
+    within = power_w <= cap_w
+    highest = within.shape[-1] - 1 - np.argmax(within[..., ::-1], axis=-1)
+    return np.where(within.any(axis=-1), core_mhz[highest], core_mhz[0])
+
+
+def power_windows(start_s: Array, window_s: float) -> Array:
+    """(K,) index of the power-limiter window each kernel starts in (0, 1, ... in time order)."""
+    raw = np.floor(start_s / max(window_s, 1e-12)).astype(np.int64)
+    return np.unique(raw, return_inverse=True)[1]
+
+
+def windowed_capped_clock_mhz(power_w: Array, time_s: Array, gap_s: Array, gap_power_w: Array, window: Array,
+                              core_mhz: Array, cap_w: float) -> Array:
+    """Per-kernel auto core clock (K,) when the cap holds on average over each window.
+
+    ``power_w``, ``time_s``: (K, C) kernel power and time at each candidate core clock; ``gap_s`` (K,) the idle
+    time before each kernel; ``gap_power_w`` (C,) idle power at each clock; ``window`` (K,) sorted window index.
+    """
+    energy = power_w * time_s + gap_s[:, None] * gap_power_w[None, :]
+    duration = time_s + gap_s[:, None]
+    starts = np.flatnonzero(np.r_[True, window[1:] != window[:-1]])
+    average = np.add.reduceat(energy, starts, axis=0) / np.add.reduceat(duration, starts, axis=0)
+    return capped_clock_mhz(average, core_mhz, cap_w)[window]

@@ -1,0 +1,175 @@
+"""Cost tables of a trace on a GPU profile: every kernel at every supported clock pair and in auto mode.
+
+This is the form the environment, the planners, the evaluation and the fake device consume. Tables are
+computed once per (trace, profile) with numpy broadcasting, no Python loop over kernels.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from kdvfs.envs.gpu.profiles import GpuProfile
+from kdvfs.envs.model.cost_model import (
+    Array,
+    ClockLimits,
+    CostParams,
+    KernelInputs,
+    idle_power_w,
+    kernel_power_w,
+    kernel_time_s,
+    power_windows,
+    self_referenced_power_w,
+    windowed_capped_clock_mhz,
+)
+from kdvfs.envs.model.estimate import estimate_features
+from kdvfs.envs.trace.trace import Trace, with_measured_gaps
+
+
+@dataclass(frozen=True)
+class CostTables:
+    """Time, power and energy of each kernel of one step, at each clock pair and in auto mode.
+
+    Shapes: K kernels, N supported (core, memory) pairs, M memory clocks.
+
+    Attributes:
+        pairs_mhz: (N, 2) the (core, memory) pairs, as ``GpuProfile.clock_pairs_mhz``.
+        memory_mhz: (M,) memory clocks, descending (auto-mode columns).
+        time_s, power_w, energy_j: (K, N) duration (s), average power (W), energy (J) at each pair.
+        auto_core_mhz, auto_time_s, auto_power_w, auto_energy_j: (K, M) the same with the core clock left
+            to the firmware (highest within the power cap) at each memory clock.
+        gap_s: (K,) idle time before each kernel (s).
+        gap_power_w: (N,) idle power at each pair (W); auto_gap_power_w: (K, M) idle power during each
+            kernel's preceding gap in auto mode (W).
+    """
+
+    pairs_mhz: Array
+    memory_mhz: Array
+    time_s: Array
+    power_w: Array
+    energy_j: Array
+    auto_core_mhz: Array
+    auto_time_s: Array
+    auto_power_w: Array
+    auto_energy_j: Array
+    gap_s: Array
+    gap_power_w: Array
+    auto_gap_power_w: Array
+
+
+def kernel_inputs(trace: Trace, profile: GpuProfile, params: CostParams) -> KernelInputs:
+    """Model inputs of a trace's kernels; reference clocks resolved, missing features estimated.
+
+    A trace recorded at locked clocks (``meta.ref_core_mhz``) uses them as the reference; one recorded in
+    auto mode gets the clocks the power limiter chose while recording: per window, the highest core clock
+    whose average power (each kernel with its own utilisations) fits the cap. A trace recorded at a memory
+    clock this profile lacks (on another GPU) is taken as recorded at the profile's default memory clock.
+    """
+    if not trace.has_features.all():
+        trace = estimate_features(trace, profile)
+    count = len(trace)
+    known = np.full(count, np.nan)
+    recorded_mem = trace.meta.ref_mem_mhz
+    reference_mem = profile.clocks.default_memory_mhz
+    if recorded_mem is not None and int(recorded_mem) in profile.clocks.memory_mhz:
+        reference_mem = int(recorded_mem)
+    mem_mhz = np.full(count, float(reference_mem))
+    core_mhz = np.full(count, float(trace.meta.ref_core_mhz or profile.clocks.max_core_mhz))
+    inputs = KernelInputs(
+        time_s=np.asarray(trace.duration_s, dtype=np.float64), core_mhz=core_mhz, mem_mhz=mem_mhz,
+        sm_util=np.asarray(trace.sm_util), dram_util=np.asarray(trace.dram_util),
+        tensor_util=np.nan_to_num(np.asarray(trace.tensor_util), nan=0.0), power_w=known,
+    )
+    if trace.meta.ref_core_mhz is not None:
+        return inputs
+    return replace(inputs, core_mhz=auto_reference_mhz(params, profile, inputs, np.asarray(trace.gap_before_s)))
+
+
+def _windows(params: CostParams, time_s: Array, gap_s: Array) -> Array:
+    """Power-limiter window of each kernel on the timeline of the given times (K,)."""
+    start_s = np.cumsum(gap_s + time_s) - time_s
+    return power_windows(start_s, params.power_window_s)
+
+
+def auto_reference_mhz(params: CostParams, profile: GpuProfile, k: KernelInputs, gap_s: Array) -> Array:
+    """Core clock (MHz) the power limiter picked for kernels recorded in auto mode, shape ``(K,)``."""
+    limits = ClockLimits.of(profile)
+    mem = float(k.mem_mhz[0])
+    cores = np.asarray(profile.clocks.core_mhz[int(mem)], dtype=np.float64)
+    power = self_referenced_power_w(params, limits, k.column(), cores[None, :])
+    time = np.broadcast_to(k.time_s[:, None], power.shape)
+    return windowed_capped_clock_mhz(power, time, gap_s, idle_power_w(params, limits, cores, np.asarray(mem)),
+                                     _windows(params, k.time_s, gap_s), cores, profile.power.limit_w)
+
+
+def _auto_columns(params: CostParams, profile: GpuProfile, k: KernelInputs, gap_s: Array
+                  ) -> tuple[Array, Array, Array, Array]:
+    """Auto-mode core clock, time, power and gap power, each (K, M)."""
+    limits, column = ClockLimits.of(profile), k.column()
+    windows = _windows(params, k.time_s, gap_s)
+    clocks, times, powers, gap_powers = [], [], [], []
+    for mem in profile.clocks.memory_mhz:
+        cores = np.asarray(profile.clocks.core_mhz[mem], dtype=np.float64)
+        mem_mhz = np.full((1, 1), float(mem))
+        time = kernel_time_s(params, limits, column, cores[None, :], mem_mhz)
+        power = kernel_power_w(params, limits, column, cores[None, :], mem_mhz, time)
+        gap_power = idle_power_w(params, limits, cores, np.asarray(float(mem)))
+        chosen = windowed_capped_clock_mhz(power, time, gap_s, gap_power, windows, cores, profile.power.limit_w)
+        index = np.searchsorted(cores, chosen)
+        clocks.append(chosen)
+        times.append(np.take_along_axis(time, index[:, None], axis=1)[:, 0])
+        powers.append(np.take_along_axis(power, index[:, None], axis=1)[:, 0])
+        gap_powers.append(gap_power[index])
+    return (np.stack(clocks, axis=1), np.stack(times, axis=1), np.stack(powers, axis=1),
+            np.stack(gap_powers, axis=1))
+
+
+def build_tables(trace: Trace, profile: GpuProfile, params: CostParams | None = None) -> CostTables:
+    """Cost tables of ``trace`` on ``profile`` (parameters from the profile unless given).
+
+    The power cap always holds: a locked core clock above the one the power limiter allows at that memory
+    clock runs at the allowed clock (the firmware treats a locked clock as an upper bound).
+
+    Idle gaps are those of the unprofiled step when the trace carries its measured step time
+    (:func:`kdvfs.envs.trace.trace.with_measured_gaps`).
+    """
+    params = params or CostParams.from_profile(profile)
+    trace = with_measured_gaps(trace)
+    limits = ClockLimits.of(profile)
+    k = kernel_inputs(trace, profile, params)
+    gap_s = np.asarray(trace.gap_before_s, dtype=np.float64)
+    pairs = profile.clock_pairs_mhz
+    core, mem = pairs[:, 0][None, :], pairs[:, 1][None, :]
+    time = kernel_time_s(params, limits, k.column(), core, mem)
+    power = kernel_power_w(params, limits, k.column(), core, mem, time)
+    auto_core, auto_time, auto_power, auto_gap_power = _auto_columns(params, profile, k, gap_s)
+    memory_index = np.searchsorted(-np.asarray(profile.clocks.memory_mhz, dtype=np.float64), -pairs[:, 1])
+    over_cap = core > auto_core[:, memory_index]
+    time = np.where(over_cap, auto_time[:, memory_index], time)
+    power = np.where(over_cap, auto_power[:, memory_index], power)
+    return CostTables(
+        pairs_mhz=pairs, memory_mhz=np.asarray(profile.clocks.memory_mhz, dtype=np.float64),
+        time_s=time, power_w=power, energy_j=time * power,
+        auto_core_mhz=auto_core, auto_time_s=auto_time, auto_power_w=auto_power,
+        auto_energy_j=auto_time * auto_power, gap_s=gap_s,
+        gap_power_w=idle_power_w(params, limits, pairs[:, 0], pairs[:, 1]), auto_gap_power_w=auto_gap_power,
+    )
+
+
+def step_breakdown(trace: Trace, tables: CostTables, time_s: Array, energy_j: Array,
+                   gap_power_w: Array | float) -> dict[str, Any]:
+    """Whole-step time (s), energy (J) and average power (W) for one column of ``tables``, with a
+    per-category split of kernel time and energy. ``time_s``, ``energy_j`` and ``gap_power_w`` (the idle
+    power during each kernel's preceding gap) broadcast to shape (K,)."""
+    step_time_s = float(time_s.sum() + tables.gap_s.sum())
+    energy = float(energy_j.sum() + (tables.gap_s * gap_power_w).sum())
+    categories = np.array([k.category.value for k in trace.kernels])
+    by_category = {}
+    for category in dict.fromkeys(categories):
+        selected = categories == category
+        by_category[str(category)] = {"time_s": float(time_s[selected].sum()),
+                                      "energy_j": float(energy_j[selected].sum())}
+    return {"step_time_s": step_time_s, "energy_j": energy, "avg_power_w": energy / step_time_s,
+            "by_category": by_category}

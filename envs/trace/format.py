@@ -1,0 +1,202 @@
+"""Save and load traces in the kdvfs trace format (JSON, one kernel per line, optionally gzipped).
+
+Format ``kdvfs-trace`` version 1 (documented in ``docs/trace-format.md``)::
+
+    {"format": "kdvfs-trace", "version": 1,
+     "meta": {"gpu": ..., "workload": ..., "source": ..., "ref_mem_mhz": ..., "ref_core_mhz": ...,
+              "observed_core_mhz": ..., "step_index": ..., "measurements": {...}},
+     "names": [kernel names],  "ops": [{"name": ..., "dims": [[...]], "types": [...]}],
+     "sources": [feature sources],
+     "columns": [COLUMNS],
+     "kernels": [
+      [row], ...
+     ]}
+
+Names, ops and feature sources are interned in tables and referenced by index, so rows stay short and a
+diff of two traces shows one changed kernel as one changed line. Times are in seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from kdvfs.envs.common.errors import TraceFormatError
+from kdvfs.envs.common.files import read_input, write_text_atomic
+from kdvfs.envs.trace.trace import Category, Features, Kernel, Kind, OpInfo, Phase, Trace, TraceMeta
+
+FORMAT_NAME = "kdvfs-trace"
+FORMAT_VERSION = 1
+COLUMNS = (
+    "name", "kind", "category", "phase", "duration_s", "gap_before_s", "grid", "block", "op",
+    "flops", "dram_bytes", "sm_util", "dram_util", "tensor_util", "clock_mhz", "features_source",
+)
+_META_FIELDS = ("gpu", "workload", "source", "ref_mem_mhz", "ref_core_mhz", "observed_core_mhz",
+                "step_index", "measurements")
+
+
+class _Interner:
+    def __init__(self) -> None:
+        self.index: dict[Any, int] = {}
+
+    def __call__(self, value: Any) -> int:
+        return self.index.setdefault(value, len(self.index))
+
+    def table(self) -> list[Any]:
+        return list(self.index)
+
+
+def _meta_to_json(meta: TraceMeta) -> dict[str, Any]:
+    record = {name: getattr(meta, name) for name in _META_FIELDS}
+    record["measurements"] = dict(meta.measurements)
+    return record
+
+
+def dumps_trace(trace: Trace) -> str:
+    """Serialise a trace to the kdvfs trace format (a string)."""
+    names, ops, sources = _Interner(), _Interner(), _Interner()
+    rows = []
+    for k in trace.kernels:
+        f = k.features
+        rows.append([
+            names(k.name), k.kind.value, k.category.value, k.phase.value, k.duration_s, k.gap_before_s,
+            list(k.grid), list(k.block), None if k.op is None else ops(k.op), k.flops, k.dram_bytes,
+            f and f.sm_util, f and f.dram_util, f and f.tensor_util, f and f.clock_mhz,
+            None if f is None else sources(f.source),
+        ])
+    op_table = [{"name": o.name, "dims": [list(d) for d in o.input_dims], "types": list(o.input_types)}
+                for o in ops.table()]
+    head = {"format": FORMAT_NAME, "version": FORMAT_VERSION, "meta": _meta_to_json(trace.meta),
+            "names": names.table(), "ops": op_table, "sources": sources.table(), "columns": list(COLUMNS)}
+    head_text = json.dumps(head, indent=1, allow_nan=False)[:-2]
+    body = ",\n".join(json.dumps(row, allow_nan=False, separators=(",", ":")) for row in rows)
+    return f'{head_text},\n "kernels": [\n{body}\n ]\n}}\n'
+
+
+def save_trace(trace: Trace, path: Path) -> None:
+    """Write a trace atomically to ``path`` (gzip when the name ends in ``.gz``)."""
+    write_text_atomic(Path(path), dumps_trace(trace))
+
+
+def _require(condition: bool, where: str, message: str) -> None:
+    if not condition:
+        raise TraceFormatError(f"{where}: {message}")
+
+
+def _number(value: Any, where: str, label: str, optional: bool = True) -> float | None:
+    if value is None and optional:
+        return None
+    _require(isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value),
+             where, f"{label}={value!r} is not a finite number")
+    return float(value)
+
+
+def _dim3(value: Any, where: str, label: str) -> tuple[int, int, int]:
+    _require(isinstance(value, list) and len(value) == 3 and all(isinstance(v, int) for v in value),
+             where, f"{label}={value!r} is not three integers")
+    return (value[0], value[1], value[2])
+
+
+def _enum(enum_type: Any, value: Any, where: str, label: str) -> Any:
+    try:
+        return enum_type(value)
+    except ValueError:
+        allowed = ", ".join(e.value for e in enum_type)
+        raise TraceFormatError(f"{where}: {label}={value!r} is not one of {allowed}") from None
+
+
+def _lookup(table: Sequence[Any], index: Any, where: str, label: str) -> Any:
+    _require(isinstance(index, int) and 0 <= index < len(table), where, f"{label} index {index!r} out of range")
+    return table[index]
+
+
+def _parse_op(record: Any, where: str) -> OpInfo:
+    _require(isinstance(record, dict) and isinstance(record.get("name"), str), where, "malformed op entry")
+    dims = tuple(tuple(int(v) for v in d) for d in record.get("dims", []))
+    return OpInfo(record["name"], dims, tuple(str(t) for t in record.get("types", [])))
+
+
+def _parse_row(row: Any, tables: dict[str, list[Any]], where: str) -> Kernel:
+    try:
+        return _build_kernel(row, tables, where)
+    except TraceFormatError as error:
+        message = str(error)
+        raise TraceFormatError(message if message.startswith(where) else f"{where}: {message}") from None
+
+
+def _build_kernel(row: Any, tables: dict[str, list[Any]], where: str) -> Kernel:
+    _require(isinstance(row, list) and len(row) == len(COLUMNS), where,
+             f"expected a list of {len(COLUMNS)} values ({', '.join(COLUMNS)})")
+    v = dict(zip(COLUMNS, row, strict=True))
+    features = None
+    if v["features_source"] is not None:
+        sm, dram = _number(v["sm_util"], where, "sm_util", False), _number(v["dram_util"], where, "dram_util", False)
+        features = Features(sm_util=sm or 0.0, dram_util=dram or 0.0,
+                            tensor_util=_number(v["tensor_util"], where, "tensor_util"),
+                            clock_mhz=_number(v["clock_mhz"], where, "clock_mhz"),
+                            source=_lookup(tables["sources"], v["features_source"], where, "features_source"))
+    return Kernel(
+        name=_lookup(tables["names"], v["name"], where, "name"),
+        kind=_enum(Kind, v["kind"], where, "kind"),
+        category=_enum(Category, v["category"], where, "category"),
+        phase=_enum(Phase, v["phase"], where, "phase"),
+        duration_s=_number(v["duration_s"], where, "duration_s", False) or 0.0,
+        gap_before_s=_number(v["gap_before_s"], where, "gap_before_s", False) or 0.0,
+        grid=_dim3(v["grid"], where, "grid"), block=_dim3(v["block"], where, "block"),
+        op=None if v["op"] is None else _lookup(tables["ops"], v["op"], where, "op"),
+        flops=_number(v["flops"], where, "flops"), dram_bytes=_number(v["dram_bytes"], where, "dram_bytes"),
+        features=features,
+    )
+
+
+def _parse_meta(record: Any, where: str) -> TraceMeta:
+    _require(isinstance(record, dict), where, "'meta' must be an object")
+    unknown = set(record) - set(_META_FIELDS)
+    _require(not unknown, where, f"unknown meta fields {sorted(unknown)}")
+    for key in ("gpu", "workload", "source"):
+        _require(isinstance(record.get(key), str), where, f"meta.{key} must be a string")
+    measurements = record.get("measurements") or {}
+    _require(isinstance(measurements, dict), where, "meta.measurements must be an object")
+    step_index = record.get("step_index")
+    _require(step_index is None or isinstance(step_index, int), where, "meta.step_index must be an integer")
+    return TraceMeta(
+        gpu=record["gpu"], workload=record["workload"], source=record["source"],
+        ref_mem_mhz=_number(record.get("ref_mem_mhz"), where, "ref_mem_mhz"),
+        ref_core_mhz=_number(record.get("ref_core_mhz"), where, "ref_core_mhz"),
+        observed_core_mhz=_number(record.get("observed_core_mhz"), where, "observed_core_mhz"),
+        step_index=step_index,
+        measurements={str(k): _number(x, where, f"measurements.{k}", False) or 0.0 for k, x in measurements.items()},
+    )
+
+
+def loads_trace(text: str, where: str = "<string>") -> Trace:
+    """Parse the kdvfs trace format. ``where`` names the source in error messages."""
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise TraceFormatError(f"{where}: not valid JSON ({error.msg} at line {error.lineno}); the file is "
+                               "corrupt or truncated: re-create it with `kdvfs trace import`") from None
+    _require(isinstance(document, dict) and document.get("format") == FORMAT_NAME, where,
+             f"not a kdvfs trace (no \"format\": \"{FORMAT_NAME}\"); import profiler traces with `kdvfs trace import`")
+    _require(document.get("version") == FORMAT_VERSION, where,
+             f"trace format version {document.get('version')!r} is not supported (this kdvfs reads version "
+             f"{FORMAT_VERSION}); re-import the trace with this version of kdvfs")
+    _require(document.get("columns") == list(COLUMNS), where, f"columns must be {list(COLUMNS)}")
+    for key in ("names", "ops", "sources", "kernels"):
+        _require(isinstance(document.get(key), list), where, f"'{key}' must be a list")
+    tables = {"names": document["names"], "sources": document["sources"],
+              "ops": [_parse_op(op, f"{where}: ops[{i}]") for i, op in enumerate(document["ops"])]}
+    kernels = [_parse_row(row, tables, f"{where}: kernels[{i}]") for i, row in enumerate(document["kernels"])]
+    try:
+        return Trace(meta=_parse_meta(document.get("meta"), where), kernels=tuple(kernels))
+    except TraceFormatError as error:
+        raise TraceFormatError(f"{where}: {error}") from None
+
+
+def load_trace(path: Path) -> Trace:
+    """Load a kdvfs trace file (``.json`` or ``.json.gz``)."""
+    text = read_input(path, TraceFormatError, "check the path or list bundled traces with `kdvfs trace list`")
+    return loads_trace(text, str(path))

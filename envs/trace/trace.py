@@ -1,0 +1,244 @@
+"""The kernel trace of one training step: an immutable, typed record of what the GPU ran.
+
+A :class:`Trace` is the unit every other part of kdvfs works on: the cost model prices its kernels at
+each clock pair, the environment replays it, planners schedule it, the runtime matches live steps to it.
+Per-kernel numbers are also exposed as read-only numpy columns (shape ``(n_kernels,)``) for vectorised use.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from functools import cached_property
+from types import MappingProxyType
+
+import numpy as np
+
+from kdvfs.envs.common.errors import TraceFormatError
+
+
+class Category(StrEnum):
+    """What a kernel does; decides its default utilisation estimates and how it responds to clocks."""
+
+    GEMM = "gemm"
+    ATTENTION = "attention"
+    ELEMENTWISE = "elementwise"
+    NORM = "norm"
+    SOFTMAX_LOSS = "softmax/loss"
+    REDUCTION = "reduction"
+    OPTIMIZER = "optimizer"
+    COPY_MEMSET = "copy/memset"
+    EMBEDDING = "embedding"
+    COMMUNICATION = "communication"
+    OTHER = "other"
+
+
+class Phase(StrEnum):
+    """Which part of the training step launched a kernel."""
+
+    FORWARD = "forward"
+    BACKWARD = "backward"
+    OPTIMIZER = "optimizer"
+    OTHER = "other"
+
+
+class Kind(StrEnum):
+    """The GPU activity type as the profiler reports it."""
+
+    KERNEL = "kernel"
+    MEMSET = "memset"
+    MEMCPY = "memcpy"
+
+
+Dim3 = tuple[int, int, int]
+
+
+@dataclass(frozen=True)
+class Features:
+    """Hardware-counter features of one kernel at the trace's reference clocks.
+
+    Attributes:
+        sm_util: SM throughput as a fraction of peak, in [0, 1].
+        dram_util: DRAM throughput as a fraction of peak bandwidth, in [0, 1].
+        tensor_util: tensor-pipe utilisation fraction in [0, 1], or None when not measured.
+        clock_mhz: SM clock the kernel actually ran at (MHz), or None when not measured.
+        source: where the numbers came from, e.g. ``"ncu:ncu_gpt3xl_1layer.csv.gz"`` or ``"synthetic"``.
+    """
+
+    sm_util: float
+    dram_util: float
+    tensor_util: float | None
+    clock_mhz: float | None
+    source: str
+
+    def __post_init__(self) -> None:
+        for label, value in (("sm_util", self.sm_util), ("dram_util", self.dram_util),
+                             ("tensor_util", self.tensor_util)):
+            if value is not None and not (0.0 <= value <= 1.0):
+                raise TraceFormatError(f"{label}={value} is outside [0, 1]; utilisations are fractions")
+        if self.clock_mhz is not None and not self.clock_mhz > 0:
+            raise TraceFormatError(f"clock_mhz={self.clock_mhz} must be positive")
+
+
+@dataclass(frozen=True)
+class OpInfo:
+    """The framework op that launched a kernel, with its input shapes and dtypes (for FLOP/byte estimates)."""
+
+    name: str
+    input_dims: tuple[tuple[int, ...], ...] = ()
+    input_types: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One GPU activity of a training step.
+
+    Attributes:
+        name: the kernel name as the profiler reports it (mangled or demangled).
+        kind: kernel, memset or memcpy.
+        category: what it does (see :class:`Category`).
+        phase: forward, backward, optimizer or other.
+        duration_s: time on the GPU (seconds), > 0.
+        gap_before_s: idle time between the previous activity's end and this one's start (seconds), >= 0.
+        grid: launch grid (x, y, z); (0, 0, 0) for memsets and memcpys.
+        block: thread block (x, y, z); (0, 0, 0) for memsets and memcpys.
+        op: the launching framework op, when known.
+        flops: floating-point operations, when known (synthetic traces, shape estimates).
+        dram_bytes: DRAM bytes moved, when known (memsets/memcpys, synthetic traces, shape estimates).
+        features: hardware counters at the reference clocks, when measured or generated.
+    """
+
+    name: str
+    kind: Kind
+    category: Category
+    phase: Phase
+    duration_s: float
+    gap_before_s: float
+    grid: Dim3 = (0, 0, 0)
+    block: Dim3 = (0, 0, 0)
+    op: OpInfo | None = None
+    flops: float | None = None
+    dram_bytes: float | None = None
+    features: Features | None = None
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.duration_s) and self.duration_s > 0):
+            raise TraceFormatError(f"kernel {self.name[:60]!r}: duration_s={self.duration_s} must be > 0")
+        if not (math.isfinite(self.gap_before_s) and self.gap_before_s >= 0):
+            raise TraceFormatError(f"kernel {self.name[:60]!r}: gap_before_s={self.gap_before_s} must be >= 0")
+        for label, value in (("flops", self.flops), ("dram_bytes", self.dram_bytes)):
+            if value is not None and not (math.isfinite(value) and value >= 0):
+                raise TraceFormatError(f"kernel {self.name[:60]!r}: {label}={value} must be >= 0")
+
+
+@dataclass(frozen=True)
+class TraceMeta:
+    """Where a trace comes from and the conditions it was recorded under.
+
+    Attributes:
+        gpu: GPU model name as reported by the device (e.g. ``"NVIDIA H200"``).
+        workload: short workload label (e.g. ``"gpt3xl-24layer-b4"``).
+        source: what the trace was made from (file name, generator and its arguments).
+        ref_mem_mhz: memory clock during recording (MHz), or None when unknown.
+        ref_core_mhz: locked SM clock during recording (MHz), or None when the GPU ran at its own
+            default DVFS ("auto").
+        observed_core_mhz: median SM clock observed during recording (MHz), when known.
+        step_index: which step of the recording this is (0-based), or None for generated traces.
+        measurements: whole-step measurements, e.g. ``{"energy_j_per_step": 109.9, "step_time_s": 0.159}``.
+    """
+
+    gpu: str
+    workload: str
+    source: str
+    ref_mem_mhz: float | None = None
+    ref_core_mhz: float | None = None
+    observed_core_mhz: float | None = None
+    step_index: int | None = None
+    measurements: Mapping[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "measurements", MappingProxyType(dict(self.measurements)))
+
+
+def _readonly(values: list[float] | list[bool] | list[int], dtype: type) -> np.ndarray:
+    array: np.ndarray = np.asarray(values, dtype=dtype)
+    array.flags.writeable = False
+    return array
+
+
+@dataclass(frozen=True)
+class Trace:
+    """One training step: its kernels in launch order and its metadata. Immutable.
+
+    Numeric columns (read-only numpy arrays, shape ``(n_kernels,)``): :attr:`duration_s`,
+    :attr:`gap_before_s`, :attr:`sm_util`, :attr:`dram_util`, :attr:`tensor_util` (NaN where a
+    kernel has no features) and :attr:`has_features`.
+    """
+
+    meta: TraceMeta
+    kernels: tuple[Kernel, ...]
+
+    def __post_init__(self) -> None:
+        if not self.kernels:
+            raise TraceFormatError(f"trace {self.meta.workload!r} has no kernels")
+        object.__setattr__(self, "kernels", tuple(self.kernels))
+
+    def __len__(self) -> int:
+        return len(self.kernels)
+
+    @cached_property
+    def duration_s(self) -> np.ndarray:
+        return _readonly([k.duration_s for k in self.kernels], np.float64)
+
+    @cached_property
+    def gap_before_s(self) -> np.ndarray:
+        return _readonly([k.gap_before_s for k in self.kernels], np.float64)
+
+    @cached_property
+    def has_features(self) -> np.ndarray:
+        return _readonly([k.features is not None for k in self.kernels], np.bool_)
+
+    @cached_property
+    def sm_util(self) -> np.ndarray:
+        return _readonly([k.features.sm_util if k.features else math.nan for k in self.kernels], np.float64)
+
+    @cached_property
+    def dram_util(self) -> np.ndarray:
+        return _readonly([k.features.dram_util if k.features else math.nan for k in self.kernels], np.float64)
+
+    @cached_property
+    def tensor_util(self) -> np.ndarray:
+        values = [k.features.tensor_util if k.features and k.features.tensor_util is not None else math.nan
+                  for k in self.kernels]
+        return _readonly(values, np.float64)
+
+    @property
+    def busy_s(self) -> float:
+        """Total kernel time of the step (seconds)."""
+        return float(self.duration_s.sum())
+
+    @property
+    def step_time_s(self) -> float:
+        """Wall time of the step on the GPU: kernels plus the idle gaps between them (seconds)."""
+        return float(self.duration_s.sum() + self.gap_before_s.sum())
+
+    def count(self, kind: Kind) -> int:
+        """Number of activities of one kind in the step."""
+        return sum(1 for k in self.kernels if k.kind is kind)
+
+
+def with_measured_gaps(trace: Trace) -> Trace:
+    """The trace with its idle gaps scaled so the step lasts the measured, unprofiled step time.
+
+    Profiler overhead slows the CPU's kernel launches and inflates the GPU's idle gaps; when the metadata
+    holds ``measurements["step_time_s"]`` shorter than the traced step, the gaps shrink in proportion
+    (to zero at most). Otherwise the trace is returned unchanged.
+    """
+    measured = trace.meta.measurements.get("step_time_s")
+    idle_s = float(trace.gap_before_s.sum())
+    if measured is None or measured >= trace.step_time_s or idle_s <= 0:
+        return trace
+    scale = max(0.0, measured - trace.busy_s) / idle_s
+    return Trace(trace.meta, tuple(replace(k, gap_before_s=k.gap_before_s * scale) for k in trace.kernels))

@@ -1,0 +1,89 @@
+"""Frozen policies: export/load round trip against SB3, mismatch errors, and the planner interface."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+from stable_baselines3 import PPO
+from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
+
+from kdvfs.agents.common.problem import Problem, score
+from kdvfs.agents.learned.frozen import FrozenPolicy, PolicyFileError
+from kdvfs.agents.learned.policy_planner import PolicyPlanner, policy_env, rollout, shipped_policy_path
+from kdvfs.agents.learned.train import TrainResult
+from kdvfs.envs.gpu.profiles import load_profile
+from kdvfs.envs.trace.bundled import open_trace
+
+
+def test_numpy_forward_equals_sb3_deterministic_action(tiny_run: TrainResult) -> None:
+    profile = load_profile("h200")
+    policy = FrozenPolicy.load(tiny_run.policy_path, profile)
+    model = PPO.load(tiny_run.out / "model.zip", device="cpu")
+    env = policy_env(policy, Problem.build(open_trace("h200/gpt2s-b16"), profile, 0.01))
+    normalize = VecNormalize.load(str(tiny_run.out / "vecnormalize.pkl"), DummyVecEnv([lambda: env]))
+    observation, _ = env.reset(seed=0)
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        expected, _ = model.predict(normalize.normalize_obs(observation), deterministic=True)
+        assert np.array_equal(policy.act(observation), expected)
+        noisy = observation + rng.normal(0, 1, observation.shape).astype(np.float32)
+        assert np.array_equal(policy.act(noisy), model.predict(normalize.normalize_obs(noisy), deterministic=True)[0])
+        observation, _, done, _, _ = env.step(env.action_space.sample())
+        if done:
+            observation, _ = env.reset()
+
+
+def test_save_load_round_trip(tiny_run: TrainResult, tmp_path: Path) -> None:
+    profile = load_profile("h200")
+    policy = FrozenPolicy.load(tiny_run.policy_path, profile)
+    policy.save(tmp_path / "copy.kdvfs-policy.npz")
+    again = FrozenPolicy.load(tmp_path / "copy.kdvfs-policy.npz", profile)
+    observation = np.random.default_rng(1).normal(0, 3, policy.obs_mean.shape).astype(np.float32)
+    assert np.array_equal(policy.act(observation), again.act(observation))
+    assert again.gpu == "h200" and again.spec_hash == policy.spec_hash
+
+
+def test_another_gpu_is_a_clear_error(tiny_run: TrainResult) -> None:
+    with pytest.raises(PolicyFileError, match="trained for GPU 'h200', not 'rtx3080ti'"):
+        FrozenPolicy.load(tiny_run.policy_path, load_profile("rtx3080ti"))
+
+
+def test_another_observation_spec_is_a_clear_error(tiny_run: TrainResult, tmp_path: Path) -> None:
+    profile = load_profile("h200")
+    policy = FrozenPolicy.load(tiny_run.policy_path, profile)
+    path = tmp_path / "old.kdvfs-policy.npz"
+    replace(policy, spec_hash="0" * 16).save(path)
+    with pytest.raises(PolicyFileError, match="observation spec"):
+        FrozenPolicy.load(path, profile)
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "missing"])
+def test_damaged_files_are_clear_errors(tiny_run: TrainResult, tmp_path: Path, damage: str) -> None:
+    path = tmp_path / "bad.kdvfs-policy.npz"
+    if damage == "garbage":
+        path.write_bytes(b"not a policy")
+    elif damage == "truncated":
+        path.write_bytes(tiny_run.policy_path.read_bytes()[:300])
+    with pytest.raises(PolicyFileError, match=r"bad\.kdvfs-policy\.npz"):
+        FrozenPolicy.load(path, load_profile("h200"))
+
+
+def test_policy_planner_schedule_scores_as_its_rollout(tiny_run: TrainResult) -> None:
+    profile = load_profile("h200")
+    problem = Problem.build(open_trace("h200/gpt2s-b16"), profile, 0.01)
+    planner = PolicyPlanner.from_file(tiny_run.policy_path, profile)
+    schedule = planner.plan(problem)
+    assert schedule.reactive and schedule.actions.shape == (problem.costs.kernels,)
+    summary = rollout(planner.policy, policy_env(planner.policy, problem))
+    result = score(problem, schedule)
+    assert result.energy_saved_pct == pytest.approx(summary["energy_saved_pct"], abs=1e-9)
+    assert result.slowdown_pct == pytest.approx(summary["slowdown_pct"], abs=1e-9)
+
+
+@pytest.mark.parametrize("gpu", ["h200", "rtx3080ti"])
+def test_shipped_policies_load_for_their_gpu(gpu: str) -> None:
+    policy = FrozenPolicy.load(shipped_policy_path(gpu), load_profile(gpu))
+    assert policy.gpu == gpu

@@ -1,0 +1,93 @@
+"""Budget plans against brute force, the plan advice arrays, and plan advisors followed through the env."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from kdvfs.envs.env.dvfs_env import KernelDVFSEnv, default_step
+from kdvfs.envs.env.plan_advice import fitting_plan, plan_advice
+from kdvfs.envs.gpu.profiles import load_profile
+from kdvfs.envs.model.schedule import ActionCosts, replay
+from kdvfs.envs.model.segment_plans import cheapest_within, plan_totals, segment_starts, segments_ok
+
+
+def tiny(seed: int, kernels: int = 6, actions: int = 3) -> ActionCosts:
+    rng = np.random.default_rng(seed)
+    return ActionCosts(rng.uniform(1, 3, (kernels, actions)), rng.uniform(1, 3, (kernels, actions)),
+                       np.r_[np.arange(1.0, actions), np.nan], np.ones(actions), 0, rng.uniform(0.5, 1.0, actions))
+
+
+def brute_force(costs: ActionCosts, latency_s: float, stall_s: float, budget_s: float) -> float:
+    best = np.inf
+    for plan in itertools.product(range(costs.time_s.shape[1]), repeat=costs.kernels):
+        actions = np.array(plan)
+        outcome = replay(costs, actions, stall_s)
+        if segments_ok(costs.time_s, actions, latency_s) and outcome.time_s <= budget_s:
+            best = min(best, outcome.energy_j)
+    return best
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_budget_plans_are_feasible_bounded_and_beat_every_single_action(seed: int) -> None:
+    costs = tiny(seed)
+    latency = 0.0 if seed % 3 == 0 else 3.0
+    auto_s = costs.time_s[:, 0].sum()
+    budgets = auto_s * np.array([0.9, 1.0, 1.05, 1.2])
+    found = cheapest_within(costs, budgets, 0.05, segment_starts(costs.time_s, latency), iterations=30)
+    times, energies = plan_totals(costs, found.plans, 0.05)
+    singles = [(costs.time_s[:, a].sum(), costs.energy_j[:, a].sum()) for a in range(3)]
+    for p, budget in enumerate(budgets):
+        optimum = brute_force(costs, latency, 0.05, budget)
+        if not found.feasible[p]:
+            assert optimum == np.inf
+            continue
+        assert segments_ok(costs.time_s, found.plans[p], latency)
+        assert times[p] <= budget + 1e-9
+        assert found.lower_bounds_j[p] - 1e-9 <= optimum <= energies[p] + 1e-9
+        assert energies[p] <= min((e for t, e in singles if t <= budget), default=np.inf) + 1e-9
+
+
+def test_plan_advice_describes_each_plan_from_each_kernel() -> None:
+    step = default_step(load_profile("h200"))
+    effect = np.minimum(np.arange(step.kernels + 1) + 2, step.kernels)
+    advice = plan_advice(step, (0.0, 0.1), effect, latency_s=0.0, stall_s=0.0)
+    assert advice.pairs.shape == (step.kernels + 1, 2)
+    assert np.all(advice.pairs[-1] == 0) and np.all(advice.rest_pct[-1] == 0)
+    for p in range(2):
+        plan = advice.pairs[:-1, p]
+        time_s, energy_j = (float(x[0]) for x in plan_totals(step.action_costs, plan[None], 0.0))
+        assert advice.rest_pct[0, p] == pytest.approx(100 * (1 - energy_j / step.auto_energy_j), abs=1e-4)
+        assert advice.rest_pct[0, 2 + p] == pytest.approx(100 * (time_s / step.auto_time_s - 1), abs=1e-4)
+        assert advice.rest_pct[0, 2 + p] <= 100 * (0.0, 0.1)[p] + 1e-4
+        changes = np.flatnonzero(np.diff(plan)) + 1
+        for j in range(step.kernels):
+            later = changes[changes > j]
+            assert advice.next_change[j, p] == (later[0] if len(later) else step.kernels)
+            assert advice.joinable[j, p] == (advice.next_change[j, p] >= effect[j])
+
+
+def test_fitting_plan_saves_the_most_within_the_affordable_slowdown() -> None:
+    rest = np.array([5.0, 3.0, 1.0, 2.0, 1.0, 0.2], dtype=np.float32)
+    assert fitting_plan(rest, 1.5, np.ones(3, dtype=bool)) == 1
+    assert fitting_plan(rest, 1.5, np.array([True, False, True])) == 2
+    assert fitting_plan(rest, -1.0, np.ones(3, dtype=bool)) == -1
+
+
+def test_following_a_plan_advisor_at_zero_latency_runs_the_plan() -> None:
+    profile = load_profile("h200")
+    env = KernelDVFSEnv(gpu=profile, latency_s=0.0, latency_noise=False, duration_noise=0.0,
+                        plan_budgets=(0.005, 0.01))
+    env.reset(seed=0, options={"budget": 0.01})
+    plan = env._plans[0].pairs[:-1, 1]
+    advisor = env.grid.size + len(env.observation_spec.window_latencies) + 1 + 1
+    done, info = False, {}
+    while not done:
+        _, _, done, _, info = env.step(np.array([1, advisor]))
+    np.testing.assert_array_equal(env.applied, env.steps[0].actions[plan])
+    step = env.steps[0]
+    _, energy_j = plan_totals(step.action_costs, plan[None], 0.0)
+    assert info["energy_saved_pct"] == pytest.approx(100 * (1 - energy_j[0] / step.auto_energy_j))
+    assert info["slowdown_pct"] <= 1.0 + 1e-9

@@ -1,0 +1,115 @@
+"""GPU profiles: the shipped ones load and match their sources; malformed ones fail clearly."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from kdvfs.envs.common.config import ConfigError
+from kdvfs.envs.common.errors import KdvfsError, ProfileError, UncalibratedError
+from kdvfs.envs.common.paths import GPU_PROFILE_DIR, RAW_DATA_DIR
+from kdvfs.envs.gpu.profiles import available_profiles, load_profile
+
+
+def test_all_issue_profiles_ship() -> None:
+    assert {"h200", "h100-sxm", "a100-sxm4", "rtx3080ti", "b200"} <= set(available_profiles())
+    for name in available_profiles():
+        profile = load_profile(name)
+        assert profile.name == name
+        assert profile.switching.source
+
+
+def test_h200_matches_the_nvml_probe_exactly() -> None:
+    probe = json.loads((RAW_DATA_DIR / "h200" / "probe.json").read_text())
+    profile = load_profile("h200")
+    assert list(profile.clocks.memory_mhz) == probe["mem_clocks"]
+    for mem, cores in probe["gfx_clocks"].items():
+        assert list(profile.clocks.core_mhz[int(mem)]) == sorted(cores)
+    assert profile.clocks.max_core_mhz == probe["max_clocks"]["sm"]
+    assert profile.power.limit_w == probe["power_limit_mW"] / 1000
+    assert list(profile.power.limit_range_w) == [c / 1000 for c in probe["power_constraints_mW"]]
+    assert profile.power.idle_w == pytest.approx(probe["idle_power_mW"] / 1000, abs=0.1)
+    assert profile.clock_pairs_mhz.shape == (220, 2)
+
+
+def test_rtx3080ti_clocks_are_those_of_the_paper() -> None:
+    profile = load_profile("rtx3080ti")
+    assert profile.clocks.memory_mhz == (9501, 9251, 5001, 810, 405)
+    assert profile.clocks.core_mhz[9501] == tuple(range(210, 2101, 15))
+    assert profile.power.limit_w == 350
+
+
+def test_b200_switches_fast_and_h200_slowly() -> None:
+    assert load_profile("b200").switching.latency_mean_s < 1e-3 < load_profile("h200").switching.latency_mean_s
+
+
+def test_uncalibrated_parameters_are_never_handed_out() -> None:
+    with pytest.raises(UncalibratedError, match="kdvfs model fit"):
+        load_profile("h200").cost_param("core_dynamic_w")
+
+
+def _h200_raw() -> dict[str, Any]:
+    return yaml.safe_load((GPU_PROFILE_DIR / "h200.yaml").read_text())
+
+
+def _write(tmp_path: Path, raw: dict[str, Any]) -> Path:
+    path = tmp_path / "gpu.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def _set(raw: dict[str, Any], dotted: str, value: Any) -> dict[str, Any]:
+    node = raw
+    *parents, last = dotted.split(".")
+    for key in parents:
+        node = node[key]
+    if value is _DELETE:
+        del node[last]
+    else:
+        node[last] = value
+    return raw
+
+
+_DELETE = object()
+
+
+@pytest.mark.parametrize(
+    ("dotted", "value", "message"),
+    [
+        ("clocks.memory_mhz", [2201, 3201], "descending"),
+        ("clocks.core_mhz", {3201: [1980, 345], 2201: [345, 1980]}, "ascending"),
+        ("clocks.core_mhz", {3201: [345, 1980]}, "every memory clock"),
+        ("clocks.max_core_mhz", 2100, "highest core clock"),
+        ("clocks.core_mhz", {3201: {"min_mhz": 345, "max_mhz": 1980}, 2201: [345]}, "step_mhz"),
+        ("power.limit_w", 900.0, "limit_range_w"),
+        ("power.idle_w", _DELETE, "missing required key"),
+        ("switching", _DELETE, "missing required key"),
+        ("roofline.peak_flops", {"bf16": "989.4e12"}, "exponents with a sign"),
+        ("roofline.sm_count", "many", "expected an integer"),
+        ("turbo", True, "unknown key"),
+        ("switching.latency_mean_s", -1.0, ">= 0"),
+    ],
+)
+def test_malformed_profiles(tmp_path: Path, dotted: str, value: Any, message: str) -> None:
+    path = _write(tmp_path, _set(_h200_raw(), dotted, value))
+    with pytest.raises(ConfigError, match=message) as caught:
+        load_profile(path)
+    assert str(path) in str(caught.value)
+
+
+def test_unknown_gpu_lists_the_known_ones() -> None:
+    with pytest.raises(ProfileError, match=r"known: .*h200"):
+        load_profile("h300")
+
+
+def test_invalid_yaml_and_missing_file(tmp_path: Path) -> None:
+    path = tmp_path / "broken.yaml"
+    path.write_text("name: [unclosed\n")
+    with pytest.raises(KdvfsError, match="not valid YAML"):
+        load_profile(path)
+    with pytest.raises(ProfileError, match="no such GPU profile file"):
+        load_profile(tmp_path / "nothing.yaml")

@@ -1,0 +1,37 @@
+"""``kdvfs evaluate`` with the shipped H200 policy, and ``kdvfs train``'s argument checks."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kdvfs.agents.learned.policy_planner import shipped_policy_path
+from kdvfs.agents.learned.ppo import PPO_CONFIG_DIR
+from kdvfs.runtime.cli import main
+
+TRACE = "h200/gpt3xl-1layer-b4"
+
+
+def test_evaluate_json_has_the_compare_fields_plus_a_policy_row(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["evaluate", "--policy", str(shipped_policy_path("h200")), "--trace", TRACE, "--gpu", "h200",
+                 "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert {"policy", "latency-optimal", "auto"} <= {row["method"] for row in rows}
+    for row in rows:
+        assert set(row) == {"method", "energy_saved_pct", "slowdown_pct", "switches", "solve_s", "budget_pct"}
+        assert row["budget_pct"] == pytest.approx(1.0)
+
+
+def test_evaluate_refuses_a_policy_of_another_gpu(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["evaluate", "--policy", str(shipped_policy_path("h200")), "--trace", TRACE,
+                 "--gpu", "rtx3080ti"]) == 2
+    assert "trained for GPU 'h200'" in capsys.readouterr().err
+
+
+def test_train_refuses_a_config_for_another_gpu(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = str(PPO_CONFIG_DIR / "rtx3080ti.yaml")
+    assert main(["train", "--gpu", "h200", "--config", config, "--out", str(tmp_path)]) == 2
+    assert "trains for 'rtx3080ti'" in capsys.readouterr().err
+    assert main(["train", "--gpu", "h200", "--timesteps", "0", "--out", str(tmp_path)]) == 2

@@ -1,0 +1,57 @@
+"""`kdvfs plan` and `kdvfs compare`: JSON shapes, files written, clear errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kdvfs.envs.trace.bundled import trace_path
+from kdvfs.runtime.cli import main
+
+SMALL = "h200/gpt3xl-1layer-b4"
+FIELDS = {"method", "energy_saved_pct", "slowdown_pct", "switches", "solve_s", "budget_pct"}
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_plan_writes_a_schedule(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    out = tmp_path / "plan.json"
+    code, text, _ = run(capsys, "plan", "--trace", SMALL, "--gpu", "h200", "--method", "latency-optimal",
+                        "--slowdown", "0.02", "-o", str(out))
+    assert code == 0 and "latency-optimal" in text
+    plan = json.loads(out.read_text())
+    assert plan["format"] == "kdvfs-schedule" and plan["kernels"] == 115
+    assert plan["segments"][0]["start_kernel"] == 0
+    assert plan["executed"]["step_time_s"] <= plan["auto"]["step_time_s"] * 1.02 + 1e-12
+
+
+def test_compare_json_has_the_documented_fields(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    plot = tmp_path / "pareto.png"
+    code, text, _ = run(capsys, "compare", "--trace", SMALL, "--gpu", "h200", "--slowdown", "0.01,0.05",
+                        "--latency-ms", "0", "--json", "--plot", str(plot))
+    rows = json.loads(text)
+    assert code == 0 and {tuple(sorted(r)) for r in rows} == {tuple(sorted(FIELDS))}
+    assert {r["budget_pct"] for r in rows} == {1.0, 5.0}
+    ilp = {r["budget_pct"]: r for r in rows if r["method"] == "ilp"}
+    assert ilp[5.0]["energy_saved_pct"] >= ilp[1.0]["energy_saved_pct"] - 1e-9
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_empty_trace_and_bad_budgets_are_clear_errors(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    document = json.loads(trace_path(SMALL).read_text())
+    document["kernels"] = []
+    empty = tmp_path / "empty.trace.json"
+    empty.write_text(json.dumps(document))
+    code, _, err = run(capsys, "plan", "--trace", str(empty), "--gpu", "h200", "--method", "ilp", "--slowdown", "0.01")
+    assert code == 2 and "has no kernels" in err and err.count("\n") == 1
+    code, _, err = run(capsys, "plan", "--trace", SMALL, "--gpu", "h200", "--method", "ilp", "--slowdown", "-0.01")
+    assert code == 2 and "must be >= 0" in err
+    with pytest.raises(SystemExit) as caught:
+        main(["compare", "--trace", SMALL, "--gpu", "h200", "--slowdown", "-1"])
+    assert caught.value.code == 2

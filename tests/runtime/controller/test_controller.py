@@ -1,0 +1,195 @@
+"""The clock controller on the cost-model fake GPU (virtual clock, no sleeping): it follows the schedule,
+requests ahead by the latency, restores the clocks, backs off, returns to auto on a mismatch, accounts
+energy, and changes nothing in a dry run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kdvfs.agents.common.problem import score
+from kdvfs.envs.model.schedule import execute
+from kdvfs.runtime.controller.matching import Guard, StepMatcher
+from kdvfs.runtime.controller.source import load_plan
+from kdvfs.runtime.controller.timeline import StepPlan
+from tests.runtime.controller_helpers import (
+    LATENCY_MS,
+    TRACE,
+    fake_controller,
+    log_records,
+    run_steps,
+    small_problem,
+    write_plan,
+)
+
+LATENCY_S = LATENCY_MS / 1e3
+
+
+@pytest.fixture(scope="module")
+def plan_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_plan(tmp_path_factory.mktemp("plan") / "plan.json")
+
+
+def _actions(plan_file: Path) -> np.ndarray:
+    document = json.loads(plan_file.read_text())
+    problem = small_problem()
+    starts = [s["start_kernel"] for s in document["segments"]] + [problem.costs.kernels]
+    labels = [problem.costs.index_of(s["clocks"]) for s in document["segments"]]
+    return np.repeat(labels, np.diff(starts))
+
+
+def test_controlled_steps_run_the_planned_clocks(plan_file: Path) -> None:
+    controller, gpu, _ = fake_controller(plan_file)
+    with controller:
+        run_steps(controller, 20)
+    problem = small_problem()
+    expected = execute(problem.costs, _actions(plan_file), problem.latency_s, problem.stall_s).applied
+    assert len(set(expected.tolist())) >= 2
+    first_controlled = 4  # steps 0-1 confirm the match, 1-3 measure the baseline, step 4 is controlled
+    assert all(np.all(step.applied == problem.costs.auto_index) for step in gpu.steps[:first_controlled])
+    for step in gpu.steps[first_controlled + 1:]:
+        assert np.mean(step.applied == expected) > 0.97
+    assert controller.summary is not None and controller.summary["controlled_steps"] == 20 - first_controlled
+
+
+def test_requests_are_issued_one_latency_before_they_are_due(plan_file: Path, tmp_path: Path) -> None:
+    controller, gpu, _ = fake_controller(plan_file, log=str(tmp_path / "log.jsonl"))
+    with controller:
+        run_steps(controller, 15)
+    requests = log_records(tmp_path / "log.jsonl", "request")
+    steady = [r for r in requests if r["step"] > 7 and not r["clocks"].startswith("auto")]
+    assert len(steady) >= 6
+    for record in steady:
+        assert record["issued_s"] == pytest.approx(record["due_s"] - LATENCY_S, abs=1e-9)
+    locks = [call for call in gpu.calls if call.name == "lock_clocks_mhz"]
+    assert [c.time_s for c in locks[-len(steady):]] == pytest.approx([r["issued_s"] for r in steady[-len(locks):]])
+    plan = StepPlan.build(small_problem(), load_plan(controller.config, gpu.name).schedule, dry_run=False)
+    starts = {r["step"]: r["end_s"] for r in log_records(tmp_path / "log.jsonl", "step")}
+    for record in steady:
+        offsets = record["due_s"] - starts[record["step"] - 1]
+        assert offsets == pytest.approx(plan.due_s[list(plan.kernels).index(record["kernel"])], rel=0.01, abs=1e-6)
+
+
+def test_clocks_restored_on_exit_and_on_exception(plan_file: Path) -> None:
+    controller, gpu, _ = fake_controller(plan_file)
+    with controller:
+        run_steps(controller, 12)
+    assert gpu.calls[-1].name == "reset_clocks"
+    controller, gpu, _ = fake_controller(plan_file)
+    with pytest.raises(RuntimeError, match="training failed"), controller:
+        run_steps(controller, 12)
+        raise RuntimeError("training failed")
+    assert gpu.calls[-1].name == "reset_clocks" and gpu.set_calls[-2].name == "lock_clocks_mhz"
+
+
+def test_guard_backs_off_when_the_budget_is_exceeded(plan_file: Path, tmp_path: Path) -> None:
+    controller, gpu, _ = fake_controller(plan_file, budget=0.0, guard_margin=0.001, log=str(tmp_path / "log.jsonl"))
+    with controller:
+        run_steps(controller, 30)
+    summary = controller.summary
+    assert summary is not None and summary["backed_off"] and "exceeds the budget" in summary["backoff_reason"]
+    rebaseline = log_records(tmp_path / "log.jsonl", "rebaseline")[0]["step"]
+    backoff = log_records(tmp_path / "log.jsonl", "backoff")[0]["step"]
+    assert rebaseline < backoff < 25 and summary["guard_rebaselines"] == 1
+    assert np.all(gpu.steps[rebaseline + 2].applied == gpu.costs.auto_index)
+    assert all(np.all(step.applied == gpu.costs.auto_index) for step in gpu.steps[backoff + 2:])
+
+
+def test_guard_follows_a_drifting_auto_step_time_without_backing_off(plan_file: Path, tmp_path: Path) -> None:
+    controller, _, timeline = fake_controller(plan_file, dry_run=True, budget=0.01, log=str(tmp_path / "log.jsonl"))
+    for step in range(8, 40):
+        timeline.irregular[step] = (0.001, 1000)  # the GPU warms up: its auto steps run 2% longer
+    with controller:
+        run_steps(controller, 40)
+    summary = controller.summary
+    assert summary is not None and not summary["backed_off"] and summary["guard_rebaselines"] == 1
+    assert summary["controlled_steps"] > 25
+
+
+def test_a_step_that_does_not_match_returns_the_gpu_to_auto(plan_file: Path, tmp_path: Path) -> None:
+    controller, gpu, timeline = fake_controller(plan_file, log=str(tmp_path / "log.jsonl"))
+    timeline.irregular[12] = (0.3, 999)  # an evaluation pass between two optimizer steps
+    with controller:
+        run_steps(controller, 22)
+    summary = controller.summary
+    assert summary is not None and summary["mismatches"] == 1 and not summary["backed_off"]
+    auto = gpu.costs.auto_index
+    assert not np.all(gpu.steps[12].applied == auto)
+    assert np.all(gpu.steps[14].applied == auto)  # 13 and 14 confirm the match, 15 is controlled again
+    assert not np.all(gpu.steps[16].applied == auto)
+    assert log_records(tmp_path / "log.jsonl", "mismatch")[0]["step"] == 12
+
+
+def test_dry_run_changes_nothing_and_predicts_the_saving(plan_file: Path, tmp_path: Path) -> None:
+    controller, gpu, _ = fake_controller(plan_file, dry_run=True, log=str(tmp_path / "log.jsonl"))
+    with controller:
+        run_steps(controller, 20)
+    assert gpu.set_calls == []
+    assert all(np.all(step.applied == gpu.costs.auto_index) for step in gpu.steps)
+    requests = log_records(tmp_path / "log.jsonl", "request")
+    assert requests and all(r["dry_run"] for r in requests)
+    assert controller.plan is not None and controller.summary is not None
+    expected = score(controller.plan.problem, controller.plan.schedule)
+    assert controller.summary["predicted"]["energy_saved_pct"] == pytest.approx(expected.energy_saved_pct)
+    assert controller.summary["switches"] == len(requests)
+
+
+def test_energy_and_time_per_step_from_the_counter(plan_file: Path) -> None:
+    controller, gpu, _ = fake_controller(plan_file, dry_run=True)
+    with controller:
+        run_steps(controller, 30)
+    summary = controller.summary
+    assert summary is not None and summary["windows"] >= 4
+    per_step_j = np.mean([s.energy_j for s in gpu.steps[1:]])
+    per_step_s = np.mean([s.end_s - s.start_s for s in gpu.steps[1:]])
+    assert summary["energy_j_per_step"] == pytest.approx(per_step_j, rel=0.02)
+    assert summary["step_time_s"] == pytest.approx(per_step_s, rel=1e-6)
+
+
+def test_request_windows_wrap_early_changes_into_the_previous_step() -> None:
+    plan = StepPlan(np.array([0, 10, 20]), np.array([0.0, 0.001, 0.05]), ("a", "b", "c"), 0.1, 0.1, np.zeros(30))
+    requests = plan.requests(1.0, 0.006)
+    assert [(r.clocks, r.next_step) for r in requests] == [("c", False), ("a", True), ("b", True)]
+    assert requests[0].offset_s == pytest.approx(0.044) and requests[2].offset_s == pytest.approx(0.095)
+    first = plan.requests(1.0, 0.006, first=True)
+    assert [(r.clocks, r.offset_s, r.next_step) for r in first[:2]] == [("a", 0.0, False), ("b", 0.0, False)]
+
+
+def test_matcher_learns_the_allocation_count_and_rejects_others() -> None:
+    matcher = StepMatcher(0.1, 0.1, confirm_steps=2)
+    assert [matcher.observe(0.1, 50), matcher.observe(0.101, 50), matcher.observe(0.099, 50)] == [False, True, True]
+    assert matcher.signature == 50
+    assert not matcher.observe(0.1, 51) and matcher.mismatches == 1
+    assert not matcher.observe(0.2, 50) and not matcher.observe(None, 50)
+    assert [matcher.observe(0.1, 50), matcher.observe(0.1, 50)] == [False, True]
+
+
+def test_guard_rebaselines_once_then_backs_off() -> None:
+    guard = Guard(budget=0.01, margin=0.0, baseline_steps=3, guard_steps=3)
+    for duration in (1.0, 1.0, 1.0):
+        guard.add_baseline(duration)
+    assert guard.ready and [guard.observe(d) for d in (1.005, 1.2, 1.0)] == [Guard.OK] * 3
+    assert guard.observe(1.05) == Guard.REBASELINE and not guard.ready and guard.slowdown() is None
+    for duration in (1.0, 1.0, 1.0):
+        guard.add_baseline(duration)
+    assert [guard.observe(d) for d in (1.05, 1.05, 1.05)] == [Guard.OK, Guard.OK, Guard.BACK_OFF]
+    assert guard.backed_off
+
+
+def test_plan_source_follows_the_file(plan_file: Path) -> None:
+    controller, gpu, _ = fake_controller(plan_file)
+    plan = load_plan(controller.config, gpu.name)
+    assert np.array_equal(plan.schedule.actions, _actions(plan_file))
+    assert plan.problem.trace.meta.workload == "gpt3xl-1layer-b4" and plan.problem.latency_s == LATENCY_S
+    assert TRACE.endswith(plan.problem.trace.meta.workload)
+
+
+def test_tensorboard_scalars_per_window(plan_file: Path, tmp_path: Path) -> None:
+    pytest.importorskip("tensorboard")
+    controller, _, _ = fake_controller(plan_file, dry_run=True, tensorboard=str(tmp_path / "tb"))
+    with controller:
+        run_steps(controller, 12)
+    assert list((tmp_path / "tb").glob("events.out.tfevents*"))
