@@ -18,12 +18,12 @@ from provenance import provenance, provenance_lines, write_results
 
 from kdvfs.envs.gpu.profiles import load_profile
 from kdvfs.envs.synthetic.generator import (
-    TransformerConfig,
     generate_transformer_trace,
     layer_kernel_counts,
     load_workload,
 )
 from kdvfs.envs.synthetic.kernels import step_specs
+from kdvfs.envs.synthetic.workload import TransformerConfig
 from kdvfs.envs.trace.bundled import open_trace
 from kdvfs.envs.trace.trace import Kind, Trace
 

@@ -1,10 +1,12 @@
 """Running a user's Python training command under a kdvfs bootstrap (shared by ``kdvfs capture`` and
-``kdvfs run``): checking the command and giving the child this kdvfs on its path."""
+``kdvfs run``): checking the command, giving the child this kdvfs on its path, and running the command in the child."""
 
 from __future__ import annotations
 
 import os
 import re
+import runpy
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -44,3 +46,18 @@ def child_environment() -> dict[str, str]:
     root = str(Path(kdvfs.__file__).parent.parent)
     paths = [root, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     return {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
+
+
+def run_target(target: Sequence[str]) -> None:
+    """Run ``SCRIPT ARGS`` or ``-m MODULE ARGS`` as ``__main__``; a ``sys.exit(0)`` is a normal end."""
+    try:
+        if target[0] == "-m":
+            sys.argv = [target[1], *target[2:]]
+            runpy.run_module(target[1], run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = list(target)
+            sys.path.insert(0, str(Path(target[0]).resolve().parent))
+            runpy.run_path(target[0], run_name="__main__")
+    except SystemExit as stop:
+        if stop.code not in (0, None):
+            raise

@@ -15,7 +15,8 @@ import numpy as np
 
 from kdvfs.envs.common.config import ConfigError
 from kdvfs.envs.gpu.profiles import GpuProfile
-from kdvfs.envs.synthetic.generator import TransformerConfig, generate_transformer_trace, load_workload
+from kdvfs.envs.synthetic.generator import generate_transformer_trace, load_workload
+from kdvfs.envs.synthetic.workload import TransformerConfig
 from kdvfs.envs.trace.bundled import open_trace
 from kdvfs.envs.trace.trace import Trace
 

@@ -16,12 +16,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING
 
+from kdvfs.envs.synthetic.workload import TransformerConfig
 from kdvfs.envs.trace.trace import Category, Kind, OpInfo, Phase
-
-if TYPE_CHECKING:
-    from kdvfs.envs.synthetic.generator import TransformerConfig
 
 CHUNK_ELEMENTS = 65536  # multi_tensor_apply chunk size (elements), ATen MultiTensorApply.cuh
 MAX_BLOCKS_PER_LAUNCH = 320  # multi_tensor_apply blocks (chunks) per launch

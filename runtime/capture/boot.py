@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import runpy
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -25,6 +24,7 @@ from kdvfs.runtime.capture.config import CaptureConfig
 from kdvfs.runtime.capture.errors import CaptureError, CaptureStop
 from kdvfs.runtime.capture.ncu_run import StepMarker
 from kdvfs.runtime.capture.session import Capture
+from kdvfs.runtime.child import run_target
 
 
 def _write_report(config: CaptureConfig, document: dict[str, Any]) -> None:
@@ -51,28 +51,13 @@ def _step_hook(step: Callable[[], bool]) -> Iterator[None]:
         handle.remove()
 
 
-def _run_target(target: Sequence[str]) -> None:
-    """Run ``SCRIPT ARGS`` or ``-m MODULE ARGS`` as ``__main__``; a ``sys.exit(0)`` is a normal end."""
-    try:
-        if target[0] == "-m":
-            sys.argv = [target[1], *target[2:]]
-            runpy.run_module(target[1], run_name="__main__", alter_sys=True)
-        else:
-            sys.argv = list(target)
-            sys.path.insert(0, str(Path(target[0]).resolve().parent))
-            runpy.run_path(target[0], run_name="__main__")
-    except SystemExit as stop:
-        if stop.code not in (0, None):
-            raise
-
-
 def _capture(config: CaptureConfig, target: Sequence[str]) -> dict[str, Any]:
     """Run the script under the capture (or the ncu step marker); the capture's report."""
     if config.mark_only:
         marker = StepMarker(config.warmup)
         try:
             with _step_hook(marker.step):
-                _run_target(target)
+                run_target(target)
         except CaptureStop:
             return {}
         raise CaptureError(f"the script ended after {marker.steps_seen} training steps, before the step after "
@@ -80,7 +65,7 @@ def _capture(config: CaptureConfig, target: Sequence[str]) -> dict[str, Any]:
     capture = Capture.from_config(config)
     try:
         with capture, _step_hook(capture.step):
-            _run_target(target)
+            run_target(target)
     except CaptureStop as stop:
         if stop.error is not None:
             raise stop.error from None

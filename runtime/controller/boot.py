@@ -20,7 +20,7 @@ from typing import Any
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from kdvfs.envs.common.errors import KdvfsError
-from kdvfs.runtime.capture.boot import _run_target
+from kdvfs.runtime.child import run_target
 from kdvfs.runtime.controller.config import ControllerConfig
 from kdvfs.runtime.controller.controller import Controller
 
@@ -51,7 +51,7 @@ def main(argv: Sequence[str]) -> int:
         return 2
     try:
         with step_hook(controller):
-            _run_target(argv[1:])
+            run_target(argv[1:])
     finally:
         controller.close()
         write_report(config, {"status": "ok", "summary": controller.summary})

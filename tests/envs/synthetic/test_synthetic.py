@@ -13,13 +13,13 @@ from kdvfs.envs.common.errors import KdvfsError, StepDetectionError
 from kdvfs.envs.gpu.profiles import GpuProfile, load_profile
 from kdvfs.envs.synthetic.generator import (
     NOISE_SIGMA,
-    TransformerConfig,
     available_workloads,
     generate_transformer_trace,
     layer_kernel_counts,
     load_workload,
 )
 from kdvfs.envs.synthetic.kernels import multi_tensor_launches, param_numels
+from kdvfs.envs.synthetic.workload import TransformerConfig
 from kdvfs.envs.trace.bundled import open_trace
 from kdvfs.envs.trace.classify import classify
 from kdvfs.envs.trace.format import load_trace, save_trace

@@ -1,0 +1,97 @@
+"""The layout's laws, checked on the source: the dependency direction, no import cycles, no private imports,
+and a docstring for every room (package)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from kdvfs.envs.common.paths import REPO_ROOT
+
+PACKAGES = ("envs", "agents", "runtime")
+FORBIDDEN = {"envs": ("agents", "runtime"), "agents": ("runtime",), "runtime": ()}
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO_ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return "kdvfs." + ".".join(parts)
+
+
+def _sources() -> dict[str, Path]:
+    return {_module_name(p): p for package in PACKAGES for p in sorted((REPO_ROOT / package).rglob("*.py"))}
+
+
+SOURCES = _sources()
+
+
+def _imports(path: Path) -> list[tuple[str, list[str]]]:
+    """(module, imported names) of every ``import`` and ``from ... import`` in a file, lazy ones included."""
+    found: list[tuple[str, list[str]]] = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, []) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.append((node.module, [alias.name for alias in node.names]))
+    return found
+
+
+def _kdvfs_dependencies(path: Path) -> set[str]:
+    """The kdvfs modules a file imports (``from pkg import module`` counts as importing ``pkg.module``)."""
+    deps = set()
+    for module, names in _imports(path):
+        if not module.startswith("kdvfs."):
+            continue
+        submodules = {f"{module}.{name}" for name in names if f"{module}.{name}" in SOURCES}
+        deps |= submodules or {module}
+    return deps
+
+
+def test_every_import_of_kdvfs_names_an_existing_module() -> None:
+    missing = {(name, dep) for name, path in SOURCES.items() for dep in _kdvfs_dependencies(path)
+               if dep not in SOURCES}
+    assert not missing
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_dependencies_flow_one_way(package: str) -> None:
+    forbidden = tuple(f"kdvfs.{other}" for other in FORBIDDEN[package])
+    wrong = {(name, dep) for name, path in SOURCES.items() if name.startswith(f"kdvfs.{package}")
+             for dep in _kdvfs_dependencies(path) if forbidden and dep.startswith(forbidden)}
+    assert not wrong
+
+
+def test_no_import_cycles() -> None:
+    graph = {name: _kdvfs_dependencies(path) - {name} for name, path in SOURCES.items()}
+    state: dict[str, int] = {}
+    cycles: list[list[str]] = []
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = 1
+        for dep in sorted(graph.get(node, ())):
+            if state.get(dep) == 1:
+                cycles.append([*stack[stack.index(dep):], dep])
+            elif dep not in state:
+                visit(dep, [*stack, dep])
+        state[node] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])
+    assert not cycles
+
+
+def test_no_private_names_imported_from_another_module() -> None:
+    private = {(name, f"{module}.{imported}") for name, path in SOURCES.items()
+               for module, names in _imports(path) for imported in names
+               if imported.startswith("_") and not imported.startswith("__")}
+    assert not private
+
+
+def test_every_room_says_what_it_owns() -> None:
+    silent = [name for name, path in SOURCES.items()
+              if path.name == "__init__.py" and not ast.get_docstring(ast.parse(path.read_text()))]
+    assert not silent
