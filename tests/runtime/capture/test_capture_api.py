@@ -11,16 +11,16 @@ from pathlib import Path
 import pynvml
 import pytest
 import torch
-from tests.runtime.device.test_nvml_info import READ_ONLY_CALL, h200_from_probe
 
 from examples import gpt
 from kdvfs.envs.trace.format import load_trace
-from kdvfs.envs.trace.kineto import split_steps
+from kdvfs.envs.trace.importing import read_recording, split_steps
 from kdvfs.envs.trace.trace import Category, Kind, Phase
 from kdvfs.runtime.capture.cpu_emulation import emulate_gpu_recording
 from kdvfs.runtime.capture.errors import CaptureError
 from kdvfs.runtime.capture.session import Capture, Stage
 from kdvfs.runtime.device.errors import DeviceError
+from tests.runtime.device.test_nvml_info import READ_ONLY_CALL, h200_from_probe
 from tests.runtime.nvml_fake import EnergyFakeNvml
 
 ORDER = [Phase.FORWARD, Phase.BACKWARD, Phase.OPTIMIZER, Phase.OTHER]
@@ -99,7 +99,8 @@ def test_steps_of_the_recording_repeat(captured: tuple[Capture, EnergyFakeNvml, 
     folder = captured[2]
     emulated = folder / "emulated.json"
     assert emulate_gpu_recording(folder / "raw.json.gz", emulated) > 0
-    recording, steps = split_steps(emulated)
+    recording = read_recording(emulated)
+    steps = split_steps(recording)
     assert len(steps) == 2
     names = [[recording.activities[i].name for i in step] for step in steps]
     assert names[0] == names[1] and len(names[0]) == len(load_trace(folder / "tiny.trace.json.gz"))
