@@ -13,7 +13,7 @@ from provenance import RESULTS, write_results
 
 from kdvfs.envs.common.paths import REPO_ROOT
 from kdvfs.envs.trace.bundled import open_trace
-from kdvfs.envs.trace.kineto import split_steps
+from kdvfs.envs.trace.importing import read_recording
 from kdvfs.runtime.capture.cpu_emulation import emulate_gpu_recording
 from kdvfs.runtime.controller.config import ControllerConfig
 from kdvfs.runtime.controller.source import load_plan
@@ -165,8 +165,7 @@ def timing_figures(folder: Path, document: dict[str, Any], cpu_test: bool) -> di
         emulated = folder / "emulated.profile.json"
         emulate_gpu_recording(profile, emulated)
         profile = emulated
-    recording, _ = split_steps(profile)
-    acts = recording.activities
+    acts = read_recording(profile).activities
     plan = _step_plan(document)
     trace_names = [k.name for k in open_trace(document["trace"]).kernels]
     starts = [i for i in sequence_starts([a.name for a in acts], trace_names) if i > 0]

@@ -22,6 +22,7 @@ from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecEnv,
 from kdvfs.agents.learned.imitation import ImitationArgs
 from kdvfs.envs.common.config import ConfigError, from_mapping, load_yaml
 from kdvfs.envs.common.paths import CONFIG_DIR
+from kdvfs.envs.common.resolve import resolve_shipped
 from kdvfs.envs.env.clock_grid import ClockGrid
 from kdvfs.envs.env.dvfs_env import ENV_ID
 from kdvfs.envs.env.step_data import StepData
@@ -162,12 +163,8 @@ class TrainConfig:
 
 def load_train_config(gpu_or_path: str | Path) -> TrainConfig:
     """``configs/ppo/<gpu>.yaml`` by GPU name, or any YAML file; unknown keys are errors."""
-    path = Path(gpu_or_path)
-    if path.suffix not in (".yaml", ".yml"):
-        path = PPO_CONFIG_DIR / f"{gpu_or_path}.yaml"
-        if not path.is_file():
-            known = ", ".join(sorted(p.stem for p in PPO_CONFIG_DIR.glob("*.yaml")))
-            raise ConfigError(f"no PPO config for GPU {str(gpu_or_path)!r} (have {known}); pass --config FILE")
+    path = resolve_shipped(gpu_or_path, PPO_CONFIG_DIR, ".yaml", "PPO config", error=ConfigError,
+                           hint=" with --config")
     return from_mapping(TrainConfig, load_yaml(path), str(path))
 
 

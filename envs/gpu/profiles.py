@@ -19,6 +19,7 @@ import numpy as np
 from kdvfs.envs.common.config import ConfigError, from_mapping, load_yaml
 from kdvfs.envs.common.errors import ProfileError, UncalibratedError
 from kdvfs.envs.common.paths import GPU_PROFILE_DIR
+from kdvfs.envs.common.resolve import resolve_shipped, shipped_names
 
 PARAM_STATUSES = ("placeholder", "estimate", "calibrated")
 
@@ -160,21 +161,13 @@ def _expand_core_clocks(raw: Any, where: str) -> Any:
 
 def available_profiles() -> list[str]:
     """Names of the profiles shipped in ``configs/gpus``."""
-    return sorted(p.stem for p in GPU_PROFILE_DIR.glob("*.yaml"))
+    return shipped_names(GPU_PROFILE_DIR, ".yaml")
 
 
 def profile_path(name_or_path: str | Path) -> Path:
     """Resolve a profile name (``h200``) or a path to a YAML file."""
-    candidate = Path(name_or_path)
-    if candidate.suffix in (".yaml", ".yml"):
-        if not candidate.is_file():
-            raise ProfileError(f"{candidate}: no such GPU profile file")
-        return candidate
-    path = GPU_PROFILE_DIR / f"{name_or_path}.yaml"
-    if not path.is_file():
-        raise ProfileError(f"unknown GPU {str(name_or_path)!r}; known: {', '.join(available_profiles())} "
-                           "(or pass a profile .yaml; `kdvfs gpus local --write` makes one for this machine)")
-    return path
+    return resolve_shipped(name_or_path, GPU_PROFILE_DIR, ".yaml", "GPU profile", error=ProfileError,
+                           name_kind="GPU", hint=" (`kdvfs gpus local --write` makes one for this machine)")
 
 
 def load_profile(name_or_path: str | Path) -> GpuProfile:

@@ -65,6 +65,7 @@ import numpy as np
 from kdvfs.envs.common.config import ConfigError, from_mapping, load_yaml
 from kdvfs.envs.common.errors import StepDetectionError
 from kdvfs.envs.common.paths import CONFIG_DIR
+from kdvfs.envs.common.resolve import resolve_shipped, shipped_names
 from kdvfs.envs.gpu.profiles import GpuProfile
 from kdvfs.envs.synthetic.kernels import Eff, Spec, step_specs
 from kdvfs.envs.synthetic.workload import TransformerConfig
@@ -101,17 +102,12 @@ EFFICIENCY: Mapping[Eff, Efficiency] = MappingProxyType({
 
 def available_workloads() -> list[str]:
     """Names of the presets shipped in ``configs/workloads``."""
-    return sorted(p.stem for p in WORKLOAD_DIR.glob("*.yaml"))
+    return shipped_names(WORKLOAD_DIR, ".yaml")
 
 
 def load_workload(name_or_path: str | Path) -> TransformerConfig:
     """Load a workload preset by name (``gpt3xl``) or from a YAML file path; unknown keys are errors."""
-    path = Path(name_or_path)
-    if path.suffix not in (".yaml", ".yml"):
-        path = WORKLOAD_DIR / f"{name_or_path}.yaml"
-        if not path.is_file():
-            raise ConfigError(f"unknown workload {str(name_or_path)!r}; known: {', '.join(available_workloads())} "
-                              "(or pass a workload .yaml)")
+    path = resolve_shipped(name_or_path, WORKLOAD_DIR, ".yaml", "workload", error=ConfigError)
     config = from_mapping(TransformerConfig, load_yaml(path), str(path))
     if path.parent == WORKLOAD_DIR and config.name != path.stem:
         raise ConfigError(f"{path}: name {config.name!r} must match the file name {path.stem!r}")

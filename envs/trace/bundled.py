@@ -6,6 +6,7 @@ from pathlib import Path
 
 from kdvfs.envs.common.errors import TraceFormatError
 from kdvfs.envs.common.paths import BUNDLED_TRACE_DIR
+from kdvfs.envs.common.resolve import resolve_shipped, shipped_names
 from kdvfs.envs.trace.format import load_trace
 from kdvfs.envs.trace.trace import Trace
 
@@ -15,19 +16,12 @@ DEFAULT_TRACE = "h200/gpt3xl-24layer-b4"
 
 def bundled_traces() -> list[str]:
     """Names (``gpu/workload``) of the bundled traces."""
-    return sorted(str(p.relative_to(BUNDLED_TRACE_DIR))[: -len(SUFFIX)] for p in BUNDLED_TRACE_DIR.rglob(f"*{SUFFIX}"))
+    return shipped_names(BUNDLED_TRACE_DIR, SUFFIX)
 
 
 def trace_path(name_or_path: str | Path) -> Path:
     """A trace file path, or the path of a bundled trace named ``gpu/workload``."""
-    candidate = Path(name_or_path)
-    if candidate.is_file():
-        return candidate
-    bundled = BUNDLED_TRACE_DIR / f"{name_or_path}{SUFFIX}"
-    if bundled.is_file():
-        return bundled
-    raise TraceFormatError(f"{name_or_path}: no such trace file or bundled trace; bundled: "
-                           f"{', '.join(bundled_traces()) or 'none'}")
+    return resolve_shipped(name_or_path, BUNDLED_TRACE_DIR, SUFFIX, "trace", error=TraceFormatError)
 
 
 def open_trace(name_or_path: str | Path) -> Trace:

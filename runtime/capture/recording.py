@@ -1,7 +1,8 @@
 """Turn a finished profiler recording and its measurements into a kdvfs trace and a capture report.
 
-Step detection, phase labelling and classification are :func:`kdvfs.envs.trace.kineto.import_kineto`'s; this module
-adds what the capture measured (unprofiled step time, joules per step, clocks) to the trace's metadata.
+Step detection, phase labelling and classification are :func:`kdvfs.envs.trace.importing.import_trace`'s (the
+recording is in its default format, Kineto); this module adds what the capture measured (unprofiled step time,
+joules per step, clocks) to the trace's metadata.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 
 from kdvfs.envs.common.files import read_text, write_text_atomic
 from kdvfs.envs.trace.format import save_trace
-from kdvfs.envs.trace.kineto import import_kineto
+from kdvfs.envs.trace.importing import import_trace
 from kdvfs.envs.trace.trace import Kind, Trace
 from kdvfs.runtime.capture.config import CaptureConfig
 from kdvfs.runtime.capture.cpu_emulation import emulate_gpu_recording
@@ -91,10 +92,10 @@ def _gpu_recording(profile: Path, config: CaptureConfig) -> Path:
 def build_trace(profile: Path, config: CaptureConfig, timing: StepTiming, gpu_name: str) -> Trace:
     """The last complete step of the recording, with the capture's measurements and provenance."""
     reading = timing.reading
-    trace = import_kineto(_gpu_recording(profile, config), step=-1, workload=config.workload,
-                          measurements=timing.measurements(),
-                          ref_mem_mhz=reading.mem_mhz if reading else None,
-                          observed_core_mhz=reading.sm_mhz if reading else None)
+    trace = import_trace(_gpu_recording(profile, config), step=-1, workload=config.workload,
+                         measurements=timing.measurements(),
+                         ref_mem_mhz=reading.mem_mhz if reading else None,
+                         observed_core_mhz=reading.sm_mhz if reading else None)
     gpu = CPU_TEST_GPU if config.cpu_test_mode else gpu_name or trace.meta.gpu
     source = f"kdvfs capture --steps {config.steps} --warmup {config.warmup}: {config.command}".rstrip(": ")
     return replace(trace, meta=replace(trace.meta, gpu=gpu, source=source))

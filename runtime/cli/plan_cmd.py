@@ -49,8 +49,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     add_problem_arguments(comparison)
     comparison.add_argument("--slowdown", type=percent_list, required=True, help="budgets, e.g. 0.01 or 0,0.01,0.05")
     comparison.add_argument("--json", action="store_true", help="print JSON for scripts")
-    comparison.add_argument("--plot", type=Path, help=f"write the trade-off plot (budgets {PLOT_BUDGETS[0]:.0%}-"
-                            f"{PLOT_BUDGETS[-1]:.0%}) to this PNG")
+    comparison.add_argument("--plot", type=Path, help=f"write the trade-off plot (budgets {100 * PLOT_BUDGETS[0]:g}%%-"
+                            f"{100 * PLOT_BUDGETS[-1]:g}%%) to this PNG")
     comparison.set_defaults(func=run_compare)
 
 

@@ -10,7 +10,7 @@ from kdvfs.envs.gpu.profiles import load_profile
 from kdvfs.envs.synthetic.generator import available_workloads, generate_transformer_trace, load_workload
 from kdvfs.envs.trace.bundled import bundled_traces, open_trace
 from kdvfs.envs.trace.format import save_trace
-from kdvfs.envs.trace.kineto import import_kineto
+from kdvfs.envs.trace.importing import DEFAULT_FORMAT, import_trace, importer_formats
 from kdvfs.envs.trace.ncu import enrich_with_ncu, read_ncu_csv
 from kdvfs.envs.trace.summary import summarize
 from kdvfs.runtime.cli.render import console, print_json, trace_tables
@@ -20,8 +20,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("trace", help="import and inspect kernel traces")
     commands = parser.add_subparsers(dest="trace_command", required=True, metavar="ACTION")
 
-    imp = commands.add_parser("import", help="import a PyTorch profiler (Kineto) trace")
-    imp.add_argument("source", type=Path, help="Kineto chrome trace, .json or .json.gz")
+    imp = commands.add_parser("import", help="import a profiler recording (default: a PyTorch profiler Kineto trace)")
+    imp.add_argument("source", type=Path, help="the recording, e.g. a Kineto chrome trace .json or .json.gz")
+    imp.add_argument("--format", default=DEFAULT_FORMAT, metavar="FORMAT",
+                     help=f"recording format: {', '.join(importer_formats())} (default {DEFAULT_FORMAT})")
     imp.add_argument("-o", "--output", type=Path, required=True, help="kdvfs trace to write (.json or .json.gz)")
     imp.add_argument("--ncu", type=Path, help="Nsight Compute `--csv --page raw` export to take counters from")
     imp.add_argument("--step", type=int, default=-1, help="which complete step to keep (default -1: the last)")
@@ -52,8 +54,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run_import(args: argparse.Namespace) -> int:
     measured = {key: value for key, value in (("energy_j_per_step", args.energy_j_per_step),
                                               ("step_time_s", args.step_time_s)) if value is not None}
-    trace = import_kineto(args.source, step=args.step, workload=args.workload, measurements=measured,
-                          ref_mem_mhz=args.ref_mem_mhz, observed_core_mhz=args.observed_core_mhz)
+    trace = import_trace(args.source, args.format, step=args.step, workload=args.workload, measurements=measured,
+                         ref_mem_mhz=args.ref_mem_mhz, observed_core_mhz=args.observed_core_mhz)
     note = ""
     if args.ncu is not None:
         trace, matched = enrich_with_ncu(trace, read_ncu_csv(args.ncu), args.ncu.name)

@@ -33,6 +33,11 @@ def test_unknown_keys_are_errors(tmp_path: Path) -> None:
         load_train_config(path)
 
 
+def test_a_gpu_without_a_config_lists_the_bundled_ones() -> None:
+    with pytest.raises(ConfigError, match=r"unknown PPO config 'b200'; known: h200, rtx3080ti .*--config"):
+        load_train_config("b200")
+
+
 def test_a_split_that_trains_on_a_held_out_family_is_refused() -> None:
     with pytest.raises(ConfigError, match="gpt2s"):
         DataSplit(train=WorkloadSet(presets=("gpt2s",)), held_out=WorkloadSet(), held_out_families=("gpt2s",))

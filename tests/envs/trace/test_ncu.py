@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from kdvfs.envs.common.errors import TraceFormatError
 from kdvfs.envs.common.paths import RAW_DATA_DIR
 from kdvfs.envs.trace.bundled import open_trace
-from kdvfs.envs.trace.kineto import import_kineto
+from kdvfs.envs.trace.importing import import_trace
 from kdvfs.envs.trace.ncu import (
     CLOCK_COLUMN,
     DRAM_COLUMNS,
@@ -95,7 +95,7 @@ def test_kernel_keys_agree_across_demangling_styles() -> None:
 
 
 def test_enrichment_matches_kernels_in_order() -> None:
-    trace = import_kineto(RAW / "trace_resnet50_b128.json.gz")
+    trace = import_trace(RAW / "trace_resnet50_b128.json.gz")
     enriched, matched = enrich_with_ncu(trace, read_ncu_csv(RAW / "ncu_resnet50_first400.csv.gz"), "r.csv")
     assert matched == 400
     with_features = [k for k in enriched.kernels if k.features is not None]

@@ -14,7 +14,7 @@ import torch
 
 from examples import gpt
 from kdvfs.envs.trace.format import load_trace
-from kdvfs.envs.trace.kineto import split_steps
+from kdvfs.envs.trace.importing import read_recording, split_steps
 from kdvfs.envs.trace.trace import Category, Kind, Phase
 from kdvfs.runtime.capture.cpu_emulation import emulate_gpu_recording
 from kdvfs.runtime.capture.errors import CaptureError
@@ -99,7 +99,8 @@ def test_steps_of_the_recording_repeat(captured: tuple[Capture, EnergyFakeNvml, 
     folder = captured[2]
     emulated = folder / "emulated.json"
     assert emulate_gpu_recording(folder / "raw.json.gz", emulated) > 0
-    recording, steps = split_steps(emulated)
+    recording = read_recording(emulated)
+    steps = split_steps(recording)
     assert len(steps) == 2
     names = [[recording.activities[i].name for i in step] for step in steps]
     assert names[0] == names[1] and len(names[0]) == len(load_trace(folder / "tiny.trace.json.gz"))

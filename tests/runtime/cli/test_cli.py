@@ -52,6 +52,16 @@ def test_import_of_a_corrupt_file_fails_cleanly(capsys: pytest.CaptureFixture[st
     assert not out_path.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["bad.json.gz"]
 
 
+def test_trace_import_format_flag(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    source = str(RAW / "trace_gpt2s_b16.json.gz")
+    code, out, _ = run(capsys, "trace", "import", source, "--format", "kineto", "-o", str(tmp_path / "k.json"))
+    assert code == 0 and "step 1" in out
+    assert load_trace(tmp_path / "k.json").meta.source == "kineto:trace_gpt2s_b16.json.gz"
+    code, _, err = run(capsys, "trace", "import", source, "--format", "nope", "-o", str(tmp_path / "n.json"))
+    assert code == 2 and err.count("\n") == 1
+    assert "unknown trace format 'nope'; known formats: kineto" in err and not (tmp_path / "n.json").exists()
+
+
 def test_trace_show_of_unknown_trace(capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run(capsys, "trace", "show", "h200/nothing")
     assert code == 2 and "bundled:" in err

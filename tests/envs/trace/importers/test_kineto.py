@@ -1,4 +1,4 @@
-"""Importing PyTorch profiler (Kineto) traces: every bundled recording, step splitting, phases, bad files."""
+"""Importing PyTorch profiler (Kineto) traces, the default format: bundled recordings, steps, phases, bad files."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from kdvfs.envs.common.errors import StepDetectionError, TraceFormatError
 from kdvfs.envs.common.paths import RAW_DATA_DIR
-from kdvfs.envs.trace.kineto import import_kineto, split_steps
+from kdvfs.envs.trace.importing import import_trace, read_recording, split_steps
 from kdvfs.envs.trace.trace import Kind, Phase
 
 RAW = RAW_DATA_DIR / "h200"
@@ -32,11 +32,11 @@ def _event_counts(path: Path) -> collections.Counter[Kind]:
 def test_every_recording_splits_into_its_two_steps(name: str) -> None:
     path = RAW / f"{name}.json.gz"
     counts = _event_counts(path)
-    _, steps = split_steps(path)
+    steps = split_steps(read_recording(path))
     assert len(steps) == 2
     assert sum(len(s) for s in steps) == sum(counts.values())
     for index in range(2):
-        trace = import_kineto(path, step=index)
+        trace = import_trace(path, step=index)
         for kind in Kind:
             assert trace.count(kind) * 2 == counts[kind]
     if name in MEASURED_KERNELS_PER_STEP:
@@ -46,7 +46,7 @@ def test_every_recording_splits_into_its_two_steps(name: str) -> None:
 
 @pytest.mark.parametrize("name", RECORDINGS)
 def test_phases_come_in_training_order(name: str) -> None:
-    trace = import_kineto(RAW / f"{name}.json.gz")
+    trace = import_trace(RAW / f"{name}.json.gz")
     order = [Phase.FORWARD, Phase.BACKWARD, Phase.OPTIMIZER, Phase.OTHER]
     ranks = [order.index(k.phase) for k in trace.kernels]
     assert ranks == sorted(ranks)
@@ -56,7 +56,7 @@ def test_phases_come_in_training_order(name: str) -> None:
 
 
 def test_gpt3xl_step_keeps_ops_shapes_and_gaps() -> None:
-    trace = import_kineto(RAW / "trace_gpt3xl_24layer_b4.json.gz", measurements={"step_time_s": 0.1586})
+    trace = import_trace(RAW / "trace_gpt3xl_24layer_b4.json.gz", measurements={"step_time_s": 0.1586})
     gemm = next(k for k in trace.kernels if k.op and k.op.name == "aten::addmm")
     assert gemm.op is not None and len(gemm.op.input_dims) >= 3 and all(gemm.op.input_dims[1])
     assert trace.step_time_s == pytest.approx(trace.meta.measurements["step_time_s"], rel=0.05)
@@ -66,7 +66,7 @@ def test_gpt3xl_step_keeps_ops_shapes_and_gaps() -> None:
 
 def test_step_out_of_range_names_the_valid_choices() -> None:
     with pytest.raises(StepDetectionError, match="holds 2 complete steps"):
-        import_kineto(RAW / "trace_gpt2s_b16.json.gz", step=5)
+        import_trace(RAW / "trace_gpt2s_b16.json.gz", step=5)
 
 
 def _kernel_event(name: str, ts: float, device: int = 0, external_id: int | None = None) -> dict[str, Any]:
@@ -104,7 +104,7 @@ def _primitive_period(seq: list[str]) -> int:
 def test_repeating_sequences_split_at_their_period(tmp_path_factory: pytest.TempPathFactory, step: list[str],
                                                    repeats: int) -> None:
     path = _write(tmp_path_factory.mktemp("rep"), _recording(step * repeats))
-    _, steps = split_steps(path)
+    steps = split_steps(read_recording(path))
     period = _primitive_period(step)
     assert [len(s) for s in steps] == [period] * (repeats * len(step) // period)
 
@@ -114,9 +114,9 @@ def test_repeating_sequences_split_at_their_period(tmp_path_factory: pytest.Temp
 def test_optimizer_annotations_mark_step_ends(tmp_path_factory: pytest.TempPathFactory, step: list[str],
                                               repeats: int) -> None:
     path = _write(tmp_path_factory.mktemp("ann"), _recording(step * repeats, annotate_every=len(step)))
-    _, steps = split_steps(path)
+    steps = split_steps(read_recording(path))
     assert [len(s) for s in steps] == [len(step)] * repeats
-    trace = import_kineto(path)
+    trace = import_trace(path)
     assert trace.kernels[-1].phase is Phase.OPTIMIZER
 
 
@@ -134,16 +134,16 @@ def test_bad_files(tmp_path: Path, content: bytes, error: type[Exception], messa
     path = tmp_path / "bad.json"
     path.write_bytes(content)
     with pytest.raises(error, match=message) as caught:
-        import_kineto(path)
+        import_trace(path)
     assert str(path) in str(caught.value)
 
 
 def test_several_devices_are_refused(tmp_path: Path) -> None:
     document = {"traceEvents": [_kernel_event("a", 0.0, device=0), _kernel_event("a", 10.0, device=1)]}
     with pytest.raises(TraceFormatError, match="several devices"):
-        import_kineto(_write(tmp_path, document))
+        import_trace(_write(tmp_path, document))
 
 
 def test_non_repeating_recording_without_annotations_is_refused(tmp_path: Path) -> None:
     with pytest.raises(StepDetectionError, match="does not repeat"):
-        import_kineto(_write(tmp_path, _recording(list("abcdefg"))))
+        import_trace(_write(tmp_path, _recording(list("abcdefg"))))

@@ -1,0 +1,34 @@
+"""One rule for arguments that are "a bundled name or a path" (GPU profiles, workloads, PPO configs, traces)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kdvfs.envs.common.errors import KdvfsError
+
+
+def shipped_names(folder: Path, suffix: str) -> list[str]:
+    """Names of the files bundled under ``folder`` ending in ``suffix``: their relative paths without it."""
+    return sorted(p.relative_to(folder).as_posix()[: -len(suffix)] for p in folder.rglob(f"*{suffix}"))
+
+
+def resolve_shipped(name_or_path: str | Path, folder: Path, suffix: str, kind: str, *, error: type[KdvfsError],
+                    name_kind: str | None = None, hint: str = "") -> Path:
+    """An existing file ``name_or_path``, else the bundled ``folder/<name><suffix>``.
+
+    Args:
+        kind: what the file holds, e.g. ``"GPU profile"``; name_kind: what a bundled name names (default ``kind``).
+        error: the error raised when neither exists: a name with a file suffix (``x.yaml``) is a missing file,
+            any other name is unknown and the message lists the bundled ones; hint is appended to it.
+    """
+    candidate = Path(name_or_path)
+    if candidate.is_file():
+        return candidate
+    bundled = folder / f"{name_or_path}{suffix}"
+    if bundled.is_file():
+        return bundled
+    if candidate.suffix:
+        raise error(f"{candidate}: no such {kind} file")
+    known = ", ".join(shipped_names(folder, suffix)) or "none"
+    raise error(f"unknown {name_kind or kind} {str(name_or_path)!r}; known: {known} "
+                f"(bundled: {folder}/<name>{suffix}); or pass a {kind} file{hint}")
