@@ -21,6 +21,7 @@ import pytest
 from tests.runtime.device.test_nvml_info import READ_ONLY_CALL
 
 from kdvfs.agents.learned.frozen import FrozenPolicy, PolicyFileError
+from kdvfs.envs.common.errors import UnknownGpuError
 from kdvfs.envs.common.paths import REPO_ROOT
 from kdvfs.envs.env.clock_grid import ClockGrid
 from kdvfs.envs.env.observation import ObservationSpec
@@ -189,6 +190,20 @@ def test_a_frozen_policy_drives_the_controller(tmp_path: Path) -> None:
     other = _random_policy(tmp_path / "a100.kdvfs-policy.npz", "a100-sxm4")
     control, gpu, _ = fake_controller(other)
     with pytest.raises(PolicyFileError, match="trained for GPU 'a100-sxm4', not 'h200'"):
+        control.__enter__()
+    assert gpu.calls == []
+
+
+def test_a_gpu_no_profile_lists_is_refused_before_any_clock_change(tmp_path: Path, plan_file: Path) -> None:
+    policy = _random_policy(tmp_path / "h200.kdvfs-policy.npz", "h200")
+    control, gpu, _ = fake_controller(policy)
+    gpu.name = "NVIDIA H200 NVL"
+    with pytest.raises(UnknownGpuError, match=r"'NVIDIA H200 NVL'.*`kdvfs gpus local --write PATH`"):
+        control.__enter__()
+    assert gpu.calls == []
+    control, gpu, _ = fake_controller(plan_file)
+    gpu.name = "NVIDIA H200 NVL"
+    with pytest.raises(ScheduleSourceError, match=r"is for GPU profile 'h200'.*the GPU is an NVIDIA H200 NVL"):
         control.__enter__()
     assert gpu.calls == []
 
