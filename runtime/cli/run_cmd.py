@@ -12,8 +12,7 @@ from rich.table import Table
 from kdvfs.runtime.cli.render import console, print_json
 from kdvfs.runtime.controller.config import ControllerConfig
 from kdvfs.runtime.controller.launch import run_controlled
-from kdvfs.runtime.device.clock_control import require_clock_permission, reset_gpu_clocks
-from kdvfs.runtime.device.nvml_info import import_nvml
+from kdvfs.runtime.device.nvml import import_nvml, require_clock_permission, reset_gpu_clocks
 
 STDERR_FD = 2
 

@@ -30,10 +30,10 @@ from kdvfs.runtime.calibrate.profile_fit import (
 )
 from kdvfs.runtime.capture import boot, cpu_emulation, launch, ncu_run, recording, session
 from kdvfs.runtime.cli import calibrate_cmd, capture_cmd, main
-from kdvfs.runtime.device import clock_control
-from kdvfs.runtime.device.clock_control import NvmlDevice, has_clock_permission, require_clock_permission
+from kdvfs.runtime.device import nvml as device_nvml
+from kdvfs.runtime.device.nvml import NvmlDevice, has_clock_permission, require_clock_permission
 from kdvfs.runtime.device.errors import NvmlPermissionError
-from kdvfs.runtime.device.nvml_info import read_local_gpus
+from kdvfs.runtime.device.nvml import read_local_gpus
 from tests.runtime import nvml_fake
 from tests.runtime.nvml_fake import EnergyFakeNvml
 
@@ -122,7 +122,7 @@ def test_read_only_cli_end_to_end_calls_no_setter(fake: EnergyFakeNvml, tmp_path
 
 @pytest.mark.parametrize("module", [measure, microbench, profile_fit, clock_sweep, calibrate_cmd, capture_cmd, boot,
                                     cpu_emulation, launch, ncu_run, recording, session])
-def test_only_clock_control_names_nvml_setters(module: types.ModuleType) -> None:
+def test_only_nvml_device_names_nvml_setters(module: types.ModuleType) -> None:
     tree = ast.parse(inspect.getsource(module))
     names = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and re.match(r"nvml[A-Z]", n.attr)}
     strings = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
@@ -140,7 +140,7 @@ def test_clock_permission() -> None:
 def test_sweep_without_permission_changes_nothing(fake: EnergyFakeNvml, tmp_path: Path,
                                                   capsys: pytest.CaptureFixture[str],
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(clock_control, "has_clock_permission", lambda *args: False)
+    monkeypatch.setattr(device_nvml, "has_clock_permission", lambda *args: False)
     code = main([*CPU_CALIBRATE, "--sweep", "-o", str(tmp_path / "x.yaml")])
     err = capsys.readouterr().err
     assert code == 2 and "needs root or CAP_SYS_ADMIN" in err and err.count("\n") == 1
@@ -184,7 +184,7 @@ def test_lock_refused_by_nvml_is_a_permission_error(fake: EnergyFakeNvml) -> Non
 
 def test_sweep_cli_on_the_fake_device(fake: EnergyFakeNvml, tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(clock_control, "has_clock_permission", lambda *args: True)
+    monkeypatch.setattr(device_nvml, "has_clock_permission", lambda *args: True)
     monkeypatch.setattr(microbench, "MICROBENCHMARKS", MICROBENCHMARKS[:2])
     monkeypatch.setattr(clock_sweep, "SETTLE_S", 0.0)
     code = main([*CPU_CALIBRATE, "--sweep", "--core-points", "2", "-o", str(tmp_path / "swept.yaml"), "--json"])

@@ -44,7 +44,8 @@ from kdvfs.runtime.controller import (
 )
 from kdvfs.runtime.controller.integrations import hf_callback, lightning_callback
 from kdvfs.runtime.controller.source import ScheduleSourceError
-from kdvfs.runtime.device import clock_control, fake
+from kdvfs.runtime.device import fake
+from kdvfs.runtime.device import nvml as device_nvml
 from kdvfs.runtime.device.errors import NvmlPermissionError, NvmlUnavailableError, UnsupportedClockError
 from tests.runtime import nvml_fake
 from tests.runtime.controller_helpers import TRACE, fake_controller, run_steps, write_plan
@@ -210,10 +211,10 @@ def test_a_gpu_no_profile_lists_is_refused_before_any_clock_change(tmp_path: Pat
 
 def test_kdvfs_reset_resets_both_clocks(nvml: types.ModuleType, monkeypatch: pytest.MonkeyPatch,
                                         capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr(clock_control, "has_clock_permission", lambda *args: False)
+    monkeypatch.setattr(device_nvml, "has_clock_permission", lambda *args: False)
     assert main(["reset", "--nvml-module", "tests.runtime.nvml_fake"]) == 2
     assert "root or CAP_SYS_ADMIN" in capsys.readouterr().err and not set(nvml.state.calls) & set(RESETS)
-    monkeypatch.setattr(clock_control, "has_clock_permission", lambda *args: True)
+    monkeypatch.setattr(device_nvml, "has_clock_permission", lambda *args: True)
     nvml.state.calls.clear()
     assert main(["reset", "--gpu-index", "0", "--nvml-module", "tests.runtime.nvml_fake"]) == 0
     assert [c for c in nvml.state.calls if c in RESETS] == RESETS and not nvml.state.initialised
@@ -272,7 +273,7 @@ def test_the_real_callback_bases_when_installed(plan_file: Path) -> None:
 
 @pytest.mark.parametrize("module", [accounting, actuator, anchoring, anchors, boot, controller, gpu_timeline,
                                     integrations, issuer, launch, source, timeline, watchdog, fake])
-def test_only_clock_control_names_nvml_setters(module: types.ModuleType) -> None:
+def test_only_nvml_device_names_nvml_setters(module: types.ModuleType) -> None:
     tree = ast.parse(inspect.getsource(module))
     names = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and re.match(r"nvml[A-Z]", n.attr)}
     strings = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}

@@ -10,10 +10,10 @@ import pynvml
 import pytest
 from tests.runtime.device.test_nvml_info import READ_ONLY_CALL, h200_from_probe
 
-from kdvfs.runtime.device import energy, nvml_info
+from kdvfs.runtime.device import energy, nvml
 from kdvfs.runtime.device.energy import Sample, WindowSampler, read_window
 from kdvfs.runtime.device.errors import DeviceError, NvmlNotSupportedError, NvmlUnavailableError
-from kdvfs.runtime.device.nvml_info import GpuReader, import_nvml
+from kdvfs.runtime.device.nvml import GpuReader, import_nvml
 from tests.runtime.nvml_fake import EnergyFakeNvml
 
 
@@ -92,7 +92,7 @@ def test_unknown_binding_is_unavailable() -> None:
         import_nvml("no_such_nvml")
 
 
-@pytest.mark.parametrize("module", [nvml_info, energy])
+@pytest.mark.parametrize("module", [nvml.GpuReader, nvml.read_local_gpus, energy])
 def test_readers_name_no_setter(module: object) -> None:
     tree = ast.parse(inspect.getsource(module))  # type: ignore[arg-type]
     names = {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute) and node.attr.startswith("nvml")}

@@ -25,7 +25,7 @@ from kdvfs.envs.common.errors import KdvfsError
 from kdvfs.envs.common.paths import GPU_PROFILE_DIR, RAW_DATA_DIR
 from kdvfs.envs.gpu.profiles import load_profile
 from kdvfs.runtime.cli import gpus_cmd, main
-from kdvfs.runtime.device import nvml_info
+from kdvfs.runtime.device import nvml
 from kdvfs.runtime.device.errors import (
     DeviceError,
     DeviceIndexError,
@@ -35,7 +35,7 @@ from kdvfs.runtime.device.errors import (
     NvmlUnavailableError,
     translate_nvml_error,
 )
-from kdvfs.runtime.device.nvml_info import read_local_gpus
+from kdvfs.runtime.device.nvml import read_local_gpus
 from kdvfs.runtime.device.profile_skeleton import skeleton_profile, write_skeleton_yaml
 
 PROBE = json.loads((RAW_DATA_DIR / "h200" / "probe.json").read_text())
@@ -188,11 +188,19 @@ def test_makes_only_read_only_calls(fake: FakeNvml) -> None:
     assert not [name for name in calls if "Set" in name or "Reset" in name]
 
 
-def test_module_names_no_setter() -> None:
-    """Every NVML function named anywhere in nvml_info (also on paths the fake does not take) is a getter."""
-    tree = ast.parse(inspect.getsource(nvml_info))
+def test_only_the_clock_setting_class_names_setters() -> None:
+    """Every NVML function named in the nvml module outside ``NvmlDevice`` (also on paths the fake does not take)
+    is a getter; ``NvmlDevice`` names the clock locks."""
+    tree = ast.parse(inspect.getsource(nvml))
+    (setting,) = [node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "NvmlDevice"]
+    tree.body.remove(setting)
     names = {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute) and node.attr.startswith("nvml")}
+    strings = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
     assert names and all(READ_ONLY_CALL.fullmatch(name) for name in names), names
+    assert not {s for s in strings if re.match(r"nvml\w*(Set|Reset)", s)}
+    setters = {node.attr for node in ast.walk(setting) if isinstance(node, ast.Attribute)}
+    assert {"nvmlDeviceSetGpuLockedClocks", "nvmlDeviceSetMemoryLockedClocks", "nvmlDeviceResetGpuLockedClocks",
+            "nvmlDeviceResetMemoryLockedClocks"} <= setters
 
 
 def test_skeleton_of_fake_h200_matches_shipped_profile(fake: FakeNvml, tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from kdvfs.envs.common.config import load_yaml
 from kdvfs.envs.common.errors import ProfileError
 from kdvfs.envs.common.paths import GPU_PROFILE_DIR, RAW_DATA_DIR
 from kdvfs.envs.gpu.profiles import load_profile
-from kdvfs.runtime.device.nvml_info import LocalGpu
+from kdvfs.runtime.device.nvml import LocalGpu
 from kdvfs.runtime.device.profile_skeleton import (
     compress_clocks_mhz,
     reference_profile,
