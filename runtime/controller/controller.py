@@ -63,7 +63,7 @@ class Controller:
     """See the module docstring. ``policy`` and ``trace`` and ``options`` make a :class:`ControllerConfig`.
 
     ``device``, ``timeline`` and ``clock`` replace the GPU (NVML), its CUDA-event timeline and the host clock;
-    tests pass a :class:`~kdvfs.runtime.device.fake.FakeGpu` with its timeline and virtual clock, explicitly.
+    tests pass a :class:`~kdvfs.runtime.testing.fake_gpu.FakeGpu` with its timeline and virtual clock, explicitly.
     """
 
     def __init__(self, policy: str | None = None, trace: str | None = None, *, config: ControllerConfig | None = None,

@@ -8,13 +8,12 @@ import time
 
 import pynvml
 import pytest
-from tests.runtime.device.test_nvml_info import READ_ONLY_CALL, h200_from_probe
 
 from kdvfs.runtime.device import energy, nvml
 from kdvfs.runtime.device.energy import Sample, WindowSampler, read_window
 from kdvfs.runtime.device.errors import DeviceError, NvmlNotSupportedError, NvmlUnavailableError
 from kdvfs.runtime.device.nvml import GpuReader, import_nvml
-from tests.runtime.nvml_fake import EnergyFakeNvml
+from kdvfs.runtime.testing.fake_nvml import READ_ONLY_CALL, EnergyFakeNvml, h200_from_probe
 
 
 def quantised_samples(power_w: float, update_hz: float, start_s: float, end_s: float, poll_s: float = 0.01,
