@@ -94,7 +94,7 @@ def _kdvfs(folder: Path, label: str, args: list[str]) -> dict[str, Any]:
 def run(folder: Path, cpu_test: bool) -> None:
     """All GPU-side measurements into ``folder`` (see the module docstring)."""
     folder.mkdir(parents=True, exist_ok=True)
-    fake = ["--cpu-test-mode", "--nvml-module", "tests.runtime.nvml_fake"] if cpu_test else []
+    fake = ["--cpu-test-mode", "--nvml-module", "kdvfs.runtime.testing.nvml"] if cpu_test else []
     window = "0.5" if cpu_test else "6"
     log = []
     for label, script in (CPU_WORKLOADS if cpu_test else WORKLOADS).items():
@@ -102,7 +102,7 @@ def run(folder: Path, cpu_test: bool) -> None:
                                           "--workload", label, "-o", str(folder / f"{label}.trace.json"), "--json",
                                           *fake, "--", "python3", *script]))
     device = ["--device", "cpu", "--scale", "0.02", "--duration-s", "0.2", "--nvml-module",
-              "tests.runtime.nvml_fake"] if cpu_test else []
+              "kdvfs.runtime.testing.nvml"] if cpu_test else []
     log.append(_kdvfs(folder, "calibrate", ["calibrate", "--gpu-index", "0", "-o", str(folder / "h200-calibrated.yaml"),
                                             "--save-sweep", str(folder / "h200-calibrated.sweep.csv"), "--json",
                                             *device]))

@@ -160,7 +160,7 @@ def child(args: argparse.Namespace) -> int:
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
     from kdvfs.runtime.capture.boot import _run_target
-    from kdvfs.runtime.device.nvml_info import import_nvml
+    from kdvfs.runtime.device.nvml import import_nvml
 
     harness = Harness(args)
     register_optimizer_step_post_hook(lambda optimizer, a, k: harness.on_step())
@@ -182,7 +182,7 @@ def child(args: argparse.Namespace) -> int:
 def _cpu_setup(folder: Path) -> dict[str, dict[str, Any]]:
     """CPU test: capture the tiny model's step on the CPU and plan it."""
     trace = folder / "gpt-tiny.trace.json"
-    _kdvfs(["capture", "--cpu-test-mode", "--nvml-module", "tests.runtime.nvml_fake", "--energy-window-s", "0.5",
+    _kdvfs(["capture", "--cpu-test-mode", "--nvml-module", "kdvfs.runtime.testing.nvml", "--energy-window-s", "0.5",
             "-o", str(trace), "--", "python", *CPU_WORKLOADS["gpt-tiny"]["script"], "--steps", "60"])
     make_plan(str(trace), plan_path("gpt-tiny", folder))
     return {"gpt-tiny": {**CPU_WORKLOADS["gpt-tiny"], "trace": str(trace)}}
@@ -211,7 +211,7 @@ def run(folder: Path, cpu_test: bool, policy: Path | None) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     workloads, plans = (_cpu_setup(folder), folder) if cpu_test else (WORKLOADS, RESULTS)
     sources = {label: policy.resolve() if policy else plan_path(label, plans) for label in workloads}
-    fake = ["--cpu-test-mode", "--nvml-module", "tests.runtime.nvml_fake"] if cpu_test else []
+    fake = ["--cpu-test-mode", "--nvml-module", "kdvfs.runtime.testing.nvml"] if cpu_test else []
     first = next(iter(workloads))
     command = " ".join(["python", "benchmarks/controller_h200.py", *sys.argv[1:]])
     log: dict[str, Any] = {**host(), "command": command, "started_utc": utc_now(),

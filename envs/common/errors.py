@@ -21,3 +21,7 @@ class ProfileError(KdvfsError):
 
 class UncalibratedError(ProfileError):
     """A cost-model parameter was requested from a profile where it is still a placeholder."""
+
+
+class UnknownGpuError(ProfileError):
+    """No shipped GPU profile lists an installed GPU's NVML device name."""

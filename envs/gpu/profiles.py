@@ -4,6 +4,8 @@ Profiles live in ``configs/gpus/<name>.yaml`` (schema in ``docs/gpu-profiles.md`
 frozen :class:`GpuProfile`. Core clocks per memory clock are either an explicit list of MHz values or a
 range ``{min_mhz, max_mhz, step_mhz}``. Cost-model parameters carry a status; a placeholder is never
 handed out silently (:meth:`GpuProfile.cost_param` raises :class:`~kdvfs.envs.common.errors.UncalibratedError`).
+An installed GPU's profile is the shipped one whose ``nvml_names`` list its NVML device name
+(:func:`profile_for_nvml_name`).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from kdvfs.envs.common.config import ConfigError, from_mapping, load_yaml
-from kdvfs.envs.common.errors import ProfileError, UncalibratedError
+from kdvfs.envs.common.errors import ProfileError, UncalibratedError, UnknownGpuError
 from kdvfs.envs.common.paths import GPU_PROFILE_DIR
 from kdvfs.envs.common.resolve import resolve_shipped, shipped_names
 
@@ -112,6 +114,7 @@ class GpuProfile:
 
     name: str
     model: str
+    nvml_names: tuple[str, ...]
     architecture: str
     sources: tuple[str, ...]
     clocks: Clocks
@@ -119,6 +122,16 @@ class GpuProfile:
     roofline: Roofline
     switching: Switching
     cost_model: Mapping[str, CostParam] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        folded = [name.casefold() for name in self.nvml_names]
+        if not folded or not all(name.strip() for name in folded) or len(set(folded)) != len(folded):
+            raise ProfileError(f"nvml_names {list(self.nvml_names)} must list one or more distinct NVML device names "
+                               "(as `kdvfs gpus local` prints them)")
+
+    def applies_to(self, nvml_name: str) -> bool:
+        """True when ``nvml_name`` (an NVML device name, case-insensitive) is one of :attr:`nvml_names`."""
+        return nvml_name.casefold() in (name.casefold() for name in self.nvml_names)
 
     @cached_property
     def clock_pairs_mhz(self) -> np.ndarray:
@@ -168,6 +181,21 @@ def profile_path(name_or_path: str | Path) -> Path:
     """Resolve a profile name (``h200``) or a path to a YAML file."""
     return resolve_shipped(name_or_path, GPU_PROFILE_DIR, ".yaml", "GPU profile", error=ProfileError,
                            name_kind="GPU", hint=" (`kdvfs gpus local --write` makes one for this machine)")
+
+
+def profile_for_nvml_name(nvml_name: str) -> GpuProfile:
+    """The shipped profile whose ``nvml_names`` list ``nvml_name`` (an installed GPU's NVML device name).
+
+    Raises :class:`~kdvfs.envs.common.errors.UnknownGpuError` when no shipped profile lists it.
+    """
+    matches = [profile for profile in map(load_profile, available_profiles()) if profile.applies_to(nvml_name)]
+    if len(matches) > 1:
+        raise ProfileError(f"shipped GPU profiles {', '.join(p.name for p in matches)} all list the NVML name "
+                           f"{nvml_name!r}; keep it in the nvml_names of one of them")
+    if not matches:
+        raise UnknownGpuError(f"no shipped GPU profile lists the NVML name {nvml_name!r}; write a profile of this GPU "
+                              "with `kdvfs gpus local --write PATH` and pass it as --gpu PATH")
+    return matches[0]
 
 
 def load_profile(name_or_path: str | Path) -> GpuProfile:

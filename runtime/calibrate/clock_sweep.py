@@ -3,7 +3,7 @@
 For every pair the SM and memory clocks are locked, the GPU settles, and the idle power and every
 microbenchmark are measured at the clocks the GPU then runs (a locked clock is an upper bound: the power
 cap may still lower it). The GPU's clocks are restored afterwards, also on an error or SIGTERM
-(:func:`kdvfs.runtime.device.clock_control.locked_clocks`). Each pair's idle row is its own sweep kernel, so it
+(:func:`kdvfs.runtime.device.nvml.locked_clocks`). Each pair's idle row is its own sweep kernel, so it
 only informs the power fit.
 """
 
@@ -17,7 +17,7 @@ import numpy as np
 from kdvfs.envs.gpu.profiles import GpuProfile
 from kdvfs.runtime.calibrate.measure import Measurement
 from kdvfs.runtime.calibrate.profile_fit import nearest_clock
-from kdvfs.runtime.device.clock_control import NvmlDevice, locked_clocks
+from kdvfs.runtime.device.nvml import NvmlDevice, locked_clocks
 
 SETTLE_S = 0.5
 

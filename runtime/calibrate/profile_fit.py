@@ -1,12 +1,12 @@
 """From calibration measurements to a fitted GPU profile.
 
-The profile starts as the installed GPU's skeleton (clocks and power limits from NVML, the rest from the
-nearest shipped profile, :mod:`kdvfs.runtime.device.profile_skeleton`) with the nearest shipped profile's
-cost-model parameters. The measurements become a sweep (``kdvfs.envs.calibration.sweep`` schema, clocks snapped to the
-supported ones) and :func:`kdvfs.envs.calibration.calibrate` fits what the sweep determines. Read-only
-measurements (default clocks only) determine static, core-idle, per-class core and data-movement power;
-the voltage curve, leakage, the traffic's core share, the memory background power and the time
-parameters need other clocks and are kept from the shipped profile, and the profile says so.
+The profile starts as the installed GPU's skeleton (clocks and power limits from NVML, the rest from its
+reference profile, :func:`kdvfs.runtime.device.profile_skeleton.reference_profile`) with the reference
+profile's cost-model parameters. The measurements become a sweep (``kdvfs.envs.calibration.sweep`` schema,
+clocks snapped to the supported ones) and :func:`kdvfs.envs.calibration.calibrate` fits what the sweep
+determines. Read-only measurements (default clocks only) determine static, core-idle, per-class core and
+data-movement power; the voltage curve, leakage, the traffic's core share, the memory background power and
+the time parameters need other clocks and are kept from the shipped profile, and the profile says so.
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ import numpy as np
 from kdvfs.envs.calibration.calibrate import Calibration, calibrate
 from kdvfs.envs.calibration.sweep import Sweep
 from kdvfs.envs.gpu.profile_io import write_profile_yaml
-from kdvfs.envs.gpu.profiles import GpuProfile, load_profile
+from kdvfs.envs.gpu.profiles import GpuProfile
 from kdvfs.runtime.calibrate.measure import Measurement
-from kdvfs.runtime.device.nvml_info import LocalGpu
-from kdvfs.runtime.device.profile_skeleton import nearest_profile_name, skeleton_profile
+from kdvfs.runtime.device.nvml import LocalGpu
+from kdvfs.runtime.device.profile_skeleton import reference_profile, skeleton_profile
 
 READ_ONLY_FIXED = ("voltage_min", "voltage_knee_fraction", "leakage_w", "traffic_core_share")
 """Parameters default-clock data cannot separate (as in the shipped H200 fit, ``make calibrate``)."""
@@ -50,9 +50,9 @@ def measurements_to_sweep(rows: Sequence[Measurement], profile: GpuProfile, sour
 
 
 def starting_mapping(gpu: LocalGpu, name: str) -> dict[str, Any]:
-    """The GPU's profile skeleton with the nearest shipped profile's cost-model parameters."""
+    """The GPU's profile skeleton with its reference profile's cost-model parameters."""
     mapping = skeleton_profile(gpu, name)
-    reference = load_profile(nearest_profile_name(gpu.name))
+    reference = reference_profile(gpu.name)
     mapping["cost_model"] = {
         key: {"value": p.value, "status": p.status, "source": f"kept from the shipped profile {reference.name}: "
                                                                 f"{p.source}"}

@@ -35,7 +35,7 @@ from kdvfs.runtime.capture.config import CaptureConfig
 from kdvfs.runtime.capture.errors import CaptureError
 from kdvfs.runtime.capture.recording import CaptureReport, StepTiming, build_trace, write_capture
 from kdvfs.runtime.device.energy import WindowReading, WindowSampler
-from kdvfs.runtime.device.nvml_info import GpuReader, import_nvml
+from kdvfs.runtime.device.nvml import GpuReader, import_nvml
 
 MIN_WINDOW_STEPS = 3
 NO_CUDA = ("no CUDA kernels recorded: the script ran on the CPU (PyTorch had not initialised CUDA by the end of "

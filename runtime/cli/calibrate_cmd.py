@@ -3,7 +3,7 @@
 READ-ONLY by default: the microbenchmarks run at the GPU's own default clocks and NVML is only read
 (energy counter, clocks); no clock, power-limit, persistence or application-clock setting is changed, no
 ``nvmlDeviceSet*`` or ``nvmlDeviceReset*`` function is called. ``--sweep`` (explicit, and only with root
-or CAP_SYS_ADMIN) locks a grid of clock pairs through :mod:`kdvfs.runtime.device.clock_control`, which restores
+or CAP_SYS_ADMIN) locks a grid of clock pairs through :mod:`kdvfs.runtime.device.nvml`, which restores
 the clocks afterwards.
 """
 
@@ -26,9 +26,8 @@ from kdvfs.runtime.calibrate.profile_fit import (
     write_calibrated,
 )
 from kdvfs.runtime.cli.render import console, print_json
-from kdvfs.runtime.device.clock_control import NvmlDevice, require_clock_permission
 from kdvfs.runtime.device.errors import DeviceIndexError
-from kdvfs.runtime.device.nvml_info import LocalGpu, import_nvml, read_local_gpus
+from kdvfs.runtime.device.nvml import LocalGpu, NvmlDevice, import_nvml, read_local_gpus, require_clock_permission
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:

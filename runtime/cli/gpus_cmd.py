@@ -12,7 +12,7 @@ from kdvfs.envs.common.config import to_plain
 from kdvfs.envs.gpu.profiles import available_profiles, load_profile
 from kdvfs.runtime.cli.render import console, print_json, profile_table
 from kdvfs.runtime.device.errors import DeviceIndexError
-from kdvfs.runtime.device.nvml_info import LocalGpu, read_local_gpus
+from kdvfs.runtime.device.nvml import LocalGpu, read_local_gpus
 from kdvfs.runtime.device.profile_skeleton import skeleton_profile, write_skeleton_yaml
 
 

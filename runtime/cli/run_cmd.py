@@ -12,8 +12,7 @@ from rich.table import Table
 from kdvfs.runtime.cli.render import console, print_json
 from kdvfs.runtime.controller.config import ControllerConfig
 from kdvfs.runtime.controller.launch import run_controlled
-from kdvfs.runtime.device.clock_control import require_clock_permission, reset_gpu_clocks
-from kdvfs.runtime.device.nvml_info import import_nvml
+from kdvfs.runtime.device.nvml import import_nvml, require_clock_permission, reset_gpu_clocks
 
 STDERR_FD = 2
 
@@ -24,7 +23,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         usage="kdvfs run --policy P --trace T [options] -- python train.py ARGS...")
     run.add_argument("--policy", required=True, help="plan from `kdvfs plan -o` or frozen policy (.kdvfs-policy.npz)")
     run.add_argument("--trace", required=True, help="the expected step: trace file (`kdvfs capture`) or bundled name")
-    run.add_argument("--gpu", help="GPU profile (default: the plan's, or the nearest shipped one of the GPU)")
+    run.add_argument("--gpu", help="GPU profile (default: the plan's, or the shipped one listing the GPU's NVML name)")
     run.add_argument("--dry-run", action="store_true", help="change no clock; log what would be requested and when")
     run.add_argument("--budget", type=float, default=0.01, help="step-time budget over auto (default 0.01 = 1%%)")
     run.add_argument("--gpu-index", type=int, default=0, help="NVML index of the GPU the script uses (default 0)")

@@ -18,7 +18,8 @@ class ControllerConfig:
         policy: the schedule source: a plan from ``kdvfs plan -o plan.json`` or a frozen policy
             (``.kdvfs-policy.npz``).
         trace: the expected training step (a kdvfs trace file or bundled name, e.g. from ``kdvfs capture``).
-        gpu: GPU profile name or ``.yaml`` (default: the plan's, or the nearest shipped profile of the GPU).
+        gpu: GPU profile name or ``.yaml`` (default: the plan's, or the shipped profile whose ``nvml_names``
+            list the GPU).
         budget: allowed step-time increase over auto (0.01 = 1%): the policy's budget and the guard's.
         dry_run: do everything except changing clocks; log what would have been requested.
         gpu_index: NVML index of the GPU the script trains on.

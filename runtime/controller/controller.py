@@ -42,10 +42,9 @@ from kdvfs.runtime.controller.matching import Guard, StepMatcher
 from kdvfs.runtime.controller.source import Plan, load_plan
 from kdvfs.runtime.controller.timeline import StepPlan
 from kdvfs.runtime.controller.watchdog import spawn_watchdog, stop_watchdog
-from kdvfs.runtime.device.clock_control import NvmlDevice, require_clock_permission, terminate_on_sigterm
 from kdvfs.runtime.device.host_time import Clock, RealClock
 from kdvfs.runtime.device.interface import Device, check_clocks_mhz
-from kdvfs.runtime.device.nvml_info import import_nvml
+from kdvfs.runtime.device.nvml import NvmlDevice, import_nvml, require_clock_permission, terminate_on_sigterm
 
 STOP_TIMEOUT_S = 5.0
 RUN_NEEDS = "the clock controller locks GPU clocks"
@@ -64,7 +63,7 @@ class Controller:
     """See the module docstring. ``policy`` and ``trace`` and ``options`` make a :class:`ControllerConfig`.
 
     ``device``, ``timeline`` and ``clock`` replace the GPU (NVML), its CUDA-event timeline and the host clock;
-    tests pass a :class:`~kdvfs.runtime.device.fake.FakeGpu` with its timeline and virtual clock, explicitly.
+    tests pass a :class:`~kdvfs.runtime.testing.fake_gpu.FakeGpu` with its timeline and virtual clock, explicitly.
     """
 
     def __init__(self, policy: str | None = None, trace: str | None = None, *, config: ControllerConfig | None = None,

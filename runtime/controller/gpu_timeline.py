@@ -23,13 +23,9 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import numpy as np
-
-from kdvfs.runtime.device.fake import FakeGpu
-from kdvfs.runtime.device.host_time import Clock, VirtualClock
+from kdvfs.runtime.device.host_time import Clock
 
 OFFSET_WINDOW = 32
-NORMAL_SIGNATURE = 1000
 MAX_ANCHORS_PER_STEP = 4096
 KEEP_STEPS = 64
 
@@ -155,53 +151,3 @@ class HostStepTimeline:
 
     def anchor_s(self, step: int, index: int, deadline_s: float) -> float | None:
         return None
-
-
-class FakeStepTimeline:
-    """Steps of a :class:`FakeGpu`: each runs when the controller waits for it, after the requests made so far.
-
-    ``irregular[i] = (extra_s, signature)`` makes step ``i`` (0-based) take ``extra_s`` longer and count
-    ``signature`` allocations (an evaluation pass); other steps count ``NORMAL_SIGNATURE``.
-
-    Anchors: each step has one before each kernel of ``anchor_kernels``, at that kernel's start on the GPU.
-    While a step has not run yet (:meth:`anchor_s`, from the controller's thread during the step) its
-    kernels are timed at auto clocks, which a dry run keeps. ``late[i] = (index, delay_s)`` delays step
-    ``i``'s work from anchor ``index`` on by ``delay_s`` (the step ends that much later too);
-    ``anchors[i] = times`` replaces step ``i``'s anchor offsets from its start (s: missing or disordered
-    anchors).
-    """
-
-    def __init__(self, gpu: FakeGpu, clock: VirtualClock, anchor_kernels: tuple[int, ...] = ()) -> None:
-        self.gpu, self.clock, self.anchor_kernels = gpu, clock, anchor_kernels
-        self.irregular: dict[int, tuple[float, int]] = {}
-        self.late: dict[int, tuple[int, float]] = {}
-        self.anchors: dict[int, tuple[float, ...]] = {}
-        self._marked = 0
-
-    def mark(self) -> tuple[float, int, int]:
-        extra_s, signature = self.irregular.get(self._marked, (0.0, NORMAL_SIGNATURE))
-        self._marked += 1
-        return extra_s + self.late.get(self._marked - 1, (0, 0.0))[1], signature, self._marked - 1
-
-    def _offsets_s(self, step: int, applied: np.ndarray) -> tuple[float, ...]:
-        if step in self.anchors:
-            return self.anchors[step]
-        costs = self.gpu.costs
-        durations_s = costs.time_s[np.arange(costs.kernels), applied]
-        starts_s = np.cumsum(durations_s) - durations_s
-        late, delay_s = self.late.get(step, (len(self.anchor_kernels), 0.0))
-        return tuple(float(starts_s[k]) + (delay_s if i >= late else 0.0) for i, k in enumerate(self.anchor_kernels))
-
-    def wait(self, token: tuple[float, int, int]) -> StepEnd:
-        extra_s, signature, index = token
-        step = self.gpu.run_step(extra_s)
-        anchors_s = tuple(step.start_s + offset_s for offset_s in self._offsets_s(index, step.applied))
-        return StepEnd(step.end_s, step.end_s - step.start_s, signature, anchors_s)
-
-    def anchor_s(self, step: int, index: int, deadline_s: float) -> float | None:
-        start_s = self.gpu.steps[-1].end_s if self.gpu.steps else 0.0
-        offsets_s = self._offsets_s(step, np.full(self.gpu.costs.kernels, self.gpu.costs.auto_index))
-        if index >= len(offsets_s):
-            return None
-        self.clock.advance_to(start_s + offsets_s[index])
-        return start_s + offsets_s[index]

@@ -22,11 +22,10 @@ import numpy as np
 
 from kdvfs.agents.common.problem import Problem
 from kdvfs.envs.common.errors import KdvfsError
-from kdvfs.envs.gpu.profiles import GpuProfile, load_profile
+from kdvfs.envs.gpu.profiles import GpuProfile, load_profile, profile_for_nvml_name
 from kdvfs.envs.model.schedule import Schedule
 from kdvfs.envs.trace.bundled import open_trace
 from kdvfs.runtime.controller.config import ControllerConfig
-from kdvfs.runtime.device.profile_skeleton import nearest_profile_name
 
 PLAN_FORMAT, PLAN_VERSION = "kdvfs-schedule", 1
 ZIP_MAGIC = b"PK\x03\x04"
@@ -68,7 +67,7 @@ def _profile(config: ControllerConfig, document: dict[str, Any] | None, device_n
         return load_profile(config.gpu)
     if document is not None:
         return load_profile(str(document.get("gpu")))
-    return load_profile(nearest_profile_name(device_name))
+    return profile_for_nvml_name(device_name)
 
 
 def _plan_schedule(path: Path, document: dict[str, Any], problem: Problem) -> Schedule:
@@ -103,11 +102,11 @@ def _policy_schedule(path: Path, problem: Problem) -> Schedule:
 
 def load_plan(config: ControllerConfig, device_name: str) -> Plan:
     """The problem and schedule ``config`` describes, on the GPU called ``device_name`` (its NVML name, which
-    must be the profile's model)."""
+    the profile's ``nvml_names`` must list)."""
     path = Path(config.policy)
     document = _read_plan_document(path)
     profile = _profile(config, document, device_name)
-    if profile.model.lower() != device_name.lower():
+    if not profile.applies_to(device_name):
         what = "policy" if document is None else f"plan {path.name}"
         raise ScheduleSourceError(f"the {what} is for GPU profile {profile.name!r} ({profile.model}), but the GPU is "
                                   f"an {device_name}; use a plan or policy made for this GPU's profile (`kdvfs gpus "

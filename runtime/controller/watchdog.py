@@ -17,8 +17,7 @@ import sys
 from collections.abc import Sequence
 
 from kdvfs.runtime.child import child_environment
-from kdvfs.runtime.device.clock_control import reset_gpu_clocks
-from kdvfs.runtime.device.nvml_info import import_nvml
+from kdvfs.runtime.device.nvml import import_nvml, reset_gpu_clocks
 
 POLL_S = 0.1
 STOP = b"stop\n"

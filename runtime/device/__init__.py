@@ -1,3 +1,3 @@
-"""The device layer: one GPU interface (``interface.Device``) over NVML (``clock_control.NvmlDevice``, read-only
-queries in ``nvml_info``) and its cost-model fake (``fake.FakeGpu``), typed device errors, energy windows and
-profile skeletons."""
+"""The device layer: one GPU interface (``interface.Device``), NVML (``nvml``: ``GpuReader`` reads it,
+``NvmlDevice`` also sets clocks), typed device errors (``errors``, the one place NVML's errors are mapped),
+host time (``host_time``), energy windows (``energy``) and profile skeletons (``profile_skeleton``)."""

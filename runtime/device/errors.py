@@ -55,6 +55,10 @@ _TRANSLATIONS: dict[int, tuple[type[DeviceError], str]] = {
 }
 
 
+# NVML codes meaning "this optional fact is not offered here" (a full H200 answers NOT_SUPPORTED for
+# nvmlDeviceGetAttributes; an old driver lacks the function).
+_ABSENT_CODES = frozenset({pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND})
+
 _CLOCK_REQUEST_INVALID = (
     UnsupportedClockError, "request a clock pair this GPU lists (`kdvfs gpus local`), e.g. a plan or policy made "
     "for this GPU's profile")
@@ -73,3 +77,8 @@ def translate_nvml_error(error: pynvml.NVMLError, action: str, clock_request: bo
     else:
         kind, fix = _TRANSLATIONS.get(code, (DeviceError, "check the GPU and driver state with `nvidia-smi`"))
     return kind(f"cannot {action}: {error} (NVML error {code}); {fix}")
+
+
+def is_absent(error: pynvml.NVMLError) -> bool:
+    """True when NVML's error means that this GPU or driver does not offer an optional fact."""
+    return int(error.value) in _ABSENT_CODES

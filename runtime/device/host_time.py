@@ -1,4 +1,5 @@
-"""Host time for the controller: the real monotonic clock, or a virtual one for tests (no sleeping)."""
+"""Host time for the controller: one monotonic time base (:class:`Clock`), the real one :class:`RealClock`
+(tests use :class:`kdvfs.runtime.testing.fake_gpu.VirtualClock`)."""
 
 from __future__ import annotations
 
@@ -26,26 +27,3 @@ class RealClock:
         if delay_s > 0:
             return not stop.wait(delay_s)
         return not stop.is_set()
-
-
-class VirtualClock:
-    """A clock that jumps: ``sleep_until`` moves it forward instead of waiting. Thread-safe."""
-
-    def __init__(self, start_s: float = 0.0) -> None:
-        self._now_s = start_s
-        self._lock = threading.Lock()
-
-    def now_s(self) -> float:
-        with self._lock:
-            return self._now_s
-
-    def advance_to(self, time_s: float) -> None:
-        """Move the clock to ``time_s`` (never backwards)."""
-        with self._lock:
-            self._now_s = max(self._now_s, time_s)
-
-    def sleep_until(self, time_s: float, stop: threading.Event) -> bool:
-        if stop.is_set():
-            return False
-        self.advance_to(time_s)
-        return True

@@ -2,7 +2,7 @@
 
 Clock tables, power limits and, when the GPU is idle, idle power come from NVML. What NVML cannot tell
 (architecture, roofline, switching latency, idle power of a busy GPU, sometimes the SM count) is copied
-from the nearest shipped profile, and the profile's ``sources`` say which is which.
+from a reference profile (:func:`reference_profile`), and the profile's ``sources`` say which is which.
 """
 
 from __future__ import annotations
@@ -13,23 +13,22 @@ from pathlib import Path
 from typing import Any
 
 from kdvfs.envs.common.config import to_plain
+from kdvfs.envs.common.errors import UnknownGpuError
 from kdvfs.envs.gpu.profile_io import write_profile_yaml
-from kdvfs.envs.gpu.profiles import GpuProfile, load_profile
-from kdvfs.runtime.device.nvml_info import LocalGpu
+from kdvfs.envs.gpu.profiles import GpuProfile, load_profile, profile_for_nvml_name
+from kdvfs.runtime.device.nvml import LocalGpu
 
-# (text in the NVML model name, shipped profile) in the order they are tried; no match -> DEFAULT_REFERENCE.
-NEAREST_PROFILES = (("H200", "h200"), ("H100", "h100-sxm"), ("A100", "a100-sxm4"), ("3080 Ti", "rtx3080ti"),
-                    ("B200", "b200"))
 DEFAULT_REFERENCE = "h200"
 _HEADER = "# GPU profile skeleton written by `kdvfs gpus local --write`; `sources` says what is measured.\n"
 
 
-def nearest_profile_name(model: str) -> str:
-    """The shipped profile closest to an NVML model name (case-insensitive), ``h200`` when none matches."""
-    for marker, name in NEAREST_PROFILES:
-        if marker.lower() in model.lower():
-            return name
-    return DEFAULT_REFERENCE
+def reference_profile(nvml_name: str) -> GpuProfile:
+    """The shipped profile whose ``nvml_names`` list ``nvml_name``; for a GPU no shipped profile lists (the one
+    a skeleton is for), :data:`DEFAULT_REFERENCE`. Its copied facts are named as such in the skeleton's sources."""
+    try:
+        return profile_for_nvml_name(nvml_name)
+    except UnknownGpuError:
+        return load_profile(DEFAULT_REFERENCE)
 
 
 def compress_clocks_mhz(clocks_mhz: Sequence[int]) -> list[int] | dict[str, int]:
@@ -72,13 +71,14 @@ def _sources(gpu: LocalGpu, reference: GpuProfile) -> list[str]:
 
 def skeleton_profile(gpu: LocalGpu, name: str) -> dict[str, Any]:
     """A plain mapping in the schema of ``configs/gpus/*.yaml`` for ``gpu``, named ``name``."""
-    reference = load_profile(nearest_profile_name(gpu.name))
+    reference = reference_profile(gpu.name)
     roofline = to_plain(reference.roofline)
     if gpu.sm_count is not None:
         roofline["sm_count"] = gpu.sm_count
     return {
         "name": name,
         "model": gpu.name,
+        "nvml_names": [gpu.name],
         "architecture": reference.architecture,
         "sources": _sources(gpu, reference),
         "clocks": _clocks(gpu),

@@ -13,9 +13,7 @@ from kdvfs.envs.gpu.profiles import load_profile
 from kdvfs.envs.trace.bundled import open_trace
 from kdvfs.runtime.cli.plan_cmd import schedule_json
 from kdvfs.runtime.controller import Controller
-from kdvfs.runtime.controller.gpu_timeline import FakeStepTimeline
-from kdvfs.runtime.device.fake import FakeGpu
-from kdvfs.runtime.device.host_time import VirtualClock
+from kdvfs.runtime.testing.fake_gpu import FakeGpu, FakeStepTimeline, VirtualClock
 
 TRACE = "h200/gpt3xl-1layer-b4"
 LATENCY_MS = 2.0

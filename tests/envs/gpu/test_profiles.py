@@ -10,9 +10,9 @@ import pytest
 import yaml
 
 from kdvfs.envs.common.config import ConfigError
-from kdvfs.envs.common.errors import KdvfsError, ProfileError, UncalibratedError
+from kdvfs.envs.common.errors import KdvfsError, ProfileError, UncalibratedError, UnknownGpuError
 from kdvfs.envs.common.paths import GPU_PROFILE_DIR, RAW_DATA_DIR
-from kdvfs.envs.gpu.profiles import available_profiles, load_profile
+from kdvfs.envs.gpu.profiles import available_profiles, load_profile, profile_for_nvml_name
 
 
 def test_all_issue_profiles_ship() -> None:
@@ -92,6 +92,10 @@ _DELETE = object()
         ("roofline.sm_count", "many", "expected an integer"),
         ("turbo", True, "unknown key"),
         ("switching.latency_mean_s", -1.0, ">= 0"),
+        ("nvml_names", _DELETE, "missing required key"),
+        ("nvml_names", [], "one or more distinct NVML device names"),
+        ("nvml_names", ["NVIDIA H200", "nvidia h200"], "distinct"),
+        ("nvml_names", "NVIDIA H200", "expected a list"),
     ],
 )
 def test_malformed_profiles(tmp_path: Path, dotted: str, value: Any, message: str) -> None:
@@ -99,6 +103,33 @@ def test_malformed_profiles(tmp_path: Path, dotted: str, value: Any, message: st
     with pytest.raises(ConfigError, match=message) as caught:
         load_profile(path)
     assert str(path) in str(caught.value)
+
+
+@pytest.mark.parametrize(("nvml_name", "profile"), [
+    ("NVIDIA H200", "h200"),
+    ("NVIDIA H100 80GB HBM3", "h100-sxm"),
+    ("NVIDIA A100-SXM4-80GB", "a100-sxm4"),
+    ("NVIDIA A100-SXM4-40GB", "a100-sxm4"),
+    ("NVIDIA B200", "b200"),
+    ("NVIDIA GeForce RTX 3080 Ti", "rtx3080ti"),
+    ("nvidia h200", "h200"),
+])
+def test_an_installed_gpu_finds_its_profile_by_nvml_name(nvml_name: str, profile: str) -> None:
+    assert profile_for_nvml_name(nvml_name).name == profile
+
+
+@pytest.mark.parametrize("nvml_name", ["NVIDIA H200 NVL", "Tesla V100-SXM2-16GB", "H200"])
+def test_an_unknown_gpu_is_one_typed_line_naming_the_fix(nvml_name: str) -> None:
+    with pytest.raises(UnknownGpuError) as caught:
+        profile_for_nvml_name(nvml_name)
+    message = str(caught.value)
+    assert repr(nvml_name) in message and "`kdvfs gpus local --write PATH`" in message and "\n" not in message
+    assert isinstance(caught.value, ProfileError)
+
+
+def test_every_shipped_nvml_name_belongs_to_one_profile() -> None:
+    names = [name.casefold() for profile in map(load_profile, available_profiles()) for name in profile.nvml_names]
+    assert len(names) == len(set(names))
 
 
 def test_unknown_gpu_lists_the_known_ones() -> None:

@@ -29,13 +29,10 @@ from kdvfs.runtime.calibrate.profile_fit import (
 )
 from kdvfs.runtime.capture import boot, cpu_emulation, launch, ncu_run, recording, session
 from kdvfs.runtime.cli import calibrate_cmd, capture_cmd, main
-from kdvfs.runtime.device import clock_control
-from kdvfs.runtime.device.clock_control import NvmlDevice, has_clock_permission, require_clock_permission
+from kdvfs.runtime.device import nvml as device_nvml
 from kdvfs.runtime.device.errors import NvmlPermissionError
-from kdvfs.runtime.device.nvml_info import read_local_gpus
-from tests.runtime import nvml_fake
-from tests.runtime.device.test_nvml_info import READ_ONLY_CALL, h200_from_probe
-from tests.runtime.nvml_fake import EnergyFakeNvml
+from kdvfs.runtime.device.nvml import NvmlDevice, has_clock_permission, read_local_gpus, require_clock_permission
+from kdvfs.runtime.testing.fake_nvml import READ_ONLY_CALL, EnergyFakeNvml, h200_from_probe
 
 SETTERS = ("nvmlDeviceSetMemoryLockedClocks", "nvmlDeviceSetGpuLockedClocks", "nvmlDeviceResetGpuLockedClocks",
            "nvmlDeviceResetMemoryLockedClocks")
@@ -97,16 +94,11 @@ def test_features_of_every_microbenchmark() -> None:
     assert all(0 <= value <= 1 for triple in features.values() for value in triple)
 
 
-@pytest.fixture
-def fake() -> EnergyFakeNvml:
-    return nvml_fake.fresh()
-
-
-CPU_CALIBRATE = ["calibrate", "--nvml-module", "tests.runtime.nvml_fake", "--device", "cpu", "--scale", "0.01",
+CPU_CALIBRATE = ["calibrate", "--nvml-module", "kdvfs.runtime.testing.nvml", "--device", "cpu", "--scale", "0.01",
                  "--duration-s", "0.05"]
 
 
-def test_read_only_cli_end_to_end_calls_no_setter(fake: EnergyFakeNvml, tmp_path: Path,
+def test_read_only_cli_end_to_end_calls_no_setter(shared_nvml: EnergyFakeNvml, tmp_path: Path,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
     output, sweep = tmp_path / "lab.yaml", tmp_path / "lab.sweep.csv"
     code = main([*CPU_CALIBRATE, "-o", str(output), "--save-sweep", str(sweep)])
@@ -116,13 +108,13 @@ def test_read_only_cli_end_to_end_calls_no_setter(fake: EnergyFakeNvml, tmp_path
     assert profile.name == "lab" and profile.cost_model["static_w"].status == "calibrated"
     assert profile.cost_model["voltage_min"].source.startswith("kept from the shipped profile h200")
     assert sweep.read_text().count("\n") == len(MICROBENCHMARKS) + 3
-    assert fake.state.calls and all(READ_ONLY_CALL.fullmatch(name) for name in fake.state.calls)
-    assert not fake.state.initialised
+    assert shared_nvml.state.calls and all(READ_ONLY_CALL.fullmatch(name) for name in shared_nvml.state.calls)
+    assert not shared_nvml.state.initialised
 
 
 @pytest.mark.parametrize("module", [measure, microbench, profile_fit, clock_sweep, calibrate_cmd, capture_cmd, boot,
                                     cpu_emulation, launch, ncu_run, recording, session])
-def test_only_clock_control_names_nvml_setters(module: types.ModuleType) -> None:
+def test_only_nvml_device_names_nvml_setters(module: types.ModuleType) -> None:
     tree = ast.parse(inspect.getsource(module))
     names = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and re.match(r"nvml[A-Z]", n.attr)}
     strings = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
@@ -137,14 +129,14 @@ def test_clock_permission() -> None:
         require_clock_permission(euid=1000, status="CapEff:\t00000000a80425fb\n")
 
 
-def test_sweep_without_permission_changes_nothing(fake: EnergyFakeNvml, tmp_path: Path,
+def test_sweep_without_permission_changes_nothing(shared_nvml: EnergyFakeNvml, tmp_path: Path,
                                                   capsys: pytest.CaptureFixture[str],
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(clock_control, "has_clock_permission", lambda *args: False)
+    monkeypatch.setattr(device_nvml, "has_clock_permission", lambda *args: False)
     code = main([*CPU_CALIBRATE, "--sweep", "-o", str(tmp_path / "x.yaml")])
     err = capsys.readouterr().err
     assert code == 2 and "needs root or CAP_SYS_ADMIN" in err and err.count("\n") == 1
-    assert not set(fake.state.calls) & set(SETTERS) and not list(tmp_path.iterdir())
+    assert not set(shared_nvml.state.calls) & set(SETTERS) and not list(tmp_path.iterdir())
 
 
 def test_clock_grid_of_the_h200() -> None:
@@ -152,43 +144,44 @@ def test_clock_grid_of_the_h200() -> None:
     assert grid == [(1980, 3201), (1380, 3201), (795, 3201), (1980, 2201), (1380, 2201), (795, 2201)]
 
 
-def test_sweep_locks_each_pair_and_restores(fake: EnergyFakeNvml) -> None:
+def test_sweep_locks_each_pair_and_restores(shared_nvml: EnergyFakeNvml) -> None:
     seen = []
 
     def measure_here(idle_name: str) -> list[Measurement]:
-        seen.append((idle_name, dict(fake.locked)))
+        seen.append((idle_name, dict(shared_nvml.locked)))
         return []
 
-    with NvmlDevice(0, fake) as device:
+    with NvmlDevice(0, shared_nvml) as device:
         measure_clock_sweep(device, [(1980, 3201), (990, 2201)], measure_here, settle_s=0)
     assert seen == [("idle@1980:3201", {"core": 1980, "mem": 3201}), ("idle@990:2201", {"core": 990, "mem": 2201})]
-    assert [c for c in fake.state.calls if c in SETTERS][-2:] == list(SETTERS[2:]) and fake.locked == {}
+    assert [c for c in shared_nvml.state.calls if c in SETTERS][-2:] == list(SETTERS[2:]) and shared_nvml.locked == {}
 
 
-def test_sweep_restores_clocks_after_an_error(fake: EnergyFakeNvml) -> None:
+def test_sweep_restores_clocks_after_an_error(shared_nvml: EnergyFakeNvml) -> None:
     def failing(idle_name: str) -> list[Measurement]:
         raise RuntimeError("benchmark failed")
 
-    with pytest.raises(RuntimeError, match="benchmark failed"), NvmlDevice(0, fake) as device:
+    with pytest.raises(RuntimeError, match="benchmark failed"), NvmlDevice(0, shared_nvml) as device:
         measure_clock_sweep(device, [(1980, 3201)], failing, settle_s=0)
-    assert fake.state.calls[-3:-1] == list(SETTERS[2:]) and fake.locked == {}
+    assert shared_nvml.state.calls[-3:-1] == list(SETTERS[2:]) and shared_nvml.locked == {}
 
 
-def test_lock_refused_by_nvml_is_a_permission_error(fake: EnergyFakeNvml) -> None:
-    fake.state.failures["nvmlDeviceSetMemoryLockedClocks"] = pynvml.NVML_ERROR_NO_PERMISSION
+def test_lock_refused_by_nvml_is_a_permission_error(shared_nvml: EnergyFakeNvml) -> None:
+    shared_nvml.state.failures["nvmlDeviceSetMemoryLockedClocks"] = pynvml.NVML_ERROR_NO_PERMISSION
     with pytest.raises(NvmlPermissionError, match="cannot lock the memory clock of GPU 0"), \
-            NvmlDevice(0, fake) as device:
+            NvmlDevice(0, shared_nvml) as device:
         measure_clock_sweep(device, [(1980, 3201)], lambda name: [], settle_s=0)
-    assert "nvmlDeviceResetGpuLockedClocks" not in fake.state.calls
+    assert "nvmlDeviceResetGpuLockedClocks" not in shared_nvml.state.calls
 
 
-def test_sweep_cli_on_the_fake_device(fake: EnergyFakeNvml, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+def test_sweep_cli_on_the_fake_device(shared_nvml: EnergyFakeNvml, tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(clock_control, "has_clock_permission", lambda *args: True)
+    monkeypatch.setattr(device_nvml, "has_clock_permission", lambda *args: True)
     monkeypatch.setattr(microbench, "MICROBENCHMARKS", MICROBENCHMARKS[:2])
     monkeypatch.setattr(clock_sweep, "SETTLE_S", 0.0)
     code = main([*CPU_CALIBRATE, "--sweep", "--core-points", "2", "-o", str(tmp_path / "swept.yaml"), "--json"])
     assert code == 0, capsys.readouterr().err
-    locks = [c for c in fake.state.calls if c == "nvmlDeviceSetGpuLockedClocks"]
-    assert len(locks) == 4 and fake.state.calls.count("nvmlDeviceResetGpuLockedClocks") == 1 and fake.locked == {}
+    locks = [c for c in shared_nvml.state.calls if c == "nvmlDeviceSetGpuLockedClocks"]
+    assert len(locks) == 4 and shared_nvml.state.calls.count("nvmlDeviceResetGpuLockedClocks") == 1
+    assert shared_nvml.locked == {}
     assert load_profile(tmp_path / "swept.yaml").cost_model["static_w"].status == "calibrated"

@@ -20,8 +20,7 @@ from kdvfs.runtime.capture.cpu_emulation import emulate_gpu_recording
 from kdvfs.runtime.capture.errors import CaptureError
 from kdvfs.runtime.capture.session import Capture, Stage
 from kdvfs.runtime.device.errors import DeviceError
-from tests.runtime.device.test_nvml_info import READ_ONLY_CALL, h200_from_probe
-from tests.runtime.nvml_fake import EnergyFakeNvml
+from kdvfs.runtime.testing.fake_nvml import READ_ONLY_CALL, EnergyFakeNvml, h200_from_probe
 
 ORDER = [Phase.FORWARD, Phase.BACKWARD, Phase.OPTIMIZER, Phase.OTHER]
 

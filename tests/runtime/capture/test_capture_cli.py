@@ -17,7 +17,7 @@ from kdvfs.runtime.capture.launch import split_command
 from kdvfs.runtime.child import CommandError
 from kdvfs.runtime.cli import main
 
-FAKE = ["--nvml-module", "tests.runtime.nvml_fake"]
+FAKE = ["--nvml-module", "kdvfs.runtime.testing.nvml"]
 FAST = ["--steps", "1", "--warmup", "1", "--energy-window-s", "0.05"]
 TRAIN = """
 import sys

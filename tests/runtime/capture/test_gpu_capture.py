@@ -35,7 +35,7 @@ def test_microbenchmark_power_on_the_gpu() -> None:
 
     from kdvfs.runtime.calibrate.measure import measure_benchmark
     from kdvfs.runtime.calibrate.microbench import MICROBENCHMARKS
-    from kdvfs.runtime.device.nvml_info import GpuReader
+    from kdvfs.runtime.device.nvml import GpuReader
 
     bench = next(b for b in MICROBENCHMARKS if b.name == "add_fp32")
     with GpuReader(0) as reader:

@@ -20,6 +20,7 @@ import pynvml
 import pytest
 
 from kdvfs.agents.learned.frozen import FrozenPolicy, PolicyFileError
+from kdvfs.envs.common.errors import UnknownGpuError
 from kdvfs.envs.common.paths import REPO_ROOT
 from kdvfs.envs.env.clock_grid import ClockGrid
 from kdvfs.envs.env.observation import ObservationSpec
@@ -42,11 +43,11 @@ from kdvfs.runtime.controller import (
 )
 from kdvfs.runtime.controller.integrations import hf_callback, lightning_callback
 from kdvfs.runtime.controller.source import ScheduleSourceError
-from kdvfs.runtime.device import clock_control, fake
+from kdvfs.runtime.device import nvml as device_nvml
 from kdvfs.runtime.device.errors import NvmlPermissionError, NvmlUnavailableError, UnsupportedClockError
-from tests.runtime import nvml_fake
+from kdvfs.runtime.testing import fake_gpu
+from kdvfs.runtime.testing.fake_nvml import READ_ONLY_CALL, EnergyFakeNvml
 from tests.runtime.controller_helpers import TRACE, fake_controller, run_steps, write_plan
-from tests.runtime.device.test_nvml_info import READ_ONLY_CALL
 
 RESETS = ["nvmlDeviceResetGpuLockedClocks", "nvmlDeviceResetMemoryLockedClocks"]
 
@@ -54,11 +55,6 @@ RESETS = ["nvmlDeviceResetGpuLockedClocks", "nvmlDeviceResetMemoryLockedClocks"]
 @pytest.fixture(scope="module")
 def plan_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_plan(tmp_path_factory.mktemp("plan") / "plan.json")
-
-
-@pytest.fixture
-def nvml() -> types.ModuleType:
-    return nvml_fake.fresh()
 
 
 @pytest.mark.parametrize("signum, raised", [(signal.SIGTERM, SystemExit), (signal.SIGINT, KeyboardInterrupt)])
@@ -74,10 +70,10 @@ def test_clocks_restored_on_a_signal(plan_file: Path, signum: int, raised: type[
 
 
 def _parent_with_watchdog(log: Path, stop: bool) -> subprocess.Popen[str]:
-    script = (f"import sys, time; sys.path.insert(0, {str(REPO_ROOT)!r})\n"
+    script = ("import time\n"
               "from kdvfs.runtime.controller.watchdog import spawn_watchdog, stop_watchdog\n"
-              "process = spawn_watchdog(0, 'tests.runtime.nvml_fake_logged')\n"
-              f"time.sleep(3)\nprint('ready', flush=True)\n"
+              "process = spawn_watchdog(0, 'kdvfs.runtime.testing.nvml')\n"
+              "time.sleep(3)\nprint('ready', flush=True)\n"
               + ("stop_watchdog(process, True)\nprint('stopped', flush=True)\n" if stop else "time.sleep(60)\n"))
     return subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
                             env={**os.environ, "KDVFS_FAKE_NVML_LOG": str(log)})
@@ -140,15 +136,15 @@ def test_missing_permission_is_refused_before_any_clock_change(plan_file: Path) 
     assert gpu.set_calls == []
 
 
-def test_missing_nvml_is_a_clear_error(plan_file: Path, nvml: types.ModuleType) -> None:
+def test_missing_nvml_is_a_clear_error(plan_file: Path, shared_nvml: EnergyFakeNvml) -> None:
     from kdvfs.runtime.controller import Controller
 
     with pytest.raises(NvmlUnavailableError, match="install nvidia-ml-py"):
         Controller(str(plan_file), TRACE, nvml_module="no_such_nvml_binding").__enter__()
-    nvml.state.failures["nvmlInit"] = pynvml.NVML_ERROR_LIBRARY_NOT_FOUND
+    shared_nvml.state.failures["nvmlInit"] = pynvml.NVML_ERROR_LIBRARY_NOT_FOUND
     with pytest.raises(NvmlUnavailableError, match="install the NVIDIA driver"):
-        Controller(str(plan_file), TRACE, nvml_module="tests.runtime.nvml_fake").__enter__()
-    assert all(READ_ONLY_CALL.fullmatch(c) for c in nvml.state.calls)
+        Controller(str(plan_file), TRACE, nvml_module="kdvfs.runtime.testing.nvml").__enter__()
+    assert all(READ_ONLY_CALL.fullmatch(c) for c in shared_nvml.state.calls)
 
 
 def test_plan_files_that_do_not_fit_the_trace(tmp_path: Path, plan_file: Path) -> None:
@@ -193,15 +189,29 @@ def test_a_frozen_policy_drives_the_controller(tmp_path: Path) -> None:
     assert gpu.calls == []
 
 
-def test_kdvfs_reset_resets_both_clocks(nvml: types.ModuleType, monkeypatch: pytest.MonkeyPatch,
+def test_a_gpu_no_profile_lists_is_refused_before_any_clock_change(tmp_path: Path, plan_file: Path) -> None:
+    policy = _random_policy(tmp_path / "h200.kdvfs-policy.npz", "h200")
+    control, gpu, _ = fake_controller(policy)
+    gpu.name = "NVIDIA H200 NVL"
+    with pytest.raises(UnknownGpuError, match=r"'NVIDIA H200 NVL'.*`kdvfs gpus local --write PATH`"):
+        control.__enter__()
+    assert gpu.calls == []
+    control, gpu, _ = fake_controller(plan_file)
+    gpu.name = "NVIDIA H200 NVL"
+    with pytest.raises(ScheduleSourceError, match=r"is for GPU profile 'h200'.*the GPU is an NVIDIA H200 NVL"):
+        control.__enter__()
+    assert gpu.calls == []
+
+
+def test_kdvfs_reset_resets_both_clocks(shared_nvml: EnergyFakeNvml, monkeypatch: pytest.MonkeyPatch,
                                         capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr(clock_control, "has_clock_permission", lambda *args: False)
-    assert main(["reset", "--nvml-module", "tests.runtime.nvml_fake"]) == 2
-    assert "root or CAP_SYS_ADMIN" in capsys.readouterr().err and not set(nvml.state.calls) & set(RESETS)
-    monkeypatch.setattr(clock_control, "has_clock_permission", lambda *args: True)
-    nvml.state.calls.clear()
-    assert main(["reset", "--gpu-index", "0", "--nvml-module", "tests.runtime.nvml_fake"]) == 0
-    assert [c for c in nvml.state.calls if c in RESETS] == RESETS and not nvml.state.initialised
+    monkeypatch.setattr(device_nvml, "has_clock_permission", lambda *args: False)
+    assert main(["reset", "--nvml-module", "kdvfs.runtime.testing.nvml"]) == 2
+    assert "root or CAP_SYS_ADMIN" in capsys.readouterr().err and not set(shared_nvml.state.calls) & set(RESETS)
+    monkeypatch.setattr(device_nvml, "has_clock_permission", lambda *args: True)
+    shared_nvml.state.calls.clear()
+    assert main(["reset", "--gpu-index", "0", "--nvml-module", "kdvfs.runtime.testing.nvml"]) == 0
+    assert [c for c in shared_nvml.state.calls if c in RESETS] == RESETS and not shared_nvml.state.initialised
     assert "returned to the GPU's own control" in capsys.readouterr().out
 
 
@@ -210,7 +220,7 @@ def test_kdvfs_run_dry_run_end_to_end(tmp_path: Path, plan_file: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-c", "import sys; from kdvfs.runtime.cli import main; sys.exit(main(sys.argv[1:]))", "run",
          "--policy", str(plan_file), "--trace", TRACE, "--dry-run", "--cpu-test-mode", "--nvml-module",
-         "tests.runtime.nvml_fake_logged", "--log", str(log), "--json", "--", sys.executable,
+         "kdvfs.runtime.testing.nvml", "--log", str(log), "--json", "--", sys.executable,
          str(REPO_ROOT / "examples" / "gpt.py"), "--size", "tiny", "--device", "cpu", "--steps", "12"],
         capture_output=True, text=True, cwd=REPO_ROOT, env={**os.environ, "KDVFS_FAKE_NVML_LOG": str(calls)},
         check=False)
@@ -223,7 +233,7 @@ def test_kdvfs_run_dry_run_end_to_end(tmp_path: Path, plan_file: Path) -> None:
 
 def test_kdvfs_run_refuses_a_bad_plan_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["run", "--policy", str(tmp_path / "none.json"), "--trace", TRACE, "--dry-run", "--cpu-test-mode",
-                 "--nvml-module", "tests.runtime.nvml_fake", "--", sys.executable,
+                 "--nvml-module", "kdvfs.runtime.testing.nvml", "--", sys.executable,
                  str(REPO_ROOT / "examples" / "gpt.py"), "--size", "tiny", "--device", "cpu", "--steps", "2"])
     err = capsys.readouterr().err
     assert code == 2 and "no such plan or policy file" in err
@@ -256,8 +266,8 @@ def test_the_real_callback_bases_when_installed(plan_file: Path) -> None:
 
 
 @pytest.mark.parametrize("module", [accounting, actuator, anchoring, anchors, boot, controller, gpu_timeline,
-                                    integrations, issuer, launch, source, timeline, watchdog, fake])
-def test_only_clock_control_names_nvml_setters(module: types.ModuleType) -> None:
+                                    integrations, issuer, launch, source, timeline, watchdog, fake_gpu])
+def test_only_nvml_device_names_nvml_setters(module: types.ModuleType) -> None:
     tree = ast.parse(inspect.getsource(module))
     names = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and re.match(r"nvml[A-Z]", n.attr)}
     strings = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}

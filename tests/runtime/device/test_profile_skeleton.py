@@ -14,10 +14,10 @@ from kdvfs.envs.common.config import load_yaml
 from kdvfs.envs.common.errors import ProfileError
 from kdvfs.envs.common.paths import GPU_PROFILE_DIR, RAW_DATA_DIR
 from kdvfs.envs.gpu.profiles import load_profile
-from kdvfs.runtime.device.nvml_info import LocalGpu
+from kdvfs.runtime.device.nvml import LocalGpu
 from kdvfs.runtime.device.profile_skeleton import (
     compress_clocks_mhz,
-    nearest_profile_name,
+    reference_profile,
     skeleton_profile,
     write_skeleton_yaml,
 )
@@ -88,8 +88,14 @@ def test_sm_count_from_nvml_wins() -> None:
     ("NVIDIA B200", "b200"),
     ("Tesla V100-SXM2-16GB", "h200"),
 ])
-def test_nearest_profile(model: str, reference: str) -> None:
-    assert nearest_profile_name(model) == reference
+def test_reference_profile(model: str, reference: str) -> None:
+    assert reference_profile(model).name == reference
+
+
+def test_skeleton_lists_the_gpus_nvml_name(tmp_path: Path) -> None:
+    mapping = skeleton_profile(probe_gpu(name="NVIDIA H200 NVL"), "nvl")
+    assert mapping["nvml_names"] == ["NVIDIA H200 NVL"]
+    assert write_skeleton_yaml(mapping, tmp_path / "nvl.yaml").applies_to("nvidia h200 nvl")
 
 
 def test_reference_supplies_architecture() -> None:

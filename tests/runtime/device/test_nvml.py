@@ -1,7 +1,7 @@
 """Reading GPUs through NVML (read-only), error translation and ``kdvfs gpus local``.
 
-NVML is replaced by a recording fake with pynvml's function names that raises real ``pynvml.NVMLError``s and
-serves the NVML facts recorded on a real H200 (data/raw/h200/probe.json).
+NVML is replaced by the recording :class:`~kdvfs.runtime.testing.fake_nvml.FakeNvml` of the H200 recorded in
+data/raw/h200/probe.json.
 """
 
 from __future__ import annotations
@@ -11,11 +11,7 @@ import functools
 import inspect
 import json
 import re
-import types
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pynvml
 import pytest
@@ -25,7 +21,7 @@ from kdvfs.envs.common.errors import KdvfsError
 from kdvfs.envs.common.paths import GPU_PROFILE_DIR, RAW_DATA_DIR
 from kdvfs.envs.gpu.profiles import load_profile
 from kdvfs.runtime.cli import gpus_cmd, main
-from kdvfs.runtime.device import nvml_info
+from kdvfs.runtime.device import nvml
 from kdvfs.runtime.device.errors import (
     DeviceError,
     DeviceIndexError,
@@ -35,131 +31,11 @@ from kdvfs.runtime.device.errors import (
     NvmlUnavailableError,
     translate_nvml_error,
 )
-from kdvfs.runtime.device.nvml_info import read_local_gpus
+from kdvfs.runtime.device.nvml import read_local_gpus
 from kdvfs.runtime.device.profile_skeleton import skeleton_profile, write_skeleton_yaml
+from kdvfs.runtime.testing.fake_nvml import READ_ONLY_CALL, FakeNvml, h200_from_probe
 
 PROBE = json.loads((RAW_DATA_DIR / "h200" / "probe.json").read_text())
-READ_ONLY_CALL = re.compile(r"nvmlInit|nvmlShutdown|nvmlSystemGet\w+|nvmlDeviceGet\w+")
-
-
-@dataclass
-class FakeGpu:
-    """One GPU's NVML facts in NVML's own units (MHz, mW, bytes)."""
-
-    name: str
-    memory_clocks_mhz: list[int]
-    graphics_clocks_mhz: dict[int, list[int]]
-    max_graphics_mhz: int
-    default_app_memory_mhz: int
-    power_limit_mw: int
-    power_constraints_mw: list[int]
-    power_usage_mw: int
-    utilization_pct: int = 0
-    sm_count: int | None = None  # None: NOT_SUPPORTED, as NVML answers for a full (non-MIG) GPU
-    memory_total_bytes: int = 143_771 * 2**20
-    uuid: str = "GPU-00000000-0000-0000-0000-000000000000"
-
-
-def h200_from_probe() -> FakeGpu:
-    return FakeGpu(
-        name=PROBE["name"],
-        memory_clocks_mhz=list(PROBE["mem_clocks"]),
-        graphics_clocks_mhz={int(mem): list(cores) for mem, cores in PROBE["gfx_clocks"].items()},
-        max_graphics_mhz=PROBE["max_clocks"]["sm"],
-        default_app_memory_mhz=PROBE["default_app_clocks"]["mem"],
-        power_limit_mw=PROBE["power_limit_mW"],
-        power_constraints_mw=list(PROBE["power_constraints_mW"]),
-        power_usage_mw=PROBE["idle_power_mW"],
-    )
-
-
-@dataclass
-class _State:
-    gpus: list[FakeGpu]
-    calls: list[str] = field(default_factory=list)
-    failures: dict[str, int] = field(default_factory=dict)
-    initialised: bool = False
-
-
-class FakeNvml(types.ModuleType):
-    """Stands in for the pynvml module: records every ``nvml*`` call; ``failures[name] = code`` makes it fail."""
-
-    def __init__(self, gpus: list[FakeGpu]) -> None:
-        super().__init__("fake_pynvml")
-        self.state = _State(gpus)
-
-    def __getattr__(self, name: str) -> Callable[..., Any]:
-        if not name.startswith("nvml"):
-            raise AttributeError(name)
-        state, implementation = self.state, getattr(self, f"_{name}", None)
-
-        def call(*args: Any) -> Any:
-            state.calls.append(name)
-            if name in state.failures:
-                raise pynvml.NVMLError(state.failures[name])
-            assert implementation is not None, f"kdvfs called {name}, which the fake does not offer"
-            if name != "nvmlInit" and not state.initialised:
-                raise pynvml.NVMLError(pynvml.NVML_ERROR_UNINITIALIZED)
-            return implementation(*args)
-
-        return call
-
-    def _nvmlInit(self) -> None:
-        self.state.initialised = True
-
-    def _nvmlShutdown(self) -> None:
-        self.state.initialised = False
-
-    def _nvmlSystemGetDriverVersion(self) -> str:
-        return str(PROBE["driver"])
-
-    def _nvmlDeviceGetCount(self) -> int:
-        return len(self.state.gpus)
-
-    def _nvmlDeviceGetHandleByIndex(self, index: int) -> FakeGpu:
-        if not 0 <= index < len(self.state.gpus):
-            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        return self.state.gpus[index]
-
-    def _nvmlDeviceGetName(self, gpu: FakeGpu) -> str:
-        return gpu.name
-
-    def _nvmlDeviceGetUUID(self, gpu: FakeGpu) -> str:
-        return gpu.uuid
-
-    def _nvmlDeviceGetSupportedMemoryClocks(self, gpu: FakeGpu) -> list[int]:
-        return list(gpu.memory_clocks_mhz)
-
-    def _nvmlDeviceGetSupportedGraphicsClocks(self, gpu: FakeGpu, memory_mhz: int) -> list[int]:
-        return sorted(gpu.graphics_clocks_mhz[memory_mhz], reverse=True)  # NVML lists them highest first
-
-    def _nvmlDeviceGetMaxClockInfo(self, gpu: FakeGpu, clock_type: int) -> int:
-        assert clock_type == pynvml.NVML_CLOCK_GRAPHICS
-        return gpu.max_graphics_mhz
-
-    def _nvmlDeviceGetDefaultApplicationsClock(self, gpu: FakeGpu, clock_type: int) -> int:
-        assert clock_type == pynvml.NVML_CLOCK_MEM
-        return gpu.default_app_memory_mhz
-
-    def _nvmlDeviceGetPowerManagementLimit(self, gpu: FakeGpu) -> int:
-        return gpu.power_limit_mw
-
-    def _nvmlDeviceGetPowerManagementLimitConstraints(self, gpu: FakeGpu) -> list[int]:
-        return list(gpu.power_constraints_mw)
-
-    def _nvmlDeviceGetPowerUsage(self, gpu: FakeGpu) -> int:
-        return gpu.power_usage_mw
-
-    def _nvmlDeviceGetUtilizationRates(self, gpu: FakeGpu) -> types.SimpleNamespace:
-        return types.SimpleNamespace(gpu=gpu.utilization_pct, memory=0)
-
-    def _nvmlDeviceGetAttributes(self, gpu: FakeGpu) -> types.SimpleNamespace:
-        if gpu.sm_count is None:
-            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        return types.SimpleNamespace(multiprocessorCount=gpu.sm_count)
-
-    def _nvmlDeviceGetMemoryInfo(self, gpu: FakeGpu) -> types.SimpleNamespace:
-        return types.SimpleNamespace(total=gpu.memory_total_bytes, free=gpu.memory_total_bytes, used=0)
 
 
 @pytest.fixture
@@ -188,11 +64,19 @@ def test_makes_only_read_only_calls(fake: FakeNvml) -> None:
     assert not [name for name in calls if "Set" in name or "Reset" in name]
 
 
-def test_module_names_no_setter() -> None:
-    """Every NVML function named anywhere in nvml_info (also on paths the fake does not take) is a getter."""
-    tree = ast.parse(inspect.getsource(nvml_info))
+def test_only_the_clock_setting_class_names_setters() -> None:
+    """Every NVML function named in the nvml module outside ``NvmlDevice`` (also on paths the fake does not take)
+    is a getter; ``NvmlDevice`` names the clock locks."""
+    tree = ast.parse(inspect.getsource(nvml))
+    (setting,) = [node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "NvmlDevice"]
+    tree.body.remove(setting)
     names = {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute) and node.attr.startswith("nvml")}
+    strings = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
     assert names and all(READ_ONLY_CALL.fullmatch(name) for name in names), names
+    assert not {s for s in strings if re.match(r"nvml\w*(Set|Reset)", s)}
+    setters = {node.attr for node in ast.walk(setting) if isinstance(node, ast.Attribute)}
+    assert {"nvmlDeviceSetGpuLockedClocks", "nvmlDeviceSetMemoryLockedClocks", "nvmlDeviceResetGpuLockedClocks",
+            "nvmlDeviceResetMemoryLockedClocks"} <= setters
 
 
 def test_skeleton_of_fake_h200_matches_shipped_profile(fake: FakeNvml, tmp_path: Path) -> None:

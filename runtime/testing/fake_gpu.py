@@ -1,8 +1,10 @@
-"""A fake GPU for tests: the :class:`~kdvfs.runtime.device.interface.Device` interface simulated by the cost model.
+"""A fake GPU for tests: the :class:`~kdvfs.runtime.device.interface.Device` interface simulated by the cost model
+(:class:`FakeGpu`), the virtual clock it runs on (:class:`VirtualClock`) and its step timeline
+(:class:`FakeStepTimeline`, a :class:`~kdvfs.runtime.controller.gpu_timeline.StepTimeline`).
 
 It runs training steps of one trace on a virtual clock (no sleeping): each kernel at the clocks in effect
-when it starts, priced by the step's :class:`~kdvfs.envs.model.schedule.ActionCosts`; a clock request takes effect the
-profile's switching latency after it was made and stalls the GPU for ``stall_s`` at idle power, as in
+when it starts, priced by the step's :class:`~kdvfs.envs.model.schedule.ActionCosts`; a clock request takes effect
+the profile's switching latency after it was made and stalls the GPU for ``stall_s`` at idle power, as in
 :mod:`kdvfs.envs.model.schedule`. Every device call is recorded with its virtual time. It is only ever used when a
 caller constructs it: kdvfs never falls back to it.
 """
@@ -18,9 +20,35 @@ import numpy as np
 from kdvfs.envs.gpu.profiles import GpuProfile
 from kdvfs.envs.model.cost_model import Array
 from kdvfs.envs.model.schedule import ActionCosts
+from kdvfs.runtime.controller.gpu_timeline import StepEnd
 from kdvfs.runtime.device.errors import NvmlPermissionError
-from kdvfs.runtime.device.host_time import VirtualClock
 from kdvfs.runtime.device.interface import check_clocks_mhz
+
+NORMAL_SIGNATURE = 1000
+"""Allocations a regular step of :class:`FakeStepTimeline` counts."""
+
+
+class VirtualClock:
+    """A clock that jumps: ``sleep_until`` moves it forward instead of waiting. Thread-safe."""
+
+    def __init__(self, start_s: float = 0.0) -> None:
+        self._now_s = start_s
+        self._lock = threading.Lock()
+
+    def now_s(self) -> float:
+        with self._lock:
+            return self._now_s
+
+    def advance_to(self, time_s: float) -> None:
+        """Move the clock to ``time_s`` (never backwards)."""
+        with self._lock:
+            self._now_s = max(self._now_s, time_s)
+
+    def sleep_until(self, time_s: float, stop: threading.Event) -> bool:
+        if stop.is_set():
+            return False
+        self.advance_to(time_s)
+        return True
 
 
 @dataclass(frozen=True)
@@ -130,3 +158,53 @@ class FakeGpu:
         self.steps.append(step)
         self.clock.advance_to(now_s)
         return step
+
+
+class FakeStepTimeline:
+    """Steps of a :class:`FakeGpu`: each runs when the controller waits for it, after the requests made so far.
+
+    ``irregular[i] = (extra_s, signature)`` makes step ``i`` (0-based) take ``extra_s`` longer and count
+    ``signature`` allocations (an evaluation pass); other steps count ``NORMAL_SIGNATURE``.
+
+    Anchors: each step has one before each kernel of ``anchor_kernels``, at that kernel's start on the GPU.
+    While a step has not run yet (:meth:`anchor_s`, from the controller's thread during the step) its
+    kernels are timed at auto clocks, which a dry run keeps. ``late[i] = (index, delay_s)`` delays step
+    ``i``'s work from anchor ``index`` on by ``delay_s`` (the step ends that much later too);
+    ``anchors[i] = times`` replaces step ``i``'s anchor offsets from its start (s: missing or disordered
+    anchors).
+    """
+
+    def __init__(self, gpu: FakeGpu, clock: VirtualClock, anchor_kernels: tuple[int, ...] = ()) -> None:
+        self.gpu, self.clock, self.anchor_kernels = gpu, clock, anchor_kernels
+        self.irregular: dict[int, tuple[float, int]] = {}
+        self.late: dict[int, tuple[int, float]] = {}
+        self.anchors: dict[int, tuple[float, ...]] = {}
+        self._marked = 0
+
+    def mark(self) -> tuple[float, int, int]:
+        extra_s, signature = self.irregular.get(self._marked, (0.0, NORMAL_SIGNATURE))
+        self._marked += 1
+        return extra_s + self.late.get(self._marked - 1, (0, 0.0))[1], signature, self._marked - 1
+
+    def _offsets_s(self, step: int, applied: np.ndarray) -> tuple[float, ...]:
+        if step in self.anchors:
+            return self.anchors[step]
+        costs = self.gpu.costs
+        durations_s = costs.time_s[np.arange(costs.kernels), applied]
+        starts_s = np.cumsum(durations_s) - durations_s
+        late, delay_s = self.late.get(step, (len(self.anchor_kernels), 0.0))
+        return tuple(float(starts_s[k]) + (delay_s if i >= late else 0.0) for i, k in enumerate(self.anchor_kernels))
+
+    def wait(self, token: tuple[float, int, int]) -> StepEnd:
+        extra_s, signature, index = token
+        step = self.gpu.run_step(extra_s)
+        anchors_s = tuple(step.start_s + offset_s for offset_s in self._offsets_s(index, step.applied))
+        return StepEnd(step.end_s, step.end_s - step.start_s, signature, anchors_s)
+
+    def anchor_s(self, step: int, index: int, deadline_s: float) -> float | None:
+        start_s = self.gpu.steps[-1].end_s if self.gpu.steps else 0.0
+        offsets_s = self._offsets_s(step, np.full(self.gpu.costs.kernels, self.gpu.costs.auto_index))
+        if index >= len(offsets_s):
+            return None
+        self.clock.advance_to(start_s + offsets_s[index])
+        return start_s + offsets_s[index]

@@ -1,28 +1,44 @@
-"""Read the installed NVIDIA GPUs through NVML: their facts (:func:`read_local_gpus`) and live readings of
-one GPU's energy counter and clocks (:class:`GpuReader`).
+"""NVML, the one way kdvfs reaches a GPU: reading it (:func:`read_local_gpus`, :class:`GpuReader`) and setting
+its clocks (:class:`NvmlDevice`).
 
-READ-ONLY: this module only initialises NVML, calls ``nvmlSystemGet*`` / ``nvmlDeviceGet*`` queries and shuts
-NVML down. It never calls an ``nvmlDeviceSet*`` or ``nvmlDeviceReset*`` function, so it cannot change a GPU's
-clocks or power limit and needs no root. Every NVML error is translated by
-:func:`kdvfs.runtime.device.errors.translate_nvml_error`.
+Reading only initialises NVML, calls ``nvmlSystemGet*`` / ``nvmlDeviceGet*`` queries and shuts NVML down: it
+changes no clock or power limit and needs no root. :class:`NvmlDevice`, the NVML implementation of
+:class:`kdvfs.runtime.device.interface.Device`, is the only kdvfs code that changes GPU state: it locks the SM
+and memory clocks (``nvmlDeviceSetGpuLockedClocks``, ``nvmlDeviceSetMemoryLockedClocks``) and returns them to
+the GPU (``nvmlDeviceResetGpuLockedClocks``, ``nvmlDeviceResetMemoryLockedClocks``). ``kdvfs calibrate
+--sweep``, the clock controller (``kdvfs run`` without ``--dry-run``), its watchdog and ``kdvfs reset`` use it,
+each only after :func:`require_clock_permission` passed; :func:`locked_clocks` restores the clocks on exit, on
+an exception and on SIGTERM. Power limits, persistence mode, application clocks and MIG are never touched.
+Every NVML error becomes a kdvfs error through :func:`kdvfs.runtime.device.errors.translate_nvml_error`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import os
+import signal
 import types
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
 import pynvml
 
-from kdvfs.runtime.device.errors import NvmlNotSupportedError, NvmlUnavailableError, translate_nvml_error
+from kdvfs.runtime.device.errors import (
+    NvmlNotSupportedError,
+    NvmlPermissionError,
+    NvmlUnavailableError,
+    is_absent,
+    translate_nvml_error,
+)
+from kdvfs.runtime.device.interface import check_clocks_mhz
 
-# NVML codes meaning "this optional fact is not offered here" (a full H200 answers NOT_SUPPORTED for
-# nvmlDeviceGetAttributes; an old driver lacks the function).
-_ABSENT_CODES = frozenset({pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND})
+CAP_SYS_ADMIN = 21
+SWEEP_NEEDS = "a clock sweep locks GPU clocks"
+SWEEP_FIX = "run it as root, or run `kdvfs calibrate` without --sweep (read-only, default clocks)"
 
 
 @dataclass(frozen=True)
@@ -59,12 +75,13 @@ def import_nvml(name: str = "pynvml") -> types.ModuleType:
                                    "name an importable binding") from None
 
 
-def _call(action: str, function: Callable[..., Any], *args: Any) -> Any:
-    """Call one NVML function; an NVML error becomes the kdvfs error for ``action``."""
+def _call(action: str, function: Callable[..., Any], *args: Any, clock_request: bool = False) -> Any:
+    """Call one NVML function; an NVML error becomes the kdvfs error for ``action`` (``clock_request``: see
+    :func:`~kdvfs.runtime.device.errors.translate_nvml_error`)."""
     try:
         return function(*args)
     except pynvml.NVMLError as error:
-        raise translate_nvml_error(error, action) from None
+        raise translate_nvml_error(error, action, clock_request) from None
 
 
 def _optional(action: str, function: Callable[..., Any], *args: Any) -> Any:
@@ -72,7 +89,7 @@ def _optional(action: str, function: Callable[..., Any], *args: Any) -> Any:
     try:
         return function(*args)
     except pynvml.NVMLError as error:
-        if error.value in _ABSENT_CODES:
+        if is_absent(error):
             return None
         raise translate_nvml_error(error, action) from None
 
@@ -191,3 +208,110 @@ class GpuReader:
     def supported_clocks_mhz(self) -> dict[int, tuple[int, ...]]:
         """Supported SM clocks (ascending) per supported memory clock (descending), in MHz."""
         return _clock_tables(self._nvml, self._handle, f"GPU {self.index}")
+
+
+def has_clock_permission(euid: int | None = None, status: str | None = None) -> bool:
+    """True for root or a process with CAP_SYS_ADMIN (what NVML requires to lock clocks).
+
+    ``euid`` and ``status`` (the text of ``/proc/self/status``) default to this process's.
+    """
+    if (os.geteuid() if euid is None else euid) == 0:
+        return True
+    if status is None:
+        proc = Path("/proc/self/status")
+        status = proc.read_text(encoding="utf-8") if proc.is_file() else ""
+    effective = next((line.split()[1] for line in status.splitlines() if line.startswith("CapEff:")), "0")
+    return bool(int(effective, 16) >> CAP_SYS_ADMIN & 1)
+
+
+def require_clock_permission(euid: int | None = None, status: str | None = None, needs: str = SWEEP_NEEDS,
+                             fix: str = SWEEP_FIX, allowed: bool | None = None) -> None:
+    """Raise :class:`NvmlPermissionError` (``needs``, which needs root or CAP_SYS_ADMIN; ``fix``) unless this
+    process may lock clocks (``allowed``: what a device answered, instead of this process's credentials)."""
+    if not (has_clock_permission(euid, status) if allowed is None else allowed):
+        raise NvmlPermissionError(f"{needs}, which needs root or CAP_SYS_ADMIN; {fix}")
+
+
+class NvmlDevice(GpuReader):
+    """One GPU through NVML: readings (:class:`GpuReader`) plus clock locks. A context manager like its base.
+
+    It remembers what it locked (``locked_mhz``: SM and memory clock, None where the GPU is in control) and
+    skips a lock call for a clock that is already locked at the requested value.
+    """
+
+    def __init__(self, index: int = 0, nvml: types.ModuleType | None = None, check_energy: bool = True) -> None:
+        super().__init__(index, nvml, check_energy)
+        self.locked_mhz: tuple[int | None, int | None] = (None, None)
+        self._supported: dict[int, tuple[int, ...]] | None = None
+
+    @property
+    def locked(self) -> bool:
+        """True while any clock is locked by this device object."""
+        return self.locked_mhz != (None, None)
+
+    def has_clock_permission(self) -> bool:
+        return has_clock_permission()
+
+    def _set(self, action: str, function: Callable[..., Any], *args: Any) -> None:
+        _call(f"{action} of GPU {self.index}", function, self._handle, *args, clock_request=True)
+
+    def check_clocks_mhz(self, core_mhz: int | None, mem_mhz: int) -> None:
+        """Raise :class:`~kdvfs.runtime.device.errors.UnsupportedClockError` for clocks this GPU does not list."""
+        if self._supported is None:
+            self._supported = self.supported_clocks_mhz()
+        check_clocks_mhz(self._supported, core_mhz, mem_mhz, f"GPU {self.index} ({self.name})")
+
+    def lock_clocks_mhz(self, core_mhz: int | None, mem_mhz: int) -> None:
+        """Lock the memory clock at ``mem_mhz`` and the SM clock at ``core_mhz`` (None: the GPU picks it)."""
+        self.check_clocks_mhz(core_mhz, mem_mhz)
+        core_locked, mem_locked = self.locked_mhz
+        if mem_locked != mem_mhz:
+            self._set("lock the memory clock", self._nvml.nvmlDeviceSetMemoryLockedClocks, mem_mhz, mem_mhz)
+            self.locked_mhz = (core_locked, mem_mhz)
+        if core_mhz is None and core_locked is not None:
+            self._set("reset the SM clock", self._nvml.nvmlDeviceResetGpuLockedClocks)
+        elif core_mhz is not None and core_locked != core_mhz:
+            self._set("lock the SM clock", self._nvml.nvmlDeviceSetGpuLockedClocks, core_mhz, core_mhz)
+        self.locked_mhz = (core_mhz, mem_mhz)
+
+    def reset_clocks(self) -> None:
+        """Return both clocks to the GPU's own control (whatever locked them)."""
+        self._set("reset the SM clock", self._nvml.nvmlDeviceResetGpuLockedClocks)
+        self._set("reset the memory clock", self._nvml.nvmlDeviceResetMemoryLockedClocks)
+        self.locked_mhz = (None, None)
+
+    def restore(self) -> None:
+        """Return both clocks to the GPU's control when this object locked anything."""
+        if self.locked:
+            self.reset_clocks()
+
+
+def reset_gpu_clocks(index: int, nvml: types.ModuleType | None = None) -> str:
+    """Return GPU ``index``'s SM and memory clocks to its own control (``kdvfs reset``, the watchdog); its name."""
+    with NvmlDevice(index, nvml, check_energy=False) as device:
+        device.reset_clocks()
+        return device.name
+
+
+def _terminate(signum: int, frame: types.FrameType | None) -> None:
+    raise SystemExit(128 + signum)
+
+
+@contextlib.contextmanager
+def terminate_on_sigterm() -> Iterator[None]:
+    """Turn SIGTERM into ``SystemExit`` inside the block (main thread only), so ``finally`` clauses run."""
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def locked_clocks(device: NvmlDevice) -> Iterator[NvmlDevice]:
+    """Yield ``device``; restore the GPU's clocks on exit, on an exception and on SIGTERM."""
+    with terminate_on_sigterm():
+        try:
+            yield device
+        finally:
+            device.restore()
