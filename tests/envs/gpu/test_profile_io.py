@@ -21,9 +21,10 @@ def test_round_trip_keeps_every_field(name: str, tmp_path: Path) -> None:
 
 
 def test_round_trip_keeps_the_nvml_names(tmp_path: Path) -> None:
-    raw = load_yaml(GPU_PROFILE_DIR / "a100-sxm4.yaml")
+    names = ["NVIDIA A100-SXM4-80GB", "NVIDIA A100 80GB PCIe"]
+    raw = {**load_yaml(GPU_PROFILE_DIR / "a100-sxm4.yaml"), "nvml_names": names}
     written = write_profile_yaml(raw, tmp_path / "a100.yaml")
-    assert written.nvml_names == ("NVIDIA A100-SXM4-80GB", "NVIDIA A100-SXM4-40GB")
+    assert written.nvml_names == tuple(names)
     assert load_yaml(tmp_path / "a100.yaml")["nvml_names"] == list(written.nvml_names)
 
 
