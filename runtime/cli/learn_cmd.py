@@ -10,7 +10,7 @@ from kdvfs.agents.evaluation.compare import compare
 from kdvfs.agents.learned.policy_planner import PolicyPlanner, policy_rows
 from kdvfs.agents.planners.registry import COMPARED
 from kdvfs.envs.common.errors import KdvfsError
-from kdvfs.runtime.cli.plan_cmd import _common, _percent_list, _problem
+from kdvfs.runtime.cli.plan_cmd import add_problem_arguments, percent_list, problem_from_args
 from kdvfs.runtime.cli.render import compare_table, console, print_json
 
 
@@ -25,8 +25,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
     evaluate = subparsers.add_parser("evaluate", help="a frozen policy next to every planner on a step")
     evaluate.add_argument("--policy", type=Path, required=True, help="frozen policy file (.kdvfs-policy.npz)")
-    _common(evaluate)
-    evaluate.add_argument("--slowdown", type=_percent_list, default=[0.01], help="budgets (default 0.01 = 1%%)")
+    add_problem_arguments(evaluate)
+    evaluate.add_argument("--slowdown", type=percent_list, default=[0.01], help="budgets (default 0.01 = 1%%)")
     evaluate.add_argument("--json", action="store_true", help="print JSON for scripts (as `kdvfs compare --json`)")
     evaluate.set_defaults(func=run_evaluate)
 
@@ -52,7 +52,7 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def run_evaluate(args: argparse.Namespace) -> int:
-    problem = _problem(args, args.slowdown[0])
+    problem = problem_from_args(args, args.slowdown[0])
     planner = PolicyPlanner.from_file(args.policy, problem.profile)
     with console.status("planning") as status:
         rows = compare(problem, args.slowdown, COMPARED, lambda text: status.update(f"planning: {text}"))

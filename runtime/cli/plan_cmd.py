@@ -20,7 +20,8 @@ from kdvfs.runtime.cli.render import compare_table, console, print_json
 PLOT_BUDGETS = (0.0, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1)
 
 
-def _percent_list(text: str) -> list[float]:
+def percent_list(text: str) -> list[float]:
+    """argparse type of ``--slowdown`` lists: comma-separated fractions >= 0."""
     try:
         values = [float(v) for v in text.split(",") if v]
     except ValueError:
@@ -30,7 +31,8 @@ def _percent_list(text: str) -> list[float]:
     return values
 
 
-def _common(parser: argparse.ArgumentParser) -> None:
+def add_problem_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--trace``, ``--gpu`` and ``--latency-ms``, read by :func:`problem_from_args`."""
     parser.add_argument("--trace", required=True, help="trace file or bundled name")
     parser.add_argument("--gpu", required=True, help="GPU profile name or .yaml")
     parser.add_argument("--latency-ms", type=float, help="switching latency to execute with (default: the "
@@ -39,22 +41,23 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     plan = subparsers.add_parser("plan", help="schedule clocks for a step with one method")
-    _common(plan)
+    add_problem_arguments(plan)
     plan.add_argument("--method", required=True, choices=sorted(PLANNERS), help="decision maker")
     plan.add_argument("--slowdown", type=float, required=True, help="step-time budget over auto (0.01 = 1%%)")
     plan.add_argument("-o", "--output", type=Path, help="write the schedule as JSON")
     plan.set_defaults(func=run_plan)
 
     comparison = subparsers.add_parser("compare", help="every method on a step, at one or more budgets")
-    _common(comparison)
-    comparison.add_argument("--slowdown", type=_percent_list, required=True, help="budgets, e.g. 0.01 or 0,0.01,0.05")
+    add_problem_arguments(comparison)
+    comparison.add_argument("--slowdown", type=percent_list, required=True, help="budgets, e.g. 0.01 or 0,0.01,0.05")
     comparison.add_argument("--json", action="store_true", help="print JSON for scripts")
     comparison.add_argument("--plot", type=Path, help=f"write the trade-off plot (budgets {PLOT_BUDGETS[0]:.0%}-"
                             f"{PLOT_BUDGETS[-1]:.0%}) to this PNG")
     comparison.set_defaults(func=run_compare)
 
 
-def _problem(args: argparse.Namespace, slowdown: float) -> Problem:
+def problem_from_args(args: argparse.Namespace, slowdown: float) -> Problem:
+    """The planning problem of :func:`add_problem_arguments`' arguments at ``slowdown``."""
     latency_s = None if args.latency_ms is None else args.latency_ms / 1e3
     if latency_s is not None and latency_s < 0:
         raise KdvfsError(f"--latency-ms {args.latency_ms} must be >= 0")
@@ -78,7 +81,7 @@ def schedule_json(problem: Problem, schedule: Schedule) -> dict[str, Any]:
 
 
 def run_plan(args: argparse.Namespace) -> int:
-    problem = _problem(args, args.slowdown)
+    problem = problem_from_args(args, args.slowdown)
     schedule = make_planner(args.method).plan(problem)
     document = schedule_json(problem, schedule)
     if args.output:
@@ -93,7 +96,7 @@ def run_plan(args: argparse.Namespace) -> int:
 
 
 def run_compare(args: argparse.Namespace) -> int:
-    problem = _problem(args, args.slowdown[0])
+    problem = problem_from_args(args, args.slowdown[0])
     with console.status("planning") as status:
         rows = compare(problem, args.slowdown, COMPARED, lambda text: status.update(f"planning: {text}"))
         if args.plot:
