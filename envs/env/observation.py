@@ -223,12 +223,15 @@ def window_bounds(auto_start_s: Array, latency_s: float, window_latencies: tuple
     """
     kernels = len(auto_start_s) - 1
     starts = auto_start_s[:-1]
+    # Where a request made before kernel k lands: the first kernel starting one latency later (k = 0: at once).
     effect = np.searchsorted(starts, auto_start_s + latency_s, side="left")
     effect[0] = 0
+    # Each window ends at the first kernel starting its length after the landing kernel's start (>= 1 kernel).
     columns = [effect]
     for multiple in window_latencies:
         end = np.searchsorted(starts, auto_start_s[effect.clip(max=kernels)] + latency_s * multiple, side="left")
         columns.append(np.maximum(end, effect + 1))
+    # The last window is the rest of the step.
     columns.append(np.full(kernels + 1, kernels))
     return np.minimum(np.stack(columns, axis=1), kernels).astype(np.int64)
 
@@ -241,16 +244,22 @@ def static_observations(step: StepData, spec: ObservationSpec, latency_s: float)
     take effect after the step's last kernel started.
     """
     kernels, width = step.kernels, step.features.shape[1]
+    # next_kernels: the features of kernels k .. k + n - 1 (zeros past the step's end), kernel-major.
     padded = np.vstack([step.features, np.zeros((spec.next_kernels, width), dtype=np.float32)])
     coming = np.lib.stride_tricks.sliding_window_view(padded, spec.next_kernels, axis=0)[: kernels + 1]
     coming = coming.transpose(0, 2, 1).reshape(kernels + 1, spec.next_kernels * width)
+    # Each window's time and energy at every grid action: differences of two cumulative rows,
+    # (K + 1, W + 1, 2, G) as (decision point, window, time/energy, action).
     bounds = window_bounds(step.cumulative[:, 0, 0], latency_s, spec.window_latencies)
     beyond = bounds[:, 0] >= kernels
     rows = step.cumulative[bounds]
     window = rows[:, 1:] - rows[:, :1]
+    # Relative to auto (action 0) over the same window: slowdown (time) and saving (energy, sign flipped), in
+    # %; zero where the window lies beyond the step (auto's window is empty there).
     auto = np.where(beyond[:, None, None, None], 1.0, window[..., :1])
     relative = 100.0 * (window / auto - 1.0) * np.array([1.0, -1.0])[:, None]
     relative[beyond] = 0.0
+    # Into the block's shape (WINDOW_METRICS, W + 1, G), flattened, clipped to the observation's limits.
     windows = np.clip(relative.transpose(0, 2, 1, 3).reshape(kernels + 1, -1), -OBS_LIMIT, OBS_LIMIT)
     return np.column_stack([coming, windows, beyond]).astype(np.float32)
 
