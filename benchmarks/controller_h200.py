@@ -159,13 +159,13 @@ def child(args: argparse.Namespace) -> int:
     """Train the script with the harness's hook; write RESULTS_DIR/LABEL.json."""
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
-    from kdvfs.runtime.capture.boot import _run_target
+    from kdvfs.runtime.child import run_target
     from kdvfs.runtime.device.nvml import import_nvml
 
     harness = Harness(args)
     register_optimizer_step_post_hook(lambda optimizer, a, k: harness.on_step())
     with contextlib.suppress(Done):
-        _run_target(args.script)
+        run_target(args.script)
     nvml = import_nvml(args.nvml_module)
     log = args.out / f"{args.label}.log.jsonl"
     document = {"label": args.label, "plan": os.path.relpath(args.plan, REPO_ROOT), "trace": args.trace,

@@ -71,7 +71,7 @@ def env_speed(gpu: str, rounds: int = 8, seconds: float = 2.0) -> dict[str, floa
     profile = load_profile(gpu)
     config = load_train_config(gpu)
     steps = build_steps(config.data.held_out.traces(profile), profile, config.env.grid(profile))
-    env = KernelDVFSEnv(steps, profile, **config.env.env_kwargs())
+    env = KernelDVFSEnv(steps, profile, config.env)
     env.reset(seed=0)
     env.action_space.seed(0)
     actions = [env.action_space.sample() for _ in range(4096)]

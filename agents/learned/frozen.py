@@ -1,10 +1,10 @@
 """Frozen policies: a trained actor in one small ``.npz`` file, run with numpy alone.
 
-The file holds the actor MLP's weights, the observation normalisation, the environment arguments that
-define the observation and the clock grid, the GPU profile it was trained for and the hash of its
-observation spec. :meth:`FrozenPolicy.load` refuses another profile, another observation layout, or a
-damaged file with a :class:`~kdvfs.envs.common.errors.KdvfsError`. Neither stable-baselines3 nor torch is imported.
-"""
+The file holds the actor MLP's weights, the observation normalisation, the environment's settings
+(:class:`~kdvfs.envs.env.config.EnvConfig`: they define the observation and the clock grid), the GPU
+profile it was trained for and the hash of its observation spec. :meth:`FrozenPolicy.load` refuses another
+profile, another observation layout, or a damaged file with a :class:`~kdvfs.envs.common.errors.KdvfsError`.
+Neither stable-baselines3 nor torch is imported."""
 
 from __future__ import annotations
 
@@ -19,9 +19,11 @@ from typing import Any
 
 import numpy as np
 
+from kdvfs.envs.common.config import ConfigError, from_mapping, to_plain
 from kdvfs.envs.common.errors import KdvfsError
 from kdvfs.envs.common.files import write_bytes_atomic
 from kdvfs.envs.env.clock_grid import ClockGrid
+from kdvfs.envs.env.config import EnvConfig
 from kdvfs.envs.env.observation import ObservationSpec
 from kdvfs.envs.gpu.profiles import GpuProfile
 from kdvfs.envs.model.cost_model import Array
@@ -43,9 +45,9 @@ class FrozenPolicy:
     Attributes:
         gpu: the GPU profile name it was trained for.
         spec_hash: :meth:`kdvfs.envs.env.observation.ObservationSpec.hash` of its observations.
-        env: environment arguments it was trained with (``core_fractions``, ``memory_mhz``,
-            ``next_kernels``, ``window_latencies``, ``plan_budgets`` define the observation; the rest is the
-            record).
+        env: the environment settings it was trained with, as stored (:attr:`config` reads them;
+            ``core_fractions``, ``memory_mhz``, ``next_kernels``, ``window_latencies`` and ``plan_budgets``
+            define the observation).
         nvec: sizes of the action parts (request, core level, memory clock).
         activation: hidden-layer activation, ``tanh`` or ``relu``.
         weights: (in, out) float32 matrices of each layer, the action logits last.
@@ -66,6 +68,7 @@ class FrozenPolicy:
     obs_clip: float
     obs_epsilon: float
     meta: dict[str, Any]
+    config: EnvConfig = field(init=False, repr=False, compare=False)
     _mean32: Array = field(init=False, repr=False, compare=False)
     _inverse_std32: Array = field(init=False, repr=False, compare=False)
     _parts: tuple[tuple[int, int], ...] = field(init=False, repr=False, compare=False)
@@ -73,6 +76,7 @@ class FrozenPolicy:
     _input: Array = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "config", from_mapping(EnvConfig, self.env, "the policy's environment settings"))
         object.__setattr__(self, "_mean32", self.obs_mean.astype(np.float32))
         object.__setattr__(self, "_inverse_std32", (1.0 / np.sqrt(self.obs_var + self.obs_epsilon)).astype(np.float32))
         bounds = np.cumsum([0, *self.nvec])
@@ -84,17 +88,11 @@ class FrozenPolicy:
 
     def grid(self, profile: GpuProfile) -> ClockGrid:
         """The clock grid of this policy on ``profile``."""
-        return ClockGrid.for_profile(profile, self.env["core_fractions"], self.env["memory_mhz"])
-
-    def observation_kwargs(self) -> dict[str, Any]:
-        """The environment arguments that define this policy's observation (besides the grid)."""
-        return {"next_kernels": int(self.env["next_kernels"]),
-                "window_latencies": tuple(float(w) for w in self.env["window_latencies"]),
-                "plan_budgets": tuple(float(b) for b in self.env.get("plan_budgets", ()))}
+        return self.config.grid(profile)
 
     def spec(self, profile: GpuProfile) -> ObservationSpec:
         """The observation spec this policy expects on ``profile``."""
-        return ObservationSpec(self.grid(profile), **self.observation_kwargs())
+        return self.config.observation_spec(self.grid(profile))
 
     def act(self, observation: Array) -> Array:
         """The deterministic action (one int per action part) for one raw observation, as VecNormalize and
@@ -159,7 +157,7 @@ def _read(path: Path) -> FrozenPolicy:
             policy = _from_parts(header, weights, biases, data["obs_mean"], data["obs_var"])
     except FileNotFoundError:
         raise PolicyFileError(f"{path}: no such policy file") from None
-    except (OSError, ValueError, KeyError, TypeError, zipfile.BadZipFile, json.JSONDecodeError) as error:
+    except (OSError, ValueError, KeyError, TypeError, ConfigError, zipfile.BadZipFile, json.JSONDecodeError) as error:
         raise PolicyFileError(f"{path}: damaged or not a kdvfs policy file ({type(error).__name__}: "
                               f"{str(error)[:80]})") from None
     return policy
@@ -180,7 +178,7 @@ def _from_parts(header: dict[str, Any], weights: tuple[Array, ...], biases: tupl
 
 
 def freeze(model: Any, obs_mean: Array, obs_var: Array, obs_clip: float, obs_epsilon: float, gpu: str,
-           spec: ObservationSpec, env: dict[str, Any], meta: dict[str, Any]) -> FrozenPolicy:
+           spec: ObservationSpec, env: EnvConfig, meta: dict[str, Any]) -> FrozenPolicy:
     """Export the actor of a trained SB3 ``PPO`` ``model`` (MLP policy, MultiDiscrete actions).
 
     Args:
@@ -189,7 +187,7 @@ def freeze(model: Any, obs_mean: Array, obs_var: Array, obs_clip: float, obs_eps
         obs_clip, obs_epsilon: VecNormalize's ``clip_obs`` and ``epsilon``.
         gpu: the profile name.
         spec: the observation spec of the training environment.
-        env: the environment arguments (see :attr:`FrozenPolicy.env`).
+        env: the environment's settings (stored as :attr:`FrozenPolicy.env`).
         meta: provenance to store.
     """
     layers = [m for m in model.policy.mlp_extractor.policy_net if hasattr(m, "weight")]
@@ -199,8 +197,8 @@ def freeze(model: Any, obs_mean: Array, obs_var: Array, obs_clip: float, obs_eps
     layers.append(model.policy.action_net)
     weights = tuple(m.weight.detach().cpu().numpy().T.astype(np.float32) for m in layers)
     biases = tuple(m.bias.detach().cpu().numpy().astype(np.float32) for m in layers)
-    header = {"gpu": gpu, "spec_hash": spec.hash(), "env": env, "nvec": [int(n) for n in model.action_space.nvec],
-              "activation": kinds.pop() if kinds else "tanh", "obs_clip": obs_clip, "obs_epsilon": obs_epsilon,
-              "meta": meta}
+    header = {"gpu": gpu, "spec_hash": spec.hash(), "env": to_plain(env),
+              "nvec": [int(n) for n in model.action_space.nvec], "activation": kinds.pop() if kinds else "tanh",
+              "obs_clip": obs_clip, "obs_epsilon": obs_epsilon, "meta": meta}
     mean, var = np.array(obs_mean, dtype=np.float64), np.array(obs_var, dtype=np.float64)
     return _from_parts(header, weights, biases, mean, var)

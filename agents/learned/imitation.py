@@ -46,19 +46,19 @@ class Demonstration:
     budget: float
 
 
-def demonstrations(env: KernelDVFSEnv, budgets: Sequence[float], seed: int) -> list[Demonstration]:
-    """Every step of ``env`` at the first budget and at one other drawn from ``budgets``."""
-    rng = np.random.default_rng(seed)
+def demonstrations(env: KernelDVFSEnv, seed: int) -> list[Demonstration]:
+    """Every step of ``env`` at its first budget and at one other drawn from its budgets."""
+    rng, budgets = np.random.default_rng(seed), env.config.budgets
     return [Demonstration(i, b) for i in range(len(env.steps))
             for b in dict.fromkeys((budgets[0], budgets[int(rng.integers(len(budgets)))]))]
 
 
 def expert_action(env: KernelDVFSEnv) -> Array:
-    """What the expert does at every decision: request the pair of the budget's plan advisor (the last
-    advisor: the plan with the largest budget within the episode's). A standing order: the environment
-    ignores it while a request is pending or when that pair is in effect, so the expert's action is the
-    same all episode and the plan's changes happen when the plan proposes them."""
-    return np.array([1, env.grid.size + env.observation_spec.advisors - 1])
+    """What the expert does at every decision: request the pair of the budget's plan advisor (the plan with
+    the largest budget within the episode's). A standing order: the environment ignores it while a request
+    is pending or when that pair is in effect, so the expert's action is the same all episode and the plan's
+    changes happen when the plan proposes them."""
+    return np.array([1, env.observation_spec.advisor_action("budget_plan")])
 
 
 @dataclass(frozen=True)
@@ -116,8 +116,6 @@ def clone(policy: ActorCriticPolicy, observations: Array, actions: Array, return
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
-    policy.train(False)
-    with torch.no_grad():
-        predicted = policy._predict(obs_t, deterministic=True)
-    agree = (predicted == act_t).all(dim=1)
-    return {"expert_agreement": float(agree.float().mean()), "decisions": len(obs_t)}
+    predicted, _ = policy.predict(observations, deterministic=True)
+    agree = (predicted == actions).all(axis=1)
+    return {"expert_agreement": float(agree.mean()), "decisions": len(obs_t)}

@@ -29,13 +29,14 @@ def shipped_policy_path(gpu: str) -> Path:
 
 
 def policy_env(policy: FrozenPolicy, problem: Problem) -> KernelDVFSEnv:
-    """The environment of ``problem`` as ``policy`` sees it: one step, deterministic dynamics."""
+    """The environment of ``problem`` as ``policy`` sees it: its settings with the problem's budget and
+    switching (the profile's spread), one step, deterministic dynamics."""
     if problem.profile.name != policy.gpu:
         raise PolicyFileError(f"policy was trained for GPU {policy.gpu!r}, the problem is on {problem.profile.name!r}")
     step = StepData.from_costs(problem.trace.meta.workload, problem.trace, problem.costs, policy.grid(problem.profile))
-    return KernelDVFSEnv([step], problem.profile, budgets=(problem.slowdown,), latency_s=problem.latency_s,
-                         stall_s=problem.stall_s, latency_noise=False, duration_noise=0.0,
-                         decision_latencies=float(policy.env["decision_latencies"]), **policy.observation_kwargs())
+    return KernelDVFSEnv([step], problem.profile, policy.config, budgets=(problem.slowdown,),
+                         latency_s=problem.latency_s, latency_std_s=None, stall_s=problem.stall_s, latency_noise=False,
+                         duration_noise=0.0)
 
 
 class Actor(Protocol):
@@ -46,13 +47,14 @@ class Actor(Protocol):
 
 def rollout(policy: Actor, env: KernelDVFSEnv, options: dict[str, Any] | None = None, seed: int = 0
             ) -> dict[str, Any]:
-    """One episode of ``policy`` on ``env`` (reset with ``seed`` and ``options``); the episode summary.
-    The clocks that ran are left in ``env.applied``."""
+    """One episode of ``policy`` on ``env`` (reset with ``seed`` and ``options``): the episode summary and
+    its ``return`` (the sum of its rewards). The clocks that ran are left in ``env.applied``."""
     observation, _ = env.reset(seed=seed, options=options)
-    done = False
+    done, total = False, 0.0
     while not done:
-        observation, _, done, _, _ = env.step(policy.act(observation))
-    return env.episode_summary()
+        observation, reward, done, _, _ = env.step(policy.act(observation))
+        total += reward
+    return {**env.episode_summary(), "return": total}
 
 
 @dataclass

@@ -2,7 +2,8 @@
 
 ``configs/ppo/<gpu>.yaml`` loads strictly (unknown keys are errors) into :class:`TrainConfig`; its ``ppo``
 section holds arguments of ``stable_baselines3.PPO`` under SB3's own names, ``vec_normalize`` those of
-``VecNormalize``, ``env`` those of the environment and its clock grid, ``data`` the train/held-out split.
+``VecNormalize``, ``env`` the environment's settings (:class:`~kdvfs.envs.env.config.EnvConfig`, clock grid
+included), ``data`` the train/held-out split.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from kdvfs.envs.common.config import ConfigError, from_mapping, load_yaml
 from kdvfs.envs.common.paths import CONFIG_DIR
 from kdvfs.envs.common.resolve import resolve_shipped
 from kdvfs.envs.env.clock_grid import ClockGrid
+from kdvfs.envs.env.config import EnvConfig
 from kdvfs.envs.env.dvfs_env import ENV_ID
 from kdvfs.envs.env.step_data import StepData
 from kdvfs.envs.env.workloads import DataSplit
@@ -89,32 +91,6 @@ class VecNormalizeArgs:
 
 
 @dataclass(frozen=True)
-class EnvArgs:
-    """Arguments of ``KernelDVFS-v0`` and of the clock grid its steps are priced on."""
-
-    budgets: tuple[float, ...]
-    latency_noise: bool
-    duration_noise: float
-    overrun_penalty: float
-    decision_latencies: float
-    next_kernels: int
-    window_latencies: tuple[float, ...]
-    plan_budgets: tuple[float, ...]
-    core_fractions: tuple[float, ...]
-    memory_mhz: tuple[int, ...] | None = None
-
-    def grid(self, profile: GpuProfile) -> ClockGrid:
-        return ClockGrid.for_profile(profile, self.core_fractions, self.memory_mhz)
-
-    def env_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments of the environment (the grid ones go to the steps instead)."""
-        kwargs = asdict(self)
-        for grid_only in ("core_fractions", "memory_mhz"):
-            kwargs.pop(grid_only)
-        return kwargs
-
-
-@dataclass(frozen=True)
 class TrainConfig:
     """One training run.
 
@@ -129,7 +105,7 @@ class TrainConfig:
             random clocks overrun the budget badly, so exploration starts close to the default behaviour).
         checkpoint_every: save a checkpoint every this many timesteps.
         eval_every: evaluate the deterministic policy on the held-out steps every this many timesteps.
-        env: environment arguments.
+        env: the environment's settings (its clock grid included).
         ppo: PPO arguments.
         vec_normalize: observation normalisation.
         imitation: behaviour cloning of the latency-aware optimum before PPO.
@@ -145,7 +121,7 @@ class TrainConfig:
     request_prior: float
     checkpoint_every: int
     eval_every: int
-    env: EnvArgs
+    env: EnvConfig
     ppo: PpoArgs
     vec_normalize: VecNormalizeArgs
     imitation: ImitationArgs
@@ -177,7 +153,7 @@ def make_vec_env(config: TrainConfig, steps: Sequence[StepData], profile: GpuPro
     """``config.n_envs`` environments over ``steps``, monitored, observations normalised (PPO seeds them)."""
 
     def make() -> gym.Env:
-        return gym.make(ENV_ID, steps=steps, gpu=profile, **config.env.env_kwargs())
+        return gym.make(ENV_ID, steps=steps, gpu=profile, config=config.env)
 
     makers = [make] * config.n_envs
     vec: VecEnv = SubprocVecEnv(makers) if config.vec_env == "subprocess" else DummyVecEnv(makers)

@@ -102,8 +102,8 @@ def imitate(model: Any, env: VecNormalize, config: TrainConfig, profile: GpuProf
             steps: list[StepData]) -> dict[str, float]:
     """Clone the plan advisors' expert (:mod:`kdvfs.agents.learned.imitation`) into ``model``'s policy and critic; the
     recorded observations also start the env's normalisation statistics."""
-    expert_env = KernelDVFSEnv(steps, profile, **config.env.env_kwargs())
-    demos = demonstrations(expert_env, config.env.budgets, config.seed)
+    expert_env = KernelDVFSEnv(steps, profile, config.env)
+    demos = demonstrations(expert_env, config.seed)
     observations, actions, returns = record(expert_env, demos, config.imitation.episodes_per_step,
                                             config.ppo.gamma, config.seed)
     assert isinstance(env.obs_rms, RunningMeanStd)
@@ -120,31 +120,26 @@ def freeze_model(model: Any, env: VecNormalize, config: TrainConfig, profile: Gp
     stats = env.obs_rms
     assert isinstance(stats, RunningMeanStd)
     mean, var = (stats.mean, stats.var) if config.vec_normalize.norm_obs else (np.zeros(spec.size), np.ones(spec.size))
-    return freeze(model, mean, var, env.clip_obs, env.epsilon, profile.name, spec, to_plain(config.env),
+    return freeze(model, mean, var, env.clip_obs, env.epsilon, profile.name, spec, config.env,
                   {**meta, "config": to_plain(config)})
 
 
 def evaluate_steps(policy: FrozenPolicy, steps: list[StepData], profile: GpuProfile,
                    config: TrainConfig) -> dict[str, dict[str, Any]]:
     """Deterministic rollouts (mean latency, no noise) at the first training budget, per step name."""
-    kwargs = {**config.env.env_kwargs(), "budgets": config.env.budgets[:1], "latency_noise": False,
-              "duration_noise": 0.0}
-    env = KernelDVFSEnv(steps, profile, **kwargs)
+    env = KernelDVFSEnv(steps, profile, config.env, budgets=config.env.budgets[:1], latency_noise=False,
+                        duration_noise=0.0)
     return {step.name: rollout(policy, env, {"step": i}) for i, step in enumerate(steps)}
 
 
 def training_score(policy: FrozenPolicy, steps: list[StepData], profile: GpuProfile, config: TrainConfig) -> float:
-    """Mean return (energy saved % - overrun penalty x overrun %) of the deterministic policy on every
-    training step at the first training budget, with the environment's noise, seeds 0..SCORE_SEEDS-1."""
-    kwargs = {**config.env.env_kwargs(), "budgets": config.env.budgets[:1]}
-    env = KernelDVFSEnv(steps, profile, **kwargs)
-    returns = [_return(rollout(policy, env, {"step": i}, seed), config.env.overrun_penalty)
+    """Mean return (the sum of the environment's rewards: energy saved % - overrun penalty x overrun %) of
+    the deterministic policy on every training step at the first training budget, with the environment's
+    noise, seeds 0..SCORE_SEEDS-1."""
+    env = KernelDVFSEnv(steps, profile, config.env, budgets=config.env.budgets[:1])
+    returns = [rollout(policy, env, {"step": i}, seed)["return"]
                for i in range(len(steps)) for seed in range(SCORE_SEEDS)]
     return float(np.mean(returns))
-
-
-def _return(summary: dict[str, Any], overrun_penalty: float) -> float:
-    return float(summary["energy_saved_pct"] - overrun_penalty * summary["overrun_pct"])
 
 
 class HeldOutEvaluation(BaseCallback):

@@ -1,4 +1,4 @@
-"""The observation of ``KernelDVFS-v0``: its layout (:class:`ObservationSpec`) and look-ahead windows.
+"""The observation of ``KernelDVFS-v0``: its layout (:class:`ObservationSpec`, named :data:`BLOCKS`) and windows.
 
 The layout depends on the clock grid, the number of next kernels shown and the window lengths; its hash
 (:meth:`ObservationSpec.hash`) is stored with every frozen policy, so a policy is never fed observations of
@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -19,6 +21,7 @@ from kdvfs.envs.env.step_data import KERNEL_FEATURES, StepData
 from kdvfs.envs.model.cost_model import Array
 
 OBSERVATION_VERSION = 2
+WINDOW_METRICS = ("slowdown_pct", "saving_pct")
 BUDGET_FEATURES = ("budget_pct", "budget_used", "affordable_slowdown_pct", "progress", "remaining_latencies")
 CONTROLLER_FEATURES = ("pending_latencies", "controller_free", "immediate")
 ADVISOR_FEATURES = ("saving_pct", "slowdown_pct", "rest_saving_pct", "rest_slowdown_pct", "in_effect")
@@ -26,11 +29,80 @@ PLAN_ADVISOR_FEATURES = ("rest_saving_pct", "rest_slowdown_pct", "in_effect", "e
 OBS_LIMIT = 1000.0
 """Every entry is clipped to [-OBS_LIMIT, OBS_LIMIT] (percentages of very slow clocks can be large)."""
 REMAINING_LATENCIES_CAP = 50.0
+DIMENSIONS = {"n": "``next_kernels``, the coming kernels shown",
+              "W+1": "the look-ahead windows: one per ``window_latencies``, then the rest of the step",
+              "G": "C x M, the pairs of the clock grid (C core levels, auto first, by M memory clocks)",
+              "C+M": "a core level's one-hot (C) then a memory clock's (M)",
+              "P": "the plan advisors, one per ``plan_budgets``"}
+"""The symbols block sizes are given in (:meth:`ObservationSpec.dimensions` gives their values)."""
+
+
+@dataclass(frozen=True)
+class Block:
+    """One named block of the observation vector.
+
+    Attributes:
+        name: what the code reads and writes it by (part of the spec hash).
+        dims: its shape, row-major (the last dimension varies fastest): numbers or symbols of ``DIMENSIONS``.
+        description: what its entries are.
+        units: their units.
+    """
+
+    name: str
+    dims: tuple[int | str, ...]
+    description: str
+    units: str
+
+    def size_text(self) -> str:
+        """The shape as text, ``2 x (W+1) x G``."""
+        parts = [f"({d})" if isinstance(d, str) and "+" in d and len(self.dims) > 1 else str(d) for d in self.dims]
+        return " x ".join(parts)
+
+
+BLOCKS = (
+    Block("next_kernels", ("n", len(KERNEL_FEATURES)),
+          "the next kernels: log10 duration (centred on 30 us), SM, DRAM and tensor utilisation, category one-hot "
+          f"({len(KERNEL_FEATURES) - 4})", "log10 s, fractions, 0/1"),
+    Block("window_slowdown_then_saving_pct", (len(WINDOW_METRICS), "W+1", "G"),
+          "every pair's slowdown, then its energy saving, against auto over each window: 1x, 2x, 4x the latency "
+          "(``window_latencies``) from where a request made now would take effect (kernel 0 at the first "
+          "decision), then the rest of the step from there", "%"),
+    Block("window_beyond_step", (1,),
+          "1 when a request made now would take effect after the step's last kernel started (windows all 0)", "0/1"),
+    Block("clocks_in_effect", ("C+M",), "one-hot core level and memory clock in effect", "0/1"),
+    Block("clocks_pending", ("C+M",), "one-hot core level and memory clock pending (zeros if none)", "0/1"),
+    Block("controller", (len(CONTROLLER_FEATURES),),
+          "expected time until the pending change takes effect, controller free, the choice applies at once "
+          "(first decision, or ideal switching)", "latencies, 0/1, 0/1"),
+    Block("budget", (len(BUDGET_FEATURES),),
+          "budget; share of it used so far ((elapsed - auto's time for the same kernels) / (budget x auto step "
+          "time)); slowdown still affordable over the rest of the step; progress (auto time so far / auto step "
+          f"time); remaining step in latencies (capped at {REMAINING_LATENCIES_CAP:g}, / {REMAINING_LATENCIES_CAP:g})",
+          "%, fraction, %, fraction, fraction"),
+    Block("advisors", (len(ADVISOR_FEATURES), "W+1"),
+          "per window advisor (the pair saving the most over its window among those whose slowdown there fits "
+          "the affordable slowdown): its saving and slowdown over its window and over the rest of the step, and "
+          "whether it is the pair in effect (feature-major)", "%, 0/1"),
+    Block("plans_rest_saving_then_slowdown_pct", (2, "P"),
+          "each plan's energy saving, then slowdown, against auto from where a request made now takes effect to "
+          "the step's end", "%"),
+    Block("plans_in_effect", ("P",), "whether each plan's proposed pair is the pair in effect", "0/1"),
+    Block("fitting_plan", (len(PLAN_ADVISOR_FEATURES),),
+          "the fitting plan (saving the most among the plans whose slowdown fits what is still affordable): its "
+          "saving and slowdown from there, whether its pair is in effect, whether any plan fits", "%, %, 0/1, 0/1"),
+    Block("budget_plan", (len(PLAN_ADVISOR_FEATURES),),
+          "the same for the budget's plan (the largest plan budget within the episode's), and whether any plan "
+          "is within the budget", "%, %, 0/1, 0/1"),
+)
+"""The observation's blocks, in order."""
+ADVISOR_GROUPS = ("windows", "plans", "fitting_plan", "budget_plan")
+"""The advisor actions after the grid's pairs, in order: one per window, one per plan, the fitting plan, the
+budget's plan."""
 
 
 @dataclass(frozen=True)
 class ObservationSpec:
-    """Layout of one observation vector (float32), block by block.
+    """Layout of one observation vector (float32): the :data:`BLOCKS` in order, sized for a grid and settings.
 
     Attributes:
         grid: the clock actions (C core levels by M memory clocks, G = C * M).
@@ -47,17 +119,37 @@ class ObservationSpec:
     window_latencies: tuple[float, ...]
     plan_budgets: tuple[float, ...] = ()
 
+    def dimensions(self) -> dict[str, int]:
+        """The value of each symbol of ``DIMENSIONS``."""
+        return {"n": self.next_kernels, "W+1": len(self.window_latencies) + 1, "G": self.grid.size,
+                "C+M": self.grid.levels + len(self.grid.memory_mhz), "P": len(self.plan_budgets)}
+
+    @cached_property
+    def _layout(self) -> dict[str, tuple[int, tuple[int, ...]]]:
+        """(start, shape) of each block."""
+        values, start, layout = self.dimensions(), 0, {}
+        for block in BLOCKS:
+            shape = tuple(values[d] if isinstance(d, str) else d for d in block.dims)
+            layout[block.name] = (start, shape)
+            start += math.prod(shape)
+        return layout
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        """The shape of block ``name``."""
+        return self._layout[name][1]
+
+    def span(self, name: str) -> slice:
+        """Where block ``name`` lies in the observation vector."""
+        start, shape = self._layout[name]
+        return slice(start, start + math.prod(shape))
+
+    def view(self, observations: Array, name: str) -> Array:
+        """Block ``name`` of ``observations`` (..., N) in its shape (a view where the slice allows one)."""
+        return observations[..., self.span(name)].reshape(*observations.shape[:-1], *self.shape(name))
+
     def blocks(self) -> tuple[tuple[str, int], ...]:
         """(name, size) of each block in order."""
-        clocks = self.grid.levels + len(self.grid.memory_mhz)
-        return (("next_kernels", self.next_kernels * len(KERNEL_FEATURES)),
-                ("window_slowdown_then_saving_pct", (len(self.window_latencies) + 1) * 2 * self.grid.size),
-                ("window_beyond_step", 1), ("clocks_in_effect", clocks), ("clocks_pending", clocks),
-                ("controller", len(CONTROLLER_FEATURES)), ("budget", len(BUDGET_FEATURES)),
-                ("advisors", (len(self.window_latencies) + 1) * len(ADVISOR_FEATURES)),
-                ("plans_rest_saving_then_slowdown_pct", 2 * len(self.plan_budgets)),
-                ("plans_in_effect", len(self.plan_budgets)), ("fitting_plan", len(PLAN_ADVISOR_FEATURES)),
-                ("budget_plan", len(PLAN_ADVISOR_FEATURES)))
+        return tuple((name, math.prod(shape)) for name, (_, shape) in self._layout.items())
 
     @property
     def size(self) -> int:
@@ -65,19 +157,28 @@ class ObservationSpec:
 
     def offsets(self) -> dict[str, int]:
         """Start index of each block."""
-        sizes = [size for _, size in self.blocks()]
-        return {name: int(start) for (name, _), start in zip(self.blocks(), np.cumsum([0, *sizes[:-1]]), strict=True)}
+        return {name: start for name, (start, _) in self._layout.items()}
+
+    def advisor_slots(self) -> dict[str, slice]:
+        """Where each of ``ADVISOR_GROUPS`` lies among the advisor actions (action G + i is advisor i)."""
+        sizes = (len(self.window_latencies) + 1, len(self.plan_budgets), 1, 1)
+        ends = np.cumsum(sizes).tolist()
+        return {group: slice(end - size, end) for group, size, end in zip(ADVISOR_GROUPS, sizes, ends, strict=True)}
+
+    def advisor_action(self, group: str, index: int = 0) -> int:
+        """The action value of advisor ``index`` of ``group`` (one of ``ADVISOR_GROUPS``)."""
+        return self.grid.size + self.advisor_slots()[group].start + index
 
     @property
     def advisors(self) -> int:
         """Advisor actions after the grid's pairs: one per window, the rest of the step, each plan, the
         fitting plan and the budget's plan."""
-        return len(self.window_latencies) + 1 + len(self.plan_budgets) + 2
+        return self.advisor_slots()["budget_plan"].stop
 
     @property
     def static_size(self) -> int:
         """Entries that depend only on the decision point (next kernels, windows), not on the agent's past."""
-        return self.offsets()["clocks_in_effect"]
+        return self.span("window_beyond_step").stop
 
     def describe(self) -> dict[str, Any]:
         """Plain data that identifies the layout and meaning of every entry."""
@@ -92,6 +193,18 @@ class ObservationSpec:
         """sha256 (hex, first 16 characters) of :meth:`describe`."""
         text = json.dumps(self.describe(), sort_keys=True)
         return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+def observation_table(spec: ObservationSpec | None = None) -> str:
+    """The blocks as a Markdown table (block, size, description [units]): sizes in the symbols of
+    ``DIMENSIONS`` (listed below the table), or the numbers of ``spec``."""
+    rows = ["| block | size | description |", "| --- | --- | --- |"]
+    for block in BLOCKS:
+        size = block.size_text() if spec is None else " x ".join(map(str, spec.shape(block.name)))
+        rows.append(f"| `{block.name}` | {size} | {block.description} [{block.units}] |")
+    if spec is None:
+        rows += ["", "; ".join(f"{symbol}: {meaning}" for symbol, meaning in DIMENSIONS.items()) + "."]
+    return "\n".join(rows)
 
 
 def window_bounds(auto_start_s: Array, latency_s: float, window_latencies: tuple[float, ...]) -> Array:
@@ -110,12 +223,15 @@ def window_bounds(auto_start_s: Array, latency_s: float, window_latencies: tuple
     """
     kernels = len(auto_start_s) - 1
     starts = auto_start_s[:-1]
+    # Where a request made before kernel k lands: the first kernel starting one latency later (k = 0: at once).
     effect = np.searchsorted(starts, auto_start_s + latency_s, side="left")
     effect[0] = 0
+    # Each window ends at the first kernel starting its length after the landing kernel's start (>= 1 kernel).
     columns = [effect]
     for multiple in window_latencies:
         end = np.searchsorted(starts, auto_start_s[effect.clip(max=kernels)] + latency_s * multiple, side="left")
         columns.append(np.maximum(end, effect + 1))
+    # The last window is the rest of the step.
     columns.append(np.full(kernels + 1, kernels))
     return np.minimum(np.stack(columns, axis=1), kernels).astype(np.int64)
 
@@ -128,24 +244,32 @@ def static_observations(step: StepData, spec: ObservationSpec, latency_s: float)
     take effect after the step's last kernel started.
     """
     kernels, width = step.kernels, step.features.shape[1]
+    # next_kernels: the features of kernels k .. k + n - 1 (zeros past the step's end), kernel-major.
     padded = np.vstack([step.features, np.zeros((spec.next_kernels, width), dtype=np.float32)])
     coming = np.lib.stride_tricks.sliding_window_view(padded, spec.next_kernels, axis=0)[: kernels + 1]
     coming = coming.transpose(0, 2, 1).reshape(kernels + 1, spec.next_kernels * width)
+    # Each window's time and energy at every grid action: differences of two cumulative rows,
+    # (K + 1, W + 1, 2, G) as (decision point, window, time/energy, action).
     bounds = window_bounds(step.cumulative[:, 0, 0], latency_s, spec.window_latencies)
     beyond = bounds[:, 0] >= kernels
     rows = step.cumulative[bounds]
     window = rows[:, 1:] - rows[:, :1]
+    # Relative to auto (action 0) over the same window: slowdown (time) and saving (energy, sign flipped), in
+    # %; zero where the window lies beyond the step (auto's window is empty there).
     auto = np.where(beyond[:, None, None, None], 1.0, window[..., :1])
     relative = 100.0 * (window / auto - 1.0) * np.array([1.0, -1.0])[:, None]
     relative[beyond] = 0.0
+    # Into the block's shape (WINDOW_METRICS, W + 1, G), flattened, clipped to the observation's limits.
     windows = np.clip(relative.transpose(0, 2, 1, 3).reshape(kernels + 1, -1), -OBS_LIMIT, OBS_LIMIT)
     return np.column_stack([coming, windows, beyond]).astype(np.float32)
 
 
-def advisor_index(windows: int, size: int) -> Array:
-    """(4, windows) offsets into the window block (slowdowns of every window, then savings) of each
-    advisor's saving and slowdown over its own window and over the rest of the step (add its pair)."""
-    own = np.arange(windows) * size
-    rest = np.full(windows, (windows - 1) * size)
-    savings = windows * size
-    return np.stack([own + savings, own, rest + savings, rest])
+def advisor_index(spec: ObservationSpec) -> Array:
+    """(4, W + 1) flat offsets into the window block (shape (``WINDOW_METRICS``, W + 1, G)) of each window
+    advisor's ``ADVISOR_FEATURES`` but the last: its saving and slowdown over its own window, then over the
+    rest of the step (the last window). Add the advisor's pair to index its entries."""
+    metrics, windows, pairs = spec.shape("window_slowdown_then_saving_pct")
+    own, rest = np.arange(windows), np.full(windows, windows - 1)
+    saving, slowdown = WINDOW_METRICS.index("saving_pct"), WINDOW_METRICS.index("slowdown_pct")
+    rows = np.array([saving, slowdown, saving, slowdown])[:, None].repeat(windows, axis=1)
+    return pairs * np.ravel_multi_index((rows, np.stack([own, own, rest, rest])), (metrics, windows))

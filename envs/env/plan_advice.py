@@ -91,6 +91,8 @@ def plan_advice(step: StepData, budgets: tuple[float, ...], effect: Array, laten
         return PlanAdvice(empty, empty.astype(np.float32), empty.astype(bool), empty, empty.astype(bool))
     plans = budget_plans(step, budgets, effect, latency_s, stall_s)
     pairs = np.vstack([plans.T, np.zeros(len(budgets), dtype=np.int64)])
+    # Each plan's time and energy from kernel j to the end, (K + 1, P, 2), against auto's over the same rest:
+    # saving then slowdown (%), 0 at the step's end.
     auto_rest = step.cumulative[-1, :, 0] - step.cumulative[:, :, 0]
     rest = np.stack([_rest_of_plan(step, plan, stall_s) for plan in plans], axis=1)
     safe_auto = np.where(auto_rest > 0, auto_rest, 1.0)
@@ -98,6 +100,8 @@ def plan_advice(step: StepData, budgets: tuple[float, ...], effect: Array, laten
     slowdown = 100.0 * (rest[..., 0] / safe_auto[:, None, 0] - 1.0)
     rest_pct = np.hstack([saving, slowdown])
     rest_pct[-1] = 0.0
+    # Each plan's next change after j; joined at j, a plan can be followed if that change comes no earlier
+    # than a request made at j could take effect.
     next_change = np.vstack([np.stack([_next_change(plan) for plan in plans], axis=1),
                              np.full(len(budgets), kernels)])
     joinable = next_change >= effect[:, None]

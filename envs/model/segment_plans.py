@@ -29,11 +29,14 @@ from kdvfs.envs.model.schedule import ActionCosts, switch_points
 
 def segment_starts(time_s: Array, latency_s: float) -> Array:
     """(K + 1, A) J[k, a]: the last j < k with sum(time_s[j:k, a]) >= latency_s (-1 if none)."""
+    # Time before each kernel at each action; a segment [j, k) lasts cum_time[k] - cum_time[j].
     cum_time = np.vstack([np.zeros(time_s.shape[1]), np.cumsum(time_s, axis=0)])
+    # Per action, the last j with cum_time[j] <= cum_time[k] - latency (-1 if even j = 0 is too late).
     starts = np.empty(cum_time.shape, dtype=np.int64)
     for action in range(cum_time.shape[1]):
         column = cum_time[:, action]
         starts[:, action] = np.searchsorted(column, column - latency_s, side="right") - 1
+    # At least one kernel per segment (j < k), also where the latency is 0.
     return np.minimum(starts, np.arange(len(cum_time))[:, None] - 1)
 
 
@@ -52,16 +55,20 @@ def segment_plans(costs: ActionCosts, prices_j_per_s: Array, stall_s: float, sta
     kernels, actions = time_s.shape
     prices = np.asarray(prices_j_per_s, dtype=float)
     plans_count = len(prices)
+    # C[k, p, a]: prefix sums of energy + price * time per price and action; a change's cost (its stall).
     cum_cost = np.zeros((kernels + 1, plans_count, actions))
     np.cumsum(energy_j[:, None, :] + prices[None, :, None] * time_s[:, None, :], axis=0, out=cum_cost[1:])
     switch = stall_s * (idle_power_w[None, :] + prices[:, None])
     best = np.zeros((kernels + 1, plans_count))  # F[k]: cheapest schedule of kernels [0, k)
+    # prefix_min[j, p, a]: min over j' <= j of F[j'] - C[j', a] + switch(a) (entering action a at j'), with
+    # the j' that attains it; j' = 0 enters at no cost (the step's first clocks are free).
     prefix_min = np.full((kernels + 1, plans_count, actions), np.inf)
     prefix_arg = np.zeros((kernels + 1, plans_count, actions), dtype=np.int64)
     prefix_min[0] = 0.0
-    choice = np.zeros((kernels + 1, plans_count, 2), dtype=np.int64)
+    choice = np.zeros((kernels + 1, plans_count, 2), dtype=np.int64)  # (segment start, action) ending at k
     plan_rows, columns = np.arange(plans_count), np.arange(actions)
     for k in range(1, kernels + 1):
+        # Best last segment [j, k) per action, its start at most J(k, a) (none where no start is long enough).
         valid = starts[k] >= 0
         j = np.where(valid, starts[k], 0)
         candidates = np.where(valid, prefix_min[j, :, columns].T + cum_cost[k], np.inf)
@@ -69,10 +76,12 @@ def segment_plans(costs: ActionCosts, prices_j_per_s: Array, stall_s: float, sta
         best[k] = candidates[plan_rows, chosen]
         choice[k, :, 0] = prefix_arg[j[chosen], plan_rows, chosen]
         choice[k, :, 1] = chosen
+        # Extend the running minimum with a segment entered at k (only where a change may take effect).
         entry = best[k][:, None] - cum_cost[k] + (switch if switchable is None or switchable[k] else np.inf)
         better = entry < prefix_min[k - 1]
         prefix_min[k] = np.where(better, entry, prefix_min[k - 1])
         prefix_arg[k] = np.where(better, k, prefix_arg[k - 1])
+    # Backtrack each price's segments, unless one action throughout is at least as cheap (no latency limit).
     single = cum_cost[kernels].argmin(axis=1)
     plans = np.empty((plans_count, kernels), dtype=np.int64)
     for p in range(plans_count):
@@ -95,6 +104,7 @@ def _backtrack(choice: Array, kernels: int) -> Array:
 def plan_totals(costs: ActionCosts, plans: Array, stall_s: float) -> tuple[Array, Array]:
     """(P,) time (s) and (P,) energy (J) of ``plans`` (P, K) run as planned, one stall per change."""
     rows = np.arange(plans.shape[1])
+    # A change at kernel k (k > 0) stalls the GPU at the idle power of the action entered.
     changed = np.zeros(plans.shape, dtype=bool)
     changed[:, 1:] = plans[:, 1:] != plans[:, :-1]
     time_s = costs.time_s[rows, plans].sum(axis=1) + stall_s * changed.sum(axis=1)
@@ -142,6 +152,7 @@ def cheapest_within(costs: ActionCosts, budgets_s: Array, stall_s: float, starts
                        np.full(count, np.inf), np.full(count, -np.inf), np.zeros(count, dtype=bool))
 
     def probe(prices: Array) -> Array:
+        """Plans at ``prices`` (P,): raise the lower bounds, keep the cheapest fitting plans; which fit."""
         plans = segment_plans(costs, prices, stall_s, starts, switchable)
         time_s, energy_j = plan_totals(costs, plans, stall_s)
         np.maximum(best.lower_bounds_j, energy_j + prices * (time_s - budgets_s), out=best.lower_bounds_j)
@@ -152,12 +163,14 @@ def cheapest_within(costs: ActionCosts, budgets_s: Array, stall_s: float, starts
         best.feasible[fits] = True
         return fits
 
+    # Bracket: price 0 first; where that overruns, grow the price 4x until the plan fits (or give up).
     searching = ~probe(high)
     high[searching] = first_price_j_per_s
     while searching.any() and high[searching].max() <= max_price_j_per_s:
         fits = probe(high)
         searching &= ~fits
         low[searching], high[searching] = high[searching], 4.0 * high[searching]
+    # Bisect each bracket [low (overruns), high (fits)]; probe keeps the cheapest fitting plan seen.
     for _ in range(iterations if best.feasible.any() else 0):
         middle = 0.5 * (low + high)
         fits = probe(middle)
@@ -183,5 +196,6 @@ def segments_ok(time_s: Array, actions: Array, latency_s: float) -> bool:
     bounds = np.r_[0, switch_points(actions), len(actions)]
     if len(bounds) == 2:
         return True
+    # Each segment's duration: the sum of its kernels' times at its action.
     durations = np.add.reduceat(time_s[np.arange(len(actions)), actions], bounds[:-1])
     return bool(np.all(durations >= latency_s - 1e-12))

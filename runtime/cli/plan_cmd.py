@@ -21,6 +21,7 @@ PLOT_BUDGETS = (0.0, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1)
 
 
 def percent_list(text: str) -> list[float]:
+    """argparse type of ``--slowdown`` lists: comma-separated fractions >= 0."""
     try:
         values = [float(v) for v in text.split(",") if v]
     except ValueError:
@@ -31,6 +32,7 @@ def percent_list(text: str) -> list[float]:
 
 
 def add_problem_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--trace``, ``--gpu`` and ``--latency-ms``, read by :func:`problem_from_args`."""
     parser.add_argument("--trace", required=True, help="trace file or bundled name")
     parser.add_argument("--gpu", required=True, help="GPU profile name or .yaml")
     parser.add_argument("--latency-ms", type=float, help="switching latency to execute with (default: the "
@@ -55,6 +57,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def problem_from_args(args: argparse.Namespace, slowdown: float) -> Problem:
+    """The planning problem of :func:`add_problem_arguments`' arguments at ``slowdown``."""
     latency_s = None if args.latency_ms is None else args.latency_ms / 1e3
     if latency_s is not None and latency_s < 0:
         raise KdvfsError(f"--latency-ms {args.latency_ms} must be >= 0")

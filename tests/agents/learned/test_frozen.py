@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -13,7 +14,9 @@ from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 from kdvfs.agents.common.problem import Problem, score
 from kdvfs.agents.learned.frozen import FrozenPolicy, PolicyFileError
 from kdvfs.agents.learned.policy_planner import PolicyPlanner, policy_env, rollout, shipped_policy_path
+from kdvfs.agents.learned.ppo import load_train_config
 from kdvfs.agents.learned.train import TrainResult
+from kdvfs.envs.common.paths import REPO_ROOT
 from kdvfs.envs.gpu.profiles import load_profile
 from kdvfs.envs.trace.bundled import open_trace
 
@@ -87,3 +90,15 @@ def test_policy_planner_schedule_scores_as_its_rollout(tiny_run: TrainResult) ->
 def test_shipped_policies_load_for_their_gpu(gpu: str) -> None:
     policy = FrozenPolicy.load(shipped_policy_path(gpu), load_profile(gpu))
     assert policy.gpu == gpu
+
+
+@pytest.mark.parametrize(("gpu", "step"), [("h200", "h200/gpt2s-b16"), ("h200", "gpt2s"), ("rtx3080ti", "bert-base")])
+def test_shipped_policies_reproduce_their_published_held_out_results(gpu: str, step: str) -> None:
+    published = json.loads((REPO_ROOT / "benchmarks/results/policies.json").read_text())["gpus"][gpu]["held_out"]
+    expected = next(row["policy"] for row in published if row["step"] == step)
+    profile = load_profile(gpu)
+    trace = dict(load_train_config(gpu).data.held_out.traces(profile))[step]
+    problem = Problem.build(trace, profile, 0.01)
+    result = score(problem, PolicyPlanner.from_file(shipped_policy_path(gpu), profile).plan(problem))
+    assert (result.energy_saved_pct, result.slowdown_pct, result.switches) == pytest.approx(
+        (expected["energy_saved_pct"], expected["slowdown_pct"], expected["switches"]), rel=1e-9)

@@ -104,7 +104,7 @@ def test_random_episode_equals_replay_of_the_clocks_that_ran(step: StepData, pro
     assert info["energy_saved_pct"] == pytest.approx(100 * (1 - outcome.energy_j / auto.energy_j), abs=1e-9)
     assert info["slowdown_pct"] == pytest.approx(100 * (outcome.time_s / auto.time_s - 1), abs=1e-9)
     overrun = max(0.0, info["slowdown_pct"] - 100 * problem.slowdown)
-    assert total == pytest.approx(info["energy_saved_pct"] - env.overrun_penalty * overrun, abs=1e-9)
+    assert total == pytest.approx(info["energy_saved_pct"] - env.config.overrun_penalty * overrun, abs=1e-9)
 
 
 def test_ideal_switching_applies_every_request_at_once(step: StepData, problem: Problem) -> None:

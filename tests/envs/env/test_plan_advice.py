@@ -82,7 +82,7 @@ def test_following_a_plan_advisor_at_zero_latency_runs_the_plan() -> None:
                         plan_budgets=(0.005, 0.01))
     env.reset(seed=0, options={"budget": 0.01})
     plan = env._plans[0].pairs[:-1, 1]
-    advisor = env.grid.size + len(env.observation_spec.window_latencies) + 1 + 1
+    advisor = env.observation_spec.advisor_action("plans", 1)
     done, info = False, {}
     while not done:
         _, _, done, _, info = env.step(np.array([1, advisor]))

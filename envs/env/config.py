@@ -1,0 +1,128 @@
+"""Every setting of ``KernelDVFS-v0`` in one place: :class:`EnvConfig`.
+
+The environment's constructor, PPO training (the ``env:`` section of ``configs/ppo/<gpu>.yaml`` loads into
+it), frozen policies (which store it) and policy evaluation all read their settings from it; its defaults
+are the environment's. Switching figures left as None come from the GPU profile (:meth:`EnvConfig.switching`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import re
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from kdvfs.envs.common.errors import KdvfsError
+from kdvfs.envs.env.clock_grid import DEFAULT_CORE_FRACTIONS, ClockGrid
+from kdvfs.envs.env.observation import ObservationSpec
+from kdvfs.envs.gpu.profiles import GpuProfile
+
+
+class Switching(NamedTuple):
+    """The clock-switching figures an environment runs with (s)."""
+
+    latency_s: float
+    latency_std_s: float
+    stall_s: float
+
+
+@dataclass(frozen=True)
+class EnvConfig:
+    """Settings of ``KernelDVFS-v0`` (the arguments besides its steps and GPU profile).
+
+    Attributes:
+        budgets: slowdown budgets (fractions of the step's auto time, 0.01 = 1%), one drawn per episode.
+        latency_s: mean switching latency (s); None: the profile's. 0 = ideal switching.
+        latency_std_s: spread (standard deviation) of the switching latency (s); None: the profile's, or 0
+            with ideal switching.
+        stall_s: GPU stall per clock change (s); None: the profile's, or 0 with ideal switching.
+        latency_noise: draw each request's latency from N(latency_s, latency_std_s), clipped at 0; else the
+            mean.
+        duration_noise: sigma of the log-normal multiplicative noise on each kernel's time and energy (drawn
+            per episode; dimensionless, 0 disables it).
+        overrun_penalty: reward lost per percent of the step's auto time beyond the budget (reward / %).
+        decision_latencies: least time between decision points, in switching latencies (with ideal switching
+            every kernel is a decision point).
+        next_kernels: how many coming kernels the observation shows individually (kernels).
+        window_latencies: lengths of the look-ahead windows, in switching latencies.
+        plan_budgets: slowdown budgets (fractions) of the plan advisors (:mod:`kdvfs.envs.env.plan_advice`);
+            empty: none.
+        core_fractions: locked core levels of the clock grid, as fractions of the profile's maximum core clock
+            (:class:`kdvfs.envs.env.clock_grid.ClockGrid`; auto is always level 0).
+        memory_mhz: memory clocks of the clock grid (MHz, descending); None: all of the profile's.
+    """
+
+    budgets: tuple[float, ...] = (0.01,)
+    latency_s: float | None = None
+    latency_std_s: float | None = None
+    stall_s: float | None = None
+    latency_noise: bool = True
+    duration_noise: float = 0.02
+    overrun_penalty: float = 20.0
+    decision_latencies: float = 0.25
+    next_kernels: int = 2
+    window_latencies: tuple[float, ...] = (1.0, 2.0, 4.0)
+    plan_budgets: tuple[float, ...] = ()
+    core_fractions: tuple[float, ...] = DEFAULT_CORE_FRACTIONS
+    memory_mhz: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        # Sequences become tuples of floats (ints) so that equal settings give equal observation-spec hashes.
+        for name in ("budgets", "window_latencies", "plan_budgets", "core_fractions"):
+            object.__setattr__(self, name, tuple(float(value) for value in getattr(self, name)))
+        if self.memory_mhz is not None:
+            object.__setattr__(self, "memory_mhz", tuple(int(mhz) for mhz in self.memory_mhz))
+        if not self.budgets or min(self.budgets) < 0 or min(self.plan_budgets, default=0.0) < 0:
+            raise KdvfsError(f"budgets {list(self.budgets)} must be a non-empty list of fractions >= 0 (and "
+                             f"plan_budgets {list(self.plan_budgets)} fractions >= 0)")
+        if any(value is not None and value < 0 for value in (self.latency_s, self.latency_std_s, self.stall_s)):
+            raise KdvfsError("latency_s, latency_std_s and stall_s must be >= 0 (or None: the profile's)")
+        if self.decision_latencies < 0 or self.next_kernels < 1 or not self.window_latencies \
+                or min(self.window_latencies) <= 0 or self.duration_noise < 0:
+            raise KdvfsError("need decision_latencies >= 0, next_kernels >= 1, positive window_latencies and "
+                             "duration_noise >= 0")
+
+    def replace(self, **settings: Any) -> EnvConfig:
+        """A copy with the given fields replaced; an unknown name is a :class:`KdvfsError`."""
+        unknown = sorted(set(settings) - {field.name for field in dataclasses.fields(self)})
+        if unknown:
+            raise KdvfsError(f"unknown environment setting(s) {unknown}; allowed: "
+                             f"{[field.name for field in dataclasses.fields(self)]}")
+        return dataclasses.replace(self, **settings)
+
+    def grid(self, profile: GpuProfile) -> ClockGrid:
+        """The clock grid of these settings on ``profile``."""
+        return ClockGrid.for_profile(profile, self.core_fractions, self.memory_mhz)
+
+    def observation_spec(self, grid: ClockGrid) -> ObservationSpec:
+        """The observation layout of these settings on ``grid``."""
+        return ObservationSpec(grid, self.next_kernels, self.window_latencies, self.plan_budgets)
+
+    def switching(self, profile: GpuProfile) -> Switching:
+        """Latency, its spread and the stall (s): these settings', else ``profile``'s (0 with ideal switching)."""
+        latency_s = profile.switching.latency_mean_s if self.latency_s is None else self.latency_s
+        if self.latency_std_s is not None:
+            latency_std_s = self.latency_std_s
+        else:
+            latency_std_s = profile.switching.latency_std_s if latency_s > 0 else 0.0
+        if self.stall_s is not None:
+            stall_s = self.stall_s
+        else:
+            stall_s = profile.cost_param("switch_stall_s") if latency_s > 0 else 0.0
+        return Switching(float(latency_s), float(latency_std_s), float(stall_s))
+
+
+def settings_table() -> str:
+    """:class:`EnvConfig`'s fields as a Markdown table (setting, default, meaning), the meanings from its
+    docstring."""
+    attributes = (inspect.getdoc(EnvConfig) or "").split("Attributes:\n", 1)[1]
+    meanings = dict(re.findall(r"^    (\w+): (.*?)(?=^    \w+: |\Z)", attributes, re.MULTILINE | re.DOTALL))
+    rows = ["| setting | default | meaning |", "| --- | --- | --- |"]
+    for field in dataclasses.fields(EnvConfig):
+        default = field.default
+        shown = f"({default[0]}, ..., {default[-1]})` ({len(default)} values)" if isinstance(default, tuple) \
+            and len(default) > 4 else f"{default!r}`"
+        meaning = re.sub(r":\w+:`~?([^`]+)`", r"`\1`", " ".join(meanings[field.name].split()))
+        rows.append(f"| `{field.name}` | `{shown} | {meaning} |")
+    return "\n".join(rows)

@@ -1,0 +1,75 @@
+"""EnvConfig: the one source of the environment's settings (YAML, constructor, frozen policies, docs)."""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kdvfs.agents.learned.frozen import FrozenPolicy
+from kdvfs.agents.learned.policy_planner import shipped_policy_path
+from kdvfs.agents.learned.ppo import PPO_CONFIG_DIR, load_train_config
+from kdvfs.envs.common.config import ConfigError
+from kdvfs.envs.common.errors import KdvfsError
+from kdvfs.envs.common.paths import REPO_ROOT
+from kdvfs.envs.env.clock_grid import ClockGrid
+from kdvfs.envs.env.config import EnvConfig, Switching, settings_table
+from kdvfs.envs.env.dvfs_env import KernelDVFSEnv, default_step
+from kdvfs.envs.gpu.profiles import load_profile
+
+
+@pytest.mark.parametrize("gpu", ["h200", "rtx3080ti"])
+def test_the_yaml_env_section_is_the_shipped_policys_config(gpu: str) -> None:
+    profile, config = load_profile(gpu), load_train_config(gpu)
+    raw = yaml.safe_load((PPO_CONFIG_DIR / f"{gpu}.yaml").read_text())["env"]
+    assert isinstance(config.env, EnvConfig) and set(raw) <= set(EnvConfig.__dataclass_fields__)
+    policy = FrozenPolicy.load(shipped_policy_path(gpu), profile)
+    assert policy.config == config.env
+    assert config.env.observation_spec(config.env.grid(profile)).hash() == policy.spec_hash
+
+
+def test_settings_by_name_replace_the_configs() -> None:
+    env = KernelDVFSEnv(config=EnvConfig(budgets=(0.02,), overrun_penalty=5.0), duration_noise=0.0)
+    assert env.config == EnvConfig(budgets=(0.02,), overrun_penalty=5.0, duration_noise=0.0)
+    with pytest.raises(KdvfsError, match=r"unknown environment setting.*'budget'"):
+        KernelDVFSEnv(budget=0.02)
+
+
+def test_switching_defaults_come_from_the_profile() -> None:
+    profile = load_profile("h200")
+    mean_s, std_s, stall_s = (profile.switching.latency_mean_s, profile.switching.latency_std_s,
+                              profile.cost_param("switch_stall_s"))
+    assert EnvConfig().switching(profile) == Switching(mean_s, std_s, stall_s)
+    assert EnvConfig(latency_s=0.0).switching(profile) == Switching(0.0, 0.0, 0.0)
+    assert EnvConfig(latency_s=0.002, latency_std_s=0.0, stall_s=1e-4).switching(profile) == (0.002, 0.0, 1e-4)
+
+
+def test_invalid_settings_are_errors_naming_the_yaml_key(tmp_path: Path) -> None:
+    with pytest.raises(KdvfsError, match="budgets"):
+        EnvConfig(budgets=())
+    with pytest.raises(KdvfsError, match="next_kernels"):
+        EnvConfig(next_kernels=0)
+    raw = yaml.safe_load((PPO_CONFIG_DIR / "h200.yaml").read_text())
+    raw["env"]["window_latencies"] = [0.0]
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ConfigError, match=r"bad\.yaml: env: .*window_latencies"):
+        load_train_config(path)
+
+
+def test_steps_must_be_priced_on_the_configs_grid() -> None:
+    profile = load_profile("h200")
+    other = default_step(profile, ClockGrid.for_profile(profile, (1.0, 0.9)))
+    with pytest.raises(KdvfsError, match="same clock grid"):
+        KernelDVFSEnv([other], profile)
+    assert KernelDVFSEnv([other], profile, core_fractions=(1.0, 0.9)).grid == other.grid
+
+
+def test_the_settings_tables_are_rendered_from_the_dataclass() -> None:
+    table = settings_table()
+    assert all(f"| `{name}` |" in table for name in EnvConfig.__dataclass_fields__)
+    assert table in (inspect.getdoc(KernelDVFSEnv) or "")
+    assert table in (REPO_ROOT / "docs/environment.md").read_text(), \
+        "docs/environment.md: paste kdvfs.envs.env.config.settings_table() into the Arguments section"
