@@ -41,11 +41,17 @@ def split_command(command: Sequence[str], tool: str = "kdvfs") -> tuple[str, lis
     return interpreter, target
 
 
-def child_environment() -> dict[str, str]:
-    """The child's environment: this kdvfs first on PYTHONPATH, so its bootstrap is the one that runs."""
+def child_environment(cpu_test_mode: bool = False) -> dict[str, str]:
+    """The child's environment: this kdvfs first on PYTHONPATH, so its bootstrap is the one that runs.
+
+    ``cpu_test_mode`` (a CPU-only script whose steps are timed in the training thread's CPU time): one
+    intra-op thread (``OMP_NUM_THREADS=1``), so that the thread's CPU time is the step's work rather than
+    spin-waits on helper threads that a busy machine deschedules.
+    """
     root = str(Path(kdvfs.__file__).parent.parent)
     paths = [root, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
+    single_thread = {"OMP_NUM_THREADS": "1"} if cpu_test_mode else {}
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths), **single_thread}
 
 
 def run_target(target: Sequence[str]) -> None:

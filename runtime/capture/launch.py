@@ -41,7 +41,8 @@ def _run_child(argv: Sequence[str], config: CaptureConfig, config_path: Path, st
     """Run one child process with ``config`` saved at ``config_path`` (its standard output to the file
     descriptor ``stdout``, default inherited); its report, or the matching error."""
     config.save(config_path)
-    code = subprocess.run(list(argv), env=child_environment(), stdout=stdout, check=False).returncode
+    environment = child_environment(config.cpu_test_mode)
+    code = subprocess.run(list(argv), env=environment, stdout=stdout, check=False).returncode
     report = Path(config.report_path or "")
     document = json.loads(report.read_text(encoding="utf-8")) if report.is_file() else None
     if document is not None and document.get("status") == "ok":

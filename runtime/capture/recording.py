@@ -89,6 +89,14 @@ def _gpu_recording(profile: Path, config: CaptureConfig) -> Path:
     return emulated
 
 
+def _scaled_to(trace: Trace, step_s: float) -> Trace:
+    """The trace with every duration and gap scaled so the step lasts ``step_s`` (CPU test mode: profiled CPU
+    ops are slower than unprofiled ones, so only the measured step time is what ``kdvfs run`` will see)."""
+    scale = step_s / trace.step_time_s
+    return replace(trace, kernels=tuple(replace(k, duration_s=k.duration_s * scale, gap_before_s=k.gap_before_s * scale)
+                                        for k in trace.kernels))
+
+
 def build_trace(profile: Path, config: CaptureConfig, timing: StepTiming, gpu_name: str) -> Trace:
     """The last complete step of the recording, with the capture's measurements and provenance."""
     reading = timing.reading
@@ -97,6 +105,8 @@ def build_trace(profile: Path, config: CaptureConfig, timing: StepTiming, gpu_na
                          ref_mem_mhz=reading.mem_mhz if reading else None,
                          observed_core_mhz=reading.sm_mhz if reading else None)
     gpu = CPU_TEST_GPU if config.cpu_test_mode else gpu_name or trace.meta.gpu
+    if config.cpu_test_mode:
+        trace = _scaled_to(trace, timing.step_time_s)
     source = f"kdvfs capture --steps {config.steps} --warmup {config.warmup}: {config.command}".rstrip(": ")
     return replace(trace, meta=replace(trace.meta, gpu=gpu, source=source))
 

@@ -16,6 +16,8 @@ least ``energy_window_s`` measures the step time and, through the NVML energy co
 and the clocks; then the PyTorch profiler (CPU and CUDA activities, op shapes) records one warm-up step and
 ``steps`` steps; the last complete one becomes the trace, written atomically. The profiled steps' wall time
 against the unprofiled step time is the capture overhead. Nothing is written unless every stage completed.
+With ``cpu_test_mode`` steps are timed in the training thread's CPU time (``time.thread_time``: a busy
+machine's descheduling does not count), as ``kdvfs run --cpu-test-mode`` times them.
 """
 
 from __future__ import annotations
@@ -78,6 +80,7 @@ class Capture:
         self._sampler: WindowSampler | None = None
         self._profiler: profile | None = None
         self._mark_s = 0.0
+        self._now_s = time.thread_time if self.config.cpu_test_mode else time.perf_counter
         self._counted = 0
         self._window: tuple[float, int, WindowReading | None] = (0.0, 0, None)
 
@@ -133,14 +136,14 @@ class Capture:
         _synchronize()
         if self._sampler is not None:
             self._sampler.start()
-        self._mark_s, self._counted, self.stage = time.perf_counter(), 0, Stage.WINDOW
+        self._mark_s, self._counted, self.stage = self._now_s(), 0, Stage.WINDOW
 
     def _window_step(self) -> None:
         self._counted += 1
-        if time.perf_counter() - self._mark_s < self.config.energy_window_s or self._counted < MIN_WINDOW_STEPS:
+        if self._now_s() - self._mark_s < self.config.energy_window_s or self._counted < MIN_WINDOW_STEPS:
             return
         _synchronize()
-        elapsed_s = time.perf_counter() - self._mark_s
+        elapsed_s = self._now_s() - self._mark_s
         reading = self._sampler.stop() if self._sampler is not None else None
         self._window = (elapsed_s, self._counted, reading)
         activities = [ProfilerActivity.CPU] + ([] if self.config.cpu_test_mode else [ProfilerActivity.CUDA])
@@ -154,7 +157,7 @@ class Capture:
         _synchronize()
         assert self._profiler is not None
         self._profiler.step()
-        self._mark_s, self._counted, self.stage = time.perf_counter(), 0, Stage.PROFILE
+        self._mark_s, self._counted, self.stage = self._now_s(), 0, Stage.PROFILE
 
     def _profile_step(self) -> None:
         assert self._profiler is not None
@@ -163,7 +166,7 @@ class Capture:
             self._profiler.step()
             return
         _synchronize()
-        profiled_s = time.perf_counter() - self._mark_s
+        profiled_s = self._now_s() - self._mark_s
         self._profiler.step()
         self._profiler.stop()
         self._profiler = None

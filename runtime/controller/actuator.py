@@ -7,40 +7,34 @@ import threading
 from pathlib import Path
 from typing import IO, Any
 
+from kdvfs.runtime.device.errors import DeviceError
 from kdvfs.runtime.device.host_time import Clock
 from kdvfs.runtime.device.interface import Device
-
-FLUSH_RECORDS = 200
 
 
 class EventLog:
     """JSON lines (``{"event": ..., ...}``) appended to ``path`` (nothing written when None); thread-safe.
 
-    Times are seconds on the controller's host clock (``time.perf_counter`` in a real run), named ``*_s``.
+    Every record is written and flushed to the operating system at once, so a killed process (SIGKILL) leaves
+    every record up to the kill. Times are seconds on the controller's host clock (``time.perf_counter`` in a
+    real run), named ``*_s``.
     """
 
     def __init__(self, path: str | Path | None) -> None:
         self._file: IO[str] | None = open(path, "w", encoding="utf-8") if path else None  # noqa: SIM115 (closed by close())
-        self._lines: list[str] = []
         self._lock = threading.Lock()
 
     def write(self, event: str, **fields: Any) -> None:
         if self._file is None:
             return
+        line = json.dumps({"event": event, **fields}) + "\n"
         with self._lock:
-            self._lines.append(json.dumps({"event": event, **fields}))
-            if len(self._lines) >= FLUSH_RECORDS:
-                self._flush()
-
-    def _flush(self) -> None:
-        if self._file is not None and self._lines:
-            self._file.write("\n".join(self._lines) + "\n")
-            self._file.flush()
-            self._lines = []
+            if self._file is not None:
+                self._file.write(line)
+                self._file.flush()
 
     def close(self) -> None:
         with self._lock:
-            self._flush()
             if self._file is not None:
                 self._file.close()
                 self._file = None
@@ -57,7 +51,8 @@ class Actuator:
 
     Auto at the default memory clock is a reset of both clocks; auto at another memory clock locks only the
     memory clock. After :meth:`close` every request is ignored, so a late request of the controller's thread
-    cannot follow the final restore.
+    cannot follow the final restore. A restore that fails is kept in ``restore_error`` (``restored`` stays
+    False), not raised: whoever closes goes on with the rest of the shutdown.
     """
 
     def __init__(self, device: Device | None, dry_run: bool, default_mem_mhz: int, log: EventLog,
@@ -69,6 +64,7 @@ class Actuator:
         self.switches = 0
         self.touched = False
         self.restored = False
+        self.restore_error: DeviceError | None = None
         self._closed = False
         self._lock = threading.Lock()
 
@@ -102,6 +98,11 @@ class Actuator:
                 return
             self._closed = True
             if self.touched and self.device is not None:
-                self.device.reset_clocks()
+                try:
+                    self.device.reset_clocks()
+                except DeviceError as error:
+                    self.restore_error = error
+                    self.log.write("restore_error", message=str(error))
+                    return
                 self.current = self.auto
             self.restored = True

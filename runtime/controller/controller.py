@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import subprocess
 import sys
 import threading
 import types
@@ -83,6 +84,7 @@ class Controller:
         self._actuator: Actuator | None = None
         self._accounting: Accounting | None = None
         self._hooks: AnchorHooks | None = None
+        self._watchdog: subprocess.Popen[bytes] | None = None
         self._log = EventLog(None)
 
     def __enter__(self) -> Controller:
@@ -111,8 +113,8 @@ class Controller:
         if threading.current_thread() is threading.main_thread():
             self._stack.enter_context(terminate_on_sigterm())
         if not config.dry_run and config.watchdog and isinstance(device, NvmlDevice):
-            watchdog = spawn_watchdog(config.gpu_index, config.nvml_module)
-            self._stack.callback(lambda: stop_watchdog(watchdog, self._actuator is None or self._actuator.restored))
+            self._watchdog = spawn_watchdog(config.gpu_index, config.nvml_module)
+            self._stack.callback(self._stop_watchdog)
         self._log = EventLog(config.log)
         self._stack.callback(self._log.close)
         self._log.write("start", clock="perf_counter", source=self.plan.source, gpu=problem.profile.name,
@@ -167,19 +169,29 @@ class Controller:
         issuer.join(STOP_TIMEOUT_S)
         if self._actuator is not None:
             self._actuator.close()
+        restored = self._stop_watchdog()
         if self._accounting is not None:
             self._accounting.close()
-        self.summary = self._summary()
+        self.summary = {**self._summary(), "gpu_restored": restored}
         self._log.write("summary", **self.summary)
+        if not restored:
+            print(f"kdvfs: {self.summary['restore_error']}", file=sys.stderr)
+
+    def _stop_watchdog(self) -> bool:
+        """Stop the watchdog, which resets the clocks itself when the actuator's restore failed (idempotent);
+        True when the GPU is back at its own control."""
+        restored = self._actuator is None or self._actuator.restored
+        return restored if self._watchdog is None else stop_watchdog(self._watchdog, restored)
 
     def close(self) -> None:
-        """Restore the clocks and stop everything (idempotent); what ``__exit__`` does."""
+        """Restore the clocks and stop everything (idempotent); what ``__exit__`` does.
+
+        A failed restore (tried by the actuator, then by the watchdog) does not raise: it is one line on stderr
+        naming the GPU and ``sudo kdvfs reset --gpu-index I``, and the summary's ``restore_error`` and
+        ``gpu_restored``; everything else is still stopped and the summary still built.
+        """
         atexit.unregister(self.close)
-        try:
-            self._stack.close()
-        except Exception as error:  # a failed restore must be seen, but after everything else was tried
-            print(f"kdvfs: error while restoring the GPU: {error}", file=sys.stderr)
-            raise
+        self._stack.close()
 
     def _summary(self) -> dict[str, Any]:
         issuer, actuator, accounting, plan = self._issuer, self._actuator, self._accounting, self.plan
@@ -193,6 +205,7 @@ class Controller:
             "guard_rebaselines": issuer.guard.rebaselines,
             "guard_slowdown": issuer.guard.slowdown(), "baseline_step_time_s": issuer.guard.baseline_s,
             "error": None if issuer.error is None else str(issuer.error),
+            "restore_error": None if actuator.restore_error is None else str(actuator.restore_error),
             "anchors": {**issuer.anchoring.figures(), "blocks": None if self._hooks is None else self._hooks.blocks},
             **accounting.figures(),
             "predicted": {k: v for k, v in asdict(predicted).items() if k != "method"},

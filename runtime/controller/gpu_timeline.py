@@ -19,7 +19,9 @@ it) and returns its host time; :class:`StepEnd` carries the host times of all of
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -135,19 +137,23 @@ class CudaStepTimeline:
 
 
 class HostStepTimeline:
-    """Host time at each boundary stands in for the GPU's (CPU test mode: no CUDA)."""
+    """CPU test mode (no CUDA): host time at each boundary stands in for the GPU's step end, and the training
+    thread's CPU time between boundaries for the step's GPU time (``cpu_time_s``, default
+    ``time.thread_time``), as ``kdvfs capture --cpu-test-mode`` measures it: on a busy machine the wall time
+    of a CPU step is mostly the scheduler's, not the step's."""
 
-    def __init__(self, clock: Clock) -> None:
-        self._clock = clock
+    def __init__(self, clock: Clock, cpu_time_s: Callable[[], float] = time.thread_time) -> None:
+        self._clock, self._cpu_time_s = clock, cpu_time_s
         self._previous_s: float | None = None
 
-    def mark(self) -> float:
-        return self._clock.now_s()
+    def mark(self) -> tuple[float, float]:
+        return self._clock.now_s(), self._cpu_time_s()
 
-    def wait(self, token: float) -> StepEnd:
-        duration_s = None if self._previous_s is None else token - self._previous_s
-        self._previous_s = token
-        return StepEnd(token, duration_s, None)
+    def wait(self, token: tuple[float, float]) -> StepEnd:
+        end_s, cpu_s = token
+        duration_s = None if self._previous_s is None else cpu_s - self._previous_s
+        self._previous_s = cpu_s
+        return StepEnd(end_s, duration_s, None)
 
     def anchor_s(self, step: int, index: int, deadline_s: float) -> float | None:
         return None

@@ -2,14 +2,21 @@
 
 Neither library is a kdvfs dependency: each is imported when its callback is made. The callbacks open the
 controller when training begins, mark a step after every optimizer step, and close it (clocks restored)
-when training ends or fails::
+when training ends or fails. Lightning calls ``on_exception`` when training fails; Hugging Face's
+``Trainer`` has no such hook, so there the callback is also a context manager that closes the controller
+however the block ends (a notebook or a hyper-parameter loop that catches the exception finds the GPU
+back at its own clocks)::
 
-    trainer = Trainer(..., callbacks=[hf_callback(Controller("plan.json", "step.trace.json"))])
+    with hf_callback(Controller("plan.json", "step.trace.json")) as callback:
+        Trainer(..., callbacks=[callback]).train()
     trainer = lightning.Trainer(..., callbacks=[lightning_callback(Controller("plan.json", "step.trace.json"))])
+
+Both callbacks are context managers and have ``on_exception``.
 """
 
 from __future__ import annotations
 
+import types
 from typing import Any
 
 from kdvfs.runtime.controller.controller import Controller
@@ -37,17 +44,34 @@ class _Steps:
             self.controller.close()
 
 
+class _Closing:
+    """Mixin of both callbacks: ``on_exception`` and the context-manager form close the controller."""
+
+    steps: _Steps
+
+    def on_exception(self, *args: Any, **kwargs: Any) -> None:
+        self.steps.end()
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 trace: types.TracebackType | None) -> None:
+        self.steps.end()
+
+
 def hf_callback(controller: Controller, base: type | None = None) -> Any:
     """A ``transformers.TrainerCallback`` driving ``controller`` (``base``: the class to derive from;
     default ``transformers.TrainerCallback``). ``on_step_end`` runs once per optimizer step, after
-    gradient accumulation."""
+    gradient accumulation. Use it as a context manager around ``trainer.train()`` (see the module
+    docstring): the ``Trainer`` tells no callback that training failed."""
     if base is None:
         from transformers import TrainerCallback
 
         base = TrainerCallback
     steps = _Steps(controller)
 
-    class KdvfsTrainerCallback(base):  # type: ignore[misc, valid-type]
+    class KdvfsTrainerCallback(_Closing, base):  # type: ignore[misc, valid-type]
         def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             steps.begin()
 
@@ -57,7 +81,9 @@ def hf_callback(controller: Controller, base: type | None = None) -> Any:
         def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             steps.end()
 
-    return KdvfsTrainerCallback()
+    callback = KdvfsTrainerCallback()
+    callback.steps = steps
+    return callback
 
 
 def lightning_callback(controller: Controller, base: type | None = None) -> Any:
@@ -72,7 +98,7 @@ def lightning_callback(controller: Controller, base: type | None = None) -> Any:
         base = Callback
     steps = _Steps(controller)
 
-    class KdvfsLightningCallback(base):  # type: ignore[misc, valid-type]
+    class KdvfsLightningCallback(_Closing, base):  # type: ignore[misc, valid-type]
         def on_train_start(self, trainer: Any, pl_module: Any) -> None:
             steps.begin()
 
@@ -83,7 +109,6 @@ def lightning_callback(controller: Controller, base: type | None = None) -> Any:
         def on_train_end(self, trainer: Any, pl_module: Any) -> None:
             steps.end()
 
-        def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
-            steps.end()
-
-    return KdvfsLightningCallback()
+    callback = KdvfsLightningCallback()
+    callback.steps = steps
+    return callback

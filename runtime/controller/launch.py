@@ -51,7 +51,7 @@ def run_controlled(command: Sequence[str], config: ControllerConfig, script_stdo
         child = replace(config, report_path=str(folder / "report.json"))
         child.save(folder / "run.json")
         argv = [interpreter, "-m", "kdvfs.runtime.controller.boot", str(folder / "run.json"), *target]
-        process = subprocess.Popen(argv, env=child_environment(), stdout=script_stdout)
+        process = subprocess.Popen(argv, env=child_environment(config.cpu_test_mode), stdout=script_stdout)
         with _forwarding_signals(process):
             code = process.wait()
         report = folder / "report.json"

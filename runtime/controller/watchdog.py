@@ -1,11 +1,14 @@
 """The watchdog: a small process that resets a GPU's clocks if the training process dies with them locked.
 
 ``python -m kdvfs.runtime.controller.watchdog PARENT_PID GPU_INDEX NVML_MODULE``, spawned by the controller (only
-when it changes clocks, never in a dry run) in its own session, so a Ctrl-C or a signal to the training
-process group does not reach it. It holds the read end of a pipe from the training process and polls
-its parent every ``POLL_S`` seconds. A ``stop`` line means the controller restored the clocks itself: it
-exits. End of file without ``stop`` (the training process died: SIGKILL, a crash in native code, an OOM
-kill) or a parent that is gone: it resets the GPU's clocks through NVML and exits. It never imports torch.
+when it changes clocks, never in a dry run) in its own session and process group, so a Ctrl-C, a signal to
+the training process group or a kill of that group (``kill -9 -PGID``) does not reach it. It imports the NVML
+binding at start, holds the read end of a pipe from the training process and polls its parent every
+``POLL_S`` seconds. A ``stop`` line means the controller restored the clocks itself: it exits (code 0). A
+``reset`` line means the controller's own restore failed: it tries again, silently (the controller reports),
+exit code 0 when the GPU is back at its own control, 1 when not. End of file without either (the training
+process died: SIGKILL, a crash in native code, an OOM kill) or a parent that is gone: it resets the GPU's
+clocks through NVML and says so on stderr, in one line, also when that fails. It never imports torch.
 """
 
 from __future__ import annotations
@@ -16,11 +19,13 @@ import subprocess
 import sys
 from collections.abc import Sequence
 
+from kdvfs.envs.common.errors import KdvfsError
 from kdvfs.runtime.child import child_environment
 from kdvfs.runtime.device.nvml import import_nvml, reset_gpu_clocks
 
 POLL_S = 0.1
 STOP = b"stop\n"
+RESET = b"reset\n"
 STOP_TIMEOUT_S = 5.0
 
 
@@ -30,16 +35,18 @@ def spawn_watchdog(gpu_index: int, nvml_module: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(argv, stdin=subprocess.PIPE, env=child_environment(), start_new_session=True)
 
 
-def stop_watchdog(process: subprocess.Popen[bytes], restored: bool) -> None:
-    """Tell the watchdog the clocks are ``restored`` (it exits), or not (it resets them); wait for it to end."""
+def stop_watchdog(process: subprocess.Popen[bytes], restored: bool) -> bool:
+    """Tell the watchdog the clocks are ``restored`` (it exits) or not (it resets them) and wait for it; True when
+    the GPU is back at its own control. Idempotent: a second call answers from the watchdog's exit code."""
     try:
-        if process.stdin is not None:
-            if restored:
-                process.stdin.write(STOP)
+        if process.stdin is not None and not process.stdin.closed:
+            process.stdin.write(STOP if restored else RESET)
             process.stdin.close()
         process.wait(STOP_TIMEOUT_S)
     except (OSError, subprocess.TimeoutExpired):
         process.kill()
+        process.wait()
+    return restored or process.returncode == 0
 
 
 def _parent_alive(parent_pid: int) -> bool:
@@ -54,27 +61,36 @@ def _parent_alive(parent_pid: int) -> bool:
     return True
 
 
-def watch(parent_pid: int) -> bool:
-    """Block until the parent says ``stop`` (False) or dies (True)."""
+def watch(parent_pid: int) -> bytes:
+    """Block until the parent says ``stop`` or ``reset`` (that line), or dies (``b""``)."""
     stdin = sys.stdin.buffer
     while _parent_alive(parent_pid):
         readable, _, _ = select.select([stdin], [], [], POLL_S)
         if readable:
             line = stdin.readline()
-            if line == STOP:
-                return False
+            if line in (STOP, RESET):
+                return line
             if not line:
-                return True
-    return True
+                return b""
+    return b""
 
 
 def main(argv: Sequence[str]) -> int:
     parent_pid, gpu_index, nvml_module = int(argv[0]), int(argv[1]), argv[2]
-    if not watch(parent_pid):
+    nvml = import_nvml(nvml_module)
+    said = watch(parent_pid)
+    if said == STOP:
         return 0
-    name = reset_gpu_clocks(gpu_index, import_nvml(nvml_module))
-    print(f"kdvfs watchdog: training process {parent_pid} ended without restoring the clocks; reset GPU "
-          f"{gpu_index} ({name}) to its own clock control", file=sys.stderr)
+    try:
+        name = reset_gpu_clocks(gpu_index, nvml)
+    except KdvfsError as error:
+        if not said:
+            print(f"kdvfs watchdog: training process {parent_pid} ended without restoring the clocks; {error}",
+                  file=sys.stderr)
+        return 1
+    if not said:
+        print(f"kdvfs watchdog: training process {parent_pid} ended without restoring the clocks; reset GPU "
+              f"{gpu_index} ({name}) to its own clock control", file=sys.stderr)
     return 0
 
 

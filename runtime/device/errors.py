@@ -35,6 +35,10 @@ class UnsupportedClockError(DeviceError):
     """A requested SM or memory clock is not one this GPU supports."""
 
 
+class ClockRestoreError(DeviceError):
+    """Returning a GPU's clocks to its own control failed: the GPU may still be at locked clocks."""
+
+
 _TRANSLATIONS: dict[int, tuple[type[DeviceError], str]] = {
     pynvml.NVML_ERROR_LIBRARY_NOT_FOUND: (
         NvmlUnavailableError,

@@ -28,6 +28,8 @@ from typing import Any, Self
 import pynvml
 
 from kdvfs.runtime.device.errors import (
+    ClockRestoreError,
+    DeviceError,
     NvmlNotSupportedError,
     NvmlPermissionError,
     NvmlUnavailableError,
@@ -275,9 +277,20 @@ class NvmlDevice(GpuReader):
         self.locked_mhz = (core_mhz, mem_mhz)
 
     def reset_clocks(self) -> None:
-        """Return both clocks to the GPU's own control (whatever locked them)."""
-        self._set("reset the SM clock", self._nvml.nvmlDeviceResetGpuLockedClocks)
-        self._set("reset the memory clock", self._nvml.nvmlDeviceResetMemoryLockedClocks)
+        """Return both clocks to the GPU's own control (whatever locked them).
+
+        Both resets are tried even when the first fails; then :class:`ClockRestoreError` names the GPU, what
+        failed and ``sudo kdvfs reset --gpu-index I``.
+        """
+        failures = []
+        for action, function in (("reset the SM clock", self._nvml.nvmlDeviceResetGpuLockedClocks),
+                                 ("reset the memory clock", self._nvml.nvmlDeviceResetMemoryLockedClocks)):
+            try:
+                self._set(action, function)
+            except DeviceError as error:
+                failures.append(str(error))
+        if failures:
+            raise restore_error(f"GPU {self.index} ({self.name})", self.index, failures)
         self.locked_mhz = (None, None)
 
     def restore(self) -> None:
@@ -286,11 +299,25 @@ class NvmlDevice(GpuReader):
             self.reset_clocks()
 
 
+def restore_error(where: str, index: int, failures: list[str]) -> ClockRestoreError:
+    """The one-line error of a failed restore of GPU ``index`` (``where``: its name in the message)."""
+    return ClockRestoreError(f"{where} may still be at locked clocks: {'; '.join(failures)}; run "
+                             f"`sudo kdvfs reset --gpu-index {index}`")
+
+
 def reset_gpu_clocks(index: int, nvml: types.ModuleType | None = None) -> str:
-    """Return GPU ``index``'s SM and memory clocks to its own control (``kdvfs reset``, the watchdog); its name."""
-    with NvmlDevice(index, nvml, check_energy=False) as device:
-        device.reset_clocks()
-        return device.name
+    """Return GPU ``index``'s SM and memory clocks to its own control (``kdvfs reset``, the watchdog); its name.
+
+    Raises :class:`ClockRestoreError` when that failed, also when NVML could not be opened.
+    """
+    try:
+        with NvmlDevice(index, nvml, check_energy=False) as device:
+            device.reset_clocks()
+            return device.name
+    except ClockRestoreError:
+        raise
+    except DeviceError as error:
+        raise restore_error(f"GPU {index}", index, [str(error)]) from None
 
 
 def _terminate(signum: int, frame: types.FrameType | None) -> None:

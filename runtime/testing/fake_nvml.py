@@ -15,7 +15,7 @@ import json
 import re
 import time
 import types
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -161,7 +161,7 @@ class EnergyFakeNvml(FakeNvml):
     def __init__(self, gpus: list[FakeNvmlGpu], power_w: float = 400.0, update_hz: float = 0.0) -> None:
         super().__init__(gpus)
         self.power_w, self.update_hz = power_w, update_hz
-        self.locked: dict[str, int] = {}
+        self.locked: MutableMapping[str, int] = {}
         self._start_s = time.monotonic()
 
     def _nvmlDeviceGetTotalEnergyConsumption(self, gpu: FakeNvmlGpu) -> int:
