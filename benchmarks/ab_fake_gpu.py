@@ -85,7 +85,7 @@ def dry(plan: Path, problem: Problem, seed: int, folder: Path) -> dict[str, Any]
 
 
 def overrun(plan: Path, problem: Problem, seed: int, folder: Path, guard_budget: float) -> dict[str, Any]:
-    summary, gpu, records = run(plan, problem, seed, CATCH_S, folder / f"over-{seed}.jsonl", budget=guard_budget)
+    _, gpu, records = run(plan, problem, seed, CATCH_S, folder / f"over-{seed}.jsonl", budget=guard_budget)
     backoffs = [r for r in records if r["event"] == "backoff"]
     caught_s = gpu.steps[backoffs[0]["step"]].end_s if backoffs else None
     truth = true_effect(gpu, [r for r in records if r["event"] == "window"])

@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from provenance import RESULTS, host, nvidia_smi, provenance, provenance_lines, utc_now, write_results
+from provenance import host, nvidia_smi, provenance, provenance_lines, utc_now, write_results
 
 from kdvfs.envs.common.paths import REPO_ROOT
 from kdvfs.envs.trace.bundled import open_trace
@@ -78,7 +78,8 @@ def _figures(folder: Path, entry: dict[str, Any]) -> dict[str, Any]:
     summary = json.loads((folder / f"{entry['label']}.summary.json").read_text())
     measured, (s_lo, s_hi) = summary["measured"], summary["measured"]["slowdown_ci95_pct"] or (None, None)
     e_lo, e_hi = measured["energy_saved_ci95_pct"] or (None, None)
-    overhead = None if summary["step_time_s"] is None else (summary["step_time_s"] / entry["reference_step_s"] - 1) * 100
+    step_s = summary["step_time_s"]
+    overhead = None if step_s is None else (step_s / entry["reference_step_s"] - 1) * 100
     return {"label": entry["label"], "measured": measured, "backed_off": summary["backed_off"],
             "saved_contains_0": e_lo is not None and e_lo <= 0 <= e_hi,
             "saved_half_width_pct": None if e_lo is None else (e_hi - e_lo) / 2,
@@ -92,10 +93,13 @@ def _row(f: dict[str, Any]) -> str:
     def pct(value: float | None) -> str:
         return "-" if value is None else f"{value:.3f}%"
 
+    def interval(value: float | None, bounds: list[float] | None) -> str:
+        return "-" if value is None or bounds is None else f"{value:+.3f} [{bounds[0]:+.3f}, {bounds[1]:+.3f}]"
+
     m = f["measured"]
-    return (f"| {f['label']} | {m['energy_saved_pct'] and round(m['energy_saved_pct'], 3)} "
-            f"{m['energy_saved_ci95_pct']} | {pct(f['saved_half_width_pct'])} | {m['slowdown_pct'] and round(m['slowdown_pct'], 3)} "
-            f"{m['slowdown_ci95_pct']} | {pct(f['slowdown_half_width_pct'])} | {m['windows_auto']} / "
+    return (f"| {f['label']} | {interval(m['energy_saved_pct'], m['energy_saved_ci95_pct'])} | "
+            f"{pct(f['saved_half_width_pct'])} | {interval(m['slowdown_pct'], m['slowdown_ci95_pct'])} | "
+            f"{pct(f['slowdown_half_width_pct'])} | {m['windows_auto']} / "
             f"{m['windows_controlled']} | {f['backed_off']} | {pct(f['overhead_pct'])} |")
 
 

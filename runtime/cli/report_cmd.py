@@ -27,7 +27,8 @@ def read_run(path: Path) -> dict[str, Any]:
     try:
         records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     except (OSError, ValueError) as error:
-        raise KdvfsError(f"{path}: not a readable kdvfs run log ({error}); pass the file of `kdvfs run --log`")
+        raise KdvfsError(f"{path}: not a readable kdvfs run log ({error}); pass the file of `kdvfs run --log`"
+                         ) from error
     joules = {r["last_step"]: r["energy_j_per_step"] for r in records if r["event"] == "window_energy"}
     windows = [{**r, "energy_j_per_step": joules.get(r["last_step"])} for r in records if r["event"] == "window"]
     estimates = [r for r in records if r["event"] in ("pair", "pair_energy")]
@@ -39,7 +40,7 @@ def read_run(path: Path) -> dict[str, Any]:
 
 
 def _arm_rows(windows: list[dict[str, Any]]) -> list[tuple[str, ...]]:
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for arm, name in (("A", "auto (A)"), ("B", "controlled (B)")):
         chosen = [w for w in windows if w["arm"] == arm and w["controlled_steps"] == (w["steps"] if arm == "B" else 0)]
         joules = [w["energy_j_per_step"] for w in chosen if w["energy_j_per_step"] is not None]
@@ -88,11 +89,13 @@ def plot_run(run: dict[str, Any], path: Path) -> None:
         points = [(end_by_step.get(e["step"], np.nan), e["measured"][f"{key}_pct"], e["measured"][f"{key}_ci95_pct"])
                   for e in run["estimates"] if e["measured"][f"{key}_pct"] is not None]
         if points:
-            times, means, bounds = zip(*points, strict=True)
-            axes[2].plot(times, means, color=colour, label=f"measured {label}")
-            axes[2].fill_between(times, [b[0] for b in bounds], [b[1] for b in bounds], color=colour, alpha=0.2)
+            times = [p[0] for p in points]
+            axes[2].plot(times, [p[1] for p in points], color=colour, label=f"measured {label}")
+            axes[2].fill_between(times, [p[2][0] for p in points], [p[2][1] for p in points], color=colour,
+                                 alpha=0.2)
         if run["summary"] is not None:
-            axes[2].axhline(run["summary"]["predicted"][f"{key}_pct"], color=colour, ls="--", label=f"predicted {label}")
+            axes[2].axhline(run["summary"]["predicted"][f"{key}_pct"], color=colour, ls="--",
+                            label=f"predicted {label}")
     axes[2].axhline(0, color="black", lw=0.5)
     axes[2].set_ylabel("% (95% interval)")
     axes[2].set_xlabel("s since the first window")

@@ -5,10 +5,10 @@
 It runs training steps of one trace on a virtual clock (no sleeping): each kernel at the clocks in effect
 when it starts, priced by the step's :class:`~kdvfs.envs.model.schedule.ActionCosts`; a clock request takes effect
 the profile's switching latency after it was made and stalls the GPU for ``stall_s`` at idle power, as in
-:mod:`kdvfs.envs.model.schedule`. With a :class:`~kdvfs.envs.model.drift.DriftModel` each step's kernel times and
-energies are scaled by that step's drift and noise factors (the same for every clock: the true relative
-effect of a schedule stays the cost model's). Every device call is recorded with its virtual time. It is only ever used when a
-caller constructs it: kdvfs never falls back to it.
+:mod:`kdvfs.envs.model.schedule`. With a :class:`~kdvfs.envs.model.drift.DriftModel` each step's kernel
+times and energies are scaled by that step's drift and noise factors (the same for every clock: the true
+relative effect of a schedule stays the cost model's). Every device call is recorded with its virtual time.
+It is only ever used when a caller constructs it: kdvfs never falls back to it.
 """
 
 from __future__ import annotations

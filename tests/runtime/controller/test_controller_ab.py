@@ -10,9 +10,9 @@ from typing import Any
 
 import numpy as np
 import pytest
+from controller_helpers import LATENCY_MS, TRACE, fake_controller, log_records, run_steps, write_plan
 from scipy import stats
 
-from controller_helpers import fake_controller, log_records, run_steps, write_plan
 from kdvfs.envs.common.errors import KdvfsError
 from kdvfs.envs.model.drift import Drift, DriftModel
 from kdvfs.runtime.controller import Controller
@@ -144,7 +144,8 @@ def test_guard_backs_off_only_on_confident_evidence() -> None:
 def test_share_zero_turns_measurement_off_and_says_so(plan_file: Path, tmp_path: Path,
                                                       capsys: pytest.CaptureFixture[str]) -> None:
     controller, _, log = _run(plan_file, tmp_path, 5.0, ab_share=0.0)
-    assert controller.summary["measured"]["windows_auto"] == 0 and controller.summary["measured"]["slowdown_pct"] is None
+    measured = controller.summary["measured"]
+    assert measured["windows_auto"] == 0 and measured["slowdown_pct"] is None
     assert len(log_records(log, "measurement")) == 1 and "A/B measurement off" in capsys.readouterr().err
 
 
@@ -163,8 +164,9 @@ class NoCounter:
 
 def test_no_energy_counter_measures_time_only_and_says_so_once(plan_file: Path, tmp_path: Path,
                                                                capsys: pytest.CaptureFixture[str]) -> None:
-    controller, gpu, timeline = fake_controller(plan_file, log=str(tmp_path / "log.jsonl"), **AB)
-    controller._device = NoCounter(gpu)  # noqa: SLF001 - the test's stand-in for such a GPU
+    _, gpu, timeline = fake_controller(plan_file, **AB)
+    controller = Controller(str(plan_file), TRACE, device=NoCounter(gpu), timeline=timeline, clock=gpu.clock,
+                            latency_ms=LATENCY_MS, energy_poll_s=0.0, **AB)
     with controller:
         while gpu.clock.now_s() < 15.0:
             run_steps(controller, 20)
@@ -213,3 +215,16 @@ def test_energy_trace_polls_off_thread_and_keeps_clear_of_requests() -> None:
     now_s = counter.reads[-1][0]
     rise_j = trace.energy_j(now_s - 0.1) - trace.energy_j(now_s - 0.35)  # type: ignore[operator]
     assert rise_j == pytest.approx(250.0, rel=0.2)
+
+
+def test_kdvfs_report_reads_a_run_log_and_plots_it(plan_file: Path, tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    from kdvfs.runtime.cli import main
+
+    _, _, log = _run(plan_file, tmp_path, 10.0)
+    assert main(["report", str(log), "--plot", str(tmp_path / "run.png")]) == 0
+    out = capsys.readouterr().out
+    assert "auto (A)" in out and "predicted" in out and (tmp_path / "run.png").stat().st_size > 10_000
+    (tmp_path / "empty.jsonl").write_text('{"event": "start"}\n')
+    assert main(["report", str(tmp_path / "empty.jsonl")]) == 2
+    assert "no A/B windows" in capsys.readouterr().err
