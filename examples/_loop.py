@@ -14,7 +14,7 @@ import torch
 
 def parse_args(description: str, sizes: Iterable[str], batch_unit: str, optimizer: str, lr: str,
                argv: list[str] | None = None) -> argparse.Namespace:
-    """``--size --batch --steps --device --lr --seed``: ``batch_unit`` names what a batch holds (``images``),
+    """``--size --batch --steps --device --lr --seed --compile``: ``batch_unit`` names what a batch holds (``images``),
     ``lr`` is the default learning rate of ``optimizer`` as the help shows it (``1e-4``)."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--size", choices=sorted(sizes), default="tiny", help="model size (default tiny)")
@@ -23,6 +23,7 @@ def parse_args(description: str, sizes: Iterable[str], batch_unit: str, optimize
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cuda or cpu")
     parser.add_argument("--lr", type=float, default=float(lr), help=f"{optimizer} learning rate (default {lr})")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    parser.add_argument("--compile", action="store_true", help="train the torch.compile'd model")
     return parser.parse_args(argv)
 
 

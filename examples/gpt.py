@@ -92,7 +92,8 @@ def main(argv: list[str] | None = None) -> float:
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, fused=device.type == "cuda")
     batch = args.batch or size.batch
     data = [torch.randint(size.vocab, (2, batch, size.seq), device=device) for _ in range(4)]
-    loss = train(optimizer, lambda step: model(*data[step % len(data)]), args.steps, device)
+    forward = torch.compile(model) if args.compile else model
+    loss = train(optimizer, lambda step: forward(*data[step % len(data)]), args.steps, device)
     print(f"gpt {args.size}: {args.steps} steps of batch {batch} x {size.seq} on {device}, loss {loss:.3f}")
     return loss
 

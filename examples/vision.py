@@ -95,7 +95,8 @@ def main(argv: list[str] | None = None) -> float:
     batch = args.batch or size.batch
     images = torch.randn(batch, 3, size.image, size.image, device=device).to(memory_format=torch.channels_last)
     labels = torch.randint(size.classes, (batch,), device=device)
-    loss = train(optimizer, lambda step: F.cross_entropy(model(images), labels), args.steps, device)
+    forward = torch.compile(model) if args.compile else model
+    loss = train(optimizer, lambda step: F.cross_entropy(forward(images), labels), args.steps, device)
     print(f"vision {args.size}: {args.steps} steps of batch {batch} at {size.image} px on {device}, loss {loss:.3f}")
     return loss
 

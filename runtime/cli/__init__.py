@@ -16,12 +16,13 @@ from kdvfs.runtime.cli import (
     model_cmd,
     plan_cmd,
     predict_cmd,
+    report_cmd,
     run_cmd,
     trace_cmd,
 )
 
 COMMANDS = (demo_cmd, trace_cmd, gpus_cmd, model_cmd, predict_cmd, plan_cmd, capture_cmd, calibrate_cmd, learn_cmd,
-            run_cmd)
+            run_cmd, report_cmd)
 
 
 def build_parser() -> argparse.ArgumentParser:

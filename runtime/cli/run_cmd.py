@@ -30,6 +30,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     run.add_argument("--latency-ms", type=float, help="switching latency to request ahead by (default: the profile's)")
     run.add_argument("--log", type=Path, help="JSONL log of every request, step and energy window")
     run.add_argument("--tensorboard", type=Path, metavar="DIR", help="write TensorBoard scalars to DIR")
+    run.add_argument("--ab-share", type=float, default=0.25,
+                     help="share of windows run at auto to measure the saving against, in [0, 0.9] (default 0.25; "
+                          "0: no measurement)")
+    run.add_argument("--ab-window-s", type=float, default=0.5, help="shortest A/B window in seconds (default 0.5)")
     run.add_argument("--cpu-test-mode", action="store_true", help="accept a CPU-only script (tests and dry runs)")
     run.add_argument("--nvml-module", default="pynvml", help="NVML binding to import (default pynvml)")
     run.add_argument("--json", action="store_true", help="print the summary as JSON (script output to stderr)")
@@ -46,6 +50,16 @@ def _figure(value: Any, scale: float = 1.0, unit: str = "", digits: int = 2) -> 
     return "-" if value is None else f"{value * scale:.{digits}f}{unit}"
 
 
+def _interval(value: float | None, bounds: list[float] | None) -> str:
+    return "-" if value is None or bounds is None else f"{value:+.2f}% [{bounds[0]:+.2f}, {bounds[1]:+.2f}]"
+
+
+def measured_text(measured: dict[str, Any]) -> str:
+    """A measured effect as ``saving [lo, hi] / slowdown [lo, hi]``."""
+    return (f"{_interval(measured['energy_saved_pct'], measured['energy_saved_ci95_pct'])} / "
+            f"{_interval(measured['slowdown_pct'], measured['slowdown_ci95_pct'])}")
+
+
 def summary_table(summary: dict[str, Any]) -> Table:
     """The controller's summary at exit."""
     mode = "dry run (no clock changed)" if summary["dry_run"] else "clocks controlled"
@@ -59,7 +73,8 @@ def summary_table(summary: dict[str, Any]) -> Table:
         ("energy per step (J, NVML)", _figure(summary["energy_j_per_step"])),
         ("energy per step auto / controlled (J)", f"{_figure(summary['energy_j_per_step_auto'])} / "
                                                   f"{_figure(summary['energy_j_per_step_controlled'])}"),
-        ("guard: slowdown vs auto baseline", _figure(summary["guard_slowdown"], 100, "%")),
+        ("measured saving / slowdown while controlling (95% interval)", measured_text(summary["measured"])),
+        ("measured saving / slowdown over the run", measured_text(summary["measured_net"])),
         ("predicted saving / slowdown (cost model)", f"{predicted['energy_saved_pct']:.2f}% / "
                                                      f"{predicted['slowdown_pct']:.2f}%"),
     ]
@@ -77,7 +92,7 @@ def run_command(args: argparse.Namespace) -> int:
         policy=args.policy, trace=args.trace, gpu=args.gpu, budget=args.budget, dry_run=args.dry_run,
         gpu_index=args.gpu_index, nvml_module=args.nvml_module, latency_ms=args.latency_ms,
         log=str(args.log) if args.log else None, tensorboard=str(args.tensorboard) if args.tensorboard else None,
-        cpu_test_mode=args.cpu_test_mode)
+        cpu_test_mode=args.cpu_test_mode, ab_share=args.ab_share, window_s=args.ab_window_s)
     code, summary = run_controlled(args.command, config, script_stdout=STDERR_FD if args.json else None)
     if summary is not None and args.json:
         print_json(summary)

@@ -9,6 +9,8 @@ from pathlib import Path
 
 from kdvfs.envs.common.errors import KdvfsError
 
+MAX_AB_SHARE = 0.9
+
 
 @dataclass(frozen=True)
 class ControllerConfig:
@@ -30,12 +32,16 @@ class ControllerConfig:
         match_tolerance: largest relative difference between a step's GPU time and the expected one.
         confirm_steps: consecutive matching steps before the controller acts (and to learn the step's
             allocation count).
-        baseline_steps: matching steps measured at auto before the first clock change (the guard's baseline).
-        guard_steps: controlled steps whose median step time the guard compares with the baseline.
-        guard_margin: measurement noise allowed beyond the budget before the guard backs off.
-        window_steps, window_s: accounting windows last at least this many steps and seconds.
-        energy_poll_s: how often the energy counter is read within a window (its updates mark the window's
-            edges; tests with a virtual clock read it at the window edges only).
+        guard_margin: allowed beyond the budget: the guard backs off when the lower end of the measured
+            slowdown's 95% interval exceeds budget + margin.
+        guard_min_pairs: A/B pairs the guard needs before it may back off.
+        guard_retry_s: how long a back-off lasts before control resumes with fresh evidence (doubled at each
+            further back-off).
+        window_steps, window_s: A/B windows last at least this many steps and seconds.
+        ab_share: share of windows run at auto, in [0, 0.9]; 0 turns the A/B measurement off.
+        ab_seed: seed of the A/B order.
+        energy_poll_s: how often the energy counter is read, on its own thread (0: only at window edges, on
+            the controller's thread: for counters that cost nothing, e.g. the fake GPU's).
         anchors: record CUDA events inside the step (top-level blocks' forward and backward, the optimizer
             step) and place requests on them (:mod:`kdvfs.runtime.controller.anchoring`); off: step boundaries only.
         anchor_margin_ms: an anchor is used for a request only if it is expected at least this long before the
@@ -59,11 +65,13 @@ class ControllerConfig:
     tensorboard: str | None = None
     match_tolerance: float = 0.1
     confirm_steps: int = 2
-    baseline_steps: int = 10
-    guard_steps: int = 20
     guard_margin: float = 0.005
-    window_steps: int = 50
-    window_s: float = 5.0
+    guard_min_pairs: int = 3
+    guard_retry_s: float = 60.0
+    window_steps: int = 10
+    window_s: float = 0.5
+    ab_share: float = 0.25
+    ab_seed: int = 0
     energy_poll_s: float = 0.02
     anchors: bool = True
     anchor_margin_ms: float = 2.0
@@ -82,8 +90,19 @@ class ControllerConfig:
                              "must be >= 0")
         if not 0 < self.match_tolerance < 1:
             raise KdvfsError(f"match tolerance {self.match_tolerance} must be in (0, 1)")
-        if min(self.confirm_steps, self.guard_steps, self.window_steps) < 1 or self.baseline_steps < 0:
-            raise KdvfsError("confirm, guard and window steps must be >= 1, baseline steps >= 0")
+        if min(self.confirm_steps, self.guard_min_pairs, self.window_steps) < 1:
+            raise KdvfsError("confirm steps, guard pairs and window steps must be >= 1")
+        if not 0 <= self.ab_share <= MAX_AB_SHARE:
+            raise KdvfsError(f"--ab-share {self.ab_share} must be in [0, {MAX_AB_SHARE}] (the share of windows at "
+                             "auto; 0 turns the measurement off)")
+        if min(self.window_s, self.energy_poll_s, self.guard_retry_s) < 0:
+            raise KdvfsError("window seconds, energy poll interval and guard retry must be >= 0")
+
+    def check_window(self, latency_s: float) -> None:
+        """Raise unless a window outlasts the switching latency (the change must settle within it)."""
+        if self.window_s <= latency_s:
+            raise KdvfsError(f"A/B window of {self.window_s * 1e3:g} ms is not longer than the switching latency "
+                             f"({latency_s * 1e3:g} ms); use a longer window (--ab-window-s)")
 
     def save(self, path: Path) -> None:
         """Write the config as JSON (for the child process)."""

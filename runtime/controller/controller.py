@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import math
 import subprocess
 import sys
 import threading
@@ -109,6 +110,7 @@ class Controller:
         if not config.dry_run:
             require_clock_permission(needs=RUN_NEEDS, fix=RUN_FIX, allowed=device.has_clock_permission())
         problem = self.plan.problem
+        config.check_window(problem.latency_s)
         self.step_plan = StepPlan.build(problem, self.plan.schedule, config.dry_run)
         if threading.current_thread() is threading.main_thread():
             self._stack.enter_context(terminate_on_sigterm())
@@ -130,15 +132,15 @@ class Controller:
         self._actuator = Actuator(device, config.dry_run, self.plan.problem.profile.clocks.default_memory_mhz,
                                   self._log, clock)
         self._stack.callback(self._actuator.close)
-        self._accounting = Accounting(device, clock, config.window_steps, config.window_s, self._log,
-                                      config.tensorboard, config.energy_poll_s)
-        timeline = self._timeline or (HostStepTimeline(clock) if config.cpu_test_mode else CudaStepTimeline(clock))
         latency_s = self.plan.problem.latency_s
+        settle_steps = 1 + int(latency_s // plan.auto_s)
+        self._accounting = Accounting(device, clock, config, settle_steps, self._log, self._next_request_s)
+        timeline = self._timeline or (HostStepTimeline(clock) if config.cpu_test_mode else CudaStepTimeline(clock))
         anchoring = Anchoring(plan, timeline, clock, latency_s, config.anchor_margin_ms / 1e3 if config.anchors
                               else float("inf"), config.match_tolerance, learn_auto=config.dry_run)
         self._issuer = Issuer(plan, latency_s, timeline,
                               StepMatcher(plan.auto_s, config.match_tolerance, config.confirm_steps),
-                              Guard(config.budget, config.guard_margin, config.baseline_steps, config.guard_steps),
+                              Guard(config.budget, config.guard_margin, config.guard_min_pairs, config.guard_retry_s),
                               self._actuator, self._accounting, clock, self._log, anchoring,
                               config.issue_early_ms / 1e3)
         self._timeline = timeline
@@ -148,6 +150,9 @@ class Controller:
             self._hooks = AnchorHooks(timeline.anchor)
             self._hooks.install()
             self._stack.callback(self._hooks.remove)
+
+    def _next_request_s(self) -> float:
+        return math.inf if self._issuer is None else self._issuer.next_request_s
 
     def step(self) -> None:
         """Mark the end of a training step (call it once per optimizer step)."""
@@ -197,16 +202,16 @@ class Controller:
         issuer, actuator, accounting, plan = self._issuer, self._actuator, self._accounting, self.plan
         assert issuer is not None and actuator is not None and accounting is not None and plan is not None
         predicted = score(plan.problem, plan.schedule)
+        guard = issuer.guard.slowdown()
         return {
             "source": plan.source, "gpu": plan.problem.profile.name, "trace": plan.problem.trace.meta.workload,
             "dry_run": self.config.dry_run, "steps": issuer.steps, "controlled_steps": issuer.controlled_steps,
             "switches": actuator.switches, "mismatches": issuer.matcher.mismatches,
-            "backed_off": issuer.guard.backed_off, "backoff_reason": issuer.guard.reason,
-            "guard_rebaselines": issuer.guard.rebaselines,
-            "guard_slowdown": issuer.guard.slowdown(), "baseline_step_time_s": issuer.guard.baseline_s,
+            "backed_off": issuer.guard.backoffs > 0, "backoff_reason": issuer.guard.reason,
+            "guard_backoffs": issuer.guard.backoffs, "guard_slowdown_pct": None if guard is None else guard.mean_pct,
             "error": None if issuer.error is None else str(issuer.error),
             "restore_error": None if actuator.restore_error is None else str(actuator.restore_error),
             "anchors": {**issuer.anchoring.figures(), "blocks": None if self._hooks is None else self._hooks.blocks},
-            **accounting.figures(),
+            **accounting.figures(issuer.controlled_steps / issuer.steps if issuer.steps else 0.0),
             "predicted": {k: v for k, v in asdict(predicted).items() if k != "method"},
         }

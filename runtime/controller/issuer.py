@@ -4,15 +4,19 @@ For every step boundary marked by the training thread it waits until the GPU has
 (:meth:`StepTimeline.wait`: the step end on the host's time base and the step's GPU time), feeds the step
 to the matcher, the guard and the accounting, and then decides the next step:
 
-* matching, baseline measured, guard content: controlled (the first auto step after a controlled one,
-  which started at the controlled clocks, is not part of a baseline). The step's requests (:meth:`StepPlan.requests`,
+* matching, in a B window of the A/B schedule (:mod:`kdvfs.runtime.controller.accounting`) and the guard
+  not backed off: controlled. The step's requests (:meth:`StepPlan.requests`,
   the timeline stretched by the median ratio of measured to expected step time of the last matching
   steps) are placed on the latest anchor inside the step that precedes each request's issue instant by a
   margin (:mod:`kdvfs.runtime.controller.anchoring`; the step's start when there is none or it is not trusted)
   and issued at their instants (``early_s`` ahead, for the thread's wake-up), sleeping in between; the
   first controlled step also gets its own early changes at once;
-* otherwise (not matching yet, an evaluation pass or new shape, measuring the baseline, backed off): the
-  GPU is returned to auto.
+* otherwise (not matching yet, an evaluation pass or new shape, an A window, backed off): the GPU is
+  returned to auto.
+
+Each A/B pair's slowdown goes to the guard. ``next_request_s`` is the host time of the request the thread
+is sleeping towards (infinite when none): the energy counter's reader does not start a read just before
+it.
 
 Every step and request goes to the event log. When the controller stops, the steps already marked
 are still waited for and counted, but nothing more is requested. An error on this thread (e.g. NVML)
@@ -21,6 +25,7 @@ returns the GPU to auto, ends control for the run and is reported in the summary
 
 from __future__ import annotations
 
+import math
 import queue
 import statistics
 import threading
@@ -54,8 +59,8 @@ class Issuer(threading.Thread):
         self.steps = 0
         self.controlled_steps = 0
         self.error: BaseException | None = None
+        self.next_request_s = math.inf
         self._controlling = False
-        self._after_control = False
         self._ratios: deque[float] = deque(maxlen=SCALE_STEPS)
 
     @property
@@ -82,16 +87,20 @@ class Issuer(threading.Thread):
         end = self.timeline.wait(token)
         index, was_controlled = self.steps, self._controlling
         self.steps += 1
-        if index == 0:
-            self.accounting.start()
-        elif end.duration_s is not None:
-            self.accounting.step(index, end.duration_s, was_controlled)
         self.controlled_steps += was_controlled
         matched = self.matcher.observe(end.duration_s, end.signature)
+        if index == 0:
+            self.accounting.start(end.end_s)
+        elif end.duration_s is not None:
+            slowdown_pct = self.accounting.step(index, end.duration_s, end.end_s, matched, was_controlled)
+            if slowdown_pct is not None and self.guard.observe(slowdown_pct, end.end_s) == Guard.BACK_OFF:
+                self.log.write("backoff", step=index, reason=self.guard.reason)
+        if self.guard.tick(end.end_s) == Guard.RESUME:
+            self.log.write("resume", step=index)
         self._controlling = self._decide(end, matched, was_controlled)
         self.log.write("step", step=index, end_s=end.end_s, duration_s=end.duration_s, signature=end.signature,
                        matched=matched, controlled=was_controlled, next_controlled=self._controlling, scale=self.scale,
-                       anchors_s=end.anchors_s)
+                       arm=self.accounting.slot.arm, anchors_s=end.anchors_s)
         if self.anchoring.learn(end, matched, was_controlled):
             anchors = self.anchoring.map.anchors
             self.log.write("anchor_map", step=index, kernels=[a.kernel for a in anchors],
@@ -105,25 +114,12 @@ class Issuer(threading.Thread):
 
     def _decide(self, end: StepEnd, matched: bool, was_controlled: bool) -> bool:
         """Whether the next step is controlled, after this one (see the module docstring)."""
-        if not matched or end.duration_s is None or self.guard.backed_off:
-            if was_controlled and not self.guard.backed_off:
+        if not matched or end.duration_s is None:
+            if was_controlled:
                 self.log.write("mismatch", step=self.steps - 1, duration_s=end.duration_s, signature=end.signature)
-            self._after_control = self._after_control or was_controlled
             return False
-        expected_s = self.plan.expected_s if was_controlled else self.plan.auto_s
-        self._ratios.append(end.duration_s / expected_s)
-        if not was_controlled:
-            if not self._after_control:
-                self.guard.add_baseline(end.duration_s)
-            self._after_control = False
-            return self.guard.ready
-        verdict = self.guard.observe(end.duration_s)
-        if verdict != Guard.OK:
-            self.log.write("backoff" if verdict == Guard.BACK_OFF else "rebaseline", step=self.steps - 1,
-                           reason=self.guard.reason, slowdown=self.guard.slowdown())
-            self._after_control = True
-            return False
-        return True
+        self._ratios.append(end.duration_s / (self.plan.expected_s if was_controlled else self.plan.auto_s))
+        return self.accounting.next_controlled and not self.guard.backed_off
 
     def _issue(self, step: int, start_s: float, first: bool) -> None:
         """Issue one window's requests, from ``start_s`` (the host time step ``step`` started on the GPU)."""
@@ -132,7 +128,9 @@ class Issuer(threading.Thread):
             if request.clocks == self.actuator.current:
                 continue  # a repeat: nothing to request, nothing to wait for
             placed = self.anchoring.place(request)
-            if not self.clock.sleep_until(placed.request_s - self.early_s, self.stop_event):
+            self.next_request_s = placed.request_s - self.early_s
+            if not self.clock.sleep_until(self.next_request_s, self.stop_event):
                 return
+            self.next_request_s = math.inf
             self.actuator.request(request.clocks, step=step + request.next_step, kernel=request.kernel,
                                   request_s=placed.request_s, due_s=placed.due_s, **placed.record())

@@ -18,8 +18,9 @@ matches, and returns the GPU to auto at the first mismatch.
 
 from __future__ import annotations
 
-import statistics
-from collections import deque
+import math
+
+from kdvfs.runtime.controller.estimator import Interval, Paired
 
 RELEARN_STEPS = 20
 
@@ -57,63 +58,47 @@ class StepMatcher:
 
 
 class Guard:
-    """The performance guard: backs off when controlled steps run slower than the budget allows.
+    """The performance guard, on the same evidence as the measured saving: the A/B pairs' slowdowns.
 
-    The baseline is the median GPU step time of ``baseline_steps`` matching steps in auto mode, measured
-    before the first clock change; the guard compares the median of the last ``guard_steps`` controlled
-    steps with ``baseline * (1 + budget + margin)`` (``margin``: the noise of step times). A GPU's own auto
-    step time drifts (it slows by ~2% while an H200 warms up), so the first excess only asks for a fresh
-    baseline (:meth:`observe` answers ``REBASELINE``); the guard backs off when the controlled steps still
-    exceed the budget against it.
+    It backs off when the lower end of the 95% interval of the slowdown, over the pairs since control last
+    (re)started and at least ``min_pairs`` of them, lies above ``budget + margin``: the controlled windows
+    are slower than the budget allows with confidence, against auto windows measured alongside them, never
+    against a stale baseline. While backed off every window runs at auto; after ``retry_s`` (doubled at
+    each further back-off) control resumes with fresh evidence. In a dry run both arms run at auto, so the
+    interval holds 0 and the guard does not fire.
     """
 
-    OK, REBASELINE, BACK_OFF = "ok", "rebaseline", "back-off"
+    OK, BACK_OFF, RESUME = "ok", "back-off", "resume"
 
-    def __init__(self, budget: float, margin: float, baseline_steps: int, guard_steps: int) -> None:
-        self.limit = 1.0 + budget + margin
-        self.baseline_steps = baseline_steps
-        self._baseline: list[float] = []
-        self._recent: deque[float] = deque(maxlen=guard_steps)
-        self._confirming = False
-        self.rebaselines = 0
+    def __init__(self, budget: float, margin: float, min_pairs: int, retry_s: float) -> None:
+        self.limit_pct = (budget + margin) * 100
+        self.min_pairs, self.retry_s = min_pairs, retry_s
+        self.evidence = Paired()
+        self.backoffs = 0
         self.backed_off = False
         self.reason = ""
+        self._resume_s = math.inf
 
-    @property
-    def ready(self) -> bool:
-        """True once the auto baseline is measured."""
-        return len(self._baseline) >= self.baseline_steps
+    def slowdown(self) -> Interval | None:
+        """The slowdown (%) over the pairs since control last (re)started."""
+        return self.evidence.interval()
 
-    @property
-    def baseline_s(self) -> float | None:
-        return statistics.median(self._baseline) if self._baseline else None
-
-    def add_baseline(self, duration_s: float) -> None:
-        """One matching step measured in auto mode."""
-        if not self.ready:
-            self._baseline.append(duration_s)
-
-    def slowdown(self) -> float | None:
-        """Median controlled step time over the baseline, minus one (None before either is measured)."""
-        if not self._recent or not self._baseline:
-            return None
-        return statistics.median(self._recent) / statistics.median(self._baseline) - 1.0
-
-    def observe(self, duration_s: float) -> str:
-        """One controlled step: ``OK``, ``REBASELINE`` (measure the baseline again, in auto mode) or
-        ``BACK_OFF`` (from now on)."""
-        self._recent.append(duration_s)
-        slowdown = self.slowdown()
-        if self._recent.maxlen != len(self._recent) or slowdown is None:
+    def observe(self, slowdown_pct: float, now_s: float) -> str:
+        """One more A/B pair's slowdown (%): ``OK`` or ``BACK_OFF`` (until :meth:`tick` says ``RESUME``)."""
+        self.evidence.add(slowdown_pct)
+        interval = self.evidence.interval()
+        if self.backed_off or interval is None or interval.n < self.min_pairs or interval.lo_pct <= self.limit_pct:
             return self.OK
-        if 1.0 + slowdown <= self.limit:
-            self._confirming = False
-            return self.OK
-        if not self._confirming:
-            self._confirming, self._baseline, self.rebaselines = True, [], self.rebaselines + 1
-            self._recent.clear()
-            return self.REBASELINE
-        self.backed_off = True
-        self.reason = (f"median step time {slowdown:+.2%} over a fresh auto baseline exceeds the budget "
-                       f"({self.limit - 1:.2%} with noise margin)")
+        self.backed_off, self.backoffs = True, self.backoffs + 1
+        self._resume_s = now_s + self.retry_s * 2 ** (self.backoffs - 1)
+        self.reason = (f"measured slowdown {interval.mean_pct:+.2f}% (95% interval {interval.lo_pct:+.2f} to "
+                       f"{interval.hi_pct:+.2f}%, {interval.n} A/B pairs) exceeds the budget "
+                       f"({self.limit_pct:.2f}% with noise margin)")
         return self.BACK_OFF
+
+    def tick(self, now_s: float) -> str:
+        """``RESUME`` once a back-off has lasted its time (control restarts with fresh evidence), else ``OK``."""
+        if not self.backed_off or now_s < self._resume_s:
+            return self.OK
+        self.backed_off, self.evidence, self._resume_s = False, Paired(), math.inf
+        return self.RESUME

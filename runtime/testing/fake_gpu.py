@@ -5,8 +5,10 @@
 It runs training steps of one trace on a virtual clock (no sleeping): each kernel at the clocks in effect
 when it starts, priced by the step's :class:`~kdvfs.envs.model.schedule.ActionCosts`; a clock request takes effect
 the profile's switching latency after it was made and stalls the GPU for ``stall_s`` at idle power, as in
-:mod:`kdvfs.envs.model.schedule`. Every device call is recorded with its virtual time. It is only ever used when a
-caller constructs it: kdvfs never falls back to it.
+:mod:`kdvfs.envs.model.schedule`. With a :class:`~kdvfs.envs.model.drift.DriftModel` each step's kernel
+times and energies are scaled by that step's drift and noise factors (the same for every clock: the true
+relative effect of a schedule stays the cost model's). Every device call is recorded with its virtual time.
+It is only ever used when a caller constructs it: kdvfs never falls back to it.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import numpy as np
 
 from kdvfs.envs.gpu.profiles import GpuProfile
 from kdvfs.envs.model.cost_model import Array
+from kdvfs.envs.model.drift import Drift, DriftModel
 from kdvfs.envs.model.schedule import ActionCosts
 from kdvfs.runtime.controller.gpu_timeline import StepEnd
 from kdvfs.runtime.device.errors import NvmlPermissionError
@@ -62,12 +65,15 @@ class DeviceCall:
 
 @dataclass
 class FakeStep:
-    """What one simulated step did: start and end (virtual s), energy (J), the action each kernel ran at."""
+    """What one simulated step did: start and end (virtual s), energy (J), the action each kernel ran at,
+    and the drift and noise factors its time and energy were scaled by (1 without a drift model)."""
 
     start_s: float
     end_s: float
     energy_j: float
     applied: Array = field(repr=False)
+    time_factor: float = 1.0
+    energy_factor: float = 1.0
 
 
 class FakeGpu:
@@ -79,10 +85,11 @@ class FakeGpu:
         latency_s, stall_s: switching latency and stall per change (s).
         clock: the virtual clock shared with the code under test.
         permission: what :meth:`has_clock_permission` answers.
+        drift: thermal drift and step noise (default: none).
     """
 
     def __init__(self, costs: ActionCosts, profile: GpuProfile, latency_s: float, stall_s: float,
-                 clock: VirtualClock, permission: bool = True) -> None:
+                 clock: VirtualClock, permission: bool = True, drift: DriftModel | None = None) -> None:
         self.index, self.name = 0, profile.model
         self.costs, self.profile, self.latency_s, self.stall_s = costs, profile, latency_s, stall_s
         self.clock, self.permission = clock, permission
@@ -92,6 +99,7 @@ class FakeGpu:
         self._action = costs.auto_index
         self._energy_j, self._power_w, self._end_s = 0.0, 0.0, 0.0
         self._lock = threading.Lock()
+        self._drift = Drift(drift) if drift is not None else None
 
     def _record(self, name: str, *args: Any) -> None:
         self.calls.append(DeviceCall(self.clock.now_s(), name, args))
@@ -138,6 +146,7 @@ class FakeGpu:
         """Run one step right after the previous one, then ``extra_s`` of idle work (e.g. an evaluation pass)."""
         with self._lock:
             now_s, energy_j = self._end_s, 0.0
+            time_factor, energy_factor = (1.0, 1.0) if self._drift is None else self._drift.factors(now_s)
             applied = np.empty(self.costs.kernels, dtype=np.int64)
             for kernel in range(self.costs.kernels):
                 while self._changes and self._changes[0][0] <= now_s:
@@ -147,11 +156,11 @@ class FakeGpu:
                         now_s += self.stall_s
                         energy_j += self.stall_s * float(self.costs.idle_power_w[action])
                 applied[kernel] = self._action
-                now_s += float(self.costs.time_s[kernel, self._action])
-                energy_j += float(self.costs.energy_j[kernel, self._action])
+                now_s += float(self.costs.time_s[kernel, self._action]) * time_factor
+                energy_j += float(self.costs.energy_j[kernel, self._action]) * energy_factor
             now_s += extra_s
             energy_j += extra_s * float(self.costs.idle_power_w[self._action])
-            step = FakeStep(self._end_s, now_s, energy_j, applied)
+            step = FakeStep(self._end_s, now_s, energy_j, applied, time_factor, energy_factor)
             self._energy_j += energy_j
             self._power_w = energy_j / (now_s - self._end_s)
             self._end_s = now_s

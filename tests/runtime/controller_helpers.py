@@ -10,6 +10,7 @@ from typing import Any
 from kdvfs.agents.common.problem import Problem
 from kdvfs.agents.planners.registry import make_planner
 from kdvfs.envs.gpu.profiles import load_profile
+from kdvfs.envs.model.drift import DriftModel
 from kdvfs.envs.trace.bundled import open_trace
 from kdvfs.runtime.cli.plan_cmd import schedule_json
 from kdvfs.runtime.controller import Controller
@@ -31,16 +32,16 @@ def write_plan(path: Path, method: str = "latency-optimal") -> Path:
     return path
 
 
-def fake_controller(policy: Path, permission: bool = True, **options: Any
+def fake_controller(policy: Path, permission: bool = True, drift: DriftModel | None = None, **options: Any
                     ) -> tuple[Controller, FakeGpu, FakeStepTimeline]:
-    """A controller on a fake H200 running the small step; options override the test defaults."""
+    """A controller on a fake H200 running the small step (with ``drift``: drifting and noisy); options
+    override the test defaults."""
     problem = small_problem()
     clock = VirtualClock()
-    gpu = FakeGpu(problem.costs, problem.profile, problem.latency_s, problem.stall_s, clock, permission)
+    gpu = FakeGpu(problem.costs, problem.profile, problem.latency_s, problem.stall_s, clock, permission, drift)
     timeline = FakeStepTimeline(gpu, clock)
-    settings: dict[str, Any] = {"latency_ms": LATENCY_MS, "budget": PLAN_BUDGET, "baseline_steps": 3,
-                                "window_steps": 5, "window_s": 0.1, "guard_steps": 5, "energy_poll_s": 3600.0,
-                                "issue_early_ms": 0.0,
+    settings: dict[str, Any] = {"latency_ms": LATENCY_MS, "budget": PLAN_BUDGET, "window_steps": 5,
+                                "window_s": 0.1, "energy_poll_s": 0.0, "issue_early_ms": 0.0, "ab_share": 0.0,
                                 **options}
     controller = Controller(str(policy), TRACE, device=gpu, timeline=timeline, clock=clock, **settings)
     return controller, gpu, timeline

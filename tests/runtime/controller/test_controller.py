@@ -12,7 +12,7 @@ import pytest
 
 from kdvfs.agents.common.problem import score
 from kdvfs.envs.model.schedule import execute
-from kdvfs.runtime.controller.matching import Guard, StepMatcher
+from kdvfs.runtime.controller.matching import StepMatcher
 from kdvfs.runtime.controller.source import load_plan
 from kdvfs.runtime.controller.timeline import StepPlan
 from tests.runtime.controller_helpers import (
@@ -48,7 +48,7 @@ def test_controlled_steps_run_the_planned_clocks(plan_file: Path) -> None:
     problem = small_problem()
     expected = execute(problem.costs, _actions(plan_file), problem.latency_s, problem.stall_s).applied
     assert len(set(expected.tolist())) >= 2
-    first_controlled = 4  # steps 0-1 confirm the match, 1-3 measure the baseline, step 4 is controlled
+    first_controlled = 2  # steps 0-1 confirm the match; no A/B windows (ab_share 0): step 2 is controlled
     assert all(np.all(step.applied == problem.costs.auto_index) for step in gpu.steps[:first_controlled])
     for step in gpu.steps[first_controlled + 1:]:
         assert np.mean(step.applied == expected) > 0.97
@@ -83,30 +83,6 @@ def test_clocks_restored_on_exit_and_on_exception(plan_file: Path) -> None:
         run_steps(controller, 12)
         raise RuntimeError("training failed")
     assert gpu.calls[-1].name == "reset_clocks" and gpu.set_calls[-2].name == "lock_clocks_mhz"
-
-
-def test_guard_backs_off_when_the_budget_is_exceeded(plan_file: Path, tmp_path: Path) -> None:
-    controller, gpu, _ = fake_controller(plan_file, budget=0.0, guard_margin=0.001, log=str(tmp_path / "log.jsonl"))
-    with controller:
-        run_steps(controller, 30)
-    summary = controller.summary
-    assert summary is not None and summary["backed_off"] and "exceeds the budget" in summary["backoff_reason"]
-    rebaseline = log_records(tmp_path / "log.jsonl", "rebaseline")[0]["step"]
-    backoff = log_records(tmp_path / "log.jsonl", "backoff")[0]["step"]
-    assert rebaseline < backoff < 25 and summary["guard_rebaselines"] == 1
-    assert np.all(gpu.steps[rebaseline + 2].applied == gpu.costs.auto_index)
-    assert all(np.all(step.applied == gpu.costs.auto_index) for step in gpu.steps[backoff + 2:])
-
-
-def test_guard_follows_a_drifting_auto_step_time_without_backing_off(plan_file: Path, tmp_path: Path) -> None:
-    controller, _, timeline = fake_controller(plan_file, dry_run=True, budget=0.01, log=str(tmp_path / "log.jsonl"))
-    for step in range(8, 40):
-        timeline.irregular[step] = (0.001, 1000)  # the GPU warms up: its auto steps run 2% longer
-    with controller:
-        run_steps(controller, 40)
-    summary = controller.summary
-    assert summary is not None and not summary["backed_off"] and summary["guard_rebaselines"] == 1
-    assert summary["controlled_steps"] > 25
 
 
 def test_a_step_that_does_not_match_returns_the_gpu_to_auto(plan_file: Path, tmp_path: Path) -> None:
@@ -165,18 +141,6 @@ def test_matcher_learns_the_allocation_count_and_rejects_others() -> None:
     assert not matcher.observe(0.1, 51) and matcher.mismatches == 1
     assert not matcher.observe(0.2, 50) and not matcher.observe(None, 50)
     assert [matcher.observe(0.1, 50), matcher.observe(0.1, 50)] == [False, True]
-
-
-def test_guard_rebaselines_once_then_backs_off() -> None:
-    guard = Guard(budget=0.01, margin=0.0, baseline_steps=3, guard_steps=3)
-    for duration in (1.0, 1.0, 1.0):
-        guard.add_baseline(duration)
-    assert guard.ready and [guard.observe(d) for d in (1.005, 1.2, 1.0)] == [Guard.OK] * 3
-    assert guard.observe(1.05) == Guard.REBASELINE and not guard.ready and guard.slowdown() is None
-    for duration in (1.0, 1.0, 1.0):
-        guard.add_baseline(duration)
-    assert [guard.observe(d) for d in (1.05, 1.05, 1.05)] == [Guard.OK, Guard.OK, Guard.BACK_OFF]
-    assert guard.backed_off
 
 
 def test_plan_source_follows_the_file(plan_file: Path) -> None:

@@ -1,0 +1,115 @@
+"""``kdvfs report RUN.jsonl [--plot out.png]``: a controlled run's A/B windows and its measured saving."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from rich.table import Table
+
+from kdvfs.envs.common.errors import KdvfsError
+from kdvfs.runtime.cli.render import console
+from kdvfs.runtime.cli.run_cmd import measured_text
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    report = subparsers.add_parser("report", help="a `kdvfs run --log` file: A/B windows, measured saving, plot")
+    report.add_argument("log", type=Path, help="the JSONL log of `kdvfs run --log` (or Controller(log=...))")
+    report.add_argument("--plot", type=Path, metavar="PNG", help="also plot the windows and the estimate")
+    report.set_defaults(func=report_command)
+
+
+def read_run(path: Path) -> dict[str, Any]:
+    """The windows (with their joules), the live estimates and the summary of a run's log."""
+    try:
+        records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    except (OSError, ValueError) as error:
+        raise KdvfsError(f"{path}: not a readable kdvfs run log ({error}); pass the file of `kdvfs run --log`"
+                         ) from error
+    joules = {r["last_step"]: r["energy_j_per_step"] for r in records if r["event"] == "window_energy"}
+    windows = [{**r, "energy_j_per_step": joules.get(r["last_step"])} for r in records if r["event"] == "window"]
+    estimates = [r for r in records if r["event"] in ("pair", "pair_energy")]
+    summary = next((r for r in reversed(records) if r["event"] == "summary"), None)
+    if not windows:
+        raise KdvfsError(f"{path}: no A/B windows in this log (a run too short, or not a kdvfs run log)")
+    measured = summary["measured"] if summary else estimates[-1]["measured"] if estimates else None
+    return {"windows": windows, "estimates": estimates, "summary": summary, "measured": measured}
+
+
+def _arm_rows(windows: list[dict[str, Any]]) -> list[tuple[str, ...]]:
+    rows: list[tuple[str, ...]] = []
+    for arm, name in (("A", "auto (A)"), ("B", "controlled (B)")):
+        chosen = [w for w in windows if w["arm"] == arm and w["controlled_steps"] == (w["steps"] if arm == "B" else 0)]
+        joules = [w["energy_j_per_step"] for w in chosen if w["energy_j_per_step"] is not None]
+        rows.append((name, str(len(chosen)), f"{np.mean([w['step_time_s'] for w in chosen]) * 1e3:.2f}" if chosen
+                     else "-", f"{np.mean(joules):.2f}" if joules else "-"))
+    return rows
+
+
+def report_table(run: dict[str, Any]) -> Table:
+    """Windows per arm, the measured effect with its interval, and the cost model's prediction."""
+    table = Table(title="kdvfs report: A/B windows")
+    for column in ("", "windows", "ms per step", "J per step"):
+        table.add_column(column)
+    for row in _arm_rows(run["windows"]):
+        table.add_row(*row)
+    if run["measured"] is not None:
+        table.add_row("measured saving / slowdown (95%)", measured_text(run["measured"]), "", "")
+    summary = run["summary"]
+    if summary is not None:
+        table.add_row("over the run", measured_text(summary["measured_net"]), "", "")
+        predicted = summary["predicted"]
+        table.add_row("predicted (cost model)", f"{predicted['energy_saved_pct']:+.2f}% / "
+                                                f"{predicted['slowdown_pct']:+.2f}%", "", "")
+    return table
+
+
+def plot_run(run: dict[str, Any], path: Path) -> None:
+    """Joules and seconds per step of each window over time, and the estimate with its interval."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    windows, t0_s = run["windows"], run["windows"][0]["start_s"]
+    figure, axes = plt.subplots(3, 1, figsize=(9, 9), sharex=True)
+    for arm, colour, label in (("A", "tab:grey", "auto (A)"), ("B", "tab:green", "controlled (B)")):
+        chosen = [w for w in windows if w["arm"] == arm]
+        times = [w["end_s"] - t0_s for w in chosen]
+        axes[0].plot(times, [w["energy_j_per_step"] or np.nan for w in chosen], "o", ms=3, color=colour, label=label)
+        axes[1].plot(times, [w["step_time_s"] * 1e3 for w in chosen], "o", ms=3, color=colour, label=label)
+    axes[0].set_ylabel("J per step")
+    axes[1].set_ylabel("ms per step")
+    axes[0].legend()
+    end_by_step = {w["last_step"]: w["end_s"] - t0_s for w in windows}
+    for key, colour, label in (("energy_saved", "tab:green", "energy saved"), ("slowdown", "tab:red", "slowdown")):
+        points = [(end_by_step.get(e["step"], np.nan), e["measured"][f"{key}_pct"], e["measured"][f"{key}_ci95_pct"])
+                  for e in run["estimates"] if e["measured"][f"{key}_pct"] is not None]
+        if points:
+            times = [p[0] for p in points]
+            axes[2].plot(times, [p[1] for p in points], color=colour, label=f"measured {label}")
+            axes[2].fill_between(times, [p[2][0] for p in points], [p[2][1] for p in points], color=colour,
+                                 alpha=0.2)
+        if run["summary"] is not None:
+            axes[2].axhline(run["summary"]["predicted"][f"{key}_pct"], color=colour, ls="--",
+                            label=f"predicted {label}")
+    axes[2].axhline(0, color="black", lw=0.5)
+    axes[2].set_ylabel("% (95% interval)")
+    axes[2].set_xlabel("s since the first window")
+    axes[2].legend(fontsize="small")
+    figure.suptitle("kdvfs run: A/B windows and the measured effect")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def report_command(args: argparse.Namespace) -> int:
+    run = read_run(args.log)
+    console.print(report_table(run))
+    if args.plot:
+        plot_run(run, args.plot)
+        console.print(f"plot: {args.plot}")
+    return 0
