@@ -65,6 +65,7 @@ def run(folder: Path, seconds: float) -> None:
                            "started_utc": utc_now(), "nvidia_smi_before": nvidia_smi(header=False), "runs": []}
     log["runs"].append(_dry_run(folder, "gpt3xl-eager", "policies/h200.kdvfs-policy.npz", "h200/capture-gpt3xl-b4",
                                 EAGER, seconds))
+    (folder / "run.json").write_text(json.dumps(log, indent=1))
     trace, plan = folder / "gpt2s-compiled.trace.json", folder / "gpt2s-compiled.plan.json"
     _kdvfs("capture", "--steps", "3", "-o", str(trace), "--", sys.executable, *COMPILED, "--steps", "400")
     _kdvfs("plan", "--trace", str(trace), "--gpu", "h200", "--method", "latency-optimal", "--slowdown", "0.01",
