@@ -21,3 +21,7 @@ class ProfileError(KdvfsError):
 
 class UncalibratedError(ProfileError):
     """A cost-model parameter was requested from a profile where it is still a placeholder."""
+
+
+class DataMissingError(KdvfsError):
+    """A folder of shipped data (profiles, presets, configs, traces) is missing or empty: a broken installation."""
