@@ -13,14 +13,12 @@ from typing import Any, Protocol
 from kdvfs.agents.common.problem import Problem, score
 from kdvfs.agents.evaluation.compare import Row
 from kdvfs.agents.learned.frozen import FrozenPolicy, PolicyFileError
-from kdvfs.envs.common.paths import REPO_ROOT
+from kdvfs.envs.common.paths import POLICY_DIR
 from kdvfs.envs.env.dvfs_env import KernelDVFSEnv
 from kdvfs.envs.env.step_data import StepData
 from kdvfs.envs.gpu.profiles import GpuProfile
 from kdvfs.envs.model.cost_model import Array
 from kdvfs.envs.model.schedule import Schedule
-
-POLICY_DIR = REPO_ROOT / "policies"
 
 
 def shipped_policy_path(gpu: str) -> Path:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -49,8 +50,14 @@ class TrainResult:
     held_out: dict[str, dict[str, Any]]
 
 
-def train(config: TrainConfig, out: Path, timesteps: int | None = None, progress_bar: bool = False) -> TrainResult:
-    """Train ``config`` (for ``timesteps`` instead of ``config.total_timesteps`` if given) into ``out``."""
+def _silent(text: str) -> None:
+    """The default stage report: nothing."""
+
+
+def train(config: TrainConfig, out: Path, timesteps: int | None = None, progress_bar: bool = False,
+          stage: Callable[[str], None] = _silent) -> TrainResult:
+    """Train ``config`` (for ``timesteps`` instead of ``config.total_timesteps`` if given) into ``out``;
+    ``stage`` is told, in a few words, each stage as it starts."""
     start = time.perf_counter()
     config = replace(config, total_timesteps=timesteps or config.total_timesteps)
     torch.set_num_threads(config.torch_threads)
@@ -59,7 +66,7 @@ def train(config: TrainConfig, out: Path, timesteps: int | None = None, progress
     write_run_record(out, to_plain(config), config.seed)
     write_text_atomic(out / "config.yaml", yaml.safe_dump(to_plain(config), sort_keys=False))
 
-    # Data: every training and held-out step priced once on the GPU's profile.
+    stage(f"pricing every training and held-out step once on {config.gpu}")
     profile = load_profile(config.gpu)
     grid = config.env.grid(profile)
     train_steps = build_steps(config.data.train.traces(profile), profile, grid)
@@ -68,15 +75,18 @@ def train(config: TrainConfig, out: Path, timesteps: int | None = None, progress
     # Environments and model; a head start by cloning the plan advisors' expert, then PPO.
     env = make_vec_env(config, train_steps, profile)
     model = make_model(config, env, out / "tensorboard")
+    stage(f"imitation warm start on {len(train_steps)} training steps")
     imitation = imitate(model, env, config, profile, train_steps)
     cloned = freeze_model(model, env, config, profile, {})
     evaluate = HeldOutEvaluation(config, profile, held_out_steps, config.eval_every)
     checkpoints = CheckpointCallback(max(1, config.checkpoint_every // config.n_envs), str(out / "checkpoints"),
                                      name_prefix="ppo", save_vecnormalize=True)
+    stage(f"PPO for {config.total_timesteps} timesteps ({config.n_envs} environments)")
     model.learn(config.total_timesteps, callback=CallbackList([EpisodeMetrics(), checkpoints, evaluate]),
                 progress_bar=progress_bar)
 
     # Save and freeze; keep PPO's policy only if it beats the clone on the training steps (under noise).
+    stage(f"freezing the policy and scoring it on {len(held_out_steps)} held-out steps")
     model.save(out / "model.zip")
     env.save(str(out / "vecnormalize.pkl"))
     scores = {"imitation": training_score(cloned, train_steps, profile, config),

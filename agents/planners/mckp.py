@@ -16,8 +16,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import Bounds, LinearConstraint, milp
-from scipy.sparse import csr_matrix
 
 from kdvfs.envs.model.cost_model import Array
 
@@ -143,6 +141,9 @@ def solve_mckp(time_s: Array, energy_j: Array, budget_s: float, allowed: Array |
 
 def _milp(time_s: Array, energy_j: Array, mask: Array, budget_s: float, fastest: Array) -> Array | None:
     """HiGHS on the remaining options: its best choice, or None if it found none in time."""
+    from scipy.optimize import Bounds, LinearConstraint, milp  # ~0.4 s to import: only when a MILP is solved
+    from scipy.sparse import csr_matrix
+
     groups = time_s.shape[0]
     group_of, option_of = np.nonzero(mask)
     columns = np.arange(len(option_of))

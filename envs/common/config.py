@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections.abc
 import dataclasses
+import math
 import types
 import typing
 from pathlib import Path
@@ -69,7 +70,13 @@ def _convert(value: Any, kind: Any, where: str, key: str) -> Any:
             _fail(where, key, f"{value!r} is read as text by YAML; write exponents with a sign (1.0e+12)")
         if isinstance(value, bool) or not isinstance(value, int | float):
             _fail(where, key, f"expected a number, got {value!r}")
-        return float(value)
+        try:
+            number = float(value)
+        except OverflowError:  # an integer beyond the float range
+            number = math.inf
+        if not math.isfinite(number):
+            _fail(where, key, f"expected a finite number, got {value!r:.40}")
+        return number
     if kind is int:
         if isinstance(value, bool) or not isinstance(value, int):
             _fail(where, key, f"expected an integer, got {value!r}")

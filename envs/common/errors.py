@@ -25,3 +25,7 @@ class UncalibratedError(ProfileError):
 
 class UnknownGpuError(ProfileError):
     """No shipped GPU profile lists an installed GPU's NVML device name."""
+
+
+class DataMissingError(KdvfsError):
+    """A folder of shipped data (profiles, presets, configs, traces) is missing or empty: a broken installation."""

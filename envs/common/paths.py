@@ -1,7 +1,9 @@
-"""Locations of the files kdvfs ships in its repository (GPU profiles, configs, bundled traces).
+"""Locations of the files kdvfs ships: GPU profiles, workload presets, PPO configs, bundled traces, policies.
 
-kdvfs is installed from a clone (``pip install -e .``); these paths are relative to that clone. Set
-``KDVFS_HOME`` to point at another copy of the repository's ``configs/`` and ``data/`` folders.
+They install with the package: ``kdvfs/configs``, ``kdvfs/data`` and ``kdvfs/policies`` are links to the
+repository's top-level folders, so the same paths hold in a clone (editable install) and in a wheel.
+``KDVFS_HOME``, when set, names a folder of the same layout (``configs/``, ``data/``, ``policies/``) that
+replaces the shipped data.
 """
 
 from __future__ import annotations
@@ -9,9 +11,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-REPO_ROOT = Path(os.environ.get("KDVFS_HOME", Path(__file__).resolve().parents[2]))
-CONFIG_DIR = REPO_ROOT / "configs"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+"""The clone (``pip install -e .``) or, installed from a wheel, the ``kdvfs`` package folder."""
+HOME_VARIABLE = "KDVFS_HOME"
+DATA_ROOT = Path(os.environ.get(HOME_VARIABLE) or REPO_ROOT)
+CONFIG_DIR = DATA_ROOT / "configs"
 GPU_PROFILE_DIR = CONFIG_DIR / "gpus"
-DATA_DIR = REPO_ROOT / "data"
+DATA_DIR = DATA_ROOT / "data"
 BUNDLED_TRACE_DIR = DATA_DIR / "traces"
 RAW_DATA_DIR = DATA_DIR / "raw"
+POLICY_DIR = DATA_ROOT / "policies"

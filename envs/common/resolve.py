@@ -2,14 +2,26 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
-from kdvfs.envs.common.errors import KdvfsError
+from kdvfs.envs.common.errors import DataMissingError, KdvfsError
+from kdvfs.envs.common.paths import HOME_VARIABLE
 
 
 def shipped_names(folder: Path, suffix: str) -> list[str]:
-    """Names of the files bundled under ``folder`` ending in ``suffix``: their relative paths without it."""
-    return sorted(p.relative_to(folder).as_posix()[: -len(suffix)] for p in folder.rglob(f"*{suffix}"))
+    """Names of the files bundled under ``folder`` ending in ``suffix``: their relative paths without it.
+
+    Raises:
+        DataMissingError: the folder holds no such file (the installation lacks its data).
+    """
+    names = sorted(p.relative_to(folder).as_posix()[: -len(suffix)] for p in folder.rglob(f"*{suffix}"))
+    if not names:
+        home = os.environ.get(HOME_VARIABLE)
+        where = f"{HOME_VARIABLE}={home} lacks them" if home else "kdvfs is installed without its data"
+        raise DataMissingError(f"{folder}: no *{suffix} files ({where}); reinstall kdvfs, or set {HOME_VARIABLE} "
+                               "to a folder holding kdvfs's configs/, data/ and policies/")
+    return names
 
 
 def resolve_shipped(name_or_path: str | Path, folder: Path, suffix: str, kind: str, *, error: type[KdvfsError],
@@ -19,7 +31,8 @@ def resolve_shipped(name_or_path: str | Path, folder: Path, suffix: str, kind: s
     Args:
         kind: what the file holds, e.g. ``"GPU profile"``; name_kind: what a bundled name names (default ``kind``).
         error: the error raised when neither exists: a name with a file suffix (``x.yaml``) is a missing file,
-            any other name is unknown and the message lists the bundled ones; hint is appended to it.
+            any other name is unknown and the message lists the bundled ones (:class:`DataMissingError` where
+            none are bundled); hint is appended to it.
     """
     candidate = Path(name_or_path)
     if candidate.is_file():
@@ -29,6 +42,6 @@ def resolve_shipped(name_or_path: str | Path, folder: Path, suffix: str, kind: s
         return bundled
     if candidate.suffix:
         raise error(f"{candidate}: no such {kind} file")
-    known = ", ".join(shipped_names(folder, suffix)) or "none"
+    known = ", ".join(shipped_names(folder, suffix))
     raise error(f"unknown {name_kind or kind} {str(name_or_path)!r}; known: {known} "
                 f"(bundled: {folder}/<name>{suffix}); or pass a {kind} file{hint}")

@@ -10,10 +10,12 @@ An installed GPU's profile is the shipped one whose ``nvml_names`` list its NVML
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -24,6 +26,20 @@ from kdvfs.envs.common.paths import GPU_PROFILE_DIR
 from kdvfs.envs.common.resolve import resolve_shipped, shipped_names
 
 PARAM_STATUSES = ("placeholder", "estimate", "calibrated")
+_FRACTION = (0.0, 1.0)
+_WATTS = (0.0, math.inf)
+COST_PARAM_RANGES: Mapping[str, tuple[float, float]] = MappingProxyType({
+    "fixed_fraction": _FRACTION, "boundness_exponent": (0.5, 64.0), "latency_floor": _FRACTION,
+    "memory_core_knee": _FRACTION, "static_w": _WATTS, "leakage_w": _WATTS, "core_idle_w": _WATTS,
+    "core_sm_w": _WATTS, "core_tensor_w": _WATTS, "voltage_min": _FRACTION, "voltage_knee_fraction": _FRACTION,
+    "mem_background_w": _WATTS, "mem_traffic_w": _WATTS, "traffic_core_share": _FRACTION,
+    "switch_stall_s": (0.0, 1.0), "power_window_s": (1e-4, 10.0),
+})
+"""Where each cost-model parameter makes sense, inclusive (meanings: ``kdvfs.envs.model.cost_model.CostParams``)."""
+
+
+class ProfileConfigError(ProfileError, ConfigError):
+    """A GPU profile file that does not match its schema or holds a value out of range."""
 
 
 @dataclass(frozen=True)
@@ -79,6 +95,8 @@ class Roofline:
     def __post_init__(self) -> None:
         if not self.peak_flops or min(self.peak_flops.values()) <= 0 or self.dram_bandwidth_bytes_per_s <= 0:
             raise ProfileError("peak_flops and dram_bandwidth_bytes_per_s must be positive")
+        if self.sm_count <= 0:
+            raise ProfileError(f"sm_count {self.sm_count} must be positive")
 
 
 @dataclass(frozen=True)
@@ -124,6 +142,10 @@ class GpuProfile:
     cost_model: Mapping[str, CostParam] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        for name, param in self.cost_model.items():
+            low, high = COST_PARAM_RANGES.get(name, (-math.inf, math.inf))
+            if not low <= param.value <= high:
+                raise ProfileError(f"cost_model.{name}.value {param.value:g} is outside [{low:g}, {high:g}]")
         folded = [name.casefold() for name in self.nvml_names]
         if not folded or not all(name.strip() for name in folded) or len(set(folded)) != len(folded):
             raise ProfileError(f"nvml_names {list(self.nvml_names)} must list one or more distinct NVML device names "
@@ -201,8 +223,10 @@ def profile_for_nvml_name(nvml_name: str) -> GpuProfile:
 def load_profile(name_or_path: str | Path) -> GpuProfile:
     """Load and validate a GPU profile by name or path."""
     path = profile_path(name_or_path)
-    raw = _expand_core_clocks(load_yaml(path), str(path))
-    profile = from_mapping(GpuProfile, raw, str(path))
+    try:
+        profile = from_mapping(GpuProfile, _expand_core_clocks(load_yaml(path), str(path)), str(path))
+    except ConfigError as error:
+        raise ProfileConfigError(str(error)) from None
     if profile.name != path.stem and path.parent == GPU_PROFILE_DIR:
         raise ProfileError(f"{path}: name {profile.name!r} must match the file name {path.stem!r}")
     return profile

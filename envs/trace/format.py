@@ -19,15 +19,16 @@ diff of two traces shows one changed kernel as one changed line. Times are in se
 from __future__ import annotations
 
 import json
-import math
-from collections.abc import Sequence
+import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from kdvfs.envs.common.errors import TraceFormatError
 from kdvfs.envs.common.files import read_input, write_text_atomic
 from kdvfs.envs.trace.trace import Category, Features, Kernel, Kind, OpInfo, Phase, Trace, TraceMeta
 
+T = TypeVar("T")
 FORMAT_NAME = "kdvfs-trace"
 FORMAT_VERSION = 1
 COLUMNS = (
@@ -89,8 +90,8 @@ def _require(condition: bool, where: str, message: str) -> None:
 def _number(value: Any, where: str, label: str, optional: bool = True) -> float | None:
     if value is None and optional:
         return None
-    _require(isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value),
-             where, f"{label}={value!r} is not a finite number")
+    _require(isinstance(value, int | float) and not isinstance(value, bool) and abs(value) <= sys.float_info.max,
+             where, f"{label}={value!r:.40} is not a finite number")
     return float(value)
 
 
@@ -115,13 +116,18 @@ def _lookup(table: Sequence[Any], index: Any, where: str, label: str) -> Any:
 
 def _parse_op(record: Any, where: str) -> OpInfo:
     _require(isinstance(record, dict) and isinstance(record.get("name"), str), where, "malformed op entry")
-    dims = tuple(tuple(int(v) for v in d) for d in record.get("dims", []))
-    return OpInfo(record["name"], dims, tuple(str(t) for t in record.get("types", [])))
+    dims, types = record.get("dims", []), record.get("types", [])
+    _require(isinstance(dims, list) and all(isinstance(d, list) for d in dims), where,
+             f"dims={dims!r:.60} is not a list of lists")
+    _require(isinstance(types, list) and all(isinstance(t, str) for t in types), where,
+             f"types={types!r:.60} is not a list of strings")
+    return OpInfo(record["name"], tuple(tuple(d) for d in dims), tuple(types))
 
 
-def _parse_row(row: Any, tables: dict[str, list[Any]], where: str) -> Kernel:
+def _located(where: str, build: Callable[..., T], *args: Any) -> T:
+    """``build(*args)``, its TraceFormatError prefixed with ``where`` (once)."""
     try:
-        return _build_kernel(row, tables, where)
+        return build(*args)
     except TraceFormatError as error:
         message = str(error)
         raise TraceFormatError(message if message.startswith(where) else f"{where}: {message}") from None
@@ -187,9 +193,13 @@ def loads_trace(text: str, where: str = "<string>") -> Trace:
     _require(document.get("columns") == list(COLUMNS), where, f"columns must be {list(COLUMNS)}")
     for key in ("names", "ops", "sources", "kernels"):
         _require(isinstance(document.get(key), list), where, f"'{key}' must be a list")
+    for key in ("names", "sources"):
+        _require(all(isinstance(text, str) for text in document[key]), where, f"'{key}' must be a list of strings")
     tables = {"names": document["names"], "sources": document["sources"],
-              "ops": [_parse_op(op, f"{where}: ops[{i}]") for i, op in enumerate(document["ops"])]}
-    kernels = [_parse_row(row, tables, f"{where}: kernels[{i}]") for i, row in enumerate(document["kernels"])]
+              "ops": [_located(f"{where}: ops[{i}]", _parse_op, op, f"{where}: ops[{i}]")
+                      for i, op in enumerate(document["ops"])]}
+    kernels = [_located(f"{where}: kernels[{i}]", _build_kernel, row, tables, f"{where}: kernels[{i}]")
+               for i, row in enumerate(document["kernels"])]
     try:
         return Trace(meta=_parse_meta(document.get("meta"), where), kernels=tuple(kernels))
     except TraceFormatError as error:

@@ -18,6 +18,17 @@ import numpy as np
 
 from kdvfs.envs.common.errors import TraceFormatError
 
+MAX_ACTIVITY_S = 3600.0
+"""Longest duration or idle gap of one activity (s): a kernel of a training step never lasts an hour."""
+MAX_WORK = 1e21
+"""Most FLOPs or DRAM bytes of one kernel: more than any GPU does in MAX_ACTIVITY_S."""
+MAX_TENSOR_DIM = 2**48
+"""Largest size of one tensor dimension an op may report."""
+MAX_LAUNCH_DIM = 2**32
+"""Launch grid and block sizes are 32-bit."""
+CLOCK_RANGE_MHZ = (1.0, 100_000.0)
+"""Where a GPU clock (MHz) can lie: outside, a number is no clock."""
+
 
 class Category(StrEnum):
     """What a kernel does; decides its default utilisation estimates and how it responds to clocks."""
@@ -55,6 +66,17 @@ class Kind(StrEnum):
 Dim3 = tuple[int, int, int]
 
 
+def _is_count(value: object, most: int) -> bool:
+    """An integer (not a bool) in [0, most]."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= most
+
+
+def _check_clock(label: str, value_mhz: float | None) -> None:
+    low, high = CLOCK_RANGE_MHZ
+    if value_mhz is not None and not low <= value_mhz <= high:
+        raise TraceFormatError(f"{label}={value_mhz} MHz is outside [{low:g}, {high:g}] MHz")
+
+
 @dataclass(frozen=True)
 class Features:
     """Hardware-counter features of one kernel at the trace's reference clocks.
@@ -78,8 +100,7 @@ class Features:
                              ("tensor_util", self.tensor_util)):
             if value is not None and not (0.0 <= value <= 1.0):
                 raise TraceFormatError(f"{label}={value} is outside [0, 1]; utilisations are fractions")
-        if self.clock_mhz is not None and not self.clock_mhz > 0:
-            raise TraceFormatError(f"clock_mhz={self.clock_mhz} must be positive")
+        _check_clock("clock_mhz", self.clock_mhz)
 
 
 @dataclass(frozen=True)
@@ -89,6 +110,11 @@ class OpInfo:
     name: str
     input_dims: tuple[tuple[int, ...], ...] = ()
     input_types: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not all(_is_count(v, MAX_TENSOR_DIM) for dims in self.input_dims for v in dims):
+            raise TraceFormatError(f"op {self.name[:60]!r}: input dims {self.input_dims!r:.80} are not sizes in "
+                                   f"[0, {MAX_TENSOR_DIM}]")
 
 
 @dataclass(frozen=True)
@@ -124,13 +150,19 @@ class Kernel:
     features: Features | None = None
 
     def __post_init__(self) -> None:
-        if not (math.isfinite(self.duration_s) and self.duration_s > 0):
-            raise TraceFormatError(f"kernel {self.name[:60]!r}: duration_s={self.duration_s} must be > 0")
-        if not (math.isfinite(self.gap_before_s) and self.gap_before_s >= 0):
-            raise TraceFormatError(f"kernel {self.name[:60]!r}: gap_before_s={self.gap_before_s} must be >= 0")
+        if not (0 < self.duration_s <= MAX_ACTIVITY_S):
+            raise TraceFormatError(f"kernel {self.name[:60]!r}: duration_s={self.duration_s} must be > 0 and at "
+                                   f"most {MAX_ACTIVITY_S:g}")
+        if not (0 <= self.gap_before_s <= MAX_ACTIVITY_S):
+            raise TraceFormatError(f"kernel {self.name[:60]!r}: gap_before_s={self.gap_before_s} must be >= 0 and "
+                                   f"at most {MAX_ACTIVITY_S:g}")
         for label, value in (("flops", self.flops), ("dram_bytes", self.dram_bytes)):
-            if value is not None and not (math.isfinite(value) and value >= 0):
-                raise TraceFormatError(f"kernel {self.name[:60]!r}: {label}={value} must be >= 0")
+            if value is not None and not (0 <= value <= MAX_WORK):
+                raise TraceFormatError(f"kernel {self.name[:60]!r}: {label}={value} must be >= 0 and at most "
+                                       f"{MAX_WORK:g}")
+        if not all(_is_count(v, MAX_LAUNCH_DIM) for v in (*self.grid, *self.block)):
+            raise TraceFormatError(f"kernel {self.name[:60]!r}: grid {self.grid} and block {self.block} must be "
+                                   f"sizes in [0, {MAX_LAUNCH_DIM}]")
 
 
 @dataclass(frozen=True)
@@ -159,6 +191,8 @@ class TraceMeta:
     measurements: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        for label in ("ref_mem_mhz", "ref_core_mhz", "observed_core_mhz"):
+            _check_clock(label, getattr(self, label))
         object.__setattr__(self, "measurements", MappingProxyType(dict(self.measurements)))
 
 

@@ -1,11 +1,16 @@
 """The ``kdvfs`` command line. Each command module adds its parser with ``add_parser(subparsers)``
-and sets ``func`` to a callable taking the parsed arguments and returning the exit code."""
+and sets ``func`` to a callable taking the parsed arguments and returning the exit code.
+
+Command modules import only what their parsers need; torch, stable-baselines3, scipy, matplotlib and gymnasium
+are imported inside the command functions that use them, so ``kdvfs --help`` and the light commands start fast."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
+from kdvfs import __version__
 from kdvfs.envs.common.errors import KdvfsError
 from kdvfs.runtime.cli import (
     calibrate_cmd,
@@ -28,6 +33,7 @@ COMMANDS = (demo_cmd, trace_cmd, gpus_cmd, model_cmd, predict_cmd, plan_cmd, cap
 def build_parser() -> argparse.ArgumentParser:
     """The full ``kdvfs`` argument parser."""
     parser = argparse.ArgumentParser(prog="kdvfs", description="Learned kernel-level GPU clock control.")
+    parser.add_argument("--version", action="version", version=f"kdvfs {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in COMMANDS:
         module.add_parser(subparsers)
@@ -38,13 +44,18 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``kdvfs`` console script; returns the process exit code."""
     args = build_parser().parse_args(argv)
     try:
-        return int(args.func(args))
+        code = int(args.func(args))
+        sys.stdout.flush()
+        return code
     except KdvfsError as error:
         print(f"kdvfs: error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("kdvfs: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader went away (`kdvfs trace list | head -1`): stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 
 
 if __name__ == "__main__":

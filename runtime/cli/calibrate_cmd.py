@@ -16,15 +16,7 @@ from typing import Any
 
 from kdvfs.envs.calibration.sweep import sweep_to_csv
 from kdvfs.envs.common.files import write_text_atomic
-from kdvfs.runtime.calibrate.clock_sweep import clock_grid, measure_clock_sweep
-from kdvfs.runtime.calibrate.profile_fit import (
-    READ_ONLY_FIXED,
-    fit_mapping,
-    load_mapping,
-    measurements_to_sweep,
-    starting_mapping,
-    write_calibrated,
-)
+from kdvfs.runtime.cli.arguments import add_output, check_output_file
 from kdvfs.runtime.cli.render import console, print_json
 from kdvfs.runtime.device.errors import DeviceIndexError
 from kdvfs.runtime.device.nvml import LocalGpu, NvmlDevice, import_nvml, read_local_gpus, require_clock_permission
@@ -33,7 +25,7 @@ from kdvfs.runtime.device.nvml import LocalGpu, NvmlDevice, import_nvml, read_lo
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("calibrate", help="fit a GPU profile from microbenchmarks (read-only by default)")
     parser.add_argument("--gpu-index", type=int, default=0, help="NVML index of the GPU (default 0)")
-    parser.add_argument("-o", "--output", type=Path, required=True, help="GPU profile to write (.yaml)")
+    add_output(parser, "GPU profile to write (.yaml)", required=True)
     parser.add_argument("--name", help="profile name (default: the output file name without .yaml)")
     parser.add_argument("--duration-s", type=float, default=3.0, help="seconds per measurement (default 3)")
     parser.add_argument("--save-sweep", type=Path, metavar="CSV", help="also write the measurements as a sweep")
@@ -64,8 +56,10 @@ def _measure(args: argparse.Namespace, nvml: types.ModuleType, mapping: dict[str
     """Every measurement row: at default clocks, or at each pair of the clock grid with ``--sweep``."""
     import torch
 
+    from kdvfs.runtime.calibrate.clock_sweep import clock_grid, measure_clock_sweep
     from kdvfs.runtime.calibrate.measure import measure_at_default_clocks, measure_benchmark, measure_idle
     from kdvfs.runtime.calibrate.microbench import MICROBENCHMARKS
+    from kdvfs.runtime.calibrate.profile_fit import load_mapping
 
     device = torch.device(args.device or f"cuda:{args.gpu_index}")
     progress = _progress if not args.json else (lambda row: None)
@@ -93,6 +87,17 @@ def _print_result(path: Path, mapping: dict[str, Any], fitted: tuple[str, ...], 
 
 
 def run(args: argparse.Namespace) -> int:
+    from kdvfs.runtime.calibrate.profile_fit import (
+        READ_ONLY_FIXED,
+        fit_mapping,
+        load_mapping,
+        measurements_to_sweep,
+        starting_mapping,
+        write_calibrated,
+    )
+
+    for output in (args.output, args.save_sweep):
+        check_output_file(output)
     nvml = import_nvml(args.nvml_module)
     gpu = _local_gpu(nvml, args.gpu_index)
     if args.sweep:

@@ -10,6 +10,7 @@ from kdvfs.runtime.capture.config import CaptureConfig
 from kdvfs.runtime.capture.errors import ScriptExitError
 from kdvfs.runtime.capture.launch import run_capture, split_command
 from kdvfs.runtime.capture.recording import CaptureReport
+from kdvfs.runtime.cli.arguments import add_output, check_output_file
 from kdvfs.runtime.cli.render import console, print_json
 
 STDERR_FD = 2
@@ -20,7 +21,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "capture", help="record a training step of a PyTorch script into a trace, with its joules per step",
         usage="kdvfs capture [options] -o TRACE -- python train.py ARGS...")
-    parser.add_argument("-o", "--output", type=Path, required=True, help="kdvfs trace to write (.json or .json.gz)")
+    add_output(parser, "kdvfs trace to write (.json or .json.gz)", required=True)
     parser.add_argument("--steps", type=int, default=2, help="profiled steps; the trace keeps the last (default 2)")
     parser.add_argument("--warmup", type=int, default=5, help="unmeasured steps first (default 5)")
     parser.add_argument("--energy-window-s", type=float, default=5.0,
@@ -39,6 +40,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- python train.py ARGS...")
     parser.set_defaults(func=run)
+
+
+def _script(command: list[str]) -> Path | None:
+    """The user's script, or None for ``-m MODULE``."""
+    _, target = split_command(command)
+    return None if target[0] == "-m" else Path(target[0])
 
 
 def _workload(command: list[str]) -> str:
@@ -61,6 +68,8 @@ def _print_report(report: CaptureReport) -> None:
 
 def run(args: argparse.Namespace) -> int:
     command = list(args.command)
+    for output in (args.output, args.keep_profile):
+        check_output_file(output, [_script(command)])
     config = CaptureConfig(
         output=str(args.output), steps=args.steps, warmup=args.warmup, energy_window_s=args.energy_window_s,
         measure_energy=not args.no_energy, gpu_index=args.gpu_index, nvml_module=args.nvml_module,

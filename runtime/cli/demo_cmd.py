@@ -4,18 +4,20 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from kdvfs.agents.common.problem import Problem
-from kdvfs.agents.evaluation.compare import Row, compare, plot_tradeoff
-from kdvfs.agents.learned.policy_planner import PolicyPlanner, policy_rows, shipped_policy_path
-from kdvfs.agents.planners.registry import COMPARED
 from kdvfs.envs.common.run_record import write_run_record
 from kdvfs.envs.gpu.profiles import GpuProfile, load_profile
 from kdvfs.envs.model.cost_tables import build_tables, step_breakdown
 from kdvfs.envs.trace.bundled import DEFAULT_TRACE, open_trace
 from kdvfs.envs.trace.summary import summarize
 from kdvfs.envs.trace.trace import Trace, with_measured_gaps
+from kdvfs.runtime.cli.arguments import add_output, check_output_folder
 from kdvfs.runtime.cli.render import breakdown_table, compare_table, console, profile_table, trace_tables
+
+if TYPE_CHECKING:
+    from kdvfs.agents.common.problem import Problem
+    from kdvfs.agents.evaluation.compare import Row
 
 DEMO_BUDGETS = (0.0, 0.01, 0.03, 0.05, 0.1)
 
@@ -24,11 +26,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("demo", help="run the main job on the bundled H200 data")
     parser.add_argument("--trace", default=DEFAULT_TRACE, help=f"trace to use (default {DEFAULT_TRACE})")
     parser.add_argument("--gpu", default="h200", help="GPU profile (default h200)")
-    parser.add_argument("--out", type=Path, default=Path("runs/demo"), help="folder for the plot and run record")
+    add_output(parser, "folder for the plot and run record (default runs/demo)", dest="out", default=Path("runs/demo"))
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    check_output_folder(args.out)
     trace = with_measured_gaps(open_trace(args.trace))
     profile = load_profile(args.gpu)
     for table in trace_tables(summarize(trace)):
@@ -46,6 +49,10 @@ def run(args: argparse.Namespace) -> int:
 
 def _compare(trace: Trace, profile: GpuProfile, out: Path) -> None:
     """Every method and the shipped policy at a 1% budget, and the trade-off plot over DEMO_BUDGETS."""
+    from kdvfs.agents.common.problem import Problem
+    from kdvfs.agents.evaluation.compare import compare, plot_tradeoff
+    from kdvfs.agents.planners.registry import COMPARED
+
     problem = Problem.build(trace, profile, 0.01)
     with console.status("planning") as status:
         rows = compare(problem, DEMO_BUDGETS, COMPARED, lambda text: status.update(f"planning: {text}"))
@@ -60,6 +67,8 @@ def _compare(trace: Trace, profile: GpuProfile, out: Path) -> None:
 
 def _shipped_policy_rows(problem: Problem) -> list[Row]:
     """The GPU's shipped policy at a 1% budget (none if it has no shipped policy)."""
+    from kdvfs.agents.learned.policy_planner import PolicyPlanner, policy_rows, shipped_policy_path
+
     path = shipped_policy_path(problem.profile.name)
     if not path.is_file():
         console.print(f"no shipped policy for {problem.profile.name} ({path})")

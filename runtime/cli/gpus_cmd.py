@@ -9,7 +9,8 @@ from pathlib import Path
 from rich.table import Table
 
 from kdvfs.envs.common.config import to_plain
-from kdvfs.envs.gpu.profiles import available_profiles, load_profile
+from kdvfs.envs.gpu.profiles import available_profiles, load_profile, profile_path
+from kdvfs.runtime.cli.arguments import check_output_file
 from kdvfs.runtime.cli.render import console, print_json, profile_table
 from kdvfs.runtime.device.errors import DeviceIndexError
 from kdvfs.runtime.device.nvml import LocalGpu, read_local_gpus
@@ -18,10 +19,12 @@ from kdvfs.runtime.device.profile_skeleton import skeleton_profile, write_skelet
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("gpus", help="list and show GPU profiles")
+    parser.add_argument("--json", action="store_true", help="print the list as JSON for scripts")
     parser.set_defaults(func=run_list)
     commands = parser.add_subparsers(dest="gpus_command", metavar="ACTION")
 
     listing = commands.add_parser("list", help="list the shipped GPU profiles (the default)")
+    listing.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON for scripts")
     listing.set_defaults(func=run_list)
 
     show = commands.add_parser("show", help="show one GPU profile")
@@ -33,15 +36,21 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     local.add_argument("--json", action="store_true", help="print JSON for scripts")
     local.add_argument("--write", type=Path, metavar="PATH", help="write a profile skeleton (.yaml) of GPU --index")
     local.add_argument("--name", help="profile name for --write (default: the file name without .yaml)")
-    local.add_argument("--index", type=int, default=0, help="which GPU --write describes (default 0)")
+    local.add_argument("--gpu-index", "--index", dest="index", type=int, default=0, metavar="I",
+                       help="NVML index of the GPU --write describes (default 0)")
     local.set_defaults(func=run_local)
 
 
 def run_list(args: argparse.Namespace) -> int:
-    for name in available_profiles():
-        profile = load_profile(name)
-        console.print(f"{name:<12} {profile.model:<28} {len(profile.clock_pairs_mhz):>4} clock pairs  "
-                      f"{profile.power.limit_w:>5.0f} W  switch {profile.switching.latency_mean_s * 1e3:g} ms")
+    profiles = [load_profile(name) for name in available_profiles()]
+    if args.json:
+        print_json([{"name": p.name, "model": p.model, "clock_pairs": len(p.clock_pairs_mhz),
+                     "power_limit_w": p.power.limit_w, "switching_latency_s": p.switching.latency_mean_s,
+                     "path": str(profile_path(p.name))} for p in profiles])
+        return 0
+    for p in profiles:
+        console.print(f"{p.name:<12} {p.model:<28} {len(p.clock_pairs_mhz):>4} clock pairs  "
+                      f"{p.power.limit_w:>5.0f} W  switch {p.switching.latency_mean_s * 1e3:g} ms")
     return 0
 
 
@@ -73,6 +82,7 @@ def _local_table(gpu: LocalGpu) -> Table:
 
 
 def run_local(args: argparse.Namespace) -> int:
+    check_output_file(args.write)
     gpus = read_local_gpus()
     if args.write is not None and not 0 <= args.index < len(gpus):
         raise DeviceIndexError(f"GPU index {args.index} is out of range: this machine has {len(gpus)} GPU(s); "

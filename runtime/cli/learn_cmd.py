@@ -4,13 +4,14 @@ policy next to every planner on a step."""
 from __future__ import annotations
 
 import argparse
+import time
+import warnings
+from collections.abc import Callable
 from pathlib import Path
 
-from kdvfs.agents.evaluation.compare import compare
-from kdvfs.agents.learned.policy_planner import PolicyPlanner, policy_rows
-from kdvfs.agents.planners.registry import COMPARED
 from kdvfs.envs.common.errors import KdvfsError
-from kdvfs.runtime.cli.plan_cmd import add_problem_arguments, percent_list, problem_from_args
+from kdvfs.runtime.cli.arguments import add_output, budget_list, check_output_folder
+from kdvfs.runtime.cli.plan_cmd import add_problem_arguments, problem_from_args
 from kdvfs.runtime.cli.render import compare_table, console, print_json
 
 
@@ -19,29 +20,42 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     train.add_argument("--gpu", required=True, help="GPU profile name the policy is for")
     train.add_argument("--config", type=Path, help="PPO config YAML (default: configs/ppo/<gpu>.yaml)")
     train.add_argument("--timesteps", type=int, help="environment steps to train for (default: the config's)")
-    train.add_argument("--out", type=Path, required=True, help="run folder: logs, checkpoints, frozen policy")
+    add_output(train, "run folder: logs, checkpoints, frozen policy", dest="out", required=True)
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
     train.set_defaults(func=run_train)
 
     evaluate = subparsers.add_parser("evaluate", help="a frozen policy next to every planner on a step")
     evaluate.add_argument("--policy", type=Path, required=True, help="frozen policy file (.kdvfs-policy.npz)")
     add_problem_arguments(evaluate)
-    evaluate.add_argument("--slowdown", type=percent_list, default=[0.01], help="budgets (default 0.01 = 1%%)")
+    evaluate.add_argument("--slowdown", "--budget", dest="slowdown", type=budget_list, default=[0.01],
+                          help="budgets (default 0.01 = 1%%)")
     evaluate.add_argument("--json", action="store_true", help="print JSON for scripts (as `kdvfs compare --json`)")
     evaluate.set_defaults(func=run_evaluate)
 
 
+def _stage_printer() -> Callable[[str], None]:
+    """Print each training stage with the seconds since training started."""
+    start = time.perf_counter()
+    return lambda text: console.print(f"[{time.perf_counter() - start:6.0f} s] {text}", highlight=False)
+
+
 def run_train(args: argparse.Namespace) -> int:
+    check_output_folder(args.out)
+    stage = _stage_printer()
+    stage("loading PyTorch and stable-baselines3")
+    from tqdm import TqdmExperimentalWarning
+
     from kdvfs.agents.learned.ppo import load_train_config
     from kdvfs.agents.learned.train import train
 
+    warnings.filterwarnings("ignore", category=TqdmExperimentalWarning)  # SB3's rich progress bar works
     config = load_train_config(args.config or args.gpu)
     if config.gpu != args.gpu:
         raise KdvfsError(f"--gpu {args.gpu} but the config {args.config} trains for {config.gpu!r}; pass a matching "
                          "--config")
     if args.timesteps is not None and args.timesteps <= 0:
         raise KdvfsError(f"--timesteps {args.timesteps} must be > 0")
-    result = train(config, args.out, args.timesteps, progress_bar=not args.no_progress)
+    result = train(config, args.out, args.timesteps, progress_bar=not args.no_progress, stage=stage)
     console.print(f"trained {result.timesteps} timesteps in {result.wall_s / 60:.1f} min; held-out steps "
                   f"(deterministic, {config.env.budgets[0]:.1%} budget):")
     for name, outcome in result.held_out.items():
@@ -52,6 +66,10 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def run_evaluate(args: argparse.Namespace) -> int:
+    from kdvfs.agents.evaluation.compare import compare
+    from kdvfs.agents.learned.policy_planner import PolicyPlanner, policy_rows
+    from kdvfs.agents.planners.registry import COMPARED
+
     problem = problem_from_args(args, args.slowdown[0])
     planner = PolicyPlanner.from_file(args.policy, problem.profile)
     with console.status("planning") as status:

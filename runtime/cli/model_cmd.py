@@ -5,14 +5,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from kdvfs.envs.calibration.calibrate import calibrate
 from kdvfs.envs.calibration.convert import WANG_CHU_BUS_BYTES, convert_h200_default, convert_wang_chu
-from kdvfs.envs.calibration.fit import cross_validate
 from kdvfs.envs.calibration.sweep import load_sweep, sweep_to_csv
 from kdvfs.envs.common.errors import KdvfsError
 from kdvfs.envs.common.files import write_text_atomic
 from kdvfs.envs.gpu.profile_io import write_cost_model
 from kdvfs.envs.gpu.profiles import load_profile, profile_path
+from kdvfs.runtime.cli.arguments import add_output, check_output_file
 from kdvfs.runtime.cli.render import console, print_json
 
 
@@ -23,7 +22,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     convert = commands.add_parser("convert", help="convert measurements to the sweep schema")
     convert.add_argument("kind", choices=("wang-chu", "h200-default"), help="source format")
     convert.add_argument("source", type=Path, help="Wang & Chu CSV, or the folder of the H200 default-clock data")
-    convert.add_argument("-o", "--output", type=Path, required=True, help="sweep CSV to write")
+    add_output(convert, "sweep CSV to write", required=True)
     convert.add_argument("--gpu", choices=sorted(WANG_CHU_BUS_BYTES), help="GPU of a Wang & Chu sweep")
     convert.set_defaults(func=run_convert)
 
@@ -32,7 +31,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     fit.add_argument("--gpu", required=True, help="profile name or .yaml to start from")
     fit.add_argument("--fix", default="", help="comma-separated parameters to keep at the profile's values")
     destination = fit.add_mutually_exclusive_group()
-    destination.add_argument("-o", "--output", type=Path, help="write the calibrated profile here")
+    add_output(destination, "write the calibrated profile here")
     destination.add_argument("--write", action="store_true", help="update the profile file in place")
     fit.set_defaults(func=run_fit)
 
@@ -45,6 +44,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_convert(args: argparse.Namespace) -> int:
+    check_output_file(args.output, [args.source])
     if args.kind == "wang-chu":
         if args.gpu is None:
             raise KdvfsError(f"--gpu is required for wang-chu sweeps ({', '.join(sorted(WANG_CHU_BUS_BYTES))})")
@@ -57,6 +57,9 @@ def run_convert(args: argparse.Namespace) -> int:
 
 
 def run_fit(args: argparse.Namespace) -> int:
+    from kdvfs.envs.calibration.calibrate import calibrate
+
+    check_output_file(args.output, [args.sweep, profile_path(args.gpu)])
     profile = load_profile(args.gpu)
     result = calibrate(profile, load_sweep(args.sweep), [n for n in args.fix.split(",") if n])
     for name, entry in result.entries.items():
@@ -71,6 +74,8 @@ def run_fit(args: argparse.Namespace) -> int:
 
 
 def run_validate(args: argparse.Namespace) -> int:
+    from kdvfs.envs.calibration.fit import cross_validate
+
     report = cross_validate(load_sweep(args.sweep), folds=args.folds, seed=args.seed)
     if args.json:
         print_json(report.as_json())

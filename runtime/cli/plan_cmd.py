@@ -15,20 +15,10 @@ from kdvfs.envs.common.files import write_text_atomic
 from kdvfs.envs.gpu.profiles import load_profile
 from kdvfs.envs.model.schedule import Schedule
 from kdvfs.envs.trace.bundled import open_trace
+from kdvfs.runtime.cli.arguments import add_output, budget, budget_list, check_output_file
 from kdvfs.runtime.cli.render import compare_table, console, print_json
 
 PLOT_BUDGETS = (0.0, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1)
-
-
-def percent_list(text: str) -> list[float]:
-    """argparse type of ``--slowdown`` lists: comma-separated fractions >= 0."""
-    try:
-        values = [float(v) for v in text.split(",") if v]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of fractions (0.01 = 1%)") from None
-    if not values or min(values) < 0:
-        raise argparse.ArgumentTypeError("budgets must be >= 0 fractions (0.01 = 1%)")
-    return values
 
 
 def add_problem_arguments(parser: argparse.ArgumentParser) -> None:
@@ -43,13 +33,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     plan = subparsers.add_parser("plan", help="schedule clocks for a step with one method")
     add_problem_arguments(plan)
     plan.add_argument("--method", required=True, choices=sorted(PLANNERS), help="decision maker")
-    plan.add_argument("--slowdown", type=float, required=True, help="step-time budget over auto (0.01 = 1%%)")
-    plan.add_argument("-o", "--output", type=Path, help="write the schedule as JSON")
+    plan.add_argument("--slowdown", "--budget", dest="slowdown", type=budget, required=True,
+                      help="step-time budget over auto (0.01 = 1%%)")
+    add_output(plan, "write the schedule as JSON")
     plan.set_defaults(func=run_plan)
 
     comparison = subparsers.add_parser("compare", help="every method on a step, at one or more budgets")
     add_problem_arguments(comparison)
-    comparison.add_argument("--slowdown", type=percent_list, required=True, help="budgets, e.g. 0.01 or 0,0.01,0.05")
+    comparison.add_argument("--slowdown", "--budget", dest="slowdown", type=budget_list, required=True,
+                            help="budgets, e.g. 0.01 or 0,0.01,0.05")
     comparison.add_argument("--json", action="store_true", help="print JSON for scripts")
     comparison.add_argument("--plot", type=Path, help=f"write the trade-off plot (budgets {100 * PLOT_BUDGETS[0]:g}%%-"
                             f"{100 * PLOT_BUDGETS[-1]:g}%%) to this PNG")
@@ -80,7 +72,18 @@ def schedule_json(problem: Problem, schedule: Schedule) -> dict[str, Any]:
     }
 
 
+def _over_budget(document: dict[str, Any]) -> str:
+    """A note when the executed schedule overruns its budget (plans made without the switching latency)."""
+    slowdown = document["executed"]["step_time_s"] / document["auto"]["step_time_s"] - 1
+    if slowdown <= document["slowdown_budget"] + 1e-9:
+        return ""
+    planned = document["planned"]["step_time_s"] / document["auto"]["step_time_s"] - 1
+    return (f"over budget: {slowdown:.2%} slowdown executed against a {document['slowdown_budget']:.2%} budget "
+            f"({planned:.2%} as planned, with instant switching); latency-optimal plans with the latency")
+
+
 def run_plan(args: argparse.Namespace) -> int:
+    check_output_file(args.output)
     problem = problem_from_args(args, args.slowdown)
     schedule = make_planner(args.method).plan(problem)
     document = schedule_json(problem, schedule)
@@ -92,10 +95,14 @@ def run_plan(args: argparse.Namespace) -> int:
                   f"{1 - executed['energy_j'] / auto['energy_j']:.2%}, slowdown "
                   f"{executed['step_time_s'] / auto['step_time_s'] - 1:.2%} (executed with "
                   f"{problem.latency_s * 1e3:g} ms switching), solved in {schedule.solve_s:.2f} s")
+    note = _over_budget(document)
+    if note:
+        console.print(note)
     return 0
 
 
 def run_compare(args: argparse.Namespace) -> int:
+    check_output_file(args.plot)
     problem = problem_from_args(args, args.slowdown[0])
     with console.status("planning") as status:
         rows = compare(problem, args.slowdown, COMPARED, lambda text: status.update(f"planning: {text}"))

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 import numpy as np
 
 from kdvfs.envs.common.errors import KdvfsError
-from kdvfs.envs.gpu.profiles import load_profile
+from kdvfs.envs.gpu.profiles import GpuProfile, load_profile
 from kdvfs.envs.model.cost_tables import build_tables, step_breakdown
 from kdvfs.envs.trace.bundled import open_trace
-from kdvfs.envs.trace.trace import with_measured_gaps
+from kdvfs.envs.trace.trace import Trace, with_measured_gaps
 from kdvfs.runtime.cli.render import breakdown_table, console, print_json
 
 
@@ -33,6 +34,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
+def _measured_elsewhere(trace: Trace, profile: GpuProfile) -> str:
+    """A warning when the trace's measured joules and seconds come from another GPU than the profile's."""
+    if not trace.meta.measurements or trace.meta.gpu.strip().lower() == profile.model.strip().lower():
+        return ""
+    return (f"note: the measured values were recorded on {trace.meta.gpu}, not on {profile.model} "
+            f"(profile {profile.name!r}): they are no check of this prediction")
+
+
 def run(args: argparse.Namespace) -> int:
     trace, profile = with_measured_gaps(open_trace(args.trace)), load_profile(args.gpu)
     tables = build_tables(trace, profile)
@@ -50,8 +59,11 @@ def run(args: argparse.Namespace) -> int:
                                       float(tables.gap_power_w[index]))})
     result = {"trace": trace.meta.workload, "gpu": profile.name, "measured": dict(trace.meta.measurements),
               "predictions": rows}
+    note = _measured_elsewhere(trace, profile)
     if args.json:
         print_json(result)
     else:
         console.print(breakdown_table(result))
+    if note:
+        print(f"kdvfs: {note}", file=sys.stderr)
     return 0

@@ -9,9 +9,8 @@ from typing import Any
 
 from rich.table import Table
 
+from kdvfs.runtime.cli.arguments import budget, check_output_file, check_output_folder
 from kdvfs.runtime.cli.render import console, print_json
-from kdvfs.runtime.controller.config import ControllerConfig
-from kdvfs.runtime.controller.launch import run_controlled
 from kdvfs.runtime.device.nvml import import_nvml, require_clock_permission, reset_gpu_clocks
 
 STDERR_FD = 2
@@ -25,7 +24,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     run.add_argument("--trace", required=True, help="the expected step: trace file (`kdvfs capture`) or bundled name")
     run.add_argument("--gpu", help="GPU profile (default: the plan's, or the shipped one listing the GPU's NVML name)")
     run.add_argument("--dry-run", action="store_true", help="change no clock; log what would be requested and when")
-    run.add_argument("--budget", type=float, default=0.01, help="step-time budget over auto (default 0.01 = 1%%)")
+    run.add_argument("--budget", "--slowdown", dest="budget", type=budget, default=0.01,
+                     help="step-time budget over auto (default 0.01 = 1%%)")
     run.add_argument("--gpu-index", type=int, default=0, help="NVML index of the GPU the script uses (default 0)")
     run.add_argument("--latency-ms", type=float, help="switching latency to request ahead by (default: the profile's)")
     run.add_argument("--log", type=Path, help="JSONL log of every request, step and energy window")
@@ -88,6 +88,11 @@ def summary_table(summary: dict[str, Any]) -> Table:
 
 
 def run_command(args: argparse.Namespace) -> int:
+    from kdvfs.runtime.controller.config import ControllerConfig
+    from kdvfs.runtime.controller.launch import run_controlled
+
+    check_output_file(args.log, [args.policy, args.trace])
+    check_output_folder(args.tensorboard)
     config = ControllerConfig(
         policy=args.policy, trace=args.trace, gpu=args.gpu, budget=args.budget, dry_run=args.dry_run,
         gpu_index=args.gpu_index, nvml_module=args.nvml_module, latency_ms=args.latency_ms,

@@ -7,12 +7,13 @@ from dataclasses import replace
 from pathlib import Path
 
 from kdvfs.envs.gpu.profiles import load_profile
-from kdvfs.envs.synthetic.generator import available_workloads, generate_transformer_trace, load_workload
-from kdvfs.envs.trace.bundled import bundled_traces, open_trace
+from kdvfs.envs.synthetic.generator import generate_transformer_trace, load_workload
+from kdvfs.envs.trace.bundled import bundled_traces, open_trace, trace_path
 from kdvfs.envs.trace.format import save_trace
 from kdvfs.envs.trace.importing import DEFAULT_FORMAT, import_trace, importer_formats
 from kdvfs.envs.trace.ncu import enrich_with_ncu, read_ncu_csv
 from kdvfs.envs.trace.summary import summarize
+from kdvfs.runtime.cli.arguments import add_output, check_output_file
 from kdvfs.runtime.cli.render import console, print_json, trace_tables
 
 
@@ -24,7 +25,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     imp.add_argument("source", type=Path, help="the recording, e.g. a Kineto chrome trace .json or .json.gz")
     imp.add_argument("--format", default=DEFAULT_FORMAT, metavar="FORMAT",
                      help=f"recording format: {', '.join(importer_formats())} (default {DEFAULT_FORMAT})")
-    imp.add_argument("-o", "--output", type=Path, required=True, help="kdvfs trace to write (.json or .json.gz)")
+    add_output(imp, "kdvfs trace to write (.json or .json.gz)", required=True)
     imp.add_argument("--ncu", type=Path, help="Nsight Compute `--csv --page raw` export to take counters from")
     imp.add_argument("--step", type=int, default=-1, help="which complete step to keep (default -1: the last)")
     imp.add_argument("--workload", help="workload label (default: the file name)")
@@ -40,18 +41,20 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     show.set_defaults(func=run_show)
 
     listing = commands.add_parser("list", help="list the bundled traces")
+    listing.add_argument("--json", action="store_true", help="print JSON for scripts")
     listing.set_defaults(func=run_list)
 
     generate = commands.add_parser("generate", help="generate a synthetic transformer training step")
     generate.add_argument("--workload", required=True,
-                          help=f"preset in configs/workloads ({', '.join(available_workloads())}) or a .yaml")
+                          help="preset name (configs/workloads/<name>.yaml, e.g. gpt2s) or a workload .yaml")
     generate.add_argument("--gpu", required=True, help="GPU profile name or .yaml (sets the roofline)")
     generate.add_argument("--seed", type=int, help="add seeded noise to kernel durations")
-    generate.add_argument("-o", "--output", type=Path, required=True, help="kdvfs trace to write")
+    add_output(generate, "kdvfs trace to write", required=True)
     generate.set_defaults(func=run_generate)
 
 
 def run_import(args: argparse.Namespace) -> int:
+    check_output_file(args.output, [args.source, args.ncu])
     measured = {key: value for key, value in (("energy_j_per_step", args.energy_j_per_step),
                                               ("step_time_s", args.step_time_s)) if value is not None}
     trace = import_trace(args.source, args.format, step=args.step, workload=args.workload, measurements=measured,
@@ -77,12 +80,17 @@ def run_show(args: argparse.Namespace) -> int:
 
 
 def run_list(args: argparse.Namespace) -> int:
-    for name in bundled_traces():
-        console.print(name)
+    names = bundled_traces()
+    if args.json:
+        print_json([{"name": name, "path": str(trace_path(name))} for name in names])
+    else:
+        for name in names:
+            console.print(name)
     return 0
 
 
 def run_generate(args: argparse.Namespace) -> int:
+    check_output_file(args.output)
     trace = generate_transformer_trace(load_workload(args.workload), load_profile(args.gpu), rng_seed=args.seed)
     save_trace(trace, args.output)
     console.print(f"wrote {args.output}: {len(trace)} activities, step {trace.step_time_s * 1e3:.2f} ms")

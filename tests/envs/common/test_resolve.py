@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from kdvfs.envs.common.errors import ProfileError, TraceFormatError
+from kdvfs.envs.common.errors import DataMissingError, ProfileError, TraceFormatError
 from kdvfs.envs.common.resolve import resolve_shipped, shipped_names
 
 
@@ -21,7 +21,17 @@ def folder(tmp_path: Path) -> Path:
 
 def test_names_are_relative_paths_without_the_suffix(folder: Path) -> None:
     assert shipped_names(folder, ".yaml") == ["a", "b", "h200/c"]
-    assert shipped_names(folder / "missing", ".yaml") == []
+
+
+@pytest.mark.parametrize("where", ["missing", "h200"])
+def test_a_folder_without_shipped_files_is_a_broken_installation(folder: Path, where: str,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("KDVFS_HOME", raising=False)
+    with pytest.raises(DataMissingError, match=r"no \*\.json files \(kdvfs is installed without its data\)"):
+        shipped_names(folder / where, ".json")
+    monkeypatch.setenv("KDVFS_HOME", "/elsewhere")
+    with pytest.raises(DataMissingError, match="KDVFS_HOME=/elsewhere lacks them"):
+        resolve_shipped("h300", folder / where, ".json", "trace", error=TraceFormatError)
 
 
 def test_files_and_bundled_names_resolve(folder: Path, tmp_path: Path) -> None:

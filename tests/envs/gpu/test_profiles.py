@@ -143,3 +143,23 @@ def test_invalid_yaml_and_missing_file(tmp_path: Path) -> None:
         load_profile(path)
     with pytest.raises(ProfileError, match="no such GPU profile file"):
         load_profile(tmp_path / "nothing.yaml")
+
+
+@pytest.mark.parametrize(
+    ("dotted", "value", "message"),
+    [
+        ("cost_model.fixed_fraction.value", 5.0, r"cost_model\.fixed_fraction\.value 5 is outside \[0, 1\]"),
+        ("cost_model.static_w.value", -3.0, r"cost_model\.static_w\.value -3 is outside \[0, inf\]"),
+        ("cost_model.core_sm_w.value", float("nan"), r"cost_model\.core_sm_w\.value: expected a finite number"),
+        ("cost_model.power_window_s.value", 0.0, r"power_window_s\.value 0 is outside"),
+        ("roofline.sm_count", 0, "sm_count 0 must be positive"),
+        ("switching.latency_mean_s", float("inf"), r"switching\.latency_mean_s: expected a finite number"),
+        ("power.idle_w", 10**400, r"power\.idle_w: expected a finite number"),
+    ],
+)
+def test_values_out_of_range_are_profile_errors_naming_field_and_file(tmp_path: Path, dotted: str, value: Any,
+                                                                      message: str) -> None:
+    path = _write(tmp_path, _set(_h200_raw(), dotted, value))
+    with pytest.raises(ProfileError, match=message) as caught:
+        load_profile(path)
+    assert str(caught.value).startswith(f"{path}: ") and "\n" not in str(caught.value)

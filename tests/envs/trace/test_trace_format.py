@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import gzip
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -12,13 +14,14 @@ from hypothesis import strategies as st
 
 from kdvfs.envs.common.errors import TraceFormatError
 from kdvfs.envs.trace.bundled import bundled_traces, open_trace, trace_path
-from kdvfs.envs.trace.format import dumps_trace, load_trace, loads_trace, save_trace
+from kdvfs.envs.trace.format import COLUMNS, dumps_trace, load_trace, loads_trace, save_trace
 from kdvfs.envs.trace.trace import Category, Features, Kernel, Kind, OpInfo, Phase, Trace, TraceMeta
 
 finite = st.floats(min_value=1e-9, max_value=10.0, allow_nan=False)
 fraction = st.floats(min_value=0.0, max_value=1.0)
+clock = st.floats(min_value=1.0, max_value=1e5)
 dim3 = st.tuples(st.integers(0, 2**31 - 1), st.integers(0, 65535), st.integers(0, 64))
-features = st.builds(Features, fraction, fraction, st.none() | fraction, st.none() | finite,
+features = st.builds(Features, fraction, fraction, st.none() | fraction, st.none() | clock,
                      st.sampled_from(["ncu:a.csv", "synthetic"]))
 ops = st.builds(OpInfo, st.text(max_size=20),
                 st.lists(st.lists(st.integers(0, 10**6), max_size=4).map(tuple), max_size=3).map(tuple),
@@ -29,7 +32,7 @@ kernels = st.builds(
     op=st.none() | ops, flops=st.none() | finite, dram_bytes=st.none() | finite, features=st.none() | features,
 )
 metas = st.builds(TraceMeta, st.text(max_size=10), st.text(max_size=10), st.text(max_size=10),
-                  st.none() | finite, st.none() | finite, st.none() | finite, st.none() | st.integers(0, 9),
+                  st.none() | clock, st.none() | clock, st.none() | clock, st.none() | st.integers(0, 9),
                   st.dictionaries(st.sampled_from(["energy_j_per_step", "step_time_s"]), finite))
 traces = st.builds(Trace, metas, st.lists(kernels, min_size=1, max_size=8).map(tuple))
 
@@ -95,3 +98,37 @@ def test_truncated_gzip_and_missing_file(tmp_path: Path) -> None:
         load_trace(path)
     with pytest.raises(TraceFormatError, match="no such file"):
         load_trace(tmp_path / "missing.json")
+
+
+def _set_row(column: str, value: object) -> Callable[[dict[str, Any]], None]:
+    def mutate(document: dict[str, Any]) -> None:
+        document["kernels"][3][COLUMNS.index(column)] = value
+    return mutate
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (_set_row("duration_s", 1e308), r"kernels\[3\]: kernel .*duration_s=1e\+308 must be > 0 and at most 3600"),
+        (_set_row("gap_before_s", float("nan")), r"kernels\[3\]: gap_before_s=nan is not a finite number"),
+        (_set_row("flops", 10**400), r"kernels\[3\]: flops=1000.* is not a finite number"),
+        (_set_row("dram_bytes", 1e30), r"kernels\[3\]: kernel .*dram_bytes=1e\+30 must be >= 0 and at most 1e\+21"),
+        (_set_row("grid", [-1, 1, 1]), r"kernels\[3\]: kernel .*grid \(-1, 1, 1\).* must be sizes"),
+        (_set_row("clock_mhz", 1e-300), r"kernels\[3\]: clock_mhz=1e-300 MHz is outside \[1, 100000\] MHz"),
+        (lambda d: d["ops"][0]["dims"].append(["x"]), r"ops\[0\]: op 'aten::copy_': input dims .* are not sizes"),
+        (lambda d: d["ops"][0]["dims"].append(7), r"ops\[0\]: dims=.* is not a list of lists"),
+        (lambda d: d["ops"][0]["dims"][0].append(float("inf")), r"ops\[0\]: op .*input dims .* are not sizes"),
+        (lambda d: d["ops"][0]["types"].append(None), r"ops\[0\]: types=.* is not a list of strings"),
+        (lambda d: d["names"].append(3.5), "'names' must be a list of strings"),
+        (lambda d: d["meta"].update(ref_core_mhz=1e-300), r"ref_core_mhz=1e-300 MHz is outside"),
+    ],
+)
+def test_values_out_of_range_give_clear_errors(tmp_path: Path, mutate: Callable[[dict[str, Any]], None],
+                                               message: str) -> None:
+    document = json.loads(trace_path("h200/resnet50-b128").read_text())
+    mutate(document)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(document))
+    with pytest.raises(TraceFormatError, match=message) as caught:
+        load_trace(path)
+    assert str(caught.value).startswith(f"{path}: ") and "\n" not in str(caught.value)

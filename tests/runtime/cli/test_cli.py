@@ -112,3 +112,10 @@ def test_trace_generate(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> N
     assert load_trace(out_path).meta.workload == "gpt2s"
     code, _, err = run(capsys, "trace", "generate", "--workload", "nope", "--gpu", "h200", "-o", str(out_path))
     assert code == 2 and "nope" in err
+
+
+def test_predict_says_when_the_measurements_come_from_another_gpu(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(capsys, "predict", "--trace", "h200/gpt3xl-1layer-b4", "--gpu", "rtx3080ti", "--json")
+    assert code == 0 and "recorded on NVIDIA H200, not on NVIDIA GeForce RTX 3080 Ti" in err
+    code, _, err = run(capsys, "predict", "--trace", "h200/gpt3xl-1layer-b4", "--gpu", "h200")
+    assert code == 0 and err == ""

@@ -1,4 +1,4 @@
-"""``kdvfs evaluate`` with the shipped H200 policy, and ``kdvfs train``'s argument checks."""
+"""``kdvfs evaluate`` with the shipped H200 policy, and ``kdvfs train``: argument checks, stage lines, progress bar."""
 
 from __future__ import annotations
 
@@ -6,10 +6,13 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 
 from kdvfs.agents.learned.policy_planner import shipped_policy_path
 from kdvfs.agents.learned.ppo import PPO_CONFIG_DIR
+from kdvfs.envs.common.config import to_plain
 from kdvfs.runtime.cli import main
+from tests.agents.conftest import tiny_config
 
 TRACE = "h200/gpt3xl-1layer-b4"
 
@@ -35,3 +38,17 @@ def test_train_refuses_a_config_for_another_gpu(tmp_path: Path, capsys: pytest.C
     assert main(["train", "--gpu", "h200", "--config", config, "--out", str(tmp_path)]) == 2
     assert "trains for 'rtx3080ti'" in capsys.readouterr().err
     assert main(["train", "--gpu", "h200", "--timesteps", "0", "--out", str(tmp_path)]) == 2
+
+
+def test_train_reports_its_stages_and_runs_with_the_default_progress_bar(tmp_path: Path,
+                                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump(to_plain(tiny_config()), sort_keys=False))
+    train = ["train", "--gpu", "h200", "--config", str(config)]
+    assert main([*train, "--no-progress", "--out", str(tmp_path / "quiet")]) == 0
+    out = capsys.readouterr().out
+    for stage in ("loading PyTorch", "pricing every training and held-out step once on h200",
+                  "imitation warm start on 1 training steps", "PPO for 256 timesteps", "freezing the policy"):
+        assert stage in out
+    assert main([*train, "--out", str(tmp_path / "bar")]) == 0
+    assert (tmp_path / "bar" / "policy.kdvfs-policy.npz").is_file()

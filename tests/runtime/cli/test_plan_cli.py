@@ -50,8 +50,15 @@ def test_empty_trace_and_bad_budgets_are_clear_errors(capsys: pytest.CaptureFixt
     empty.write_text(json.dumps(document))
     code, _, err = run(capsys, "plan", "--trace", str(empty), "--gpu", "h200", "--method", "ilp", "--slowdown", "0.01")
     assert code == 2 and "has no kernels" in err and err.count("\n") == 1
-    code, _, err = run(capsys, "plan", "--trace", SMALL, "--gpu", "h200", "--method", "ilp", "--slowdown", "-0.01")
-    assert code == 2 and "must be >= 0" in err
-    with pytest.raises(SystemExit) as caught:
-        main(["compare", "--trace", SMALL, "--gpu", "h200", "--slowdown", "-1"])
-    assert caught.value.code == 2
+    for command in (["plan", "--method", "ilp"], ["compare"]):
+        with pytest.raises(SystemExit) as caught:
+            main([*command, "--trace", SMALL, "--gpu", "h200", "--slowdown", "-0.01"])
+        assert caught.value.code == 2 and "must be a finite fraction >= 0" in capsys.readouterr().err
+
+
+def test_a_plan_over_its_budget_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    problem = ["--trace", SMALL, "--gpu", "h200", "--slowdown", "0.01"]
+    code, text, _ = run(capsys, "plan", *problem, "--method", "ilp")
+    assert code == 0 and "over budget:" in text and "against a 1.00% budget" in text
+    code, text, _ = run(capsys, "plan", *problem, "--method", "latency-optimal")
+    assert code == 0 and "over budget" not in text

@@ -1,0 +1,72 @@
+"""Arguments shared by the CLI commands: slowdown budgets, and output paths checked before any long work."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from kdvfs.envs.common.errors import KdvfsError
+
+MAX_BUDGET = 0.5
+"""Budgets are fractions of the auto step time; above this one is most likely a percentage typed as a number."""
+
+
+def budget(text: str) -> float:
+    """An argparse type: a slowdown budget as a finite fraction in [0, MAX_BUDGET] (0.01 = 1%)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number; budgets are fractions (0.01 = 1%)") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text} must be a finite fraction >= 0 (0.01 = 1%)")
+    if value > MAX_BUDGET:
+        raise argparse.ArgumentTypeError(f"{text} means a {value:.0%} slowdown; budgets are fractions (0.01 = 1%), "
+                                         f"at most {MAX_BUDGET:g}: did you mean {value / 100:g}?")
+    return value
+
+
+def budget_list(text: str) -> list[float]:
+    """An argparse type: comma-separated budgets, each as :func:`budget` takes them."""
+    values = [budget(item) for item in text.split(",") if item]
+    if not values:
+        raise argparse.ArgumentTypeError(f"{text!r} holds no budget; give fractions such as 0.01 or 0,0.01,0.05")
+    return values
+
+
+def add_output(parser: argparse._ActionsContainer, help: str, *, dest: str = "output", **kwargs: Any) -> None:
+    """A command's output flag: ``-o``, ``--output`` and ``--out`` alike."""
+    parser.add_argument("-o", "--output", "--out", dest=dest, type=Path, help=help, **kwargs)
+
+
+def _writable_folder(folder: Path, target: Path) -> None:
+    """Raise unless ``folder`` (created on demand with its parents) can receive ``target``."""
+    existing = next(p for p in (folder, *folder.parents) if p.exists())
+    if not existing.is_dir():
+        raise KdvfsError(f"cannot write {target}: {existing} is not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise KdvfsError(f"cannot write {target}: the folder {existing} is not writable; pick another path")
+
+
+def check_output_file(path: Path | None, inputs: Iterable[Path | str | None] = ()) -> None:
+    """Check, before any work, that ``path`` can be written as a file and is none of ``inputs``."""
+    if path is None:
+        return
+    if path.is_dir():
+        raise KdvfsError(f"{path} is a folder; give the output a file name")
+    _writable_folder(path.absolute().parent, path)
+    for source in inputs:
+        if source is not None and Path(source).exists() and Path(source).resolve() == path.resolve():
+            raise KdvfsError(f"{path} is also an input of this command; write the output to another path")
+
+
+def check_output_folder(path: Path | None) -> None:
+    """Check, before any work, that ``path`` is or can become a writable folder."""
+    if path is None:
+        return
+    if path.exists() and not path.is_dir():
+        raise KdvfsError(f"{path} is a file; give a folder for the output")
+    _writable_folder(path.absolute(), path)
