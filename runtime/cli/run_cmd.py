@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -104,8 +106,16 @@ def run_command(args: argparse.Namespace) -> int:
     elif summary is not None:
         console.print(summary_table(summary))
     if code != 0:
-        print(f"kdvfs: the script exited with code {code}", file=sys.stderr)
+        print(f"kdvfs: {script_end(code)}", file=sys.stderr)
     return code
+
+
+def script_end(code: int) -> str:
+    """How the script ended, from ``kdvfs run``'s exit code (128 + N: killed by signal N)."""
+    if code > 128:
+        with contextlib.suppress(ValueError):
+            return f"the script was killed by {signal.Signals(code - 128).name} (exit code {code})"
+    return f"the script exited with code {code}"
 
 
 def reset_command(args: argparse.Namespace) -> int:

@@ -43,10 +43,10 @@ from kdvfs.runtime.controller.issuer import Issuer
 from kdvfs.runtime.controller.matching import Guard, StepMatcher
 from kdvfs.runtime.controller.source import Plan, load_plan
 from kdvfs.runtime.controller.timeline import StepPlan
-from kdvfs.runtime.controller.watchdog import spawn_watchdog, stop_watchdog
 from kdvfs.runtime.device.host_time import Clock, RealClock
 from kdvfs.runtime.device.interface import Device, check_clocks_mhz
 from kdvfs.runtime.device.nvml import NvmlDevice, import_nvml, require_clock_permission, terminate_on_sigterm
+from kdvfs.runtime.device.watchdog import spawn_watchdog, stop_watchdog
 
 STOP_TIMEOUT_S = 5.0
 RUN_NEEDS = "the clock controller locks GPU clocks"

@@ -39,11 +39,11 @@ from kdvfs.runtime.controller import (
     launch,
     source,
     timeline,
-    watchdog,
 )
 from kdvfs.runtime.controller.integrations import hf_callback, lightning_callback
 from kdvfs.runtime.controller.source import ScheduleSourceError
 from kdvfs.runtime.device import nvml as device_nvml
+from kdvfs.runtime.device import watchdog
 from kdvfs.runtime.device.errors import NvmlPermissionError, NvmlUnavailableError, UnsupportedClockError
 from kdvfs.runtime.testing import fake_gpu
 from kdvfs.runtime.testing.fake_nvml import READ_ONLY_CALL, EnergyFakeNvml
@@ -71,7 +71,7 @@ def test_clocks_restored_on_a_signal(plan_file: Path, signum: int, raised: type[
 
 def _parent_with_watchdog(log: Path, stop: bool) -> subprocess.Popen[str]:
     script = ("import time\n"
-              "from kdvfs.runtime.controller.watchdog import spawn_watchdog, stop_watchdog\n"
+              "from kdvfs.runtime.device.watchdog import spawn_watchdog, stop_watchdog\n"
               "process = spawn_watchdog(0, 'kdvfs.runtime.testing.nvml')\n"
               "time.sleep(3)\nprint('ready', flush=True)\n"
               + ("stop_watchdog(process, True)\nprint('stopped', flush=True)\n" if stop else "time.sleep(60)\n"))

@@ -1,6 +1,6 @@
 """The watchdog: a small process that resets a GPU's clocks if the training process dies with them locked.
 
-``python -m kdvfs.runtime.controller.watchdog PARENT_PID GPU_INDEX NVML_MODULE``, spawned by the controller (only
+``python -m kdvfs.runtime.device.watchdog PARENT_PID GPU_INDEX NVML_MODULE``, spawned by the controller (only
 when it changes clocks, never in a dry run) in its own session and process group, so a Ctrl-C, a signal to
 the training process group or a kill of that group (``kill -9 -PGID``) does not reach it. It imports the NVML
 binding at start, holds the read end of a pipe from the training process and polls its parent every
@@ -31,7 +31,7 @@ STOP_TIMEOUT_S = 5.0
 
 def spawn_watchdog(gpu_index: int, nvml_module: str) -> subprocess.Popen[bytes]:
     """Start the watchdog for this process and GPU ``gpu_index``."""
-    argv = [sys.executable, "-m", "kdvfs.runtime.controller.watchdog", str(os.getpid()), str(gpu_index), nvml_module]
+    argv = [sys.executable, "-m", "kdvfs.runtime.device.watchdog", str(os.getpid()), str(gpu_index), nvml_module]
     return subprocess.Popen(argv, stdin=subprocess.PIPE, env=child_environment(), start_new_session=True)
 
 
