@@ -160,7 +160,9 @@ class Capture:
         self._counted += 1
         done = self._now_s() - self._mark_s >= self.config.energy_window_s and self._counted >= MIN_WINDOW_STEPS
         if self._job is not None:
+            agreeing_s = self._now_s()
             done = self._job.min([float(done)])[0] > 0
+            self._mark_s += self._now_s() - agreeing_s  # the ranks' agreement is no part of the training step
         if not done:
             return
         _synchronize()

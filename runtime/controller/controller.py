@@ -28,6 +28,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import math
+import os
 import subprocess
 import sys
 import threading
@@ -140,7 +141,7 @@ class Controller:
         self._stack.callback(self._log.close)
         if self.rank.distributed:
             self._job = JobGroup(self.rank)
-        self._log.write("start", clock="perf_counter", rank=self.rank.rank, gpu_index=device.index,
+        self._log.write("start", clock="perf_counter", rank=self.rank.rank, gpu_index=device.index, pid=os.getpid(),
                         source=self.plan.source, gpu=problem.profile.name,
                         trace=problem.trace.meta.workload, dry_run=config.dry_run, latency_s=problem.latency_s,
                         expected_s=self.step_plan.expected_s, auto_s=self.step_plan.auto_s,
