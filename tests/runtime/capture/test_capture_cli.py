@@ -127,7 +127,7 @@ def test_torchrun_commands_put_the_bootstrap_in_every_worker(tmp_path: Path) -> 
                                  ("-m", "pkg.train", "-v"), True)
     with pytest.raises(CommandError, match="--no-python"):
         split_command(["torchrun", "--no-python", "bash", "x.sh"])
-    with pytest.raises(CommandError, match="missing.py: no such script"):
+    with pytest.raises(CommandError, match=r"missing\.py: no such script"):
         split_command(["torchrun", "--nproc-per-node", "2", "missing.py"])
 
 

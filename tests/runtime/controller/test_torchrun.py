@@ -47,8 +47,9 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert done.returncode == 0, done.stderr[-3000:]
     (folder / "capture.json").write_text(done.stdout)
     for rank in RANKS:
-        planned = _kdvfs(["plan", "--trace", str(folder / f"step.rank{rank}.trace.json"), "--gpu", "h200", "--method",
-                          "static", "--slowdown", "0.01", "-o", str(folder / f"plan.rank{rank}.json")], dict(os.environ))
+        planned = _kdvfs(["plan", "--trace", str(folder / f"step.rank{rank}.trace.json"), "--gpu", "h200",
+                          "--method", "static", "--slowdown", "0.01", "-o", str(folder / f"plan.rank{rank}.json")],
+                         dict(os.environ))
         assert planned.returncode == 0, planned.stderr[-2000:]
     return folder
 
