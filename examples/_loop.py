@@ -7,15 +7,18 @@ so they import this module as ``_loop``) or are imported as ``examples.NAME`` (a
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Iterable
+import contextlib
+import os
+from collections.abc import Callable, Iterable, Iterator
 
 import torch
+from torch import nn
 
 
 def parse_args(description: str, sizes: Iterable[str], batch_unit: str, optimizer: str, lr: str,
                argv: list[str] | None = None) -> argparse.Namespace:
-    """``--size --batch --steps --device --lr --seed --compile``: ``batch_unit`` names what a batch holds (``images``),
-    ``lr`` is the default learning rate of ``optimizer`` as the help shows it (``1e-4``)."""
+    """``--size --batch --steps --device --lr --seed --compile --ddp``: ``batch_unit`` names what a batch holds
+    (``images``), ``lr`` is the default learning rate of ``optimizer`` as the help shows it (``1e-4``)."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--size", choices=sorted(sizes), default="tiny", help="model size (default tiny)")
     parser.add_argument("--batch", type=int, help=f"{batch_unit} per step (default: the size's)")
@@ -24,6 +27,8 @@ def parse_args(description: str, sizes: Iterable[str], batch_unit: str, optimize
     parser.add_argument("--lr", type=float, default=float(lr), help=f"{optimizer} learning rate (default {lr})")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     parser.add_argument("--compile", action="store_true", help="train the torch.compile'd model")
+    parser.add_argument("--ddp", action="store_true",
+                        help="data-parallel under torchrun (DistributedDataParallel: NCCL on GPUs, gloo on the CPU)")
     return parser.parse_args(argv)
 
 
@@ -38,3 +43,30 @@ def train(optimizer: torch.optim.Optimizer, step_loss: Callable[[int], torch.Ten
         loss.backward()
         optimizer.step()
     return float(loss.item())
+
+
+@contextlib.contextmanager
+def training_device(args: argparse.Namespace) -> Iterator[torch.device]:
+    """The device to train on: ``--device``; with ``--ddp`` (under torchrun) this worker's (``cuda:LOCAL_RANK``,
+    or the CPU), inside a process group (NCCL on GPUs, gloo on the CPU) that ends with the block."""
+    if not args.ddp:
+        yield torch.device(args.device)
+        return
+    import torch.distributed as dist
+
+    cuda = torch.device(args.device).type == "cuda"
+    device = torch.device(f"cuda:{int(os.environ['LOCAL_RANK'])}") if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if cuda else "gloo")
+    try:
+        yield device
+    finally:
+        dist.destroy_process_group()
+
+
+def data_parallel(model: nn.Module, args: argparse.Namespace, device: torch.device) -> nn.Module:
+    """``model`` wrapped in DistributedDataParallel with ``--ddp``, else itself."""
+    if not args.ddp:
+        return model
+    return nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)

@@ -6,7 +6,9 @@
 Sizes: ``tiny`` (2 layers, d=64: seconds on a CPU), ``gpt2s`` (GPT-2 small: 12 layers, d=768, 12 heads,
 sequence 1024) and ``gpt3xl`` (GPT-3 XL: 24 layers, d=2048, 16 heads, sequence 2048); vocabulary 50304
 for both real sizes, output layer tied to the token embedding. On a GPU it trains with bf16 autocast,
-fused AdamW and ``scaled_dot_product_attention``; on a CPU in fp32 with the default AdamW.
+fused AdamW and ``scaled_dot_product_attention``; on a CPU in fp32 with the default AdamW. ``--ddp`` trains
+data-parallel under torchrun: ``torchrun --nproc-per-node 2 examples/gpt.py --size tiny --device cpu --ddp``
+(gloo on the CPU, NCCL on GPUs; keep ``NCCL_NVLS_ENABLE=0`` there).
 """
 
 from __future__ import annotations
@@ -18,9 +20,9 @@ import torch.nn.functional as F
 from torch import nn
 
 if __package__:  # imported as ``examples.gpt``
-    from ._loop import parse_args, train
+    from ._loop import data_parallel, parse_args, train, training_device
 else:  # run as a script: this folder is first on sys.path
-    from _loop import parse_args, train
+    from _loop import data_parallel, parse_args, train, training_device
 
 
 @dataclass(frozen=True)
@@ -85,15 +87,17 @@ class GPT(nn.Module):
 def main(argv: list[str] | None = None) -> float:
     """Train for ``--steps`` steps; returns the last loss."""
     args = parse_args(__doc__.split("\n")[0], SIZES, "sequences", "AdamW", "1e-4", argv)
-    size, device = SIZES[args.size], torch.device(args.device)
+    size = SIZES[args.size]
     torch.manual_seed(args.seed)
-    with device:
-        model = GPT(size)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, fused=device.type == "cuda")
-    batch = args.batch or size.batch
-    data = [torch.randint(size.vocab, (2, batch, size.seq), device=device) for _ in range(4)]
-    forward = torch.compile(model) if args.compile else model
-    loss = train(optimizer, lambda step: forward(*data[step % len(data)]), args.steps, device)
+    with training_device(args) as device:
+        with device:
+            model = GPT(size)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, fused=device.type == "cuda")
+        batch = args.batch or size.batch
+        data = [torch.randint(size.vocab, (2, batch, size.seq), device=device) for _ in range(4)]
+        parallel = data_parallel(model, args, device)
+        forward = torch.compile(parallel) if args.compile else parallel
+        loss = train(optimizer, lambda step: forward(*data[step % len(data)]), args.steps, device)
     print(f"gpt {args.size}: {args.steps} steps of batch {batch} x {size.seq} on {device}, loss {loss:.3f}")
     return loss
 

@@ -18,9 +18,9 @@ import torch.nn.functional as F
 from torch import nn
 
 if __package__:  # imported as ``examples.vision``
-    from ._loop import parse_args, train
+    from ._loop import data_parallel, parse_args, train, training_device
 else:  # run as a script: this folder is first on sys.path
-    from _loop import parse_args, train
+    from _loop import data_parallel, parse_args, train, training_device
 
 
 @dataclass(frozen=True)
@@ -87,16 +87,18 @@ class ResNet(nn.Module):
 def main(argv: list[str] | None = None) -> float:
     """Train for ``--steps`` steps; returns the last loss."""
     args = parse_args(__doc__.split("\n")[0], SIZES, "images", "SGD", "0.1", argv)
-    size, device = SIZES[args.size], torch.device(args.device)
+    size = SIZES[args.size]
     torch.manual_seed(args.seed)
-    with device:
-        model = ResNet(size).to(memory_format=torch.channels_last)
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=1e-4)
-    batch = args.batch or size.batch
-    images = torch.randn(batch, 3, size.image, size.image, device=device).to(memory_format=torch.channels_last)
-    labels = torch.randint(size.classes, (batch,), device=device)
-    forward = torch.compile(model) if args.compile else model
-    loss = train(optimizer, lambda step: F.cross_entropy(forward(images), labels), args.steps, device)
+    with training_device(args) as device:
+        with device:
+            model = ResNet(size).to(memory_format=torch.channels_last)
+        optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=1e-4)
+        batch = args.batch or size.batch
+        images = torch.randn(batch, 3, size.image, size.image, device=device).to(memory_format=torch.channels_last)
+        labels = torch.randint(size.classes, (batch,), device=device)
+        parallel = data_parallel(model, args, device)
+        forward = torch.compile(parallel) if args.compile else parallel
+        loss = train(optimizer, lambda step: F.cross_entropy(forward(images), labels), args.steps, device)
     print(f"vision {args.size}: {args.steps} steps of batch {batch} at {size.image} px on {device}, loss {loss:.3f}")
     return loss
 

@@ -5,7 +5,8 @@ It installs a global ``torch.optim`` optimizer-step hook that calls :meth:`Captu
 ``-m MODULE ARGS``), and ends it once the capture completed by raising :class:`CaptureStop` from the
 hook. It writes a JSON report for the parent: ``{"status": "ok", "report": {...}}`` or
 ``{"status": "error", "message": ...}``. Exit codes: 0 captured, 2 a kdvfs error, otherwise the script's
-own (an uncaught exception in the script is exit code 1, as without kdvfs).
+own (an uncaught exception in the script is exit code 1, as without kdvfs). Under torchrun every worker
+runs this module (torchrun's ``-m`` entry) and writes its own report, ``report.rankR.json``.
 """
 
 from __future__ import annotations
@@ -25,11 +26,15 @@ from kdvfs.runtime.capture.errors import CaptureError, CaptureStop
 from kdvfs.runtime.capture.ncu_run import StepMarker
 from kdvfs.runtime.capture.session import Capture
 from kdvfs.runtime.child import run_target
+from kdvfs.runtime.job import Rank, rank_path
 
 
 def _write_report(config: CaptureConfig, document: dict[str, Any]) -> None:
+    """Write this process's report (under torchrun, each rank's own: :func:`kdvfs.runtime.job.rank_path`)."""
+    rank = Rank.from_environment()
     if config.report_path:
-        Path(config.report_path).write_text(json.dumps(document), encoding="utf-8")
+        path = rank_path(config.report_path, rank.rank) if rank.distributed else Path(config.report_path)
+        path.write_text(json.dumps(document), encoding="utf-8")
 
 
 @contextlib.contextmanager

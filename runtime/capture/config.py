@@ -20,7 +20,8 @@ class CaptureConfig:
         warmup: unprofiled steps before anything is measured.
         energy_window_s: minimum length of the unprofiled window that measures step time and energy (s).
         measure_energy: read the NVML energy counter and clocks during that window.
-        gpu_index: NVML index of the GPU the script trains on.
+        gpu_index: NVML index of the GPU the script trains on (None: CUDA device ``LOCAL_RANK``, 0 outside
+            torchrun, through ``CUDA_VISIBLE_DEVICES``: :func:`kdvfs.runtime.device.visible.rank_gpu_index`).
         nvml_module: the NVML binding to import (``pynvml``; tests name a fake).
         cpu_test_mode: accept a CPU-only script and let its leaf CPU ops stand in for kernels (tests, dry runs).
         workload: label stored in the trace.
@@ -35,7 +36,7 @@ class CaptureConfig:
     warmup: int = 5
     energy_window_s: float = 5.0
     measure_energy: bool = True
-    gpu_index: int = 0
+    gpu_index: int | None = None
     nvml_module: str = "pynvml"
     cpu_test_mode: bool = False
     workload: str = "capture"

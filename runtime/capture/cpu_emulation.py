@@ -4,7 +4,9 @@ A training step on the CPU launches no kernels, so ``kdvfs capture --cpu-test-mo
 for them: each outermost ATen op that does work (not a view, allocation or composite wrapper) becomes one
 "kernel" event with the op's timing and a link (``External id``) to the op and its shapes. Ops run by the
 autograd engine (inside ``autograd::engine::evaluate_function``) are moved to a separate thread, as the
-autograd engine's device thread launches backward kernels on a GPU. The result goes through the same
+autograd engine's device thread launches backward kernels on a GPU. Gloo collectives (a DDP job on the
+CPU: the ``gloo:*`` annotations of gloo's worker threads, e.g. ``gloo:all_reduce``) become communication
+"kernels" on a stream of their own, as NCCL kernels run on their own stream. The result goes through the same
 step detection, phase labelling and classification as a real GPU recording. It is an approximation for
 tests and dry runs on machines without a GPU, never a source of time or energy figures.
 """
@@ -31,6 +33,8 @@ TRANSPARENT_OPS = frozenset(f"aten::{name}" for name in (
 ))
 AUTOGRAD_PREFIX = "autograd::engine::evaluate_function"
 EMULATED_GPU = "CPU (ops emulating kernels)"
+GLOO_PREFIX = "gloo:"
+COMMUNICATION_STREAM = "stream 1 (communication)"
 
 
 def _is_kernel_op(name: str) -> bool:
@@ -54,8 +58,8 @@ def _mark_thread(ops: list[dict[str, Any]]) -> list[tuple[dict[str, Any], bool]]
     return chosen
 
 
-def _kernel_event(op: dict[str, Any]) -> dict[str, Any]:
-    return {"ph": "X", "cat": "kernel", "name": op["name"], "pid": "emulated-gpu", "tid": "stream 0",
+def _kernel_event(op: dict[str, Any], stream: str = "stream 0") -> dict[str, Any]:
+    return {"ph": "X", "cat": "kernel", "name": op["name"], "pid": "emulated-gpu", "tid": stream,
             "ts": op["ts"], "dur": op["dur"],
             "args": {"External id": (op.get("args") or {}).get("External id"), "device": 0,
                      "grid": [1, 1, 1], "block": [1, 1, 1]}}
@@ -74,6 +78,9 @@ def emulate_gpu_recording(source: Path, target: Path) -> int:
             if in_autograd:
                 op["tid"] = f"{tid} (autograd)"
             kernels.append(_kernel_event(op))
+    kernels += [_kernel_event(event, COMMUNICATION_STREAM) for event in document.get("traceEvents", [])
+                if isinstance(event, dict) and event.get("ph") == "X" and event.get("cat") == "user_annotation"
+                and str(event.get("name", "")).startswith(GLOO_PREFIX)]
     document["traceEvents"] = [*document.get("traceEvents", []), *kernels]
     document["deviceProperties"] = [{"name": EMULATED_GPU}]
     write_text_atomic(Path(target), json.dumps(document))

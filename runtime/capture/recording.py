@@ -15,10 +15,11 @@ from typing import Any
 from kdvfs.envs.common.files import read_text, write_text_atomic
 from kdvfs.envs.trace.format import save_trace
 from kdvfs.envs.trace.importing import import_trace
-from kdvfs.envs.trace.trace import Kind, Trace
+from kdvfs.envs.trace.trace import Category, Kind, Trace
 from kdvfs.runtime.capture.config import CaptureConfig
 from kdvfs.runtime.capture.cpu_emulation import emulate_gpu_recording
 from kdvfs.runtime.device.energy import WindowReading
+from kdvfs.runtime.job import Rank
 
 CPU_TEST_GPU = "CPU (kdvfs capture --cpu-test-mode: leaf CPU ops stand in for kernels)"
 
@@ -31,6 +32,8 @@ class StepTiming:
         window_s: length of the unprofiled window (s); window_steps: steps in it.
         profiled_s: wall time of the profiled steps (s); profiled_steps: their number.
         reading: energy and clocks over the unprofiled window, None without NVML (``--no-energy``).
+        job_step_time_s: the job's unprofiled step time, the slowest rank's (s; this one's outside torchrun).
+        rank: this process's place in the job.
     """
 
     window_s: float
@@ -38,6 +41,8 @@ class StepTiming:
     profiled_s: float
     profiled_steps: int
     reading: WindowReading | None
+    job_step_time_s: float
+    rank: Rank = dataclasses.field(default_factory=Rank)
 
     @property
     def step_time_s(self) -> float:
@@ -48,9 +53,12 @@ class StepTiming:
         return self.profiled_s / self.profiled_steps
 
     def measurements(self) -> dict[str, float]:
-        """The trace's ``meta.measurements``: seconds, joules and watts per step."""
+        """The trace's ``meta.measurements``: seconds, joules and watts per step; the job's step time, rank
+        and world size."""
         values = {"step_time_s": self.step_time_s, "profiled_step_time_s": self.profiled_step_time_s,
-                  "window_s": self.window_s, "window_steps": float(self.window_steps)}
+                  "window_s": self.window_s, "window_steps": float(self.window_steps),
+                  "job_step_time_s": self.job_step_time_s, "rank": float(self.rank.rank),
+                  "world_size": float(self.rank.world_size)}
         if self.reading is not None:
             values["energy_j_per_step"] = self.reading.avg_power_w * self.step_time_s
             values["avg_power_w"] = self.reading.avg_power_w
@@ -76,6 +84,10 @@ class CaptureReport:
     window_s: float
     window_steps: int
     kernels_with_counters: int = 0
+    rank: int = 0
+    world_size: int = 1
+    job_step_time_s: float | None = None
+    communication_s: float = 0.0
 
     def as_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -97,6 +109,12 @@ def _scaled_to(trace: Trace, step_s: float) -> Trace:
                                         for k in trace.kernels))
 
 
+def communication_s(trace: Trace) -> float:
+    """Seconds per step in communication kernels (NCCL collectives; gloo ops in CPU test mode): on a rank
+    that waits for a slower one, mostly waiting."""
+    return float(sum(k.duration_s for k in trace.kernels if k.category is Category.COMMUNICATION))
+
+
 def build_trace(profile: Path, config: CaptureConfig, timing: StepTiming, gpu_name: str) -> Trace:
     """The last complete step of the recording, with the capture's measurements and provenance."""
     reading = timing.reading
@@ -108,7 +126,8 @@ def build_trace(profile: Path, config: CaptureConfig, timing: StepTiming, gpu_na
     if config.cpu_test_mode:
         trace = _scaled_to(trace, timing.step_time_s)
     source = f"kdvfs capture --steps {config.steps} --warmup {config.warmup}: {config.command}".rstrip(": ")
-    return replace(trace, meta=replace(trace.meta, gpu=gpu, source=source))
+    measurements = {**trace.meta.measurements, "communication_s": communication_s(trace)}
+    return replace(trace, meta=replace(trace.meta, gpu=gpu, source=source, measurements=measurements))
 
 
 def write_capture(trace: Trace, profile: Path, config: CaptureConfig, timing: StepTiming) -> CaptureReport:
@@ -126,5 +145,7 @@ def write_capture(trace: Trace, profile: Path, config: CaptureConfig, timing: St
         avg_power_w=reading.avg_power_w if reading else None,
         observed_core_mhz=reading.sm_mhz if reading else None, mem_mhz=reading.mem_mhz if reading else None,
         window_s=timing.window_s, window_steps=timing.window_steps,
-        kernels_with_counters=int(trace.has_features.sum()),
+        kernels_with_counters=int(trace.has_features.sum()), rank=timing.rank.rank,
+        world_size=timing.rank.world_size, job_step_time_s=timing.job_step_time_s,
+        communication_s=communication_s(trace),
     )

@@ -18,11 +18,17 @@ and the clocks; then the PyTorch profiler (CPU and CUDA activities, op shapes) r
 against the unprofiled step time is the capture overhead. Nothing is written unless every stage completed.
 With ``cpu_test_mode`` steps are timed in the training thread's CPU time (``time.thread_time``: a busy
 machine's descheduling does not count), as ``kdvfs run --cpu-test-mode`` times them.
+
+Under torchrun every rank captures its own step into ``output`` with ``.rankR`` before the suffix
+(:func:`kdvfs.runtime.job.rank_path`), on its own GPU (CUDA device ``LOCAL_RANK``); the ranks agree through
+:class:`kdvfs.runtime.job.JobGroup` on the step that ends the measurement window (so that they profile the
+same steps and stop together), and each trace records the job's step time, the slowest rank's.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import tempfile
 import time
 import types
@@ -38,6 +44,8 @@ from kdvfs.runtime.capture.errors import CaptureError
 from kdvfs.runtime.capture.recording import CaptureReport, StepTiming, build_trace, write_capture
 from kdvfs.runtime.device.energy import WindowReading, WindowSampler
 from kdvfs.runtime.device.nvml import GpuReader, import_nvml
+from kdvfs.runtime.device.visible import rank_gpu_index
+from kdvfs.runtime.job import JobGroup, Rank, rank_path
 
 MIN_WINDOW_STEPS = 3
 NO_CUDA = ("no CUDA kernels recorded: the script ran on the CPU (PyTorch had not initialised CUDA by the end of "
@@ -70,6 +78,12 @@ class Capture:
 
     def __init__(self, output: str | Path, nvml: types.ModuleType | None = None, **options: Any) -> None:
         self.config = CaptureConfig(output=str(output), **options)
+        self.rank = Rank.from_environment()
+        if self.rank.distributed:
+            keep = self.config.keep_profile
+            self.config = dataclasses.replace(self.config, output=str(rank_path(output, self.rank.rank)),
+                                              keep_profile=str(rank_path(keep, self.rank.rank)) if keep else None)
+        self._job: JobGroup | None = None
         self.stage = Stage.WARMUP
         self.steps_seen = 0
         self.report: CaptureReport | None = None
@@ -83,6 +97,7 @@ class Capture:
         self._now_s = time.thread_time if self.config.cpu_test_mode else time.perf_counter
         self._counted = 0
         self._window: tuple[float, int, WindowReading | None] = (0.0, 0, None)
+        self._job_step_s = 0.0
 
     @classmethod
     def from_config(cls, config: CaptureConfig, nvml: types.ModuleType | None = None) -> Capture:
@@ -93,8 +108,11 @@ class Capture:
         self._folder = Path(self._stack.enter_context(tempfile.TemporaryDirectory(prefix="kdvfs-capture-")))
         if self.config.measure_energy:
             nvml = self._nvml or import_nvml(self.config.nvml_module)
-            self._reader = self._stack.enter_context(GpuReader(self.config.gpu_index, nvml))
+            index = rank_gpu_index(nvml) if self.config.gpu_index is None else self.config.gpu_index
+            self._reader = self._stack.enter_context(GpuReader(index, nvml))
             self._sampler = WindowSampler(self._reader)
+        if self.rank.distributed:
+            self._job = JobGroup(self.rank)
         return self
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
@@ -140,12 +158,19 @@ class Capture:
 
     def _window_step(self) -> None:
         self._counted += 1
-        if self._now_s() - self._mark_s < self.config.energy_window_s or self._counted < MIN_WINDOW_STEPS:
+        done = self._now_s() - self._mark_s >= self.config.energy_window_s and self._counted >= MIN_WINDOW_STEPS
+        if self._job is not None:
+            agreeing_s = self._now_s()
+            done = self._job.min([float(done)])[0] > 0
+            self._mark_s += self._now_s() - agreeing_s  # the ranks' agreement is no part of the training step
+        if not done:
             return
         _synchronize()
         elapsed_s = self._now_s() - self._mark_s
         reading = self._sampler.stop() if self._sampler is not None else None
         self._window = (elapsed_s, self._counted, reading)
+        step_s = elapsed_s / self._counted
+        self._job_step_s = step_s if self._job is None else self._job.max([step_s])[0]
         activities = [ProfilerActivity.CPU] + ([] if self.config.cpu_test_mode else [ProfilerActivity.CUDA])
         self._profiler = profile(activities=activities, record_shapes=True,
                                  schedule=schedule(wait=0, warmup=1, active=self.config.steps, repeat=1),
@@ -171,7 +196,8 @@ class Capture:
         self._profiler.stop()
         self._profiler = None
         window_s, window_steps, reading = self._window
-        timing = StepTiming(window_s, window_steps, profiled_s, self.config.steps, reading)
+        timing = StepTiming(window_s, window_steps, profiled_s, self.config.steps, reading, self._job_step_s,
+                            self.rank)
         recording = self._folder / "profile.json"
         trace = build_trace(recording, self.config, timing, self._reader.name if self._reader else "")
         self.report = write_capture(trace, recording, self.config, timing)

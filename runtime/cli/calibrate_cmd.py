@@ -10,6 +10,7 @@ the clocks afterwards.
 from __future__ import annotations
 
 import argparse
+import os
 import types
 from pathlib import Path
 from typing import Any
@@ -19,12 +20,21 @@ from kdvfs.envs.common.files import write_text_atomic
 from kdvfs.runtime.cli.arguments import add_output, check_output_file
 from kdvfs.runtime.cli.render import console, print_json
 from kdvfs.runtime.device.errors import DeviceIndexError
-from kdvfs.runtime.device.nvml import LocalGpu, NvmlDevice, import_nvml, read_local_gpus, require_clock_permission
+from kdvfs.runtime.device.nvml import (
+    LocalGpu,
+    NvmlDevice,
+    import_nvml,
+    read_gpu_uuids,
+    read_local_gpus,
+    require_clock_permission,
+)
+from kdvfs.runtime.device.visible import VISIBLE_VARIABLE, cuda_device_nvml_index, nvml_cuda_device
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("calibrate", help="fit a GPU profile from microbenchmarks (read-only by default)")
-    parser.add_argument("--gpu-index", type=int, default=0, help="NVML index of the GPU (default 0)")
+    parser.add_argument("--gpu-index", type=int, help="NVML index of the GPU (default: CUDA device 0's, through "
+                                                      "CUDA_VISIBLE_DEVICES)")
     add_output(parser, "GPU profile to write (.yaml)", required=True)
     parser.add_argument("--name", help="profile name (default: the output file name without .yaml)")
     parser.add_argument("--duration-s", type=float, default=3.0, help="seconds per measurement (default 3)")
@@ -32,7 +42,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--sweep", action="store_true",
                         help="lock a grid of clock pairs and fit every parameter (needs root; restores clocks)")
     parser.add_argument("--core-points", type=int, default=5, help="core clocks per memory clock with --sweep")
-    parser.add_argument("--device", help="torch device of the GPU (default cuda:GPU_INDEX)")
+    parser.add_argument("--device", help="torch device of the GPU (default: that of --gpu-index, else cuda:0)")
     parser.add_argument("--scale", type=float, default=1.0, help="shrink the microbenchmarks' shapes (tests)")
     parser.add_argument("--nvml-module", default="pynvml", help="NVML binding to import (default pynvml)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -45,6 +55,16 @@ def _local_gpu(nvml: types.ModuleType, index: int) -> LocalGpu:
         raise DeviceIndexError(f"GPU index {index} is out of range: this machine has {len(gpus)} GPU(s); pick one "
                                "listed by `kdvfs gpus local`")
     return gpus[index]
+
+
+def gpu_and_device(args: argparse.Namespace, nvml: types.ModuleType) -> tuple[int, str]:
+    """The NVML index and the torch device of the GPU to calibrate, one from the other through
+    ``CUDA_VISIBLE_DEVICES`` (:mod:`kdvfs.runtime.device.visible`): NVML numbers every GPU, CUDA the visible ones."""
+    if args.gpu_index is not None:
+        return args.gpu_index, args.device or f"cuda:{nvml_cuda_device(args.gpu_index, nvml)}"
+    device = args.device or "cuda:0"
+    ordinal = int(device.partition(":")[2] or 0)
+    return cuda_device_nvml_index(ordinal, os.environ.get(VISIBLE_VARIABLE), read_gpu_uuids(nvml)), device
 
 
 def _progress(row: Any) -> None:
@@ -61,7 +81,7 @@ def _measure(args: argparse.Namespace, nvml: types.ModuleType, mapping: dict[str
     from kdvfs.runtime.calibrate.microbench import MICROBENCHMARKS
     from kdvfs.runtime.calibrate.profile_fit import load_mapping
 
-    device = torch.device(args.device or f"cuda:{args.gpu_index}")
+    device = torch.device(args.device)
     progress = _progress if not args.json else (lambda row: None)
     with NvmlDevice(args.gpu_index, nvml) as gpu:
         if not args.sweep:
@@ -99,6 +119,7 @@ def run(args: argparse.Namespace) -> int:
     for output in (args.output, args.save_sweep):
         check_output_file(output)
     nvml = import_nvml(args.nvml_module)
+    args.gpu_index, args.device = gpu_and_device(args, nvml)
     gpu = _local_gpu(nvml, args.gpu_index)
     if args.sweep:
         require_clock_permission()

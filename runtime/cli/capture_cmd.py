@@ -28,7 +28,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="length of the unprofiled window that measures step time and energy (default 5 s; "
                              "the NVML energy counter updates ~10 times a second)")
     parser.add_argument("--workload", help="label stored in the trace (default: the script's name)")
-    parser.add_argument("--gpu-index", type=int, default=0, help="NVML index of the GPU the script uses (default 0)")
+    parser.add_argument("--gpu-index", type=int, help="NVML index of the GPU the script uses (default: CUDA device "
+                                                      "LOCAL_RANK, 0 outside torchrun, through CUDA_VISIBLE_DEVICES)")
     parser.add_argument("--no-energy", action="store_true", help="do not read NVML (no joules per step)")
     parser.add_argument("--ncu", action="store_true",
                         help="add Nsight Compute counters from a second run (ncu --clock-control none)")
@@ -44,18 +45,22 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def _script(command: list[str]) -> Path | None:
     """The user's script, or None for ``-m MODULE``."""
-    _, target = split_command(command)
+    target = split_command(command).target
     return None if target[0] == "-m" else Path(target[0])
 
 
 def _workload(command: list[str]) -> str:
-    _, target = split_command(command)
+    target = split_command(command).target
     return target[1].rsplit(".", 1)[-1] if target[0] == "-m" else Path(target[0]).stem
 
 
 def _print_report(report: CaptureReport) -> None:
-    console.print(f"wrote {report.output}: {report.workload}, {report.activities} activities "
+    rank = f"rank {report.rank} of {report.world_size}: " if report.world_size > 1 else ""
+    console.print(f"{rank}wrote {report.output}: {report.workload}, {report.activities} activities "
                   f"({report.kernels} kernels) on {report.gpu}")
+    if report.world_size > 1 and report.job_step_time_s is not None:
+        console.print(f"job step time {report.job_step_time_s * 1e3:.2f} ms (the slowest rank's), communication "
+                      f"{report.communication_s * 1e3:.2f} ms per step on this rank")
     console.print(f"step time {report.step_time_s * 1e3:.2f} ms unprofiled, {report.profiled_step_time_s * 1e3:.2f} "
                   f"ms profiled: capture overhead {report.overhead:+.1%}")
     if report.energy_j_per_step is not None and report.avg_power_w is not None:
@@ -76,12 +81,15 @@ def run(args: argparse.Namespace) -> int:
         cpu_test_mode=args.cpu_test_mode, workload=args.workload or _workload(command),
         keep_profile=str(args.keep_profile) if args.keep_profile else None)
     try:
-        report = run_capture(command, config, ncu=args.ncu, script_stdout=STDERR_FD if args.json else None)
+        reports = run_capture(command, config, ncu=args.ncu, script_stdout=STDERR_FD if args.json else None)
     except ScriptExitError as error:
         print(f"kdvfs: error: {error}", file=sys.stderr)
         return error.exit_code
-    if args.json:
-        print_json(report.as_json())
+    if args.json and len(reports) == 1:
+        print_json(reports[0].as_json())
+    elif args.json:
+        print_json({"job_step_time_s": reports[0].job_step_time_s, "ranks": [r.as_json() for r in reports]})
     else:
-        _print_report(report)
+        for report in reports:
+            _print_report(report)
     return 0

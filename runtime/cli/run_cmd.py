@@ -28,7 +28,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     run.add_argument("--dry-run", action="store_true", help="change no clock; log what would be requested and when")
     run.add_argument("--budget", "--slowdown", dest="budget", type=budget, default=0.01,
                      help="step-time budget over auto (default 0.01 = 1%%)")
-    run.add_argument("--gpu-index", type=int, default=0, help="NVML index of the GPU the script uses (default 0)")
+    run.add_argument("--gpu-index", type=int, help="NVML index of the GPU the script uses (default: CUDA device "
+                                                   "LOCAL_RANK, 0 outside torchrun, through CUDA_VISIBLE_DEVICES)")
     run.add_argument("--latency-ms", type=float, help="switching latency to request ahead by (default: the profile's)")
     run.add_argument("--log", type=Path, help="JSONL log of every request, step and energy window")
     run.add_argument("--tensorboard", type=Path, metavar="DIR", help="write TensorBoard scalars to DIR")
@@ -84,6 +85,10 @@ def summary_table(summary: dict[str, Any]) -> Table:
         rows.append(("backed off", summary["backoff_reason"]))
     if summary["error"]:
         rows.append(("controller error (GPU returned to auto)", summary["error"]))
+    for rank in summary["ranks"] if len(summary["ranks"]) > 1 else []:
+        rows.append((f"rank {rank['rank']} (GPU {rank['gpu_index']}): steps / controlled, J per step, restored",
+                     f"{rank['steps']} / {rank['controlled_steps']}, {_figure(rank['energy_j_per_step'])}, "
+                     f"{rank['gpu_restored']}"))
     for label, value in rows:
         table.add_row(label, value)
     return table

@@ -127,8 +127,14 @@ class Accounting:
             except DeviceError as error:
                 self._energy_off(str(error))
 
-    def step(self, index: int, duration_s: float, end_s: float, matched: bool, controlled: bool) -> float | None:
-        """One finished step (its GPU time, its end on the host clock); the slowdown (%) of an A/B pair
+    def window_elapsed_s(self, end_s: float) -> float:
+        """How long the open window has lasted at host time ``end_s`` (s)."""
+        return end_s - self._open_s
+
+    def step(self, index: int, duration_s: float, end_s: float, matched: bool, controlled: bool,
+             elapsed_s: float | None = None) -> float | None:
+        """One finished step (its GPU time, its end on the host clock; ``elapsed_s``: the open window's
+        length, the job's under torchrun, default ``end_s`` minus its start); the slowdown (%) of an A/B pair
         this step completes, else None."""
         changed = self._mode is not None and controlled != self._mode
         self._mode = controlled
@@ -140,7 +146,7 @@ class Accounting:
         if not self._durations:
             self._first_step = index
         self._durations.append(duration_s)
-        long_enough = end_s - self._open_s >= self._config.window_s
+        long_enough = (self.window_elapsed_s(end_s) if elapsed_s is None else elapsed_s) >= self._config.window_s
         if len(self._durations) < self._config.window_steps or not long_enough:
             return None
         return self._close(index, end_s)

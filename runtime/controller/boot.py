@@ -5,7 +5,8 @@ here, before the script starts; a failed one is exit code 2 with the clocks unto
 ``torch.optim`` optimizer-step hook that calls :meth:`Controller.step`, and runs the unmodified script as
 ``__main__`` with the same runner as ``kdvfs capture``. Whatever way the script ends, the controller is
 closed (clocks restored) and the summary is written to the report file for the parent. The script's own
-exit code passes through.
+exit code passes through. Under torchrun every worker runs this module (torchrun's ``-m`` entry), each
+with its own controller, GPU and watchdog, and writes its own report (``report.rankR.json``).
 """
 
 from __future__ import annotations
@@ -23,11 +24,15 @@ from kdvfs.envs.common.errors import KdvfsError
 from kdvfs.runtime.child import run_target
 from kdvfs.runtime.controller.config import ControllerConfig
 from kdvfs.runtime.controller.controller import Controller
+from kdvfs.runtime.job import Rank, rank_path
 
 
 def write_report(config: ControllerConfig, document: dict[str, Any]) -> None:
+    """Write this process's report (under torchrun, each rank's own: :func:`kdvfs.runtime.job.rank_path`)."""
+    rank = Rank.from_environment()
     if config.report_path:
-        Path(config.report_path).write_text(json.dumps(document), encoding="utf-8")
+        path = rank_path(config.report_path, rank.rank) if rank.distributed else Path(config.report_path)
+        path.write_text(json.dumps(document), encoding="utf-8")
 
 
 @contextlib.contextmanager
@@ -54,7 +59,7 @@ def main(argv: Sequence[str]) -> int:
             run_target(argv[1:])
     finally:
         controller.close()
-        write_report(config, {"status": "ok", "summary": controller.summary})
+        write_report(config, {"status": "ok", "summary": controller.summary, "windows": controller.windows})
     return 0
 
 

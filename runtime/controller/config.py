@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kdvfs.envs.common.errors import KdvfsError
+from kdvfs.runtime.job import Rank, rank_path
 
 MAX_AB_SHARE = 0.9
 
@@ -24,7 +25,8 @@ class ControllerConfig:
             list the GPU).
         budget: allowed step-time increase over auto (0.01 = 1%): the policy's budget and the guard's.
         dry_run: do everything except changing clocks; log what would have been requested.
-        gpu_index: NVML index of the GPU the script trains on.
+        gpu_index: NVML index of the GPU the script trains on (None: CUDA device ``LOCAL_RANK``, 0 outside
+            torchrun, through ``CUDA_VISIBLE_DEVICES``: :func:`kdvfs.runtime.device.visible.rank_gpu_index`).
         nvml_module: the NVML binding to import (``pynvml``; tests name a fake).
         latency_ms: switching latency to issue requests ahead by (default: the profile's).
         log: JSONL file of every request, step and measurement window (default: none).
@@ -58,7 +60,7 @@ class ControllerConfig:
     gpu: str | None = None
     budget: float = 0.01
     dry_run: bool = False
-    gpu_index: int = 0
+    gpu_index: int | None = None
     nvml_module: str = "pynvml"
     latency_ms: float | None = None
     log: str | None = None
@@ -103,6 +105,20 @@ class ControllerConfig:
         if self.window_s <= latency_s:
             raise KdvfsError(f"A/B window of {self.window_s * 1e3:g} ms is not longer than the switching latency "
                              f"({latency_s * 1e3:g} ms); use a longer window (--ab-window-s)")
+
+    def for_rank(self, rank: Rank) -> ControllerConfig:
+        """This config for rank ``rank.rank`` of a torchrun job: its own trace and plan or policy where they
+        exist (``step.rank1.trace.json``, ``plan.rank1.json``: :func:`kdvfs.runtime.job.rank_path`), else the
+        shared ones; its own log and TensorBoard folder. Unchanged outside torchrun."""
+        if not rank.distributed:
+            return self
+
+        def own(path: str | None, exists: bool = True) -> str | None:
+            ranked = None if path is None else rank_path(path, rank.rank)
+            return str(ranked) if ranked is not None and (not exists or ranked.exists()) else path
+
+        return dataclasses.replace(self, trace=str(own(self.trace)), policy=str(own(self.policy)),
+                                   log=own(self.log, exists=False), tensorboard=own(self.tensorboard, exists=False))
 
     def save(self, path: Path) -> None:
         """Write the config as JSON (for the child process)."""

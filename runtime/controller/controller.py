@@ -11,7 +11,10 @@
 On entry it opens the GPU (NVML, or the device it is given), computes the step's schedule once from the
 source (:mod:`kdvfs.runtime.controller.source`), checks that the profile is this GPU's, that every clock of the
 schedule is supported and, unless ``dry_run``, that this process may lock clocks; then it starts the
-watchdog process (not in a dry run) and its background thread (:mod:`kdvfs.runtime.controller.issuer`). A check
+watchdog process (not in a dry run) and its background thread (:mod:`kdvfs.runtime.controller.issuer`).
+Under torchrun each rank's controller opens its own GPU (CUDA device ``LOCAL_RANK``), its own trace and
+plan where they exist (:meth:`ControllerConfig.for_rank`) and its own watchdog, and joins the job's gloo
+group (:class:`kdvfs.runtime.job.JobGroup`) through which the steps are reduced for the accounting and guard. A check
 that fails raises before any clock changed. ``step()`` records a CUDA event and reads the caching
 allocator's counter (a few microseconds, no GPU sync); with ``anchors`` (the default) hooks record CUDA events
 inside the step too (:mod:`kdvfs.runtime.controller.anchors`), on which the thread places the step's requests. On
@@ -25,11 +28,12 @@ from __future__ import annotations
 import atexit
 import contextlib
 import math
+import os
 import subprocess
 import sys
 import threading
 import types
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 from kdvfs.agents.common.problem import score
@@ -46,7 +50,9 @@ from kdvfs.runtime.controller.timeline import StepPlan
 from kdvfs.runtime.device.host_time import Clock, RealClock
 from kdvfs.runtime.device.interface import Device, check_clocks_mhz
 from kdvfs.runtime.device.nvml import NvmlDevice, import_nvml, require_clock_permission, terminate_on_sigterm
+from kdvfs.runtime.device.visible import rank_gpu_index
 from kdvfs.runtime.device.watchdog import spawn_watchdog, stop_watchdog
+from kdvfs.runtime.job import JobGroup, Rank
 
 STOP_TIMEOUT_S = 5.0
 RUN_NEEDS = "the clock controller locks GPU clocks"
@@ -87,6 +93,9 @@ class Controller:
         self._hooks: AnchorHooks | None = None
         self._watchdog: subprocess.Popen[bytes] | None = None
         self._log = EventLog(None)
+        self.rank = Rank.from_environment()
+        self._job: JobGroup | None = None
+        self._gpu_index: int | None = None
 
     def __enter__(self) -> Controller:
         try:
@@ -101,10 +110,21 @@ class Controller:
                  trace: types.TracebackType | None) -> None:
         self.close()
 
+    def _open_device(self) -> Device:
+        """The GPU: the device given, or NVML's GPU ``gpu_index`` (default: this rank's, CUDA device
+        ``LOCAL_RANK``)."""
+        if self._device is not None:
+            return self._device
+        nvml = import_nvml(self.config.nvml_module)
+        index = rank_gpu_index(nvml) if self.config.gpu_index is None else self.config.gpu_index
+        self.config = replace(self.config, gpu_index=index)
+        return self._stack.enter_context(NvmlDevice(index, nvml))
+
     def _open(self) -> None:
+        self.config = self.config.for_rank(self.rank)
+        device = self._open_device()
+        self._gpu_index = device.index
         config = self.config
-        device: Device = self._device or self._stack.enter_context(
-            NvmlDevice(config.gpu_index, import_nvml(config.nvml_module)))
         self.plan = load_plan(config, device.name)
         check_device(self.plan, device)
         if not config.dry_run:
@@ -115,11 +135,14 @@ class Controller:
         if threading.current_thread() is threading.main_thread():
             self._stack.enter_context(terminate_on_sigterm())
         if not config.dry_run and config.watchdog and isinstance(device, NvmlDevice):
-            self._watchdog = spawn_watchdog(config.gpu_index, config.nvml_module)
+            self._watchdog = spawn_watchdog(device.index, config.nvml_module)
             self._stack.callback(self._stop_watchdog)
         self._log = EventLog(config.log)
         self._stack.callback(self._log.close)
-        self._log.write("start", clock="perf_counter", source=self.plan.source, gpu=problem.profile.name,
+        if self.rank.distributed:
+            self._job = JobGroup(self.rank)
+        self._log.write("start", clock="perf_counter", rank=self.rank.rank, gpu_index=device.index, pid=os.getpid(),
+                        source=self.plan.source, gpu=problem.profile.name,
                         trace=problem.trace.meta.workload, dry_run=config.dry_run, latency_s=problem.latency_s,
                         expected_s=self.step_plan.expected_s, auto_s=self.step_plan.auto_s,
                         anchor_margin_s=config.anchor_margin_ms / 1e3 if config.anchors else None,
@@ -142,7 +165,7 @@ class Controller:
                               StepMatcher(plan.auto_s, config.match_tolerance, config.confirm_steps),
                               Guard(config.budget, config.guard_margin, config.guard_min_pairs, config.guard_retry_s),
                               self._actuator, self._accounting, clock, self._log, anchoring,
-                              config.issue_early_ms / 1e3)
+                              config.issue_early_ms / 1e3, self._job)
         self._timeline = timeline
         self._issuer.start()
         self._stack.callback(self._stop_thread)
@@ -188,6 +211,13 @@ class Controller:
         restored = self._actuator is None or self._actuator.restored
         return restored if self._watchdog is None else stop_watchdog(self._watchdog, restored)
 
+    @property
+    def windows(self) -> list[dict[str, Any]]:
+        """The run's A/B windows (:class:`~kdvfs.runtime.controller.accounting.Window` fields, ``as_intended``)."""
+        if self._accounting is None:
+            return []
+        return [{**asdict(w), "as_intended": w.as_intended} for w in self._accounting.windows]
+
     def close(self) -> None:
         """Restore the clocks and stop everything (idempotent); what ``__exit__`` does.
 
@@ -204,6 +234,7 @@ class Controller:
         predicted = score(plan.problem, plan.schedule)
         guard = issuer.guard.slowdown()
         return {
+            "rank": self.rank.rank, "world_size": self.rank.world_size, "gpu_index": self._gpu_index,
             "source": plan.source, "gpu": plan.problem.profile.name, "trace": plan.problem.trace.meta.workload,
             "dry_run": self.config.dry_run, "steps": issuer.steps, "controlled_steps": issuer.controlled_steps,
             "switches": actuator.switches, "mismatches": issuer.matcher.mismatches,

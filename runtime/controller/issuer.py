@@ -14,7 +14,11 @@ to the matcher, the guard and the accounting, and then decides the next step:
 * otherwise (not matching yet, an evaluation pass or new shape, an A window, backed off): the GPU is
   returned to auto.
 
-Each A/B pair's slowdown goes to the guard. ``next_request_s`` is the host time of the request the thread
+Under torchrun (``job``: :class:`kdvfs.runtime.job.JobGroup`) each step is reduced over the ranks before
+the accounting and the guard see it (:func:`kdvfs.runtime.job.job_step`: the slowest rank's time, matched
+only when every rank matched, the job's window and guard times), so that every rank's windows, A/B arms,
+pairs and guard decisions are the job's and all ranks back off together; each rank's matcher and timeline
+stay its own. Each A/B pair's slowdown goes to the guard. ``next_request_s`` is the host time of the request the thread
 is sleeping towards (infinite when none): the energy counter's reader does not start a read just before
 it.
 
@@ -39,6 +43,7 @@ from kdvfs.runtime.controller.gpu_timeline import StepEnd, StepTimeline
 from kdvfs.runtime.controller.matching import Guard, StepMatcher
 from kdvfs.runtime.controller.timeline import StepPlan
 from kdvfs.runtime.device.host_time import Clock
+from kdvfs.runtime.job import JobGroup, JobStep, job_step
 
 SCALE_STEPS = 5
 
@@ -48,12 +53,13 @@ class Issuer(threading.Thread):
 
     def __init__(self, plan: StepPlan, latency_s: float, timeline: StepTimeline, matcher: StepMatcher, guard: Guard,
                  actuator: Actuator, accounting: Accounting, clock: Clock, log: EventLog, anchoring: Anchoring,
-                 early_s: float = 0.0) -> None:
+                 early_s: float = 0.0, job: JobGroup | None = None) -> None:
         super().__init__(name="kdvfs-controller", daemon=True)
         self.plan, self.latency_s, self.timeline, self.anchoring = plan, latency_s, timeline, anchoring
         self.early_s = early_s
         self.matcher, self.guard, self.actuator, self.accounting = matcher, guard, actuator, accounting
-        self.clock, self.log = clock, log
+        self.clock, self.log, self.job = clock, log, job
+        self._first_end_s = 0.0
         self.queue: queue.Queue[Any] = queue.Queue()
         self.stop_event = threading.Event()
         self.steps = 0
@@ -88,14 +94,20 @@ class Issuer(threading.Thread):
         index, was_controlled = self.steps, self._controlling
         self.steps += 1
         self.controlled_steps += was_controlled
-        matched = self.matcher.observe(end.duration_s, end.signature)
+        local = self.matcher.observe(end.duration_s, end.signature)
+        if index == 0:
+            self._first_end_s = end.end_s
+        job = job_step(self.job, JobStep(end.duration_s, local, self.accounting.window_elapsed_s(end.end_s),
+                                         end.end_s - self._first_end_s))
+        matched, now_s = job.matched, self._first_end_s + job.since_start_s
         if index == 0:
             self.accounting.start(end.end_s)
-        elif end.duration_s is not None:
-            slowdown_pct = self.accounting.step(index, end.duration_s, end.end_s, matched, was_controlled)
-            if slowdown_pct is not None and self.guard.observe(slowdown_pct, end.end_s) == Guard.BACK_OFF:
+        elif job.duration_s is not None:
+            slowdown_pct = self.accounting.step(index, job.duration_s, end.end_s, matched, was_controlled,
+                                                job.window_elapsed_s)
+            if slowdown_pct is not None and self.guard.observe(slowdown_pct, now_s) == Guard.BACK_OFF:
                 self.log.write("backoff", step=index, reason=self.guard.reason)
-        if self.guard.tick(end.end_s) == Guard.RESUME:
+        if self.guard.tick(now_s) == Guard.RESUME:
             self.log.write("resume", step=index)
         self._controlling = self._decide(end, matched, was_controlled)
         self.log.write("step", step=index, end_s=end.end_s, duration_s=end.duration_s, signature=end.signature,

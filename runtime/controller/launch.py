@@ -1,7 +1,9 @@
 """``kdvfs run``'s parent side: run the user's command under the controller bootstrap, collect its summary.
 
 The command is split and checked like ``kdvfs capture``'s (:func:`kdvfs.runtime.child.split_command`)
-and runs in a child process of the user's Python with this kdvfs first on ``PYTHONPATH``. While it runs,
+and runs in a child process of the user's Python with this kdvfs first on ``PYTHONPATH`` (under torchrun:
+every worker runs the bootstrap; the ranks' reports make one job summary with per-rank rows,
+:mod:`kdvfs.runtime.controller.job_summary`). While it runs,
 SIGTERM is forwarded to it and SIGINT is left to it (a terminal's Ctrl-C reaches the whole process group;
 the child restores the clocks and ends), so that the parent lives to report.
 """
@@ -9,7 +11,6 @@ the child restores the clocks and ends), so that the parent lives to report.
 from __future__ import annotations
 
 import contextlib
-import json
 import signal
 import subprocess
 import tempfile
@@ -22,6 +23,8 @@ from typing import Any
 from kdvfs.envs.common.errors import KdvfsError
 from kdvfs.runtime.child import child_environment, split_command
 from kdvfs.runtime.controller.config import ControllerConfig
+from kdvfs.runtime.controller.job_summary import job_summary
+from kdvfs.runtime.job import rank_documents
 
 
 @contextlib.contextmanager
@@ -45,17 +48,23 @@ def run_controlled(command: Sequence[str], config: ControllerConfig, script_stdo
     Raises:
         KdvfsError: the controller refused to start (a check failed; nothing was changed).
     """
-    interpreter, target = split_command(command, "kdvfs run")
+    user = split_command(command, "kdvfs run")
+    if user.distributed and config.gpu_index is not None:
+        raise KdvfsError("under torchrun each rank controls its own GPU (CUDA device LOCAL_RANK, through "
+                         "CUDA_VISIBLE_DEVICES); drop --gpu-index")
     with tempfile.TemporaryDirectory(prefix="kdvfs-run-") as name:
         folder = Path(name)
         child = replace(config, report_path=str(folder / "report.json"))
         child.save(folder / "run.json")
-        argv = [interpreter, "-m", "kdvfs.runtime.controller.boot", str(folder / "run.json"), *target]
+        argv = user.boot_argv("kdvfs.runtime.controller.boot", folder / "run.json")
         process = subprocess.Popen(argv, env=child_environment(config.cpu_test_mode), stdout=script_stdout)
         with _forwarding_signals(process):
             code = process.wait()
-        report = folder / "report.json"
-        document = json.loads(report.read_text(encoding="utf-8")) if report.is_file() else {}
-    if document.get("status") == "error":
-        raise KdvfsError(str(document.get("message")))
-    return (code if code >= 0 else 128 - code), document.get("summary")
+        documents = rank_documents(folder / "report.json")
+    failed = [d for d in documents if d.get("status") == "error"]
+    if failed:
+        raise KdvfsError(str(failed[0].get("message")))
+    finished = [d for d in documents if d.get("summary") is not None]
+    summary = job_summary([d["summary"] for d in finished], [d.get("windows", []) for d in finished]) \
+        if finished else None
+    return (code if code >= 0 else 128 - code), summary

@@ -158,6 +158,19 @@ def read_local_gpus(nvml: types.ModuleType | None = None) -> list[LocalGpu]:
         _call("shut NVML down", nvml.nvmlShutdown)
 
 
+def read_gpu_uuids(nvml: types.ModuleType | None = None) -> list[str]:
+    """The UUID of every installed GPU, in NVML index order (read only)."""
+    nvml = pynvml if nvml is None else nvml
+    _call("initialise NVML", nvml.nvmlInit)
+    try:
+        count = _call("count the GPUs", nvml.nvmlDeviceGetCount)
+        return [str(_call(f"read the UUID of GPU {index}", nvml.nvmlDeviceGetUUID,
+                          _call(f"open GPU {index}", nvml.nvmlDeviceGetHandleByIndex, index)))
+                for index in range(count)]
+    finally:
+        _call("shut NVML down", nvml.nvmlShutdown)
+
+
 class GpuReader:
     """Live readings of one GPU: its total-energy counter, power, SM and memory clocks, supported clocks.
 

@@ -51,8 +51,8 @@ def h200_probe() -> dict[str, Any]:
     return probe
 
 
-def h200_from_probe() -> FakeNvmlGpu:
-    """The recorded H200 as fake NVML facts."""
+def h200_from_probe(number: int = 0) -> FakeNvmlGpu:
+    """The recorded H200 as fake NVML facts; ``number`` makes its UUID (``GPU-...-00000000000N``)."""
     probe = h200_probe()
     return FakeNvmlGpu(
         name=probe["name"],
@@ -63,6 +63,7 @@ def h200_from_probe() -> FakeNvmlGpu:
         power_limit_mw=probe["power_limit_mW"],
         power_constraints_mw=list(probe["power_constraints_mW"]),
         power_usage_mw=probe["idle_power_mW"],
+        uuid=f"GPU-00000000-0000-0000-0000-{number:012d}",
     )
 
 
@@ -161,8 +162,16 @@ class EnergyFakeNvml(FakeNvml):
     def __init__(self, gpus: list[FakeNvmlGpu], power_w: float = 400.0, update_hz: float = 0.0) -> None:
         super().__init__(gpus)
         self.power_w, self.update_hz = power_w, update_hz
-        self.locked: MutableMapping[str, int] = {}
+        self.locks: list[MutableMapping[str, int]] = [{} for _ in gpus]
         self._start_s = time.monotonic()
+
+    @property
+    def locked(self) -> MutableMapping[str, int]:
+        """GPU 0's locked clocks (``"core"``, ``"mem"`` -> MHz)."""
+        return self.locks[0]
+
+    def _locks_of(self, gpu: FakeNvmlGpu) -> MutableMapping[str, int]:
+        return self.locks[next(i for i, known in enumerate(self.state.gpus) if known is gpu)]
 
     def _nvmlDeviceGetTotalEnergyConsumption(self, gpu: FakeNvmlGpu) -> int:
         elapsed_s = time.monotonic() - self._start_s
@@ -172,18 +181,18 @@ class EnergyFakeNvml(FakeNvml):
 
     def _nvmlDeviceGetClockInfo(self, gpu: FakeNvmlGpu, clock_type: int) -> int:
         if clock_type == pynvml.NVML_CLOCK_SM:
-            return self.locked.get("core", gpu.max_graphics_mhz)
+            return self._locks_of(gpu).get("core", gpu.max_graphics_mhz)
         assert clock_type == pynvml.NVML_CLOCK_MEM
-        return self.locked.get("mem", gpu.default_app_memory_mhz)
+        return self._locks_of(gpu).get("mem", gpu.default_app_memory_mhz)
 
     def _nvmlDeviceSetGpuLockedClocks(self, gpu: FakeNvmlGpu, low_mhz: int, high_mhz: int) -> None:
-        self.locked["core"] = high_mhz
+        self._locks_of(gpu)["core"] = high_mhz
 
     def _nvmlDeviceSetMemoryLockedClocks(self, gpu: FakeNvmlGpu, low_mhz: int, high_mhz: int) -> None:
-        self.locked["mem"] = high_mhz
+        self._locks_of(gpu)["mem"] = high_mhz
 
     def _nvmlDeviceResetGpuLockedClocks(self, gpu: FakeNvmlGpu) -> None:
-        self.locked.pop("core", None)
+        self._locks_of(gpu).pop("core", None)
 
     def _nvmlDeviceResetMemoryLockedClocks(self, gpu: FakeNvmlGpu) -> None:
-        self.locked.pop("mem", None)
+        self._locks_of(gpu).pop("mem", None)

@@ -3,13 +3,15 @@
 It is one shared :class:`~kdvfs.runtime.testing.fake_nvml.EnergyFakeNvml` of the recorded H200 (:data:`FAKE`),
 whose ``nvml*`` functions this module offers. Environment variables configure it in a child process:
 
-* ``KDVFS_FAKE_NVML`` (JSON): ``{"power_w": 400, "failures": {"nvmlInit": 12}, "fail_from_call":
-  {"nvmlDeviceSetGpuLockedClocks": [3, 999]}}``: ``failures`` fail every call of a function with that NVML
+* ``KDVFS_FAKE_NVML`` (JSON): ``{"gpus": 2, "power_w": 400, "failures": {"nvmlInit": 12}, "fail_from_call":
+  {"nvmlDeviceSetGpuLockedClocks": [3, 999]}}``: ``gpus`` recorded H200s (default 1, UUIDs ending in their
+  index), ``failures`` fail every call of a function with that NVML
   code, ``fail_from_call`` from its N-th call in the process on (1-based: a failure mid-run);
 * ``KDVFS_FAKE_NVML_LOG``: a file to which the name of every call is appended (what a child process, the
   watchdog, ``kdvfs run``, did, for the test to read);
 * ``KDVFS_FAKE_NVML_STATE``: a JSON file holding the locked clocks (``{"core": 1095, "mem": 2201}``), so
-  that the GPU's lock state is shared by every process, as a real GPU's is.
+  that the GPU's lock state is shared by every process, as a real GPU's is; GPU ``i > 0`` keeps its own in
+  ``FILE.gpuI`` (:func:`state_path`).
 
 Tests in the same process use :data:`FAKE` directly (:func:`fresh`).
 """
@@ -63,12 +65,18 @@ class FileLocks(MutableMapping[str, int]):
         return len(self._read())
 
 
+def state_path(path: Path, gpu: int) -> Path:
+    """The lock-state file of fake GPU ``gpu`` when GPU 0's is ``path``."""
+    return path if gpu == 0 else path.with_name(f"{path.name}.gpu{gpu}")
+
+
 def _from_environment() -> tuple[EnergyFakeNvml, dict[str, tuple[int, int]]]:
     options = json.loads(os.environ.get("KDVFS_FAKE_NVML", "{}"))
-    fake = EnergyFakeNvml([h200_from_probe()], float(options.get("power_w", 400.0)))
+    gpus = [h200_from_probe(number) for number in range(int(options.get("gpus", 1)))]
+    fake = EnergyFakeNvml(gpus, float(options.get("power_w", 400.0)))
     fake.state.failures.update({name: int(code) for name, code in options.get("failures", {}).items()})
     if os.environ.get(STATE_VARIABLE):
-        fake.locked = FileLocks(Path(os.environ[STATE_VARIABLE]))
+        fake.locks = [FileLocks(state_path(Path(os.environ[STATE_VARIABLE]), gpu)) for gpu in range(len(gpus))]
     fail_from = {name: (int(call), int(code)) for name, (call, code) in options.get("fail_from_call", {}).items()}
     return fake, fail_from
 
@@ -81,7 +89,8 @@ def fresh() -> EnergyFakeNvml:
     """The shared fake with its call log, injected failures and locked clocks cleared."""
     FAKE.state.calls.clear()
     FAKE.state.failures.clear()
-    FAKE.locked.clear()
+    for locks in FAKE.locks:
+        locks.clear()
     return FAKE
 
 

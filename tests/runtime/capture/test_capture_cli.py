@@ -14,7 +14,7 @@ from kdvfs.envs.common.paths import REPO_ROOT
 from kdvfs.envs.trace.format import load_trace
 from kdvfs.envs.trace.trace import Phase
 from kdvfs.runtime.capture.launch import split_command
-from kdvfs.runtime.child import CommandError
+from kdvfs.runtime.child import CommandError, UserCommand
 from kdvfs.runtime.cli import main
 
 FAKE = ["--nvml-module", "kdvfs.runtime.testing.nvml"]
@@ -110,8 +110,25 @@ def test_bad_commands(command: list[str], message: str) -> None:
 
 def test_commands_the_child_understands(tmp_path: Path) -> None:
     path = script(tmp_path, 1)
-    assert split_command(["python3.12", path, "--x"]) == ("python3.12", [path, "--x"])
-    assert split_command(["/usr/bin/python", "-m", "pkg.train", "-v"]) == ("/usr/bin/python", ["-m", "pkg.train", "-v"])
+    assert split_command(["python3.12", path, "--x"]) == UserCommand(("python3.12",), (path, "--x"))
+    assert split_command(["/usr/bin/python", "-m", "pkg.train", "-v"]) == UserCommand(("/usr/bin/python",),
+                                                                                      ("-m", "pkg.train", "-v"))
+
+
+def test_torchrun_commands_put_the_bootstrap_in_every_worker(tmp_path: Path) -> None:
+    path = script(tmp_path, 1)
+    user = split_command(["torchrun", "--nproc-per-node", "2", "--standalone", path, "--steps", "3"])
+    assert user == UserCommand(("torchrun", "--nproc-per-node", "2", "--standalone"), (path, "--steps", "3"), True)
+    assert user.boot_argv("kdvfs.runtime.capture.boot", Path("c.json")) == [
+        "torchrun", "--nproc-per-node", "2", "--standalone", "-m", "kdvfs.runtime.capture.boot", "c.json", path,
+        "--steps", "3"]
+    module = split_command(["python", "-m", "torch.distributed.run", "--nproc_per_node=4", "-m", "pkg.train", "-v"])
+    assert module == UserCommand(("python", "-m", "torch.distributed.run", "--nproc_per_node=4"),
+                                 ("-m", "pkg.train", "-v"), True)
+    with pytest.raises(CommandError, match="--no-python"):
+        split_command(["torchrun", "--no-python", "bash", "x.sh"])
+    with pytest.raises(CommandError, match=r"missing\.py: no such script"):
+        split_command(["torchrun", "--nproc-per-node", "2", "missing.py"])
 
 
 def test_ncu_must_be_installed(capsys: pytest.CaptureFixture[str], tmp_path: Path,
