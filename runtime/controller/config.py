@@ -10,6 +10,7 @@ from pathlib import Path
 from kdvfs.envs.common.errors import KdvfsError
 from kdvfs.runtime.job import Rank, rank_path
 
+CPU_TEST_MATCH_TOLERANCE = 0.5
 MAX_AB_SHARE = 0.9
 
 
@@ -31,7 +32,8 @@ class ControllerConfig:
         latency_ms: switching latency to issue requests ahead by (default: the profile's).
         log: JSONL file of every request, step and measurement window (default: none).
         tensorboard: folder for TensorBoard scalars (default: none).
-        match_tolerance: largest relative difference between a step's GPU time and the expected one.
+        match_tolerance: largest relative difference between a step's GPU time and the expected one (in CPU
+            test mode at least ``CPU_TEST_MATCH_TOLERANCE``: see :attr:`step_match_tolerance`).
         confirm_steps: consecutive matching steps before the controller acts (and to learn the step's
             allocation count).
         guard_margin: allowed beyond the budget: the guard backs off when the lower end of the measured
@@ -81,6 +83,14 @@ class ControllerConfig:
     watchdog: bool = True
     cpu_test_mode: bool = False
     report_path: str | None = None
+
+    @property
+    def step_match_tolerance(self) -> float:
+        """The tolerance step matching uses. In CPU test mode a step's time is the training thread's CPU time on
+        a shared host, which moves by more than 10% between a capture and a later run under other load (seen:
+        7-25 of 400 tiny-GPT steps matched on a loaded 2-core machine), so matching there is loose: the mode
+        tests the pipeline, not the matching."""
+        return max(self.match_tolerance, CPU_TEST_MATCH_TOLERANCE) if self.cpu_test_mode else self.match_tolerance
 
     def __post_init__(self) -> None:
         if self.budget < 0:

@@ -160,9 +160,9 @@ class Controller:
         self._accounting = Accounting(device, clock, config, settle_steps, self._log, self._next_request_s)
         timeline = self._timeline or (HostStepTimeline(clock) if config.cpu_test_mode else CudaStepTimeline(clock))
         anchoring = Anchoring(plan, timeline, clock, latency_s, config.anchor_margin_ms / 1e3 if config.anchors
-                              else float("inf"), config.match_tolerance, learn_auto=config.dry_run)
+                              else float("inf"), config.step_match_tolerance, learn_auto=config.dry_run)
         self._issuer = Issuer(plan, latency_s, timeline,
-                              StepMatcher(plan.auto_s, config.match_tolerance, config.confirm_steps),
+                              StepMatcher(plan.auto_s, config.step_match_tolerance, config.confirm_steps),
                               Guard(config.budget, config.guard_margin, config.guard_min_pairs, config.guard_retry_s),
                               self._actuator, self._accounting, clock, self._log, anchoring,
                               config.issue_early_ms / 1e3, self._job)

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from kdvfs.envs.common.paths import REPO_ROOT
+from kdvfs.runtime.controller.config import CPU_TEST_MATCH_TOLERANCE, ControllerConfig
 
 NVML = "kdvfs.runtime.testing.nvml"
 GPT = [sys.executable, str(REPO_ROOT / "examples" / "gpt.py"), "--size", "tiny", "--device", "cpu"]
@@ -48,11 +49,12 @@ def _environment(tmp_path: Path, **fake: Any) -> dict[str, str]:
             "KDVFS_FAKE_NVML_LOG": str(tmp_path / "nvml.log")}
 
 
-def _run_argv(captured: tuple[Path, Path], tmp_path: Path, steps: int, dry_run: bool = False) -> list[str]:
+def _run_argv(captured: tuple[Path, Path], tmp_path: Path, steps: int, dry_run: bool = False,
+              ab_share: float = 0.25) -> list[str]:
     trace, plan = captured
     return [*KDVFS, "run", "--policy", str(plan), "--trace", str(trace), "--cpu-test-mode", "--nvml-module", NVML,
-            "--log", str(tmp_path / "run.jsonl"), "--json", *(["--dry-run"] if dry_run else []), "--", *GPT,
-            "--steps", str(steps)]
+            "--log", str(tmp_path / "run.jsonl"), "--json", "--ab-share", str(ab_share),
+            *(["--dry-run"] if dry_run else []), "--", *GPT, "--steps", str(steps)]
 
 
 def _locks(tmp_path: Path) -> dict[str, int]:
@@ -74,7 +76,7 @@ def _wait(condition: Any, timeout_s: float = 30.0) -> bool:
 
 
 def test_a_cpu_test_mode_run_matches_its_own_capture(captured: tuple[Path, Path], tmp_path: Path) -> None:
-    done = subprocess.run(_run_argv(captured, tmp_path, 400, dry_run=True), capture_output=True, text=True,
+    done = subprocess.run(_run_argv(captured, tmp_path, 400, dry_run=True, ab_share=0), capture_output=True, text=True,
                           cwd=REPO_ROOT, env=_environment(tmp_path), check=False)
     assert done.returncode == 0, done.stderr[-2000:]
     summary = json.loads(done.stdout)
@@ -132,3 +134,9 @@ def test_the_watchdog_restores_after_a_sigkill(captured: tuple[Path, Path], tmp_
     assert code == (-signal.SIGKILL if group else 128 + signal.SIGKILL)
     events = [json.loads(line)["event"] for line in (tmp_path / "run.jsonl").read_text().splitlines()]
     assert events[0] == "start" and "request" in events and "summary" not in events
+
+
+def test_cpu_test_mode_matches_steps_loosely_and_gpu_runs_keep_their_tolerance() -> None:
+    assert ControllerConfig(policy="p", trace="t", cpu_test_mode=True).step_match_tolerance == CPU_TEST_MATCH_TOLERANCE
+    assert ControllerConfig(policy="p", trace="t", cpu_test_mode=True, match_tolerance=0.7).step_match_tolerance == 0.7
+    assert ControllerConfig(policy="p", trace="t").step_match_tolerance == 0.1
