@@ -61,6 +61,9 @@ class EnvConfig:
         core_fractions: locked core levels of the clock grid, as fractions of the profile's maximum core clock
             (:class:`kdvfs.envs.env.clock_grid.ClockGrid`; auto is always level 0).
         memory_mhz: memory clocks of the clock grid (MHz, descending); None: all of the profile's.
+        every_core_clock: the locked core levels are every core clock the profile supports (at its highest
+            memory clock) from the lowest to the highest of ``core_fractions``, so that no pair a planner can
+            choose in that range is missing (on an H200: 54 levels from 1185 to 1980 MHz in 15 MHz steps).
     """
 
     budgets: tuple[float, ...] = (0.01,)
@@ -82,6 +85,7 @@ class EnvConfig:
     plan_budgets: tuple[float, ...] = ()
     core_fractions: tuple[float, ...] = DEFAULT_CORE_FRACTIONS
     memory_mhz: tuple[int, ...] | None = None
+    every_core_clock: bool = False
 
     def __post_init__(self) -> None:
         # Sequences become tuples of floats (ints) so that equal settings give equal observation-spec hashes.
@@ -125,7 +129,19 @@ class EnvConfig:
 
     def grid(self, profile: GpuProfile) -> ClockGrid:
         """The clock grid of these settings on ``profile``."""
-        return ClockGrid.for_profile(profile, self.core_fractions, self.memory_mhz)
+        return ClockGrid.for_profile(profile, self.core_levels(profile), self.memory_mhz)
+
+    def core_levels(self, profile: GpuProfile) -> tuple[float, ...]:
+        """The grid's locked core levels as fractions of ``profile``'s maximum core clock: ``core_fractions``,
+        or with ``every_core_clock`` each supported core clock within their range."""
+        if not self.every_core_clock:
+            return self.core_fractions
+        top_mhz = profile.clocks.max_core_mhz
+        low_mhz, high_mhz = min(self.core_fractions) * top_mhz, max(self.core_fractions) * top_mhz
+        supported = profile.clocks.core_mhz[profile.clocks.memory_mhz[0]]
+        step_mhz = min(b - a for a, b in zip(sorted(supported), sorted(supported)[1:], strict=False))
+        return tuple(core / top_mhz for core in sorted(supported, reverse=True)
+                     if low_mhz - step_mhz / 2 <= core <= high_mhz + step_mhz / 2)
 
     def observation_spec(self, grid: ClockGrid) -> ObservationSpec:
         """The observation layout of these settings on ``grid``."""
