@@ -59,13 +59,15 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
     """Pick the core and memory clocks for the kernels of a training step, saving energy within a time budget.
 
     ## Description
-    An episode is one training step of a trace drawn (with ``self.np_random``) from ``steps``. The agent acts
+    An episode is a run of ``run_steps`` repetitions of a step drawn (with ``self.np_random``) from ``steps``
+    (one step by default; the budget holds for the run). The agent acts
     at decision points: before the step's first kernel, then before the first kernel that starts at least
     ``decision_latencies`` switching latencies after the previous decision point or after a pending change
     took effect (every kernel with ideal switching). A request takes effect one switching latency later
     (drawn from the profile's spread when ``latency_noise``), at the first kernel that starts after that;
-    the controller holds one request at a time; each change stalls the GPU. Kernel times and energies get
-    seeded multiplicative noise. Details and the reasons for each choice: ``docs/environment.md``.
+    the controller holds one request at a time; each change stalls the GPU. Disturbances (duration noise,
+    drift, step jitter, latency spread: :mod:`kdvfs.envs.env.dynamics`) are drawn at reset, each switchable.
+    Details and the reasons for each choice: ``docs/environment.md``.
 
     ## Action Space
     ``MultiDiscrete([2, G + W + 1 + P + 2])``: (request?, clocks). Clocks ``g < G`` are pair ``g = level * M
