@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from policies import decision_time, env_speed
 from provenance import provenance, provenance_lines, write_results
 
 from kdvfs.agents.learned.frozen import FrozenPolicy
 from kdvfs.agents.learned.policy_planner import shipped_policy_path
 from kdvfs.envs.gpu.profiles import load_profile
+from policies import decision_time, env_speed
 
 GPU = "h200"
 VARIANTS: dict[str, dict[str, Any]] = {
