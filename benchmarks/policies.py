@@ -65,13 +65,14 @@ def held_out(gpu: str, policy: FrozenPolicy, profile: GpuProfile) -> list[dict[s
     return rows
 
 
-def env_speed(gpu: str, rounds: int = 8, seconds: float = 2.0) -> dict[str, float]:
+def env_speed(gpu: str, rounds: int = 8, seconds: float = 2.0, **settings: Any) -> dict[str, float]:
     """Random-action decisions per second of one environment over the GPU's held-out steps, one process:
-    median and best of ``rounds`` rounds (the machine's speed varies between rounds)."""
+    median and best of ``rounds`` rounds (the machine's speed varies between rounds). ``settings`` replace
+    the training config's environment settings."""
     profile = load_profile(gpu)
-    config = load_train_config(gpu)
-    steps = build_steps(config.data.held_out.traces(profile), profile, config.env.grid(profile))
-    env = KernelDVFSEnv(steps, profile, config.env)
+    env_config = load_train_config(gpu).env.replace(**settings)
+    steps = build_steps(load_train_config(gpu).data.held_out.traces(profile), profile, env_config.grid(profile))
+    env = KernelDVFSEnv(steps, profile, env_config)
     env.reset(seed=0)
     env.action_space.seed(0)
     actions = [env.action_space.sample() for _ in range(4096)]

@@ -26,15 +26,17 @@ def shipped_policy_path(gpu: str) -> Path:
     return POLICY_DIR / f"{gpu}.kdvfs-policy.npz"
 
 
-def policy_env(policy: FrozenPolicy, problem: Problem) -> KernelDVFSEnv:
+def policy_env(policy: FrozenPolicy, problem: Problem, disturbed: bool = False) -> KernelDVFSEnv:
     """The environment of ``problem`` as ``policy`` sees it: its settings with the problem's budget and
-    switching (the profile's spread), one step, deterministic dynamics."""
+    switching (the profile's spread); one step and no disturbance, or (``disturbed``) the policy's runs with
+    every disturbance on."""
     if problem.profile.name != policy.gpu:
         raise PolicyFileError(f"policy was trained for GPU {policy.gpu!r}, the problem is on {problem.profile.name!r}")
     step = StepData.from_costs(problem.trace.meta.workload, problem.trace, problem.costs, policy.grid(problem.profile))
-    return KernelDVFSEnv([step], problem.profile, policy.config, budgets=(problem.slowdown,),
-                         latency_s=problem.latency_s, latency_std_s=None, stall_s=problem.stall_s, latency_noise=False,
-                         duration_noise=0.0)
+    config = policy.config.with_disturbances() if disturbed else policy.config.without_disturbances().replace(
+        run_steps=1)
+    return KernelDVFSEnv([step], problem.profile, config, budgets=(problem.slowdown,), latency_s=problem.latency_s,
+                         latency_std_s=None, stall_s=problem.stall_s)
 
 
 class Actor(Protocol):

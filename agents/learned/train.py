@@ -136,9 +136,9 @@ def freeze_model(model: Any, env: VecNormalize, config: TrainConfig, profile: Gp
 
 def evaluate_steps(policy: FrozenPolicy, steps: list[StepData], profile: GpuProfile,
                    config: TrainConfig) -> dict[str, dict[str, Any]]:
-    """Deterministic rollouts (mean latency, no noise) at the first training budget, per step name."""
-    env = KernelDVFSEnv(steps, profile, config.env, budgets=config.env.budgets[:1], latency_noise=False,
-                        duration_noise=0.0)
+    """Deterministic rollouts (one step, no disturbance) at the first training budget, per step name."""
+    env = KernelDVFSEnv(steps, profile, config.env.without_disturbances().replace(run_steps=1),
+                        budgets=config.env.budgets[:1])
     return {step.name: rollout(policy, env, {"step": i}) for i, step in enumerate(steps)}
 
 

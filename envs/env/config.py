@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 
 from kdvfs.envs.common.errors import KdvfsError
 from kdvfs.envs.env.clock_grid import DEFAULT_CORE_FRACTIONS, ClockGrid
+from kdvfs.envs.env.dynamics import MEASURED_DRIFT, DisturbanceSettings
 from kdvfs.envs.env.observation import ObservationSpec
 from kdvfs.envs.gpu.profiles import GpuProfile
 
@@ -41,6 +42,15 @@ class EnvConfig:
             mean.
         duration_noise: sigma of the log-normal multiplicative noise on each kernel's time and energy (drawn
             per episode; dimensionless, 0 disables it).
+        drift: model the thermal drift of the power-limited auto clock (:mod:`kdvfs.envs.env.dynamics`).
+        drift_pct: the drift: auto mode's step time, and every pair's energy, rise by this much at ``drift_s``
+            into training, levelling off (%; measured on an H200: 2.1).
+        drift_s: time at which the drift reaches ``drift_pct`` (s).
+        run_start_s: an episode's run starts uniformly within this long into training (s), which sets its drift.
+        step_jitter: each step of a run gets one factor on its time and one on its energy (the measured H200
+            step-to-step spread: 0.45% and 0.89% standard deviation).
+        run_steps: consecutive repetitions of the step per episode (a run); the budget holds for the run as a
+            whole, so slack of a fast step can pay for a slower one.
         overrun_penalty: reward lost per percent of the step's auto time beyond the budget (reward / %).
         decision_latencies: least time between decision points, in switching latencies (with ideal switching
             every kernel is a decision point).
@@ -51,6 +61,9 @@ class EnvConfig:
         core_fractions: locked core levels of the clock grid, as fractions of the profile's maximum core clock
             (:class:`kdvfs.envs.env.clock_grid.ClockGrid`; auto is always level 0).
         memory_mhz: memory clocks of the clock grid (MHz, descending); None: all of the profile's.
+        every_core_clock: the locked core levels are every core clock the profile supports (at its highest
+            memory clock) from the lowest to the highest of ``core_fractions``, so that no pair a planner can
+            choose in that range is missing (on an H200: 54 levels from 1185 to 1980 MHz in 15 MHz steps).
     """
 
     budgets: tuple[float, ...] = (0.01,)
@@ -59,6 +72,12 @@ class EnvConfig:
     stall_s: float | None = None
     latency_noise: bool = True
     duration_noise: float = 0.02
+    drift: bool = False
+    drift_pct: float = MEASURED_DRIFT.time_drift_pct
+    drift_s: float = MEASURED_DRIFT.drift_s
+    run_start_s: float = MEASURED_DRIFT.drift_s
+    step_jitter: bool = False
+    run_steps: int = 1
     overrun_penalty: float = 20.0
     decision_latencies: float = 0.25
     next_kernels: int = 2
@@ -66,6 +85,7 @@ class EnvConfig:
     plan_budgets: tuple[float, ...] = ()
     core_fractions: tuple[float, ...] = DEFAULT_CORE_FRACTIONS
     memory_mhz: tuple[int, ...] | None = None
+    every_core_clock: bool = False
 
     def __post_init__(self) -> None:
         # Sequences become tuples of floats (ints) so that equal settings give equal observation-spec hashes.
@@ -82,6 +102,8 @@ class EnvConfig:
                 or min(self.window_latencies) <= 0 or self.duration_noise < 0:
             raise KdvfsError("need decision_latencies >= 0, next_kernels >= 1, positive window_latencies and "
                              "duration_noise >= 0")
+        if self.drift_pct < 0 or self.drift_s <= 0 or self.run_start_s < 0 or self.run_steps < 1:
+            raise KdvfsError("need drift_pct >= 0, drift_s > 0, run_start_s >= 0 and run_steps >= 1")
 
     def replace(self, **settings: Any) -> EnvConfig:
         """A copy with the given fields replaced; an unknown name is a :class:`KdvfsError`."""
@@ -91,9 +113,35 @@ class EnvConfig:
                              f"{[field.name for field in dataclasses.fields(self)]}")
         return dataclasses.replace(self, **settings)
 
+    def without_disturbances(self) -> EnvConfig:
+        """A copy with every disturbance off: mean latency, no duration noise, drift or step jitter."""
+        return self.replace(latency_noise=False, duration_noise=0.0, drift=False, step_jitter=False)
+
+    def with_disturbances(self) -> EnvConfig:
+        """A copy with every disturbance on (duration noise as set): latency spread, drift, step jitter."""
+        return self.replace(latency_noise=True, drift=True, step_jitter=True)
+
+    def disturbances(self, switching: Switching) -> DisturbanceSettings:
+        """The disturbance settings with the environment's switching figures."""
+        return DisturbanceSettings(self.duration_noise, self.drift_pct if self.drift else 0.0, self.drift_s,
+                                   self.run_start_s, self.step_jitter, self.latency_noise, switching.latency_s,
+                                   switching.latency_std_s)
+
     def grid(self, profile: GpuProfile) -> ClockGrid:
         """The clock grid of these settings on ``profile``."""
-        return ClockGrid.for_profile(profile, self.core_fractions, self.memory_mhz)
+        return ClockGrid.for_profile(profile, self.core_levels(profile), self.memory_mhz)
+
+    def core_levels(self, profile: GpuProfile) -> tuple[float, ...]:
+        """The grid's locked core levels as fractions of ``profile``'s maximum core clock: ``core_fractions``,
+        or with ``every_core_clock`` each supported core clock within their range."""
+        if not self.every_core_clock:
+            return self.core_fractions
+        top_mhz = profile.clocks.max_core_mhz
+        low_mhz, high_mhz = min(self.core_fractions) * top_mhz, max(self.core_fractions) * top_mhz
+        supported = profile.clocks.core_mhz[profile.clocks.memory_mhz[0]]
+        step_mhz = min(b - a for a, b in zip(sorted(supported), sorted(supported)[1:], strict=False))
+        return tuple(core / top_mhz for core in sorted(supported, reverse=True)
+                     if low_mhz - step_mhz / 2 <= core <= high_mhz + step_mhz / 2)
 
     def observation_spec(self, grid: ClockGrid) -> ObservationSpec:
         """The observation layout of these settings on ``grid``."""

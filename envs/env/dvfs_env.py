@@ -22,6 +22,7 @@ from gymnasium import spaces
 from kdvfs.envs.common.errors import KdvfsError
 from kdvfs.envs.env.clock_grid import ClockGrid
 from kdvfs.envs.env.config import EnvConfig, settings_table
+from kdvfs.envs.env.dynamics import Disturbances, draw
 from kdvfs.envs.env.observation import (
     ADVISOR_FEATURES,
     OBS_LIMIT,
@@ -58,13 +59,15 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
     """Pick the core and memory clocks for the kernels of a training step, saving energy within a time budget.
 
     ## Description
-    An episode is one training step of a trace drawn (with ``self.np_random``) from ``steps``. The agent acts
+    An episode is a run of ``run_steps`` repetitions of a step drawn (with ``self.np_random``) from ``steps``
+    (one step by default; the budget holds for the run). The agent acts
     at decision points: before the step's first kernel, then before the first kernel that starts at least
     ``decision_latencies`` switching latencies after the previous decision point or after a pending change
     took effect (every kernel with ideal switching). A request takes effect one switching latency later
     (drawn from the profile's spread when ``latency_noise``), at the first kernel that starts after that;
-    the controller holds one request at a time; each change stalls the GPU. Kernel times and energies get
-    seeded multiplicative noise. Details and the reasons for each choice: ``docs/environment.md``.
+    the controller holds one request at a time; each change stalls the GPU. Disturbances (duration noise,
+    drift, step jitter, latency spread: :mod:`kdvfs.envs.env.dynamics`) are drawn at reset, each switchable.
+    Details and the reasons for each choice: ``docs/environment.md``.
 
     ## Action Space
     ``MultiDiscrete([2, G + W + 1 + P + 2])``: (request?, clocks). Clocks ``g < G`` are pair ``g = level * M
@@ -130,7 +133,10 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
         if any(step.grid != self.grid for step in self.steps):
             raise KdvfsError("steps must be built with the same clock grid, the config's (core_fractions, memory_mhz)")
         self._pairs, self._memories = self.grid.size, len(self.grid.memory_mhz)
-        self.latency_s, self.latency_std_s, self.stall_s = self.config.switching(self.profile)
+        switching = self.config.switching(self.profile)
+        self.latency_s, self.latency_std_s, self.stall_s = switching
+        self._disturbance_settings = self.config.disturbances(switching)
+        self._runs = [step.repeated(self.config.run_steps) for step in self.steps]
         self.decision_interval_s = self.config.decision_latencies * self.latency_s
         self.observation_spec = self.config.observation_spec(self.grid)
         self.observation_space = spaces.Box(-OBS_LIMIT, OBS_LIMIT, (self.observation_spec.size,), np.float32)
@@ -142,7 +148,7 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
     def _prepare(self) -> None:
         """Per-step decision-point data, the observation buffer and views of its blocks by name."""
         spec = self.observation_spec
-        self._static, self._plans = zip(*(self._static_observations(s) for s in self.steps), strict=True)
+        self._static, self._plans = zip(*(self._static_observations(s) for s in self._runs), strict=True)
         self._obs = np.zeros(spec.size, dtype=np.float32)
         self._views = {name: spec.view(self._obs, name) for name, _ in spec.blocks()}
         window = self._views["window_slowdown_then_saving_pct"]
@@ -169,19 +175,19 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
         return cached[key]
 
     def _select(self, index: int, budget: float) -> None:
-        """Start an episode on step ``index`` with ``budget``: clocks auto, nothing spent, no noise."""
-        self._index, self._data, self.budget = index, self.steps[index], budget
+        """Start an episode on step ``index``'s run with ``budget``: clocks auto, nothing spent, no noise."""
+        self._index, self._data, self.budget = index, self._runs[index], budget
         self._budget_plan = plan_for_budget(self.observation_spec.plan_budgets, budget)
         self._kernels = self._data.kernels
         self._auto_time_s, self._auto_energy_j = self._data.auto_time_s, self._data.auto_energy_j
         self._reference = Reference(self._auto_energy_j, self._auto_time_s, budget)
-        self._noise: Array | None = None
+        self.disturbances = Disturbances(None, None, None, None, self.latency_s)
         self._columns: dict[int, tuple[Array, Array]] = {}
         self._k, self._in_effect, self._pending = 0, 0, -1
         self._requested_at_s = self._effective_at_s = 0.0
         self._now_s = self._elapsed_s = self._auto_elapsed_s = 0.0
         self._energy_j = self._auto_energy_so_far_j = 0.0
-        self._switches = 0
+        self._switches = self._requests = 0
         self.applied = np.zeros(self._kernels, dtype=np.int64)
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Array, dict[str, Any]]:
@@ -191,8 +197,9 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
         index = int(self.np_random.integers(len(self.steps))) if drawn else self._step_index(options["step"])
         budget = float(options.get("budget", budgets[int(self.np_random.integers(len(budgets)))]))
         self._select(index, budget)
-        if self.config.duration_noise > 0:
-            self._noise = np.exp(self.np_random.normal(0.0, self.config.duration_noise, self._kernels))
+        step = self.steps[index]
+        self.disturbances = draw(self.np_random, self._disturbance_settings, step.kernels, self.config.run_steps,
+                                 step.auto_time_s)
         return self._observe(), {"step": self._data.name, "budget": budget}
 
     def _step_index(self, step: int | str) -> int:
@@ -204,11 +211,6 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
         if not 0 <= int(step) < len(self.steps):
             raise KdvfsError(f"step index {step} out of range 0..{len(self.steps) - 1}")
         return int(step)
-
-    def _latency(self) -> float:
-        if self.config.latency_noise and self.latency_std_s > 0:
-            return max(0.0, float(self.np_random.normal(self.latency_s, self.latency_std_s)))
-        return self.latency_s
 
     def step(self, action: Array) -> tuple[Array, float, bool, bool, dict[str, Any]]:
         if self._k >= self._kernels:
@@ -233,7 +235,8 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
             self._in_effect = target
         elif action[0] and self._pending < 0 and target != self._in_effect:
             self._pending, self._requested_at_s = target, self._now_s
-            self._effective_at_s = self._now_s + self._latency()
+            self._effective_at_s = self._now_s + self.disturbances.latency(self._requests)
+            self._requests += 1
 
     def _totals(self) -> Totals:
         return Totals(self._energy_j, self._auto_energy_so_far_j, self._elapsed_s, self._auto_elapsed_s)
@@ -278,10 +281,12 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
         self._k = end
 
     def _column(self, action: int) -> tuple[Array, Array]:
-        """Cumulative time and energy at ``action`` with this episode's noise (computed on first use)."""
+        """Cumulative time and energy at ``action`` with this episode's disturbances (computed on first use)."""
         column = self._columns.get(action)
         if column is None:
-            column = self._columns[action] = self._data.cumulative_of(action, self._noise)
+            drawn = self.disturbances
+            time_factor = drawn.time_auto if action < self._memories else drawn.time_locked
+            column = self._columns[action] = self._data.cumulative_of(action, time_factor, drawn.energy)
         return column
 
     @property

@@ -36,6 +36,12 @@ def kernel_features(trace: Trace) -> Array:
     return np.column_stack([duration, utilisation, one_hot]).astype(np.float32)
 
 
+def _cumulative(time_s: Array, energy_j: Array) -> Array:
+    """(K + 1, 2, G) cumulative time and energy before each kernel."""
+    both = np.stack([time_s, energy_j], axis=1)
+    return np.concatenate([np.zeros((1, *both.shape[1:])), np.cumsum(both, axis=0)])
+
+
 @dataclass(frozen=True, eq=False)
 class StepData:
     """A step's grid-action costs and kernel features. K kernels, G grid actions (g = 0 is auto). Compared
@@ -66,10 +72,8 @@ class StepData:
         """From a step's action costs (as a planner's ``Problem`` holds them); ``trace`` has features."""
         actions = grid.indices(costs)
         time_s, energy_j = costs.time_s[:, actions], costs.energy_j[:, actions]
-        both = np.stack([time_s, energy_j], axis=1)
-        cumulative = np.concatenate([np.zeros((1, *both.shape[1:])), np.cumsum(both, axis=0)])
         return cls(name, grid, actions, time_s, energy_j, costs.idle_power_w[actions], kernel_features(trace),
-                   cumulative)
+                   _cumulative(time_s, energy_j))
 
     @classmethod
     def build(cls, name: str, trace: Trace, profile: GpuProfile, grid: ClockGrid) -> StepData:
@@ -82,15 +86,31 @@ class StepData:
     def _by_action(self) -> tuple[Array, Array]:
         return np.ascontiguousarray(self.cumulative[:, 0].T), np.ascontiguousarray(self.cumulative[:, 1].T)
 
-    def cumulative_of(self, action: int, noise: Array | None = None) -> tuple[Array, Array]:
+    def cumulative_of(self, action: int, time_factor: Array | None = None, energy_factor: Array | None = None
+                      ) -> tuple[Array, Array]:
         """Cumulative time (s) and energy (J) before each kernel at grid action ``action``, each (K + 1,);
-        ``noise`` (K,) multiplies each kernel's time and energy."""
-        if noise is None:
+        ``time_factor`` and ``energy_factor`` (K,) multiply each kernel's time and energy (None: 1)."""
+        if time_factor is None and energy_factor is None:
             return self._by_action[0][action], self._by_action[1][action]
         time_s, energy_j = np.zeros(self.kernels + 1), np.zeros(self.kernels + 1)
-        np.cumsum(self.time_s[:, action] * noise, out=time_s[1:])
-        np.cumsum(self.energy_j[:, action] * noise, out=energy_j[1:])
+        column_s, column_j = self.time_s[:, action], self.energy_j[:, action]
+        np.cumsum(column_s if time_factor is None else column_s * time_factor, out=time_s[1:])
+        np.cumsum(column_j if energy_factor is None else column_j * energy_factor, out=energy_j[1:])
         return time_s, energy_j
+
+    @cached_property
+    def _repeats(self) -> dict[int, StepData]:
+        return {1: self}
+
+    def repeated(self, times: int) -> StepData:
+        """The run of ``times`` consecutive repetitions of this step (built once per step and count)."""
+        run = self._repeats.get(times)
+        if run is None:
+            time_s, energy_j = np.tile(self.time_s, (times, 1)), np.tile(self.energy_j, (times, 1))
+            run = self._repeats[times] = StepData(self.name, self.grid, self.actions, time_s, energy_j,
+                                                  self.idle_power_w, np.tile(self.features, (times, 1)),
+                                                  _cumulative(time_s, energy_j))
+        return run
 
     @cached_property
     def action_costs(self) -> ActionCosts:

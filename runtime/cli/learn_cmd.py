@@ -8,11 +8,16 @@ import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kdvfs.envs.common.errors import KdvfsError
 from kdvfs.runtime.cli.arguments import add_output, budget_list, check_output_folder
 from kdvfs.runtime.cli.plan_cmd import add_problem_arguments, problem_from_args
-from kdvfs.runtime.cli.render import compare_table, console, print_json
+from kdvfs.runtime.cli.render import compare_table, console, noisy_table, print_json
+
+if TYPE_CHECKING:
+    from kdvfs.agents.common.problem import Problem
+    from kdvfs.agents.learned.policy_planner import PolicyPlanner
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -29,8 +34,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     add_problem_arguments(evaluate)
     evaluate.add_argument("--slowdown", "--budget", dest="slowdown", type=budget_list, default=[0.01],
                           help="budgets (default 0.01 = 1%%)")
+    evaluate.add_argument("--episodes", type=_positive_int, help="N seeded episodes with the environment's "
+                          "disturbances, every planner open-loop on the same draws (default: one, no disturbance)")
+    evaluate.add_argument("--seed", type=int, default=0, help="seed of the first episode (default 0)")
     evaluate.add_argument("--json", action="store_true", help="print JSON for scripts (as `kdvfs compare --json`)")
     evaluate.set_defaults(func=run_evaluate)
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text} must be a positive integer")
+    return value
 
 
 def _stage_printer() -> Callable[[str], None]:
@@ -72,6 +87,8 @@ def run_evaluate(args: argparse.Namespace) -> int:
 
     problem = problem_from_args(args, args.slowdown[0])
     planner = PolicyPlanner.from_file(args.policy, problem.profile)
+    if args.episodes is not None:
+        return _evaluate_noisy(args, problem, planner)
     with console.status("planning") as status:
         rows = compare(problem, args.slowdown, COMPARED, lambda text: status.update(f"planning: {text}"))
         status.update("policy")
@@ -80,4 +97,17 @@ def run_evaluate(args: argparse.Namespace) -> int:
         print_json([row.as_json() for row in rows])
     else:
         console.print(compare_table(rows, problem))
+    return 0
+
+
+def _evaluate_noisy(args: argparse.Namespace, problem: Problem, planner: PolicyPlanner) -> int:
+    from kdvfs.agents.learned.noisy_evaluation import noisy_rows
+
+    with console.status("episodes") as status:
+        rows = noisy_rows(problem, planner, args.slowdown, args.episodes, args.seed,
+                          progress=lambda text: status.update(f"evaluating: {text}"))
+    if args.json:
+        print_json([row.as_json() for row in rows])
+    else:
+        console.print(noisy_table(rows, problem))
     return 0

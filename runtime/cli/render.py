@@ -15,6 +15,7 @@ from kdvfs.envs.gpu.profiles import GpuProfile
 if TYPE_CHECKING:
     from kdvfs.agents.common.problem import Problem
     from kdvfs.agents.evaluation.compare import Row
+    from kdvfs.agents.learned.noisy_evaluation import NoisyRow
 
 console = Console(width=None if sys.stdout.isatty() else 120, soft_wrap=True)
 
@@ -111,4 +112,17 @@ def compare_table(rows: Sequence[Row], problem: Problem) -> Table:
         e, p = row.executed, row.planned
         table.add_row(f"{row.budget:.1%}", e.method, f"{e.energy_saved_pct:.2f}%", f"{e.slowdown_pct:.2f}%",
                       str(e.switches), f"{e.solve_s:.2f}", f"{p.energy_saved_pct:.2f}% / {p.slowdown_pct:.2f}%")
+    return table
+
+
+def noisy_table(rows: Sequence[NoisyRow], problem: Problem) -> Table:
+    """``kdvfs evaluate --episodes`` output: per method and budget, means over the disturbed episodes."""
+    episodes = rows[0].episodes if rows else 0
+    table = Table(title=f"{problem.trace.meta.workload} on {problem.profile.name}, {problem.latency_s * 1e3:g} ms "
+                        f"switching latency, {episodes} disturbed episodes (means)")
+    for column in ("budget", "method", "energy saved", "slowdown", "within budget", "switches/step", "solve (s)"):
+        table.add_column(column, justify="left" if column == "method" else "right")
+    for row in rows:
+        table.add_row(f"{row.budget:.1%}", row.method, f"{row.energy_saved_pct:.2f}%", f"{row.slowdown_pct:.2f}%",
+                      f"{row.within_budget:.0%}", f"{row.switches:.1f}", f"{row.solve_s:.2f}")
     return table

@@ -52,3 +52,23 @@ def test_train_reports_its_stages_and_runs_with_the_default_progress_bar(tmp_pat
         assert stage in out
     assert main([*train, "--out", str(tmp_path / "bar")]) == 0
     assert (tmp_path / "bar" / "policy.kdvfs-policy.npz").is_file()
+
+
+def test_evaluate_episodes_adds_within_budget_and_is_seeded(capsys: pytest.CaptureFixture[str]) -> None:
+    command = ["evaluate", "--policy", str(shipped_policy_path("h200")), "--trace", TRACE, "--gpu", "h200",
+               "--slowdown", "0.01", "--latency-ms", "3", "--episodes", "2", "--seed", "4", "--json"]
+    assert main(command) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert {"policy", "latency-optimal", "static", "auto"} <= {row["method"] for row in rows}
+    for row in rows:
+        assert set(row) == {"method", "energy_saved_pct", "slowdown_pct", "switches", "solve_s", "budget_pct",
+                            "within_budget", "episodes"}
+        assert row["episodes"] == 2 and 0.0 <= row["within_budget"] <= 1.0
+    assert main(command) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert [{**r, "solve_s": 0} for r in again] == [{**r, "solve_s": 0} for r in rows]
+    assert main([*command[:-1]]) == 0
+    assert "disturbed episodes" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as caught:
+        main([*command[:12], "0"])
+    assert caught.value.code == 2 and "must be a positive integer" in capsys.readouterr().err
