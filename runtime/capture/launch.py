@@ -73,7 +73,7 @@ def run_capture(command: Sequence[str], config: CaptureConfig, ncu: bool = False
 
     With ``ncu``, a second run under Nsight Compute adds counters to the trace's kernels. The script's
     standard output goes to the file descriptor ``script_stdout`` (default: this process's). Under torchrun
-    rank R's trace goes to ``config.output`` with ``.rankR`` before the suffix.
+    rank R's trace goes to ``config.output`` with ``.rankR`` before the suffix (a job of several ranks).
     Raises:
         CaptureError: the capture failed (nothing written).
         ScriptExitError: the script exited with a non-zero code (its ``exit_code``; nothing written).
@@ -96,13 +96,15 @@ def run_capture(command: Sequence[str], config: CaptureConfig, ncu: bool = False
                                            script_stdout)
             save_trace(trace, Path(child.output))
             reports = [replace(reports[0], kernels_with_counters=matched)]
-        return [_deliver(report, config, folder, user.distributed) for report in reports]
+        return [_deliver(report, config, folder) for report in reports]
 
 
-def _deliver(report: CaptureReport, config: CaptureConfig, folder: Path, distributed: bool) -> CaptureReport:
-    """Copy one rank's trace (and raw recording) from the private folder to where the user asked."""
+def _deliver(report: CaptureReport, config: CaptureConfig, folder: Path) -> CaptureReport:
+    """Copy one rank's trace (and raw recording) from the private folder to where the user asked. Files get
+    ``.rankR`` only in a job of several ranks (a one-rank torchrun job names its files as without torchrun,
+    as its controller does: :attr:`kdvfs.runtime.job.Rank.distributed`)."""
     def place(path: Path) -> Path:
-        return rank_path(path, report.rank) if distributed else path
+        return rank_path(path, report.rank) if report.world_size > 1 else path
 
     if config.keep_profile:
         write_text_atomic(place(Path(config.keep_profile)), read_text(place(folder / "profile.json")))

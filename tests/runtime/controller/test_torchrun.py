@@ -84,6 +84,16 @@ def test_each_rank_captures_its_own_trace_with_the_jobs_step_time(job: Path) -> 
     assert not (job / "step.trace.json").exists()
 
 
+def test_a_one_rank_torchrun_job_names_its_trace_as_without_torchrun(tmp_path: Path) -> None:
+    one_rank = [*TORCHRUN[:-2], "1", "--standalone"]
+    done = _kdvfs(["capture", "--cpu-test-mode", "--nvml-module", NVML, "--energy-window-s", "0.3", "-o",
+                   str(tmp_path / "step.trace.json"), "--", *one_rank, *GPT_DDP, "--steps", "600"],
+                  _environment(tmp_path))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert load_trace(tmp_path / "step.trace.json").meta.measurements["world_size"] == 1
+    assert not list(tmp_path.glob("step.rank*"))
+
+
 @pytest.mark.parametrize("dry_run", [True, False], ids=["dry-run", "controlled"])
 def test_every_rank_controls_its_own_gpu_in_lockstep(job: Path, dry_run: bool) -> None:
     done = subprocess.run(_run_argv(job, 300, dry_run), capture_output=True, text=True, cwd=REPO_ROOT,
