@@ -113,3 +113,39 @@ def test_invalid_yaml_and_missing_file(tmp_path: Path) -> None:
         load_profile(path)
     with pytest.raises(ProfileError, match="no such GPU profile file"):
         load_profile(tmp_path / "nothing.yaml")
+
+
+@pytest.mark.parametrize(
+    ("dotted", "value", "message"),
+    [
+        ("cost_model.voltage_min.range", _DELETE, "needs its plausible range"),
+        ("cost_model.voltage_min.range", [0.7, 0.9], r"low <= 0.65 <= high"),
+        ("cost_model.voltage_min.range", [0.9, 0.5], r"low <= 0.65 <= high"),
+        ("cost_model.voltage_min.range", [0.5], "expected 2 values"),
+        ("cost_model.voltage_min.range_source", _DELETE, "go together"),
+        ("cost_model.static_w.range_source", "a source without a range", "go together"),
+        ("cost_model.voltage_min.spread", 0.1, "unknown key"),
+        ("switching.latency_range_s", [0.007, 0.01], "latency_range_s"),
+    ],
+)
+def test_parameter_ranges_load_strictly(tmp_path: Path, dotted: str, value: Any, message: str) -> None:
+    path = _write(tmp_path, _set(_h200_raw(), dotted, value))
+    with pytest.raises(ConfigError, match=message) as caught:
+        load_profile(path)
+    assert str(path) in str(caught.value)
+
+
+def test_every_estimate_of_every_shipped_profile_has_a_range_with_its_source() -> None:
+    for name in available_profiles():
+        profile = load_profile(name)
+        low, high = profile.switching.plausible_latency_s
+        assert profile.switching.latency_range_s is not None and low <= profile.switching.latency_mean_s <= high
+        for param in profile.cost_model.values():
+            if param.status == "estimate":
+                assert param.range is not None and param.range_source, (name, param)
+                assert param.range[0] <= param.value <= param.range[1]
+
+
+def test_switching_range_defaults_to_two_standard_deviations(tmp_path: Path) -> None:
+    profile = load_profile(_write(tmp_path, _set(_h200_raw(), "switching.latency_range_s", _DELETE)))
+    assert profile.switching.plausible_latency_s == pytest.approx((0.002, 0.010))
