@@ -55,3 +55,18 @@ def test_empty_trace_and_bad_budgets_are_clear_errors(capsys: pytest.CaptureFixt
     with pytest.raises(SystemExit) as caught:
         main(["compare", "--trace", SMALL, "--gpu", "h200", "--slowdown", "-1"])
     assert caught.value.code == 2
+
+
+def test_compare_uncertainty_adds_ranges_and_keeps_the_fields(capsys: pytest.CaptureFixture[str]) -> None:
+    code, text, _ = run(capsys, "compare", "--trace", SMALL, "--gpu", "h200", "--slowdown", "0.01", "--json",
+                        "--uncertainty", "--samples", "2", "--seed", "1")
+    rows = json.loads(text)
+    assert code == 0 and all(FIELDS <= set(r) and set(r) - FIELDS == {"uncertainty"} for r in rows)
+    for row in rows:
+        spread = row["uncertainty"]
+        assert spread["method"] == "latin-hypercube" and spread["seed"] == 1
+        assert spread["energy_saved_pct"][0] <= row["energy_saved_pct"] <= spread["energy_saved_pct"][1]
+        assert spread["slowdown_pct"][0] <= row["slowdown_pct"] <= spread["slowdown_pct"][1]
+    code, text, _ = run(capsys, "compare", "--trace", SMALL, "--gpu", "h200", "--slowdown", "0.01",
+                        "--latency-ms", "0", "--uncertainty", "--samples", "1")
+    assert code == 0 and "latin-hypercube" in text and "% (" in text
