@@ -52,6 +52,7 @@ calibrate: setup
 	$(BIN)/kdvfs model fit --sweep data/sweeps/h200-default.sweep.csv --gpu h200 \
 		--fix voltage_min,voltage_knee_fraction,leakage_w,traffic_core_share --write
 	$(BIN)/python scripts/derive_profile_estimates.py
+	$(BIN)/python scripts/fit_rtx3080ti_table1.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

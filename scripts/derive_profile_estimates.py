@@ -1,24 +1,27 @@
-"""Write estimated cost-model parameters into the profiles that have no measurements of their own.
+"""Write estimated cost-model parameters, with plausible ranges, into the profiles without measurements.
 
-No clock sweep exists for the H100, A100, RTX 3080 Ti or B200 profiles, so their parameters are
-estimates transferred from the measured ones, each with a source that says how:
+No clock sweep exists for the H100, A100 or B200 profiles, so their parameters are estimates transferred
+from the measured H200, each with a source that says how and a range:
 
-* time parameters (how kernels slow with clocks): those of the calibrated H200 profile, except the
-  RTX 3080 Ti, which takes the GTX 1080 Ti fit (the consumer part of the public sweeps);
-* watts: the H200's calibrated watts (for the RTX 3080 Ti the GTX 1080 Ti fit's) scaled by the ratio of
-  power limits; voltage curve, power window and switch stall: the H200's estimates;
-* the core-domain share of data-movement power: the H200's for HBM parts; for the RTX 3080 Ti, what is
-  left after GDDR6X's ~7.25 pJ/bit (Micron) at 912 GB/s out of the transferred data-movement power.
+* time parameters (how kernels slow with clocks), voltage curve, power window, switch stall, memory
+  background exponent and the core-domain share of data-movement power: the H200's values and ranges;
+* watts: the H200's watts scaled by the ratio of power limits, range +-30% (the ratio ignores differences
+  of process, memory and board); the boost limit: 1.0 as measured on the H200, range 0.85-1.0.
 
-Run from the repository root after `kdvfs model fit ... --gpu h200 --write`:
+The RTX 3080 Ti prior of ``scripts/fit_rtx3080ti_table1.py`` is made the same way from the GTX 1080 Ti
+fit (the consumer part of the public sweeps, memory background linear in the clock), watts +-50%. Run
+from the repository root after `kdvfs model fit ... --gpu h200 --write`:
 
     python scripts/derive_profile_estimates.py
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from kdvfs.envs.calibration.fit import POWER_PARAMS, TIME_PARAMS, fit_params
 from kdvfs.envs.calibration.sweep import load_sweep
+from kdvfs.envs.common.config import load_yaml
 from kdvfs.envs.common.paths import DATA_DIR
 from kdvfs.envs.gpu.profile_io import write_cost_model
 from kdvfs.envs.gpu.profiles import CostParam, load_profile, profile_path
@@ -27,39 +30,72 @@ from kdvfs.envs.model.cost_model import CostParams
 WATT_PARAMS = tuple(name for name in POWER_PARAMS if name.endswith("_w"))
 GTX1080TI_TDP_W = 250.0
 GDDR6X_J_PER_BIT = 7.25e-12
+BOOST_RANGE = ((0.85, 1.0), "data-center parts boost to their highest clock when the cap allows (measured on the "
+                            "H200); consumer parts stop below it under load")
 
 
-def transferred(target: str, base: CostParams, base_label: str, base_limit_w: float) -> dict[str, CostParam]:
-    """Parameters for ``target``: ``base`` with watts scaled by the power-limit ratio."""
-    h200 = CostParams.from_profile(load_profile("h200"))
-    ratio = load_profile(target).power.limit_w / base_limit_w
+def _watt_range(value: float, base: CostParam | None, label: str, ratio: float, spread: float
+                ) -> tuple[tuple[float, float], str]:
+    if base is not None and base.range is not None:
+        return (base.range[0] * ratio, base.range[1] * ratio), f"{label} range x {ratio:.3f}: {base.range_source}"
+    why = f"{label} value x {ratio:.3f} (power-limit ratio), +-{spread:.0%}"
+    return (value * (1 - spread), value * (1 + spread)), why
+
+
+def _entry(value: float, how: str, ranged: tuple[tuple[float, float], str]) -> CostParam:
+    (low, high), why = ranged
+    bounds = (min(float(f"{low:.4g}"), value), max(float(f"{high:.4g}"), value))
+    return CostParam(value, "estimate", f"estimate: {how}; no sweep of this GPU", bounds, why)
+
+
+def transferred(target: str, base: CostParams, base_label: str, base_limit_w: float, spread: float,
+                base_entries: Mapping[str, CostParam] | None = None) -> dict[str, CostParam]:
+    """Parameters for ``target``: ``base`` with watts scaled by the power-limit ratio, ranges as documented."""
+    h200 = load_profile("h200").cost_model
+    ratio = float(load_yaml(profile_path(target))["power"]["limit_w"]) / base_limit_w
     entries = {}
     for name in CostParams.names():
+        reference = h200[name]
         if name in WATT_PARAMS:
-            value, how = getattr(base, name) * ratio, f"{base_label} value x {ratio:.3f} (power-limit ratio)"
-        elif name in TIME_PARAMS:
-            value, how = getattr(base, name), f"{base_label} value"
+            value = getattr(base, name) * ratio
+            ranged = _watt_range(value, (base_entries or {}).get(name), base_label, ratio, spread)
+            how = f"{base_label} value x {ratio:.3f} (power-limit ratio)"
         else:
-            value, how = getattr(h200, name), "H200 value"
-        entries[name] = CostParam(value, "estimate", f"estimate: {how}; no sweep of this GPU")
+            value = getattr(base, name) if name in TIME_PARAMS else reference.value
+            ranged = (BOOST_RANGE if reference.range is None
+                      else (reference.range, f"H200 range: {reference.range_source}"))
+            how = f"{base_label if name in TIME_PARAMS else 'H200'} value"
+        entries[name] = _entry(value, how, ranged)
+    return entries
+
+
+def rtx3080ti_prior() -> dict[str, CostParam]:
+    """The RTX 3080 Ti parameters transferred from the GTX 1080 Ti fit: the prior of its Table 1 fit."""
+    h200 = CostParams.from_profile(load_profile("h200"))
+    free = [name for name in (*TIME_PARAMS, *POWER_PARAMS) if name != "mem_background_exponent"]
+    gtx1080ti = fit_params(load_sweep(DATA_DIR / "sweeps" / "gtx1080ti.sweep.csv"), free=free)
+    own = {name: getattr(gtx1080ti, name) for name in (*TIME_PARAMS, *WATT_PARAMS)}
+    ampere_consumer = CostParams(**{**h200.__dict__, **own,
+                                    "core_tensor_w": gtx1080ti.core_sm_w * h200.core_tensor_w / h200.core_sm_w})
+    entries = transferred("rtx3080ti", ampere_consumer, "GTX 1080 Ti fit", GTX1080TI_TDP_W, 0.5)
+    entries["mem_background_exponent"] = _entry(1.0, "linear in the memory clock (the GTX 1080 Ti sweep's four "
+                                                "memory clocks do not determine it)",
+                                                ((1.0, 3.0), "linear to cubic in the memory clock; GTX 980 fit 1.6"))
+    bandwidth = float(load_yaml(profile_path("rtx3080ti"))["roofline"]["dram_bandwidth_bytes_per_s"])
+    dram_w = bandwidth * 8 * GDDR6X_J_PER_BIT
+    share = max(0.0, 1.0 - dram_w / entries["mem_traffic_w"].value)
+    entries["traffic_core_share"] = _entry(share, f"1 - GDDR6X {dram_w:.0f} W (7.25 pJ/bit, "
+                                           "Micron, at 912 GB/s) / data-movement power",
+                                           ((0.0, 0.9), "GDDR5/5X sweeps fit 0; on-chip movement at most 0.9"))
     return entries
 
 
 def main() -> None:
-    h200 = CostParams.from_profile(load_profile("h200"))
-    gtx1080ti = fit_params(load_sweep(DATA_DIR / "sweeps" / "gtx1080ti.sweep.csv"))
-    gtx1080ti_power = {name: getattr(gtx1080ti, name) for name in (*TIME_PARAMS, *WATT_PARAMS)}
-    ampere_consumer = CostParams(**{**h200.__dict__, **gtx1080ti_power,
-                                    "core_tensor_w": gtx1080ti.core_sm_w * h200.core_tensor_w / h200.core_sm_w})
+    h200 = load_profile("h200")
+    params = CostParams.from_profile(h200)
     for name in ("h100-sxm", "a100-sxm4", "b200"):
-        write_cost_model(profile_path(name), transferred(name, h200, "H200", 700.0))
-    entries = transferred("rtx3080ti", ampere_consumer, "GTX 1080 Ti fit", GTX1080TI_TDP_W)
-    dram_w = load_profile("rtx3080ti").roofline.dram_bandwidth_bytes_per_s * 8 * GDDR6X_J_PER_BIT
-    share = max(0.0, 1.0 - dram_w / entries["mem_traffic_w"].value)
-    entries["traffic_core_share"] = CostParam(share, "estimate", f"estimate: 1 - GDDR6X {dram_w:.0f} W "
-                                              "(7.25 pJ/bit, Micron, at 912 GB/s) / data-movement power")
-    write_cost_model(profile_path("rtx3080ti"), entries)
-    print("wrote estimated cost-model parameters for h100-sxm, a100-sxm4, b200, rtx3080ti")
+        write_cost_model(profile_path(name), transferred(name, params, "H200", 700.0, 0.3, h200.cost_model))
+    print("wrote estimated cost-model parameters for h100-sxm, a100-sxm4, b200")
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from kdvfs.envs.calibration.fit import (
     fit_params,
     identifiable,
     initial_params,
+    param_bounds,
     predict_power_w,
     predict_time_s,
 )
@@ -37,11 +38,15 @@ class Calibration:
 
 def starting_params(profile: GpuProfile, sweep: Sweep) -> tuple[CostParams, dict[str, CostParam]]:
     """The profile's parameters where it has them (any status), neutral starting values elsewhere."""
-    default = initial_params(float(sweep.power_w.max()))
+    max_power_w = float(sweep.power_w.max())
+    default = initial_params(max_power_w)
     entries = {}
     for name in CostParams.names():
-        entry = profile.cost_model.get(name)
-        entries[name] = entry or CostParam(getattr(default, name), "estimate", "kdvfs neutral starting value")
+        (low,), (high,) = param_bounds([name], max_power_w)
+        value = getattr(default, name)
+        entries[name] = profile.cost_model.get(name) or CostParam(
+            value, "estimate", "kdvfs neutral starting value", (min(low, value), max(high, value)),
+            "kdvfs fit bounds: nothing is known of this parameter")
     return CostParams(**{name: e.value for name, e in entries.items()}), entries
 
 

@@ -19,11 +19,12 @@ from kdvfs.envs.model.cost_model import Array, CostParams, kernel_power_w, kerne
 
 TIME_PARAMS = ("fixed_fraction", "boundness_exponent", "latency_floor", "memory_core_knee")
 POWER_PARAMS = ("static_w", "leakage_w", "core_idle_w", "core_sm_w", "core_tensor_w", "voltage_min",
-                "voltage_knee_fraction", "mem_background_w", "mem_traffic_w", "traffic_core_share")
-_FRACTION_BOUNDS = {
+                "voltage_knee_fraction", "mem_background_w", "mem_background_exponent", "mem_traffic_w",
+                "traffic_core_share")
+PARAM_BOUNDS = {
     "fixed_fraction": (0.0, 0.6), "boundness_exponent": (0.5, 8.0), "latency_floor": (0.005, 0.6),
     "memory_core_knee": (0.2, 1.0), "voltage_min": (0.4, 1.0), "voltage_knee_fraction": (0.1, 0.95),
-    "traffic_core_share": (0.0, 1.0),
+    "traffic_core_share": (0.0, 1.0), "mem_background_exponent": (0.5, 4.0), "boost_limit_fraction": (0.5, 1.0),
 }
 
 
@@ -33,14 +34,16 @@ def initial_params(max_power_w: float) -> CostParams:
         fixed_fraction=0.05, boundness_exponent=2.0, latency_floor=0.1, memory_core_knee=0.6,
         static_w=0.15 * max_power_w, leakage_w=0.05 * max_power_w, core_idle_w=0.15 * max_power_w,
         core_sm_w=0.35 * max_power_w, core_tensor_w=0.2 * max_power_w, voltage_min=0.7,
-        voltage_knee_fraction=0.5, mem_background_w=0.08 * max_power_w, mem_traffic_w=0.15 * max_power_w,
+        voltage_knee_fraction=0.5, mem_background_w=0.08 * max_power_w, mem_background_exponent=1.0,
+        mem_traffic_w=0.15 * max_power_w,
         traffic_core_share=0.5,
-        switch_stall_s=0.0, power_window_s=0.01,
+        switch_stall_s=0.0, power_window_s=0.01, boost_limit_fraction=1.0,
     )
 
 
-def _bounds(names: Sequence[str], max_power_w: float) -> tuple[list[float], list[float]]:
-    pairs = [_FRACTION_BOUNDS.get(name, (0.0, 2.0 * max_power_w)) for name in names]
+def param_bounds(names: Sequence[str], max_power_w: float) -> tuple[list[float], list[float]]:
+    """Lower and upper fit bounds of each parameter (watts: 0 to twice the largest measured power)."""
+    pairs = [PARAM_BOUNDS.get(name, (0.0, 2.0 * max_power_w)) for name in names]
     return [low for low, _ in pairs], [high for _, high in pairs]
 
 
@@ -68,7 +71,7 @@ def _power_residuals(params: CostParams, sweep: Sweep) -> Array:
 def _solve(params: CostParams, names: Sequence[str], residuals_of: Callable[[CostParams], Array],
            max_power_w: float) -> CostParams:
     start = [getattr(params, name) for name in names]
-    low, high = _bounds(names, max_power_w)
+    low, high = param_bounds(names, max_power_w)
     start = list(np.clip(start, low, high))
 
     def residuals(values: Array) -> Array:
@@ -91,6 +94,8 @@ def identifiable(sweep: Sweep, names: Sequence[str]) -> list[str]:
         keep = [n for n in keep if n not in ("voltage_min", "voltage_knee_fraction", "leakage_w", "traffic_core_share")]
     if len(np.unique(sweep.mem_mhz)) < 2:
         keep = [n for n in keep if n != "mem_background_w"]
+    if len(np.unique(sweep.mem_mhz)) < 3:
+        keep = [n for n in keep if n != "mem_background_exponent"]
     return keep
 
 

@@ -67,5 +67,5 @@ def write_cost_model(source: Path, params: Mapping[str, CostParam], destination:
     raw = load_yaml(source)
     if not isinstance(raw, dict):
         raise ProfileError(f"{source}: not a GPU profile (a YAML mapping)")
-    raw["cost_model"] = {name: {"value": p.value, "status": p.status, "source": p.source} for name, p in params.items()}
+    raw["cost_model"] = {name: p.as_mapping() for name, p in params.items()}
     return write_profile_yaml(raw, destination or source, leading_comments(source))

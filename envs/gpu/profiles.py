@@ -101,29 +101,66 @@ class Roofline:
 
 @dataclass(frozen=True)
 class Switching:
-    """Latency from an NVML clock request to the new clock taking effect (seconds)."""
+    """Latency from an NVML clock request to the new clock taking effect (seconds).
+
+    ``latency_range_s`` is the plausible range of the mean latency (``kdvfs compare --uncertainty``);
+    without one, the mean plus or minus two standard deviations is used.
+    """
 
     latency_mean_s: float
     latency_std_s: float
     source: str
     estimated: bool
+    latency_range_s: tuple[float, float] | None = None
 
     def __post_init__(self) -> None:
         if self.latency_mean_s < 0 or self.latency_std_s < 0:
             raise ProfileError("latency_mean_s and latency_std_s must be >= 0")
+        if self.latency_range_s is not None:
+            _check_range(self.latency_range_s, self.latency_mean_s, "latency_range_s")
+
+    @property
+    def plausible_latency_s(self) -> tuple[float, float]:
+        """The latency range: ``latency_range_s``, else the mean +- 2 standard deviations (not below 0)."""
+        if self.latency_range_s is not None:
+            return self.latency_range_s
+        return max(0.0, self.latency_mean_s - 2 * self.latency_std_s), self.latency_mean_s + 2 * self.latency_std_s
+
+
+def _check_range(bounds: tuple[float, float], value: float, label: str) -> None:
+    low, high = bounds
+    if not low <= value <= high:
+        raise ProfileError(f"{label} {list(bounds)} must be [low, high] with low <= {value:g} <= high")
 
 
 @dataclass(frozen=True)
 class CostParam:
-    """One cost-model parameter with its provenance."""
+    """One cost-model parameter with its provenance.
+
+    ``range`` is its plausible ``[low, high]`` (required for an ``estimate``), ``range_source`` where that
+    range comes from; ``kdvfs compare --uncertainty`` varies every parameter that has one.
+    """
 
     value: float
     status: str
     source: str
+    range: tuple[float, float] | None = None
+    range_source: str | None = None
 
     def __post_init__(self) -> None:
         if self.status not in PARAM_STATUSES:
             raise ProfileError(f"status {self.status!r} must be one of {list(PARAM_STATUSES)}")
+        if self.status == "estimate" and self.range is None:
+            raise ProfileError("an estimate needs its plausible range: add range: [low, high] and range_source")
+        if (self.range is None) != (self.range_source is None):
+            raise ProfileError("range and range_source go together: give both or neither")
+        if self.range is not None:
+            _check_range(self.range, self.value, "range")
+
+    def as_mapping(self) -> dict[str, Any]:
+        """The parameter as it is written in a profile's ``cost_model`` section."""
+        extra = {} if self.range is None else {"range": list(self.range), "range_source": self.range_source}
+        return {"value": self.value, "status": self.status, "source": self.source, **extra}
 
 
 @dataclass(frozen=True)

@@ -20,19 +20,21 @@ work rate at the new clocks w = (t0 f_c0) / (t f_c) (1 at the reference), and DR
 of peak bandwidth a_d = u_d * (f_m0 / F_m) * t0 / t:
 
     P = static_w + leakage_w * v + v^2 (f_c / F_c) (core_idle_w + A w)
-        + mem_background_w (f_m / F_m) + mem_traffic_w a_d ((1 - s) + s v^2)
+        + mem_background_w (f_m / F_m)^q + mem_traffic_w a_d ((1 - s) + s v^2)
 
 where the kernel's core activity A = core_sm_w u_s + core_tensor_w u_t, or, when the kernel's power P0
 at the reference clocks was measured, the value that reproduces P0 there; s is the share of data-movement
 power in the core voltage domain (energy per byte moved through L2 and the crossbar scales with v^2).
 
 Auto mode: the firmware's power limiter averages power over windows of ``power_window_s``; each window's
-kernels run at the highest supported core clock whose average power over the window (idle gaps included)
-fits the cap. A kernel alone in its window (a steady loop of one kernel) gets its own capped clock.
+kernels run at the highest core clock up to ``boost_limit_fraction * F_c`` whose average power over the
+window (idle gaps included) fits the cap, a continuous clock (the GPU dithers between clock bins). A kernel
+alone in its window (a steady loop of one kernel) gets its own capped clock.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 
 import numpy as np
@@ -40,6 +42,7 @@ import numpy as np
 from kdvfs.envs.gpu.profiles import GpuProfile
 
 Array = np.ndarray
+BISECTION_STEPS = 40
 
 
 @dataclass(frozen=True)
@@ -58,13 +61,17 @@ class CostParams:
         core_tensor_w: additional core dynamic power at full tensor-pipe utilisation (W).
         voltage_min: v at and below the knee, relative to the voltage at the max core clock.
         voltage_knee_fraction: core clock (fraction of max) above which voltage rises.
-        mem_background_w: memory power at the max memory clock with no traffic (W), linear in f_m.
+        mem_background_w: memory power at the max memory clock with no traffic (W).
+        mem_background_exponent: q, memory background power scales as (f_m / F_m)^q (1: linear in the clock;
+            more where the memory voltage falls with its clock).
         mem_traffic_w: additional power of moving data at full DRAM bandwidth (W).
         traffic_core_share: share of that data-movement power spent in the core voltage domain (L2,
             crossbar, load/store units), which scales with v^2; the rest is in the DRAM and its interface.
         switch_stall_s: time the GPU stalls when a clock change takes effect (s).
         power_window_s: averaging window of the firmware's power limiter (s): in auto mode the core
             clock of a window of kernels is the highest whose average power over the window fits the cap.
+        boost_limit_fraction: highest core clock (fraction of max) the firmware boosts to in auto mode under
+            load; a locked clock above it runs at the auto clock (a locked clock is an upper bound).
     """
 
     fixed_fraction: float
@@ -79,10 +86,12 @@ class CostParams:
     voltage_min: float
     voltage_knee_fraction: float
     mem_background_w: float
+    mem_background_exponent: float
     mem_traffic_w: float
     traffic_core_share: float
     switch_stall_s: float
     power_window_s: float
+    boost_limit_fraction: float
 
     @classmethod
     def names(cls) -> tuple[str, ...]:
@@ -166,20 +175,21 @@ def idle_power_w(params: CostParams, limits: ClockLimits, core_mhz: Array, mem_m
     """Power (W) of the GPU holding the given clocks with no kernel running (idle gaps)."""
     v = voltage(params, limits, core_mhz)
     return (params.static_w + params.leakage_w * v + v * v * (core_mhz / limits.max_core_mhz) * params.core_idle_w
-            + params.mem_background_w * mem_mhz / limits.max_mem_mhz)
+            + params.mem_background_w * np.power(mem_mhz / limits.max_mem_mhz, params.mem_background_exponent))
 
 
 def _core_activity_w(params: CostParams, limits: ClockLimits, k: KernelInputs) -> Array:
     """Core dynamic power (W, at max clock and voltage) of each kernel's work at its reference rate.
 
     From the utilisations, or, where the kernel's power at the reference clocks was measured, the part of
-    that measurement the idle and memory terms do not explain.
+    that measurement the idle and memory terms do not explain. That part may be negative down to minus the
+    idle core power: a kernel that occupies few SMs (latency-bound) leaves the others clock-gated.
     """
     from_utilisation = params.core_sm_w * k.sm_util + params.core_tensor_w * k.tensor_util
     v = voltage(params, limits, k.core_mhz)
     unexplained = (k.power_w - idle_power_w(params, limits, k.core_mhz, k.mem_mhz)
                    - _traffic_w(params, v, k.dram_util * k.mem_mhz / limits.max_mem_mhz))
-    from_measurement = np.maximum(unexplained, 0.0) / (v * v * k.core_mhz / limits.max_core_mhz)
+    from_measurement = np.maximum(unexplained / (v * v * k.core_mhz / limits.max_core_mhz), -params.core_idle_w)
     return np.where(np.isfinite(k.power_w), from_measurement, from_utilisation)
 
 
@@ -206,14 +216,11 @@ def self_referenced_power_w(params: CostParams, limits: ClockLimits, k: KernelIn
     return kernel_power_w(params, limits, same, core_mhz, k.mem_mhz, k.time_s)
 
 
-def capped_clock_mhz(power_w: Array, core_mhz: Array, cap_w: float) -> Array:
-    """Highest clock in ``core_mhz`` (ascending, last axis of ``power_w``) whose power is within the cap.
-
-    Falls back to the lowest clock where even that exceeds the cap. Shape: ``power_w.shape[:-1]``.
-    """
-    within = power_w <= cap_w
-    highest = within.shape[-1] - 1 - np.argmax(within[..., ::-1], axis=-1)
-    return np.where(within.any(axis=-1), core_mhz[highest], core_mhz[0])
+def auto_clock_range_mhz(params: CostParams, limits: ClockLimits, core_mhz: Array) -> tuple[float, float]:
+    """Lowest and highest core clock (MHz) auto mode may run at among the supported ``core_mhz``: up to the
+    boost limit, never below the lowest supported clock."""
+    low, high = float(np.min(core_mhz)), float(np.max(core_mhz))
+    return low, max(low, min(high, params.boost_limit_fraction * limits.max_core_mhz))
 
 
 def power_windows(start_s: Array, window_s: float) -> Array:
@@ -222,15 +229,30 @@ def power_windows(start_s: Array, window_s: float) -> Array:
     return np.unique(raw, return_inverse=True)[1]
 
 
-def windowed_capped_clock_mhz(power_w: Array, time_s: Array, gap_s: Array, gap_power_w: Array, window: Array,
-                              core_mhz: Array, cap_w: float) -> Array:
-    """Per-kernel auto core clock (K,) when the cap holds on average over each window.
+EnergyAt = Callable[[Array], tuple[Array, Array]]
+"""Per-kernel (energy J, duration s) with each kernel at the given clock (K,), its preceding gap included."""
 
-    ``power_w``, ``time_s``: (K, C) kernel power and time at each candidate core clock; ``gap_s`` (K,) the idle
-    time before each kernel; ``gap_power_w`` (C,) idle power at each clock; ``window`` (K,) sorted window index.
+
+def windowed_capped_clock_mhz(energy_at: EnergyAt, window: Array, clock_range_mhz: tuple[float, float],
+                              cap_w: float) -> Array:
+    """Per-kernel auto core clock (K,): in each window the highest clock within ``clock_range_mhz`` whose
+    average power over the window fits the cap, or the lowest where none does.
+
+    The clock is continuous: a capped GPU dithers between adjacent clock bins, so over a window it averages
+    the clock at which power meets the cap. Found by bisection (average power rises with the clock);
+    ``window`` is the sorted window index of each kernel.
     """
-    energy = power_w * time_s + gap_s[:, None] * gap_power_w[None, :]
-    duration = time_s + gap_s[:, None]
     starts = np.flatnonzero(np.r_[True, window[1:] != window[:-1]])
-    average = np.add.reduceat(energy, starts, axis=0) / np.add.reduceat(duration, starts, axis=0)
-    return capped_clock_mhz(average, core_mhz, cap_w)[window]
+
+    def fits(clock_mhz: Array) -> Array:
+        energy, duration = energy_at(clock_mhz[window])
+        return np.add.reduceat(energy, starts) / np.add.reduceat(duration, starts) <= cap_w
+
+    low = np.full(len(starts), clock_range_mhz[0])
+    high = np.full(len(starts), clock_range_mhz[1])
+    at_top = fits(high)
+    for _ in range(BISECTION_STEPS):
+        middle = 0.5 * (low + high)
+        ok = fits(middle)
+        low, high = np.where(ok, middle, low), np.where(ok, high, middle)
+    return np.where(at_top, clock_range_mhz[1], low)[window]

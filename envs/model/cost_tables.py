@@ -17,6 +17,7 @@ from kdvfs.envs.model.cost_model import (
     ClockLimits,
     CostParams,
     KernelInputs,
+    auto_clock_range_mhz,
     idle_power_w,
     kernel_power_w,
     kernel_time_s,
@@ -93,44 +94,54 @@ def _windows(params: CostParams, time_s: Array, gap_s: Array) -> Array:
     return power_windows(start_s, params.power_window_s)
 
 
+def _clock_range(params: CostParams, profile: GpuProfile, mem_mhz: float) -> tuple[float, float]:
+    cores = np.asarray(profile.clocks.core_mhz[int(mem_mhz)], dtype=np.float64)
+    return auto_clock_range_mhz(params, ClockLimits.of(profile), cores)
+
+
 def auto_reference_mhz(params: CostParams, profile: GpuProfile, k: KernelInputs, gap_s: Array) -> Array:
     """Core clock (MHz) the power limiter picked for kernels recorded in auto mode, shape ``(K,)``."""
     limits = ClockLimits.of(profile)
     mem = float(k.mem_mhz[0])
-    cores = np.asarray(profile.clocks.core_mhz[int(mem)], dtype=np.float64)
-    power = self_referenced_power_w(params, limits, k.column(), cores[None, :])
-    time = np.broadcast_to(k.time_s[:, None], power.shape)
-    return windowed_capped_clock_mhz(power, time, gap_s, idle_power_w(params, limits, cores, np.asarray(mem)),
-                                     _windows(params, k.time_s, gap_s), cores, profile.power.limit_w)
+
+    def energy_at(core_mhz: Array) -> tuple[Array, Array]:
+        power = self_referenced_power_w(params, limits, k, core_mhz)
+        return power * k.time_s + gap_s * idle_power_w(params, limits, core_mhz, k.mem_mhz), k.time_s + gap_s
+
+    return windowed_capped_clock_mhz(energy_at, _windows(params, k.time_s, gap_s), _clock_range(params, profile, mem),
+                                     profile.power.limit_w)
+
+
+def _auto_column(params: CostParams, profile: GpuProfile, k: KernelInputs, gap_s: Array, mem_mhz: float
+                 ) -> tuple[Array, Array, Array, Array]:
+    """Auto-mode core clock, time, power and gap power at one memory clock, each (K,)."""
+    limits, mem = ClockLimits.of(profile), np.full(len(gap_s), mem_mhz)
+
+    def costs_at(core_mhz: Array) -> tuple[Array, Array, Array]:
+        time = kernel_time_s(params, limits, k, core_mhz, mem)
+        return time, kernel_power_w(params, limits, k, core_mhz, mem, time), idle_power_w(params, limits, core_mhz, mem)
+
+    def energy_at(core_mhz: Array) -> tuple[Array, Array]:
+        time, power, gap_power = costs_at(core_mhz)
+        return power * time + gap_s * gap_power, time + gap_s
+
+    chosen = windowed_capped_clock_mhz(energy_at, _windows(params, k.time_s, gap_s),
+                                       _clock_range(params, profile, mem_mhz), profile.power.limit_w)
+    return (chosen, *costs_at(chosen))
 
 
 def _auto_columns(params: CostParams, profile: GpuProfile, k: KernelInputs, gap_s: Array
                   ) -> tuple[Array, Array, Array, Array]:
     """Auto-mode core clock, time, power and gap power, each (K, M)."""
-    limits, column = ClockLimits.of(profile), k.column()
-    windows = _windows(params, k.time_s, gap_s)
-    clocks, times, powers, gap_powers = [], [], [], []
-    for mem in profile.clocks.memory_mhz:
-        cores = np.asarray(profile.clocks.core_mhz[mem], dtype=np.float64)
-        mem_mhz = np.full((1, 1), float(mem))
-        time = kernel_time_s(params, limits, column, cores[None, :], mem_mhz)
-        power = kernel_power_w(params, limits, column, cores[None, :], mem_mhz, time)
-        gap_power = idle_power_w(params, limits, cores, np.asarray(float(mem)))
-        chosen = windowed_capped_clock_mhz(power, time, gap_s, gap_power, windows, cores, profile.power.limit_w)
-        index = np.searchsorted(cores, chosen)
-        clocks.append(chosen)
-        times.append(np.take_along_axis(time, index[:, None], axis=1)[:, 0])
-        powers.append(np.take_along_axis(power, index[:, None], axis=1)[:, 0])
-        gap_powers.append(gap_power[index])
-    return (np.stack(clocks, axis=1), np.stack(times, axis=1), np.stack(powers, axis=1),
-            np.stack(gap_powers, axis=1))
+    columns = [_auto_column(params, profile, k, gap_s, float(mem)) for mem in profile.clocks.memory_mhz]
+    return tuple(np.stack(parts, axis=1) for parts in zip(*columns, strict=True))  # type: ignore[return-value]
 
 
 def build_tables(trace: Trace, profile: GpuProfile, params: CostParams | None = None) -> CostTables:
     """Cost tables of ``trace`` on ``profile`` (parameters from the profile unless given).
 
-    The power cap always holds: a locked core clock above the one the power limiter allows at that memory
-    clock runs at the allowed clock (the firmware treats a locked clock as an upper bound).
+    The power cap and the boost limit always hold: a locked core clock above the auto clock at that memory
+    clock runs at the auto clock (the firmware treats a locked clock as an upper bound).
 
     Idle gaps are those of the unprofiled step when the trace carries its measured step time
     (:func:`kdvfs.envs.trace.trace.with_measured_gaps`).

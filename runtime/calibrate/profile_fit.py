@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import tempfile
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -54,8 +55,7 @@ def starting_mapping(gpu: LocalGpu, name: str) -> dict[str, Any]:
     mapping = skeleton_profile(gpu, name)
     reference = reference_profile(gpu.name)
     mapping["cost_model"] = {
-        key: {"value": p.value, "status": p.status, "source": f"kept from the shipped profile {reference.name}: "
-                                                                f"{p.source}"}
+        key: replace(p, source=f"kept from the shipped profile {reference.name}: {p.source}").as_mapping()
         for key, p in reference.cost_model.items()}
     return mapping
 
@@ -79,8 +79,7 @@ def fit_mapping(mapping: dict[str, Any], sweep: Sweep, fixed: Sequence[str], how
     note = (f"cost model: {', '.join(result.fitted)} fitted by `kdvfs calibrate` {how} ({date}); "
             f"{', '.join(kept)} kept as listed (not determined by these measurements)")
     power = {**mapping["power"], **({"idle_w": idle_w} if idle_w is not None else {})}
-    cost_model = {name: {"value": p.value, "status": p.status, "source": p.source}
-                  for name, p in result.entries.items()}
+    cost_model = {name: p.as_mapping() for name, p in result.entries.items()}
     return {**mapping, "sources": [*mapping["sources"], note], "power": power, "cost_model": cost_model}, result
 
 

@@ -9,10 +9,12 @@ from typing import TYPE_CHECKING
 from kdvfs.envs.common.run_record import write_run_record
 from kdvfs.envs.gpu.profiles import GpuProfile, load_profile
 from kdvfs.envs.model.cost_tables import build_tables, step_breakdown
+from kdvfs.envs.model.uncertainty import UncertaintySpec
 from kdvfs.envs.trace.bundled import DEFAULT_TRACE, open_trace
 from kdvfs.envs.trace.summary import summarize
 from kdvfs.envs.trace.trace import Trace, with_measured_gaps
 from kdvfs.runtime.cli.arguments import add_output, check_output_folder
+from kdvfs.runtime.cli.plan_cmd import uncertainty_ranges
 from kdvfs.runtime.cli.render import breakdown_table, compare_table, console, profile_table, trace_tables
 
 if TYPE_CHECKING:
@@ -20,6 +22,7 @@ if TYPE_CHECKING:
     from kdvfs.agents.evaluation.compare import Row
 
 DEMO_BUDGETS = (0.0, 0.01, 0.03, 0.05, 0.1)
+DEMO_SAMPLES = 8
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -27,6 +30,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--trace", default=DEFAULT_TRACE, help=f"trace to use (default {DEFAULT_TRACE})")
     parser.add_argument("--gpu", default="h200", help="GPU profile (default h200)")
     add_output(parser, "folder for the plot and run record (default runs/demo)", dest="out", default=Path("runs/demo"))
+    parser.add_argument("--samples", type=int, default=DEMO_SAMPLES, help="sampled profiles for the 1%% budget's "
+                        f"ranges over the profile's parameter ranges (default {DEMO_SAMPLES}; 0: none)")
     parser.set_defaults(func=run)
 
 
@@ -43,12 +48,13 @@ def run(args: argparse.Namespace) -> int:
     console.print(breakdown_table({"trace": trace.meta.workload, "gpu": profile.name,
                                    "measured": dict(trace.meta.measurements), "predictions": [{"mode": "auto",
                                    "core_mhz": None, "mem_mhz": float(tables.memory_mhz[0]), **auto}]}))
-    _compare(trace, profile, args.out)
+    _compare(trace, profile, args.out, args.samples)
     return 0
 
 
-def _compare(trace: Trace, profile: GpuProfile, out: Path) -> None:
-    """Every method and the shipped policy at a 1% budget, and the trade-off plot over DEMO_BUDGETS."""
+def _compare(trace: Trace, profile: GpuProfile, out: Path, samples: int) -> None:
+    """Every method and the shipped policy at a 1% budget (the methods with their ranges over the profile's
+    parameter ranges), and the trade-off plot over DEMO_BUDGETS."""
     from kdvfs.agents.common.problem import Problem
     from kdvfs.agents.evaluation.compare import compare, plot_tradeoff
     from kdvfs.agents.planners.registry import COMPARED
@@ -57,7 +63,10 @@ def _compare(trace: Trace, profile: GpuProfile, out: Path) -> None:
     with console.status("planning") as status:
         rows = compare(problem, DEMO_BUDGETS, COMPARED, lambda text: status.update(f"planning: {text}"))
         rows += _shipped_policy_rows(problem)
-    console.print(compare_table([r for r in rows if r.budget == 0.01], problem))
+    at_budget = [r for r in rows if r.budget == 0.01]
+    methods = [r for r in at_budget if r.executed.method in COMPARED]
+    ranges = uncertainty_ranges(problem, methods, [0.01], None, UncertaintySpec(samples)) if samples else None
+    console.print(compare_table(at_budget, problem, ranges))
     plot = out / "pareto.png"
     plot_tradeoff(rows, f"{trace.meta.workload} on {profile.name}, {problem.latency_s * 1e3:g} ms switching", plot)
     record = write_run_record(out, {"trace": trace.meta.workload, "gpu": profile.name, "budgets": DEMO_BUDGETS,

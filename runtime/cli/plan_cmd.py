@@ -8,15 +8,17 @@ from pathlib import Path
 from typing import Any
 
 from kdvfs.agents.common.problem import Problem, outcome_of
-from kdvfs.agents.evaluation.compare import compare, plot_tradeoff
+from kdvfs.agents.evaluation.compare import Row, compare, plot_tradeoff
+from kdvfs.agents.evaluation.uncertainty import RowRange, compare_ranges, range_of
 from kdvfs.agents.planners.registry import COMPARED, PLANNERS, make_planner
 from kdvfs.envs.common.errors import KdvfsError
 from kdvfs.envs.common.files import write_text_atomic
 from kdvfs.envs.gpu.profiles import load_profile
 from kdvfs.envs.model.schedule import Schedule
+from kdvfs.envs.model.uncertainty import UncertaintySpec
 from kdvfs.envs.trace.bundled import open_trace
 from kdvfs.runtime.cli.arguments import add_output, budget, budget_list, check_output_file
-from kdvfs.runtime.cli.render import compare_table, console, print_json
+from kdvfs.runtime.cli.render import add_uncertainty_arguments, compare_table, console, print_json, progress_bar
 
 PLOT_BUDGETS = (0.0, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1)
 
@@ -45,15 +47,28 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     comparison.add_argument("--json", action="store_true", help="print JSON for scripts")
     comparison.add_argument("--plot", type=Path, help=f"write the trade-off plot (budgets {100 * PLOT_BUDGETS[0]:g}%%-"
                             f"{100 * PLOT_BUDGETS[-1]:g}%%) to this PNG")
+    add_uncertainty_arguments(comparison)
     comparison.set_defaults(func=run_compare)
+
+
+def latency_from_args(args: argparse.Namespace) -> float | None:
+    """``--latency-ms`` in seconds (None: the profile's)."""
+    latency_s = None if args.latency_ms is None else args.latency_ms / 1e3
+    if latency_s is not None and latency_s < 0:
+        raise KdvfsError(f"--latency-ms {args.latency_ms} must be >= 0")
+    return latency_s
 
 
 def problem_from_args(args: argparse.Namespace, slowdown: float) -> Problem:
     """The planning problem of :func:`add_problem_arguments`' arguments at ``slowdown``."""
-    latency_s = None if args.latency_ms is None else args.latency_ms / 1e3
-    if latency_s is not None and latency_s < 0:
-        raise KdvfsError(f"--latency-ms {args.latency_ms} must be >= 0")
-    return Problem.build(open_trace(args.trace), load_profile(args.gpu), slowdown, latency_s)
+    return Problem.build(open_trace(args.trace), load_profile(args.gpu), slowdown, latency_from_args(args))
+
+
+def uncertainty_ranges(problem: Problem, rows: list[Row], budgets: list[float], latency_s: float | None,
+                       spec: UncertaintySpec) -> dict[tuple[str, float], RowRange]:
+    """Each row's range over the profile's parameter ranges, with a progress bar once it runs 2 s."""
+    with progress_bar("parameter samples") as progress:
+        return compare_ranges(problem.trace, problem.profile, rows, budgets, latency_s, spec, progress=progress)
 
 
 def schedule_json(problem: Problem, schedule: Schedule) -> dict[str, Any]:
@@ -101,6 +116,12 @@ def run_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _row_json(row: Row, ranges: dict[tuple[str, float], RowRange] | None) -> dict[str, Any]:
+    """A row's JSON (the fields of ``Row.as_json``), plus ``uncertainty`` when ranges were computed."""
+    spread = range_of(ranges, row) if ranges is not None else None
+    return {**row.as_json(), **({"uncertainty": spread.as_json()} if spread is not None else {})}
+
+
 def run_compare(args: argparse.Namespace) -> int:
     check_output_file(args.plot)
     problem = problem_from_args(args, args.slowdown[0])
@@ -112,10 +133,14 @@ def run_compare(args: argparse.Namespace) -> int:
             title = (f"{problem.trace.meta.workload} on {problem.profile.name}, "
                      f"{problem.latency_s * 1e3:g} ms switching")
             plot_tradeoff(plotted, title, args.plot)
+    ranges = None
+    if args.uncertainty:
+        spec = UncertaintySpec(args.samples, args.seed, vary_latency=args.latency_ms is None)
+        ranges = uncertainty_ranges(problem, rows, args.slowdown, latency_from_args(args), spec)
     if args.json:
-        print_json([row.as_json() for row in rows])
+        print_json([_row_json(row, ranges) for row in rows])
     else:
-        console.print(compare_table(rows, problem))
+        console.print(compare_table(rows, problem, ranges))
     if args.plot and not args.json:
         console.print(f"wrote {args.plot}")
     return 0

@@ -11,9 +11,12 @@ import numpy as np
 from kdvfs.envs.common.errors import KdvfsError
 from kdvfs.envs.gpu.profiles import GpuProfile, load_profile
 from kdvfs.envs.model.cost_tables import build_tables, step_breakdown
+from kdvfs.envs.model.uncertainty import UncertaintySpec, over_samples, spread
 from kdvfs.envs.trace.bundled import open_trace
 from kdvfs.envs.trace.trace import Trace, with_measured_gaps
-from kdvfs.runtime.cli.render import breakdown_table, console, print_json
+from kdvfs.runtime.cli.render import add_uncertainty_arguments, breakdown_table, console, print_json, progress_bar
+
+RANGED = ("step_time_s", "energy_j", "avg_power_w")
 
 
 def _pair(text: str) -> tuple[float, float]:
@@ -31,6 +34,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--pair", type=_pair, action="append", default=[], metavar="CORE_MHZ:MEM_MHZ",
                         help="also predict at this locked clock pair (repeatable)")
     parser.add_argument("--json", action="store_true", help="print JSON for scripts")
+    add_uncertainty_arguments(parser)
     parser.set_defaults(func=run)
 
 
@@ -42,13 +46,13 @@ def _measured_elsewhere(trace: Trace, profile: GpuProfile) -> str:
             f"(profile {profile.name!r}): they are no check of this prediction")
 
 
-def run(args: argparse.Namespace) -> int:
-    trace, profile = with_measured_gaps(open_trace(args.trace)), load_profile(args.gpu)
+def predictions(trace: Trace, profile: GpuProfile, pairs: list[tuple[float, float]]) -> list[dict[str, Any]]:
+    """The auto-mode row, then one row per locked pair: step totals and the split by category."""
     tables = build_tables(trace, profile)
     rows: list[dict[str, Any]] = [{"mode": "auto", "core_mhz": None, "mem_mhz": float(tables.memory_mhz[0]),
                                    **step_breakdown(trace, tables, tables.auto_time_s[:, 0],
                                                     tables.auto_energy_j[:, 0], tables.auto_gap_power_w[:, 0])}]
-    for core, mem in args.pair:
+    for core, mem in pairs:
         match = np.flatnonzero((tables.pairs_mhz[:, 0] == core) & (tables.pairs_mhz[:, 1] == mem))
         if not len(match):
             raise KdvfsError(f"clock pair {core:g}:{mem:g} MHz is not supported by GPU profile {profile.name!r}; "
@@ -57,8 +61,28 @@ def run(args: argparse.Namespace) -> int:
         rows.append({"mode": "locked", "core_mhz": core, "mem_mhz": mem,
                      **step_breakdown(trace, tables, tables.time_s[:, index], tables.energy_j[:, index],
                                       float(tables.gap_power_w[index]))})
-    result = {"trace": trace.meta.workload, "gpu": profile.name, "measured": dict(trace.meta.measurements),
-              "predictions": rows}
+    return rows
+
+
+def with_ranges(rows: list[dict[str, Any]], trace: Trace, profile: GpuProfile, pairs: list[tuple[float, float]],
+                spec: UncertaintySpec) -> None:
+    """Add to each row ``uncertainty``: the range of each step total over the profile's parameter ranges."""
+    samples: list[list[dict[str, Any]]] = [rows]
+    with progress_bar("parameter samples") as progress:
+        samples += [predictions(trace, sample, pairs) for sample in over_samples(profile, spec, progress)]
+    for index, row in enumerate(rows):
+        row["uncertainty"] = {key: spread(sample[index][key] for sample in samples) for key in RANGED}
+
+
+def run(args: argparse.Namespace) -> int:
+    trace, profile = with_measured_gaps(open_trace(args.trace)), load_profile(args.gpu)
+    rows = predictions(trace, profile, args.pair)
+    result: dict[str, Any] = {"trace": trace.meta.workload, "gpu": profile.name,
+                              "measured": dict(trace.meta.measurements), "predictions": rows}
+    if args.uncertainty:
+        spec = UncertaintySpec(args.samples, args.seed, vary_latency=False)
+        with_ranges(rows, trace, profile, args.pair, spec)
+        result["uncertainty"] = spec.as_json(profile)
     note = _measured_elsewhere(trace, profile)
     if args.json:
         print_json(result)

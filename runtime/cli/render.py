@@ -2,22 +2,29 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
+from rich.progress import Progress
 from rich.table import Table
 
 from kdvfs.envs.gpu.profiles import GpuProfile
+from kdvfs.envs.model.uncertainty import DEFAULT_SAMPLES, METHOD
 
 if TYPE_CHECKING:
     from kdvfs.agents.common.problem import Problem
     from kdvfs.agents.evaluation.compare import Row
+    from kdvfs.agents.evaluation.uncertainty import RowRange
     from kdvfs.agents.learned.noisy_evaluation import NoisyRow
 
 console = Console(width=None if sys.stdout.isatty() else 120, soft_wrap=True)
+PROGRESS_AFTER_S = 2.0
 
 
 def print_json(document: Any) -> None:
@@ -27,6 +34,42 @@ def print_json(document: Any) -> None:
 
 def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.3f}"
+
+
+def add_uncertainty_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--uncertainty``, ``--samples`` and ``--seed`` (shared by ``predict`` and ``compare``)."""
+    parser.add_argument("--uncertainty", action="store_true", help="also report each figure's range over the "
+                        f"profile's parameter ranges ({METHOD} sample)")
+    parser.add_argument("--samples", type=int, default=DEFAULT_SAMPLES,
+                        help=f"sampled profiles for --uncertainty (default {DEFAULT_SAMPLES})")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the --uncertainty sample (default 0)")
+
+
+@contextmanager
+def progress_bar(label: str) -> Iterator[Callable[[int, int], None]]:
+    """A ``(done, total)`` callback that shows a progress bar on stderr once the work has run 2 s."""
+    started = time.monotonic()
+    bar = Progress(console=Console(stderr=True), transient=True)
+    task: list[Any] = []
+
+    def update(done: int, total: int) -> None:
+        if not task and time.monotonic() - started > PROGRESS_AFTER_S:
+            bar.start()
+            task.append(bar.add_task(label, total=total))
+        if task:
+            bar.update(task[0], completed=done)
+
+    try:
+        yield update
+    finally:
+        bar.stop()
+
+
+def with_range(text: str, bounds: Sequence[float] | None, fmt: str, suffix: str = "") -> str:
+    """``"2.18%"`` with its range: ``"2.18% (1.30-2.90%)"``."""
+    if bounds is None:
+        return text
+    return f"{text} ({bounds[0]:{fmt}}-{bounds[1]:{fmt}}{suffix})"
 
 
 def trace_tables(summary: dict[str, Any]) -> list[Table]:
@@ -91,7 +134,8 @@ def breakdown_table(result: dict[str, Any]) -> Table:
              ("energy (J)", "energy_j", 1.0, measured.get("energy_j_per_step")),
              ("average power (W)", "avg_power_w", 1.0, None)]
     for label, key, scale, observed in lines:
-        cells = [f"{row[key] * scale:.2f}" for row in predictions]
+        cells = [with_range(f"{row[key] * scale:.2f}", _scaled(row.get("uncertainty", {}).get(key), scale), ".2f")
+                 for row in predictions]
         if measured:
             cells.append("" if observed is None else f"{observed * scale:.2f}")
         table.add_row(label, *cells)
@@ -101,16 +145,26 @@ def breakdown_table(result: dict[str, Any]) -> Table:
     return table
 
 
-def compare_table(rows: Sequence[Row], problem: Problem) -> Table:
-    """``kdvfs compare`` output: one row per method and budget, executed with the problem's latency."""
+def _scaled(bounds: Sequence[float] | None, scale: float) -> list[float] | None:
+    return None if bounds is None else [value * scale for value in bounds]
+
+
+def compare_table(rows: Sequence[Row], problem: Problem,
+                  ranges: Mapping[tuple[str, float], RowRange] | None = None) -> Table:
+    """``kdvfs compare`` output: one row per method and budget, executed with the problem's latency; with
+    ``ranges``, each figure's range over the profile's parameter ranges in brackets."""
+    caption = None if ranges is None else f"(range over a {METHOD} sample of the profile's parameter ranges)"
     table = Table(title=f"{problem.trace.meta.workload} on {problem.profile.name}, "
-                        f"{problem.latency_s * 1e3:g} ms switching latency")
+                        f"{problem.latency_s * 1e3:g} ms switching latency", caption=caption)
     for column in ("budget", "method", "energy saved", "slowdown", "switches/step", "solve (s)",
                    "as planned: saved / slowdown"):
         table.add_column(column, justify="left" if column == "method" else "right")
     for row in rows:
         e, p = row.executed, row.planned
-        table.add_row(f"{row.budget:.1%}", e.method, f"{e.energy_saved_pct:.2f}%", f"{e.slowdown_pct:.2f}%",
+        spread = (ranges or {}).get((e.method, row.budget))
+        saved, slowdown = (None, None) if spread is None else (spread.energy_saved_pct, spread.slowdown_pct)
+        table.add_row(f"{row.budget:.1%}", e.method, with_range(f"{e.energy_saved_pct:.2f}%", saved, ".2f", "%"),
+                      with_range(f"{e.slowdown_pct:.2f}%", slowdown, ".2f", "%"),
                       str(e.switches), f"{e.solve_s:.2f}", f"{p.energy_saved_pct:.2f}% / {p.slowdown_pct:.2f}%")
     return table
 

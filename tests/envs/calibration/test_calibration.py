@@ -23,7 +23,7 @@ from kdvfs.envs.model.cost_model import ClockLimits, CostParams, KernelInputs, k
 H200 = load_profile("h200")
 TRUE = CostParams.from_profile(H200)
 LIMITS = ClockLimits.of(H200)
-ALL = TIME_PARAMS + POWER_PARAMS
+ALL = tuple(n for n in TIME_PARAMS + POWER_PARAMS if n != "mem_background_exponent")  # that one needs 3 memory clocks
 # (sm, dram, tensor) of tensor GEMMs, a SIMT GEMM, copies, mixed and latency-bound kernels
 UTILISATIONS = np.array([
     [0.93, 0.19, 0.93], [0.88, 0.15, 0.85], [0.90, 0.05, 0.0], [0.09, 0.90, 0.0], [0.12, 0.80, 0.0],
@@ -57,7 +57,7 @@ def perturbed(profile: GpuProfile, factor: float) -> GpuProfile:
         value = entries[name].value * factor if name != "leakage_w" else 5.0
         if name in ("voltage_min", "voltage_knee_fraction", "memory_core_knee", "traffic_core_share"):
             value = min(value, 0.9)
-        entries[name] = CostParam(value, "estimate", "test start")
+        entries[name] = CostParam(value, "estimate", "test start", (0.0, max(2.0 * value, 1.0)), "test range")
     return replace(profile, cost_model=entries)
 
 
@@ -130,7 +130,7 @@ def h200_copy(tmp_path: Path) -> Path:
 def new_entries() -> dict[str, CostParam]:
     entries = dict(H200.cost_model)
     entries["static_w"] = CostParam(41.25, "calibrated", "test fit: 'quoted', with: colons")
-    entries["voltage_min"] = CostParam(0.7, "estimate", "test")
+    entries["voltage_min"] = CostParam(0.7, "estimate", "test", (0.5, 0.9), "test range")
     return entries
 
 
@@ -168,7 +168,7 @@ def test_an_invalid_cost_model_leaves_the_file_untouched(h200_copy: Path) -> Non
     original = h200_copy.read_bytes()
     entries: dict[str, object] = dict(new_entries())
     # CostParam itself refuses a bad status, so go around it as a hand-edited mapping would
-    entries["static_w"] = SimpleNamespace(value=41.0, status="bogus", source="test")
+    entries["static_w"] = SimpleNamespace(as_mapping=lambda: {"value": 41.0, "status": "bogus", "source": "test"})
     with pytest.raises(ProfileError) as caught:
         write_cost_model(h200_copy, entries)  # type: ignore[arg-type]
     assert "not writing" in str(caught.value) and str(h200_copy) in str(caught.value)

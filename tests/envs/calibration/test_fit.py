@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -135,7 +136,8 @@ def test_identifiable_drops_the_voltage_curve_with_fewer_than_three_core_clocks(
 
 def test_identifiable_drops_memory_background_with_one_memory_clock() -> None:
     one_memory = synthetic_sweep(mems=(3201.0,))
-    assert identifiable(one_memory, ALL) == [n for n in ALL if n != "mem_background_w"]
+    background = ("mem_background_w", "mem_background_exponent")
+    assert identifiable(one_memory, ALL) == [n for n in ALL if n not in background]
     start = initial_params(float(one_memory.power_w.max()))
     assert fit_params(one_memory, start).mem_background_w == start.mem_background_w
 
@@ -186,3 +188,11 @@ def test_public_sweeps_meet_the_accuracy_targets(gpu: str) -> None:
     assert report.kernels == 30
     assert report.time_mape <= 0.10
     assert report.power_mape <= 0.10
+
+
+def test_the_memory_background_exponent_needs_three_memory_clocks() -> None:
+    assert "mem_background_exponent" in identifiable(synthetic_sweep(), ALL)
+    assert "mem_background_exponent" not in identifiable(synthetic_sweep(mems=(2201.0, 3201.0)), ALL)
+    truth = replace(TRUE, mem_background_exponent=2.0)
+    fitted = fit_params(synthetic_sweep(truth), TRUE, ["mem_background_w", "mem_background_exponent"])
+    assert fitted.mem_background_exponent == pytest.approx(2.0, rel=0.02)

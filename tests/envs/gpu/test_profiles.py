@@ -148,10 +148,10 @@ def test_invalid_yaml_and_missing_file(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("dotted", "value", "message"),
     [
-        ("cost_model.fixed_fraction.value", 5.0, r"cost_model\.fixed_fraction\.value 5 is outside \[0, 1\]"),
+        ("cost_model.fixed_fraction.value", 5.0, r"cost_model\.fixed_fraction: range \[0\.0, 0\.08\] .* low <= 5 <="),
         ("cost_model.static_w.value", -3.0, r"cost_model\.static_w\.value -3 is outside \[0, inf\]"),
         ("cost_model.core_sm_w.value", float("nan"), r"cost_model\.core_sm_w\.value: expected a finite number"),
-        ("cost_model.power_window_s.value", 0.0, r"power_window_s\.value 0 is outside"),
+        ("cost_model.power_window_s.value", 0.0, r"power_window_s: range \[0\.001, 0\.1\] .* low <= 0 <="),
         ("roofline.sm_count", 0, "sm_count 0 must be positive"),
         ("switching.latency_mean_s", float("inf"), r"switching\.latency_mean_s: expected a finite number"),
         ("power.idle_w", 10**400, r"power\.idle_w: expected a finite number"),
@@ -163,3 +163,39 @@ def test_values_out_of_range_are_profile_errors_naming_field_and_file(tmp_path: 
     with pytest.raises(ProfileError, match=message) as caught:
         load_profile(path)
     assert str(caught.value).startswith(f"{path}: ") and "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("dotted", "value", "message"),
+    [
+        ("cost_model.voltage_min.range", _DELETE, "needs its plausible range"),
+        ("cost_model.voltage_min.range", [0.7, 0.9], r"low <= 0.65 <= high"),
+        ("cost_model.voltage_min.range", [0.9, 0.5], r"low <= 0.65 <= high"),
+        ("cost_model.voltage_min.range", [0.5], "expected 2 values"),
+        ("cost_model.voltage_min.range_source", _DELETE, "go together"),
+        ("cost_model.static_w.range_source", "a source without a range", "go together"),
+        ("cost_model.voltage_min.spread", 0.1, "unknown key"),
+        ("switching.latency_range_s", [0.007, 0.01], "latency_range_s"),
+    ],
+)
+def test_parameter_ranges_load_strictly(tmp_path: Path, dotted: str, value: Any, message: str) -> None:
+    path = _write(tmp_path, _set(_h200_raw(), dotted, value))
+    with pytest.raises(ConfigError, match=message) as caught:
+        load_profile(path)
+    assert str(path) in str(caught.value)
+
+
+def test_every_estimate_of_every_shipped_profile_has_a_range_with_its_source() -> None:
+    for name in available_profiles():
+        profile = load_profile(name)
+        low, high = profile.switching.plausible_latency_s
+        assert profile.switching.latency_range_s is not None and low <= profile.switching.latency_mean_s <= high
+        for param in profile.cost_model.values():
+            if param.status == "estimate":
+                assert param.range is not None and param.range_source, (name, param)
+                assert param.range[0] <= param.value <= param.range[1]
+
+
+def test_switching_range_defaults_to_two_standard_deviations(tmp_path: Path) -> None:
+    profile = load_profile(_write(tmp_path, _set(_h200_raw(), "switching.latency_range_s", _DELETE)))
+    assert profile.switching.plausible_latency_s == pytest.approx((0.002, 0.010))

@@ -118,8 +118,8 @@ def test_capped_gemm_speeds_up_at_a_lower_memory_clock_on_the_3080ti() -> None:
     memory = list(profile.clocks.memory_mhz)
     at_9501, at_5001 = (tables.auto_time_s[gemm, memory.index(m)].sum() for m in (9501, 5001))
     assert at_5001 < at_9501
-    assert np.median(tables.auto_core_mhz[gemm, memory.index(5001)]) > np.median(
-        tables.auto_core_mhz[gemm, memory.index(9501)])
+    at_5001_mhz, at_9501_mhz = (tables.auto_core_mhz[gemm, memory.index(m)] for m in (5001, 9501))
+    assert (at_5001_mhz >= at_9501_mhz - 1e-6).all() and at_5001_mhz.mean() > at_9501_mhz.mean()
 
 
 def test_power_windows_group_kernels_in_time() -> None:

@@ -182,3 +182,19 @@ def test_predict_rejects_unsupported_and_malformed_pairs(capsys: pytest.CaptureF
         main(["predict", "--trace", "h200/gpt2s-b16", "--gpu", "h200", "--pair", "fast"])
     assert caught.value.code == 2
     assert "CORE_MHZ:MEM_MHZ" in capsys.readouterr().err
+
+
+def test_predict_uncertainty_brackets_every_step_total(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "predict", "--trace", "h200/gpt2s-b16", "--gpu", "h200", "--json", "--pair",
+                       "1410:3201", "--uncertainty", "--samples", "3")
+    result = json.loads(out)
+    assert code == 0 and result["uncertainty"]["samples"] == 3
+    assert "switching.latency_mean_s" not in result["uncertainty"]["ranges"]
+    for row in result["predictions"]:
+        for key in ("step_time_s", "energy_j", "avg_power_w"):
+            low, high = row["uncertainty"][key]
+            assert low <= row[key] <= high
+    energy = result["predictions"][0]["uncertainty"]["energy_j"]
+    assert energy[0] < energy[1]
+    with pytest.raises(SystemExit):
+        main(["predict", "--trace", "h200/gpt2s-b16", "--gpu", "h200", "--samples", "many"])

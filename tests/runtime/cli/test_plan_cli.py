@@ -62,3 +62,18 @@ def test_a_plan_over_its_budget_says_so(capsys: pytest.CaptureFixture[str]) -> N
     assert code == 0 and "over budget:" in text and "against a 1.00% budget" in text
     code, text, _ = run(capsys, "plan", *problem, "--method", "latency-optimal")
     assert code == 0 and "over budget" not in text
+
+
+def test_compare_uncertainty_adds_ranges_and_keeps_the_fields(capsys: pytest.CaptureFixture[str]) -> None:
+    code, text, _ = run(capsys, "compare", "--trace", SMALL, "--gpu", "h200", "--slowdown", "0.01", "--json",
+                        "--uncertainty", "--samples", "2", "--seed", "1")
+    rows = json.loads(text)
+    assert code == 0 and all(set(r) >= FIELDS and set(r) - FIELDS == {"uncertainty"} for r in rows)
+    for row in rows:
+        spread = row["uncertainty"]
+        assert spread["method"] == "latin-hypercube" and spread["seed"] == 1
+        assert spread["energy_saved_pct"][0] <= row["energy_saved_pct"] <= spread["energy_saved_pct"][1]
+        assert spread["slowdown_pct"][0] <= row["slowdown_pct"] <= spread["slowdown_pct"][1]
+    code, text, _ = run(capsys, "compare", "--trace", SMALL, "--gpu", "h200", "--slowdown", "0.01",
+                        "--latency-ms", "0", "--uncertainty", "--samples", "1")
+    assert code == 0 and "latin-hypercube" in text and "% (" in text

@@ -1,0 +1,88 @@
+"""Parameter uncertainty: profiles drawn over the plausible ranges a GPU profile states.
+
+Every cost-model parameter with a ``range`` (required for an ``estimate``) and the switching latency
+(``switching.latency_range_s``, else mean +- 2 std) are varied together: a seeded Latin-hypercube sample of
+``samples`` points, uniform within each range, parameters independent. A figure's range is its minimum and
+maximum over the nominal profile and the sampled ones, so it always contains the nominal figure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from kdvfs.envs.common.errors import KdvfsError
+from kdvfs.envs.gpu.profiles import GpuProfile
+
+LATENCY = "switching.latency_mean_s"
+METHOD = "latin-hypercube"
+DEFAULT_SAMPLES = 16
+
+
+@dataclass(frozen=True)
+class UncertaintySpec:
+    """How a figure's range is found: ``samples`` profiles of a seeded Latin-hypercube sample."""
+
+    samples: int = DEFAULT_SAMPLES
+    seed: int = 0
+    vary_latency: bool = True
+
+    def __post_init__(self) -> None:
+        if self.samples < 1:
+            raise KdvfsError(f"--samples {self.samples} must be at least 1")
+
+    def as_json(self, profile: GpuProfile) -> dict[str, object]:
+        """The method, its size and seed, and the ranges varied (for JSON output)."""
+        ranges = ranged_parameters(profile, self.vary_latency)
+        return {"method": METHOD, "samples": self.samples, "seed": self.seed,
+                "ranges": {name: list(bounds) for name, bounds in ranges.items()}}
+
+
+def ranged_parameters(profile: GpuProfile, vary_latency: bool = True) -> dict[str, tuple[float, float]]:
+    """Every parameter of ``profile`` with a plausible range, and its ``(low, high)``."""
+    ranges = {name: p.range for name, p in profile.cost_model.items() if p.range is not None}
+    if vary_latency:
+        ranges[LATENCY] = profile.switching.plausible_latency_s
+    return ranges
+
+
+def with_values(profile: GpuProfile, values: Mapping[str, float]) -> GpuProfile:
+    """``profile`` with the given parameter values (names as in :func:`ranged_parameters`)."""
+    cost_model = {name: replace(p, value=values[name]) if name in values else p
+                  for name, p in profile.cost_model.items()}
+    switching = profile.switching
+    if LATENCY in values:
+        switching = replace(switching, latency_mean_s=values[LATENCY])
+    return replace(profile, cost_model=cost_model, switching=switching)
+
+
+def sampled_profiles(profile: GpuProfile, spec: UncertaintySpec) -> list[GpuProfile]:
+    """``spec.samples`` variants of ``profile`` drawn over its parameter ranges (seeded, reproducible)."""
+    from scipy.stats import qmc  # here, not at import: every CLI command loads this module, few sample
+
+    ranges = ranged_parameters(profile, spec.vary_latency)
+    if not ranges:
+        return []
+    unit = qmc.LatinHypercube(d=len(ranges), seed=spec.seed).random(spec.samples)
+    low = np.array([bounds[0] for bounds in ranges.values()])
+    high = np.array([bounds[1] for bounds in ranges.values()])
+    points = low + unit * (high - low)
+    return [with_values(profile, dict(zip(ranges, map(float, point), strict=True))) for point in points]
+
+
+def spread(values: Iterable[float]) -> list[float]:
+    """``[min, max]`` of a figure over the nominal and sampled profiles."""
+    collected = list(values)
+    return [min(collected), max(collected)]
+
+
+def over_samples(profile: GpuProfile, spec: UncertaintySpec, progress: Callable[[int, int], None] | None = None
+                 ) -> Iterator[GpuProfile]:
+    """The sampled profiles one by one, reporting ``(done, total)`` to ``progress`` after each."""
+    profiles = sampled_profiles(profile, spec)
+    for done, sample in enumerate(profiles, start=1):
+        yield sample
+        if progress:
+            progress(done, len(profiles))

@@ -1,0 +1,47 @@
+"""Parameter uncertainty: seeded samples within every stated range, ranges that contain the nominal figure."""
+
+from __future__ import annotations
+
+import pytest
+
+from kdvfs.envs.common.errors import KdvfsError
+from kdvfs.envs.gpu.profiles import load_profile
+from kdvfs.envs.model.uncertainty import LATENCY, UncertaintySpec, ranged_parameters, sampled_profiles, spread
+
+H200 = load_profile("h200")
+
+
+def _values(profile):  # type: ignore[no-untyped-def]
+    return {**{name: p.value for name, p in profile.cost_model.items()}, LATENCY: profile.switching.latency_mean_s}
+
+
+def test_every_estimate_and_the_latency_are_varied() -> None:
+    ranges = ranged_parameters(H200)
+    estimates = {name for name, p in H200.cost_model.items() if p.status == "estimate"}
+    assert estimates | {LATENCY} <= set(ranges)
+    assert LATENCY not in ranged_parameters(H200, vary_latency=False)
+
+
+def test_samples_lie_within_their_ranges_and_are_reproducible() -> None:
+    spec = UncertaintySpec(samples=8, seed=3)
+    first, again = sampled_profiles(H200, spec), sampled_profiles(H200, spec)
+    assert len(first) == 8 and [_values(p) for p in first] == [_values(p) for p in again]
+    ranges = ranged_parameters(H200)
+    for sample in first:
+        values = _values(sample)
+        for name, (low, high) in ranges.items():
+            assert low <= values[name] <= high
+        calibrated = [n for n, p in H200.cost_model.items() if p.range is None]
+        assert all(values[n] == H200.cost_model[n].value for n in calibrated)
+    assert _values(first[0]) != _values(sampled_profiles(H200, UncertaintySpec(samples=8, seed=4))[0])
+
+
+def test_latency_stays_when_it_is_not_varied() -> None:
+    for sample in sampled_profiles(H200, UncertaintySpec(samples=3, vary_latency=False)):
+        assert sample.switching.latency_mean_s == H200.switching.latency_mean_s
+
+
+def test_spread_contains_every_value_and_sample_counts_are_checked() -> None:
+    assert spread([2.0, 1.5, 3.0]) == [1.5, 3.0]
+    with pytest.raises(KdvfsError, match="at least 1"):
+        UncertaintySpec(samples=0)
