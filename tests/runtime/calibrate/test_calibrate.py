@@ -13,7 +13,6 @@ from pathlib import Path
 import numpy as np
 import pynvml
 import pytest
-from tests.runtime.device.test_nvml_info import READ_ONLY_CALL, h200_from_probe
 
 from kdvfs.envs.gpu.profiles import load_profile
 from kdvfs.envs.model.cost_model import ClockLimits, CostParams, KernelInputs, self_referenced_power_w
@@ -35,6 +34,7 @@ from kdvfs.runtime.device.clock_control import NvmlDevice, has_clock_permission,
 from kdvfs.runtime.device.errors import NvmlPermissionError
 from kdvfs.runtime.device.nvml_info import read_local_gpus
 from tests.runtime import nvml_fake
+from tests.runtime.device.test_nvml_info import READ_ONLY_CALL, h200_from_probe
 from tests.runtime.nvml_fake import EnergyFakeNvml
 
 SETTERS = ("nvmlDeviceSetMemoryLockedClocks", "nvmlDeviceSetGpuLockedClocks", "nvmlDeviceResetGpuLockedClocks",

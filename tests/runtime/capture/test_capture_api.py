@@ -11,7 +11,6 @@ from pathlib import Path
 import pynvml
 import pytest
 import torch
-from tests.runtime.device.test_nvml_info import READ_ONLY_CALL, h200_from_probe
 
 from examples import gpt
 from kdvfs.envs.trace.format import load_trace
@@ -21,6 +20,7 @@ from kdvfs.runtime.capture.cpu_emulation import emulate_gpu_recording
 from kdvfs.runtime.capture.errors import CaptureError
 from kdvfs.runtime.capture.session import Capture, Stage
 from kdvfs.runtime.device.errors import DeviceError
+from tests.runtime.device.test_nvml_info import READ_ONLY_CALL, h200_from_probe
 from tests.runtime.nvml_fake import EnergyFakeNvml
 
 ORDER = [Phase.FORWARD, Phase.BACKWARD, Phase.OPTIMIZER, Phase.OTHER]

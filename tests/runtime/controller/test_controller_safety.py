@@ -18,7 +18,6 @@ from pathlib import Path
 import numpy as np
 import pynvml
 import pytest
-from tests.runtime.device.test_nvml_info import READ_ONLY_CALL
 
 from kdvfs.agents.learned.frozen import FrozenPolicy, PolicyFileError
 from kdvfs.envs.common.paths import REPO_ROOT
@@ -47,6 +46,7 @@ from kdvfs.runtime.device import clock_control, fake
 from kdvfs.runtime.device.errors import NvmlPermissionError, NvmlUnavailableError, UnsupportedClockError
 from tests.runtime import nvml_fake
 from tests.runtime.controller_helpers import TRACE, fake_controller, run_steps, write_plan
+from tests.runtime.device.test_nvml_info import READ_ONLY_CALL
 
 RESETS = ["nvmlDeviceResetGpuLockedClocks", "nvmlDeviceResetMemoryLockedClocks"]
 

@@ -8,12 +8,12 @@ import time
 
 import pynvml
 import pytest
-from tests.runtime.device.test_nvml_info import READ_ONLY_CALL, h200_from_probe
 
 from kdvfs.runtime.device import energy, nvml_info
 from kdvfs.runtime.device.energy import Sample, WindowSampler, read_window
 from kdvfs.runtime.device.errors import DeviceError, NvmlNotSupportedError, NvmlUnavailableError
 from kdvfs.runtime.device.nvml_info import GpuReader, import_nvml
+from tests.runtime.device.test_nvml_info import READ_ONLY_CALL, h200_from_probe
 from tests.runtime.nvml_fake import EnergyFakeNvml
 
 
