@@ -153,9 +153,11 @@ def compare_table(rows: Sequence[Row], problem: Problem,
                   ranges: Mapping[tuple[str, float], RowRange] | None = None) -> Table:
     """``kdvfs compare`` output: one row per method and budget, executed with the problem's latency; with
     ``ranges``, each figure's range over the profile's parameter ranges in brackets."""
-    caption = None if ranges is None else f"(range over a {METHOD} sample of the profile's parameter ranges)"
+    over = {id(row) for row in rows if row.executed.slowdown_pct > 100 * row.budget + 1e-6}
+    notes = ([f"(range over a {METHOD} sample of the profile's parameter ranges)"] if ranges is not None else []) + (
+        ["! over budget as executed (planned without the switching latency)"] if over else [])
     table = Table(title=f"{problem.trace.meta.workload} on {problem.profile.name}, "
-                        f"{problem.latency_s * 1e3:g} ms switching latency", caption=caption)
+                        f"{problem.latency_s * 1e3:g} ms switching latency", caption=" ".join(notes) or None)
     for column in ("budget", "method", "energy saved", "slowdown", "switches/step", "solve (s)",
                    "as planned: saved / slowdown"):
         table.add_column(column, justify="left" if column == "method" else "right")
@@ -164,7 +166,7 @@ def compare_table(rows: Sequence[Row], problem: Problem,
         spread = (ranges or {}).get((e.method, row.budget))
         saved, slowdown = (None, None) if spread is None else (spread.energy_saved_pct, spread.slowdown_pct)
         table.add_row(f"{row.budget:.1%}", e.method, with_range(f"{e.energy_saved_pct:.2f}%", saved, ".2f", "%"),
-                      with_range(f"{e.slowdown_pct:.2f}%", slowdown, ".2f", "%"),
+                      with_range(f"{e.slowdown_pct:.2f}%", slowdown, ".2f", "%") + (" !" if id(row) in over else ""),
                       str(e.switches), f"{e.solve_s:.2f}", f"{p.energy_saved_pct:.2f}% / {p.slowdown_pct:.2f}%")
     return table
 

@@ -77,3 +77,9 @@ def test_compare_uncertainty_adds_ranges_and_keeps_the_fields(capsys: pytest.Cap
     code, text, _ = run(capsys, "compare", "--trace", SMALL, "--gpu", "h200", "--slowdown", "0.01",
                         "--latency-ms", "0", "--uncertainty", "--samples", "1")
     assert code == 0 and "latin-hypercube" in text and "% (" in text
+
+
+def test_compare_marks_the_rows_over_budget(capsys: pytest.CaptureFixture[str]) -> None:
+    code, text, _ = run(capsys, "compare", "--trace", SMALL, "--gpu", "h200", "--slowdown", "0.01")
+    marked = {line.split("│")[2].strip() for line in text.splitlines() if " ! │" in line}
+    assert code == 0 and "ilp" in marked and "latency-optimal" not in marked and "over budget as executed" in text
