@@ -10,6 +10,7 @@ from pathlib import Path
 from kdvfs.agents.common.problem import InfeasibleBudgetError, Problem, Score, score
 from kdvfs.agents.planners.registry import COMPARED, make_planner
 from kdvfs.envs.common.files import write_bytes_atomic
+from kdvfs.envs.model.schedule import Schedule
 
 
 @dataclass(frozen=True)
@@ -24,23 +25,30 @@ class Row:
         return {**self.executed.as_json(), "budget_pct": 100.0 * self.budget}
 
 
+def plan_methods(case: Problem, methods: Sequence[str], progress: Callable[[str], None] | None = None
+                 ) -> list[Schedule]:
+    """Each method's schedule for ``case``. A method with no schedule within the budget is skipped (reported
+    via ``progress``); auto and the reactive governor ignore the budget."""
+    schedules = []
+    for name in methods:
+        if progress:
+            progress(f"{name} @ {case.slowdown:.1%}")
+        try:
+            schedules.append(make_planner(name).plan(case))
+        except InfeasibleBudgetError as error:
+            if progress:
+                progress(f"skipped: {error}")
+    return schedules
+
+
 def compare(problem: Problem, budgets: Sequence[float], methods: Sequence[str] = COMPARED,
             progress: Callable[[str], None] | None = None) -> list[Row]:
-    """Every method at every budget. A method with no schedule within a budget is skipped (reported via
-    ``progress``); auto and the reactive governor ignore the budget."""
+    """Every method at every budget (a method with no schedule within a budget is skipped: :func:`plan_methods`)."""
     rows = []
     for budget in budgets:
         case = problem.with_slowdown(budget)
-        for name in methods:
-            if progress:
-                progress(f"{name} @ {budget:.1%}")
-            try:
-                schedule = make_planner(name).plan(case)
-            except InfeasibleBudgetError as error:
-                if progress:
-                    progress(f"skipped: {error}")
-                continue
-            rows.append(Row(budget, score(case, schedule), score(case, schedule, ideal=True)))
+        rows += [Row(budget, score(case, schedule), score(case, schedule, ideal=True))
+                 for schedule in plan_methods(case, methods, progress)]
     return rows
 
 

@@ -15,9 +15,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kdvfs.agents.common.problem import InfeasibleBudgetError, Problem
+from kdvfs.agents.common.problem import Problem
+from kdvfs.agents.evaluation.compare import plan_methods
 from kdvfs.agents.learned.policy_planner import PolicyPlanner, policy_env, rollout
-from kdvfs.agents.planners.registry import COMPARED, make_planner
+from kdvfs.agents.planners.registry import COMPARED
 from kdvfs.envs.env.dynamics import Disturbances, execute_open_loop
 from kdvfs.envs.model.schedule import ActionCosts, Schedule, replay
 
@@ -72,20 +73,6 @@ def _row(budget: float, method: str, results: list[tuple[float, float, float]], 
                     within, len(results))
 
 
-def _schedules(case: Problem, methods: Sequence[str], progress: Callable[[str], None] | None) -> list[Schedule]:
-    """Each method's schedule on the mean costs; one without a schedule within the budget is skipped."""
-    schedules = []
-    for name in methods:
-        if progress:
-            progress(f"{name} @ {case.slowdown:.1%}")
-        try:
-            schedules.append(make_planner(name).plan(case))
-        except InfeasibleBudgetError as error:
-            if progress:
-                progress(f"skipped: {error}")
-    return schedules
-
-
 def noisy_rows(problem: Problem, planner: PolicyPlanner, budgets: Sequence[float], episodes: int, seed: int,
                methods: Sequence[str] = COMPARED, progress: Callable[[str], None] | None = None) -> list[NoisyRow]:
     """The policy's and every method's rows at each budget over ``episodes`` episodes seeded ``seed``,
@@ -93,7 +80,7 @@ def noisy_rows(problem: Problem, planner: PolicyPlanner, budgets: Sequence[float
     rows = []
     for budget in budgets:
         case = problem.with_slowdown(budget)
-        schedules = _schedules(case, methods, progress)
+        schedules = plan_methods(case, methods, progress)
         env = policy_env(planner.policy, case, disturbed=True)
         times = env.config.run_steps
         costs = tiled(case.costs, times)
