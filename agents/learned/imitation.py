@@ -1,10 +1,12 @@
-"""A head start for PPO: behaviour cloning of the plan advisors on the training steps.
+"""A head start for PPO: behaviour cloning of a plan advisor on the training steps.
 
 Random clocks overrun a 1% budget by far more than any clock saves, so PPO from scratch learns to leave
 the GPU on auto and stops exploring. Instead the policy first imitates an expert: at each decision point,
-request the pair of the plan advisor (:mod:`kdvfs.envs.env.plan_advice`: the latency-aware optimum of the step on
-the policy's clock grid for that budget) with the largest budget within the episode's, through the
-environment's own request semantics. The critic learns the expert's discounted returns. PPO then improves
+request the pair of one plan advisor (:mod:`kdvfs.envs.env.plan_advice`: the latency-aware optimum of the
+step on the policy's clock grid for each budget), through the environment's own request semantics:
+``budget_plan``, the plan with the largest budget within the episode's (open loop: the same plan whatever
+happens), or ``fitting_plan``, the plan saving the most among those whose slowdown fits what the run can
+still afford as measured (closed loop, but with no margin for what the disturbances do next). The critic learns the expert's discounted returns. PPO then improves
 on the clone with the environment's own reward (budget tracking under noise, unseen steps).
 """
 
@@ -17,8 +19,12 @@ import numpy as np
 import torch
 from stable_baselines3.common.policies import ActorCriticPolicy
 
+from kdvfs.envs.common.errors import KdvfsError
 from kdvfs.envs.env.dvfs_env import KernelDVFSEnv
 from kdvfs.envs.model.cost_model import Array
+
+EXPERTS = ("budget_plan", "fitting_plan")
+"""The advisors an expert may follow (groups of :data:`kdvfs.envs.env.observation.ADVISOR_GROUPS`)."""
 
 
 @dataclass(frozen=True)
@@ -30,12 +36,18 @@ class ImitationArgs:
         epochs: passes over the recorded decisions.
         batch_size: decisions per gradient step.
         learning_rate: Adam step size.
+        expert: the plan advisor imitated, one of ``EXPERTS``.
     """
 
     episodes_per_step: int
     epochs: int
     batch_size: int
     learning_rate: float
+    expert: str = "budget_plan"
+
+    def __post_init__(self) -> None:
+        if self.expert not in EXPERTS:
+            raise KdvfsError(f"imitation expert {self.expert!r} is not one of {list(EXPERTS)}")
 
 
 @dataclass(frozen=True)
@@ -53,26 +65,27 @@ def demonstrations(env: KernelDVFSEnv, seed: int) -> list[Demonstration]:
             for b in dict.fromkeys((budgets[0], budgets[int(rng.integers(len(budgets)))]))]
 
 
-def expert_action(env: KernelDVFSEnv) -> Array:
-    """What the expert does at every decision: request the pair of the budget's plan advisor (the plan with
-    the largest budget within the episode's). A standing order: the environment ignores it while a request
-    is pending or when that pair is in effect, so the expert's action is the same all episode and the plan's
-    changes happen when the plan proposes them."""
-    return np.array([1, env.observation_spec.advisor_action("budget_plan")])
+def expert_action(env: KernelDVFSEnv, expert: str = "budget_plan") -> Array:
+    """What the expert does at every decision: request the pair advisor ``expert`` (one of ``EXPERTS``)
+    proposes. A standing order: the environment ignores it while a request is pending or when that pair is
+    in effect, so the expert's action is the same all episode and the plan's changes happen when the
+    advisor proposes them."""
+    return np.array([1, env.observation_spec.advisor_action(expert)])
 
 
 @dataclass(frozen=True)
 class Expert:
-    """The expert as an actor on ``env`` (for rollouts next to frozen policies)."""
+    """The expert following advisor ``expert`` as an actor on ``env`` (for rollouts next to frozen policies)."""
 
     env: KernelDVFSEnv
+    expert: str = "budget_plan"
 
     def act(self, _observation: Array) -> Array:
-        return expert_action(self.env)
+        return expert_action(self.env, self.expert)
 
 
 def record(env: KernelDVFSEnv, demos: Sequence[Demonstration], episodes: int, gamma: float,
-           seed: int) -> tuple[Array, Array, Array]:
+           seed: int, expert: str = "budget_plan") -> tuple[Array, Array, Array]:
     """Observations, expert actions and discounted returns of ``episodes`` episodes per demonstration."""
     observations: list[Array] = []
     actions: list[Array] = []
@@ -82,7 +95,7 @@ def record(env: KernelDVFSEnv, demos: Sequence[Demonstration], episodes: int, ga
             observation, _ = env.reset(seed=seed + episode, options={"step": demo.index, "budget": demo.budget})
             rewards, done = [], False
             while not done:
-                action = expert_action(env)
+                action = expert_action(env, expert)
                 observations.append(observation)
                 actions.append(action)
                 observation, reward, done, _, _ = env.step(action)

@@ -115,7 +115,7 @@ def imitate(model: Any, env: VecNormalize, config: TrainConfig, profile: GpuProf
     expert_env = KernelDVFSEnv(steps, profile, config.env)
     demos = demonstrations(expert_env, config.seed)
     observations, actions, returns = record(expert_env, demos, config.imitation.episodes_per_step,
-                                            config.ppo.gamma, config.seed)
+                                            config.ppo.gamma, config.seed, config.imitation.expert)
     assert isinstance(env.obs_rms, RunningMeanStd)
     env.obs_rms.update(observations)
     normalised = env.normalize_obs(observations)
@@ -137,18 +137,18 @@ def freeze_model(model: Any, env: VecNormalize, config: TrainConfig, profile: Gp
 def evaluate_steps(policy: FrozenPolicy, steps: list[StepData], profile: GpuProfile,
                    config: TrainConfig) -> dict[str, dict[str, Any]]:
     """Deterministic rollouts (one step, no disturbance) at the first training budget, per step name."""
-    env = KernelDVFSEnv(steps, profile, config.env.without_disturbances().replace(run_steps=1),
+    env = KernelDVFSEnv(steps, profile, config.env.without_disturbances().replace(run_steps=1, latency_scales=(1.0,)),
                         budgets=config.env.budgets[:1])
     return {step.name: rollout(policy, env, {"step": i}) for i, step in enumerate(steps)}
 
 
 def training_score(policy: FrozenPolicy, steps: list[StepData], profile: GpuProfile, config: TrainConfig) -> float:
-    """Mean return (the sum of the environment's rewards: energy saved % - overrun penalty x overrun %) of
-    the deterministic policy on every training step at the first training budget, with the environment's
-    noise, seeds 0..SCORE_SEEDS-1."""
+    """Mean return (the sum of the environment's rewards: energy saved % - overrun penalties) of the
+    deterministic policy on every training step at the first training budget and every switching regime,
+    with the environment's noise, seeds 0..SCORE_SEEDS-1."""
     env = KernelDVFSEnv(steps, profile, config.env, budgets=config.env.budgets[:1])
-    returns = [rollout(policy, env, {"step": i}, seed)["return"]
-               for i in range(len(steps)) for seed in range(SCORE_SEEDS)]
+    returns = [rollout(policy, env, {"step": i, "latency_scale": scale}, seed)["return"]
+               for i in range(len(steps)) for scale in config.env.latency_scales for seed in range(SCORE_SEEDS)]
     return float(np.mean(returns))
 
 

@@ -35,6 +35,8 @@ class EnvConfig:
     Attributes:
         budgets: slowdown budgets (fractions of the step's auto time, 0.01 = 1%), one drawn per episode.
         latency_s: mean switching latency (s); None: the profile's. 0 = ideal switching.
+        latency_scales: each episode runs at one of these multiples of the mean latency (and of its spread;
+            0: ideal switching, no stall), drawn with the step and budget; one value: no draw.
         latency_std_s: spread (standard deviation) of the switching latency (s); None: the profile's, or 0
             with ideal switching.
         stall_s: GPU stall per clock change (s); None: the profile's, or 0 with ideal switching.
@@ -52,6 +54,7 @@ class EnvConfig:
         run_steps: consecutive repetitions of the step per episode (a run); the budget holds for the run as a
             whole, so slack of a fast step can pay for a slower one.
         overrun_penalty: reward lost per percent of the step's auto time beyond the budget (reward / %).
+        violation_penalty: reward lost once by an episode that ends beyond its budget at all (reward).
         decision_latencies: least time between decision points, in switching latencies (with ideal switching
             every kernel is a decision point).
         next_kernels: how many coming kernels the observation shows individually (kernels).
@@ -68,6 +71,7 @@ class EnvConfig:
 
     budgets: tuple[float, ...] = (0.01,)
     latency_s: float | None = None
+    latency_scales: tuple[float, ...] = (1.0,)
     latency_std_s: float | None = None
     stall_s: float | None = None
     latency_noise: bool = True
@@ -79,6 +83,7 @@ class EnvConfig:
     step_jitter: bool = False
     run_steps: int = 1
     overrun_penalty: float = 20.0
+    violation_penalty: float = 0.0
     decision_latencies: float = 0.25
     next_kernels: int = 2
     window_latencies: tuple[float, ...] = (1.0, 2.0, 4.0)
@@ -89,7 +94,7 @@ class EnvConfig:
 
     def __post_init__(self) -> None:
         # Sequences become tuples of floats (ints) so that equal settings give equal observation-spec hashes.
-        for name in ("budgets", "window_latencies", "plan_budgets", "core_fractions"):
+        for name in ("budgets", "latency_scales", "window_latencies", "plan_budgets", "core_fractions"):
             object.__setattr__(self, name, tuple(float(value) for value in getattr(self, name)))
         if self.memory_mhz is not None:
             object.__setattr__(self, "memory_mhz", tuple(int(mhz) for mhz in self.memory_mhz))
@@ -98,6 +103,8 @@ class EnvConfig:
                              f"plan_budgets {list(self.plan_budgets)} fractions >= 0)")
         if any(value is not None and value < 0 for value in (self.latency_s, self.latency_std_s, self.stall_s)):
             raise KdvfsError("latency_s, latency_std_s and stall_s must be >= 0 (or None: the profile's)")
+        if not self.latency_scales or min(self.latency_scales) < 0:
+            raise KdvfsError(f"latency_scales {list(self.latency_scales)} must be a non-empty list of multiples >= 0")
         if self.decision_latencies < 0 or self.next_kernels < 1 or not self.window_latencies \
                 or min(self.window_latencies) <= 0 or self.duration_noise < 0:
             raise KdvfsError("need decision_latencies >= 0, next_kernels >= 1, positive window_latencies and "

@@ -37,6 +37,7 @@ from kdvfs.envs.env.observation import (
 from kdvfs.envs.env.plan_advice import EPS, PlanAdvice, fitting_plan, landing_kernels, plan_advice, plan_for_budget
 from kdvfs.envs.env.reward import Reference, Totals, overrun_pct, reward_fn
 from kdvfs.envs.env.step_data import StepData
+from kdvfs.envs.env.timing import Timing, timings
 from kdvfs.envs.gpu.profiles import GpuProfile, load_profile
 from kdvfs.envs.model.cost_model import Array
 from kdvfs.envs.synthetic.generator import generate_transformer_trace, load_workload
@@ -133,22 +134,19 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
         if any(step.grid != self.grid for step in self.steps):
             raise KdvfsError("steps must be built with the same clock grid, the config's (core_fractions, memory_mhz)")
         self._pairs, self._memories = self.grid.size, len(self.grid.memory_mhz)
-        switching = self.config.switching(self.profile)
-        self.latency_s, self.latency_std_s, self.stall_s = switching
-        self._disturbance_settings = self.config.disturbances(switching)
+        self.timings = timings(self.config, self.profile)
         self._runs = [step.repeated(self.config.run_steps) for step in self.steps]
-        self.decision_interval_s = self.config.decision_latencies * self.latency_s
         self.observation_spec = self.config.observation_spec(self.grid)
         self.observation_space = spaces.Box(-OBS_LIMIT, OBS_LIMIT, (self.observation_spec.size,), np.float32)
         self.action_space = spaces.MultiDiscrete([2, self.grid.size + self.observation_spec.advisors])
         self.render_mode = render_mode
         self._prepare()
-        self._select(0, self.config.budgets[0])
+        self._select(0, self.config.budgets[0], 0)
 
     def _prepare(self) -> None:
-        """Per-step decision-point data, the observation buffer and views of its blocks by name."""
+        """Per-step and regime decision-point data, the observation buffer and views of its blocks by name."""
         spec = self.observation_spec
-        self._static, self._plans = zip(*(self._static_observations(s) for s in self._runs), strict=True)
+        self._prepared = [[self._static_observations(run, timing) for run in self._runs] for timing in self.timings]
         self._obs = np.zeros(spec.size, dtype=np.float32)
         self._views = {name: spec.view(self._obs, name) for name, _ in spec.blocks()}
         window = self._views["window_slowdown_then_saving_pct"]
@@ -162,21 +160,26 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
         self._advice = np.zeros(spec.advisors, dtype=np.int64)
         self._fits = np.zeros(self._slowdowns.shape, dtype=bool)
 
-    def _static_observations(self, step: StepData) -> tuple[Array, PlanAdvice]:
-        """The decision-point part of every observation of ``step`` and its plan advice (segments at least a
-        latency plus its spread long), computed once per process."""
-        key = (self.observation_spec, self.latency_s, self.latency_std_s, self.stall_s)
+    def _static_observations(self, step: StepData, timing: Timing) -> tuple[Array, PlanAdvice]:
+        """The decision-point part of every observation of ``step`` under ``timing`` and its plan advice
+        (segments at least a latency plus its spread long), computed once per process."""
+        latency_s, latency_std_s, stall_s = timing.switching
+        key = (self.observation_spec, latency_s, latency_std_s, stall_s)
         cached = _STATIC_CACHE.setdefault(step, {})
         if key not in cached:
-            effect = window_bounds(step.cumulative[:, 0, 0], self.latency_s, (1.0,))[:, 0]
-            plans = plan_advice(step, self.observation_spec.plan_budgets, effect,
-                                self.latency_s + self.latency_std_s, self.stall_s)
-            cached[key] = (static_observations(step, self.observation_spec, self.latency_s), plans)
+            effect = window_bounds(step.cumulative[:, 0, 0], latency_s, (1.0,))[:, 0]
+            plans = plan_advice(step, self.observation_spec.plan_budgets, effect, latency_s + latency_std_s, stall_s)
+            cached[key] = (static_observations(step, self.observation_spec, latency_s), plans)
         return cached[key]
 
-    def _select(self, index: int, budget: float) -> None:
-        """Start an episode on step ``index``'s run with ``budget``: clocks auto, nothing spent, no noise."""
+    def _select(self, index: int, budget: float, regime: int) -> None:
+        """Start an episode on step ``index``'s run with ``budget`` under switching regime ``regime``: clocks
+        auto, nothing spent, no noise."""
         self._index, self._data, self.budget = index, self._runs[index], budget
+        self.timing = self.timings[regime]
+        self.latency_s, self.latency_std_s, self.stall_s = self.timing.switching
+        self.decision_interval_s = self.timing.decision_interval_s
+        self._static, self._plans = self._prepared[regime][index]
         self._budget_plan = plan_for_budget(self.observation_spec.plan_budgets, budget)
         self._kernels = self._data.kernels
         self._auto_time_s, self._auto_energy_j = self._data.auto_time_s, self._data.auto_energy_j
@@ -185,6 +188,7 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
         self._columns: dict[int, tuple[Array, Array]] = {}
         self._k, self._in_effect, self._pending = 0, 0, -1
         self._requested_at_s = self._effective_at_s = 0.0
+        self._last_latency_ratio = 1.0
         self._now_s = self._elapsed_s = self._auto_elapsed_s = 0.0
         self._energy_j = self._auto_energy_so_far_j = 0.0
         self._switches = self._requests = 0
@@ -196,11 +200,21 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
         drawn = "step" not in options
         index = int(self.np_random.integers(len(self.steps))) if drawn else self._step_index(options["step"])
         budget = float(options.get("budget", budgets[int(self.np_random.integers(len(budgets)))]))
-        self._select(index, budget)
+        self._select(index, budget, self._regime_index(options))
         step = self.steps[index]
-        self.disturbances = draw(self.np_random, self._disturbance_settings, step.kernels, self.config.run_steps,
+        self.disturbances = draw(self.np_random, self.timing.disturbances, step.kernels, self.config.run_steps,
                                  step.auto_time_s)
         return self._observe(), {"step": self._data.name, "budget": budget}
+
+    def _regime_index(self, options: dict[str, Any]) -> int:
+        """The switching regime: ``options["latency_scale"]`` (one of ``latency_scales``), else drawn (no
+        draw with one regime, so seeded episodes of a one-regime config keep their draws)."""
+        scales = self.config.latency_scales
+        if "latency_scale" in options:
+            if float(options["latency_scale"]) not in scales:
+                raise KdvfsError(f"latency_scale {options['latency_scale']} is not one of {list(scales)}")
+            return scales.index(float(options["latency_scale"]))
+        return int(self.np_random.integers(len(scales))) if len(scales) > 1 else 0
 
     def _step_index(self, step: int | str) -> int:
         names = [s.name for s in self.steps]
@@ -219,8 +233,8 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
         before = self._totals()
         self._advance(self._now_s + self.decision_interval_s)
         after = self._totals()
-        reward, reward_info = reward_fn(before, after, self._reference, self.config)
         terminated = self._k == self._kernels
+        reward, reward_info = reward_fn(before, after, self._reference, self.config, terminated)
         info: dict[str, Any] = {**reward_info, "energy_j": after.energy_j - before.energy_j,
                                 "time_s": after.elapsed_s - before.elapsed_s}
         if terminated:
@@ -258,6 +272,8 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
             ran = True
 
     def _apply_pending(self) -> None:
+        if self.latency_s > 0:
+            self._last_latency_ratio = (self._now_s - self._requested_at_s) / self.latency_s
         self._in_effect, self._pending = self._pending, -1
         self._switches += 1
         self._elapsed_s += self.stall_s
@@ -308,8 +324,9 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
                 "budget_pct": 100.0 * self.budget, "step": self._data.name}
 
     def _observe(self) -> Array:
-        self._obs[: self.observation_spec.static_size] = self._static[self._index][self._k]
+        self._obs[: self.observation_spec.static_size] = self._static[self._k]
         self._observe_clocks()
+        self._observe_conditions()
         self._observe_affordable(self._observe_budget())
         return self._obs.copy()
 
@@ -332,7 +349,7 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
         one saving the most among those whose slowdown from there fits what is still affordable there, once
         the kernels until then have run at the clocks in effect; and the plan for the episode's budget (the
         largest plan budget within it; auto if none is)."""
-        advice, effect, next_effect = self._plans[self._index], *self._effects_in_effect()
+        advice, effect, next_effect = self._plans, *self._effects_in_effect()
         pairs = advice.advice_pairs(effect, next_effect)
         self._advice[self._plan_slots] = pairs
         in_effect, rest = self._views["plans_in_effect"], self._plans_rest
@@ -368,18 +385,30 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
             level, memory = divmod(action, self._memories)
             view[level] = view[self.grid.levels + memory] = 1.0
 
+    def _observe_conditions(self) -> None:
+        """The ``conditions`` block (``CONDITION_FEATURES``)."""
+        drawn, k = self.disturbances, min(self._k, self._kernels - 1)
+        drift_pct = 0.0
+        if drawn.time_auto is not None and drawn.time_locked is not None:
+            drift_pct = 100.0 * (float(drawn.time_auto[k]) / float(drawn.time_locked[k]) - 1.0)
+        run_pct = 100.0 * (self._elapsed_s / self._auto_elapsed_s - 1.0) if self._auto_elapsed_s > 0 else 0.0
+        self._views["conditions"][:] = (1e3 * self.latency_s, drift_pct, min(OBS_LIMIT, max(-OBS_LIMIT, run_pct)),
+                                        self._last_latency_ratio)
+
     def _effects_in_effect(self) -> tuple[int, int]:
         """:func:`kdvfs.envs.env.plan_advice.landing_kernels` on the timeline of the clocks in effect (mean times)."""
         times = self._data.cumulative_of(self._in_effect)[0]
         return landing_kernels(times, self._k, self.latency_s, self.latency_std_s, self.decision_interval_s)
 
     def _affordable_from_effect_pct(self, effect: int) -> float:
-        """Slowdown (%) still affordable from kernel ``effect`` to the step's end, if the kernels until then
-        run at the clocks in effect (mean values)."""
+        """Slowdown (%) still affordable from kernel ``effect`` to the step's end: the slowdown used so far
+        against auto under the episode's disturbances, then the kernels until ``effect`` at the clocks in
+        effect (mean values)."""
         cumulative, k = self._data.cumulative, self._k
         total, auto_at_effect = self._auto_time_s, float(cumulative[effect, 0, 0])
         committed_s = float(cumulative[effect, 0, self._in_effect] - cumulative[k, 0, self._in_effect])
-        used_s = self._elapsed_s + committed_s - auto_at_effect
+        auto_until_effect_s = auto_at_effect - float(cumulative[k, 0, 0])
+        used_s = self._elapsed_s - self._auto_elapsed_s + committed_s - auto_until_effect_s
         return 100.0 * (self.budget * total - used_s) / max(total - auto_at_effect, 1e-6 * total)
 
     def _observe_budget(self) -> float:
@@ -387,7 +416,7 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
         rest of the step (%)."""
         total = self._auto_time_s
         expected = float(self._data.cumulative[min(self._k, self._kernels), 0, 0])
-        used_s = self._elapsed_s - expected
+        used_s = self._elapsed_s - self._auto_elapsed_s
         remaining = total - expected
         affordable = 100.0 * (self.budget * total - used_s) / max(remaining, 1e-6 * total)
         latencies = remaining / self.latency_s if self.latency_s > 0 else REMAINING_LATENCIES_CAP

@@ -20,10 +20,11 @@ from kdvfs.envs.env.clock_grid import ClockGrid
 from kdvfs.envs.env.step_data import KERNEL_FEATURES, StepData
 from kdvfs.envs.model.cost_model import Array
 
-OBSERVATION_VERSION = 2
+OBSERVATION_VERSION = 3
 WINDOW_METRICS = ("slowdown_pct", "saving_pct")
 BUDGET_FEATURES = ("budget_pct", "budget_used", "affordable_slowdown_pct", "progress", "remaining_latencies")
 CONTROLLER_FEATURES = ("pending_latencies", "controller_free", "immediate")
+CONDITION_FEATURES = ("latency_ms", "auto_drift_pct", "run_slowdown_pct", "last_latency_ratio")
 ADVISOR_FEATURES = ("saving_pct", "slowdown_pct", "rest_saving_pct", "rest_slowdown_pct", "in_effect")
 PLAN_ADVISOR_FEATURES = ("rest_saving_pct", "rest_slowdown_pct", "in_effect", "exists")
 OBS_LIMIT = 1000.0
@@ -75,10 +76,17 @@ BLOCKS = (
           "expected time until the pending change takes effect, controller free, the choice applies at once "
           "(first decision, or ideal switching)", "latencies, 0/1, 0/1"),
     Block("budget", (len(BUDGET_FEATURES),),
-          "budget; share of it used so far ((elapsed - auto's time for the same kernels) / (budget x auto step "
+          "budget; share of it used so far ((elapsed - auto's time for the same kernels under the same "
+          "disturbances) / (budget x auto step "
           "time)); slowdown still affordable over the rest of the step; progress (auto time so far / auto step "
           f"time); remaining step in latencies (capped at {REMAINING_LATENCIES_CAP:g}, / {REMAINING_LATENCIES_CAP:g})",
           "%, fraction, %, fraction, fraction"),
+    Block("conditions", (len(CONDITION_FEATURES),),
+          "what the controller measures of the disturbances: the episode's mean switching latency; how much "
+          "slower auto's core runs now than in the captured step (the power limiter's thermal drift, as the A "
+          "windows of the A/B measurement see it); the run's slowdown so far against auto under the same "
+          "disturbances (what the A/B estimator measures); the last change's latency / the mean (1 if none)",
+          "ms, %, %, ratio"),
     Block("advisors", (len(ADVISOR_FEATURES), "W+1"),
           "per window advisor (the pair saving the most over its window among those whose slowdown there fits "
           "the affordable slowdown): its saving and slowdown over its window and over the rest of the step, and "
@@ -184,7 +192,8 @@ class ObservationSpec:
         """Plain data that identifies the layout and meaning of every entry."""
         return {"version": OBSERVATION_VERSION, "blocks": [list(b) for b in self.blocks()],
                 "kernel_features": list(KERNEL_FEATURES), "budget_features": list(BUDGET_FEATURES),
-                "controller_features": list(CONTROLLER_FEATURES), "advisor_features": list(ADVISOR_FEATURES),
+                "controller_features": list(CONTROLLER_FEATURES),
+                "condition_features": list(CONDITION_FEATURES), "advisor_features": list(ADVISOR_FEATURES),
                 "plan_advisor_features": list(PLAN_ADVISOR_FEATURES), "plan_budgets": list(self.plan_budgets),
                 "window_latencies": list(self.window_latencies),
                 "grid": self.grid.describe()}

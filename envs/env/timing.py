@@ -1,0 +1,43 @@
+"""The switching regimes a ``KernelDVFS-v0`` draws its episodes from (``EnvConfig.latency_scales``).
+
+One policy serves every latency its GPU shows, ideal switching included: each episode runs at one of the
+configured multiples of the mean switching latency, with that regime's spread, stall and decision interval.
+The observation states the episode's latency (``conditions`` block), so the policy can tell them apart.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kdvfs.envs.env.config import EnvConfig, Switching
+from kdvfs.envs.env.dynamics import DisturbanceSettings
+from kdvfs.envs.gpu.profiles import GpuProfile
+
+
+@dataclass(frozen=True)
+class Timing:
+    """One switching regime.
+
+    Attributes:
+        switching: mean latency, its spread and the stall per change (s); all 0 with ideal switching.
+        decision_interval_s: least time between decision points (s; 0: every kernel).
+        disturbances: the disturbance settings with this regime's latency figures.
+    """
+
+    switching: Switching
+    decision_interval_s: float
+    disturbances: DisturbanceSettings
+
+
+def timings(config: EnvConfig, profile: GpuProfile) -> tuple[Timing, ...]:
+    """One :class:`Timing` per ``config.latency_scales``, in order: scale s runs at s x the mean latency
+    (``config.switching(profile)``), s x its spread and the same stall; s = 0 is ideal switching (no
+    spread, no stall)."""
+    base = config.switching(profile)
+    regimes = []
+    for scale in config.latency_scales:
+        switching = Switching(base.latency_s * scale, base.latency_std_s * scale,
+                              base.stall_s if scale > 0 and base.latency_s > 0 else 0.0)
+        regimes.append(Timing(switching, config.decision_latencies * switching.latency_s,
+                              config.disturbances(switching)))
+    return tuple(regimes)
