@@ -4,7 +4,8 @@ one file: PPO's, or the clone's where PPO did not improve on it on the training 
 
 Everything a run writes goes to ``out``: ``run.json`` (command, resolved config, git revision, seed),
 ``config.yaml``, ``tensorboard/``, ``checkpoints/``, ``model.zip`` and ``vecnormalize.pkl`` (SB3),
-``policy.kdvfs-policy.npz`` (the frozen policy) and ``summary.json`` (wall time, held-out results).
+``policy.kdvfs-policy.npz`` (the frozen policy), ``imitation.kdvfs-policy.npz`` (the clone before PPO) and
+``summary.json`` (wall time, held-out results).
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ from kdvfs.envs.env.step_data import StepData
 from kdvfs.envs.gpu.profiles import GpuProfile, load_profile
 
 POLICY_FILE = f"policy{SUFFIX}"
+CLONE_FILE = f"imitation{SUFFIX}"
+"""The clone before PPO, kept to show what PPO added (``benchmarks/policies.py``)."""
 SCORE_SEEDS = 2
 """Noise seeds per training step when the clone and PPO's policy are compared."""
 
@@ -98,6 +101,7 @@ def train(config: TrainConfig, out: Path, timesteps: int | None = None, progress
     policy = replace(freeze_model(model, env, config, profile, meta) if selected == "ppo" else cloned, meta=meta)
     policy_path = out / POLICY_FILE
     policy.save(policy_path)
+    replace(cloned, meta={**meta, "selected": "imitation"}).save(out / CLONE_FILE)
     held_out = evaluate_steps(policy, held_out_steps, profile, config)
     env.close()
     wall_s = time.perf_counter() - start
