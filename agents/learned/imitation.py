@@ -6,8 +6,9 @@ request the pair of one plan advisor (:mod:`kdvfs.envs.env.plan_advice`: the lat
 step on the policy's clock grid for each budget), through the environment's own request semantics:
 ``budget_plan``, the plan with the largest budget within the episode's (open loop: the same plan whatever
 happens), or ``fitting_plan``, the plan saving the most among those whose slowdown fits what the run can
-still afford as measured (closed loop, but with no margin for what the disturbances do next). The critic learns the expert's discounted returns. PPO then improves
-on the clone with the environment's own reward (budget tracking under noise, unseen steps).
+still afford as measured (closed loop, but with no margin for what the disturbances do next). The critic
+learns the expert's discounted returns. PPO then improves on the clone with the environment's own reward
+(budget tracking under noise, unseen steps).
 """
 
 from __future__ import annotations

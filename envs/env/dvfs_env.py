@@ -12,7 +12,6 @@ from __future__ import annotations
 import textwrap
 import weakref
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Any
 
 import gymnasium as gym
@@ -20,7 +19,6 @@ import numpy as np
 from gymnasium import spaces
 
 from kdvfs.envs.common.errors import KdvfsError
-from kdvfs.envs.env.clock_grid import ClockGrid
 from kdvfs.envs.env.config import EnvConfig, settings_table
 from kdvfs.envs.env.dynamics import Disturbances, draw
 from kdvfs.envs.env.observation import (
@@ -31,29 +29,22 @@ from kdvfs.envs.env.observation import (
     ObservationSpec,
     advisor_index,
     observation_table,
+    one_hot_clocks,
     static_observations,
     window_bounds,
 )
 from kdvfs.envs.env.plan_advice import EPS, PlanAdvice, fitting_plan, landing_kernels, plan_advice, plan_for_budget
 from kdvfs.envs.env.reward import Reference, Totals, overrun_pct, reward_fn
-from kdvfs.envs.env.step_data import StepData
-from kdvfs.envs.env.timing import Timing, timings
+from kdvfs.envs.env.step_data import StepData, step_index
+from kdvfs.envs.env.timing import Timing, regime_index, timings
+from kdvfs.envs.env.workloads import default_step
 from kdvfs.envs.gpu.profiles import GpuProfile, load_profile
 from kdvfs.envs.model.cost_model import Array
-from kdvfs.envs.synthetic.generator import generate_transformer_trace, load_workload
 
 ENV_ID = "KernelDVFS-v0"
 _STATIC_CACHE: weakref.WeakKeyDictionary[StepData, dict[tuple[ObservationSpec, float, float, float],
                                                          tuple[Array, PlanAdvice]]] = weakref.WeakKeyDictionary()
 """Decision-point observations and plan advice per step, shared by the envs of one process (read-only)."""
-
-
-def default_step(profile: GpuProfile, grid: ClockGrid | None = None) -> StepData:
-    """A small step for a bare ``gym.make(ENV_ID)``: one GPT-3-XL-shaped layer, batch 1, on ``profile``, priced
-    on ``grid`` (None: the default settings' grid)."""
-    config = replace(load_workload("gpt3xl"), name="gpt3xl-1layer-b1", layers=1, batch=1)
-    grid = EnvConfig().grid(profile) if grid is None else grid
-    return StepData.build(config.name, generate_transformer_trace(config, profile), profile, grid)
 
 
 class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
@@ -197,34 +188,14 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Array, dict[str, Any]]:
         super().reset(seed=seed)
         options, budgets = options or {}, self.config.budgets
-        drawn = "step" not in options
-        index = int(self.np_random.integers(len(self.steps))) if drawn else self._step_index(options["step"])
+        names = [s.name for s in self.steps]
+        index = step_index(names, options["step"]) if "step" in options else int(self.np_random.integers(len(names)))
         budget = float(options.get("budget", budgets[int(self.np_random.integers(len(budgets)))]))
-        self._select(index, budget, self._regime_index(options))
+        self._select(index, budget, regime_index(self.config.latency_scales, options, self.np_random))
         step = self.steps[index]
         self.disturbances = draw(self.np_random, self.timing.disturbances, step.kernels, self.config.run_steps,
                                  step.auto_time_s)
         return self._observe(), {"step": self._data.name, "budget": budget}
-
-    def _regime_index(self, options: dict[str, Any]) -> int:
-        """The switching regime: ``options["latency_scale"]`` (one of ``latency_scales``), else drawn (no
-        draw with one regime, so seeded episodes of a one-regime config keep their draws)."""
-        scales = self.config.latency_scales
-        if "latency_scale" in options:
-            if float(options["latency_scale"]) not in scales:
-                raise KdvfsError(f"latency_scale {options['latency_scale']} is not one of {list(scales)}")
-            return scales.index(float(options["latency_scale"]))
-        return int(self.np_random.integers(len(scales))) if len(scales) > 1 else 0
-
-    def _step_index(self, step: int | str) -> int:
-        names = [s.name for s in self.steps]
-        if isinstance(step, str):
-            if step not in names:
-                raise KdvfsError(f"no step named {step!r}; have {names}")
-            return names.index(step)
-        if not 0 <= int(step) < len(self.steps):
-            raise KdvfsError(f"step index {step} out of range 0..{len(self.steps) - 1}")
-        return int(step)
 
     def step(self, action: Array) -> tuple[Array, float, bool, bool, dict[str, Any]]:
         if self._k >= self._kernels:
@@ -371,26 +342,16 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
 
     def _observe_clocks(self) -> None:
         """The ``clocks_in_effect``, ``clocks_pending`` and ``controller`` blocks."""
-        self._one_hot_clocks(self._views["clocks_in_effect"], self._in_effect)
-        self._one_hot_clocks(self._views["clocks_pending"], self._pending)
+        one_hot_clocks(self._views["clocks_in_effect"], self._in_effect, self._memories, self.grid.levels)
+        one_hot_clocks(self._views["clocks_pending"], self._pending, self._memories, self.grid.levels)
         latency, pending = self.latency_s, self._pending >= 0
         left = self._requested_at_s + latency - self._now_s
         self._views["controller"][:] = (max(0.0, left) / latency if pending and latency > 0 else 0.0,
                                         0.0 if pending else 1.0, 1.0 if self._k == 0 or latency <= 0 else 0.0)
 
-    def _one_hot_clocks(self, view: Array, action: int) -> None:
-        """Grid action ``action``'s core level and memory clock, one-hot (zeros for -1)."""
-        view[:] = 0.0
-        if action >= 0:
-            level, memory = divmod(action, self._memories)
-            view[level] = view[self.grid.levels + memory] = 1.0
-
     def _observe_conditions(self) -> None:
         """The ``conditions`` block (``CONDITION_FEATURES``)."""
-        drawn, k = self.disturbances, min(self._k, self._kernels - 1)
-        drift_pct = 0.0
-        if drawn.time_auto is not None and drawn.time_locked is not None:
-            drift_pct = 100.0 * (float(drawn.time_auto[k]) / float(drawn.time_locked[k]) - 1.0)
+        drift_pct = self.disturbances.auto_drift_pct(min(self._k, self._kernels - 1))
         run_pct = 100.0 * (self._elapsed_s / self._auto_elapsed_s - 1.0) if self._auto_elapsed_s > 0 else 0.0
         self._views["conditions"][:] = (1e3 * self.latency_s, drift_pct, min(OBS_LIMIT, max(-OBS_LIMIT, run_pct)),
                                         self._last_latency_ratio)

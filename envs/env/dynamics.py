@@ -69,6 +69,12 @@ class Disturbances:
         """Switching latency of the episode's ``request``-th request (s), counted from 0."""
         return self.latency_s if self.latencies_s is None else float(self.latencies_s[request])
 
+    def auto_drift_pct(self, kernel: int) -> float:
+        """How much slower auto's core runs than a locked clock at run kernel ``kernel`` (%): the drift."""
+        if self.time_auto is None or self.time_locked is None:
+            return 0.0
+        return 100.0 * (float(self.time_auto[kernel]) / float(self.time_locked[kernel]) - 1.0)
+
     def apply(self, costs: ActionCosts) -> ActionCosts:
         """``costs`` (the run's K kernels) with this episode's factors (auto actions: NaN core clock)."""
         auto = np.isnan(costs.core_mhz)

@@ -13,6 +13,7 @@ from functools import cached_property
 
 import numpy as np
 
+from kdvfs.envs.common.errors import KdvfsError
 from kdvfs.envs.env.clock_grid import ClockGrid
 from kdvfs.envs.gpu.profiles import GpuProfile
 from kdvfs.envs.model.cost_model import Array, CostParams
@@ -133,3 +134,14 @@ class StepData:
     def auto_energy_j(self) -> float:
         """Step energy in auto mode (J)."""
         return float(self.cumulative[-1, 1, 0])
+
+
+def step_index(names: list[str], step: int | str) -> int:
+    """The index of ``step`` (a name or an index) among steps named ``names``; a clear error if none."""
+    if isinstance(step, str):
+        if step not in names:
+            raise KdvfsError(f"no step named {step!r}; have {names}")
+        return names.index(step)
+    if not 0 <= int(step) < len(names):
+        raise KdvfsError(f"step index {step} out of range 0..{len(names) - 1}")
+    return int(step)

@@ -8,7 +8,11 @@ The observation states the episode's latency (``conditions`` block), so the poli
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
+import numpy as np
+
+from kdvfs.envs.common.errors import KdvfsError
 from kdvfs.envs.env.config import EnvConfig, Switching
 from kdvfs.envs.env.dynamics import DisturbanceSettings
 from kdvfs.envs.gpu.profiles import GpuProfile
@@ -41,3 +45,13 @@ def timings(config: EnvConfig, profile: GpuProfile) -> tuple[Timing, ...]:
         regimes.append(Timing(switching, config.decision_latencies * switching.latency_s,
                               config.disturbances(switching)))
     return tuple(regimes)
+
+
+def regime_index(scales: tuple[float, ...], options: dict[str, Any], rng: np.random.Generator) -> int:
+    """An episode's regime: ``options["latency_scale"]`` (one of ``scales``), else drawn with ``rng`` (no draw
+    with one regime, so seeded episodes of a one-regime config keep their draws)."""
+    if "latency_scale" in options:
+        if float(options["latency_scale"]) not in scales:
+            raise KdvfsError(f"latency_scale {options['latency_scale']} is not one of {list(scales)}")
+        return scales.index(float(options["latency_scale"]))
+    return int(rng.integers(len(scales))) if len(scales) > 1 else 0

@@ -14,6 +14,9 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from kdvfs.envs.common.config import ConfigError
+from kdvfs.envs.env.clock_grid import ClockGrid
+from kdvfs.envs.env.config import EnvConfig
+from kdvfs.envs.env.step_data import StepData
 from kdvfs.envs.gpu.profiles import GpuProfile
 from kdvfs.envs.synthetic.generator import generate_transformer_trace, load_workload
 from kdvfs.envs.synthetic.workload import TransformerConfig
@@ -120,3 +123,11 @@ class DataSplit:
         unlisted = sorted(self.held_out.families() - set(self.held_out_families))
         if unlisted:
             raise ConfigError(f"held-out set uses families {unlisted} not listed in held_out_families")
+
+
+def default_step(profile: GpuProfile, grid: ClockGrid | None = None) -> StepData:
+    """A small step for a bare ``gym.make(ENV_ID)``: one GPT-3-XL-shaped layer, batch 1, on ``profile``, priced
+    on ``grid`` (None: the default settings' grid)."""
+    config = replace(load_workload("gpt3xl"), name="gpt3xl-1layer-b1", layers=1, batch=1)
+    grid = EnvConfig().grid(profile) if grid is None else grid
+    return StepData.build(config.name, generate_transformer_trace(config, profile), profile, grid)

@@ -16,7 +16,8 @@ from kdvfs.envs.common.errors import KdvfsError
 from kdvfs.envs.common.paths import REPO_ROOT
 from kdvfs.envs.env.clock_grid import ClockGrid
 from kdvfs.envs.env.config import EnvConfig, Switching, settings_table
-from kdvfs.envs.env.dvfs_env import KernelDVFSEnv, default_step
+from kdvfs.envs.env.dvfs_env import KernelDVFSEnv
+from kdvfs.envs.env.workloads import default_step
 from kdvfs.envs.gpu.profiles import load_profile
 
 

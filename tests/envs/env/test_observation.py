@@ -33,10 +33,10 @@ def spec() -> ObservationSpec:
 def test_blocks_tile_the_vector_in_order(spec: ObservationSpec) -> None:
     assert set(spec.dimensions()) == set(DIMENSIONS)
     spans = [spec.span(block.name) for block in BLOCKS]
-    assert spans[0].start == 0 and spans[-1].stop == spec.size == 572
+    assert spans[0].start == 0 and spans[-1].stop == spec.size == 1104
     assert all(a.stop == b.start for a, b in itertools.pairwise(spans))
     assert [name for name, _ in spec.blocks()] == [block.name for block in BLOCKS]
-    assert spec.shape("window_slowdown_then_saving_pct") == (2, 4, 52) and spec.shape("clocks_in_effect") == (28,)
+    assert spec.shape("window_slowdown_then_saving_pct") == (2, 4, 110) and spec.shape("clocks_in_effect") == (57,)
     buffer = np.zeros(spec.size, np.float32)
     assert all(np.shares_memory(spec.view(buffer, block.name), buffer) for block in BLOCKS if spec.shape(block.name))
 
@@ -44,7 +44,7 @@ def test_blocks_tile_the_vector_in_order(spec: ObservationSpec) -> None:
 def test_advisor_actions_are_named(spec: ObservationSpec) -> None:
     pairs = spec.grid.size
     assert spec.advisor_action("windows") == pairs and spec.advisor_action("plans", 2) == pairs + 4 + 2
-    assert spec.advisor_action("budget_plan") == pairs + spec.advisors - 1 == pairs + 4 + 11 + 1
+    assert spec.advisor_action("budget_plan") == pairs + spec.advisors - 1 == pairs + 4 + 13 + 1
 
 
 def test_the_env_writes_each_block_by_its_name() -> None:
@@ -69,7 +69,7 @@ def test_the_env_writes_each_block_by_its_name() -> None:
 def test_the_observation_tables_are_rendered_from_the_spec(spec: ObservationSpec) -> None:
     table = observation_table()
     assert all(f"| `{block.name}` | {block.size_text()} |" in table for block in BLOCKS)
-    assert "| `window_slowdown_then_saving_pct` | 2 x 4 x 52 |" in observation_table(spec)
+    assert "| `window_slowdown_then_saving_pct` | 2 x 4 x 110 |" in observation_table(spec)
     assert table in (inspect.getdoc(KernelDVFSEnv) or "")
     assert table in (REPO_ROOT / "docs/environment.md").read_text(), \
         "docs/environment.md: paste kdvfs.envs.env.observation.observation_table() into the Observation space section"

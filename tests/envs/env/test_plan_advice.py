@@ -7,8 +7,9 @@ import itertools
 import numpy as np
 import pytest
 
-from kdvfs.envs.env.dvfs_env import KernelDVFSEnv, default_step
+from kdvfs.envs.env.dvfs_env import KernelDVFSEnv
 from kdvfs.envs.env.plan_advice import fitting_plan, plan_advice
+from kdvfs.envs.env.workloads import default_step
 from kdvfs.envs.gpu.profiles import load_profile
 from kdvfs.envs.model.schedule import ActionCosts, replay
 from kdvfs.envs.model.segment_plans import cheapest_within, plan_totals, segment_starts, segments_ok
@@ -81,7 +82,7 @@ def test_following_a_plan_advisor_at_zero_latency_runs_the_plan() -> None:
     env = KernelDVFSEnv(gpu=profile, latency_s=0.0, latency_noise=False, duration_noise=0.0,
                         plan_budgets=(0.005, 0.01))
     env.reset(seed=0, options={"budget": 0.01})
-    plan = env._plans[0].pairs[:-1, 1]
+    plan = env._plans.pairs[:-1, 1]
     advisor = env.observation_spec.advisor_action("plans", 1)
     done, info = False, {}
     while not done:

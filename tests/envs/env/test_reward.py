@@ -21,14 +21,24 @@ def test_terms_add_up_and_the_return_telescopes() -> None:
     total = 0.0
     for before, after in itertools.pairwise(path):
         reward, info = reward_fn(before, after, reference, config)
-        assert set(info) == {"reward_energy", "reward_time"}
-        assert reward == info["reward_energy"] + info["reward_time"]
+        assert set(info) == {"reward_energy", "reward_time", "reward_violation"}
+        assert reward == info["reward_energy"] + info["reward_time"] and info["reward_violation"] == 0.0
         total += reward
     whole, _ = reward_fn(path[0], path[-1], reference, config)
     assert total == pytest.approx(whole, abs=1e-9)
     last = path[-1]
     expected = 100 * (last.auto_energy_j - last.energy_j) / 50.0 - 10.0 * overrun_pct(last, reference)
     assert whole == pytest.approx(expected, abs=1e-9)
+
+
+def test_an_episode_ending_over_budget_loses_the_violation_penalty_once() -> None:
+    config, reference = EnvConfig(overrun_penalty=10.0, violation_penalty=5.0), Reference(1.0, 1.0, 0.01)
+    start, over, within = Totals(0.0, 0.0, 0.0, 0.0), Totals(0.9, 1.0, 1.02, 1.0), Totals(0.9, 1.0, 1.005, 1.0)
+    reward, info = reward_fn(start, over, reference, config, final=True)
+    assert info["reward_violation"] == -5.0 and info["reward_time"] == pytest.approx(-10.0)
+    assert reward == pytest.approx(10.0 - 10.0 - 5.0)
+    assert reward_fn(start, over, reference, config)[1]["reward_violation"] == 0.0  # not the episode's end
+    assert reward_fn(start, within, reference, config, final=True)[1]["reward_violation"] == 0.0
 
 
 def test_overrun_counts_only_time_beyond_the_whole_steps_budget() -> None:
@@ -55,6 +65,6 @@ def test_the_envs_rewards_are_its_info_terms_and_the_rollout_return_their_sum() 
     observation = np.zeros(env.observation_space.shape, np.float32)
     while not done:
         observation, reward, done, _, info = env.step(actor.act(observation))
-        assert reward == info["reward_energy"] + info["reward_time"]
+        assert reward == info["reward_energy"] + info["reward_time"] + info["reward_violation"]
         total += reward
     assert rollout(Random(env), env, seed=2)["return"] == pytest.approx(total, abs=1e-12)

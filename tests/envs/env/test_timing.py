@@ -1,0 +1,72 @@
+"""Switching regimes drawn per episode (``latency_scales``) and the ``conditions`` block: latency, the auto
+clock's drift, the run's measured slowdown and the last change's latency."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kdvfs.envs.common.errors import KdvfsError
+from kdvfs.envs.env.dvfs_env import KernelDVFSEnv
+from kdvfs.envs.env.observation import BUDGET_FEATURES, CONDITION_FEATURES
+from kdvfs.envs.gpu.profiles import load_profile
+
+PROFILE = load_profile("h200")
+
+
+def _conditions(env: KernelDVFSEnv, observation: np.ndarray) -> dict[str, float]:
+    return dict(zip(CONDITION_FEATURES, env.observation_spec.view(observation, "conditions"), strict=True))
+
+
+def test_each_scale_runs_its_own_regime_and_the_observation_states_it() -> None:
+    env = KernelDVFSEnv(latency_scales=(0.0, 1.0, 2.0), plan_budgets=(0.01,))
+    mean_s, spread_s = PROFILE.switching.latency_mean_s, PROFILE.switching.latency_std_s
+    for scale in (0.0, 1.0, 2.0):
+        observation, _ = env.reset(seed=0, options={"latency_scale": scale})
+        assert (env.latency_s, env.latency_std_s) == pytest.approx((scale * mean_s, scale * spread_s))
+        assert env.stall_s == (0.0 if scale == 0 else PROFILE.cost_param("switch_stall_s"))
+        assert env.decision_interval_s == pytest.approx(env.config.decision_latencies * scale * mean_s)
+        assert _conditions(env, observation)["latency_ms"] == pytest.approx(1e3 * scale * mean_s)
+    drawn = {env.reset(seed=seed)[0][env.observation_spec.span("conditions")][0] for seed in range(30)}
+    assert len(drawn) == 3
+    with pytest.raises(KdvfsError, match=r"latency_scale 3\.0 is not one of"):
+        env.reset(options={"latency_scale": 3.0})
+    with pytest.raises(KdvfsError, match="latency_scales"):
+        KernelDVFSEnv(latency_scales=())
+
+
+def test_the_drift_is_observed_and_auto_runs_measure_no_budget_use() -> None:
+    env = KernelDVFSEnv(drift=True, step_jitter=True, duration_noise=0.02, run_steps=2)
+    observation, _ = env.reset(seed=3)
+    drawn = env.disturbances
+    assert drawn.time_auto is not None and drawn.time_locked is not None
+    expected = 100.0 * (drawn.time_auto / drawn.time_locked - 1.0)
+    assert expected.min() > 0
+    done, k = False, 0
+    while not done:
+        conditions = _conditions(env, observation)
+        assert conditions["auto_drift_pct"] == pytest.approx(expected[k], rel=1e-5)
+        assert conditions["run_slowdown_pct"] == pytest.approx(0.0, abs=1e-9)
+        budget = dict(zip(BUDGET_FEATURES, env.observation_spec.view(observation, "budget"), strict=True))
+        assert budget["budget_used"] == pytest.approx(0.0, abs=1e-6)  # measured against auto's own noisy run
+        observation, _, done, _, _ = env.step(np.array([0, 0]))
+        k = env.clocks[0]
+
+
+def test_the_run_slowdown_and_the_last_latency_are_what_happened() -> None:
+    env = KernelDVFSEnv(latency_noise=True, duration_noise=0.02)
+    observation, _ = env.reset(seed=1)
+    assert _conditions(env, observation)["last_latency_ratio"] == 1.0
+    target = 12 * len(env.grid.memory_mhz)
+    observation, *_ = env.step(np.array([0, 0]))
+    observation, *_ = env.step(np.array([1, target]))
+    while env.clocks[1] != target:
+        observation, *_ = env.step(np.array([0, 0]))
+    # It took effect at the first kernel starting at least the drawn latency after the request.
+    drawn_s, longest_s = env.disturbances.latency(0), float(env.steps[0].time_s.max()) * 1.1
+    ratio = _conditions(env, observation)["last_latency_ratio"]
+    assert drawn_s / env.latency_s - 1e-6 <= ratio <= (drawn_s + longest_s) / env.latency_s
+    done = False
+    while not done:
+        observation, _, done, _, info = env.step(np.array([0, 0]))
+    assert _conditions(env, observation)["run_slowdown_pct"] == pytest.approx(info["slowdown_pct"], rel=1e-5)
