@@ -1,104 +1,133 @@
-"""Learned policies against the planners on held-out workloads, and the speed figures of issue 5.
+"""Learned policies against the planners on held-out workloads under disturbances: the targets of issue 15.
 
-For each GPU with a shipped policy (``policies/<gpu>.kdvfs-policy.npz``) and every held-out step of its
-training config, at a 1% budget: the policy, the latency-aware optimum, per-phase and the best static pair
-executed with the profile's switching latency; then the ideal-switching case against the ILP. Also the
-environment's decisions per second on one core, the frozen policy's decision time and the training wall
-time recorded in the policy file. Writes ``benchmarks/results/policies.json`` and ``.md``:
+For each GPU with a shipped policy (``policies/<gpu>.kdvfs-policy.npz``), every held-out step of its
+training config, budgets 0.5/1/2% and switching latencies 0, the profile's and twice it: ``--episodes``
+seeded episodes with every disturbance of the environment on (latency spread, duration noise, drift of the
+auto clock, step jitter), scored like ``kdvfs evaluate --episodes`` (the same draws for every method):
 
-    python benchmarks/policies.py
+* ``policy`` (the shipped one, PPO's unless the clone won) and ``imitation`` (the clone before PPO, from
+  ``--clones``), both closed-loop through ``KernelDVFS-v0``;
+* ``fitting-plan``, the closed-loop rule; ``latency-optimal`` executed open-loop; ``latency-optimal+margin``,
+  the optimum planned for the best multiple of the budget that stays within it in >= 95% of the episodes;
+* the noise-free latency-aware optimum (the "90% of the optimum" target).
+
+Per case it checks the targets (within budget in >= 95% of episodes; saving >= the margin-tuned optimum's;
+>= 90% of the noise-free optimum), and per GPU the grid coverage (every pair the static and latency-aware
+planners choose on the held-out steps is on the policy's grid), the environment's decisions per second and
+the frozen decision time. Writes ``benchmarks/results/policies.json`` and ``.md``::
+
+    python benchmarks/policies.py [--gpus h200 b200] [--episodes 8] [--jobs 2]
 """
 
 from __future__ import annotations
 
+import argparse
+import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
+from functools import cache
+from pathlib import Path
 from typing import Any
 
 import numpy as np
-from provenance import provenance, provenance_lines, write_results
+from policies_report import markdown
+from provenance import provenance, write_results
 
 from kdvfs.agents.common.problem import Problem, score
 from kdvfs.agents.learned.frozen import FrozenPolicy
-from kdvfs.agents.learned.imitation import Expert
+from kdvfs.agents.learned.noisy_evaluation import COMPLIANCE, MARGIN_METHOD, noisy_rows
 from kdvfs.agents.learned.policy_planner import PolicyPlanner, policy_env, rollout, shipped_policy_path
 from kdvfs.agents.learned.ppo import build_steps, load_train_config
 from kdvfs.agents.planners.registry import make_planner
+from kdvfs.envs.common.paths import REPO_ROOT
 from kdvfs.envs.env.dvfs_env import KernelDVFSEnv
 from kdvfs.envs.gpu.profiles import GpuProfile, load_profile
+from kdvfs.envs.trace.trace import Trace
 
-GPUS = ("h200", "rtx3080ti")
-BUDGET = 0.01
-BASELINES = ("latency-optimal", "per-phase", "static")
-
-
-def _saved(problem: Problem, planner: Any) -> dict[str, float]:
-    result = score(problem, planner.plan(problem))
-    return {"energy_saved_pct": result.energy_saved_pct, "slowdown_pct": result.slowdown_pct,
-            "switches": result.switches, "solve_s": result.solve_s}
+GPUS = ("h200", "b200", "h100-sxm", "a100-sxm4", "rtx3080ti")
+BUDGETS = (0.005, 0.01, 0.02)
+LATENCY_SCALES = (0.0, 1.0, 2.0)
+CLONES = REPO_ROOT / "benchmarks" / "data" / "clones"
+OPTIMUM_SHARE = 0.9
 
 
-def expert(policy: FrozenPolicy, problem: Problem) -> dict[str, float]:
-    """The imitation expert (follow the plan advisor for the budget) through the policy's environment."""
-    env = policy_env(policy, problem)
-    summary = rollout(Expert(env), env)
-    return {"energy_saved_pct": summary["energy_saved_pct"], "slowdown_pct": summary["slowdown_pct"],
-            "switches": summary["switches"]}
-
-
-def held_out(gpu: str, policy: FrozenPolicy, profile: GpuProfile) -> list[dict[str, Any]]:
-    """Every held-out step of the GPU's config: policy and planners, with latency and with ideal switching."""
-    planner = PolicyPlanner(policy)
-    rows = []
-    for name, trace in load_train_config(gpu).data.held_out.traces(profile):
-        problem = Problem.build(trace, profile, BUDGET)
-        row: dict[str, Any] = {"step": name, "latency_ms": problem.latency_s * 1e3, "policy": _saved(problem, planner)}
-        row.update({method: _saved(problem, make_planner(method)) for method in BASELINES})
-        row["expert"] = expert(policy, problem)
-        ideal = Problem.build(trace, profile, BUDGET, latency_s=0.0)
-        row["ideal"] = {"policy": _saved(ideal, planner), "ilp": _saved(ideal, make_planner("ilp"))}
-        oracle, mine = row["latency-optimal"]["energy_saved_pct"], row["policy"]["energy_saved_pct"]
-        row["fraction_of_optimum"] = mine / oracle if oracle > 0 else float("nan")
-        row["ideal"]["fraction_of_ilp"] = row["ideal"]["policy"]["energy_saved_pct"] / \
-            row["ideal"]["ilp"]["energy_saved_pct"]
-        rows.append(row)
-        print(f"{gpu} {name}: policy {mine:.2f}% vs optimum {oracle:.2f}%", flush=True)
-    return rows
-
-
-def env_speed(gpu: str, rounds: int = 8, seconds: float = 2.0, **settings: Any) -> dict[str, float]:
-    """Random-action decisions per second of one environment over the GPU's held-out steps, one process:
-    median and best of ``rounds`` rounds (the machine's speed varies between rounds). ``settings`` replace
-    the training config's environment settings."""
+@cache
+def _loaded(gpu: str, clones: str) -> tuple[GpuProfile, FrozenPolicy, FrozenPolicy | None, dict[str, Trace]]:
     profile = load_profile(gpu)
-    env_config = load_train_config(gpu).env.replace(**settings)
-    steps = build_steps(load_train_config(gpu).data.held_out.traces(profile), profile, env_config.grid(profile))
-    env = KernelDVFSEnv(steps, profile, env_config)
+    policy = FrozenPolicy.load(shipped_policy_path(gpu), profile)
+    clone_path = Path(clones) / f"{gpu}.kdvfs-policy.npz"
+    clone = FrozenPolicy.load(clone_path, profile) if clone_path.exists() else None
+    traces = dict(load_train_config(gpu).data.held_out.traces(profile))
+    return profile, policy, clone, traces
+
+
+def _clone_row(clone: FrozenPolicy, case: Problem, episodes: int) -> dict[str, float]:
+    """The clone closed-loop over the same seeded episodes as the policy (seeds 0..episodes-1)."""
+    env = policy_env(clone, case, disturbed=True)
+    summaries = [rollout(clone, env, {"step": 0, "budget": case.slowdown}, seed) for seed in range(episodes)]
+    slowdowns = np.array([s["slowdown_pct"] for s in summaries])
+    return {"energy_saved_pct": float(np.mean([s["energy_saved_pct"] for s in summaries])),
+            "slowdown_pct": float(slowdowns.mean()), "switches": float(np.mean([s["switches"] for s in summaries])),
+            "within_budget": float(np.mean(slowdowns <= 100 * case.slowdown + 1e-9))}
+
+
+def evaluate_case(gpu: str, step: str, budget: float, scale: float, episodes: int, clones: str) -> dict[str, Any]:
+    """Every method on one (GPU, held-out step, budget, latency) case, and its targets."""
+    profile, policy, clone, traces = _loaded(gpu, clones)
+    case = Problem.build(traces[step], profile, budget, latency_s=scale * profile.switching.latency_mean_s)
+    rows = {row.method: row.as_json() for row in noisy_rows(case, PolicyPlanner(policy), [budget], episodes, 0,
+                                                             ("latency-optimal",))}
+    if clone is not None:
+        rows["imitation"] = _clone_row(clone, case, episodes)
+    optimum = score(case, make_planner("latency-optimal").plan(case))
+    mine, margin = rows["policy"], rows.get(MARGIN_METHOD)
+    targets = {"within_budget": mine["within_budget"] >= COMPLIANCE,
+               "beats_margin_optimum": margin is None or mine["energy_saved_pct"] >= margin["energy_saved_pct"],
+               "share_of_optimum": mine["energy_saved_pct"] >= OPTIMUM_SHARE * optimum.energy_saved_pct}
+    return {"gpu": gpu, "step": step, "budget_pct": 100 * budget, "latency_ms": 1e3 * case.latency_s,
+            "rows": rows, "noise_free_optimum": optimum.as_json(), "targets": targets}
+
+
+def grid_coverage(gpu: str, clones: str) -> dict[str, Any]:
+    """Pairs the static and latency-aware planners choose on the held-out steps (at each budget, the profile's
+    latency) that the policy's grid lacks."""
+    profile, policy, _, traces = _loaded(gpu, clones)
+    grid = policy.grid(profile)
+    on_grid = {grid.label(g) for g in range(grid.size)}
+    used: set[str] = set()
+    for trace in traces.values():
+        for budget in BUDGETS:
+            problem = Problem.build(trace, profile, budget)
+            used |= {problem.costs.label(int(a)) for method in ("static", "latency-optimal")
+                     for a in np.unique(make_planner(method).plan(problem).actions)}
+    return {"pairs_used": len(used), "missing": sorted(used - on_grid), "grid_pairs": grid.size}
+
+
+def env_speed(gpu: str, rounds: int = 5, seconds: float = 2.0) -> dict[str, float]:
+    """Random-action decisions per second of one environment over the GPU's held-out steps, one process:
+    median and best of ``rounds`` rounds."""
+    profile, config = load_profile(gpu), load_train_config(gpu)
+    steps = build_steps(config.data.held_out.traces(profile), profile, config.env.grid(profile))
+    env = KernelDVFSEnv(steps, profile, config.env)
     env.reset(seed=0)
     env.action_space.seed(0)
     actions = [env.action_space.sample() for _ in range(4096)]
-    decision_rates, kernel_rates = [], []
+    rates = []
     for _ in range(rounds):
-        decisions = kernels = 0
-        start = time.perf_counter()
+        decisions, start = 0, time.perf_counter()
         while time.perf_counter() - start < seconds:
             for action in actions[decisions % 3840:][:256]:
-                before = env.clocks[0]
-                _, _, done, _, _ = env.step(action)
-                decisions, kernels = decisions + 1, kernels + env.clocks[0] - before
-                if done:
+                decisions += 1
+                if env.step(action)[2]:
                     env.reset()
-        elapsed = time.perf_counter() - start
-        decision_rates.append(decisions / elapsed)
-        kernel_rates.append(kernels / elapsed)
-    return {"decisions_per_s": float(np.median(decision_rates)), "best_decisions_per_s": max(decision_rates),
-            "kernels_per_s": float(np.median(kernel_rates))}
+        rates.append(decisions / (time.perf_counter() - start))
+    return {"decisions_per_s": float(np.median(rates)), "best_decisions_per_s": max(rates)}
 
 
-def decision_time(policy: FrozenPolicy, profile: GpuProfile) -> dict[str, float]:
+def decision_time(gpu: str, clones: str) -> dict[str, float]:
     """Frozen-policy forward pass per decision (s): median and 99th percentile over real observations."""
-    config = load_train_config(profile.name)
-    _, trace = config.data.held_out.traces(profile)[0]
-    env = policy_env(policy, Problem.build(trace, profile, BUDGET))
+    profile, policy, _, traces = _loaded(gpu, clones)
+    env = policy_env(policy, Problem.build(next(iter(traces.values())), profile, 0.01))
     observations, (observation, _), done = [], env.reset(seed=0), False
     while not done:
         observations.append(observation)
@@ -110,59 +139,35 @@ def decision_time(policy: FrozenPolicy, profile: GpuProfile) -> dict[str, float]
             policy.act(obs)
             times.append(time.perf_counter() - start)
     return {"median_s": float(np.median(times)), "p99_s": float(np.percentile(times, 99)),
-            "best_s": float(np.min(times)), "samples": len(times),
             "observation_size": int(observations[0].size)}
 
 
-def _markdown(result: dict[str, Any]) -> str:
-    lines = ["# Learned policies on held-out workloads", ""]
-    lines += provenance_lines(result["provenance"])
-    for gpu, figures in result["gpus"].items():
-        lines += ["", f"## {gpu}: 1% budget, {figures['held_out'][0]['latency_ms']:g} ms switching", "",
-                  "| held-out step | policy saved | slowdown | latency-optimal | fraction | per-phase | static | "
-                  "switches | expert (plan for the budget) |",
-                  "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-        for row in figures["held_out"]:
-            p, o = row["policy"], row["latency-optimal"]
-            lines.append(f"| {row['step']} | {p['energy_saved_pct']:.2f}% | {p['slowdown_pct']:.2f}% | "
-                         f"{o['energy_saved_pct']:.2f}% / {o['slowdown_pct']:.2f}% | "
-                         f"{row['fraction_of_optimum']:.0%} | "
-                         f"{row['per-phase']['energy_saved_pct']:.2f}% / {row['per-phase']['slowdown_pct']:.2f}% | "
-                         f"{row['static']['energy_saved_pct']:.2f}% / {row['static']['slowdown_pct']:.2f}% | "
-                         f"{p['switches']} | {row['expert']['energy_saved_pct']:.2f}% / "
-                         f"{row['expert']['slowdown_pct']:.2f}% |")
-        lines += ["", "Ideal switching (no latency, no stall), 1% budget:", "",
-                  "| held-out step | policy saved / slowdown | ILP saved / slowdown | fraction |",
-                  "| --- | ---: | ---: | ---: |"]
-        for row in figures["held_out"]:
-            p, i = row["ideal"]["policy"], row["ideal"]["ilp"]
-            lines.append(f"| {row['step']} | {p['energy_saved_pct']:.2f}% / {p['slowdown_pct']:.2f}% | "
-                         f"{i['energy_saved_pct']:.2f}% / {i['slowdown_pct']:.2f}% | "
-                         f"{row['ideal']['fraction_of_ilp']:.0%} |")
-        speed, decision = figures["env_speed"], figures["decision_time"]
-        lines += ["", f"- environment, one process, random actions: median {speed['decisions_per_s']:,.0f} "
-                  f"decisions/s (best round {speed['best_decisions_per_s']:,.0f}; {speed['kernels_per_s']:,.0f} "
-                  "kernels/s)",
-                  f"- frozen policy, one decision ({decision['observation_size']} inputs): median "
-                  f"{decision['median_s'] * 1e6:.1f} us, p99 {decision['p99_s'] * 1e6:.1f} us, best "
-                  f"{decision['best_s'] * 1e6:.1f} us",
-                  f"- training wall time: {figures['train_wall_s'] / 60:.1f} min for {figures['timesteps']:,} "
-                  "timesteps (recorded in the policy file)"]
-    return "\n".join(lines) + "\n"
-
-
 def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    parser.add_argument("--gpus", nargs="+", default=list(GPUS))
+    parser.add_argument("--episodes", type=int, default=8)
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--clones", default=str(CLONES), help="folder of <gpu>.kdvfs-policy.npz clones before PPO")
+    args = parser.parse_args()
+    cases = [(gpu, step, budget, scale, args.episodes, args.clones) for gpu in args.gpus
+             for step in _loaded(gpu, args.clones)[3] for budget in BUDGETS for scale in LATENCY_SCALES]
+    with ProcessPoolExecutor(args.jobs) as pool:
+        results = []
+        for done, result in enumerate(pool.map(evaluate_case, *zip(*cases, strict=True)), 1):
+            results.append(result)
+            print(f"[{done}/{len(cases)}] {result['gpu']} {result['step']} {result['budget_pct']:g}% "
+                  f"{result['latency_ms']:g} ms: {result['targets']}", flush=True)
     gpus = {}
-    for gpu in GPUS:
-        profile = load_profile(gpu)
-        policy = FrozenPolicy.load(shipped_policy_path(gpu), profile)
-        gpus[gpu] = {"held_out": held_out(gpu, policy, profile), "env_speed": env_speed(gpu),
-                     "decision_time": decision_time(policy, profile),
-                     "train_wall_s": policy.meta.get("train_wall_s", float("nan")),
-                     "timesteps": policy.meta.get("timesteps", 0)}
-    result = {"provenance": provenance("python benchmarks/policies.py"), "budget": BUDGET, "gpus": gpus}
-    write_results("policies", result, _markdown(result))
-    print(_markdown(result))
+    for gpu in args.gpus:
+        policy = _loaded(gpu, args.clones)[1]
+        gpus[gpu] = {"grid": grid_coverage(gpu, args.clones), "env_speed": env_speed(gpu),
+                     "decision_time": decision_time(gpu, args.clones),
+                     "train_wall_s": policy.meta.get("train_wall_s"), "timesteps": policy.meta.get("timesteps"),
+                     "selected": policy.meta.get("selected"), "training_scores": policy.meta.get("training_scores")}
+    result = {"provenance": provenance(" ".join(["python", *sys.argv])), "episodes": args.episodes,
+              "cases": results, "gpus": gpus}
+    write_results("policies", result, markdown(result))
+    print(markdown(result))
 
 
 if __name__ == "__main__":

@@ -179,6 +179,7 @@ def noisy_table(rows: Sequence[NoisyRow], problem: Problem) -> Table:
     for column in ("budget", "method", "energy saved", "slowdown", "within budget", "switches/step", "solve (s)"):
         table.add_column(column, justify="left" if column == "method" else "right")
     for row in rows:
-        table.add_row(f"{row.budget:.1%}", row.method, f"{row.energy_saved_pct:.2f}%", f"{row.slowdown_pct:.2f}%",
+        method = row.method if row.planned_budget is None else f"{row.method} (planned {row.planned_budget:.2%})"
+        table.add_row(f"{row.budget:.1%}", method, f"{row.energy_saved_pct:.2f}%", f"{row.slowdown_pct:.2f}%",
                       f"{row.within_budget:.0%}", f"{row.switches:.1f}", f"{row.solve_s:.2f}")
     return table

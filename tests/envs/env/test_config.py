@@ -21,7 +21,7 @@ from kdvfs.envs.env.workloads import default_step
 from kdvfs.envs.gpu.profiles import load_profile
 
 
-@pytest.mark.parametrize("gpu", ["h200", "rtx3080ti"])
+@pytest.mark.parametrize("gpu", ["h200", "b200", "h100-sxm", "a100-sxm4", "rtx3080ti"])
 def test_the_yaml_env_section_is_the_shipped_policys_config(gpu: str) -> None:
     profile, config = load_profile(gpu), load_train_config(gpu)
     raw = yaml.safe_load((PPO_CONFIG_DIR / f"{gpu}.yaml").read_text())["env"]
