@@ -71,7 +71,7 @@ def expert_action(env: KernelDVFSEnv, expert: str = "budget_plan") -> Array:
     proposes. A standing order: the environment ignores it while a request is pending or when that pair is
     in effect, so the expert's action is the same all episode and the plan's changes happen when the
     advisor proposes them."""
-    return np.array([1, env.observation_spec.advisor_action(expert)])
+    return np.array([1, env.advisor_action(expert)])
 
 
 @dataclass(frozen=True)

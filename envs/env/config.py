@@ -64,6 +64,9 @@ class EnvConfig:
         core_fractions: locked core levels of the clock grid, as fractions of the profile's maximum core clock
             (:class:`kdvfs.envs.env.clock_grid.ClockGrid`; auto is always level 0).
         memory_mhz: memory clocks of the clock grid (MHz, descending); None: all of the profile's.
+        plan_actions: the clocks part of each action names a plan advisor (each plan, the fitting plan, the
+            budget's plan: which budget's latency-aware plan to follow from here), not a pair or a window
+            advisor; needs ``plan_budgets``.
         every_core_clock: the locked core levels are every core clock the profile supports (at its highest
             memory clock) from the lowest to the highest of ``core_fractions``, so that no pair a planner can
             choose in that range is missing (on an H200: 54 levels from 1185 to 1980 MHz in 15 MHz steps).
@@ -91,6 +94,7 @@ class EnvConfig:
     core_fractions: tuple[float, ...] = DEFAULT_CORE_FRACTIONS
     memory_mhz: tuple[int, ...] | None = None
     every_core_clock: bool = False
+    plan_actions: bool = False
 
     def __post_init__(self) -> None:
         # Sequences become tuples of floats (ints) so that equal settings give equal observation-spec hashes.
@@ -109,6 +113,8 @@ class EnvConfig:
                 or min(self.window_latencies) <= 0 or self.duration_noise < 0:
             raise KdvfsError("need decision_latencies >= 0, next_kernels >= 1, positive window_latencies and "
                              "duration_noise >= 0")
+        if self.plan_actions and not self.plan_budgets:
+            raise KdvfsError("plan_actions needs plan_budgets (the plans to choose from)")
         if self.drift_pct < 0 or self.drift_s <= 0 or self.run_start_s < 0 or self.run_steps < 1:
             raise KdvfsError("need drift_pct >= 0, drift_s > 0, run_start_s >= 0 and run_steps >= 1")
 

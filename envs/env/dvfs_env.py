@@ -10,7 +10,6 @@ priced with :func:`kdvfs.envs.model.schedule.replay` give exactly the episode's 
 from __future__ import annotations
 
 import textwrap
-import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -26,25 +25,19 @@ from kdvfs.envs.env.observation import (
     OBS_LIMIT,
     REMAINING_LATENCIES_CAP,
     WINDOW_METRICS,
-    ObservationSpec,
     advisor_index,
     observation_table,
     one_hot_clocks,
-    static_observations,
-    window_bounds,
 )
-from kdvfs.envs.env.plan_advice import EPS, PlanAdvice, fitting_plan, landing_kernels, plan_advice, plan_for_budget
+from kdvfs.envs.env.plan_advice import EPS, fitting_plan, landing_kernels, plan_for_budget
 from kdvfs.envs.env.reward import Reference, Totals, overrun_pct, reward_fn
 from kdvfs.envs.env.step_data import StepData, step_index
-from kdvfs.envs.env.timing import Timing, regime_index, timings
+from kdvfs.envs.env.timing import decision_data, regime_index, timings
 from kdvfs.envs.env.workloads import default_step
 from kdvfs.envs.gpu.profiles import GpuProfile, load_profile
 from kdvfs.envs.model.cost_model import Array
 
 ENV_ID = "KernelDVFS-v0"
-_STATIC_CACHE: weakref.WeakKeyDictionary[StepData, dict[tuple[ObservationSpec, float, float, float],
-                                                         tuple[Array, PlanAdvice]]] = weakref.WeakKeyDictionary()
-"""Decision-point observations and plan advice per step, shared by the envs of one process (read-only)."""
 
 
 class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
@@ -66,7 +59,9 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
     + memory`` of the clock grid (:class:`kdvfs.envs.env.clock_grid.ClockGrid`: C core levels, level 0 "auto"
     where the firmware picks the core clock, by M memory clocks, highest first; g = 0 is the default
     behaviour); ``G + w`` is the pair advisor w proposes now (the observation's W + 1 window advisors, P plans,
-    the fitting plan and the budget's plan; :meth:`~kdvfs.envs.env.observation.ObservationSpec.advisor_action`).
+    the fitting plan and the budget's plan; :meth:`advisor_action`). With ``plan_actions`` the clocks part
+    is ``MultiDiscrete([2, P + 2])`` instead: plan p, the fitting plan or the budget's plan (which budget's
+    latency-aware plan to follow from here).
     With request = 0 the clocks are kept; with 1 the chosen pair is requested if the controller is free and
     differs from the pair in effect. A request at the first decision takes effect at once.
 
@@ -125,11 +120,15 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
         if any(step.grid != self.grid for step in self.steps):
             raise KdvfsError("steps must be built with the same clock grid, the config's (core_fractions, memory_mhz)")
         self._pairs, self._memories = self.grid.size, len(self.grid.memory_mhz)
+        core_mhz = self.steps[0].action_costs.core_mhz
+        self._core_fraction = np.nan_to_num(core_mhz / np.nanmax(core_mhz))  # as Disturbances.apply
         self.timings = timings(self.config, self.profile)
         self._runs = [step.repeated(self.config.run_steps) for step in self.steps]
         self.observation_spec = self.config.observation_spec(self.grid)
         self.observation_space = spaces.Box(-OBS_LIMIT, OBS_LIMIT, (self.observation_spec.size,), np.float32)
-        self.action_space = spaces.MultiDiscrete([2, self.grid.size + self.observation_spec.advisors])
+        choices = self.observation_spec.plan_actions if self.config.plan_actions else \
+            self.grid.size + self.observation_spec.advisors
+        self.action_space = spaces.MultiDiscrete([2, choices])
         self.render_mode = render_mode
         self._prepare()
         self._select(0, self.config.budgets[0], 0)
@@ -137,7 +136,7 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
     def _prepare(self) -> None:
         """Per-step and regime decision-point data, the observation buffer and views of its blocks by name."""
         spec = self.observation_spec
-        self._prepared = [[self._static_observations(run, timing) for run in self._runs] for timing in self.timings]
+        self._prepared = [[decision_data(run, spec, timing) for run in self._runs] for timing in self.timings]
         self._obs = np.zeros(spec.size, dtype=np.float32)
         self._views = {name: spec.view(self._obs, name) for name, _ in spec.blocks()}
         window = self._views["window_slowdown_then_saving_pct"]
@@ -150,18 +149,6 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
         self._fitting_slot, self._budget_slot = slots["fitting_plan"].start, slots["budget_plan"].start
         self._advice = np.zeros(spec.advisors, dtype=np.int64)
         self._fits = np.zeros(self._slowdowns.shape, dtype=bool)
-
-    def _static_observations(self, step: StepData, timing: Timing) -> tuple[Array, PlanAdvice]:
-        """The decision-point part of every observation of ``step`` under ``timing`` and its plan advice
-        (segments at least a latency plus its spread long), computed once per process."""
-        latency_s, latency_std_s, stall_s = timing.switching
-        key = (self.observation_spec, latency_s, latency_std_s, stall_s)
-        cached = _STATIC_CACHE.setdefault(step, {})
-        if key not in cached:
-            effect = window_bounds(step.cumulative[:, 0, 0], latency_s, (1.0,))[:, 0]
-            plans = plan_advice(step, self.observation_spec.plan_budgets, effect, latency_s + latency_std_s, stall_s)
-            cached[key] = (static_observations(step, self.observation_spec, latency_s), plans)
-        return cached[key]
 
     def _select(self, index: int, budget: float, regime: int) -> None:
         """Start an episode on step ``index``'s run with ``budget`` under switching regime ``regime``: clocks
@@ -215,7 +202,11 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
     def _request(self, action: Array) -> None:
         """Act on ``action``: at the first decision its pair is in effect from the start; later a request is
         issued if the controller is free and the pair differs from the one in effect."""
-        target = int(action[1]) if action[1] < self._pairs else int(self._advice[action[1] - self._pairs])
+        choice = int(action[1])
+        if self.config.plan_actions:
+            target = int(self._advice[self._plan_slots.start + choice])
+        else:
+            target = choice if choice < self._pairs else int(self._advice[choice - self._pairs])
         if self._k == 0 and action[0]:
             self._in_effect = target
         elif action[0] and self._pending < 0 and target != self._in_effect:
@@ -272,9 +263,22 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
         column = self._columns.get(action)
         if column is None:
             drawn = self.disturbances
-            time_factor = drawn.time_auto if action < self._memories else drawn.time_locked
+            if action < self._memories:
+                time_factor = drawn.time_auto
+            else:
+                locked = drawn.locked_factors(self._core_fraction[action: action + 1])
+                time_factor = None if locked is None else locked[:, 0]
             column = self._columns[action] = self._data.cumulative_of(action, time_factor, drawn.energy)
         return column
+
+    def advisor_action(self, group: str, index: int = 0) -> int:
+        """The clocks part of the action requesting advisor ``index`` of ``group`` in this env's layout."""
+        value = self.observation_spec.advisor_action(group, index) - self._pairs
+        if self.config.plan_actions:
+            if group == "windows":
+                raise KdvfsError("with plan_actions only the plan advisors are actions")
+            return value - self._plan_slots.start
+        return value + self._pairs
 
     @property
     def clocks(self) -> tuple[int, int, int]:

@@ -7,8 +7,9 @@ draws are those of a configuration without it):
 * duration noise: each kernel's time and energy times exp(N(0, ``duration_noise``));
 * drift (``drift``): the run starts ``t0 ~ U(0, run_start_s)`` seconds into training; the power
   limiter's thermal drift (:class:`kdvfs.envs.model.drift.DriftModel`: ``drift_pct`` reached at ``drift_s``,
-  levelling off) slows the *auto* core levels' kernels and raises every pair's energy (a locked core clock
-  does not slow down);
+  levelling off) slows the *auto* core levels' kernels and raises every pair's energy; a locked core
+  clock f slows only where it lies above what the limiter now holds (f / f_max > 1 / (1 + drift)): it is
+  throttled to that, time x f / f_max x (1 + drift) (:meth:`Disturbances.locked_factors`);
 * step jitter (``step_jitter``): each step of the run gets one factor on its time and one on its energy,
   with the per-step standard deviations of the measured H200 figures (``DriftModel.step_sd_pct``);
 * latency (``latency_noise`` and a spread > 0): the i-th request of the episode takes effect after
@@ -75,13 +76,21 @@ class Disturbances:
             return 0.0
         return 100.0 * (float(self.time_auto[kernel]) / float(self.time_locked[kernel]) - 1.0)
 
+    def locked_factors(self, core_fraction: Array) -> Array | None:
+        """(K, A) factors on the kernels' times at locked core clocks ``core_fraction`` (A,) of the maximum:
+        the step jitter, and the drift above the clock the power limiter now holds; None: 1."""
+        if self.time_auto is None or self.time_locked is None:
+            return None
+        return np.maximum(self.time_locked[:, None], self.time_auto[:, None] * core_fraction[None, :])
+
     def apply(self, costs: ActionCosts) -> ActionCosts:
         """``costs`` (the run's K kernels) with this episode's factors (auto actions: NaN core clock)."""
         auto = np.isnan(costs.core_mhz)
         ones = np.ones(costs.kernels)
         time_auto = ones if self.time_auto is None else self.time_auto
-        time_locked = ones if self.time_locked is None else self.time_locked
-        time_s = costs.time_s * np.where(auto[None, :], time_auto[:, None], time_locked[:, None])
+        locked = self.locked_factors(np.nan_to_num(costs.core_mhz / np.nanmax(costs.core_mhz)))
+        time_locked = ones[:, None] if locked is None else locked
+        time_s = costs.time_s * np.where(auto[None, :], time_auto[:, None], time_locked)
         energy_j = costs.energy_j * (ones if self.energy is None else self.energy)[:, None]
         return ActionCosts(time_s, energy_j, costs.core_mhz, costs.mem_mhz, costs.auto_index, costs.idle_power_w)
 

@@ -178,6 +178,12 @@ class ObservationSpec:
         return self.grid.size + self.advisor_slots()[group].start + index
 
     @property
+    def plan_actions(self) -> int:
+        """Choices of a plan-selecting action (``EnvConfig.plan_actions``): each plan, the fitting plan and the
+        budget's plan."""
+        return self.advisor_slots()["budget_plan"].stop - self.advisor_slots()["plans"].start
+
+    @property
     def advisors(self) -> int:
         """Advisor actions after the grid's pairs: one per window, the rest of the step, each plan, the
         fitting plan and the budget's plan."""

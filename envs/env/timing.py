@@ -3,10 +3,13 @@
 One policy serves every latency its GPU shows, ideal switching included: each episode runs at one of the
 configured multiples of the mean switching latency, with that regime's spread, stall and decision interval.
 The observation states the episode's latency (``conditions`` block), so the policy can tell them apart.
+What depends only on a step and a regime (the decision-point observations, the plan advice) is computed
+once per process (:func:`decision_data`).
 """
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,7 +18,15 @@ import numpy as np
 from kdvfs.envs.common.errors import KdvfsError
 from kdvfs.envs.env.config import EnvConfig, Switching
 from kdvfs.envs.env.dynamics import DisturbanceSettings
+from kdvfs.envs.env.observation import ObservationSpec, static_observations, window_bounds
+from kdvfs.envs.env.plan_advice import PlanAdvice, plan_advice
+from kdvfs.envs.env.step_data import StepData
 from kdvfs.envs.gpu.profiles import GpuProfile
+from kdvfs.envs.model.cost_model import Array
+
+_CACHE: weakref.WeakKeyDictionary[StepData, dict[tuple[ObservationSpec, Switching], tuple[Array, PlanAdvice]]] = \
+    weakref.WeakKeyDictionary()
+"""Decision-point observations and plan advice per step and regime, shared by the envs of one process."""
 
 
 @dataclass(frozen=True)
@@ -55,3 +66,16 @@ def regime_index(scales: tuple[float, ...], options: dict[str, Any], rng: np.ran
             raise KdvfsError(f"latency_scale {options['latency_scale']} is not one of {list(scales)}")
         return scales.index(float(options["latency_scale"]))
     return int(rng.integers(len(scales))) if len(scales) > 1 else 0
+
+
+def decision_data(step: StepData, spec: ObservationSpec, timing: Timing) -> tuple[Array, PlanAdvice]:
+    """The decision-point part of every observation of ``step`` under ``timing`` and its plan advice (segments
+    at least a latency plus its spread long), computed once per process and read-only."""
+    latency_s, latency_std_s, stall_s = timing.switching
+    cached = _CACHE.setdefault(step, {})
+    key = (spec, timing.switching)
+    if key not in cached:
+        effect = window_bounds(step.cumulative[:, 0, 0], latency_s, (1.0,))[:, 0]
+        plans = plan_advice(step, spec.plan_budgets, effect, latency_s + latency_std_s, stall_s)
+        cached[key] = (static_observations(step, spec, latency_s), plans)
+    return cached[key]

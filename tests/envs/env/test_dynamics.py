@@ -164,3 +164,16 @@ def test_open_loop_follows_the_drawn_latencies_and_costs(problem: Problem) -> No
     rows = np.arange(kernels)
     assert got.energy_j == pytest.approx(float(priced.energy_j[rows, got.applied].sum())
                                          + problem.stall_s * float(problem.costs.idle_power_w[0]), rel=1e-12)
+
+
+def test_under_drift_a_locked_clock_above_the_limiters_is_throttled_to_it() -> None:
+    env = KernelDVFSEnv(drift=True, duration_noise=0.0, latency_noise=False)
+    env.reset(seed=0)
+    drawn = env.disturbances
+    assert drawn.time_auto is not None and drawn.time_locked is not None
+    drift = drawn.time_auto / drawn.time_locked
+    factors = drawn.locked_factors(np.array([1.0, 0.9, 1.0 / drift.max()]))
+    assert factors is not None
+    np.testing.assert_allclose(factors[:, 0], drawn.time_auto)  # the top clock drifts like auto
+    np.testing.assert_allclose(factors[:, 2], drawn.time_locked)  # at or below the limiter's: no drift
+    assert np.all(factors[:, 1] >= drawn.time_locked) and np.all(factors[:, 1] <= drawn.time_auto)

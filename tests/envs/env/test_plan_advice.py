@@ -7,6 +7,7 @@ import itertools
 import numpy as np
 import pytest
 
+from kdvfs.envs.common.errors import KdvfsError
 from kdvfs.envs.env.dvfs_env import KernelDVFSEnv
 from kdvfs.envs.env.plan_advice import fitting_plan, plan_advice
 from kdvfs.envs.env.workloads import default_step
@@ -92,3 +93,20 @@ def test_following_a_plan_advisor_at_zero_latency_runs_the_plan() -> None:
     _, energy_j = plan_totals(step.action_costs, plan[None], 0.0)
     assert info["energy_saved_pct"] == pytest.approx(100 * (1 - energy_j[0] / step.auto_energy_j))
     assert info["slowdown_pct"] <= 1.0 + 1e-9
+
+
+def test_plan_actions_choose_among_the_plans_and_run_what_the_advisor_proposes() -> None:
+    settings = {"plan_budgets": (0.005, 0.01, 0.02), "drift": True, "step_jitter": True}
+    pairs_env, plans_env = KernelDVFSEnv(**settings), KernelDVFSEnv(plan_actions=True, **settings)
+    assert plans_env.action_space.nvec.tolist() == [2, 3 + 2]
+    for group, index in (("budget_plan", 0), ("fitting_plan", 0), ("plans", 2)):
+        for env in (pairs_env, plans_env):
+            env.reset(seed=4, options={"budget": 0.01})
+            done, action = False, np.array([1, env.advisor_action(group, index)])
+            while not done:
+                done = env.step(action)[2]
+        np.testing.assert_array_equal(plans_env.applied, pairs_env.applied)
+    with pytest.raises(KdvfsError, match="only the plan advisors"):
+        plans_env.advisor_action("windows")
+    with pytest.raises(KdvfsError, match="plan_actions needs plan_budgets"):
+        KernelDVFSEnv(plan_actions=True)
