@@ -57,6 +57,9 @@ class EnvConfig:
         violation_penalty: reward lost once by an episode that ends beyond its budget at all (reward).
         decision_latencies: least time between decision points, in switching latencies (with ideal switching
             every kernel is a decision point).
+        decision_fraction: an action holds (re-issued at every decision point as a standing order) until at
+            least this share of the run's auto time has passed: the agent decides about 1 / decision_fraction
+            times per run (0: at every decision point).
         next_kernels: how many coming kernels the observation shows individually (kernels).
         window_latencies: lengths of the look-ahead windows, in switching latencies.
         plan_budgets: slowdown budgets (fractions) of the plan advisors (:mod:`kdvfs.envs.env.plan_advice`);
@@ -88,6 +91,7 @@ class EnvConfig:
     overrun_penalty: float = 20.0
     violation_penalty: float = 0.0
     decision_latencies: float = 0.25
+    decision_fraction: float = 0.0
     next_kernels: int = 2
     window_latencies: tuple[float, ...] = (1.0, 2.0, 4.0)
     plan_budgets: tuple[float, ...] = ()
@@ -113,6 +117,8 @@ class EnvConfig:
                 or min(self.window_latencies) <= 0 or self.duration_noise < 0:
             raise KdvfsError("need decision_latencies >= 0, next_kernels >= 1, positive window_latencies and "
                              "duration_noise >= 0")
+        if not 0.0 <= self.decision_fraction < 1.0:
+            raise KdvfsError(f"decision_fraction {self.decision_fraction} must be in [0, 1)")
         if self.plan_actions and not self.plan_budgets:
             raise KdvfsError("plan_actions needs plan_budgets (the plans to choose from)")
         if self.drift_pct < 0 or self.drift_s <= 0 or self.run_start_s < 0 or self.run_steps < 1:

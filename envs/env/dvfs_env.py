@@ -45,11 +45,12 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
 
     ## Description
     An episode is a run of ``run_steps`` repetitions of a step drawn (with ``self.np_random``) from ``steps``
-    (one step by default; the budget holds for the run). The agent acts
-    at decision points: before the step's first kernel, then before the first kernel that starts at least
-    ``decision_latencies`` switching latencies after the previous decision point or after a pending change
-    took effect (every kernel with ideal switching). A request takes effect one switching latency later
-    (drawn from the profile's spread when ``latency_noise``), at the first kernel that starts after that;
+    (one step by default; the budget holds for the run). The agent acts at decision points: before the
+    step's first kernel, then before the first kernel that starts at least ``decision_latencies``
+    switching latencies after the previous decision point or after a pending change took effect (every
+    kernel with ideal switching); with ``decision_fraction`` an action holds, re-issued at each decision
+    point, until that share of the run's auto time has passed. A request takes effect one switching latency
+    later (drawn from the profile's spread when ``latency_noise``), at the first kernel that starts after;
     the controller holds one request at a time; each change stalls the GPU. Disturbances (duration noise,
     drift, step jitter, latency spread: :mod:`kdvfs.envs.env.dynamics`) are drawn at reset, each switchable.
     Details and the reasons for each choice: ``docs/environment.md``.
@@ -73,19 +74,12 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
     {observation_table}
 
     ## Rewards
-    :func:`kdvfs.envs.env.reward.reward_fn` (the formula is in its module): per decision, the energy saved
-    against auto over the kernels run since the last decision (% of the step's auto energy) minus
-    ``overrun_penalty`` times the increase of the overrun beyond the budget (% of the step's auto time), so
-    an episode's return is the step's saving (%) minus ``overrun_penalty`` x its overrun (%). ``info``
-    carries both terms (``reward_energy``, ``reward_time``) with the energy (J) and time (s) since the last
-    decision; the last ``info`` adds ``energy_saved_pct``, ``slowdown_pct``, ``overrun_pct``, ``switches``,
-    ``budget_pct`` and ``step``.
+    :func:`kdvfs.envs.env.reward.reward_fn` (formula in its module): energy saved against auto minus the
+    overrun penalties; an episode's return is its saving (%) minus the penalties of its final overrun.
+    ``info`` has the terms, energy (J) and time (s) since the last decision; the last adds the episode summary.
 
-    ## Starting State
-    Kernel 0 of the drawn step, clocks auto (the first action replaces them), nothing pending or spent.
-
-    ## Episode End
-    Terminates after the step's last kernel; never truncated.
+    ## Starting State / Episode End
+    Kernel 0 of the drawn step, clocks auto (the first action replaces them); ends after the last kernel.
 
     ## Arguments
     ``gym.make("KernelDVFS-v0", steps=..., gpu="h200", config=EnvConfig(...))``, or settings by name
@@ -189,7 +183,12 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
             raise gym.error.ResetNeeded("the step is over; call reset()")
         self._request(action)
         before = self._totals()
+        hold_until_s = self._now_s + self.config.decision_fraction * self._auto_time_s
         self._advance(self._now_s + self.decision_interval_s)
+        while self._k < self._kernels and self._now_s < hold_until_s - EPS:
+            self._refresh()  # the advisors' proposals here, for the standing order
+            self._request(action)
+            self._advance(self._now_s + self.decision_interval_s)
         after = self._totals()
         terminated = self._k == self._kernels
         reward, reward_info = reward_fn(before, after, self._reference, self.config, terminated)
@@ -299,11 +298,15 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
                 "budget_pct": 100.0 * self.budget, "step": self._data.name}
 
     def _observe(self) -> Array:
+        self._refresh()
+        return self._obs.copy()
+
+    def _refresh(self) -> None:
+        """Write the observation (and the advisors' pairs) of the current decision point into the buffer."""
         self._obs[: self.observation_spec.static_size] = self._static[self._k]
         self._observe_clocks()
         self._observe_conditions()
         self._observe_affordable(self._observe_budget())
-        return self._obs.copy()
 
     def _observe_affordable(self, affordable: float) -> None:
         """Each window advisor's pick: the pair saving the most over its window among those whose slowdown
