@@ -70,3 +70,21 @@ def test_the_run_slowdown_and_the_last_latency_are_what_happened() -> None:
     while not done:
         observation, _, done, _, info = env.step(np.array([0, 0]))
     assert _conditions(env, observation)["run_slowdown_pct"] == pytest.approx(info["slowdown_pct"], rel=1e-5)
+
+
+def test_a_held_action_runs_the_clocks_of_issuing_it_at_every_decision_point() -> None:
+    settings = {"plan_budgets": (0.005, 0.01, 0.02), "plan_actions": True, "drift": True}
+    every, held = KernelDVFSEnv(**settings), KernelDVFSEnv(decision_fraction=0.2, **settings)  # type: ignore[arg-type]
+    counts = []
+    for env in (every, held):
+        env.reset(seed=5, options={"budget": 0.01})
+        action, done, decisions, total = np.array([1, env.advisor_action("fitting_plan")]), False, 0, 0.0
+        while not done:
+            _, reward, done, _, info = env.step(action)
+            decisions, total = decisions + 1, total + reward
+        counts.append((decisions, total, info["energy_saved_pct"]))
+    np.testing.assert_array_equal(held.applied, every.applied)
+    assert counts[1][0] <= 5 < counts[0][0]  # at most one decision per 20% of the run, after the first
+    assert counts[1][1] == pytest.approx(counts[0][1]) and counts[1][2] == pytest.approx(counts[0][2])
+    with pytest.raises(KdvfsError, match="decision_fraction"):
+        KernelDVFSEnv(decision_fraction=1.0)
