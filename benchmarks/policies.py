@@ -5,8 +5,9 @@ training config, budgets 0.5/1/2% and switching latencies 0, the profile's and t
 seeded episodes with every disturbance of the environment on (latency spread, duration noise, drift of the
 auto clock, step jitter), scored like ``kdvfs evaluate --episodes`` (the same draws for every method):
 
-* ``policy`` (the shipped one, PPO's unless the clone won) and ``imitation`` (the clone before PPO, from
-  ``--clones``), both closed-loop through ``KernelDVFS-v0``;
+* ``policy`` (the shipped one: PPO's unless the clone scored higher on the training steps), ``imitation``
+  (the clone before PPO) and ``ppo`` (PPO's final policy), from ``--candidates``, closed-loop through
+  ``KernelDVFS-v0``;
 * ``fitting-plan``, the closed-loop rule; ``latency-optimal`` executed open-loop; ``latency-optimal+margin``,
   the optimum planned for the best multiple of the budget that stays within it in >= 95% of the episodes;
 * the noise-free latency-aware optimum (the "90% of the optimum" target).
@@ -47,38 +48,41 @@ from kdvfs.envs.trace.trace import Trace
 GPUS = ("h200", "b200", "h100-sxm", "a100-sxm4", "rtx3080ti")
 BUDGETS = (0.005, 0.01, 0.02)
 LATENCY_SCALES = (0.0, 1.0, 2.0)
-CLONES = REPO_ROOT / "benchmarks" / "data" / "clones"
+CANDIDATES = REPO_ROOT / "benchmarks" / "data"
+"""``<kind>/<gpu>.kdvfs-policy.npz`` for kind ``imitation`` (the clone before PPO) and ``ppo`` (PPO's final
+policy), copied from the training run folders; either is the shipped one."""
+KINDS = ("imitation", "ppo")
 OPTIMUM_SHARE = 0.9
 
 
 @cache
-def _loaded(gpu: str, clones: str) -> tuple[GpuProfile, FrozenPolicy, FrozenPolicy | None, dict[str, Trace]]:
+def _loaded(gpu: str, candidates: str) -> tuple[GpuProfile, FrozenPolicy, dict[str, FrozenPolicy], dict[str, Trace]]:
     profile = load_profile(gpu)
     policy = FrozenPolicy.load(shipped_policy_path(gpu), profile)
-    clone_path = Path(clones) / f"{gpu}.kdvfs-policy.npz"
-    clone = FrozenPolicy.load(clone_path, profile) if clone_path.exists() else None
+    paths = {kind: Path(candidates) / kind / f"{gpu}.kdvfs-policy.npz" for kind in KINDS}
+    others = {kind: FrozenPolicy.load(path, profile) for kind, path in paths.items() if path.exists()}
     traces = dict(load_train_config(gpu).data.held_out.traces(profile))
-    return profile, policy, clone, traces
+    return profile, policy, others, traces
 
 
-def _clone_row(clone: FrozenPolicy, case: Problem, episodes: int) -> dict[str, float]:
-    """The clone closed-loop over the same seeded episodes as the policy (seeds 0..episodes-1)."""
-    env = policy_env(clone, case, disturbed=True)
-    summaries = [rollout(clone, env, {"step": 0, "budget": case.slowdown}, seed) for seed in range(episodes)]
+def _closed_loop_row(policy: FrozenPolicy, case: Problem, episodes: int) -> dict[str, float]:
+    """``policy`` closed-loop over the same seeded episodes as the shipped one (seeds 0..episodes-1)."""
+    env = policy_env(policy, case, disturbed=True)
+    summaries = [rollout(policy, env, {"step": 0, "budget": case.slowdown}, seed) for seed in range(episodes)]
     slowdowns = np.array([s["slowdown_pct"] for s in summaries])
     return {"energy_saved_pct": float(np.mean([s["energy_saved_pct"] for s in summaries])),
             "slowdown_pct": float(slowdowns.mean()), "switches": float(np.mean([s["switches"] for s in summaries])),
             "within_budget": float(np.mean(slowdowns <= 100 * case.slowdown + 1e-9))}
 
 
-def evaluate_case(gpu: str, step: str, budget: float, scale: float, episodes: int, clones: str) -> dict[str, Any]:
+def evaluate_case(gpu: str, step: str, budget: float, scale: float, episodes: int, candidates: str
+                  ) -> dict[str, Any]:
     """Every method on one (GPU, held-out step, budget, latency) case, and its targets."""
-    profile, policy, clone, traces = _loaded(gpu, clones)
+    profile, policy, others, traces = _loaded(gpu, candidates)
     case = Problem.build(traces[step], profile, budget, latency_s=scale * profile.switching.latency_mean_s)
     rows = {row.method: row.as_json() for row in noisy_rows(case, PolicyPlanner(policy), [budget], episodes, 0,
                                                              ("latency-optimal",))}
-    if clone is not None:
-        rows["imitation"] = _clone_row(clone, case, episodes)
+    rows |= {kind: _closed_loop_row(other, case, episodes) for kind, other in others.items()}
     optimum = score(case, make_planner("latency-optimal").plan(case))
     mine, margin = rows["policy"], rows.get(MARGIN_METHOD)
     targets = {"within_budget": mine["within_budget"] >= COMPLIANCE,
@@ -88,10 +92,10 @@ def evaluate_case(gpu: str, step: str, budget: float, scale: float, episodes: in
             "rows": rows, "noise_free_optimum": optimum.as_json(), "targets": targets}
 
 
-def grid_coverage(gpu: str, clones: str) -> dict[str, Any]:
+def grid_coverage(gpu: str, candidates: str) -> dict[str, Any]:
     """Pairs the static and latency-aware planners choose on the held-out steps (at each budget, the profile's
     latency) that the policy's grid lacks."""
-    profile, policy, _, traces = _loaded(gpu, clones)
+    profile, policy, _, traces = _loaded(gpu, candidates)
     grid = policy.grid(profile)
     on_grid = {grid.label(g) for g in range(grid.size)}
     used: set[str] = set()
@@ -124,9 +128,9 @@ def env_speed(gpu: str, rounds: int = 5, seconds: float = 2.0) -> dict[str, floa
     return {"decisions_per_s": float(np.median(rates)), "best_decisions_per_s": max(rates)}
 
 
-def decision_time(gpu: str, clones: str) -> dict[str, float]:
+def decision_time(gpu: str, candidates: str) -> dict[str, float]:
     """Frozen-policy forward pass per decision (s): median and 99th percentile over real observations."""
-    profile, policy, _, traces = _loaded(gpu, clones)
+    profile, policy, _, traces = _loaded(gpu, candidates)
     env = policy_env(policy, Problem.build(next(iter(traces.values())), profile, 0.01))
     observations, (observation, _), done = [], env.reset(seed=0), False
     while not done:
@@ -147,10 +151,11 @@ def main() -> None:
     parser.add_argument("--gpus", nargs="+", default=list(GPUS))
     parser.add_argument("--episodes", type=int, default=8)
     parser.add_argument("--jobs", type=int, default=2)
-    parser.add_argument("--clones", default=str(CLONES), help="folder of <gpu>.kdvfs-policy.npz clones before PPO")
+    parser.add_argument("--candidates", default=str(CANDIDATES),
+                        help="folder with imitation/ and ppo/ <gpu>.kdvfs-policy.npz (the clone, PPO's final policy)")
     args = parser.parse_args()
-    cases = [(gpu, step, budget, scale, args.episodes, args.clones) for gpu in args.gpus
-             for step in _loaded(gpu, args.clones)[3] for budget in BUDGETS for scale in LATENCY_SCALES]
+    cases = [(gpu, step, budget, scale, args.episodes, args.candidates) for gpu in args.gpus
+             for step in _loaded(gpu, args.candidates)[3] for budget in BUDGETS for scale in LATENCY_SCALES]
     with ProcessPoolExecutor(args.jobs) as pool:
         results = []
         for done, result in enumerate(pool.map(evaluate_case, *zip(*cases, strict=True)), 1):
@@ -159,9 +164,9 @@ def main() -> None:
                   f"{result['latency_ms']:g} ms: {result['targets']}", flush=True)
     gpus = {}
     for gpu in args.gpus:
-        policy = _loaded(gpu, args.clones)[1]
-        gpus[gpu] = {"grid": grid_coverage(gpu, args.clones), "env_speed": env_speed(gpu),
-                     "decision_time": decision_time(gpu, args.clones),
+        policy = _loaded(gpu, args.candidates)[1]
+        gpus[gpu] = {"grid": grid_coverage(gpu, args.candidates), "env_speed": env_speed(gpu),
+                     "decision_time": decision_time(gpu, args.candidates),
                      "train_wall_s": policy.meta.get("train_wall_s"), "timesteps": policy.meta.get("timesteps"),
                      "selected": policy.meta.get("selected"), "training_scores": policy.meta.get("training_scores")}
     result = {"provenance": provenance(" ".join(["python", *sys.argv])), "episodes": args.episodes,

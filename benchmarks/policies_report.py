@@ -8,7 +8,7 @@ import numpy as np
 from provenance import provenance_lines
 
 TARGETS = ("within_budget", "beats_margin_optimum", "share_of_optimum")
-METHODS = ("policy", "imitation", "fitting-plan", "latency-optimal", "latency-optimal+margin")
+METHODS = ("policy", "imitation", "ppo", "fitting-plan", "latency-optimal", "latency-optimal+margin")
 
 
 def _cell(row: dict[str, Any] | None) -> str:
@@ -53,14 +53,14 @@ def _summary(gpu: str, cases: list[dict[str, Any]], figures: dict[str, Any]) -> 
 
 def _cases_table(cases: list[dict[str, Any]]) -> list[str]:
     lines = ["", "saved % / slowdown % / within budget, means over the episodes; margin: planned budget in brackets",
-             "", "| step | budget | latency | policy | imitation | fitting-plan | latency-optimal | +margin | "
-             "noise-free optimum | targets |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+             "", "| step | budget | latency | policy | imitation | ppo | fitting-plan | latency-optimal | +margin | "
+             "noise-free optimum | targets |", "| --- | ---: | ---: " + "| ---: " * 7 + "| --- |"]
     for c in cases:
         rows, margin = c["rows"], c["rows"].get("latency-optimal+margin")
         margin_cell = "-" if margin is None else f"{_cell(margin)} ({margin['planned_budget_pct']:.2g}%)"
         marks = "".join("y" if c["targets"][t] else "n" for t in TARGETS)
         lines.append(f"| {c['step']} | {c['budget_pct']:g}% | {c['latency_ms']:g} ms | {_cell(rows['policy'])} | "
-                     f"{_cell(rows.get('imitation'))} | {_cell(rows['fitting-plan'])} | "
+                     f"{_cell(rows.get('imitation'))} | {_cell(rows.get('ppo'))} | {_cell(rows['fitting-plan'])} | "
                      f"{_cell(rows['latency-optimal'])} | {margin_cell} | "
                      f"{c['noise_free_optimum']['energy_saved_pct']:.2f} | {marks} |")
     return lines

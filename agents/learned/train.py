@@ -4,8 +4,9 @@ one file: PPO's, or the clone's where PPO did not improve on it on the training 
 
 Everything a run writes goes to ``out``: ``run.json`` (command, resolved config, git revision, seed),
 ``config.yaml``, ``tensorboard/``, ``checkpoints/``, ``model.zip`` and ``vecnormalize.pkl`` (SB3),
-``policy.kdvfs-policy.npz`` (the frozen policy), ``imitation.kdvfs-policy.npz`` (the clone before PPO) and
-``summary.json`` (wall time, held-out results).
+``policy.kdvfs-policy.npz`` (the frozen policy that ships), ``imitation.kdvfs-policy.npz`` and
+``ppo.kdvfs-policy.npz`` (the clone before PPO and PPO's final policy) and ``summary.json`` (wall time,
+held-out results).
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ from kdvfs.envs.gpu.profiles import GpuProfile, load_profile
 
 POLICY_FILE = f"policy{SUFFIX}"
 CLONE_FILE = f"imitation{SUFFIX}"
-"""The clone before PPO, kept to show what PPO added (``benchmarks/policies.py``)."""
+PPO_FILE = f"ppo{SUFFIX}"
+"""The clone before PPO and PPO's final policy, both kept whichever ships (``benchmarks/policies.py``)."""
 SCORE_SEEDS = 2
 """Noise seeds per training step when the clone and PPO's policy are compared."""
 
@@ -102,6 +104,7 @@ def train(config: TrainConfig, out: Path, timesteps: int | None = None, progress
     policy_path = out / POLICY_FILE
     policy.save(policy_path)
     replace(cloned, meta={**meta, "selected": "imitation"}).save(out / CLONE_FILE)
+    freeze_model(model, env, config, profile, {**meta, "selected": "ppo"}).save(out / PPO_FILE)
     held_out = evaluate_steps(policy, held_out_steps, profile, config)
     env.close()
     wall_s = time.perf_counter() - start
