@@ -62,7 +62,7 @@ def test_evaluate_episodes_adds_within_budget_and_is_seeded(capsys: pytest.Captu
     assert {"policy", "latency-optimal", "static", "auto"} <= {row["method"] for row in rows}
     for row in rows:
         assert set(row) == {"method", "energy_saved_pct", "slowdown_pct", "switches", "solve_s", "budget_pct",
-                            "within_budget", "episodes"}
+                            "within_budget", "episodes", "planned_budget_pct"}
         assert row["episodes"] == 2 and 0.0 <= row["within_budget"] <= 1.0
     assert main(command) == 0
     again = json.loads(capsys.readouterr().out)
