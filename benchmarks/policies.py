@@ -34,7 +34,7 @@ import numpy as np
 from policies_report import markdown
 from provenance import provenance, write_results
 
-from kdvfs.agents.common.problem import Problem, score
+from kdvfs.agents.common.problem import Problem, score, within_budget
 from kdvfs.agents.learned.frozen import FrozenPolicy
 from kdvfs.agents.learned.noisy_evaluation import COMPLIANCE, MARGIN_METHOD, noisy_rows
 from kdvfs.agents.learned.policy_planner import PolicyPlanner, policy_env, rollout, shipped_policy_path
@@ -72,7 +72,7 @@ def _closed_loop_row(policy: FrozenPolicy, case: Problem, episodes: int) -> dict
     slowdowns = np.array([s["slowdown_pct"] for s in summaries])
     return {"energy_saved_pct": float(np.mean([s["energy_saved_pct"] for s in summaries])),
             "slowdown_pct": float(slowdowns.mean()), "switches": float(np.mean([s["switches"] for s in summaries])),
-            "within_budget": float(np.mean(slowdowns <= 100 * case.slowdown + 1e-9))}
+            "within_budget": float(np.mean([within_budget(float(s), case.slowdown) for s in slowdowns]))}
 
 
 def evaluate_case(gpu: str, step: str, budget: float, scale: float, episodes: int, candidates: str

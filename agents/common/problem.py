@@ -104,6 +104,15 @@ def outcome_of(problem: Problem, schedule: Schedule, ideal: bool = False) -> Out
     return execute(problem.costs, schedule.actions, problem.latency_s, problem.stall_s)
 
 
+BUDGET_TOLERANCE_PCT = 1e-6
+"""Slowdown beyond the budget (percentage points) still counted as within it (rounding)."""
+
+
+def within_budget(slowdown_pct: float, budget: float) -> bool:
+    """Whether a slowdown (%) is within a budget (a fraction: 0.01 = 1%), to :data:`BUDGET_TOLERANCE_PCT`."""
+    return slowdown_pct <= 100.0 * budget + BUDGET_TOLERANCE_PCT
+
+
 def score(problem: Problem, schedule: Schedule, ideal: bool = False) -> Score:
     """Cost of ``schedule`` (see :func:`outcome_of`) relative to auto."""
     outcome = outcome_of(problem, schedule, ideal)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kdvfs.agents.common.problem import Problem
+from kdvfs.agents.common.problem import Problem, within_budget
 from kdvfs.agents.evaluation.compare import plan_methods
 from kdvfs.agents.learned.imitation import Expert
 from kdvfs.agents.learned.policy_planner import PolicyPlanner, policy_env, rollout
@@ -35,8 +35,6 @@ from kdvfs.envs.env.dvfs_env import KernelDVFSEnv
 from kdvfs.envs.env.dynamics import Disturbances, execute_open_loop
 from kdvfs.envs.model.schedule import ActionCosts, Schedule, replay
 
-WITHIN_TOLERANCE_PCT = 1e-9
-"""Slowdown above the budget (percentage points) still counted as within it (rounding)."""
 COMPLIANCE = 0.95
 """Share of episodes within budget that a schedule needs to count as staying within it."""
 MARGINS = (0.25, 0.5, 0.625, 0.75, 0.875, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0)
@@ -92,7 +90,7 @@ def _open_loop(costs: ActionCosts, schedule: Schedule, drawn: Disturbances, stal
 def _row(budget: float, method: str, results: list[tuple[float, float, float]], solve_s: float,
          planned_budget: float | None = None) -> NoisyRow:
     saved, slowdown, switches = (np.array(column) for column in zip(*results, strict=True))
-    within = float(np.mean(slowdown <= 100.0 * budget + WITHIN_TOLERANCE_PCT))
+    within = float(np.mean([within_budget(float(s), budget) for s in slowdown]))
     return NoisyRow(budget, method, float(saved.mean()), float(slowdown.mean()), float(switches.mean()), solve_s,
                     within, len(results), planned_budget)
 

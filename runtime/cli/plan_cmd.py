@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from kdvfs.agents.common.problem import Problem, outcome_of
+from kdvfs.agents.common.problem import Problem, outcome_of, within_budget
 from kdvfs.agents.evaluation.compare import Row, compare, plot_tradeoff
 from kdvfs.agents.evaluation.uncertainty import RowRange, compare_ranges, range_of
 from kdvfs.agents.planners.registry import COMPARED, PLANNERS, make_planner
@@ -90,7 +90,7 @@ def schedule_json(problem: Problem, schedule: Schedule) -> dict[str, Any]:
 def _over_budget(document: dict[str, Any]) -> str:
     """A note when the executed schedule overruns its budget (plans made without the switching latency)."""
     slowdown = document["executed"]["step_time_s"] / document["auto"]["step_time_s"] - 1
-    if slowdown <= document["slowdown_budget"] + 1e-9:
+    if within_budget(100.0 * slowdown, document["slowdown_budget"]):
         return ""
     planned = document["planned"]["step_time_s"] / document["auto"]["step_time_s"] - 1
     return (f"over budget: {slowdown:.2%} slowdown executed against a {document['slowdown_budget']:.2%} budget "

@@ -153,7 +153,9 @@ def compare_table(rows: Sequence[Row], problem: Problem,
                   ranges: Mapping[tuple[str, float], RowRange] | None = None) -> Table:
     """``kdvfs compare`` output: one row per method and budget, executed with the problem's latency; with
     ``ranges``, each figure's range over the profile's parameter ranges in brackets."""
-    over = {id(row) for row in rows if row.executed.slowdown_pct > 100 * row.budget + 1e-6}
+    from kdvfs.agents.common.problem import within_budget  # the compare command has it loaded already
+
+    over = {id(row) for row in rows if not within_budget(row.executed.slowdown_pct, row.budget)}
     notes = ([f"(range over a {METHOD} sample of the profile's parameter ranges)"] if ranges is not None else []) + (
         ["! over budget as executed (planned without the switching latency)"] if over else [])
     table = Table(title=f"{problem.trace.meta.workload} on {problem.profile.name}, "
