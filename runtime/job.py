@@ -78,6 +78,12 @@ class JobGroup:
                               is_master=not agent_store and rank.rank == 0, timeout=timeout, multi_tenant=True)
         self._group: Any = dist.ProcessGroupGloo(dist.PrefixStore(PREFIX, store), rank.rank, rank.world_size, timeout)
 
+    def close(self) -> None:
+        """Release the group and its store now, while the interpreter and the other ranks are still alive
+        (idempotent): a gloo group left to interpreter shutdown can abort the process ("terminate called
+        without an active exception")."""
+        self._group = None
+
     @classmethod
     def from_environment(cls, environ: Mapping[str, str] = os.environ) -> JobGroup | None:
         """The job's group under torchrun with more than one rank, else None."""
@@ -88,6 +94,8 @@ class JobGroup:
         import torch
         import torch.distributed as dist
 
+        if self._group is None:
+            raise RuntimeError("the job group is closed")
         tensor = torch.tensor(list(values), dtype=torch.float64)
         options = dist.AllreduceOptions()
         options.reduceOp = getattr(dist.ReduceOp, operation)

@@ -113,6 +113,7 @@ class Capture:
             self._sampler = WindowSampler(self._reader)
         if self.rank.distributed:
             self._job = JobGroup(self.rank)
+            self._stack.callback(self._job.close)
         return self
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,

@@ -141,6 +141,7 @@ class Controller:
         self._stack.callback(self._log.close)
         if self.rank.distributed:
             self._job = JobGroup(self.rank)
+            self._stack.callback(self._job.close)  # after everything started later (the issuer uses it)
         self._log.write("start", clock="perf_counter", rank=self.rank.rank, gpu_index=device.index, pid=os.getpid(),
                         source=self.plan.source, gpu=problem.profile.name,
                         trace=problem.trace.meta.workload, dry_run=config.dry_run, latency_s=problem.latency_s,
