@@ -34,10 +34,10 @@ import numpy as np
 from policies_report import markdown
 from provenance import provenance, write_results
 
-from kdvfs.agents.common.problem import Problem, score, within_budget
+from kdvfs.agents.common.problem import Problem, score
 from kdvfs.agents.learned.frozen import FrozenPolicy
-from kdvfs.agents.learned.noisy_evaluation import COMPLIANCE, MARGIN_METHOD, noisy_rows
-from kdvfs.agents.learned.policy_planner import PolicyPlanner, policy_env, rollout, shipped_policy_path
+from kdvfs.agents.learned.noisy_evaluation import COMPLIANCE, MARGIN_METHOD, closed_loop_row, noisy_rows
+from kdvfs.agents.learned.policy_planner import PolicyPlanner, policy_env, shipped_policy_path
 from kdvfs.agents.learned.ppo import build_steps, load_train_config
 from kdvfs.agents.planners.registry import make_planner
 from kdvfs.envs.common.paths import REPO_ROOT
@@ -65,16 +65,6 @@ def _loaded(gpu: str, candidates: str) -> tuple[GpuProfile, FrozenPolicy, dict[s
     return profile, policy, others, traces
 
 
-def _closed_loop_row(policy: FrozenPolicy, case: Problem, episodes: int) -> dict[str, float]:
-    """``policy`` closed-loop over the same seeded episodes as the shipped one (seeds 0..episodes-1)."""
-    env = policy_env(policy, case, disturbed=True)
-    summaries = [rollout(policy, env, {"step": 0, "budget": case.slowdown}, seed) for seed in range(episodes)]
-    slowdowns = np.array([s["slowdown_pct"] for s in summaries])
-    return {"energy_saved_pct": float(np.mean([s["energy_saved_pct"] for s in summaries])),
-            "slowdown_pct": float(slowdowns.mean()), "switches": float(np.mean([s["switches"] for s in summaries])),
-            "within_budget": float(np.mean([within_budget(float(s), case.slowdown) for s in slowdowns]))}
-
-
 def evaluate_case(gpu: str, step: str, budget: float, scale: float, episodes: int, candidates: str
                   ) -> dict[str, Any]:
     """Every method on one (GPU, held-out step, budget, latency) case, and its targets."""
@@ -82,7 +72,8 @@ def evaluate_case(gpu: str, step: str, budget: float, scale: float, episodes: in
     case = Problem.build(traces[step], profile, budget, latency_s=scale * profile.switching.latency_mean_s)
     rows = {row.method: row.as_json() for row in noisy_rows(case, PolicyPlanner(policy), [budget], episodes, 0,
                                                              ("latency-optimal",))}
-    rows |= {kind: _closed_loop_row(other, case, episodes) for kind, other in others.items()}
+    rows |= {kind: closed_loop_row(other, policy_env(other, case, disturbed=True), budget, episodes, 0, kind).as_json()
+             for kind, other in others.items()}
     optimum = score(case, make_planner("latency-optimal").plan(case))
     mine, margin = rows["policy"], rows.get(MARGIN_METHOD)
     targets = {"within_budget": mine["within_budget"] >= COMPLIANCE,

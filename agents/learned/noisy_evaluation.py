@@ -29,7 +29,7 @@ import numpy as np
 from kdvfs.agents.common.problem import Problem, within_budget
 from kdvfs.agents.evaluation.compare import plan_methods
 from kdvfs.agents.learned.imitation import Expert
-from kdvfs.agents.learned.policy_planner import PolicyPlanner, policy_env, rollout
+from kdvfs.agents.learned.policy_planner import Actor, PolicyPlanner, policy_env, rollout
 from kdvfs.agents.planners.registry import COMPARED
 from kdvfs.envs.env.dvfs_env import KernelDVFSEnv
 from kdvfs.envs.env.dynamics import Disturbances, execute_open_loop
@@ -40,6 +40,8 @@ COMPLIANCE = 0.95
 MARGINS = (0.25, 0.5, 0.625, 0.75, 0.875, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0)
 """Multiples of the budget the margin-tuned optimum is planned for."""
 MARGIN_METHOD = "latency-optimal+margin"
+Result = tuple[float, float, float]
+"""One episode of one method: energy saved (%), slowdown (%), switches per step."""
 RULE_METHOD = "fitting-plan"
 
 
@@ -74,7 +76,7 @@ def tiled(costs: ActionCosts, times: int) -> ActionCosts:
 
 
 def _open_loop(costs: ActionCosts, schedule: Schedule, drawn: Disturbances, stall_s: float, times: int
-               ) -> tuple[float, float, float]:
+               ) -> Result:
     """(energy saved %, slowdown %, switches per step) of ``schedule`` repeated ``times`` through ``drawn`` (a
     reactive schedule's clocks as they ran)."""
     actions, priced = np.tile(schedule.actions, times), drawn.apply(costs)
@@ -87,7 +89,7 @@ def _open_loop(costs: ActionCosts, schedule: Schedule, drawn: Disturbances, stal
             outcome.switches / times)
 
 
-def _row(budget: float, method: str, results: list[tuple[float, float, float]], solve_s: float,
+def _row(budget: float, method: str, results: list[Result], solve_s: float,
          planned_budget: float | None = None) -> NoisyRow:
     saved, slowdown, switches = (np.array(column) for column in zip(*results, strict=True))
     within = float(np.mean([within_budget(float(s), budget) for s in slowdown]))
@@ -122,33 +124,35 @@ def noisy_rows(problem: Problem, planner: PolicyPlanner, budgets: Sequence[float
         env = policy_env(planner.policy, case, disturbed=True)
         times = env.config.run_steps
         costs = tiled(case.costs, times)
-        policy_results: list[tuple[float, float, float]] = []
-        planner_results: dict[str, list[tuple[float, float, float]]] = {s.method: [] for s in schedules}
-        rollout_s, draws = 0.0, []
-        for episode in range(episodes):
-            if progress:
-                progress(f"episode {episode + 1}/{episodes} @ {budget:.1%}")
-            start = time.perf_counter()
-            summary = rollout(planner.policy, env, {"step": 0, "budget": budget}, seed + episode)
-            rollout_s += time.perf_counter() - start
-            draws.append(env.disturbances)
-            policy_results.append((summary["energy_saved_pct"], summary["slowdown_pct"], summary["switches"] / times))
-            for schedule in schedules:
-                planner_results[schedule.method].append(_open_loop(costs, schedule, env.disturbances,
-                                                                   case.stall_s, times))
-        rows.append(_row(budget, planner.name, policy_results, rollout_s / episodes))
-        rows.append(_rule_row(env, budget, episodes, seed))
-        rows += [_row(budget, s.method, planner_results[s.method], s.solve_s) for s in schedules]
+        policy_results, draws, rollout_s = closed_loop(planner.policy, env, budget, episodes, seed, progress)
+        rows.append(_row(budget, planner.name, policy_results, rollout_s))
+        rows.append(closed_loop_row(Expert(env, "fitting_plan"), env, budget, episodes, seed, RULE_METHOD))
+        rows += [_row(budget, s.method, [_open_loop(costs, s, drawn, case.stall_s, times) for drawn in draws],
+                      s.solve_s) for s in schedules]
         margin = _margin_row(case, draws, times)
         rows += [margin] if margin is not None else []
     return rows
 
 
-def _rule_row(env: KernelDVFSEnv, budget: float, episodes: int, seed: int) -> NoisyRow:
-    """The closed-loop fitting-plan rule on ``env`` over the same seeded episodes as the policy."""
-    rule, results, start = Expert(env, "fitting_plan"), [], time.perf_counter()
+def closed_loop(actor: Actor, env: KernelDVFSEnv, budget: float, episodes: int, seed: int,
+                progress: Callable[[str], None] | None = None) -> tuple[list[Result], list[Disturbances], float]:
+    """``actor`` closed-loop through ``env`` at ``budget`` over episodes seeded ``seed``, ``seed + 1``, ...: each
+    episode's (energy saved %, slowdown %, switches per step), its draws, and the mean rollout time (s)."""
+    results, draws, elapsed_s = [], [], 0.0
     for episode in range(episodes):
-        summary = rollout(rule, env, {"step": 0, "budget": budget}, seed + episode)
+        if progress:
+            progress(f"episode {episode + 1}/{episodes} @ {budget:.1%}")
+        start = time.perf_counter()
+        summary = rollout(actor, env, {"step": 0, "budget": budget}, seed + episode)
+        elapsed_s += time.perf_counter() - start
+        draws.append(env.disturbances)
         results.append((summary["energy_saved_pct"], summary["slowdown_pct"],
                         summary["switches"] / env.config.run_steps))
-    return _row(budget, RULE_METHOD, results, (time.perf_counter() - start) / episodes)
+    return results, draws, elapsed_s / episodes
+
+
+def closed_loop_row(actor: Actor, env: KernelDVFSEnv, budget: float, episodes: int, seed: int, method: str
+                    ) -> NoisyRow:
+    """:func:`closed_loop` as one row named ``method``."""
+    results, _, solve_s = closed_loop(actor, env, budget, episodes, seed)
+    return _row(budget, method, results, solve_s)

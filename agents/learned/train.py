@@ -94,17 +94,18 @@ def train(config: TrainConfig, out: Path, timesteps: int | None = None, progress
     stage(f"freezing the policy and scoring it on {len(held_out_steps)} held-out steps")
     model.save(out / "model.zip")
     env.save(str(out / "vecnormalize.pkl"))
+    ppo = freeze_model(model, env, config, profile, {})
     scores = {"imitation": training_score(cloned, train_steps, profile, config),
-              "ppo": training_score(freeze_model(model, env, config, profile, {}), train_steps, profile, config)}
+              "ppo": training_score(ppo, train_steps, profile, config)}
     selected = "ppo" if scores["ppo"] >= scores["imitation"] else "imitation"
     meta = {"timesteps": int(model.num_timesteps), "train_wall_s": time.perf_counter() - start,
             "git_revision": git_revision(), "seed": config.seed, "imitation": imitation,
             "training_scores": scores, "selected": selected}
-    policy = replace(freeze_model(model, env, config, profile, meta) if selected == "ppo" else cloned, meta=meta)
+    policy = replace(ppo, meta={**meta, **ppo.meta}) if selected == "ppo" else replace(cloned, meta=meta)
     policy_path = out / POLICY_FILE
     policy.save(policy_path)
     replace(cloned, meta={**meta, "selected": "imitation"}).save(out / CLONE_FILE)
-    freeze_model(model, env, config, profile, {**meta, "selected": "ppo"}).save(out / PPO_FILE)
+    replace(ppo, meta={**meta, "selected": "ppo", **ppo.meta}).save(out / PPO_FILE)
     held_out = evaluate_steps(policy, held_out_steps, profile, config)
     env.close()
     wall_s = time.perf_counter() - start

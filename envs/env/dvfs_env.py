@@ -19,7 +19,7 @@ from gymnasium import spaces
 
 from kdvfs.envs.common.errors import KdvfsError
 from kdvfs.envs.env.config import EnvConfig, settings_table
-from kdvfs.envs.env.dynamics import Disturbances, draw
+from kdvfs.envs.env.dynamics import Disturbances, core_fractions, draw
 from kdvfs.envs.env.observation import (
     ADVISOR_FEATURES,
     OBS_LIMIT,
@@ -114,8 +114,7 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
         if any(step.grid != self.grid for step in self.steps):
             raise KdvfsError("steps must be built with the same clock grid, the config's (core_fractions, memory_mhz)")
         self._pairs, self._memories = self.grid.size, len(self.grid.memory_mhz)
-        core_mhz = self.steps[0].action_costs.core_mhz
-        self._core_fraction = np.nan_to_num(core_mhz / np.nanmax(core_mhz))  # as Disturbances.apply
+        self._core_fraction = core_fractions(self.steps[0].action_costs.core_mhz)
         self.timings = timings(self.config, self.profile)
         self._runs = [step.repeated(self.config.run_steps) for step in self.steps]
         self.observation_spec = self.config.observation_spec(self.grid)
@@ -181,14 +180,14 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
     def step(self, action: Array) -> tuple[Array, float, bool, bool, dict[str, Any]]:
         if self._k >= self._kernels:
             raise gym.error.ResetNeeded("the step is over; call reset()")
-        self._request(action)
         before = self._totals()
         hold_until_s = self._now_s + self.config.decision_fraction * self._auto_time_s
-        self._advance(self._now_s + self.decision_interval_s)
-        while self._k < self._kernels and self._now_s < hold_until_s - EPS:
-            self._refresh()  # the advisors' proposals here, for the standing order
+        while True:
             self._request(action)
             self._advance(self._now_s + self.decision_interval_s)
+            if self._k == self._kernels or self._now_s >= hold_until_s - EPS:
+                break
+            self._refresh()  # the advisors' proposals here, for the standing order
         after = self._totals()
         terminated = self._k == self._kernels
         reward, reward_info = reward_fn(before, after, self._reference, self.config, terminated)
@@ -272,12 +271,12 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
 
     def advisor_action(self, group: str, index: int = 0) -> int:
         """The clocks part of the action requesting advisor ``index`` of ``group`` in this env's layout."""
-        value = self.observation_spec.advisor_action(group, index) - self._pairs
-        if self.config.plan_actions:
-            if group == "windows":
-                raise KdvfsError("with plan_actions only the plan advisors are actions")
-            return value - self._plan_slots.start
-        return value + self._pairs
+        value = self.observation_spec.advisor_action(group, index)
+        if not self.config.plan_actions:
+            return value
+        if group == "windows":
+            raise KdvfsError("with plan_actions only the plan advisors are actions")
+        return value - self._pairs - self._plan_slots.start
 
     @property
     def clocks(self) -> tuple[int, int, int]:

@@ -88,11 +88,17 @@ class Disturbances:
         auto = np.isnan(costs.core_mhz)
         ones = np.ones(costs.kernels)
         time_auto = ones if self.time_auto is None else self.time_auto
-        locked = self.locked_factors(np.nan_to_num(costs.core_mhz / np.nanmax(costs.core_mhz)))
+        locked = self.locked_factors(core_fractions(costs.core_mhz))
         time_locked = ones[:, None] if locked is None else locked
         time_s = costs.time_s * np.where(auto[None, :], time_auto[:, None], time_locked)
         energy_j = costs.energy_j * (ones if self.energy is None else self.energy)[:, None]
         return ActionCosts(time_s, energy_j, costs.core_mhz, costs.mem_mhz, costs.auto_index, costs.idle_power_w)
+
+
+def core_fractions(core_mhz: Array) -> Array:
+    """(A,) each action's locked core clock as a fraction of the highest (``core_mhz``: NaN for auto, 0 here):
+    what :meth:`Disturbances.locked_factors` takes."""
+    return np.nan_to_num(core_mhz / np.nanmax(core_mhz))
 
 
 def draw(rng: np.random.Generator, settings: DisturbanceSettings, step_kernels: int, run_steps: int,
