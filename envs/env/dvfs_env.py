@@ -20,6 +20,7 @@ from gymnasium import spaces
 from kdvfs.envs.common.errors import KdvfsError
 from kdvfs.envs.env.config import EnvConfig, settings_table
 from kdvfs.envs.env.dynamics import Disturbances, core_fractions, draw
+from kdvfs.envs.env.live import LiveState
 from kdvfs.envs.env.observation import (
     ADVISOR_FEATURES,
     OBS_LIMIT,
@@ -160,6 +161,7 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
         self._k, self._in_effect, self._pending = 0, 0, -1
         self._requested_at_s = self._effective_at_s = 0.0
         self._last_latency_ratio = 1.0
+        self._live_drift_pct: float | None = None  # measured by a controller (observe_live), else simulated
         self._now_s = self._elapsed_s = self._auto_elapsed_s = 0.0
         self._energy_j = self._auto_energy_so_far_j = 0.0
         self._switches = self._requests = 0
@@ -200,17 +202,31 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
     def _request(self, action: Array) -> None:
         """Act on ``action``: at the first decision its pair is in effect from the start; later a request is
         issued if the controller is free and the pair differs from the one in effect."""
-        choice = int(action[1])
-        if self.config.plan_actions:
-            target = int(self._advice[self._plan_slots.start + choice])
-        else:
-            target = choice if choice < self._pairs else int(self._advice[choice - self._pairs])
+        target = self.target_pair(action)
         if self._k == 0 and action[0]:
             self._in_effect = target
         elif action[0] and self._pending < 0 and target != self._in_effect:
             self._pending, self._requested_at_s = target, self._now_s
             self._effective_at_s = self._now_s + self.disturbances.latency(self._requests)
             self._requests += 1
+
+    def target_pair(self, action: Array) -> int:
+        """The grid pair ``action``'s clocks part names at this decision point (an advisor's proposal now)."""
+        choice = int(action[1])
+        if self.config.plan_actions:
+            return int(self._advice[self._plan_slots.start + choice])
+        return choice if choice < self._pairs else int(self._advice[choice - self._pairs])
+
+    def observe_live(self, state: LiveState) -> Array:
+        """The observation (and advisors' proposals: :meth:`target_pair`) at a decision point a controller
+        measured in a running step instead of simulating it (:mod:`kdvfs.envs.env.live`); the episode's step
+        and budget are the last :meth:`reset`'s."""
+        self._k = min(max(state.kernel, 0), self._kernels - 1)
+        self._in_effect, self._pending = state.in_effect, state.pending
+        self._now_s = self._requested_at_s + state.pending_age_s
+        self._elapsed_s, self._auto_elapsed_s = state.elapsed_s, state.auto_elapsed_s
+        self._last_latency_ratio, self._live_drift_pct = state.last_latency_ratio, state.auto_drift_pct
+        return self._observe()
 
     def _totals(self) -> Totals:
         return Totals(self._energy_j, self._auto_energy_so_far_j, self._elapsed_s, self._auto_elapsed_s)
@@ -357,7 +373,8 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
 
     def _observe_conditions(self) -> None:
         """The ``conditions`` block (``CONDITION_FEATURES``)."""
-        drift_pct = self.disturbances.auto_drift_pct(min(self._k, self._kernels - 1))
+        drift_pct = self.disturbances.auto_drift_pct(min(self._k, self._kernels - 1)) if self._live_drift_pct is None \
+            else self._live_drift_pct
         run_pct = 100.0 * (self._elapsed_s / self._auto_elapsed_s - 1.0) if self._auto_elapsed_s > 0 else 0.0
         self._views["conditions"][:] = (1e3 * self.latency_s, drift_pct, min(OBS_LIMIT, max(-OBS_LIMIT, run_pct)),
                                         self._last_latency_ratio)

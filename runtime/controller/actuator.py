@@ -61,6 +61,7 @@ class Actuator:
         self.auto = f"auto:{default_mem_mhz}"
         self.default_mem_mhz = default_mem_mhz
         self.current = self.auto
+        self.issued_s = 0.0
         self.switches = 0
         self.touched = False
         self.restored = False
@@ -86,7 +87,7 @@ class Actuator:
                 return False
             issued_s = self.clock.now_s()
             self._apply(clocks)
-            self.current = clocks
+            self.current, self.issued_s = clocks, issued_s
             self.switches += 1
         self.log.write("request", clocks=clocks, issued_s=issued_s, dry_run=self.dry_run, **record)
         return True

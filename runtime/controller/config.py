@@ -52,6 +52,11 @@ class ControllerConfig:
             request's issue instant (the thread's wake-up after the GPU passed it must fit in between).
         issue_early_ms: requests go out this much earlier than one latency before their change, so that the
             thread's late wake-up from a timed sleep (0.09-0.14 ms on the H200) does not make them late.
+        online: a frozen policy decides online inside every controlled step, on live measurements
+            (:mod:`kdvfs.runtime.controller.online`); False (``--replay``): its noise-free rollout over the
+            trace is replayed as a fixed schedule. Plans are always replayed.
+        online_interval_ms: least time between the online policy's decision points (the environment's
+            decision interval when longer): what the controller's thread can afford.
         watchdog: spawn the watchdog process (only ever when clocks are changed, never in a dry run).
         cpu_test_mode: accept a CPU-only script; host time stands in for the GPU timeline (tests).
         report_path: where the child process of ``kdvfs run`` writes its summary.
@@ -80,6 +85,8 @@ class ControllerConfig:
     anchors: bool = True
     anchor_margin_ms: float = 2.0
     issue_early_ms: float = 0.25
+    online: bool = True
+    online_interval_ms: float = 0.25
     watchdog: bool = True
     cpu_test_mode: bool = False
     report_path: str | None = None
@@ -100,6 +107,8 @@ class ControllerConfig:
         if min(self.anchor_margin_ms, self.issue_early_ms) < 0:
             raise KdvfsError(f"anchor margin {self.anchor_margin_ms} ms and issue-early {self.issue_early_ms} ms "
                              "must be >= 0")
+        if self.online_interval_ms <= 0:
+            raise KdvfsError(f"online decision interval {self.online_interval_ms} ms must be > 0")
         if not 0 < self.match_tolerance < 1:
             raise KdvfsError(f"match tolerance {self.match_tolerance} must be in (0, 1)")
         if min(self.confirm_steps, self.guard_min_pairs, self.window_steps) < 1:

@@ -34,7 +34,7 @@ import sys
 import threading
 import types
 from dataclasses import asdict, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kdvfs.agents.common.problem import score
 from kdvfs.runtime.controller.accounting import Accounting
@@ -54,16 +54,20 @@ from kdvfs.runtime.device.visible import rank_gpu_index
 from kdvfs.runtime.device.watchdog import spawn_watchdog, stop_watchdog
 from kdvfs.runtime.job import JobGroup, Rank
 
+if TYPE_CHECKING:
+    from kdvfs.runtime.controller.online import OnlineSteps
+
 STOP_TIMEOUT_S = 5.0
 RUN_NEEDS = "the clock controller locks GPU clocks"
 RUN_FIX = "run it as root, or add --dry-run to see what it would do without changing clocks"
 
 
 def check_device(plan: Plan, device: Device) -> None:
-    """Raise unless ``device`` supports each clock of ``plan``'s schedule."""
+    """Raise unless ``device`` supports each clock of ``plan``'s schedule (and of its online policy's grid)."""
     supported = device.supported_clocks_mhz()
-    for action in sorted(set(int(a) for a in plan.schedule.actions)):
-        core_mhz, mem_mhz = parse_clocks(plan.problem.costs.label(action))
+    labels = {plan.problem.costs.label(int(a)) for a in plan.schedule.actions}
+    for label in sorted(labels | set(plan.online.labels if plan.online is not None else ())):
+        core_mhz, mem_mhz = parse_clocks(label)
         check_clocks_mhz(supported, core_mhz, mem_mhz, f"GPU {device.index} ({device.name})")
 
 
@@ -91,6 +95,7 @@ class Controller:
         self._actuator: Actuator | None = None
         self._accounting: Accounting | None = None
         self._hooks: AnchorHooks | None = None
+        self._online: OnlineSteps | None = None
         self._watchdog: subprocess.Popen[bytes] | None = None
         self._log = EventLog(None)
         self.rank = Rank.from_environment()
@@ -162,11 +167,12 @@ class Controller:
         timeline = self._timeline or (HostStepTimeline(clock) if config.cpu_test_mode else CudaStepTimeline(clock))
         anchoring = Anchoring(plan, timeline, clock, latency_s, config.anchor_margin_ms / 1e3 if config.anchors
                               else float("inf"), config.step_match_tolerance, learn_auto=config.dry_run)
+        self._online = None if self.plan.online is None else self._online_steps(device, timeline, anchoring)
         self._issuer = Issuer(plan, latency_s, timeline,
                               StepMatcher(plan.auto_s, config.step_match_tolerance, config.confirm_steps),
                               Guard(config.budget, config.guard_margin, config.guard_min_pairs, config.guard_retry_s),
                               self._actuator, self._accounting, clock, self._log, anchoring,
-                              config.issue_early_ms / 1e3, self._job)
+                              config.issue_early_ms / 1e3, self._job, self._online)
         self._timeline = timeline
         self._issuer.start()
         self._stack.callback(self._stop_thread)
@@ -174,6 +180,17 @@ class Controller:
             self._hooks = AnchorHooks(timeline.anchor)
             self._hooks.install()
             self._stack.callback(self._hooks.remove)
+
+    def _online_steps(self, device: Device, timeline: StepTimeline, anchoring: Anchoring) -> OnlineSteps:
+        """The online policy's decisions inside each controlled step (:mod:`kdvfs.runtime.controller.online`)."""
+        from kdvfs.runtime.controller.online import LiveClocks, OnlineSteps
+
+        assert self.plan is not None and self.plan.online is not None and self._actuator is not None
+        config, problem, online = self.config, self.plan.problem, self.plan.online
+        clocks = LiveClocks(online, self._actuator, device, problem.latency_s, online.latency_std_s, config.dry_run)
+        return OnlineSteps(online, clocks, timeline, anchoring.map, self._clock, self._log, config.budget,
+                           config.dry_run, max(online.decision_interval_s, config.online_interval_ms / 1e3),
+                           config.issue_early_ms / 1e3)
 
     def _next_request_s(self) -> float:
         return math.inf if self._issuer is None else self._issuer.next_request_s
@@ -244,6 +261,8 @@ class Controller:
             "error": None if issuer.error is None else str(issuer.error),
             "restore_error": None if actuator.restore_error is None else str(actuator.restore_error),
             "anchors": {**issuer.anchoring.figures(), "blocks": None if self._hooks is None else self._hooks.blocks},
+            "online_decisions": None if self._online is None else self._online.decisions,
+            "online": None if self._online is None else self._online.figures(),
             **accounting.figures(issuer.controlled_steps / issuer.steps if issuer.steps else 0.0),
             "predicted": {k: v for k, v in asdict(predicted).items() if k != "method"},
         }

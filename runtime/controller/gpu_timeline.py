@@ -13,7 +13,9 @@ Anchors (:mod:`kdvfs.runtime.controller.anchors`) are events recorded inside a s
 boundary marked ``i - 1`` and before boundary ``i`` belong to step ``i`` (the step that ends at boundary
 ``i``, the ``i``-th token, 0-based). :meth:`StepTimeline.anchor_s` waits for anchor ``index`` of a step
 (first until the training thread has recorded it, at most until a deadline, then until the GPU has passed
-it) and returns its host time; :class:`StepEnd` carries the host times of all of a finished step's anchors.
+it) and returns its host time; :meth:`StepTimeline.passed_anchor` asks, without waiting, which anchor the GPU
+has passed last (an online policy's view of the step's progress); :class:`StepEnd` carries the host times
+of all of a finished step's anchors.
 """
 
 from __future__ import annotations
@@ -51,6 +53,10 @@ class StepTimeline(Protocol):
     def anchor_s(self, step: int, index: int, deadline_s: float) -> float | None:
         """Host time at which the GPU passed anchor ``index`` of step ``step`` (waiting for it), or None when
         the training thread had not recorded it by ``deadline_s`` (host s) or ended the step without it."""
+
+    def passed_anchor(self, step: int, after: int) -> tuple[int, float] | None:
+        """The last anchor of step ``step`` after anchor ``after`` (-1: from the first) that the GPU has passed,
+        as (index, host time s), or None if none has been passed since; never waits."""
 
 
 def _allocations() -> int:
@@ -135,6 +141,18 @@ class CudaStepTimeline:
         event.synchronize()
         return self._host_s(event)
 
+    def passed_anchor(self, step: int, after: int) -> tuple[int, float] | None:
+        with self._changed:
+            events = list(self._anchors.get(step, ()))
+        if self._first is None or not self._offsets_s:
+            return None
+        latest = None
+        for index in range(after + 1, len(events)):
+            if not events[index].query():  # a few microseconds, no sync; anchors complete in order
+                break
+            latest = index
+        return None if latest is None else (latest, self._host_s(events[latest]))
+
 
 class HostStepTimeline:
     """CPU test mode (no CUDA): host time at each boundary stands in for the GPU's step end, and the training
@@ -156,4 +174,7 @@ class HostStepTimeline:
         return StepEnd(end_s, duration_s, None)
 
     def anchor_s(self, step: int, index: int, deadline_s: float) -> float | None:
+        return None
+
+    def passed_anchor(self, step: int, after: int) -> tuple[int, float] | None:
         return None

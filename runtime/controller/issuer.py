@@ -11,6 +11,8 @@ to the matcher, the guard and the accounting, and then decides the next step:
   margin (:mod:`kdvfs.runtime.controller.anchoring`; the step's start when there is none or it is not trusted)
   and issued at their instants (``early_s`` ahead, for the thread's wake-up), sleeping in between; the
   first controlled step also gets its own early changes at once;
+* with a frozen policy deciding online (:mod:`kdvfs.runtime.controller.online`), the same steps are
+  controlled, but the thread decides through each of them on what it measures instead of replaying;
 * otherwise (not matching yet, an evaluation pass or new shape, an A window, backed off): the GPU is
   returned to auto.
 
@@ -34,7 +36,7 @@ import queue
 import statistics
 import threading
 from collections import deque
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kdvfs.runtime.controller.accounting import Accounting
 from kdvfs.runtime.controller.actuator import Actuator, EventLog
@@ -45,6 +47,9 @@ from kdvfs.runtime.controller.timeline import StepPlan
 from kdvfs.runtime.device.host_time import Clock
 from kdvfs.runtime.job import JobGroup, JobStep, job_step
 
+if TYPE_CHECKING:
+    from kdvfs.runtime.controller.online import OnlineSteps
+
 SCALE_STEPS = 5
 
 
@@ -53,21 +58,26 @@ class Issuer(threading.Thread):
 
     def __init__(self, plan: StepPlan, latency_s: float, timeline: StepTimeline, matcher: StepMatcher, guard: Guard,
                  actuator: Actuator, accounting: Accounting, clock: Clock, log: EventLog, anchoring: Anchoring,
-                 early_s: float = 0.0, job: JobGroup | None = None) -> None:
+                 early_s: float = 0.0, job: JobGroup | None = None, online: OnlineSteps | None = None) -> None:
         super().__init__(name="kdvfs-controller", daemon=True)
         self.plan, self.latency_s, self.timeline, self.anchoring = plan, latency_s, timeline, anchoring
         self.early_s = early_s
         self.matcher, self.guard, self.actuator, self.accounting = matcher, guard, actuator, accounting
-        self.clock, self.log, self.job = clock, log, job
+        self.clock, self.log, self.job, self.online = clock, log, job, online
         self._first_end_s = 0.0
         self.queue: queue.Queue[Any] = queue.Queue()
         self.stop_event = threading.Event()
         self.steps = 0
         self.controlled_steps = 0
         self.error: BaseException | None = None
-        self.next_request_s = math.inf
+        self._next_request_s = math.inf
         self._controlling = False
         self._ratios: deque[float] = deque(maxlen=SCALE_STEPS)
+
+    @property
+    def next_request_s(self) -> float:
+        """Host time of the next request the thread may make (infinite when none is coming)."""
+        return self._next_request_s if self.online is None else min(self._next_request_s, self.online.next_request_s)
 
     @property
     def scale(self) -> float:
@@ -110,6 +120,9 @@ class Issuer(threading.Thread):
         if self.guard.tick(now_s) == Guard.RESUME:
             self.log.write("resume", step=index)
         self._controlling = self._decide(end, matched, was_controlled)
+        if self.online is not None:
+            self.online.observe(end, matched, was_controlled)
+            self.online.feedback(self.accounting.slowdown.interval())
         self.log.write("step", step=index, end_s=end.end_s, duration_s=end.duration_s, signature=end.signature,
                        matched=matched, controlled=was_controlled, next_controlled=self._controlling, scale=self.scale,
                        arm=self.accounting.slot.arm, anchors_s=end.anchors_s)
@@ -135,14 +148,17 @@ class Issuer(threading.Thread):
 
     def _issue(self, step: int, start_s: float, first: bool) -> None:
         """Issue one window's requests, from ``start_s`` (the host time step ``step`` started on the GPU)."""
+        if self.online is not None:
+            self.online.run(step, start_s, self.scale * self.plan.expected_s, first, self.stop_event)
+            return
         self.anchoring.begin(step, start_s, self.scale)
         for request in self.plan.requests(self.scale, self.latency_s, first):
             if request.clocks == self.actuator.current:
                 continue  # a repeat: nothing to request, nothing to wait for
             placed = self.anchoring.place(request)
-            self.next_request_s = placed.request_s - self.early_s
-            if not self.clock.sleep_until(self.next_request_s, self.stop_event):
+            self._next_request_s = placed.request_s - self.early_s
+            if not self.clock.sleep_until(self._next_request_s, self.stop_event):
                 return
-            self.next_request_s = math.inf
+            self._next_request_s = math.inf
             self.actuator.request(request.clocks, step=step + request.next_step, kernel=request.kernel,
                                   request_s=placed.request_s, due_s=placed.due_s, **placed.record())

@@ -8,7 +8,10 @@ Given the expected step (a kdvfs trace) and the GPU profile, a source produces t
 * a frozen policy (``.kdvfs-policy.npz``, :mod:`kdvfs.agents.learned.frozen`), rolled over the trace by
   :class:`kdvfs.agents.learned.policy_planner.PolicyPlanner` (which checks that it was trained for the profile).
 
-The schedule is computed once; the controller replays it every step.
+A plan's schedule is computed once and replayed every step. A policy's noise-free rollout is the
+expected step (its timeline, the prediction) and, with ``online`` off (``--replay``), replayed the same
+way; with ``online`` on, the plan also carries the policy for the controller to run inside each step
+(:class:`kdvfs.agents.learned.online.OnlinePolicy`).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -26,6 +29,9 @@ from kdvfs.envs.gpu.profiles import GpuProfile, load_profile, profile_for_nvml_n
 from kdvfs.envs.model.schedule import Schedule
 from kdvfs.envs.trace.bundled import open_trace
 from kdvfs.runtime.controller.config import ControllerConfig
+
+if TYPE_CHECKING:
+    from kdvfs.agents.learned.online import OnlinePolicy
 
 PLAN_FORMAT, PLAN_VERSION = "kdvfs-schedule", 1
 ZIP_MAGIC = b"PK\x03\x04"
@@ -37,11 +43,13 @@ class ScheduleSourceError(KdvfsError):
 
 @dataclass(frozen=True)
 class Plan:
-    """The step's problem (trace, profile, budget, latency), the schedule to apply and where it came from."""
+    """The step's problem (trace, profile, budget, latency), the schedule to apply (or expect, when a policy
+    decides online), where it came from, and the online policy (None: the schedule is replayed)."""
 
     problem: Problem
     schedule: Schedule
     source: str
+    online: OnlinePolicy | None = None
 
 
 def _read_plan_document(path: Path) -> dict[str, Any] | None:
@@ -93,11 +101,17 @@ def _plan_schedule(path: Path, document: dict[str, Any], problem: Problem) -> Sc
                     float(document.get("solve_s", 0.0)))
 
 
-def _policy_schedule(path: Path, problem: Problem) -> Schedule:
-    """The frozen policy's schedule over ``problem`` (through the issue-5 planner interface)."""
+def _policy_plan(path: Path, problem: Problem, online: bool) -> Plan:
+    """The frozen policy's noise-free schedule over ``problem`` (through the planner interface) and, with
+    ``online``, the policy to run inside each step."""
+    from kdvfs.agents.learned.frozen import FrozenPolicy
+    from kdvfs.agents.learned.online import OnlinePolicy
     from kdvfs.agents.learned.policy_planner import PolicyPlanner
 
-    return PolicyPlanner.from_file(path, problem.profile).plan(problem)
+    policy = FrozenPolicy.load(path, problem.profile)
+    schedule = PolicyPlanner(policy).plan(problem)
+    source = f"policy {path.name} ({'online' if online else 'replayed'})"
+    return Plan(problem, schedule, source, OnlinePolicy(policy, problem) if online else None)
 
 
 def load_plan(config: ControllerConfig, device_name: str) -> Plan:
@@ -114,5 +128,5 @@ def load_plan(config: ControllerConfig, device_name: str) -> Plan:
     latency_s = None if config.latency_ms is None else config.latency_ms / 1e3
     problem = Problem.build(open_trace(config.trace), profile, config.budget, latency_s)
     if document is None:
-        return Plan(problem, _policy_schedule(path, problem), f"policy {path.name}")
+        return _policy_plan(path, problem, config.online)
     return Plan(problem, _plan_schedule(path, document, problem), f"plan {path.name} ({document.get('method')})")

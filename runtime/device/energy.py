@@ -10,6 +10,7 @@ both ends. Read-only: it only calls a :class:`Meter`'s getters (a
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -133,7 +134,11 @@ class WindowSampler:
 
 READ_GUARD_S = 0.01
 """A poll does not start a counter read this close before a clock request is due (a read takes ~4 ms on an
-H200): the reads never delay a request."""
+H200): the reads never delay a request that is known in advance (a plan's)."""
+MAX_READ_GAP_S = 0.2
+"""...unless the last read is this old: an online policy's next request is never known in advance, and the
+A/B windows (0.5 s at least) need the counter read near their edges; such a read may delay one request
+by up to a read."""
 
 
 class EnergyTrace:
@@ -160,6 +165,7 @@ class EnergyTrace:
         self.error: BaseException | None = None
         self.reads = 0
         self.read_s = 0.0
+        self._last_read_s = -math.inf
 
     def start(self) -> None:
         """Take the first reading; start polling (``poll_s > 0``)."""
@@ -171,7 +177,8 @@ class EnergyTrace:
     def _poll(self) -> None:
         try:
             while not self._stop.wait(self._poll_s):
-                if self._next_request_s() - self._now_s() > READ_GUARD_S:
+                now_s = self._now_s()
+                if self._next_request_s() - now_s > READ_GUARD_S or now_s - self._last_read_s > MAX_READ_GAP_S:
                     self.read()
         except BaseException as error:  # seen by the caller through .error
             self.error = error
@@ -182,6 +189,7 @@ class EnergyTrace:
         energy_j = self._read_j()
         after_s = self._now_s()
         time_s = (before_s + after_s) / 2
+        self._last_read_s = after_s
         with self._lock:
             self.reads += 1
             self.read_s += after_s - before_s

@@ -1,7 +1,7 @@
 """The true effect of control on a :class:`~kdvfs.runtime.testing.fake_gpu.FakeGpu`, to check the measured one.
 
-The fake knows what a drifting GPU cannot tell: each step's drift and noise factors. Undone, they leave
-the cost model's time and energy of the clocks the step actually ran at; the true saving and slowdown are
+The fake knows what a drifting GPU cannot tell: each step's time and energy without drift or noise, the
+cost model's for the clocks the step actually ran at; the true saving and slowdown are
 those of the steps the A/B windows counted (from the run's ``window`` log records), B against A.
 """
 
@@ -36,8 +36,7 @@ def true_effect(gpu: FakeGpu, windows: Iterable[dict[str, Any]]) -> TrueEffect |
 
     def clean(indices: list[int]) -> tuple[float, float]:
         runs = [gpu.steps[i] for i in indices]
-        return (float(np.mean([(s.end_s - s.start_s) / s.time_factor for s in runs])),
-                float(np.mean([s.energy_j / s.energy_factor for s in runs])))
+        return float(np.mean([s.model_time_s for s in runs])), float(np.mean([s.model_energy_j for s in runs]))
 
     (auto_s, auto_j), (controlled_s, controlled_j) = clean(steps["A"]), clean(steps["B"])
     return TrueEffect((1 - controlled_j / auto_j) * 100, (controlled_s / auto_s - 1) * 100)

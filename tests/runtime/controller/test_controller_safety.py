@@ -180,8 +180,9 @@ def test_a_frozen_policy_drives_the_controller(tmp_path: Path) -> None:
     control, gpu, _ = fake_controller(policy)
     with control:
         run_steps(control, 12)
-    assert control.plan is not None and control.plan.source == "policy h200.kdvfs-policy.npz"
+    assert control.plan is not None and control.plan.source == "policy h200.kdvfs-policy.npz (online)"
     assert control.plan.schedule.reactive and gpu.calls[-1].name == "reset_clocks"
+    assert control.summary is not None and control.summary["online_decisions"] > 0
     other = _random_policy(tmp_path / "a100.kdvfs-policy.npz", "a100-sxm4")
     control, gpu, _ = fake_controller(other)
     with pytest.raises(PolicyFileError, match="trained for GPU 'a100-sxm4', not 'h200'"):

@@ -1,0 +1,94 @@
+"""A frozen policy deciding online, inside a running step, on what a controller measured.
+
+:class:`OnlinePolicy` holds the policy's environment for the problem's step (:func:`policy_env`: the same
+observation spec, advisors and plan advice the policy was trained on) and, at each live decision point,
+turns the measured :class:`~kdvfs.envs.env.live.LiveState` into its observation
+(:meth:`~kdvfs.envs.env.dvfs_env.KernelDVFSEnv.observe_live`) and the pair to request. As in the
+environment, the policy runs when its last choice has held for ``decision_fraction`` of the step's auto
+time (a standing order: "follow plan p"); in between, the standing order's advisor is re-read at every
+decision point, so the pair follows where a request made now would land. A step's first pair is the
+policy's choice at the step's first decision (kernel 0, auto in effect, nothing spent), requested one
+latency before the step starts.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from kdvfs.agents.common.problem import Problem
+from kdvfs.agents.learned.frozen import FrozenPolicy
+from kdvfs.agents.learned.policy_planner import policy_env
+from kdvfs.envs.env.live import LiveState
+from kdvfs.envs.env.observation import BUDGET_FEATURES
+
+NO_REQUEST = -1
+
+
+@dataclass(frozen=True)
+class OnlineDecision:
+    """One live decision: the grid pair to request (``NO_REQUEST``: keep the clocks), whether the policy ran
+    (else its standing order was re-read), its action, and the observation's budget figures (used share of
+    the budget, slowdown still affordable over the rest of the step, %)."""
+
+    pair: int
+    evaluated: bool
+    action: tuple[int, ...]
+    budget_used: float
+    affordable_pct: float
+
+
+class OnlinePolicy:
+    """See the module docstring. Not for concurrent use (the policy and the env work in buffers).
+
+    Attributes:
+        labels: each grid pair's clock label (``"1410:3201"``) on the problem's costs.
+        auto_time_s: the step's auto time on the model timeline (s).
+        decision_interval_s: the environment's least time between decision points (s, model timeline).
+        latency_std_s: the switching latency's spread the policy's environment assumes (s).
+    """
+
+    def __init__(self, policy: FrozenPolicy, problem: Problem) -> None:
+        self.policy = policy
+        self.env = policy_env(policy, problem)
+        step = self.env.steps[0]
+        self.cumulative_s = step.cumulative[:, 0, :]
+        self.labels = tuple(problem.costs.label(int(a)) for a in step.actions)
+        self.auto_time_s = step.auto_time_s
+        self.decision_interval_s, self.latency_std_s = self.env.decision_interval_s, self.env.latency_std_s
+        self._hold_s = policy.config.decision_fraction * step.auto_time_s
+        self._budget_view = self.env.observation_spec.span("budget")
+        self._action: np.ndarray | None = None
+        self._hold_until_s = -math.inf
+
+    def pair_of(self, label: str) -> int:
+        """The grid pair of clock label ``label``; ValueError if the grid has none."""
+        return self.labels.index(label)
+
+    def begin(self, budget: float) -> int:
+        """Start a step with slowdown budget ``budget`` (fraction); returns its first pair (at kernel 0)."""
+        observation, _ = self.env.reset(seed=0, options={"budget": max(0.0, budget)})
+        action = self.policy.act(observation)
+        self._action, self._hold_until_s = action, self._hold_s
+        return self.env.target_pair(action) if action[0] else 0
+
+    def decide(self, state: LiveState, now_s: float) -> OnlineDecision:
+        """The decision at ``state``, ``now_s`` after the step's start (s, model timeline)."""
+        observation = self.env.observe_live(state)
+        evaluated = self._action is None or now_s >= self._hold_until_s
+        if evaluated:
+            self._action, self._hold_until_s = self.policy.act(observation), now_s + self._hold_s
+        assert self._action is not None
+        budget = observation[self._budget_view]
+        pair = self.env.target_pair(self._action) if self._action[0] else NO_REQUEST
+        return OnlineDecision(pair, evaluated, tuple(int(a) for a in self._action),
+                              float(budget[BUDGET_FEATURES.index("budget_used")]),
+                              float(budget[BUDGET_FEATURES.index("affordable_slowdown_pct")]))
+
+    def kernel_at(self, pair: int, from_kernel: int, offset_s: float) -> int:
+        """The kernel running ``offset_s`` after kernel ``from_kernel`` started, at ``pair`` (model timeline)."""
+        times = self.cumulative_s[:, pair]
+        index = int(np.searchsorted(times, times[from_kernel] + offset_s, side="right")) - 1
+        return min(max(index, from_kernel), len(times) - 2)

@@ -1,0 +1,246 @@
+"""Online decisions: a frozen policy choosing the clocks inside every controlled step, on live measurements.
+
+With a frozen policy (and not ``--replay``) the controller's thread does not replay a schedule: through
+each controlled step it wakes at decision points (every environment decision interval, at least
+``online_interval_ms``), builds the policy's observation from what it measures
+(:class:`~kdvfs.envs.env.live.LiveState`, turned into the trained observation by
+:class:`~kdvfs.agents.learned.online.OnlinePolicy`) and requests the pair it names:
+
+* **progress**: the last anchor the GPU has passed in this step (:meth:`StepTimeline.passed_anchor`, a
+  non-blocking event query) stands for its kernel (the learned anchor map); the kernel now is the one
+  running that long after it at the clocks running, never one before the last decision's (a new anchor
+  can put the GPU a little behind the extrapolation; going back would flip the advisors' proposals). Without one (no anchor map yet, a compiled model, CPU
+  test mode) the step's start is the reference, on the expected timeline. Counted per source.
+* **clocks in effect**: after a lock request, a clock read (NVML, ~1-5 us on an H200) shows when the locked
+  core and memory clocks are reached; the change then took effect and its latency over the mean is the
+  observation's ``last_latency_ratio``. Auto cannot be seen in a read (the firmware moves its clock) and a
+  dry run changes nothing: there the change counts as in effect one mean latency after the request
+  (``assumed``); a lock not seen after the latency plus 3 sd counts as in effect too (``timeout``).
+* **budget**: times are on the model's timeline, host seconds over the run's auto scale (the median of
+  the last matched auto steps' measured over model time: the A windows' and those before control), so
+  a GPU that drifts as a whole is drift, not budget. Within the step, budget used is the time so far minus
+  the auto time of the kernels passed. Over the run, the A/B estimator's measured slowdown sets the
+  policy's budget for the next steps: ``budget + FEEDBACK_GAIN x (budget - (mean + se))`` (the measured
+  mean plus one standard error, over at least ``MIN_FEEDBACK_PAIRS`` pairs; clipped to [0, 2 x budget]):
+  a run measured over budget gets a tighter step budget, one under it a looser one, so that part of the
+  budget a fixed plan leaves unused (its pairs are discrete) is spent by alternating between the plans
+  either side of it, while the measured slowdown stays under the budget by about 1 / (4 x gain) of a
+  plan-budget spacing plus a standard error. A dry run measures no effect of its own: there the budget
+  stays the run's.
+
+A step's first pair is requested one latency (plus ``issue_early_ms``) before the step is expected to
+start, at the end of the previous step's decisions; the first controlled step's at once.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import threading
+import time
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from scipy import stats
+
+from kdvfs.agents.learned.online import NO_REQUEST, OnlinePolicy
+from kdvfs.envs.env.live import LiveState
+from kdvfs.runtime.controller.actuator import Actuator, EventLog, parse_clocks
+from kdvfs.runtime.controller.anchoring import AnchorMap
+from kdvfs.runtime.controller.estimator import Interval
+from kdvfs.runtime.controller.gpu_timeline import StepEnd, StepTimeline
+from kdvfs.runtime.device.host_time import Clock
+from kdvfs.runtime.device.interface import Device
+
+SCALE_STEPS = 5
+MIN_FEEDBACK_PAIRS = 3
+CORE_MATCH_MHZ = 15.0
+"""A read core clock within this of a locked one has reached it (one clock step)."""
+TIMEOUT_SDS = 3.0
+FEEDBACK_GAIN = 4.0
+"""Budget points the policy's step budget moves per point of measured slowdown under (over) the budget."""
+
+
+@dataclass
+class LiveClocks:
+    """What is in effect on the GPU, from the actuator's requests and clock reads (see the module docstring)."""
+
+    online: OnlinePolicy
+    actuator: Actuator
+    device: Device | None
+    latency_s: float
+    latency_std_s: float
+    dry_run: bool
+    in_effect: int = 0
+    pending: int = NO_REQUEST
+    requested_s: float = 0.0
+    last_latency_ratio: float = 1.0
+    took_effect: Counter[str] = field(default_factory=Counter)
+    _label: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._label = self.actuator.current
+        self.in_effect = self.online.pair_of(self._label)
+
+    def update(self, now_s: float) -> None:
+        """Follow the actuator's last request and whether it has taken effect by ``now_s`` (host s)."""
+        if self.actuator.current != self._label:
+            self._label = self.actuator.current
+            self.pending, self.requested_s = self.online.pair_of(self._label), self.actuator.issued_s
+        if self.pending == NO_REQUEST:
+            return
+        age_s = now_s - self.requested_s
+        core_mhz, mem_mhz = parse_clocks(self._label)
+        if self.dry_run or core_mhz is None or self.device is None:
+            if age_s >= self.latency_s:
+                self._arrive("assumed", age_s)
+            return
+        read_core_mhz, read_mem_mhz = self.device.clocks_mhz()
+        if abs(read_core_mhz - core_mhz) <= CORE_MATCH_MHZ and int(read_mem_mhz) == mem_mhz:
+            self._arrive("observed", age_s)
+        elif age_s >= self.latency_s + TIMEOUT_SDS * self.latency_std_s:
+            self._arrive("timeout", age_s)
+
+    def _arrive(self, how: str, age_s: float) -> None:
+        self.took_effect[how] += 1
+        if how == "observed" and self.latency_s > 0:
+            self.last_latency_ratio = age_s / self.latency_s
+        self.in_effect, self.pending = self.pending, NO_REQUEST
+
+    @property
+    def free(self) -> bool:
+        return self.pending == NO_REQUEST
+
+
+class OnlineSteps:
+    """Decides through each controlled step (see the module docstring); run on the controller's thread.
+
+    Args:
+        online: the policy and its environment for the expected step.
+        clocks: what is in effect.
+        timeline: where the anchors are asked for.
+        anchor_map: which kernel each anchor stands for.
+        clock: host clock; log: the event log.
+        budget: the run's slowdown budget (fraction); dry_run: keep it (no feedback).
+        interval_s: least time between decision points (host s).
+        early_s: requests go out this much earlier than a latency ahead (the thread wakes late).
+    """
+
+    def __init__(self, online: OnlinePolicy, clocks: LiveClocks, timeline: StepTimeline, anchor_map: AnchorMap,
+                 clock: Clock, log: EventLog, budget: float, dry_run: bool, interval_s: float,
+                 early_s: float) -> None:
+        self.online, self.clocks, self.timeline, self.anchor_map = online, clocks, timeline, anchor_map
+        self.clock, self.log, self.budget, self.dry_run = clock, log, budget, dry_run
+        self.interval_s, self.early_s = interval_s, early_s
+        self.step_budget = budget
+        self.next_request_s = math.inf
+        self.decisions = self.advisor_reads = self.requests = 0
+        self.progress: Counter[str] = Counter()
+        self.wall_us: list[float] = []
+        self.policy_wall_us: list[float] = []
+        self._scales: deque[float] = deque(maxlen=SCALE_STEPS)
+        self._kernel = 1
+
+    @property
+    def auto_scale(self) -> float:
+        """Host seconds per model second of the auto step (median of the last matched auto steps; 1 before)."""
+        return statistics.median(self._scales) if self._scales else 1.0
+
+    def observe(self, end: StepEnd, matched: bool, controlled: bool) -> None:
+        """Learn the auto scale from a finished step (matched and at auto)."""
+        if matched and not controlled and end.duration_s is not None:
+            self._scales.append(end.duration_s / self.online.auto_time_s)
+
+    def feedback(self, measured: Interval | None) -> None:
+        """Set the next steps' budget from the run's measured slowdown (see the module docstring)."""
+        if self.dry_run or measured is None or measured.n < MIN_FEEDBACK_PAIRS:
+            self.step_budget = self.budget
+        else:
+            standard_error_pct = measured.half_width_pct / float(stats.t.ppf(0.975, measured.n - 1))
+            upper_pct = measured.mean_pct + standard_error_pct
+            error = self.budget - upper_pct / 100
+            self.step_budget = float(np.clip(self.budget + FEEDBACK_GAIN * error, 0.0, 2 * self.budget))
+
+    def run(self, step: int, start_s: float, step_s: float, first: bool, stop: threading.Event) -> None:
+        """Decide through step ``step``, which started at host time ``start_s`` and is expected to last
+        ``step_s``; hands over (requests step ``step + 1``'s first pair) a latency before its expected end."""
+        first_pair = self.online.begin(self.step_budget)
+        if first:
+            self._request(first_pair, step, 0, start_s, start_s)
+        latency_s = self.clocks.latency_s
+        hand_over_s = start_s + step_s - latency_s - self.early_s
+        anchor = (-1, start_s, 0)
+        self._kernel = 1
+        while True:
+            now_s = self.clock.now_s()
+            if now_s >= hand_over_s:
+                break
+            anchor = self._decide(step, start_s, now_s, anchor)
+            self.next_request_s = now_s if self.clocks.free else self.clocks.requested_s + latency_s
+            if not self.clock.sleep_until(min(now_s + self.interval_s, hand_over_s), stop):
+                return
+        self.next_request_s = math.inf
+        self._request(self.online.begin(self.step_budget), step + 1, 0, self.clock.now_s(), start_s + step_s)
+
+    def _decide(self, step: int, start_s: float, now_s: float, anchor: tuple[int, float, int]
+                ) -> tuple[int, float, int]:
+        """One decision point; returns the anchor reference (index, host s, kernel) for the next."""
+        began = time.perf_counter()
+        self.clocks.update(now_s)
+        anchor = self._anchor(step, anchor)
+        scale = self.auto_scale
+        running = 0 if self.dry_run else self.clocks.in_effect
+        kernel = self._kernel = max(self._kernel, self.online.kernel_at(running, anchor[2], (now_s - anchor[1]) / scale))
+        state = LiveState(kernel, self.clocks.in_effect, self.clocks.pending,
+                          (now_s - self.clocks.requested_s) / scale if not self.clocks.free else 0.0,
+                          (now_s - start_s) / scale, float(self.online.cumulative_s[kernel, 0]),
+                          self.clocks.last_latency_ratio, 100.0 * (scale - 1.0))
+        decision = self.online.decide(state, (now_s - start_s) / scale)
+        if decision.pair not in (NO_REQUEST, self.clocks.in_effect) and self.clocks.free:
+            landing = self.online.kernel_at(running, kernel, self.clocks.latency_s / scale) + 1
+            due_s = anchor[1] + scale * float(self.online.cumulative_s[landing, running]
+                                              - self.online.cumulative_s[anchor[2], running])
+            self._request(decision.pair, step, landing, now_s, due_s)
+        wall_us = (time.perf_counter() - began) * 1e6
+        self.wall_us.append(wall_us)
+        if decision.evaluated:
+            self.decisions += 1
+            self.policy_wall_us.append(wall_us)
+            self.log.write("decision", step=step, kernel=kernel, source="anchor" if anchor[0] >= 0 else "expected",
+                           in_effect=self.online.labels[self.clocks.in_effect],
+                           pending=None if self.clocks.free else self.online.labels[self.clocks.pending],
+                           budget_pct=100 * self.step_budget, budget_used=decision.budget_used,
+                           affordable_pct=decision.affordable_pct, action=list(decision.action),
+                           clocks=None if decision.pair == NO_REQUEST else self.online.labels[decision.pair],
+                           wall_us=wall_us)
+        else:
+            self.advisor_reads += 1
+        return anchor
+
+    def _anchor(self, step: int, anchor: tuple[int, float, int]) -> tuple[int, float, int]:
+        """The latest anchor the GPU has passed (index, host s, kernel), else ``anchor``; counts the source."""
+        anchors = self.anchor_map.anchors
+        passed = self.timeline.passed_anchor(step, anchor[0]) if anchors else None
+        if passed is not None and passed[0] < len(anchors):
+            anchor = (passed[0], passed[1], anchors[passed[0]].kernel)
+        self.progress["anchor" if anchor[0] >= 0 else "expected"] += 1
+        return anchor
+
+    def _request(self, pair: int, step: int, kernel: int, request_s: float, due_s: float) -> None:
+        if self.clocks.actuator.request(self.online.labels[pair], step=step, kernel=kernel, request_s=request_s,
+                                        due_s=due_s, online=True):
+            self.requests += 1
+
+    def figures(self) -> dict[str, Any]:
+        """For the summary (see ``docs/controller.md``)."""
+        def quantiles(values: list[float]) -> dict[str, float | None]:
+            if not values:
+                return {"median": None, "p99": None}
+            return {"median": float(np.median(values)), "p99": float(np.percentile(values, 99))}
+
+        return {"decisions": self.decisions, "advisor_reads": self.advisor_reads, "requests": self.requests,
+                "progress": dict(self.progress), "took_effect": dict(self.clocks.took_effect),
+                "decision_us": quantiles(self.policy_wall_us), "decision_point_us": quantiles(self.wall_us),
+                "step_budget_pct": 100 * self.step_budget, "interval_ms": 1e3 * self.interval_s}
