@@ -4,8 +4,10 @@
     python benchmarks/controller_h200.py run RESULTS_DIR [--policy P]   # on the GPU machine: dry runs only
     python benchmarks/controller_h200.py report RESULTS_DIR   # anywhere: benchmarks/results/controller_h200.*
 
-``--policy P`` applies a plan or frozen policy (``policies/h200.kdvfs-policy.npz``) to every workload
-instead of the latency-optimal plans. On the device machine (no package registry) gymnasium and
+``--policy P`` applies a plan or frozen policy (``policies/h200.kdvfs-policy.npz``: it decides online
+inside each step, ``runtime/controller/online.py``) to every workload instead of the latency-optimal
+plans; ``--hf`` adds a Hugging Face ``Trainer`` workload (``examples/hf_trainer.py``, captured first);
+``report --name controller_online_h200`` writes the figures under another name. On the device machine (no package registry) gymnasium and
 farama-notifications travel as wheels (see ``docs/controller.md``, "On an H200").
 
 ``run`` never changes a clock: every controller there is a dry run whose NVML binding is
@@ -55,6 +57,11 @@ WORKLOADS: dict[str, dict[str, Any]] = {
     "gpt2s-b16": {"trace": "h200/capture-gpt2s-b16", "window_steps": 80, "profile_steps": 0,
                   "script": ["examples/gpt.py", "--size", "gpt2s", "--batch", "16"]},
 }
+HF_WORKLOADS: dict[str, dict[str, Any]] = {
+    "hf-gpt2s-b8": {"trace": "", "window_steps": 40, "profile_steps": 10,
+                    "script": ["examples/hf_trainer.py", "--size", "gpt2s", "--batch", "8"]},
+}
+"""Hugging Face Trainer workloads (``--hf``; needs transformers): captured at the start of the run."""
 CPU_WORKLOADS: dict[str, dict[str, Any]] = {
     "gpt-tiny": {"trace": "", "window_steps": 8, "profile_steps": 3,
                  "script": ["examples/gpt.py", "--size", "tiny", "--device", "cpu"]},
@@ -105,7 +112,7 @@ class Harness:
         from kdvfs.runtime.controller import Controller
 
         return Controller(self.args.plan, self.args.trace, dry_run=True, nvml_module=self.args.nvml_module, log=log,
-                          baseline_steps=5, cpu_test_mode=self.args.cpu_test,
+                          cpu_test_mode=self.args.cpu_test,
                           match_tolerance=0.99 if self.args.cpu_test else 0.1)
 
     def _window(self, on: bool, steps: int) -> Iterator[None]:
@@ -206,10 +213,20 @@ def _cli_run(folder: Path, workload: dict[str, Any], source: Path, fake: list[st
             "logged_requests": requests}
 
 
-def run(folder: Path, cpu_test: bool, policy: Path | None) -> None:
-    """All device-side measurements into ``folder``; ``policy`` replaces the plans of every workload."""
+def _capture(folder: Path, label: str, workload: dict[str, Any]) -> dict[str, Any]:
+    """Capture ``workload``'s step into ``folder`` (``kdvfs capture`` through the guard); the workload with it."""
+    trace = folder / f"{label}.trace.json"
+    _kdvfs(["capture", "--nvml-module", GUARD, "-o", str(trace), "--", "python3", *workload["script"], "--steps", "60"])
+    return {**workload, "trace": str(trace)}
+
+
+def run(folder: Path, cpu_test: bool, policy: Path | None, hf: bool = False) -> None:
+    """All device-side measurements into ``folder``; ``policy`` replaces the plans of every workload; ``hf``
+    adds the Hugging Face Trainer workloads (captured here first; they need ``policy``)."""
     folder.mkdir(parents=True, exist_ok=True)
-    workloads, plans = (_cpu_setup(folder), folder) if cpu_test else (WORKLOADS, RESULTS)
+    workloads, plans = (_cpu_setup(folder), folder) if cpu_test else (dict(WORKLOADS), RESULTS)
+    if hf:
+        workloads.update({label: _capture(folder, label, w) for label, w in HF_WORKLOADS.items()})
     sources = {label: policy.resolve() if policy else plan_path(label, plans) for label in workloads}
     fake = ["--cpu-test-mode", "--nvml-module", "kdvfs.runtime.testing.nvml"] if cpu_test else []
     first = next(iter(workloads))
@@ -247,6 +264,8 @@ def main(argv: list[str] | None = None) -> int:
         command.add_argument("--cpu-test", action="store_true")
     sub.choices["run"].add_argument("--policy", type=Path, help="a plan or frozen policy for every workload "
                                     "(default: the latency-optimal plans in benchmarks/results)")
+    sub.choices["run"].add_argument("--hf", action="store_true", help="add the Hugging Face Trainer workloads")
+    sub.choices["report"].add_argument("--name", default="controller_h200", help="results file stem")
     kid = sub.add_parser("child")
     kid.add_argument("out", type=Path)
     for option in ("--label", "--plan", "--trace", "--nvml-module"):
@@ -260,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         for label, workload in WORKLOADS.items():
             make_plan(workload["trace"], plan_path(label))
     elif args.what == "run":
-        run(args.folder, args.cpu_test, args.policy)
+        run(args.folder, args.cpu_test, args.policy, args.hf)
     elif args.what == "child":
         args.script = args.script[1:] if args.script[:1] == ["--"] else args.script
         return child(args)
@@ -268,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.path.insert(0, str(REPO_ROOT))
         from benchmarks.controller_report import report
 
-        report(args.folder, args.cpu_test)
+        report(args.folder, args.cpu_test, args.name)
     return 0
 
 

@@ -197,6 +197,41 @@ def timing_figures(folder: Path, document: dict[str, Any], cpu_test: bool) -> di
             "requests_all_steps": request_figures(document["log"], {r["step"] for r in records} | {len(records)})}
 
 
+def decision_figures(document: dict[str, Any]) -> dict[str, Any]:
+    """The online policy's decision wall times on the controller's thread: its evaluations (the profiled
+    window's ``decision`` log records) and every decision point (the controlled windows' summaries)."""
+    walls_us = [r["wall_us"] for r in document["log"] if r["event"] == "decision"]
+    onlines = [w["summary"]["online"] for w in document["windows"] if w["summary"] and w["summary"].get("online")]
+    points = [o["decision_point_us"] for o in onlines if o["decision_point_us"]["median"] is not None]
+    progress: dict[str, int] = {}
+    for o in onlines:
+        for source, count in o["progress"].items():
+            progress[source] = progress.get(source, 0) + count
+    return {"decisions": len(walls_us),
+            "decision_us_median": float(np.median(walls_us)) if walls_us else None,
+            "decision_us_p99": float(np.percentile(walls_us, 99)) if walls_us else None,
+            "point_us_median_of_windows": float(np.median([p["median"] for p in points])) if points else None,
+            "point_us_p99_max_of_windows": max((p["p99"] for p in points), default=None),
+            "progress_sources": progress, "interval_ms": onlines[0]["interval_ms"] if onlines else None}
+
+
+def _decision_lines(result: dict[str, Any]) -> list[str]:
+    rows = {label: d for label, d in result["decisions"].items() if d["decisions"]}
+    if not rows:
+        return []
+    lines = ["", "## Online decisions on the controller's thread (wall time)", "",
+             "| workload | policy evaluations | median (us) | p99 (us) | every decision point: median / worst p99 "
+             "(us) | progress from | targets (median <= 50, p99 <= 500 us) |",
+             "| --- | ---: | ---: | ---: | --- | --- | --- |"]
+    for label, d in rows.items():
+        met = d["decision_us_median"] <= 50 and d["decision_us_p99"] <= 500
+        point = "-" if d["point_us_median_of_windows"] is None else \
+            f"{d['point_us_median_of_windows']:.1f} / {d['point_us_p99_max_of_windows']:.1f}"
+        lines.append(f"| {label} | {d['decisions']} | {d['decision_us_median']:.1f} | {d['decision_us_p99']:.1f} | "
+                     f"{point} | {d['progress_sources']} | {'met' if met else 'NOT met'} |")
+    return lines
+
+
 def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f} ms"
 
@@ -246,11 +281,12 @@ def _markdown(result: dict[str, Any]) -> str:
                              f"change, {r['issued_a_latency_ahead']} at least the {r['latency_ms']:.0f} ms latency "
                              f"ahead; the thread woke {_ms(r['anchor_wake_ms_median'])} (median), "
                              f"{_ms(r['anchor_wake_ms_max'])} (most) after the GPU passed the anchor.")
+    lines += _decision_lines(result)
     return "\n".join(lines) + "\n" + result.get("notes", "")
 
 
-def report(folder: Path, cpu_test: bool) -> None:
-    """Write ``controller_h200.{md,json}`` (into ``folder`` for a CPU test, else ``benchmarks/results``)."""
+def report(folder: Path, cpu_test: bool, name: str = "controller_h200") -> None:
+    """Write ``NAME.{md,json}`` (into ``folder`` for a CPU test, else ``benchmarks/results``)."""
     run = json.loads((folder / "run.json").read_text())
     children = [json.loads((folder / f"{label}.json").read_text()) for label in run["children"]]
     ran = run.get("command", "python benchmarks/controller_h200.py run DIR")
@@ -258,5 +294,7 @@ def report(folder: Path, cpu_test: bool) -> None:
               "run": run, "targets": TARGETS,
               "overhead": {d["label"]: overhead_figures(d["windows"]) for d in children},
               "timing": {d["label"]: timing_figures(folder, d, cpu_test) for d in children if d["profile"]},
-              "nvml_in_children": {d["label"]: d["nvml"] for d in children}, "notes": "" if cpu_test else DISCUSSION}
-    write_results("controller_h200", result, _markdown(result), indent=1, folder=folder if cpu_test else RESULTS)
+              "decisions": {d["label"]: decision_figures(d) for d in children},
+              "nvml_in_children": {d["label"]: d["nvml"] for d in children},
+              "notes": DISCUSSION if name == "controller_h200" and not cpu_test else ""}
+    write_results(name, result, _markdown(result), indent=1, folder=folder if cpu_test else RESULTS)
