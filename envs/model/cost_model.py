@@ -40,7 +40,7 @@ alone in its window (a steady loop of one kernel) gets its own capped clock.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
@@ -140,8 +140,9 @@ class KernelInputs:
 
     def column(self) -> KernelInputs:
         """The same inputs reshaped to ``(K, 1)`` to broadcast against clock rows."""
-        return KernelInputs(*(None if getattr(self, f.name) is None else getattr(self, f.name)[:, None]
-                              for f in fields(self)))
+        free = None if self.clock_free is None else self.clock_free[:, None]
+        return replace(self, **{f.name: getattr(self, f.name)[:, None] for f in fields(self) if f.name != "clock_free"},
+                       clock_free=free)
 
     def free(self) -> Array:
         """:attr:`clock_free` as a boolean array (all False when None)."""

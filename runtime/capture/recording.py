@@ -15,7 +15,7 @@ from typing import Any
 from kdvfs.envs.common.files import read_text, write_text_atomic
 from kdvfs.envs.trace.format import save_trace
 from kdvfs.envs.trace.importing import import_trace
-from kdvfs.envs.trace.trace import Category, Kind, Trace
+from kdvfs.envs.trace.trace import Kind, Trace
 from kdvfs.runtime.capture.config import CaptureConfig
 from kdvfs.runtime.capture.cpu_emulation import emulate_gpu_recording
 from kdvfs.runtime.device.energy import WindowReading
