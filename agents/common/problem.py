@@ -18,7 +18,7 @@ from kdvfs.envs.model.cost_model import CostParams
 from kdvfs.envs.model.cost_tables import build_tables
 from kdvfs.envs.model.estimate import estimate_features
 from kdvfs.envs.model.schedule import ActionCosts, Outcome, Schedule, execute, replay
-from kdvfs.envs.trace.trace import Trace, with_measured_gaps
+from kdvfs.envs.trace.trace import Trace, noncommunication_s, with_measured_gaps
 
 
 class InfeasibleBudgetError(KdvfsError):
@@ -73,27 +73,23 @@ class Problem:
 
 def rank_slack_s(trace: Trace) -> float:
     """Seconds a torchrun rank's step can grow without lengthening the job's step, from its capture's
-    ``measurements``: the larger of two views of its waiting for the slowest rank, never their sum (0 for
-    a trace of one process).
-
-    - the job's step time minus this rank's (``job_step_time_s``; where a rank's time leaves its waits out);
-    - its communication time beyond the least over the job's ranks (``job_min_communication_s``, the rank
-      that waits least: taken as the transfer alone), where a rank's waits lie inside its collectives.
-    """
+    ``measurements``: the longest time outside communication kernels over the job's ranks
+    (``job_max_noncommunication_s``) minus this rank's (:func:`~kdvfs.envs.trace.trace.noncommunication_s`),
+    i.e. how much less it works between collectives than the busiest rank, which it waits for; 0 for a
+    trace of one process."""
     measured = trace.meta.measurements
-    if measured.get("world_size", 1.0) <= 1:
+    busiest_s = measured.get("job_max_noncommunication_s")
+    if measured.get("world_size", 1.0) <= 1 or busiest_s is None:
         return 0.0
-    step_s = with_measured_gaps(trace).step_time_s
-    finishes_early_s = measured.get("job_step_time_s", step_s) - step_s
-    waits_s = trace.communication_s - measured.get("job_min_communication_s", trace.communication_s)
-    return max(0.0, finishes_early_s, waits_s)
+    return max(0.0, busiest_s - noncommunication_s(trace))
 
 
 def rank_budget(trace: Trace, budget: float) -> float:
     """A torchrun rank's slowdown budget over its own step (a fraction) under the job's ``budget``:
-    ``(slack_s + budget * job_step_s) / step_s``, so its step may grow by its slack (:func:`rank_slack_s`) plus
-    the job's allowance; with the slack absorbed by its waits, its time on the job's critical path stays
-    within ``job_step_s * (1 + budget)``. At least ``budget``; ``budget`` itself for a trace of one process."""
+    ``(slack_s + budget * job_step_s) / step_s``: its step may grow by its slack (:func:`rank_slack_s`) plus
+    the job's allowance, so its time outside collectives stays within the busiest rank's plus
+    ``budget * job_step_s`` (the growth its waits absorb), and the job's step within ``job_step_s * (1 +
+    budget)``. At least ``budget``; ``budget`` itself for a trace of one process."""
     measured = trace.meta.measurements
     if measured.get("world_size", 1.0) <= 1:
         return budget

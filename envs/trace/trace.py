@@ -282,3 +282,9 @@ def with_measured_gaps(trace: Trace) -> Trace:
         return trace
     scale = max(0.0, measured - trace.busy_s) / idle_s
     return Trace(trace.meta, tuple(replace(k, gap_before_s=k.gap_before_s * scale) for k in trace.kernels))
+
+
+def noncommunication_s(trace: Trace) -> float:
+    """The step's time outside communication kernels (s; idle gaps as in :func:`with_measured_gaps`): what a
+    torchrun rank computes and launches between its collectives, its waits left out."""
+    return with_measured_gaps(trace).step_time_s - trace.communication_s

@@ -15,7 +15,7 @@ from typing import Any
 from kdvfs.envs.common.files import read_text, write_text_atomic
 from kdvfs.envs.trace.format import save_trace
 from kdvfs.envs.trace.importing import import_trace
-from kdvfs.envs.trace.trace import Kind, Trace
+from kdvfs.envs.trace.trace import Kind, Trace, noncommunication_s
 from kdvfs.runtime.capture.config import CaptureConfig
 from kdvfs.runtime.capture.cpu_emulation import emulate_gpu_recording
 from kdvfs.runtime.device.energy import WindowReading
@@ -112,7 +112,7 @@ def _scaled_to(trace: Trace, step_s: float) -> Trace:
 def build_trace(profile: Path, config: CaptureConfig, timing: StepTiming, gpu_name: str,
                 job: JobGroup | None = None) -> Trace:
     """The last complete step of the recording, with the capture's measurements and provenance; under
-    torchrun (``job``) also the least communication time per step over the ranks (a collective)."""
+    torchrun (``job``) the longest time outside communication kernels over the ranks (a collective)."""
     reading = timing.reading
     trace = import_trace(_gpu_recording(profile, config), step=-1, workload=config.workload,
                          measurements=timing.measurements(),
@@ -122,10 +122,9 @@ def build_trace(profile: Path, config: CaptureConfig, timing: StepTiming, gpu_na
     if config.cpu_test_mode:
         trace = _scaled_to(trace, timing.step_time_s)
     source = f"kdvfs capture --steps {config.steps} --warmup {config.warmup}: {config.command}".rstrip(": ")
-    communication_s = trace.communication_s
-    least_s = communication_s if job is None else job.min([communication_s])[0]
-    measurements = {**trace.meta.measurements, "communication_s": communication_s,
-                    "job_min_communication_s": least_s}
+    outside_s = noncommunication_s(trace)
+    measurements = {**trace.meta.measurements, "communication_s": trace.communication_s,
+                    "job_max_noncommunication_s": outside_s if job is None else job.max([outside_s])[0]}
     return replace(trace, meta=replace(trace.meta, gpu=gpu, source=source, measurements=measurements))
 
 

@@ -37,7 +37,7 @@ def two_ranks(trace: Trace, transfer_s: float, wait_s: float) -> tuple[Trace, Tr
     for rank, (kernels, communication_s) in enumerate(((trace.kernels, transfer_s), (faster, transfer_s + wait_s))):
         step = replace(trace, kernels=with_collective(kernels, trace.kernels[-1], communication_s))
         measurements = {"world_size": 2.0, "rank": float(rank), "job_step_time_s": trace.step_time_s + transfer_s,
-                        "job_min_communication_s": transfer_s}
+                        "job_max_noncommunication_s": trace.step_time_s}
         ranks.append(replace(step, meta=replace(step.meta, measurements=measurements)))
     return ranks[0], ranks[1]
 
