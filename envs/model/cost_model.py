@@ -40,7 +40,7 @@ alone in its window (a steady loop of one kernel) gets its own capped clock.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 
 import numpy as np
 
@@ -141,10 +141,11 @@ class KernelInputs:
     def column(self) -> KernelInputs:
         """The same inputs reshaped to ``(K, 1)`` to broadcast against clock rows."""
         free = None if self.clock_free is None else self.clock_free[:, None]
-        return replace(self, **{f.name: getattr(self, f.name)[:, None] for f in fields(self) if f.name != "clock_free"},
-                       clock_free=free)
+        return KernelInputs(self.time_s[:, None], self.core_mhz[:, None], self.mem_mhz[:, None],
+                            self.sm_util[:, None], self.dram_util[:, None], self.tensor_util[:, None],
+                            self.power_w[:, None], free)
 
-    def free(self) -> Array:
+    def clock_free_mask(self) -> Array:
         """:attr:`clock_free` as a boolean array (all False when None)."""
         return np.zeros_like(self.time_s, dtype=bool) if self.clock_free is None else self.clock_free
 
@@ -176,7 +177,8 @@ def kernel_time_s(params: CostParams, limits: ClockLimits, k: KernelInputs, core
     """Duration (s) of each kernel at the given clocks (broadcast of ``k`` arrays with the clocks); a
     clock-free kernel keeps its measured duration."""
     reference = slowdown(params, limits, k, k.core_mhz, k.mem_mhz)
-    return np.where(k.free(), k.time_s, k.time_s * slowdown(params, limits, k, core_mhz, mem_mhz) / reference)
+    scaled = k.time_s * slowdown(params, limits, k, core_mhz, mem_mhz) / reference
+    return np.where(k.clock_free_mask(), k.time_s, scaled)
 
 
 def voltage(params: CostParams, limits: ClockLimits, core_mhz: Array) -> Array:
@@ -216,7 +218,7 @@ def kernel_power_w(params: CostParams, limits: ClockLimits, k: KernelInputs, cor
     each cycle at any clock), so its core power scales as v^2 f like the idle core's.
     """
     stretch = k.time_s / time_s
-    core_work = np.where(k.free(), 1.0, stretch * k.core_mhz / core_mhz)
+    core_work = np.where(k.clock_free_mask(), 1.0, stretch * k.core_mhz / core_mhz)
     dram_rate = k.dram_util * (k.mem_mhz / limits.max_mem_mhz) * stretch
     v = voltage(params, limits, core_mhz)
     active = v * v * (core_mhz / limits.max_core_mhz) * _core_activity_w(params, limits, k) * core_work
