@@ -17,7 +17,7 @@ from torch import nn
 
 def parse_args(description: str, sizes: Iterable[str], batch_unit: str, optimizer: str, lr: str,
                argv: list[str] | None = None) -> argparse.Namespace:
-    """``--size --batch --steps --device --lr --seed --compile --ddp``: ``batch_unit`` names what a batch holds
+    """``--size --batch --steps --device --lr --seed --compile --ddp --fsdp``: ``batch_unit`` names what a batch holds
     (``images``), ``lr`` is the default learning rate of ``optimizer`` as the help shows it (``1e-4``)."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--size", choices=sorted(sizes), default="tiny", help="model size (default tiny)")
@@ -29,7 +29,12 @@ def parse_args(description: str, sizes: Iterable[str], batch_unit: str, optimize
     parser.add_argument("--compile", action="store_true", help="train the torch.compile'd model")
     parser.add_argument("--ddp", action="store_true",
                         help="data-parallel under torchrun (DistributedDataParallel: NCCL on GPUs, gloo on the CPU)")
-    return parser.parse_args(argv)
+    parser.add_argument("--fsdp", action="store_true", help="fully sharded data-parallel under torchrun (FSDP2 "
+                        "fully_shard: NCCL on GPUs, gloo on the CPU)")
+    args = parser.parse_args(argv)
+    if args.ddp and args.fsdp:
+        parser.error("--ddp and --fsdp exclude each other")
+    return args
 
 
 def train(optimizer: torch.optim.Optimizer, step_loss: Callable[[int], torch.Tensor], steps: int,
@@ -47,9 +52,10 @@ def train(optimizer: torch.optim.Optimizer, step_loss: Callable[[int], torch.Ten
 
 @contextlib.contextmanager
 def training_device(args: argparse.Namespace) -> Iterator[torch.device]:
-    """The device to train on: ``--device``; with ``--ddp`` (under torchrun) this worker's (``cuda:LOCAL_RANK``,
-    or the CPU), inside a process group (NCCL on GPUs, gloo on the CPU) that ends with the block."""
-    if not args.ddp:
+    """The device to train on: ``--device``; with ``--ddp`` or ``--fsdp`` (under torchrun) this worker's
+    (``cuda:LOCAL_RANK``, or the CPU), inside a process group (NCCL on GPUs, gloo on the CPU) that ends with
+    the block."""
+    if not (args.ddp or args.fsdp):
         yield torch.device(args.device)
         return
     import torch.distributed as dist
@@ -65,8 +71,18 @@ def training_device(args: argparse.Namespace) -> Iterator[torch.device]:
         dist.destroy_process_group()
 
 
-def data_parallel(model: nn.Module, args: argparse.Namespace, device: torch.device) -> nn.Module:
-    """``model`` wrapped in DistributedDataParallel with ``--ddp``, else itself."""
+def data_parallel(model: nn.Module, args: argparse.Namespace, device: torch.device,
+                  blocks: Iterable[nn.Module] = ()) -> nn.Module:
+    """``model`` wrapped in DistributedDataParallel with ``--ddp``; with ``--fsdp`` sharded in place with
+    ``fully_shard``, each of ``blocks`` first, then the model (build the optimizer after this call); else itself."""
+    if args.fsdp:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = init_device_mesh(device.type, (int(os.environ["WORLD_SIZE"]),))
+        for block in blocks:
+            fully_shard(block, mesh=mesh)
+        return fully_shard(model, mesh=mesh)
     if not args.ddp:
         return model
     return nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)

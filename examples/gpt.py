@@ -92,10 +92,10 @@ def main(argv: list[str] | None = None) -> float:
     with training_device(args) as device:
         with device:
             model = GPT(size)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, fused=device.type == "cuda")
+        parallel = data_parallel(model, args, device, model.blocks)
+        optimizer = torch.optim.AdamW(parallel.parameters(), lr=args.lr, fused=device.type == "cuda")
         batch = args.batch or size.batch
         data = [torch.randint(size.vocab, (2, batch, size.seq), device=device) for _ in range(4)]
-        parallel = data_parallel(model, args, device)
         forward = torch.compile(parallel) if args.compile else parallel
         loss = train(optimizer, lambda step: forward(*data[step % len(data)]), args.steps, device)
     print(f"gpt {args.size}: {args.steps} steps of batch {batch} x {size.seq} on {device}, loss {loss:.3f}")

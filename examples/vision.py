@@ -92,11 +92,11 @@ def main(argv: list[str] | None = None) -> float:
     with training_device(args) as device:
         with device:
             model = ResNet(size).to(memory_format=torch.channels_last)
-        optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=1e-4)
+        parallel = data_parallel(model, args, device)
+        optimizer = torch.optim.SGD(parallel.parameters(), lr=args.lr, momentum=0.9, weight_decay=1e-4)
         batch = args.batch or size.batch
         images = torch.randn(batch, 3, size.image, size.image, device=device).to(memory_format=torch.channels_last)
         labels = torch.randint(size.classes, (batch,), device=device)
-        parallel = data_parallel(model, args, device)
         forward = torch.compile(parallel) if args.compile else parallel
         loss = train(optimizer, lambda step: F.cross_entropy(forward(images), labels), args.steps, device)
     print(f"vision {args.size}: {args.steps} steps of batch {batch} at {size.image} px on {device}, loss {loss:.3f}")

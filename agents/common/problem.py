@@ -18,7 +18,7 @@ from kdvfs.envs.model.cost_model import CostParams
 from kdvfs.envs.model.cost_tables import build_tables
 from kdvfs.envs.model.estimate import estimate_features
 from kdvfs.envs.model.schedule import ActionCosts, Outcome, Schedule, execute, replay
-from kdvfs.envs.trace.trace import Trace
+from kdvfs.envs.trace.trace import Trace, noncommunication_s, with_measured_gaps
 
 
 class InfeasibleBudgetError(KdvfsError):
@@ -69,6 +69,33 @@ class Problem:
     def budget_s(self) -> float:
         """Largest allowed step time (s): auto's step time times (1 + slowdown)."""
         return self.auto.time_s * (1.0 + self.slowdown)
+
+
+def rank_slack_s(trace: Trace) -> float:
+    """Seconds a torchrun rank's step can grow without lengthening the job's step, from its capture's
+    ``measurements``: the longest time outside communication kernels over the job's ranks
+    (``job_max_noncommunication_s``) minus this rank's (:func:`~kdvfs.envs.trace.trace.noncommunication_s`),
+    i.e. how much less it works between collectives than the busiest rank, which it waits for; 0 for a
+    trace of one process."""
+    measured = trace.meta.measurements
+    busiest_s = measured.get("job_max_noncommunication_s")
+    if measured.get("world_size", 1.0) <= 1 or busiest_s is None:
+        return 0.0
+    return max(0.0, busiest_s - noncommunication_s(trace))
+
+
+def rank_budget(trace: Trace, budget: float) -> float:
+    """A torchrun rank's slowdown budget over its own step (a fraction) under the job's ``budget``:
+    ``(slack_s + budget * job_step_s) / step_s``: its step may grow by its slack (:func:`rank_slack_s`) plus
+    the job's allowance, so its time outside collectives stays within the busiest rank's plus
+    ``budget * job_step_s`` (the growth its waits absorb), and the job's step within ``job_step_s * (1 +
+    budget)``. At least ``budget``; ``budget`` itself for a trace of one process."""
+    measured = trace.meta.measurements
+    if measured.get("world_size", 1.0) <= 1:
+        return budget
+    step_s = with_measured_gaps(trace).step_time_s
+    job_s = measured.get("job_step_time_s", step_s)
+    return max(budget, (rank_slack_s(trace) + budget * job_s) / step_s)
 
 
 class Planner(Protocol):

@@ -26,6 +26,11 @@ where the kernel's core activity A = core_sm_w u_s + core_tensor_w u_t, or, when
 at the reference clocks was measured, the value that reproduces P0 there; s is the share of data-movement
 power in the core voltage domain (energy per byte moved through L2 and the crossbar scales with v^2).
 
+Communication kernels (NCCL collectives; gloo ops in CPU test mode) are clock-free: their time is set by the
+interconnect and by waiting for the slowest rank, so t = t0 at every clock pair, and their core activity
+is per cycle (polling SMs), so their power falls as v^2 f_c with the core clock and with the memory
+background at a lower memory clock (an assumption without measurements: ``docs/cost-model.md``).
+
 Auto mode: the firmware's power limiter averages power over windows of ``power_window_s``; each window's
 kernels run at the highest core clock up to ``boost_limit_fraction * F_c`` whose average power over the
 window (idle gaps included) fits the cap, a continuous clock (the GPU dithers between clock bins). A kernel
@@ -120,6 +125,8 @@ class KernelInputs:
         mem_mhz: reference memory clock (MHz).
         sm_util, dram_util, tensor_util: utilisation fractions at the reference clocks.
         power_w: measured average power at the reference clocks (W), NaN where unknown.
+        clock_free: True where the duration does not depend on the clocks (communication kernels: the
+            interconnect and the slowest rank set it), None for none.
     """
 
     time_s: Array
@@ -129,10 +136,18 @@ class KernelInputs:
     dram_util: Array
     tensor_util: Array
     power_w: Array
+    clock_free: Array | None = None
 
     def column(self) -> KernelInputs:
         """The same inputs reshaped to ``(K, 1)`` to broadcast against clock rows."""
-        return KernelInputs(*(getattr(self, f.name)[:, None] for f in fields(self)))
+        free = None if self.clock_free is None else self.clock_free[:, None]
+        return KernelInputs(self.time_s[:, None], self.core_mhz[:, None], self.mem_mhz[:, None],
+                            self.sm_util[:, None], self.dram_util[:, None], self.tensor_util[:, None],
+                            self.power_w[:, None], free)
+
+    def clock_free_mask(self) -> Array:
+        """:attr:`clock_free` as a boolean array (all False when None)."""
+        return np.zeros_like(self.time_s, dtype=bool) if self.clock_free is None else self.clock_free
 
 
 @dataclass(frozen=True)
@@ -159,9 +174,11 @@ def slowdown(params: CostParams, limits: ClockLimits, k: KernelInputs, core_mhz:
 
 
 def kernel_time_s(params: CostParams, limits: ClockLimits, k: KernelInputs, core_mhz: Array, mem_mhz: Array) -> Array:
-    """Duration (s) of each kernel at the given clocks (broadcast of ``k`` arrays with the clocks)."""
+    """Duration (s) of each kernel at the given clocks (broadcast of ``k`` arrays with the clocks); a
+    clock-free kernel keeps its measured duration."""
     reference = slowdown(params, limits, k, k.core_mhz, k.mem_mhz)
-    return k.time_s * slowdown(params, limits, k, core_mhz, mem_mhz) / reference
+    scaled = k.time_s * slowdown(params, limits, k, core_mhz, mem_mhz) / reference
+    return np.where(k.clock_free_mask(), k.time_s, scaled)
 
 
 def voltage(params: CostParams, limits: ClockLimits, core_mhz: Array) -> Array:
@@ -195,9 +212,13 @@ def _core_activity_w(params: CostParams, limits: ClockLimits, k: KernelInputs) -
 
 def kernel_power_w(params: CostParams, limits: ClockLimits, k: KernelInputs, core_mhz: Array, mem_mhz: Array,
                    time_s: Array) -> Array:
-    """Average power (W) of each kernel at the given clocks, given its duration there."""
+    """Average power (W) of each kernel at the given clocks, given its duration there.
+
+    A clock-free kernel's core activity is per cycle (SMs polling for the other ranks' data do the same work
+    each cycle at any clock), so its core power scales as v^2 f like the idle core's.
+    """
     stretch = k.time_s / time_s
-    core_work = stretch * k.core_mhz / core_mhz
+    core_work = np.where(k.clock_free_mask(), 1.0, stretch * k.core_mhz / core_mhz)
     dram_rate = k.dram_util * (k.mem_mhz / limits.max_mem_mhz) * stretch
     v = voltage(params, limits, core_mhz)
     active = v * v * (core_mhz / limits.max_core_mhz) * _core_activity_w(params, limits, k) * core_work
@@ -212,7 +233,7 @@ def _traffic_w(params: CostParams, v: Array, dram_rate: Array) -> Array:
 
 def self_referenced_power_w(params: CostParams, limits: ClockLimits, k: KernelInputs, core_mhz: Array) -> Array:
     """Power (W) of kernels whose utilisations were measured at ``core_mhz`` itself (broadcasts)."""
-    same = KernelInputs(k.time_s, core_mhz, k.mem_mhz, k.sm_util, k.dram_util, k.tensor_util, k.power_w)
+    same = KernelInputs(k.time_s, core_mhz, k.mem_mhz, k.sm_util, k.dram_util, k.tensor_util, k.power_w, k.clock_free)
     return kernel_power_w(params, limits, same, core_mhz, k.mem_mhz, k.time_s)
 
 

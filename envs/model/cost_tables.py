@@ -26,7 +26,7 @@ from kdvfs.envs.model.cost_model import (
     windowed_capped_clock_mhz,
 )
 from kdvfs.envs.model.estimate import estimate_features
-from kdvfs.envs.trace.trace import Trace, with_measured_gaps
+from kdvfs.envs.trace.trace import Category, Trace, with_measured_gaps
 
 
 @dataclass(frozen=True)
@@ -67,6 +67,7 @@ def kernel_inputs(trace: Trace, profile: GpuProfile, params: CostParams) -> Kern
     auto mode gets the clocks the power limiter chose while recording: per window, the highest core clock
     whose average power (each kernel with its own utilisations) fits the cap. A trace recorded at a memory
     clock this profile lacks (on another GPU) is taken as recorded at the profile's default memory clock.
+    Communication kernels are clock-free (:class:`~kdvfs.envs.model.cost_model.KernelInputs`).
     """
     if not trace.has_features.all():
         trace = estimate_features(trace, profile)
@@ -82,6 +83,7 @@ def kernel_inputs(trace: Trace, profile: GpuProfile, params: CostParams) -> Kern
         time_s=np.asarray(trace.duration_s, dtype=np.float64), core_mhz=core_mhz, mem_mhz=mem_mhz,
         sm_util=np.asarray(trace.sm_util), dram_util=np.asarray(trace.dram_util),
         tensor_util=np.nan_to_num(np.asarray(trace.tensor_util), nan=0.0), power_w=known,
+        clock_free=np.array([k.category is Category.COMMUNICATION for k in trace.kernels], dtype=bool),
     )
     if trace.meta.ref_core_mhz is not None:
         return inputs

@@ -48,7 +48,11 @@ class CategoryPrior:
 
 # Duration-weighted medians over the ncu-enriched kernels of the bundled h200/gpt3xl-1layer-b4 and
 # h200/resnet50-b128 traces, from `python benchmarks/feature_priors.py` on 2026-11-29
-# (benchmarks/results/feature_priors.json). Communication has no measured kernel: it takes the all-kernel values.
+# (benchmarks/results/feature_priors.json). Communication has no measured kernel: assumed features (below).
+COMMUNICATION_FEATURES = (0.1, 0.05, 0.0)
+"""sm_util, dram_util, tensor_util assumed for a communication kernel without its op's work: NCCL holds a few
+SMs polling for the other ranks' data (about 16-32 of an H200's 132) and moves little DRAM traffic while it
+waits; unmeasured (``docs/cost-model.md``)."""
 FEATURE_PRIORS: Mapping[Category, CategoryPrior] = {
     Category.GEMM: CategoryPrior(0.841, 0.189, 0.841, 0.544),
     Category.ATTENTION: CategoryPrior(0.508, 0.171, 0.508, 0.37),
@@ -59,7 +63,7 @@ FEATURE_PRIORS: Mapping[Category, CategoryPrior] = {
     Category.OPTIMIZER: CategoryPrior(0.204, 0.713, 0.0, 0.416),
     Category.COPY_MEMSET: CategoryPrior(0.547, 0.446, 0.0, 0.57),
     Category.EMBEDDING: CategoryPrior(0.093, 0.078, 0.0, 0.534),
-    Category.COMMUNICATION: CategoryPrior(0.396, 0.43, 0.012, 0.712),
+    Category.COMMUNICATION: CategoryPrior(*COMMUNICATION_FEATURES, 0.712),
     Category.OTHER: CategoryPrior(0.497, 0.204, 0.0, 1.093),
 }
 
@@ -245,8 +249,9 @@ def _prior_of(rows: np.ndarray, fallback_sm_per_dram: float) -> CategoryPrior:
 def derive_priors(traces: Iterable[Trace], source_prefix: str = "ncu:") -> dict[Category, CategoryPrior]:
     """Duration-weighted median features per category of the kernels whose features came from ncu.
 
-    Categories without a measured kernel get the values of all measured kernels together; categories
-    without a memory-active kernel off the tensor cores get the SM-per-DRAM ratio of all such kernels.
+    Categories without a measured kernel get the values of all measured kernels together (communication:
+    :data:`COMMUNICATION_FEATURES`); categories without a memory-active kernel off the tensor cores get the
+    SM-per-DRAM ratio of all such kernels.
     """
     rows: dict[Category, list[tuple[float, float, float, float]]] = {}
     for trace in traces:
@@ -259,4 +264,6 @@ def derive_priors(traces: Iterable[Trace], source_prefix: str = "ncu:") -> dict[
         raise TraceFormatError(f"no kernel has features from {source_prefix!r}; pass ncu-enriched traces")
     every = np.array([row for values in rows.values() for row in values])
     overall = _prior_of(every, _sm_per_dram(every) or 1.0)
-    return {c: _prior_of(np.array(rows[c]), overall.sm_per_dram) if c in rows else overall for c in Category}
+    assumed = {Category.COMMUNICATION: CategoryPrior(*COMMUNICATION_FEATURES, overall.sm_per_dram)}
+    return {c: _prior_of(np.array(rows[c]), overall.sm_per_dram) if c in rows else assumed.get(c, overall)
+            for c in Category}

@@ -258,6 +258,12 @@ class Trace:
         """Wall time of the step on the GPU: kernels plus the idle gaps between them (seconds)."""
         return float(self.duration_s.sum() + self.gap_before_s.sum())
 
+    @property
+    def communication_s(self) -> float:
+        """Time in communication kernels (NCCL collectives; gloo ops in CPU test mode), seconds: on a rank
+        that waits for a slower one, mostly waiting."""
+        return float(sum(k.duration_s for k in self.kernels if k.category is Category.COMMUNICATION))
+
     def count(self, kind: Kind) -> int:
         """Number of activities of one kind in the step."""
         return sum(1 for k in self.kernels if k.kind is kind)
@@ -276,3 +282,9 @@ def with_measured_gaps(trace: Trace) -> Trace:
         return trace
     scale = max(0.0, measured - trace.busy_s) / idle_s
     return Trace(trace.meta, tuple(replace(k, gap_before_s=k.gap_before_s * scale) for k in trace.kernels))
+
+
+def noncommunication_s(trace: Trace) -> float:
+    """The step's time outside communication kernels (s; idle gaps as in :func:`with_measured_gaps`): what a
+    torchrun rank computes and launches between its collectives, its waits left out."""
+    return with_measured_gaps(trace).step_time_s - trace.communication_s

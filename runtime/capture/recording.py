@@ -15,11 +15,11 @@ from typing import Any
 from kdvfs.envs.common.files import read_text, write_text_atomic
 from kdvfs.envs.trace.format import save_trace
 from kdvfs.envs.trace.importing import import_trace
-from kdvfs.envs.trace.trace import Category, Kind, Trace
+from kdvfs.envs.trace.trace import Kind, Trace, noncommunication_s
 from kdvfs.runtime.capture.config import CaptureConfig
 from kdvfs.runtime.capture.cpu_emulation import emulate_gpu_recording
 from kdvfs.runtime.device.energy import WindowReading
-from kdvfs.runtime.job import Rank
+from kdvfs.runtime.job import JobGroup, Rank
 
 CPU_TEST_GPU = "CPU (kdvfs capture --cpu-test-mode: leaf CPU ops stand in for kernels)"
 
@@ -109,14 +109,10 @@ def _scaled_to(trace: Trace, step_s: float) -> Trace:
                                         for k in trace.kernels))
 
 
-def communication_s(trace: Trace) -> float:
-    """Seconds per step in communication kernels (NCCL collectives; gloo ops in CPU test mode): on a rank
-    that waits for a slower one, mostly waiting."""
-    return float(sum(k.duration_s for k in trace.kernels if k.category is Category.COMMUNICATION))
-
-
-def build_trace(profile: Path, config: CaptureConfig, timing: StepTiming, gpu_name: str) -> Trace:
-    """The last complete step of the recording, with the capture's measurements and provenance."""
+def build_trace(profile: Path, config: CaptureConfig, timing: StepTiming, gpu_name: str,
+                job: JobGroup | None = None) -> Trace:
+    """The last complete step of the recording, with the capture's measurements and provenance; under
+    torchrun (``job``) the longest time outside communication kernels over the ranks (a collective)."""
     reading = timing.reading
     trace = import_trace(_gpu_recording(profile, config), step=-1, workload=config.workload,
                          measurements=timing.measurements(),
@@ -126,7 +122,9 @@ def build_trace(profile: Path, config: CaptureConfig, timing: StepTiming, gpu_na
     if config.cpu_test_mode:
         trace = _scaled_to(trace, timing.step_time_s)
     source = f"kdvfs capture --steps {config.steps} --warmup {config.warmup}: {config.command}".rstrip(": ")
-    measurements = {**trace.meta.measurements, "communication_s": communication_s(trace)}
+    outside_s = noncommunication_s(trace)
+    measurements = {**trace.meta.measurements, "communication_s": trace.communication_s,
+                    "job_max_noncommunication_s": outside_s if job is None else job.max([outside_s])[0]}
     return replace(trace, meta=replace(trace.meta, gpu=gpu, source=source, measurements=measurements))
 
 
@@ -147,5 +145,5 @@ def write_capture(trace: Trace, profile: Path, config: CaptureConfig, timing: St
         window_s=timing.window_s, window_steps=timing.window_steps,
         kernels_with_counters=int(trace.has_features.sum()), rank=timing.rank.rank,
         world_size=timing.rank.world_size, job_step_time_s=timing.job_step_time_s,
-        communication_s=communication_s(trace),
+        communication_s=trace.communication_s,
     )

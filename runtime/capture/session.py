@@ -200,6 +200,6 @@ class Capture:
         timing = StepTiming(window_s, window_steps, profiled_s, self.config.steps, reading, self._job_step_s,
                             self.rank)
         recording = self._folder / "profile.json"
-        trace = build_trace(recording, self.config, timing, self._reader.name if self._reader else "")
+        trace = build_trace(recording, self.config, timing, self._reader.name if self._reader else "", self._job)
         self.report = write_capture(trace, recording, self.config, timing)
         self.stage = Stage.DONE

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from kdvfs.agents.common.problem import Problem, outcome_of, within_budget
+from kdvfs.agents.common.problem import Problem, outcome_of, rank_budget, rank_slack_s, within_budget
 from kdvfs.agents.evaluation.compare import Row, compare, plot_tradeoff
 from kdvfs.agents.evaluation.uncertainty import RowRange, compare_ranges, range_of
 from kdvfs.agents.planners.registry import COMPARED, PLANNERS, make_planner
@@ -36,7 +36,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     add_problem_arguments(plan)
     plan.add_argument("--method", required=True, choices=sorted(PLANNERS), help="decision maker")
     plan.add_argument("--slowdown", "--budget", dest="slowdown", type=budget, required=True,
-                      help="step-time budget over auto (0.01 = 1%%)")
+                      help="step-time budget over auto (0.01 = 1%%; under torchrun the job's)")
+    plan.add_argument("--no-slack", action="store_true", help="plan a torchrun rank's trace with the budget over "
+                      "its own step, without its slack (the time it waits for the slowest rank)")
     add_output(plan, "write the schedule as JSON")
     plan.set_defaults(func=run_plan)
 
@@ -59,9 +61,12 @@ def latency_from_args(args: argparse.Namespace) -> float | None:
     return latency_s
 
 
-def problem_from_args(args: argparse.Namespace, slowdown: float) -> Problem:
-    """The planning problem of :func:`add_problem_arguments`' arguments at ``slowdown``."""
-    return Problem.build(open_trace(args.trace), load_profile(args.gpu), slowdown, latency_from_args(args))
+def problem_from_args(args: argparse.Namespace, slowdown: float, with_slack: bool = False) -> Problem:
+    """The planning problem of :func:`add_problem_arguments`' arguments at ``slowdown``; ``with_slack``: the
+    job's ``slowdown`` as the trace's rank's own budget with its slack (:func:`rank_budget`)."""
+    trace = open_trace(args.trace)
+    budget = rank_budget(trace, slowdown) if with_slack else slowdown
+    return Problem.build(trace, load_profile(args.gpu), budget, latency_from_args(args))
 
 
 def uncertainty_ranges(problem: Problem, rows: list[Row], budgets: list[float], latency_s: float | None,
@@ -99,9 +104,14 @@ def _over_budget(document: dict[str, Any]) -> str:
 
 def run_plan(args: argparse.Namespace) -> int:
     check_output_file(args.output)
-    problem = problem_from_args(args, args.slowdown)
+    problem = problem_from_args(args, args.slowdown, with_slack=not args.no_slack)
     schedule = make_planner(args.method).plan(problem)
-    document = schedule_json(problem, schedule)
+    slack_s = 0.0 if args.no_slack else rank_slack_s(problem.trace)
+    document = {**schedule_json(problem, schedule), "job_slowdown_budget": args.slowdown, "slack_s": slack_s}
+    if slack_s > 0:
+        console.print(f"rank slack {slack_s * 1e3:.3g} ms per step (waiting for the slowest rank): planned with a "
+                      f"{problem.slowdown:.2%} budget over this rank's step for the job's {args.slowdown:.2%} "
+                      "(--no-slack: without it)")
     if args.output:
         write_text_atomic(args.output, json.dumps(document, indent=1) + "\n")
         console.print(f"wrote {args.output}")

@@ -124,3 +124,30 @@ def test_capped_gemm_speeds_up_at_a_lower_memory_clock_on_the_3080ti() -> None:
 
 def test_power_windows_group_kernels_in_time() -> None:
     assert power_windows(np.array([0.0, 0.004, 0.012, 0.013, 0.031]), 0.01).tolist() == [0, 0, 1, 1, 2]
+
+
+def test_a_communication_kernel_lasts_as_long_at_every_clock_and_costs_less_energy_at_lower_ones() -> None:
+    sm, dram, tensor = KINDS["copy"]
+    k = KernelInputs(*(np.array([v]) for v in (1e-4, 1980.0, 3201.0, sm, dram, tensor, np.nan)),
+                     clock_free=np.array([True])).column()
+    cores, mem = np.asarray(H200.clocks.core_mhz[3201], dtype=float)[None, :], np.array([[3201.0]])
+    time = kernel_time_s(PARAMS, LIMITS, k, cores, mem)
+    energy = time * kernel_power_w(PARAMS, LIMITS, k, cores, mem, time)
+    assert np.all(time == 1e-4)
+    assert np.all(np.diff(energy[0]) > 0)
+    low_mem = np.array([[2201.0]])
+    at_low_mem = kernel_time_s(PARAMS, LIMITS, k, np.array([[1980.0]]), low_mem)
+    assert at_low_mem[0, 0] == 1e-4
+    assert kernel_power_w(PARAMS, LIMITS, k, np.array([[1980.0]]), low_mem, at_low_mem)[0, 0] < \
+        kernel_power_w(PARAMS, LIMITS, k, np.array([[1980.0]]), mem, time[:, -1:])[0, 0]
+
+
+def test_communication_kernels_of_a_trace_are_clock_free_in_its_tables() -> None:
+    trace = open_trace("h200/gpt2s-b16")
+    first = trace.kernels[0]
+    communication = replace(first, name="ncclDevKernel_AllReduce_Sum_bf16_RING_LL", category=Category.COMMUNICATION)
+    tables = build_tables(replace(trace, kernels=(communication, *trace.kernels[1:])), H200)
+    assert np.allclose(tables.time_s[0], tables.time_s[0, 0])
+    assert np.allclose(tables.auto_time_s[0], tables.time_s[0, 0])
+    assert tables.energy_j[0].min() < 0.8 * tables.energy_j[0].max()
+    assert not np.allclose(tables.time_s[1], tables.time_s[1, 0])

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from kdvfs.envs.trace.bundled import trace_path
+from kdvfs.envs.trace.bundled import open_trace, trace_path
+from kdvfs.envs.trace.format import save_trace
 from kdvfs.runtime.cli import main
+from tests.agents.planners.test_slack import two_ranks
 
 SMALL = "h200/gpt3xl-1layer-b4"
 FIELDS = {"method", "energy_saved_pct", "slowdown_pct", "switches", "solve_s", "budget_pct"}
@@ -83,3 +86,22 @@ def test_compare_marks_the_rows_over_budget(capsys: pytest.CaptureFixture[str]) 
     code, text, _ = run(capsys, "compare", "--trace", SMALL, "--gpu", "h200", "--slowdown", "0.01")
     marked = {line.split("│")[2].strip() for line in text.splitlines() if " ! │" in line}
     assert code == 0 and "ilp" in marked and "latency-optimal" not in marked and "over budget as executed" in text
+
+
+def test_plan_of_a_waiting_rank_uses_its_slack_unless_told_not_to(capsys: pytest.CaptureFixture[str],
+                                                                   tmp_path: Path) -> None:
+    base = open_trace(SMALL)
+    base = replace(base, meta=replace(base.meta, measurements={}))
+    path = tmp_path / "step.rank1.trace.json"
+    save_trace(two_ranks(base, 0.02 * base.step_time_s, 0.05 * base.step_time_s)[1], path)
+    plans = {}
+    for flags in ([], ["--no-slack"]):
+        out = tmp_path / f"plan{len(flags)}.json"
+        code, text, _ = run(capsys, "plan", "--trace", str(path), "--gpu", "h200", "--method", "ilp", "--slowdown",
+                            "0.01", "-o", str(out), *flags)
+        assert code == 0 and ("rank slack" in text) is not flags
+        plans[bool(flags)] = json.loads(out.read_text())
+    assert plans[False]["slack_s"] == pytest.approx(0.05 * base.step_time_s) and plans[True]["slack_s"] == 0.0
+    assert plans[False]["slowdown_budget"] > 0.05 and plans[True]["slowdown_budget"] == 0.01
+    assert {p["job_slowdown_budget"] for p in plans.values()} == {0.01}
+    assert plans[False]["executed"]["energy_j"] < plans[True]["executed"]["energy_j"]
