@@ -190,7 +190,7 @@ def _cpu_setup(folder: Path) -> dict[str, dict[str, Any]]:
     """CPU test: capture the tiny model's step on the CPU and plan it."""
     trace = folder / "gpt-tiny.trace.json"
     _kdvfs(["capture", "--cpu-test-mode", "--nvml-module", "kdvfs.runtime.testing.nvml", "--energy-window-s", "0.5",
-            "-o", str(trace), "--", "python", *CPU_WORKLOADS["gpt-tiny"]["script"], "--steps", "60"])
+            "-o", str(trace), "--", "python", *CPU_WORKLOADS["gpt-tiny"]["script"], "--steps", "400"])
     make_plan(str(trace), plan_path("gpt-tiny", folder))
     return {"gpt-tiny": {**CPU_WORKLOADS["gpt-tiny"], "trace": str(trace)}}
 
@@ -216,7 +216,7 @@ def _cli_run(folder: Path, workload: dict[str, Any], source: Path, fake: list[st
 def _capture(folder: Path, label: str, workload: dict[str, Any]) -> dict[str, Any]:
     """Capture ``workload``'s step into ``folder`` (``kdvfs capture`` through the guard); the workload with it."""
     trace = folder / f"{label}.trace.json"
-    _kdvfs(["capture", "--nvml-module", GUARD, "-o", str(trace), "--", "python3", *workload["script"], "--steps", "60"])
+    _kdvfs(["capture", "--nvml-module", GUARD, "-o", str(trace), "--", "python3", *workload["script"], "--steps", "300"])
     return {**workload, "trace": str(trace)}
 
 

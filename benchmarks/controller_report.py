@@ -289,6 +289,10 @@ def report(folder: Path, cpu_test: bool, name: str = "controller_h200") -> None:
     """Write ``NAME.{md,json}`` (into ``folder`` for a CPU test, else ``benchmarks/results``)."""
     run = json.loads((folder / "run.json").read_text())
     children = [json.loads((folder / f"{label}.json").read_text()) for label in run["children"]]
+    for child in children:  # a trace captured in the run: beside the results, not at its device path
+        captured = folder / Path(child["trace"]).name
+        if child["trace"].endswith(".json") and not Path(child["trace"]).exists() and captured.exists():
+            child["trace"] = str(captured)
     ran = run.get("command", "python benchmarks/controller_h200.py run DIR")
     result = {"command": f"{ran} (on the GPU machine), then python benchmarks/controller_h200.py report DIR",
               "run": run, "targets": TARGETS,

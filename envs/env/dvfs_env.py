@@ -220,10 +220,11 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
     def observe_live(self, state: LiveState) -> Array:
         """The observation (and advisors' proposals: :meth:`target_pair`) at a decision point a controller
         measured in a running step instead of simulating it (:mod:`kdvfs.envs.env.live`); the episode's step
-        and budget are the last :meth:`reset`'s."""
+        and budget are the last :meth:`reset`'s, and the env then stands at ``state``."""
         self._k = min(max(state.kernel, 0), self._kernels - 1)
         self._in_effect, self._pending = state.in_effect, state.pending
-        self._now_s = self._requested_at_s + state.pending_age_s
+        self._now_s = state.elapsed_s
+        self._requested_at_s = self._now_s - state.pending_age_s
         self._elapsed_s, self._auto_elapsed_s = state.elapsed_s, state.auto_elapsed_s
         self._last_latency_ratio, self._live_drift_pct = state.last_latency_ratio, state.auto_drift_pct
         return self._observe()

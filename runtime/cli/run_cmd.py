@@ -37,6 +37,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                      help="share of windows run at auto to measure the saving against, in [0, 0.9] (default 0.25; "
                           "0: no measurement)")
     run.add_argument("--ab-window-s", type=float, default=0.5, help="shortest A/B window in seconds (default 0.5)")
+    run.add_argument("--replay", action="store_true", help="with a frozen policy: replay its noise-free rollout as a "
+                     "fixed schedule instead of deciding online inside every step")
     run.add_argument("--cpu-test-mode", action="store_true", help="accept a CPU-only script (tests and dry runs)")
     run.add_argument("--nvml-module", default="pynvml", help="NVML binding to import (default pynvml)")
     run.add_argument("--json", action="store_true", help="print the summary as JSON (script output to stderr)")
@@ -104,7 +106,7 @@ def run_command(args: argparse.Namespace) -> int:
         policy=args.policy, trace=args.trace, gpu=args.gpu, budget=args.budget, dry_run=args.dry_run,
         gpu_index=args.gpu_index, nvml_module=args.nvml_module, latency_ms=args.latency_ms,
         log=str(args.log) if args.log else None, tensorboard=str(args.tensorboard) if args.tensorboard else None,
-        cpu_test_mode=args.cpu_test_mode, ab_share=args.ab_share, window_s=args.ab_window_s)
+        cpu_test_mode=args.cpu_test_mode, ab_share=args.ab_share, window_s=args.ab_window_s, online=not args.replay)
     code, summary = run_controlled(args.command, config, script_stdout=STDERR_FD if args.json else None)
     if summary is not None and args.json:
         print_json(summary)

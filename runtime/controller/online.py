@@ -20,7 +20,7 @@ each controlled step it wakes at decision points (every environment decision int
   the last matched auto steps' measured over model time: the A windows' and those before control), so
   a GPU that drifts as a whole is drift, not budget. Within the step, budget used is the time so far minus
   the auto time of the kernels passed. Over the run, the A/B estimator's measured slowdown sets the
-  policy's budget for the next steps: ``budget + FEEDBACK_GAIN x (budget - (mean + se))`` (the measured
+  policy's budget for the next steps: ``budget + FEEDBACK_GAIN x (target - (mean + se))`` (the measured
   mean plus one standard error, over at least ``MIN_FEEDBACK_PAIRS`` pairs; clipped to [0, 2 x budget]):
   a run measured over budget gets a tighter step budget, one under it a looser one, so that part of the
   budget a fixed plan leaves unused (its pairs are discrete) is spent by alternating between the plans
@@ -123,16 +123,17 @@ class OnlineSteps:
         timeline: where the anchors are asked for.
         anchor_map: which kernel each anchor stands for.
         clock: host clock; log: the event log.
-        budget: the run's slowdown budget (fraction); dry_run: keep it (no feedback).
+        budget: the step's slowdown budget (fraction; a torchrun rank's includes its slack) the feedback moves;
+            target: the run's (the job's) budget the measured slowdown is held to; dry_run: no feedback.
         interval_s: least time between decision points (host s).
         early_s: requests go out this much earlier than a latency ahead (the thread wakes late).
     """
 
     def __init__(self, online: OnlinePolicy, clocks: LiveClocks, timeline: StepTimeline, anchor_map: AnchorMap,
-                 clock: Clock, log: EventLog, budget: float, dry_run: bool, interval_s: float,
+                 clock: Clock, log: EventLog, budget: float, target: float, dry_run: bool, interval_s: float,
                  early_s: float) -> None:
         self.online, self.clocks, self.timeline, self.anchor_map = online, clocks, timeline, anchor_map
-        self.clock, self.log, self.budget, self.dry_run = clock, log, budget, dry_run
+        self.clock, self.log, self.budget, self.target, self.dry_run = clock, log, budget, target, dry_run
         self.interval_s, self.early_s = interval_s, early_s
         self.step_budget = budget
         self.next_request_s = math.inf
@@ -160,7 +161,7 @@ class OnlineSteps:
         else:
             standard_error_pct = measured.half_width_pct / float(stats.t.ppf(0.975, measured.n - 1))
             upper_pct = measured.mean_pct + standard_error_pct
-            error = self.budget - upper_pct / 100
+            error = self.target - upper_pct / 100
             self.step_budget = float(np.clip(self.budget + FEEDBACK_GAIN * error, 0.0, 2 * self.budget))
 
     def run(self, step: int, start_s: float, step_s: float, first: bool, stop: threading.Event) -> None:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from kdvfs.agents.common.problem import Problem
+from kdvfs.agents.common.problem import Problem, rank_budget
 from kdvfs.envs.common.errors import KdvfsError
 from kdvfs.envs.gpu.profiles import GpuProfile, load_profile, profile_for_nvml_name
 from kdvfs.envs.model.schedule import Schedule
@@ -126,7 +126,8 @@ def load_plan(config: ControllerConfig, device_name: str) -> Plan:
                                   f"an {device_name}; use a plan or policy made for this GPU's profile (`kdvfs gpus "
                                   "local --write`, then `kdvfs plan --gpu ...`)")
     latency_s = None if config.latency_ms is None else config.latency_ms / 1e3
-    problem = Problem.build(open_trace(config.trace), profile, config.budget, latency_s)
+    trace = open_trace(config.trace)
+    problem = Problem.build(trace, profile, rank_budget(trace, config.budget), latency_s)
     if document is None:
         return _policy_plan(path, problem, config.online)
     return Plan(problem, _plan_schedule(path, document, problem), f"plan {path.name} ({document.get('method')})")
