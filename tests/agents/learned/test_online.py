@@ -1,0 +1,59 @@
+"""``OnlinePolicy``: the shipped policy deciding on live states, as its environment would."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kdvfs.agents.common.problem import Problem
+from kdvfs.agents.learned.frozen import FrozenPolicy
+from kdvfs.agents.learned.online import NO_REQUEST, OnlinePolicy
+from kdvfs.agents.learned.policy_planner import PolicyPlanner, shipped_policy_path
+from kdvfs.envs.env.live import LiveState
+from kdvfs.envs.gpu.profiles import load_profile
+from kdvfs.envs.trace.bundled import open_trace
+
+
+@pytest.fixture(scope="module")
+def online() -> tuple[OnlinePolicy, Problem]:
+    profile = load_profile("h200")
+    problem = Problem.build(open_trace("h200/gpt3xl-1layer-b4"), profile, 0.01)
+    return OnlinePolicy(FrozenPolicy.load(shipped_policy_path("h200"), profile), problem), problem
+
+
+def test_the_first_pair_is_the_noise_free_rollouts(online: tuple[OnlinePolicy, Problem]) -> None:
+    policy, problem = online
+    schedule = PolicyPlanner(policy.policy).plan(problem)
+    first = policy.begin(problem.slowdown)
+    assert policy.labels[first] == problem.costs.label(int(schedule.actions[0]))
+
+
+def test_the_policy_runs_when_its_choice_has_held_long_enough(online: tuple[OnlinePolicy, Problem]) -> None:
+    policy, _ = online
+    policy.begin(0.01)
+    state = LiveState(5, 0, -1, 0.0, float(policy.cumulative_s[5, 0]), float(policy.cumulative_s[5, 0]))
+    hold_s = policy.policy.config.decision_fraction * policy.auto_time_s
+    assert not policy.decide(state, 0.5 * hold_s).evaluated  # the standing order of the step's first decision
+    decision = policy.decide(state, 1.01 * hold_s)
+    assert decision.evaluated and (decision.pair == NO_REQUEST or 0 <= decision.pair < len(policy.labels))
+    assert not policy.decide(state, 1.5 * hold_s).evaluated
+
+
+def test_a_step_running_late_shows_as_budget_used(online: tuple[OnlinePolicy, Problem]) -> None:
+    policy, _ = online
+    policy.begin(0.01)
+    kernel = len(policy.cumulative_s) // 2
+    auto_s = float(policy.cumulative_s[kernel, 0])
+    on_time = policy.decide(LiveState(kernel, 0, -1, 0.0, auto_s, auto_s), 0.0)
+    late = policy.decide(LiveState(kernel, 0, -1, 0.0, auto_s + 0.01 * policy.auto_time_s, auto_s), 0.0)
+    assert on_time.budget_used == 0.0 and np.isclose(late.budget_used, 1.0, atol=1e-4)
+    assert late.affordable_pct < on_time.affordable_pct
+
+
+def test_kernel_at_inverts_the_timeline(online: tuple[OnlinePolicy, Problem]) -> None:
+    policy, _ = online
+    times_s = policy.cumulative_s[:, 0]
+    assert policy.kernel_at(0, 10, 0.0) == 10
+    assert policy.kernel_at(0, 10, float(times_s[20] - times_s[10]) + 1e-9) == 20
+    assert policy.kernel_at(0, 10, 1e3) == len(times_s) - 2  # never past the last kernel
+    assert policy.pair_of(policy.labels[3]) == 3

@@ -1,0 +1,133 @@
+"""The frozen policy deciding online inside each controlled step, on the fake GPU (virtual clock)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kdvfs.agents.learned.policy_planner import shipped_policy_path
+from kdvfs.envs.model.drift import DriftModel
+from kdvfs.runtime.controller.actuator import Actuator, EventLog
+from kdvfs.runtime.controller.estimator import Interval
+from kdvfs.runtime.controller.online import FEEDBACK_GAIN, LiveClocks
+from kdvfs.runtime.testing.fake_gpu import FakeGpu, VirtualClock
+from tests.runtime.controller_helpers import fake_controller, log_records, run_steps, small_problem
+
+POLICY = shipped_policy_path("h200")
+ANCHOR_KERNELS = tuple(range(8, 112, 8))  # the small step has 115 kernels
+
+
+def _online_run(tmp_path: Path, steps: int = 40, **options: object) -> tuple[object, FakeGpu, Path]:
+    log = tmp_path / "run.jsonl"
+    controller, gpu, timeline = fake_controller(POLICY, drift=DriftModel(seed=1), log=str(log), **options)
+    timeline.anchor_kernels = ANCHOR_KERNELS
+    with controller:
+        run_steps(controller, steps)
+    return controller, gpu, log
+
+
+def test_the_policy_decides_inside_each_controlled_step_and_the_gpu_is_restored(tmp_path: Path) -> None:
+    controller, gpu, log = _online_run(tmp_path)
+    summary = controller.summary  # type: ignore[attr-defined]
+    assert summary["source"] == "policy h200.kdvfs-policy.npz (online)" and summary["controlled_steps"] > 20
+    assert summary["online_decisions"] > 20 and summary["online"]["progress"]["anchor"] > 0
+    decisions = log_records(log, "decision")
+    assert len(decisions) == summary["online_decisions"]
+    assert {"step", "kernel", "source", "in_effect", "pending", "budget_pct", "budget_used", "affordable_pct",
+            "action", "clocks", "wall_us"} <= set(decisions[0])
+    assert {d["source"] for d in decisions} == {"anchor", "expected"}
+    for step in {d["step"] for d in decisions}:
+        kernels = [d["kernel"] for d in decisions if d["step"] == step]
+        assert kernels == sorted(kernels)  # the position never goes back within a step
+    online_requests = [r for r in log_records(log, "request") if r.get("online")]
+    assert online_requests and all(r["due_s"] >= r["request_s"] for r in online_requests)
+    assert gpu.set_calls[-1].name == "reset_clocks" and summary["gpu_restored"]
+
+
+def test_a_dry_run_decides_and_logs_but_changes_nothing(tmp_path: Path) -> None:
+    controller, gpu, log = _online_run(tmp_path, dry_run=True)
+    summary = controller.summary  # type: ignore[attr-defined]
+    assert gpu.set_calls == [] and summary["online_decisions"] > 0 and log_records(log, "decision")
+    assert summary["online"]["step_budget_pct"] == pytest.approx(5.0)  # the run's budget: no feedback
+    assert summary["online"]["took_effect"].get("observed", 0) == 0  # nothing is read in a dry run
+
+
+def test_replay_applies_the_noise_free_rollout_and_decides_nothing(tmp_path: Path) -> None:
+    controller, _, log = _online_run(tmp_path, online=False)
+    summary = controller.summary  # type: ignore[attr-defined]
+    assert summary["source"].endswith("(replayed)") and summary["online"] is None
+    assert not log_records(log, "decision") and summary["switches"] > 0
+
+
+def test_an_exception_in_training_returns_the_gpu_to_auto(tmp_path: Path) -> None:
+    controller, gpu, _ = fake_controller(POLICY)
+    with pytest.raises(RuntimeError), controller:
+        run_steps(controller, 20)
+        raise RuntimeError("CUDA out of memory")
+    assert gpu.set_calls and gpu.set_calls[-1].name == "reset_clocks"
+
+
+def _clocks(gpu: FakeGpu, clock: VirtualClock, spread_s: float) -> tuple[LiveClocks, Actuator, str]:
+    from kdvfs.agents.learned.frozen import FrozenPolicy
+    from kdvfs.agents.learned.online import OnlinePolicy
+
+    problem = small_problem()
+    online = OnlinePolicy(FrozenPolicy.load(POLICY, problem.profile), problem)
+    actuator = Actuator(gpu, False, problem.profile.clocks.default_memory_mhz, EventLog(None), clock)
+    top_mhz = problem.profile.clocks.max_core_mhz
+    locked = next(label for label in online.labels if not label.startswith("auto")
+                  and int(label.split(":")[0]) < top_mhz - 100)  # auto reads as the top clock on the fake
+    return LiveClocks(online, actuator, gpu, gpu.latency_s, spread_s, False), actuator, locked
+
+
+def test_a_lock_takes_effect_when_the_clock_read_shows_it() -> None:
+    clock = VirtualClock()
+    problem = small_problem()
+    gpu = FakeGpu(problem.costs, problem.profile, 0.004, 0.0, clock)
+    clocks, actuator, locked = _clocks(gpu, clock, spread_s=0.01)  # a timeout only after 34 ms
+    actuator.request(locked)
+    clocks.update(clock.now_s())
+    assert not clocks.free
+    clock.advance_to(0.003)
+    clocks.update(clock.now_s())
+    assert not clocks.free  # the GPU is not there yet
+    for _ in range(40):  # the change applies at the first kernel starting after 4 ms
+        clock.advance_to(clock.now_s() + 0.0005)
+        clocks.update(clock.now_s())
+    assert clocks.free and clocks.online.labels[clocks.in_effect] == locked
+    assert clocks.took_effect == {"observed": 1} and 1.0 <= clocks.last_latency_ratio <= 6.0
+
+
+def test_a_lock_never_seen_counts_as_in_effect_after_the_latency_and_3_sd() -> None:
+    class Throttled(FakeGpu):
+        def clocks_mhz(self) -> tuple[float, float]:
+            return float(self.profile.clocks.max_core_mhz), float(self.profile.clocks.default_memory_mhz)
+
+    clock = VirtualClock()
+    problem = small_problem()
+    clocks, actuator, locked = _clocks(Throttled(problem.costs, problem.profile, 0.004, 0.0, clock), clock, 0.001)
+    actuator.request(locked)
+    clock.advance_to(0.0065)
+    clocks.update(clock.now_s())
+    assert not clocks.free
+    clock.advance_to(0.0071)
+    clocks.update(clock.now_s())
+    assert clocks.free and clocks.took_effect == {"timeout": 1}
+
+
+def test_the_measured_slowdown_moves_the_policys_budget(tmp_path: Path) -> None:
+    controller, _, _ = fake_controller(POLICY, budget=0.01)
+    with controller:
+        online = controller._online  # noqa: SLF001 (the controller's own part under test)
+        assert online is not None
+        online.feedback(Interval(0.5, 0.3, 0.7, 2))
+        assert online.step_budget == 0.01  # too few pairs: the run's budget
+        online.feedback(Interval(1.2, 1.1, 1.3, 10))
+        over = online.step_budget
+        online.feedback(Interval(0.9, 0.85, 0.95, 10))
+        under = online.step_budget
+        online.feedback(Interval(5.0, 4.9, 5.1, 10))
+        assert online.step_budget == 0.0  # clipped
+    assert over < 0.01 < under <= 0.02
+    assert under == pytest.approx(0.01 + FEEDBACK_GAIN * (0.01 - (0.9 + 0.05 / 2.262) / 100), rel=1e-3)
