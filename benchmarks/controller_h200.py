@@ -7,7 +7,8 @@
 ``--policy P`` applies a plan or frozen policy (``policies/h200.kdvfs-policy.npz``: it decides online
 inside each step, ``runtime/controller/online.py``) to every workload instead of the latency-optimal
 plans; ``--hf`` adds a Hugging Face ``Trainer`` workload (``examples/hf_trainer.py``, captured first);
-``report --name controller_online_h200`` writes the figures under another name. On the device machine (no package registry) gymnasium and
+``report --name controller_online_h200`` writes the figures under another name. On the device machine (no package
+registry) gymnasium and
 farama-notifications travel as wheels (see ``docs/controller.md``, "On an H200").
 
 ``run`` never changes a clock: every controller there is a dry run whose NVML binding is
@@ -216,7 +217,8 @@ def _cli_run(folder: Path, workload: dict[str, Any], source: Path, fake: list[st
 def _capture(folder: Path, label: str, workload: dict[str, Any]) -> dict[str, Any]:
     """Capture ``workload``'s step into ``folder`` (``kdvfs capture`` through the guard); the workload with it."""
     trace = folder / f"{label}.trace.json"
-    _kdvfs(["capture", "--nvml-module", GUARD, "-o", str(trace), "--", "python3", *workload["script"], "--steps", "300"])
+    _kdvfs(["capture", "--nvml-module", GUARD, "-o", str(trace), "--", "python3", *workload["script"],
+            "--steps", "300"])
     return {**workload, "trace": str(trace)}
 
 

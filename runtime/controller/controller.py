@@ -188,8 +188,9 @@ class Controller:
         assert self.plan is not None and self.plan.online is not None and self._actuator is not None
         config, problem, online = self.config, self.plan.problem, self.plan.online
         clocks = LiveClocks(online, self._actuator, device, problem.latency_s, online.latency_std_s, config.dry_run)
+        interval_s = max(online.decision_interval_s, config.online_interval_ms / 1e3)
         return OnlineSteps(online, clocks, timeline, anchoring.map, self._clock, self._log, problem.slowdown,
-                           config.budget, config.dry_run, max(online.decision_interval_s, config.online_interval_ms / 1e3),
+                           config.budget, config.dry_run, interval_s,
                            config.issue_early_ms / 1e3)
 
     def _next_request_s(self) -> float:

@@ -9,8 +9,9 @@ each controlled step it wakes at decision points (every environment decision int
 * **progress**: the last anchor the GPU has passed in this step (:meth:`StepTimeline.passed_anchor`, a
   non-blocking event query) stands for its kernel (the learned anchor map); the kernel now is the one
   running that long after it at the clocks running, never one before the last decision's (a new anchor
-  can put the GPU a little behind the extrapolation; going back would flip the advisors' proposals). Without one (no anchor map yet, a compiled model, CPU
-  test mode) the step's start is the reference, on the expected timeline. Counted per source.
+  can put the GPU a little behind the extrapolation; going back would flip the advisors' proposals).
+  Without one (no anchor map yet, a compiled model, CPU test mode) the step's start is the reference, on
+  the expected timeline. Counted per source.
 * **clocks in effect**: after a lock request, a clock read (NVML, ~1-5 us on an H200) shows when the locked
   core and memory clocks are reached; the change then took effect and its latency over the mean is the
   observation's ``last_latency_ratio``. Auto cannot be seen in a read (the firmware moves its clock) and a
@@ -193,7 +194,8 @@ class OnlineSteps:
         anchor = self._anchor(step, anchor)
         scale = self.auto_scale
         running = 0 if self.dry_run else self.clocks.in_effect
-        kernel = self._kernel = max(self._kernel, self.online.kernel_at(running, anchor[2], (now_s - anchor[1]) / scale))
+        extrapolated = self.online.kernel_at(running, anchor[2], (now_s - anchor[1]) / scale)
+        kernel = self._kernel = max(self._kernel, extrapolated)
         state = LiveState(kernel, self.clocks.in_effect, self.clocks.pending,
                           (now_s - self.clocks.requested_s) / scale if not self.clocks.free else 0.0,
                           (now_s - start_s) / scale, float(self.online.cumulative_s[kernel, 0]),

@@ -9,7 +9,8 @@ was made (the mean, or drawn with ``latency_std_s``) and stalls the GPU for ``st
 in :mod:`kdvfs.envs.model.schedule`. Disturbances: with a :class:`~kdvfs.envs.model.drift.DriftModel`
 each step's kernel times and energies are scaled by that step's drift and noise factors, and with
 ``duration_noise`` each kernel's by its own lognormal draw (the same at every clock: the true relative
-effect of a schedule stays the cost model's, :attr:`FakeStep.model_time_s`). Every device call is recorded with its virtual time.
+effect of a schedule stays the cost model's, :attr:`FakeStep.model_time_s`). Every device call is recorded with
+its virtual time.
 It is only ever used when a caller constructs it: kdvfs never falls back to it.
 """
 
@@ -323,12 +324,9 @@ class FakeStepTimeline:
         latest = None
         now_s = self.clock.now_s()
         for index in range(after + 1, len(self.anchors.get(step, self.anchor_kernels))):
-            if step in self.anchors:
-                time_s = self._anchor_time_s(step, index)
-            elif self.gpu.passed_kernels() > self.anchor_kernels[index]:
-                time_s = self._anchor_time_s(step, index)
-            else:
+            if step not in self.anchors and self.gpu.passed_kernels() <= self.anchor_kernels[index]:
                 break
+            time_s = self._anchor_time_s(step, index)
             if time_s is None or time_s > now_s:
                 break
             latest = (index, time_s)

@@ -119,7 +119,7 @@ def test_a_lock_never_seen_counts_as_in_effect_after_the_latency_and_3_sd() -> N
 def test_the_measured_slowdown_moves_the_policys_budget(tmp_path: Path) -> None:
     controller, _, _ = fake_controller(POLICY, budget=0.01)
     with controller:
-        online = controller._online  # noqa: SLF001 (the controller's own part under test)
+        online = controller._online  # the controller's own part under test
         assert online is not None
         online.feedback(Interval(0.5, 0.3, 0.7, 2))
         assert online.step_budget == 0.01  # too few pairs: the run's budget
