@@ -40,6 +40,7 @@ from kdvfs.agents.learned.ppo import load_train_config
 from kdvfs.agents.planners.registry import make_planner
 from kdvfs.envs.gpu.profiles import load_profile
 from kdvfs.envs.model.drift import DriftModel
+from kdvfs.envs.trace.bundled import open_trace
 from kdvfs.envs.trace.format import save_trace
 from kdvfs.runtime.cli.plan_cmd import schedule_json
 from kdvfs.runtime.controller import Controller
@@ -83,8 +84,6 @@ def prepare(folder: Path) -> list[Case]:
 
 def run(case: Case, method: str, seed: int, seconds: float) -> dict[str, Any]:
     """One controlled run; its measured and true effect and the controller's figures."""
-    from kdvfs.envs.trace.bundled import open_trace
-
     profile = load_profile(case.gpu)
     problem = Problem.build(open_trace(str(case.trace)), profile, BUDGET)
     clock = VirtualClock()

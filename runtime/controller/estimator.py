@@ -23,12 +23,13 @@ MIN_PAIRS = 2
 
 @dataclass(frozen=True)
 class Interval:
-    """A mean (%) with its 95% interval (%) over ``n`` pairs."""
+    """A mean (%) with its 95% interval (%) over ``n`` pairs, and the mean's standard error (%)."""
 
     mean_pct: float
     lo_pct: float
     hi_pct: float
     n: int
+    standard_error_pct: float
 
     @property
     def half_width_pct(self) -> float:
@@ -52,8 +53,9 @@ class Paired:
         """The mean and its interval (None before two pairs)."""
         if self.n < MIN_PAIRS:
             return None
-        half = float(stats.t.ppf(0.975, self.n - 1)) * math.sqrt(self._m2 / (self.n - 1) / self.n)
-        return Interval(self._mean, self._mean - half, self._mean + half, self.n)
+        standard_error = math.sqrt(self._m2 / (self.n - 1) / self.n)
+        half = float(stats.t.ppf(0.975, self.n - 1)) * standard_error
+        return Interval(self._mean, self._mean - half, self._mean + half, self.n, standard_error)
 
 
 def measured(saved: Interval | None, slow: Interval | None, windows_auto: int,

@@ -117,12 +117,13 @@ class Issuer(threading.Thread):
                                                 job.window_elapsed_s)
             if slowdown_pct is not None and self.guard.observe(slowdown_pct, now_s) == Guard.BACK_OFF:
                 self.log.write("backoff", step=index, reason=self.guard.reason)
+            if slowdown_pct is not None and self.online is not None:  # a new A/B pair: the run's slowdown moved
+                self.online.feedback(self.accounting.slowdown.interval())
         if self.guard.tick(now_s) == Guard.RESUME:
             self.log.write("resume", step=index)
         self._controlling = self._decide(end, matched, was_controlled)
         if self.online is not None:
             self.online.observe(end, matched, was_controlled)
-            self.online.feedback(self.accounting.slowdown.interval())
         self.log.write("step", step=index, end_s=end.end_s, duration_s=end.duration_s, signature=end.signature,
                        matched=matched, controlled=was_controlled, next_controlled=self._controlling, scale=self.scale,
                        arm=self.accounting.slot.arm, anchors_s=end.anchors_s)

@@ -44,7 +44,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from scipy import stats
 
 from kdvfs.agents.learned.online import NO_REQUEST, OnlinePolicy
 from kdvfs.envs.env.live import LiveState
@@ -160,8 +159,7 @@ class OnlineSteps:
         if self.dry_run or measured is None or measured.n < MIN_FEEDBACK_PAIRS:
             self.step_budget = self.budget
         else:
-            standard_error_pct = measured.half_width_pct / float(stats.t.ppf(0.975, measured.n - 1))
-            upper_pct = measured.mean_pct + standard_error_pct
+            upper_pct = measured.mean_pct + measured.standard_error_pct
             error = self.target - upper_pct / 100
             self.step_budget = float(np.clip(self.budget + FEEDBACK_GAIN * error, 0.0, 2 * self.budget))
 

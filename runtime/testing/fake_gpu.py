@@ -322,9 +322,9 @@ class FakeStepTimeline:
 
     def passed_anchor(self, step: int, after: int) -> tuple[int, float] | None:
         latest = None
-        now_s = self.clock.now_s()
+        now_s, passed = self.clock.now_s(), self.gpu.passed_kernels()
         for index in range(after + 1, len(self.anchors.get(step, self.anchor_kernels))):
-            if step not in self.anchors and self.gpu.passed_kernels() <= self.anchor_kernels[index]:
+            if step not in self.anchors and passed <= self.anchor_kernels[index]:
                 break
             time_s = self._anchor_time_s(step, index)
             if time_s is None or time_s > now_s:

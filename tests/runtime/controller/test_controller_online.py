@@ -121,13 +121,13 @@ def test_the_measured_slowdown_moves_the_policys_budget(tmp_path: Path) -> None:
     with controller:
         online = controller._online  # the controller's own part under test
         assert online is not None
-        online.feedback(Interval(0.5, 0.3, 0.7, 2))
+        online.feedback(Interval(0.5, 0.3, 0.7, 2, 0.1 / 12.706))
         assert online.step_budget == 0.01  # too few pairs: the run's budget
-        online.feedback(Interval(1.2, 1.1, 1.3, 10))
+        online.feedback(Interval(1.2, 1.1, 1.3, 10, 0.1 / 2.262))
         over = online.step_budget
-        online.feedback(Interval(0.9, 0.85, 0.95, 10))
+        online.feedback(Interval(0.9, 0.85, 0.95, 10, 0.05 / 2.262))
         under = online.step_budget
-        online.feedback(Interval(5.0, 4.9, 5.1, 10))
+        online.feedback(Interval(5.0, 4.9, 5.1, 10, 0.1 / 2.262))
         assert online.step_budget == 0.0  # clipped
     assert over < 0.01 < under <= 0.02
     assert under == pytest.approx(0.01 + FEEDBACK_GAIN * (0.01 - (0.9 + 0.05 / 2.262) / 100), rel=1e-3)
