@@ -22,6 +22,7 @@ import numpy as np
 from kdvfs.envs.common.config import ConfigError, from_mapping, to_plain
 from kdvfs.envs.common.errors import KdvfsError
 from kdvfs.envs.common.files import write_bytes_atomic
+from kdvfs.envs.common.locked import argmax
 from kdvfs.envs.env.clock_grid import ClockGrid
 from kdvfs.envs.env.config import EnvConfig
 from kdvfs.envs.env.observation import ObservationSpec
@@ -74,6 +75,7 @@ class FrozenPolicy:
     _parts: tuple[tuple[int, int], ...] = field(init=False, repr=False, compare=False)
     _layers: tuple[tuple[Array, Array, Array], ...] = field(init=False, repr=False, compare=False)
     _input: Array = field(init=False, repr=False, compare=False)
+    _rest_weights: dict[int, Array] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "config", from_mapping(EnvConfig, self.env, "the policy's environment settings"))
@@ -85,6 +87,7 @@ class FrozenPolicy:
             (np.ascontiguousarray(w.T, dtype=np.float32), b.astype(np.float32), np.empty(len(b), dtype=np.float32))
             for w, b in zip(self.weights, self.biases, strict=True)))
         object.__setattr__(self, "_input", np.empty(len(self.obs_mean), dtype=np.float32))
+        object.__setattr__(self, "_rest_weights", {})
 
     def grid(self, profile: GpuProfile) -> ClockGrid:
         """The clock grid of this policy on ``profile``."""
@@ -98,20 +101,56 @@ class FrozenPolicy:
         """The deterministic action (one int per action part) for one raw observation, as VecNormalize and
         SB3's ``predict(deterministic=True)`` compute it (here all in float32). Works in buffers of the
         policy: not for concurrent use from several threads."""
-        x = self._input
-        np.subtract(observation, self._mean32, out=x, casting="unsafe")
-        np.multiply(x, self._inverse_std32, out=x)
+        weight, _, first = self._layers[0]
+        np.matmul(weight, self._normalised(observation, 0), out=first)
+        return self._act_after_first_product(first)
+
+    def first_products(self, observations: Array, start: int, stop: int) -> Array:
+        """(D, H) float32: the first layer's weights times entries ``start:stop`` of the (D, N) observations,
+        normalised and clipped as :meth:`act` does (its sum over disjoint ranges is its first product)."""
+        x = (np.asarray(observations, dtype=np.float32) - self._mean32[start:stop]) * self._inverse_std32[start:stop]
+        np.clip(x, -self.obs_clip, self.obs_clip, out=x)
+        return x @ self._layers[0][0][:, start:stop].T
+
+    def act_from(self, first_product: Array, rest: Array) -> Array:
+        """:meth:`act` of an observation whose entries before ``N - len(rest)`` gave ``first_product`` (H,)
+        (a row of :meth:`first_products`) and whose other entries are ``rest``. Every array this touches is
+        small: numpy keeps the interpreter lock through all of it (a controller thread beside a busy
+        training loop does not wait to get it back)."""
+        start = len(self.obs_mean) - len(rest)
+        first = self._layers[0][2]
+        np.matmul(self._rest_weight(start), self._normalised(rest, start), out=first)
+        np.add(first, first_product, out=first)
+        return self._act_after_first_product(first)
+
+    def _normalised(self, entries: Array, start: int) -> Array:
+        """Entries ``start:`` of an observation, normalised and clipped, in the policy's input buffer."""
+        x = self._input[start:]
+        np.subtract(entries, self._mean32[start:], out=x, casting="unsafe")
+        np.multiply(x, self._inverse_std32[start:], out=x)
         np.minimum(x, self.obs_clip, out=x)
-        np.maximum(x, -self.obs_clip, out=x)
+        return np.maximum(x, -self.obs_clip, out=x)
+
+    def _rest_weight(self, start: int) -> Array:
+        """The first layer's (H, N - start) weights of entries ``start:`` (contiguous, made once per start)."""
+        found = self._rest_weights.get(start)
+        if found is None:
+            found = self._rest_weights[start] = np.ascontiguousarray(self._layers[0][0][:, start:])
+        return found
+
+    def _act_after_first_product(self, first: Array) -> Array:
+        """The action from the first layer's product (H,) (its bias not yet added), keeping the interpreter
+        lock (:mod:`kdvfs.envs.common.locked`; ``np.matmul`` keeps it on these sizes, ``np.dot`` does not)."""
         activation = ACTIVATIONS[self.activation]
-        *hidden, (weight, bias, logits) = self._layers
+        (_, first_bias, _), *hidden, (weight, bias, logits) = self._layers
+        x = activation(np.add(first, first_bias, out=first), out=first)
         for hidden_weight, hidden_bias, out in hidden:
-            np.dot(hidden_weight, x, out=out)
+            np.matmul(hidden_weight, x, out=out)
             np.add(out, hidden_bias, out=out)
             x = activation(out, out=out)
-        np.dot(weight, x, out=logits)
+        np.matmul(weight, x, out=logits)
         np.add(logits, bias, out=logits)
-        return np.array([int(logits[start:end].argmax()) for start, end in self._parts])
+        return np.array([argmax(logits[start:end]) for start, end in self._parts])
 
     def save(self, path: Path) -> None:
         """Write the policy to one ``.npz`` file (atomically)."""

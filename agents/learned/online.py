@@ -9,6 +9,15 @@ time (a standing order: "follow plan p"); in between, the standing order's advis
 decision point, so the pair follows where a request made now would land. A step's first pair is the
 policy's choice at the step's first decision (kernel 0, auto in effect, nothing spent), requested one
 latency before the step starts.
+
+Each decision says when the next one is needed: when the policy runs again, and the kernel where the
+standing order's proposal can next change (:meth:`~kdvfs.envs.env.dvfs_env.KernelDVFSEnv.next_proposal_change`;
+unknown for orders that depend on the budget: the fitting plan, window advisors). The observation is
+computed without its static part (next kernels and windows: 911 of the H200 policy's 1,104 entries),
+whose share of the first layer is computed for every kernel once
+(:meth:`~kdvfs.agents.learned.frozen.FrozenPolicy.first_products`): a decision touches only small
+arrays, on which numpy keeps the interpreter lock (a controller thread beside a busy training loop
+does not wait to get it back between numpy calls).
 """
 
 from __future__ import annotations
@@ -21,6 +30,7 @@ import numpy as np
 from kdvfs.agents.common.problem import Problem
 from kdvfs.agents.learned.frozen import FrozenPolicy
 from kdvfs.agents.learned.policy_planner import policy_env
+from kdvfs.envs.common.locked import index_right
 from kdvfs.envs.env.live import LiveState
 from kdvfs.envs.env.observation import BUDGET_FEATURES
 
@@ -31,13 +41,18 @@ NO_REQUEST = -1
 class OnlineDecision:
     """One live decision: the grid pair to request (``NO_REQUEST``: keep the clocks), whether the policy ran
     (else its standing order was re-read), its action, and the observation's budget figures (used share of
-    the budget, slowdown still affordable over the rest of the step, %)."""
+    the budget, slowdown still affordable over the rest of the step, %); and when the next decision is needed:
+    ``next_change`` the kernel where the standing order's proposal can next differ (K: never; None: it
+    depends on the budget, ask again soon) and ``policy_due_s`` when the policy runs again (s from the step's
+    start, model timeline)."""
 
     pair: int
     evaluated: bool
     action: tuple[int, ...]
     budget_used: float
     affordable_pct: float
+    next_change: int | None
+    policy_due_s: float
 
 
 class OnlinePolicy:
@@ -59,8 +74,12 @@ class OnlinePolicy:
         self.auto_time_s = step.auto_time_s
         self.decision_interval_s, self.latency_std_s = self.env.decision_interval_s, self.env.latency_std_s
         self._hold_s = policy.config.decision_fraction * step.auto_time_s
-        self._budget_view = self.env.observation_spec.span("budget")
+        self._static_size = static_size = self.env.observation_spec.static_size
+        budget = self.env.observation_spec.span("budget")
+        self._budget_view = slice(budget.start - static_size, budget.stop - static_size)
+        self._first_products = policy.first_products(self.env.static_rows, 0, static_size)
         self._action: np.ndarray | None = None
+        self._times_s: dict[int, list[float]] = {}
         self._hold_until_s = -math.inf
 
     def pair_of(self, label: str) -> int:
@@ -70,25 +89,29 @@ class OnlinePolicy:
     def begin(self, budget: float) -> int:
         """Start a step with slowdown budget ``budget`` (fraction); returns its first pair (at kernel 0)."""
         observation, _ = self.env.reset(seed=0, options={"budget": max(0.0, budget)})
-        action = self.policy.act(observation)
+        action = self.policy.act_from(self._first_products[0], observation[self._static_size:])
         self._action, self._hold_until_s = action, self._hold_s
         return self.env.target_pair(action) if action[0] else 0
 
     def decide(self, state: LiveState, now_s: float) -> OnlineDecision:
         """The decision at ``state``, ``now_s`` after the step's start (s, model timeline)."""
-        observation = self.env.observe_live(state)
+        rest = self.env.observe_live_dynamic(state)
         evaluated = self._action is None or now_s >= self._hold_until_s
         if evaluated:
-            self._action, self._hold_until_s = self.policy.act(observation), now_s + self._hold_s
+            first_product = self._first_products[self.env.clocks[0]]
+            self._action, self._hold_until_s = self.policy.act_from(first_product, rest), now_s + self._hold_s
         assert self._action is not None
-        budget = observation[self._budget_view]
+        budget = rest[self._budget_view]
         pair = self.env.target_pair(self._action) if self._action[0] else NO_REQUEST
         return OnlineDecision(pair, evaluated, tuple(int(a) for a in self._action),
                               float(budget[BUDGET_FEATURES.index("budget_used")]),
-                              float(budget[BUDGET_FEATURES.index("affordable_slowdown_pct")]))
+                              float(budget[BUDGET_FEATURES.index("affordable_slowdown_pct")]),
+                              self.env.next_proposal_change(self._action), self._hold_until_s)
 
     def kernel_at(self, pair: int, from_kernel: int, offset_s: float) -> int:
         """The kernel running ``offset_s`` after kernel ``from_kernel`` started, at ``pair`` (model timeline)."""
-        times = self.cumulative_s[:, pair]
-        index = int(np.searchsorted(times, times[from_kernel] + offset_s, side="right")) - 1
+        times = self._times_s.get(pair)
+        if times is None:
+            times = self._times_s[pair] = self.cumulative_s[:, pair].tolist()
+        index = index_right(times, times[from_kernel] + offset_s) - 1
         return min(max(index, from_kernel), len(times) - 2)

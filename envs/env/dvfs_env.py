@@ -18,6 +18,7 @@ import numpy as np
 from gymnasium import spaces
 
 from kdvfs.envs.common.errors import KdvfsError
+from kdvfs.envs.common.locked import argmax_rows, index_right
 from kdvfs.envs.env.config import EnvConfig, settings_table
 from kdvfs.envs.env.dynamics import Disturbances, core_fractions, draw
 from kdvfs.envs.env.live import LiveState
@@ -133,22 +134,25 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
         self._prepared = [[decision_data(run, spec, timing) for run in self._runs] for timing in self.timings]
         self._obs = np.zeros(spec.size, dtype=np.float32)
         self._views = {name: spec.view(self._obs, name) for name, _ in spec.blocks()}
-        window = self._views["window_slowdown_then_saving_pct"]
-        self._slowdowns, self._savings = (window[WINDOW_METRICS.index(m)] for m in ("slowdown_pct", "saving_pct"))
-        self._windows_flat = self._obs[spec.span("window_slowdown_then_saving_pct")]
+        self._window_span = spec.span("window_slowdown_then_saving_pct")
+        self._window_shape = spec.shape("window_slowdown_then_saving_pct")
+        self._window_metrics = tuple(WINDOW_METRICS.index(m) for m in ("slowdown_pct", "saving_pct"))
+        self._dynamic = self._obs[spec.static_size:]
+        self._landings: dict[tuple[int, int, int], tuple[Array, Array]] = {}
+        self._proposals: dict[tuple[int, int, int, int], list[int]] = {}
         self._plans_rest = self._obs[spec.span("plans_rest_saving_then_slowdown_pct")]
         self._advisor_index = advisor_index(spec)
         slots = spec.advisor_slots()
         self._window_slots, self._plan_slots = slots["windows"], slots["plans"]
         self._fitting_slot, self._budget_slot = slots["fitting_plan"].start, slots["budget_plan"].start
         self._advice = np.zeros(spec.advisors, dtype=np.int64)
-        self._fits = np.zeros(self._slowdowns.shape, dtype=bool)
+        self._fits = np.zeros(self._window_shape[1:], dtype=bool)
 
     def _select(self, index: int, budget: float, regime: int) -> None:
         """Start an episode on step ``index``'s run with ``budget`` under switching regime ``regime``: clocks
         auto, nothing spent, no noise."""
         self._index, self._data, self.budget = index, self._runs[index], budget
-        self.timing = self.timings[regime]
+        self._regime, self.timing = regime, self.timings[regime]
         self.latency_s, self.latency_std_s, self.stall_s = self.timing.switching
         self.decision_interval_s = self.timing.decision_interval_s
         self._static, self._plans = self._prepared[regime][index]
@@ -221,13 +225,52 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
         """The observation (and advisors' proposals: :meth:`target_pair`) at a decision point a controller
         measured in a running step instead of simulating it (:mod:`kdvfs.envs.env.live`); the episode's step
         and budget are the last :meth:`reset`'s, and the env then stands at ``state``."""
+        self._stand_at(state)
+        return self._observe()
+
+    def observe_live_dynamic(self, state: LiveState) -> Array:
+        """:meth:`observe_live` without the observation's static part (next kernels, windows: the row of
+        :attr:`static_rows` at the env's kernel): the entries after it, as a view valid until the env's next
+        observation (a controller adds the static part's share of the policy's first layer, computed once)."""
+        self._stand_at(state)
+        self._refresh_dynamic()
+        return self._dynamic
+
+    @property
+    def static_rows(self) -> Array:
+        """(K + 1, ``observation_spec.static_size``) float32, read-only: the static part of the observation at
+        each decision point of the episode's run."""
+        return self._static
+
+    def next_proposal_change(self, action: Array) -> int | None:
+        """The first kernel after the env's where the pair ``action`` names (:meth:`target_pair`) can differ
+        from the one it names now while the clocks in effect stay: K if never (a fixed pair, auto, a plan
+        that no longer changes, no request); None where it also depends on the budget (window advisors, the
+        fitting plan)."""
+        if not action[0]:
+            return self._kernels
+        choice = int(action[1])
+        if not self.config.plan_actions and choice < self._pairs:
+            return self._kernels
+        slot = self._plan_slots.start + choice if self.config.plan_actions else choice - self._pairs
+        plan = slot - self._plan_slots.start if slot < self._plan_slots.stop else \
+            self._budget_plan if slot == self._budget_slot else None
+        if plan is None or plan < 0:
+            return None if plan is None else self._kernels
+        key = (self._regime, self._index, self._in_effect, plan)
+        changes = self._proposals.get(key)
+        if changes is None:
+            changes = self._proposals[key] = self._plans.proposal_changes(plan, *self._landing()).tolist()
+        after = index_right(changes, self._k)
+        return changes[after] if after < len(changes) else self._kernels
+
+    def _stand_at(self, state: LiveState) -> None:
         self._k = min(max(state.kernel, 0), self._kernels - 1)
         self._in_effect, self._pending = state.in_effect, state.pending
         self._now_s = state.elapsed_s
         self._requested_at_s = self._now_s - state.pending_age_s
         self._elapsed_s, self._auto_elapsed_s = state.elapsed_s, state.auto_elapsed_s
         self._last_latency_ratio, self._live_drift_pct = state.last_latency_ratio, state.auto_drift_pct
-        return self._observe()
 
     def _totals(self) -> Totals:
         return Totals(self._energy_j, self._auto_energy_so_far_j, self._elapsed_s, self._auto_elapsed_s)
@@ -320,6 +363,10 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
     def _refresh(self) -> None:
         """Write the observation (and the advisors' pairs) of the current decision point into the buffer."""
         self._obs[: self.observation_spec.static_size] = self._static[self._k]
+        self._refresh_dynamic()
+
+    def _refresh_dynamic(self) -> None:
+        """Everything of :meth:`_refresh` but the static part (read from :attr:`static_rows` where needed)."""
         self._observe_clocks()
         self._observe_conditions()
         self._observe_affordable(self._observe_budget())
@@ -328,12 +375,14 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
         """Each window advisor's pick: the pair saving the most over its window among those whose slowdown
         there fits the affordable slowdown (at most 0 when none is left: auto always fits), with what it
         saves and costs; then the plan advisors."""
-        fits = self._fits
-        np.less_equal(self._slowdowns, max(affordable, 0.0), out=fits)
-        best = np.where(fits, self._savings, -np.inf).argmax(axis=1)
+        fits, windows_flat = self._fits, self._static[self._k][self._window_span]
+        window = windows_flat.reshape(self._window_shape)
+        slowdowns, savings = window[self._window_metrics[0]], window[self._window_metrics[1]]
+        np.less_equal(slowdowns, max(affordable, 0.0), out=fits)
+        best = argmax_rows(np.where(fits, savings, -np.inf))
         self._advice[self._window_slots] = best
         advisors = self._views["advisors"]
-        advisors[: len(self._advisor_index)] = self._windows_flat.take(self._advisor_index + best)
+        advisors[: len(self._advisor_index)] = windows_flat[self._advisor_index + best]
         advisors[ADVISOR_FEATURES.index("in_effect")] = best == self._in_effect
         self._observe_plans()
 
@@ -381,9 +430,20 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
                                         self._last_latency_ratio)
 
     def _effects_in_effect(self) -> tuple[int, int]:
-        """:func:`kdvfs.envs.env.plan_advice.landing_kernels` on the timeline of the clocks in effect (mean times)."""
-        times = self._data.cumulative_of(self._in_effect)[0]
-        return landing_kernels(times, self._k, self.latency_s, self.latency_std_s, self.decision_interval_s)
+        """The landing kernels of a decision before the env's kernel, on the clocks in effect."""
+        effect, next_effect = self._landing()
+        return int(effect[self._k]), int(next_effect[self._k])
+
+    def _landing(self) -> tuple[Array, Array]:
+        """:func:`kdvfs.envs.env.plan_advice.landing_kernels` on the timeline of the clocks in effect (mean
+        times), computed once per step, regime and pair."""
+        key = (self._regime, self._index, self._in_effect)
+        found = self._landings.get(key)
+        if found is None:
+            times = self._data.cumulative_of(self._in_effect)[0]
+            found = self._landings[key] = landing_kernels(times, self.latency_s, self.latency_std_s,
+                                                          self.decision_interval_s)
+        return found
 
     def _affordable_from_effect_pct(self, effect: int) -> float:
         """Slowdown (%) still affordable from kernel ``effect`` to the step's end: the slowdown used so far

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kdvfs.envs.common.locked import argmax
 from kdvfs.envs.env.observation import OBS_LIMIT
 from kdvfs.envs.env.step_data import StepData
 from kdvfs.envs.model.cost_model import Array
@@ -49,15 +50,22 @@ class PlanAdvice:
     next_change: Array
     speeds_up: Array
 
-    def advice_pairs(self, effect: int, next_effect: int) -> Array:
+    def advice_pairs(self, effect: int | Array, next_effect: int | Array) -> Array:
         """(P,) each plan's pair for a request taking effect at kernel ``effect`` when the next request could
         only take effect at ``next_effect``: the pair after the plan's next change if that change speeds
-        up and would come too late by then, else the pair at ``effect``."""
+        up and would come too late by then, else the pair at ``effect``. With (D,) arrays of both: (D, P)."""
         change = self.next_change[effect]
-        early = self.speeds_up[effect] & (change < next_effect)
+        early = self.speeds_up[effect] & (change < np.expand_dims(next_effect, -1))
         if not early.any():
             return self.pairs[effect]
-        return np.where(early, self.pairs[change, np.arange(len(change))], self.pairs[effect])
+        return np.where(early, self.pairs[change, np.arange(change.shape[-1])], self.pairs[effect])
+
+    def proposal_changes(self, plan: int, effect: Array, next_effect: Array) -> Array:
+        """Sorted kernels j (1 <= j <= K) where plan ``plan``'s advice (:meth:`advice_pairs`) differs from its
+        advice a decision point earlier, with the landing kernels ``effect`` and ``next_effect`` ((K + 1,)
+        each, :func:`landing_kernels`) of one timeline: between them, following the plan asks nothing new."""
+        pairs = self.advice_pairs(effect, next_effect)[:, plan]
+        return np.flatnonzero(pairs[1:] != pairs[:-1]) + 1
 
 
 def budget_plans(step: StepData, budgets: tuple[float, ...], effect: Array, latency_s: float,
@@ -147,7 +155,7 @@ def fitting_plan(rest_pct: Array, affordable_pct: float, followable: Array) -> i
     fits = (slowdowns <= max(affordable_pct, 0.0)) & followable
     if not fits.any():
         return -1
-    return int(np.where(fits, savings, -np.inf).argmax())
+    return argmax(np.where(fits, savings, -np.inf))
 
 
 def plan_for_budget(plan_budgets: tuple[float, ...], budget: float) -> int:
@@ -156,17 +164,18 @@ def plan_for_budget(plan_budgets: tuple[float, ...], budget: float) -> int:
     return max(within, key=lambda i: plan_budgets[i]) if within else -1
 
 
-def landing_kernels(times_s: Array, kernel: int, latency_s: float, latency_std_s: float,
-                    decision_interval_s: float) -> tuple[int, int]:
-    """Where requests land on a timeline ``times_s`` ((K + 1,) kernel starts, s), deciding before ``kernel``:
-    the kernel where a request made now takes effect at the earliest (latency one spread below its mean; 0
-    at the step's first decision), and the one where a request made at the next decision point (the next
-    kernel, at least one decision interval away) takes effect at the latest (one spread above); K if beyond
-    the step. Plans are followed with these: a slower pair only once even an early change lands in its
-    segment, a faster one early enough for a late one."""
+def landing_kernels(times_s: Array, latency_s: float, latency_std_s: float, decision_interval_s: float
+                    ) -> tuple[Array, Array]:
+    """Where requests land on a timeline ``times_s`` ((K + 1,) kernel starts, s), for a decision before each
+    kernel j (row K: the step's end): the kernel where a request made then takes effect at the earliest
+    (latency one spread below its mean; 0 at the step's first decision), and the one where a request made at
+    the next decision point (the next kernel, at least one decision interval away) takes effect at the
+    latest (one spread above); K if beyond the step. Both (K + 1,) int. Plans are followed with these: a
+    slower pair only once even an early change lands in its segment, a faster one early enough for a late
+    one."""
     kernels = len(times_s) - 1
-    following_s = max(times_s[min(kernel + 1, kernels)], times_s[kernel] + decision_interval_s)
-    earliest_s = times_s[kernel] + max(latency_s - latency_std_s, 0.0)
-    latest_s = following_s + latency_s + latency_std_s
-    found = times_s.searchsorted([earliest_s - EPS, latest_s - EPS], side="left")
-    return (0 if kernel == 0 else min(int(found[0]), kernels)), min(int(found[1]), kernels)
+    following_s = np.maximum(times_s[np.minimum(np.arange(1, kernels + 2), kernels)], times_s + decision_interval_s)
+    earliest = times_s.searchsorted(times_s + max(latency_s - latency_std_s, 0.0) - EPS, side="left")
+    latest = times_s.searchsorted(following_s + latency_s + latency_std_s - EPS, side="left")
+    earliest[0] = 0
+    return np.minimum(earliest, kernels), np.minimum(latest, kernels)

@@ -15,9 +15,9 @@ from kdvfs.runtime.device.interface import Device
 class EventLog:
     """JSON lines (``{"event": ..., ...}``) appended to ``path`` (nothing written when None); thread-safe.
 
-    Every record is written and flushed to the operating system at once, so a killed process (SIGKILL) leaves
-    every record up to the kill. Times are seconds on the controller's host clock (``time.perf_counter`` in a
-    real run), named ``*_s``.
+    Every record is written and flushed to the operating system at once (:meth:`append`: with the next), so a
+    killed process (SIGKILL) leaves every record up to the kill (up to the last flushed one). Times are seconds
+    on the controller's host clock (``time.perf_counter`` in a real run), named ``*_s``.
     """
 
     def __init__(self, path: str | Path | None) -> None:
@@ -25,13 +25,22 @@ class EventLog:
         self._lock = threading.Lock()
 
     def write(self, event: str, **fields: Any) -> None:
+        self._write(event, fields, flush=True)
+
+    def append(self, event: str, **fields: Any) -> None:
+        """:meth:`write` without the flush (the next :meth:`write` or :meth:`close` flushes it): for the online
+        decisions, dozens a step, on a thread that should not make a system call for each."""
+        self._write(event, fields, flush=False)
+
+    def _write(self, event: str, fields: dict[str, Any], flush: bool) -> None:
         if self._file is None:
             return
         line = json.dumps({"event": event, **fields}) + "\n"
         with self._lock:
             if self._file is not None:
                 self._file.write(line)
-                self._file.flush()
+                if flush:
+                    self._file.flush()
 
     def close(self) -> None:
         with self._lock:

@@ -1,10 +1,17 @@
 """Online decisions: a frozen policy choosing the clocks inside every controlled step, on live measurements.
 
 With a frozen policy (and not ``--replay``) the controller's thread does not replay a schedule: through
-each controlled step it wakes at decision points (every environment decision interval, at least
-``online_interval_ms``), builds the policy's observation from what it measures
+each controlled step it wakes at decision points, builds the policy's observation from what it measures
 (:class:`~kdvfs.envs.env.live.LiveState`, turned into the trained observation by
-:class:`~kdvfs.agents.learned.online.OnlinePolicy`) and requests the pair it names:
+:class:`~kdvfs.agents.learned.online.OnlinePolicy`) and requests the pair it names. It wakes only where
+something can change (counted per reason in the summary's ``wakes``):
+
+* ``policy``: the policy's standing order has held for ``decision_fraction`` of the step (as in training);
+* ``change``: the GPU reaches the kernel where the standing order's proposal can next differ (a plan's next
+  change, where a request made then lands in time: the plan advice says where);
+* ``arrival``: a pending change is due to take effect (and, for a lock, is read until it has);
+* ``poll``: orders whose proposal depends on the budget spent (the fitting plan, window advisors) are
+  re-read every environment decision interval, at least ``online_interval_ms``.
 
 * **progress**: the last anchor the GPU has passed in this step (:meth:`StepTimeline.passed_anchor`, a
   non-blocking event query) stands for its kernel (the learned anchor map); the kernel now is the one
@@ -30,7 +37,10 @@ each controlled step it wakes at decision points (every environment decision int
   stays the run's.
 
 A step's first pair is requested one latency (plus ``issue_early_ms``) before the step is expected to
-start, at the end of the previous step's decisions; the first controlled step's at once.
+end, at the end of the previous step's decisions (the policy's first decision of the next step, on the step
+budget of that moment); the first controlled step's at once. Once an anchor has passed, the step's end is
+expected where the anchor puts it (the expected step time's share after the anchor's kernel, at auto's
+proportions) instead of at its start plus the expected step time.
 """
 
 from __future__ import annotations
@@ -45,7 +55,7 @@ from typing import Any
 
 import numpy as np
 
-from kdvfs.agents.learned.online import NO_REQUEST, OnlinePolicy
+from kdvfs.agents.learned.online import NO_REQUEST, OnlineDecision, OnlinePolicy
 from kdvfs.envs.env.live import LiveState
 from kdvfs.runtime.controller.actuator import Actuator, EventLog, parse_clocks
 from kdvfs.runtime.controller.anchoring import AnchorMap
@@ -55,6 +65,8 @@ from kdvfs.runtime.device.host_time import Clock
 from kdvfs.runtime.device.interface import Device
 
 SCALE_STEPS = 5
+MIN_GAP_S = 20e-6
+"""Least time between decision points (s): a thread late for a change does not spin."""
 MIN_FEEDBACK_PAIRS = 3
 CORE_MATCH_MHZ = 15.0
 """A read core clock within this of a locked one has reached it (one clock step)."""
@@ -113,6 +125,18 @@ class LiveClocks:
     def free(self) -> bool:
         return self.pending == NO_REQUEST
 
+    def arrival_check_s(self, now_s: float, poll_s: float) -> float:
+        """When to look next whether the pending change took effect (host s; inf if none): a mean latency after
+        the request where it is assumed, else read from one spread before that, every ``poll_s``, until it is
+        seen or times out."""
+        if self.free:
+            return math.inf
+        if self.dry_run or self.device is None or parse_clocks(self._label)[0] is None:
+            return self.requested_s + self.latency_s
+        first_s = self.requested_s + max(self.latency_s - self.latency_std_s, 0.0)
+        return first_s if now_s < first_s else min(now_s + poll_s, self.requested_s + self.latency_s
+                                                   + TIMEOUT_SDS * self.latency_std_s)
+
 
 class OnlineSteps:
     """Decides through each controlled step (see the module docstring); run on the controller's thread.
@@ -125,7 +149,8 @@ class OnlineSteps:
         clock: host clock; log: the event log.
         budget: the step's slowdown budget (fraction; a torchrun rank's includes its slack) the feedback moves;
             target: the run's (the job's) budget the measured slowdown is held to; dry_run: no feedback.
-        interval_s: least time between decision points (host s).
+        interval_s: time between decision points where a standing order's proposal depends on the budget
+            (host s).
         early_s: requests go out this much earlier than a latency ahead (the thread wakes late).
     """
 
@@ -139,10 +164,14 @@ class OnlineSteps:
         self.next_request_s = math.inf
         self.decisions = self.advisor_reads = self.requests = 0
         self.progress: Counter[str] = Counter()
+        self.wakes: Counter[str] = Counter()
         self.wall_us: list[float] = []
         self.policy_wall_us: list[float] = []
+        self.cpu_us: list[float] = []
         self._scales: deque[float] = deque(maxlen=SCALE_STEPS)
         self._kernel = 1
+        self._begun = -1
+        self._auto_share = self.online.cumulative_s[:, 0] / self.online.auto_time_s
 
     @property
     def auto_scale(self) -> float:
@@ -166,30 +195,39 @@ class OnlineSteps:
     def run(self, step: int, start_s: float, step_s: float, first: bool, stop: threading.Event) -> None:
         """Decide through step ``step``, which started at host time ``start_s`` and is expected to last
         ``step_s``; hands over (requests step ``step + 1``'s first pair) a latency before its expected end."""
-        first_pair = self.online.begin(self.step_budget)
-        if first:
-            self._request(first_pair, step, 0, start_s, start_s)
+        if self._begun != step:
+            first_pair = self.online.begin(self.step_budget)
+            if first:
+                self._request(first_pair, step, 0, start_s, start_s)
         latency_s = self.clocks.latency_s
-        hand_over_s = start_s + step_s - latency_s - self.early_s
         anchor = (-1, start_s, 0)
         self._kernel = 1
         while True:
+            anchor = self._anchor(step, anchor)
             now_s = self.clock.now_s()
+            end_s = self._end_s(anchor, start_s, step_s)
+            hand_over_s = end_s - latency_s - self.early_s
             if now_s >= hand_over_s:
                 break
-            anchor = self._decide(step, start_s, now_s, anchor)
-            self.next_request_s = now_s if self.clocks.free else self.clocks.requested_s + latency_s
-            if not self.clock.sleep_until(min(now_s + self.interval_s, hand_over_s), stop):
+            wake_s = max(self._decide(step, start_s, now_s, anchor), now_s + MIN_GAP_S)
+            self.next_request_s = min(wake_s, hand_over_s)
+            if not self.clock.sleep_until(self.next_request_s, stop):
                 return
         self.next_request_s = math.inf
-        self._request(self.online.begin(self.step_budget), step + 1, 0, self.clock.now_s(), start_s + step_s)
+        self._begun = step + 1
+        self._request(self.online.begin(self.step_budget), step + 1, 0, now_s, end_s)
 
-    def _decide(self, step: int, start_s: float, now_s: float, anchor: tuple[int, float, int]
-                ) -> tuple[int, float, int]:
-        """One decision point; returns the anchor reference (index, host s, kernel) for the next."""
-        began = time.perf_counter()
+    def _end_s(self, anchor: tuple[int, float, int], start_s: float, step_s: float) -> float:
+        """The step's expected end (host s): from the last anchor passed (``step_s``'s share after its kernel,
+        at auto's proportions), else from the step's start."""
+        if anchor[0] < 0:
+            return start_s + step_s
+        return anchor[1] + step_s * (1.0 - float(self._auto_share[anchor[2]]))
+
+    def _decide(self, step: int, start_s: float, now_s: float, anchor: tuple[int, float, int]) -> float:
+        """One decision point; returns when the next is due (host s)."""
+        began, began_cpu = time.perf_counter(), time.thread_time()
         self.clocks.update(now_s)
-        anchor = self._anchor(step, anchor)
         scale = self.auto_scale
         running = 0 if self.dry_run else self.clocks.in_effect
         extrapolated = self.online.kernel_at(running, anchor[2], (now_s - anchor[1]) / scale)
@@ -201,24 +239,42 @@ class OnlineSteps:
         decision = self.online.decide(state, (now_s - start_s) / scale)
         if decision.pair not in (NO_REQUEST, self.clocks.in_effect) and self.clocks.free:
             landing = self.online.kernel_at(running, kernel, self.clocks.latency_s / scale) + 1
-            due_s = anchor[1] + scale * float(self.online.cumulative_s[landing, running]
-                                              - self.online.cumulative_s[anchor[2], running])
-            self._request(decision.pair, step, landing, now_s, due_s)
+            self._request(decision.pair, step, landing, now_s, self._kernel_s(anchor, running, landing))
+        wake_s, reason = self._next_wake(decision, start_s, now_s, anchor, running)
+        self.wakes[reason] += 1
         wall_us = (time.perf_counter() - began) * 1e6
         self.wall_us.append(wall_us)
+        self.cpu_us.append((time.thread_time() - began_cpu) * 1e6)
         if decision.evaluated:
             self.decisions += 1
             self.policy_wall_us.append(wall_us)
-            self.log.write("decision", step=step, kernel=kernel, source="anchor" if anchor[0] >= 0 else "expected",
+            self.log.append("decision", step=step, kernel=kernel, source="anchor" if anchor[0] >= 0 else "expected",
                            in_effect=self.online.labels[self.clocks.in_effect],
                            pending=None if self.clocks.free else self.online.labels[self.clocks.pending],
                            budget_pct=100 * self.step_budget, budget_used=decision.budget_used,
                            affordable_pct=decision.affordable_pct, action=list(decision.action),
                            clocks=None if decision.pair == NO_REQUEST else self.online.labels[decision.pair],
-                           wall_us=wall_us)
+                           wall_us=wall_us, next_wake=reason)
         else:
             self.advisor_reads += 1
-        return anchor
+        return wake_s
+
+    def _next_wake(self, decision: OnlineDecision, start_s: float, now_s: float, anchor: tuple[int, float, int],
+                   running: int) -> tuple[float, str]:
+        """The next decision point (host s) and its reason (see the module docstring)."""
+        wakes = {"policy": start_s + self.auto_scale * decision.policy_due_s,
+                 "arrival": self.clocks.arrival_check_s(now_s, self.interval_s)}
+        if decision.next_change is None:
+            wakes["poll"] = now_s + self.interval_s
+        elif decision.next_change < len(self._auto_share) - 1:
+            wakes["change"] = self._kernel_s(anchor, running, decision.next_change)
+        reason = min(wakes, key=wakes.__getitem__)
+        return wakes[reason], reason
+
+    def _kernel_s(self, anchor: tuple[int, float, int], running: int, kernel: int) -> float:
+        """When ``kernel`` is expected to start (host s): after the anchor, at the clocks running."""
+        times_s = self.online.cumulative_s[:, running]
+        return anchor[1] + self.auto_scale * float(times_s[kernel] - times_s[anchor[2]])
 
     def _anchor(self, step: int, anchor: tuple[int, float, int]) -> tuple[int, float, int]:
         """The latest anchor the GPU has passed (index, host s, kernel), else ``anchor``; counts the source."""
@@ -244,4 +300,6 @@ class OnlineSteps:
         return {"decisions": self.decisions, "advisor_reads": self.advisor_reads, "requests": self.requests,
                 "progress": dict(self.progress), "took_effect": dict(self.clocks.took_effect),
                 "decision_us": quantiles(self.policy_wall_us), "decision_point_us": quantiles(self.wall_us),
+                "decision_point_cpu_us": quantiles(self.cpu_us), "cpu_ms": 1e-3 * sum(self.cpu_us),
+                "wakes": dict(self.wakes),
                 "step_budget_pct": 100 * self.step_budget, "interval_ms": 1e3 * self.interval_s}
