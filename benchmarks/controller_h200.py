@@ -114,7 +114,7 @@ class Harness:
 
         return Controller(self.args.plan, self.args.trace, dry_run=True, nvml_module=self.args.nvml_module, log=log,
                           cpu_test_mode=self.args.cpu_test,
-                          match_tolerance=0.99 if self.args.cpu_test else 0.1)
+                          match_tolerance=0.99 if self.args.cpu_test else 0.1, **parse_options(self.args.option))
 
     def _window(self, on: bool, steps: int) -> Iterator[None]:
         controller = self._controller(str(self.args.out / "window.jsonl")) if on else None
@@ -222,14 +222,33 @@ def _capture(folder: Path, label: str, workload: dict[str, Any]) -> dict[str, An
     return {**workload, "trace": str(trace)}
 
 
-def run(folder: Path, cpu_test: bool, policy: Path | None, hf: bool = False) -> None:
+def parse_options(options: list[str]) -> dict[str, bool]:
+    """Controller options of a variant, ``NAME=true|false`` (e.g. ``online=false``: the policy replayed)."""
+    parsed = {}
+    for option in options:
+        name, _, value = option.partition("=")
+        if value not in ("true", "false"):
+            raise SystemExit(f"--option {option!r}: expected NAME=true or NAME=false")
+        parsed[name] = value == "true"
+    return parsed
+
+
+def run(folder: Path, cpu_test: bool, policy: Path | None, hf: bool = False, only: list[str] | None = None,
+        variants: list[str] | None = None) -> None:
     """All device-side measurements into ``folder``; ``policy`` replaces the plans of every workload; ``hf``
-    adds the Hugging Face Trainer workloads (captured here first; they need ``policy``)."""
+    adds the Hugging Face Trainer workloads (captured here first; they need ``policy``); ``only`` keeps those
+    workloads; each of ``variants`` (``LABEL:NAME=VALUE,...``) runs workload LABEL again with those controller
+    options, as ``LABEL[NAME=VALUE,...]`` (its overhead, no profile)."""
     folder.mkdir(parents=True, exist_ok=True)
     workloads, plans = (_cpu_setup(folder), folder) if cpu_test else (dict(WORKLOADS), RESULTS)
     if hf:
-        workloads.update({label: _capture(folder, label, w) for label, w in HF_WORKLOADS.items()})
-    sources = {label: policy.resolve() if policy else plan_path(label, plans) for label in workloads}
+        workloads.update({label: _capture(folder, label, w) for label, w in HF_WORKLOADS.items()
+                          if not only or label in only})
+    workloads = {label: w for label, w in workloads.items() if not only or label in only}
+    for variant in variants or []:
+        label, _, options = variant.partition(":")
+        workloads[f"{label}[{options}]"] = {**workloads[label], "profile_steps": 0, "options": options.split(",")}
+    sources = {label: policy.resolve() if policy else plan_path(label.split("[")[0], plans) for label in workloads}
     fake = ["--cpu-test-mode", "--nvml-module", "kdvfs.runtime.testing.nvml"] if cpu_test else []
     first = next(iter(workloads))
     command = " ".join(["python", "benchmarks/controller_h200.py", *sys.argv[1:]])
@@ -242,8 +261,9 @@ def run(folder: Path, cpu_test: bool, policy: Path | None, hf: bool = False) -> 
                         "--plan", str(sources[label]), "--trace", workload["trace"],
                         "--window-steps", str(workload["window_steps"]), "--profile-steps",
                         str(workload["profile_steps"]), "--nvml-module", fake[-1] if fake else GUARD,
-                        *(["--cpu-test"] if cpu_test else []), str(folder), "--", *workload["script"], "--steps",
-                        "100000"],
+                        *(["--cpu-test"] if cpu_test else []),
+                        *[f"--option={option}" for option in workload.get("options", [])],
+                        str(folder), "--", *workload["script"], "--steps", "100000"],
                        cwd=REPO_ROOT, check=True, env=_with_root_on_path())
         log[f"{label}_wall_s"] = time.perf_counter() - start_s
     log["children"], log["nvidia_smi_after"] = list(workloads), nvidia_smi(header=False)
@@ -267,6 +287,9 @@ def main(argv: list[str] | None = None) -> int:
     sub.choices["run"].add_argument("--policy", type=Path, help="a plan or frozen policy for every workload "
                                     "(default: the latency-optimal plans in benchmarks/results)")
     sub.choices["run"].add_argument("--hf", action="store_true", help="add the Hugging Face Trainer workloads")
+    sub.choices["run"].add_argument("--only", nargs="+", metavar="LABEL", help="only these workloads")
+    sub.choices["run"].add_argument("--variant", nargs="+", metavar="LABEL:NAME=VALUE,...",
+                                    help="run LABEL again with these controller options (e.g. online=false)")
     sub.choices["report"].add_argument("--name", default="controller_h200", help="results file stem")
     kid = sub.add_parser("child")
     kid.add_argument("out", type=Path)
@@ -275,13 +298,14 @@ def main(argv: list[str] | None = None) -> int:
     kid.add_argument("--window-steps", type=int, required=True)
     kid.add_argument("--profile-steps", type=int, required=True)
     kid.add_argument("--cpu-test", action="store_true")
+    kid.add_argument("--option", action="append", default=[], help="NAME=true|false, a controller option")
     kid.add_argument("script", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     if args.what == "plans":
         for label, workload in WORKLOADS.items():
             make_plan(workload["trace"], plan_path(label))
     elif args.what == "run":
-        run(args.folder, args.cpu_test, args.policy, args.hf)
+        run(args.folder, args.cpu_test, args.policy, args.hf, args.only, args.variant)
     elif args.what == "child":
         args.script = args.script[1:] if args.script[:1] == ["--"] else args.script
         return child(args)

@@ -70,7 +70,23 @@ def overhead_figures(windows: list[dict[str, Any]]) -> dict[str, Any]:
         pairs.append(with_s / without_s - 1.0)
     return {"step_time_with_ms": 1e3 * statistics.mean(on), "step_time_without_ms": 1e3 * statistics.mean(off),
             "overhead": statistics.mean(on) / statistics.mean(off) - 1.0, "pair_overheads": pairs,
-            "windows": len(windows), "steps_per_window": windows[0]["steps"]}
+            "windows": len(windows), "steps_per_window": windows[0]["steps"], **cpu_figures(windows)}
+
+
+def cpu_figures(windows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The controller's CPU time per step in the windows with it (ms; summaries that record it): its thread,
+    the hooks on the training threads, the energy thread; and the share of steps it controlled."""
+    summaries = [w["summary"] for w in windows if w["controller"] and w["summary"]
+                 and w["summary"].get("controller_cpu_ms")]
+    if not summaries:
+        return {}
+    steps = sum(s["steps"] for s in summaries)
+    return {"cpu_ms_per_step": {
+        "thread": sum(s["controller_cpu_ms"]["thread"] for s in summaries) / steps,
+        "hooks": sum(s["controller_cpu_ms"]["hooks"] or 0.0 for s in summaries) / steps,
+        "energy": sum(1e3 * (s["energy_thread_cpu_s"] or 0.0) for s in summaries) / steps,
+        "online": sum(s["online"]["cpu_ms"] for s in summaries if s.get("online")) / steps},
+        "controlled_share": sum(s["controlled_steps"] for s in summaries) / steps}
 
 
 def sequence_starts(names: list[str], step_names: list[str]) -> list[int]:
@@ -249,12 +265,18 @@ def _markdown(result: dict[str, Any]) -> str:
               f"{run['cli']['summary']['steps']} steps, {run['cli']['summary']['controlled_steps']} controlled, "
               f"{run['cli']['logged_requests']} requests logged; NVML calls: {run['cli']['nvml']}", "",
               "## Overhead on step time (with / without the controller, same process, windows ABBA)", "",
-              "| workload | without (ms/step) | with (ms/step) | overhead | per pair | target <= 1% |",
-              "| --- | ---: | ---: | ---: | --- | --- |"]
+              "| workload | without (ms/step) | with (ms/step) | overhead | per pair | controller CPU (ms/step): "
+              "thread (online part) / hooks / energy | steps controlled | target <= 1% |",
+              "| --- | ---: | ---: | ---: | --- | --- | ---: | --- |"]
     for label, o in result["overhead"].items():
         pairs = ", ".join(f"{p:+.2%}" for p in o["pair_overheads"])
+        cpu = o.get("cpu_ms_per_step")
+        cpu_text = "-" if cpu is None else \
+            f"{cpu['thread']:.2f} ({cpu['online']:.2f}) / {cpu['hooks']:.2f} / {cpu['energy']:.2f}"
+        share = "-" if cpu is None else f"{o['controlled_share']:.0%}"
         lines.append(f"| {label} | {o['step_time_without_ms']:.2f} | {o['step_time_with_ms']:.2f} | "
-                     f"{o['overhead']:+.2%} | {pairs} | {_verdict(o['overhead'], TARGETS['overhead'])} |")
+                     f"{o['overhead']:+.2%} | {pairs} | {cpu_text} | {share} | "
+                     f"{_verdict(o['overhead'], TARGETS['overhead'])} |")
     lines += ["", "## Timing error against the profiled kernel starts (planned minus actual)", "",
               "| workload | what | count | median abs (ms) | p99 abs (ms) | max abs (ms) | median signed (ms) | "
               "targets (median <= 0.5, p99 <= 2 ms) |", "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- |"]

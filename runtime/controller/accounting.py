@@ -263,6 +263,7 @@ class Accounting:
             "measured": effect, "measured_net": net(effect, controlled_share),
             "ab_share": self.schedule.share, "energy_measured": self._trace is not None,
             "energy_reads": None if self._trace is None else self._trace.reads,
+            "energy_thread_cpu_s": None if self._trace is None else self._trace.thread_cpu_s,
         }
 
 

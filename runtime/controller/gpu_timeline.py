@@ -83,10 +83,14 @@ class CudaStepTimeline:
         self._anchors: dict[int, list[Any]] = {}
         self._marks = 0
         self._changed = threading.Condition()
+        self.hook_cpu_s = 0.0
+        """CPU time spent in :meth:`mark` and :meth:`anchor`, on the threads that call them (s; concurrent
+        anchors from autograd's threads may drop an addition: a lower bound)."""
 
     def mark(self) -> tuple[Any, int | None, int]:
         import torch
 
+        began_s = time.thread_time()
         event = torch.cuda.Event(enable_timing=True)
         event.record()
         if self._first is None:
@@ -99,12 +103,14 @@ class CudaStepTimeline:
             self._marks += 1
             self._anchors.pop(step - KEEP_STEPS, None)  # a controller thread that stopped waiting
             self._changed.notify_all()
+        self.hook_cpu_s += time.thread_time() - began_s
         return event, signature, step
 
     def anchor(self) -> None:
         """Record an anchor event of the current step (from a hook; a few microseconds)."""
         import torch
 
+        began_s = time.thread_time()
         event = torch.cuda.Event(enable_timing=True, blocking=True)
         event.record()
         with self._changed:
@@ -112,6 +118,7 @@ class CudaStepTimeline:
             if len(events) < MAX_ANCHORS_PER_STEP:
                 events.append(event)
                 self._changed.notify_all()
+        self.hook_cpu_s += time.thread_time() - began_s
 
     def _host_s(self, event: Any) -> float:
         return self._first.elapsed_time(event) / 1e3 + min(self._offsets_s)

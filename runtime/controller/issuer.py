@@ -35,6 +35,7 @@ import math
 import queue
 import statistics
 import threading
+import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
@@ -72,6 +73,8 @@ class Issuer(threading.Thread):
         self.error: BaseException | None = None
         self._next_request_s = math.inf
         self._controlling = False
+        self.cpu_s = 0.0
+        """CPU time of this thread (s), once it stopped."""
         self._ratios: deque[float] = deque(maxlen=SCALE_STEPS)
 
     @property
@@ -89,6 +92,7 @@ class Issuer(threading.Thread):
             token = self.queue.get()
             try:
                 if token is None:
+                    self.cpu_s = time.thread_time()
                     return
                 if self.error is None:
                     self._window(token)

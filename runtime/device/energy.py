@@ -165,6 +165,8 @@ class EnergyTrace:
         self.error: BaseException | None = None
         self.reads = 0
         self.read_s = 0.0
+        self.thread_cpu_s = 0.0
+        """CPU time of the polling thread (s), once it stopped."""
         self._last_read_s = -math.inf
 
     def start(self) -> None:
@@ -182,6 +184,8 @@ class EnergyTrace:
                     self.read()
         except BaseException as error:  # seen by the caller through .error
             self.error = error
+        finally:
+            self.thread_cpu_s = time.thread_time()
 
     def read(self) -> None:
         """Read the counter once and record it with its time."""
