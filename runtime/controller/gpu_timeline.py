@@ -72,6 +72,8 @@ class CudaStepTimeline:
     :meth:`mark` is called on the training thread, :meth:`anchor` on the training thread or autograd's,
     :meth:`wait` and :meth:`anchor_s` on the controller's thread. Anchor events block on an OS primitive
     when waited for (``blocking=True``), so waiting neither spins a core nor holds the interpreter lock.
+    Anchor events are recorded again once their step is done (a pool): creating and destroying CUDA events
+    at every anchor cost the training thread about as much as the rest of the hook.
     """
 
     def __init__(self, clock: Clock) -> None:
@@ -83,6 +85,7 @@ class CudaStepTimeline:
         self._anchors: dict[int, list[Any]] = {}
         self._marks = 0
         self._changed = threading.Condition()
+        self._pool: list[Any] = []
         self.hook_cpu_s = 0.0
         """CPU time spent in :meth:`mark` and :meth:`anchor`, on the threads that call them (s; concurrent
         anchors from autograd's threads may drop an addition: a lower bound)."""
@@ -101,7 +104,7 @@ class CudaStepTimeline:
         with self._changed:
             step = self._marks
             self._marks += 1
-            self._anchors.pop(step - KEEP_STEPS, None)  # a controller thread that stopped waiting
+            self._pool += self._anchors.pop(step - KEEP_STEPS, [])  # a controller thread that stopped waiting
             self._changed.notify_all()
         self.hook_cpu_s += time.thread_time() - began_s
         return event, signature, step
@@ -111,7 +114,8 @@ class CudaStepTimeline:
         import torch
 
         began_s = time.thread_time()
-        event = torch.cuda.Event(enable_timing=True, blocking=True)
+        with self._changed:
+            event = self._pool.pop() if self._pool else torch.cuda.Event(enable_timing=True, blocking=True)
         event.record()
         with self._changed:
             events = self._anchors.setdefault(self._marks, [])
@@ -133,7 +137,10 @@ class CudaStepTimeline:
         self._previous_gpu_s = gpu_s
         with self._changed:
             anchors = self._anchors.pop(step, [])
-        return StepEnd(gpu_s + min(self._offsets_s), duration_s, signature, tuple(map(self._host_s, anchors)))
+        anchors_s = tuple(map(self._host_s, anchors))
+        with self._changed:
+            self._pool += anchors  # the GPU has passed them: they can be recorded again
+        return StepEnd(gpu_s + min(self._offsets_s), duration_s, signature, anchors_s)
 
     def anchor_s(self, step: int, index: int, deadline_s: float) -> float | None:
         def ready() -> bool:
