@@ -134,3 +134,33 @@ def test_shipped_policies_reproduce_their_published_held_out_results(gpu: str, s
     expected = published["rows"]["policy"]
     assert np.mean([s["energy_saved_pct"] for s in summaries]) == pytest.approx(expected["energy_saved_pct"], rel=1e-9)
     assert np.mean([s["slowdown_pct"] for s in summaries]) == pytest.approx(expected["slowdown_pct"], rel=1e-9)
+
+
+@pytest.mark.parametrize("gpu", SHIPPED)
+def test_the_split_first_layer_gives_the_whole_observations_action(gpu: str) -> None:
+    """``act_from`` (the static part's first-layer share computed ahead) against ``act``: the same action on
+    observations spread like the policy's training observations, or one whose logit ties to 1e-4 (float32
+    sums in another order)."""
+    profile = load_profile(gpu)
+    policy = FrozenPolicy.load(shipped_policy_path(gpu), profile)
+    rng = np.random.default_rng(0)
+    size = policy.spec(profile).static_size
+    observations = [rng.normal(policy.obs_mean, np.sqrt(policy.obs_var) + 1e-3).astype(np.float32)
+                    for _ in range(200)]
+    firsts = policy.first_products(np.stack(observations)[:, :size], 0, size)
+    for observation, first in zip(observations, firsts, strict=True):
+        whole, split = policy.act(observation), policy.act_from(first, observation[size:])
+        assert whole[0] == split[0] or np.isclose(*_logit_pair(policy, observation, whole, split, 0), atol=1e-4)
+        assert whole[1] == split[1] or np.isclose(*_logit_pair(policy, observation, whole, split, 1), atol=1e-4)
+
+
+def _logit_pair(policy: FrozenPolicy, observation: np.ndarray, a: np.ndarray, b: np.ndarray, part: int
+                ) -> tuple[float, float]:
+    """The float64 logits of part ``part``'s choices ``a[part]`` and ``b[part]`` (to tell a near-tie)."""
+    x = np.clip((observation - policy.obs_mean) / np.sqrt(policy.obs_var + policy.obs_epsilon), -policy.obs_clip,
+                policy.obs_clip)
+    for weight, bias in zip(policy.weights[:-1], policy.biases[:-1], strict=True):
+        x = np.tanh(x @ weight + bias) if policy.activation == "tanh" else np.maximum(x @ weight + bias, 0)
+    logits = x @ policy.weights[-1] + policy.biases[-1]
+    start = sum(policy.nvec[:part])
+    return float(logits[start + a[part]]), float(logits[start + b[part]])

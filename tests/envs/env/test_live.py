@@ -44,3 +44,56 @@ def test_a_live_state_over_its_time_shows_the_budget_used() -> None:
     assert late[2] < on_time[2]  # less slowdown still affordable
     drift = spec.view(env.observe_live(LiveState(kernel, 0, -1, 0.0, auto_s, auto_s, 1.5, 2.0)), "conditions")
     assert np.allclose(drift[[1, 3]], [2.0, 1.5])  # drift (%) and the last latency ratio, as measured
+
+
+def _plan_env() -> KernelDVFSEnv:
+    return KernelDVFSEnv(gpu="h200", config=EnvConfig().without_disturbances(), plan_actions=True,
+                         plan_budgets=(0.0, 0.005, 0.01, 0.02), decision_latencies=0.1)
+
+
+def test_the_dynamic_observation_is_the_live_observation_after_its_static_part() -> None:
+    env = _plan_env()
+    env.reset(seed=0, options={"budget": 0.01})
+    step, size = env.steps[0], env.observation_spec.static_size
+    for kernel in (0, 7, step.kernels // 2, step.kernels - 1):
+        auto_s = float(step.cumulative[kernel, 0, 0])
+        state = LiveState(kernel, 3, -1, 0.0, 1.003 * auto_s, auto_s)
+        full = env.observe_live(state)
+        assert np.array_equal(env.observe_live_dynamic(state), full[size:])
+        assert np.array_equal(env.static_rows[kernel], full[:size])
+
+
+def test_a_plans_proposal_holds_until_the_next_change_the_env_names() -> None:
+    """Brute force: the pair a plan order names, read at every kernel with the clocks in effect unchanged,
+    differs from the one before exactly at the kernels ``next_proposal_change`` names."""
+    env = _plan_env()
+    env.reset(seed=0, options={"budget": 0.01})
+    step, plans = env.steps[0], len(env.observation_spec.plan_budgets)
+    seen = 0
+    for in_effect in (0, 5):
+        for choice in (*range(plans), plans + 1):  # each plan, then the budget's plan
+            action = np.array([1, choice])
+
+            def proposal(kernel: int, action: np.ndarray = action, in_effect: int = in_effect) -> int:
+                auto_s = float(step.cumulative[kernel, 0, 0])
+                env.observe_live(LiveState(kernel, in_effect, -1, 0.0, auto_s, auto_s))
+                return env.target_pair(action)
+
+            pairs = [proposal(k) for k in range(step.kernels)]
+            changes = [k for k in range(1, step.kernels) if pairs[k] != pairs[k - 1]]
+            named = []
+            proposal(0)
+            while (change := env.next_proposal_change(action)) is not None and change < step.kernels:
+                named.append(change)
+                proposal(change)
+            assert named == changes
+            seen += len(changes)
+    assert seen > 0
+
+
+def test_orders_that_depend_on_the_budget_have_no_known_next_change() -> None:
+    env = _plan_env()
+    env.reset(seed=0, options={"budget": 0.01})
+    plans = len(env.observation_spec.plan_budgets)
+    assert env.next_proposal_change(np.array([1, plans])) is None  # the fitting plan
+    assert env.next_proposal_change(np.array([0, 0])) == env.steps[0].kernels  # no request

@@ -9,7 +9,7 @@ import pytest
 
 from kdvfs.envs.common.errors import KdvfsError
 from kdvfs.envs.env.dvfs_env import KernelDVFSEnv
-from kdvfs.envs.env.plan_advice import fitting_plan, plan_advice
+from kdvfs.envs.env.plan_advice import EPS, fitting_plan, landing_kernels, plan_advice
 from kdvfs.envs.env.workloads import default_step
 from kdvfs.envs.gpu.profiles import load_profile
 from kdvfs.envs.model.schedule import ActionCosts, replay
@@ -110,3 +110,23 @@ def test_plan_actions_choose_among_the_plans_and_run_what_the_advisor_proposes()
         plans_env.advisor_action("windows")
     with pytest.raises(KdvfsError, match="plan_actions needs plan_budgets"):
         KernelDVFSEnv(plan_actions=True)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_landing_kernels_against_a_linear_search(seed: int) -> None:
+    """For a decision before kernel j: the first kernel starting at or after an early landing (mean latency
+    less one spread after kernel j's start; 0 at j = 0), and after a late landing of the next decision
+    point's request (the later of the next kernel and one interval on, plus the latency and one spread)."""
+    rng = np.random.default_rng(seed)
+    times_s = np.concatenate([[0.0], np.cumsum(rng.uniform(0.1, 2.0, 25))])
+    latency_s, std_s, interval_s = rng.uniform(0, 4), rng.uniform(0, 1), rng.uniform(0, 2)
+    effect, next_effect = landing_kernels(times_s, latency_s, std_s, interval_s)
+    kernels = len(times_s) - 1
+
+    def first_at_or_after(time_s: float) -> int:
+        return next((k for k in range(kernels + 1) if times_s[k] >= time_s - EPS), kernels)
+
+    for j in range(kernels + 1):
+        following_s = max(times_s[min(j + 1, kernels)], times_s[j] + interval_s)
+        assert effect[j] == (0 if j == 0 else first_at_or_after(times_s[j] + max(latency_s - std_s, 0.0)))
+        assert next_effect[j] == first_at_or_after(following_s + latency_s + std_s)
