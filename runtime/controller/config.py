@@ -55,8 +55,12 @@ class ControllerConfig:
         online: a frozen policy decides online inside every controlled step, on live measurements
             (:mod:`kdvfs.runtime.controller.online`); False (``--replay``): its noise-free rollout over the
             trace is replayed as a fixed schedule. Plans are always replayed.
-        online_interval_ms: least time between the online policy's decision points (the environment's
-            decision interval when longer): what the controller's thread can afford.
+        online_interval_ms: time between the online policy's decision points while its standing order
+            depends on the budget spent (the environment's decision interval when longer); otherwise it
+            decides only where something can change (:mod:`kdvfs.runtime.controller.online`).
+        online_process: the online policy decides in a child process
+            (:mod:`kdvfs.runtime.controller.decider`), off the training process's interpreter lock; False: on
+            the controller's thread.
         watchdog: spawn the watchdog process (only ever when clocks are changed, never in a dry run).
         cpu_test_mode: accept a CPU-only script; host time stands in for the GPU timeline (tests).
         report_path: where the child process of ``kdvfs run`` writes its summary.
@@ -87,6 +91,7 @@ class ControllerConfig:
     issue_early_ms: float = 0.25
     online: bool = True
     online_interval_ms: float = 0.25
+    online_process: bool = True
     watchdog: bool = True
     cpu_test_mode: bool = False
     report_path: str | None = None

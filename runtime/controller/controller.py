@@ -189,9 +189,14 @@ class Controller:
         config, problem, online = self.config, self.plan.problem, self.plan.online
         clocks = LiveClocks(online, self._actuator, device, problem.latency_s, online.latency_std_s, config.dry_run)
         interval_s = max(online.decision_interval_s, config.online_interval_ms / 1e3)
+        decider = None
+        if config.online_process:
+            from kdvfs.runtime.controller.decider import DeciderProcess
+
+            decider = DeciderProcess(online.policy, problem)
+            self._stack.callback(decider.close)
         return OnlineSteps(online, clocks, timeline, anchoring.map, self._clock, self._log, problem.slowdown,
-                           config.budget, config.dry_run, interval_s,
-                           config.issue_early_ms / 1e3)
+                           config.budget, config.dry_run, interval_s, config.issue_early_ms / 1e3, decider)
 
     def _next_request_s(self) -> float:
         return math.inf if self._issuer is None else self._issuer.next_request_s

@@ -50,7 +50,7 @@ import threading
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -141,6 +141,15 @@ class LiveClocks:
                                                    + TIMEOUT_SDS * self.latency_std_s)
 
 
+class Decider(Protocol):
+    """What decides: an :class:`OnlinePolicy` on this thread, or the same in a child process
+    (:class:`~kdvfs.runtime.controller.decider.DeciderProcess`)."""
+
+    def begin(self, budget: float) -> int: ...
+
+    def decide(self, state: LiveState, now_s: float) -> OnlineDecision: ...
+
+
 class OnlineSteps:
     """Decides through each controlled step (see the module docstring); run on the controller's thread.
 
@@ -155,12 +164,14 @@ class OnlineSteps:
         interval_s: time between decision points where a standing order's proposal depends on the budget
             (host s).
         early_s: requests go out this much earlier than a latency ahead (the thread wakes late).
+        decider: where ``online``'s decisions are made (default: ``online`` itself, on this thread).
     """
 
     def __init__(self, online: OnlinePolicy, clocks: LiveClocks, timeline: StepTimeline, anchor_map: AnchorMap,
                  clock: Clock, log: EventLog, budget: float, target: float, dry_run: bool, interval_s: float,
-                 early_s: float) -> None:
+                 early_s: float, decider: Decider | None = None) -> None:
         self.online, self.clocks, self.timeline, self.anchor_map = online, clocks, timeline, anchor_map
+        self.decider: Decider = online if decider is None else decider
         self.clock, self.log, self.budget, self.target, self.dry_run = clock, log, budget, target, dry_run
         self.interval_s, self.early_s = interval_s, early_s
         self.step_budget = budget
@@ -199,7 +210,7 @@ class OnlineSteps:
         """Decide through step ``step``, which started at host time ``start_s`` and is expected to last
         ``step_s``; hands over (requests step ``step + 1``'s first pair) a latency before its expected end."""
         if self._begun != step:
-            first_pair = self.online.begin(self.step_budget)
+            first_pair = self.decider.begin(self.step_budget)
             if first:
                 self._request(first_pair, step, 0, start_s, start_s)
         latency_s = self.clocks.latency_s
@@ -218,7 +229,7 @@ class OnlineSteps:
                 return
         self.next_request_s = math.inf
         self._begun = step + 1
-        self._request(self.online.begin(self.step_budget), step + 1, 0, now_s, end_s)
+        self._request(self.decider.begin(self.step_budget), step + 1, 0, now_s, end_s)
 
     def _end_s(self, anchor: tuple[int, float, int], start_s: float, step_s: float) -> float:
         """The step's expected end (host s): from the last anchor passed (``step_s``'s share after its kernel,
@@ -239,7 +250,7 @@ class OnlineSteps:
                           (now_s - self.clocks.requested_s) / scale if not self.clocks.free else 0.0,
                           (now_s - start_s) / scale, float(self.online.cumulative_s[kernel, 0]),
                           self.clocks.last_latency_ratio, 100.0 * (scale - 1.0))
-        decision = self.online.decide(state, (now_s - start_s) / scale)
+        decision = self.decider.decide(state, (now_s - start_s) / scale)
         if decision.pair not in (NO_REQUEST, self.clocks.in_effect) and self.clocks.free:
             landing = self.online.kernel_at(running, kernel, self.clocks.latency_s / scale) + 1
             self._request(decision.pair, step, landing, now_s, self._kernel_s(anchor, running, landing))

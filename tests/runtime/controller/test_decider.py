@@ -1,0 +1,86 @@
+"""The online policy in its own process: the same decisions as on the controller's thread, and a process
+that dies stops the controller with the GPU back at auto."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import numpy as np
+
+from kdvfs.agents.learned.frozen import FrozenPolicy
+from kdvfs.agents.learned.online import OnlinePolicy
+from kdvfs.agents.learned.policy_planner import shipped_policy_path
+from kdvfs.envs.env.live import LiveState
+from kdvfs.runtime.controller.decider import DeciderError, DeciderProcess
+from tests.runtime.controller_helpers import fake_controller, log_records, run_steps, small_problem
+
+POLICY = shipped_policy_path("h200")
+
+
+def test_the_process_decides_exactly_as_the_policy_on_this_thread() -> None:
+    problem = small_problem()
+    policy = FrozenPolicy.load(POLICY, problem.profile)
+    here, there = OnlinePolicy(policy, problem), DeciderProcess(policy, problem)
+    try:
+        rng = np.random.default_rng(0)
+        for budget in (0.01, 0.0, 0.02):
+            assert here.begin(budget) == there.begin(budget)
+            for now_s in np.sort(rng.uniform(0, here.auto_time_s, 40)):
+                kernel = here.kernel_at(0, 0, float(now_s))
+                auto_s = float(here.cumulative_s[kernel, 0])
+                pending = int(rng.integers(-1, 3))
+                state = LiveState(kernel, int(rng.integers(3)), pending, 1e-4 if pending >= 0 else 0.0,
+                                  float(now_s) * rng.uniform(1.0, 1.02), auto_s, rng.uniform(0.5, 2), rng.normal())
+                assert here.decide(state, float(now_s)) == there.decide(state, float(now_s))
+    finally:
+        there.close()
+
+
+def test_a_decider_that_died_raises_a_decider_error() -> None:
+    problem = small_problem()
+    decider = DeciderProcess(FrozenPolicy.load(POLICY, problem.profile), problem)
+    decider.begin(0.01)
+    decider.close()
+    try:
+        decider.begin(0.01)
+    except DeciderError as error:
+        assert "ended" in str(error)
+    else:
+        raise AssertionError("no DeciderError")
+
+
+def test_a_killed_decider_stops_the_controller_and_the_gpu_goes_back_to_auto(tmp_path: Path) -> None:
+    controller, gpu, _ = fake_controller(POLICY, log=str(tmp_path / "run.jsonl"))
+    with controller:
+        run_steps(controller, 25)
+        (child,) = _decider_processes()
+        os.kill(child, signal.SIGKILL)
+        run_steps(controller, 25)
+    summary = controller.summary
+    assert summary is not None and "online decision process ended" in (summary["error"] or "")
+    assert gpu.set_calls[-1].name == "reset_clocks" and summary["gpu_restored"]
+    assert log_records(tmp_path / "run.jsonl", "error")
+
+
+def _decider_processes() -> list[int]:
+    """PIDs of this process's children running the decider (Linux ``/proc``)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and int((entry / "stat").read_text().split(")")[-1].split()[1]) == os.getpid() \
+                    and b"kdvfs.runtime.controller.decider" in (entry / "cmdline").read_bytes():
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def test_decisions_on_the_controllers_thread_when_asked(tmp_path: Path) -> None:
+    controller, gpu, _ = fake_controller(POLICY, online_process=False)
+    with controller:
+        run_steps(controller, 40)
+    summary = controller.summary
+    assert summary is not None and summary["online_decisions"] > 0 and summary["error"] is None
+    assert gpu.set_calls[-1].name == "reset_clocks"
