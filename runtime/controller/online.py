@@ -28,12 +28,13 @@ something can change (counted per reason in the summary's ``wakes``):
   the last matched auto steps' measured over model time: the A windows' and those before control), so
   a GPU that drifts as a whole is drift, not budget. Within the step, budget used is the time so far minus
   the auto time of the kernels passed. Over the run, the A/B estimator's measured slowdown sets the
-  policy's budget for the next steps: ``budget + FEEDBACK_GAIN x (target - (mean + se))`` (the measured
-  mean plus one standard error, over at least ``MIN_FEEDBACK_PAIRS`` pairs; clipped to [0, 2 x budget]):
-  a run measured over budget gets a tighter step budget, one under it a looser one, so that part of the
-  budget a fixed plan leaves unused (its pairs are discrete) is spent by alternating between the plans
-  either side of it, while the measured slowdown plus one standard error is held at the budget. A dry run
-  measures no effect of its own: there the budget stays the run's.
+  policy's budget for the next steps (over at least ``MIN_FEEDBACK_PAIRS`` pairs; clipped to
+  [0, 2 x budget]): ``budget + FEEDBACK_GAIN x (target - (mean + se))`` while the measured mean plus one
+  standard error is under the target, ``budget + FEEDBACK_GAIN x (target - (mean - se))`` while the mean
+  less one standard error is over it, the budget itself in between. So part of the budget a fixed plan
+  leaves unused (its pairs are discrete) is spent by alternating between the plans either side of it, a run
+  shown over budget gets a tighter one, and a few noisy pairs early in a run do not send it to the
+  zero-budget plan. A dry run measures no effect of its own: there the budget stays the run's.
 
 A step's first pair is requested one latency (plus ``issue_early_ms``) before the step is expected to
 end, at the end of the previous step's decisions (the policy's first decision of the next step, on the step
@@ -202,8 +203,13 @@ class OnlineSteps:
         if self.dry_run or measured is None or measured.n < MIN_FEEDBACK_PAIRS:
             self.step_budget = self.budget
         else:
-            upper_pct = measured.mean_pct + measured.standard_error_pct
-            error = self.target - upper_pct / 100
+            mean, spread = measured.mean_pct / 100, measured.standard_error_pct / 100
+            if mean + spread < self.target:  # under the budget by more than a standard error: spend more
+                error = self.target - (mean + spread)
+            elif mean - spread > self.target:  # over it by more than a standard error: spend less
+                error = self.target - (mean - spread)
+            else:  # within a standard error of it: the run's budget
+                error = 0.0
             self.step_budget = float(np.clip(self.budget + FEEDBACK_GAIN * error, 0.0, 2 * self.budget))
 
     def run(self, step: int, start_s: float, step_s: float, first: bool, stop: threading.Event) -> None:

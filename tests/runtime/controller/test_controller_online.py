@@ -129,5 +129,8 @@ def test_the_measured_slowdown_moves_the_policys_budget(tmp_path: Path) -> None:
         under = online.step_budget
         online.feedback(Interval(5.0, 4.9, 5.1, 10, 0.1 / 2.262))
         assert online.step_budget == 0.0  # clipped
+        online.feedback(Interval(1.02, 0.9, 1.14, 10, 0.12 / 2.262))
+        assert online.step_budget == 0.01  # within a standard error of the budget: the budget
     assert over < 0.01 < under <= 0.02
     assert under == pytest.approx(0.01 + FEEDBACK_GAIN * (0.01 - (0.9 + 0.05 / 2.262) / 100), rel=1e-3)
+    assert over == pytest.approx(0.01 + FEEDBACK_GAIN * (0.01 - (1.2 - 0.1 / 2.262) / 100), rel=1e-3)
