@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 from provenance import RESULTS, provenance, provenance_lines, write_results
+from scipy import stats
 
 from kdvfs.agents.common.problem import Problem, within_budget
 from kdvfs.agents.learned.ppo import load_train_config
@@ -160,6 +161,22 @@ def verdicts(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def paired_gains(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per GPU and step: online minus replayed measured saving, seed by seed (the same disturbances), its
+    mean with a 95% t interval (points) and the seeds where online saved more."""
+    by = {(r["gpu"], r["step"], r["method"], r["seed"]): r["measured_saved_pct"] for r in runs}
+    out = []
+    for gpu, step in sorted({(r["gpu"], r["step"]) for r in runs}):
+        seeds = sorted(s for g, st, m, s in by if (g, st, m) == (gpu, step, "online"))
+        diffs = np.array([by[(gpu, step, "online", s)] - by[(gpu, step, "replayed", s)] for s in seeds
+                          if by[(gpu, step, "online", s)] is not None and by[(gpu, step, "replayed", s)] is not None])
+        half = float(stats.t.ppf(0.975, len(diffs) - 1) * diffs.std(ddof=1) / np.sqrt(len(diffs))) \
+            if len(diffs) > 1 else float("nan")
+        out.append({"gpu": gpu, "step": step, "mean_pts": float(diffs.mean()), "lo_pts": float(diffs.mean()) - half,
+                    "hi_pts": float(diffs.mean()) + half, "online_more": int((diffs > 0).sum()), "seeds": len(diffs)})
+    return out
+
+
 def _cell(value: float | None, digits: int = 2) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
@@ -186,6 +203,12 @@ def markdown(document: dict[str, Any]) -> str:
         lines.append(f"| {v['gpu']} | {v['step']} | " + " | ".join(
             "met" if v[k] else "NOT met" for k in ("compliance_met", "beats_replayed", "beats_latency_optimal"))
             + " |")
+    lines += ["", "Online minus replayed measured saving, paired by seed (same disturbances), mean with 95% t "
+              "interval:", "", "| GPU | step | online - replayed (points) | seeds where online saved more |",
+              "| --- | --- | --- | ---: |"]
+    for g in paired_gains(document["runs"]):
+        lines.append(f"| {g['gpu']} | {g['step']} | {g['mean_pts']:+.3f} [{g['lo_pts']:+.3f}, {g['hi_pts']:+.3f}] | "
+                     f"{g['online_more']}/{g['seeds']} |")
     return "\n".join([*lines, ""])
 
 
