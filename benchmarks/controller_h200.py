@@ -7,9 +7,11 @@
 ``--policy P`` applies a plan or frozen policy (``policies/h200.kdvfs-policy.npz``: it decides online
 inside each step, ``runtime/controller/online.py``) to every workload instead of the latency-optimal
 plans; ``--hf`` adds a Hugging Face ``Trainer`` workload (``examples/hf_trainer.py``, captured first);
-``report --name controller_online_h200`` writes the figures under another name. On the device machine (no package
-registry) gymnasium and
-farama-notifications travel as wheels (see ``docs/controller.md``, "On an H200").
+``--only LABEL ...`` keeps those workloads; ``--variant LABEL:NAME=VALUE,...`` runs workload LABEL again with
+those controller options (``online=false``: the policy replayed; ``online_process=false``: decisions on the
+controller's thread; ``anchors=false``), for its overhead; ``report --name controller_online_h200`` writes the
+figures under another name. On the device machine (no package registry) gymnasium and farama-notifications
+travel as wheels (see ``docs/controller.md``, "On an H200").
 
 ``run`` never changes a clock: every controller there is a dry run whose NVML binding is
 ``benchmarks.nvml_guard`` (the real pynvml; any Set/Reset/Clear call is refused and counted). It runs
