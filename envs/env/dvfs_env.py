@@ -138,8 +138,9 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
         self._window_shape = spec.shape("window_slowdown_then_saving_pct")
         self._window_metrics = tuple(WINDOW_METRICS.index(m) for m in ("slowdown_pct", "saving_pct"))
         self._dynamic = self._obs[spec.static_size:]
-        self._landings: dict[tuple[int, int, int], tuple[Array, Array]] = {}
-        self._proposals: dict[tuple[int, int, int, int], list[int]] = {}
+        self._landings: dict[int, tuple[Array, Array]] = {}
+        self._proposals: dict[tuple[int, int], list[int]] = {}
+        self._cached_for: tuple[int, int] | None = None
         self._plans_rest = self._obs[spec.span("plans_rest_saving_then_slowdown_pct")]
         self._advisor_index = advisor_index(spec)
         slots = spec.advisor_slots()
@@ -151,8 +152,12 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
     def _select(self, index: int, budget: float, regime: int) -> None:
         """Start an episode on step ``index``'s run with ``budget`` under switching regime ``regime``: clocks
         auto, nothing spent, no noise."""
+        if (index, regime) != self._cached_for:  # the landing and proposal caches hold one step and regime
+            self._landings.clear()
+            self._proposals.clear()
+            self._cached_for = (index, regime)
         self._index, self._data, self.budget = index, self._runs[index], budget
-        self._regime, self.timing = regime, self.timings[regime]
+        self.timing = self.timings[regime]
         self.latency_s, self.latency_std_s, self.stall_s = self.timing.switching
         self.decision_interval_s = self.timing.decision_interval_s
         self._static, self._plans = self._prepared[regime][index]
@@ -216,10 +221,14 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
 
     def target_pair(self, action: Array) -> int:
         """The grid pair ``action``'s clocks part names at this decision point (an advisor's proposal now)."""
-        choice = int(action[1])
+        slot = self._advisor_slot(int(action[1]))
+        return int(action[1]) if slot is None else int(self._advice[slot])
+
+    def _advisor_slot(self, choice: int) -> int | None:
+        """The advisor (its index in :attr:`advice`) a clocks choice names; None for a fixed pair."""
         if self.config.plan_actions:
-            return int(self._advice[self._plan_slots.start + choice])
-        return choice if choice < self._pairs else int(self._advice[choice - self._pairs])
+            return self._plan_slots.start + choice
+        return None if choice < self._pairs else choice - self._pairs
 
     def observe_live(self, state: LiveState) -> Array:
         """The observation (and advisors' proposals: :meth:`target_pair`) at a decision point a controller
@@ -247,17 +256,14 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
         from the one it names now while the clocks in effect stay: K if never (a fixed pair, auto, a plan
         that no longer changes, no request); None where it also depends on the budget (window advisors, the
         fitting plan)."""
-        if not action[0]:
+        slot = self._advisor_slot(int(action[1]))
+        if not action[0] or slot is None:
             return self._kernels
-        choice = int(action[1])
-        if not self.config.plan_actions and choice < self._pairs:
-            return self._kernels
-        slot = self._plan_slots.start + choice if self.config.plan_actions else choice - self._pairs
         plan = slot - self._plan_slots.start if slot < self._plan_slots.stop else \
             self._budget_plan if slot == self._budget_slot else None
         if plan is None or plan < 0:
             return None if plan is None else self._kernels
-        key = (self._regime, self._index, self._in_effect, plan)
+        key = (self._in_effect, plan)
         changes = self._proposals.get(key)
         if changes is None:
             changes = self._proposals[key] = self._plans.proposal_changes(plan, *self._landing()).tolist()
@@ -436,13 +442,12 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
 
     def _landing(self) -> tuple[Array, Array]:
         """:func:`kdvfs.envs.env.plan_advice.landing_kernels` on the timeline of the clocks in effect (mean
-        times), computed once per step, regime and pair."""
-        key = (self._regime, self._index, self._in_effect)
-        found = self._landings.get(key)
+        times), computed once per pair while episodes run the same step and regime."""
+        found = self._landings.get(self._in_effect)
         if found is None:
             times = self._data.cumulative_of(self._in_effect)[0]
-            found = self._landings[key] = landing_kernels(times, self.latency_s, self.latency_std_s,
-                                                          self.decision_interval_s)
+            found = self._landings[self._in_effect] = landing_kernels(times, self.latency_s, self.latency_std_s,
+                                                                      self.decision_interval_s)
         return found
 
     def _affordable_from_effect_pct(self, effect: int) -> float:

@@ -74,8 +74,9 @@ class CudaStepTimeline:
     when waited for (``blocking=True``), so waiting neither spins a core nor holds the interpreter lock; so
     do the step-end events (a thread spinning in ``cudaEventSynchronize`` through each step used 1.4-2.1 s
     of CPU per 3.5 s window on an H200 host, and a launch-bound GPT-2 small ran up to 12% slower then).
-    Anchor events are recorded again once their step is done (a pool): creating and destroying CUDA events
-    at every anchor cost the training thread about as much as the rest of the hook.
+    Anchor events are recorded again once their step is done (a pool), so no CUDA event is created and
+    destroyed per anchor (HF Trainer GPT-2 on an H200: 1.7-1.9 ms of hook CPU per step before, 1.3-1.6 ms
+    after, in separate runs).
     """
 
     def __init__(self, clock: Clock) -> None:

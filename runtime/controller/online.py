@@ -271,12 +271,12 @@ class OnlineSteps:
             self.decisions += 1
             self.policy_wall_us.append(wall_us)
             self.log.append("decision", step=step, kernel=kernel, source="anchor" if anchor[0] >= 0 else "expected",
-                           in_effect=self.online.labels[self.clocks.in_effect],
-                           pending=None if self.clocks.free else self.online.labels[self.clocks.pending],
-                           budget_pct=100 * self.step_budget, budget_used=decision.budget_used,
-                           affordable_pct=decision.affordable_pct, action=list(decision.action),
-                           clocks=None if decision.pair == NO_REQUEST else self.online.labels[decision.pair],
-                           wall_us=wall_us, next_wake=reason)
+                            in_effect=self.online.labels[self.clocks.in_effect],
+                            pending=None if self.clocks.free else self.online.labels[self.clocks.pending],
+                            budget_pct=100 * self.step_budget, budget_used=decision.budget_used,
+                            affordable_pct=decision.affordable_pct, action=list(decision.action),
+                            clocks=None if decision.pair == NO_REQUEST else self.online.labels[decision.pair],
+                            wall_us=wall_us, next_wake=reason)
         else:
             self.advisor_reads += 1
         return wake_s
