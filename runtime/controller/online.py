@@ -73,12 +73,13 @@ CORE_MATCH_MHZ = 15.0
 TIMEOUT_SDS = 3.0
 FEEDBACK_GAIN = 2.0
 """Budget points the policy's step budget moves per point of measured slowdown under (over) the budget. Chosen
-on the fake GPU with seeds 100-103 (20 s runs; ``benchmarks/online_fake_gpu.py`` uses seeds 0-19), before the
-dead band: at 4 the loop oscillated on B200 GPT-2 small (the step budget swung between 0 and twice the budget,
-6x the switches, 1.76% saved against the replayed plan's 2.18%), at 1 it never moved off the budget's plan
-(2.18%), at 2 it saved 2.22%; on H200 GPT-2 small all three were within 0.05 points (1.55-1.59% against
-1.54%). With the dead band, on the same seeds: 2.36% (B200 GPT-2 small), 2.12% against 2.07% (B200
-BERT-base), 1.59% against 1.54% (H200 GPT-2 small)."""
+in exploratory fake-GPU runs (``benchmarks/online_fake_gpu.py``'s ``run`` with seeds 100-103 and 20 s; not
+kept as a results file; the benchmark itself uses seeds 0-19), before the dead band: at 4 the loop
+oscillated on B200 GPT-2 small (the step budget swung between 0 and twice the budget, 6x the switches,
+1.76% saved against the replayed plan's 2.18%), at 1 it never moved off the budget's plan (2.18%), at 2 it
+saved 2.22%; on H200 GPT-2 small all three were within 0.05 points (1.55-1.59% against 1.54%). With the
+dead band, on the same seeds: 2.36% (B200 GPT-2 small), 2.12% against 2.07% (B200 BERT-base), 1.59%
+against 1.54% (H200 GPT-2 small)."""
 
 
 @dataclass
