@@ -9,9 +9,11 @@ inside each step, ``runtime/controller/online.py``) to every workload instead of
 plans; ``--hf`` adds a Hugging Face ``Trainer`` workload (``examples/hf_trainer.py``, captured first);
 ``--only LABEL ...`` keeps those workloads; ``--variant LABEL:NAME=VALUE,...`` runs workload LABEL again with
 those controller options (``online=false``: the policy replayed; ``online_process=false``: decisions on the
-controller's thread; ``anchors=false``), for its overhead; ``report --name controller_online_h200`` writes the
-figures under another name. On the device machine (no package registry) gymnasium and farama-notifications
-travel as wheels (see ``docs/controller.md``, "On an H200").
+controller's thread; ``anchors=false``; ``energy_poll_s=0``: no energy thread), for its overhead;
+``--repeat N`` runs each workload's windows N times (N x 4 ABBA pairs: the overhead's interval narrows);
+``report --name controller_online_h200`` writes the figures under another name. On the device machine (no
+package registry) gymnasium and farama-notifications travel as wheels (see ``docs/controller.md``, "On an
+H200").
 
 ``run`` never changes a clock: every controller there is a dry run whose NVML binding is
 ``benchmarks.nvml_guard`` (the real pynvml; any Set/Reset/Clear call is refused and counted). It runs
@@ -138,7 +140,7 @@ class Harness:
     def _schedule(self) -> Iterator[None]:
         for _ in range(WARMUP_STEPS):
             yield
-        for on in ORDER:
+        for on in ORDER * self.args.repeat:
             yield from self._window(on, self.args.window_steps)
         if self.args.profile_steps:
             yield from self._profiled()
@@ -224,19 +226,24 @@ def _capture(folder: Path, label: str, workload: dict[str, Any]) -> dict[str, An
     return {**workload, "trace": str(trace)}
 
 
-def parse_options(options: list[str]) -> dict[str, bool]:
-    """Controller options of a variant, ``NAME=true|false`` (e.g. ``online=false``: the policy replayed)."""
-    parsed = {}
+def parse_options(options: list[str]) -> dict[str, bool | float]:
+    """Controller options of a variant, ``NAME=true|false|NUMBER`` (e.g. ``online=false``: the policy
+    replayed; ``energy_poll_s=0``: the energy counter read only at window edges)."""
+    parsed: dict[str, bool | float] = {}
     for option in options:
         name, _, value = option.partition("=")
-        if value not in ("true", "false"):
-            raise SystemExit(f"--option {option!r}: expected NAME=true or NAME=false")
-        parsed[name] = value == "true"
+        if value in ("true", "false"):
+            parsed[name] = value == "true"
+            continue
+        try:
+            parsed[name] = float(value)
+        except ValueError:
+            raise SystemExit(f"--option {option!r}: expected NAME=true, NAME=false or NAME=NUMBER") from None
     return parsed
 
 
 def run(folder: Path, cpu_test: bool, policy: Path | None, hf: bool = False, only: list[str] | None = None,
-        variants: list[str] | None = None) -> None:
+        variants: list[str] | None = None, repeat: int = 1) -> None:
     """All device-side measurements into ``folder``; ``policy`` replaces the plans of every workload; ``hf``
     adds the Hugging Face Trainer workloads (captured here first; they need ``policy``); ``only`` keeps those
     workloads; each of ``variants`` (``LABEL:NAME=VALUE,...``) runs workload LABEL again with those controller
@@ -263,7 +270,7 @@ def run(folder: Path, cpu_test: bool, policy: Path | None, hf: bool = False, onl
                         "--plan", str(sources[label]), "--trace", workload["trace"],
                         "--window-steps", str(workload["window_steps"]), "--profile-steps",
                         str(workload["profile_steps"]), "--nvml-module", fake[-1] if fake else GUARD,
-                        *(["--cpu-test"] if cpu_test else []),
+                        *(["--cpu-test"] if cpu_test else []), "--repeat", str(repeat),
                         *[f"--option={option}" for option in workload.get("options", [])],
                         str(folder), "--", *workload["script"], "--steps", "100000"],
                        cwd=REPO_ROOT, check=True, env=_with_root_on_path())
@@ -292,6 +299,8 @@ def main(argv: list[str] | None = None) -> int:
     sub.choices["run"].add_argument("--only", nargs="+", metavar="LABEL", help="only these workloads")
     sub.choices["run"].add_argument("--variant", nargs="+", metavar="LABEL:NAME=VALUE,...",
                                     help="run LABEL again with these controller options (e.g. online=false)")
+    sub.choices["run"].add_argument("--repeat", type=int, default=1, help=f"run the {len(ORDER)} windows "
+                                    "(ABBA...) this many times per workload (more pairs: a narrower interval)")
     sub.choices["report"].add_argument("--name", default="controller_h200", help="results file stem")
     kid = sub.add_parser("child")
     kid.add_argument("out", type=Path)
@@ -300,14 +309,15 @@ def main(argv: list[str] | None = None) -> int:
     kid.add_argument("--window-steps", type=int, required=True)
     kid.add_argument("--profile-steps", type=int, required=True)
     kid.add_argument("--cpu-test", action="store_true")
-    kid.add_argument("--option", action="append", default=[], help="NAME=true|false, a controller option")
+    kid.add_argument("--repeat", type=int, default=1)
+    kid.add_argument("--option", action="append", default=[], help="NAME=true|false|NUMBER, a controller option")
     kid.add_argument("script", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     if args.what == "plans":
         for label, workload in WORKLOADS.items():
             make_plan(workload["trace"], plan_path(label))
     elif args.what == "run":
-        run(args.folder, args.cpu_test, args.policy, args.hf, args.only, args.variant)
+        run(args.folder, args.cpu_test, args.policy, args.hf, args.only, args.variant, args.repeat)
     elif args.what == "child":
         args.script = args.script[1:] if args.script[:1] == ["--"] else args.script
         return child(args)

@@ -187,6 +187,7 @@ class OnlineSteps:
         self.policy_wall_us: list[float] = []
         self.cpu_us: list[float] = []
         self._scales: deque[float] = deque(maxlen=SCALE_STEPS)
+        self._auto_scale = 1.0
         self._kernel = 1
         self._begun = -1
         self._auto_share = self.online.cumulative_s[:, 0] / self.online.auto_time_s
@@ -194,12 +195,13 @@ class OnlineSteps:
     @property
     def auto_scale(self) -> float:
         """Host seconds per model second of the auto step (median of the last matched auto steps; 1 before)."""
-        return statistics.median(self._scales) if self._scales else 1.0
+        return self._auto_scale
 
     def observe(self, end: StepEnd, matched: bool, controlled: bool) -> None:
         """Learn the auto scale from a finished step (matched and at auto)."""
         if matched and not controlled and end.duration_s is not None:
             self._scales.append(end.duration_s / self.online.auto_time_s)
+            self._auto_scale = statistics.median(self._scales)
 
     def feedback(self, measured: Interval | None) -> None:
         """Set the next steps' budget from the run's measured slowdown (see the module docstring)."""
