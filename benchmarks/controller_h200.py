@@ -275,8 +275,9 @@ def run(folder: Path, cpu_test: bool, policy: Path | None, hf: bool = False, onl
                         str(folder), "--", *workload["script"], "--steps", "100000"],
                        cwd=REPO_ROOT, check=True, env=_with_root_on_path())
         log[f"{label}_wall_s"] = time.perf_counter() - start_s
-    log["children"], log["nvidia_smi_after"] = list(workloads), nvidia_smi(header=False)
-    log["finished_utc"] = utc_now()
+        log["children"] = [*log.get("children", []), label]
+        (folder / "run.json").write_text(json.dumps(log, indent=1))  # a run cut short keeps what it did
+    log["nvidia_smi_after"], log["finished_utc"] = nvidia_smi(header=False), utc_now()
     (folder / "run.json").write_text(json.dumps(log, indent=1))
 
 

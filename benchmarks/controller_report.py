@@ -272,7 +272,8 @@ def _markdown(result: dict[str, Any]) -> str:
     run, lines = result["run"], ["# Clock controller on an NVIDIA H200, dry run only", ""]
     lines += [f"- command: `{result['command']}`",
               f"- machine: host `{run['machine']}`, Python {run['python']}, {run['started_utc']} to "
-              f"{run['finished_utc']}; GPU (nvidia-smi before): `{run['nvidia_smi_before']}`",
+              f"{run.get('finished_utc', 'its time limit (cut short after the workloads below)')}; "
+              f"GPU (nvidia-smi before): `{run['nvidia_smi_before']}`",
               f"- end-to-end: `{run['cli']['command']}` ({run['cli']['wall_s']:.0f} s): "
               f"{run['cli']['summary']['steps']} steps, {run['cli']['summary']['controlled_steps']} controlled, "
               f"{run['cli']['logged_requests']} requests logged; NVML calls: {run['cli']['nvml']}", "",

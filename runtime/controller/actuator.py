@@ -23,27 +23,34 @@ class EventLog:
     def __init__(self, path: str | Path | None) -> None:
         self._file: IO[str] | None = open(path, "w", encoding="utf-8") if path else None  # noqa: SIM115 (closed by close())
         self._lock = threading.Lock()
+        self._pending: list[dict[str, Any]] = []
 
     def write(self, event: str, **fields: Any) -> None:
-        self._write(event, fields, flush=True)
-
-    def append(self, event: str, **fields: Any) -> None:
-        """:meth:`write` without the flush (the next :meth:`write` or :meth:`close` flushes it): for the online
-        decisions, dozens a step, on a thread that should not make a system call for each."""
-        self._write(event, fields, flush=False)
-
-    def _write(self, event: str, fields: dict[str, Any], flush: bool) -> None:
         if self._file is None:
             return
         line = json.dumps({"event": event, **fields}) + "\n"
         with self._lock:
+            self._write_pending()
             if self._file is not None:
                 self._file.write(line)
-                if flush:
-                    self._file.flush()
+                self._file.flush()
+
+    def append(self, event: str, **fields: Any) -> None:
+        """:meth:`write` later: the record is kept as it is and written, in order, with the next :meth:`write`
+        or :meth:`close` (for the online decisions, dozens a step: neither their JSON encoding nor a system
+        call lies between a decision and its request). ``fields`` must not change afterwards."""
+        if self._file is not None:
+            with self._lock:
+                self._pending.append({"event": event, **fields})
+
+    def _write_pending(self) -> None:
+        if self._file is not None and self._pending:
+            self._file.write("".join(json.dumps(record) + "\n" for record in self._pending))
+        self._pending = []
 
     def close(self) -> None:
         with self._lock:
+            self._write_pending()
             if self._file is not None:
                 self._file.close()
                 self._file = None
