@@ -35,6 +35,7 @@ from kdvfs.envs.env.live import LiveState
 from kdvfs.envs.env.observation import BUDGET_FEATURES
 
 NO_REQUEST = -1
+USED, AFFORDABLE = BUDGET_FEATURES.index("budget_used"), BUDGET_FEATURES.index("affordable_slowdown_pct")
 
 
 @dataclass(frozen=True)
@@ -101,11 +102,9 @@ class OnlinePolicy:
             first_product = self._first_products[self.env.clocks[0]]
             self._action, self._hold_until_s = self.policy.act_from(first_product, rest), now_s + self._hold_s
         assert self._action is not None
-        budget = rest[self._budget_view]
+        budget = rest[self._budget_view].tolist()
         pair = self.env.target_pair(self._action) if self._action[0] else NO_REQUEST
-        return OnlineDecision(pair, evaluated, tuple(int(a) for a in self._action),
-                              float(budget[BUDGET_FEATURES.index("budget_used")]),
-                              float(budget[BUDGET_FEATURES.index("affordable_slowdown_pct")]),
+        return OnlineDecision(pair, evaluated, tuple(self._action.tolist()), budget[USED], budget[AFFORDABLE],
                               self.env.next_proposal_change(self._action), self._hold_until_s)
 
     def kernel_at(self, pair: int, from_kernel: int, offset_s: float) -> int:

@@ -55,7 +55,8 @@ class PlanAdvice:
         only take effect at ``next_effect``: the pair after the plan's next change if that change speeds
         up and would come too late by then, else the pair at ``effect``. With (D,) arrays of both: (D, P)."""
         change = self.next_change[effect]
-        early = self.speeds_up[effect] & (change < np.expand_dims(next_effect, -1))
+        last = next_effect[:, None] if isinstance(next_effect, np.ndarray) else next_effect
+        early = self.speeds_up[effect] & (change < last)
         if not early.any():
             return self.pairs[effect]
         return np.where(early, self.pairs[change, np.arange(change.shape[-1])], self.pairs[effect])
