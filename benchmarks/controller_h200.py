@@ -7,9 +7,10 @@
 ``--policy P`` applies a plan or frozen policy (``policies/h200.kdvfs-policy.npz``: it decides online
 inside each step, ``runtime/controller/online.py``) to every workload instead of the latency-optimal
 plans; ``--hf`` adds a Hugging Face ``Trainer`` workload (``examples/hf_trainer.py``, captured first);
-``--only LABEL ...`` keeps those workloads; ``--variant LABEL:NAME=VALUE,...`` runs workload LABEL again with
-those controller options (``online=false``: the policy replayed; ``online_process=false``: decisions on the
-controller's thread; ``anchors=false``; ``energy_poll_s=0``: no energy thread), for its overhead;
+``--only LABEL ...`` keeps those workloads (a variant's label, ``LABEL[NAME=VALUE]``, keeps that variant
+alone); ``--variant LABEL:NAME=VALUE,...`` runs workload LABEL again with those controller options
+(``online=false``: the policy replayed; ``online_process=false``: decisions on the controller's thread;
+``anchors=false``; ``energy_poll_s=0``: no energy thread), for its overhead;
 ``--repeat N`` runs each workload's windows N times (N x 4 ABBA pairs: the overhead's interval narrows);
 ``report --name controller_online_h200`` writes the figures under another name. On the device machine (no
 package registry) gymnasium and farama-notifications travel as wheels (see ``docs/controller.md``, "On an
@@ -252,11 +253,11 @@ def run(folder: Path, cpu_test: bool, policy: Path | None, hf: bool = False, onl
     workloads, plans = (_cpu_setup(folder), folder) if cpu_test else (dict(WORKLOADS), RESULTS)
     if hf:
         workloads.update({label: _capture(folder, label, w) for label, w in HF_WORKLOADS.items()
-                          if not only or label in only})
-    workloads = {label: w for label, w in workloads.items() if not only or label in only}
+                          if not only or label in {o.split("[")[0] for o in only}})
     for variant in variants or []:
         label, _, options = variant.partition(":")
         workloads[f"{label}[{options}]"] = {**workloads[label], "profile_steps": 0, "options": options.split(",")}
+    workloads = {label: w for label, w in workloads.items() if not only or label in only}
     sources = {label: policy.resolve() if policy else plan_path(label.split("[")[0], plans) for label in workloads}
     fake = ["--cpu-test-mode", "--nvml-module", "kdvfs.runtime.testing.nvml"] if cpu_test else []
     first = next(iter(workloads))

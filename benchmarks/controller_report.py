@@ -225,6 +225,7 @@ def decision_figures(document: dict[str, Any]) -> dict[str, Any]:
     walls_us = [r["wall_us"] for r in document["log"] if r["event"] == "decision"]
     onlines = [w["summary"]["online"] for w in document["windows"] if w["summary"] and w["summary"].get("online")]
     points = [o["decision_point_us"] for o in onlines if o["decision_point_us"]["median"] is not None]
+    evaluations = [o["decision_us"] for o in onlines if o["decision_us"]["median"] is not None]
     progress: dict[str, int] = {}
     for o in onlines:
         for source, count in o["progress"].items():
@@ -232,25 +233,37 @@ def decision_figures(document: dict[str, Any]) -> dict[str, Any]:
     return {"decisions": len(walls_us),
             "decision_us_median": float(np.median(walls_us)) if walls_us else None,
             "decision_us_p99": float(np.percentile(walls_us, 99)) if walls_us else None,
+            "windows_decision_us_median_of_medians": float(np.median([e["median"] for e in evaluations]))
+            if evaluations else None,
+            "windows_decision_us_p99_max": max((e["p99"] for e in evaluations), default=None),
             "point_us_median_of_windows": float(np.median([p["median"] for p in points])) if points else None,
             "point_us_p99_max_of_windows": max((p["p99"] for p in points), default=None),
             "progress_sources": progress, "interval_ms": onlines[0]["interval_ms"] if onlines else None}
 
 
 def _decision_lines(result: dict[str, Any]) -> list[str]:
-    rows = {label: d for label, d in result["decisions"].items() if d["decisions"]}
+    rows = {label: d for label, d in result["decisions"].items()
+            if d["decisions"] or d["windows_decision_us_median_of_medians"] is not None}
     if not rows:
         return []
-    lines = ["", "## Online decisions on the controller's thread (wall time)", "",
-             "| workload | policy evaluations | median (us) | p99 (us) | every decision point: median / worst p99 "
-             "(us) | progress from | targets (median <= 50, p99 <= 500 us) |",
-             "| --- | ---: | ---: | ---: | --- | --- | --- |"]
+    lines = ["", "## Online decisions on the controller's thread (wall time, from the wake to the request out)", "",
+             "Profiled window: every policy evaluation in its log. Controlled windows: each window's summary "
+             "(the median of their medians, the worst of their p99s). Every decision point: the whole point, "
+             "with the next wake's scheduling.", "",
+             "| workload | profiled window: evaluations, median / p99 (us) | controlled windows: median / worst p99 "
+             "(us) | every decision point: median / worst p99 (us) | progress from | targets (median <= 50, "
+             "p99 <= 500 us) |", "| --- | --- | --- | --- | --- | --- |"]
     for label, d in rows.items():
-        met = d["decision_us_median"] <= 50 and d["decision_us_p99"] <= 500
+        profiled = f"{d['decisions']}, {d['decision_us_median']:.1f} / {d['decision_us_p99']:.1f}" \
+            if d["decisions"] else "-"
+        windows = "-" if d["windows_decision_us_median_of_medians"] is None else \
+            f"{d['windows_decision_us_median_of_medians']:.1f} / {d['windows_decision_us_p99_max']:.1f}"
         point = "-" if d["point_us_median_of_windows"] is None else \
             f"{d['point_us_median_of_windows']:.1f} / {d['point_us_p99_max_of_windows']:.1f}"
-        lines.append(f"| {label} | {d['decisions']} | {d['decision_us_median']:.1f} | {d['decision_us_p99']:.1f} | "
-                     f"{point} | {d['progress_sources']} | {'met' if met else 'NOT met'} |")
+        median, p99 = (d["decision_us_median"], d["decision_us_p99"]) if d["decisions"] else \
+            (d["windows_decision_us_median_of_medians"], d["windows_decision_us_p99_max"])
+        verdict = f"median {'met' if median <= 50 else 'NOT met'}, p99 {'met' if p99 <= 500 else 'NOT met'}"
+        lines.append(f"| {label} | {profiled} | {windows} | {point} | {d['progress_sources']} | {verdict} |")
     return lines
 
 
