@@ -36,11 +36,17 @@ something can change (counted per reason in the summary's ``wakes``):
   shown over budget gets a tighter one, and a few noisy pairs early in a run do not send it to the
   zero-budget plan. A dry run measures no effect of its own: there the budget stays the run's.
 
-A step's first pair is requested one latency (plus ``issue_early_ms``) before the step is expected to
-end, at the end of the previous step's decisions (the policy's first decision of the next step, on the step
-budget of that moment); the first controlled step's at once. Once an anchor has passed, the step's end is
-expected where the anchor puts it (the expected step time's share after the anchor's kernel, at auto's
-proportions) instead of at its start plus the expected step time.
+A decision takes time (its wall time, ``decision_us`` in the summary), and it is budgeted where requests go
+out: a request lands one latency after it leaves, so its change is planned for the kernel after the one
+running one latency after the decision was made, not after the decision point (none is requested that
+would land after the step's last kernel started: the hand-over comes next). A step's first pair is
+requested one latency (plus ``issue_early_ms``) before the step is expected to end, at the end of the
+previous step's decisions (the policy's first decision of the next step, on the step budget of that
+moment). The step's last decision point is two decisions' time before that (the 90th percentile of the
+last ``BUDGET_DECISIONS`` decision points' durations, each), so that it and the next step's first decision
+are made by then; the first controlled step's first pair is requested at once. Once an anchor has passed,
+the step's end is expected where the anchor puts it (the expected step time's share after the anchor's
+kernel, at auto's proportions) instead of at its start plus the expected step time.
 """
 
 from __future__ import annotations
@@ -68,6 +74,8 @@ SCALE_STEPS = 5
 MIN_GAP_S = 20e-6
 """Least time between decision points (s): a thread late for a change does not spin."""
 MIN_FEEDBACK_PAIRS = 3
+BUDGET_DECISIONS = 256
+"""Decision points whose durations set the time a step's hand-over decision is made ahead of it."""
 CORE_MATCH_MHZ = 15.0
 """A read core clock within this of a locked one has reached it (one clock step)."""
 TIMEOUT_SDS = 3.0
@@ -188,6 +196,7 @@ class OnlineSteps:
         self.cpu_us: list[float] = []
         self._scales: deque[float] = deque(maxlen=SCALE_STEPS)
         self._auto_scale = 1.0
+        self._decision_s: deque[float] = deque(maxlen=BUDGET_DECISIONS)
         self._kernel = 1
         self._begun = -1
         self._auto_share = self.online.cumulative_s[:, 0] / self.online.auto_time_s
@@ -224,7 +233,7 @@ class OnlineSteps:
             first_pair = self.decider.begin(self.step_budget)
             if first:
                 self._request(first_pair, step, 0, start_s, start_s)
-        latency_s = self.clocks.latency_s
+        latency_s, budget_s = self.clocks.latency_s, self._decision_budget_s()
         anchor = (-1, start_s, 0)
         self._kernel = 1
         while True:
@@ -232,15 +241,25 @@ class OnlineSteps:
             now_s = self.clock.now_s()
             end_s = self._end_s(anchor, start_s, step_s)
             hand_over_s = end_s - latency_s - self.early_s
-            if now_s >= hand_over_s:
+            last_s = hand_over_s - 2 * budget_s  # a decision then, then the next step's first: both by then
+            if now_s >= last_s:
                 break
             wake_s = max(self._decide(step, start_s, now_s, anchor), now_s + MIN_GAP_S)
-            self.next_request_s = min(wake_s, hand_over_s)
+            self.next_request_s = min(wake_s, last_s)
             if not self.clock.sleep_until(self.next_request_s, stop):
                 return
-        self.next_request_s = math.inf
         self._begun = step + 1
-        self._request(self.decider.begin(self.step_budget), step + 1, 0, now_s, end_s)
+        self.next_request_s = hand_over_s
+        first_pair = self.decider.begin(self.step_budget)
+        if not self.clock.sleep_until(hand_over_s, stop):
+            return
+        self.next_request_s = math.inf
+        self._request(first_pair, step + 1, 0, self.clock.now_s(), end_s)
+
+    def _decision_budget_s(self) -> float:
+        """How long a decision takes (host s, the controller's clock): the 90th percentile of the last
+        ``BUDGET_DECISIONS`` decision points' (0 before any)."""
+        return float(np.percentile(self._decision_s, 90)) if self._decision_s else 0.0
 
     def _end_s(self, anchor: tuple[int, float, int], start_s: float, step_s: float) -> float:
         """The step's expected end (host s): from the last anchor passed (``step_s``'s share after its kernel,
@@ -262,9 +281,14 @@ class OnlineSteps:
                           (now_s - start_s) / scale, float(self.online.cumulative_s[kernel, 0]),
                           self.clocks.last_latency_ratio, 100.0 * (scale - 1.0))
         decision = self.decider.decide(state, (now_s - start_s) / scale)
+        decided_s = self.clock.now_s()
+        self._decision_s.append(decided_s - now_s)
         if decision.pair not in (NO_REQUEST, self.clocks.in_effect) and self.clocks.free:
-            landing = self.online.kernel_at(running, kernel, self.clocks.latency_s / scale) + 1
-            self._request(decision.pair, step, landing, now_s, self._kernel_s(anchor, running, landing))
+            # It lands one latency after it leaves (now, the decision made): after the kernel running then.
+            lands_s = (decided_s - anchor[1] + self.clocks.latency_s) / scale
+            landing = max(self.online.kernel_at(running, anchor[2], lands_s), kernel) + 1
+            if landing < len(self._auto_share) - 1:  # else it lands after the step: the hand-over is next
+                self._request(decision.pair, step, landing, decided_s, self._kernel_s(anchor, running, landing))
         wall_us = (time.perf_counter() - began) * 1e6  # the decision and its request, if any, are out
         wake_s, reason = self._next_wake(decision, start_s, now_s, anchor, running)
         self.wakes[reason] += 1

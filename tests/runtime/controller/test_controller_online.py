@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -134,3 +136,40 @@ def test_the_measured_slowdown_moves_the_policys_budget(tmp_path: Path) -> None:
     assert over < 0.01 < under <= 0.02
     assert under == pytest.approx(0.01 + FEEDBACK_GAIN * (0.01 - (0.9 + 0.05 / 2.262) / 100), rel=1e-3)
     assert over == pytest.approx(0.01 + FEEDBACK_GAIN * (0.01 - (1.2 - 0.1 / 2.262) / 100), rel=1e-3)
+
+
+def test_a_slow_decision_is_budgeted_where_its_request_goes_out(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Decisions that take 1 ms of the (virtual) clock and ask for another pair each time: every online
+    request's change is still planned at least one latency after the request left, the hand-over's included
+    (the next step's first decision is made that much ahead)."""
+    from kdvfs.agents.learned.online import OnlinePolicy
+
+    log = tmp_path / "run.jsonl"
+    controller, gpu, timeline = fake_controller(POLICY, log=str(log), online_process=False)
+    timeline.anchor_kernels = ANCHOR_KERNELS
+    decide, begin, asked = OnlinePolicy.decide, OnlinePolicy.begin, [0]
+
+    def another_pair(self: OnlinePolicy) -> int:
+        asked[0] += 1
+        return 1 + asked[0] % 2
+
+    def slow_decide(self: OnlinePolicy, *args: Any) -> Any:
+        gpu.clock.advance_to(gpu.clock.now_s() + 1e-3)
+        return dataclasses.replace(decide(self, *args), pair=another_pair(self))
+
+    def slow_begin(self: OnlinePolicy, budget: float) -> int:
+        gpu.clock.advance_to(gpu.clock.now_s() + 1e-3)
+        begin(self, budget)
+        return another_pair(self)
+
+    monkeypatch.setattr(OnlinePolicy, "decide", slow_decide)
+    monkeypatch.setattr(OnlinePolicy, "begin", slow_begin)
+    with controller:
+        run_steps(controller, 30)
+    latency_s = log_records(log, "start")[0]["latency_s"]
+    online = [r for r in log_records(log, "request") if r.get("online") and r["step"] > 2]
+    handed_over = [r for r in online if r["kernel"] == 0]
+    assert len(online) > len(handed_over) >= 3
+    late = [r for r in online if r["due_s"] - r["issued_s"] < latency_s - 1e-9]
+    assert not late, [(r["step"], r["kernel"], r["request_s"], r["issued_s"], r["due_s"]) for r in late]
