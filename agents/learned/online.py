@@ -31,6 +31,7 @@ from kdvfs.agents.common.problem import Problem
 from kdvfs.agents.learned.frozen import FrozenPolicy
 from kdvfs.agents.learned.policy_planner import policy_env
 from kdvfs.envs.common.locked import index_right
+from kdvfs.envs.env.dvfs_env import KernelDVFSEnv
 from kdvfs.envs.env.live import LiveState
 from kdvfs.envs.env.observation import BUDGET_FEATURES
 
@@ -66,9 +67,11 @@ class OnlinePolicy:
         latency_std_s: the switching latency's spread the policy's environment assumes (s).
     """
 
-    def __init__(self, policy: FrozenPolicy, problem: Problem) -> None:
+    def __init__(self, policy: FrozenPolicy, problem: Problem, env: KernelDVFSEnv | None = None) -> None:
+        """``env``: the policy's :func:`policy_env` of ``problem`` when already built (seconds for a
+        2,000-kernel step), else built here."""
         self.policy = policy
-        self.env = policy_env(policy, problem)
+        self.env = policy_env(policy, problem) if env is None else env
         step = self.env.steps[0]
         self.cumulative_s = step.cumulative[:, 0, :]
         self.labels = tuple(problem.costs.label(int(a)) for a in step.actions)

@@ -70,9 +70,11 @@ class PolicyPlanner:
     def from_file(cls, path: Path, profile: GpuProfile, name: str = "policy") -> PolicyPlanner:
         return cls(FrozenPolicy.load(path, profile), name)
 
-    def plan(self, problem: Problem) -> Schedule:
+    def plan(self, problem: Problem, env: KernelDVFSEnv | None = None) -> Schedule:
+        """The policy's noise-free rollout over ``problem``'s step, on ``env`` (its :func:`policy_env`, built
+        here when None)."""
         start = time.perf_counter()
-        env = policy_env(self.policy, problem)
+        env = policy_env(self.policy, problem) if env is None else env
         summary = rollout(self.policy, env)
         return Schedule(env.applied.copy(), self.name, time.perf_counter() - start,
                         {"switches": float(summary["switches"])}, reactive=True)

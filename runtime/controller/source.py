@@ -106,12 +106,13 @@ def _policy_plan(path: Path, problem: Problem, online: bool) -> Plan:
     ``online``, the policy to run inside each step."""
     from kdvfs.agents.learned.frozen import FrozenPolicy
     from kdvfs.agents.learned.online import OnlinePolicy
-    from kdvfs.agents.learned.policy_planner import PolicyPlanner
+    from kdvfs.agents.learned.policy_planner import PolicyPlanner, policy_env
 
     policy = FrozenPolicy.load(path, problem.profile)
-    schedule = PolicyPlanner(policy).plan(problem)
+    env = policy_env(policy, problem)  # built once: the rollout's and the online policy's
+    schedule = PolicyPlanner(policy).plan(problem, env)
     source = f"policy {path.name} ({'online' if online else 'replayed'})"
-    return Plan(problem, schedule, source, OnlinePolicy(policy, problem) if online else None)
+    return Plan(problem, schedule, source, OnlinePolicy(policy, problem, env) if online else None)
 
 
 def load_plan(config: ControllerConfig, device_name: str) -> Plan:

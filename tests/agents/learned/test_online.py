@@ -8,7 +8,7 @@ import pytest
 from kdvfs.agents.common.problem import Problem
 from kdvfs.agents.learned.frozen import FrozenPolicy
 from kdvfs.agents.learned.online import NO_REQUEST, OnlinePolicy
-from kdvfs.agents.learned.policy_planner import PolicyPlanner, shipped_policy_path
+from kdvfs.agents.learned.policy_planner import PolicyPlanner, policy_env, shipped_policy_path
 from kdvfs.envs.env.live import LiveState
 from kdvfs.envs.gpu.profiles import load_profile
 from kdvfs.envs.trace.bundled import open_trace
@@ -57,3 +57,17 @@ def test_kernel_at_inverts_the_timeline(online: tuple[OnlinePolicy, Problem]) ->
     assert policy.kernel_at(0, 10, float(times_s[20] - times_s[10]) + 1e-9) == 20
     assert policy.kernel_at(0, 10, 1e3) == len(times_s) - 2  # never past the last kernel
     assert policy.pair_of(policy.labels[3]) == 3
+
+
+def test_on_the_rollouts_env_it_decides_as_on_an_env_of_its_own(online: tuple[OnlinePolicy, Problem]) -> None:
+    """The controller builds the policy's env once, for the replayed schedule's rollout and the online policy."""
+    fresh, problem = online
+    env = policy_env(fresh.policy, problem)
+    PolicyPlanner(fresh.policy).plan(problem, env)
+    shared = OnlinePolicy(fresh.policy, problem, env)
+    assert shared.begin(0.01) == fresh.begin(0.01)
+    for n in range(200):
+        kernel = (37 * n) % (len(fresh.cumulative_s) - 2)
+        auto_s = float(fresh.cumulative_s[kernel, 0])
+        state = LiveState(kernel, n % 3, -1, 0.0, auto_s * (1 + 0.002 * (n % 5)), auto_s)
+        assert shared.decide(state, 1e-3 * n) == fresh.decide(state, 1e-3 * n)
