@@ -34,6 +34,7 @@ import sys
 import threading
 import types
 from dataclasses import asdict, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kdvfs.agents.common.problem import score
@@ -45,7 +46,7 @@ from kdvfs.runtime.controller.config import ControllerConfig
 from kdvfs.runtime.controller.gpu_timeline import CudaStepTimeline, HostStepTimeline, StepTimeline
 from kdvfs.runtime.controller.issuer import Issuer
 from kdvfs.runtime.controller.matching import Guard, StepMatcher
-from kdvfs.runtime.controller.source import Plan, load_plan
+from kdvfs.runtime.controller.source import Plan, is_policy_file, load_plan
 from kdvfs.runtime.controller.timeline import StepPlan
 from kdvfs.runtime.device.host_time import Clock, RealClock
 from kdvfs.runtime.device.interface import Device, check_clocks_mhz
@@ -55,6 +56,7 @@ from kdvfs.runtime.device.watchdog import spawn_watchdog, stop_watchdog
 from kdvfs.runtime.job import JobGroup, Rank
 
 if TYPE_CHECKING:
+    from kdvfs.runtime.controller.decider import DeciderProcess
     from kdvfs.runtime.controller.online import OnlineSteps
 
 STOP_TIMEOUT_S = 5.0
@@ -95,6 +97,7 @@ class Controller:
         self._actuator: Actuator | None = None
         self._accounting: Accounting | None = None
         self._hooks: AnchorHooks | None = None
+        self._decider: DeciderProcess | None = None
         self._online: OnlineSteps | None = None
         self._watchdog: subprocess.Popen[bytes] | None = None
         self._log = EventLog(None)
@@ -127,6 +130,7 @@ class Controller:
 
     def _open(self) -> None:
         self.config = self.config.for_rank(self.rank)
+        self._decider = self._start_decider()
         device = self._open_device()
         self._gpu_index = device.index
         config = self.config
@@ -189,14 +193,21 @@ class Controller:
         config, problem, online = self.config, self.plan.problem, self.plan.online
         clocks = LiveClocks(online, self._actuator, device, problem.latency_s, online.latency_std_s, config.dry_run)
         interval_s = max(online.decision_interval_s, config.online_interval_ms / 1e3)
-        decider = None
-        if config.online_process:
-            from kdvfs.runtime.controller.decider import DeciderProcess
-
-            decider = DeciderProcess(online.policy, problem)
-            self._stack.callback(decider.close)
+        if self._decider is not None:
+            self._decider.load(online.policy, problem)
         return OnlineSteps(online, clocks, timeline, anchoring.map, self._clock, self._log, problem.slowdown,
-                           config.budget, config.dry_run, interval_s, config.issue_early_ms / 1e3, decider)
+                           config.budget, config.dry_run, interval_s, config.issue_early_ms / 1e3, self._decider)
+
+    def _start_decider(self) -> DeciderProcess | None:
+        """The online policy's child process (``online_process``), started first: it imports its modules
+        while the plan is built; None for a plan or ``--replay``."""
+        if not (self.config.online and self.config.online_process and is_policy_file(Path(self.config.policy))):
+            return None
+        from kdvfs.runtime.controller.decider import DeciderProcess
+
+        decider = DeciderProcess()
+        self._stack.callback(decider.close)
+        return decider
 
     def _next_request_s(self) -> float:
         return math.inf if self._issuer is None else self._issuer.next_request_s

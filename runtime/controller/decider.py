@@ -10,10 +10,12 @@ controller's thread sends each live state down a pipe as one fixed-size record a
 with the lock released (``os.read``), so the training thread runs meanwhile. Decisions are the in-process
 ones, bit for bit (the same code on the same inputs; tested).
 
-Lifecycle: started when the controller opens, which waits until it has built its policy (a few seconds,
-once); stopped when it closes; it ends by itself when the pipe closes (the training process ended or was killed) and
-ignores Ctrl-C (the trainer's handling decides). If it dies, the next decision raises
-:class:`DeciderError`: the controller's thread stops and the GPU goes back to auto, as for any error.
+Lifecycle: started first when the controller opens (it imports its modules while the controller builds the
+plan), given the policy once the plan is built, and waited for until it has built its own (a few seconds,
+once); stopped when the controller closes, or when opening fails; it ends by itself when the pipe closes
+(the training process ended or was killed) and ignores Ctrl-C (the trainer's handling decides). If it
+dies, the next decision raises :class:`DeciderError`: the controller's thread stops and the GPU goes back
+to auto, as for any error.
 """
 
 from __future__ import annotations
@@ -83,16 +85,33 @@ def _read_exact(fd: int, size: int) -> bytes | None:
 
 
 class DeciderProcess:
-    """:meth:`OnlinePolicy.begin` and :meth:`OnlinePolicy.decide` of ``policy`` on ``problem``, in a child
-    process (see the module docstring). Not for concurrent use (one controller thread)."""
+    """:meth:`OnlinePolicy.begin` and :meth:`OnlinePolicy.decide` of a policy on a problem, in a child
+    process (see the module docstring). Not for concurrent use (one controller thread).
 
-    def __init__(self, policy: FrozenPolicy, problem: Problem) -> None:
-        self._response = _response(len(policy.nvec))
+    Constructing it starts the child, which imports its modules (seconds) while the controller builds its
+    own plan; :meth:`load` then gives it the policy and waits until it has built its own (:meth:`started`:
+    both at once)."""
+
+    def __init__(self) -> None:
         environment = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
         self._process = subprocess.Popen([sys.executable, "-m", "kdvfs.runtime.controller.decider"],
                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=environment)
         assert self._process.stdin is not None and self._process.stdout is not None
         self._to, self._from = self._process.stdin.fileno(), self._process.stdout.fileno()
+        self._response = _response(0)
+
+    @classmethod
+    def started(cls, policy: FrozenPolicy, problem: Problem) -> DeciderProcess:
+        """A child process deciding for ``policy`` on ``problem``, ready."""
+        decider = cls()
+        decider.load(policy, problem)
+        return decider
+
+    def load(self, policy: FrozenPolicy, problem: Problem) -> None:
+        """Give the child ``policy`` and ``problem`` and wait until it has built its policy (DeciderError if it
+        does not within ``START_TIMEOUT_S``; the child is then ended)."""
+        assert self._process.stdin is not None
+        self._response = _response(len(policy.nvec))
         payload = _pickled((policy, problem))
         try:
             os.write(self._to, SIZE.pack(len(payload)))

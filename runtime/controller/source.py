@@ -52,12 +52,20 @@ class Plan:
     online: OnlinePolicy | None = None
 
 
+def is_policy_file(path: Path) -> bool:
+    """Whether ``path`` holds a frozen policy (a zip archive); False when it cannot be read."""
+    try:
+        with path.open("rb") as file:
+            return file.read(len(ZIP_MAGIC)) == ZIP_MAGIC
+    except OSError:
+        return False
+
+
 def _read_plan_document(path: Path) -> dict[str, Any] | None:
     """The plan file's JSON document, or None for a frozen policy (a zip archive)."""
+    if is_policy_file(path):
+        return None
     try:
-        head = path.read_bytes()[:4]
-        if head == ZIP_MAGIC:
-            return None
         document = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ScheduleSourceError(f"{path}: no such plan or policy file") from None

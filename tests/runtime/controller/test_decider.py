@@ -12,6 +12,7 @@ import numpy as np
 from kdvfs.agents.learned.frozen import FrozenPolicy
 from kdvfs.agents.learned.online import OnlinePolicy
 from kdvfs.agents.learned.policy_planner import shipped_policy_path
+from kdvfs.envs.common.errors import KdvfsError
 from kdvfs.envs.env.live import LiveState
 from kdvfs.runtime.controller.decider import DeciderError, DeciderProcess
 from tests.runtime.controller_helpers import fake_controller, log_records, run_steps, small_problem
@@ -22,7 +23,7 @@ POLICY = shipped_policy_path("h200")
 def test_the_process_decides_exactly_as_the_policy_on_this_thread() -> None:
     problem = small_problem()
     policy = FrozenPolicy.load(POLICY, problem.profile)
-    here, there = OnlinePolicy(policy, problem), DeciderProcess(policy, problem)
+    here, there = OnlinePolicy(policy, problem), DeciderProcess.started(policy, problem)
     try:
         rng = np.random.default_rng(0)
         for budget in (0.01, 0.0, 0.02):
@@ -40,7 +41,7 @@ def test_the_process_decides_exactly_as_the_policy_on_this_thread() -> None:
 
 def test_a_decider_that_died_raises_a_decider_error() -> None:
     problem = small_problem()
-    decider = DeciderProcess(FrozenPolicy.load(POLICY, problem.profile), problem)
+    decider = DeciderProcess.started(FrozenPolicy.load(POLICY, problem.profile), problem)
     decider.begin(0.01)
     decider.close()
     try:
@@ -84,3 +85,15 @@ def test_decisions_on_the_controllers_thread_when_asked(tmp_path: Path) -> None:
     summary = controller.summary
     assert summary is not None and summary["online_decisions"] > 0 and summary["error"] is None
     assert gpu.set_calls[-1].name == "reset_clocks"
+
+
+def test_a_controller_that_fails_to_open_leaves_no_decider_behind() -> None:
+    """The child starts before the plan is built (it imports meanwhile): a plan that cannot be built for
+    this GPU (a B200 policy on the fake H200) ends it with the error."""
+    controller, _, _ = fake_controller(shipped_policy_path("b200"))
+    try:
+        with controller:
+            raise AssertionError("a B200 policy opened on an H200")
+    except KdvfsError as error:
+        assert "b200" in str(error).lower()
+    assert _decider_processes() == []
