@@ -135,13 +135,12 @@ class DeciderProcess:
         fields = self._ask(REQUEST.pack(DECIDE, now_s, state.kernel, state.in_effect, state.pending,
                                         state.pending_age_s, state.elapsed_s, state.auto_elapsed_s,
                                         state.last_latency_ratio, state.auto_drift_pct))
-        actions = len(fields) - 6
-        next_change = int(fields[-2])
-        return OnlineDecision(int(fields[0]), bool(fields[1]), tuple(int(a) for a in fields[2:2 + actions]),
-                              float(fields[-4]), float(fields[-3]), None if next_change == NO_CHANGE_KNOWN
-                              else next_change, float(fields[-1]))
+        pair, evaluated, *action, budget_used, affordable_pct, next_change, policy_due_s = fields
+        return OnlineDecision(pair, evaluated, tuple(action), budget_used, affordable_pct,
+                              None if next_change == NO_CHANGE_KNOWN else next_change, policy_due_s)
 
-    def _ask(self, request: bytes) -> tuple[int | float | bool, ...]:
+    def _ask(self, request: bytes) -> tuple[Any, ...]:
+        """The child's answer to ``request``, as :func:`_response` unpacks it (ints, a bool, floats)."""
         try:
             os.write(self._to, request)
             answer = _read_exact(self._from, self._response.size)

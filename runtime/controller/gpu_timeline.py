@@ -83,6 +83,8 @@ class CudaStepTimeline:
         self._clock = clock
         self._first: Any = None
         self._offsets_s: deque[float] = deque(maxlen=OFFSET_WINDOW)
+        self._offset_s = 0.0
+        """Host minus GPU time (s): the least of ``_offsets_s`` (set with each; read only once there is one)."""
         self._previous_gpu_s: float | None = None
         self._allocations: int | None = None
         self._anchors: dict[int, list[Any]] = {}
@@ -128,7 +130,7 @@ class CudaStepTimeline:
         self.hook_cpu_s += time.thread_time() - began_s
 
     def _host_s(self, event: Any) -> float:
-        return self._first.elapsed_time(event) / 1e3 + min(self._offsets_s)
+        return self._first.elapsed_time(event) / 1e3 + self._offset_s
 
     def wait(self, token: tuple[Any, int | None, int]) -> StepEnd:
         event, signature, step = token
@@ -136,6 +138,7 @@ class CudaStepTimeline:
         wake_s = self._clock.now_s()
         gpu_s = self._first.elapsed_time(event) / 1e3
         self._offsets_s.append(wake_s - gpu_s)
+        self._offset_s = min(self._offsets_s)
         duration_s = None if self._previous_gpu_s is None else gpu_s - self._previous_gpu_s
         self._previous_gpu_s = gpu_s
         with self._changed:
@@ -143,7 +146,7 @@ class CudaStepTimeline:
         anchors_s = tuple(map(self._host_s, anchors))
         with self._changed:
             self._pool += anchors  # the GPU has passed them: they can be recorded again
-        return StepEnd(gpu_s + min(self._offsets_s), duration_s, signature, anchors_s)
+        return StepEnd(gpu_s + self._offset_s, duration_s, signature, anchors_s)
 
     def anchor_s(self, step: int, index: int, deadline_s: float) -> float | None:
         def ready() -> bool:

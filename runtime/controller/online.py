@@ -106,20 +106,26 @@ class LiveClocks:
     last_latency_ratio: float = 1.0
     took_effect: Counter[str] = field(default_factory=Counter)
     _label: str = field(init=False)
+    _clocks_mhz: tuple[int | None, int] = field(init=False)
+    """The last request's clocks (:func:`parse_clocks` of ``_label``)."""
 
     def __post_init__(self) -> None:
-        self._label = self.actuator.current
+        self._follow()
         self.in_effect = self.online.pair_of(self._label)
+
+    def _follow(self) -> None:
+        self._label = self.actuator.current
+        self._clocks_mhz = parse_clocks(self._label)
 
     def update(self, now_s: float) -> None:
         """Follow the actuator's last request and whether it has taken effect by ``now_s`` (host s)."""
         if self.actuator.current != self._label:
-            self._label = self.actuator.current
+            self._follow()
             self.pending, self.requested_s = self.online.pair_of(self._label), self.actuator.issued_s
         if self.pending == NO_REQUEST:
             return
         age_s = now_s - self.requested_s
-        core_mhz, mem_mhz = parse_clocks(self._label)
+        core_mhz, mem_mhz = self._clocks_mhz
         if self.dry_run or core_mhz is None or self.device is None:
             if age_s >= self.latency_s:
                 self._arrive("assumed", age_s)
@@ -146,7 +152,7 @@ class LiveClocks:
         seen or times out."""
         if self.free:
             return math.inf
-        if self.dry_run or self.device is None or parse_clocks(self._label)[0] is None:
+        if self.dry_run or self.device is None or self._clocks_mhz[0] is None:
             return self.requested_s + self.latency_s
         first_s = self.requested_s + max(self.latency_s - self.latency_std_s, 0.0)
         return first_s if now_s < first_s else min(now_s + poll_s, self.requested_s + self.latency_s
