@@ -5,9 +5,10 @@
 
 Per call, on the thread that makes it (CPU time; wall time beside it): the calls the training thread makes
 for the controller (``CudaStepTimeline.mark`` at each step end, of which the allocation count; ``anchor``
-at each anchor hook, of which ``torch.cuda.current_stream`` and ``Event.record``; a tensor hook's
-registration), and what a few numpy calls cost on a thread that has just slept (the controller's thread
-sleeps between decision points; a core left idle runs the next Python slower). Then a GPT-2 small training
+at each anchor hook, of which ``torch.cuda.current_stream`` and ``Event.record``, and the same with the
+stream objects kept, ``gpu_timeline.current_stream``; a tensor hook's registration), and what a few numpy
+calls and a whole online decision cost after the thread slept (the controller's thread sleeps between
+decision points; a core left idle runs the next Python slower) or spun instead. Then a GPT-2 small training
 step (``examples/gpt.py``, batch 8) with and without the anchor hooks: the training thread's CPU time per
 step. Nothing here touches a clock; NVML is not used.
 """
@@ -24,19 +25,37 @@ from typing import Any
 import numpy as np
 from provenance import RESULTS, provenance, provenance_lines, write_results
 
-IDLE_S = (0.0, 0.5e-3, 5e-3)
 TRAIN_STEPS = 30
 
 
-def per_call(call: Callable[[], Any], calls: int, idle_s: float = 0.0) -> dict[str, float]:
-    """Median and p99 of ``call``'s CPU and wall time (us) over ``calls`` calls, ``idle_s`` asleep between."""
+def sleep_s(duration_s: float) -> Callable[[], None]:
+    return lambda: time.sleep(duration_s)
+
+
+def spin_s(duration_s: float) -> Callable[[], None]:
+    """Busy-wait ``duration_s`` in Python (the thread never sleeps)."""
+    def spin() -> None:
+        end_s = time.perf_counter() + duration_s
+        while time.perf_counter() < end_s:
+            pass
+
+    return spin
+
+
+BEFORE: tuple[tuple[str, Callable[[], None]], ...] = (
+    ("nothing (back to back)", lambda: None), ("slept 20 us", sleep_s(20e-6)), ("slept 0.5 ms", sleep_s(0.5e-3)),
+    ("slept 5 ms", sleep_s(5e-3)), ("spun 5 ms (never slept)", spin_s(5e-3)))
+"""What the thread did before each call of the idle rows."""
+
+
+def per_call(call: Callable[[], Any], calls: int, before: Callable[[], None] = lambda: None) -> dict[str, float]:
+    """Median and p99 of ``call``'s CPU and wall time (us) over ``calls`` calls, each after ``before()``."""
     cpu_us, wall_us = np.empty(calls), np.empty(calls)
     for n in range(calls):
+        before()
         began, began_cpu = time.perf_counter(), time.thread_time()
         call()
         wall_us[n], cpu_us[n] = 1e6 * (time.perf_counter() - began), 1e6 * (time.thread_time() - began_cpu)
-        if idle_s:
-            time.sleep(idle_s)
     return {"cpu_median_us": float(np.median(cpu_us)), "cpu_p99_us": float(np.percentile(cpu_us, 99)),
             "wall_median_us": float(np.median(wall_us)), "wall_p99_us": float(np.percentile(wall_us, 99))}
 
@@ -45,7 +64,7 @@ def hook_calls(calls: int) -> list[dict[str, Any]]:
     """The training thread's calls for the controller, each timed alone."""
     import torch
 
-    from kdvfs.runtime.controller.gpu_timeline import CudaStepTimeline, _allocations
+    from kdvfs.runtime.controller.gpu_timeline import CudaStepTimeline, _allocations, current_stream
     from kdvfs.runtime.device.host_time import RealClock
 
     timeline = CudaStepTimeline(RealClock())
@@ -59,6 +78,8 @@ def hook_calls(calls: int) -> list[dict[str, Any]]:
 
     rows: list[tuple[str, Callable[[], Any]]] = [
         ("torch.cuda.current_stream()", torch.cuda.current_stream), ("Event.record()", event.record),
+        ("kdvfs current_stream() (its stream objects kept)", current_stream),
+        ("Event.record(current_stream())", lambda: event.record(current_stream())),
         ("allocation count (memory_stats_as_nested_dict)", _allocations),
         ("tensor.register_hook", lambda: (leaf * 1).register_hook(lambda g: None))]
     result = [{"call": name, **per_call(call, calls)} for name, call in rows]
@@ -69,13 +90,32 @@ def hook_calls(calls: int) -> list[dict[str, Any]]:
 
 
 def idle_calls(calls: int) -> list[dict[str, Any]]:
-    """A numpy call and a small MLP layer after the thread slept ``IDLE_S``."""
+    """A numpy call, a small MLP layer and a whole online decision (the shipped H200 policy on the bundled
+    GPT-3 XL step, as ``online_decision_lock.py`` makes them) after each of ``BEFORE``."""
+    from online_decision_lock import TRACE
+
+    from kdvfs.agents.common.problem import Problem
+    from kdvfs.agents.learned.frozen import FrozenPolicy
+    from kdvfs.agents.learned.online import OnlinePolicy
+    from kdvfs.agents.learned.policy_planner import shipped_policy_path
+    from kdvfs.envs.env.live import LiveState
+    from kdvfs.envs.gpu.profiles import load_profile
+    from kdvfs.envs.trace.bundled import open_trace
+
+    profile = load_profile("h200")
+    online = OnlinePolicy(FrozenPolicy.load(shipped_policy_path("h200"), profile),
+                          Problem.build(open_trace(TRACE), profile, 0.01))
+    online.begin(0.01)
+    kernel = len(online.cumulative_s) // 2
+    auto_s = float(online.cumulative_s[kernel, 0])
+    state = LiveState(kernel, 0, -1, 0.0, auto_s * 1.005, auto_s)
     x, weight = np.zeros(128, dtype=np.float32), np.zeros((128, 193), dtype=np.float32)
     rest = np.zeros(193, dtype=np.float32)
-    return [{"call": name, "idle_ms": 1e3 * idle_s, **per_call(call, calls, idle_s)}
-            for idle_s in IDLE_S for name, call in (("np.add (128,)", lambda: np.add(x, x, out=x)),
-                                                     ("np.matmul (128, 193) @ (193,)",
-                                                      lambda: np.matmul(weight, rest, out=x)))]
+    calls_of = (("np.add (128,)", lambda: np.add(x, x, out=x)),
+                ("np.matmul (128, 193) @ (193,)", lambda: np.matmul(weight, rest, out=x)),
+                ("OnlinePolicy.decide (policy run)", lambda: online.decide(state, 1e9)))
+    return [{"call": name, "before": label, **per_call(call, calls, before)}
+            for label, before in BEFORE for name, call in calls_of]
 
 
 def training_cpu(hooks: bool) -> dict[str, float]:
@@ -143,9 +183,8 @@ def markdown(document: dict[str, Any]) -> str:
     head = ("| {} | CPU median (us) | CPU p99 (us) | wall median (us) | wall p99 (us) |\n"
             "| --- | ---: | ---: | ---: | ---: |")
     lines = ["# What the controller's pieces cost the training process, per call", "",
-             *provenance_lines(document["provenance"]), "", "## After the thread slept", "",
-             head.format("call, after sleeping"),
-             *(_row(r, f"{r['call']}, {r['idle_ms']:g} ms") for r in document["idle"])]
+             *provenance_lines(document["provenance"]), "", "## After the thread slept or spun", "",
+             head.format("call, after"), *(_row(r, f"{r['call']}, {r['before']}") for r in document["idle"])]
     if "hooks" in document:
         lines += ["", f"## On the training thread ({document['gpu']})", "", head.format("call"),
                   *(_row(r, r["call"]) for r in document["hooks"]), "",

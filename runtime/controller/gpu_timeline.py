@@ -59,6 +59,24 @@ class StepTimeline(Protocol):
         as (index, host time s), or None if none has been passed since; never waits."""
 
 
+_STREAMS: dict[tuple[int, int, int], Any] = {}
+
+
+def current_stream() -> Any:
+    """``torch.cuda.current_stream()`` (the calling thread's), its Python object made once per stream: a new
+    one at every call costs most of an anchor (on an H200 host ``current_stream()`` takes 9 us of the 12.5 us
+    ``Event.record()`` takes; ``benchmarks/results/controller_costs.md``)."""
+    import torch
+
+    if not torch.cuda.is_initialized():
+        return torch.cuda.current_stream()
+    key = torch._C._cuda_getCurrentStream(torch._C._cuda_getDevice())
+    stream = _STREAMS.get(key)
+    if stream is None:
+        stream = _STREAMS[key] = torch.cuda.Stream(stream_id=key[0], device_index=key[1], device_type=key[2])
+    return stream
+
+
 def _allocations() -> int:
     """Allocations the CUDA caching allocator has served in this process."""
     import torch
@@ -100,7 +118,7 @@ class CudaStepTimeline:
 
         began_s = time.thread_time()
         event = torch.cuda.Event(enable_timing=True, blocking=True)
-        event.record()
+        event.record(current_stream())
         if self._first is None:
             self._first = event
         count = _allocations()
@@ -121,7 +139,7 @@ class CudaStepTimeline:
         began_s = time.thread_time()
         with self._changed:
             event = self._pool.pop() if self._pool else torch.cuda.Event(enable_timing=True, blocking=True)
-        event.record()
+        event.record(current_stream())
         with self._changed:
             events = self._anchors.setdefault(self._marks, [])
             if len(events) < MAX_ANCHORS_PER_STEP:

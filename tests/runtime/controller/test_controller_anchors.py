@@ -85,7 +85,7 @@ class FakeEvent:
     def __init__(self, enable_timing: bool = False, blocking: bool = False) -> None:
         self.time_s: float | None = None
 
-    def record(self) -> None:
+    def record(self, stream: object = None) -> None:
         self.time_s = FakeEvent.gpu_s
 
     def synchronize(self) -> None:
@@ -99,6 +99,7 @@ class FakeEvent:
 def test_cuda_timeline_files_anchors_by_step_and_waits_for_them(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
     monkeypatch.setattr(gpu_timeline, "_allocations", lambda: 0)
+    monkeypatch.setattr(gpu_timeline, "current_stream", lambda: None)
     timeline = CudaStepTimeline(RealClock())
     first = timeline.mark()  # ends step 0
     FakeEvent.gpu_s = 0.01
