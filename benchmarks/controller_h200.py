@@ -7,8 +7,8 @@
 ``--policy P`` applies a plan or frozen policy (``policies/h200.kdvfs-policy.npz``: it decides online
 inside each step, ``runtime/controller/online.py``) to every workload instead of the latency-optimal
 plans; ``--hf`` adds a Hugging Face ``Trainer`` workload (``examples/hf_trainer.py``, captured first);
-``--only LABEL ...`` keeps those workloads (a variant's label, ``LABEL[NAME=VALUE]``, keeps that variant
-alone); ``--variant LABEL:NAME=VALUE,...`` runs workload LABEL again with those controller options
+``--only LABEL ...`` keeps those workloads and their variants (a variant's label, ``LABEL[NAME=VALUE]``,
+keeps that variant alone); ``--variant LABEL:NAME=VALUE,...`` runs workload LABEL again with those controller options
 (``online=false``: the policy replayed; ``online_process=false``: decisions on the controller's thread;
 ``anchors=false``; ``energy_poll_s=0``: no energy thread), for its overhead;
 ``--repeat N`` runs each workload's windows N times (N x 4 ABBA pairs: the overhead's interval narrows);
@@ -257,7 +257,7 @@ def run(folder: Path, cpu_test: bool, policy: Path | None, hf: bool = False, onl
     for variant in variants or []:
         label, _, options = variant.partition(":")
         workloads[f"{label}[{options}]"] = {**workloads[label], "profile_steps": 0, "options": options.split(",")}
-    workloads = {label: w for label, w in workloads.items() if not only or label in only}
+    workloads = {label: w for label, w in workloads.items() if not only or label in only or label.split("[")[0] in only}
     sources = {label: policy.resolve() if policy else plan_path(label.split("[")[0], plans) for label in workloads}
     fake = ["--cpu-test-mode", "--nvml-module", "kdvfs.runtime.testing.nvml"] if cpu_test else []
     first = next(iter(workloads))
