@@ -96,6 +96,27 @@ class FakeEvent:
         return (other.time_s - self.time_s) * 1e3
 
 
+class FakeStream:
+    def __init__(self, stream_id: int, device_index: int, device_type: int) -> None:
+        self.key = (stream_id, device_index, device_type)
+
+
+def test_current_stream_keeps_one_object_per_stream_of_the_calling_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    current = {"stream": (7, 0, 1)}
+    monkeypatch.setattr(gpu_timeline, "_STREAMS", {})
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentStream", lambda device: current["stream"], raising=False)
+    monkeypatch.setattr(torch.cuda, "Stream", FakeStream)
+    first = gpu_timeline.current_stream()
+    assert first.key == (7, 0, 1) and gpu_timeline.current_stream() is first
+    current["stream"] = (9, 0, 1)  # e.g. inside `with torch.cuda.stream(s)`
+    other = gpu_timeline.current_stream()
+    assert other.key == (9, 0, 1) and other is not first
+    current["stream"] = (7, 0, 1)
+    assert gpu_timeline.current_stream() is first
+
+
 def test_cuda_timeline_files_anchors_by_step_and_waits_for_them(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
     monkeypatch.setattr(gpu_timeline, "_allocations", lambda: 0)
