@@ -10,7 +10,7 @@ from pathlib import Path
 from kdvfs.envs.common.errors import KdvfsError
 from kdvfs.runtime.job import Rank, rank_path
 
-CPU_TEST_MATCH_TOLERANCE = 0.5
+CPU_TEST_MATCH_TOLERANCE = 1.0
 MAX_AB_SHARE = 0.9
 
 
@@ -33,7 +33,7 @@ class ControllerConfig:
         log: JSONL file of every request, step and measurement window (default: none).
         tensorboard: folder for TensorBoard scalars (default: none).
         match_tolerance: largest relative difference between a step's GPU time and the expected one (in CPU
-            test mode at least ``CPU_TEST_MATCH_TOLERANCE``: see :attr:`step_match_tolerance`).
+            test mode ``CPU_TEST_MATCH_TOLERANCE`` instead: see :attr:`step_match_tolerance`).
         confirm_steps: consecutive matching steps before the controller acts (and to learn the step's
             allocation count).
         guard_margin: allowed beyond the budget: the guard backs off when the lower end of the measured
@@ -100,9 +100,11 @@ class ControllerConfig:
     def step_match_tolerance(self) -> float:
         """The tolerance step matching uses. In CPU test mode a step's time is the training thread's CPU time on
         a shared host, which moves by more than 10% between a capture and a later run under other load (seen:
-        7-25 of 400 tiny-GPT steps matched on a loaded 2-core machine), so matching there is loose: the mode
-        tests the pipeline, not the matching."""
-        return max(self.match_tolerance, CPU_TEST_MATCH_TOLERANCE) if self.cpu_test_mode else self.match_tolerance
+        7-25 of 400 tiny-GPT steps matched on a loaded 2-core machine), and is bimodal: in one run on a 2-core
+        machine, tiny-GPT steps took 3.5-4 ms or 5-5.5 ms of CPU, in stretches, against 3.46 ms captured, so
+        at a tolerance of 0.5 the run matched 181 of 400 steps. Matching there is loose (at most twice the
+        captured time): the mode tests the pipeline, not the matching."""
+        return CPU_TEST_MATCH_TOLERANCE if self.cpu_test_mode else self.match_tolerance
 
     def __post_init__(self) -> None:
         if self.budget < 0:
