@@ -64,8 +64,10 @@ _STREAMS: dict[tuple[int, int, int], Any] = {}
 
 def current_stream() -> Any:
     """``torch.cuda.current_stream()`` (the calling thread's), its Python object made once per stream: a new
-    one at every call costs most of an anchor (on an H200 host ``current_stream()`` takes 9 us of the 12.5 us
-    ``Event.record()`` takes; ``benchmarks/results/controller_costs.md``)."""
+    one at every call costs most of an anchor (on an H200 host ``current_stream()`` takes 7.3 us of the
+    10.4 us ``Event.record()`` takes, and ``Event.record(current_stream())`` 4.4 us;
+    ``benchmarks/results/controller_costs.md``). Threads may race to make a stream's first object: one is
+    kept, and either records on the same stream."""
     import torch
 
     if not torch.cuda.is_initialized():
