@@ -17,7 +17,9 @@ computed without its static part (next kernels and windows: 911 of the H200 poli
 whose share of the first layer is computed for every kernel once
 (:meth:`~kdvfs.agents.learned.frozen.FrozenPolicy.first_products`): a decision touches only small
 arrays, on which numpy keeps the interpreter lock (a controller thread beside a busy training loop
-does not wait to get it back between numpy calls).
+does not wait to get it back between numpy calls). What the environment computes once per pair in effect
+(where requests land, the plans' proposal changes) is computed for every pair when it is built
+(:meth:`~kdvfs.envs.env.dvfs_env.KernelDVFSEnv.prepare_live`), not at the first decision that needs it.
 """
 
 from __future__ import annotations
@@ -72,6 +74,8 @@ class OnlinePolicy:
         2,000-kernel step), else built here."""
         self.policy = policy
         self.env = policy_env(policy, problem) if env is None else env
+        self.env.reset(seed=0)
+        self.env.prepare_live()
         step = self.env.steps[0]
         self.cumulative_s = step.cumulative[:, 0, :]
         self.labels = tuple(problem.costs.label(int(a)) for a in step.actions)

@@ -9,7 +9,9 @@ from kdvfs.agents.common.problem import Problem
 from kdvfs.agents.learned.frozen import FrozenPolicy
 from kdvfs.agents.learned.online import NO_REQUEST, OnlinePolicy
 from kdvfs.agents.learned.policy_planner import PolicyPlanner, policy_env, shipped_policy_path
+from kdvfs.envs.env import dvfs_env
 from kdvfs.envs.env.live import LiveState
+from kdvfs.envs.env.plan_advice import PlanAdvice
 from kdvfs.envs.gpu.profiles import load_profile
 from kdvfs.envs.trace.bundled import open_trace
 
@@ -71,3 +73,29 @@ def test_on_the_rollouts_env_it_decides_as_on_an_env_of_its_own(online: tuple[On
         auto_s = float(fresh.cumulative_s[kernel, 0])
         state = LiveState(kernel, n % 3, -1, 0.0, auto_s * (1 + 0.002 * (n % 5)), auto_s)
         assert shared.decide(state, 1e-3 * n) == fresh.decide(state, 1e-3 * n)
+
+
+def test_its_decisions_do_no_first_use_work_and_see_what_a_lazy_env_sees(online: tuple[OnlinePolicy, Problem],
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where requests land and the plans' proposal changes are computed for every pair when the policy is built
+    (``prepare_live``), with the values a fresh env computes on first use."""
+    policy, problem = online
+    lazy = policy_env(policy.policy, problem)
+    lazy.reset(seed=0, options={"budget": 0.01})
+    policy.begin(0.01)
+    plans = [np.array([1, lazy.advisor_action("plans", i)]) for i in range(len(policy.policy.config.plan_budgets))]
+    kernels = len(policy.cumulative_s) - 2
+    states = [LiveState((29 * pair) % kernels, pair, -1, 0.0, float(policy.cumulative_s[(29 * pair) % kernels, 0]),
+                        float(policy.cumulative_s[(29 * pair) % kernels, 0])) for pair in range(len(policy.labels))]
+    expected = [(lazy.observe_live_dynamic(state).copy(), [lazy.next_proposal_change(a) for a in plans])
+                for state in states]
+
+    def first_use(*args: object) -> None:
+        raise AssertionError("computed on the decision path")
+
+    monkeypatch.setattr(dvfs_env, "landing_kernels", first_use)
+    monkeypatch.setattr(PlanAdvice, "proposal_changes", first_use)
+    for state, (observation, changes) in zip(states, expected, strict=True):
+        assert np.array_equal(policy.env.observe_live_dynamic(state), observation)
+        assert [policy.env.next_proposal_change(a) for a in plans] == changes
+        policy.decide(state, 1e9)
