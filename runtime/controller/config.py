@@ -61,6 +61,10 @@ class ControllerConfig:
         online_process: the online policy decides in a child process
             (:mod:`kdvfs.runtime.controller.decider`), off the training process's interpreter lock; False: on
             the controller's thread.
+        switch_interval_ms: the interpreter's switch interval while the controller runs (0: left as it is,
+            5 ms by default); it bounds how long the controller's thread waits for the interpreter lock after
+            a wake or a decision when the training thread does not let go of it
+            (:func:`kdvfs.runtime.controller.controller.switch_interval`).
         watchdog: spawn the watchdog process (only ever when clocks are changed, never in a dry run).
         cpu_test_mode: accept a CPU-only script; host time stands in for the GPU timeline (tests).
         report_path: where the child process of ``kdvfs run`` writes its summary.
@@ -92,6 +96,7 @@ class ControllerConfig:
     online: bool = True
     online_interval_ms: float = 0.25
     online_process: bool = True
+    switch_interval_ms: float = 0.0
     watchdog: bool = True
     cpu_test_mode: bool = False
     report_path: str | None = None
@@ -114,6 +119,8 @@ class ControllerConfig:
         if min(self.anchor_margin_ms, self.issue_early_ms) < 0:
             raise KdvfsError(f"anchor margin {self.anchor_margin_ms} ms and issue-early {self.issue_early_ms} ms "
                              "must be >= 0")
+        if self.switch_interval_ms < 0:
+            raise KdvfsError(f"switch interval {self.switch_interval_ms} ms must be >= 0 (0: the interpreter's)")
         if self.online_interval_ms <= 0:
             raise KdvfsError(f"online decision interval {self.online_interval_ms} ms must be > 0")
         if not 0 < self.match_tolerance < 1:
@@ -154,3 +161,4 @@ class ControllerConfig:
     def load(cls, path: Path) -> ControllerConfig:
         """Read a config written by :meth:`save`."""
         return cls(**json.loads(Path(path).read_text(encoding="utf-8")))
+
