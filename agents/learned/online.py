@@ -18,8 +18,8 @@ whose share of the first layer is computed for every kernel once
 (:meth:`~kdvfs.agents.learned.frozen.FrozenPolicy.first_products`): a decision touches only small
 arrays, on which numpy keeps the interpreter lock (a controller thread beside a busy training loop
 does not wait to get it back between numpy calls). What the environment computes once per pair in effect
-(where requests land, the plans' proposal changes) is computed for every pair when it is built
-(:meth:`~kdvfs.envs.env.dvfs_env.KernelDVFSEnv.prepare_live`), not at the first decision that needs it.
+(where requests land, the plans' proposal changes) is computed for every pair by :meth:`OnlinePolicy.prepare`
+before deciding starts, not at the first decision that needs it.
 """
 
 from __future__ import annotations
@@ -74,8 +74,6 @@ class OnlinePolicy:
         2,000-kernel step), else built here."""
         self.policy = policy
         self.env = policy_env(policy, problem) if env is None else env
-        self.env.reset(seed=0)
-        self.env.prepare_live()
         step = self.env.steps[0]
         self.cumulative_s = step.cumulative[:, 0, :]
         self.labels = tuple(problem.costs.label(int(a)) for a in step.actions)
@@ -89,6 +87,13 @@ class OnlinePolicy:
         self._action: np.ndarray | None = None
         self._times_s: dict[int, list[float]] = {}
         self._hold_until_s = -math.inf
+
+    def prepare(self) -> None:
+        """Compute now what the first decisions at each pair in effect would compute
+        (:meth:`~kdvfs.envs.env.dvfs_env.KernelDVFSEnv.prepare_live`); whoever decides calls it once, before
+        the first :meth:`begin` (a controller that decides in a child process needs only the rest)."""
+        self.env.reset(seed=0)
+        self.env.prepare_live()
 
     def pair_of(self, label: str) -> int:
         """The grid pair of clock label ``label``; ValueError if the grid has none."""

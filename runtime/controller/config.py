@@ -161,4 +161,3 @@ class ControllerConfig:
     def load(cls, path: Path) -> ControllerConfig:
         """Read a config written by :meth:`save`."""
         return cls(**json.loads(Path(path).read_text(encoding="utf-8")))
-

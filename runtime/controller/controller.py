@@ -216,7 +216,9 @@ class Controller:
         config, problem, online = self.config, self.plan.problem, self.plan.online
         clocks = LiveClocks(online, self._actuator, device, problem.latency_s, online.latency_std_s, config.dry_run)
         interval_s = max(online.decision_interval_s, config.online_interval_ms / 1e3)
-        if self._decider is not None:
+        if self._decider is None:
+            online.prepare()
+        else:
             self._decider.load(online.policy, problem)
         return OnlineSteps(online, clocks, timeline, anchoring.map, self._clock, self._log, problem.slowdown,
                            config.budget, config.dry_run, interval_s, config.issue_early_ms / 1e3, self._decider)

@@ -176,6 +176,7 @@ def serve(requests: IO[bytes], answers: IO[bytes]) -> int:
         return 1
     policy, problem = pickle.loads(payload)
     online, response = OnlinePolicy(policy, problem), _response(len(policy.nvec))
+    online.prepare()
     os.write(to_parent, b"R")
     while (request := _read_exact(from_parent, REQUEST.size)) is not None:
         kind, value, *fields = REQUEST.unpack(request)

@@ -75,11 +75,12 @@ def test_on_the_rollouts_env_it_decides_as_on_an_env_of_its_own(online: tuple[On
         assert shared.decide(state, 1e-3 * n) == fresh.decide(state, 1e-3 * n)
 
 
-def test_its_decisions_do_no_first_use_work_and_see_what_a_lazy_env_sees(online: tuple[OnlinePolicy, Problem],
-                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    """Where requests land and the plans' proposal changes are computed for every pair when the policy is built
-    (``prepare_live``), with the values a fresh env computes on first use."""
+def test_once_prepared_its_decisions_do_no_first_use_work_as_a_lazy_env(online: tuple[OnlinePolicy, Problem],
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where requests land and the plans' proposal changes are computed for every pair by ``prepare``, with the
+    values a fresh env computes on first use."""
     policy, problem = online
+    policy.prepare()
     lazy = policy_env(policy.policy, problem)
     lazy.reset(seed=0, options={"budget": 0.01})
     policy.begin(0.01)
