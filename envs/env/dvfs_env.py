@@ -462,8 +462,7 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
         """Compute now, for every pair in effect, what live decisions would otherwise compute when the GPU
         first runs it: its landing kernels and every plan's proposal changes (:meth:`next_proposal_change`),
         for the last :meth:`reset`'s step and regime. A controller calls it once, so that no decision does
-        that work (on a 2-core machine, a 1,855-kernel GPT-3 XL step: the first decision at each new pair took
-        255 us at the median without it, 52 us with it; it takes ~0.2 s)."""
+        that work."""
         for pair in range(self._pairs):
             self._landing_of(pair)
             for plan in range(self._plans.pairs.shape[1]):

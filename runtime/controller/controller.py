@@ -69,10 +69,9 @@ RUN_FIX = "run it as root, or add --dry-run to see what it would do without chan
 def switch_interval(interval_ms: float) -> Iterator[None]:
     """The interpreter's switch interval (``sys.setswitchinterval``) set to ``interval_ms`` inside (0: left as it
     is), and put back on exit unless something else changed it meanwhile. A thread that wants the interpreter
-    lock from one that does not let go of it waits this long before the holder is asked to drop it: beside a
-    pure-Python busy thread on a 2-core machine, online decisions through the decider process took 5.7 ms at
-    the median at 5 ms, 1.5 ms at 1 ms and 1.0 ms at 0.5 ms (a throwaway measurement; not measured on a GPU
-    host). Shorter intervals switch the process's other waiting threads sooner too."""
+    lock from one that does not let go of it waits this long before the holder is asked to drop it; shorter
+    intervals switch the process's other waiting threads sooner too. Its effect on the controller is not yet
+    measured on a GPU host."""
     if interval_ms <= 0:
         yield
         return
