@@ -22,8 +22,10 @@ H200").
 1. ``kdvfs run --dry-run`` of ``examples/gpt.py`` (GPT-3 XL, batch 4) with the plan, end to end;
 2. per workload, one process (``child``) that trains ``examples/gpt.py`` and alternates windows of steps
    with and without the controller (order ABBA...), each window timed between ``torch.cuda.synchronize``
-   calls; for GPT-3 XL it then profiles ten controlled steps with ``torch.profiler``, CUDA activities
-   only (recording CPU ops slows the launches enough to change the GPU timeline being measured).
+   calls, with the host time at each step's hook (where the overhead shows: in every step, or in a few
+   long ones) and the interpreter's garbage-collection passes (:class:`GcPasses`); for GPT-3 XL it then
+   profiles ten controlled steps with ``torch.profiler``, CUDA activities only (recording CPU ops slows the
+   launches enough to change the GPU timeline being measured).
 
 ``report`` computes the overhead (step time with over without the controller) and the timing error: each
 planned switch instant (from the controller's log: placed on an anchor inside the step where one was
@@ -41,6 +43,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
+import itertools
 import json
 import os
 import subprocess
@@ -103,6 +107,30 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
+class GcPasses:
+    """The interpreter's garbage-collection passes while entered: per generation, their count and seconds
+    (``by_generation``: ``{"0": [count, seconds], ...}``), from ``gc.callbacks``."""
+
+    def __init__(self) -> None:
+        self.by_generation: dict[str, list[float]] = {str(g): [0, 0.0] for g in range(3)}
+        self._began_s = 0.0
+
+    def __enter__(self) -> GcPasses:
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._callback)
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._began_s = time.perf_counter()
+            return
+        count_s = self.by_generation[str(info["generation"])]
+        count_s[0] += 1
+        count_s[1] += time.perf_counter() - self._began_s
+
+
 class Harness:
     """Drives one ``child`` run from the optimizer-step hook (a generator resumed once per step)."""
 
@@ -125,18 +153,21 @@ class Harness:
         controller = self._controller(str(self.args.out / "window.jsonl")) if on else None
         if controller is not None:
             controller.__enter__()
-        _sync()
-        start_s = time.perf_counter()
-        for _ in range(steps):
-            if controller is not None:
-                controller.step()
-            yield
-        _sync()
-        elapsed_s = time.perf_counter() - start_s
+        with GcPasses() as passes:
+            _sync()
+            hooks_s = [time.perf_counter()]
+            for _ in range(steps):
+                if controller is not None:
+                    controller.step()
+                yield
+                hooks_s.append(time.perf_counter())
+            _sync()
+            elapsed_s = time.perf_counter() - hooks_s[0]
         if controller is not None:
             controller.close()
         self.windows.append({"controller": on, "steps": steps, "elapsed_s": elapsed_s,
-                             "summary": None if controller is None else controller.summary})
+                             "step_s": [b - a for a, b in itertools.pairwise(hooks_s)],
+                             "gc": passes.by_generation, "summary": None if controller is None else controller.summary})
 
     def _schedule(self) -> Iterator[None]:
         for _ in range(WARMUP_STEPS):

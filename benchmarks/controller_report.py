@@ -23,6 +23,8 @@ from kdvfs.runtime.controller.timeline import StepPlan
 
 SETTLE_STEPS = 10
 TARGETS = {"overhead": 0.01, "median_ms": 0.5, "p99_ms": 2.0}
+LONG_STEP = 1.5
+"""A step over this many times its window's median step counts as long (:func:`step_figures`)."""
 DISCUSSION = """
 ## Discussion (written for the H200 run of 2026-11-30 00:30 UTC with the shipped policy; re-check it after a new run)
 
@@ -70,13 +72,43 @@ def overhead_figures(windows: list[dict[str, Any]]) -> dict[str, Any]:
     for a, b in zip(per_step[0::2], per_step[1::2], strict=True):
         with_s, without_s = (a[1], b[1]) if a[0] else (b[1], a[1])
         pairs.append(with_s / without_s - 1.0)
-    mean = statistics.mean(pairs)
-    half = float(stats.t.ppf(0.975, len(pairs) - 1)) * statistics.stdev(pairs) / math.sqrt(len(pairs)) \
-        if len(pairs) > 1 else math.inf
     return {"step_time_with_ms": 1e3 * statistics.mean(on), "step_time_without_ms": 1e3 * statistics.mean(off),
             "overhead": statistics.mean(on) / statistics.mean(off) - 1.0, "pair_overheads": pairs,
-            "pair_mean": mean, "pair_ci95": [mean - half, mean + half],
-            "windows": len(windows), "steps_per_window": windows[0]["steps"], **cpu_figures(windows)}
+            "pair_mean": statistics.mean(pairs), "pair_ci95": list(mean_interval(pairs)),
+            "windows": len(windows), "steps_per_window": windows[0]["steps"], "steps": step_figures(windows),
+            **cpu_figures(windows)}
+
+
+def step_figures(windows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Where the overhead shows, from the host time at each step's hook (runs that recorded it): the overhead
+    of the windows' median steps (mean of ABBA pairs [95% CI]), the share of a window's time in steps over
+    ``LONG_STEP`` times its median step, and the garbage-collection passes per window (count and ms, by
+    generation), each for the windows without / with the controller."""
+    if not all(w.get("step_s") for w in windows):
+        return None
+    medians = [(w["controller"], statistics.median(w["step_s"])) for w in windows]
+    pairs = [(a if a_on else b) / (b if a_on else a) - 1.0
+             for (a_on, a), (_, b) in zip(medians[0::2], medians[1::2], strict=True)]
+
+    def arm(on: bool) -> dict[str, Any]:
+        chosen = [w for w in windows if w["controller"] == on]
+        long_share = [sum(s for s in w["step_s"] if s > LONG_STEP * statistics.median(w["step_s"]))
+                      / sum(w["step_s"]) for w in chosen]
+        return {"median_step_ms": 1e3 * statistics.mean(m for c, m in medians if c == on),
+                "long_step_share": statistics.mean(long_share),
+                "gc_per_window": {g: [statistics.mean(w["gc"][g][0] for w in chosen),
+                                      1e3 * statistics.mean(w["gc"][g][1] for w in chosen)] for g in "012"}}
+
+    return {"median_step_pairs": pairs, "median_step_pair_mean": statistics.mean(pairs),
+            "median_step_pair_ci95": list(mean_interval(pairs)), "without": arm(False), "with": arm(True)}
+
+
+def mean_interval(values: list[float]) -> tuple[float, float]:
+    """The 95% t interval of the mean of ``values`` (unbounded for one value)."""
+    mean = statistics.mean(values)
+    half = float(stats.t.ppf(0.975, len(values) - 1)) * statistics.stdev(values) / math.sqrt(len(values)) \
+        if len(values) > 1 else math.inf
+    return mean - half, mean + half
 
 
 def cpu_figures(windows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -267,6 +299,28 @@ def _decision_lines(result: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _step_lines(result: dict[str, Any]) -> list[str]:
+    rows = {label: o["steps"] for label, o in result["overhead"].items() if o.get("steps")}
+    if not rows:
+        return []
+    lines = ["", "## Where the overhead shows (host time at each step's hook; without / with the controller)", "",
+             f"Median step: each window's median step interval. Long steps: the share of a window's time in steps "
+             f"over {LONG_STEP:g}x its median. GC: the interpreter's garbage-collection passes per window "
+             "(count, ms), generations 0 / 1 / 2.", "",
+             "| workload | median step (ms) | overhead of median steps, mean of pairs [95% CI] | long steps | "
+             "GC passes per window | GC ms per window |", "| --- | --- | --- | --- | --- | --- |"]
+    for label, s in rows.items():
+        low, high = s["median_step_pair_ci95"]
+        arms = (s["without"], s["with"])
+        gc_text, gc_ms = ([" / ".join(f"{a['gc_per_window'][g][i]:.1f}" for g in "012") for a in arms]
+                          for i in (0, 1))
+        lines.append(f"| {label} | {arms[0]['median_step_ms']:.2f} / {arms[1]['median_step_ms']:.2f} | "
+                     f"{s['median_step_pair_mean']:+.2%} [{low:+.2%}, {high:+.2%}] | "
+                     f"{arms[0]['long_step_share']:.1%} / {arms[1]['long_step_share']:.1%} | "
+                     f"{gc_text[0]}; {gc_text[1]} | {gc_ms[0]}; {gc_ms[1]} |")
+    return lines
+
+
 def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f} ms"
 
@@ -304,6 +358,7 @@ def _markdown(result: dict[str, Any]) -> str:
         lines.append(f"| {label} | {o['step_time_without_ms']:.2f} | {o['step_time_with_ms']:.2f} | "
                      f"{o['overhead']:+.2%} | {o['pair_mean']:+.2%} [{low:+.2%}, {high:+.2%}] | {pairs} | "
                      f"{cpu_text} | {share} | {_interval_verdict(o['pair_ci95'], TARGETS['overhead'])} |")
+    lines += _step_lines(result)
     lines += ["", "## Timing error against the profiled kernel starts (planned minus actual)", "",
               "| workload | what | count | median abs (ms) | p99 abs (ms) | max abs (ms) | median signed (ms) | "
               "targets (median <= 0.5, p99 <= 2 ms) |", "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
