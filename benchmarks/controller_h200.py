@@ -23,8 +23,9 @@ H200").
 2. per workload, one process (``child``) that trains ``examples/gpt.py`` and alternates windows of steps
    with and without the controller (order ABBA...), each window timed between ``torch.cuda.synchronize``
    calls, with the host time at each step's hook (where the overhead shows: in every step, or in a few
-   long ones) and the interpreter's garbage-collection passes (:class:`GcPasses`); for GPT-3 XL it then
-   profiles ten controlled steps with ``torch.profiler``, CUDA activities only (recording CPU ops slows the
+   long ones), the interpreter's garbage-collection passes (:class:`GcPasses`) and how the training thread
+   was scheduled (:func:`thread_scheduling`: time on a CPU, waiting for one, context switches); for GPT-3 XL
+   it then profiles ten controlled steps with ``torch.profiler``, CUDA activities only (recording CPU ops slows the
    launches enough to change the GPU timeline being measured).
 
 ``report`` computes the overhead (step time with over without the controller) and the timing error: each
@@ -131,6 +132,18 @@ class GcPasses:
         count_s[1] += time.perf_counter() - self._began_s
 
 
+def thread_scheduling() -> dict[str, float]:
+    """The calling thread's scheduling so far, from Linux ``/proc/thread-self``: seconds on a CPU and waiting on
+    a run queue (``schedstat``; zeros where the kernel keeps no schedstats), and its voluntary and involuntary
+    context switches (an involuntary one: another task took its CPU)."""
+    on_cpu_ns, waiting_ns, _ = Path("/proc/thread-self/schedstat").read_text().split()
+    status = dict(line.split(":\t") for line in Path("/proc/thread-self/status").read_text().splitlines()
+                  if line.endswith(tuple("0123456789")) and "ctxt_switches" in line)
+    return {"on_cpu_s": int(on_cpu_ns) / 1e9, "waiting_s": int(waiting_ns) / 1e9,
+            "voluntary": float(status["voluntary_ctxt_switches"]),
+            "involuntary": float(status["nonvoluntary_ctxt_switches"])}
+
+
 class Harness:
     """Drives one ``child`` run from the optimizer-step hook (a generator resumed once per step)."""
 
@@ -155,7 +168,7 @@ class Harness:
             controller.__enter__()
         with GcPasses() as passes:
             _sync()
-            hooks_s = [time.perf_counter()]
+            hooks_s, scheduled = [time.perf_counter()], thread_scheduling()
             for _ in range(steps):
                 if controller is not None:
                     controller.step()
@@ -163,11 +176,13 @@ class Harness:
                 hooks_s.append(time.perf_counter())
             _sync()
             elapsed_s = time.perf_counter() - hooks_s[0]
+            scheduling = {key: value - scheduled[key] for key, value in thread_scheduling().items()}
         if controller is not None:
             controller.close()
         self.windows.append({"controller": on, "steps": steps, "elapsed_s": elapsed_s,
                              "step_s": [b - a for a, b in itertools.pairwise(hooks_s)],
-                             "gc": passes.by_generation, "summary": None if controller is None else controller.summary})
+                             "gc": passes.by_generation, "training_thread": scheduling,
+                             "summary": None if controller is None else controller.summary})
 
     def _schedule(self) -> Iterator[None]:
         for _ in range(WARMUP_STEPS):

@@ -97,10 +97,27 @@ def step_figures(windows: list[dict[str, Any]]) -> dict[str, Any] | None:
         return {"median_step_ms": 1e3 * statistics.mean(m for c, m in medians if c == on),
                 "long_step_share": statistics.mean(long_share),
                 "gc_per_window": {g: [statistics.mean(w["gc"][g][0] for w in chosen),
-                                      1e3 * statistics.mean(w["gc"][g][1] for w in chosen)] for g in "012"}}
+                                      1e3 * statistics.mean(w["gc"][g][1] for w in chosen)] for g in "012"},
+                **({"training_thread_per_step": {key: statistics.mean(w["training_thread"][key] / w["steps"]
+                                                                      for w in chosen)
+                                                 for key in chosen[0]["training_thread"]}}
+                   if "training_thread" in chosen[0] else {})}
 
     return {"median_step_pairs": pairs, "median_step_pair_mean": statistics.mean(pairs),
-            "median_step_pair_ci95": list(mean_interval(pairs)), "without": arm(False), "with": arm(True)}
+            "median_step_pair_ci95": list(mean_interval(pairs)), "without": arm(False), "with": arm(True),
+            "pairs": [pair_detail(a, b) for a, b in zip(windows[0::2], windows[1::2], strict=True)]}
+
+
+def pair_detail(first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:
+    """One ABBA pair: its overhead, the steps the controller controlled in its window, and the training thread's
+    run-queue wait and involuntary context switches per step without / with it (where recorded)."""
+    on, off = (first, second) if first["controller"] else (second, first)
+    detail: dict[str, Any] = {"overhead": on["elapsed_s"] / off["elapsed_s"] - 1.0,
+                              "controlled_steps": on["summary"]["controlled_steps"] if on["summary"] else None}
+    if "training_thread" in on:
+        for key in ("waiting_s", "involuntary"):
+            detail[key] = [w["training_thread"][key] / w["steps"] for w in (off, on)]
+    return detail
 
 
 def mean_interval(values: list[float]) -> tuple[float, float]:
@@ -306,9 +323,11 @@ def _step_lines(result: dict[str, Any]) -> list[str]:
     lines = ["", "## Where the overhead shows (host time at each step's hook; without / with the controller)", "",
              f"Median step: each window's median step interval. Long steps: the share of a window's time in steps "
              f"over {LONG_STEP:g}x its median. GC: the interpreter's garbage-collection passes per window "
-             "(count, ms), generations 0 / 1 / 2.", "",
+             "(count, ms), generations 0 / 1 / 2. Training thread: its time on a CPU and waiting on a run queue "
+             "(ms/step; 0 where the kernel keeps no schedstats) and its involuntary context switches per step.", "",
              "| workload | median step (ms) | overhead of median steps, mean of pairs [95% CI] | long steps | "
-             "GC passes per window | GC ms per window |", "| --- | --- | --- | --- | --- | --- |"]
+             "GC passes per window | GC ms per window | training thread: CPU / waiting / involuntary |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
     for label, s in rows.items():
         low, high = s["median_step_pair_ci95"]
         arms = (s["without"], s["with"])
@@ -317,8 +336,23 @@ def _step_lines(result: dict[str, Any]) -> list[str]:
         lines.append(f"| {label} | {arms[0]['median_step_ms']:.2f} / {arms[1]['median_step_ms']:.2f} | "
                      f"{s['median_step_pair_mean']:+.2%} [{low:+.2%}, {high:+.2%}] | "
                      f"{arms[0]['long_step_share']:.1%} / {arms[1]['long_step_share']:.1%} | "
-                     f"{gc_text[0]}; {gc_text[1]} | {gc_ms[0]}; {gc_ms[1]} |")
+                     f"{gc_text[0]}; {gc_text[1]} | {gc_ms[0]}; {gc_ms[1]} | {_scheduling_text(arms)} |")
+    for label, s in rows.items():
+        lines += ["", f"{label}, per pair: overhead, steps controlled in its window"
+                  + (", training thread's run-queue wait (ms/step) and involuntary switches per step, without / with"
+                     if "waiting_s" in s["pairs"][0] else "") + ":"]
+        lines += [f"- {p['overhead']:+.2%}, {p['controlled_steps']}" + (
+            f", {1e3 * p['waiting_s'][0]:.2f} / {1e3 * p['waiting_s'][1]:.2f} ms, "
+            f"{p['involuntary'][0]:.1f} / {p['involuntary'][1]:.1f}" if "waiting_s" in p else "") for p in s["pairs"]]
     return lines
+
+
+def _scheduling_text(arms: tuple[dict[str, Any], dict[str, Any]]) -> str:
+    """The training thread's CPU and run-queue wait (ms/step) and involuntary switches per step, without / with."""
+    if "training_thread_per_step" not in arms[0]:
+        return "-"
+    return "; ".join(f"{1e3 * t['on_cpu_s']:.1f} / {1e3 * t['waiting_s']:.2f} / {t['involuntary']:.1f}"
+                     for t in (a["training_thread_per_step"] for a in arms))
 
 
 def _ms(value: float | None) -> str:
