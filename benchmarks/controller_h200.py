@@ -283,7 +283,7 @@ def parse_options(options: list[str]) -> dict[str, bool | float]:
             parsed[name] = value == "true"
             continue
         try:
-            parsed[name] = float(value)
+            parsed[name] = int(value) if value.isdigit() else float(value)
         except ValueError:
             raise SystemExit(f"--option {option!r}: expected NAME=true, NAME=false or NAME=NUMBER") from None
     return parsed

@@ -6,7 +6,9 @@ turns the measured :class:`~kdvfs.envs.env.live.LiveState` into its observation
 (:meth:`~kdvfs.envs.env.dvfs_env.KernelDVFSEnv.observe_live`) and the pair to request. As in the
 environment, the policy runs when its last choice has held for ``decision_fraction`` of the step's auto
 time (a standing order: "follow plan p"); in between, the standing order's advisor is re-read at every
-decision point, so the pair follows where a request made now would land. A step's first pair is the
+decision point, so the pair follows where a request made now would land (:meth:`OnlinePolicy.look_ahead`
+can extend the hold: it runs the policy ahead on the model's expected timeline, and the order holds until
+the first evaluation there that would change it). A step's first pair is the
 policy's choice at the step's first decision (kernel 0, auto in effect, nothing spent), requested one
 latency before the step starts.
 
@@ -118,6 +120,23 @@ class OnlinePolicy:
         pair = self.env.target_pair(self._action) if self._action[0] else NO_REQUEST
         return OnlineDecision(pair, evaluated, tuple(self._action.tolist()), budget[USED], budget[AFFORDABLE],
                               self.env.next_proposal_change(self._action), self._hold_until_s)
+
+    def look_ahead(self, evaluations: int) -> tuple[float, int]:
+        """Run the policy ahead of the GPU after a decision that ran it: from that decision's live state, on the
+        model's expected timeline (no noise; its own requests land one mean latency after they go out), step
+        the policy's environment to each of its next ``evaluations`` evaluations and run the policy there. Its
+        standing order holds until the first at which it would choose another action (the controller decides
+        there on what it measures), or past all of them. Returns when the policy runs next (s from the step's
+        start, model timeline) and the evaluations skipped."""
+        assert self._action is not None, "look_ahead follows a decision"
+        due_s, skipped = self._hold_until_s, 0
+        while skipped < evaluations:
+            observation, _, terminated, _, _ = self.env.step(self._action)  # to the evaluation due at due_s
+            if terminated or not np.array_equal(self.policy.act(observation), self._action):
+                break
+            skipped, due_s = skipped + 1, self.env.now_s + self._hold_s
+        self._hold_until_s = due_s
+        return due_s, skipped
 
     def kernel_at(self, pair: int, from_kernel: int, offset_s: float) -> int:
         """The kernel running ``offset_s`` after kernel ``from_kernel`` started, at ``pair`` (model timeline)."""

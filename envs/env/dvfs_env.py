@@ -268,10 +268,13 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
         return changes[after] if after < len(changes) else self._kernels
 
     def _stand_at(self, state: LiveState) -> None:
+        """Stand at ``state``: from here :meth:`step` runs on as the model expects (a pending change lands one
+        mean latency after its request)."""
         self._k = min(max(state.kernel, 0), self._kernels - 1)
         self._in_effect, self._pending = state.in_effect, state.pending
         self._now_s = state.elapsed_s
         self._requested_at_s = self._now_s - state.pending_age_s
+        self._effective_at_s = self._requested_at_s + self.latency_s
         self._elapsed_s, self._auto_elapsed_s = state.elapsed_s, state.auto_elapsed_s
         self._last_latency_ratio, self._live_drift_pct = state.last_latency_ratio, state.auto_drift_pct
 
@@ -340,6 +343,12 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
         if group == "windows":
             raise KdvfsError("with plan_actions only the plan advisors are actions")
         return value - self._pairs - self._plan_slots.start
+
+    @property
+    def now_s(self) -> float:
+        """The episode's time at the current decision point (s from the step's start, model timeline; the
+        standing order's hold is counted on it)."""
+        return self._now_s
 
     @property
     def clocks(self) -> tuple[int, int, int]:

@@ -58,6 +58,9 @@ class ControllerConfig:
         online_interval_ms: time between the online policy's decision points while its standing order
             depends on the budget spent (the environment's decision interval when longer); otherwise it
             decides only where something can change (:mod:`kdvfs.runtime.controller.online`).
+        online_lookahead: after each evaluation the online policy is run ahead over this many of its next
+            evaluations on the model's expected timeline, and its order holds until the first at which it would
+            change (0: it runs at every evaluation, as in training; :mod:`kdvfs.runtime.controller.online`).
         online_process: the online policy decides in a child process
             (:mod:`kdvfs.runtime.controller.decider`), off the training process's interpreter lock; False: on
             the controller's thread.
@@ -95,6 +98,7 @@ class ControllerConfig:
     issue_early_ms: float = 0.25
     online: bool = True
     online_interval_ms: float = 0.25
+    online_lookahead: int = 0
     online_process: bool = True
     switch_interval_ms: float = 0.0
     watchdog: bool = True
@@ -121,6 +125,8 @@ class ControllerConfig:
                              "must be >= 0")
         if self.switch_interval_ms < 0:
             raise KdvfsError(f"switch interval {self.switch_interval_ms} ms must be >= 0 (0: the interpreter's)")
+        if not isinstance(self.online_lookahead, int) or self.online_lookahead < 0:
+            raise KdvfsError(f"online lookahead {self.online_lookahead} must be >= 0 (evaluations; 0: none)")
         if self.online_interval_ms <= 0:
             raise KdvfsError(f"online decision interval {self.online_interval_ms} ms must be > 0")
         if not 0 < self.match_tolerance < 1:

@@ -38,14 +38,16 @@ from kdvfs.agents.learned.online import OnlineDecision, OnlinePolicy
 from kdvfs.envs.common.errors import KdvfsError
 from kdvfs.envs.env.live import LiveState
 
-BEGIN, DECIDE = 0, 1
+BEGIN, DECIDE, LOOK_AHEAD = 0, 1, 2
 NO_CHANGE_KNOWN = -1
 """``next_change`` on the wire when it is None."""
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 2.0
 SIZE = struct.Struct("<Q")
 REQUEST = struct.Struct("<Bdiiiddddd")
-"""kind, budget (BEGIN) or now_s (DECIDE), then the LiveState's fields in order."""
+"""kind, budget (BEGIN), now_s (DECIDE) or evaluations (LOOK_AHEAD), then the LiveState's fields in order."""
+LOOKED_AHEAD = struct.Struct("<di")
+"""The answer to LOOK_AHEAD: when the policy runs next (s), the evaluations skipped."""
 
 
 class DeciderError(KdvfsError):
@@ -139,17 +141,24 @@ class DeciderProcess:
         return OnlineDecision(pair, evaluated, tuple(action), budget_used, affordable_pct,
                               None if next_change == NO_CHANGE_KNOWN else next_change, policy_due_s)
 
-    def _ask(self, request: bytes) -> tuple[Any, ...]:
-        """The child's answer to ``request``, as :func:`_response` unpacks it (ints, a bool, floats)."""
+    def look_ahead(self, evaluations: int) -> tuple[float, int]:
+        """:meth:`OnlinePolicy.look_ahead` in the child process."""
+        due_s, skipped = self._ask(REQUEST.pack(LOOK_AHEAD, evaluations, 0, 0, 0, 0.0, 0.0, 0.0, 0.0, 0.0),
+                                   LOOKED_AHEAD)
+        return float(due_s), int(skipped)
+
+    def _ask(self, request: bytes, response: struct.Struct | None = None) -> tuple[Any, ...]:
+        """The child's answer to ``request``, as ``response`` (default: :func:`_response`) unpacks it."""
+        response = self._response if response is None else response
         try:
             os.write(self._to, request)
-            answer = _read_exact(self._from, self._response.size)
+            answer = _read_exact(self._from, response.size)
         except OSError:
             answer = None
         if answer is None:
             raise DeciderError(f"the online decision process ended (exit code {self._process.poll()}); the "
                                "controller stops and the GPU goes back to auto")
-        return self._response.unpack(answer)
+        return response.unpack(answer)
 
     def close(self) -> None:
         """End the child process (idempotent): close its pipe, then kill it if it has not ended."""
@@ -182,6 +191,8 @@ def serve(requests: IO[bytes], answers: IO[bytes]) -> int:
         kind, value, *fields = REQUEST.unpack(request)
         if kind == BEGIN:
             answer = response.pack(online.begin(value), True, *[0] * len(policy.nvec), 0.0, 0.0, 0, 0.0)
+        elif kind == LOOK_AHEAD:
+            answer = LOOKED_AHEAD.pack(*online.look_ahead(int(value)))
         else:
             decision = online.decide(LiveState(*fields), value)
             next_change = NO_CHANGE_KNOWN if decision.next_change is None else decision.next_change

@@ -7,6 +7,11 @@ each controlled step it wakes at decision points, builds the policy's observatio
 something can change (counted per reason in the summary's ``wakes``):
 
 * ``policy``: the policy's standing order has held for ``decision_fraction`` of the step (as in training);
+  with ``online_lookahead`` N, after each evaluation the policy is run ahead over its next N evaluations on
+  the model's expected timeline (:meth:`~kdvfs.agents.learned.online.OnlinePolicy.look_ahead`, after the
+  request is out), and the order holds until the first of them at which it would change (counted in the
+  summary's ``lookahead_skips``): fewer wakes, each of which takes the interpreter lock from the training
+  thread;
 * ``change``: the GPU reaches the kernel where the standing order's proposal can next differ (a plan's next
   change, where a request made then lands in time: the plan advice says where);
 * ``arrival``: a pending change is due to take effect (and, for a lock, is read until it has);
@@ -56,7 +61,7 @@ import statistics
 import threading
 import time
 from collections import Counter, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import numpy as np
@@ -167,6 +172,8 @@ class Decider(Protocol):
 
     def decide(self, state: LiveState, now_s: float) -> OnlineDecision: ...
 
+    def look_ahead(self, evaluations: int) -> tuple[float, int]: ...
+
 
 class OnlineSteps:
     """Decides through each controlled step (see the module docstring); run on the controller's thread.
@@ -183,18 +190,19 @@ class OnlineSteps:
             (host s).
         early_s: requests go out this much earlier than a latency ahead (the thread wakes late).
         decider: where ``online``'s decisions are made (default: ``online`` itself, on this thread).
+        lookahead: the policy's evaluations run ahead after each evaluation (0: none; see the module docstring).
     """
 
     def __init__(self, online: OnlinePolicy, clocks: LiveClocks, timeline: StepTimeline, anchor_map: AnchorMap,
                  clock: Clock, log: EventLog, budget: float, target: float, dry_run: bool, interval_s: float,
-                 early_s: float, decider: Decider | None = None) -> None:
+                 early_s: float, decider: Decider | None = None, lookahead: int = 0) -> None:
         self.online, self.clocks, self.timeline, self.anchor_map = online, clocks, timeline, anchor_map
         self.decider: Decider = online if decider is None else decider
         self.clock, self.log, self.budget, self.target, self.dry_run = clock, log, budget, target, dry_run
-        self.interval_s, self.early_s = interval_s, early_s
+        self.interval_s, self.early_s, self.lookahead = interval_s, early_s, lookahead
         self.step_budget = budget
         self.next_request_s = math.inf
-        self.decisions = self.advisor_reads = self.requests = 0
+        self.decisions = self.advisor_reads = self.requests = self.lookahead_skips = 0
         self.progress: Counter[str] = Counter()
         self.wakes: Counter[str] = Counter()
         self.wall_us: list[float] = []
@@ -296,6 +304,9 @@ class OnlineSteps:
             if landing < len(self._auto_share) - 1:  # else it lands after the step: the hand-over is next
                 self._request(decision.pair, step, landing, decided_s, self._kernel_s(anchor, running, landing))
         wall_us = (time.perf_counter() - began) * 1e6  # the decision and its request, if any, are out
+        if decision.evaluated and self.lookahead:
+            due_s, skipped = self.decider.look_ahead(self.lookahead)
+            decision, self.lookahead_skips = replace(decision, policy_due_s=due_s), self.lookahead_skips + skipped
         wake_s, reason = self._next_wake(decision, start_s, now_s, anchor, running)
         self.wakes[reason] += 1
         self.wall_us.append((time.perf_counter() - began) * 1e6)
@@ -353,6 +364,7 @@ class OnlineSteps:
             return {"median": float(np.median(values)), "p99": float(np.percentile(values, 99))}
 
         return {"decisions": self.decisions, "advisor_reads": self.advisor_reads, "requests": self.requests,
+                "lookahead": self.lookahead, "lookahead_skips": self.lookahead_skips,
                 "progress": dict(self.progress), "took_effect": dict(self.clocks.took_effect),
                 "decision_us": quantiles(self.policy_wall_us), "decision_point_us": quantiles(self.wall_us),
                 "decision_point_cpu_us": quantiles(self.cpu_us), "cpu_ms": 1e-3 * sum(self.cpu_us),

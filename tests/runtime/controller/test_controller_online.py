@@ -173,3 +173,17 @@ def test_a_slow_decision_is_budgeted_where_its_request_goes_out(tmp_path: Path,
     assert len(online) > len(handed_over) >= 3
     late = [r for r in online if r["due_s"] - r["issued_s"] < latency_s - 1e-9]
     assert not late, [(r["step"], r["kernel"], r["request_s"], r["issued_s"], r["due_s"]) for r in late]
+
+
+def test_looking_ahead_skips_policy_wakes_and_keeps_the_safety(tmp_path: Path) -> None:
+    """With ``online_lookahead`` the policy is run ahead after each evaluation: fewer policy wakes in as many
+    controlled steps, the skipped evaluations counted, and the GPU restored as always."""
+    (tmp_path / "every").mkdir()
+    every, _, _ = _online_run(tmp_path / "every")
+    ahead, gpu, log = _online_run(tmp_path, online_lookahead=6)
+    plain, looked = every.summary["online"], ahead.summary["online"]  # type: ignore[attr-defined]
+    assert plain["lookahead_skips"] == 0 and looked["lookahead"] == 6 and looked["lookahead_skips"] > 0
+    per_step = [s["online"]["wakes"]["policy"] / s["controlled_steps"] for s in (every.summary, ahead.summary)]  # type: ignore[attr-defined]
+    assert per_step[1] < 0.7 * per_step[0]
+    assert ahead.summary["controlled_steps"] > 20 and ahead.summary["gpu_restored"]  # type: ignore[attr-defined]
+    assert gpu.set_calls[-1].name == "reset_clocks" and log_records(log, "decision")

@@ -35,6 +35,8 @@ def test_the_process_decides_exactly_as_the_policy_on_this_thread() -> None:
                 state = LiveState(kernel, int(rng.integers(3)), pending, 1e-4 if pending >= 0 else 0.0,
                                   float(now_s) * rng.uniform(1.0, 1.02), auto_s, rng.uniform(0.5, 2), rng.normal())
                 assert here.decide(state, float(now_s)) == there.decide(state, float(now_s))
+                if pending < 0:  # as a controller does after an evaluation, now and then
+                    assert here.look_ahead(3) == there.look_ahead(3)
     finally:
         there.close()
 
