@@ -1,7 +1,8 @@
 """The online policy against its replayed schedule and the latency-optimal plan, on the disturbed fake GPU.
 
-    python benchmarks/online_fake_gpu.py [--seeds 20] [--seconds 60] [--jobs 2]
-    # writes benchmarks/results/online_fake_gpu.{json,md}
+    python benchmarks/online_fake_gpu.py [--seeds 20] [--seconds 60] [--jobs 2] [--name NAME]
+        [--methods online replayed latency-optimal] [--lookahead N]
+    # writes benchmarks/results/online_fake_gpu.{json,md} (or NAME.{json,md})
 
 Per GPU profile (H200, B200), per held-out workload of its policy (two each) and per seed, three runs of
 ``--seconds`` simulated seconds under the same disturbances (the fake GPU's seeded streams: each request's
@@ -11,6 +12,9 @@ drift model's +2.1% over 120 s and per-step jitter), with the default controller
 
 * ``online``: the shipped policy deciding inside every step on what it measures
   (:mod:`kdvfs.runtime.controller.online`);
+* ``online-lookahead`` (``--methods ... online-lookahead --lookahead N``): the same with ``online_lookahead``
+  N (the policy run ahead on the model's expected timeline after each evaluation, its order held until it
+  would change), compared seed by seed with ``online``;
 * ``replayed``: the same policy's noise-free rollout replayed as a fixed schedule (``online=False``);
 * ``latency-optimal``: the latency-aware optimum at 1% (``kdvfs plan --method latency-optimal``).
 
@@ -51,7 +55,7 @@ from kdvfs.runtime.testing.fake_gpu import FakeGpu, FakeStepTimeline, VirtualClo
 BUDGET = 0.01
 DURATION_NOISE = 0.02
 ANCHORS_PER_STEP = 48
-METHODS = ("online", "replayed", "latency-optimal")
+METHODS = ("online", "online-lookahead", "replayed", "latency-optimal")
 CASES = {"h200": ("h200/gpt2s-b16", "h200/resnet50-b128"), "b200": ("gpt2s", "bert-base")}
 
 
@@ -83,8 +87,9 @@ def prepare(folder: Path) -> list[Case]:
     return cases
 
 
-def run(case: Case, method: str, seed: int, seconds: float) -> dict[str, Any]:
-    """One controlled run; its measured and true effect and the controller's figures."""
+def run(case: Case, method: str, seed: int, seconds: float, lookahead: int = 0) -> dict[str, Any]:
+    """One controlled run; its measured and true effect and the controller's figures (``lookahead``: the
+    ``online-lookahead`` method's ``online_lookahead``)."""
     profile = load_profile(case.gpu)
     problem = Problem.build(open_trace(str(case.trace)), profile, BUDGET)
     clock = VirtualClock()
@@ -96,8 +101,8 @@ def run(case: Case, method: str, seed: int, seconds: float) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         log = Path(tmp) / "run.jsonl"
         controller = Controller(str(source), str(case.trace), device=gpu, timeline=timeline, clock=clock,
-                                budget=BUDGET, energy_poll_s=0.0, ab_seed=seed, online=method == "online",
-                                log=str(log))
+                                budget=BUDGET, energy_poll_s=0.0, ab_seed=seed, online=method.startswith("online"),
+                                online_lookahead=lookahead if method == "online-lookahead" else 0, log=str(log))
         with controller:
             while clock.now_s() < seconds:
                 for _ in range(10):
@@ -119,7 +124,7 @@ def run(case: Case, method: str, seed: int, seconds: float) -> dict[str, Any]:
             "online": summary["online"]}
 
 
-def _job(arguments: tuple[Case, str, int, float]) -> dict[str, Any]:
+def _job(arguments: tuple[Case, str, int, float, int]) -> dict[str, Any]:
     return run(*arguments)
 
 
@@ -148,10 +153,12 @@ def figures(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def verdicts(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The issue's targets per GPU and step."""
+    """The issue's targets per GPU and step (where ``online`` ran with both references)."""
     out = []
     for gpu, step in sorted({(r["gpu"], r["step"]) for r in rows}):
         by = {r["method"]: r for r in rows if (r["gpu"], r["step"]) == (gpu, step)}
+        if not {"online", "replayed", "latency-optimal"} <= set(by):
+            continue
         online = by["online"]
         beats = {m: online["saved_within_pct"] is not None and (by[m]["saved_within_pct"] is None or
                                                                online["saved_within_pct"] >= by[m]["saved_within_pct"])
@@ -161,19 +168,23 @@ def verdicts(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def paired_gains(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per GPU and step: online minus replayed measured saving, seed by seed (the same disturbances), its
-    mean with a 95% t interval (points) and the seeds where online saved more."""
+PAIRS = (("online", "replayed"), ("online-lookahead", "online"))
+"""The methods compared seed by seed (:func:`paired_gains`), where both ran."""
+
+
+def paired_gains(runs: list[dict[str, Any]], method: str = "online", against: str = "replayed") -> list[dict[str, Any]]:
+    """Per GPU and step: ``method`` minus ``against`` measured saving, seed by seed (the same disturbances),
+    its mean with a 95% t interval (points) and the seeds where ``method`` saved more."""
     by = {(r["gpu"], r["step"], r["method"], r["seed"]): r["measured_saved_pct"] for r in runs}
     out = []
     for gpu, step in sorted({(r["gpu"], r["step"]) for r in runs}):
-        seeds = sorted(s for g, st, m, s in by if (g, st, m) == (gpu, step, "online"))
-        diffs = np.array([by[(gpu, step, "online", s)] - by[(gpu, step, "replayed", s)] for s in seeds
-                          if by[(gpu, step, "online", s)] is not None and by[(gpu, step, "replayed", s)] is not None])
+        seeds = sorted(s for g, st, m, s in by if (g, st, m) == (gpu, step, method))
+        diffs = np.array([by[(gpu, step, method, s)] - by[(gpu, step, against, s)] for s in seeds
+                          if by[(gpu, step, method, s)] is not None and by[(gpu, step, against, s)] is not None])
         half = float(stats.t.ppf(0.975, len(diffs) - 1) * diffs.std(ddof=1) / np.sqrt(len(diffs))) \
             if len(diffs) > 1 else float("nan")
         out.append({"gpu": gpu, "step": step, "mean_pts": float(diffs.mean()), "lo_pts": float(diffs.mean()) - half,
-                    "hi_pts": float(diffs.mean()) + half, "online_more": int((diffs > 0).sum()), "seeds": len(diffs)})
+                    "hi_pts": float(diffs.mean()) + half, "more": int((diffs > 0).sum()), "seeds": len(diffs)})
     return out
 
 
@@ -197,18 +208,21 @@ def markdown(document: dict[str, Any]) -> str:
                      f"{_cell(r['saved_pct'])} | {_cell(r['saved_within_pct'])} | {_cell(r['slowdown_pct'])} | "
                      f"{_cell(r['true_saved_pct'])} | {_cell(r['true_slowdown_pct'])} | {_cell(r['switches'], 1)} | "
                      f"{r['backed_off']} |")
-    lines += ["", "| GPU | step | online within budget in >= 95% | saving >= replayed | saving >= latency-optimal |",
-              "| --- | --- | --- | --- | --- |"]
+    if document["verdicts"]:
+        lines += ["", "| GPU | step | online within budget in >= 95% | saving >= replayed | saving >= "
+                  "latency-optimal |", "| --- | --- | --- | --- | --- |"]
     for v in document["verdicts"]:
         lines.append(f"| {v['gpu']} | {v['step']} | " + " | ".join(
             "met" if v[k] else "NOT met" for k in ("compliance_met", "beats_replayed", "beats_latency_optimal"))
             + " |")
-    lines += ["", "Online minus replayed measured saving, paired by seed (same disturbances), mean with 95% t "
-              "interval:", "", "| GPU | step | online - replayed (points) | seeds where online saved more |",
-              "| --- | --- | --- | ---: |"]
-    for g in paired_gains(document["runs"]):
-        lines.append(f"| {g['gpu']} | {g['step']} | {g['mean_pts']:+.3f} [{g['lo_pts']:+.3f}, {g['hi_pts']:+.3f}] | "
-                     f"{g['online_more']}/{g['seeds']} |")
+    ran = {r["method"] for r in document["runs"]}
+    for method, against in (pair for pair in PAIRS if set(pair) <= ran):
+        lines += ["", f"{method} minus {against} measured saving, paired by seed (same disturbances), mean with 95% "
+                  "t interval:", "", f"| GPU | step | {method} - {against} (points) | seeds where {method} saved "
+                  "more |", "| --- | --- | --- | ---: |"]
+        for g in paired_gains(document["runs"], method, against):
+            lines.append(f"| {g['gpu']} | {g['step']} | {g['mean_pts']:+.3f} [{g['lo_pts']:+.3f}, "
+                         f"{g['hi_pts']:+.3f}] | {g['more']}/{g['seeds']} |")
     return "\n".join([*lines, ""])
 
 
@@ -217,11 +231,17 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--seeds", type=int, default=20)
     parser.add_argument("--seconds", type=float, default=60.0, help="simulated seconds per run")
     parser.add_argument("--jobs", type=int, default=2, help="worker processes")
+    parser.add_argument("--methods", nargs="+", choices=METHODS, default=["online", "replayed", "latency-optimal"])
+    parser.add_argument("--lookahead", type=int, default=0, help="online_lookahead of method online-lookahead")
+    parser.add_argument("--name", default="online_fake_gpu", help="results file stem")
     args = parser.parse_args(argv)
+    if ("online-lookahead" in args.methods) != (args.lookahead > 0):
+        parser.error("--lookahead N (N > 0) goes with method online-lookahead")
+    methods = [m for m in METHODS if m in args.methods]
     with tempfile.TemporaryDirectory() as tmp:
         cases = prepare(Path(tmp))
-        jobs = [(case, method, seed, args.seconds) for case in cases for seed in range(args.seeds)
-                for method in METHODS]
+        jobs = [(case, method, seed, args.seconds, args.lookahead) for case in cases for seed in range(args.seeds)
+                for method in methods]
         runs = []
         with ProcessPoolExecutor(args.jobs) as pool:
             for i, result in enumerate(pool.map(_job, jobs), 1):
@@ -232,7 +252,7 @@ def main(argv: list[str]) -> int:
     rows = figures(runs)
     document = {"provenance": provenance("python benchmarks/online_fake_gpu.py " + " ".join(argv)),
                 "settings": vars(args), "figures": rows, "verdicts": verdicts(rows), "runs": runs}
-    write_results("online_fake_gpu", document, markdown(document), folder=RESULTS)
+    write_results(args.name, document, markdown(document), folder=RESULTS)
     print(markdown(document))
     return 0
 
