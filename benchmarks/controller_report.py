@@ -110,12 +110,13 @@ def step_figures(windows: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 def pair_detail(first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:
     """One ABBA pair: its overhead, the steps the controller controlled in its window, and the training thread's
-    run-queue wait and involuntary context switches per step without / with it (where recorded)."""
+    run-queue wait, voluntary (it blocked) and involuntary context switches per step without / with it (where
+    recorded)."""
     on, off = (first, second) if first["controller"] else (second, first)
     detail: dict[str, Any] = {"overhead": on["elapsed_s"] / off["elapsed_s"] - 1.0,
                               "controlled_steps": on["summary"]["controlled_steps"] if on["summary"] else None}
     if "training_thread" in on:
-        for key in ("waiting_s", "involuntary"):
+        for key in ("waiting_s", "voluntary", "involuntary"):
             detail[key] = [w["training_thread"][key] / w["steps"] for w in (off, on)]
     return detail
 
@@ -276,9 +277,13 @@ def decision_figures(document: dict[str, Any]) -> dict[str, Any]:
     points = [o["decision_point_us"] for o in onlines if o["decision_point_us"]["median"] is not None]
     evaluations = [o["decision_us"] for o in onlines if o["decision_us"]["median"] is not None]
     progress: dict[str, int] = {}
+    wakes: dict[str, float] = {}
+    steps = sum(w["summary"]["steps"] for w in document["windows"] if w["summary"] and w["summary"].get("online"))
     for o in onlines:
         for source, count in o["progress"].items():
             progress[source] = progress.get(source, 0) + count
+        for reason, count in {**o["wakes"], "lookahead_skips": o.get("lookahead_skips", 0)}.items():
+            wakes[reason] = wakes.get(reason, 0) + count / steps
     return {"decisions": len(walls_us),
             "decision_us_median": float(np.median(walls_us)) if walls_us else None,
             "decision_us_p99": float(np.percentile(walls_us, 99)) if walls_us else None,
@@ -287,7 +292,8 @@ def decision_figures(document: dict[str, Any]) -> dict[str, Any]:
             "windows_decision_us_p99_max": max((e["p99"] for e in evaluations), default=None),
             "point_us_median_of_windows": float(np.median([p["median"] for p in points])) if points else None,
             "point_us_p99_max_of_windows": max((p["p99"] for p in points), default=None),
-            "progress_sources": progress, "interval_ms": onlines[0]["interval_ms"] if onlines else None}
+            "progress_sources": progress, "wakes_per_step": wakes,
+            "interval_ms": onlines[0]["interval_ms"] if onlines else None}
 
 
 def _decision_lines(result: dict[str, Any]) -> list[str]:
@@ -300,8 +306,9 @@ def _decision_lines(result: dict[str, Any]) -> list[str]:
              "(the median of their medians, the worst of their p99s). Every decision point: the whole point, "
              "with the next wake's scheduling.", "",
              "| workload | profiled window: evaluations, median / p99 (us) | controlled windows: median / worst p99 "
-             "(us) | every decision point: median / worst p99 (us) | progress from | targets (median <= 50, "
-             "p99 <= 500 us) |", "| --- | --- | --- | --- | --- | --- |"]
+             "(us) | every decision point: median / worst p99 (us) | progress from | wakes per step (and evaluations "
+             "skipped by looking ahead) | targets (median <= 50, p99 <= 500 us) |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
     for label, d in rows.items():
         profiled = f"{d['decisions']}, {d['decision_us_median']:.1f} / {d['decision_us_p99']:.1f}" \
             if d["decisions"] else "-"
@@ -312,7 +319,9 @@ def _decision_lines(result: dict[str, Any]) -> list[str]:
         median, p99 = (d["decision_us_median"], d["decision_us_p99"]) if d["decisions"] else \
             (d["windows_decision_us_median_of_medians"], d["windows_decision_us_p99_max"])
         verdict = f"median {'met' if median <= 50 else 'NOT met'}, p99 {'met' if p99 <= 500 else 'NOT met'}"
-        lines.append(f"| {label} | {profiled} | {windows} | {point} | {d['progress_sources']} | {verdict} |")
+        wakes = ", ".join(f"{reason} {count:.1f}" for reason, count in d.get("wakes_per_step", {}).items())
+        lines.append(f"| {label} | {profiled} | {windows} | {point} | {d['progress_sources']} | {wakes or '-'} | "
+                     f"{verdict} |")
     return lines
 
 
@@ -324,9 +333,11 @@ def _step_lines(result: dict[str, Any]) -> list[str]:
              f"Median step: each window's median step interval. Long steps: the share of a window's time in steps "
              f"over {LONG_STEP:g}x its median. GC: the interpreter's garbage-collection passes per window "
              "(count, ms), generations 0 / 1 / 2. Training thread: its time on a CPU and waiting on a run queue "
-             "(ms/step; 0 where the kernel keeps no schedstats) and its involuntary context switches per step.", "",
+             "(ms/step; 0 where the kernel keeps no schedstats), its voluntary context switches (it blocked: on a "
+             "lock, the interpreter's included, or in a blocking call) and involuntary ones (preempted) per step.",
+             "",
              "| workload | median step (ms) | overhead of median steps, mean of pairs [95% CI] | long steps | "
-             "GC passes per window | GC ms per window | training thread: CPU / waiting / involuntary |",
+             "GC passes per window | GC ms per window | training thread: CPU / waiting / voluntary / involuntary |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
     for label, s in rows.items():
         low, high = s["median_step_pair_ci95"]
@@ -339,19 +350,22 @@ def _step_lines(result: dict[str, Any]) -> list[str]:
                      f"{gc_text[0]}; {gc_text[1]} | {gc_ms[0]}; {gc_ms[1]} | {_scheduling_text(arms)} |")
     for label, s in rows.items():
         lines += ["", f"{label}, per pair: overhead, steps controlled in its window"
-                  + (", training thread's run-queue wait (ms/step) and involuntary switches per step, without / with"
-                     if "waiting_s" in s["pairs"][0] else "") + ":"]
+                  + (", training thread's run-queue wait (ms/step), voluntary and involuntary switches per step, "
+                     "without / with" if "waiting_s" in s["pairs"][0] else "") + ":"]
         lines += [f"- {p['overhead']:+.2%}, {p['controlled_steps']}" + (
             f", {1e3 * p['waiting_s'][0]:.2f} / {1e3 * p['waiting_s'][1]:.2f} ms, "
-            f"{p['involuntary'][0]:.1f} / {p['involuntary'][1]:.1f}" if "waiting_s" in p else "") for p in s["pairs"]]
+            f"{p['voluntary'][0]:.1f} / {p['voluntary'][1]:.1f}, {p['involuntary'][0]:.1f} / {p['involuntary'][1]:.1f}"
+            if "waiting_s" in p else "") for p in s["pairs"]]
     return lines
 
 
 def _scheduling_text(arms: tuple[dict[str, Any], dict[str, Any]]) -> str:
-    """The training thread's CPU and run-queue wait (ms/step) and involuntary switches per step, without / with."""
+    """The training thread's CPU and run-queue wait (ms/step), voluntary and involuntary switches per step,
+    without; with."""
     if "training_thread_per_step" not in arms[0]:
         return "-"
-    return "; ".join(f"{1e3 * t['on_cpu_s']:.1f} / {1e3 * t['waiting_s']:.2f} / {t['involuntary']:.1f}"
+    return "; ".join(f"{1e3 * t['on_cpu_s']:.1f} / {1e3 * t['waiting_s']:.2f} / {t['voluntary']:.1f} / "
+                     f"{t['involuntary']:.1f}"
                      for t in (a["training_thread_per_step"] for a in arms))
 
 
