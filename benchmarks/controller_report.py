@@ -282,7 +282,8 @@ def decision_figures(document: dict[str, Any]) -> dict[str, Any]:
     for o in onlines:
         for source, count in o["progress"].items():
             progress[source] = progress.get(source, 0) + count
-        for reason, count in {**o["wakes"], "lookahead_skips": o.get("lookahead_skips", 0)}.items():
+        skips = {"lookahead_skips": o["lookahead_skips"]} if "lookahead_skips" in o else {}  # code since 7ff8699
+        for reason, count in {**o["wakes"], **skips}.items():
             wakes[reason] = wakes.get(reason, 0) + count / steps
     return {"decisions": len(walls_us),
             "decision_us_median": float(np.median(walls_us)) if walls_us else None,
