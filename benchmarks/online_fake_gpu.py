@@ -148,6 +148,8 @@ def figures(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                      "true_saved_pct": mean([r["true_saved_pct"] for r in group]),
                      "true_slowdown_pct": mean([r["true_slowdown_pct"] for r in group]),
                      "switches": mean([r["switches"] for r in group]),
+                     "policy_wakes_per_step": mean([r["online"]["wakes"].get("policy", 0)
+                                                    / max(r["controlled_steps"], 1) for r in group if r["online"]]),
                      "backed_off": sum(r["backed_off"] for r in group)})
     return rows
 
@@ -202,12 +204,13 @@ def markdown(document: dict[str, Any]) -> str:
              "(B against A windows, %); `true` is the fake's truth. `within` = share of runs whose measured "
              "slowdown is within the budget; `saved (within)` = mean measured saving over those runs.", "",
              "| GPU | step | method | within | saved | saved (within) | slowdown | true saved | true slowdown "
-             "| switches | back-offs |", "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "| switches | back-offs | policy wakes per controlled step |",
+             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in document["figures"]:
         lines.append(f"| {r['gpu']} | {r['step']} | {r['method']} | {r['within_budget']:.0%} | "
                      f"{_cell(r['saved_pct'])} | {_cell(r['saved_within_pct'])} | {_cell(r['slowdown_pct'])} | "
                      f"{_cell(r['true_saved_pct'])} | {_cell(r['true_slowdown_pct'])} | {_cell(r['switches'], 1)} | "
-                     f"{r['backed_off']} |")
+                     f"{r['backed_off']} | {_cell(r.get('policy_wakes_per_step'), 1)} |")
     if document["verdicts"]:
         lines += ["", "| GPU | step | online within budget in >= 95% | saving >= replayed | saving >= "
                   "latency-optimal |", "| --- | --- | --- | --- | --- |"]
