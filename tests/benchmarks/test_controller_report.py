@@ -1,0 +1,78 @@
+"""Where the controller benchmark looks for its overhead: the per-window step times, garbage-collection passes
+and training-thread scheduling it records (``benchmarks/controller_h200.py``) and the figures the report makes
+of them (``benchmarks/controller_report.py``)."""
+
+from __future__ import annotations
+
+import gc
+import importlib
+import sys
+import time
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def _script_module(name: str) -> ModuleType:
+    """A benchmark script's module, imported as the script runs (its folder on the path)."""
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+
+
+@pytest.fixture(scope="module")
+def report() -> ModuleType:
+    return _script_module("controller_report")
+
+
+@pytest.fixture(scope="module")
+def harness() -> ModuleType:
+    return _script_module("controller_h200")
+
+
+def _window(on: bool, step_s: list[float], voluntary: float = 0.0) -> dict[str, Any]:
+    return {"controller": on, "steps": len(step_s), "elapsed_s": sum(step_s), "step_s": step_s,
+            "gc": {"0": [2, 0.002], "1": [0, 0.0], "2": [0, 0.0]},
+            "training_thread": {"on_cpu_s": 0.5 * sum(step_s), "waiting_s": 0.0, "voluntary": voluntary,
+                                "involuntary": 0.0},
+            "summary": {"controlled_steps": 5} if on else None}
+
+
+def test_step_figures_tell_a_slow_window_from_one_long_step(report: ModuleType) -> None:
+    windows = [_window(True, [0.1] * 9 + [0.3], voluntary=20), _window(False, [0.1] * 10, voluntary=10),
+               _window(False, [0.1] * 10, voluntary=10), _window(True, [0.11] * 10, voluntary=30)]
+    figures = report.step_figures(windows)
+    assert figures["median_step_pairs"] == pytest.approx([0.0, 0.1])  # the long step moves no median
+    assert figures["with"]["long_step_share"] == pytest.approx((0.3 / 1.2 + 0.0) / 2)
+    assert figures["without"]["long_step_share"] == 0.0
+    assert figures["with"]["gc_per_window"]["0"] == pytest.approx([2.0, 2.0])  # passes, ms
+    assert figures["with"]["training_thread_per_step"]["voluntary"] == pytest.approx((2.0 + 3.0) / 2)
+    assert [p["voluntary"] for p in figures["pairs"]] == [[1.0, 2.0], [1.0, 3.0]]
+    assert [p["controlled_steps"] for p in figures["pairs"]] == [5, 5]
+
+
+def test_windows_without_step_times_have_no_step_figures(report: ModuleType) -> None:
+    windows = [{**_window(True, [0.1]), "step_s": []}, _window(False, [0.1])]
+    assert report.step_figures(windows) is None
+
+
+def test_gc_passes_are_counted_by_generation_while_entered(harness: ModuleType) -> None:
+    with harness.GcPasses() as passes:
+        gc.collect()
+    gc.collect()
+    count, seconds = passes.by_generation["2"]
+    assert count == 1 and seconds > 0
+
+
+def test_a_sleeping_thread_shows_a_voluntary_switch(harness: ModuleType) -> None:
+    before = harness.thread_scheduling()
+    time.sleep(0.01)
+    after = harness.thread_scheduling()
+    assert set(before) == {"on_cpu_s", "waiting_s", "voluntary", "involuntary"}
+    assert after["voluntary"] >= before["voluntary"] + 1 and after["on_cpu_s"] >= before["on_cpu_s"] >= 0
