@@ -178,3 +178,10 @@ def test_the_switch_interval_is_the_controllers_while_it_runs_and_put_back(plan_
         assert sys.getswitchinterval() == before_s
     with pytest.raises(KdvfsError, match="switch interval"):
         ControllerConfig(policy="p", trace="t", switch_interval_ms=-1.0)
+
+
+@pytest.mark.parametrize("evaluations", [-1, 2.5])
+def test_the_online_lookahead_is_a_whole_number_of_evaluations(evaluations: float) -> None:
+    with pytest.raises(KdvfsError, match="online lookahead"):
+        ControllerConfig(policy="p", trace="t", online_lookahead=evaluations)  # type: ignore[arg-type]
+    assert ControllerConfig(policy="p", trace="t", online_lookahead=8).online_lookahead == 8
