@@ -11,13 +11,13 @@ from typing import Any
 
 import numpy as np
 from provenance import RESULTS, write_results
-from scipy import stats
 
 from kdvfs.envs.common.paths import REPO_ROOT
 from kdvfs.envs.trace.bundled import open_trace
 from kdvfs.envs.trace.importing import read_recording
 from kdvfs.runtime.capture.cpu_emulation import emulate_gpu_recording
 from kdvfs.runtime.controller.config import ControllerConfig
+from kdvfs.runtime.controller.estimator import Paired
 from kdvfs.runtime.controller.source import load_plan
 from kdvfs.runtime.controller.timeline import StepPlan
 
@@ -122,11 +122,13 @@ def pair_detail(first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]
 
 
 def mean_interval(values: list[float]) -> tuple[float, float]:
-    """The 95% t interval of the mean of ``values`` (unbounded for one value)."""
-    mean = statistics.mean(values)
-    half = float(stats.t.ppf(0.975, len(values) - 1)) * statistics.stdev(values) / math.sqrt(len(values)) \
-        if len(values) > 1 else math.inf
-    return mean - half, mean + half
+    """The 95% t interval of the mean of ``values``, as the controller's A/B estimator computes it
+    (:class:`~kdvfs.runtime.controller.estimator.Paired`); unbounded for one value."""
+    paired = Paired()
+    for value in values:
+        paired.add(value)
+    found = paired.interval()
+    return (-math.inf, math.inf) if found is None else (found.lo_pct, found.hi_pct)
 
 
 def cpu_figures(windows: list[dict[str, Any]]) -> dict[str, Any]:

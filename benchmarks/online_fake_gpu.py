@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import tempfile
 from concurrent.futures import ProcessPoolExecutor
@@ -38,7 +39,6 @@ from typing import Any
 
 import numpy as np
 from provenance import RESULTS, provenance, provenance_lines, write_results
-from scipy import stats
 
 from kdvfs.agents.common.problem import Problem, within_budget
 from kdvfs.agents.learned.ppo import load_train_config
@@ -49,6 +49,7 @@ from kdvfs.envs.trace.bundled import open_trace
 from kdvfs.envs.trace.format import save_trace
 from kdvfs.runtime.cli.plan_cmd import schedule_json
 from kdvfs.runtime.controller import Controller
+from kdvfs.runtime.controller.estimator import Paired
 from kdvfs.runtime.testing.ab_truth import true_effect
 from kdvfs.runtime.testing.fake_gpu import FakeGpu, FakeStepTimeline, VirtualClock
 
@@ -183,10 +184,13 @@ def paired_gains(runs: list[dict[str, Any]], method: str = "online", against: st
         seeds = sorted(s for g, st, m, s in by if (g, st, m) == (gpu, step, method))
         diffs = np.array([by[(gpu, step, method, s)] - by[(gpu, step, against, s)] for s in seeds
                           if by[(gpu, step, method, s)] is not None and by[(gpu, step, against, s)] is not None])
-        half = float(stats.t.ppf(0.975, len(diffs) - 1) * diffs.std(ddof=1) / np.sqrt(len(diffs))) \
-            if len(diffs) > 1 else float("nan")
-        out.append({"gpu": gpu, "step": step, "mean_pts": float(diffs.mean()), "lo_pts": float(diffs.mean()) - half,
-                    "hi_pts": float(diffs.mean()) + half, "more": int((diffs > 0).sum()), "seeds": len(diffs)})
+        paired = Paired()
+        for diff in diffs:
+            paired.add(float(diff))
+        found = paired.interval()
+        low, high = (math.nan, math.nan) if found is None else (found.lo_pct, found.hi_pct)
+        out.append({"gpu": gpu, "step": step, "mean_pts": float(diffs.mean()), "lo_pts": low, "hi_pts": high,
+                    "more": int((diffs > 0).sum()), "seeds": len(diffs)})
     return out
 
 
