@@ -11,7 +11,7 @@ something can change (counted per reason in the summary's ``wakes``):
   the model's expected timeline (:meth:`~kdvfs.agents.learned.online.OnlinePolicy.look_ahead`, after the
   request is out), and the order holds until the first of them at which it would change (counted in the
   summary's ``lookahead_skips``): fewer wakes, each of which takes the interpreter lock from the training
-  thread;
+  thread (on the H200's HF Trainer that did not lower the overhead: ``docs/controller.md``);
 * ``change``: the GPU reaches the kernel where the standing order's proposal can next differ (a plan's next
   change, where a request made then lands in time: the plan advice says where);
 * ``arrival``: a pending change is due to take effect (and, for a lock, is read until it has);
