@@ -443,11 +443,8 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
 
     def _effects_in_effect(self) -> tuple[int, int]:
         """The landing kernels of a decision before the env's kernel, on the clocks in effect."""
-        effect, next_effect = self._landing()
+        effect, next_effect = self._landing_of(self._in_effect)
         return int(effect[self._k]), int(next_effect[self._k])
-
-    def _landing(self) -> tuple[Array, Array]:
-        return self._landing_of(self._in_effect)
 
     def _landing_of(self, pair: int) -> tuple[Array, Array]:
         """:func:`kdvfs.envs.env.plan_advice.landing_kernels` on the timeline of ``pair`` in effect (mean
