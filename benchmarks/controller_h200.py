@@ -10,7 +10,8 @@ plans; ``--hf`` adds a Hugging Face ``Trainer`` workload (``examples/hf_trainer.
 ``--only LABEL ...`` keeps those workloads and their variants (a variant's label, ``LABEL[NAME=VALUE]``,
 keeps that variant alone); ``--variant LABEL:NAME=VALUE,...`` runs workload LABEL again with those controller options
 (``online=false``: the policy replayed; ``online_process=false``: decisions on the controller's thread;
-``anchors=false``; ``energy_poll_s=0``: no energy thread), for its overhead;
+``anchors=false``; ``energy_poll_s=0``: no energy thread), for its overhead; ``probe=mark|blocking|polling``
+instead of the controller runs only its step timeline (``benchmarks/timeline_probe.py``: what its floor costs);
 ``--repeat N`` runs each workload's windows N times (N x 4 ABBA pairs: the overhead's interval narrows);
 ``report --name controller_online_h200`` writes the figures under another name. On the device machine (no
 package registry) gymnasium and farama-notifications travel as wheels (see ``docs/controller.md``, "On an
@@ -56,6 +57,7 @@ from pathlib import Path
 from typing import Any
 
 from provenance import RESULTS, host, nvidia_smi, utc_now
+from timeline_probe import TimelineProbe
 
 from kdvfs.envs.common.paths import REPO_ROOT
 
@@ -158,6 +160,9 @@ class Harness:
     def _controller(self, log: str | None) -> Any:
         from kdvfs.runtime.controller import Controller
 
+        probe = [o.partition("=")[2] for o in self.args.option if o.startswith("probe=")]
+        if probe:
+            return TimelineProbe(probe[0])
         return Controller(self.args.plan, self.args.trace, dry_run=True, nvml_module=self.args.nvml_module, log=log,
                           cpu_test_mode=self.args.cpu_test,
                           match_tolerance=0.99 if self.args.cpu_test else 0.1, **parse_options(self.args.option))
