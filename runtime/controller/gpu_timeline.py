@@ -5,8 +5,8 @@ controller's thread calls :meth:`StepTimeline.wait`, which returns once the GPU 
 
 :class:`CudaStepTimeline` records a CUDA event per boundary. The GPU time of a step end is the event's
 time since the first one (``Event.elapsed_time``, microsecond resolution); it becomes host time through
-the offset host-minus-GPU, estimated at every step as the smallest (waking from ``Event.synchronize`` is
-only ever late) of the last ``OFFSET_WINDOW`` observations. So a late wake-up (a busy interpreter lock)
+the offset host-minus-GPU, estimated at every step as the smallest (a waiting thread only ever sees an event
+done late) of the last ``OFFSET_WINDOW`` observations. So a late wake-up (a busy interpreter lock)
 does not move the timeline, and clock drift is followed within a window.
 
 Anchors (:mod:`kdvfs.runtime.controller.anchors`) are events recorded inside a step. Those recorded after the
@@ -30,6 +30,8 @@ from typing import Any, Protocol
 from kdvfs.runtime.device.host_time import Clock
 
 OFFSET_WINDOW = 32
+POLL_S = 0.001
+"""How often a waiting thread asks an event whether the GPU has passed it (s; :func:`wait_for`)."""
 MAX_ANCHORS_PER_STEP = 4096
 KEEP_STEPS = 64
 
@@ -79,6 +81,16 @@ def current_stream() -> Any:
     return stream
 
 
+def wait_for(event: Any) -> None:
+    """Return once the GPU has passed ``event``: asked every ``POLL_S`` (``Event.query``: no sync, the interpreter
+    lock held for microseconds), sleeping in between. Not ``Event.synchronize``: a thread blocked in it on a
+    blocking-sync event slowed a Hugging Face Trainer GPT-2 step on an H200 host by +2.45% [+0.98, +3.92]
+    (the step timeline alone, nothing else of the controller), and waiting this way by -0.16% [-1.66, +1.34]
+    (``benchmarks/results/controller_online_hf_probe_h200.md``); a spinning sync costs a core."""
+    while not event.query():
+        time.sleep(POLL_S)
+
+
 def _allocations() -> int:
     """Allocations the CUDA caching allocator has served in this process."""
     import torch
@@ -90,10 +102,10 @@ class CudaStepTimeline:
     """Step ends and anchors from CUDA events on the current stream (see the module docstring).
 
     :meth:`mark` is called on the training thread, :meth:`anchor` on the training thread or autograd's,
-    :meth:`wait` and :meth:`anchor_s` on the controller's thread. Anchor events block on an OS primitive
-    when waited for (``blocking=True``), so waiting neither spins a core nor holds the interpreter lock; so
-    do the step-end events (a thread spinning in ``cudaEventSynchronize`` through each step used 1.4-2.1 s
-    of CPU per 3.5 s window on an H200 host, and a launch-bound GPT-2 small ran up to 12% slower then).
+    :meth:`wait` and :meth:`anchor_s` on the controller's thread, which polls the events (:func:`wait_for`): it
+    neither spins a core (a thread spinning in ``cudaEventSynchronize`` through each step used 1.4-2.1 s of
+    CPU per 3.5 s window on an H200 host, and a launch-bound GPT-2 small ran up to 12% slower then) nor
+    blocks in the driver.
     Anchor events are recorded again once their step is done (a pool), so no CUDA event is created and
     destroyed per anchor (HF Trainer GPT-2 on an H200: 1.7-1.9 ms of hook CPU per step before, 1.3-1.6 ms
     after, in separate runs).
@@ -154,7 +166,7 @@ class CudaStepTimeline:
 
     def wait(self, token: tuple[Any, int | None, int]) -> StepEnd:
         event, signature, step = token
-        event.synchronize()
+        wait_for(event)
         wake_s = self._clock.now_s()
         gpu_s = self._first.elapsed_time(event) / 1e3
         self._offsets_s.append(wake_s - gpu_s)
@@ -178,7 +190,7 @@ class CudaStepTimeline:
             if len(events) <= index or self._first is None or not self._offsets_s:
                 return None
             event = events[index]
-        event.synchronize()
+        wait_for(event)
         return self._host_s(event)
 
     def passed_anchor(self, step: int, after: int) -> tuple[int, float] | None:

@@ -88,8 +88,9 @@ class FakeEvent:
     def record(self, stream: object = None) -> None:
         self.time_s = FakeEvent.gpu_s
 
-    def synchronize(self) -> None:
-        assert self.time_s is not None
+    def query(self) -> bool:
+        """Done once recorded (the fake GPU runs it at once); no ``synchronize``: the timeline never blocks."""
+        return self.time_s is not None
 
     def elapsed_time(self, other: FakeEvent) -> float:
         assert self.time_s is not None and other.time_s is not None
@@ -262,3 +263,25 @@ def test_requests_go_out_early_by_the_wake_up_allowance(plan_file: Path, tmp_pat
     steady = [r for r in requests if r["step"] > 7]
     assert steady and all(r["issued_s"] == pytest.approx(r["due_s"] - LATENCY_S - 0.5e-3, abs=1e-9) for r in steady)
     assert all(r["request_s"] == pytest.approx(r["due_s"] - LATENCY_S, abs=1e-9) for r in steady)
+
+
+class LateEvent:
+    """An event the GPU passes at its ``done_after``-th query."""
+
+    def __init__(self, done_after: int) -> None:
+        self.queries, self.done_after = 0, done_after
+
+    def query(self) -> bool:
+        self.queries += 1
+        return self.queries >= self.done_after
+
+
+def test_waiting_for_an_event_polls_it_and_sleeps_in_between(monkeypatch: pytest.MonkeyPatch) -> None:
+    sleeps: list[float] = []
+    monkeypatch.setattr(gpu_timeline.time, "sleep", sleeps.append)
+    event = LateEvent(done_after=4)
+    gpu_timeline.wait_for(event)
+    assert event.queries == 4 and sleeps == [gpu_timeline.POLL_S] * 3
+    sleeps.clear()
+    gpu_timeline.wait_for(LateEvent(done_after=1))
+    assert sleeps == []
