@@ -13,6 +13,9 @@ keeps that variant alone); ``--variant LABEL:NAME=VALUE,...`` runs workload LABE
 ``anchors=false``; ``energy_poll_s=0``: no energy thread), for its overhead; ``probe=mark|blocking|polling``
 instead of the controller runs only its step timeline (``benchmarks/timeline_probe.py``: what its floor costs);
 ``--repeat N`` runs each workload's windows N times (N x 4 ABBA pairs: the overhead's interval narrows);
+``--within`` runs the variants as arms of their workload's own process instead, in blocks of ABBA windows
+interleaved round by round (:func:`arm_order`), so that they are compared without the spread between
+processes (the report compares each arm with the first pair by pair);
 ``report --name controller_online_h200`` writes the figures under another name. On the device machine (no
 package registry) gymnasium and farama-notifications travel as wheels (see ``docs/controller.md``, "On an
 H200").
@@ -146,6 +149,12 @@ def thread_scheduling() -> dict[str, float]:
             "involuntary": float(status["nonvoluntary_ctxt_switches"])}
 
 
+def arm_order(arms: list[list[str]], rounds: int) -> list[list[str]]:
+    """The arms' blocks of ``ORDER`` windows in a child, round after round, each round starting one arm later
+    (so no arm always follows the same one)."""
+    return [arms[(round_ + k) % len(arms)] for round_ in range(rounds) for k in range(len(arms))]
+
+
 class Harness:
     """Drives one ``child`` run from the optimizer-step hook (a generator resumed once per step)."""
 
@@ -157,18 +166,18 @@ class Harness:
     def on_step(self) -> None:
         next(self._steps)
 
-    def _controller(self, log: str | None) -> Any:
+    def _controller(self, log: str | None, options: list[str]) -> Any:
         from kdvfs.runtime.controller import Controller
 
-        probe = [o.partition("=")[2] for o in self.args.option if o.startswith("probe=")]
+        probe = [o.partition("=")[2] for o in options if o.startswith("probe=")]
         if probe:
             return TimelineProbe(probe[0])
         return Controller(self.args.plan, self.args.trace, dry_run=True, nvml_module=self.args.nvml_module, log=log,
                           cpu_test_mode=self.args.cpu_test,
-                          match_tolerance=0.99 if self.args.cpu_test else 0.1, **parse_options(self.args.option))
+                          match_tolerance=0.99 if self.args.cpu_test else 0.1, **parse_options(options))
 
-    def _window(self, on: bool, steps: int) -> Iterator[None]:
-        controller = self._controller(str(self.args.out / "window.jsonl")) if on else None
+    def _window(self, on: bool, steps: int, options: list[str]) -> Iterator[None]:
+        controller = self._controller(str(self.args.out / "window.jsonl"), options) if on else None
         if controller is not None:
             controller.__enter__()
         with GcPasses() as passes:
@@ -184,7 +193,7 @@ class Harness:
             scheduling = {key: value - scheduled[key] for key, value in thread_scheduling().items()}
         if controller is not None:
             controller.close()
-        self.windows.append({"controller": on, "steps": steps, "elapsed_s": elapsed_s,
+        self.windows.append({"controller": on, "arm": ",".join(options), "steps": steps, "elapsed_s": elapsed_s,
                              "step_s": [b - a for a, b in itertools.pairwise(hooks_s)],
                              "gc": passes.by_generation, "training_thread": scheduling,
                              "summary": None if controller is None else controller.summary})
@@ -192,8 +201,10 @@ class Harness:
     def _schedule(self) -> Iterator[None]:
         for _ in range(WARMUP_STEPS):
             yield
-        for on in ORDER * self.args.repeat:
-            yield from self._window(on, self.args.window_steps)
+        arms = arm_order([self.args.option, *(arm.split(",") for arm in self.args.arm)], self.args.repeat)
+        for options in arms:
+            for on in ORDER:
+                yield from self._window(on, self.args.window_steps, options)
         if self.args.profile_steps:
             yield from self._profiled()
         raise Done
@@ -202,7 +213,7 @@ class Harness:
         import torch
         from torch.profiler import ProfilerActivity, profile
 
-        controller = self._controller(str(self.args.out / f"{self.args.label}.log.jsonl"))
+        controller = self._controller(str(self.args.out / f"{self.args.label}.log.jsonl"), self.args.option)
         controller.__enter__()
         for _ in range(SETTLE_STEPS):
             controller.step()
@@ -295,11 +306,18 @@ def parse_options(options: list[str]) -> dict[str, bool | float]:
 
 
 def run(folder: Path, cpu_test: bool, policy: Path | None, hf: bool = False, only: list[str] | None = None,
-        variants: list[str] | None = None, repeat: int = 1) -> None:
+        variants: list[str] | None = None, repeat: int = 1, within: bool = False) -> None:
     """All device-side measurements into ``folder``; ``policy`` replaces the plans of every workload; ``hf``
     adds the Hugging Face Trainer workloads (captured here first; they need ``policy``); ``only`` keeps those
     workloads; each of ``variants`` (``LABEL:NAME=VALUE,...``) runs workload LABEL again with those controller
-    options, as ``LABEL[NAME=VALUE,...]`` (its overhead, no profile)."""
+    options, as ``LABEL[NAME=VALUE,...]`` (its overhead, no profile): in a child of its own, or with ``within``
+    as an arm of LABEL's child (its windows' blocks interleaved with the others', :func:`arm_order`)."""
+    known = CPU_WORKLOADS if cpu_test else {**WORKLOADS, **(HF_WORKLOADS if hf else {})}
+    kept = [label for label in known if not only or label in {o.split("[")[0] for o in only}]
+    for variant in variants or []:
+        if variant.partition(":")[0] not in kept:
+            raise SystemExit(f"--variant {variant!r}: no workload {variant.partition(':')[0]!r} "
+                             f"(kept: {', '.join(kept)})")
     folder.mkdir(parents=True, exist_ok=True)
     workloads, plans = (_cpu_setup(folder), folder) if cpu_test else (dict(WORKLOADS), RESULTS)
     if hf:
@@ -307,7 +325,11 @@ def run(folder: Path, cpu_test: bool, policy: Path | None, hf: bool = False, onl
                           if not only or label in {o.split("[")[0] for o in only}})
     for variant in variants or []:
         label, _, options = variant.partition(":")
-        workloads[f"{label}[{options}]"] = {**workloads[label], "profile_steps": 0, "options": options.split(",")}
+        if within:
+            workloads[label] = {**workloads[label], "arms": [*workloads[label].get("arms", []), options]}
+        else:
+            workloads[f"{label}[{options}]"] = {**workloads[label], "profile_steps": 0,
+                                                "options": options.split(",")}
     workloads = {label: w for label, w in workloads.items() if not only or label in only or label.split("[")[0] in only}
     sources = {label: policy.resolve() if policy else plan_path(label.split("[")[0], plans) for label in workloads}
     fake = ["--cpu-test-mode", "--nvml-module", "kdvfs.runtime.testing.nvml"] if cpu_test else []
@@ -324,6 +346,7 @@ def run(folder: Path, cpu_test: bool, policy: Path | None, hf: bool = False, onl
                         str(workload["profile_steps"]), "--nvml-module", fake[-1] if fake else GUARD,
                         *(["--cpu-test"] if cpu_test else []), "--repeat", str(repeat),
                         *[f"--option={option}" for option in workload.get("options", [])],
+                        *[f"--arm={arm}" for arm in workload.get("arms", [])],
                         str(folder), "--", *workload["script"], "--steps", "100000"],
                        cwd=REPO_ROOT, check=True, env=_with_root_on_path())
         log[f"{label}_wall_s"] = time.perf_counter() - start_s
@@ -352,6 +375,9 @@ def main(argv: list[str] | None = None) -> int:
     sub.choices["run"].add_argument("--only", nargs="+", metavar="LABEL", help="only these workloads")
     sub.choices["run"].add_argument("--variant", nargs="+", metavar="LABEL:NAME=VALUE,...",
                                     help="run LABEL again with these controller options (e.g. online=false)")
+    sub.choices["run"].add_argument("--within", action="store_true", help="run the variants as arms of their "
+                                    "workload's own process, window blocks interleaved (no process-to-process "
+                                    "spread between them)")
     sub.choices["run"].add_argument("--repeat", type=int, default=1, help=f"run the {len(ORDER)} windows "
                                     "(ABBA...) this many times per workload (more pairs: a narrower interval)")
     sub.choices["report"].add_argument("--name", default="controller_h200", help="results file stem")
@@ -364,13 +390,14 @@ def main(argv: list[str] | None = None) -> int:
     kid.add_argument("--cpu-test", action="store_true")
     kid.add_argument("--repeat", type=int, default=1)
     kid.add_argument("--option", action="append", default=[], help="NAME=true|false|NUMBER, a controller option")
+    kid.add_argument("--arm", action="append", default=[], help="NAME=VALUE,...: another arm's options")
     kid.add_argument("script", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     if args.what == "plans":
         for label, workload in WORKLOADS.items():
             make_plan(workload["trace"], plan_path(label))
     elif args.what == "run":
-        run(args.folder, args.cpu_test, args.policy, args.hf, args.only, args.variant, args.repeat)
+        run(args.folder, args.cpu_test, args.policy, args.hf, args.only, args.variant, args.repeat, args.within)
     elif args.what == "child":
         args.script = args.script[1:] if args.script[:1] == ["--"] else args.script
         return child(args)

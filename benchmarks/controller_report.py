@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
 import statistics
@@ -10,18 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from controller_arms import arm_differences, arm_lines, split_arms
+from controller_timing import timing_figures
 from provenance import RESULTS, write_results
 
-from kdvfs.envs.common.paths import REPO_ROOT
-from kdvfs.envs.trace.bundled import open_trace
-from kdvfs.envs.trace.importing import read_recording
-from kdvfs.runtime.capture.cpu_emulation import emulate_gpu_recording
-from kdvfs.runtime.controller.config import ControllerConfig
 from kdvfs.runtime.controller.estimator import Paired
-from kdvfs.runtime.controller.source import load_plan
-from kdvfs.runtime.controller.timeline import StepPlan
 
-SETTLE_STEPS = 10
 TARGETS = {"overhead": 0.01, "median_ms": 0.5, "p99_ms": 2.0}
 LONG_STEP = 1.5
 """A step over this many times its window's median step counts as long (:func:`step_figures`)."""
@@ -145,130 +138,6 @@ def cpu_figures(windows: list[dict[str, Any]]) -> dict[str, Any]:
         "energy": sum(1e3 * (s["energy_thread_cpu_s"] or 0.0) for s in summaries) / steps,
         "online": sum(s["online"]["cpu_ms"] for s in summaries if s.get("online")) / steps},
         "controlled_share": sum(s["controlled_steps"] for s in summaries) / steps}
-
-
-def sequence_starts(names: list[str], step_names: list[str]) -> list[int]:
-    """Indices where ``names`` (profiled activities in time order) repeat the whole step sequence."""
-    size, starts, i = len(step_names), [], 0
-    while i + size <= len(names):
-        if names[i] == step_names[0] and names[i:i + size] == step_names:
-            starts.append(i)
-            i += size
-        else:
-            i += 1
-    return starts
-
-
-def clock_offset_us(boundaries_us: list[float], ends_s: list[float]) -> tuple[float, int]:
-    """Profiler time minus host time (us) and the index shift pairing profiled step boundaries with the
-    controller's step ends: the shift whose differences spread least, their median."""
-    best: tuple[float, float, int] | None = None
-    for shift in range(len(ends_s) - len(boundaries_us) + 1):
-        diffs = [b - 1e6 * ends_s[j + shift] for j, b in enumerate(boundaries_us)]
-        spread = max(diffs) - min(diffs)
-        if best is None or spread < best[0]:
-            best = (spread, statistics.median(diffs), shift)
-    if best is None:
-        raise ValueError("more profiled steps than logged step ends")
-    return best[1], best[2]
-
-
-def _step_plan(document: dict[str, Any]) -> StepPlan:
-    config = ControllerConfig(policy=str(REPO_ROOT / document["plan"]), trace=document["trace"], dry_run=True)
-    plan = load_plan(config, "NVIDIA H200")
-    return StepPlan.build(plan.problem, plan.schedule, dry_run=True)
-
-
-def _errors_ms(values: list[float]) -> dict[str, Any]:
-    if not values:
-        return {"count": 0}
-    errors = np.abs(np.asarray(values))
-    return {"count": len(values), "median_abs_ms": float(np.median(errors)),
-            "p99_abs_ms": float(np.percentile(errors, 99)), "max_abs_ms": float(errors.max()),
-            "median_signed_ms": float(np.median(values))}
-
-
-def step_end_errors_ms(records: list[dict[str, Any]], plan: StepPlan, profiled: bool) -> list[float]:
-    """Each step's end as the controller predicted it at the previous step's end (previous end plus the
-    scaled expected step time) minus its end from the CUDA events, for steps run without (or with) the
-    profiler (the profiled window starts at step ``SETTLE_STEPS``)."""
-    errors = []
-    for before, after in itertools.pairwise(records):
-        if before["matched"] and before["duration_s"] is not None and (after["step"] >= SETTLE_STEPS) == profiled:
-            expected_s = plan.expected_s if before["next_controlled"] else plan.auto_s
-            errors.append(1e3 * (before["end_s"] + before["scale"] * expected_s - after["end_s"]))
-    return errors
-
-
-def anchored_starts_s(plan: StepPlan, log: list[dict[str, Any]], step: dict[str, Any], start_s: float,
-                      scale: float) -> np.ndarray:
-    """Every kernel's start in ``step`` (its log record) as the controller would place a change due at it: on
-    the latest anchor of the map in effect that precedes it by the latency and margin (``runtime/controller/
-    anchoring.py``; its live checks of order and distance are not repeated), else from the step's start."""
-    start = next(r for r in log if r["event"] == "start")
-    maps = [r for r in log if r["event"] == "anchor_map" and r["step"] < step["step"]]
-    predicted_s = start_s + scale * plan.kernel_start_s
-    anchors_s = np.asarray(step.get("anchors_s") or [])
-    if not maps or len(maps[-1]["positions_s"]) != len(anchors_s) or not len(anchors_s):
-        return predicted_s
-    positions_s = np.asarray(maps[-1]["positions_s"])
-    latest_s = plan.kernel_start_s - (start["latency_s"] + (start.get("anchor_margin_s") or 0.0)) / scale
-    index = np.searchsorted(positions_s, latest_s, side="right") - 1
-    on = np.clip(index, 0, None)
-    return np.where(index >= 0, anchors_s[on] + scale * (plan.kernel_start_s - positions_s[on]), predicted_s)
-
-
-def request_figures(log: list[dict[str, Any]], steps: set[int]) -> dict[str, Any]:
-    """Of the requests of ``steps``: how many were placed on an anchor, how long before its change each was
-    issued (the switching latency ahead is the aim) and how late the thread woke after its anchor."""
-    latency_s = next(r for r in log if r["event"] == "start")["latency_s"]
-    requests = [r for r in log if r["event"] == "request" and r["step"] in steps]
-    leads_ms = [1e3 * (r["due_s"] - r["issued_s"]) for r in requests]
-    wakes_ms = [1e3 * (r["woke_s"] - r["anchor_s"]) for r in requests if r.get("anchor") is not None]
-    return {"requests": len(requests), "anchored": len(wakes_ms), "latency_ms": 1e3 * latency_s,
-            "lead_ms_min": min(leads_ms, default=None), "lead_ms_median": float(np.median(leads_ms)) if leads_ms
-            else None, "issued_a_latency_ahead": sum(lead >= 1e3 * latency_s - 0.05 for lead in leads_ms),
-            "anchor_wake_ms_median": float(np.median(wakes_ms)) if wakes_ms else None,
-            "anchor_wake_ms_max": max(wakes_ms, default=None)}
-
-
-def timing_figures(folder: Path, document: dict[str, Any], cpu_test: bool) -> dict[str, Any]:
-    """Planned switch instants and predicted kernel starts against the profiled kernel starts."""
-    profile = folder / document["profile"]
-    if cpu_test:
-        emulated = folder / "emulated.profile.json"
-        emulate_gpu_recording(profile, emulated)
-        profile = emulated
-    acts = read_recording(profile).activities
-    plan = _step_plan(document)
-    trace_names = [k.name for k in open_trace(document["trace"]).kernels]
-    starts = [i for i in sequence_starts([a.name for a in acts], trace_names) if i > 0]
-    boundaries_us = [acts[i - 1].start_us + acts[i - 1].dur_us for i in starts]
-    records = [r for r in document["log"] if r["event"] == "step"]
-    offset_us, shift = clock_offset_us(boundaries_us, [r["end_s"] for r in records])
-    steps = {records[j + shift]["step"] + 1: (start, records[j + shift]) for j, start in enumerate(starts)
-             if records[j + shift]["next_controlled"]}
-    switch, every, anchored, jitter = [], [], [], []
-    for record in (r for r in document["log"] if r["event"] == "request" and r["step"] in steps):
-        actual_us = acts[steps[record["step"]][0] + record["kernel"]].start_us
-        switch.append((record["due_s"] * 1e6 + offset_us - actual_us) / 1e3)
-    by_step = {r["step"]: r for r in records}
-    for step, (first, record) in steps.items():
-        actual_us = np.array([a.start_us for a in acts[first:first + len(trace_names)]])
-        predicted_us = (record["end_s"] + record["scale"] * plan.kernel_start_s) * 1e6 + offset_us
-        every += list((predicted_us - actual_us) / 1e3)
-        if step in by_step:
-            placed_s = anchored_starts_s(plan, document["log"], by_step[step], record["end_s"], record["scale"])
-            anchored += list((placed_s * 1e6 + offset_us - actual_us) / 1e3)
-        jitter.append((record["end_s"] * 1e6 + offset_us - (acts[first - 1].start_us + acts[first - 1].dur_us)) / 1e3)
-    return {"profiled_steps_with_trace_sequence": len(starts), "controlled_profiled_steps": len(steps),
-            "step_ends_unprofiled": _errors_ms(step_end_errors_ms(records, plan, profiled=False)),
-            "step_ends_profiled": _errors_ms(step_end_errors_ms(records, plan, profiled=True)),
-            "trace_kernels": len(trace_names), "clock_offset_us": offset_us,
-            "step_end_jitter_ms": _errors_ms(jitter), "switch_instants": _errors_ms(switch),
-            "kernel_starts": _errors_ms(every), "kernel_starts_anchored": _errors_ms(anchored),
-            "requests": request_figures(document["log"], set(steps)),
-            "requests_all_steps": request_figures(document["log"], {r["step"] for r in records} | {len(records)})}
 
 
 def decision_figures(document: dict[str, Any]) -> dict[str, Any]:
@@ -409,6 +278,7 @@ def _markdown(result: dict[str, Any]) -> str:
         lines.append(f"| {label} | {o['step_time_without_ms']:.2f} | {o['step_time_with_ms']:.2f} | "
                      f"{o['overhead']:+.2%} | {o['pair_mean']:+.2%} [{low:+.2%}, {high:+.2%}] | {pairs} | "
                      f"{cpu_text} | {share} | {_interval_verdict(o['pair_ci95'], TARGETS['overhead'])} |")
+    lines += arm_lines(result.get("arms", {}))
     lines += _step_lines(result)
     lines += ["", "## Timing error against the profiled kernel starts (planned minus actual)", "",
               "| workload | what | count | median abs (ms) | p99 abs (ms) | max abs (ms) | median signed (ms) | "
@@ -443,15 +313,20 @@ def _markdown(result: dict[str, Any]) -> str:
 def report(folder: Path, cpu_test: bool, name: str = "controller_h200") -> None:
     """Write ``NAME.{md,json}`` (into ``folder`` for a CPU test, else ``benchmarks/results``)."""
     run = json.loads((folder / "run.json").read_text())
-    children = [json.loads((folder / f"{label}.json").read_text()) for label in run["children"]]
+    children = [part for label in run["children"] for part in split_arms(json.loads((folder / f"{label}.json")
+                                                                                     .read_text()))]
     for child in children:  # a trace captured in the run: beside the results, not at its device path
         captured = folder / Path(child["trace"]).name
         if child["trace"].endswith(".json") and not Path(child["trace"]).exists() and captured.exists():
             child["trace"] = str(captured)
+    overhead = {d["label"]: overhead_figures(d["windows"]) for d in children}
+    arms = arm_differences(children, {label: o["pair_overheads"] for label, o in overhead.items()})
     ran = run.get("command", "python benchmarks/controller_h200.py run DIR")
     result = {"command": f"{ran} (on the GPU machine), then python benchmarks/controller_h200.py report DIR",
               "run": run, "targets": TARGETS,
-              "overhead": {d["label"]: overhead_figures(d["windows"]) for d in children},
+              "overhead": overhead,
+              "arms": {label: {**a, "mean": statistics.mean(a["differences"]),
+                               "ci95": list(mean_interval(a["differences"]))} for label, a in arms.items()},
               "timing": {d["label"]: timing_figures(folder, d, cpu_test) for d in children if d["profile"]},
               "decisions": {d["label"]: decision_figures(d) for d in children},
               "nvml_in_children": {d["label"]: d["nvml"] for d in children},
