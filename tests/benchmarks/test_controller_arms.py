@@ -4,6 +4,9 @@ blocks, and the report's split per arm and pair-by-pair comparison (``benchmarks
 from __future__ import annotations
 
 import importlib
+import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -79,3 +82,20 @@ def test_a_variant_of_a_workload_not_run_is_refused_before_anything_is_written(
     with pytest.raises(SystemExit, match="no workload 'nope'"):
         harness.run(tmp_path / "out", cpu_test=False, policy=None, variants=["nope:anchors=false"], within=True)
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_a_cpu_run_with_arms_reports_each_arm_against_its_process(tmp_path: Path) -> None:
+    """The harness and its report end to end on the CPU (``--cpu-test``: the tiny model, the fake NVML)."""
+    script = [sys.executable, str(BENCHMARKS / "controller_h200.py")]
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    subprocess.run([*script, "run", str(tmp_path), "--cpu-test", "--variant", "gpt-tiny:anchors=false", "--within"],
+                   check=True, env=env, capture_output=True)
+    child = json.loads((tmp_path / "gpt-tiny.json").read_text())
+    assert [w["arm"] for w in child["windows"]] == [""] * 8 + ["anchors=false"] * 8
+    subprocess.run([*script, "report", str(tmp_path), "--cpu-test"], check=True, env=env, capture_output=True)
+    result = json.loads((tmp_path / "controller_h200.json").read_text())
+    assert set(result["overhead"]) == {"gpt-tiny", "gpt-tiny[anchors=false]"}
+    assert result["arms"]["gpt-tiny[anchors=false]"]["against"] == "gpt-tiny"
+    assert len(result["arms"]["gpt-tiny[anchors=false]"]["differences"]) == 4
+    assert "## Arms of one process" in (tmp_path / "controller_h200.md").read_text()
