@@ -5,29 +5,33 @@ none of kdvfs's deciding, logging, NVML, energy reads or anchors:
 
 * ``mark``: each step hook records the step's CUDA event and reads the allocator's count
   (:meth:`~kdvfs.runtime.controller.gpu_timeline.CudaStepTimeline.mark`); nothing waits for them;
-* ``blocking``: the same, and a thread waits for each step's end as the controller's thread does
-  (:meth:`~kdvfs.runtime.controller.gpu_timeline.CudaStepTimeline.wait`: ``Event.synchronize`` on a
-  blocking-sync event);
-* ``polling``: the thread instead asks the step's event whether it is done every ``POLL_S`` (``Event.query``,
-  no sync), sleeping in between, then reads the step end the same way.
+* ``blocking``: the same, and a thread that blocks in ``Event.synchronize`` on each step's (blocking-sync)
+  event, then reads the step's end (:meth:`~kdvfs.runtime.controller.gpu_timeline.CudaStepTimeline.wait`),
+  as the controller's thread did before it polled;
+* ``polling``: the thread waits as the controller's thread does since
+  (:meth:`~kdvfs.runtime.controller.gpu_timeline.CudaStepTimeline.wait`: ``Event.query`` every
+  ``gpu_timeline.POLL_S``, sleeping in between).
+
+The run of 2026-12-02 (``benchmarks/results/controller_online_hf_probe_h200.md``) was of the code before the
+controller polled: its ``blocking`` was the timeline's own wait then, its ``polling`` this module's loop at
+the same 1 ms.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
-import time
 from typing import Any
 
 from kdvfs.runtime.controller.gpu_timeline import CudaStepTimeline
 from kdvfs.runtime.device.host_time import RealClock
 
 KINDS = ("mark", "blocking", "polling")
-POLL_S = 0.001
 
 
 class TimelineProbe:
-    """Used as the harness uses a controller: enter, ``step()`` at every step hook, ``close()``; no summary."""
+    """Used as the harness uses a controller: enter, ``step()`` at every step hook, ``close()`` (or exit);
+    no summary."""
 
     def __init__(self, kind: str) -> None:
         if kind not in KINDS:
@@ -47,6 +51,9 @@ class TimelineProbe:
             self._thread.start()
         return self
 
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def step(self) -> None:
         token = self.timeline.mark()
         if self.kind != "mark":
@@ -54,9 +61,8 @@ class TimelineProbe:
 
     def _follow(self) -> None:
         while (token := self._queue.get()) is not None:
-            if self.kind == "polling":
-                while not token[0].query():
-                    time.sleep(POLL_S)
+            if self.kind == "blocking":
+                token[0].synchronize()
             self.timeline.wait(token)
 
     def close(self) -> None:
