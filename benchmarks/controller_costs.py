@@ -71,10 +71,12 @@ def hook_calls(calls: int) -> list[dict[str, Any]]:
     event = torch.cuda.Event(enable_timing=True, blocking=True)
     leaf = torch.zeros(4, device="cuda", requires_grad=True)
 
-    def anchor_step() -> None:  # as many anchors as a step has, then its mark and its end
+    def anchor_step() -> None:  # as many anchors as a step has, then its mark and its end, once the GPU passed it
         for _ in range(25):
             timeline.anchor()
-        timeline.wait(timeline.mark())
+        token = timeline.mark()
+        token[0].synchronize()  # so that wait() reads the end, without a poll's sleep (gpu_timeline.wait_for)
+        timeline.wait(token)
 
     rows: list[tuple[str, Callable[[], Any]]] = [
         ("torch.cuda.current_stream()", torch.cuda.current_stream), ("Event.record()", event.record),
@@ -85,7 +87,7 @@ def hook_calls(calls: int) -> list[dict[str, Any]]:
     result = [{"call": name, **per_call(call, calls)} for name, call in rows]
     timeline.wait(timeline.mark())
     step = per_call(anchor_step, max(1, calls // 25))
-    result.append({"call": "25 x anchor() + mark() + wait()", **step})
+    result.append({"call": "25 x anchor() + mark() + wait() (a passed step end)", **step})
     return result
 
 
@@ -146,6 +148,7 @@ def training_cpu(hooks: bool) -> dict[str, float]:
         optimizer.zero_grad(set_to_none=True)
         token = timeline.mark()
         cpu = time.thread_time() - began_cpu
+        token[0].synchronize()  # the step's end, without a poll's sleep in its wall time
         timeline.wait(token)
         if n >= 5:
             cpu_ms.append(1e3 * cpu)
