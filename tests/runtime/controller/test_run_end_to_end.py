@@ -116,6 +116,11 @@ def test_a_failing_set_mid_run_returns_to_auto_and_training_continues(captured: 
     assert "nvmlDeviceSetMemoryLockedClocks" in _calls(tmp_path) and _locks(tmp_path) == {}
 
 
+def _log_text(tmp_path: Path) -> str:
+    log = tmp_path / "run.jsonl"
+    return log.read_text() if log.is_file() else ""
+
+
 def _trainer_pid(parent: int) -> int:
     children = Path(f"/proc/{parent}/task/{parent}/children")
     return int(children.read_text().split()[0])
@@ -127,7 +132,9 @@ def test_the_watchdog_restores_after_a_sigkill(captured: tuple[Path, Path], tmp_
                                stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT, env=_environment(tmp_path),
                                start_new_session=True)
     try:
-        assert _wait(lambda: "core" in _locks(tmp_path)), "the controller never locked a clock"
+        # The lock is applied just before its request is logged: kill only once both are seen.
+        assert _wait(lambda: "core" in _locks(tmp_path) and '"request"' in _log_text(tmp_path)), \
+            "the controller never locked a clock"
         if group:
             os.killpg(process.pid, signal.SIGKILL)  # kdvfs run and the trainer; not the watchdog's own session
         else:
