@@ -9,6 +9,8 @@ through ``record`` (:meth:`CudaStepTimeline.anchor`), a timestamp event on the c
   registered on the output by a forward hook; only when the output requires grad),
 * before each optimizer step (the global ``torch.optim`` pre-step hook): where the backward ends.
 
+With ``every`` N > 1 only every N-th block (the first, the N+1-th, ...) carries the two hooks.
+
 Top-level blocks are the elements of the outermost ``nn.ModuleList`` / ``nn.Sequential`` containers (of at
 least ``MIN_BLOCKS`` modules) under the first module called after :meth:`AnchorHooks.install`, normally the
 model itself (a transformer's layers, a ResNet's stages' blocks). A global module forward pre-hook looks for
@@ -48,14 +50,15 @@ def _compiled(module: nn.Module) -> bool:
 
 
 class AnchorHooks:
-    """Installs the hooks of the module docstring; each hook calls ``record()`` (thread-safe, cheap).
+    """Installs the hooks of the module docstring; each hook calls ``record()`` (thread-safe, cheap); ``every``:
+    hook every N-th top-level block only.
 
     Attributes:
         blocks: the number of top-level blocks found (0 until the model's first forward, or none found).
     """
 
-    def __init__(self, record: Callable[[], None]) -> None:
-        self.record = record
+    def __init__(self, record: Callable[[], None], every: int = 1) -> None:
+        self.record, self.every = record, every
         self.blocks = 0
         self._handles: list[Any] = []
         self._discovery: Any = None
@@ -75,7 +78,7 @@ class AnchorHooks:
         blocks = [] if _compiled(module) else find_blocks(module)
         if blocks or self._calls >= DISCOVERY_CALLS or _compiled(module):
             self._end_discovery()
-        for block in blocks:
+        for block in blocks[::self.every]:
             self._handles.append(block.register_forward_pre_hook(self._before_block))
             self._handles.append(block.register_forward_hook(self._after_block))
         self.blocks = len(blocks)

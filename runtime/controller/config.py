@@ -48,6 +48,11 @@ class ControllerConfig:
             the controller's thread: for counters that cost nothing, e.g. the fake GPU's).
         anchors: record CUDA events inside the step (top-level blocks' forward and backward, the optimizer
             step) and place requests on them (:mod:`kdvfs.runtime.controller.anchoring`); off: step boundaries only.
+        anchor_every: anchors at every N-th top-level block only (the first, the N+1-th, ...; forward and
+            backward; the optimizer step's always): fewer hooks on the training thread, whose CPU the anchors
+            are (0.8-1.0 ms per ~68 ms HF Trainer GPT-2 step on an H200 host at 1, against 0.13-0.14 ms
+            without anchors: ``benchmarks/results/controller_online_hf_anchors_h200.md``), and coarser progress
+            inside the step; 1: every block.
         anchor_margin_ms: an anchor is used for a request only if it is expected at least this long before the
             request's issue instant (the thread's wake-up after the GPU passed it must fit in between).
         issue_early_ms: requests go out this much earlier than one latency before their change, so that the
@@ -94,6 +99,7 @@ class ControllerConfig:
     ab_seed: int = 0
     energy_poll_s: float = 0.02
     anchors: bool = True
+    anchor_every: int = 1
     anchor_margin_ms: float = 2.0
     issue_early_ms: float = 0.25
     online: bool = True
@@ -125,6 +131,8 @@ class ControllerConfig:
                              "must be >= 0")
         if self.switch_interval_ms < 0:
             raise KdvfsError(f"switch interval {self.switch_interval_ms} ms must be >= 0 (0: the interpreter's)")
+        if not isinstance(self.anchor_every, int) or self.anchor_every < 1:
+            raise KdvfsError(f"anchor_every {self.anchor_every} must be a whole number >= 1 (1: every block)")
         if not isinstance(self.online_lookahead, int) or self.online_lookahead < 0:
             raise KdvfsError(f"online lookahead {self.online_lookahead} must be >= 0 (evaluations; 0: none)")
         if self.online_interval_ms <= 0:

@@ -204,7 +204,7 @@ class Controller:
         self._issuer.start()
         self._stack.callback(self._stop_thread)
         if config.anchors and isinstance(timeline, CudaStepTimeline):
-            self._hooks = AnchorHooks(timeline.anchor)
+            self._hooks = AnchorHooks(timeline.anchor, config.anchor_every)
             self._hooks.install()
             self._stack.callback(self._hooks.remove)
 

@@ -185,3 +185,10 @@ def test_the_online_lookahead_is_a_whole_number_of_evaluations(evaluations: floa
     with pytest.raises(KdvfsError, match="online lookahead"):
         ControllerConfig(policy="p", trace="t", online_lookahead=evaluations)  # type: ignore[arg-type]
     assert ControllerConfig(policy="p", trace="t", online_lookahead=8).online_lookahead == 8
+
+
+@pytest.mark.parametrize("every", [0, -1, 1.5])
+def test_anchors_are_at_every_nth_block_for_a_whole_n_of_at_least_one(every: float) -> None:
+    with pytest.raises(KdvfsError, match="anchor_every"):
+        ControllerConfig(policy="p", trace="t", anchor_every=every)  # type: ignore[arg-type]
+    assert ControllerConfig(policy="p", trace="t", anchor_every=2).anchor_every == 2

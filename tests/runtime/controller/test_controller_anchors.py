@@ -77,6 +77,26 @@ def test_hooks_anchor_each_block_forward_and_backward_and_the_optimizer_step() -
     assert records == []
 
 
+@pytest.mark.parametrize(("every", "hooked"), [(1, [0, 1, 2]), (2, [0, 2]), (3, [0]), (5, [0])])
+def test_anchors_at_every_nth_block_hook_those_blocks_forward_and_backward(every: int, hooked: list[int]) -> None:
+    net, records = Net(), []
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+    for index, block in enumerate(net.blocks):  # which block's forward runs, in order
+        block.register_forward_pre_hook(lambda module, args, index=index: records.append(f"block {index}"))
+    hooks = AnchorHooks(lambda: records.append("anchor"), every=every)
+    hooks.install()
+    try:
+        net(torch.ones(2, 4)).backward()
+        optimizer.step()
+        assert hooks.blocks == 3 and records.count("anchor") == 2 * len(hooked) + 1  # forward, backward, optimizer
+        records.clear()
+        with torch.no_grad():  # the forward's anchors alone: each right after its block's start
+            net(torch.ones(2, 4))
+    finally:
+        hooks.remove()
+    assert [records[i - 1] for i, r in enumerate(records) if r == "anchor"] == [f"block {i}" for i in hooked]
+
+
 class FakeEvent:
     """A timing event on a fake GPU whose time (s) is ``FakeEvent.gpu_s`` when it is recorded."""
 
