@@ -1,7 +1,7 @@
 """The online policy against its replayed schedule and the latency-optimal plan, on the disturbed fake GPU.
 
     python benchmarks/online_fake_gpu.py [--seeds 20] [--seconds 60] [--jobs 2] [--name NAME]
-        [--methods online replayed latency-optimal] [--lookahead N]
+        [--methods online replayed latency-optimal] [--lookahead N] [--anchors N]
     # writes benchmarks/results/online_fake_gpu.{json,md} (or NAME.{json,md})
 
 Per GPU profile (H200, B200), per held-out workload of its policy (two each) and per seed, three runs of
@@ -88,15 +88,16 @@ def prepare(folder: Path) -> list[Case]:
     return cases
 
 
-def run(case: Case, method: str, seed: int, seconds: float, lookahead: int = 0) -> dict[str, Any]:
+def run(case: Case, method: str, seed: int, seconds: float, lookahead: int = 0,
+        anchors: int = ANCHORS_PER_STEP) -> dict[str, Any]:
     """One controlled run; its measured and true effect and the controller's figures (``lookahead``: the
-    ``online-lookahead`` method's ``online_lookahead``)."""
+    ``online-lookahead`` method's ``online_lookahead``; ``anchors``: about this many anchors per step)."""
     profile = load_profile(case.gpu)
     problem = Problem.build(open_trace(str(case.trace)), profile, BUDGET)
     clock = VirtualClock()
     gpu = FakeGpu(problem.costs, profile, problem.latency_s, problem.stall_s, clock, drift=DriftModel(seed=seed),
                   latency_std_s=profile.switching.latency_std_s, duration_noise=DURATION_NOISE, seed=seed)
-    every = max(1, problem.costs.kernels // ANCHORS_PER_STEP)
+    every = max(1, problem.costs.kernels // anchors)
     timeline = FakeStepTimeline(gpu, clock, tuple(range(every, problem.costs.kernels, every)))
     source = case.plan if method == "latency-optimal" else case.policy
     with tempfile.TemporaryDirectory() as tmp:
@@ -125,7 +126,7 @@ def run(case: Case, method: str, seed: int, seconds: float, lookahead: int = 0) 
             "online": summary["online"]}
 
 
-def _job(arguments: tuple[Case, str, int, float, int]) -> dict[str, Any]:
+def _job(arguments: tuple[Case, str, int, float, int, int]) -> dict[str, Any]:
     return run(*arguments)
 
 
@@ -201,7 +202,8 @@ def _cell(value: float | None, digits: int = 2) -> str:
 def markdown(document: dict[str, Any]) -> str:
     args = document["settings"]
     lines = ["# Online policy on the disturbed fake GPU", "", *provenance_lines(document["provenance"]), "",
-             f"{args['seeds']} seeds x {args['seconds']:g} simulated s per run, 1% budget, default controller "
+             f"{args['seeds']} seeds x {args['seconds']:g} simulated s per run, "
+             f"{args.get('anchors', ANCHORS_PER_STEP)} anchors per step, 1% budget, default controller "
              "(A/B windows of 10 steps and 0.5 s, `ab_share` 0.25, guard margin 0.5%); disturbances: latency "
              "drawn from the profile's spread per request, 2% lognormal duration noise per kernel, drift model "
              "(+2.1% over 120 s, per-step jitter). Savings and slowdowns are the controller's own measurement "
@@ -240,15 +242,20 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--jobs", type=int, default=2, help="worker processes")
     parser.add_argument("--methods", nargs="+", choices=METHODS, default=["online", "replayed", "latency-optimal"])
     parser.add_argument("--lookahead", type=int, default=0, help="online_lookahead of method online-lookahead")
+    parser.add_argument("--anchors", type=int, default=ANCHORS_PER_STEP,
+                        help="anchors per step, evenly spaced over its kernels (as hooks at every N-th block: "
+                             "the controller's anchor_every)")
     parser.add_argument("--name", default="online_fake_gpu", help="results file stem")
     args = parser.parse_args(argv)
     if ("online-lookahead" in args.methods) != (args.lookahead > 0):
         parser.error("--lookahead N (N > 0) goes with method online-lookahead")
+    if args.anchors < 1:
+        parser.error("--anchors N needs N >= 1")
     methods = [m for m in METHODS if m in args.methods]
     with tempfile.TemporaryDirectory() as tmp:
         cases = prepare(Path(tmp))
-        jobs = [(case, method, seed, args.seconds, args.lookahead) for case in cases for seed in range(args.seeds)
-                for method in methods]
+        jobs = [(case, method, seed, args.seconds, args.lookahead, args.anchors) for case in cases
+                for seed in range(args.seeds) for method in methods]
         runs = []
         with ProcessPoolExecutor(args.jobs) as pool:
             for i, result in enumerate(pool.map(_job, jobs), 1):
