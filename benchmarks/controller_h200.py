@@ -312,7 +312,7 @@ def run(folder: Path, cpu_test: bool, policy: Path | None, hf: bool = False, onl
     workloads; each of ``variants`` (``LABEL:NAME=VALUE,...``) runs workload LABEL again with those controller
     options, as ``LABEL[NAME=VALUE,...]`` (its overhead, no profile): in a child of its own, or with ``within``
     as an arm of LABEL's child (its windows' blocks interleaved with the others', :func:`arm_order`)."""
-    known = CPU_WORKLOADS if cpu_test else {**WORKLOADS, **(HF_WORKLOADS if hf else {})}
+    known = {**(CPU_WORKLOADS if cpu_test else WORKLOADS), **(HF_WORKLOADS if hf else {})}
     kept = [label for label in known if not only or label in {o.split("[")[0] for o in only}]
     for variant in variants or []:
         if variant.partition(":")[0] not in kept:
@@ -322,7 +322,7 @@ def run(folder: Path, cpu_test: bool, policy: Path | None, hf: bool = False, onl
     workloads, plans = (_cpu_setup(folder), folder) if cpu_test else (dict(WORKLOADS), RESULTS)
     if hf:
         workloads.update({label: _capture(folder, label, w) for label, w in HF_WORKLOADS.items()
-                          if not only or label in {o.split("[")[0] for o in only}})
+                          if label in kept})
     for variant in variants or []:
         label, _, options = variant.partition(":")
         if within:
