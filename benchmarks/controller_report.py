@@ -147,6 +147,7 @@ def decision_figures(document: dict[str, Any]) -> dict[str, Any]:
     onlines = [w["summary"]["online"] for w in document["windows"] if w["summary"] and w["summary"].get("online")]
     points = [o["decision_point_us"] for o in onlines if o["decision_point_us"]["median"] is not None]
     evaluations = [o["decision_us"] for o in onlines if o["decision_us"]["median"] is not None]
+    deciders = [o["decider_us"] for o in onlines if (o.get("decider_us") or {}).get("median") is not None]
     progress: dict[str, int] = {}
     wakes: dict[str, float] = {}
     steps = sum(w["summary"]["steps"] for w in document["windows"] if w["summary"] and w["summary"].get("online"))
@@ -164,6 +165,8 @@ def decision_figures(document: dict[str, Any]) -> dict[str, Any]:
             "windows_decision_us_p99_max": max((e["p99"] for e in evaluations), default=None),
             "point_us_median_of_windows": float(np.median([p["median"] for p in points])) if points else None,
             "point_us_p99_max_of_windows": max((p["p99"] for p in points), default=None),
+            "decider_us_median_of_windows": float(np.median([c["median"] for c in deciders])) if deciders else None,
+            "decider_us_p99_max_of_windows": max((c["p99"] for c in deciders), default=None),
             "progress_sources": progress, "wakes_per_step": wakes,
             "interval_ms": onlines[0]["interval_ms"] if onlines else None}
 
@@ -176,11 +179,14 @@ def _decision_lines(result: dict[str, Any]) -> list[str]:
     lines = ["", "## Online decisions on the controller's thread (wall time, from the wake to the request out)", "",
              "Profiled window: every policy evaluation in its log. Controlled windows: each window's summary "
              "(the median of their medians, the worst of their p99s). Every decision point: the whole point, "
-             "with the next wake's scheduling.", "",
+             "with the next wake's scheduling. In the decider process: the decision's own time in the child process "
+             "(`online_process`), every decision point; the rest of the point is the pipe, the wake-ups and the "
+             "interpreter lock.", "",
              "| workload | profiled window: evaluations, median / p99 (us) | controlled windows: median / worst p99 "
-             "(us) | every decision point: median / worst p99 (us) | progress from | wakes per step (and evaluations "
+             "(us) | every decision point: median / worst p99 (us) | in the decider process: median / worst p99 (us) "
+             "| progress from | wakes per step (and evaluations "
              "skipped by looking ahead) | targets (median <= 50, p99 <= 500 us) |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for label, d in rows.items():
         profiled = f"{d['decisions']}, {d['decision_us_median']:.1f} / {d['decision_us_p99']:.1f}" \
             if d["decisions"] else "-"
@@ -188,12 +194,14 @@ def _decision_lines(result: dict[str, Any]) -> list[str]:
             f"{d['windows_decision_us_median_of_medians']:.1f} / {d['windows_decision_us_p99_max']:.1f}"
         point = "-" if d["point_us_median_of_windows"] is None else \
             f"{d['point_us_median_of_windows']:.1f} / {d['point_us_p99_max_of_windows']:.1f}"
+        decider = "-" if d.get("decider_us_median_of_windows") is None else \
+            f"{d['decider_us_median_of_windows']:.1f} / {d['decider_us_p99_max_of_windows']:.1f}"
         median, p99 = (d["decision_us_median"], d["decision_us_p99"]) if d["decisions"] else \
             (d["windows_decision_us_median_of_medians"], d["windows_decision_us_p99_max"])
         verdict = f"median {'met' if median <= 50 else 'NOT met'}, p99 {'met' if p99 <= 500 else 'NOT met'}"
         wakes = ", ".join(f"{reason} {count:.1f}" for reason, count in d.get("wakes_per_step", {}).items())
-        lines.append(f"| {label} | {profiled} | {windows} | {point} | {d['progress_sources']} | {wakes or '-'} | "
-                     f"{verdict} |")
+        lines.append(f"| {label} | {profiled} | {windows} | {point} | {decider} | {d['progress_sources']} | "
+                     f"{wakes or '-'} | {verdict} |")
     return lines
 
 
@@ -210,7 +218,7 @@ def _step_lines(result: dict[str, Any]) -> list[str]:
              "",
              "| workload | median step (ms) | overhead of median steps, mean of pairs [95% CI] | long steps | "
              "GC passes per window | GC ms per window | training thread: CPU / waiting / voluntary / involuntary |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for label, s in rows.items():
         low, high = s["median_step_pair_ci95"]
         arms = (s["without"], s["with"])

@@ -5,8 +5,10 @@ by the recent step times, so any variation of this step's length accumulates alo
 through ``record`` (:meth:`CudaStepTimeline.anchor`), a timestamp event on the current stream
 
 * before each top-level block's forward (a forward pre-hook on the block),
-* when the gradient of each block's output is ready, i.e. where the block's backward starts (a tensor hook
-  registered on the output by a forward hook; only when the output requires grad),
+* when the gradient of each block's output is ready, i.e. where the block's backward starts (a pre-hook on
+  the output's ``grad_fn``, registered by a forward hook; only when the output has one: it requires grad and
+  is not a leaf). Not ``Tensor.register_hook``, which does the same through Python: 13 us a registration
+  against 4 us for ``grad_fn.register_prehook`` (a CPU build of torch 2.13), once per block and step.
 * before each optimizer step (the global ``torch.optim`` pre-step hook): where the backward ends.
 
 With ``every`` N > 1 only every N-th block (the first, the N+1-th, ...) carries the two hooks.
@@ -93,10 +95,10 @@ class AnchorHooks:
             self.record()
 
     def _after_block(self, module: nn.Module, args: Any, output: Any) -> None:
-        if isinstance(output, Tensor) and output.requires_grad and not torch.compiler.is_compiling():
-            output.register_hook(self._on_gradient)
+        if isinstance(output, Tensor) and output.grad_fn is not None and not torch.compiler.is_compiling():
+            output.grad_fn.register_prehook(self._on_gradient)
 
-    def _on_gradient(self, gradient: Tensor) -> None:
+    def _on_gradient(self, gradients: tuple[Tensor | None, ...]) -> None:
         if self._active:
             self.record()
 

@@ -29,6 +29,7 @@ import signal
 import struct
 import subprocess
 import sys
+import time
 import types
 from typing import IO, Any
 
@@ -55,8 +56,9 @@ class DeciderError(KdvfsError):
 
 
 def _response(actions: int) -> struct.Struct:
-    """pair, evaluated, the action's ``actions`` parts, budget_used, affordable_pct, next_change, policy_due_s."""
-    return struct.Struct(f"<i?{actions}iddid")
+    """pair, evaluated, the action's ``actions`` parts, budget_used, affordable_pct, next_change, policy_due_s,
+    and the decision's time in the child (us)."""
+    return struct.Struct(f"<i?{actions}iddidd")
 
 
 def read_only(mapping: dict[Any, Any]) -> types.MappingProxyType[Any, Any]:
@@ -92,7 +94,12 @@ class DeciderProcess:
 
     Constructing it starts the child, which imports its modules (seconds) while the controller builds its
     own plan; :meth:`load` then gives it the policy and waits until it has built its own (:meth:`started`:
-    both at once)."""
+    both at once).
+
+    Attributes:
+        compute_us: each :meth:`decide`'s time in the child (wall us, from the request read to the answer
+            made): the rest of a decision's wall time is the pipe, the wake-ups and the interpreter lock.
+    """
 
     def __init__(self) -> None:
         environment = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
@@ -101,6 +108,7 @@ class DeciderProcess:
         assert self._process.stdin is not None and self._process.stdout is not None
         self._to, self._from = self._process.stdin.fileno(), self._process.stdout.fileno()
         self._response = _response(0)
+        self.compute_us: list[float] = []
 
     @classmethod
     def started(cls, policy: FrozenPolicy, problem: Problem) -> DeciderProcess:
@@ -137,7 +145,8 @@ class DeciderProcess:
         fields = self._ask(REQUEST.pack(DECIDE, now_s, state.kernel, state.in_effect, state.pending,
                                         state.pending_age_s, state.elapsed_s, state.auto_elapsed_s,
                                         state.last_latency_ratio, state.auto_drift_pct))
-        pair, evaluated, *action, budget_used, affordable_pct, next_change, policy_due_s = fields
+        pair, evaluated, *action, budget_used, affordable_pct, next_change, policy_due_s, compute_us = fields
+        self.compute_us.append(compute_us)
         return OnlineDecision(pair, evaluated, tuple(action), budget_used, affordable_pct,
                               None if next_change == NO_CHANGE_KNOWN else next_change, policy_due_s)
 
@@ -190,14 +199,16 @@ def serve(requests: IO[bytes], answers: IO[bytes]) -> int:
     while (request := _read_exact(from_parent, REQUEST.size)) is not None:
         kind, value, *fields = REQUEST.unpack(request)
         if kind == BEGIN:
-            answer = response.pack(online.begin(value), True, *[0] * len(policy.nvec), 0.0, 0.0, 0, 0.0)
+            answer = response.pack(online.begin(value), True, *[0] * len(policy.nvec), 0.0, 0.0, 0, 0.0, 0.0)
         elif kind == LOOK_AHEAD:
             answer = LOOKED_AHEAD.pack(*online.look_ahead(int(value)))
         else:
+            began_s = time.perf_counter()
             decision = online.decide(LiveState(*fields), value)
             next_change = NO_CHANGE_KNOWN if decision.next_change is None else decision.next_change
             answer = response.pack(decision.pair, decision.evaluated, *decision.action, decision.budget_used,
-                                   decision.affordable_pct, next_change, decision.policy_due_s)
+                                   decision.affordable_pct, next_change, decision.policy_due_s,
+                                   (time.perf_counter() - began_s) * 1e6)
         os.write(to_parent, answer)
     return 0
 

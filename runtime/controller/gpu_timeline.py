@@ -120,17 +120,20 @@ class CudaStepTimeline:
         self._previous_gpu_s: float | None = None
         self._allocations: int | None = None
         self._anchors: dict[int, list[Any]] = {}
+        """The anchors of each marked step (until :meth:`wait` takes them)."""
+        self._recording: list[Any] = []
+        """The anchors of the step being recorded (the ``_marks``-th): :meth:`mark` moves it to ``_anchors``."""
         self._marks = 0
         self._changed = threading.Condition()
         self._pool: list[Any] = []
-        self.hook_cpu_s = 0.0
-        """CPU time spent in :meth:`mark` and :meth:`anchor`, on the threads that call them (s; concurrent
-        anchors from autograd's threads may drop an addition: a lower bound)."""
+        self.hook_s = 0.0
+        """Time spent in :meth:`mark` and :meth:`anchor`, on the threads that call them (wall s, which is their
+        CPU: neither blocks; concurrent anchors from autograd's threads may drop an addition: a lower bound)."""
 
     def mark(self) -> tuple[Any, int | None, int]:
         import torch
 
-        began_s = time.thread_time()
+        began_s = time.perf_counter()
         event = torch.cuda.Event(enable_timing=True, blocking=True)
         event.record(current_stream())
         if self._first is None:
@@ -140,26 +143,29 @@ class CudaStepTimeline:
         self._allocations = count
         with self._changed:
             step = self._marks
+            self._anchors[step], self._recording = self._recording, []
             self._marks += 1
             self._pool += self._anchors.pop(step - KEEP_STEPS, [])  # a controller thread that stopped waiting
             self._changed.notify_all()
-        self.hook_cpu_s += time.thread_time() - began_s
+        self.hook_s += time.perf_counter() - began_s
         return event, signature, step
 
     def anchor(self) -> None:
-        """Record an anchor event of the current step (from a hook; a few microseconds)."""
-        import torch
+        """Record an anchor event of the current step (from a hook; a few microseconds). No lock: a pool's
+        ``pop`` and a list's ``append`` are atomic, and an anchor whose list :meth:`mark` moves meanwhile
+        was recorded before that mark's event, so it belongs to the step it ends."""
+        began_s = time.perf_counter()
+        try:
+            event = self._pool.pop()
+        except IndexError:
+            import torch
 
-        began_s = time.thread_time()
-        with self._changed:
-            event = self._pool.pop() if self._pool else torch.cuda.Event(enable_timing=True, blocking=True)
+            event = torch.cuda.Event(enable_timing=True, blocking=True)
         event.record(current_stream())
-        with self._changed:
-            events = self._anchors.setdefault(self._marks, [])
-            if len(events) < MAX_ANCHORS_PER_STEP:
-                events.append(event)
-                self._changed.notify_all()
-        self.hook_cpu_s += time.thread_time() - began_s
+        events = self._recording
+        if len(events) < MAX_ANCHORS_PER_STEP:
+            events.append(event)
+        self.hook_s += time.perf_counter() - began_s
 
     def _host_s(self, event: Any) -> float:
         return self._first.elapsed_time(event) / 1e3 + self._offset_s
@@ -181,21 +187,26 @@ class CudaStepTimeline:
         return StepEnd(gpu_s + self._offset_s, duration_s, signature, anchors_s)
 
     def anchor_s(self, step: int, index: int, deadline_s: float) -> float | None:
-        def ready() -> bool:
-            return len(self._anchors.get(step, ())) > index or self._marks > step
-
         with self._changed:
-            self._changed.wait_for(ready, max(0.0, deadline_s - self._clock.now_s()))
-            events = self._anchors.get(step, [])
+            while len(self._events_of(step)) <= index and self._marks <= step:  # anchors do not notify: poll
+                left_s = deadline_s - self._clock.now_s()
+                if left_s <= 0:
+                    break
+                self._changed.wait(min(left_s, POLL_S))
+            events = self._events_of(step)
             if len(events) <= index or self._first is None or not self._offsets_s:
                 return None
             event = events[index]
         wait_for(event)
         return self._host_s(event)
 
+    def _events_of(self, step: int) -> list[Any]:
+        """The anchors of step ``step`` recorded so far (the caller holds ``_changed``)."""
+        return self._recording if step == self._marks else self._anchors.get(step, [])
+
     def passed_anchor(self, step: int, after: int) -> tuple[int, float] | None:
         with self._changed:
-            events = list(self._anchors.get(step, ()))
+            events = list(self._events_of(step))
         if self._first is None or not self._offsets_s:
             return None
         latest = None

@@ -70,6 +70,7 @@ from kdvfs.agents.learned.online import NO_REQUEST, OnlineDecision, OnlinePolicy
 from kdvfs.envs.env.live import LiveState
 from kdvfs.runtime.controller.actuator import Actuator, EventLog, parse_clocks
 from kdvfs.runtime.controller.anchoring import AnchorMap
+from kdvfs.runtime.controller.decider import DeciderProcess
 from kdvfs.runtime.controller.estimator import Interval
 from kdvfs.runtime.controller.gpu_timeline import StepEnd, StepTimeline
 from kdvfs.runtime.device.host_time import Clock
@@ -368,5 +369,7 @@ class OnlineSteps:
                 "progress": dict(self.progress), "took_effect": dict(self.clocks.took_effect),
                 "decision_us": quantiles(self.policy_wall_us), "decision_point_us": quantiles(self.wall_us),
                 "decision_point_cpu_us": quantiles(self.cpu_us), "cpu_ms": 1e-3 * sum(self.cpu_us),
+                "decider_us": quantiles(self.decider.compute_us) if isinstance(self.decider, DeciderProcess)
+                else None,
                 "wakes": dict(self.wakes),
                 "step_budget_pct": 100 * self.step_budget, "interval_ms": 1e3 * self.interval_s}

@@ -168,6 +168,27 @@ def test_cuda_timeline_files_anchors_by_step_and_waits_for_them(monkeypatch: pyt
     closing.join()
 
 
+def test_the_last_passed_anchor_is_seen_while_its_step_is_recorded_and_after_it_ended(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(gpu_timeline, "_allocations", lambda: 0)
+    monkeypatch.setattr(gpu_timeline, "current_stream", lambda: None)
+    timeline = CudaStepTimeline(RealClock())
+    FakeEvent.gpu_s = 0.0
+    end = timeline.wait(timeline.mark())  # step 0 ends; step 1 is being recorded
+    FakeEvent.gpu_s = 0.01
+    timeline.anchor()
+    FakeEvent.gpu_s = 0.03
+    timeline.anchor()
+    passed = timeline.passed_anchor(1, -1)
+    assert passed is not None and passed[0] == 1 and passed[1] == pytest.approx(end.end_s + 0.03)
+    assert timeline.passed_anchor(1, 1) is None  # none since the last one seen
+    assert timeline.passed_anchor(2, -1) is None  # a step not yet begun
+    FakeEvent.gpu_s = 0.05
+    timeline.mark()  # step 1 ends: its anchors stay until it is waited for
+    assert timeline.passed_anchor(1, 0) == passed
+    assert timeline.hook_s > 0
+
 def test_anchor_map_learns_positions_and_their_kernels() -> None:
     starts_s = np.linspace(0.0, 0.1, 101)  # a kernel every millisecond
     anchor_map = AnchorMap(starts_s, expected_s=0.1, learn_steps=3)

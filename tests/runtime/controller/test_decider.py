@@ -37,6 +37,7 @@ def test_the_process_decides_exactly_as_the_policy_on_this_thread() -> None:
                 assert here.decide(state, float(now_s)) == there.decide(state, float(now_s))
                 if pending < 0:  # as a controller does after an evaluation, now and then
                     assert here.look_ahead(3) == there.look_ahead(3)
+        assert len(there.compute_us) == 3 * 40 and min(there.compute_us) > 0  # each decision's time in the child
     finally:
         there.close()
 
