@@ -11,7 +11,9 @@ plans; ``--hf`` adds a Hugging Face ``Trainer`` workload (``examples/hf_trainer.
 keeps that variant alone); ``--variant LABEL:NAME=VALUE,...`` runs workload LABEL again with those controller options
 (``online=false``: the policy replayed; ``online_process=false``: decisions on the controller's thread;
 ``anchors=false``; ``energy_poll_s=0``: no energy thread), for its overhead; ``probe=mark|blocking|polling``
-instead of the controller runs only its step timeline (``benchmarks/timeline_probe.py``: what its floor costs);
+instead of the controller runs only its step timeline (``benchmarks/timeline_probe.py``: what its floor costs;
+``probe=gil:WAKESxUS`` adds that many holds of the interpreter lock per step);
+``--no-end-to-end`` skips step 1 below;
 ``--repeat N`` runs each workload's windows N times (N x 4 ABBA pairs: the overhead's interval narrows);
 ``--within`` runs the variants as arms of their workload's own process instead, in blocks of ABBA windows
 interleaved round by round (:func:`arm_order`), so that they are compared without the spread between
@@ -306,12 +308,13 @@ def parse_options(options: list[str]) -> dict[str, bool | float]:
 
 
 def run(folder: Path, cpu_test: bool, policy: Path | None, hf: bool = False, only: list[str] | None = None,
-        variants: list[str] | None = None, repeat: int = 1, within: bool = False) -> None:
+        variants: list[str] | None = None, repeat: int = 1, within: bool = False, end_to_end: bool = True) -> None:
     """All device-side measurements into ``folder``; ``policy`` replaces the plans of every workload; ``hf``
     adds the Hugging Face Trainer workloads (captured here first; they need ``policy``); ``only`` keeps those
     workloads; each of ``variants`` (``LABEL:NAME=VALUE,...``) runs workload LABEL again with those controller
     options, as ``LABEL[NAME=VALUE,...]`` (its overhead, no profile): in a child of its own, or with ``within``
-    as an arm of LABEL's child (its windows' blocks interleaved with the others', :func:`arm_order`)."""
+    as an arm of LABEL's child (its windows' blocks interleaved with the others', :func:`arm_order`);
+    ``end_to_end``: first run ``kdvfs run --dry-run`` of the first workload (1.)."""
     known = {**(CPU_WORKLOADS if cpu_test else WORKLOADS), **(HF_WORKLOADS if hf else {})}
     kept = [label for label in known if not only or label in {o.split("[")[0] for o in only}]
     for variant in variants or []:
@@ -337,7 +340,7 @@ def run(folder: Path, cpu_test: bool, policy: Path | None, hf: bool = False, onl
     command = " ".join(["python", "benchmarks/controller_h200.py", *sys.argv[1:]])
     log: dict[str, Any] = {**host(), "command": command, "started_utc": utc_now(),
                            "nvidia_smi_before": nvidia_smi(header=False),
-                           "cli": _cli_run(folder, workloads[first], sources[first], fake)}
+                           "cli": _cli_run(folder, workloads[first], sources[first], fake) if end_to_end else None}
     for label, workload in workloads.items():
         start_s = time.perf_counter()
         subprocess.run([sys.executable, str(Path(__file__).resolve()), "child", "--label", label,
@@ -380,6 +383,8 @@ def main(argv: list[str] | None = None) -> int:
                                     "spread between them)")
     sub.choices["run"].add_argument("--repeat", type=int, default=1, help=f"run the {len(ORDER)} windows "
                                     "(ABBA...) this many times per workload (more pairs: a narrower interval)")
+    sub.choices["run"].add_argument("--no-end-to-end", action="store_true", help="skip the end-to-end "
+                                    "`kdvfs run --dry-run` (1.): only the workloads' processes")
     sub.choices["report"].add_argument("--name", default="controller_h200", help="results file stem")
     kid = sub.add_parser("child")
     kid.add_argument("out", type=Path)
@@ -397,7 +402,8 @@ def main(argv: list[str] | None = None) -> int:
         for label, workload in WORKLOADS.items():
             make_plan(workload["trace"], plan_path(label))
     elif args.what == "run":
-        run(args.folder, args.cpu_test, args.policy, args.hf, args.only, args.variant, args.repeat, args.within)
+        run(args.folder, args.cpu_test, args.policy, args.hf, args.only, args.variant, args.repeat, args.within,
+            not args.no_end_to_end)
     elif args.what == "child":
         args.script = args.script[1:] if args.script[:1] == ["--"] else args.script
         return child(args)

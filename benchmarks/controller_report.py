@@ -263,15 +263,21 @@ def _interval_verdict(interval: list[float], limit: float) -> str:
     return "met" if high <= limit else "NOT met" if low > limit else "not shown (the interval holds it)"
 
 
+def _end_to_end_line(cli: dict[str, Any] | None) -> str:
+    if cli is None:
+        return "- end-to-end: not run (`--no-end-to-end`)"
+    return (f"- end-to-end: `{cli['command']}` ({cli['wall_s']:.0f} s): {cli['summary']['steps']} steps, "
+            f"{cli['summary']['controlled_steps']} controlled, {cli['logged_requests']} requests logged; NVML calls: "
+            f"{cli['nvml']}")
+
+
 def _markdown(result: dict[str, Any]) -> str:
     run, lines = result["run"], ["# Clock controller on an NVIDIA H200, dry run only", ""]
     lines += [f"- command: `{result['command']}`",
               f"- machine: host `{run['machine']}`, Python {run['python']}, {run['started_utc']} to "
               f"{run.get('finished_utc', 'its time limit (cut short after the workloads below)')}; "
               f"GPU (nvidia-smi before): `{run['nvidia_smi_before']}`",
-              f"- end-to-end: `{run['cli']['command']}` ({run['cli']['wall_s']:.0f} s): "
-              f"{run['cli']['summary']['steps']} steps, {run['cli']['summary']['controlled_steps']} controlled, "
-              f"{run['cli']['logged_requests']} requests logged; NVML calls: {run['cli']['nvml']}", "",
+              _end_to_end_line(run.get("cli")), "",
               "## Overhead on step time (with / without the controller, same process, windows ABBA)", "",
               "| workload | without (ms/step) | with (ms/step) | overhead | mean of pairs [95% CI] | per pair | "
               "controller CPU (ms/step): thread (online part) / hooks / energy | steps controlled | target <= 1% |",

@@ -10,7 +10,11 @@ none of kdvfs's deciding, logging, NVML, energy reads or anchors:
   as the controller's thread did before it polled;
 * ``polling``: the thread waits as the controller's thread does since
   (:meth:`~kdvfs.runtime.controller.gpu_timeline.CudaStepTimeline.wait`: ``Event.query`` every
-  ``gpu_timeline.POLL_S``, sleeping in between).
+  ``gpu_timeline.POLL_S``, sleeping in between);
+* ``gil:WAKESxUS`` (e.g. ``gil:25x200``): ``polling``, and after each step's end the thread wakes WAKES times,
+  evenly through the next step's expected time (the last step's), and each time runs pure Python for US
+  microseconds, holding the interpreter lock as a decision point's Python does: what a millisecond of the
+  controller thread's Python per step costs a training loop bound by its own.
 
 The run of 2026-12-02 (``benchmarks/results/controller_online_hf_probe_h200.md``) was of the code before the
 controller polled: its ``blocking`` was the timeline's own wait then, its ``polling`` this module's loop at
@@ -20,13 +24,16 @@ the same 1 ms.
 from __future__ import annotations
 
 import queue
+import re
 import threading
+import time
 from typing import Any
 
 from kdvfs.runtime.controller.gpu_timeline import CudaStepTimeline
 from kdvfs.runtime.device.host_time import RealClock
 
-KINDS = ("mark", "blocking", "polling")
+KINDS = ("mark", "blocking", "polling", "gil:WAKESxUS")
+GIL = re.compile(r"gil:(\d+)x(\d+)")
 
 
 class TimelineProbe:
@@ -34,9 +41,11 @@ class TimelineProbe:
     no summary."""
 
     def __init__(self, kind: str) -> None:
-        if kind not in KINDS:
+        gil = GIL.fullmatch(kind)
+        if kind not in KINDS[:-1] and gil is None:
             raise SystemExit(f"probe={kind!r}: expected one of {', '.join(KINDS)}")
         self.kind = kind
+        self.wakes, self.hold_s = (int(gil[1]), int(gil[2]) / 1e6) if gil else (0, 0.0)
         self.summary = None
         self.timeline = CudaStepTimeline(RealClock())
         self._queue: queue.Queue[Any] = queue.Queue()
@@ -63,7 +72,20 @@ class TimelineProbe:
         while (token := self._queue.get()) is not None:
             if self.kind == "blocking":
                 token[0].synchronize()
-            self.timeline.wait(token)
+            end = self.timeline.wait(token)
+            if self.wakes and end.duration_s is not None:
+                self._hold_through(time.perf_counter(), end.duration_s)
+
+    def _hold_through(self, start_s: float, step_s: float) -> None:
+        """``wakes`` holds of the interpreter lock of ``hold_s`` each, evenly through ``step_s`` from ``start_s``
+        (host s); stops early when the next step's end is already queued."""
+        for wake in range(1, self.wakes + 1):
+            time.sleep(max(0.0, start_s + wake * step_s / (self.wakes + 1) - time.perf_counter()))
+            until_s = time.perf_counter() + self.hold_s
+            while time.perf_counter() < until_s:  # Python bytecode: the lock is held (switch interval 5 ms)
+                pass
+            if not self._queue.empty():
+                return
 
     def close(self) -> None:
         """Wait for the steps marked so far and stop the thread."""

@@ -85,12 +85,15 @@ def test_a_variant_of_a_workload_not_run_is_refused_before_anything_is_written(
 
 
 @pytest.mark.slow
-def test_a_cpu_run_with_arms_reports_each_arm_against_its_process(tmp_path: Path) -> None:
-    """The harness and its report end to end on the CPU (``--cpu-test``: the tiny model, the fake NVML)."""
+@pytest.mark.parametrize("end_to_end", [True, False])
+def test_a_cpu_run_with_arms_reports_each_arm_against_its_process(tmp_path: Path, end_to_end: bool) -> None:
+    """The harness and its report end to end on the CPU (``--cpu-test``: the tiny model, the fake NVML), with
+    and without its end-to-end ``kdvfs run``."""
     script = [sys.executable, str(BENCHMARKS / "controller_h200.py")]
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    subprocess.run([*script, "run", str(tmp_path), "--cpu-test", "--variant", "gpt-tiny:anchors=false", "--within"],
-                   check=True, env=env, capture_output=True)
+    subprocess.run([*script, "run", str(tmp_path), "--cpu-test", "--variant", "gpt-tiny:anchors=false", "--within",
+                    *([] if end_to_end else ["--no-end-to-end"])], check=True, env=env, capture_output=True)
+    assert (json.loads((tmp_path / "run.json").read_text())["cli"] is None) is not end_to_end
     child = json.loads((tmp_path / "gpt-tiny.json").read_text())
     assert [w["arm"] for w in child["windows"]] == [""] * 8 + ["anchors=false"] * 8
     subprocess.run([*script, "report", str(tmp_path), "--cpu-test"], check=True, env=env, capture_output=True)
@@ -98,4 +101,5 @@ def test_a_cpu_run_with_arms_reports_each_arm_against_its_process(tmp_path: Path
     assert set(result["overhead"]) == {"gpt-tiny", "gpt-tiny[anchors=false]"}
     assert result["arms"]["gpt-tiny[anchors=false]"]["against"] == "gpt-tiny"
     assert len(result["arms"]["gpt-tiny[anchors=false]"]["differences"]) == 4
+    assert ("end-to-end: not run" in (tmp_path / "controller_h200.md").read_text()) is not end_to_end
     assert "## Arms of one process" in (tmp_path / "controller_h200.md").read_text()

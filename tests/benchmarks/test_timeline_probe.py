@@ -72,8 +72,25 @@ def test_each_probe_waits_for_the_step_ends_its_way(probe: ModuleType, fake_cuda
 
 def test_a_probe_of_another_kind_or_without_a_gpu_is_refused(probe: ModuleType,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    with pytest.raises(SystemExit, match="expected one of mark, blocking, polling"):
-        probe.TimelineProbe("spin")
+    for kind in ("spin", "gil:25", "gil:x200", "gil:2.5x200"):
+        with pytest.raises(SystemExit, match="expected one of mark, blocking, polling, gil:WAKESxUS"):
+            probe.TimelineProbe(kind)
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
     with pytest.raises(SystemExit, match="need a CUDA GPU"):
         probe.TimelineProbe("mark").__enter__()
+
+
+def test_a_gil_probe_polls_and_holds_the_lock_its_wakes_times_through_a_step(
+        probe: ModuleType, fake_cuda: list[CountingEvent], monkeypatch: pytest.MonkeyPatch) -> None:
+    arm = probe.TimelineProbe("gil:3x2000")
+    assert (arm.wakes, arm.hold_s) == (3, 0.002)
+    sleeps: list[float] = []
+    monkeypatch.setattr(probe.time, "sleep", sleeps.append)
+    began_s = probe.time.perf_counter()
+    arm._hold_through(began_s, 0.004)  # wakes due 1, 2 and 3 ms after the step's end
+    assert probe.time.perf_counter() - began_s >= 3 * 0.002  # each hold runs its whole time
+    assert len(sleeps) == 3 and sleeps[0] > 0 and sleeps[1:] == [0.0, 0.0]  # the holds outlast the gaps
+    with arm:
+        for _ in range(2):
+            arm.step()
+    assert [e.queried for e in fake_cuda] == [1, 1]  # it polls as ``polling`` does
