@@ -218,7 +218,7 @@ def _step_lines(result: dict[str, Any]) -> list[str]:
              "",
              "| workload | median step (ms) | overhead of median steps, mean of pairs [95% CI] | long steps | "
              "GC passes per window | GC ms per window | training thread: CPU / waiting / voluntary / involuntary |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| --- | --- | --- | --- | --- | --- | --- |"]
     for label, s in rows.items():
         low, high = s["median_step_pair_ci95"]
         arms = (s["without"], s["with"])

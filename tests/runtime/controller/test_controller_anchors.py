@@ -189,6 +189,7 @@ def test_the_last_passed_anchor_is_seen_while_its_step_is_recorded_and_after_it_
     assert timeline.passed_anchor(1, 0) == passed
     assert timeline.hook_s > 0
 
+
 def test_anchor_map_learns_positions_and_their_kernels() -> None:
     starts_s = np.linspace(0.0, 0.1, 101)  # a kernel every millisecond
     anchor_map = AnchorMap(starts_s, expected_s=0.1, learn_steps=3)
