@@ -83,7 +83,9 @@ def hook_calls(calls: int) -> list[dict[str, Any]]:
         ("kdvfs current_stream() (its stream objects kept)", current_stream),
         ("Event.record(current_stream())", lambda: event.record(current_stream())),
         ("allocation count (memory_stats_as_nested_dict)", _allocations),
-        ("tensor.register_hook", lambda: (leaf * 1).register_hook(lambda g: None))]
+        ("tensor.register_hook", lambda: (leaf * 1).register_hook(lambda g: None)),
+        ("tensor.grad_fn.register_prehook (the gradient anchors' hook)",
+         lambda: (leaf * 1).grad_fn.register_prehook(lambda g: None))]
     result = [{"call": name, **per_call(call, calls)} for name, call in rows]
     timeline.wait(timeline.mark())
     step = per_call(anchor_step, max(1, calls // 25))
