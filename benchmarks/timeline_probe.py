@@ -32,7 +32,8 @@ from typing import Any
 from kdvfs.runtime.controller.gpu_timeline import CudaStepTimeline
 from kdvfs.runtime.device.host_time import RealClock
 
-KINDS = ("mark", "blocking", "polling", "gil:WAKESxUS")
+WAITS = ("mark", "blocking", "polling")
+KINDS = (*WAITS, "gil:WAKESxUS")
 GIL = re.compile(r"gil:(\d+)x(\d+)")
 
 
@@ -42,7 +43,7 @@ class TimelineProbe:
 
     def __init__(self, kind: str) -> None:
         gil = GIL.fullmatch(kind)
-        if kind not in KINDS[:-1] and gil is None:
+        if kind not in WAITS and gil is None:
             raise SystemExit(f"probe={kind!r}: expected one of {', '.join(KINDS)}")
         self.kind = kind
         self.wakes, self.hold_s = (int(gil[1]), int(gil[2]) / 1e6) if gil else (0, 0.0)
