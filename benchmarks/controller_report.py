@@ -167,6 +167,8 @@ def decision_figures(document: dict[str, Any]) -> dict[str, Any]:
             "point_us_p99_max_of_windows": max((p["p99"] for p in points), default=None),
             "decider_us_median_of_windows": float(np.median([c["median"] for c in deciders])) if deciders else None,
             "decider_us_p99_max_of_windows": max((c["p99"] for c in deciders), default=None),
+            "decider_spin_ms_per_step": sum(o["decider_spin_ms"] for o in onlines) / steps
+            if onlines and all(o.get("decider_spin_ms") is not None for o in onlines) else None,
             "progress_sources": progress, "wakes_per_step": wakes,
             "interval_ms": onlines[0]["interval_ms"] if onlines else None}
 
@@ -180,8 +182,8 @@ def _decision_lines(result: dict[str, Any]) -> list[str]:
              "Profiled window: every policy evaluation in its log. Controlled windows: each window's summary "
              "(the median of their medians, the worst of their p99s). Every decision point: the whole point, "
              "with the next wake's scheduling. In the decider process: the decision's own time in the child process "
-             "(`online_process`), every decision point; the rest of the point is the pipe, the wake-ups and the "
-             "interpreter lock.", "",
+             "(`online_process`), every decision point, and how long it polled for them without sleeping per step "
+             "(`decider_warm_ms`); the rest of the point is the pipe, the wake-ups and the interpreter lock.", "",
              "| workload | profiled window: evaluations, median / p99 (us) | controlled windows: median / worst p99 "
              "(us) | every decision point: median / worst p99 (us) | in the decider process: median / worst p99 (us) "
              "| progress from | wakes per step (and evaluations "
@@ -196,6 +198,8 @@ def _decision_lines(result: dict[str, Any]) -> list[str]:
             f"{d['point_us_median_of_windows']:.1f} / {d['point_us_p99_max_of_windows']:.1f}"
         decider = "-" if d.get("decider_us_median_of_windows") is None else \
             f"{d['decider_us_median_of_windows']:.1f} / {d['decider_us_p99_max_of_windows']:.1f}"
+        if d.get("decider_spin_ms_per_step") is not None:
+            decider += f"; polled {d['decider_spin_ms_per_step']:.2f} ms/step"
         median, p99 = (d["decision_us_median"], d["decision_us_p99"]) if d["decisions"] else \
             (d["windows_decision_us_median_of_medians"], d["windows_decision_us_p99_max"])
         verdict = f"median {'met' if median <= 50 else 'NOT met'}, p99 {'met' if p99 <= 500 else 'NOT met'}"

@@ -121,6 +121,14 @@ class OnlinePolicy:
         return OnlineDecision(pair, evaluated, tuple(self._action.tolist()), budget[USED], budget[AFFORDABLE],
                               self.env.next_proposal_change(self._action), self._hold_until_s)
 
+    def warm(self, state: LiveState) -> None:
+        """Run a decision's computations at ``state`` (the observation, the policy) and drop their result: the
+        standing order, its hold and every later decision are as without it (:meth:`decide` stands the env at
+        its own state). A decider whose core slept calls it shortly before a decision is due, so that the
+        decision runs on warm caches."""
+        rest = self.env.observe_live_dynamic(state)
+        self.policy.act_from(self._first_products[self.env.clocks[0]], rest)
+
     def look_ahead(self, evaluations: int) -> tuple[float, int]:
         """Run the policy ahead of the GPU after a decision that ran it: from that decision's live state, on the
         model's expected timeline (no noise; its own requests land one mean latency after they go out), step

@@ -69,6 +69,10 @@ class ControllerConfig:
         online_process: the online policy decides in a child process
             (:mod:`kdvfs.runtime.controller.decider`), off the training process's interpreter lock; False: on
             the controller's thread.
+        decider_warm_ms: with ``online_process``, the child wakes this long before the controller's next
+            decision point is due, runs a throwaway decision and polls until the request comes (a core that
+            slept runs the decision ~4x slower: :mod:`kdvfs.runtime.controller.decider`); 0: it sleeps until
+            each request.
         switch_interval_ms: the interpreter's switch interval while the controller runs (0: left as it is,
             5 ms by default); it bounds how long the controller's thread waits for the interpreter lock after
             a wake or a decision when the training thread does not let go of it
@@ -106,6 +110,7 @@ class ControllerConfig:
     online_interval_ms: float = 0.25
     online_lookahead: int = 0
     online_process: bool = True
+    decider_warm_ms: float = 0.5
     switch_interval_ms: float = 0.0
     watchdog: bool = True
     cpu_test_mode: bool = False
@@ -126,9 +131,9 @@ class ControllerConfig:
             raise KdvfsError(f"--budget {self.budget} must be >= 0 (a fraction: 0.01 = 1%)")
         if self.latency_ms is not None and self.latency_ms < 0:
             raise KdvfsError(f"--latency-ms {self.latency_ms} must be >= 0")
-        if min(self.anchor_margin_ms, self.issue_early_ms) < 0:
-            raise KdvfsError(f"anchor margin {self.anchor_margin_ms} ms and issue-early {self.issue_early_ms} ms "
-                             "must be >= 0")
+        if min(self.anchor_margin_ms, self.issue_early_ms, self.decider_warm_ms) < 0:
+            raise KdvfsError(f"anchor margin {self.anchor_margin_ms} ms, issue-early {self.issue_early_ms} ms and "
+                             f"decider warm lead {self.decider_warm_ms} ms must be >= 0")
         if self.switch_interval_ms < 0:
             raise KdvfsError(f"switch interval {self.switch_interval_ms} ms must be >= 0 (0: the interpreter's)")
         if not isinstance(self.anchor_every, int) or self.anchor_every < 1:

@@ -231,7 +231,7 @@ class Controller:
             return None
         from kdvfs.runtime.controller.decider import DeciderProcess
 
-        decider = DeciderProcess()
+        decider = DeciderProcess(self.config.decider_warm_ms / 1e3)
         self._stack.callback(decider.close)
         return decider
 

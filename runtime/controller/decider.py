@@ -10,6 +10,14 @@ controller's thread sends each live state down a pipe as one fixed-size record a
 with the lock released (``os.read``), so the training thread runs meanwhile. Decisions are the in-process
 ones, bit for bit (the same code on the same inputs; tested).
 
+A core left idle between decision points (~6 ms apart) loses its caches: on the H200 host a decision
+after 5 ms asleep took 218 us, after 5 ms of polling 53 us (``benchmarks/results/controller_costs.md``).
+With a warm lead (``decider_warm_ms``), the controller's thread says after each decision point when it
+expects the next (:meth:`DeciderProcess.expect`); the child sleeps until that lead before it, runs a
+throwaway decision at the last state (:meth:`~kdvfs.agents.learned.online.OnlinePolicy.warm`), and polls
+the pipe without sleeping until the request comes (or ``SPIN_AFTER_S`` after it was expected). Its polling
+time is reported per decision (``spin_us``): CPU the host spends for the shorter decision.
+
 Lifecycle: started first when the controller opens (it imports its modules while the controller builds the
 plan), given the policy once the plan is built, and waited for until it has built its own (a few seconds,
 once); stopped when the controller closes, or when opening fails; it ends by itself when the pipe closes
@@ -20,7 +28,9 @@ to auto, as for any error.
 
 from __future__ import annotations
 
+import contextlib
 import copyreg
+import functools
 import io
 import os
 import pickle
@@ -31,6 +41,7 @@ import subprocess
 import sys
 import time
 import types
+from collections.abc import Callable
 from typing import IO, Any
 
 from kdvfs.agents.common.problem import Problem
@@ -39,14 +50,17 @@ from kdvfs.agents.learned.online import OnlineDecision, OnlinePolicy
 from kdvfs.envs.common.errors import KdvfsError
 from kdvfs.envs.env.live import LiveState
 
-BEGIN, DECIDE, LOOK_AHEAD = 0, 1, 2
+BEGIN, DECIDE, LOOK_AHEAD, EXPECT = 0, 1, 2, 3
 NO_CHANGE_KNOWN = -1
 """``next_change`` on the wire when it is None."""
 START_TIMEOUT_S = 60.0
+SPIN_AFTER_S = 1e-3
+"""How long after an expected request the child stops polling for it and sleeps."""
 STOP_TIMEOUT_S = 2.0
 SIZE = struct.Struct("<Q")
 REQUEST = struct.Struct("<Bdiiiddddd")
-"""kind, budget (BEGIN), now_s (DECIDE) or evaluations (LOOK_AHEAD), then the LiveState's fields in order."""
+"""kind, budget (BEGIN), now_s (DECIDE), evaluations (LOOK_AHEAD) or the seconds until the next request
+(EXPECT, not answered), then the LiveState's fields in order."""
 LOOKED_AHEAD = struct.Struct("<di")
 """The answer to LOOK_AHEAD: when the policy runs next (s), the evaluations skipped."""
 
@@ -57,8 +71,8 @@ class DeciderError(KdvfsError):
 
 def _response(actions: int) -> struct.Struct:
     """pair, evaluated, the action's ``actions`` parts, budget_used, affordable_pct, next_change, policy_due_s,
-    and the decision's time in the child (us)."""
-    return struct.Struct(f"<i?{actions}iddidd")
+    the decision's time in the child (us) and how long the child polled for it without sleeping (us)."""
+    return struct.Struct(f"<i?{actions}iddiddd")
 
 
 def read_only(mapping: dict[Any, Any]) -> types.MappingProxyType[Any, Any]:
@@ -96,24 +110,29 @@ class DeciderProcess:
     own plan; :meth:`load` then gives it the policy and waits until it has built its own (:meth:`started`:
     both at once).
 
+    Args:
+        warm_s: the warm lead (s; 0: the child sleeps until each request; see the module docstring).
+
     Attributes:
         compute_us: each :meth:`decide`'s time in the child (wall us, from the request read to the answer
             made): the rest of a decision's wall time is the pipe, the wake-ups and the interpreter lock.
+        spin_us: how long the child polled for each :meth:`decide` without sleeping (us; 0 where it slept).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, warm_s: float = 0.0) -> None:
         environment = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
         self._process = subprocess.Popen([sys.executable, "-m", "kdvfs.runtime.controller.decider"],
                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=environment)
         assert self._process.stdin is not None and self._process.stdout is not None
         self._to, self._from = self._process.stdin.fileno(), self._process.stdout.fileno()
-        self._response = _response(0)
+        self._response, self.warm_s = _response(0), warm_s
         self.compute_us: list[float] = []
+        self.spin_us: list[float] = []
 
     @classmethod
-    def started(cls, policy: FrozenPolicy, problem: Problem) -> DeciderProcess:
-        """A child process deciding for ``policy`` on ``problem``, ready."""
-        decider = cls()
+    def started(cls, policy: FrozenPolicy, problem: Problem, warm_s: float = 0.0) -> DeciderProcess:
+        """A child process deciding for ``policy`` on ``problem`` with warm lead ``warm_s``, ready."""
+        decider = cls(warm_s)
         decider.load(policy, problem)
         return decider
 
@@ -122,7 +141,7 @@ class DeciderProcess:
         does not within ``START_TIMEOUT_S``; the child is then ended)."""
         assert self._process.stdin is not None
         self._response = _response(len(policy.nvec))
-        payload = _pickled((policy, problem))
+        payload = _pickled((policy, problem, self.warm_s))
         try:
             os.write(self._to, SIZE.pack(len(payload)))
             self._process.stdin.write(payload)
@@ -145,8 +164,9 @@ class DeciderProcess:
         fields = self._ask(REQUEST.pack(DECIDE, now_s, state.kernel, state.in_effect, state.pending,
                                         state.pending_age_s, state.elapsed_s, state.auto_elapsed_s,
                                         state.last_latency_ratio, state.auto_drift_pct))
-        pair, evaluated, *action, budget_used, affordable_pct, next_change, policy_due_s, compute_us = fields
+        pair, evaluated, *action, budget_used, affordable_pct, next_change, policy_due_s, compute_us, spin_us = fields
         self.compute_us.append(compute_us)
+        self.spin_us.append(spin_us)
         return OnlineDecision(pair, evaluated, tuple(action), budget_used, affordable_pct,
                               None if next_change == NO_CHANGE_KNOWN else next_change, policy_due_s)
 
@@ -155,6 +175,12 @@ class DeciderProcess:
         due_s, skipped = self._ask(REQUEST.pack(LOOK_AHEAD, evaluations, 0, 0, 0, 0.0, 0.0, 0.0, 0.0, 0.0),
                                    LOOKED_AHEAD)
         return float(due_s), int(skipped)
+
+    def expect(self, in_s: float) -> None:
+        """Say that the next request comes in ``in_s`` seconds (nothing is sent without a warm lead)."""
+        if self.warm_s > 0:
+            with contextlib.suppress(OSError):  # the child ended: the next request raises DeciderError
+                os.write(self._to, REQUEST.pack(EXPECT, in_s, 0, 0, 0, 0.0, 0.0, 0.0, 0.0, 0.0))
 
     def _ask(self, request: bytes, response: struct.Struct | None = None) -> tuple[Any, ...]:
         """The child's answer to ``request``, as ``response`` (default: :func:`_response`) unpacks it."""
@@ -182,6 +208,36 @@ class DeciderProcess:
             self._process.stdout.close()
 
 
+def _warm_until_request(fd: int, due_s: float, warm_s: float, warm: Callable[[], None]) -> float:
+    """Sleep until ``warm_s`` before ``due_s`` (perf_counter s) unless a request comes first; then ``warm()``
+    and poll ``fd`` without sleeping until a request is readable or ``SPIN_AFTER_S`` past ``due_s``.
+    Returns how long it polled (s)."""
+    if select.select([fd], [], [], max(0.0, due_s - warm_s - time.perf_counter()))[0]:
+        return 0.0
+    warm()
+    began_s = end_s = time.perf_counter()
+    while not select.select([fd], [], [], 0.0)[0] and end_s < due_s + SPIN_AFTER_S:
+        end_s = time.perf_counter()
+    return end_s - began_s
+
+
+def _answer(online: OnlinePolicy, kind: int, value: float, state: LiveState | None, spun_s: float) -> bytes:
+    """The answer to a BEGIN, LOOK_AHEAD or DECIDE request (``state``: the DECIDE's)."""
+    actions = len(online.policy.nvec)
+    response = _response(actions)
+    if kind == BEGIN:
+        return response.pack(online.begin(value), True, *[0] * actions, 0.0, 0.0, 0, 0.0, 0.0, 0.0)
+    if kind == LOOK_AHEAD:
+        return LOOKED_AHEAD.pack(*online.look_ahead(int(value)))
+    assert state is not None, "a DECIDE request carries its state"
+    began_s = time.perf_counter()
+    decision = online.decide(state, value)
+    next_change = NO_CHANGE_KNOWN if decision.next_change is None else decision.next_change
+    return response.pack(decision.pair, decision.evaluated, *decision.action, decision.budget_used,
+                         decision.affordable_pct, next_change, decision.policy_due_s,
+                         (time.perf_counter() - began_s) * 1e6, spun_s * 1e6)
+
+
 def serve(requests: IO[bytes], answers: IO[bytes]) -> int:
     """The child process: build the policy from the payload on ``requests``, answer until its end."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -192,25 +248,27 @@ def serve(requests: IO[bytes], answers: IO[bytes]) -> int:
     payload = _read_exact(from_parent, SIZE.unpack(header)[0])
     if payload is None:
         return 1
-    policy, problem = pickle.loads(payload)
-    online, response = OnlinePolicy(policy, problem), _response(len(policy.nvec))
+    policy, problem, warm_s = pickle.loads(payload)
+    online = OnlinePolicy(policy, problem)
     online.prepare()
     os.write(to_parent, b"R")
-    while (request := _read_exact(from_parent, REQUEST.size)) is not None:
+    last: LiveState | None = None
+    due_s: float | None = None
+    while True:
+        spun_s = 0.0
+        if due_s is not None and last is not None:
+            spun_s = _warm_until_request(from_parent, due_s, warm_s, functools.partial(online.warm, last))
+        due_s = None
+        request = _read_exact(from_parent, REQUEST.size)
+        if request is None:
+            return 0
         kind, value, *fields = REQUEST.unpack(request)
-        if kind == BEGIN:
-            answer = response.pack(online.begin(value), True, *[0] * len(policy.nvec), 0.0, 0.0, 0, 0.0, 0.0)
-        elif kind == LOOK_AHEAD:
-            answer = LOOKED_AHEAD.pack(*online.look_ahead(int(value)))
-        else:
-            began_s = time.perf_counter()
-            decision = online.decide(LiveState(*fields), value)
-            next_change = NO_CHANGE_KNOWN if decision.next_change is None else decision.next_change
-            answer = response.pack(decision.pair, decision.evaluated, *decision.action, decision.budget_used,
-                                   decision.affordable_pct, next_change, decision.policy_due_s,
-                                   (time.perf_counter() - began_s) * 1e6)
-        os.write(to_parent, answer)
-    return 0
+        if kind == EXPECT:
+            due_s = time.perf_counter() + value
+            continue
+        if kind == DECIDE:
+            last = LiveState(*fields)
+        os.write(to_parent, _answer(online, kind, value, last, spun_s))
 
 
 if __name__ == "__main__":

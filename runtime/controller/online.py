@@ -261,6 +261,8 @@ class OnlineSteps:
                 break
             wake_s = max(self._decide(step, start_s, now_s, anchor), now_s + MIN_GAP_S)
             self.next_request_s = min(wake_s, last_s)
+            if isinstance(self.decider, DeciderProcess):  # it wakes ahead of the request, to decide on a warm core
+                self.decider.expect(self.next_request_s - self.clock.now_s())
             if not self.clock.sleep_until(self.next_request_s, stop):
                 return
         self._begun = step + 1
@@ -357,6 +359,14 @@ class OnlineSteps:
                                         due_s=due_s, online=True):
             self.requests += 1
 
+    def _decider_figures(self, quantiles: Any) -> dict[str, Any]:
+        """The decider process's time per decision and its polling for them (us; total ms), None on this
+        thread."""
+        if not isinstance(self.decider, DeciderProcess):
+            return {"decider_us": None, "decider_spin_us": None, "decider_spin_ms": None}
+        return {"decider_us": quantiles(self.decider.compute_us), "decider_spin_us": quantiles(self.decider.spin_us),
+                "decider_spin_ms": 1e-3 * sum(self.decider.spin_us)}
+
     def figures(self) -> dict[str, Any]:
         """For the summary (see ``docs/controller.md``)."""
         def quantiles(values: list[float]) -> dict[str, float | None]:
@@ -369,7 +379,6 @@ class OnlineSteps:
                 "progress": dict(self.progress), "took_effect": dict(self.clocks.took_effect),
                 "decision_us": quantiles(self.policy_wall_us), "decision_point_us": quantiles(self.wall_us),
                 "decision_point_cpu_us": quantiles(self.cpu_us), "cpu_ms": 1e-3 * sum(self.cpu_us),
-                "decider_us": quantiles(self.decider.compute_us) if isinstance(self.decider, DeciderProcess)
-                else None,
+                **self._decider_figures(quantiles),
                 "wakes": dict(self.wakes),
                 "step_budget_pct": 100 * self.step_budget, "interval_ms": 1e3 * self.interval_s}

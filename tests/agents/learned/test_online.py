@@ -147,3 +147,18 @@ def test_a_look_ahead_leaves_no_trace_on_the_next_live_decision(online: tuple[On
         decision = looking.decide(state, now_s)
         looking.look_ahead(5)
         assert decision == fresh.decide(state, now_s)
+
+
+def test_a_warm_up_leaves_no_trace_on_the_decisions(online: tuple[OnlinePolicy, Problem]) -> None:
+    policy, problem = online
+    plain, warmed = OnlinePolicy(policy.policy, problem, policy.env), OnlinePolicy(policy.policy, problem)
+    rng = np.random.default_rng(3)
+    hold_s = policy.policy.config.decision_fraction * policy.auto_time_s
+    assert plain.begin(0.01) == warmed.begin(0.01)
+    for now_s in np.sort(rng.uniform(0, policy.auto_time_s, 30)):
+        kernel = plain.kernel_at(0, 0, float(now_s))
+        auto_s = float(plain.cumulative_s[kernel, 0])
+        state = LiveState(kernel, int(rng.integers(3)), -1, 0.0, float(now_s) * 1.01, auto_s)
+        other = LiveState(int(rng.integers(kernel + 1)), int(rng.integers(3)), 1, 1e-4, auto_s * 1.05, auto_s)
+        warmed.warm(other)  # at a state of its own: the next decision stands at its own
+        assert warmed.decide(state, float(now_s) + hold_s) == plain.decide(state, float(now_s) + hold_s)

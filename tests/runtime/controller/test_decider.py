@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from kdvfs.agents.learned.frozen import FrozenPolicy
 from kdvfs.agents.learned.online import OnlinePolicy
@@ -20,10 +22,11 @@ from tests.runtime.controller_helpers import fake_controller, log_records, run_s
 POLICY = shipped_policy_path("h200")
 
 
-def test_the_process_decides_exactly_as_the_policy_on_this_thread() -> None:
+@pytest.mark.parametrize("warm_s", [0.0, 0.5e-3])
+def test_the_process_decides_exactly_as_the_policy_on_this_thread(warm_s: float) -> None:
     problem = small_problem()
     policy = FrozenPolicy.load(POLICY, problem.profile)
-    here, there = OnlinePolicy(policy, problem), DeciderProcess.started(policy, problem)
+    here, there = OnlinePolicy(policy, problem), DeciderProcess.started(policy, problem, warm_s)
     try:
         rng = np.random.default_rng(0)
         for budget in (0.01, 0.0, 0.02):
@@ -34,10 +37,16 @@ def test_the_process_decides_exactly_as_the_policy_on_this_thread() -> None:
                 pending = int(rng.integers(-1, 3))
                 state = LiveState(kernel, int(rng.integers(3)), pending, 1e-4 if pending >= 0 else 0.0,
                                   float(now_s) * rng.uniform(1.0, 1.02), auto_s, rng.uniform(0.5, 2), rng.normal())
+                there.expect(1e-3)  # with a warm lead it warms up at its last state and polls: no other effect
+                time.sleep(1.5e-3)
                 assert here.decide(state, float(now_s)) == there.decide(state, float(now_s))
                 if pending < 0:  # as a controller does after an evaluation, now and then
                     assert here.look_ahead(3) == there.look_ahead(3)
         assert len(there.compute_us) == 3 * 40 and min(there.compute_us) > 0  # each decision's time in the child
+        # With a lead it polled for the decisions after the first (no state to warm at yet), but where the loaded
+        # host ran it after the request came; never without one.
+        polled = np.array(there.spin_us) > 0
+        assert polled[1:].mean() > 0.8 if warm_s else not polled.any()
     finally:
         there.close()
 
