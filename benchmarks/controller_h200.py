@@ -29,8 +29,9 @@ H200").
 2. per workload, one process (``child``) that trains ``examples/gpt.py`` and alternates windows of steps
    with and without the controller (order ABBA...), each window timed between ``torch.cuda.synchronize``
    calls, with the host time at each step's hook (where the overhead shows: in every step, or in a few
-   long ones), the interpreter's garbage-collection passes (:class:`GcPasses`) and how the training thread
-   was scheduled (:func:`thread_scheduling`: time on a CPU, waiting for one, context switches); for GPT-3 XL
+   long ones), the interpreter's garbage-collection passes and how the training thread was scheduled (time on
+   a CPU, waiting for one, context switches; with ``--sample-blocking``, the system call it slept in, sampled
+   every 0.2 ms from another process: ``training_thread.py``); for GPT-3 XL
    it then profiles ten controlled steps with ``torch.profiler``, CUDA activities only (recording CPU ops slows the
    launches enough to change the GPU timeline being measured).
 
@@ -50,12 +51,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import gc
 import itertools
 import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -63,6 +64,7 @@ from typing import Any
 
 from provenance import RESULTS, host, nvidia_smi, utc_now
 from timeline_probe import TimelineProbe
+from training_thread import GcPasses, ThreadSampler, thread_scheduling
 
 from kdvfs.envs.common.paths import REPO_ROOT
 
@@ -115,42 +117,6 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
-class GcPasses:
-    """The interpreter's garbage-collection passes while entered: per generation, their count and seconds
-    (``by_generation``: ``{"0": [count, seconds], ...}``), from ``gc.callbacks``."""
-
-    def __init__(self) -> None:
-        self.by_generation: dict[str, list[float]] = {str(g): [0, 0.0] for g in range(3)}
-        self._began_s = 0.0
-
-    def __enter__(self) -> GcPasses:
-        gc.callbacks.append(self._callback)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        gc.callbacks.remove(self._callback)
-
-    def _callback(self, phase: str, info: dict[str, int]) -> None:
-        if phase == "start":
-            self._began_s = time.perf_counter()
-            return
-        count_s = self.by_generation[str(info["generation"])]
-        count_s[0] += 1
-        count_s[1] += time.perf_counter() - self._began_s
-
-
-def thread_scheduling() -> dict[str, float]:
-    """The calling thread's scheduling so far, from Linux ``/proc/thread-self``: seconds on a CPU and waiting on
-    a run queue (``schedstat``; zeros where the kernel keeps no schedstats), and its voluntary and involuntary
-    context switches (an involuntary one: another task took its CPU)."""
-    on_cpu_ns, waiting_ns, _ = Path("/proc/thread-self/schedstat").read_text().split()
-    status = dict(line.split(":\t") for line in Path("/proc/thread-self/status").read_text().splitlines()
-                  if "ctxt_switches" in line)
-    return {"on_cpu_s": int(on_cpu_ns) / 1e9, "waiting_s": int(waiting_ns) / 1e9,
-            "voluntary": float(status["voluntary_ctxt_switches"]),
-            "involuntary": float(status["nonvoluntary_ctxt_switches"])}
-
-
 def arm_order(arms: list[list[str]], rounds: int) -> list[list[str]]:
     """The arms' blocks of ``ORDER`` windows in a child, round after round, each round starting one arm later
     (so no arm always follows the same one)."""
@@ -163,6 +129,7 @@ class Harness:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.windows: list[dict[str, Any]] = []
+        self._sampler = ThreadSampler(threading.get_native_id()) if args.sample_blocking else None
         self._steps = self._schedule()
 
     def on_step(self) -> None:
@@ -185,6 +152,8 @@ class Harness:
         with GcPasses() as passes:
             _sync()
             hooks_s, scheduled = [time.perf_counter()], thread_scheduling()
+            if self._sampler is not None:
+                self._sampler.take()  # from here
             for _ in range(steps):
                 if controller is not None:
                     controller.step()
@@ -193,11 +162,13 @@ class Harness:
             _sync()
             elapsed_s = time.perf_counter() - hooks_s[0]
             scheduling = {key: value - scheduled[key] for key, value in thread_scheduling().items()}
+            sampled = None if self._sampler is None else self._sampler.take()
         if controller is not None:
             controller.close()
         self.windows.append({"controller": on, "arm": ",".join(options), "steps": steps, "elapsed_s": elapsed_s,
                              "step_s": [b - a for a, b in itertools.pairwise(hooks_s)],
                              "gc": passes.by_generation, "training_thread": scheduling,
+                             **({} if sampled is None else {"training_thread_samples": sampled}),
                              "summary": None if controller is None else controller.summary})
 
     def _schedule(self) -> Iterator[None]:
@@ -207,6 +178,8 @@ class Harness:
         for options in arms:
             for on in ORDER:
                 yield from self._window(on, self.args.window_steps, options)
+        if self._sampler is not None:
+            self._sampler.close()
         if self.args.profile_steps:
             yield from self._profiled()
         raise Done
@@ -308,13 +281,15 @@ def parse_options(options: list[str]) -> dict[str, bool | float]:
 
 
 def run(folder: Path, cpu_test: bool, policy: Path | None, hf: bool = False, only: list[str] | None = None,
-        variants: list[str] | None = None, repeat: int = 1, within: bool = False, end_to_end: bool = True) -> None:
+        variants: list[str] | None = None, repeat: int = 1, within: bool = False, end_to_end: bool = True,
+        sample_blocking: bool = False) -> None:
     """All device-side measurements into ``folder``; ``policy`` replaces the plans of every workload; ``hf``
     adds the Hugging Face Trainer workloads (captured here first; they need ``policy``); ``only`` keeps those
     workloads; each of ``variants`` (``LABEL:NAME=VALUE,...``) runs workload LABEL again with those controller
     options, as ``LABEL[NAME=VALUE,...]`` (its overhead, no profile): in a child of its own, or with ``within``
     as an arm of LABEL's child (its windows' blocks interleaved with the others', :func:`arm_order`);
-    ``end_to_end``: first run ``kdvfs run --dry-run`` of the first workload (1.)."""
+    ``end_to_end``: first run ``kdvfs run --dry-run`` of the first workload (1.); ``sample_blocking``: sample
+    where the training thread blocks in every window (2.)."""
     known = {**(CPU_WORKLOADS if cpu_test else WORKLOADS), **(HF_WORKLOADS if hf else {})}
     kept = [label for label in known if not only or label in {o.split("[")[0] for o in only}]
     for variant in variants or []:
@@ -348,6 +323,7 @@ def run(folder: Path, cpu_test: bool, policy: Path | None, hf: bool = False, onl
                         "--window-steps", str(workload["window_steps"]), "--profile-steps",
                         str(workload["profile_steps"]), "--nvml-module", fake[-1] if fake else GUARD,
                         *(["--cpu-test"] if cpu_test else []), "--repeat", str(repeat),
+                        *(["--sample-blocking"] if sample_blocking else []),
                         *[f"--option={option}" for option in workload.get("options", [])],
                         *[f"--arm={arm}" for arm in workload.get("arms", [])],
                         str(folder), "--", *workload["script"], "--steps", "100000"],
@@ -397,13 +373,16 @@ def main(argv: list[str] | None = None) -> int:
     kid.add_argument("--option", action="append", default=[], help="NAME=true|false|NUMBER, a controller option")
     kid.add_argument("--arm", action="append", default=[], help="NAME=VALUE,...: another arm's options")
     kid.add_argument("script", nargs=argparse.REMAINDER)
+    for command in (sub.choices["run"], kid):
+        command.add_argument("--sample-blocking", action="store_true", help="sample where the training thread "
+                             "blocks, every 0.2 ms from another process")
     args = parser.parse_args(argv)
     if args.what == "plans":
         for label, workload in WORKLOADS.items():
             make_plan(workload["trace"], plan_path(label))
     elif args.what == "run":
         run(args.folder, args.cpu_test, args.policy, args.hf, args.only, args.variant, args.repeat, args.within,
-            not args.no_end_to_end)
+            not args.no_end_to_end, args.sample_blocking)
     elif args.what == "child":
         args.script = args.script[1:] if args.script[:1] == ["--"] else args.script
         return child(args)

@@ -91,6 +91,8 @@ def step_figures(windows: list[dict[str, Any]]) -> dict[str, Any] | None:
                 "long_step_share": statistics.mean(long_share),
                 "gc_per_window": {g: [statistics.mean(w["gc"][g][0] for w in chosen),
                                       1e3 * statistics.mean(w["gc"][g][1] for w in chosen)] for g in "012"},
+                **({"blocked_share": sample_shares([w["training_thread_samples"] for w in chosen])}
+                   if "training_thread_samples" in chosen[0] else {}),
                 **({"training_thread_per_step": {key: statistics.mean(w["training_thread"][key] / w["steps"]
                                                                       for w in chosen)
                                                  for key in chosen[0]["training_thread"]}}
@@ -99,6 +101,16 @@ def step_figures(windows: list[dict[str, Any]]) -> dict[str, Any] | None:
     return {"median_step_pairs": pairs, "median_step_pair_mean": statistics.mean(pairs),
             "median_step_pair_ci95": list(mean_interval(pairs)), "without": arm(False), "with": arm(True),
             "pairs": [pair_detail(a, b) for a, b in zip(windows[0::2], windows[1::2], strict=True)]}
+
+
+def sample_shares(samples: list[dict[str, int]]) -> dict[str, float]:
+    """The windows' samples of the training thread (``running`` or the system call it slept in) as shares of
+    all of them."""
+    total: dict[str, int] = {}
+    for counts in samples:
+        for what, count in counts.items():
+            total[what] = total.get(what, 0) + count
+    return {what: count / max(1, sum(total.values())) for what, count in total.items()}
 
 
 def pair_detail(first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:
@@ -240,6 +252,13 @@ def _step_lines(result: dict[str, Any]) -> list[str]:
             f", {1e3 * p['waiting_s'][0]:.2f} / {1e3 * p['waiting_s'][1]:.2f} ms, "
             f"{p['voluntary'][0]:.1f} / {p['voluntary'][1]:.1f}, {p['involuntary'][0]:.1f} / {p['involuntary'][1]:.1f}"
             if "waiting_s" in p else "") for p in s["pairs"]]
+        if "blocked_share" in s["without"]:
+            without, with_ = s["without"]["blocked_share"], s["with"]["blocked_share"]
+            shares = sorted({*without, *with_}, key=lambda what: -with_.get(what, 0.0))
+            lines += ["", f"{label}, the training thread sampled every 0.2 ms from another process "
+                      "(`--sample-blocking`): share of samples running or asleep in each system call, without / "
+                      "with: " + ", ".join(f"{what} {without.get(what, 0.0):.1%} / {with_.get(what, 0.0):.1%}"
+                                           for what in shares)]
     return lines
 
 

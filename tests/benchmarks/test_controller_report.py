@@ -4,10 +4,8 @@ of them (``benchmarks/controller_report.py``)."""
 
 from __future__ import annotations
 
-import gc
 import importlib
 import sys
-import time
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -62,17 +60,10 @@ def test_windows_without_step_times_have_no_step_figures(report: ModuleType) -> 
     assert report.step_figures(windows) is None
 
 
-def test_gc_passes_are_counted_by_generation_while_entered(harness: ModuleType) -> None:
-    with harness.GcPasses() as passes:
-        gc.collect()
-    gc.collect()
-    count, seconds = passes.by_generation["2"]
-    assert count == 1 and seconds > 0
-
-
-def test_a_sleeping_thread_shows_a_voluntary_switch(harness: ModuleType) -> None:
-    before = harness.thread_scheduling()
-    time.sleep(0.01)
-    after = harness.thread_scheduling()
-    assert set(before) == {"on_cpu_s", "waiting_s", "voluntary", "involuntary"}
-    assert after["voluntary"] >= before["voluntary"] + 1 and after["on_cpu_s"] >= before["on_cpu_s"] >= 0
+def test_where_the_training_thread_slept_is_a_share_of_each_arms_samples(report: ModuleType) -> None:
+    windows = [{**_window(on, [0.1, 0.1]), "training_thread_samples": samples} for on, samples in
+               [(True, {"running": 6, "futex": 4}), (False, {"running": 9, "ioctl": 1}),
+                (False, {"running": 10}), (True, {"running": 8, "futex": 2})]]
+    figures = report.step_figures(windows)
+    assert figures["with"]["blocked_share"] == {"running": 0.7, "futex": 0.3}
+    assert figures["without"]["blocked_share"] == {"running": 0.95, "ioctl": 0.05}

@@ -1,0 +1,131 @@
+"""What the training thread did in a benchmark's window: the interpreter's garbage-collection passes
+(:class:`GcPasses`), its scheduling (:func:`thread_scheduling`) and where it blocked (:class:`ThreadSampler`).
+
+Where it blocks is sampled from a process of its own, which shares no interpreter lock with it:
+``ThreadSampler(tid)`` starts ``python training_thread.py PID TID PERIOD_S``, which reads the thread's state
+every ``PERIOD_S`` from Linux ``/proc/PID/task/TID/stat`` and, while it is asleep (``S``, ``D``), the system
+call it sleeps in (``/proc/PID/task/TID/syscall``: ``futex`` for a lock or condition variable, the
+interpreter's included; ``ioctl`` for a driver; ``poll``, ``read``, ...; ``unreadable`` where the kernel
+does not let this process read it, e.g. without ``CAP_SYS_PTRACE`` under Yama). :meth:`ThreadSampler.take`
+returns the samples since the last take, by state (``running`` for ``R``) and system call, and starts
+counting anew: a benchmark takes them at each window's end. Linux only.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import select
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+SYSCALLS_X86_64 = {0: "read", 1: "write", 7: "poll", 16: "ioctl", 23: "select", 35: "nanosleep", 202: "futex",
+                   230: "clock_nanosleep", 232: "epoll_wait", 270: "pselect6", 271: "ppoll", 281: "epoll_pwait"}
+"""Names of the system calls a blocked thread is usually in (x86_64 numbers); others are ``syscall N``."""
+
+
+class GcPasses:
+    """The interpreter's garbage-collection passes while entered: per generation, their count and seconds
+    (``by_generation``: ``{"0": [count, seconds], ...}``), from ``gc.callbacks``."""
+
+    def __init__(self) -> None:
+        self.by_generation: dict[str, list[float]] = {str(g): [0, 0.0] for g in range(3)}
+        self._began_s = 0.0
+
+    def __enter__(self) -> GcPasses:
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._callback)
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._began_s = time.perf_counter()
+            return
+        count_s = self.by_generation[str(info["generation"])]
+        count_s[0] += 1
+        count_s[1] += time.perf_counter() - self._began_s
+
+
+def thread_scheduling() -> dict[str, float]:
+    """The calling thread's scheduling so far, from Linux ``/proc/thread-self``: seconds on a CPU and waiting on
+    a run queue (``schedstat``; zeros where the kernel keeps no schedstats), and its voluntary and involuntary
+    context switches (an involuntary one: another task took its CPU)."""
+    on_cpu_ns, waiting_ns, _ = Path("/proc/thread-self/schedstat").read_text().split()
+    status = dict(line.split(":\t") for line in Path("/proc/thread-self/status").read_text().splitlines()
+                  if "ctxt_switches" in line)
+    return {"on_cpu_s": int(on_cpu_ns) / 1e9, "waiting_s": int(waiting_ns) / 1e9,
+            "voluntary": float(status["voluntary_ctxt_switches"]),
+            "involuntary": float(status["nonvoluntary_ctxt_switches"])}
+
+
+
+def blocked_in(task: Path) -> str:
+    """What the thread of ``task`` (``/proc/PID/task/TID``) does now: ``running``, the system call it sleeps in,
+    ``unreadable`` or ``gone``."""
+    try:
+        stat = (task / "stat").read_text()
+    except OSError:
+        return "gone"
+    if stat[stat.rindex(")") + 2] not in "SD":
+        return "running"
+    try:
+        call = (task / "syscall").read_text().split()[0]
+    except (OSError, IndexError):
+        return "unreadable"
+    return SYSCALLS_X86_64.get(int(call), f"syscall {call}") if call.isdigit() else call
+
+
+def sample(pid: int, tid: int, period_s: float) -> None:
+    """The sampler process: count :func:`blocked_in` every ``period_s``; on each line on stdin, print the
+    counts since the last as one JSON line and start anew; end with stdin."""
+    task, counts = Path(f"/proc/{pid}/task/{tid}"), {}
+    stdin = sys.stdin.fileno()
+    while True:
+        if select.select([stdin], [], [], 0.0)[0]:
+            if not os.read(stdin, 4096):
+                return
+            print(json.dumps(counts), flush=True)
+            counts = {}
+        what = blocked_in(task)
+        counts[what] = counts.get(what, 0) + 1
+        time.sleep(period_s)
+
+
+class ThreadSampler:
+    """See the module docstring. ``tid``: the thread's native id (``threading.get_native_id()``)."""
+
+    def __init__(self, tid: int, period_s: float = 200e-6) -> None:
+        self._process = subprocess.Popen([sys.executable, __file__, str(os.getpid()), str(tid), str(period_s)],
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def take(self) -> dict[str, int]:
+        """The samples since the last take (or the start), by what the thread did."""
+        assert self._process.stdin is not None and self._process.stdout is not None
+        self._process.stdin.write("\n")
+        self._process.stdin.flush()
+        counts: dict[str, int] = json.loads(self._process.stdout.readline())
+        return counts
+
+    def close(self) -> None:
+        """End the sampler process."""
+        if self._process.stdin is not None:
+            self._process.stdin.close()
+        self._process.wait(5)
+        if self._process.stdout is not None:
+            self._process.stdout.close()
+
+    def __enter__(self) -> ThreadSampler:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+if __name__ == "__main__":
+    sample(int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]))

@@ -1,0 +1,105 @@
+"""What a benchmark records of the training thread (``benchmarks/training_thread.py``): garbage-collection
+passes, scheduling, and where it blocks (a thread waiting on a lock is seen in ``futex``, one sleeping in its
+sleep, one spinning as running, from a process of its own)."""
+
+from __future__ import annotations
+
+import gc
+import importlib
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+@pytest.fixture(scope="module")
+def training_thread() -> ModuleType:
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        return importlib.import_module("training_thread")
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+
+
+def _in_thread(work: Callable[[threading.Event], None]) -> tuple[threading.Thread, threading.Event, int]:
+    """A thread running ``work(stop)`` and its native id."""
+    stop, started = threading.Event(), threading.Event()
+    ids: list[int] = []
+
+    def run() -> None:
+        ids.append(threading.get_native_id())
+        started.set()
+        work(stop)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    started.wait()
+    return thread, stop, ids[0]
+
+
+def _wait_on_lock(stop: threading.Event) -> None:
+    lock = threading.Lock()
+    lock.acquire()
+    lock.acquire(timeout=1.0)  # nobody releases it: a futex wait
+
+
+def _spin(stop: threading.Event) -> None:
+    while not stop.is_set():
+        sum(range(100))
+
+
+@pytest.mark.parametrize(("work", "expected"), [(_wait_on_lock, "futex"), (lambda stop: time.sleep(1.0),
+                                                                           "clock_nanosleep")])
+def test_a_blocked_thread_shows_the_call_it_sleeps_in(training_thread: ModuleType,
+                                                      work: Callable[[threading.Event], None], expected: str) -> None:
+    thread, _, tid = _in_thread(work)
+    time.sleep(0.1)
+    assert training_thread.blocked_in(Path(f"/proc/self/task/{tid}")) == expected
+    thread.join()
+    assert training_thread.blocked_in(Path(f"/proc/self/task/{tid}")) == "gone"
+
+
+def test_the_sampler_process_counts_per_take(training_thread: ModuleType) -> None:
+    thread, _, tid = _in_thread(_wait_on_lock)
+    with training_thread.ThreadSampler(tid, period_s=1e-3) as sampled:
+        time.sleep(0.3)
+        blocked = sampled.take()
+        thread.join()
+        time.sleep(0.1)
+        after = sampled.take()
+    # Its state is always readable; the call it sleeps in only with the right to trace it (root, or no Yama).
+    assert sum(blocked.values()) > 20 and set(blocked) <= {"futex", "unreadable", "running"}
+    assert blocked.get("futex", 0) + blocked.get("unreadable", 0) > 0.8 * sum(blocked.values())
+    assert "gone" in after
+
+
+def test_a_spinning_thread_is_running(training_thread: ModuleType) -> None:
+    thread, stop, tid = _in_thread(_spin)
+    with training_thread.ThreadSampler(tid, period_s=1e-3) as sampled:
+        time.sleep(0.3)
+        counts = sampled.take()
+    stop.set()
+    thread.join()
+    assert counts.get("running", 0) > 0.5 * sum(counts.values())
+
+
+def test_gc_passes_are_counted_by_generation_while_entered(training_thread: ModuleType) -> None:
+    with training_thread.GcPasses() as passes:
+        gc.collect()
+    gc.collect()
+    count, seconds = passes.by_generation["2"]
+    assert count == 1 and seconds > 0
+
+
+def test_a_sleeping_thread_shows_a_voluntary_switch(training_thread: ModuleType) -> None:
+    before = training_thread.thread_scheduling()
+    time.sleep(0.01)
+    after = training_thread.thread_scheduling()
+    assert set(before) == {"on_cpu_s", "waiting_s", "voluntary", "involuntary"}
+    assert after["voluntary"] >= before["voluntary"] + 1 and after["on_cpu_s"] >= before["on_cpu_s"] >= 0
