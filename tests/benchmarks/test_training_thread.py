@@ -65,14 +65,20 @@ def test_a_blocked_thread_shows_the_call_it_sleeps_in(training_thread: ModuleTyp
     assert training_thread.blocked_in(Path(f"/proc/self/task/{tid}")) == "gone"
 
 
-def test_the_sampler_process_counts_per_take(training_thread: ModuleType) -> None:
-    thread, _, tid = _in_thread(_wait_on_lock)
+def _sampled(training_thread: ModuleType, work: Callable[[threading.Event], None]) -> tuple[dict[str, int], ...]:
+    """What the sampler process counted of a thread doing ``work`` for 0.3 s, and after it ended."""
+    thread, stop, tid = _in_thread(work)
     with training_thread.ThreadSampler(tid, period_s=1e-3) as sampled:
         time.sleep(0.3)
-        blocked = sampled.take()
+        during = sampled.take()
+        stop.set()
         thread.join()
         time.sleep(0.1)
-        after = sampled.take()
+        return during, sampled.take()
+
+
+def test_the_sampler_process_counts_per_take(training_thread: ModuleType) -> None:
+    blocked, after = _sampled(training_thread, _wait_on_lock)
     # Its state is always readable; the call it sleeps in only with the right to trace it (root, or no Yama).
     assert sum(blocked.values()) > 20 and set(blocked) <= {"futex", "unreadable", "running"}
     assert blocked.get("futex", 0) + blocked.get("unreadable", 0) > 0.8 * sum(blocked.values())
@@ -80,12 +86,7 @@ def test_the_sampler_process_counts_per_take(training_thread: ModuleType) -> Non
 
 
 def test_a_spinning_thread_is_running(training_thread: ModuleType) -> None:
-    thread, stop, tid = _in_thread(_spin)
-    with training_thread.ThreadSampler(tid, period_s=1e-3) as sampled:
-        time.sleep(0.3)
-        counts = sampled.take()
-    stop.set()
-    thread.join()
+    counts, _ = _sampled(training_thread, _spin)
     assert counts.get("running", 0) > 0.5 * sum(counts.values())
 
 
