@@ -221,12 +221,12 @@ def _warm_until_request(fd: int, due_s: float, warm_s: float, warm: Callable[[],
     return end_s - began_s
 
 
-def _answer(online: OnlinePolicy, kind: int, value: float, state: LiveState | None, spun_s: float) -> bytes:
-    """The answer to a BEGIN, LOOK_AHEAD or DECIDE request (``state``: the DECIDE's)."""
-    actions = len(online.policy.nvec)
-    response = _response(actions)
+def _answer(online: OnlinePolicy, response: struct.Struct, kind: int, value: float, state: LiveState | None,
+            spun_s: float) -> bytes:
+    """The answer to a BEGIN, LOOK_AHEAD or DECIDE request (``state``: the DECIDE's; ``response``: the policy's
+    :func:`_response`)."""
     if kind == BEGIN:
-        return response.pack(online.begin(value), True, *[0] * actions, 0.0, 0.0, 0, 0.0, 0.0, 0.0)
+        return response.pack(online.begin(value), True, *[0] * len(online.policy.nvec), 0.0, 0.0, 0, 0.0, 0.0, 0.0)
     if kind == LOOK_AHEAD:
         return LOOKED_AHEAD.pack(*online.look_ahead(int(value)))
     assert state is not None, "a DECIDE request carries its state"
@@ -249,7 +249,7 @@ def serve(requests: IO[bytes], answers: IO[bytes]) -> int:
     if payload is None:
         return 1
     policy, problem, warm_s = pickle.loads(payload)
-    online = OnlinePolicy(policy, problem)
+    online, response = OnlinePolicy(policy, problem), _response(len(policy.nvec))
     online.prepare()
     os.write(to_parent, b"R")
     last: LiveState | None = None
@@ -268,7 +268,7 @@ def serve(requests: IO[bytes], answers: IO[bytes]) -> int:
             continue
         if kind == DECIDE:
             last = LiveState(*fields)
-        os.write(to_parent, _answer(online, kind, value, last, spun_s))
+        os.write(to_parent, _answer(online, response, kind, value, last, spun_s))
 
 
 if __name__ == "__main__":
