@@ -3,7 +3,6 @@ blocks, and the report's split per arm and pair-by-pair comparison (``benchmarks
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import subprocess
@@ -14,16 +13,12 @@ from typing import Any
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+from tests.benchmarks.scripts import BENCHMARKS, script_module
 
 
 @pytest.fixture(scope="module")
 def modules() -> dict[str, ModuleType]:
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        return {name: importlib.import_module(name) for name in ("controller_arms", "controller_h200")}
-    finally:
-        sys.path.remove(str(BENCHMARKS))
+    return {name: script_module(name) for name in ("controller_arms", "controller_h200")}
 
 
 def _window(on: bool, elapsed_s: float, arm: str | None) -> dict[str, Any]:

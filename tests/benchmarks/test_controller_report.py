@@ -4,34 +4,17 @@ of them (``benchmarks/controller_report.py``)."""
 
 from __future__ import annotations
 
-import importlib
-import sys
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-
-
-def _script_module(name: str) -> ModuleType:
-    """A benchmark script's module, imported as the script runs (its folder on the path)."""
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        return importlib.import_module(name)
-    finally:
-        sys.path.remove(str(BENCHMARKS))
+from tests.benchmarks.scripts import script_module
 
 
 @pytest.fixture(scope="module")
 def report() -> ModuleType:
-    return _script_module("controller_report")
-
-
-@pytest.fixture(scope="module")
-def harness() -> ModuleType:
-    return _script_module("controller_h200")
+    return script_module("controller_report")
 
 
 def _window(on: bool, step_s: list[float], voluntary: float = 0.0) -> dict[str, Any]:

@@ -3,9 +3,6 @@ timeline, its step-end events waited for by blocking on them or by polling them,
 
 from __future__ import annotations
 
-import importlib
-import sys
-from pathlib import Path
 from types import ModuleType
 from typing import ClassVar
 
@@ -13,17 +10,12 @@ import pytest
 import torch
 
 from kdvfs.runtime.controller import gpu_timeline
-
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+from tests.benchmarks.scripts import script_module
 
 
 @pytest.fixture(scope="module")
 def probe() -> ModuleType:
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        return importlib.import_module("timeline_probe")
-    finally:
-        sys.path.remove(str(BENCHMARKS))
+    return script_module("timeline_probe")
 
 
 class CountingEvent:

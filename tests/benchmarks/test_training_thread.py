@@ -5,8 +5,6 @@ sleep, one spinning as running, from a process of its own)."""
 from __future__ import annotations
 
 import gc
-import importlib
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -15,16 +13,12 @@ from types import ModuleType
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+from tests.benchmarks.scripts import script_module
 
 
 @pytest.fixture(scope="module")
 def training_thread() -> ModuleType:
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        return importlib.import_module("training_thread")
-    finally:
-        sys.path.remove(str(BENCHMARKS))
+    return script_module("training_thread")
 
 
 def _in_thread(work: Callable[[threading.Event], None]) -> tuple[threading.Thread, threading.Event, int]:
@@ -61,7 +55,10 @@ def test_a_blocked_thread_shows_the_call_it_sleeps_in(training_thread: ModuleTyp
     thread, _, tid = _in_thread(work)
     time.sleep(0.1)
     assert training_thread.blocked_in(Path(f"/proc/self/task/{tid}")) == expected
-    thread.join()
+    thread.join()  # the Python thread is done; its OS thread may run a little longer, then it is gone
+    deadline_s = time.perf_counter() + 1.0
+    while training_thread.blocked_in(Path(f"/proc/self/task/{tid}")) != "gone" and time.perf_counter() < deadline_s:
+        time.sleep(1e-3)
     assert training_thread.blocked_in(Path(f"/proc/self/task/{tid}")) == "gone"
 
 
