@@ -192,3 +192,9 @@ def test_anchors_are_at_every_nth_block_for_a_whole_n_of_at_least_one(every: flo
     with pytest.raises(KdvfsError, match="anchor_every"):
         ControllerConfig(policy="p", trace="t", anchor_every=every)  # type: ignore[arg-type]
     assert ControllerConfig(policy="p", trace="t", anchor_every=2).anchor_every == 2
+
+
+def test_the_deciders_warm_lead_is_not_negative() -> None:
+    with pytest.raises(KdvfsError, match=r"decider warm lead -0\.5 ms must be >= 0"):
+        ControllerConfig(policy="p", trace="t", decider_warm_ms=-0.5)
+    assert ControllerConfig(policy="p", trace="t", decider_warm_ms=0.0).decider_warm_ms == 0.0
