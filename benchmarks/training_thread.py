@@ -4,15 +4,19 @@
 Where it blocks is sampled from a process of its own, which shares no interpreter lock with it:
 ``ThreadSampler(tid)`` starts ``python training_thread.py PID TID PERIOD_S``, which reads the thread's state
 every ``PERIOD_S`` from Linux ``/proc/PID/task/TID/stat`` and, while it is asleep (``S``, ``D``), the system
-call it sleeps in (``/proc/PID/task/TID/syscall``: ``futex`` for a lock or condition variable, the
-interpreter's included; ``ioctl`` for a driver; ``poll``, ``read``, ...; ``unreadable`` where the kernel
-does not let this process read it, e.g. without ``CAP_SYS_PTRACE`` under Yama). :meth:`ThreadSampler.take`
-returns the samples since the last take, by state (``running`` for ``R``) and system call, and starts
-counting anew: a benchmark takes them at each window's end. Linux only.
+call it sleeps in (``/proc/PID/task/TID/syscall``: ``futex`` for a lock or condition variable; ``ioctl`` for a
+driver; ``poll``, ``read``, ...; ``unreadable`` where the kernel does not let this process read it, e.g.
+without ``CAP_SYS_PTRACE`` under Yama). A ``futex`` is named by the mapping its word lies in (:class:`Regions`,
+``/proc/PID/maps``): ``futex python3.12`` (or ``libpython...``) is the interpreter lock, in the interpreter's
+static data; ``futex [heap]`` or ``futex [anon]`` (a thread's malloc arena) a lock or condition variable
+allocated at run time (the autograd engine's, the CUDA driver's); ``futex libcuda.so.1`` one in a library's
+own data. :meth:`ThreadSampler.take` returns the samples since the last take, by state (``running`` for
+``R``) and system call, and starts counting anew: a benchmark takes them at each window's end. Linux only.
 """
 
 from __future__ import annotations
 
+import bisect
 import gc
 import json
 import os
@@ -65,9 +69,42 @@ def thread_scheduling() -> dict[str, float]:
 
 
 
-def blocked_in(task: Path) -> str:
-    """What the thread of ``task`` (``/proc/PID/task/TID``) does now: ``running``, the system call it sleeps in,
-    ``unreadable`` or ``gone``."""
+class Regions:
+    """The memory mappings of process ``pid`` (``/proc/PID/maps``), to name the one an address lies in."""
+
+    def __init__(self, pid: int) -> None:
+        self._maps = Path(f"/proc/{pid}/maps")
+        self._starts: list[int] = []
+        self._regions: list[tuple[int, str]] = []
+        self._load()
+
+    def _load(self) -> None:
+        regions = []
+        for line in self._maps.read_text().splitlines():
+            fields = line.split(maxsplit=5)
+            start, end = (int(bound, 16) for bound in fields[0].split("-"))
+            path = fields[5].strip() if len(fields) == 6 else "[anon]"
+            regions.append((start, end, path if path.startswith("[") else Path(path).name))
+        regions.sort()
+        self._starts = [start for start, _, _ in regions]
+        self._regions = [(end, name) for _, end, name in regions]
+
+    def name_of(self, address: int) -> str:
+        """The name of the mapping holding ``address`` (a file's name, ``[heap]``, ``[anon]``, ...; ``unmapped``),
+        reading the maps again once where none holds it (the process mapped more since)."""
+        for attempt in range(2):
+            index = bisect.bisect_right(self._starts, address) - 1
+            if index >= 0 and address < self._regions[index][0]:
+                return self._regions[index][1]
+            if attempt == 0:
+                self._load()
+        return "unmapped"
+
+
+def blocked_in(task: Path, regions: Regions | None = None) -> str:
+    """What the thread of ``task`` (``/proc/PID/task/TID``) does now: ``running``, the system call it sleeps in
+    (a ``futex`` with the name of the mapping its word lies in, given the process's ``regions``), ``unreadable``
+    or ``gone``."""
     try:
         stat = (task / "stat").read_text()
     except OSError:
@@ -75,16 +112,21 @@ def blocked_in(task: Path) -> str:
     if stat[stat.rindex(")") + 2] not in "SD":
         return "running"
     try:
-        call = (task / "syscall").read_text().split()[0]
-    except (OSError, IndexError):
+        call, *arguments = (task / "syscall").read_text().split()
+    except (OSError, ValueError):
         return "unreadable"
-    return SYSCALLS_X86_64.get(int(call), f"syscall {call}") if call.isdigit() else call
+    if not call.isdigit():
+        return call
+    name = SYSCALLS_X86_64.get(int(call), f"syscall {call}")
+    if name == "futex" and regions is not None and arguments:
+        return f"futex {regions.name_of(int(arguments[0], 16))}"
+    return name
 
 
 def sample(pid: int, tid: int, period_s: float) -> None:
     """The sampler process: count :func:`blocked_in` every ``period_s``; on each line on stdin, print the
     counts since the last as one JSON line and start anew; end with stdin."""
-    task, counts = Path(f"/proc/{pid}/task/{tid}"), {}
+    task, regions, counts = Path(f"/proc/{pid}/task/{tid}"), Regions(pid), {}
     stdin = sys.stdin.fileno()
     while True:
         if select.select([stdin], [], [], 0.0)[0]:
@@ -92,7 +134,7 @@ def sample(pid: int, tid: int, period_s: float) -> None:
                 return
             print(json.dumps(counts), flush=True)
             counts = {}
-        what = blocked_in(task)
+        what = blocked_in(task, regions)
         counts[what] = counts.get(what, 0) + 1
         time.sleep(period_s)
 

@@ -1,10 +1,13 @@
 """What a benchmark records of the training thread (``benchmarks/training_thread.py``): garbage-collection
-passes, scheduling, and where it blocks (a thread waiting on a lock is seen in ``futex``, one sleeping in its
+passes, scheduling, and where it blocks (a thread waiting on a lock is seen in ``futex``, named by where the
+lock lives: the interpreter's lock in the interpreter, a ``threading.Lock`` where it was allocated; one sleeping in its
 sleep, one spinning as running, from a process of its own)."""
 
 from __future__ import annotations
 
 import gc
+import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -77,9 +80,39 @@ def _sampled(training_thread: ModuleType, work: Callable[[threading.Event], None
 def test_the_sampler_process_counts_per_take(training_thread: ModuleType) -> None:
     blocked, after = _sampled(training_thread, _wait_on_lock)
     # Its state is always readable; the call it sleeps in only with the right to trace it (root, or no Yama).
-    assert sum(blocked.values()) > 20 and set(blocked) <= {"futex", "unreadable", "running"}
-    assert blocked.get("futex", 0) + blocked.get("unreadable", 0) > 0.8 * sum(blocked.values())
+    # The lock was allocated at run time: on the heap, or in a thread's malloc arena (an anonymous mapping).
+    waiting = {"futex [heap]", "futex [anon]", "unreadable"}
+    assert sum(blocked.values()) > 20 and set(blocked) <= {*waiting, "running"}
+    assert sum(blocked.get(what, 0) for what in waiting) > 0.8 * sum(blocked.values())
     assert "gone" in after
+
+
+def test_a_thread_waiting_for_the_interpreter_lock_is_seen_in_the_interpreter(training_thread: ModuleType) -> None:
+    def wake_often(stop: threading.Event) -> None:
+        while not stop.is_set():
+            time.sleep(1e-3)  # each wake-up wants the lock back from the spinning thread below
+
+    thread, stop, tid = _in_thread(wake_often)
+    before_s = sys.getswitchinterval()
+    sys.setswitchinterval(0.2)  # the spinning thread is asked to let go of the lock only every 0.2 s
+    try:
+        with training_thread.ThreadSampler(tid, period_s=1e-3) as sampled:
+            end_s = time.perf_counter() + 0.5
+            while time.perf_counter() < end_s:
+                pass
+            counts = sampled.take()
+    finally:
+        sys.setswitchinterval(before_s)
+        stop.set()
+        thread.join()
+    in_interpreter = sum(n for what, n in counts.items() if what.startswith(("futex python", "futex libpython")))
+    assert in_interpreter + counts.get("unreadable", 0) > 0.6 * sum(counts.values())
+
+
+def test_an_address_is_named_by_its_mapping(training_thread: ModuleType) -> None:
+    regions = training_thread.Regions(os.getpid())
+    assert regions.name_of(0) == "unmapped"
+    assert regions.name_of(id(training_thread.Regions)) in {"[heap]", "[anon]"}
 
 
 def test_a_spinning_thread_is_running(training_thread: ModuleType) -> None:
