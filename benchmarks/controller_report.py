@@ -104,13 +104,21 @@ def step_figures(windows: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 
 def sample_shares(samples: list[dict[str, int]]) -> dict[str, float]:
-    """The windows' samples of the training thread (``running`` or the system call it slept in) as shares of
-    all of them."""
+    """The windows' samples of each sampled thread (``running`` or the system call it slept in; an autograd
+    thread's keyed ``NAME: what``) as shares of that thread's samples."""
     total: dict[str, int] = {}
     for counts in samples:
         for what, count in counts.items():
             total[what] = total.get(what, 0) + count
-    return {what: count / max(1, sum(total.values())) for what, count in total.items()}
+    threads = {_thread_of(what) for what in total}
+    of_thread = {thread: sum(n for what, n in total.items() if _thread_of(what) == thread) for thread in threads}
+    return {what: count / max(1, of_thread[_thread_of(what)]) for what, count in total.items()}
+
+
+def _thread_of(what: str) -> str:
+    """The sampled thread a sample's key is of: ``training`` or an autograd thread's name."""
+    name, separator, _ = what.partition(": ")
+    return name if separator else "training"
 
 
 def pair_detail(first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:
@@ -253,12 +261,23 @@ def _step_lines(result: dict[str, Any]) -> list[str]:
             f"{p['voluntary'][0]:.1f} / {p['voluntary'][1]:.1f}, {p['involuntary'][0]:.1f} / {p['involuntary'][1]:.1f}"
             if "waiting_s" in p else "") for p in s["pairs"]]
         if "blocked_share" in s["without"]:
-            without, with_ = s["without"]["blocked_share"], s["with"]["blocked_share"]
-            shares = sorted({*without, *with_}, key=lambda what: -with_.get(what, 0.0))
-            lines += ["", f"{label}, the training thread sampled every 0.2 ms from another process "
-                      "(`--sample-blocking`): share of samples running or asleep in each system call, without / "
-                      "with: " + ", ".join(f"{what} {without.get(what, 0.0):.1%} / {with_.get(what, 0.0):.1%}"
-                                           for what in shares)]
+            lines += ["", f"{label}, the training thread and the autograd engine's (which runs the backward pass "
+                      "while the training thread waits for it), each sampled every 0.2 ms from another process "
+                      "(`--sample-blocking`): share of its samples running or asleep in each system call (a futex "
+                      "by the mapping its word lies in: the interpreter's lock in `python3.12`), without / with:"]
+            lines += _share_lines(s["without"]["blocked_share"], s["with"]["blocked_share"])
+    return lines
+
+
+def _share_lines(without: dict[str, float], with_: dict[str, float]) -> list[str]:
+    """One line per sampled thread: its shares without / with the controller, largest with first."""
+    lines = []
+    for thread in sorted({_thread_of(what) for what in {*without, *with_}}, key=lambda t: (t != "training", t)):
+        keys = sorted((what for what in {*without, *with_} if _thread_of(what) == thread),
+                      key=lambda what: -with_.get(what, 0.0))
+        lines.append(f"- {thread}: " + ", ".join(
+            f"{what.partition(': ')[2] or what} {without.get(what, 0.0):.1%} / {with_.get(what, 0.0):.1%}"
+            for what in keys))
     return lines
 
 

@@ -11,14 +11,18 @@ without ``CAP_SYS_PTRACE`` under Yama). A ``futex`` is named by the mapping its 
 static data; ``futex [heap]`` or ``futex [anon]`` (a thread's malloc arena) a lock or condition variable
 allocated at run time (the autograd engine's, the CUDA driver's); ``futex libcuda.so.1`` one in a library's
 own data. :meth:`ThreadSampler.take` returns the samples since the last take, by state (``running`` for
-``R``) and system call, and starts counting anew: a benchmark takes them at each window's end. Linux only.
+``R``) and system call, and starts counting anew; the autograd engine's threads (``pt_autograd_N``, which
+run the backward pass while the training thread waits on a condition variable) are sampled alongside, their
+counts keyed ``pt_autograd_N: what``: a benchmark takes them at each window's end. Linux only.
 """
 
 from __future__ import annotations
 
 import bisect
+import contextlib
 import gc
 import json
+import math
 import os
 import select
 import subprocess
@@ -30,6 +34,9 @@ from typing import Any
 SYSCALLS_X86_64 = {0: "read", 1: "write", 7: "poll", 16: "ioctl", 23: "select", 35: "nanosleep", 202: "futex",
                    230: "clock_nanosleep", 232: "epoll_wait", 270: "pselect6", 271: "ppoll", 281: "epoll_pwait"}
 """Names of the system calls a blocked thread is usually in (x86_64 numbers); others are ``syscall N``."""
+AUTOGRAD_PREFIX = "pt_autograd_"
+LOOK_EVERY_S = 0.1
+"""How often the sampler looks for new autograd threads (s)."""
 
 
 class GcPasses:
@@ -123,19 +130,36 @@ def blocked_in(task: Path, regions: Regions | None = None) -> str:
     return name
 
 
+def autograd_threads(pid: int) -> dict[str, Path]:
+    """The autograd engine's device threads of process ``pid`` (named ``pt_autograd_N``: they run the backward
+    pass while the training thread waits for it), by name."""
+    found = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            name = (task / "comm").read_text().strip()
+            if name.startswith(AUTOGRAD_PREFIX):
+                found[name] = task
+    return found
+
+
 def sample(pid: int, tid: int, period_s: float) -> None:
-    """The sampler process: count :func:`blocked_in` every ``period_s``; on each line on stdin, print the
-    counts since the last as one JSON line and start anew; end with stdin."""
+    """The sampler process: count :func:`blocked_in` of the thread ``tid`` (as is) and of the autograd threads
+    (as ``NAME: what``, looked for every ``LOOK_EVERY_S``) every ``period_s``; on each line on stdin, print
+    the counts since the last as one JSON line and start anew; end with stdin."""
     task, regions, counts = Path(f"/proc/{pid}/task/{tid}"), Regions(pid), {}
-    stdin = sys.stdin.fileno()
+    helpers: dict[str, Path] = {}
+    stdin, looked_s = sys.stdin.fileno(), -math.inf
     while True:
         if select.select([stdin], [], [], 0.0)[0]:
             if not os.read(stdin, 4096):
                 return
             print(json.dumps(counts), flush=True)
             counts = {}
-        what = blocked_in(task, regions)
-        counts[what] = counts.get(what, 0) + 1
+        if time.perf_counter() - looked_s > LOOK_EVERY_S:
+            helpers, looked_s = autograd_threads(pid), time.perf_counter()
+        for what in (blocked_in(task, regions),
+                     *(f"{name}: {blocked_in(helper, regions)}" for name, helper in helpers.items())):
+            counts[what] = counts.get(what, 0) + 1
         time.sleep(period_s)
 
 

@@ -50,3 +50,10 @@ def test_where_the_training_thread_slept_is_a_share_of_each_arms_samples(report:
     figures = report.step_figures(windows)
     assert figures["with"]["blocked_share"] == {"running": 0.7, "futex": 0.3}
     assert figures["without"]["blocked_share"] == {"running": 0.95, "ioctl": 0.05}
+
+
+def test_each_sampled_threads_shares_are_of_its_own_samples(report: ModuleType) -> None:
+    shares = report.sample_shares([{"running": 3, "futex [heap]": 1, "pt_autograd_0: running": 1,
+                                    "pt_autograd_0: futex python3.12": 4}])
+    assert shares == {"running": 0.75, "futex [heap]": 0.25, "pt_autograd_0: running": 0.2,
+                      "pt_autograd_0: futex python3.12": 0.8}

@@ -5,6 +5,7 @@ sleep, one spinning as running, from a process of its own)."""
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import os
 import sys
@@ -17,6 +18,8 @@ from types import ModuleType
 import pytest
 
 from tests.benchmarks.scripts import script_module
+
+PR_SET_NAME = 15
 
 
 @pytest.fixture(scope="module")
@@ -107,6 +110,26 @@ def test_a_thread_waiting_for_the_interpreter_lock_is_seen_in_the_interpreter(tr
         thread.join()
     in_interpreter = sum(n for what, n in counts.items() if what.startswith(("futex python", "futex libpython")))
     assert in_interpreter + counts.get("unreadable", 0) > 0.6 * sum(counts.values())
+
+
+def test_the_autograd_threads_are_sampled_by_name(training_thread: ModuleType) -> None:
+    libc = ctypes.CDLL(None)
+
+    def named_and_waiting(stop: threading.Event) -> None:
+        libc.prctl(PR_SET_NAME, b"pt_autograd_0", 0, 0, 0)  # the name the autograd engine gives its threads
+        stop.wait()
+
+    thread, stop, _ = _in_thread(named_and_waiting)
+    try:
+        time.sleep(0.05)
+        assert set(training_thread.autograd_threads(os.getpid())) == {"pt_autograd_0"}
+        with training_thread.ThreadSampler(threading.get_native_id(), period_s=1e-3) as sampled:
+            time.sleep(0.3)
+            counts = sampled.take()
+    finally:
+        stop.set()
+        thread.join()
+    assert sum(n for what, n in counts.items() if what.startswith("pt_autograd_0: ")) > 20
 
 
 def test_an_address_is_named_by_its_mapping(training_thread: ModuleType) -> None:
