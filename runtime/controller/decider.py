@@ -18,6 +18,13 @@ throwaway decision at the last state (:meth:`~kdvfs.agents.learned.online.Online
 the pipe without sleeping until the request comes (or ``SPIN_AFTER_S`` after it was expected). Its polling
 time is reported per decision (``spin_us``): CPU the host spends for the shorter decision.
 
+The controller's thread writes its requests without letting go of the interpreter lock
+(:func:`write_holding_lock`; ``os.write`` lets go of it around the system call): a training thread waiting
+for the lock would take it there, and the controller's thread would then wait for it back (up to the
+switch interval) and make the training thread give it up again, two hand-overs for a write of ~2 us. It
+lets go only where it waits for the answer. Its end of the pipe is non-blocking, so a child that stopped
+reading makes the write fail (``DeciderError``) instead of blocking with the lock held.
+
 Lifecycle: started first when the controller opens (it imports its modules while the controller builds the
 plan), given the policy once the plan is built, and waited for until it has built its own (a few seconds,
 once); stopped when the controller closes, or when opening fails; it ends by itself when the pipe closes
@@ -30,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import copyreg
+import ctypes
 import functools
 import io
 import os
@@ -65,8 +73,24 @@ LOOKED_AHEAD = struct.Struct("<di")
 """The answer to LOOK_AHEAD: when the policy runs next (s), the evaluations skipped."""
 
 
+_LIBC = ctypes.PyDLL(None, use_errno=True)
+"""The C library, through which calls keep the interpreter lock (``PyDLL``)."""
+_LIBC.write.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]
+_LIBC.write.restype = ctypes.c_ssize_t
+
+
 class DeciderError(KdvfsError):
     """The online decision process ended or answered nothing."""
+
+
+def write_holding_lock(fd: int, data: bytes) -> None:
+    """Write ``data`` to the pipe ``fd`` in one system call, keeping the interpreter lock (see the module
+    docstring). ``data`` must fit the pipe's atomic size (``select.PIPE_BUF``), so the write is whole or fails;
+    OSError as ``os.write`` would raise (``BlockingIOError`` where a non-blocking pipe is full)."""
+    assert len(data) <= select.PIPE_BUF, "a write holding the lock must be one atomic pipe write"
+    if _LIBC.write(fd, data, len(data)) != len(data):
+        error = ctypes.get_errno()
+        raise OSError(error, os.strerror(error))
 
 
 def _response(actions: int) -> struct.Struct:
@@ -154,6 +178,7 @@ class DeciderProcess:
             self.close()
             raise DeciderError(f"the online decision process did not start within {START_TIMEOUT_S:.0f} s "
                                f"(exit code {self._process.poll()})")
+        os.set_blocking(self._to, False)  # from here requests are written holding the interpreter lock
 
     def begin(self, budget: float) -> int:
         """:meth:`OnlinePolicy.begin` in the child process."""
@@ -180,13 +205,13 @@ class DeciderProcess:
         """Say that the next request comes in ``in_s`` seconds (nothing is sent without a warm lead)."""
         if self.warm_s > 0:
             with contextlib.suppress(OSError):  # the child ended: the next request raises DeciderError
-                os.write(self._to, REQUEST.pack(EXPECT, in_s, 0, 0, 0, 0.0, 0.0, 0.0, 0.0, 0.0))
+                write_holding_lock(self._to, REQUEST.pack(EXPECT, in_s, 0, 0, 0, 0.0, 0.0, 0.0, 0.0, 0.0))
 
     def _ask(self, request: bytes, response: struct.Struct | None = None) -> tuple[Any, ...]:
         """The child's answer to ``request``, as ``response`` (default: :func:`_response`) unpacks it."""
         response = self._response if response is None else response
         try:
-            os.write(self._to, request)
+            write_holding_lock(self._to, request)
             answer = _read_exact(self._from, response.size)
         except OSError:
             answer = None

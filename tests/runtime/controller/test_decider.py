@@ -16,7 +16,7 @@ from kdvfs.agents.learned.online import OnlinePolicy
 from kdvfs.agents.learned.policy_planner import shipped_policy_path
 from kdvfs.envs.common.errors import KdvfsError
 from kdvfs.envs.env.live import LiveState
-from kdvfs.runtime.controller.decider import DeciderError, DeciderProcess
+from kdvfs.runtime.controller.decider import DeciderError, DeciderProcess, write_holding_lock
 from tests.runtime.controller_helpers import fake_controller, log_records, run_steps, small_problem
 
 POLICY = shipped_policy_path("h200")
@@ -49,6 +49,20 @@ def test_the_process_decides_exactly_as_the_policy_on_this_thread(warm_s: float)
         assert polled[1:].mean() > 0.8 if warm_s else not polled.any()
     finally:
         there.close()
+
+
+def test_a_write_holding_the_lock_goes_whole_or_fails_on_a_full_pipe() -> None:
+    read_fd, write_fd = os.pipe()
+    try:
+        write_holding_lock(write_fd, b"request")
+        assert os.read(read_fd, 64) == b"request"
+        os.set_blocking(write_fd, False)
+        with pytest.raises(BlockingIOError):  # nobody reads: the pipe fills, and the write fails, never blocks
+            for _ in range(1 << 20):
+                write_holding_lock(write_fd, bytes(64))
+    finally:
+        os.close(read_fd)
+        os.close(write_fd)
 
 
 def test_a_decider_that_died_raises_a_decider_error() -> None:
