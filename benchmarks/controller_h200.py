@@ -10,7 +10,7 @@ plans; ``--hf`` adds a Hugging Face ``Trainer`` workload (``examples/hf_trainer.
 ``--only LABEL ...`` keeps those workloads and their variants (a variant's label, ``LABEL[NAME=VALUE]``,
 keeps that variant alone); ``--variant LABEL:NAME=VALUE,...`` runs workload LABEL again with those controller options
 (``online=false``: the policy replayed; ``online_process=false``: decisions on the controller's thread;
-``anchors=false``; ``energy_poll_s=0``: no energy thread), for its overhead; ``probe=mark|blocking|polling``
+``anchors=false``; ``energy_poll_s=0``: no energy thread), for its overhead; ``probe=mark|blocking|polling|anchors``
 instead of the controller runs only its step timeline (``benchmarks/timeline_probe.py``: what its floor costs;
 ``probe=gil:WAKESxUS`` adds that many holds of the interpreter lock per step);
 ``--no-end-to-end`` skips step 1 below;

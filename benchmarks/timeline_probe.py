@@ -11,6 +11,9 @@ none of kdvfs's deciding, logging, NVML, energy reads or anchors:
 * ``polling``: the thread waits as the controller's thread does since
   (:meth:`~kdvfs.runtime.controller.gpu_timeline.CudaStepTimeline.wait`: ``Event.query`` every
   ``gpu_timeline.POLL_S``, sleeping in between);
+* ``anchors``: ``polling``, and the controller's anchor hooks (:class:`~kdvfs.runtime.controller.anchors.AnchorHooks`)
+  recording their events into the timeline: what a training process would still do for a controller whose
+  deciding ran in a process of its own;
 * ``gil:WAKESxUS`` (e.g. ``gil:25x200``): ``polling``, and after each step's end the thread wakes WAKES times,
   evenly through the next step's expected time (the last step's), and each time runs pure Python for US
   microseconds, holding the interpreter lock as a decision point's Python does: what a millisecond of the
@@ -29,10 +32,11 @@ import threading
 import time
 from typing import Any
 
+from kdvfs.runtime.controller.anchors import AnchorHooks
 from kdvfs.runtime.controller.gpu_timeline import CudaStepTimeline
 from kdvfs.runtime.device.host_time import RealClock
 
-WAITS = ("mark", "blocking", "polling")
+WAITS = ("mark", "blocking", "polling", "anchors")
 KINDS = (*WAITS, "gil:WAKESxUS")
 GIL = re.compile(r"gil:(\d+)x(\d+)")
 
@@ -49,6 +53,7 @@ class TimelineProbe:
         self.wakes, self.hold_s = (int(gil[1]), int(gil[2]) / 1e6) if gil else (0, 0.0)
         self.summary = None
         self.timeline = CudaStepTimeline(RealClock())
+        self.hooks = AnchorHooks(self.timeline.anchor) if kind == "anchors" else None
         self._queue: queue.Queue[Any] = queue.Queue()
         self._thread = threading.Thread(target=self._follow, name="kdvfs-probe", daemon=True)
 
@@ -59,6 +64,8 @@ class TimelineProbe:
             raise SystemExit("probe=: the step timeline's events need a CUDA GPU")
         if self.kind != "mark":
             self._thread.start()
+        if self.hooks is not None:
+            self.hooks.install()
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -89,7 +96,9 @@ class TimelineProbe:
                 return
 
     def close(self) -> None:
-        """Wait for the steps marked so far and stop the thread."""
+        """Remove the anchor hooks, wait for the steps marked so far and stop the thread."""
+        if self.hooks is not None:
+            self.hooks.remove()
         if self._thread.is_alive():
             self._queue.put(None)
             self._thread.join()

@@ -24,11 +24,11 @@ class CountingEvent:
     made: ClassVar[list[CountingEvent]] = []
 
     def __init__(self, enable_timing: bool = False, blocking: bool = False) -> None:
-        self.synchronized = self.queried = 0
+        self.synchronized = self.queried = self.recorded = 0
         CountingEvent.made.append(self)
 
     def record(self, stream: object = None) -> None:
-        pass
+        self.recorded += 1
 
     def synchronize(self) -> None:
         self.synchronized += 1
@@ -52,7 +52,7 @@ def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> list[CountingEvent]:
 
 
 @pytest.mark.parametrize(("kind", "synchronized", "queried"),
-                         [("mark", 0, 0), ("blocking", 1, 1), ("polling", 0, 1)])
+                         [("mark", 0, 0), ("blocking", 1, 1), ("polling", 0, 1), ("anchors", 0, 1)])
 def test_each_probe_waits_for_the_step_ends_its_way(probe: ModuleType, fake_cuda: list[CountingEvent], kind: str,
                                                     synchronized: int, queried: int) -> None:
     with probe.TimelineProbe(kind) as arm:
@@ -65,11 +65,25 @@ def test_each_probe_waits_for_the_step_ends_its_way(probe: ModuleType, fake_cuda
 def test_a_probe_of_another_kind_or_without_a_gpu_is_refused(probe: ModuleType,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     for kind in ("spin", "gil:25", "gil:x200", "gil:2.5x200"):
-        with pytest.raises(SystemExit, match="expected one of mark, blocking, polling, gil:WAKESxUS"):
+        with pytest.raises(SystemExit, match="expected one of mark, blocking, polling, anchors, gil:WAKESxUS"):
             probe.TimelineProbe(kind)
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
     with pytest.raises(SystemExit, match="need a CUDA GPU"):
         probe.TimelineProbe("mark").__enter__()
+
+
+def test_an_anchors_probe_records_the_controllers_anchors_into_its_timeline(
+        probe: ModuleType, fake_cuda: list[CountingEvent]) -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))
+    with probe.TimelineProbe("anchors") as arm:
+        for _ in range(2):
+            model(torch.ones(1, 4, requires_grad=True)).sum().backward()
+            arm.step()
+    assert arm.hooks.blocks == 2
+    # Per step: its two blocks' forward and backward anchors, then the step's own event (anchors' events are
+    # pooled and recorded again once the GPU has passed them).
+    assert sum(e.recorded for e in fake_cuda) == 2 * (2 + 2 + 1)
+    assert not arm.hooks._handles  # removed on exit
 
 
 def test_a_gil_probe_polls_and_holds_the_lock_its_wakes_times_through_a_step(
