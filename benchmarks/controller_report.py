@@ -110,8 +110,9 @@ def sample_shares(samples: list[dict[str, int]]) -> dict[str, float]:
     for counts in samples:
         for what, count in counts.items():
             total[what] = total.get(what, 0) + count
-    threads = {_thread_of(what) for what in total}
-    of_thread = {thread: sum(n for what, n in total.items() if _thread_of(what) == thread) for thread in threads}
+    of_thread: dict[str, int] = {}
+    for what, count in total.items():
+        of_thread[_thread_of(what)] = of_thread.get(_thread_of(what), 0) + count
     return {what: count / max(1, of_thread[_thread_of(what)]) for what, count in total.items()}
 
 

@@ -31,7 +31,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from provenance import RESULTS, provenance, provenance_lines, write_results
 
 from kdvfs.agents.common.problem import Problem
@@ -42,6 +41,7 @@ from kdvfs.envs.env.live import LiveState
 from kdvfs.envs.gpu.profiles import load_profile
 from kdvfs.envs.trace.bundled import open_trace
 from kdvfs.runtime.controller.decider import DeciderProcess
+from kdvfs.runtime.controller.online import quantiles
 
 TRACE = "h200/gpt3xl-1layer-b4"
 WARM_S = 0.5e-3
@@ -114,10 +114,6 @@ def through_decider(policy: FrozenPolicy, problem: Problem, online: OnlinePolicy
         return {"child_us": decider.compute_us, "spin_us": decider.spin_us, "round_trip_us": round_trip_us}
     finally:
         decider.close()
-
-
-def quantiles(values: list[float]) -> dict[str, float]:
-    return {"median": float(np.median(values)), "p99": float(np.percentile(values, 99))}
 
 
 def main(argv: list[str]) -> int:

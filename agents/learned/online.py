@@ -113,8 +113,7 @@ class OnlinePolicy:
         rest = self.env.observe_live_dynamic(state)
         evaluated = self._action is None or now_s >= self._hold_until_s
         if evaluated:
-            first_product = self._first_products[self.env.clocks[0]]
-            self._action, self._hold_until_s = self.policy.act_from(first_product, rest), now_s + self._hold_s
+            self._action, self._hold_until_s = self._policy_action(rest), now_s + self._hold_s
         assert self._action is not None
         budget = rest[self._budget_view].tolist()
         pair = self.env.target_pair(self._action) if self._action[0] else NO_REQUEST
@@ -126,8 +125,11 @@ class OnlinePolicy:
         standing order, its hold and every later decision are as without it (:meth:`decide` stands the env at
         its own state). A decider whose core slept calls it shortly before a decision is due, so that the
         decision runs on warm caches."""
-        rest = self.env.observe_live_dynamic(state)
-        self.policy.act_from(self._first_products[self.env.clocks[0]], rest)
+        self._policy_action(self.env.observe_live_dynamic(state))
+
+    def _policy_action(self, rest: np.ndarray) -> np.ndarray:
+        """The policy's action at the env's decision point, whose observation past its static part is ``rest``."""
+        return self.policy.act_from(self._first_products[self.env.clocks[0]], rest)
 
     def look_ahead(self, evaluations: int) -> tuple[float, int]:
         """Run the policy ahead of the GPU after a decision that ran it: from that decision's live state, on the

@@ -364,7 +364,7 @@ class OnlineSteps:
         thread."""
         if not isinstance(self.decider, DeciderProcess):
             return {"decider_us": None, "decider_spin_us": None, "decider_spin_ms": None}
-        return {"decider_us": _quantiles(self.decider.compute_us), "decider_spin_us": _quantiles(self.decider.spin_us),
+        return {"decider_us": quantiles(self.decider.compute_us), "decider_spin_us": quantiles(self.decider.spin_us),
                 "decider_spin_ms": 1e-3 * sum(self.decider.spin_us)}
 
     def figures(self) -> dict[str, Any]:
@@ -372,14 +372,14 @@ class OnlineSteps:
         return {"decisions": self.decisions, "advisor_reads": self.advisor_reads, "requests": self.requests,
                 "lookahead": self.lookahead, "lookahead_skips": self.lookahead_skips,
                 "progress": dict(self.progress), "took_effect": dict(self.clocks.took_effect),
-                "decision_us": _quantiles(self.policy_wall_us), "decision_point_us": _quantiles(self.wall_us),
-                "decision_point_cpu_us": _quantiles(self.cpu_us), "cpu_ms": 1e-3 * sum(self.cpu_us),
+                "decision_us": quantiles(self.policy_wall_us), "decision_point_us": quantiles(self.wall_us),
+                "decision_point_cpu_us": quantiles(self.cpu_us), "cpu_ms": 1e-3 * sum(self.cpu_us),
                 **self._decider_figures(),
                 "wakes": dict(self.wakes),
                 "step_budget_pct": 100 * self.step_budget, "interval_ms": 1e3 * self.interval_s}
 
 
-def _quantiles(values: list[float]) -> dict[str, float | None]:
+def quantiles(values: list[float]) -> dict[str, float | None]:
     """Median and p99 of ``values`` (None for none)."""
     if not values:
         return {"median": None, "p99": None}
