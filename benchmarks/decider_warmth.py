@@ -48,6 +48,12 @@ WARM_S = 0.5e-3
 POINTS_PER_STEP = 25
 
 
+def policy_due(n: int) -> float:
+    """The step time (s) to pass decision ``n``: a second apart, past every standing order's hold, so that the
+    policy runs at each (an advisor read, between policy runs, is cheaper)."""
+    return float(n + 1)
+
+
 def states(online: OnlinePolicy, count: int) -> list[LiveState]:
     """``count`` live states moving through the step, ``POINTS_PER_STEP`` per step, 0.5% late."""
     kernels = len(online.cumulative_s) - 2
@@ -87,10 +93,10 @@ def in_thread(online: OnlinePolicy, gap_s: float, count: int) -> dict[str, list[
     for name, gap in gaps.items():
         times_us = []
         online.begin(0.01)
-        for previous, state in itertools.pairwise(walk):
+        for n, (previous, state) in enumerate(itertools.pairwise(walk)):
             gap(previous, state, time.perf_counter() + gap_s)
             began_s = time.perf_counter()
-            online.decide(state, 1e9)
+            online.decide(state, policy_due(n))
             times_us.append(1e6 * (time.perf_counter() - began_s))
         result[name] = times_us
     os.close(read_fd)
@@ -105,11 +111,11 @@ def through_decider(policy: FrozenPolicy, problem: Problem, online: OnlinePolicy
     decider, round_trip_us = DeciderProcess.started(policy, problem, warm_s), []
     try:
         decider.begin(0.01)
-        for state in states(online, count):
+        for n, state in enumerate(states(online, count)):
             decider.expect(gap_s)
             time.sleep(gap_s)
             began_s = time.perf_counter()
-            decider.decide(state, 1e9)
+            decider.decide(state, policy_due(n))
             round_trip_us.append(1e6 * (time.perf_counter() - began_s))
         return {"child_us": decider.compute_us, "spin_us": decider.spin_us, "round_trip_us": round_trip_us}
     finally:

@@ -1,4 +1,4 @@
-"""Frozen policies: a trained actor in one small ``.npz`` file, run with numpy alone.
+"""Frozen policies: a trained actor in one small ``.npz`` file, run with numpy and compiled numba kernels.
 
 The file holds the actor MLP's weights, the observation normalisation, the environment's settings
 (:class:`~kdvfs.envs.env.config.EnvConfig`: they define the observation and the clock grid), the GPU
@@ -11,7 +11,6 @@ from __future__ import annotations
 import itertools
 import json
 import zipfile
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from io import BytesIO
 from pathlib import Path
@@ -19,10 +18,10 @@ from typing import Any
 
 import numpy as np
 
+from kdvfs.agents.learned.forward import RELU, TANH, argmax_parts, dense, first_layer
 from kdvfs.envs.common.config import ConfigError, from_mapping, to_plain
 from kdvfs.envs.common.errors import KdvfsError
 from kdvfs.envs.common.files import write_bytes_atomic
-from kdvfs.envs.common.locked import argmax
 from kdvfs.envs.env.clock_grid import ClockGrid
 from kdvfs.envs.env.config import EnvConfig
 from kdvfs.envs.env.observation import ObservationSpec
@@ -32,7 +31,8 @@ from kdvfs.envs.model.cost_model import Array
 FORMAT = "kdvfs-policy"
 VERSION = 1
 SUFFIX = ".kdvfs-policy.npz"
-ACTIVATIONS: dict[str, Callable[..., Array]] = {"tanh": np.tanh, "relu": lambda x, out: np.maximum(x, 0.0, out=out)}
+ACTIVATIONS = {"tanh": TANH, "relu": RELU}
+"""Hidden-layer activations by name, as :mod:`kdvfs.agents.learned.forward` codes them."""
 
 
 class PolicyFileError(KdvfsError):
@@ -72,22 +72,21 @@ class FrozenPolicy:
     config: EnvConfig = field(init=False, repr=False, compare=False)
     _mean32: Array = field(init=False, repr=False, compare=False)
     _inverse_std32: Array = field(init=False, repr=False, compare=False)
-    _parts: tuple[tuple[int, int], ...] = field(init=False, repr=False, compare=False)
     _layers: tuple[tuple[Array, Array, Array], ...] = field(init=False, repr=False, compare=False)
-    _input: Array = field(init=False, repr=False, compare=False)
-    _rest_weights: dict[int, Array] = field(init=False, repr=False, compare=False)
+    _bounds: Array = field(init=False, repr=False, compare=False)
+    _no_product: Array = field(init=False, repr=False, compare=False)
+    _rest_inputs: dict[int, tuple[Array, Array, Array]] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "config", from_mapping(EnvConfig, self.env, "the policy's environment settings"))
         object.__setattr__(self, "_mean32", self.obs_mean.astype(np.float32))
         object.__setattr__(self, "_inverse_std32", (1.0 / np.sqrt(self.obs_var + self.obs_epsilon)).astype(np.float32))
-        bounds = np.cumsum([0, *self.nvec])
-        object.__setattr__(self, "_parts", tuple(zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True)))
+        object.__setattr__(self, "_bounds", np.cumsum([0, *self.nvec]).astype(np.int64))
         object.__setattr__(self, "_layers", tuple(
-            (np.ascontiguousarray(w.T, dtype=np.float32), b.astype(np.float32), np.empty(len(b), dtype=np.float32))
+            (np.ascontiguousarray(w, dtype=np.float32), b.astype(np.float32), np.empty(len(b), dtype=np.float32))
             for w, b in zip(self.weights, self.biases, strict=True)))
-        object.__setattr__(self, "_input", np.empty(len(self.obs_mean), dtype=np.float32))
-        object.__setattr__(self, "_rest_weights", {})
+        object.__setattr__(self, "_no_product", np.zeros(len(self.biases[0]), dtype=np.float32))
+        object.__setattr__(self, "_rest_inputs", {})
 
     def grid(self, profile: GpuProfile) -> ClockGrid:
         """The clock grid of this policy on ``profile``."""
@@ -99,58 +98,39 @@ class FrozenPolicy:
 
     def act(self, observation: Array) -> Array:
         """The deterministic action (one int per action part) for one raw observation, as VecNormalize and
-        SB3's ``predict(deterministic=True)`` compute it (here all in float32). Works in buffers of the
-        policy: not for concurrent use from several threads."""
-        weight, _, first = self._layers[0]
-        np.matmul(weight, self._normalised(observation, 0), out=first)
-        return self._act_after_first_product(first)
+        SB3's ``predict(deterministic=True)`` compute it (here all in float32, compiled:
+        :mod:`kdvfs.agents.learned.forward`). Works in buffers of the policy: not for concurrent use from
+        several threads."""
+        return self.act_from(self._no_product, observation)
 
     def first_products(self, observations: Array, start: int, stop: int) -> Array:
         """(D, H) float32: the first layer's weights times entries ``start:stop`` of the (D, N) observations,
         normalised and clipped as :meth:`act` does (its sum over disjoint ranges is its first product)."""
         x = (np.asarray(observations, dtype=np.float32) - self._mean32[start:stop]) * self._inverse_std32[start:stop]
         np.clip(x, -self.obs_clip, self.obs_clip, out=x)
-        return x @ self._layers[0][0][:, start:stop].T
+        return x @ self._layers[0][0][start:stop]
 
     def act_from(self, first_product: Array, rest: Array) -> Array:
         """:meth:`act` of an observation whose entries before ``N - len(rest)`` gave ``first_product`` (H,)
-        (a row of :meth:`first_products`) and whose other entries are ``rest``. Every array this touches is
-        small: numpy keeps the interpreter lock through all of it (a controller thread beside a busy
-        training loop does not wait to get it back)."""
-        start = len(self.obs_mean) - len(rest)
-        first = self._layers[0][2]
-        np.matmul(self._rest_weight(start), self._normalised(rest, start), out=first)
-        np.add(first, first_product, out=first)
-        return self._act_after_first_product(first)
-
-    def _normalised(self, entries: Array, start: int) -> Array:
-        """Entries ``start:`` of an observation, normalised and clipped, in the policy's input buffer."""
-        x = self._input[start:]
-        np.subtract(entries, self._mean32[start:], out=x, casting="unsafe")
-        np.multiply(x, self._inverse_std32[start:], out=x)
-        np.minimum(x, self.obs_clip, out=x)
-        return np.maximum(x, -self.obs_clip, out=x)
-
-    def _rest_weight(self, start: int) -> Array:
-        """The first layer's (H, N - start) weights of entries ``start:`` (contiguous, made once per start)."""
-        found = self._rest_weights.get(start)
-        if found is None:
-            found = self._rest_weights[start] = np.ascontiguousarray(self._layers[0][0][:, start:])
-        return found
-
-    def _act_after_first_product(self, first: Array) -> Array:
-        """The action from the first layer's product (H,) (its bias not yet added), keeping the interpreter
-        lock (:mod:`kdvfs.envs.common.locked`; ``np.matmul`` keeps it on these sizes, ``np.dot`` does not)."""
+        (a row of :meth:`first_products`) and whose other entries are ``rest``: a few microseconds of compiled
+        code holding the interpreter lock (a controller thread beside a busy training loop does not wait to
+        get it back)."""
+        weight, mean, inverse_std = self._rest_input(len(self.obs_mean) - len(rest))
+        (_, bias, x), *hidden, (last_weight, last_bias, logits) = self._layers
         activation = ACTIVATIONS[self.activation]
-        (_, first_bias, _), *hidden, (weight, bias, logits) = self._layers
-        x = activation(np.add(first, first_bias, out=first), out=first)
+        x = first_layer(weight, rest, mean, inverse_std, self.obs_clip, first_product, bias, x, activation)
         for hidden_weight, hidden_bias, out in hidden:
-            np.matmul(hidden_weight, x, out=out)
-            np.add(out, hidden_bias, out=out)
-            x = activation(out, out=out)
-        np.matmul(weight, x, out=logits)
-        np.add(logits, bias, out=logits)
-        return np.array([argmax(logits[start:end]) for start, end in self._parts])
+            x = dense(hidden_weight, x, hidden_bias, out, activation)
+        return argmax_parts(last_weight, x, last_bias, logits, self._bounds)
+
+    def _rest_input(self, start: int) -> tuple[Array, Array, Array]:
+        """The first layer's (N - start, H) weights of entries ``start:`` and those entries' normalisation
+        (made once per start)."""
+        found = self._rest_inputs.get(start)
+        if found is None:
+            found = self._rest_inputs[start] = (self._layers[0][0][start:],
+                                                self._mean32[start:], self._inverse_std32[start:])
+        return found
 
     def save(self, path: Path) -> None:
         """Write the policy to one ``.npz`` file (atomically)."""

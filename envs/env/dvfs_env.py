@@ -18,20 +18,13 @@ import numpy as np
 from gymnasium import spaces
 
 from kdvfs.envs.common.errors import KdvfsError
-from kdvfs.envs.common.locked import argmax_rows, index_right
+from kdvfs.envs.common.locked import index_right
 from kdvfs.envs.env.config import EnvConfig, settings_table
+from kdvfs.envs.env.dynamic_observation import layout, observe_dynamic
 from kdvfs.envs.env.dynamics import Disturbances, core_fractions, draw
 from kdvfs.envs.env.live import LiveState
-from kdvfs.envs.env.observation import (
-    ADVISOR_FEATURES,
-    OBS_LIMIT,
-    REMAINING_LATENCIES_CAP,
-    WINDOW_METRICS,
-    advisor_index,
-    observation_table,
-    one_hot_clocks,
-)
-from kdvfs.envs.env.plan_advice import EPS, fitting_plan, landing_kernels, plan_for_budget
+from kdvfs.envs.env.observation import OBS_LIMIT, advisor_index, observation_table
+from kdvfs.envs.env.plan_advice import EPS, landing_kernels, plan_for_budget
 from kdvfs.envs.env.reward import Reference, Totals, overrun_pct, reward_fn
 from kdvfs.envs.env.step_data import StepData, step_index
 from kdvfs.envs.env.timing import decision_data, regime_index, timings
@@ -129,25 +122,19 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
         self._select(0, self.config.budgets[0], 0)
 
     def _prepare(self) -> None:
-        """Per-step and regime decision-point data, the observation buffer and views of its blocks by name."""
+        """Per-step and regime decision-point data, the observation buffer and its compiled layout."""
         spec = self.observation_spec
         self._prepared = [[decision_data(run, spec, timing) for run in self._runs] for timing in self.timings]
         self._obs = np.zeros(spec.size, dtype=np.float32)
-        self._views = {name: spec.view(self._obs, name) for name, _ in spec.blocks()}
-        self._window_span = spec.span("window_slowdown_then_saving_pct")
-        self._window_shape = spec.shape("window_slowdown_then_saving_pct")
-        self._window_metrics = tuple(WINDOW_METRICS.index(m) for m in ("slowdown_pct", "saving_pct"))
         self._dynamic = self._obs[spec.static_size:]
+        self._layouts = [layout(spec, run.kernels) for run in self._runs]
         self._landings: dict[int, tuple[Array, Array]] = {}
         self._proposals: dict[tuple[int, int], list[int]] = {}
         self._cached_for: tuple[int, int] | None = None
-        self._plans_rest = self._obs[spec.span("plans_rest_saving_then_slowdown_pct")]
         self._advisor_index = advisor_index(spec)
         slots = spec.advisor_slots()
-        self._window_slots, self._plan_slots = slots["windows"], slots["plans"]
-        self._fitting_slot, self._budget_slot = slots["fitting_plan"].start, slots["budget_plan"].start
+        self._plan_slots, self._budget_slot = slots["plans"], slots["budget_plan"].start
         self._advice = np.zeros(spec.advisors, dtype=np.int64)
-        self._fits = np.zeros(self._window_shape[1:], dtype=bool)
 
     def _select(self, index: int, budget: float, regime: int) -> None:
         """Start an episode on step ``index``'s run with ``budget`` under switching regime ``regime``: clocks
@@ -157,6 +144,7 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
             self._proposals.clear()
             self._cached_for = (index, regime)
         self._index, self._data, self.budget = index, self._runs[index], budget
+        self._layout, self._cumulative_s = self._layouts[index], self._data.cumulative[:, 0, :]
         self.timing = self.timings[regime]
         self.latency_s, self.latency_std_s, self.stall_s = self.timing.switching
         self.decision_interval_s = self.timing.decision_interval_s
@@ -378,73 +366,18 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
         self._refresh_dynamic()
 
     def _refresh_dynamic(self) -> None:
-        """Everything of :meth:`_refresh` but the static part (read from :attr:`static_rows` where needed)."""
-        self._observe_clocks()
-        self._observe_conditions()
-        self._observe_affordable(self._observe_budget())
-
-    def _observe_affordable(self, affordable: float) -> None:
-        """Each window advisor's pick: the pair saving the most over its window among those whose slowdown
-        there fits the affordable slowdown (at most 0 when none is left: auto always fits), with what it
-        saves and costs; then the plan advisors."""
-        fits, windows_flat = self._fits, self._static[self._k][self._window_span]
-        window = windows_flat.reshape(self._window_shape)
-        slowdowns, savings = window[self._window_metrics[0]], window[self._window_metrics[1]]
-        np.less_equal(slowdowns, max(affordable, 0.0), out=fits)
-        best = argmax_rows(np.where(fits, savings, -np.inf))
-        self._advice[self._window_slots] = best
-        advisors = self._views["advisors"]
-        advisors[: len(self._advisor_index)] = windows_flat[self._advisor_index + best]
-        advisors[ADVISOR_FEATURES.index("in_effect")] = best == self._in_effect
-        self._observe_plans()
-
-    def _observe_plans(self) -> None:
-        """Each plan advisor's pair where a request made now would take effect at the clocks in effect, its
-        saving and slowdown from there, whether it is in effect; the fitting plan (auto if none fits): the
-        one saving the most among those whose slowdown from there fits what is still affordable there, once
-        the kernels until then have run at the clocks in effect; and the plan for the episode's budget (the
-        largest plan budget within it; auto if none is)."""
-        advice, effect, next_effect = self._plans, *self._effects_in_effect()
-        pairs = advice.advice_pairs(effect, next_effect)
-        self._advice[self._plan_slots] = pairs
-        in_effect, rest = self._views["plans_in_effect"], self._plans_rest
-        np.equal(pairs, self._in_effect, out=in_effect, casting="unsafe")
-        rest[:] = advice.rest_pct[effect]
-        followable = in_effect.astype(bool) | advice.joinable[effect]
-        chosen = fitting_plan(rest, self._affordable_from_effect_pct(effect), followable)
-        self._observe_plan_advisor(self._fitting_slot, self._views["fitting_plan"], chosen, pairs, rest)
-        self._observe_plan_advisor(self._budget_slot, self._views["budget_plan"], self._budget_plan, pairs, rest)
-
-    def _observe_plan_advisor(self, slot: int, view: Array, plan: int, pairs: Array, rest: Array) -> None:
-        """Advisor ``slot`` proposes plan ``plan``'s pair (auto if -1); ``view`` gets its features."""
-        if plan < 0:
-            self._advice[slot] = 0
-            view[:] = (0.0, 0.0, float(self._in_effect == 0), 0.0)
-        else:
-            self._advice[slot] = pairs[plan]
-            view[:] = (rest[plan], rest[len(pairs) + plan], float(pairs[plan] == self._in_effect), 1.0)
-
-    def _observe_clocks(self) -> None:
-        """The ``clocks_in_effect``, ``clocks_pending`` and ``controller`` blocks."""
-        one_hot_clocks(self._views["clocks_in_effect"], self._in_effect, self._memories, self.grid.levels)
-        one_hot_clocks(self._views["clocks_pending"], self._pending, self._memories, self.grid.levels)
-        latency, pending = self.latency_s, self._pending >= 0
-        left = self._requested_at_s + latency - self._now_s
-        self._views["controller"][:] = (max(0.0, left) / latency if pending and latency > 0 else 0.0,
-                                        0.0 if pending else 1.0, 1.0 if self._k == 0 or latency <= 0 else 0.0)
-
-    def _observe_conditions(self) -> None:
-        """The ``conditions`` block (``CONDITION_FEATURES``)."""
-        drift_pct = self.disturbances.auto_drift_pct(min(self._k, self._kernels - 1)) if self._live_drift_pct is None \
-            else self._live_drift_pct
-        run_pct = 100.0 * (self._elapsed_s / self._auto_elapsed_s - 1.0) if self._auto_elapsed_s > 0 else 0.0
-        self._views["conditions"][:] = (1e3 * self.latency_s, drift_pct, min(OBS_LIMIT, max(-OBS_LIMIT, run_pct)),
-                                        self._last_latency_ratio)
-
-    def _effects_in_effect(self) -> tuple[int, int]:
-        """The landing kernels of a decision before the env's kernel, on the clocks in effect."""
+        """Everything of :meth:`_refresh` but the static part (read from :attr:`static_rows` where needed):
+        :func:`~kdvfs.envs.env.dynamic_observation.observe_dynamic`."""
+        k, plans = self._k, self._plans
         effect, next_effect = self._landing_of(self._in_effect)
-        return int(effect[self._k]), int(next_effect[self._k])
+        drift_pct = self.disturbances.auto_drift_pct(min(k, self._kernels - 1)) if self._live_drift_pct is None \
+            else self._live_drift_pct
+        observe_dynamic(self._obs, self._advice, self._static[k], self._layout, self._advisor_index,
+                        self._cumulative_s, effect, next_effect, plans.pairs, plans.rest_pct, plans.joinable,
+                        plans.next_change, plans.speeds_up, k, self._in_effect, self._pending,
+                        self._requested_at_s + self.latency_s - self._now_s, self._elapsed_s, self._auto_elapsed_s,
+                        self._last_latency_ratio, drift_pct, self.budget, self._auto_time_s, self.latency_s,
+                        self._budget_plan)
 
     def _landing_of(self, pair: int) -> tuple[Array, Array]:
         """:func:`kdvfs.envs.env.plan_advice.landing_kernels` on the timeline of ``pair`` in effect (mean
@@ -473,32 +406,6 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
             self._landing_of(pair)
             for plan in range(self._plans.pairs.shape[1]):
                 self._proposal_changes(pair, plan)
-
-    def _affordable_from_effect_pct(self, effect: int) -> float:
-        """Slowdown (%) still affordable from kernel ``effect`` to the step's end: the slowdown used so far
-        against auto under the episode's disturbances, then the kernels until ``effect`` at the clocks in
-        effect (mean values)."""
-        cumulative, k = self._data.cumulative, self._k
-        total, auto_at_effect = self._auto_time_s, float(cumulative[effect, 0, 0])
-        committed_s = float(cumulative[effect, 0, self._in_effect] - cumulative[k, 0, self._in_effect])
-        auto_until_effect_s = auto_at_effect - float(cumulative[k, 0, 0])
-        used_s = self._elapsed_s - self._auto_elapsed_s + committed_s - auto_until_effect_s
-        return 100.0 * (self.budget * total - used_s) / max(total - auto_at_effect, 1e-6 * total)
-
-    def _observe_budget(self) -> float:
-        """Writes the ``budget`` block (``BUDGET_FEATURES``); returns the slowdown still affordable over the
-        rest of the step (%)."""
-        total = self._auto_time_s
-        expected = float(self._data.cumulative[min(self._k, self._kernels), 0, 0])
-        used_s = self._elapsed_s - self._auto_elapsed_s
-        remaining = total - expected
-        affordable = 100.0 * (self.budget * total - used_s) / max(remaining, 1e-6 * total)
-        latencies = remaining / self.latency_s if self.latency_s > 0 else REMAINING_LATENCIES_CAP
-        self._views["budget"][:] = (100.0 * self.budget,
-                                    min(OBS_LIMIT, max(-OBS_LIMIT, used_s / (max(self.budget, 1e-3) * total))),
-                                    min(OBS_LIMIT, max(-OBS_LIMIT, affordable)), expected / total,
-                                    min(latencies, REMAINING_LATENCIES_CAP) / REMAINING_LATENCIES_CAP)
-        return affordable
 
 
 # The docstring's tables are rendered from the observation spec's blocks and the settings' fields.

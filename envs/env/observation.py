@@ -288,11 +288,3 @@ def advisor_index(spec: ObservationSpec) -> Array:
     saving, slowdown = WINDOW_METRICS.index("saving_pct"), WINDOW_METRICS.index("slowdown_pct")
     rows = np.array([saving, slowdown, saving, slowdown])[:, None].repeat(windows, axis=1)
     return pairs * np.ravel_multi_index((rows, np.stack([own, own, rest, rest])), (metrics, windows))
-
-
-def one_hot_clocks(view: Array, action: int, memories: int, levels: int) -> None:
-    """Write grid action ``action``'s core level and memory clock one-hot into ``view`` (C + M; zeros for -1)."""
-    view[:] = 0.0
-    if action >= 0:
-        level, memory = divmod(action, memories)
-        view[level] = view[levels + memory] = 1.0

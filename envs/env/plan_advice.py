@@ -15,7 +15,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kdvfs.envs.common.locked import argmax
 from kdvfs.envs.env.observation import OBS_LIMIT
 from kdvfs.envs.env.step_data import StepData
 from kdvfs.envs.model.cost_model import Array
@@ -146,17 +145,6 @@ def _rest_of_plan(step: StepData, plan: Array, stall_s: float) -> Array:
     rest = np.zeros((step.kernels + 1, 2))
     rest[:-1] = np.cumsum(per_kernel[::-1], axis=0)[::-1]
     return rest
-
-
-def fitting_plan(rest_pct: Array, affordable_pct: float, followable: Array) -> int:
-    """Index of the plan saving the most among the ``followable`` (P,) ones whose slowdown fits
-    ``affordable_pct`` (at least 0), -1 if none does (then auto is the advice)."""
-    plans = len(rest_pct) // 2
-    savings, slowdowns = rest_pct[:plans], rest_pct[plans:]
-    fits = (slowdowns <= max(affordable_pct, 0.0)) & followable
-    if not fits.any():
-        return -1
-    return argmax(np.where(fits, savings, -np.inf))
 
 
 def plan_for_budget(plan_budgets: tuple[float, ...], budget: float) -> int:

@@ -9,7 +9,7 @@ import pytest
 
 from kdvfs.envs.common.errors import KdvfsError
 from kdvfs.envs.env.dvfs_env import KernelDVFSEnv
-from kdvfs.envs.env.plan_advice import EPS, fitting_plan, landing_kernels, plan_advice
+from kdvfs.envs.env.plan_advice import EPS, landing_kernels, plan_advice
 from kdvfs.envs.env.workloads import default_step
 from kdvfs.envs.gpu.profiles import load_profile
 from kdvfs.envs.model.schedule import ActionCosts, replay
@@ -69,13 +69,6 @@ def test_plan_advice_describes_each_plan_from_each_kernel() -> None:
             later = changes[changes > j]
             assert advice.next_change[j, p] == (later[0] if len(later) else step.kernels)
             assert advice.joinable[j, p] == (advice.next_change[j, p] >= effect[j])
-
-
-def test_fitting_plan_saves_the_most_within_the_affordable_slowdown() -> None:
-    rest = np.array([5.0, 3.0, 1.0, 2.0, 1.0, 0.2], dtype=np.float32)
-    assert fitting_plan(rest, 1.5, np.ones(3, dtype=bool)) == 1
-    assert fitting_plan(rest, 1.5, np.array([True, False, True])) == 2
-    assert fitting_plan(rest, -1.0, np.ones(3, dtype=bool)) == -1
 
 
 def test_following_a_plan_advisor_at_zero_latency_runs_the_plan() -> None:

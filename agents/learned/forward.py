@@ -1,0 +1,73 @@
+"""A frozen policy's forward pass, compiled (numba): normalisation, the MLP and each action part's argmax.
+
+:class:`~kdvfs.agents.learned.frozen.FrozenPolicy` runs every action through these. A controller's live decision
+(``act_from``: the observation's static part's share of the first layer computed once per kernel, the rest
+here) is a few microseconds of compiled code on arrays of a few hundred entries, holding the interpreter lock
+throughout: shorter than a hand-over of the lock to a busy training thread and back, which a release
+(``nogil``) would risk at every call. Sums are float32 in index order, as the environment's observations are
+float32; the action agrees with SB3's float32 forward pass up to ties within float32 rounding.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from kdvfs.envs.model.cost_model import Array
+
+TANH, RELU = 0, 1
+"""Activations, by the code the kernels take."""
+
+
+@numba.njit(cache=True)
+def _activate(value: np.float32, activation: int) -> np.float32:
+    return np.tanh(value) if activation == TANH else max(value, np.float32(0.0))
+
+
+@numba.njit(cache=True)
+def _affine(weight: Array, x: Array, out: Array) -> None:
+    """``out`` (O,) = ``x`` (I,) @ ``weight`` (I, O), summed over I in order (the inner loop runs over O, so it
+    vectorises without reordering any sum)."""
+    out[:] = 0.0
+    for j in range(x.shape[0]):
+        for o in range(out.shape[0]):
+            out[o] += x[j] * weight[j, o]
+
+
+@numba.njit(cache=True)
+def first_layer(weight: Array, entries: Array, mean: Array, inverse_std: Array, clip: float, first_product: Array,
+                bias: Array, out: Array, activation: int) -> Array:
+    """``out`` (H,) = activation(x @ ``weight`` (R, H) + ``first_product`` (H,) + ``bias`` (H,)), x the (R,)
+    ``entries`` normalised with ``mean`` and ``inverse_std`` and clipped to +-``clip``; returns ``out``."""
+    x = np.empty(entries.shape[0], dtype=np.float32)
+    limit = np.float32(clip)
+    for j in range(entries.shape[0]):
+        x[j] = min(max((np.float32(entries[j]) - mean[j]) * inverse_std[j], -limit), limit)
+    _affine(weight, x, out)
+    for h in range(out.shape[0]):
+        out[h] = _activate(out[h] + first_product[h] + bias[h], activation)
+    return out
+
+
+@numba.njit(cache=True)
+def dense(weight: Array, x: Array, bias: Array, out: Array, activation: int) -> Array:
+    """``out`` (H,) = activation(``x`` (I,) @ ``weight`` (I, H) + ``bias``); returns ``out``."""
+    _affine(weight, x, out)
+    for h in range(out.shape[0]):
+        out[h] = _activate(out[h] + bias[h], activation)
+    return out
+
+
+@numba.njit(cache=True)
+def argmax_parts(weight: Array, x: Array, bias: Array, logits: Array, bounds: Array) -> Array:
+    """The action: for each part ``bounds[i]:bounds[i + 1]`` of the logits ``x`` @ ``weight`` (I, L) + ``bias``
+    (into ``logits`` (L,)), the index of its first maximum, as (parts,) int64."""
+    _affine(weight, x, logits)
+    action = np.zeros(bounds.shape[0] - 1, dtype=np.int64)
+    for part in range(action.shape[0]):
+        best = -np.inf
+        for index in range(bounds[part], bounds[part + 1]):
+            logit = logits[index] + bias[index]
+            if logit > best:
+                best, action[part] = logit, index - bounds[part]
+    return action
