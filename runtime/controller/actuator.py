@@ -15,8 +15,9 @@ from kdvfs.runtime.device.interface import Device
 class EventLog:
     """JSON lines (``{"event": ..., ...}``) appended to ``path`` (nothing written when None); thread-safe.
 
-    Every record is written and flushed to the operating system at once (:meth:`append`: with the next), so a
-    killed process (SIGKILL) leaves every record up to the kill (up to the last flushed one). Times are seconds
+    Every record is written and flushed to the operating system at once (:meth:`append`, for the clock requests
+    and online decisions: with the next, at the latest the step's), so a killed process (SIGKILL) leaves every
+    record up to the last flushed one. Times are seconds
     on the controller's host clock (``time.perf_counter`` in a real run), named ``*_s``.
     """
 
@@ -96,8 +97,9 @@ class Actuator:
             self.device.lock_clocks_mhz(core_mhz, mem_mhz)
 
     def request(self, clocks: str, **record: Any) -> bool:
-        """Request ``clocks`` now; ``record`` (step, kernel, due time, ...) goes to the log. False when it was
-        a repeat or the actuator is closed."""
+        """Request ``clocks`` now; ``record`` (step, kernel, due time, ...) goes to the log with its next written
+        record (:meth:`EventLog.append`: no JSON encoding or system call after the request on the deciding
+        thread). False when it was a repeat or the actuator is closed."""
         with self._lock:
             if self._closed or clocks == self.current:
                 return False
@@ -105,7 +107,7 @@ class Actuator:
             self._apply(clocks)
             self.current, self.issued_s = clocks, issued_s
             self.switches += 1
-        self.log.write("request", clocks=clocks, issued_s=issued_s, dry_run=self.dry_run, **record)
+        self.log.append("request", clocks=clocks, issued_s=issued_s, dry_run=self.dry_run, **record)
         return True
 
     def close(self) -> None:
