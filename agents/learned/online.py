@@ -17,9 +17,10 @@ standing order's proposal can next change (:meth:`~kdvfs.envs.env.dvfs_env.Kerne
 unknown for orders that depend on the budget: the fitting plan, window advisors). The observation is
 computed without its static part (next kernels and windows: 911 of the H200 policy's 1,104 entries),
 whose share of the first layer is computed for every kernel once
-(:meth:`~kdvfs.agents.learned.frozen.FrozenPolicy.first_products`): a decision touches only small
-arrays, on which numpy keeps the interpreter lock (a controller thread beside a busy training loop
-does not wait to get it back between numpy calls). What the environment computes once per pair in effect
+(:meth:`~kdvfs.agents.learned.frozen.FrozenPolicy.first_products`); the rest is compiled code
+(:mod:`kdvfs.envs.env.dynamic_observation`, :mod:`kdvfs.agents.learned.forward`) that keeps the
+interpreter lock for its few microseconds (a controller thread beside a busy training loop does not wait to
+get it back). What the environment computes once per pair in effect
 (where requests land, the plans' proposal changes) is computed for every pair by :meth:`OnlinePolicy.prepare`
 before deciding starts, not at the first decision that needs it.
 """
