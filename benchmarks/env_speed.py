@@ -1,4 +1,4 @@
-"""Speed of the environment and of a frozen decision (issue 15, item 7), one process on one core.
+"""Speed of the environment and of a frozen decision, one process on one core.
 
 The H200 training config's environment over its held-out steps with random actions, as shipped, with every
 disturbance on (latency spread, duration noise, drift, step jitter), with runs of 4 steps, and on the
@@ -12,11 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from provenance import provenance, provenance_lines, write_results
+from provenance import RESULTS, provenance, provenance_lines, write_results
 
-from kdvfs.agents.learned.frozen import FrozenPolicy
-from kdvfs.agents.learned.policy_planner import shipped_policy_path
-from kdvfs.envs.gpu.profiles import load_profile
 from policies import decision_time, env_speed
 
 GPU = "h200"
@@ -36,18 +33,15 @@ def _markdown(result: dict[str, Any]) -> str:
         lines.append(f"| {name} | {speed['decisions_per_s']:,.0f} | {speed['best_decisions_per_s']:,.0f} | "
                      f"{speed['kernels_per_s']:,.0f} |")
     frozen = result["frozen"]
-    lines += ["", f"Frozen {GPU} policy, one decision ({frozen['observation_size']} inputs, {frozen['samples']:,} "
-              f"samples): median {frozen['median_s'] * 1e6:.1f} us, p99 {frozen['p99_s'] * 1e6:.1f} us, "
-              f"best {frozen['best_s'] * 1e6:.1f} us.", ""]
+    lines += ["", f"Frozen {GPU} policy, one forward pass on a whole observation ({frozen['observation_size']} "
+              f"inputs): median {frozen['median_s'] * 1e6:.1f} us, p99 {frozen['p99_s'] * 1e6:.1f} us.", ""]
     return "\n".join(lines)
 
 
 def main() -> None:
-    profile = load_profile(GPU)
-    policy = FrozenPolicy.load(shipped_policy_path(GPU), profile)
     result = {"provenance": provenance("python benchmarks/env_speed.py"),
               "env": {name: env_speed(GPU, rounds=5, seconds=1.0, **settings) for name, settings in VARIANTS.items()},
-              "frozen": decision_time(policy, profile)}
+              "frozen": decision_time(GPU, str(RESULTS))}
     write_results("env_speed", result, _markdown(result))
     print(_markdown(result))
 

@@ -98,25 +98,30 @@ def grid_coverage(gpu: str, candidates: str) -> dict[str, Any]:
     return {"pairs_used": len(used), "missing": sorted(used - on_grid), "grid_pairs": grid.size}
 
 
-def env_speed(gpu: str, rounds: int = 5, seconds: float = 2.0) -> dict[str, float]:
-    """Random-action decisions per second of one environment over the GPU's held-out steps, one process:
-    median and best of ``rounds`` rounds."""
+def env_speed(gpu: str, rounds: int = 5, seconds: float = 2.0, **settings: Any) -> dict[str, float]:
+    """Random-action decisions (and kernels) per second of one environment over the GPU's held-out steps, one
+    process, its training config's environment with ``settings`` replaced: median and best of ``rounds``
+    rounds."""
     profile, config = load_profile(gpu), load_train_config(gpu)
-    steps = build_steps(config.data.held_out.traces(profile), profile, config.env.grid(profile))
-    env = KernelDVFSEnv(steps, profile, config.env)
+    env_config = config.env.replace(**settings)
+    steps = build_steps(config.data.held_out.traces(profile), profile, env_config.grid(profile))
+    env = KernelDVFSEnv(steps, profile, env_config)
     env.reset(seed=0)
     env.action_space.seed(0)
     actions = [env.action_space.sample() for _ in range(4096)]
-    rates = []
+    rates, kernels_per_decision = [], []
     for _ in range(rounds):
-        decisions, start = 0, time.perf_counter()
+        decisions, episodes, start = 0, 0, time.perf_counter()
         while time.perf_counter() - start < seconds:
             for action in actions[decisions % 3840:][:256]:
                 decisions += 1
                 if env.step(action)[2]:
+                    episodes += 1
                     env.reset()
         rates.append(decisions / (time.perf_counter() - start))
-    return {"decisions_per_s": float(np.median(rates)), "best_decisions_per_s": max(rates)}
+        kernels_per_decision.append(sum(s.kernels for s in steps) / len(steps) * episodes / decisions)
+    return {"decisions_per_s": float(np.median(rates)), "best_decisions_per_s": max(rates),
+            "kernels_per_s": float(np.median(rates) * np.mean(kernels_per_decision))}
 
 
 def decision_time(gpu: str, candidates: str) -> dict[str, float]:
