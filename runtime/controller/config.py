@@ -67,8 +67,9 @@ class ControllerConfig:
             evaluations on the model's expected timeline, and its order holds until the first at which it would
             change (0: it runs at every evaluation, as in training; :mod:`kdvfs.runtime.controller.online`).
         online_process: the online policy decides in a child process
-            (:mod:`kdvfs.runtime.controller.decider`), off the training process's interpreter lock; False: on
-            the controller's thread.
+            (:mod:`kdvfs.runtime.controller.decider`), off the training process's interpreter lock; False (the
+            default): on the controller's thread, where a decision is a few dozen microseconds of compiled code
+            holding the lock, less than the child's round trip (``docs/controller.md``, "Online decisions").
         decider_warm_ms: with ``online_process``, the child wakes this long before the controller's next
             decision point is due, runs a throwaway decision and polls until the request comes (a core that
             slept runs the decision ~4x slower: :mod:`kdvfs.runtime.controller.decider`); 0: it sleeps until
@@ -109,7 +110,7 @@ class ControllerConfig:
     online: bool = True
     online_interval_ms: float = 0.25
     online_lookahead: int = 0
-    online_process: bool = True
+    online_process: bool = False
     decider_warm_ms: float = 0.5
     switch_interval_ms: float = 0.0
     watchdog: bool = True

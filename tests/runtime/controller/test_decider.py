@@ -79,7 +79,7 @@ def test_a_decider_that_died_raises_a_decider_error() -> None:
 
 
 def test_a_killed_decider_stops_the_controller_and_the_gpu_goes_back_to_auto(tmp_path: Path) -> None:
-    controller, gpu, _ = fake_controller(POLICY, log=str(tmp_path / "run.jsonl"))
+    controller, gpu, _ = fake_controller(POLICY, log=str(tmp_path / "run.jsonl"), online_process=True)
     with controller:
         run_steps(controller, 25)
         (child,) = _decider_processes()
@@ -104,19 +104,20 @@ def _decider_processes() -> list[int]:
     return found
 
 
-def test_decisions_on_the_controllers_thread_when_asked(tmp_path: Path) -> None:
-    controller, gpu, _ = fake_controller(POLICY, online_process=False)
+def test_decisions_on_the_controllers_thread_by_default(tmp_path: Path) -> None:
+    controller, gpu, _ = fake_controller(POLICY)
     with controller:
         run_steps(controller, 40)
+        assert _decider_processes() == []
     summary = controller.summary
     assert summary is not None and summary["online_decisions"] > 0 and summary["error"] is None
-    assert gpu.set_calls[-1].name == "reset_clocks"
+    assert summary["online"]["decider_us"] is None and gpu.set_calls[-1].name == "reset_clocks"
 
 
 def test_a_controller_that_fails_to_open_leaves_no_decider_behind() -> None:
     """The child starts before the plan is built (it imports meanwhile): a plan that cannot be built for
     this GPU (a B200 policy on the fake H200) ends it with the error."""
-    controller, _, _ = fake_controller(shipped_policy_path("b200"))
+    controller, _, _ = fake_controller(shipped_policy_path("b200"), online_process=True)
     try:
         with controller:
             raise AssertionError("a B200 policy opened on an H200")
