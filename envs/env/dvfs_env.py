@@ -366,18 +366,21 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
         self._refresh_dynamic()
 
     def _refresh_dynamic(self) -> None:
-        """Everything of :meth:`_refresh` but the static part (read from :attr:`static_rows` where needed):
-        :func:`~kdvfs.envs.env.dynamic_observation.observe_dynamic`."""
+        """Everything of :meth:`_refresh` but the static part (read from :attr:`static_rows` where needed)."""
+        observe_dynamic(*self.compiled_observation_args())
+
+    def compiled_observation_args(self) -> tuple[Any, ...]:
+        """The arguments of :func:`~kdvfs.envs.env.dynamic_observation.observe_dynamic` at the env's decision
+        point (it writes the observation buffer's dynamic blocks and the advisors' pairs)."""
         k, plans = self._k, self._plans
         effect, next_effect = self._landing_of(self._in_effect)
         drift_pct = self.disturbances.auto_drift_pct(min(k, self._kernels - 1)) if self._live_drift_pct is None \
             else self._live_drift_pct
-        observe_dynamic(self._obs, self._advice, self._static[k], self._layout, self._advisor_index,
-                        self._cumulative_s, effect, next_effect, plans.pairs, plans.rest_pct, plans.joinable,
-                        plans.next_change, plans.speeds_up, k, self._in_effect, self._pending,
-                        self._requested_at_s + self.latency_s - self._now_s, self._elapsed_s, self._auto_elapsed_s,
-                        self._last_latency_ratio, drift_pct, self.budget, self._auto_time_s, self.latency_s,
-                        self._budget_plan)
+        return (self._obs, self._advice, self._static[k], self._layout, self._advisor_index, self._cumulative_s,
+                effect, next_effect, plans.pairs, plans.rest_pct, plans.joinable, plans.next_change, plans.speeds_up,
+                k, self._in_effect, self._pending, self._requested_at_s + self.latency_s - self._now_s,
+                self._elapsed_s, self._auto_elapsed_s, self._last_latency_ratio, drift_pct, self.budget,
+                self._auto_time_s, self.latency_s, self._budget_plan)
 
     def _landing_of(self, pair: int) -> tuple[Array, Array]:
         """:func:`kdvfs.envs.env.plan_advice.landing_kernels` on the timeline of ``pair`` in effect (mean
