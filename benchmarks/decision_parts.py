@@ -22,18 +22,13 @@ from typing import Any
 
 import numba
 import numpy as np
+from online_decision_lock import TRACE, h200_online
 from provenance import RESULTS, provenance, provenance_lines, write_results
 
-from kdvfs.agents.common.problem import Problem
-from kdvfs.agents.learned.frozen import FrozenPolicy
 from kdvfs.agents.learned.online import OnlinePolicy
-from kdvfs.agents.learned.policy_planner import shipped_policy_path
 from kdvfs.envs.env.dynamic_observation import observe_dynamic
 from kdvfs.envs.env.live import LiveState
-from kdvfs.envs.gpu.profiles import load_profile
-from kdvfs.envs.trace.bundled import open_trace
 
-TRACE = "h200/gpt3xl-1layer-b4"
 REPEATS = 100
 """Kernel runs inside one compiled call, for the kernel's own time."""
 
@@ -99,10 +94,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--calls", type=int, default=3000)
     parser.add_argument("--out", type=Path, default=RESULTS, help="folder of the results files")
     args = parser.parse_args(argv)
-    profile = load_profile("h200")
-    online = OnlinePolicy(FrozenPolicy.load(shipped_policy_path("h200"), profile),
-                          Problem.build(open_trace(TRACE), profile, 0.01))
-    online.prepare()
+    online = h200_online()
     rows = [{"part": name, **per_call(call, args.calls, REPEATS if "alone" in name else 1)}
             for name, call in parts(online).items()]
     document = {"provenance": provenance("python benchmarks/decision_parts.py " + " ".join(argv)),

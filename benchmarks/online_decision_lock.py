@@ -81,14 +81,21 @@ def busy_thread(stop: threading.Event) -> threading.Thread:
     return thread
 
 
+def h200_online() -> OnlinePolicy:
+    """The shipped H200 policy deciding online on ``TRACE`` at a 1% budget, prepared."""
+    profile = load_profile("h200")
+    online = OnlinePolicy(FrozenPolicy.load(shipped_policy_path("h200"), profile),
+                          Problem.build(open_trace(TRACE), profile, 0.01))
+    online.prepare()
+    return online
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--decisions", type=int, default=3000)
     parser.add_argument("--out", type=Path, default=RESULTS, help="folder of the results files")
     args = parser.parse_args(argv)
-    profile = load_profile("h200")
-    online = OnlinePolicy(FrozenPolicy.load(shipped_policy_path("h200"), profile),
-                          Problem.build(open_trace(TRACE), profile, 0.01))
+    online = h200_online()
     online.begin(0.01)
     rows = []
     for condition in ("alone", "beside a busy thread"):
