@@ -2,10 +2,11 @@
 
 Everything of the observation that depends on where the run stands (clocks in effect and pending, the budget
 and conditions, the window and plan advisors' picks) is written by :func:`observe_dynamic`, a numba function
-compiled once (cached beside this file) that runs without the interpreter lock. The environment calls it at
-every observation and a controller's live decisions call it through
-:meth:`~kdvfs.envs.env.dvfs_env.KernelDVFSEnv.observe_live_dynamic`: one implementation for both, in a few
-microseconds, during which a training loop beside the controller keeps the interpreter. The arithmetic is
+compiled once (cached beside this file). The environment calls it at every observation and a controller's live
+decisions call it through :meth:`~kdvfs.envs.env.dvfs_env.KernelDVFSEnv.observe_live_dynamic`: one
+implementation for both, in a few microseconds. It keeps the interpreter lock throughout, as
+:mod:`kdvfs.agents.learned.forward` does: letting go of it beside a busy training thread risks waiting up to
+the switch interval (5 ms) to get it back. The arithmetic is
 the environment's (float64 where Python computed in floats; comparisons with float32 entries in float32, as
 numpy compares a float32 array with a Python float), so observations are the same bit for bit.
 
@@ -51,12 +52,12 @@ def layout(spec: ObservationSpec, kernels: int) -> Array:
         slots["plans"].start, slots["fitting_plan"].start, slots["budget_plan"].start], dtype=np.int64)
 
 
-@numba.njit(nogil=True, cache=True)
+@numba.njit(cache=True)
 def _clip(value: float) -> float:
     return min(OBS_LIMIT, max(-OBS_LIMIT, value))
 
 
-@numba.njit(nogil=True, cache=True)
+@numba.njit(cache=True)
 def _one_hot(obs: Array, start: int, action: int, memories: int, levels: int) -> None:
     """Grid action ``action``'s core level and memory clock one-hot at ``obs[start:]`` (C + M; zeros for -1)."""
     obs[start:start + levels + memories] = 0.0
@@ -65,7 +66,7 @@ def _one_hot(obs: Array, start: int, action: int, memories: int, levels: int) ->
         obs[start + levels + action % memories] = 1.0
 
 
-@numba.njit(nogil=True, cache=True)
+@numba.njit(cache=True)
 def _window_advisors(obs: Array, advice: Array, row: Array, lay: Array, advisor_index: Array, in_effect: int,
                      affordable: float) -> None:
     """Each window advisor's pick (the pair saving the most over its window among those whose slowdown fits
@@ -84,7 +85,7 @@ def _window_advisors(obs: Array, advice: Array, row: Array, lay: Array, advisor_
         obs[lay[L_ADVISORS] + IN_EFFECT_FEATURE * windows + w] = 1.0 if best == in_effect else 0.0
 
 
-@numba.njit(nogil=True, cache=True)
+@numba.njit(cache=True)
 def _plan_advisor(obs: Array, advice: Array, lay: Array, start: int, slot: int, plan: int, in_effect: int) -> None:
     """Advisor ``slot`` proposes plan ``plan``'s pair (auto if -1); its features at ``obs[start:]`` (the plans'
     pairs already in ``advice``, their rest-of-step figures in the observation)."""
@@ -101,7 +102,7 @@ def _plan_advisor(obs: Array, advice: Array, lay: Array, start: int, slot: int, 
         obs[start + 3] = 1.0
 
 
-@numba.njit(nogil=True, cache=True)
+@numba.njit(cache=True)
 def _plan_advisors(obs: Array, advice: Array, lay: Array, cumulative_s: Array, effect: int, next_effect: int,
                    plan_pairs: Array, plan_rest: Array, joinable: Array, next_change: Array, speeds_up: Array,
                    k: int, in_effect: int, used_s: float, budget: float, auto_time_s: float,
@@ -134,7 +135,7 @@ def _plan_advisors(obs: Array, advice: Array, lay: Array, cumulative_s: Array, e
     _plan_advisor(obs, advice, lay, lay[L_BUDGET_PLAN], lay[L_BUDGET_SLOT], budget_plan, in_effect)
 
 
-@numba.njit(nogil=True, cache=True)
+@numba.njit(cache=True)
 def observe_dynamic(obs: Array, advice: Array, row: Array, lay: Array, advisor_index: Array, cumulative_s: Array,
                     effect: Array, next_effect: Array, plan_pairs: Array, plan_rest: Array, joinable: Array,
                     next_change: Array, speeds_up: Array, k: int, in_effect: int, pending: int,
