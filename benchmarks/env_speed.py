@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from provenance import RESULTS, provenance, provenance_lines, write_results
+from provenance import provenance, provenance_lines, write_results
 
 from policies import decision_time, env_speed
 
@@ -41,7 +41,7 @@ def _markdown(result: dict[str, Any]) -> str:
 def main() -> None:
     result = {"provenance": provenance("python benchmarks/env_speed.py"),
               "env": {name: env_speed(GPU, rounds=5, seconds=1.0, **settings) for name, settings in VARIANTS.items()},
-              "frozen": decision_time(GPU, str(RESULTS))}
+              "frozen": decision_time(GPU)}
     write_results("env_speed", result, _markdown(result))
     print(_markdown(result))
 

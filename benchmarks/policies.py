@@ -56,12 +56,18 @@ OPTIMUM_SHARE = 0.9
 
 
 @cache
-def _loaded(gpu: str, candidates: str) -> tuple[GpuProfile, FrozenPolicy, dict[str, FrozenPolicy], dict[str, Trace]]:
+def _shipped(gpu: str) -> tuple[GpuProfile, FrozenPolicy, dict[str, Trace]]:
+    """The GPU's profile, its shipped policy and its held-out traces."""
     profile = load_profile(gpu)
     policy = FrozenPolicy.load(shipped_policy_path(gpu), profile)
+    return profile, policy, dict(load_train_config(gpu).data.held_out.traces(profile))
+
+
+@cache
+def _loaded(gpu: str, candidates: str) -> tuple[GpuProfile, FrozenPolicy, dict[str, FrozenPolicy], dict[str, Trace]]:
+    profile, policy, traces = _shipped(gpu)
     paths = {kind: Path(candidates) / kind / f"{gpu}.kdvfs-policy.npz" for kind in KINDS}
     others = {kind: FrozenPolicy.load(path, profile) for kind, path in paths.items() if path.exists()}
-    traces = dict(load_train_config(gpu).data.held_out.traces(profile))
     return profile, policy, others, traces
 
 
@@ -119,14 +125,15 @@ def env_speed(gpu: str, rounds: int = 5, seconds: float = 2.0, **settings: Any) 
                     episodes += 1
                     env.reset()
         rates.append(decisions / (time.perf_counter() - start))
-        kernels_per_decision.append(sum(s.kernels for s in steps) / len(steps) * episodes / decisions)
+        episode_kernels = env_config.run_steps * sum(s.kernels for s in steps) / len(steps)  # steps drawn evenly
+        kernels_per_decision.append(episode_kernels * episodes / decisions)
     return {"decisions_per_s": float(np.median(rates)), "best_decisions_per_s": max(rates),
             "kernels_per_s": float(np.median(rates) * np.mean(kernels_per_decision))}
 
 
-def decision_time(gpu: str, candidates: str) -> dict[str, float]:
-    """Frozen-policy forward pass per decision (s): median and 99th percentile over real observations."""
-    profile, policy, _, traces = _loaded(gpu, candidates)
+def decision_time(gpu: str) -> dict[str, float]:
+    """The shipped policy's forward pass per decision (s): median and 99th percentile over real observations."""
+    profile, policy, traces = _shipped(gpu)
     env = policy_env(policy, Problem.build(next(iter(traces.values())), profile, 0.01))
     observations, (observation, _), done = [], env.reset(seed=0), False
     while not done:
@@ -162,7 +169,7 @@ def main() -> None:
     for gpu in args.gpus:
         policy = _loaded(gpu, args.candidates)[1]
         gpus[gpu] = {"grid": grid_coverage(gpu, args.candidates), "env_speed": env_speed(gpu),
-                     "decision_time": decision_time(gpu, args.candidates),
+                     "decision_time": decision_time(gpu),
                      "train_wall_s": policy.meta.get("train_wall_s"), "timesteps": policy.meta.get("timesteps"),
                      "selected": policy.meta.get("selected"), "training_scores": policy.meta.get("training_scores")}
     result = {"provenance": provenance(" ".join(["python", *sys.argv])), "episodes": args.episodes,
