@@ -70,9 +70,8 @@ def parts(online: OnlinePolicy) -> dict[str, Callable[[], Any]]:
     state = LiveState(kernel, 0, -1, 0.0, auto_s * 1.005, auto_s)
     due_s = iter(range(1, 1 << 30))
     online.begin(0.01)
-    env.observe_live_dynamic(state)
+    rest = env.observe_live_dynamic(state).copy()  # the env now stands at the state
     observe_args = env.compiled_observation_args()
-    rest = env.observe_live_dynamic(state).copy()
     product = np.zeros(len(policy.biases[0]), dtype=np.float32)
     arrays, floats = tuple(np.zeros(4) for _ in range(25)), tuple(float(n) for n in range(25))
     return {
