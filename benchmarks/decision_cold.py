@@ -44,7 +44,8 @@ from kdvfs.envs.env.dynamic_observation import observe_dynamic
 from kdvfs.envs.env.live import LiveState
 from kdvfs.runtime.controller.online import quantiles
 
-WARM_LEADS_US = (50.0, 200.0, 500.0)
+WARM_LEADS_US = (20.0, 50.0, 200.0, 500.0)
+NAPS_US = (100.0, 500.0)
 SWEEP_LEADS_US = (100.0, 300.0)
 
 
@@ -93,8 +94,8 @@ def python_loop() -> int:
 def decision_arrays(online: OnlinePolicy) -> tuple[np.ndarray, ...]:
     """Every array a decision reads, as flat byte views of the same memory."""
     arrays = [a for a in online.env.compiled_observation_args() if isinstance(a, np.ndarray)]
-    arrays += [layer for triple in online.policy._layers for layer in triple]  # noqa: SLF001 - a benchmark's view
-    arrays.append(online._first_products)  # noqa: SLF001
+    arrays += [layer for triple in online.policy._layers for layer in triple]
+    arrays.append(online._first_products)
     return tuple(a.reshape(-1).view(np.uint8) for a in arrays)
 
 
@@ -151,8 +152,8 @@ def parts(online: OnlinePolicy, walk: list[LiveState]) -> dict[str, Callable[[in
     env, policy = online.env, online.policy
     product = np.zeros(len(policy.biases[0]), dtype=np.float32)
     swept = decision_arrays(online)
-    layers = [a for triple in policy._layers for a in triple]  # noqa: SLF001 - a benchmark's view
-    layers += [policy._mean32, policy._inverse_std32, policy._bounds]  # noqa: SLF001
+    layers = [a for triple in policy._layers for a in triple]
+    layers += [policy._mean32, policy._inverse_std32, policy._bounds]
     huge = on_huge_page(layers)
     rest_size = len(rests_of := env.observe_live_dynamic(walk[0]))
     del rests_of
@@ -177,7 +178,8 @@ def parts(online: OnlinePolicy, walk: list[LiveState]) -> dict[str, Callable[[in
             "compiled arithmetic": lambda n: _arithmetic(20_000)}
 
 
-def gaps(online: OnlinePolicy, walk: list[LiveState], swept: Any) -> dict[str, Callable[[int, float], None]]:
+def gaps(online: OnlinePolicy, walk: list[LiveState], swept: Any,
+         forward: Callable[[], Any]) -> dict[str, Callable[[int, float], None]]:
     """What the thread does before the ``n``-th call, due at ``due_s`` (perf_counter s)."""
     def warmed(lead_s: float, warm: Callable[[int], Any]) -> Callable[[int, float], None]:
         def gap(n: int, due_s: float) -> None:
@@ -194,11 +196,20 @@ def gaps(online: OnlinePolicy, walk: list[LiveState], swept: Any) -> dict[str, C
     for lead_us in WARM_LEADS_US:
         result[f"slept, then a decision {lead_us:g} us before"] = warmed(
             lead_us * 1e-6, lambda n: online.warm(walk[max(n - 1, 0)]))
-    result[f"slept, then the sweep {WARM_LEADS_US[1]:g} us before"] = warmed(
-        WARM_LEADS_US[1] * 1e-6, lambda n: sweep(swept))
+    result["slept, then the forward pass 50 us before"] = warmed(50e-6, lambda n: forward())
+    result["slept, then the sweep 200 us before"] = warmed(200e-6, lambda n: sweep(swept))
+    for nap_us in NAPS_US:
+        result[f"napped {nap_us:g} us at a time"] = napped(nap_us * 1e-6)
     for lead_us in SWEEP_LEADS_US:
         result[f"slept, then swept over and over for {lead_us:g} us"] = swept_until(lead_us * 1e-6, swept)
     return result
+
+
+def napped(nap_s: float) -> Callable[[int, float], None]:
+    def gap(n: int, due_s: float) -> None:
+        while (left_s := due_s - time.perf_counter()) > 0:
+            time.sleep(min(nap_s, left_s))
+    return gap
 
 
 def swept_until(lead_s: float, swept: tuple[np.ndarray, ...]) -> Callable[[int, float], None]:
@@ -209,13 +220,17 @@ def swept_until(lead_s: float, swept: tuple[np.ndarray, ...]) -> Callable[[int, 
     return gap
 
 
-def measure(online: OnlinePolicy, calls: int, gap_s: float) -> list[dict[str, Any]]:
+def measure(online: OnlinePolicy, calls: int, gap_s: float, only: str) -> list[dict[str, Any]]:
     walk = states(online, calls)
     online.begin(0.01)
     swept = decision_arrays(online)
+    rest, product = online.env.observe_live_dynamic(walk[0]).copy(), np.zeros(len(online.policy.biases[0]), np.float32)
+    forward = lambda: online.policy.act_from(product, rest)  # noqa: E731
     rows = []
     for (part, call), (gap, before) in itertools.product(parts(online, walk).items(),
-                                                         gaps(online, walk, swept).items()):
+                                                         gaps(online, walk, swept, forward).items()):
+        if only and not any(word in f"{part} | {gap}" for word in only.split(",")):
+            continue
         online.begin(0.01)
         call(0)
         times_us = []
@@ -233,16 +248,23 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--gap-ms", type=float, default=6.0)
+    parser.add_argument("--only", default="", help="comma-separated words: only the cells whose 'part | gap' "
+                        "has one")
     parser.add_argument("--out", type=Path, default=RESULTS, help="folder of the results files")
     args = parser.parse_args(argv)
     online = h200_online()
+    rows = measure(online, args.calls, args.gap_ms / 1e3, args.only)
     document = {"provenance": provenance("python benchmarks/decision_cold.py " + " ".join(argv)),
                 "versions": {"numba": numba.__version__, "numpy": np.__version__}, "trace": TRACE,
-                "transparent_hugepage": thp_setting(), "calls": args.calls, "gap_ms": args.gap_ms, "rows": measure(online, args.calls, args.gap_ms / 1e3)}
+                "transparent_hugepage": thp_setting(), "calls": args.calls, "gap_ms": args.gap_ms, "rows": rows}
     document["huge_pages_kib"] = huge_pages_kib()
     write_results("decision_cold", document, markdown(document), folder=args.out)
     print(markdown(document))
     return 0
+
+
+def _cell(us: dict[str, float] | None) -> str:
+    return "-" if us is None else f"{us['median']:.1f} / {us['p99']:.1f}"
 
 
 def markdown(document: dict[str, Any]) -> str:
@@ -259,7 +281,7 @@ def markdown(document: dict[str, Any]) -> str:
              "| before the call | " + " | ".join(part_names) + " |", "| --- |" + " ---: |" * len(part_names)]
     for gap in dict.fromkeys(r["gap"] for r in rows):
         lines.append(f"| {gap} | " + " | ".join(
-            f"{cells[gap, part]['median']:.1f} / {cells[gap, part]['p99']:.1f}" for part in part_names) + " |")
+            _cell(cells.get((gap, part))) for part in part_names) + " |")
     return "\n".join(lines) + "\n"
 
 

@@ -1,10 +1,12 @@
 """A frozen policy's forward pass, compiled (numba): normalisation, the MLP and each action part's argmax.
 
-:class:`~kdvfs.agents.learned.frozen.FrozenPolicy` runs every action through these. A controller's live decision
-(``act_from``: the observation's static part's share of the first layer computed once per kernel, the rest
-here) is a few microseconds of compiled code on arrays of a few hundred entries, holding the interpreter lock
-throughout: shorter than a hand-over of the lock to a busy training thread and back, which a release
-(``nogil``) would risk at every call. Sums are float32 in index order, as the environment's observations are
+:class:`~kdvfs.agents.learned.frozen.FrozenPolicy` runs every action through :func:`act`, one compiled call
+(a controller's decision runs on a core that has often just woken: each further call through numba's
+dispatcher is more cold code and data on its path). A controller's live decision (``act_from``: the
+observation's static part's share of the first layer computed once per kernel, the rest here) is a few
+microseconds of compiled code on arrays of a few hundred entries, holding the interpreter lock throughout:
+shorter than a hand-over of the lock to a busy training thread and back, which a release (``nogil``) would
+risk at every call. Sums are float32 in index order, as the environment's observations are
 float32; the action agrees with SB3's float32 forward pass up to ties within float32 rounding.
 """
 
@@ -71,3 +73,17 @@ def argmax_parts(weight: Array, x: Array, bias: Array, logits: Array, bounds: Ar
             if logit > best:
                 best, action[part] = logit, index - bounds[part]
     return action
+
+
+@numba.njit(cache=True)
+def act(first: tuple[Array, Array, Array], entries: Array, mean: Array, inverse_std: Array, clip: float,
+        first_product: Array, rest: tuple[tuple[Array, Array, Array], ...], bounds: Array, activation: int) -> Array:
+    """The action (:func:`argmax_parts`) of the MLP whose layers are (weight (I, O), bias (O,), output buffer (O,))
+    triples: ``first`` (its weight's rows those of ``entries``; its input as :func:`first_layer` takes it), then
+    ``rest``: the hidden layers and the logits layer last (a non-empty tuple of like-typed triples)."""
+    x = first_layer(first[0], entries, mean, inverse_std, clip, first_product, first[1], first[2], activation)
+    for layer in range(len(rest) - 1):
+        weight, bias, out = rest[layer]
+        x = dense(weight, x, bias, out, activation)
+    weight, bias, logits = rest[len(rest) - 1]
+    return argmax_parts(weight, x, bias, logits, bounds)

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from kdvfs.agents.learned.forward import RELU, TANH, argmax_parts, dense, first_layer
+from kdvfs.agents.learned.forward import RELU, TANH, act
 from kdvfs.envs.common.config import ConfigError, from_mapping, to_plain
 from kdvfs.envs.common.errors import KdvfsError
 from kdvfs.envs.common.files import write_bytes_atomic
@@ -73,9 +73,12 @@ class FrozenPolicy:
     _mean32: Array = field(init=False, repr=False, compare=False)
     _inverse_std32: Array = field(init=False, repr=False, compare=False)
     _layers: tuple[tuple[Array, Array, Array], ...] = field(init=False, repr=False, compare=False)
+    _later_layers: tuple[tuple[Array, Array, Array], ...] = field(init=False, repr=False, compare=False)
+    _activation_code: int = field(init=False, repr=False, compare=False)
     _bounds: Array = field(init=False, repr=False, compare=False)
     _no_product: Array = field(init=False, repr=False, compare=False)
-    _rest_inputs: dict[int, tuple[Array, Array, Array]] = field(init=False, repr=False, compare=False)
+    _rest_inputs: dict[int, tuple[tuple[Array, Array, Array], Array, Array]] = field(init=False, repr=False,
+                                                                                       compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "config", from_mapping(EnvConfig, self.env, "the policy's environment settings"))
@@ -83,8 +86,10 @@ class FrozenPolicy:
         object.__setattr__(self, "_inverse_std32", (1.0 / np.sqrt(self.obs_var + self.obs_epsilon)).astype(np.float32))
         object.__setattr__(self, "_bounds", np.cumsum([0, *self.nvec]).astype(np.int64))
         object.__setattr__(self, "_layers", tuple(
-            (np.ascontiguousarray(w, dtype=np.float32), b.astype(np.float32), np.empty(len(b), dtype=np.float32))
-            for w, b in zip(self.weights, self.biases, strict=True)))
+            (np.array(w, dtype=np.float32, order="C"), np.array(b, dtype=np.float32),
+             np.empty(len(b), dtype=np.float32)) for w, b in zip(self.weights, self.biases, strict=True)))
+        object.__setattr__(self, "_later_layers", self._layers[1:])
+        object.__setattr__(self, "_activation_code", ACTIVATIONS[self.activation])
         object.__setattr__(self, "_no_product", np.zeros(len(self.biases[0]), dtype=np.float32))
         object.__setattr__(self, "_rest_inputs", {})
 
@@ -115,21 +120,18 @@ class FrozenPolicy:
         (a row of :meth:`first_products`) and whose other entries are ``rest``: a few microseconds of compiled
         code holding the interpreter lock (a controller thread beside a busy training loop does not wait to
         get it back)."""
-        weight, mean, inverse_std = self._rest_input(len(self.obs_mean) - len(rest))
-        (_, bias, x), *hidden, (last_weight, last_bias, logits) = self._layers
-        activation = ACTIVATIONS[self.activation]
-        x = first_layer(weight, rest, mean, inverse_std, self.obs_clip, first_product, bias, x, activation)
-        for hidden_weight, hidden_bias, out in hidden:
-            x = dense(hidden_weight, x, hidden_bias, out, activation)
-        return argmax_parts(last_weight, x, last_bias, logits, self._bounds)
+        first, mean, inverse_std = self._rest_input(len(self.obs_mean) - len(rest))
+        return act(first, rest, mean, inverse_std, self.obs_clip, first_product, self._later_layers, self._bounds,
+                   self._activation_code)
 
-    def _rest_input(self, start: int) -> tuple[Array, Array, Array]:
-        """The first layer's (N - start, H) weights of entries ``start:`` and those entries' normalisation
-        (made once per start)."""
+    def _rest_input(self, start: int) -> tuple[tuple[Array, Array, Array], Array, Array]:
+        """The first layer with its weights' (N - start, H) rows of entries ``start:``, and those entries'
+        normalisation (made once per start)."""
         found = self._rest_inputs.get(start)
         if found is None:
-            found = self._rest_inputs[start] = (self._layers[0][0][start:],
-                                                self._mean32[start:], self._inverse_std32[start:])
+            weight, bias, out = self._layers[0]
+            found = self._rest_inputs[start] = ((weight[start:], bias, out), self._mean32[start:],
+                                                self._inverse_std32[start:])
         return found
 
     def save(self, path: Path) -> None:

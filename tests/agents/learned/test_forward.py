@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kdvfs.agents.learned.forward import RELU, TANH, argmax_parts, dense, first_layer
+from kdvfs.agents.learned.forward import RELU, TANH, act, argmax_parts, dense, first_layer
 
 ACTIVATIONS = {TANH: np.tanh, RELU: lambda x: np.maximum(x, 0.0)}
 CLIP = 5.0
@@ -60,3 +60,23 @@ def test_the_first_maximum_wins_a_tie() -> None:
     bias = np.array([0.0, 3.0, 3.0, 1.0], dtype=np.float32)
     action = argmax_parts(weight, x, bias, np.empty(4, dtype=np.float32), np.array([0, 4], dtype=np.int64))
     assert action.tolist() == [1]
+
+
+@pytest.mark.parametrize("hidden_layers", [0, 1, 2])
+@pytest.mark.parametrize("activation", [TANH, RELU])
+def test_one_compiled_call_gives_the_action_of_the_layer_by_layer_pass(hidden_layers: int, activation: int) -> None:
+    net, split, bounds = _network(7), 5, np.array([0, 2, 7], dtype=np.int64)
+    x = np.clip((net["x"][:split] - net["mean"][:split]) * net["inverse_std"][:split], -CLIP, CLIP)
+    product = (x @ net["w0"][:split]).astype(np.float32)
+    first = (net["w0"][split:].copy(), net["b0"], np.empty(16, dtype=np.float32))
+    hidden = tuple((net["w1"] * (1 + i), net["b1"], np.empty(16, dtype=np.float32)) for i in range(hidden_layers))
+    last = (net["w2"], net["b2"], np.empty(7, dtype=np.float32))
+    step = first_layer(first[0], net["x"][split:], net["mean"][split:], net["inverse_std"][split:], CLIP, product,
+                       first[1], np.empty(16, dtype=np.float32), activation)
+    for weight, bias, _ in hidden:
+        step = dense(weight, step, bias, np.empty(16, dtype=np.float32), activation)
+    logits = np.empty(7, dtype=np.float32)
+    expected = argmax_parts(last[0], step, last[1], logits, bounds)
+    action = act(first, net["x"][split:], net["mean"][split:], net["inverse_std"][split:], CLIP, product,
+                 (*hidden, last), bounds, activation)
+    assert action.tolist() == expected.tolist() and np.array_equal(last[2], logits)  # the same sums, bit for bit
