@@ -169,7 +169,6 @@ def decision_figures(document: dict[str, Any]) -> dict[str, Any]:
     points = [o["decision_point_us"] for o in onlines if o["decision_point_us"]["median"] is not None]
     evaluations = [o["decision_us"] for o in onlines if o["decision_us"]["median"] is not None]
     deciders = [o["decider_us"] for o in onlines if (o.get("decider_us") or {}).get("median") is not None]
-    warms = [o["warm_us"] for o in onlines if (o.get("warm_us") or {}).get("median") is not None]
     progress: dict[str, int] = {}
     wakes: dict[str, float] = {}
     steps = sum(w["summary"]["steps"] for w in document["windows"] if w["summary"] and w["summary"].get("online"))
@@ -191,9 +190,6 @@ def decision_figures(document: dict[str, Any]) -> dict[str, Any]:
             "decider_us_p99_max_of_windows": max((c["p99"] for c in deciders), default=None),
             "decider_spin_ms_per_step": sum(o["decider_spin_ms"] for o in onlines) / steps
             if onlines and all(o.get("decider_spin_ms") is not None for o in onlines) else None,
-            "warm_us_median_of_windows": float(np.median([w["median"] for w in warms])) if warms else None,
-            "warm_us_p99_max_of_windows": max((w["p99"] for w in warms), default=None),
-            "warm_ms_per_step": sum(o.get("warm_ms", 0.0) for o in onlines) / steps if warms else None,
             "progress_sources": progress, "wakes_per_step": wakes,
             "interval_ms": onlines[0]["interval_ms"] if onlines else None}
 
@@ -208,8 +204,7 @@ def _decision_lines(result: dict[str, Any]) -> list[str]:
              "(the median of their medians, the worst of their p99s). Every decision point: the whole point, "
              "with the next wake's scheduling. In the decider process: the decision's own time in the child process "
              "(`online_process`), every decision point, and how long it polled for them without sleeping per step "
-             "(`decider_warm_ms`), or on the thread its throwaway decisions (`online_warm_ms`); the rest of the "
-             "point is the pipe, the wake-ups and the interpreter lock.", "",
+             "(`decider_warm_ms`); the rest of the point is the pipe, the wake-ups and the interpreter lock.", "",
              "| workload | profiled window: evaluations, median / p99 (us) | controlled windows: median / worst p99 "
              "(us) | every decision point: median / worst p99 (us) | in the decider process: median / worst p99 (us) "
              "| progress from | wakes per step (and evaluations "
@@ -226,9 +221,6 @@ def _decision_lines(result: dict[str, Any]) -> list[str]:
             f"{d['decider_us_median_of_windows']:.1f} / {d['decider_us_p99_max_of_windows']:.1f}"
         if d.get("decider_spin_ms_per_step") is not None:
             decider += f"; polled {d['decider_spin_ms_per_step']:.2f} ms/step"
-        if d.get("warm_us_median_of_windows") is not None:
-            decider = (f"thread's warm-ups {d['warm_us_median_of_windows']:.1f} / {d['warm_us_p99_max_of_windows']:.1f}"
-                       f", {d['warm_ms_per_step']:.2f} ms/step")
         median, p99 = (d["decision_us_median"], d["decision_us_p99"]) if d["decisions"] else \
             (d["windows_decision_us_median_of_medians"], d["windows_decision_us_p99_max"])
         verdict = f"median {'met' if median <= 50 else 'NOT met'}, p99 {'met' if p99 <= 500 else 'NOT met'}"

@@ -4,7 +4,8 @@
     # writes benchmarks/results/decision_parts.{json,md} (or DIR/...)
 
 The shipped H200 policy on the bundled GPT-3 XL step, at one live state: the whole policy-run decision
-(``OnlinePolicy.decide``), its observation (``observe_live_dynamic``) and forward pass (``act_from``), the
+(``OnlinePolicy.decide``), its observation (``observe_live_dynamic``), the observation with the policy run
+(``OnlinePolicy.warm``: the forward pass is the difference), the
 observation's compiled kernel called directly with its arguments ready (dispatch and kernel) and run 100
 times inside one compiled call (the kernel alone, per run), and numba's dispatch of a no-op taking 25 arrays
 or 25 floats; then a pure-Python loop of 1,000 additions and the two clock reads a decision point makes
@@ -64,20 +65,19 @@ def python_loop() -> int:
 
 def parts(online: OnlinePolicy) -> dict[str, Callable[[], Any]]:
     """Each part's call at one live state in the middle of the step."""
-    env, policy = online.env, online.policy
+    env = online.env
     kernel = len(online.cumulative_s) // 2
     auto_s = float(online.cumulative_s[kernel, 0])
     state = LiveState(kernel, 0, -1, 0.0, auto_s * 1.005, auto_s)
     due_s = iter(range(1, 1 << 30))
     online.begin(0.01)
-    rest = env.observe_live_dynamic(state).copy()  # the env now stands at the state
+    env.observe_live_dynamic(state)  # the env now stands at the state
     observe_args = env.compiled_observation_args()
-    product = np.zeros(len(policy.biases[0]), dtype=np.float32)
     arrays, floats = tuple(np.zeros(4) for _ in range(25)), tuple(float(n) for n in range(25))
     return {
         "OnlinePolicy.decide (policy run)": lambda: online.decide(state, float(next(due_s))),
         "observe_live_dynamic": lambda: env.observe_live_dynamic(state),
-        "act_from": lambda: policy.act_from(product, rest),
+        "OnlinePolicy.warm (observation and policy run)": lambda: online.warm(state),
         "observe_dynamic, called directly": lambda: observe_dynamic(*observe_args),
         f"observe_dynamic alone (x{REPEATS} in one call)": lambda: _observe_repeated(REPEATS, *observe_args),
         "numba dispatch, no-op of 25 arrays": lambda: _no_op(*arrays),

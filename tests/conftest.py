@@ -1,11 +1,19 @@
-"""Shared pytest setup: ``gpu``-marked tests are skipped automatically where NVML cannot start."""
+"""Shared pytest setup: ``gpu``-marked tests are skipped automatically where NVML cannot start, and tests share
+helpers as ``tests.*`` modules (``tests.runtime.controller_helpers``), the repository root importable however
+pytest was started."""
 
 from __future__ import annotations
 
 import functools
+import sys
 
 import pynvml
 import pytest
+
+from kdvfs.envs.common.paths import REPO_ROOT
+
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
 
 
 @functools.cache

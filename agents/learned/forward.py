@@ -2,9 +2,10 @@
 
 :class:`~kdvfs.agents.learned.frozen.FrozenPolicy` runs every action through :func:`act`, one compiled call
 (a controller's decision runs on a core that has often just woken: each further call through numba's
-dispatcher is more cold code and data on its path). A controller's live decision (``act_from``: the
-observation's static part's share of the first layer computed once per kernel, the rest here) is a few
-microseconds of compiled code on arrays of a few hundred entries, holding the interpreter lock throughout:
+dispatcher is more cold code and data on its path). A controller's live decision (``act_from``: the first
+layer's share of the observation's static part and of its clock one-hots computed ahead, as rows picked and
+added here, the rest multiplied here) is a few microseconds of compiled code on arrays of a few hundred
+entries, holding the interpreter lock throughout:
 shorter than a hand-over of the lock to a busy training thread and back, which a release (``nogil``) would
 risk at every call. Sums are float32 in index order, as the environment's observations are
 float32; the action agrees with SB3's float32 forward pass up to ties within float32 rounding.
@@ -37,17 +38,22 @@ def _affine(weight: Array, x: Array, out: Array) -> None:
 
 
 @numba.njit(cache=True)
-def first_layer(weight: Array, entries: Array, mean: Array, inverse_std: Array, clip: float, first_product: Array,
-                bias: Array, out: Array, activation: int) -> Array:
-    """``out`` (H,) = activation(x @ ``weight`` (R, H) + ``first_product`` (H,) + ``bias`` (H,)), x the (R,)
-    ``entries`` normalised with ``mean`` and ``inverse_std`` and clipped to +-``clip``; returns ``out``."""
+def first_layer(weight: Array, entries: Array, mean: Array, inverse_std: Array, clip: float, products: Array,
+                picks: Array, bias: Array, out: Array, activation: int) -> Array:
+    """``out`` (H,) = activation(x @ ``weight`` (R, H) + the rows ``picks`` (n,) of ``products`` (P, H), in that
+    order, + ``bias`` (H,)), x the (R,) ``entries`` normalised with ``mean`` and ``inverse_std`` and clipped to
+    +-``clip``; returns ``out``."""
     x = np.empty(entries.shape[0], dtype=np.float32)
     limit = np.float32(clip)
     for j in range(entries.shape[0]):
         x[j] = min(max((np.float32(entries[j]) - mean[j]) * inverse_std[j], -limit), limit)
     _affine(weight, x, out)
+    for i in range(picks.shape[0]):
+        row = picks[i]
+        for h in range(out.shape[0]):
+            out[h] += products[row, h]
     for h in range(out.shape[0]):
-        out[h] = _activate(out[h] + first_product[h] + bias[h], activation)
+        out[h] = _activate(out[h] + bias[h], activation)
     return out
 
 
@@ -77,11 +83,12 @@ def argmax_parts(weight: Array, x: Array, bias: Array, logits: Array, bounds: Ar
 
 @numba.njit(cache=True)
 def act(first: tuple[Array, Array, Array], entries: Array, mean: Array, inverse_std: Array, clip: float,
-        first_product: Array, rest: tuple[tuple[Array, Array, Array], ...], bounds: Array, activation: int) -> Array:
+        products: Array, picks: Array, rest: tuple[tuple[Array, Array, Array], ...], bounds: Array,
+        activation: int) -> Array:
     """The action (:func:`argmax_parts`) of the MLP whose layers are (weight (I, O), bias (O,), output buffer (O,))
     triples: ``first`` (its weight's rows those of ``entries``; its input as :func:`first_layer` takes it), then
     ``rest``: the hidden layers and the logits layer last (a non-empty tuple of like-typed triples)."""
-    x = first_layer(first[0], entries, mean, inverse_std, clip, first_product, first[1], first[2], activation)
+    x = first_layer(first[0], entries, mean, inverse_std, clip, products, picks, first[1], first[2], activation)
     for layer in range(len(rest) - 1):
         weight, bias, out = rest[layer]
         x = dense(weight, x, bias, out, activation)

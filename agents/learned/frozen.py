@@ -77,6 +77,7 @@ class FrozenPolicy:
     _activation_code: int = field(init=False, repr=False, compare=False)
     _bounds: Array = field(init=False, repr=False, compare=False)
     _no_product: Array = field(init=False, repr=False, compare=False)
+    _first_row: Array = field(init=False, repr=False, compare=False)
     _rest_inputs: dict[int, tuple[tuple[Array, Array, Array], Array, Array]] = field(init=False, repr=False,
                                                                                        compare=False)
 
@@ -90,7 +91,8 @@ class FrozenPolicy:
              np.empty(len(b), dtype=np.float32)) for w, b in zip(self.weights, self.biases, strict=True)))
         object.__setattr__(self, "_later_layers", self._layers[1:])
         object.__setattr__(self, "_activation_code", ACTIVATIONS[self.activation])
-        object.__setattr__(self, "_no_product", np.zeros(len(self.biases[0]), dtype=np.float32))
+        object.__setattr__(self, "_no_product", np.zeros((1, len(self.biases[0])), dtype=np.float32))
+        object.__setattr__(self, "_first_row", np.zeros(1, dtype=np.int64))
         object.__setattr__(self, "_rest_inputs", {})
 
     def grid(self, profile: GpuProfile) -> ClockGrid:
@@ -106,7 +108,7 @@ class FrozenPolicy:
         SB3's ``predict(deterministic=True)`` compute it (here all in float32, compiled:
         :mod:`kdvfs.agents.learned.forward`). Works in buffers of the policy: not for concurrent use from
         several threads."""
-        return self.act_from(self._no_product, observation)
+        return self.act_from(self._no_product, self._first_row, observation)
 
     def first_products(self, observations: Array, start: int, stop: int) -> Array:
         """(D, H) float32: the first layer's weights times entries ``start:stop`` of the (D, N) observations,
@@ -115,13 +117,14 @@ class FrozenPolicy:
         np.clip(x, -self.obs_clip, self.obs_clip, out=x)
         return x @ self._layers[0][0][start:stop]
 
-    def act_from(self, first_product: Array, rest: Array) -> Array:
-        """:meth:`act` of an observation whose entries before ``N - len(rest)`` gave ``first_product`` (H,)
-        (a row of :meth:`first_products`) and whose other entries are ``rest``: a few microseconds of compiled
+    def act_from(self, products: Array, picks: Array, rest: Array) -> Array:
+        """:meth:`act` of an observation whose entries before ``N - len(rest)`` gave the sum of the rows
+        ``picks`` (n,) int64 of ``products`` (P, H) float32 (rows of :meth:`first_products` of disjoint ranges
+        that cover them) and whose other entries are ``rest``: a few microseconds of compiled
         code holding the interpreter lock (a controller thread beside a busy training loop does not wait to
         get it back)."""
         first, mean, inverse_std = self._rest_input(len(self.obs_mean) - len(rest))
-        return act(first, rest, mean, inverse_std, self.obs_clip, first_product, self._later_layers, self._bounds,
+        return act(first, rest, mean, inverse_std, self.obs_clip, products, picks, self._later_layers, self._bounds,
                    self._activation_code)
 
     def _rest_input(self, start: int) -> tuple[tuple[Array, Array, Array], Array, Array]:

@@ -17,8 +17,10 @@ standing order's proposal can next change (:meth:`~kdvfs.envs.env.dvfs_env.Kerne
 unknown for orders that depend on the budget: the fitting plan, window advisors). The observation is
 computed without its static part (next kernels and windows: 911 of the H200 policy's 1,104 entries),
 whose share of the first layer is computed for every kernel once
-(:meth:`~kdvfs.agents.learned.frozen.FrozenPolicy.first_products`); the rest is compiled code
-(:mod:`kdvfs.envs.env.dynamic_observation`, :mod:`kdvfs.agents.learned.forward`) that keeps the
+(:meth:`~kdvfs.agents.learned.frozen.FrozenPolicy.first_products`), as is the share of the clocks in
+effect and pending (one-hots: 114 entries) for every pair, so that a decision multiplies 79 entries by
+the first layer's weights, not 1,104 (it reads ~40 KB of the first layer's 565 KB). The rest is compiled
+code (:mod:`kdvfs.envs.env.dynamic_observation`, :mod:`kdvfs.agents.learned.forward`) that keeps the
 interpreter lock for its few microseconds (a controller thread beside a busy training loop does not wait to
 get it back). What the environment computes once per pair in effect
 (where requests land, the plans' proposal changes) is computed for every pair by :meth:`OnlinePolicy.prepare`
@@ -37,6 +39,7 @@ from kdvfs.agents.learned.frozen import FrozenPolicy
 from kdvfs.agents.learned.policy_planner import policy_env
 from kdvfs.envs.common.locked import index_right
 from kdvfs.envs.env.dvfs_env import KernelDVFSEnv
+from kdvfs.envs.env.dynamic_observation import clock_one_hots
 from kdvfs.envs.env.live import LiveState
 from kdvfs.envs.env.observation import BUDGET_FEATURES
 
@@ -83,10 +86,19 @@ class OnlinePolicy:
         self.auto_time_s = step.auto_time_s
         self.decision_interval_s, self.latency_std_s = self.env.decision_interval_s, self.env.latency_std_s
         self._hold_s = policy.config.decision_fraction * step.auto_time_s
-        self._static_size = static_size = self.env.observation_spec.static_size
-        budget = self.env.observation_spec.span("budget")
+        spec = self.env.observation_spec
+        self._static_size = static_size = spec.static_size
+        budget, in_effect, pending = spec.span("budget"), spec.span("clocks_in_effect"), spec.span("clocks_pending")
+        assert in_effect.start == static_size and pending.start == in_effect.stop, "clock blocks follow the static part"
         self._budget_view = slice(budget.start - static_size, budget.stop - static_size)
-        self._first_products = policy.first_products(self.env.static_rows, 0, static_size)
+        self._tail = pending.stop - static_size
+        clocks = clock_one_hots(spec.grid.levels, len(spec.grid.memory_mhz))
+        firsts = policy.first_products(self.env.static_rows, 0, static_size)
+        self._products = np.vstack([firsts, policy.first_products(clocks, in_effect.start, in_effect.stop),
+                                    policy.first_products(clocks, pending.start, pending.stop)])
+        self._in_effect_row = len(firsts) + 1  # + the pair in effect
+        self._pending_row = len(firsts) + len(clocks) + 1  # + the pair pending (-1: none)
+        self._picks = np.zeros(3, dtype=np.int64)
         self._action: np.ndarray | None = None
         self._times_s: dict[int, list[float]] = {}
         self._hold_until_s = -math.inf
@@ -105,7 +117,7 @@ class OnlinePolicy:
     def begin(self, budget: float) -> int:
         """Start a step with slowdown budget ``budget`` (fraction); returns its first pair (at kernel 0)."""
         observation, _ = self.env.reset(seed=0, options={"budget": max(0.0, budget)})
-        action = self.policy.act_from(self._first_products[0], observation[self._static_size:])
+        action = self._policy_action(observation[self._static_size:])
         self._action, self._hold_until_s = action, self._hold_s
         return self.env.target_pair(action) if action[0] else 0
 
@@ -129,8 +141,13 @@ class OnlinePolicy:
         self._policy_action(self.env.observe_live_dynamic(state))
 
     def _policy_action(self, rest: np.ndarray) -> np.ndarray:
-        """The policy's action at the env's decision point, whose observation past its static part is ``rest``."""
-        return self.policy.act_from(self._first_products[self.env.clocks[0]], rest)
+        """The policy's action at the env's decision point, whose observation past its static part is ``rest``:
+        the first layer's share of the static part and of the clock blocks are rows computed ahead (for every
+        kernel, pair in effect and pair pending), the rest is multiplied now."""
+        kernel, in_effect, pending = self.env.clocks
+        picks = self._picks
+        picks[0], picks[1], picks[2] = kernel, self._in_effect_row + in_effect, self._pending_row + pending
+        return self.policy.act_from(self._products, picks, rest[self._tail:])
 
     def look_ahead(self, evaluations: int) -> tuple[float, int]:
         """Run the policy ahead of the GPU after a decision that ran it: from that decision's live state, on the

@@ -66,6 +66,15 @@ def _one_hot(obs: Array, start: int, action: int, memories: int, levels: int) ->
         obs[start + levels + action % memories] = 1.0
 
 
+def clock_one_hots(levels: int, memories: int) -> Array:
+    """(G + 1, C + M) float32: the ``clocks_in_effect`` / ``clocks_pending`` block of no pair (row 0) and of
+    each grid pair ``g`` (row ``g + 1``), as :func:`observe_dynamic` writes it."""
+    blocks = np.zeros((levels * memories + 1, levels + memories), dtype=np.float32)
+    for pair in range(-1, levels * memories):
+        _one_hot(blocks[pair + 1], 0, pair, memories, levels)
+    return blocks
+
+
 @numba.njit(cache=True)
 def _window_advisors(obs: Array, advice: Array, row: Array, lay: Array, advisor_index: Array, in_effect: int,
                      affordable: float) -> None:

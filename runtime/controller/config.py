@@ -74,10 +74,6 @@ class ControllerConfig:
             decision point is due, runs a throwaway decision and polls until the request comes (a core that
             slept runs the decision ~4x slower: :mod:`kdvfs.runtime.controller.decider`); 0: it sleeps until
             each request.
-        online_warm_ms: on the controller's thread (not ``online_process``), it wakes this long before each
-            online decision point that follows a sleep and runs a throwaway decision, so that the decision
-            runs on a warm core (a core that slept runs it ~2x slower on the H200's host); 0: it sleeps until
-            each decision point. The throwaway decision holds the interpreter lock as long as a decision.
         switch_interval_ms: the interpreter's switch interval while the controller runs (0: left as it is,
             5 ms by default); it bounds how long the controller's thread waits for the interpreter lock after
             a wake or a decision when the training thread does not let go of it
@@ -116,7 +112,6 @@ class ControllerConfig:
     online_lookahead: int = 0
     online_process: bool = False
     decider_warm_ms: float = 0.5
-    online_warm_ms: float = 0.0
     switch_interval_ms: float = 0.0
     watchdog: bool = True
     cpu_test_mode: bool = False
@@ -137,9 +132,9 @@ class ControllerConfig:
             raise KdvfsError(f"--budget {self.budget} must be >= 0 (a fraction: 0.01 = 1%)")
         if self.latency_ms is not None and self.latency_ms < 0:
             raise KdvfsError(f"--latency-ms {self.latency_ms} must be >= 0")
-        if min(self.anchor_margin_ms, self.issue_early_ms, self.decider_warm_ms, self.online_warm_ms) < 0:
+        if min(self.anchor_margin_ms, self.issue_early_ms, self.decider_warm_ms) < 0:
             raise KdvfsError(f"anchor margin {self.anchor_margin_ms} ms, issue-early {self.issue_early_ms} ms and "
-                             f"warm leads {self.decider_warm_ms} and {self.online_warm_ms} ms must be >= 0")
+                             f"decider warm lead {self.decider_warm_ms} ms must be >= 0")
         if self.switch_interval_ms < 0:
             raise KdvfsError(f"switch interval {self.switch_interval_ms} ms must be >= 0 (0: the interpreter's)")
         if not isinstance(self.anchor_every, int) or self.anchor_every < 1:

@@ -192,18 +192,15 @@ class OnlineSteps:
         early_s: requests go out this much earlier than a latency ahead (the thread wakes late).
         decider: where ``online``'s decisions are made (default: ``online`` itself, on this thread).
         lookahead: the policy's evaluations run ahead after each evaluation (0: none; see the module docstring).
-        warm_s: on this thread, wake this long before each decision point that follows a sleep and run a
-            throwaway decision at the last decision point's state (:meth:`OnlinePolicy.warm`), so that the
-            decision runs on a warm core (0: none; a child decider has its own lead).
     """
 
     def __init__(self, online: OnlinePolicy, clocks: LiveClocks, timeline: StepTimeline, anchor_map: AnchorMap,
                  clock: Clock, log: EventLog, budget: float, target: float, dry_run: bool, interval_s: float,
-                 early_s: float, decider: Decider | None = None, lookahead: int = 0, warm_s: float = 0.0) -> None:
+                 early_s: float, decider: Decider | None = None, lookahead: int = 0) -> None:
         self.online, self.clocks, self.timeline, self.anchor_map = online, clocks, timeline, anchor_map
         self.decider: Decider = online if decider is None else decider
         self.clock, self.log, self.budget, self.target, self.dry_run = clock, log, budget, target, dry_run
-        self.interval_s, self.early_s, self.lookahead, self.warm_s = interval_s, early_s, lookahead, warm_s
+        self.interval_s, self.early_s, self.lookahead = interval_s, early_s, lookahead
         self.step_budget = budget
         self.next_request_s = math.inf
         self.decisions = self.advisor_reads = self.requests = self.lookahead_skips = 0
@@ -212,8 +209,6 @@ class OnlineSteps:
         self.wall_us: list[float] = []
         self.policy_wall_us: list[float] = []
         self.cpu_us: list[float] = []
-        self.warm_us: list[float] = []
-        self._state: LiveState | None = None
         self._scales: deque[float] = deque(maxlen=SCALE_STEPS)
         self._auto_scale = 1.0
         self._decision_s: deque[float] = deque(maxlen=BUDGET_DECISIONS)
@@ -268,8 +263,6 @@ class OnlineSteps:
             self.next_request_s = min(wake_s, last_s)
             if isinstance(self.decider, DeciderProcess):  # it wakes ahead of the request, to decide on a warm core
                 self.decider.expect(self.next_request_s - self.clock.now_s())
-            elif not self._warm_ahead(stop):
-                return
             if not self.clock.sleep_until(self.next_request_s, stop):
                 return
         self._begun = step + 1
@@ -279,19 +272,6 @@ class OnlineSteps:
             return
         self.next_request_s = math.inf
         self._request(first_pair, step + 1, 0, self.clock.now_s(), end_s)
-
-    def _warm_ahead(self, stop: threading.Event) -> bool:
-        """With a warm lead on this thread: sleep until ``warm_s`` before the next decision point and run a
-        throwaway decision at the last one's state; False if stopped meanwhile."""
-        warm_at_s = self.next_request_s - self.warm_s
-        if self.warm_s <= 0 or self._state is None or warm_at_s <= self.clock.now_s():
-            return True
-        if not self.clock.sleep_until(warm_at_s, stop):
-            return False
-        began = time.perf_counter()
-        self.online.warm(self._state)
-        self.warm_us.append((time.perf_counter() - began) * 1e6)
-        return True
 
     def _decision_budget_s(self) -> float:
         """How long a decision takes (host s, the controller's clock): the 90th percentile of the last
@@ -317,7 +297,7 @@ class OnlineSteps:
                           (now_s - self.clocks.requested_s) / scale if not self.clocks.free else 0.0,
                           (now_s - start_s) / scale, float(self.online.cumulative_s[kernel, 0]),
                           self.clocks.last_latency_ratio, 100.0 * (scale - 1.0))
-        decision, self._state = self.decider.decide(state, (now_s - start_s) / scale), state
+        decision = self.decider.decide(state, (now_s - start_s) / scale)
         decided_s = self.clock.now_s()
         self._decision_s.append(decided_s - now_s)
         if decision.pair not in (NO_REQUEST, self.clocks.in_effect) and self.clocks.free:
@@ -394,7 +374,6 @@ class OnlineSteps:
                 "progress": dict(self.progress), "took_effect": dict(self.clocks.took_effect),
                 "decision_us": quantiles(self.policy_wall_us), "decision_point_us": quantiles(self.wall_us),
                 "decision_point_cpu_us": quantiles(self.cpu_us), "cpu_ms": 1e-3 * sum(self.cpu_us),
-                "warm_us": quantiles(self.warm_us), "warm_ms": 1e-3 * sum(self.warm_us),
                 **self._decider_figures(),
                 "wakes": dict(self.wakes),
                 "step_budget_pct": 100 * self.step_budget, "interval_ms": 1e3 * self.interval_s}

@@ -33,11 +33,15 @@ def _reference(net: dict[str, np.ndarray], activation: int) -> tuple[np.ndarray,
 
 
 def _compiled(net: dict[str, np.ndarray], activation: int, split: int) -> tuple[np.ndarray, np.ndarray]:
-    """The compiled pass, the first layer split at ``split`` (entries before it as a precomputed product)."""
+    """The compiled pass, the first layer split at ``split``: entries before it as the products of two ranges
+    (split again at its half), picked from rows among others."""
     x = np.clip((net["x"][:split] - net["mean"][:split]) * net["inverse_std"][:split], -CLIP, CLIP)
-    product = (x @ net["w0"][:split]).astype(np.float32)
+    half = split // 2
+    parts = [x[:half] @ net["w0"][:half], x[half:] @ net["w0"][half:split]]
+    products = np.stack([np.full(16, 99.0), parts[1], np.full(16, -99.0), parts[0]]).astype(np.float32)
     first = first_layer(net["w0"][split:], net["x"][split:], net["mean"][split:], net["inverse_std"][split:], CLIP,
-                        product, net["b0"], np.empty(16, dtype=np.float32), activation)
+                        products, np.array([3, 1], dtype=np.int64), net["b0"], np.empty(16, dtype=np.float32),
+                        activation)
     hidden = dense(net["w1"], first, net["b1"], np.empty(16, dtype=np.float32), activation)
     return hidden, argmax_parts(net["w2"], hidden, net["b2"], np.empty(7, dtype=np.float32),
                                 np.array([0, 2, 7], dtype=np.int64))
@@ -71,12 +75,13 @@ def test_one_compiled_call_gives_the_action_of_the_layer_by_layer_pass(hidden_la
     first = (net["w0"][split:].copy(), net["b0"], np.empty(16, dtype=np.float32))
     hidden = tuple((net["w1"] * (1 + i), net["b1"], np.empty(16, dtype=np.float32)) for i in range(hidden_layers))
     last = (net["w2"], net["b2"], np.empty(7, dtype=np.float32))
-    step = first_layer(first[0], net["x"][split:], net["mean"][split:], net["inverse_std"][split:], CLIP, product,
-                       first[1], np.empty(16, dtype=np.float32), activation)
+    products, picks = np.stack([np.zeros_like(product), product]), np.array([1], dtype=np.int64)
+    step = first_layer(first[0], net["x"][split:], net["mean"][split:], net["inverse_std"][split:], CLIP, products,
+                       picks, first[1], np.empty(16, dtype=np.float32), activation)
     for weight, bias, _ in hidden:
         step = dense(weight, step, bias, np.empty(16, dtype=np.float32), activation)
     logits = np.empty(7, dtype=np.float32)
     expected = argmax_parts(last[0], step, last[1], logits, bounds)
-    action = act(first, net["x"][split:], net["mean"][split:], net["inverse_std"][split:], CLIP, product,
+    action = act(first, net["x"][split:], net["mean"][split:], net["inverse_std"][split:], CLIP, products, picks,
                  (*hidden, last), bounds, activation)
     assert action.tolist() == expected.tolist() and np.array_equal(last[2], logits)  # the same sums, bit for bit

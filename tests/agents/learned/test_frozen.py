@@ -21,6 +21,7 @@ from kdvfs.agents.learned.train import TrainResult
 from kdvfs.envs.common.paths import REPO_ROOT
 from kdvfs.envs.gpu.profiles import load_profile
 from kdvfs.envs.trace.bundled import open_trace
+from tests.agents.learned.near_ties import logit_pair
 
 SHIPPED = ("h200", "b200", "h100-sxm", "a100-sxm4", "rtx3080ti")
 
@@ -148,19 +149,7 @@ def test_the_split_first_layer_gives_the_whole_observations_action(gpu: str) -> 
     observations = [rng.normal(policy.obs_mean, np.sqrt(policy.obs_var) + 1e-3).astype(np.float32)
                     for _ in range(200)]
     firsts = policy.first_products(np.stack(observations)[:, :size], 0, size)
-    for observation, first in zip(observations, firsts, strict=True):
-        whole, split = policy.act(observation), policy.act_from(first, observation[size:])
-        assert whole[0] == split[0] or np.isclose(*_logit_pair(policy, observation, whole, split, 0), atol=1e-4)
-        assert whole[1] == split[1] or np.isclose(*_logit_pair(policy, observation, whole, split, 1), atol=1e-4)
-
-
-def _logit_pair(policy: FrozenPolicy, observation: np.ndarray, a: np.ndarray, b: np.ndarray, part: int
-                ) -> tuple[float, float]:
-    """The float64 logits of part ``part``'s choices ``a[part]`` and ``b[part]`` (to tell a near-tie)."""
-    x = np.clip((observation - policy.obs_mean) / np.sqrt(policy.obs_var + policy.obs_epsilon), -policy.obs_clip,
-                policy.obs_clip)
-    for weight, bias in zip(policy.weights[:-1], policy.biases[:-1], strict=True):
-        x = np.tanh(x @ weight + bias) if policy.activation == "tanh" else np.maximum(x @ weight + bias, 0)
-    logits = x @ policy.weights[-1] + policy.biases[-1]
-    start = sum(policy.nvec[:part])
-    return float(logits[start + a[part]]), float(logits[start + b[part]])
+    for row, observation in enumerate(observations):
+        whole, split = policy.act(observation), policy.act_from(firsts, np.array([row]), observation[size:])
+        assert whole[0] == split[0] or np.isclose(*logit_pair(policy, observation, whole, split, 0), atol=1e-4)
+        assert whole[1] == split[1] or np.isclose(*logit_pair(policy, observation, whole, split, 1), atol=1e-4)

@@ -14,6 +14,7 @@ from kdvfs.envs.env.live import LiveState
 from kdvfs.envs.env.plan_advice import PlanAdvice
 from kdvfs.envs.gpu.profiles import load_profile
 from kdvfs.envs.trace.bundled import open_trace
+from tests.agents.learned.near_ties import logit_pair
 
 
 @pytest.fixture(scope="module")
@@ -162,3 +163,24 @@ def test_a_warm_up_leaves_no_trace_on_the_decisions(online: tuple[OnlinePolicy, 
         other = LiveState(int(rng.integers(kernel + 1)), int(rng.integers(3)), 1, 1e-4, auto_s * 1.05, auto_s)
         warmed.warm(other)  # at a state of its own: the next decision stands at its own
         assert warmed.decide(state, float(now_s) + hold_s) == plain.decide(state, float(now_s) + hold_s)
+
+
+def test_its_action_is_the_policys_on_the_whole_live_observation(online: tuple[OnlinePolicy, Problem]) -> None:
+    """The decision adds the first layer's rows computed ahead for the static part and the clock blocks (of the
+    pairs in effect and pending, any of them) to the rest's product: the action is the policy's on the whole
+    observation, or a logit near-tie (float32 sums in another order)."""
+    policy, _ = online
+    rng, pairs, kernels = np.random.default_rng(5), len(policy.labels), len(policy.cumulative_s) - 2
+    policy.begin(0.01)
+    for n in range(300):
+        kernel = int(rng.integers(kernels))
+        auto_s = float(policy.cumulative_s[kernel, 0])
+        pending = int(rng.integers(-1, pairs))
+        state = LiveState(kernel, int(rng.integers(pairs)), pending, 1e-3 if pending >= 0 else 0.0,
+                          auto_s * float(rng.uniform(0.98, 1.04)), auto_s)
+        action = np.array(policy.decide(state, 1e3 * (n + 1)).action)
+        observation = policy.env.observe_live(state)
+        whole = policy.policy.act(observation)
+        for part in range(len(action)):
+            assert action[part] == whole[part] or np.isclose(
+                *logit_pair(policy.policy, observation, action, whole, part), atol=1e-4), (n, part)

@@ -195,6 +195,6 @@ def test_anchors_are_at_every_nth_block_for_a_whole_n_of_at_least_one(every: flo
 
 
 def test_the_deciders_warm_lead_is_not_negative() -> None:
-    with pytest.raises(KdvfsError, match=r"warm leads -0\.5 and 0\.0 ms must be >= 0"):
+    with pytest.raises(KdvfsError, match=r"decider warm lead -0\.5 ms must be >= 0"):
         ControllerConfig(policy="p", trace="t", decider_warm_ms=-0.5)
     assert ControllerConfig(policy="p", trace="t", decider_warm_ms=0.0).decider_warm_ms == 0.0

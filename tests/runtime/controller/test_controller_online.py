@@ -187,19 +187,3 @@ def test_looking_ahead_skips_policy_wakes_and_keeps_the_safety(tmp_path: Path) -
     assert per_step[1] < 0.7 * per_step[0]
     assert ahead.summary["controlled_steps"] > 20 and ahead.summary["gpu_restored"]  # type: ignore[attr-defined]
     assert gpu.set_calls[-1].name == "reset_clocks" and log_records(log, "decision")
-
-
-def test_a_warm_lead_runs_throwaway_decisions_that_change_none(tmp_path: Path) -> None:
-    """With ``online_warm_ms`` the thread runs a throwaway decision before each decision point it slept to:
-    they are counted, and every decision, request and summary figure of the policy is as without them."""
-    (tmp_path / "cold").mkdir()
-    cold, _, cold_log = _online_run(tmp_path / "cold", dry_run=True)
-    warm, _, warm_log = _online_run(tmp_path, dry_run=True, online_warm_ms=0.2)
-    cold_online, warm_online = cold.summary["online"], warm.summary["online"]  # type: ignore[attr-defined]
-    assert cold_online["warm_us"]["median"] is None and cold_online["warm_ms"] == 0.0
-    assert warm_online["warm_us"]["median"] is not None and warm_online["warm_ms"] > 0.0
-    fields = ("step", "kernel", "action", "clocks", "budget_used", "affordable_pct")
-    decisions = [[tuple(d[f] for f in fields) for d in log_records(log, "decision")] for log in (cold_log, warm_log)]
-    assert decisions[0] and decisions[0] == decisions[1]
-    for key in ("decisions", "requests", "wakes", "progress"):
-        assert cold_online[key] == warm_online[key], key
