@@ -5,10 +5,10 @@
 dispatcher is more cold code and data on its path). A controller's live decision (``act_from``: the first
 layer's share of the observation's static part and of its clock one-hots computed ahead, as rows picked and
 added here, the rest multiplied here) is a few microseconds of compiled code on arrays of a few hundred
-entries, holding the interpreter lock throughout:
-shorter than a hand-over of the lock to a busy training thread and back, which a release (``nogil``) would
-risk at every call. Sums are float32 in index order, as the environment's observations are
-float32; the action agrees with SB3's float32 forward pass up to ties within float32 rounding.
+entries, holding the interpreter lock throughout: shorter than a hand-over of the lock to a busy training
+thread and back, which a release (``nogil``) would risk at every call. Sums are float32 in index order, as
+the environment's observations are float32; the action agrees with SB3's float32 forward pass up to ties
+within float32 rounding.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from kdvfs.agents.common.problem import Problem
 from kdvfs.envs.env.clock_grid import DEFAULT_CORE_FRACTIONS, ClockGrid
 from kdvfs.envs.env.dvfs_env import KernelDVFSEnv
-from kdvfs.envs.env.dynamic_observation import layout, observe_dynamic
+from kdvfs.envs.env.dynamic_observation import clock_one_hots, layout, observe_dynamic
 from kdvfs.envs.env.live import LiveState
 from kdvfs.envs.env.observation import (
     ADVISOR_FEATURES,
@@ -153,3 +153,13 @@ def test_the_environment_observes_its_static_row_then_the_compiled_part(setting:
     assert np.array_equal(observation[: setting.spec.static_size], setting.static[k])
     assert np.array_equal(observation[setting.spec.static_size:], setting.compiled(state)[0])
     assert np.array_equal(setting.env.advice, setting.compiled(state)[1])
+
+
+def test_the_clock_blocks_of_every_pair_are_those_the_observation_carries(setting: Setting) -> None:
+    grid = setting.spec.grid
+    blocks = clock_one_hots(grid.levels, len(grid.memory_mhz))
+    auto_s = float(setting.cumulative_s[5, 0])
+    for pair in range(grid.size):
+        observation = setting.env.observe_live(LiveState(5, pair, pair - 1, 1e-3 if pair else 0.0, auto_s, auto_s))
+        assert np.array_equal(setting.spec.view(observation, "clocks_in_effect"), blocks[pair + 1])
+        assert np.array_equal(setting.spec.view(observation, "clocks_pending"), blocks[pair])  # pair - 1 pending
