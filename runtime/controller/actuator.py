@@ -24,7 +24,7 @@ class EventLog:
     def __init__(self, path: str | Path | None) -> None:
         self._file: IO[str] | None = open(path, "w", encoding="utf-8") if path else None  # noqa: SIM115 (closed by close())
         self._lock = threading.Lock()
-        self._pending: list[dict[str, Any]] = []
+        self._pending: list[dict[str, Any] | str] = []
 
     def write(self, event: str, **fields: Any) -> None:
         if self._file is None:
@@ -44,9 +44,16 @@ class EventLog:
             with self._lock:
                 self._pending.append({"event": event, **fields})
 
+    def append_line(self, line: str) -> None:
+        """:meth:`append` of a record already encoded as its JSON line (with its newline)."""
+        if self._file is not None:
+            with self._lock:
+                self._pending.append(line)
+
     def _write_pending(self) -> None:
         if self._file is not None and self._pending:
-            self._file.write("".join(json.dumps(record) + "\n" for record in self._pending))
+            self._file.write("".join(record if isinstance(record, str) else json.dumps(record) + "\n"
+                                     for record in self._pending))
         self._pending = []
 
     def close(self) -> None:

@@ -71,6 +71,7 @@ from kdvfs.envs.env.live import LiveState
 from kdvfs.runtime.controller.actuator import Actuator, EventLog, parse_clocks
 from kdvfs.runtime.controller.anchoring import AnchorMap
 from kdvfs.runtime.controller.decider import DeciderProcess
+from kdvfs.runtime.controller.decision_records import DecisionRecords
 from kdvfs.runtime.controller.estimator import Interval
 from kdvfs.runtime.controller.gpu_timeline import StepEnd, StepTimeline
 from kdvfs.runtime.device.host_time import Clock
@@ -215,6 +216,7 @@ class OnlineSteps:
         self._kernel = 1
         self._begun = -1
         self._auto_share = self.online.cumulative_s[:, 0] / self.online.auto_time_s
+        self._records = DecisionRecords(self.online.labels)
 
     @property
     def auto_scale(self) -> float:
@@ -317,13 +319,11 @@ class OnlineSteps:
         if decision.evaluated:
             self.decisions += 1
             self.policy_wall_us.append(wall_us)
-            self.log.append("decision", step=step, kernel=kernel, source="anchor" if anchor[0] >= 0 else "expected",
-                            in_effect=self.online.labels[self.clocks.in_effect],
-                            pending=None if self.clocks.free else self.online.labels[self.clocks.pending],
-                            budget_pct=100 * self.step_budget, budget_used=decision.budget_used,
-                            affordable_pct=decision.affordable_pct, action=list(decision.action),
-                            clocks=None if decision.pair == NO_REQUEST else self.online.labels[decision.pair],
-                            wall_us=wall_us, next_wake=reason)
+            self.log.append_line(self._records.line(
+                step, kernel, "anchor" if anchor[0] >= 0 else "expected", self.clocks.in_effect,
+                None if self.clocks.free else self.clocks.pending, 100 * self.step_budget, decision.budget_used,
+                decision.affordable_pct, decision.action, None if decision.pair == NO_REQUEST else decision.pair,
+                wall_us, reason))
         else:
             self.advisor_reads += 1
         return wake_s
