@@ -79,14 +79,16 @@ def _parent_with_watchdog(log: Path, stop: bool) -> subprocess.Popen[str]:
                             env={**os.environ, "KDVFS_FAKE_NVML_LOG": str(log)})
 
 
-def _wait_for(path: Path, text: str, timeout_s: float = 30.0) -> str:
+def _wait_for_calls(path: Path, last: list[str], timeout_s: float = 30.0) -> list[str]:
+    """The NVML calls logged at ``path`` once they end with ``last`` (or whatever is there after ``timeout_s``):
+    the watchdog writes its resets and its shutdown one by one."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        content = path.read_text() if path.is_file() else ""
-        if text in content:
-            return content
+        calls = path.read_text().split() if path.is_file() else []
+        if calls[-len(last):] == last:
+            return calls
         time.sleep(0.1)
-    return path.read_text() if path.is_file() else ""
+    return path.read_text().split() if path.is_file() else []
 
 
 def test_watchdog_resets_the_clocks_when_the_training_process_is_killed(tmp_path: Path) -> None:
@@ -95,7 +97,7 @@ def test_watchdog_resets_the_clocks_when_the_training_process_is_killed(tmp_path
     assert parent.stdout is not None and parent.stdout.readline().strip() == "ready"
     parent.kill()
     parent.wait()
-    calls = _wait_for(log, RESETS[1]).split()
+    calls = _wait_for_calls(log, [*RESETS, "nvmlShutdown"])
     assert calls[-3:] == [*RESETS, "nvmlShutdown"] and "nvmlInit" in calls
 
 
