@@ -31,6 +31,7 @@ from typing import Any
 import numba
 import numpy as np
 from decider_warmth import policy_due, states
+from decision_parts import python_loop
 from online_decision_lock import TRACE, h200_online
 from provenance import RESULTS, provenance, provenance_lines, write_results
 
@@ -65,13 +66,6 @@ def _spin_compiled(seconds: float) -> None:
 def spin_python(until_s: float) -> None:
     while time.perf_counter() < until_s:
         pass
-
-
-def python_loop() -> int:
-    total = 0
-    for n in range(1000):
-        total += n
-    return total
 
 
 def parts(online: OnlinePolicy, walk: list[LiveState]) -> dict[str, Callable[[int], Any]]:
