@@ -78,9 +78,6 @@ class ControllerConfig:
             5 ms by default); it bounds how long the controller's thread waits for the interpreter lock after
             a wake or a decision when the training thread does not let go of it
             (:func:`kdvfs.runtime.controller.controller.switch_interval`).
-        follow_trainer_cpu: the controller's thread runs on the CPU the training thread last ran on, read at
-            each step mark (:mod:`kdvfs.runtime.controller.placement`): its decisions on a core that is
-            running, not one that idled since the last.
         watchdog: spawn the watchdog process (only ever when clocks are changed, never in a dry run).
         cpu_test_mode: accept a CPU-only script; host time stands in for the GPU timeline (tests).
         report_path: where the child process of ``kdvfs run`` writes its summary.
@@ -116,7 +113,6 @@ class ControllerConfig:
     online_process: bool = False
     decider_warm_ms: float = 0.5
     switch_interval_ms: float = 0.0
-    follow_trainer_cpu: bool = False
     watchdog: bool = True
     cpu_test_mode: bool = False
     report_path: str | None = None

@@ -47,7 +47,6 @@ from kdvfs.runtime.controller.config import ControllerConfig
 from kdvfs.runtime.controller.gpu_timeline import CudaStepTimeline, HostStepTimeline, StepTimeline
 from kdvfs.runtime.controller.issuer import Issuer
 from kdvfs.runtime.controller.matching import Guard, StepMatcher
-from kdvfs.runtime.controller.placement import TrainerCpu
 from kdvfs.runtime.controller.source import Plan, is_policy_file, load_plan
 from kdvfs.runtime.controller.timeline import StepPlan
 from kdvfs.runtime.device.host_time import Clock, RealClock
@@ -127,7 +126,6 @@ class Controller:
         self.rank = Rank.from_environment()
         self._job: JobGroup | None = None
         self._gpu_index: int | None = None
-        self._trainer_cpu = TrainerCpu() if config.follow_trainer_cpu else None
 
     def __enter__(self) -> Controller:
         try:
@@ -201,7 +199,7 @@ class Controller:
                               StepMatcher(plan.auto_s, config.step_match_tolerance, config.confirm_steps),
                               Guard(config.budget, config.guard_margin, config.guard_min_pairs, config.guard_retry_s),
                               self._actuator, self._accounting, clock, self._log, anchoring,
-                              config.issue_early_ms / 1e3, self._job, self._online, self._trainer_cpu)
+                              config.issue_early_ms / 1e3, self._job, self._online)
         self._timeline = timeline
         self._issuer.start()
         self._stack.callback(self._stop_thread)
@@ -245,8 +243,6 @@ class Controller:
         issuer = self._issuer
         if issuer is not None and issuer.is_alive() and issuer.error is None:
             assert self._timeline is not None
-            if self._trainer_cpu is not None:
-                self._trainer_cpu.mark()
             issuer.queue.put(self._timeline.mark())
 
     def flush(self) -> None:
@@ -310,7 +306,6 @@ class Controller:
             "anchors": {**issuer.anchoring.figures(), "blocks": None if self._hooks is None else self._hooks.blocks},
             "online_decisions": None if self._online is None else self._online.decisions,
             "online": None if self._online is None else self._online.figures(),
-            "trainer_cpu": None if self._trainer_cpu is None else self._trainer_cpu.figures(),
             "controller_cpu_ms": {"thread": 1e3 * issuer.cpu_s, "hooks": 1e3 * self._timeline.hook_s
                                   if isinstance(self._timeline, CudaStepTimeline) else None},
             **accounting.figures(issuer.controlled_steps / issuer.steps if issuer.steps else 0.0),

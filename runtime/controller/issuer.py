@@ -44,7 +44,6 @@ from kdvfs.runtime.controller.actuator import Actuator, EventLog
 from kdvfs.runtime.controller.anchoring import Anchoring
 from kdvfs.runtime.controller.gpu_timeline import StepEnd, StepTimeline
 from kdvfs.runtime.controller.matching import Guard, StepMatcher
-from kdvfs.runtime.controller.placement import TrainerCpu
 from kdvfs.runtime.controller.timeline import StepPlan
 from kdvfs.runtime.device.host_time import Clock
 from kdvfs.runtime.job import JobGroup, JobStep, job_step
@@ -60,14 +59,12 @@ class Issuer(threading.Thread):
 
     def __init__(self, plan: StepPlan, latency_s: float, timeline: StepTimeline, matcher: StepMatcher, guard: Guard,
                  actuator: Actuator, accounting: Accounting, clock: Clock, log: EventLog, anchoring: Anchoring,
-                 early_s: float = 0.0, job: JobGroup | None = None, online: OnlineSteps | None = None,
-                 trainer_cpu: TrainerCpu | None = None) -> None:
+                 early_s: float = 0.0, job: JobGroup | None = None, online: OnlineSteps | None = None) -> None:
         super().__init__(name="kdvfs-controller", daemon=True)
         self.plan, self.latency_s, self.timeline, self.anchoring = plan, latency_s, timeline, anchoring
         self.early_s = early_s
         self.matcher, self.guard, self.actuator, self.accounting = matcher, guard, actuator, accounting
         self.clock, self.log, self.job, self.online = clock, log, job, online
-        self.trainer_cpu = trainer_cpu
         self._first_end_s = 0.0
         self.queue: queue.Queue[Any] = queue.Queue()
         self.stop_event = threading.Event()
@@ -107,8 +104,6 @@ class Issuer(threading.Thread):
                 self.queue.task_done()
 
     def _window(self, token: Any) -> None:
-        if self.trainer_cpu is not None:
-            self.trainer_cpu.follow()
         end = self.timeline.wait(token)
         index, was_controlled = self.steps, self._controlling
         self.steps += 1
