@@ -9,6 +9,9 @@ times, on the shipped H200 policy and the bundled GPT-3 XL step, at states movin
 step). The parts separate the decision from work that touches no data:
 
 * ``decide``: ``OnlinePolicy.decide`` with the policy run (the controller's decision, less its request);
+* ``observation and policy run`` (``OnlinePolicy.warm``), ``observation`` (``observe_live_dynamic``) and
+  ``compiled observation`` (its compiled kernel alone, with its arguments made ahead): the decision's parts,
+  to see which of them a gap slows;
 * ``python 1,000 additions``: interpreter work touching no data;
 * ``compiled arithmetic``: a compiled loop of 20,000 dependent float operations touching no memory.
 
@@ -36,6 +39,7 @@ from online_decision_lock import TRACE, h200_online
 from provenance import RESULTS, provenance, provenance_lines, write_results
 
 from kdvfs.agents.learned.online import OnlinePolicy
+from kdvfs.envs.env.dynamic_observation import observe_dynamic
 from kdvfs.envs.env.live import LiveState
 from kdvfs.runtime.controller.online import quantiles
 
@@ -70,7 +74,15 @@ def spin_python(until_s: float) -> None:
 
 def parts(online: OnlinePolicy, walk: list[LiveState]) -> dict[str, Callable[[int], Any]]:
     """Each part's call for the ``n``-th decision."""
+    env = online.env
+    observe_args = []
+    for state in walk:  # the compiled observation's arguments at each state, made ahead
+        env.observe_live_dynamic(state)
+        observe_args.append(env.compiled_observation_args())
     return {"decide": lambda n: online.decide(walk[n], policy_due(n)),
+            "observation and policy run": lambda n: online.warm(walk[n]),
+            "observation": lambda n: env.observe_live_dynamic(walk[n]),
+            "compiled observation": lambda n: observe_dynamic(*observe_args[n]),
             "python 1,000 additions": lambda n: python_loop(),
             "compiled arithmetic": lambda n: _arithmetic(20_000)}
 
