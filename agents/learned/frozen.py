@@ -127,6 +127,13 @@ class FrozenPolicy:
         return act(first, rest, mean, inverse_std, self.obs_clip, products, picks, self._later_layers, self._bounds,
                    self._activation_code)
 
+    def forward_inputs(self, start: int) -> tuple[Any, ...]:
+        """What :func:`~kdvfs.agents.learned.forward.act` takes of this policy for an observation whose entries
+        from ``start`` on are multiplied at each call: (first layer, mean, inverse std, clip, later layers,
+        action bounds, activation code)."""
+        first, mean, inverse_std = self._rest_input(start)
+        return first, mean, inverse_std, self.obs_clip, self._later_layers, self._bounds, self._activation_code
+
     def _rest_input(self, start: int) -> tuple[tuple[Array, Array, Array], Array, Array]:
         """The first layer with its weights' (N - start, H) rows of entries ``start:``, and those entries'
         normalisation (made once per start)."""

@@ -30,25 +30,32 @@ before deciding starts, not at the first decision that needs it.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from kdvfs.agents.common.problem import Problem
 from kdvfs.agents.learned.frozen import FrozenPolicy
+from kdvfs.agents.learned.live_decision import (
+    O_BUDGET,
+    O_ENTRIES,
+    O_IN_EFFECT_ROWS,
+    O_PENDING_ROWS,
+    decide_live,
+)
 from kdvfs.agents.learned.policy_planner import policy_env
 from kdvfs.envs.common.locked import index_right
 from kdvfs.envs.env.dvfs_env import KernelDVFSEnv
 from kdvfs.envs.env.dynamic_observation import clock_one_hots
 from kdvfs.envs.env.live import LiveState
-from kdvfs.envs.env.observation import BUDGET_FEATURES
+from kdvfs.envs.env.live_tables import DEPENDS_ON_BUDGET
 
-NO_REQUEST = -1
-USED, AFFORDABLE = BUDGET_FEATURES.index("budget_used"), BUDGET_FEATURES.index("affordable_slowdown_pct")
+_decide: Callable[..., tuple[int, int, float, float]] = decide_live
+"""The compiled decision, called with its bound arrays and the state splatted (typed for that call)."""
 
 
-@dataclass(frozen=True)
-class OnlineDecision:
+class OnlineDecision(NamedTuple):
     """One live decision: the grid pair to request (``NO_REQUEST``: keep the clocks), whether the policy ran
     (else its standing order was re-read), its action, and the observation's budget figures (used share of
     the budget, slowdown still affordable over the rest of the step, %); and when the next decision is needed:
@@ -90,7 +97,6 @@ class OnlinePolicy:
         self._static_size = static_size = spec.static_size
         budget, in_effect, pending = spec.span("budget"), spec.span("clocks_in_effect"), spec.span("clocks_pending")
         assert in_effect.start == static_size and pending.start == in_effect.stop, "clock blocks follow the static part"
-        self._budget_view = slice(budget.start - static_size, budget.stop - static_size)
         self._tail = pending.stop - static_size
         clocks = clock_one_hots(spec.grid.levels, len(spec.grid.memory_mhz))
         firsts = policy.first_products(self.env.static_rows, 0, static_size)
@@ -98,8 +104,16 @@ class OnlinePolicy:
                                     policy.first_products(clocks, pending.start, pending.stop)])
         self._in_effect_row = len(firsts) + 1  # + the pair in effect
         self._pending_row = len(firsts) + len(clocks) + 1  # + the pair pending (-1: none)
+        self._offsets = np.zeros(4, dtype=np.int64)
+        self._offsets[[O_ENTRIES, O_IN_EFFECT_ROWS, O_PENDING_ROWS, O_BUDGET]] = (
+            pending.stop, self._in_effect_row, self._pending_row, budget.start)
+        self._forward = policy.forward_inputs(pending.stop)
         self._picks = np.zeros(3, dtype=np.int64)
         self._action: np.ndarray | None = None
+        self._scratch = np.zeros(len(policy.nvec), dtype=np.int64)
+        self._tables: tuple[Any, ...] | None = None
+        self._bound: tuple[Any, ...] = ()
+        self._state: LiveState | None = None
         self._times_s: dict[int, list[float]] = {}
         self._hold_until_s = -math.inf
 
@@ -118,27 +132,31 @@ class OnlinePolicy:
         """Start a step with slowdown budget ``budget`` (fraction); returns its first pair (at kernel 0)."""
         observation, _ = self.env.reset(seed=0, options={"budget": max(0.0, budget)})
         action = self._policy_action(observation[self._static_size:])
-        self._action, self._hold_until_s = action, self._hold_s
+        self._action, self._hold_until_s, self._state = action, self._hold_s, None
+        if self._tables is None:
+            self._tables = self.env.live_tables().arrays()
+        self._bound = (*self._tables, *self._forward, self._products, self._offsets, self.env.budget,
+                       self.env.budget_plan)
         return self.env.target_pair(action) if action[0] else 0
 
     def decide(self, state: LiveState, now_s: float) -> OnlineDecision:
-        """The decision at ``state``, ``now_s`` after the step's start (s, model timeline)."""
-        rest = self.env.observe_live_dynamic(state)
-        evaluated = self._action is None or now_s >= self._hold_until_s
+        """The decision at ``state``, ``now_s`` after the step's start (s, model timeline), in one compiled call
+        (:func:`~kdvfs.agents.learned.live_decision.decide_live`); after :meth:`begin`."""
+        assert self._action is not None, "begin a step first"
+        evaluated = now_s >= self._hold_until_s
+        pair, change, used, affordable = _decide(*self._bound, *state, evaluated, self._action, self._picks)
         if evaluated:
-            self._action, self._hold_until_s = self._policy_action(rest), now_s + self._hold_s
-        assert self._action is not None
-        budget = rest[self._budget_view].tolist()
-        pair = self.env.target_pair(self._action) if self._action[0] else NO_REQUEST
-        return OnlineDecision(pair, evaluated, tuple(self._action.tolist()), budget[USED], budget[AFFORDABLE],
-                              self.env.next_proposal_change(self._action), self._hold_until_s)
+            self._hold_until_s = now_s + self._hold_s
+        self._state = state
+        return OnlineDecision(pair, evaluated, tuple(self._action.tolist()), used, affordable,
+                              None if change == DEPENDS_ON_BUDGET else change, self._hold_until_s)
 
     def warm(self, state: LiveState) -> None:
         """Run a decision's computations at ``state`` (the observation, the policy) and drop their result: the
-        standing order, its hold and every later decision are as without it (:meth:`decide` stands the env at
-        its own state). A decider whose core slept calls it shortly before a decision is due, so that the
-        decision runs on warm caches."""
-        self._policy_action(self.env.observe_live_dynamic(state))
+        standing order, its hold and every later decision are as without it (each decision writes the
+        observation anew). A decider whose core slept calls it shortly before a decision is due, so that the
+        decision runs on warm caches; after :meth:`begin`."""
+        _decide(*self._bound, *state, True, self._scratch, self._picks)
 
     def _policy_action(self, rest: np.ndarray) -> np.ndarray:
         """The policy's action at the env's decision point, whose observation past its static part is ``rest``:
@@ -157,6 +175,8 @@ class OnlinePolicy:
         there on what it measures), or past all of them. Returns when the policy runs next (s from the step's
         start, model timeline) and the evaluations skipped."""
         assert self._action is not None, "look_ahead follows a decision"
+        if self._state is not None:  # the env stands where the last decision was made (else: the step's start)
+            self.env.observe_live_dynamic(self._state)
         due_s, skipped = self._hold_until_s, 0
         while skipped < evaluations:
             observation, _, terminated, _, _ = self.env.step(self._action)  # to the evaluation due at due_s

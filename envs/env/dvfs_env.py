@@ -18,11 +18,19 @@ import numpy as np
 from gymnasium import spaces
 
 from kdvfs.envs.common.errors import KdvfsError
-from kdvfs.envs.common.locked import index_right
 from kdvfs.envs.env.config import EnvConfig, settings_table
 from kdvfs.envs.env.dynamic_observation import layout, observe_dynamic
 from kdvfs.envs.env.dynamics import Disturbances, core_fractions, draw
 from kdvfs.envs.env.live import LiveState
+from kdvfs.envs.env.live_tables import (
+    DEPENDS_ON_BUDGET,
+    NO_PLAN,
+    LiveTables,
+    next_change_in,
+    pack_changes,
+    plan_of,
+    target_pair_of,
+)
 from kdvfs.envs.env.observation import OBS_LIMIT, advisor_index, observation_table
 from kdvfs.envs.env.plan_advice import EPS, landing_kernels, plan_for_budget
 from kdvfs.envs.env.reward import Reference, Totals, overrun_pct, reward_fn
@@ -129,7 +137,7 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
         self._dynamic = self._obs[spec.static_size:]
         self._layouts = [layout(spec, run.kernels) for run in self._runs]
         self._landings: dict[int, tuple[Array, Array]] = {}
-        self._proposals: dict[tuple[int, int], list[int]] = {}
+        self._proposals: dict[tuple[int, int], Array] = {}
         self._cached_for: tuple[int, int] | None = None
         self._advisor_index = advisor_index(spec)
         slots = spec.advisor_slots()
@@ -150,6 +158,8 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
         self.decision_interval_s = self.timing.decision_interval_s
         self._static, self._plans = self._prepared[regime][index]
         self._budget_plan = plan_for_budget(self.observation_spec.plan_budgets, budget)
+        self._sizes = np.array([self._data.kernels, self._plans.pairs.shape[1], self._pairs, self.config.plan_actions,
+                                self._plan_slots.start, self._plan_slots.stop, self._budget_slot], dtype=np.int64)
         self._kernels = self._data.kernels
         self._auto_time_s, self._auto_energy_j = self._data.auto_time_s, self._data.auto_energy_j
         self._reference = Reference(self._auto_energy_j, self._auto_time_s, budget)
@@ -209,14 +219,7 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
 
     def target_pair(self, action: Array) -> int:
         """The grid pair ``action``'s clocks part names at this decision point (an advisor's proposal now)."""
-        slot = self._advisor_slot(int(action[1]))
-        return int(action[1]) if slot is None else int(self._advice[slot])
-
-    def _advisor_slot(self, choice: int) -> int | None:
-        """The advisor (its index in :attr:`advice`) a clocks choice names; None for a fixed pair."""
-        if self.config.plan_actions:
-            return self._plan_slots.start + choice
-        return None if choice < self._pairs else choice - self._pairs
+        return int(target_pair_of(int(action[1]), self._advice, self._sizes))
 
     def observe_live(self, state: LiveState) -> Array:
         """The observation (and advisors' proposals: :meth:`target_pair`) at a decision point a controller
@@ -244,16 +247,12 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
         from the one it names now while the clocks in effect stay: K if never (a fixed pair, auto, a plan
         that no longer changes, no request); None where it also depends on the budget (window advisors, the
         fitting plan)."""
-        slot = self._advisor_slot(int(action[1]))
-        if not action[0] or slot is None:
+        plan = int(plan_of(int(action[0]), int(action[1]), self._budget_plan, self._sizes))
+        if plan == DEPENDS_ON_BUDGET:
+            return None
+        if plan == NO_PLAN:
             return self._kernels
-        plan = slot - self._plan_slots.start if slot < self._plan_slots.stop else \
-            self._budget_plan if slot == self._budget_slot else None
-        if plan is None or plan < 0:
-            return None if plan is None else self._kernels
-        changes = self._proposal_changes(self._in_effect, plan)
-        after = index_right(changes, self._k)
-        return changes[after] if after < len(changes) else self._kernels
+        return int(next_change_in(self._proposal_changes(self._in_effect, plan), self._k, self._kernels))
 
     def _stand_at(self, state: LiveState) -> None:
         """Stand at ``state``: from here :meth:`step` runs on as the model expects (a pending change lands one
@@ -392,12 +391,12 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
                                                            self.decision_interval_s)
         return found
 
-    def _proposal_changes(self, pair: int, plan: int) -> list[int]:
+    def _proposal_changes(self, pair: int, plan: int) -> Array:
         """:meth:`PlanAdvice.proposal_changes` of ``plan`` with ``pair`` in effect, cached as the landings."""
         key = (pair, plan)
         changes = self._proposals.get(key)
         if changes is None:
-            changes = self._proposals[key] = self._plans.proposal_changes(plan, *self._landing_of(pair)).tolist()
+            changes = self._proposals[key] = self._plans.proposal_changes(plan, *self._landing_of(pair))
         return changes
 
     def prepare_live(self) -> None:
@@ -409,6 +408,24 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
             self._landing_of(pair)
             for plan in range(self._plans.pairs.shape[1]):
                 self._proposal_changes(pair, plan)
+
+    def live_tables(self) -> LiveTables:
+        """The arrays a live decision reads at the last :meth:`reset`'s step and regime (computed here:
+        :meth:`prepare_live`); valid while episodes run them."""
+        self.prepare_live()
+        pairs, plans = range(self._pairs), range(self._plans.pairs.shape[1])
+        landings = np.array([self._landing_of(pair) for pair in pairs], dtype=np.int64)
+        offsets, kernels = pack_changes([self._proposal_changes(pair, plan) for pair in pairs for plan in plans])
+        advice = self._plans
+        return LiveTables(self._obs, self._advice, self._static, self._layout, self._advisor_index,
+                          self._cumulative_s, landings, advice.pairs, advice.rest_pct, advice.joinable,
+                          advice.next_change, advice.speeds_up, offsets, kernels, self._sizes, self._auto_time_s,
+                          self.latency_s)
+
+    @property
+    def budget_plan(self) -> int:
+        """The plan of the episode's budget (the budget plan advisor's; -1: none fits)."""
+        return self._budget_plan
 
 
 # The docstring's tables are rendered from the observation spec's blocks and the settings' fields.

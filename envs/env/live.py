@@ -10,12 +10,12 @@ as budget used.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 
-@dataclass(frozen=True)
-class LiveState:
-    """One live decision point of a running step.
+class LiveState(NamedTuple):
+    """One live decision point of a running step (a named tuple: a controller makes one at every decision point,
+    and its fields in order are the compiled live decision's arguments).
 
     Attributes:
         kernel: the kernel the GPU is at (its start has passed), from 0.

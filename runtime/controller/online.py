@@ -61,12 +61,13 @@ import statistics
 import threading
 import time
 from collections import Counter, deque
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
 
-from kdvfs.agents.learned.online import NO_REQUEST, OnlineDecision, OnlinePolicy
+from kdvfs.agents.learned.live_decision import NO_REQUEST
+from kdvfs.agents.learned.online import OnlineDecision, OnlinePolicy
 from kdvfs.envs.env.live import LiveState
 from kdvfs.runtime.controller.actuator import Actuator, EventLog, parse_clocks
 from kdvfs.runtime.controller.anchoring import AnchorMap
@@ -311,7 +312,7 @@ class OnlineSteps:
         wall_us = (time.perf_counter() - began) * 1e6  # the decision and its request, if any, are out
         if decision.evaluated and self.lookahead:
             due_s, skipped = self.decider.look_ahead(self.lookahead)
-            decision, self.lookahead_skips = replace(decision, policy_due_s=due_s), self.lookahead_skips + skipped
+            decision, self.lookahead_skips = decision._replace(policy_due_s=due_s), self.lookahead_skips + skipped
         wake_s, reason = self._next_wake(decision, start_s, now_s, anchor, running)
         self.wakes[reason] += 1
         self.wall_us.append((time.perf_counter() - began) * 1e6)

@@ -7,7 +7,8 @@ import pytest
 
 from kdvfs.agents.common.problem import Problem
 from kdvfs.agents.learned.frozen import FrozenPolicy
-from kdvfs.agents.learned.online import NO_REQUEST, OnlinePolicy
+from kdvfs.agents.learned.live_decision import NO_REQUEST
+from kdvfs.agents.learned.online import OnlinePolicy
 from kdvfs.agents.learned.policy_planner import PolicyPlanner, policy_env, shipped_policy_path
 from kdvfs.envs.env import dvfs_env
 from kdvfs.envs.env.live import LiveState

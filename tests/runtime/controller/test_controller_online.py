@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -156,7 +155,7 @@ def test_a_slow_decision_is_budgeted_where_its_request_goes_out(tmp_path: Path,
 
     def slow_decide(self: OnlinePolicy, *args: Any) -> Any:
         gpu.clock.advance_to(gpu.clock.now_s() + 1e-3)
-        return dataclasses.replace(decide(self, *args), pair=another_pair(self))
+        return decide(self, *args)._replace(pair=another_pair(self))
 
     def slow_begin(self: OnlinePolicy, budget: float) -> int:
         gpu.clock.advance_to(gpu.clock.now_s() + 1e-3)

@@ -1,0 +1,77 @@
+"""A frozen policy's live decision in one compiled call: observation, policy run, pair, next proposal change.
+
+:meth:`~kdvfs.agents.learned.online.OnlinePolicy.decide` calls :func:`decide_live` once per decision point. On
+the H200 host a decision point's Python is what a core that slept through the gap runs slowest: after a 6 ms
+sleep the observation's Python wrapper took ~25 us against its compiled kernel's 12.6 us, the whole decision
+91.7 us against 18.7 back to back (``benchmarks/results/decision_cold_h200_parts.md``). Here the environment's
+part (:func:`~kdvfs.envs.env.live_tables.observe_at`, :func:`~kdvfs.envs.env.live_tables.target_pair_of`,
+:func:`~kdvfs.envs.env.live_tables.plan_of`, :func:`~kdvfs.envs.env.live_tables.next_change_in`: the functions
+the environment itself calls) and the policy's (:func:`~kdvfs.agents.learned.forward.act`) run in one call,
+on arrays bound once per step.
+"""
+
+from __future__ import annotations
+
+import numba
+
+from kdvfs.agents.learned.forward import act
+from kdvfs.envs.env.live_tables import (
+    DEPENDS_ON_BUDGET,
+    NO_PLAN,
+    S_KERNELS,
+    S_PLANS,
+    next_change_in,
+    observe_at,
+    plan_of,
+    target_pair_of,
+)
+from kdvfs.envs.env.observation import BUDGET_FEATURES
+from kdvfs.envs.model.cost_model import Array
+
+NO_REQUEST = -1
+"""The pair of a decision that requests nothing."""
+USED, AFFORDABLE = BUDGET_FEATURES.index("budget_used"), BUDGET_FEATURES.index("affordable_slowdown_pct")
+(O_ENTRIES, O_IN_EFFECT_ROWS, O_PENDING_ROWS, O_BUDGET) = range(4)
+"""Entries of ``offsets``: where the entries multiplied at each call start in the observation, the rows of
+``products`` for the pair in effect and pending (of pair -1: none), the budget block's start."""
+
+
+@numba.njit(cache=True)
+def decide_live(obs: Array, advice: Array, static_rows: Array, lay: Array, advisor_index: Array,
+                cumulative_s: Array, landings: Array, plan_pairs: Array, plan_rest: Array, joinable: Array,
+                next_change: Array, speeds_up: Array, change_offsets: Array, change_kernels: Array, sizes: Array,
+                auto_time_s: float, latency_s: float, first: tuple[Array, Array, Array], mean: Array,
+                inverse_std: Array, clip: float, later: tuple[tuple[Array, Array, Array], ...], bounds: Array,
+                activation: int, products: Array, offsets: Array, budget: float, budget_plan: int, kernel: int,
+                in_effect: int, pending: int, pending_age_s: float, elapsed_s: float, auto_elapsed_s: float,
+                last_latency_ratio: float, drift_pct: float, evaluate: bool, action: Array,
+                picks: Array) -> tuple[int, int, float, float]:
+    """The decision at a live state (``kernel`` to ``drift_pct``: :class:`~kdvfs.envs.env.live.LiveState`'s
+    fields): writes the observation's dynamic part and the advice (the environment's buffers), runs the policy
+    into ``action`` (parts,) int64 if ``evaluate`` (else ``action`` is the standing order), and returns the pair
+    it names (``NO_REQUEST``: none), the kernel where its proposal can next change (K: never;
+    ``DEPENDS_ON_BUDGET``), and the observation's budget used and affordable slowdown (%).
+
+    The arguments: :meth:`~kdvfs.envs.env.live_tables.LiveTables.arrays`, then
+    :meth:`~kdvfs.agents.learned.frozen.FrozenPolicy.forward_inputs`, ``products`` (rows of the first layer's
+    product with the static part at each kernel and with the clock blocks of each pair in effect and pending,
+    :meth:`~kdvfs.agents.learned.frozen.FrozenPolicy.first_products`), ``offsets`` (``O_*``), the step's budget
+    (fraction) and budget plan, the state, ``evaluate``, ``action``, and ``picks`` (3,) int64 scratch.
+    """
+    k = observe_at(obs, advice, static_rows, lay, advisor_index, cumulative_s, landings, plan_pairs, plan_rest,
+                   joinable, next_change, speeds_up, change_offsets, change_kernels, sizes, auto_time_s, latency_s,
+                   budget, budget_plan, kernel, in_effect, pending, pending_age_s, elapsed_s, auto_elapsed_s,
+                   last_latency_ratio, drift_pct)
+    if evaluate:
+        picks[0], picks[1], picks[2] = k, offsets[O_IN_EFFECT_ROWS] + in_effect, offsets[O_PENDING_ROWS] + pending
+        action[:] = act(first, obs[offsets[O_ENTRIES]:], mean, inverse_std, clip, products, picks, later, bounds,
+                        activation)
+    pair = target_pair_of(action[1], advice, sizes) if action[0] else NO_REQUEST
+    plan = plan_of(action[0], action[1], budget_plan, sizes)
+    change = sizes[S_KERNELS]
+    if plan == DEPENDS_ON_BUDGET:
+        change = DEPENDS_ON_BUDGET
+    elif plan != NO_PLAN:
+        at = in_effect * sizes[S_PLANS] + plan
+        change = next_change_in(change_kernels[change_offsets[at]:change_offsets[at + 1]], k, sizes[S_KERNELS])
+    return pair, change, float(obs[offsets[O_BUDGET] + USED]), float(obs[offsets[O_BUDGET] + AFFORDABLE])

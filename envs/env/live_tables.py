@@ -1,0 +1,139 @@
+"""What a controller's live decision reads of the environment, gathered once, and the compiled parts of it.
+
+A live decision (:mod:`kdvfs.agents.learned.online`) runs in one compiled call: it writes the observation
+at the measured state (:func:`observe_at`: :func:`~kdvfs.envs.env.dynamic_observation.observe_dynamic` with
+the arguments the environment's own observation passes), runs the policy and names the pair to request
+(:func:`target_pair_of`) and where its standing order's proposal can next change (:func:`plan_of`,
+:func:`next_change_in`). The environment's :meth:`~kdvfs.envs.env.dvfs_env.KernelDVFSEnv.target_pair` and
+:meth:`~kdvfs.envs.env.dvfs_env.KernelDVFSEnv.next_proposal_change` call the same functions.
+
+:class:`LiveTables` holds the arrays for one step and switching regime: the environment's observation
+buffers and layout, every pair's landing kernels and every (pair, plan)'s proposal changes, packed into
+arrays a compiled function takes (:meth:`~kdvfs.envs.env.dvfs_env.KernelDVFSEnv.live_tables`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numba
+import numpy as np
+
+from kdvfs.envs.env.dynamic_observation import observe_dynamic
+from kdvfs.envs.model.cost_model import Array
+
+DEPENDS_ON_BUDGET = -2
+""":func:`plan_of` (and a live decision's next change): the standing order's proposal depends on the budget."""
+NO_PLAN = -1
+""":func:`plan_of`: no plan to follow (no request, a fixed pair, no plan within the budget)."""
+(S_KERNELS, S_PLANS, S_PAIRS, S_PLAN_ACTIONS, S_PLAN_START, S_PLAN_STOP, S_BUDGET_SLOT) = range(7)
+"""Entries of :attr:`LiveTables.sizes`."""
+
+
+@dataclass(frozen=True)
+class LiveTables:
+    """The environment's arrays a live decision reads, for one step and switching regime.
+
+    Attributes:
+        obs, advice: the environment's observation (N,) float32 and advisors' pairs (A,) int64 buffers.
+        static_rows: (K + 1, static size) float32 static part at each kernel.
+        layout: :func:`~kdvfs.envs.env.dynamic_observation.layout`; advisor_index: its advisor index.
+        cumulative_s: (K + 1, G) float64 kernel starts at each pair (model s).
+        landings: (G, 2, K + 1) int64 landing kernels (earliest, next) on the timeline of each pair in effect.
+        plan_pairs, plan_rest, joinable, next_change, speeds_up: the step's plan advice tables.
+        change_offsets: (G * P + 1,) int64 where (pair, plan)'s proposal changes start in ``change_kernels``
+            (at ``pair * P + plan``); change_kernels: the changes, sorted per (pair, plan).
+        sizes: (7,) int64: kernels K, plans P, pairs G, plan_actions (0/1), the plan advisors' first and
+            past-last slot, the budget plan's slot (``S_*``).
+        auto_time_s, latency_s: the step's auto time and the mean switching latency (s, model timeline).
+    """
+
+    obs: Array
+    advice: Array
+    static_rows: Array
+    layout: Array
+    advisor_index: Array
+    cumulative_s: Array
+    landings: Array
+    plan_pairs: Array
+    plan_rest: Array
+    joinable: Array
+    next_change: Array
+    speeds_up: Array
+    change_offsets: Array
+    change_kernels: Array
+    sizes: Array
+    auto_time_s: float
+    latency_s: float
+
+    def arrays(self) -> tuple[Array | float, ...]:
+        """The fields in order: the leading arguments of :func:`observe_at` and of a compiled live decision."""
+        return (self.obs, self.advice, self.static_rows, self.layout, self.advisor_index, self.cumulative_s,
+                self.landings, self.plan_pairs, self.plan_rest, self.joinable, self.next_change, self.speeds_up,
+                self.change_offsets, self.change_kernels, self.sizes, self.auto_time_s, self.latency_s)
+
+
+def pack_changes(changes: list[Array]) -> tuple[Array, Array]:
+    """``changes`` (one sorted int array per (pair, plan), in ``pair * P + plan`` order) as (offsets, kernels)."""
+    offsets = np.zeros(len(changes) + 1, dtype=np.int64)
+    offsets[1:] = np.cumsum([len(c) for c in changes])
+    kernels = np.concatenate(changes).astype(np.int64) if changes else np.zeros(0, dtype=np.int64)
+    return offsets, kernels
+
+
+@numba.njit(cache=True)
+def advisor_slot(choice: int, sizes: Array) -> int:
+    """The advisor (its index in the advice) a clocks choice names; -1 for a fixed pair."""
+    if sizes[S_PLAN_ACTIONS]:
+        return sizes[S_PLAN_START] + choice
+    return -1 if choice < sizes[S_PAIRS] else choice - sizes[S_PAIRS]
+
+
+@numba.njit(cache=True)
+def target_pair_of(choice: int, advice: Array, sizes: Array) -> int:
+    """The grid pair a clocks choice names at this decision point (an advisor's proposal now)."""
+    slot = advisor_slot(choice, sizes)
+    return choice if slot < 0 else advice[slot]
+
+
+@numba.njit(cache=True)
+def plan_of(request: int, choice: int, budget_plan: int, sizes: Array) -> int:
+    """The plan whose proposals the action (``request``, ``choice``) follows; ``NO_PLAN`` where its pair
+    cannot change (no request, a fixed pair, a window advisor's slot before the plans', no plan within the
+    budget), ``DEPENDS_ON_BUDGET`` for the fitting plan."""
+    slot = advisor_slot(choice, sizes)
+    if not request or slot < 0:
+        return NO_PLAN
+    if slot < sizes[S_PLAN_STOP]:
+        plan = slot - sizes[S_PLAN_START]
+    elif slot == sizes[S_BUDGET_SLOT]:
+        plan = budget_plan
+    else:
+        return DEPENDS_ON_BUDGET
+    return max(plan, NO_PLAN)
+
+
+@numba.njit(cache=True)
+def next_change_in(changes: Array, k: int, kernels: int) -> int:
+    """The first of the sorted ``changes`` after kernel ``k``; ``kernels`` if none."""
+    after = np.searchsorted(changes, k, side="right")
+    return changes[after] if after < changes.shape[0] else kernels
+
+
+@numba.njit(cache=True)
+def observe_at(obs: Array, advice: Array, static_rows: Array, lay: Array, advisor_index: Array,
+               cumulative_s: Array, landings: Array, plan_pairs: Array, plan_rest: Array, joinable: Array,
+               next_change: Array, speeds_up: Array, change_offsets: Array, change_kernels: Array, sizes: Array,
+               auto_time_s: float, latency_s: float, budget: float, budget_plan: int, kernel: int, in_effect: int,
+               pending: int, pending_age_s: float, elapsed_s: float, auto_elapsed_s: float,
+               last_latency_ratio: float, drift_pct: float) -> int:
+    """Write the observation's dynamic part and the advice at a live state (the arguments after ``budget_plan``:
+    :class:`~kdvfs.envs.env.live.LiveState`'s fields) as the environment standing there does; returns the
+    kernel it stands at (``kernel`` within the step)."""
+    k = min(max(kernel, 0), sizes[S_KERNELS] - 1)
+    requested_at_s = elapsed_s - pending_age_s
+    observe_dynamic(obs, advice, static_rows[k], lay, advisor_index, cumulative_s, landings[in_effect, 0],
+                    landings[in_effect, 1], plan_pairs, plan_rest, joinable, next_change, speeds_up, k, in_effect,
+                    pending, requested_at_s + latency_s - elapsed_s, elapsed_s, auto_elapsed_s,
+                    last_latency_ratio, drift_pct, budget, auto_time_s, latency_s, budget_plan)
+    return k
