@@ -4,8 +4,9 @@
     # writes benchmarks/results/decision_parts.{json,md} (or DIR/...)
 
 The shipped H200 policy on the bundled GPT-3 XL step, at one live state: the whole policy-run decision
-(``OnlinePolicy.decide``), its observation (``observe_live_dynamic``), the observation with the policy run
-(``OnlinePolicy.warm``: the forward pass is the difference), the
+(``OnlinePolicy.decide``), the environment's own observation at that state (``observe_live_dynamic``: its
+Python path, which a decision no longer takes), the decision's one compiled call (``OnlinePolicy.warm``:
+observation, policy run, pair and next change; ``decide`` adds the standing order's hold and the result), the
 observation's compiled kernel called directly with its arguments ready (dispatch and kernel) and run 100
 times inside one compiled call (the kernel alone, per run), and numba's dispatch of a no-op taking 25 arrays
 or 25 floats; then a pure-Python loop of 1,000 additions and the two clock reads a decision point makes

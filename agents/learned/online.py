@@ -118,11 +118,12 @@ class OnlinePolicy:
         self._hold_until_s = -math.inf
 
     def prepare(self) -> None:
-        """Compute now what the first decisions at each pair in effect would compute
-        (:meth:`~kdvfs.envs.env.dvfs_env.KernelDVFSEnv.prepare_live`); whoever decides calls it once, before
-        the first :meth:`begin` (a controller that decides in a child process needs only the rest)."""
+        """Compute now what the first decisions at each pair in effect would compute, and the arrays every
+        decision reads (:meth:`~kdvfs.envs.env.dvfs_env.KernelDVFSEnv.live_tables`); whoever decides calls it
+        once, before the first :meth:`begin` (else the first :meth:`begin` does; a controller that decides in a
+        child process needs only the rest)."""
         self.env.reset(seed=0)
-        self.env.prepare_live()
+        self._tables = self.env.live_tables().arrays()
 
     def pair_of(self, label: str) -> int:
         """The grid pair of clock label ``label``; ValueError if the grid has none."""

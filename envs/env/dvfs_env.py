@@ -21,18 +21,18 @@ from kdvfs.envs.common.errors import KdvfsError
 from kdvfs.envs.env.config import EnvConfig, settings_table
 from kdvfs.envs.env.dynamic_observation import layout, observe_dynamic
 from kdvfs.envs.env.dynamics import Disturbances, core_fractions, draw
+from kdvfs.envs.env.landings import Landings
 from kdvfs.envs.env.live import LiveState
 from kdvfs.envs.env.live_tables import (
     DEPENDS_ON_BUDGET,
     NO_PLAN,
     LiveTables,
     next_change_in,
-    pack_changes,
     plan_of,
     target_pair_of,
 )
 from kdvfs.envs.env.observation import OBS_LIMIT, advisor_index, observation_table
-from kdvfs.envs.env.plan_advice import EPS, landing_kernels, plan_for_budget
+from kdvfs.envs.env.plan_advice import EPS, plan_for_budget
 from kdvfs.envs.env.reward import Reference, Totals, overrun_pct, reward_fn
 from kdvfs.envs.env.step_data import StepData, step_index
 from kdvfs.envs.env.timing import decision_data, regime_index, timings
@@ -136,9 +136,8 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
         self._obs = np.zeros(spec.size, dtype=np.float32)
         self._dynamic = self._obs[spec.static_size:]
         self._layouts = [layout(spec, run.kernels) for run in self._runs]
-        self._landings: dict[int, tuple[Array, Array]] = {}
-        self._proposals: dict[tuple[int, int], Array] = {}
-        self._cached_for: tuple[int, int] | None = None
+        self._landings: Landings | None = None
+        self._landings_for: tuple[int, int] | None = None
         self._advisor_index = advisor_index(spec)
         slots = spec.advisor_slots()
         self._plan_slots, self._budget_slot = slots["plans"], slots["budget_plan"].start
@@ -147,16 +146,16 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
     def _select(self, index: int, budget: float, regime: int) -> None:
         """Start an episode on step ``index``'s run with ``budget`` under switching regime ``regime``: clocks
         auto, nothing spent, no noise."""
-        if (index, regime) != self._cached_for:  # the landing and proposal caches hold one step and regime
-            self._landings.clear()
-            self._proposals.clear()
-            self._cached_for = (index, regime)
         self._index, self._data, self.budget = index, self._runs[index], budget
         self._layout, self._cumulative_s = self._layouts[index], self._data.cumulative[:, 0, :]
         self.timing = self.timings[regime]
         self.latency_s, self.latency_std_s, self.stall_s = self.timing.switching
         self.decision_interval_s = self.timing.decision_interval_s
         self._static, self._plans = self._prepared[regime][index]
+        if self._landings is None or (index, regime) != self._landings_for:  # kept while episodes run them
+            self._landings = Landings(self._data, self._plans, self.latency_s, self.latency_std_s,
+                                      self.decision_interval_s)
+            self._landings_for = (index, regime)
         self._budget_plan = plan_for_budget(self.observation_spec.plan_budgets, budget)
         self._sizes = np.array([self._data.kernels, self._plans.pairs.shape[1], self._pairs, self.config.plan_actions,
                                 self._plan_slots.start, self._plan_slots.stop, self._budget_slot], dtype=np.int64)
@@ -252,7 +251,8 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
             return None
         if plan == NO_PLAN:
             return self._kernels
-        return int(next_change_in(self._proposal_changes(self._in_effect, plan), self._k, self._kernels))
+        assert self._landings is not None
+        return int(next_change_in(self._landings.proposal_changes(self._in_effect, plan), self._k, self._kernels))
 
     def _stand_at(self, state: LiveState) -> None:
         """Stand at ``state``: from here :meth:`step` runs on as the model expects (a pending change lands one
@@ -372,7 +372,8 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
         """The arguments of :func:`~kdvfs.envs.env.dynamic_observation.observe_dynamic` at the env's decision
         point (it writes the observation buffer's dynamic blocks and the advisors' pairs)."""
         k, plans = self._k, self._plans
-        effect, next_effect = self._landing_of(self._in_effect)
+        assert self._landings is not None
+        effect, next_effect = self._landings.of(self._in_effect)
         drift_pct = self.disturbances.auto_drift_pct(min(k, self._kernels - 1)) if self._live_drift_pct is None \
             else self._live_drift_pct
         return (self._obs, self._advice, self._static[k], self._layout, self._advisor_index, self._cumulative_s,
@@ -381,41 +382,12 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
                 self._elapsed_s, self._auto_elapsed_s, self._last_latency_ratio, drift_pct, self.budget,
                 self._auto_time_s, self.latency_s, self._budget_plan)
 
-    def _landing_of(self, pair: int) -> tuple[Array, Array]:
-        """:func:`kdvfs.envs.env.plan_advice.landing_kernels` on the timeline of ``pair`` in effect (mean
-        times), computed once per pair while episodes run the same step and regime."""
-        found = self._landings.get(pair)
-        if found is None:
-            times = self._data.cumulative_of(pair)[0]
-            found = self._landings[pair] = landing_kernels(times, self.latency_s, self.latency_std_s,
-                                                           self.decision_interval_s)
-        return found
-
-    def _proposal_changes(self, pair: int, plan: int) -> Array:
-        """:meth:`PlanAdvice.proposal_changes` of ``plan`` with ``pair`` in effect, cached as the landings."""
-        key = (pair, plan)
-        changes = self._proposals.get(key)
-        if changes is None:
-            changes = self._proposals[key] = self._plans.proposal_changes(plan, *self._landing_of(pair))
-        return changes
-
-    def prepare_live(self) -> None:
-        """Compute now, for every pair in effect, what live decisions would otherwise compute when the GPU
-        first runs it: its landing kernels and every plan's proposal changes (:meth:`next_proposal_change`),
-        for the last :meth:`reset`'s step and regime. A controller calls it once, so that no decision does
-        that work."""
-        for pair in range(self._pairs):
-            self._landing_of(pair)
-            for plan in range(self._plans.pairs.shape[1]):
-                self._proposal_changes(pair, plan)
-
     def live_tables(self) -> LiveTables:
-        """The arrays a live decision reads at the last :meth:`reset`'s step and regime (computed here:
-        :meth:`prepare_live`); valid while episodes run them."""
-        self.prepare_live()
-        pairs, plans = range(self._pairs), range(self._plans.pairs.shape[1])
-        landings = np.array([self._landing_of(pair) for pair in pairs], dtype=np.int64)
-        offsets, kernels = pack_changes([self._proposal_changes(pair, plan) for pair in pairs for plan in plans])
+        """The arrays a live decision reads at the last :meth:`reset`'s step and regime, every pair's landings
+        and proposal changes computed now (a controller calls it once, so that no decision does that work);
+        valid while episodes run them."""
+        assert self._landings is not None
+        landings, offsets, kernels = self._landings.table()
         advice = self._plans
         return LiveTables(self._obs, self._advice, self._static, self._layout, self._advisor_index,
                           self._cumulative_s, landings, advice.pairs, advice.rest_pct, advice.joinable,

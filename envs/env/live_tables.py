@@ -73,14 +73,6 @@ class LiveTables:
                 self.change_offsets, self.change_kernels, self.sizes, self.auto_time_s, self.latency_s)
 
 
-def pack_changes(changes: list[Array]) -> tuple[Array, Array]:
-    """``changes`` (one sorted int array per (pair, plan), in ``pair * P + plan`` order) as (offsets, kernels)."""
-    offsets = np.zeros(len(changes) + 1, dtype=np.int64)
-    offsets[1:] = np.cumsum([len(c) for c in changes])
-    kernels = np.concatenate(changes).astype(np.int64) if changes else np.zeros(0, dtype=np.int64)
-    return offsets, kernels
-
-
 @numba.njit(cache=True)
 def advisor_slot(choice: int, sizes: Array) -> int:
     """The advisor (its index in the advice) a clocks choice names; -1 for a fixed pair."""

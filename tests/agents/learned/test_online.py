@@ -10,7 +10,7 @@ from kdvfs.agents.learned.frozen import FrozenPolicy
 from kdvfs.agents.learned.live_decision import NO_REQUEST
 from kdvfs.agents.learned.online import OnlinePolicy
 from kdvfs.agents.learned.policy_planner import PolicyPlanner, policy_env, shipped_policy_path
-from kdvfs.envs.env import dvfs_env
+from kdvfs.envs.env import landings
 from kdvfs.envs.env.live import LiveState
 from kdvfs.envs.env.plan_advice import PlanAdvice
 from kdvfs.envs.gpu.profiles import load_profile
@@ -96,7 +96,7 @@ def test_once_prepared_its_decisions_do_no_first_use_work_as_a_lazy_env(online: 
     def first_use(*args: object) -> None:
         raise AssertionError("computed on the decision path")
 
-    monkeypatch.setattr(dvfs_env, "landing_kernels", first_use)
+    monkeypatch.setattr(landings, "landing_kernels", first_use)
     monkeypatch.setattr(PlanAdvice, "proposal_changes", first_use)
     for state, (observation, changes) in zip(states, expected, strict=True):
         assert np.array_equal(policy.env.observe_live_dynamic(state), observation)
@@ -169,8 +169,10 @@ def test_a_warm_up_leaves_no_trace_on_the_decisions(online: tuple[OnlinePolicy, 
 def test_its_action_is_the_policys_on_the_whole_live_observation(online: tuple[OnlinePolicy, Problem]) -> None:
     """The decision adds the first layer's rows computed ahead for the static part and the clock blocks (of the
     pairs in effect and pending, any of them) to the rest's product: the action is the policy's on the whole
-    observation, or a logit near-tie (float32 sums in another order)."""
+    observation, or a logit near-tie (float32 sums in another order); the pair it names, its next proposal
+    change and its budget figures are the env's own at that state (its methods, its lazily computed tables)."""
     policy, _ = online
+    budget = policy.env.observation_spec.span("budget").start
     rng, pairs, kernels = np.random.default_rng(5), len(policy.labels), len(policy.cumulative_s) - 2
     policy.begin(0.01)
     for n in range(300):
@@ -179,8 +181,12 @@ def test_its_action_is_the_policys_on_the_whole_live_observation(online: tuple[O
         pending = int(rng.integers(-1, pairs))
         state = LiveState(kernel, int(rng.integers(pairs)), pending, 1e-3 if pending >= 0 else 0.0,
                           auto_s * float(rng.uniform(0.98, 1.04)), auto_s)
-        action = np.array(policy.decide(state, 1e3 * (n + 1)).action)
+        decision = policy.decide(state, 1e3 * (n + 1))
+        action = np.array(decision.action)
         observation = policy.env.observe_live(state)
+        assert decision.pair == (policy.env.target_pair(action) if action[0] else NO_REQUEST)
+        assert decision.next_change == policy.env.next_proposal_change(action)
+        assert (decision.budget_used, decision.affordable_pct) == tuple(observation[budget + 1:budget + 3].tolist())
         whole = policy.policy.act(observation)
         for part in range(len(action)):
             assert action[part] == whole[part] or np.isclose(

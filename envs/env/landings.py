@@ -1,0 +1,57 @@
+"""Where requests land on each pair's timeline, and where each plan's proposal changes there, for one step and
+switching regime of ``KernelDVFS-v0``.
+
+Every observation reads the landing kernels of the pair in effect (the plan advisors' proposals are the pairs
+where a request made now lands); a live decision also reads where the standing order's plan next proposes
+another pair. :class:`Landings` computes each on first use, per pair (and plan), while episodes run the same
+step and regime, and all of them at once for a controller (:meth:`Landings.table`: the arrays of
+:class:`~kdvfs.envs.env.live_tables.LiveTables`), so that no live decision computes one.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kdvfs.envs.env.plan_advice import PlanAdvice, landing_kernels
+from kdvfs.envs.env.step_data import StepData
+from kdvfs.envs.model.cost_model import Array
+
+
+class Landings:
+    """Landing kernels and proposal changes of one step's run (``data``, its plan advice ``plans``) under one
+    switching regime (mean latency, its spread, the decision interval; s)."""
+
+    def __init__(self, data: StepData, plans: PlanAdvice, latency_s: float, latency_std_s: float,
+                 decision_interval_s: float) -> None:
+        self._data, self._plans = data, plans
+        self._timing = (latency_s, latency_std_s, decision_interval_s)
+        self._landings: dict[int, tuple[Array, Array]] = {}
+        self._proposals: dict[tuple[int, int], Array] = {}
+
+    def of(self, pair: int) -> tuple[Array, Array]:
+        """:func:`~kdvfs.envs.env.plan_advice.landing_kernels` on the timeline of ``pair`` in effect (mean
+        times): (K + 1,) int64 each."""
+        found = self._landings.get(pair)
+        if found is None:
+            found = self._landings[pair] = landing_kernels(self._data.cumulative_of(pair)[0], *self._timing)
+        return found
+
+    def proposal_changes(self, pair: int, plan: int) -> Array:
+        """:meth:`~kdvfs.envs.env.plan_advice.PlanAdvice.proposal_changes` of ``plan`` with ``pair`` in effect
+        (sorted kernels)."""
+        key = (pair, plan)
+        changes = self._proposals.get(key)
+        if changes is None:
+            changes = self._proposals[key] = self._plans.proposal_changes(plan, *self.of(pair))
+        return changes
+
+    def table(self) -> tuple[Array, Array, Array]:
+        """Every pair's and plan's, computed now where not yet: (G, 2, K + 1) int64 landing kernels (earliest,
+        next) per pair in effect; (G * P + 1,) int64 offsets where (pair, plan)'s proposal changes start (at
+        ``pair * P + plan``) in the third, their concatenation (empty without plans)."""
+        pairs, plans = range(self._data.cumulative.shape[2]), range(self._plans.pairs.shape[1])
+        landings = np.array([self.of(pair) for pair in pairs], dtype=np.int64)
+        changes = [self.proposal_changes(pair, plan) for pair in pairs for plan in plans]
+        offsets = np.zeros(len(changes) + 1, dtype=np.int64)
+        offsets[1:] = np.cumsum([len(c) for c in changes])
+        return landings, offsets, np.concatenate([np.zeros(0, dtype=np.int64), *changes]).astype(np.int64)
