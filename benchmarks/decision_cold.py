@@ -12,6 +12,8 @@ step). The parts separate the decision from work that touches no data:
 * ``observation and policy run`` (``OnlinePolicy.warm``), ``observation`` (``observe_live_dynamic``) and
   ``compiled observation`` (its compiled kernel alone, with its arguments made ahead): the decision's parts,
   to see which of them a gap slows;
+* ``dispatch of a decision's arguments``: numba's dispatch of a compiled no-op taking arguments like a
+  decision's (30 small arrays, two of them in tuples as the policy's layers are, 17 scalars);
 * ``python 1,000 additions``: interpreter work touching no data;
 * ``compiled arithmetic``: a compiled loop of 20,000 dependent float operations touching no memory.
 
@@ -34,7 +36,7 @@ from typing import Any
 import numba
 import numpy as np
 from decider_warmth import policy_due, states
-from decision_parts import python_loop
+from decision_parts import no_op, python_loop
 from online_decision_lock import TRACE, h200_online
 from provenance import RESULTS, provenance, provenance_lines, write_results
 
@@ -79,7 +81,12 @@ def parts(online: OnlinePolicy, walk: list[LiveState]) -> dict[str, Callable[[in
     for state in walk:  # the compiled observation's arguments at each state, made ahead
         env.observe_live_dynamic(state)
         observe_args.append(env.compiled_observation_args())
+    arrays = [np.zeros(8, dtype=np.float32 if i % 2 else np.int64) for i in range(30)]
+    like_a_decision = (*arrays[:15], 0.1, 0.2, tuple(arrays[15:18]), *arrays[18:20], 0.3,
+                       (tuple(arrays[20:23]), tuple(arrays[23:26])), arrays[26], 1, *arrays[27:29], 0.01, 2,
+                       *walk[0], True, arrays[29], arrays[0])
     return {"decide": lambda n: online.decide(walk[n], policy_due(n)),
+            "dispatch of a decision's arguments": lambda n: no_op(*like_a_decision),
             "observation and policy run": lambda n: online.warm(walk[n]),
             "observation": lambda n: env.observe_live_dynamic(walk[n]),
             "compiled observation": lambda n: observe_dynamic(*observe_args[n]),

@@ -42,7 +42,7 @@ def _observe_repeated(repeats: int, *args: Any) -> None:
 
 
 @numba.njit(cache=True)
-def _no_op(*args: Any) -> None:
+def no_op(*args: Any) -> None:
     return None
 
 
@@ -81,8 +81,8 @@ def parts(online: OnlinePolicy) -> dict[str, Callable[[], Any]]:
         "OnlinePolicy.warm (observation and policy run)": lambda: online.warm(state),
         "observe_dynamic, called directly": lambda: observe_dynamic(*observe_args),
         f"observe_dynamic alone (x{REPEATS} in one call)": lambda: _observe_repeated(REPEATS, *observe_args),
-        "numba dispatch, no-op of 25 arrays": lambda: _no_op(*arrays),
-        "numba dispatch, no-op of 25 floats": lambda: _no_op(*floats),
+        "numba dispatch, no-op of 25 arrays": lambda: no_op(*arrays),
+        "numba dispatch, no-op of 25 floats": lambda: no_op(*floats),
         "python: 1,000 additions": python_loop,
         "time.perf_counter": time.perf_counter,
         "time.thread_time": time.thread_time,
