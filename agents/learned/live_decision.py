@@ -7,12 +7,17 @@ sleep the observation's Python wrapper took ~25 us against its compiled kernel's
 part (:func:`~kdvfs.envs.env.live_tables.observe_at`, :func:`~kdvfs.envs.env.live_tables.target_pair_of`,
 :func:`~kdvfs.envs.env.live_tables.plan_of`, :func:`~kdvfs.envs.env.live_tables.next_change_in`: the functions
 the environment itself calls) and the policy's (:func:`~kdvfs.agents.learned.forward.act`) run in one call,
-on arrays bound once per step.
+on arrays bound once (:class:`BoundDecision`: one argument for numba's dispatch to walk, not ~47: on the H200
+host that dispatch took 25.8 us of a cold call's 63.7, ``benchmarks/results/decision_cold_h200_dispatch.md``).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import numba
+from numba.core import types
+from numba.experimental import structref
 
 from kdvfs.agents.learned.forward import act
 from kdvfs.envs.env.live_tables import (
@@ -75,3 +80,40 @@ def decide_live(obs: Array, advice: Array, static_rows: Array, lay: Array, advis
         at = in_effect * sizes[S_PLANS] + plan
         change = next_change_in(change_kernels[change_offsets[at]:change_offsets[at + 1]], k, sizes[S_KERNELS])
     return pair, change, float(obs[offsets[O_BUDGET] + USED]), float(obs[offsets[O_BUDGET] + AFFORDABLE])
+
+
+BOUND_FIELDS = ("obs", "advice", "static_rows", "lay", "advisor_index", "cumulative_s", "landings", "plan_pairs",
+                "plan_rest", "joinable", "next_change", "speeds_up", "change_offsets", "change_kernels", "sizes",
+                "auto_time_s", "latency_s", "first", "mean", "inverse_std", "clip", "later", "bounds", "activation",
+                "products", "offsets", "action", "picks")
+""":func:`decide_live`'s arguments that stay from decision to decision, in its order."""
+
+
+@structref.register
+class BoundDecisionType(types.StructRef):
+    """numba's type of :class:`BoundDecision`."""
+
+    def preprocess_fields(self, fields: tuple[tuple[str, types.Type], ...]) -> tuple[tuple[str, types.Type], ...]:
+        return tuple((name, types.unliteral(field)) for name, field in fields)
+
+
+class BoundDecision(structref.StructRefProxy):
+    """:func:`decide_live`'s arguments but the budget and the state (``BOUND_FIELDS``, the arrays and the
+    constants of one step's decisions, ``action`` the standing order's buffer), held by one object."""
+
+
+structref.define_proxy(BoundDecision, BoundDecisionType, list(BOUND_FIELDS))
+
+
+@numba.njit(cache=True)
+def decide_bound(bound: Any, budget: float, budget_plan: int, kernel: int, in_effect: int, pending: int,
+                 pending_age_s: float, elapsed_s: float, auto_elapsed_s: float, last_latency_ratio: float,
+                 drift_pct: float, evaluate: bool) -> tuple[int, int, float, float]:
+    """:func:`decide_live` with the arguments ``bound`` (a :class:`BoundDecision`) holds."""
+    b = bound
+    return decide_live(b.obs, b.advice, b.static_rows, b.lay, b.advisor_index, b.cumulative_s, b.landings,
+                       b.plan_pairs, b.plan_rest, b.joinable, b.next_change, b.speeds_up, b.change_offsets,
+                       b.change_kernels, b.sizes, b.auto_time_s, b.latency_s, b.first, b.mean, b.inverse_std, b.clip,
+                       b.later, b.bounds, b.activation, b.products, b.offsets, budget, budget_plan, kernel,
+                       in_effect, pending, pending_age_s, elapsed_s, auto_elapsed_s, last_latency_ratio, drift_pct,
+                       evaluate, b.action, b.picks)

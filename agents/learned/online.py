@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 
@@ -42,7 +42,8 @@ from kdvfs.agents.learned.live_decision import (
     O_ENTRIES,
     O_IN_EFFECT_ROWS,
     O_PENDING_ROWS,
-    decide_live,
+    BoundDecision,
+    decide_bound,
 )
 from kdvfs.agents.learned.policy_planner import policy_env
 from kdvfs.envs.common.locked import index_right
@@ -51,8 +52,9 @@ from kdvfs.envs.env.dynamic_observation import clock_one_hots
 from kdvfs.envs.env.live import LiveState
 from kdvfs.envs.env.live_tables import DEPENDS_ON_BUDGET
 
-_decide: Callable[..., tuple[int, int, float, float]] = decide_live
-"""The compiled decision, called with its bound arrays and the state splatted (typed for that call)."""
+_decide: Callable[..., tuple[int, int, float, float]] = decide_bound
+"""The compiled decision, called with its bound arrays, the budget and the state splatted (typed for that
+call)."""
 
 
 class OnlineDecision(NamedTuple):
@@ -109,10 +111,12 @@ class OnlinePolicy:
             pending.stop, self._in_effect_row, self._pending_row, budget.start)
         self._forward = policy.forward_inputs(pending.stop)
         self._picks = np.zeros(3, dtype=np.int64)
-        self._action: np.ndarray | None = None
-        self._scratch = np.zeros(len(policy.nvec), dtype=np.int64)
-        self._tables: tuple[Any, ...] | None = None
-        self._bound: tuple[Any, ...] = ()
+        self._action = np.zeros(len(policy.nvec), dtype=np.int64)
+        """The standing order (the action the policy last chose), written in place by each evaluation."""
+        self._begun = False
+        self._bound: tuple[BoundDecision, BoundDecision] | None = None
+        """The decisions' arrays, bound: for the standing order, and for :meth:`warm`'s throwaway action."""
+        self._budget = (0.0, -1)
         self._state: LiveState | None = None
         self._times_s: dict[int, list[float]] = {}
         self._hold_until_s = -math.inf
@@ -123,7 +127,13 @@ class OnlinePolicy:
         once, before the first :meth:`begin` (else the first :meth:`begin` does; a controller that decides in a
         child process needs only the rest)."""
         self.env.reset(seed=0)
-        self._tables = self.env.live_tables().arrays()
+        self._bind()
+
+    def _bind(self) -> None:
+        """Bind the decisions' arrays (the env's live tables for its step, the policy's)."""
+        tables = (*self.env.live_tables().arrays(), *self._forward, self._products, self._offsets)
+        self._bound = (BoundDecision(*tables, self._action, self._picks),
+                       BoundDecision(*tables, np.zeros_like(self._action), self._picks))
 
     def pair_of(self, label: str) -> int:
         """The grid pair of clock label ``label``; ValueError if the grid has none."""
@@ -133,19 +143,19 @@ class OnlinePolicy:
         """Start a step with slowdown budget ``budget`` (fraction); returns its first pair (at kernel 0)."""
         observation, _ = self.env.reset(seed=0, options={"budget": max(0.0, budget)})
         action = self._policy_action(observation[self._static_size:])
-        self._action, self._hold_until_s, self._state = action, self._hold_s, None
-        if self._tables is None:
-            self._tables = self.env.live_tables().arrays()
-        self._bound = (*self._tables, *self._forward, self._products, self._offsets, self.env.budget,
-                       self.env.budget_plan)
+        self._action[:] = action
+        self._hold_until_s, self._state, self._begun = self._hold_s, None, True
+        self._budget = (self.env.budget, self.env.budget_plan)
+        if self._bound is None:
+            self._bind()
         return self.env.target_pair(action) if action[0] else 0
 
     def decide(self, state: LiveState, now_s: float) -> OnlineDecision:
         """The decision at ``state``, ``now_s`` after the step's start (s, model timeline), in one compiled call
-        (:func:`~kdvfs.agents.learned.live_decision.decide_live`); after :meth:`begin`."""
-        assert self._action is not None, "begin a step first"
+        (:func:`~kdvfs.agents.learned.live_decision.decide_bound`); after :meth:`begin`."""
+        assert self._begun and self._bound is not None, "begin a step first"
         evaluated = now_s >= self._hold_until_s
-        pair, change, used, affordable = _decide(*self._bound, *state, evaluated, self._action, self._picks)
+        pair, change, used, affordable = _decide(self._bound[0], *self._budget, *state, evaluated)
         if evaluated:
             self._hold_until_s = now_s + self._hold_s
         self._state = state
@@ -157,7 +167,8 @@ class OnlinePolicy:
         standing order, its hold and every later decision are as without it (each decision writes the
         observation anew). A decider whose core slept calls it shortly before a decision is due, so that the
         decision runs on warm caches; after :meth:`begin`."""
-        _decide(*self._bound, *state, True, self._scratch, self._picks)
+        assert self._bound is not None, "begin a step first"
+        _decide(self._bound[1], *self._budget, *state, True)
 
     def _policy_action(self, rest: np.ndarray) -> np.ndarray:
         """The policy's action at the env's decision point, whose observation past its static part is ``rest``:
@@ -175,7 +186,7 @@ class OnlinePolicy:
         standing order holds until the first at which it would choose another action (the controller decides
         there on what it measures), or past all of them. Returns when the policy runs next (s from the step's
         start, model timeline) and the evaluations skipped."""
-        assert self._action is not None, "look_ahead follows a decision"
+        assert self._begun, "look_ahead follows a decision"
         if self._state is not None:  # the env stands where the last decision was made (else: the step's start)
             self.env.observe_live_dynamic(self._state)
         due_s, skipped = self._hold_until_s, 0
