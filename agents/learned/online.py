@@ -38,6 +38,7 @@ import numpy as np
 from kdvfs.agents.common.problem import Problem
 from kdvfs.agents.learned.frozen import FrozenPolicy
 from kdvfs.agents.learned.live_decision import (
+    NO_REQUEST,
     O_BUDGET,
     O_ENTRIES,
     O_IN_EFFECT_ROWS,
@@ -125,9 +126,12 @@ class OnlinePolicy:
         """Compute now what the first decisions at each pair in effect would compute, and the arrays every
         decision reads (:meth:`~kdvfs.envs.env.dvfs_env.KernelDVFSEnv.live_tables`); whoever decides calls it
         once, before the first :meth:`begin` (else the first :meth:`begin` does; a controller that decides in a
-        child process needs only the rest)."""
-        self.env.reset(seed=0)
+        child process needs only the rest). It also runs the first pair's policy and a throwaway decision, so
+        that their compiled code is compiled (or loaded from numba's cache) here, not in a controlled step."""
+        observation, _ = self.env.reset(seed=0)
+        self._policy_action(observation[self._static_size:])
         self._bind()
+        self.warm(LiveState(0, 0, NO_REQUEST, 0.0, 0.0, 0.0))
 
     def _bind(self) -> None:
         """Bind the decisions' arrays (the env's live tables for its step, the policy's)."""
