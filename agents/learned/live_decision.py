@@ -1,6 +1,7 @@
 """A frozen policy's live decision in one compiled call: observation, policy run, pair, next proposal change.
 
-:meth:`~kdvfs.agents.learned.online.OnlinePolicy.decide` calls :func:`decide_live` once per decision point. On
+:meth:`~kdvfs.agents.learned.online.OnlinePolicy.decide` calls :func:`decide_bound` (:func:`decide_live` on the
+arrays a :class:`BoundDecision` holds) once per decision point. On
 the H200 host a decision point's Python is what a core that slept through the gap runs slowest: after a 6 ms
 sleep the observation's Python wrapper took ~25 us against its compiled kernel's 12.6 us, the whole decision
 91.7 us against 18.7 back to back (``benchmarks/results/decision_cold_h200_parts.md``). Here the environment's

@@ -19,12 +19,12 @@ computed without its static part (next kernels and windows: 911 of the H200 poli
 whose share of the first layer is computed for every kernel once
 (:meth:`~kdvfs.agents.learned.frozen.FrozenPolicy.first_products`), as is the share of the clocks in
 effect and pending (one-hots: 114 entries) for every pair, so that a decision multiplies 79 entries by
-the first layer's weights, not 1,104 (it reads ~40 KB of the first layer's 565 KB). The rest is compiled
-code (:mod:`kdvfs.envs.env.dynamic_observation`, :mod:`kdvfs.agents.learned.forward`) that keeps the
-interpreter lock for its few microseconds (a controller thread beside a busy training loop does not wait to
-get it back). What the environment computes once per pair in effect
-(where requests land, the plans' proposal changes) is computed for every pair by :meth:`OnlinePolicy.prepare`
-before deciding starts, not at the first decision that needs it.
+the first layer's weights, not 1,104 (it reads ~40 KB of the first layer's 565 KB). A decision is one
+compiled call on arrays bound once (:mod:`kdvfs.agents.learned.live_decision`: the observation, the policy
+run, the pair and the next change) that keeps the interpreter lock for its few microseconds (a controller
+thread beside a busy training loop does not wait to get it back). What the environment computes once per
+pair in effect (where requests land, the plans' proposal changes) is computed for every pair by
+:meth:`OnlinePolicy.prepare` before deciding starts, not at the first decision that needs it.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """The Gymnasium environment ``KernelDVFS-v0``: the policy's clock grid, one step's data prepared for stepping,
-the observation and its spec, the plan advisors, and the split of training and held-out workloads."""
+the observation and its spec, the plan advisors and where requests land, the split of training and held-out
+workloads, and what a controller's live decision reads of it (``live``, ``live_tables``)."""
 
 from gymnasium.envs.registration import register
 
