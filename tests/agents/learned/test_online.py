@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -191,3 +194,28 @@ def test_its_action_is_the_policys_on_the_whole_live_observation(online: tuple[O
         for part in range(len(action)):
             assert action[part] == whole[part] or np.isclose(
                 *logit_pair(policy.policy, observation, action, whole, part), atol=1e-4), (n, part)
+
+
+PREPARED_IN_A_FRESH_PROCESS = """
+from kdvfs.agents.common.problem import Problem
+from kdvfs.agents.learned import forward, live_decision
+from kdvfs.agents.learned.frozen import FrozenPolicy
+from kdvfs.agents.learned.online import OnlinePolicy
+from kdvfs.agents.learned.policy_planner import shipped_policy_path
+from kdvfs.envs.gpu.profiles import load_profile
+from kdvfs.envs.trace.bundled import open_trace
+profile = load_profile("h200")
+online = OnlinePolicy(FrozenPolicy.load(shipped_policy_path("h200"), profile),
+                      Problem.build(open_trace("h200/gpt3xl-1layer-b4"), profile, 0.01))
+before = (len(live_decision.decide_bound.signatures), len(forward.act.signatures))
+online.prepare()
+print(before, (len(live_decision.decide_bound.signatures), len(forward.act.signatures)))
+"""
+
+
+def test_prepare_compiles_the_decision_before_any_step() -> None:
+    """In a fresh process nothing is compiled until ``prepare``, which compiles (or loads) the first pair's
+    policy and the decision, so that neither happens in the first controlled step."""
+    done = subprocess.run([sys.executable, "-c", PREPARED_IN_A_FRESH_PROCESS], capture_output=True, text=True,
+                          check=True, timeout=300)
+    assert done.stdout.split("\n")[-2] == "(0, 0) (1, 1)"
