@@ -117,6 +117,8 @@ class OnlinePolicy:
         self._begun = False
         self._bound: tuple[BoundDecision, BoundDecision] | None = None
         """The decisions' arrays, bound: for the standing order, and for :meth:`warm`'s throwaway action."""
+        self._bound_for: tuple[int, int] | None = None
+        """The env's step and regime whose arrays are bound."""
         self._budget = (0.0, -1)
         self._state: LiveState | None = None
         self._times_s: dict[int, list[float]] = {}
@@ -138,6 +140,7 @@ class OnlinePolicy:
         tables = (*self.env.live_tables().arrays(), *self._forward, self._products, self._offsets)
         self._bound = (BoundDecision(*tables, self._action, self._picks),
                        BoundDecision(*tables, np.zeros_like(self._action), self._picks))
+        self._bound_for = self.env.selection
 
     def pair_of(self, label: str) -> int:
         """The grid pair of clock label ``label``; ValueError if the grid has none."""
@@ -150,7 +153,7 @@ class OnlinePolicy:
         self._action[:] = action
         self._hold_until_s, self._state, self._begun = self._hold_s, None, True
         self._budget = (self.env.budget, self.env.budget_plan)
-        if self._bound is None:
+        if self._bound_for != self.env.selection:  # not bound yet, or the env now runs another step or regime
             self._bind()
         return self.env.target_pair(action) if action[0] else 0
 

@@ -395,6 +395,12 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
                           self.latency_s)
 
     @property
+    def selection(self) -> tuple[int, int]:
+        """The episode's step index and switching regime (:meth:`live_tables` hold theirs)."""
+        assert self._landings_for is not None
+        return self._landings_for
+
+    @property
     def budget_plan(self) -> int:
         """The plan of the episode's budget (the budget plan advisor's; -1: none fits)."""
         return self._budget_plan
