@@ -152,13 +152,14 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
         self.latency_s, self.latency_std_s, self.stall_s = self.timing.switching
         self.decision_interval_s = self.timing.decision_interval_s
         self._static, self._plans = self._prepared[regime][index]
-        if self._landings is None or (index, regime) != self._landings_for:  # kept while episodes run them
+        if (index, regime) != self._landings_for:  # kept while episodes run the same step and regime
             self._landings = Landings(self._data, self._plans, self.latency_s, self.latency_std_s,
                                       self.decision_interval_s)
             self._landings_for = (index, regime)
+            self._sizes = np.array([self._data.kernels, self._plans.pairs.shape[1], self._pairs,
+                                    self.config.plan_actions, self._plan_slots.start, self._plan_slots.stop,
+                                    self._budget_slot], dtype=np.int64)
         self._budget_plan = plan_for_budget(self.observation_spec.plan_budgets, budget)
-        self._sizes = np.array([self._data.kernels, self._plans.pairs.shape[1], self._pairs, self.config.plan_actions,
-                                self._plan_slots.start, self._plan_slots.stop, self._budget_slot], dtype=np.int64)
         self._kernels = self._data.kernels
         self._auto_time_s, self._auto_energy_j = self._data.auto_time_s, self._data.auto_energy_j
         self._reference = Reference(self._auto_energy_j, self._auto_time_s, budget)
