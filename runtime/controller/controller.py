@@ -210,7 +210,8 @@ class Controller:
 
     def _online_steps(self, device: Device, timeline: StepTimeline, anchoring: Anchoring) -> OnlineSteps:
         """The online policy's decisions inside each controlled step (:mod:`kdvfs.runtime.controller.online`)."""
-        from kdvfs.runtime.controller.online import LiveClocks, OnlineSteps
+        from kdvfs.runtime.controller.live_clocks import LiveClocks
+        from kdvfs.runtime.controller.online import OnlineSteps
 
         assert self.plan is not None and self.plan.online is not None and self._actuator is not None
         config, problem, online = self.config, self.plan.problem, self.plan.online

@@ -15,6 +15,7 @@ something can change (counted per reason in the summary's ``wakes``):
 * ``change``: the GPU reaches the kernel where the standing order's proposal can next differ (a plan's next
   change, where a request made then lands in time: the plan advice says where);
 * ``arrival``: a pending change is due to take effect (and, for a lock, is read until it has);
+* ``issue``: a held change's request is due (below);
 * ``poll``: orders whose proposal depends on the budget spent (the fitting plan, window advisors) are
   re-read every environment decision interval, at least ``online_interval_ms``.
 
@@ -44,11 +45,20 @@ something can change (counted per reason in the summary's ``wakes``):
 A decision takes time (its wall time, ``decision_us`` in the summary), and it is budgeted where requests go
 out: a request lands one latency after it leaves, so its change is planned for the kernel after the one
 running one latency after the decision was made, not after the decision point (none is requested that
-would land after the step's last kernel started: the hand-over comes next). A step's first pair is
+would land after the step's last kernel started: the hand-over comes next). Its request goes out one
+latency (plus ``issue_early_ms``) before that kernel's expected start, as a replayed plan's does, so that
+the change reaches the GPU where the model (the policy's environment, the fake GPU) puts it, not inside the
+kernel before, and its instant is planned from the latest anchor: at once if that is within ``HOLD_MIN_S``
+of the decision, else the change is *held* until then. A held change is pending from its decision on (the
+observation's pending age counts from the decision, as the environment's does; its arrival from its
+request), and no other is requested meanwhile; at the ``issue`` wake its kernel is re-placed from the
+latest anchor (the next one that a request now still reaches, if the GPU is ahead; dropped if none in the
+step), and one whose request would go out after the hand-over's is dropped. A step's first pair is
 requested one latency (plus ``issue_early_ms``) before the step is expected to end, at the end of the
 previous step's decisions (the policy's first decision of the next step, on the step budget of that
 moment). The step's last decision point is two decisions' time before that (the 90th percentile of the
-last ``BUDGET_DECISIONS`` decision points' durations, each), so that it and the next step's first decision
+last ``BUDGET_DECISIONS`` decision points' durations, or the last one's if longer, each), so that it and
+the next step's first decision
 are made by then; the first controlled step's first pair is requested at once. Once an anchor has passed,
 the step's end is expected where the anchor puts it (the expected step time's share after the anchor's
 kernel, at auto's proportions) instead of at its start plus the expected step time.
@@ -61,32 +71,30 @@ import statistics
 import threading
 import time
 from collections import Counter, deque
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
 from kdvfs.agents.learned.live_decision import NO_REQUEST
 from kdvfs.agents.learned.online import OnlineDecision, OnlinePolicy
 from kdvfs.envs.env.live import LiveState
-from kdvfs.runtime.controller.actuator import Actuator, EventLog, parse_clocks
+from kdvfs.runtime.controller.actuator import EventLog
 from kdvfs.runtime.controller.anchoring import AnchorMap
 from kdvfs.runtime.controller.decider import DeciderProcess
 from kdvfs.runtime.controller.decision_records import DecisionRecords
 from kdvfs.runtime.controller.estimator import Interval
 from kdvfs.runtime.controller.gpu_timeline import StepEnd, StepTimeline
+from kdvfs.runtime.controller.live_clocks import LiveClocks
 from kdvfs.runtime.device.host_time import Clock
-from kdvfs.runtime.device.interface import Device
 
 SCALE_STEPS = 5
 MIN_GAP_S = 20e-6
 """Least time between decision points (s): a thread late for a change does not spin."""
+HOLD_MIN_S = 0.5e-3
+"""A decided change whose request would go out less than this after the decision (host s) goes out at once."""
 MIN_FEEDBACK_PAIRS = 3
 BUDGET_DECISIONS = 256
 """Decision points whose durations set the time a step's hand-over decision is made ahead of it."""
-CORE_MATCH_MHZ = 15.0
-"""A read core clock within this of a locked one has reached it (one clock step)."""
-TIMEOUT_SDS = 3.0
 FEEDBACK_GAIN = 2.0
 """Budget points the policy's step budget moves per point of measured slowdown under (over) the budget. Chosen
 in exploratory fake-GPU runs (``benchmarks/online_fake_gpu.py``'s ``run`` with seeds 100-103 and 20 s; not
@@ -98,73 +106,12 @@ dead band, on the same seeds: 2.36% (B200 GPT-2 small), 2.12% against 2.07% (B20
 against 1.54% (H200 GPT-2 small)."""
 
 
-@dataclass
-class LiveClocks:
-    """What is in effect on the GPU, from the actuator's requests and clock reads (see the module docstring)."""
+class HeldChange(NamedTuple):
+    """A decided change whose request goes out one latency before its kernel (see the module docstring)."""
 
-    online: OnlinePolicy
-    actuator: Actuator
-    device: Device | None
-    latency_s: float
-    latency_std_s: float
-    dry_run: bool
-    in_effect: int = 0
-    pending: int = NO_REQUEST
-    requested_s: float = 0.0
-    last_latency_ratio: float = 1.0
-    took_effect: Counter[str] = field(default_factory=Counter)
-    _label: str = field(init=False)
-    _clocks_mhz: tuple[int | None, int] = field(init=False)
-    """The last request's clocks (:func:`parse_clocks` of ``_label``)."""
-
-    def __post_init__(self) -> None:
-        self._follow()
-        self.in_effect = self.online.pair_of(self._label)
-
-    def _follow(self) -> None:
-        self._label = self.actuator.current
-        self._clocks_mhz = parse_clocks(self._label)
-
-    def update(self, now_s: float) -> None:
-        """Follow the actuator's last request and whether it has taken effect by ``now_s`` (host s)."""
-        if self.actuator.current != self._label:
-            self._follow()
-            self.pending, self.requested_s = self.online.pair_of(self._label), self.actuator.issued_s
-        if self.pending == NO_REQUEST:
-            return
-        age_s = now_s - self.requested_s
-        core_mhz, mem_mhz = self._clocks_mhz
-        if self.dry_run or core_mhz is None or self.device is None:
-            if age_s >= self.latency_s:
-                self._arrive("assumed", age_s)
-            return
-        read_core_mhz, read_mem_mhz = self.device.clocks_mhz()
-        if abs(read_core_mhz - core_mhz) <= CORE_MATCH_MHZ and int(read_mem_mhz) == mem_mhz:
-            self._arrive("observed", age_s)
-        elif age_s >= self.latency_s + TIMEOUT_SDS * self.latency_std_s:
-            self._arrive("timeout", age_s)
-
-    def _arrive(self, how: str, age_s: float) -> None:
-        self.took_effect[how] += 1
-        if how == "observed" and self.latency_s > 0:
-            self.last_latency_ratio = age_s / self.latency_s
-        self.in_effect, self.pending = self.pending, NO_REQUEST
-
-    @property
-    def free(self) -> bool:
-        return self.pending == NO_REQUEST
-
-    def arrival_check_s(self, now_s: float, poll_s: float) -> float:
-        """When to look next whether the pending change took effect (host s; inf if none): a mean latency after
-        the request where it is assumed, else read from one spread before that, every ``poll_s``, until it is
-        seen or times out."""
-        if self.free:
-            return math.inf
-        if self.dry_run or self.device is None or self._clocks_mhz[0] is None:
-            return self.requested_s + self.latency_s
-        first_s = self.requested_s + max(self.latency_s - self.latency_std_s, 0.0)
-        return first_s if now_s < first_s else min(now_s + poll_s, self.requested_s + self.latency_s
-                                                   + TIMEOUT_SDS * self.latency_std_s)
+    pair: int
+    step: int
+    kernel: int
 
 
 class Decider(Protocol):
@@ -215,6 +162,7 @@ class OnlineSteps:
         self._auto_scale = 1.0
         self._decision_s: deque[float] = deque(maxlen=BUDGET_DECISIONS)
         self._kernel = 1
+        self._held: HeldChange | None = None
         self._begun = -1
         self._auto_share = self.online.cumulative_s[:, 0] / self.online.auto_time_s
         self._records = DecisionRecords(self.online.labels)
@@ -247,6 +195,7 @@ class OnlineSteps:
     def run(self, step: int, start_s: float, step_s: float, first: bool, stop: threading.Event) -> None:
         """Decide through step ``step``, which started at host time ``start_s`` and is expected to last
         ``step_s``; hands over (requests step ``step + 1``'s first pair) a latency before its expected end."""
+        self._drop_held()
         if self._begun != step:
             first_pair = self.decider.begin(self.step_budget)
             if first:
@@ -259,7 +208,9 @@ class OnlineSteps:
             now_s = self.clock.now_s()
             end_s = self._end_s(anchor, start_s, step_s)
             hand_over_s = end_s - latency_s - self.early_s
-            last_s = hand_over_s - 2 * budget_s  # a decision then, then the next step's first: both by then
+            # A decision then, then the next step's first: both by then (at least as long as the last one took:
+            # the first controlled step has no percentile yet).
+            last_s = hand_over_s - 2 * (max(budget_s, self._decision_s[-1]) if self._decision_s else budget_s)
             if now_s >= last_s:
                 break
             wake_s = max(self._decide(step, start_s, now_s, anchor), now_s + MIN_GAP_S)
@@ -271,7 +222,7 @@ class OnlineSteps:
         self._begun = step + 1
         self.next_request_s = hand_over_s
         first_pair = self.decider.begin(self.step_budget)
-        if not self.clock.sleep_until(hand_over_s, stop):
+        if not (self._release_before(anchor, hand_over_s, stop) and self.clock.sleep_until(hand_over_s, stop)):
             return
         self.next_request_s = math.inf
         self._request(first_pair, step + 1, 0, self.clock.now_s(), end_s)
@@ -291,9 +242,10 @@ class OnlineSteps:
     def _decide(self, step: int, start_s: float, now_s: float, anchor: tuple[int, float, int]) -> float:
         """One decision point; returns when the next is due (host s)."""
         began, began_cpu = time.perf_counter(), time.thread_time()
+        self._release_held(anchor, now_s)
         self.clocks.update(now_s)
         scale = self.auto_scale
-        running = 0 if self.dry_run else self.clocks.in_effect
+        running = self._running
         extrapolated = self.online.kernel_at(running, anchor[2], (now_s - anchor[1]) / scale)
         kernel = self._kernel = max(self._kernel, extrapolated)
         state = LiveState(kernel, self.clocks.in_effect, self.clocks.pending,
@@ -304,11 +256,9 @@ class OnlineSteps:
         decided_s = self.clock.now_s()
         self._decision_s.append(decided_s - now_s)
         if decision.pair not in (NO_REQUEST, self.clocks.in_effect) and self.clocks.free:
-            # It lands one latency after it leaves (now, the decision made): after the kernel running then.
-            lands_s = (decided_s - anchor[1] + self.clocks.latency_s) / scale
-            landing = max(self.online.kernel_at(running, anchor[2], lands_s), kernel) + 1
+            landing = max(self._landing(anchor, decided_s), kernel + 1)
             if landing < len(self._auto_share) - 1:  # else it lands after the step: the hand-over is next
-                self._request(decision.pair, step, landing, decided_s, self._kernel_s(anchor, running, landing))
+                self._place(HeldChange(decision.pair, step, landing), anchor, decided_s)
         wall_us = (time.perf_counter() - began) * 1e6  # the decision and its request, if any, are out
         if decision.evaluated and self.lookahead:
             due_s, skipped = self.decider.look_ahead(self.lookahead)
@@ -333,13 +283,72 @@ class OnlineSteps:
                    running: int) -> tuple[float, str]:
         """The next decision point (host s) and its reason (see the module docstring)."""
         wakes = {"policy": start_s + self.auto_scale * decision.policy_due_s,
-                 "arrival": self.clocks.arrival_check_s(now_s, self.interval_s)}
+                 "arrival": self.clocks.arrival_check_s(now_s, self.interval_s),
+                 "issue": math.inf if self._held is None else self._issue_s(anchor, self._held.kernel)}
         if decision.next_change is None:
             wakes["poll"] = now_s + self.interval_s
         elif decision.next_change < len(self._auto_share) - 1:
             wakes["change"] = self._kernel_s(anchor, running, decision.next_change)
         reason = min(wakes, key=wakes.__getitem__)
         return wakes[reason], reason
+
+    @property
+    def _running(self) -> int:
+        """The pair whose kernel times the GPU runs at (a dry run changes nothing: auto's)."""
+        return 0 if self.dry_run else self.clocks.in_effect
+
+    def _issue_s(self, anchor: tuple[int, float, int], kernel: int) -> float:
+        """When a request for a change at ``kernel`` goes out (host s): one latency, and ``early_s``, before it."""
+        return self._kernel_s(anchor, self._running, kernel) - self.clocks.latency_s - self.early_s
+
+    def _place(self, change: HeldChange, anchor: tuple[int, float, int], decided_s: float) -> None:
+        """Request ``change`` now if its request is due within ``HOLD_MIN_S``, else hold it until it is."""
+        if self._issue_s(anchor, change.kernel) - decided_s < HOLD_MIN_S:
+            self._request(change.pair, change.step, change.kernel, decided_s,
+                          self._kernel_s(anchor, self._running, change.kernel))
+        else:
+            self.clocks.hold(change.pair, decided_s)
+            self._held = change
+
+    def _landing(self, anchor: tuple[int, float, int], request_s: float) -> int:
+        """The kernel a request made at ``request_s`` (host s) changes: it lands one latency later, and takes
+        effect from the kernel after the one running then."""
+        lands_s = (request_s - anchor[1] + self.clocks.latency_s) / self.auto_scale
+        return self.online.kernel_at(self._running, anchor[2], lands_s) + 1
+
+    def _release_held(self, anchor: tuple[int, float, int], now_s: float) -> None:
+        """Send the held change's request if it is due by ``now_s`` (host s), planned from ``anchor`` (a later
+        kernel if it is late for its own; dropped if late for the step)."""
+        held = self._held
+        if held is None or now_s < self._issue_s(anchor, held.kernel) - MIN_GAP_S:
+            return
+        kernel = max(held.kernel, self._landing(anchor, now_s))
+        if kernel >= len(self._auto_share) - 1 or not self._request(
+                held.pair, held.step, kernel, now_s, self._kernel_s(anchor, self._running, kernel)):
+            self._drop_held()  # too late for the step, or a repeat of the clocks requested last
+        self._held = None  # out: the clocks follow its request at their next update
+
+    def _release_before(self, anchor: tuple[int, float, int], until_s: float, stop: threading.Event) -> bool:
+        """At the step's end: the held change's request at its instant if that comes before ``until_s`` (host
+        s), else the change is dropped (the hand-over comes first). False if stopped."""
+        if self._held is None:
+            return True
+        issue_s = self._issue_s(anchor, self._held.kernel)
+        if issue_s >= until_s:
+            self._drop_held()
+            return True
+        self.next_request_s = issue_s
+        if not self.clock.sleep_until(issue_s, stop):
+            return False
+        self._release_held(anchor, self.clock.now_s())
+        self.next_request_s = until_s
+        return True
+
+    def _drop_held(self) -> None:
+        """Forget the held change (its request never goes out)."""
+        if self._held is not None:
+            self._held = None
+            self.clocks.drop()
 
     def _kernel_s(self, anchor: tuple[int, float, int], running: int, kernel: int) -> float:
         """When ``kernel`` is expected to start (host s): after the anchor, at the clocks running."""
@@ -355,10 +364,13 @@ class OnlineSteps:
         self.progress["anchor" if anchor[0] >= 0 else "expected"] += 1
         return anchor
 
-    def _request(self, pair: int, step: int, kernel: int, request_s: float, due_s: float) -> None:
-        if self.clocks.actuator.request(self.online.labels[pair], step=step, kernel=kernel, request_s=request_s,
-                                        due_s=due_s, online=True):
-            self.requests += 1
+    def _request(self, pair: int, step: int, kernel: int, request_s: float, due_s: float) -> bool:
+        """Request ``pair`` for ``kernel`` of ``step``; False for a repeat (nothing went out)."""
+        if not self.clocks.actuator.request(self.online.labels[pair], step=step, kernel=kernel, request_s=request_s,
+                                            due_s=due_s, online=True):
+            return False
+        self.requests += 1
+        return True
 
     def _decider_figures(self) -> dict[str, Any]:
         """The decider process's time per decision and its polling for them (us; total ms), None on this

@@ -5,13 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from kdvfs.agents.learned.policy_planner import shipped_policy_path
 from kdvfs.envs.model.drift import DriftModel
 from kdvfs.runtime.controller.actuator import Actuator, EventLog
 from kdvfs.runtime.controller.estimator import Interval
-from kdvfs.runtime.controller.online import FEEDBACK_GAIN, LiveClocks
+from kdvfs.runtime.controller.live_clocks import LiveClocks
+from kdvfs.runtime.controller.online import FEEDBACK_GAIN, HOLD_MIN_S
 from kdvfs.runtime.testing.fake_gpu import FakeGpu, VirtualClock
 from tests.runtime.controller_helpers import fake_controller, log_records, run_steps, small_problem
 
@@ -115,6 +117,61 @@ def test_a_lock_never_seen_counts_as_in_effect_after_the_latency_and_3_sd() -> N
     clock.advance_to(0.0071)
     clocks.update(clock.now_s())
     assert clocks.free and clocks.took_effect == {"timeout": 1}
+
+
+def test_a_held_change_is_pending_from_its_decision_and_arrives_a_latency_after_its_request() -> None:
+    clock = VirtualClock()
+    problem = small_problem()
+    gpu = FakeGpu(problem.costs, problem.profile, 0.004, 0.0, clock)
+    clocks, actuator, locked = _clocks(gpu, clock, spread_s=0.0)
+    clocks.dry_run = True
+    pair = clocks.online.labels.index(locked)
+    clocks.hold(pair, decided_s=0.001)
+    clock.advance_to(0.020)
+    clocks.update(clock.now_s())
+    assert clocks.pending == pair and clocks.held and clocks.arrival_check_s(clock.now_s(), 1e-4) == float("inf")
+    actuator.request(locked)  # its request goes out at 20 ms
+    clocks.update(clock.now_s())
+    assert not clocks.held and clocks.requested_s == 0.001 and clocks.issued_s == 0.020
+    assert clocks.arrival_check_s(clock.now_s(), 1e-4) == pytest.approx(0.024)
+    clock.advance_to(0.0239)
+    clocks.update(clock.now_s())
+    assert clocks.pending == pair
+    clock.advance_to(0.024)
+    clocks.update(clock.now_s())
+    assert clocks.free and clocks.in_effect == pair and clocks.took_effect == {"assumed": 1}
+    clocks.hold(0, decided_s=0.025)
+    clocks.drop()
+    assert clocks.free and clocks.in_effect == pair
+
+
+def test_a_decided_change_is_requested_one_latency_before_its_kernel(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A policy that asks for another pair at every evaluation: its changes are held and requested one latency
+    before the kernel they were planned for (not at once, up to a kernel's time earlier)."""
+    from kdvfs.agents.learned.online import OnlinePolicy
+
+    log = tmp_path / "run.jsonl"
+    controller, _, timeline = fake_controller(POLICY, log=str(log), online_process=False)
+    timeline.anchor_kernels = ANCHOR_KERNELS
+    decide, asked = OnlinePolicy.decide, [0]
+
+    def alternate(self: OnlinePolicy, *args: Any) -> Any:
+        decision = decide(self, *args)
+        if decision.evaluated:
+            asked[0] += 1
+            decision = decision._replace(pair=1 + asked[0] % 2)
+        return decision
+
+    monkeypatch.setattr(OnlinePolicy, "decide", alternate)
+    with controller:
+        run_steps(controller, 30)
+    latency_s = log_records(log, "start")[0]["latency_s"]
+    online = [r for r in log_records(log, "request") if r.get("online") and r["kernel"] > 0]
+    leads_s = np.array([r["due_s"] - r["issued_s"] for r in online])
+    assert len(online) > 50 and leads_s.min() >= latency_s - 1e-9
+    assert np.median(leads_s) < latency_s + HOLD_MIN_S  # issue-early is 0 here
+    assert controller.summary["online"]["wakes"]["issue"] > 0  # type: ignore[attr-defined]
 
 
 def test_the_measured_slowdown_moves_the_policys_budget(tmp_path: Path) -> None:
