@@ -4,9 +4,11 @@ Learning (:class:`AnchorMap`). For each finished matching step that ran on the p
 matching step in a dry run, the controlled ones otherwise), the anchors' offsets from the step's start,
 scaled by the step's expected over measured time, are positions on the plan's timeline. Once the last
 ``LEARN_STEPS`` such steps had the same number of anchors, each in order, every anchor's position is the
-median of its positions, mapped to the kernel of the captured trace whose expected start is nearest: the
-anchor stands for that kernel's start. A step with another number of anchors drops the map at once and
-starts learning again; a step whose anchors are out of order or outside the step is ignored.
+median of its positions, and it stands for the start of the kernel the trace's structure gives it
+(:mod:`kdvfs.runtime.controller.anchor_structure`: the i-th hooked block's first kernel in its phase), else,
+where the structure does not fit the anchors seen, for the kernel whose expected start is nearest. A step
+with another number of anchors drops the map at once and starts learning again; a step whose anchors are out
+of order or outside the step is ignored.
 
 Placing (:class:`Anchoring`). A request due at ``due`` (on the window's timeline, stretched by ``scale``)
 must be issued at ``offset = due - latency``. It waits for the latest anchor whose position is at least
@@ -24,7 +26,7 @@ from __future__ import annotations
 
 import bisect
 from collections import Counter, deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,8 +63,13 @@ def nearest_kernels(kernel_start_s: Array, positions_s: Array) -> Array:
 class AnchorMap:
     """Where each anchor of a step sits on the plan's timeline (see the module docstring)."""
 
-    def __init__(self, kernel_start_s: Array, expected_s: float, learn_steps: int = LEARN_STEPS) -> None:
+    def __init__(self, kernel_start_s: Array, expected_s: float, learn_steps: int = LEARN_STEPS,
+                 structure: Callable[[int], Sequence[int] | None] | None = None) -> None:
         self.kernel_start_s, self.expected_s = np.asarray(kernel_start_s, dtype=float), expected_s
+        self.structure = structure
+        """The kernels a step's N anchors stand for, from the trace's structure (None: it does not fit)."""
+        self.mapped_by = "time"
+        """How the anchors' kernels were found: ``structure`` or ``time``."""
         self.anchors: tuple[Anchor, ...] = ()
         self._positions_s: list[float] = []
         self._history: deque[Array] = deque(maxlen=learn_steps)
@@ -82,10 +89,20 @@ class AnchorMap:
         self._history.append(offsets_s * self.expected_s / duration_s)
         if len(self._history) == self._history.maxlen and len(offsets_s):
             median_s = np.median(np.stack(list(self._history)), axis=0)
-            kernels = nearest_kernels(self.kernel_start_s, median_s)
+            kernels = self._structural(len(median_s))
+            self.mapped_by = "time" if kernels is None else "structure"
+            if kernels is None:
+                kernels = nearest_kernels(self.kernel_start_s, median_s)
             self.anchors = tuple(Anchor(i, int(k), float(self.kernel_start_s[k])) for i, k in enumerate(kernels))
         self._positions_s = [a.position_s for a in self.anchors]
         return [a.kernel for a in before] != [a.kernel for a in self.anchors]
+
+    def _structural(self, anchors: int) -> Array | None:
+        """The structure's kernels for ``anchors`` anchors, if it gives them in order and within the step."""
+        found = None if self.structure is None else self.structure(anchors)
+        if found is None or not all(0 <= k < len(self.kernel_start_s) for k in found):
+            return None
+        return np.asarray(found, dtype=np.int64) if bool(np.all(np.diff(found) > 0)) else None
 
     def pick(self, latest_s: float) -> Anchor | None:
         """The last anchor positioned at or before ``latest_s`` (s from the step's start), None if none."""
@@ -123,13 +140,15 @@ class Anchoring:
         margin_s: an anchor must be placed at least this long before the request's issue instant.
         tolerance: largest distance of an anchor from its step-level instant, as a fraction of the step time.
         learn_auto: learn from steps in auto mode too (a dry run, whose plan timeline is the auto one).
+        structure: the anchors' kernels from the trace's structure (:class:`AnchorMap`).
     """
 
     def __init__(self, plan: StepPlan, timeline: StepTimeline, clock: Clock, latency_s: float, margin_s: float,
-                 tolerance: float, learn_auto: bool) -> None:
+                 tolerance: float, learn_auto: bool,
+                 structure: Callable[[int], Sequence[int] | None] | None = None) -> None:
         self.plan, self.timeline, self.clock = plan, timeline, clock
         self.latency_s, self.margin_s, self.tolerance, self.learn_auto = latency_s, margin_s, tolerance, learn_auto
-        self.map = AnchorMap(plan.kernel_start_s, plan.expected_s)
+        self.map = AnchorMap(plan.kernel_start_s, plan.expected_s, structure=structure)
         self.counts: Counter[str] = Counter()
         self._step, self._start_s, self._scale, self._last_s = 0, 0.0, 1.0, -np.inf
 
@@ -169,4 +188,4 @@ class Anchoring:
         and fallbacks (anchor missing or rejected); the learned anchors."""
         return {"anchored": self.counts["anchored"], "step_level": self.counts["step_level"],
                 "missing": self.counts["missing"], "rejected": self.counts["rejected"],
-                "learned": len(self.map.anchors)}
+                "learned": len(self.map.anchors), "mapped_by": self.map.mapped_by}

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 from kdvfs.agents.common.problem import score
 from kdvfs.runtime.controller.accounting import Accounting
 from kdvfs.runtime.controller.actuator import Actuator, EventLog, parse_clocks
+from kdvfs.runtime.controller.anchor_structure import TraceStructure
 from kdvfs.runtime.controller.anchoring import Anchoring
 from kdvfs.runtime.controller.anchors import AnchorHooks
 from kdvfs.runtime.controller.config import ControllerConfig
@@ -192,8 +193,13 @@ class Controller:
         settle_steps = 1 + int(latency_s // plan.auto_s)
         self._accounting = Accounting(device, clock, config, settle_steps, self._log, self._next_request_s)
         timeline = self._timeline or (HostStepTimeline(clock) if config.cpu_test_mode else CudaStepTimeline(clock))
+        hooks = (AnchorHooks(timeline.anchor, config.anchor_every)
+                 if config.anchors and isinstance(timeline, CudaStepTimeline) else None)
+        structure = None if hooks is None else TraceStructure(self.plan.problem.trace, hooks.every,
+                                                               lambda: hooks.blocks).kernels
         anchoring = Anchoring(plan, timeline, clock, latency_s, config.anchor_margin_ms / 1e3 if config.anchors
-                              else float("inf"), config.step_match_tolerance, learn_auto=config.dry_run)
+                              else float("inf"), config.step_match_tolerance, learn_auto=config.dry_run,
+                              structure=structure)
         self._online = None if self.plan.online is None else self._online_steps(device, timeline, anchoring)
         self._issuer = Issuer(plan, latency_s, timeline,
                               StepMatcher(plan.auto_s, config.step_match_tolerance, config.confirm_steps),
@@ -203,8 +209,8 @@ class Controller:
         self._timeline = timeline
         self._issuer.start()
         self._stack.callback(self._stop_thread)
-        if config.anchors and isinstance(timeline, CudaStepTimeline):
-            self._hooks = AnchorHooks(timeline.anchor, config.anchor_every)
+        if hooks is not None:
+            self._hooks = hooks
             self._hooks.install()
             self._stack.callback(self._hooks.remove)
 

@@ -134,7 +134,7 @@ class Issuer(threading.Thread):
         if self.anchoring.learn(end, matched, was_controlled):
             anchors = self.anchoring.map.anchors
             self.log.write("anchor_map", step=index, kernels=[a.kernel for a in anchors],
-                           positions_s=[a.position_s for a in anchors])
+                           positions_s=[a.position_s for a in anchors], mapped_by=self.anchoring.map.mapped_by)
         if self.stop_event.is_set():
             return
         if self._controlling:
