@@ -56,6 +56,9 @@ class TraceStructure:
         self._names = [kernel.name for kernel in trace.kernels]
         self._phases = [kernel.phase for kernel in trace.kernels]
         self.every, self._blocks = every, blocks
+        self._found: dict[tuple[int, int], tuple[int, ...] | None] = {}
+        """:meth:`kernels` by (blocks, anchors): the anchor map asks at every step it learns from, on the
+        controller's thread, and the search is ~10^5 name comparisons (ms, holding the interpreter lock)."""
 
     def _starts(self, phase: Phase, blocks: int) -> list[int] | None:
         """Each block's first kernel in ``phase`` (kernel indices, in the order the phase runs them)."""
@@ -68,6 +71,11 @@ class TraceStructure:
         that many: the hooked blocks' forward anchors, then (with twice as many anchors) their backward ones,
         then (with one more) the optimizer's."""
         blocks = self._blocks()
+        if (blocks, anchors) not in self._found:
+            self._found[blocks, anchors] = self._kernels(blocks, anchors)
+        return self._found[blocks, anchors]
+
+    def _kernels(self, blocks: int, anchors: int) -> tuple[int, ...] | None:
         hooked = list(range(0, blocks, self.every))
         k = len(hooked)
         if not k or anchors not in (k, k + 1, 2 * k, 2 * k + 1) or (k == 1 and anchors == 2):  # 2: ambiguous

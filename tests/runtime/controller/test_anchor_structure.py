@@ -60,6 +60,11 @@ def test_the_anchors_stand_for_the_hooked_blocks_first_kernels_in_order() -> Non
     assert second.kernels(5) == (forward_starts[0], forward_starts[2], backward_starts[2], backward_starts[0],
                                  optimizer)
     assert TraceStructure(trace, every=1, blocks=lambda: 0).kernels(9) is None  # no forward seen yet
+    found = [0]
+    later = TraceStructure(trace, every=1, blocks=lambda: found[0])
+    assert later.kernels(9) is None
+    found[0] = 4  # the hooks found the blocks at the model's first forward
+    assert later.kernels(9) == every.kernels(9)
     assert TraceStructure(trace, every=1, blocks=lambda: 5).kernels(11) is None  # not the trace's blocks
 
 
