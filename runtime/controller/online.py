@@ -44,24 +44,23 @@ something can change (counted per reason in the summary's ``wakes``):
 
 A decision takes time (its wall time, ``decision_us`` in the summary), and it is budgeted where requests go
 out: a request lands one latency after it leaves, so its change is planned for the kernel after the one
-running one latency after the decision was made, not after the decision point (none is requested that
-would land after the step's last kernel started: the hand-over comes next). Its request goes out one
-latency (plus ``issue_early_ms``) before that kernel's expected start, as a replayed plan's does, so that
-the change reaches the GPU where the model (the policy's environment, the fake GPU) puts it, not inside the
-kernel before, and its instant is planned from the latest anchor: at once if that is within ``HOLD_MIN_S``
-of the decision, else the change is *held* until then. A held change is pending from its decision on (the
-observation's pending age counts from the decision, as the environment's does; its arrival from its
-request), and no other is requested meanwhile; at the ``issue`` wake its kernel is re-placed from the
-latest anchor (the next one that a request now still reaches, if the GPU is ahead; dropped if none in the
-step), and one whose request would go out after the hand-over's is dropped. A step's first pair is
-requested one latency (plus ``issue_early_ms``) before the step is expected to end, at the end of the
-previous step's decisions (the policy's first decision of the next step, on the step budget of that
-moment). The step's last decision point is two decisions' time before that (the 90th percentile of the
-last ``BUDGET_DECISIONS`` decision points' durations, or the last one's if longer, each), so that it and
-the next step's first decision
-are made by then; the first controlled step's first pair is requested at once. Once an anchor has passed,
-the step's end is expected where the anchor puts it (the expected step time's share after the anchor's
-kernel, at auto's proportions) instead of at its start plus the expected step time.
+running one latency after the decision was made, not after the decision point (none is requested that would
+land after the step's last kernel started: the hand-over comes next). Its request goes out one latency (plus
+``issue_early_ms``) before that kernel's expected start, as a replayed plan's does, so that the change reaches
+the GPU where the model (the policy's environment, the fake GPU) puts it, not inside the kernel before, and
+its instant is planned from the latest anchor: at once if that is within ``HOLD_MIN_S`` of the decision, else
+the change is *held* until then. A held change is pending from its decision on (the observation's pending age
+counts from the decision, as the environment's does; its arrival from its request), and no other is requested
+meanwhile; at the ``issue`` wake its kernel is re-placed from the latest anchor (the next one that a request
+now still reaches, if the GPU is ahead; dropped if none in the step), and one whose request would go out after
+the hand-over's is dropped. A step's first pair is requested one latency (plus ``issue_early_ms``) before the
+step is expected to end, at the end of the previous step's decisions (the policy's first decision of the next
+step, on the step budget of that moment). The step's last decision point is two decisions' time before that
+(the 90th percentile of the last ``BUDGET_DECISIONS`` decision points' durations, or the last one's if longer,
+each), so that it and the next step's first decision are made by then; the first controlled step's first pair
+is requested at once. Once an anchor has passed, the step's end is expected where the anchor puts it (the
+expected step time's share after the anchor's kernel, at auto's proportions) instead of at its start plus the
+expected step time.
 """
 
 from __future__ import annotations
@@ -329,8 +328,8 @@ class OnlineSteps:
         self._held = None  # out: the clocks follow its request at their next update
 
     def _release_before(self, anchor: tuple[int, float, int], until_s: float, stop: threading.Event) -> bool:
-        """At the step's end: the held change's request at its instant if that comes before ``until_s`` (host
-        s), else the change is dropped (the hand-over comes first). False if stopped."""
+        """At the step's end: the held change's request at its instant if that comes before ``until_s`` (host s),
+        else the change is dropped (the hand-over comes first). False if stopped."""
         if self._held is None:
             return True
         issue_s = self._issue_s(anchor, self._held.kernel)
