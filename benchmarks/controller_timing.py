@@ -17,6 +17,7 @@ from kdvfs.envs.trace.bundled import open_trace
 from kdvfs.envs.trace.importing import read_recording
 from kdvfs.runtime.capture.cpu_emulation import emulate_gpu_recording
 from kdvfs.runtime.controller.config import ControllerConfig
+from kdvfs.runtime.controller.pace import host_offsets_s
 from kdvfs.runtime.controller.source import load_plan
 from kdvfs.runtime.controller.timeline import StepPlan
 
@@ -75,21 +76,28 @@ def step_end_errors_ms(records: list[dict[str, Any]], plan: StepPlan, profiled: 
 
 
 def anchored_starts_s(plan: StepPlan, log: list[dict[str, Any]], step: dict[str, Any], start_s: float,
-                      scale: float) -> np.ndarray:
+                      scale: float, pace_s: list[float] | None = None) -> np.ndarray:
     """Every kernel's start in ``step`` (its log record) as the controller would place a change due at it: on
     the latest anchor of the map in effect that precedes it by the latency and margin (``runtime/controller/
-    anchoring.py``; its live checks of order and distance are not repeated), else from the step's start."""
+    anchoring.py``; its live checks of order and distance are not repeated), else from the step's start; times
+    from either at the step's pace logged by the step before (``pace_s``; ``runtime/controller/pace.py``), else
+    on the timeline stretched by ``scale``."""
     start = next(r for r in log if r["event"] == "start")
     maps = [r for r in log if r["event"] == "anchor_map" and r["step"] < step["step"]]
-    predicted_s = start_s + scale * plan.kernel_start_s
     anchors_s = np.asarray(step.get("anchors_s") or [])
-    if not maps or len(maps[-1]["positions_s"]) != len(anchors_s) or not len(anchors_s):
-        return predicted_s
-    positions_s = np.asarray(maps[-1]["positions_s"])
+    positions_s = np.asarray(maps[-1]["positions_s"]) if maps else np.zeros(0)
+    if pace_s is not None and len(pace_s) == len(positions_s) + 1 and len(positions_s):
+        knots_s = np.concatenate([[0.0], positions_s, [plan.expected_s]])
+        host_s, at_anchors_s = (host_offsets_s(np.asarray(pace_s), knots_s, times_s)
+                                for times_s in (plan.kernel_start_s, positions_s))
+    else:
+        host_s, at_anchors_s = scale * plan.kernel_start_s, scale * positions_s
+    if not len(positions_s) or len(positions_s) != len(anchors_s):
+        return start_s + host_s
     latest_s = plan.kernel_start_s - (start["latency_s"] + (start.get("anchor_margin_s") or 0.0)) / scale
     index = np.searchsorted(positions_s, latest_s, side="right") - 1
     on = np.clip(index, 0, None)
-    return np.where(index >= 0, anchors_s[on] + scale * (plan.kernel_start_s - positions_s[on]), predicted_s)
+    return np.where(index >= 0, anchors_s[on] + host_s - at_anchors_s[on], start_s + host_s)
 
 
 def request_figures(log: list[dict[str, Any]], steps: set[int]) -> dict[str, Any]:
@@ -132,7 +140,8 @@ def timing_figures(folder: Path, document: dict[str, Any], cpu_test: bool) -> di
         predicted_us = (record["end_s"] + record["scale"] * plan.kernel_start_s) * 1e6 + offset_us
         every += list((predicted_us - actual_us) / 1e3)
         if step in by_step:
-            placed_s = anchored_starts_s(plan, document["log"], by_step[step], record["end_s"], record["scale"])
+            placed_s = anchored_starts_s(plan, document["log"], by_step[step], record["end_s"], record["scale"],
+                                         record.get("pace_s"))
             anchored += list((placed_s * 1e6 + offset_us - actual_us) / 1e3)
         jitter.append((record["end_s"] * 1e6 + offset_us - (acts[first - 1].start_us + acts[first - 1].dur_us)) / 1e3)
     return {"profiled_steps_with_trace_sequence": len(starts), "controlled_profiled_steps": len(steps),

@@ -30,7 +30,7 @@ pair in effect (where requests land, the plans' proposal changes) is computed fo
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -121,7 +121,6 @@ class OnlinePolicy:
         """The env's step and regime whose arrays are bound."""
         self._budget = (0.0, -1)
         self._state: LiveState | None = None
-        self._times_s: dict[int, list[float]] = {}
         self._hold_until_s = -math.inf
 
     def prepare(self) -> None:
@@ -205,10 +204,9 @@ class OnlinePolicy:
         self._hold_until_s = due_s
         return due_s, skipped
 
-    def kernel_at(self, pair: int, from_kernel: int, offset_s: float) -> int:
-        """The kernel running ``offset_s`` after kernel ``from_kernel`` started, at ``pair`` (model timeline)."""
-        times = self._times_s.get(pair)
-        if times is None:
-            times = self._times_s[pair] = self.cumulative_s[:, pair].tolist()
-        index = index_right(times, times[from_kernel] + offset_s) - 1
-        return min(max(index, from_kernel), len(times) - 2)
+
+def kernel_at(times_s: Sequence[float], from_kernel: int, offset_s: float) -> int:
+    """The kernel running ``offset_s`` (s) after kernel ``from_kernel`` started, on the timeline ``times_s``
+    ((K+1,) kernel starts, the last the step's end); never before ``from_kernel`` nor past the last kernel."""
+    index = index_right(times_s, times_s[from_kernel] + offset_s) - 1
+    return min(max(index, from_kernel), len(times_s) - 2)

@@ -13,9 +13,11 @@ of order or outside the step is ignored.
 Placing (:class:`Anchoring`). A request due at ``due`` (on the window's timeline, stretched by ``scale``)
 must be issued at ``offset = due - latency``. It waits for the latest anchor whose position is at least
 ``margin`` before ``offset`` (the thread wakes a little after the GPU passed the anchor and still has to
-issue one latency ahead) and puts the change at the anchor's host time plus the planned time from the
-anchor's kernel to the change (``due - scale * position``); the request goes out one latency before
-that. It keeps the step-level instants (the step's start plus the planned offsets) when no anchor is
+issue one latency ahead) and puts the change at the anchor's host time plus the time from the anchor's
+kernel to the change; the request goes out one latency before that. Times from the step's start or an
+anchor are at the step's pace (:mod:`kdvfs.runtime.controller.pace`, learned from the same steps as the
+map) once it is learned, else the planned ones stretched by ``scale``. It keeps the step-level instants
+(the step's start plus the times to the change and its request) when no anchor is
 learned that early, when the anchor was not recorded by the request's step-level issue time, when it is
 earlier than an anchor already used in the window, or when it lies further than ``tolerance`` of the step
 time from where the step-level timeline expects it. (The order is checked among anchors only: the step's
@@ -34,6 +36,7 @@ import numpy as np
 
 from kdvfs.envs.model.cost_model import Array
 from kdvfs.runtime.controller.gpu_timeline import StepEnd, StepTimeline
+from kdvfs.runtime.controller.pace import Pace, host_offsets_s
 from kdvfs.runtime.controller.timeline import Request, StepPlan
 from kdvfs.runtime.device.host_time import Clock
 
@@ -71,7 +74,8 @@ class AnchorMap:
         self.mapped_by = "time"
         """How the anchors' kernels were found: ``structure`` or ``time``."""
         self.anchors: tuple[Anchor, ...] = ()
-        self._positions_s: list[float] = []
+        self.positions_s: list[float] = []
+        """The anchors' positions (s from the step's start, plan timeline), in order."""
         self._history: deque[Array] = deque(maxlen=learn_steps)
 
     def observe(self, start_s: float, end_s: float, anchors_s: Sequence[float]) -> bool:
@@ -94,7 +98,7 @@ class AnchorMap:
             if kernels is None:
                 kernels = nearest_kernels(self.kernel_start_s, median_s)
             self.anchors = tuple(Anchor(i, int(k), float(self.kernel_start_s[k])) for i, k in enumerate(kernels))
-        self._positions_s = [a.position_s for a in self.anchors]
+        self.positions_s = [a.position_s for a in self.anchors]
         return [a.kernel for a in before] != [a.kernel for a in self.anchors]
 
     def _structural(self, anchors: int) -> Array | None:
@@ -106,7 +110,7 @@ class AnchorMap:
 
     def pick(self, latest_s: float) -> Anchor | None:
         """The last anchor positioned at or before ``latest_s`` (s from the step's start), None if none."""
-        index = bisect.bisect_right(self._positions_s, latest_s)
+        index = bisect.bisect_right(self.positions_s, latest_s)
         return self.anchors[index - 1] if index else None
 
 
@@ -149,6 +153,7 @@ class Anchoring:
         self.plan, self.timeline, self.clock = plan, timeline, clock
         self.latency_s, self.margin_s, self.tolerance, self.learn_auto = latency_s, margin_s, tolerance, learn_auto
         self.map = AnchorMap(plan.kernel_start_s, plan.expected_s, structure=structure)
+        self.pace = Pace()
         self.counts: Counter[str] = Counter()
         self._step, self._start_s, self._scale, self._last_s = 0, 0.0, 1.0, -np.inf
 
@@ -156,6 +161,7 @@ class Anchoring:
         """Learn from a finished step (controlled: it ran the plan's clocks); True when the map changed."""
         if not matched or end.duration_s is None or not (controlled or self.learn_auto):
             return False
+        self.pace.observe(end.end_s - end.duration_s, end.end_s, end.anchors_s)
         return self.map.observe(end.end_s - end.duration_s, end.end_s, end.anchors_s)
 
     def begin(self, step: int, start_s: float, scale: float) -> None:
@@ -164,7 +170,8 @@ class Anchoring:
 
     def place(self, request: Request) -> Placement:
         """When to issue ``request`` (of the current window) and when it is due; may wait for an anchor."""
-        step_level = Placement(self._start_s + request.offset_s, self._start_s + request.due_s)
+        due_s = self._start_s + self._host_s(request.due_s / self._scale)
+        step_level = Placement(due_s - (request.due_s - request.offset_s), due_s)
         anchor = self.map.pick((request.offset_s - self.margin_s) / self._scale)
         if anchor is None:
             self.counts["step_level"] += 1
@@ -180,8 +187,20 @@ class Anchoring:
             return step_level
         self.counts["anchored"] += 1
         self._last_s = anchor_s
-        due_s = anchor_s + request.due_s - self._scale * anchor.position_s
+        due_s = anchor_s + self._host_s(request.due_s / self._scale) - self._host_s(anchor.position_s)
         return Placement(due_s - self.latency_s, due_s, anchor, anchor_s, woke_s)
+
+    def _host_s(self, time_s: float) -> float:
+        """Host time from the window's start (s) at ``time_s`` on the plan's timeline (past its end: into the
+        next step's), at the step's pace (see the module docstring)."""
+        segments_s = self.pace.for_anchors(len(self.map.anchors))
+        if segments_s is None:
+            return self._scale * time_s
+        knots_s = np.concatenate([[0.0], self.map.positions_s, [self.plan.expected_s]])
+        if time_s <= self.plan.expected_s:
+            return float(host_offsets_s(segments_s, knots_s, time_s))
+        step_s, later_s = host_offsets_s(segments_s, knots_s, [self.plan.expected_s, time_s - self.plan.expected_s])
+        return float(step_s + later_s)
 
     def figures(self) -> dict[str, Any]:
         """For the summary: requests placed on anchors, on the step-level timeline (no anchor early enough),

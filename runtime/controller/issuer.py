@@ -5,12 +5,13 @@ For every step boundary marked by the training thread it waits until the GPU has
 to the matcher, the guard and the accounting, and then decides the next step:
 
 * matching, in a B window of the A/B schedule (:mod:`kdvfs.runtime.controller.accounting`) and the guard
-  not backed off: controlled. The step's requests (:meth:`StepPlan.requests`,
-  the timeline stretched by the median ratio of measured to expected step time of the last matching
-  steps) are placed on the latest anchor inside the step that precedes each request's issue instant by a
-  margin (:mod:`kdvfs.runtime.controller.anchoring`; the step's start when there is none or it is not trusted)
-  and issued at their instants (``early_s`` ahead, for the thread's wake-up), sleeping in between; the
-  first controlled step also gets its own early changes at once;
+  not backed off: controlled. The step's requests (:meth:`StepPlan.requests`, the timeline stretched by the
+  median ratio of measured to expected step time of the last matching steps, or at the step's pace between
+  its anchors once learned: :mod:`kdvfs.runtime.controller.pace`) are placed on the latest anchor inside the
+  step that precedes each request's issue instant by a margin (:mod:`kdvfs.runtime.controller.anchoring`; the
+  step's start when there is none or it is not trusted) and issued at their instants (``early_s`` ahead, for
+  the thread's wake-up), sleeping in between; the first controlled step also gets its own early changes at
+  once;
 * with a frozen policy deciding online (:mod:`kdvfs.runtime.controller.online`), the same steps are
   controlled, but the thread decides through each of them on what it measures instead of replaying;
 * otherwise (not matching yet, an evaluation pass or new shape, an A window, backed off): the GPU is
@@ -24,9 +25,10 @@ stay its own. Each A/B pair's slowdown goes to the guard. ``next_request_s`` is 
 is sleeping towards (infinite when none): the energy counter's reader does not start a read just before
 it.
 
-Every step and request goes to the event log. When the controller stops, the steps already marked
-are still waited for and counted, but nothing more is requested. An error on this thread (e.g. NVML)
-returns the GPU to auto, ends control for the run and is reported in the summary; training continues.
+Every step (with the pace the next one is placed at, ``pace_s``) and request goes to the event log. When the
+controller stops, the steps already marked are still waited for and counted, but nothing more is requested. An
+error on this thread (e.g. NVML) returns the GPU to auto, ends control for the run and is reported in the
+summary; training continues.
 """
 
 from __future__ import annotations
@@ -128,10 +130,13 @@ class Issuer(threading.Thread):
         self._controlling = self._decide(end, matched, was_controlled)
         if self.online is not None:
             self.online.observe(end, matched, was_controlled)
+        remapped = self.anchoring.learn(end, matched, was_controlled)
+        pace = (self.anchoring.pace if self.online is None else self.online.pace).segments_s
         self.log.write("step", step=index, end_s=end.end_s, duration_s=end.duration_s, signature=end.signature,
                        matched=matched, controlled=was_controlled, next_controlled=self._controlling, scale=self.scale,
-                       arm=self.accounting.slot.arm, anchors_s=end.anchors_s)
-        if self.anchoring.learn(end, matched, was_controlled):
+                       arm=self.accounting.slot.arm, anchors_s=end.anchors_s,
+                       pace_s=None if pace is None else pace.tolist())
+        if remapped:
             anchors = self.anchoring.map.anchors
             self.log.write("anchor_map", step=index, kernels=[a.kernel for a in anchors],
                            positions_s=[a.position_s for a in anchors], mapped_by=self.anchoring.map.mapped_by)

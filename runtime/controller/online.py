@@ -75,7 +75,7 @@ from typing import Any, NamedTuple, Protocol
 import numpy as np
 
 from kdvfs.agents.learned.live_decision import NO_REQUEST
-from kdvfs.agents.learned.online import OnlineDecision, OnlinePolicy
+from kdvfs.agents.learned.online import OnlineDecision, OnlinePolicy, kernel_at
 from kdvfs.envs.env.live import LiveState
 from kdvfs.runtime.controller.actuator import EventLog
 from kdvfs.runtime.controller.anchoring import AnchorMap
@@ -84,6 +84,7 @@ from kdvfs.runtime.controller.decision_records import DecisionRecords
 from kdvfs.runtime.controller.estimator import Interval
 from kdvfs.runtime.controller.gpu_timeline import StepEnd, StepTimeline
 from kdvfs.runtime.controller.live_clocks import LiveClocks
+from kdvfs.runtime.controller.pace import Pace, host_offsets_s
 from kdvfs.runtime.device.host_time import Clock
 
 SCALE_STEPS = 5
@@ -159,6 +160,8 @@ class OnlineSteps:
         self.cpu_us: list[float] = []
         self._scales: deque[float] = deque(maxlen=SCALE_STEPS)
         self._auto_scale = 1.0
+        self.pace = Pace()
+        self._host_times_s: dict[int, list[float]] = {}
         self._decision_s: deque[float] = deque(maxlen=BUDGET_DECISIONS)
         self._kernel = 1
         self._held: HeldChange | None = None
@@ -172,10 +175,16 @@ class OnlineSteps:
         return self._auto_scale
 
     def observe(self, end: StepEnd, matched: bool, controlled: bool) -> None:
-        """Learn the auto scale from a finished step (matched and at auto)."""
-        if matched and not controlled and end.duration_s is not None:
+        """Learn from a finished step: the auto scale (matched and at auto) and the pace (matched and at auto
+        clocks: also a dry run's controlled steps)."""
+        if not matched or end.duration_s is None:
+            return
+        if not controlled:
             self._scales.append(end.duration_s / self.online.auto_time_s)
             self._auto_scale = statistics.median(self._scales)
+        if not controlled or self.dry_run:
+            self.pace.observe(end.end_s - end.duration_s, end.end_s, end.anchors_s)
+        self._host_times_s.clear()
 
     def feedback(self, measured: Interval | None) -> None:
         """Set the next steps' budget from the run's measured slowdown (see the module docstring)."""
@@ -236,7 +245,10 @@ class OnlineSteps:
         at auto's proportions), else from the step's start."""
         if anchor[0] < 0:
             return start_s + step_s
-        return anchor[1] + step_s * (1.0 - float(self._auto_share[anchor[2]]))
+        if self.pace.for_anchors(len(self.anchor_map.anchors)) is None:
+            return anchor[1] + step_s * (1.0 - float(self._auto_share[anchor[2]]))
+        auto_s = self._host_times(0)
+        return anchor[1] + auto_s[-1] - auto_s[anchor[2]]
 
     def _decide(self, step: int, start_s: float, now_s: float, anchor: tuple[int, float, int]) -> float:
         """One decision point; returns when the next is due (host s)."""
@@ -245,7 +257,7 @@ class OnlineSteps:
         self.clocks.update(now_s)
         scale = self.auto_scale
         running = self._running
-        extrapolated = self.online.kernel_at(running, anchor[2], (now_s - anchor[1]) / scale)
+        extrapolated = kernel_at(self._host_times(running), anchor[2], now_s - anchor[1])
         kernel = self._kernel = max(self._kernel, extrapolated)
         state = LiveState(kernel, self.clocks.in_effect, self.clocks.pending,
                           (now_s - self.clocks.requested_s) / scale if not self.clocks.free else 0.0,
@@ -312,8 +324,8 @@ class OnlineSteps:
     def _landing(self, anchor: tuple[int, float, int], request_s: float) -> int:
         """The kernel a request made at ``request_s`` (host s) changes: it lands one latency later, and takes
         effect from the kernel after the one running then."""
-        lands_s = (request_s - anchor[1] + self.clocks.latency_s) / self.auto_scale
-        return self.online.kernel_at(self._running, anchor[2], lands_s) + 1
+        lands_s = request_s - anchor[1] + self.clocks.latency_s
+        return kernel_at(self._host_times(self._running), anchor[2], lands_s) + 1
 
     def _release_held(self, anchor: tuple[int, float, int], now_s: float) -> None:
         """Send the held change's request if it is due by ``now_s`` (host s), planned from ``anchor`` (a later
@@ -351,8 +363,25 @@ class OnlineSteps:
 
     def _kernel_s(self, anchor: tuple[int, float, int], running: int, kernel: int) -> float:
         """When ``kernel`` is expected to start (host s): after the anchor, at the clocks running."""
-        times_s = self.online.cumulative_s[:, running]
-        return anchor[1] + self.auto_scale * float(times_s[kernel] - times_s[anchor[2]])
+        times_s = self._host_times(running)
+        return anchor[1] + times_s[kernel] - times_s[anchor[2]]
+
+    def _host_times(self, pair: int) -> list[float]:
+        """Host time from the step's start (s) at each kernel's start on ``pair``'s model timeline ((K+1,), the
+        last the step's end): at the step's pace once it is learned (each segment between the anchors' kernels
+        scaled by its time at ``pair`` over auto's), else the auto scale's."""
+        times_s = self._host_times_s.get(pair)
+        if times_s is None:
+            column_s = self.online.cumulative_s[:, pair]
+            segments_s = self.pace.for_anchors(len(self.anchor_map.anchors))
+            if segments_s is None:
+                host_s = self.auto_scale * column_s
+            else:
+                kernels = [0] + [a.kernel for a in self.anchor_map.anchors] + [len(column_s) - 1]
+                host_s = host_offsets_s(segments_s, column_s[kernels], column_s,
+                                        self.online.cumulative_s[kernels, 0])
+            times_s = self._host_times_s[pair] = host_s.tolist()
+        return times_s
 
     def _anchor(self, step: int, anchor: tuple[int, float, int]) -> tuple[int, float, int]:
         """The latest anchor the GPU has passed (index, host s, kernel), else ``anchor``; counts the source."""

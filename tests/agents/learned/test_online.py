@@ -11,7 +11,7 @@ import pytest
 from kdvfs.agents.common.problem import Problem
 from kdvfs.agents.learned.frozen import FrozenPolicy
 from kdvfs.agents.learned.live_decision import NO_REQUEST
-from kdvfs.agents.learned.online import OnlinePolicy
+from kdvfs.agents.learned.online import OnlinePolicy, kernel_at
 from kdvfs.agents.learned.policy_planner import PolicyPlanner, policy_env, shipped_policy_path
 from kdvfs.envs.env import landings
 from kdvfs.envs.env.live import LiveState
@@ -59,10 +59,10 @@ def test_a_step_running_late_shows_as_budget_used(online: tuple[OnlinePolicy, Pr
 
 def test_kernel_at_inverts_the_timeline(online: tuple[OnlinePolicy, Problem]) -> None:
     policy, _ = online
-    times_s = policy.cumulative_s[:, 0]
-    assert policy.kernel_at(0, 10, 0.0) == 10
-    assert policy.kernel_at(0, 10, float(times_s[20] - times_s[10]) + 1e-9) == 20
-    assert policy.kernel_at(0, 10, 1e3) == len(times_s) - 2  # never past the last kernel
+    times_s = policy.cumulative_s[:, 0].tolist()
+    assert kernel_at(times_s, 10, 0.0) == 10
+    assert kernel_at(times_s, 10, times_s[20] - times_s[10] + 1e-9) == 20
+    assert kernel_at(times_s, 10, 1e3) == len(times_s) - 2  # never past the last kernel
     assert policy.pair_of(policy.labels[3]) == 3
 
 
@@ -161,7 +161,7 @@ def test_a_warm_up_leaves_no_trace_on_the_decisions(online: tuple[OnlinePolicy, 
     hold_s = policy.policy.config.decision_fraction * policy.auto_time_s
     assert plain.begin(0.01) == warmed.begin(0.01)
     for now_s in np.sort(rng.uniform(0, policy.auto_time_s, 30)):
-        kernel = plain.kernel_at(0, 0, float(now_s))
+        kernel = kernel_at(plain.cumulative_s[:, 0].tolist(), 0, float(now_s))
         auto_s = float(plain.cumulative_s[kernel, 0])
         state = LiveState(kernel, int(rng.integers(3)), -1, 0.0, float(now_s) * 1.01, auto_s)
         other = LiveState(int(rng.integers(kernel + 1)), int(rng.integers(3)), 1, 1e-4, auto_s * 1.05, auto_s)

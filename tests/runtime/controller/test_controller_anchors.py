@@ -14,10 +14,11 @@ import pytest
 import torch
 from torch import nn
 
-from kdvfs.runtime.controller import gpu_timeline
+from kdvfs.runtime.controller import anchoring, gpu_timeline
 from kdvfs.runtime.controller.anchoring import AnchorMap, nearest_kernels
 from kdvfs.runtime.controller.anchors import AnchorHooks, find_blocks
 from kdvfs.runtime.controller.gpu_timeline import CudaStepTimeline
+from kdvfs.runtime.controller.pace import host_offsets_s
 from kdvfs.runtime.device.host_time import RealClock
 from tests.runtime.controller_helpers import LATENCY_MS, fake_controller, log_records, run_steps, write_plan
 
@@ -229,17 +230,34 @@ def _anchored_run(plan_file: Path, tmp_path: Path, steps: int, **options: Any) -
     return controller, timeline, log_records(tmp_path / "log.jsonl", "request")
 
 
+def _starts_and_paces(folder: Path) -> tuple[dict[int, float], dict[int, list[float] | None]]:
+    """Each step's start (host s) and the pace its requests were placed at, from the log."""
+    steps = log_records(folder / "log.jsonl", "step")
+    return {r["step"] + 1: r["end_s"] for r in steps}, {r["step"] + 1: r["pace_s"] for r in steps}
+
+
+def _paced_s(plan: Any, pace_s: list[float] | None, times_s: list[float]) -> np.ndarray:
+    """``times_s`` on the plan's timeline at the step's pace with the fake timeline's anchors (the fake GPU runs
+    at the plan's times: without a pace, no scale)."""
+    if pace_s is None or len(pace_s) != len(ANCHOR_KERNELS) + 1:
+        return np.asarray(times_s)
+    knots_s = np.concatenate([[0.0], plan.kernel_start_s[list(ANCHOR_KERNELS)], [plan.expected_s]])
+    return host_offsets_s(np.array(pace_s), knots_s, times_s)
+
+
 def test_requests_are_placed_on_anchors_one_latency_ahead(plan_file: Path, tmp_path: Path) -> None:
     controller, _, requests = _anchored_run(plan_file, tmp_path, 16)
     anchored = [r for r in requests if r["anchor"] is not None]
     assert len(anchored) >= 10 and controller.summary["anchors"]["learned"] == len(ANCHOR_KERNELS)
     plan = controller.step_plan
-    starts = {r["step"] + 1: r["end_s"] for r in log_records(tmp_path / "log.jsonl", "step")}
+    starts, paces = _starts_and_paces(tmp_path)
+    assert sum(paces[r["step"]] is not None for r in anchored) >= 5
     for record in anchored:
         change = list(plan.kernels).index(record["kernel"])
         assert record["anchor_kernel"] in ANCHOR_KERNELS
         position_s = plan.kernel_start_s[record["anchor_kernel"]]
-        assert record["due_s"] - record["anchor_s"] == pytest.approx(plan.due_s[change] - position_s, abs=1e-9)
+        due_s, at_s = _paced_s(plan, paces[record["step"]], [plan.due_s[change], position_s])
+        assert record["due_s"] - record["anchor_s"] == pytest.approx(due_s - at_s, abs=1e-9)
         assert record["anchor_s"] <= record["due_s"] - LATENCY_S - 2e-3 + 1e-9  # the margin before issuing
         assert record["issued_s"] == pytest.approx(record["due_s"] - LATENCY_S, abs=1e-9)
         # the fake's anchors sit at the start of the idle gap before their kernel, the map at the kernel's start
@@ -261,6 +279,23 @@ def test_a_late_step_moves_the_changes_after_its_late_anchors(plan_file: Path, t
     assert any(r["anchor"] >= 8 for r in step_12) and any(r["anchor"] < 8 for r in step_12)
 
 
+def test_a_stretch_slow_in_every_step_delays_the_changes_after_it_by_as_much(
+        plan_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the anchors stand for their kernels (as the trace's structure gives them on a real model: mapped by time,
+    # the fake's kernels a few microseconds apart are mis-mapped once the step stretches unevenly)
+    monkeypatch.setattr(anchoring, "nearest_kernels", lambda starts_s, positions_s: np.array(ANCHOR_KERNELS))
+    delay_s = 0.001  # 2% of the step, before anchor 8 (kernel 33); the changes are at kernels 36 and 38
+    setup = lambda timeline: timeline.late.update({step: (8, delay_s) for step in range(17)})  # noqa: E731
+    controller, _, requests = _anchored_run(plan_file, tmp_path, 16, setup=setup)
+    starts, paces = _starts_and_paces(tmp_path)
+    plan = controller.step_plan
+    paced = [r for r in requests if paces[r["step"]] is not None]
+    assert len(paced) >= 10 and sum(r["anchor"] is not None and r["anchor"] < 8 for r in paced) >= 5
+    for record in paced:  # those placed before the stretch: ~0.5 ms late if it were spread evenly
+        planned_s = starts[record["step"]] + plan.due_s[list(plan.kernels).index(record["kernel"])]
+        assert record["due_s"] - planned_s == pytest.approx(delay_s, abs=2e-5)  # gaps: see above
+
+
 def test_missing_disordered_or_misplaced_anchors_fall_back_to_the_step(plan_file: Path, tmp_path: Path) -> None:
     def setup(timeline: Any) -> None:
         costs = timeline.gpu.costs
@@ -271,12 +306,14 @@ def test_missing_disordered_or_misplaced_anchors_fall_back_to_the_step(plan_file
         timeline.anchors[13] = offsets_s[:3]  # the rest never fire: the map is learned again, over steps 14-18
 
     controller, _, requests = _anchored_run(plan_file, tmp_path, 20, setup=setup)
-    starts = {r["step"] + 1: r["end_s"] for r in log_records(tmp_path / "log.jsonl", "step")}
+    starts, paces = _starts_and_paces(tmp_path)
     plan = controller.step_plan
     for record in (r for r in requests if 11 <= r["step"] <= 18):
         assert record["anchor"] is None
         change = list(plan.kernels).index(record["kernel"])
-        assert record["due_s"] == pytest.approx(starts[record["step"]] + plan.due_s[change], abs=1e-9)
+        due_s = _paced_s(plan, paces[record["step"]], [plan.due_s[change]])[0]
+        assert record["due_s"] == pytest.approx(starts[record["step"]] + due_s, abs=1e-9)
+    assert paces[12] is not None and paces[14] is None  # learned again with the map
     figures = controller.summary["anchors"]
     assert figures["rejected"] == 2 * 2 and figures["missing"] == 2 and figures["step_level"] >= 2 * 5
     assert [r["anchor"] is not None for r in requests if r["step"] in (10, 19)] == [True] * 4

@@ -10,6 +10,7 @@ import pytest
 
 from kdvfs.agents.learned.policy_planner import shipped_policy_path
 from kdvfs.envs.model.drift import DriftModel
+from kdvfs.runtime.controller import anchoring
 from kdvfs.runtime.controller.actuator import Actuator, EventLog
 from kdvfs.runtime.controller.estimator import Interval
 from kdvfs.runtime.controller.live_clocks import LiveClocks
@@ -145,6 +146,20 @@ def test_a_held_change_is_pending_from_its_decision_and_arrives_a_latency_after_
     assert clocks.free and clocks.in_effect == pair
 
 
+def _alternate_pairs(monkeypatch: pytest.MonkeyPatch, policy: Any) -> None:
+    """Make ``policy`` (:class:`OnlinePolicy`) ask for another pair at every evaluation."""
+    decide, asked = policy.decide, [0]
+
+    def alternate(self: Any, *args: Any) -> Any:
+        decision = decide(self, *args)
+        if decision.evaluated:
+            asked[0] += 1
+            decision = decision._replace(pair=1 + asked[0] % 2)
+        return decision
+
+    monkeypatch.setattr(policy, "decide", alternate)
+
+
 def test_a_decided_change_is_requested_one_latency_before_its_kernel(tmp_path: Path,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """A policy that asks for another pair at every evaluation: its changes are held and requested one latency
@@ -154,16 +169,7 @@ def test_a_decided_change_is_requested_one_latency_before_its_kernel(tmp_path: P
     log = tmp_path / "run.jsonl"
     controller, _, timeline = fake_controller(POLICY, log=str(log), online_process=False)
     timeline.anchor_kernels = ANCHOR_KERNELS
-    decide, asked = OnlinePolicy.decide, [0]
-
-    def alternate(self: OnlinePolicy, *args: Any) -> Any:
-        decision = decide(self, *args)
-        if decision.evaluated:
-            asked[0] += 1
-            decision = decision._replace(pair=1 + asked[0] % 2)
-        return decision
-
-    monkeypatch.setattr(OnlinePolicy, "decide", alternate)
+    _alternate_pairs(monkeypatch, OnlinePolicy)
     with controller:
         run_steps(controller, 30)
     latency_s = log_records(log, "start")[0]["latency_s"]
@@ -243,3 +249,27 @@ def test_looking_ahead_skips_policy_wakes_and_keeps_the_safety(tmp_path: Path) -
     assert per_step[1] < 0.7 * per_step[0]
     assert ahead.summary["controlled_steps"] > 20 and ahead.summary["gpu_restored"]  # type: ignore[attr-defined]
     assert gpu.set_calls[-1].name == "reset_clocks" and log_records(log, "decision")
+
+
+def test_online_changes_are_planned_at_the_pace_of_a_stretch_slow_in_every_step(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A dry run whose steps all idle 1 ms (2% of the step) before anchor 3: the online requests' changes
+    before and after that stretch are planned where the GPU starts their kernels (stretched evenly, the step's
+    time would put them up to 0.4 ms late and 0.6 ms early); inside it, in proportion."""
+    from kdvfs.agents.learned.online import OnlinePolicy
+
+    monkeypatch.setattr(anchoring, "nearest_kernels", lambda starts_s, positions_s: np.array(ANCHOR_KERNELS))
+    _alternate_pairs(monkeypatch, OnlinePolicy)
+    log = tmp_path / "run.jsonl"
+    controller, gpu, timeline = fake_controller(POLICY, log=str(log), dry_run=True, online_process=False)
+    timeline.anchor_kernels = ANCHOR_KERNELS
+    timeline.late.update({step: (3, 1e-3) for step in range(41)})
+    with controller:
+        run_steps(controller, 40)
+    paces = {r["step"] + 1: r["pace_s"] for r in log_records(log, "step")}
+    online = [r for r in log_records(log, "request") if r.get("online") and paces.get(r["step"]) is not None
+              and r["step"] < len(gpu.steps) and not ANCHOR_KERNELS[2] <= r["kernel"] < ANCHOR_KERNELS[3]]
+    errors_s = np.array([r["due_s"] - gpu.steps[r["step"]].kernel_start_s[r["kernel"]] for r in online])
+    after = [r["kernel"] >= ANCHOR_KERNELS[3] for r in online]
+    assert len(online) >= 10 and any(after) and not all(after)
+    assert np.abs(errors_s).max() < 1e-9

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from kdvfs.agents.learned.frozen import FrozenPolicy
-from kdvfs.agents.learned.online import OnlinePolicy
+from kdvfs.agents.learned.online import OnlinePolicy, kernel_at
 from kdvfs.agents.learned.policy_planner import shipped_policy_path
 from kdvfs.envs.common.errors import KdvfsError
 from kdvfs.envs.env.live import LiveState
@@ -32,7 +32,7 @@ def test_the_process_decides_exactly_as_the_policy_on_this_thread(warm_s: float)
         for budget in (0.01, 0.0, 0.02):
             assert here.begin(budget) == there.begin(budget)
             for now_s in np.sort(rng.uniform(0, here.auto_time_s, 40)):
-                kernel = here.kernel_at(0, 0, float(now_s))
+                kernel = kernel_at(here.cumulative_s[:, 0].tolist(), 0, float(now_s))
                 auto_s = float(here.cumulative_s[kernel, 0])
                 pending = int(rng.integers(-1, 3))
                 state = LiveState(kernel, int(rng.integers(3)), pending, 1e-4 if pending >= 0 else 0.0,

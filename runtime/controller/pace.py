@@ -1,0 +1,78 @@
+"""The step's pace: how long each stretch between its anchors takes live, learned from the last steps.
+
+A step does not run longer evenly. On an H200 host, a Hugging Face ``Trainer`` GPT-2 step (batch 32) that
+ran 2-4% over its captured time ran its GPU-bound stretches between anchors at 0.99-1.01x their captured
+time, and the rest in its host-bound ones: the lead-in before the first block's forward at 1.2-4x, the last
+block's backward to the step's end at 1.1-2.2x (``benchmarks/results/controller_online_pace_h200.md``). A
+timeline stretched evenly by the step's scale put the kernels 90 ms after the last forward anchor (the LM
+head, its loss and their backward) 2.4 ms early, the first ones of the step 2 ms late.
+
+:class:`Pace` keeps, for the last ``PACE_STEPS`` steps with the same number of anchors, each segment's live
+duration: the step's start to its first anchor, anchor to anchor, its last anchor to its end. Their medians
+(once it has that many steps) are the step's pace. :func:`host_offsets_s` puts a time on the step's
+timeline (model or plan seconds) at its host time from the step's start: each segment of the timeline,
+between the kernels the anchors stand for, lasts its live median, scaled by its share of the segment's time
+on a reference timeline (the clocks the steps were measured at), and a time inside it is placed in
+proportion. Steps with another number of anchors start the learning again; steps whose anchors are out of
+order or outside the step are ignored.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from kdvfs.envs.model.cost_model import Array
+
+PACE_STEPS = 5
+
+
+class Pace:
+    """Median live segment durations of the last steps (see the module docstring).
+
+    Attributes:
+        segments_s: (A+1,) the median live durations (s) of the step's segments between its start, its A
+            anchors and its end, over the last ``steps`` steps with A anchors; None until there were that many.
+    """
+
+    def __init__(self, steps: int = PACE_STEPS) -> None:
+        self.segments_s: Array | None = None
+        self._history: deque[Array] = deque(maxlen=steps)
+
+    def observe(self, start_s: float, end_s: float, anchors_s: Sequence[float]) -> None:
+        """Learn from one finished step (host times, s)."""
+        segments_s = np.diff(np.concatenate([[start_s], np.asarray(anchors_s, dtype=float), [end_s]]))
+        if len(segments_s) < 2 or bool(np.any(segments_s < 0)):
+            return
+        if self._history and len(self._history[-1]) != len(segments_s):
+            self._history.clear()
+            self.segments_s = None
+        self._history.append(segments_s)
+        if len(self._history) == self._history.maxlen:
+            self.segments_s = np.median(np.stack(list(self._history)), axis=0)
+
+    def for_anchors(self, anchors: int) -> Array | None:
+        """The learned segments (:attr:`segments_s`) if learned for steps with ``anchors`` (> 0) anchors, else None."""
+        fits = anchors > 0 and self.segments_s is not None and len(self.segments_s) == anchors + 1
+        return self.segments_s if fits else None
+
+
+def host_offsets_s(segments_s: Array, knots_s: Array, times_s: ArrayLike, reference_s: Array | None = None) -> Array:
+    """Host time from the step's start (s) at each of ``times_s`` (s on a timeline from the step's start).
+
+    Args:
+        segments_s: (A+1,) live segment durations (:attr:`Pace.segments_s`).
+        knots_s: (A+2,) the timeline's segment edges: 0, where the A anchors' kernels start, the step's end.
+        times_s: times on that timeline (s; a number or an array), at most its end (beyond it: the end's host
+            time).
+        reference_s: (A+2,) the same edges on the timeline the segments were measured at (default:
+            ``knots_s``); each segment lasts ``segments_s`` times its duration over the reference's.
+    """
+    knots_s = np.asarray(knots_s, dtype=float)
+    lengths_s = np.asarray(segments_s, dtype=float)
+    if reference_s is not None:
+        lengths_s = lengths_s * np.diff(knots_s) / np.maximum(np.diff(np.asarray(reference_s, dtype=float)), 1e-12)
+    return np.interp(np.asarray(times_s, dtype=float), knots_s, np.concatenate([[0.0], np.cumsum(lengths_s)]))
