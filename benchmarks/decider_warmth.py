@@ -41,7 +41,7 @@ from kdvfs.envs.env.live import LiveState
 from kdvfs.envs.gpu.profiles import load_profile
 from kdvfs.envs.trace.bundled import open_trace
 from kdvfs.runtime.controller.decider import DeciderProcess
-from kdvfs.runtime.controller.online import quantiles
+from kdvfs.runtime.controller.decision_records import quantiles
 
 TRACE = "h200/gpt3xl-1layer-b4"
 WARM_S = 0.5e-3

@@ -44,7 +44,7 @@ from provenance import RESULTS, provenance, provenance_lines, write_results
 from kdvfs.agents.learned.online import OnlinePolicy
 from kdvfs.envs.env.dynamic_observation import observe_dynamic
 from kdvfs.envs.env.live import LiveState
-from kdvfs.runtime.controller.online import quantiles
+from kdvfs.runtime.controller.decision_records import quantiles
 
 WARM_LEADS_US = (20.0, 50.0, 200.0, 500.0)
 NAPS_US = (100.0, 500.0)

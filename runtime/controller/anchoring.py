@@ -15,8 +15,8 @@ must be issued at ``offset = due - latency``. It waits for the latest anchor who
 ``margin`` before ``offset`` (the thread wakes a little after the GPU passed the anchor and still has to
 issue one latency ahead) and puts the change at the anchor's host time plus the time from the anchor's
 kernel to the change; the request goes out one latency before that. Times from the step's start or an
-anchor are at the step's pace (:mod:`kdvfs.runtime.controller.pace`, learned from the same steps as the
-map) once it is learned, else the planned ones stretched by ``scale``. It keeps the step-level instants
+anchor are at the step's pace (:mod:`kdvfs.runtime.controller.pace`, learned from the controlled steps)
+once it is learned, else the planned ones stretched by ``scale``. It keeps the step-level instants
 (the step's start plus the times to the change and its request) when no anchor is
 learned that early, when the anchor was not recorded by the request's step-level issue time, when it is
 earlier than an anchor already used in the window, or when it lies further than ``tolerance`` of the step
@@ -158,11 +158,14 @@ class Anchoring:
         self._step, self._start_s, self._scale, self._last_s = 0, 0.0, 1.0, -np.inf
 
     def learn(self, end: StepEnd, matched: bool, controlled: bool) -> bool:
-        """Learn from a finished step (controlled: it ran the plan's clocks); True when the map changed."""
-        if not matched or end.duration_s is None or not (controlled or self.learn_auto):
+        """Learn the pace (from a controlled step) and the map (also from a step at auto in a dry run) from a
+        finished step (controlled: the controller placed its changes); True when the map changed."""
+        if not matched or end.duration_s is None:
             return False
-        self.pace.observe(end.end_s - end.duration_s, end.end_s, end.anchors_s)
-        return self.map.observe(end.end_s - end.duration_s, end.end_s, end.anchors_s)
+        if controlled:
+            self.pace.observe(end.end_s - end.duration_s, end.end_s, end.anchors_s)
+        return (controlled or self.learn_auto) and self.map.observe(end.end_s - end.duration_s, end.end_s,
+                                                                     end.anchors_s)
 
     def begin(self, step: int, start_s: float, scale: float) -> None:
         """Start the window of step ``step``, which started at host time ``start_s`` (timeline x ``scale``)."""

@@ -227,9 +227,9 @@ class Controller:
             online.prepare()
         else:
             self._decider.load(online.policy, problem)
-        return OnlineSteps(online, clocks, timeline, anchoring.map, self._clock, self._log, problem.slowdown,
-                           config.budget, config.dry_run, interval_s, config.issue_early_ms / 1e3, self._decider,
-                           config.online_lookahead)
+        return OnlineSteps(online, clocks, timeline, anchoring.map, anchoring.pace, self._clock, self._log,
+                           problem.slowdown, config.budget, config.dry_run, interval_s, config.issue_early_ms / 1e3,
+                           self._decider, config.online_lookahead)
 
     def _start_decider(self) -> DeciderProcess | None:
         """The online policy's child process (``online_process``), started first: it imports its modules

@@ -6,7 +6,7 @@ known ahead (the clock labels and names JSON-encoded once) instead of building a
 benchmark machine a record's share of the controller thread's CPU fell from 8.5 to 1.9 us per policy run
 (``benchmarks/controller_thread_cpu.py``; ``docs/controller.md``, "A cold core"). The line is exactly
 ``json.dumps`` of :meth:`DecisionRecords.record` (tested); a record with a non-finite float is encoded by
-``json.dumps`` itself.
+``json.dumps`` itself. :func:`quantiles` gives the median and p99 the summary reports of their times.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 import math
 from typing import Any
+
+import numpy as np
 
 
 class DecisionRecords:
@@ -55,3 +57,10 @@ class DecisionRecords:
         if encoded is None:
             encoded = self._names[name] = json.dumps(name)
         return encoded
+
+
+def quantiles(values: list[float]) -> dict[str, float | None]:
+    """Median and p99 of ``values`` (None for none)."""
+    if not values:
+        return {"median": None, "p99": None}
+    return {"median": float(np.median(values)), "p99": float(np.percentile(values, 99))}

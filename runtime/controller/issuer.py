@@ -131,7 +131,7 @@ class Issuer(threading.Thread):
         if self.online is not None:
             self.online.observe(end, matched, was_controlled)
         remapped = self.anchoring.learn(end, matched, was_controlled)
-        pace = (self.anchoring.pace if self.online is None else self.online.pace).segments_s
+        pace = self.anchoring.pace.segments_s
         self.log.write("step", step=index, end_s=end.end_s, duration_s=end.duration_s, signature=end.signature,
                        matched=matched, controlled=was_controlled, next_controlled=self._controlling, scale=self.scale,
                        arm=self.accounting.slot.arm, anchors_s=end.anchors_s,

@@ -21,10 +21,12 @@ something can change (counted per reason in the summary's ``wakes``):
 
 * **progress**: the last anchor the GPU has passed in this step (:meth:`StepTimeline.passed_anchor`, a
   non-blocking event query) stands for its kernel (the learned anchor map); the kernel now is the one
-  running that long after it at the clocks running, never one before the last decision's (a new anchor
-  can put the GPU a little behind the extrapolation; going back would flip the advisors' proposals).
-  Without one (no anchor map yet, a compiled model, CPU test mode) the step's start is the reference, on
-  the expected timeline. Counted per source.
+  running that long after it, never one before the last decision's (a new anchor can put the GPU a little
+  behind the extrapolation; going back would flip the advisors' proposals). Without one (no anchor map yet,
+  a compiled model, CPU test mode) the step's start is the reference. Host time from either to a kernel is
+  at the controlled steps' pace between anchors once learned (:mod:`kdvfs.runtime.controller.pace`, on the
+  model's auto timeline), else the model's time at the clocks running stretched by the auto scale; a
+  request's kernel and instant are found the same way. Counted per source.
 * **clocks in effect**: after a lock request, a clock read (NVML, ~1-5 us on an H200) shows when the locked
   core and memory clocks are reached; the change then took effect and its latency over the mean is the
   observation's ``last_latency_ratio``. Auto cannot be seen in a read (the firmware moves its clock) and a
@@ -80,7 +82,7 @@ from kdvfs.envs.env.live import LiveState
 from kdvfs.runtime.controller.actuator import EventLog
 from kdvfs.runtime.controller.anchoring import AnchorMap
 from kdvfs.runtime.controller.decider import DeciderProcess
-from kdvfs.runtime.controller.decision_records import DecisionRecords
+from kdvfs.runtime.controller.decision_records import DecisionRecords, quantiles
 from kdvfs.runtime.controller.estimator import Interval
 from kdvfs.runtime.controller.gpu_timeline import StepEnd, StepTimeline
 from kdvfs.runtime.controller.live_clocks import LiveClocks
@@ -132,7 +134,7 @@ class OnlineSteps:
         online: the policy and its environment for the expected step.
         clocks: what is in effect.
         timeline: where the anchors are asked for.
-        anchor_map: which kernel each anchor stands for.
+        anchor_map: which kernel each anchor stands for; pace: the controlled steps' pace between anchors.
         clock: host clock; log: the event log.
         budget: the step's slowdown budget (fraction; a torchrun rank's includes its slack) the feedback moves;
             target: the run's (the job's) budget the measured slowdown is held to; dry_run: no feedback.
@@ -144,9 +146,9 @@ class OnlineSteps:
     """
 
     def __init__(self, online: OnlinePolicy, clocks: LiveClocks, timeline: StepTimeline, anchor_map: AnchorMap,
-                 clock: Clock, log: EventLog, budget: float, target: float, dry_run: bool, interval_s: float,
-                 early_s: float, decider: Decider | None = None, lookahead: int = 0) -> None:
-        self.online, self.clocks, self.timeline, self.anchor_map = online, clocks, timeline, anchor_map
+                 pace: Pace, clock: Clock, log: EventLog, budget: float, target: float, dry_run: bool,
+                 interval_s: float, early_s: float, decider: Decider | None = None, lookahead: int = 0) -> None:
+        self.online, self.clocks, self.timeline, self.anchor_map, self.pace = online, clocks, timeline, anchor_map, pace
         self.decider: Decider = online if decider is None else decider
         self.clock, self.log, self.budget, self.target, self.dry_run = clock, log, budget, target, dry_run
         self.interval_s, self.early_s, self.lookahead = interval_s, early_s, lookahead
@@ -160,7 +162,6 @@ class OnlineSteps:
         self.cpu_us: list[float] = []
         self._scales: deque[float] = deque(maxlen=SCALE_STEPS)
         self._auto_scale = 1.0
-        self.pace = Pace()
         self._host_times_s: dict[int, list[float]] = {}
         self._decision_s: deque[float] = deque(maxlen=BUDGET_DECISIONS)
         self._kernel = 1
@@ -175,15 +176,11 @@ class OnlineSteps:
         return self._auto_scale
 
     def observe(self, end: StepEnd, matched: bool, controlled: bool) -> None:
-        """Learn from a finished step: the auto scale (matched and at auto) and the pace (matched and at auto
-        clocks: also a dry run's controlled steps)."""
-        if not matched or end.duration_s is None:
-            return
-        if not controlled:
+        """Learn the auto scale from a finished step (matched and at auto); the kernels' host times are found
+        again (the pace, learned with the anchor map, may have moved)."""
+        if matched and not controlled and end.duration_s is not None:
             self._scales.append(end.duration_s / self.online.auto_time_s)
             self._auto_scale = statistics.median(self._scales)
-        if not controlled or self.dry_run:
-            self.pace.observe(end.end_s - end.duration_s, end.end_s, end.anchors_s)
         self._host_times_s.clear()
 
     def feedback(self, measured: Interval | None) -> None:
@@ -367,20 +364,21 @@ class OnlineSteps:
         return anchor[1] + times_s[kernel] - times_s[anchor[2]]
 
     def _host_times(self, pair: int) -> list[float]:
-        """Host time from the step's start (s) at each kernel's start on ``pair``'s model timeline ((K+1,), the
-        last the step's end): at the step's pace once it is learned (each segment between the anchors' kernels
-        scaled by its time at ``pair`` over auto's), else the auto scale's."""
-        times_s = self._host_times_s.get(pair)
+        """Host time from the step's start (s) at each kernel's start ((K+1,), the last the step's end): at the
+        controlled steps' pace once it is learned, on the model's auto timeline (whatever clocks the policy
+        chose in them are in their live times: ``pair`` is not used), else on ``pair``'s model timeline
+        stretched by the auto scale."""
+        segments_s = self.pace.for_anchors(len(self.anchor_map.anchors))
+        key = -1 if segments_s is not None else pair
+        times_s = self._host_times_s.get(key)
         if times_s is None:
-            column_s = self.online.cumulative_s[:, pair]
-            segments_s = self.pace.for_anchors(len(self.anchor_map.anchors))
             if segments_s is None:
-                host_s = self.auto_scale * column_s
+                host_s = self.auto_scale * self.online.cumulative_s[:, pair]
             else:
-                kernels = [0] + [a.kernel for a in self.anchor_map.anchors] + [len(column_s) - 1]
-                host_s = host_offsets_s(segments_s, column_s[kernels], column_s,
-                                        self.online.cumulative_s[kernels, 0])
-            times_s = self._host_times_s[pair] = host_s.tolist()
+                auto_s = self.online.cumulative_s[:, 0]
+                kernels = [0] + [a.kernel for a in self.anchor_map.anchors] + [len(auto_s) - 1]
+                host_s = host_offsets_s(segments_s, auto_s[kernels], auto_s)
+            times_s = self._host_times_s[key] = host_s.tolist()
         return times_s
 
     def _anchor(self, step: int, anchor: tuple[int, float, int]) -> tuple[int, float, int]:
@@ -419,9 +417,3 @@ class OnlineSteps:
                 "wakes": dict(self.wakes),
                 "step_budget_pct": 100 * self.step_budget, "interval_ms": 1e3 * self.interval_s}
 
-
-def quantiles(values: list[float]) -> dict[str, float | None]:
-    """Median and p99 of ``values`` (None for none)."""
-    if not values:
-        return {"median": None, "p99": None}
-    return {"median": float(np.median(values)), "p99": float(np.percentile(values, 99))}

@@ -7,14 +7,16 @@ block's backward to the step's end at 1.1-2.2x (``benchmarks/results/controller_
 timeline stretched evenly by the step's scale put the kernels 90 ms after the last forward anchor (the LM
 head, its loss and their backward) 2.4 ms early, the first ones of the step 2 ms late.
 
-:class:`Pace` keeps, for the last ``PACE_STEPS`` steps with the same number of anchors, each segment's live
-duration: the step's start to its first anchor, anchor to anchor, its last anchor to its end. Their medians
-(once it has that many steps) are the step's pace. :func:`host_offsets_s` puts a time on the step's
-timeline (model or plan seconds) at its host time from the step's start: each segment of the timeline,
-between the kernels the anchors stand for, lasts its live median, scaled by its share of the segment's time
-on a reference timeline (the clocks the steps were measured at), and a time inside it is placed in
-proportion. Steps with another number of anchors start the learning again; steps whose anchors are out of
-order or outside the step are ignored.
+:class:`Pace` keeps, for the last ``PACE_STEPS`` controlled steps (those it places changes in; in a dry run
+they run at auto clocks too, but carry the controller's work, which lengthens a host-bound lead-in) with the
+same number of anchors, each segment's live duration: the step's start to its first anchor, anchor to anchor,
+its last anchor to its end. Their medians (once it has that many steps) are the step's pace.
+:func:`host_offsets_s` puts a time on the step's timeline at its host time from the step's start: each
+segment of the timeline, between the kernels the anchors stand for, lasts its live median, and a time inside
+it is placed in proportion. The timeline is the one those steps ran: a replayed plan's, or for online
+decisions the model's auto timeline (the controlled steps' clocks, whichever the policy chose, are in their
+live durations). Steps with another number of anchors start the learning again; steps whose anchors are out
+of order or outside the step are ignored.
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ class Pace:
         return self.segments_s if fits else None
 
 
-def host_offsets_s(segments_s: Array, knots_s: Array, times_s: ArrayLike, reference_s: Array | None = None) -> Array:
+def host_offsets_s(segments_s: Array, knots_s: Array, times_s: ArrayLike) -> Array:
     """Host time from the step's start (s) at each of ``times_s`` (s on a timeline from the step's start).
 
     Args:
@@ -68,11 +70,6 @@ def host_offsets_s(segments_s: Array, knots_s: Array, times_s: ArrayLike, refere
         knots_s: (A+2,) the timeline's segment edges: 0, where the A anchors' kernels start, the step's end.
         times_s: times on that timeline (s; a number or an array), at most its end (beyond it: the end's host
             time).
-        reference_s: (A+2,) the same edges on the timeline the segments were measured at (default:
-            ``knots_s``); each segment lasts ``segments_s`` times its duration over the reference's.
     """
-    knots_s = np.asarray(knots_s, dtype=float)
-    lengths_s = np.asarray(segments_s, dtype=float)
-    if reference_s is not None:
-        lengths_s = lengths_s * np.diff(knots_s) / np.maximum(np.diff(np.asarray(reference_s, dtype=float)), 1e-12)
-    return np.interp(np.asarray(times_s, dtype=float), knots_s, np.concatenate([[0.0], np.cumsum(lengths_s)]))
+    host_knots_s = np.concatenate([[0.0], np.cumsum(np.asarray(segments_s, dtype=float))])
+    return np.interp(np.asarray(times_s, dtype=float), np.asarray(knots_s, dtype=float), host_knots_s)
