@@ -363,8 +363,29 @@ def _markdown(result: dict[str, Any]) -> str:
                              f"change, {r['issued_a_latency_ahead']} at least the {r['latency_ms']:.0f} ms latency "
                              f"ahead; the thread woke {_ms(r['anchor_wake_ms_median'])} (median), "
                              f"{_ms(r['anchor_wake_ms_max'])} (most) after the GPU passed the anchor.")
+        lines += _pace_lines(t.get("pace", {"steps": 0}))
     lines += _decision_lines(result)
     return "\n".join(lines) + "\n" + result.get("notes", "")
+
+
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def _pace_lines(pace: dict[str, Any]) -> list[str]:
+    """The stretches between anchors, live over planned time (``controller_timing.pace_figures``)."""
+    if not pace["steps"]:
+        return []
+    median, least, most = (np.asarray(pace[key]) for key in ("median", "least", "most"))
+    inner = median[1:-1]
+    near = np.mean(np.abs(inner - 1) <= 0.01)
+    return [f"Pace, live over planned time of each stretch between anchors (median over {pace['steps']} matched "
+            f"steps [least, most]): the start to the first anchor {median[0]:.2f} [{least[0]:.2f}, {most[0]:.2f}] "
+            f"(controlled steps {_ratio(pace['lead_in_median']['controlled'])}, at auto "
+            f"{_ratio(pace['lead_in_median']['auto'])}); "
+            f"anchor to anchor, medians {inner.min():.2f} to {inner.max():.2f} ({near:.0%} within 1% of 1); "
+            f"the last anchor to the end {median[-1]:.2f} [{least[-1]:.2f}, {most[-1]:.2f}]; "
+            f"the steps' scale {pace['scale_median']:.3f} (median)."]
 
 
 def report(folder: Path, cpu_test: bool, name: str = "controller_h200") -> None:

@@ -114,6 +114,30 @@ def request_figures(log: list[dict[str, Any]], steps: set[int]) -> dict[str, Any
             "anchor_wake_ms_max": max(wakes_ms, default=None)}
 
 
+def pace_figures(log: list[dict[str, Any]], plan: StepPlan) -> dict[str, Any]:
+    """Each stretch of the step between its start, its anchors (where the last anchor map puts them) and its end:
+    live over planned time, in every matched step with those anchors (median, least, most; the first stretch's
+    median also over the controlled steps and those at auto apart), with the steps' scale (measured over
+    expected step time) for comparison; ``runtime/controller/pace.py`` learns the same."""
+    maps = [r for r in log if r["event"] == "anchor_map"]
+    if not maps:
+        return {"steps": 0}
+    knots_s = np.concatenate([[0.0], maps[-1]["positions_s"], [plan.expected_s]])
+    records = [r for r in log if r["event"] == "step"]
+    pairs = [(before, after) for before, after in itertools.pairwise(records)
+             if after["matched"] and len(after.get("anchors_s") or []) == len(knots_s) - 2]
+    if not pairs:
+        return {"steps": 0}
+    stacked = np.stack([np.diff(np.concatenate([[before["end_s"]], after["anchors_s"], [after["end_s"]]]))
+                        for before, after in pairs]) / np.diff(knots_s)
+    controlled = np.array([after["controlled"] for _, after in pairs])
+    lead_in = {key: float(np.median(stacked[rows, 0])) if rows.any() else None
+               for key, rows in (("controlled", controlled), ("auto", ~controlled))}
+    return {"steps": len(pairs), "median": np.median(stacked, axis=0).tolist(), "least": stacked.min(0).tolist(),
+            "most": stacked.max(0).tolist(), "lead_in_median": lead_in,
+            "scale_median": float(np.median([r["scale"] for r in records]))}
+
+
 def timing_figures(folder: Path, document: dict[str, Any], cpu_test: bool) -> dict[str, Any]:
     """Planned switch instants and predicted kernel starts against the profiled kernel starts."""
     profile = folder / document["profile"]
@@ -150,5 +174,5 @@ def timing_figures(folder: Path, document: dict[str, Any], cpu_test: bool) -> di
             "trace_kernels": len(trace_names), "clock_offset_us": offset_us,
             "step_end_jitter_ms": _errors_ms(jitter), "switch_instants": _errors_ms(switch),
             "kernel_starts": _errors_ms(every), "kernel_starts_anchored": _errors_ms(anchored),
-            "requests": request_figures(document["log"], set(steps)),
+            "requests": request_figures(document["log"], set(steps)), "pace": pace_figures(document["log"], plan),
             "requests_all_steps": request_figures(document["log"], {r["step"] for r in records} | {len(records)})}

@@ -1,11 +1,13 @@
 """The step's pace: how long each stretch between its anchors takes live, learned from the last steps.
 
-A step does not run longer evenly. On an H200 host, a Hugging Face ``Trainer`` GPT-2 step (batch 32) that
-ran 2-4% over its captured time ran its GPU-bound stretches between anchors at 0.99-1.01x their captured
-time, and the rest in its host-bound ones: the lead-in before the first block's forward at 1.2-4x, the last
-block's backward to the step's end at 1.1-2.2x (``benchmarks/results/controller_online_pace_h200.md``). A
-timeline stretched evenly by the step's scale put the kernels 90 ms after the last forward anchor (the LM
-head, its loss and their backward) 2.4 ms early, the first ones of the step 2 ms late.
+A step does not run longer evenly. On an H200 host, in a dry run of a Hugging Face ``Trainer`` GPT-2 step
+(batch 32), the stretches between anchors ran at 0.98-1.01x their captured time (medians over 17 steps), the
+step's start to its first anchor (host-bound) at 1.02-2.52x (median 1.67), its last anchor to its end at
+1.22-1.46x (``benchmarks/results/controller_online_hf_b32_pace2_h200.md``). Stretched evenly by the step's
+scale, the kernels up to 90 ms after the last forward anchor (the LM head, its loss and their backward) were
+placed up to 2.4 ms early and those of the step's first milliseconds 2 ms late: placed kernel starts 3.50 ms
+off at the p99, switch instants 3.52 ms (``controller_online_hf_b32_structure2_h200.md``); at the pace, 1.83
+and 1.96 ms.
 
 :class:`Pace` keeps, for the last ``PACE_STEPS`` controlled steps (those it places changes in; in a dry run
 they run at auto clocks too, but carry the controller's work, which lengthens a host-bound lead-in) with the
