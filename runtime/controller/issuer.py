@@ -13,13 +13,7 @@ to the matcher, the guard and the accounting, and then decides the next step:
   the thread's wake-up), sleeping in between; the first controlled step also gets its own early changes at
   once;
 * with a frozen policy deciding online (:mod:`kdvfs.runtime.controller.online`), the same steps are
-  controlled, but the thread decides through each of them on what it measures instead of replaying. Between
-  two controlled steps, once the step's pace is learned, the thread sleeps through the next step's lead-in
-  (its start to its first anchor, where the training thread's host work before the first block holds up the
-  GPU) before the rest of its bookkeeping and its first decision: there the interpreter lock it takes is
-  the training step's time (on an H200 HF Trainer GPT-2 b32 dry run that stretch took 1.68x its captured
-  time in controlled steps against 1.07x at auto:
-  ``benchmarks/results/controller_online_hf_b32_pace2_h200.md``);
+  controlled, but the thread decides through each of them on what it measures instead of replaying;
 * otherwise (not matching yet, an evaluation pass or new shape, an A window, backed off): the GPU is
   returned to auto.
 
@@ -134,8 +128,6 @@ class Issuer(threading.Thread):
         if self.guard.tick(now_s) == Guard.RESUME:
             self.log.write("resume", step=index)
         self._controlling = self._decide(end, matched, was_controlled)
-        if self._controlling and was_controlled and self.online is not None:
-            self._sleep_through_lead_in(end)
         if self.online is not None:
             self.online.observe(end, matched, was_controlled)
         remapped = self.anchoring.learn(end, matched, was_controlled)
@@ -154,13 +146,6 @@ class Issuer(threading.Thread):
             self._issue(index + 1, end.end_s, first=not was_controlled)
         else:
             self.actuator.request(self.actuator.auto, step=index + 1, kernel=0, request_s=end.end_s, due_s=end.end_s)
-
-    def _sleep_through_lead_in(self, end: StepEnd) -> None:
-        """Sleep until the GPU is expected at the next step's first anchor (its pace learned; see the module
-        docstring): the rest of this step's bookkeeping and the online decisions wait until then."""
-        segments_s = self.anchoring.pace.for_anchors(len(self.anchoring.map.anchors))
-        if segments_s is not None:
-            self.clock.sleep_until(end.end_s + float(segments_s[0]), self.stop_event)
 
     def _decide(self, end: StepEnd, matched: bool, was_controlled: bool) -> bool:
         """Whether the next step is controlled, after this one (see the module docstring)."""

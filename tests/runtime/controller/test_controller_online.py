@@ -275,29 +275,3 @@ def test_online_changes_are_planned_at_the_pace_of_a_stretch_slow_in_every_step(
     assert len(online) >= 10 and any(after) and not all(after)
     assert np.abs(errors_s).max() < 1e-9
 
-
-def test_the_thread_sleeps_through_the_lead_in_of_controlled_steps(tmp_path: Path,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    """Once the pace is learned, no decision point of a controlled step that follows another falls before the
-    GPU reaches the step's first anchor (kernel 8): the thread slept through the lead-in."""
-    from kdvfs.agents.learned.online import OnlinePolicy
-
-    monkeypatch.setattr(anchoring, "nearest_kernels", lambda starts_s, positions_s: np.array(ANCHOR_KERNELS))
-    log = tmp_path / "run.jsonl"
-    controller, gpu, timeline = fake_controller(POLICY, log=str(log), dry_run=True, online_process=False)
-    timeline.anchor_kernels = ANCHOR_KERNELS
-    decide, points = OnlinePolicy.decide, []
-
-    def noting(self: OnlinePolicy, state: Any, *args: Any) -> Any:
-        points.append((len(gpu.steps), gpu.passed_kernels()))  # the running step and the kernels it passed
-        return decide(self, state, *args)
-
-    monkeypatch.setattr(OnlinePolicy, "decide", noting)
-    with controller:
-        run_steps(controller, 40)
-    steps = log_records(log, "step")
-    paced = {r["step"] + 1 for r in steps if r["pace_s"]}  # learned before the step's end
-    follows = {r["step"] + 1 for r in steps if r["controlled"] and r["next_controlled"] and r["step"] in paced}
-    assert len(follows) > 10
-    assert min(k for step, k in points if step in follows) >= ANCHOR_KERNELS[0]
-    assert min(k for step, k in points if step not in follows) < ANCHOR_KERNELS[0]  # before the pace: at once
