@@ -15,8 +15,8 @@ must be issued at ``offset = due - latency``. It waits for the latest anchor who
 ``margin`` before ``offset`` (the thread wakes a little after the GPU passed the anchor and still has to
 issue one latency ahead) and puts the change at the anchor's host time plus the time from the anchor's
 kernel to the change; the request goes out one latency before that. Times from the step's start or an
-anchor are at the step's pace (:mod:`kdvfs.runtime.controller.pace`, learned from the controlled steps)
-once it is learned, else the planned ones stretched by ``scale``. It keeps the step-level instants
+anchor are at the step's pace (:mod:`kdvfs.runtime.controller.pace`) once it is learned, else the planned
+ones stretched by ``scale``. It keeps the step-level instants
 (the step's start plus the times to the change and its request) when no anchor is
 learned that early, when the anchor was not recorded by the request's step-level issue time, when it is
 earlier than an anchor already used in the window, or when it lies further than ``tolerance`` of the step
@@ -143,26 +143,30 @@ class Anchoring:
         latency_s: switching latency: requests go out this long before the change is due.
         margin_s: an anchor must be placed at least this long before the request's issue instant.
         tolerance: largest distance of an anchor from its step-level instant, as a fraction of the step time.
-        learn_auto: learn from steps in auto mode too (a dry run, whose plan timeline is the auto one).
+        learn_auto: learn the map from steps in auto mode too (a dry run, whose plan timeline is the auto one).
+        pace_from_auto: learn the pace from the steps in auto mode instead of the controlled ones (online
+            decisions that set clocks: :mod:`kdvfs.runtime.controller.pace`).
         structure: the anchors' kernels from the trace's structure (:class:`AnchorMap`).
     """
 
     def __init__(self, plan: StepPlan, timeline: StepTimeline, clock: Clock, latency_s: float, margin_s: float,
-                 tolerance: float, learn_auto: bool,
+                 tolerance: float, learn_auto: bool, pace_from_auto: bool = False,
                  structure: Callable[[int], Sequence[int] | None] | None = None) -> None:
         self.plan, self.timeline, self.clock = plan, timeline, clock
         self.latency_s, self.margin_s, self.tolerance, self.learn_auto = latency_s, margin_s, tolerance, learn_auto
+        self.pace_from_auto = pace_from_auto
         self.map = AnchorMap(plan.kernel_start_s, plan.expected_s, structure=structure)
         self.pace = Pace()
         self.counts: Counter[str] = Counter()
         self._step, self._start_s, self._scale, self._last_s = 0, 0.0, 1.0, -np.inf
 
     def learn(self, end: StepEnd, matched: bool, controlled: bool) -> bool:
-        """Learn the pace (from a controlled step) and the map (also from a step at auto in a dry run) from a
-        finished step (controlled: the controller placed its changes); True when the map changed."""
+        """Learn the pace (from a controlled step, or one at auto with ``pace_from_auto``) and the map (also from
+        a step at auto in a dry run) from a finished step (controlled: the controller placed its changes); True
+        when the map changed."""
         if not matched or end.duration_s is None:
             return False
-        if controlled:
+        if controlled != self.pace_from_auto:
             self.pace.observe(end.end_s - end.duration_s, end.end_s, end.anchors_s)
         return (controlled or self.learn_auto) and self.map.observe(end.end_s - end.duration_s, end.end_s,
                                                                      end.anchors_s)

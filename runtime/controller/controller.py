@@ -199,7 +199,7 @@ class Controller:
                                                                lambda: hooks.blocks).kernels
         anchoring = Anchoring(plan, timeline, clock, latency_s, config.anchor_margin_ms / 1e3 if config.anchors
                               else float("inf"), config.step_match_tolerance, learn_auto=config.dry_run,
-                              structure=structure)
+                              pace_from_auto=self.plan.online is not None and not config.dry_run, structure=structure)
         self._online = None if self.plan.online is None else self._online_steps(device, timeline, anchoring)
         self._issuer = Issuer(plan, latency_s, timeline,
                               StepMatcher(plan.auto_s, config.step_match_tolerance, config.confirm_steps),

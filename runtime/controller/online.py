@@ -24,9 +24,10 @@ something can change (counted per reason in the summary's ``wakes``):
   running that long after it, never one before the last decision's (a new anchor can put the GPU a little
   behind the extrapolation; going back would flip the advisors' proposals). Without one (no anchor map yet,
   a compiled model, CPU test mode) the step's start is the reference. Host time from either to a kernel is
-  at the controlled steps' pace between anchors once learned (:mod:`kdvfs.runtime.controller.pace`, on the
-  model's auto timeline), else the model's time at the clocks running stretched by the auto scale; a
-  request's kernel and instant are found the same way. Counted per source.
+  at the step's pace between anchors once learned (:mod:`kdvfs.runtime.controller.pace`: of the steps at
+  auto, or in a dry run of the controlled ones; each stretch scaled to the clocks running), else the
+  model's time at the clocks running stretched by the auto scale; a request's kernel and instant are found
+  the same way. Counted per source.
 * **clocks in effect**: after a lock request, a clock read (NVML, ~1-5 us on an H200) shows when the locked
   core and memory clocks are reached; the change then took effect and its latency over the mean is the
   observation's ``last_latency_ratio``. Auto cannot be seen in a read (the firmware moves its clock) and a
@@ -134,7 +135,7 @@ class OnlineSteps:
         online: the policy and its environment for the expected step.
         clocks: what is in effect.
         timeline: where the anchors are asked for.
-        anchor_map: which kernel each anchor stands for; pace: the controlled steps' pace between anchors.
+        anchor_map: which kernel each anchor stands for; pace: the step's pace between anchors.
         clock: host clock; log: the event log.
         budget: the step's slowdown budget (fraction; a torchrun rank's includes its slack) the feedback moves;
             target: the run's (the job's) budget the measured slowdown is held to; dry_run: no feedback.
@@ -364,21 +365,21 @@ class OnlineSteps:
         return anchor[1] + times_s[kernel] - times_s[anchor[2]]
 
     def _host_times(self, pair: int) -> list[float]:
-        """Host time from the step's start (s) at each kernel's start ((K+1,), the last the step's end): at the
-        controlled steps' pace once it is learned, on the model's auto timeline (whatever clocks the policy
-        chose in them are in their live times: ``pair`` is not used), else on ``pair``'s model timeline
-        stretched by the auto scale."""
-        segments_s = self.pace.for_anchors(len(self.anchor_map.anchors))
-        key = -1 if segments_s is not None else pair
-        times_s = self._host_times_s.get(key)
+        """Host time from the step's start (s) at each kernel's start on ``pair``'s model timeline ((K+1,), the
+        last the step's end): at the step's pace once it is learned (measured on the auto timeline, or in a
+        dry run at auto clocks: each segment stretched by its time at ``pair`` over auto's), else stretched by
+        the auto scale."""
+        times_s = self._host_times_s.get(pair)
         if times_s is None:
+            column_s = self.online.cumulative_s[:, pair]
+            segments_s = self.pace.for_anchors(len(self.anchor_map.anchors))
             if segments_s is None:
-                host_s = self.auto_scale * self.online.cumulative_s[:, pair]
+                host_s = self.auto_scale * column_s
             else:
-                auto_s = self.online.cumulative_s[:, 0]
-                kernels = [0] + [a.kernel for a in self.anchor_map.anchors] + [len(auto_s) - 1]
-                host_s = host_offsets_s(segments_s, auto_s[kernels], auto_s)
-            times_s = self._host_times_s[key] = host_s.tolist()
+                kernels = [0] + [a.kernel for a in self.anchor_map.anchors] + [len(column_s) - 1]
+                host_s = host_offsets_s(segments_s, column_s[kernels], column_s,
+                                        self.online.cumulative_s[kernels, 0])
+            times_s = self._host_times_s[pair] = host_s.tolist()
         return times_s
 
     def _anchor(self, step: int, anchor: tuple[int, float, int]) -> tuple[int, float, int]:

@@ -9,16 +9,23 @@ placed up to 2.4 ms early and those of the step's first milliseconds 2 ms late: 
 off at the p99, switch instants 3.52 ms (``controller_online_hf_b32_structure2_h200.md``); at the pace, 1.83
 and 1.96 ms.
 
-:class:`Pace` keeps, for the last ``PACE_STEPS`` controlled steps (those it places changes in; in a dry run
-they run at auto clocks too, but carry the controller's work, which lengthens a host-bound lead-in) with the
-same number of anchors, each segment's live duration: the step's start to its first anchor, anchor to anchor,
-its last anchor to its end. Their medians (once it has that many steps) are the step's pace.
-:func:`host_offsets_s` puts a time on the step's timeline at its host time from the step's start: each
-segment of the timeline, between the kernels the anchors stand for, lasts its live median, and a time inside
-it is placed in proportion. The timeline is the one those steps ran: a replayed plan's, or for online
-decisions the model's auto timeline (the controlled steps' clocks, whichever the policy chose, are in their
-live durations). Steps with another number of anchors start the learning again; steps whose anchors are out
-of order or outside the step are ignored.
+:class:`Pace` keeps, for the last ``PACE_STEPS`` steps of those it learns from with the same number of
+anchors, each segment's live duration: the step's start to its first anchor, anchor to anchor, its last
+anchor to its end. Their medians (once it has that many steps) are the step's pace. :func:`host_offsets_s`
+puts a time on the step's timeline at its host time from the step's start: each segment of the timeline,
+between the kernels the anchors stand for, lasts its live median (stretched by its time at other clocks over
+its time at the clocks it was measured at), and a time inside it is placed in proportion. Steps with another
+number of anchors start the learning again; steps whose anchors are out of order or outside the step are
+ignored.
+
+Which steps it learns from is the controller's choice (:class:`~kdvfs.runtime.controller.anchoring.Anchoring`):
+those that ran the timeline it is used on. A replayed plan's pace is learned from the controlled steps (they
+ran the plan); so is a dry run's (every step runs auto clocks, and the controlled ones carry the
+controller's own work, which lengthens a host-bound lead-in: 1.68x its captured time in the HF b32 run above
+against 1.07x at auto). Online decisions that set clocks use the pace of the steps at auto (the A windows'),
+on the model's auto timeline, stretched per segment to the clocks running: the controlled steps ran the
+policy's changing clocks, which no one timeline describes (learned from those instead, the fake B200 GPT-2
+small runs of ``benchmarks/online_fake_gpu.py`` switched 201 times a run against 128).
 """
 
 from __future__ import annotations
@@ -64,7 +71,7 @@ class Pace:
         return self.segments_s if fits else None
 
 
-def host_offsets_s(segments_s: Array, knots_s: Array, times_s: ArrayLike) -> Array:
+def host_offsets_s(segments_s: Array, knots_s: Array, times_s: ArrayLike, reference_s: Array | None = None) -> Array:
     """Host time from the step's start (s) at each of ``times_s`` (s on a timeline from the step's start).
 
     Args:
@@ -72,6 +79,11 @@ def host_offsets_s(segments_s: Array, knots_s: Array, times_s: ArrayLike) -> Arr
         knots_s: (A+2,) the timeline's segment edges: 0, where the A anchors' kernels start, the step's end.
         times_s: times on that timeline (s; a number or an array), at most its end (beyond it: the end's host
             time).
+        reference_s: (A+2,) the same edges on the timeline the segments were measured at, if another: each
+            segment then lasts its live duration times its time on ``knots_s``'s timeline over the reference's.
     """
-    host_knots_s = np.concatenate([[0.0], np.cumsum(np.asarray(segments_s, dtype=float))])
+    lengths_s = np.asarray(segments_s, dtype=float)
+    if reference_s is not None:
+        lengths_s = lengths_s * np.diff(knots_s) / np.maximum(np.diff(reference_s), 1e-12)
+    host_knots_s = np.concatenate([[0.0], np.cumsum(lengths_s)])
     return np.interp(np.asarray(times_s, dtype=float), np.asarray(knots_s, dtype=float), host_knots_s)

@@ -11,22 +11,28 @@ from hypothesis import strategies as st
 from kdvfs.runtime.controller.pace import PACE_STEPS, Pace, host_offsets_s
 
 
-def _direct_s(segments_s: list[float], knots_s: list[float], time_s: float) -> float:
+def _direct_s(segments_s: list[float], knots_s: list[float], time_s: float, reference_s: list[float]) -> float:
     """Host time at ``time_s``: the whole segments before it, and its own segment's share up to it."""
     host_s = 0.0
     for j, live_s in enumerate(segments_s):
         lo_s, hi_s = knots_s[j], knots_s[j + 1]
-        host_s += live_s * (min(max(time_s, lo_s), hi_s) - lo_s) / (hi_s - lo_s)
+        host_s += live_s / (reference_s[j + 1] - reference_s[j]) * (min(max(time_s, lo_s), hi_s) - lo_s)
     return host_s
 
 
-@given(st.lists(st.tuples(st.floats(0.1, 10), st.floats(0.1, 10)), min_size=2, max_size=8), st.floats(0, 1))
-def test_times_are_placed_in_their_segment_at_its_live_pace(parts: list[tuple[float, float]], where: float) -> None:
-    timeline, live = zip(*parts, strict=True)
+@given(st.lists(st.tuples(st.floats(0.1, 10), st.floats(0.1, 10), st.floats(0.5, 2)), min_size=2, max_size=8),
+       st.floats(0, 1))
+def test_times_are_placed_in_their_segment_at_its_live_pace(
+        parts: list[tuple[float, float, float]], where: float) -> None:
+    timeline, live, ratio = zip(*parts, strict=True)
     knots_s = np.concatenate([[0.0], np.cumsum(timeline)])
+    reference_s = np.concatenate([[0.0], np.cumsum(np.asarray(timeline) * ratio)])  # measured at other clocks
     time_s = where * knots_s[-1]
-    expected_s = _direct_s(list(live), list(knots_s), time_s)
+    expected_s = _direct_s(list(live), list(knots_s), time_s, list(knots_s))
     assert host_offsets_s(np.array(live), knots_s, time_s) == pytest.approx(expected_s, rel=1e-9, abs=1e-12)
+    stretched_s = _direct_s(list(live), list(knots_s), time_s, list(reference_s))
+    assert host_offsets_s(np.array(live), knots_s, time_s, reference_s) == pytest.approx(stretched_s, rel=1e-9,
+                                                                                          abs=1e-12)
     assert host_offsets_s(np.array(live), knots_s, knots_s[-1] + 1.0) == pytest.approx(sum(live))  # the end's
 
 
