@@ -25,7 +25,7 @@ controller's own work, which lengthens a host-bound lead-in: 1.68x its captured 
 against 1.07x at auto). Online decisions that set clocks use the pace of the steps at auto (the A windows'),
 on the model's auto timeline, stretched per segment to the clocks running: the controlled steps ran the
 policy's changing clocks, which no one timeline describes (learned from those instead, the fake B200 GPT-2
-small runs of ``benchmarks/online_fake_gpu.py`` switched 201 times a run against 128).
+small runs switched 201 times a run against 128: ``benchmarks/results/online_fake_gpu_pace_controlled.md``).
 """
 
 from __future__ import annotations
