@@ -62,8 +62,8 @@ step, on the step budget of that moment). The step's last decision point is two 
 (the 90th percentile of the last ``BUDGET_DECISIONS`` decision points' durations, or the last one's if longer,
 each), so that it and the next step's first decision are made by then; the first controlled step's first pair
 is requested at once. Once an anchor has passed, the step's end is expected where the anchor puts it (the
-expected step time's share after the anchor's kernel, at auto's proportions) instead of at its start plus the
-expected step time.
+expected step time's share after the anchor's kernel, at auto's proportions on the step's pace) instead of at
+its start plus the expected step time.
 """
 
 from __future__ import annotations
@@ -168,7 +168,7 @@ class OnlineSteps:
         self._kernel = 1
         self._held: HeldChange | None = None
         self._begun = -1
-        self._auto_share = self.online.cumulative_s[:, 0] / self.online.auto_time_s
+        self._kernels = len(self.online.cumulative_s) - 1
         self._records = DecisionRecords(self.online.labels)
 
     @property
@@ -240,13 +240,11 @@ class OnlineSteps:
 
     def _end_s(self, anchor: tuple[int, float, int], start_s: float, step_s: float) -> float:
         """The step's expected end (host s): from the last anchor passed (``step_s``'s share after its kernel,
-        at auto's proportions), else from the step's start."""
+        at auto's proportions on the step's pace once learned), else from the step's start."""
         if anchor[0] < 0:
             return start_s + step_s
-        if self.pace.for_anchors(len(self.anchor_map.anchors)) is None:
-            return anchor[1] + step_s * (1.0 - float(self._auto_share[anchor[2]]))
         auto_s = self._host_times(0)
-        return anchor[1] + auto_s[-1] - auto_s[anchor[2]]
+        return anchor[1] + step_s * (auto_s[-1] - auto_s[anchor[2]]) / auto_s[-1]
 
     def _decide(self, step: int, start_s: float, now_s: float, anchor: tuple[int, float, int]) -> float:
         """One decision point; returns when the next is due (host s)."""
@@ -266,7 +264,7 @@ class OnlineSteps:
         self._decision_s.append(decided_s - now_s)
         if decision.pair not in (NO_REQUEST, self.clocks.in_effect) and self.clocks.free:
             landing = max(self._landing(anchor, decided_s), kernel + 1)
-            if landing < len(self._auto_share) - 1:  # else it lands after the step: the hand-over is next
+            if landing < self._kernels:  # else it lands after the step: the hand-over is next
                 self._place(HeldChange(decision.pair, step, landing), anchor, decided_s)
         wall_us = (time.perf_counter() - began) * 1e6  # the decision and its request, if any, are out
         if decision.evaluated and self.lookahead:
@@ -296,7 +294,7 @@ class OnlineSteps:
                  "issue": math.inf if self._held is None else self._issue_s(anchor, self._held.kernel)}
         if decision.next_change is None:
             wakes["poll"] = now_s + self.interval_s
-        elif decision.next_change < len(self._auto_share) - 1:
+        elif decision.next_change < self._kernels:
             wakes["change"] = self._kernel_s(anchor, running, decision.next_change)
         reason = min(wakes, key=wakes.__getitem__)
         return wakes[reason], reason
@@ -332,7 +330,7 @@ class OnlineSteps:
         if held is None or now_s < self._issue_s(anchor, held.kernel) - MIN_GAP_S:
             return
         kernel = max(held.kernel, self._landing(anchor, now_s))
-        if kernel >= len(self._auto_share) - 1 or not self._request(
+        if kernel >= self._kernels or not self._request(
                 held.pair, held.step, kernel, now_s, self._kernel_s(anchor, self._running, kernel)):
             self._drop_held()  # too late for the step, or a repeat of the clocks requested last
         self._held = None  # out: the clocks follow its request at their next update
