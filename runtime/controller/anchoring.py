@@ -10,18 +10,18 @@ where the structure does not fit the anchors seen, for the kernel whose expected
 with another number of anchors drops the map at once and starts learning again; a step whose anchors are out
 of order or outside the step is ignored.
 
-Placing (:class:`Anchoring`). A request due at ``due`` (on the window's timeline, stretched by ``scale``)
-must be issued at ``offset = due - latency``. It waits for the latest anchor whose position is at least
-``margin`` before ``offset`` (the thread wakes a little after the GPU passed the anchor and still has to
-issue one latency ahead) and puts the change at the anchor's host time plus the time from the anchor's
-kernel to the change; the request goes out one latency before that. Times from the step's start or an
-anchor are at the step's pace (:mod:`kdvfs.runtime.controller.pace`) once it is learned, else the planned
-ones stretched by ``scale``. It keeps the step-level instants
-(the step's start plus the times to the change and its request) when no anchor is
-learned that early, when the anchor was not recorded by the request's step-level issue time, when it is
-earlier than an anchor already used in the window, or when it lies further than ``tolerance`` of the step
-time from where the step-level timeline expects it. (The order is checked among anchors only: the step's
-start was put on the host clock with the host-minus-GPU offset known then, which may have improved since.)
+Placing (:class:`Anchoring`). A request due at ``due`` (on the window's timeline, stretched by ``scale``) must
+be issued at ``offset = due - latency``. It waits for the latest anchor whose position is at least ``margin``
+before ``offset`` (the thread wakes a little after the GPU passed the anchor and still has to issue one
+latency ahead) and puts the change at the anchor's host time plus the time from the anchor's kernel to the
+change; the request goes out one latency before that. Times from the step's start or an anchor are at the
+step's pace (:mod:`kdvfs.runtime.controller.pace`) once it is learned, else the planned ones stretched by
+``scale``. It keeps the step-level instants (the step's start plus the times to the change and its request)
+when no anchor is learned that early, when the anchor was not recorded by the request's step-level issue time,
+when it is earlier than an anchor already used in the window, or when it lies further than ``tolerance`` of
+the step time from where the step-level timeline expects it. (The order is checked among anchors only: the
+step's start was put on the host clock with the host-minus-GPU offset known then, which may have improved
+since.)
 """
 
 from __future__ import annotations
@@ -166,7 +166,7 @@ class Anchoring:
         when the map changed."""
         if not matched or end.duration_s is None:
             return False
-        if controlled != self.pace_from_auto:
+        if (not controlled) if self.pace_from_auto else controlled:
             self.pace.observe(end.end_s - end.duration_s, end.end_s, end.anchors_s)
         return (controlled or self.learn_auto) and self.map.observe(end.end_s - end.duration_s, end.end_s,
                                                                      end.anchors_s)

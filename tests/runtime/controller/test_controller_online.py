@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -275,3 +276,19 @@ def test_online_changes_are_planned_at_the_pace_of_a_stretch_slow_in_every_step(
     assert len(online) >= 10 and any(after) and not all(after)
     assert np.abs(errors_s).max() < 1e-9
 
+
+
+def test_online_decisions_that_set_clocks_learn_the_pace_from_the_steps_at_auto(tmp_path: Path) -> None:
+    """Not a dry run: the pace logged after each step is the median of the last 5 matched steps at auto (the A
+    windows' and those before control), segment by segment; the controlled steps ran the policy's clocks."""
+    _, _, log = _online_run(tmp_path, steps=80, ab_share=0.25)
+    steps = log_records(log, "step")
+    seen: list[np.ndarray] = []
+    checked = 0
+    for before, after in itertools.pairwise(steps):
+        if after["matched"] and not after["controlled"] and after["anchors_s"]:
+            seen.append(np.diff(np.concatenate([[before["end_s"]], after["anchors_s"], [after["end_s"]]])))
+        if len(seen) >= 5:
+            assert after["pace_s"] == pytest.approx(np.median(seen[-5:], axis=0).tolist(), abs=1e-12)
+            checked += 1
+    assert checked > 10 and any(r["controlled"] for r in steps)
