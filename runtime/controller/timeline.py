@@ -1,13 +1,14 @@
 """A schedule on the step's expected timeline: when each clock change is due and when to request it.
 
 The timeline is the captured step's own (kernel durations and idle gaps as measured, gaps scaled to the
-unprofiled step time, :func:`kdvfs.envs.trace.trace.with_measured_gaps`); at locked clocks each kernel's time is scaled
-by the cost model's ratio to its auto time. In a dry run the GPU stays in auto mode, so the timeline is the
-auto one. The change instants follow :func:`kdvfs.envs.model.schedule.request_times` (aimed at the start of the idle
-gap before the kernel that needs the new clocks, a switching latency apart at least). At run time the whole
-timeline is stretched by ``scale`` (measured over expected step time) and requests go out one latency
-before each change is due; a request due earlier than one latency after the step's start is issued during
-the previous step.
+unprofiled step time, :func:`kdvfs.envs.trace.trace.with_measured_gaps`); at locked clocks each kernel's time is
+scaled by the cost model's ratio to its auto time. In a dry run the GPU stays in auto mode, so the timeline is
+the auto one. The change instants follow :func:`kdvfs.envs.model.schedule.request_times` (aimed at the start of
+the idle gap before the kernel that needs the new clocks, a switching latency apart at least). At run time the
+whole timeline is stretched by ``scale`` (measured over expected step time; the controller then places each
+change at the step's pace between its anchors once learned: :mod:`kdvfs.runtime.controller.pace`) and requests
+go out one latency before each change is due; a request due earlier than one latency after the step's start is
+issued during the previous step.
 """
 
 from __future__ import annotations
