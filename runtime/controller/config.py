@@ -74,6 +74,12 @@ class ControllerConfig:
             decision point is due, runs a throwaway decision and polls until the request comes (a core that
             slept runs the decision ~4x slower: :mod:`kdvfs.runtime.controller.decider`); 0: it sleeps until
             each request.
+        sleep_lead_in: with online decisions, between two controlled steps the controller's thread sleeps
+            through the next step's lead-in (to where its first anchor is expected at the step's pace) before
+            its bookkeeping and first decision (:mod:`kdvfs.runtime.controller.issuer`). Off by default: on an
+            H200 HF Trainer GPT-2 b32 dry run the overhead did not differ beyond the spread between runs
+            (``docs/controller.md``, "The step's pace"); an option so the two can be compared as arms of one
+            benchmark process.
         switch_interval_ms: the interpreter's switch interval while the controller runs (0: left as it is,
             5 ms by default); it bounds how long the controller's thread waits for the interpreter lock after
             a wake or a decision when the training thread does not let go of it
@@ -112,6 +118,7 @@ class ControllerConfig:
     online_lookahead: int = 0
     online_process: bool = False
     decider_warm_ms: float = 0.5
+    sleep_lead_in: bool = False
     switch_interval_ms: float = 0.0
     watchdog: bool = True
     cpu_test_mode: bool = False

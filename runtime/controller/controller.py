@@ -205,7 +205,7 @@ class Controller:
                               StepMatcher(plan.auto_s, config.step_match_tolerance, config.confirm_steps),
                               Guard(config.budget, config.guard_margin, config.guard_min_pairs, config.guard_retry_s),
                               self._actuator, self._accounting, clock, self._log, anchoring,
-                              config.issue_early_ms / 1e3, self._job, self._online)
+                              config.issue_early_ms / 1e3, self._job, self._online, config.sleep_lead_in)
         self._timeline = timeline
         self._issuer.start()
         self._stack.callback(self._stop_thread)

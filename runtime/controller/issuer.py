@@ -13,7 +13,11 @@ to the matcher, the guard and the accounting, and then decides the next step:
   the thread's wake-up), sleeping in between; the first controlled step also gets its own early changes at
   once;
 * with a frozen policy deciding online (:mod:`kdvfs.runtime.controller.online`), the same steps are
-  controlled, but the thread decides through each of them on what it measures instead of replaying;
+  controlled, but the thread decides through each of them on what it measures instead of replaying. With
+  ``sleep_lead_in``, between two controlled steps, once the step's pace is learned, the thread sleeps
+  through the next step's lead-in (its start to its first anchor, where the training thread's host work
+  before the first block holds up the GPU) before the rest of its bookkeeping and its first decision (an
+  experiment: ``docs/controller.md``, "The step's pace");
 * otherwise (not matching yet, an evaluation pass or new shape, an A window, backed off): the GPU is
   returned to auto.
 
@@ -61,10 +65,11 @@ class Issuer(threading.Thread):
 
     def __init__(self, plan: StepPlan, latency_s: float, timeline: StepTimeline, matcher: StepMatcher, guard: Guard,
                  actuator: Actuator, accounting: Accounting, clock: Clock, log: EventLog, anchoring: Anchoring,
-                 early_s: float = 0.0, job: JobGroup | None = None, online: OnlineSteps | None = None) -> None:
+                 early_s: float = 0.0, job: JobGroup | None = None, online: OnlineSteps | None = None,
+                 sleep_lead_in: bool = False) -> None:
         super().__init__(name="kdvfs-controller", daemon=True)
         self.plan, self.latency_s, self.timeline, self.anchoring = plan, latency_s, timeline, anchoring
-        self.early_s = early_s
+        self.early_s, self.sleep_lead_in = early_s, sleep_lead_in
         self.matcher, self.guard, self.actuator, self.accounting = matcher, guard, actuator, accounting
         self.clock, self.log, self.job, self.online = clock, log, job, online
         self._first_end_s = 0.0
@@ -128,6 +133,8 @@ class Issuer(threading.Thread):
         if self.guard.tick(now_s) == Guard.RESUME:
             self.log.write("resume", step=index)
         self._controlling = self._decide(end, matched, was_controlled)
+        if self.sleep_lead_in and self._controlling and was_controlled and self.online is not None:
+            self._sleep_through_lead_in(end)
         if self.online is not None:
             self.online.observe(end, matched, was_controlled)
         remapped = self.anchoring.learn(end, matched, was_controlled)
@@ -146,6 +153,13 @@ class Issuer(threading.Thread):
             self._issue(index + 1, end.end_s, first=not was_controlled)
         else:
             self.actuator.request(self.actuator.auto, step=index + 1, kernel=0, request_s=end.end_s, due_s=end.end_s)
+
+    def _sleep_through_lead_in(self, end: StepEnd) -> None:
+        """Sleep until the GPU is expected at the next step's first anchor, if the pace is learned (see the module
+        docstring): the rest of this step's bookkeeping and the online decisions wait until then."""
+        segments_s = self.anchoring.pace.for_anchors(len(self.anchoring.map.anchors))
+        if segments_s is not None:
+            self.clock.sleep_until(end.end_s + float(segments_s[0]), self.stop_event)
 
     def _decide(self, end: StepEnd, matched: bool, was_controlled: bool) -> bool:
         """Whether the next step is controlled, after this one (see the module docstring)."""

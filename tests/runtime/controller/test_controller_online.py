@@ -292,3 +292,38 @@ def test_online_decisions_that_set_clocks_learn_the_pace_from_the_steps_at_auto(
             assert after["pace_s"] == pytest.approx(np.median(seen[-5:], axis=0).tolist(), abs=1e-12)
             checked += 1
     assert checked > 10 and any(r["controlled"] for r in steps)
+
+
+def _decision_points(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **options: Any) -> tuple[set[int], list]:
+    """A dry run on anchors: the controlled steps that follow another once the pace is learned, and each decision
+    point's step and the kernels the GPU had passed then."""
+    from kdvfs.agents.learned.online import OnlinePolicy
+
+    log = tmp_path / "run.jsonl"
+    controller, gpu, timeline = fake_controller(POLICY, log=str(log), dry_run=True, online_process=False, **options)
+    timeline.anchor_kernels = ANCHOR_KERNELS
+    decide, points = OnlinePolicy.decide, []
+
+    def noting(self: OnlinePolicy, state: Any, *args: Any) -> Any:
+        points.append((len(gpu.steps), gpu.passed_kernels()))  # the running step and the kernels it passed
+        return decide(self, state, *args)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(OnlinePolicy, "decide", noting)
+        with controller:
+            run_steps(controller, 40)
+    steps = log_records(log, "step")
+    paced = {r["step"] + 1 for r in steps if r["pace_s"]}  # learned before the step's end
+    return {r["step"] + 1 for r in steps if r["controlled"] and r["next_controlled"] and r["step"] in paced}, points
+
+
+def test_with_sleep_lead_in_the_thread_decides_only_after_the_first_anchor(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once the pace is learned, no decision point of a controlled step that follows another falls before the
+    GPU reaches the step's first anchor (kernel 8); without the option, the first comes at the step's start."""
+    monkeypatch.setattr(anchoring, "nearest_kernels", lambda starts_s, positions_s: np.array(ANCHOR_KERNELS))
+    (tmp_path / "off").mkdir()
+    follows, points = _decision_points(tmp_path, monkeypatch, sleep_lead_in=True)
+    assert len(follows) > 10 and min(k for step, k in points if step in follows) >= ANCHOR_KERNELS[0]
+    follows, points = _decision_points(tmp_path / "off", monkeypatch)
+    assert min(k for step, k in points if step in follows) < ANCHOR_KERNELS[0]
