@@ -135,9 +135,9 @@ class Issuer(threading.Thread):
         self._controlling = self._decide(end, matched, was_controlled)
         if self.sleep_lead_in and self._controlling and was_controlled and self.online is not None:
             self._sleep_through_lead_in(end)
-        if self.online is not None:
-            self.online.observe(end, matched, was_controlled)
         remapped = self.anchoring.learn(end, matched, was_controlled)
+        if self.online is not None:  # after the pace and the map it places on have learned from the step
+            self.online.observe(end, matched, was_controlled)
         pace = self.anchoring.pace.segments_s
         self.log.write("step", step=index, end_s=end.end_s, duration_s=end.duration_s, signature=end.signature,
                        matched=matched, controlled=was_controlled, next_controlled=self._controlling, scale=self.scale,

@@ -178,7 +178,7 @@ class OnlineSteps:
 
     def observe(self, end: StepEnd, matched: bool, controlled: bool) -> None:
         """Learn the auto scale from a finished step (matched and at auto); the kernels' host times are found
-        again (the pace, learned with the anchor map, may have moved)."""
+        again (the pace and the anchor map have just learned from the same step)."""
         if matched and not controlled and end.duration_s is not None:
             self._scales.append(end.duration_s / self.online.auto_time_s)
             self._auto_scale = statistics.median(self._scales)
