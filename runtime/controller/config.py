@@ -74,6 +74,9 @@ class ControllerConfig:
             decision point is due, runs a throwaway decision and polls until the request comes (a core that
             slept runs the decision ~4x slower: :mod:`kdvfs.runtime.controller.decider`); 0: it sleeps until
             each request.
+        online_warm_up: with online decisions on the controller's thread, a throwaway decision right before
+            each decision point the thread slept to, so that the decision runs on a warm core
+            (:mod:`kdvfs.runtime.controller.warm_up`).
         sleep_lead_in: with online decisions, between two controlled steps the controller's thread sleeps
             through the next step's lead-in (to where its first anchor is expected at the step's pace) before
             its bookkeeping and first decision (:mod:`kdvfs.runtime.controller.issuer`). Off by default: on an
@@ -118,6 +121,7 @@ class ControllerConfig:
     online_lookahead: int = 0
     online_process: bool = False
     decider_warm_ms: float = 0.5
+    online_warm_up: bool = False
     sleep_lead_in: bool = False
     switch_interval_ms: float = 0.0
     watchdog: bool = True

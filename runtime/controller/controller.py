@@ -218,6 +218,7 @@ class Controller:
         """The online policy's decisions inside each controlled step (:mod:`kdvfs.runtime.controller.online`)."""
         from kdvfs.runtime.controller.live_clocks import LiveClocks
         from kdvfs.runtime.controller.online import OnlineSteps
+        from kdvfs.runtime.controller.warm_up import WarmUp
 
         assert self.plan is not None and self.plan.online is not None and self._actuator is not None
         config, problem, online = self.config, self.plan.problem, self.plan.online
@@ -227,9 +228,10 @@ class Controller:
             online.prepare()
         else:
             self._decider.load(online.policy, problem)
+        warm_up = WarmUp(online.warm) if config.online_warm_up and self._decider is None else None
         return OnlineSteps(online, clocks, timeline, anchoring.map, anchoring.pace, self._clock, self._log,
                            problem.slowdown, config.budget, config.dry_run, interval_s, config.issue_early_ms / 1e3,
-                           self._decider, config.online_lookahead)
+                           self._decider, config.online_lookahead, warm_up)
 
     def _start_decider(self) -> DeciderProcess | None:
         """The online policy's child process (``online_process``), started first: it imports its modules

@@ -88,6 +88,7 @@ from kdvfs.runtime.controller.estimator import Interval
 from kdvfs.runtime.controller.gpu_timeline import StepEnd, StepTimeline
 from kdvfs.runtime.controller.live_clocks import LiveClocks
 from kdvfs.runtime.controller.pace import Pace, host_offsets_s
+from kdvfs.runtime.controller.warm_up import WarmUp
 from kdvfs.runtime.device.host_time import Clock
 
 SCALE_STEPS = 5
@@ -144,15 +145,18 @@ class OnlineSteps:
         early_s: requests go out this much earlier than a latency ahead (the thread wakes late).
         decider: where ``online``'s decisions are made (default: ``online`` itself, on this thread).
         lookahead: the policy's evaluations run ahead after each evaluation (0: none; see the module docstring).
+        warm_up: on this thread, a throwaway decision right before each decision point the thread slept to
+            (:mod:`kdvfs.runtime.controller.warm_up`; None: none; a child decider has its own lead).
     """
 
     def __init__(self, online: OnlinePolicy, clocks: LiveClocks, timeline: StepTimeline, anchor_map: AnchorMap,
                  pace: Pace, clock: Clock, log: EventLog, budget: float, target: float, dry_run: bool,
-                 interval_s: float, early_s: float, decider: Decider | None = None, lookahead: int = 0) -> None:
+                 interval_s: float, early_s: float, decider: Decider | None = None, lookahead: int = 0,
+                 warm_up: WarmUp | None = None) -> None:
         self.online, self.clocks, self.timeline, self.anchor_map, self.pace = online, clocks, timeline, anchor_map, pace
         self.decider: Decider = online if decider is None else decider
         self.clock, self.log, self.budget, self.target, self.dry_run = clock, log, budget, target, dry_run
-        self.interval_s, self.early_s, self.lookahead = interval_s, early_s, lookahead
+        self.interval_s, self.early_s, self.lookahead, self.warm_up = interval_s, early_s, lookahead, warm_up
         self.step_budget = budget
         self.next_request_s = math.inf
         self.decisions = self.advisor_reads = self.requests = self.lookahead_skips = 0
@@ -166,6 +170,8 @@ class OnlineSteps:
         self._host_times_s: dict[int, list[float]] = {}
         self._decision_s: deque[float] = deque(maxlen=BUDGET_DECISIONS)
         self._kernel = 1
+        self._state: LiveState | None = None
+        """The last decision's live state (what a warm-up decides at)."""
         self._held: HeldChange | None = None
         self._begun = -1
         self._kernels = len(self.online.cumulative_s) - 1
@@ -223,6 +229,8 @@ class OnlineSteps:
             self.next_request_s = min(wake_s, last_s)
             if isinstance(self.decider, DeciderProcess):  # it wakes ahead of the request, to decide on a warm core
                 self.decider.expect(self.next_request_s - self.clock.now_s())
+            elif not self._warm_before(stop):
+                return
             if not self.clock.sleep_until(self.next_request_s, stop):
                 return
         self._begun = step + 1
@@ -232,6 +240,16 @@ class OnlineSteps:
             return
         self.next_request_s = math.inf
         self._request(first_pair, step + 1, 0, self.clock.now_s(), end_s)
+
+    def _warm_before(self, stop: threading.Event) -> bool:
+        """With a warm-up: sleep until its lead before the next decision point and run it at the last
+        decision's state; the point follows without a sleep if it is due by then. False if stopped."""
+        if self.warm_up is None or self._state is None:
+            return True
+        if not self.clock.sleep_until(self.next_request_s - self.warm_up.lead_s(), stop):
+            return False
+        self.warm_up.run(self._state)
+        return True
 
     def _decision_budget_s(self) -> float:
         """How long a decision takes (host s, the controller's clock): the 90th percentile of the last
@@ -259,7 +277,7 @@ class OnlineSteps:
                           (now_s - self.clocks.requested_s) / scale if not self.clocks.free else 0.0,
                           (now_s - start_s) / scale, float(self.online.cumulative_s[kernel, 0]),
                           self.clocks.last_latency_ratio, 100.0 * (scale - 1.0))
-        decision = self.decider.decide(state, (now_s - start_s) / scale)
+        decision, self._state = self.decider.decide(state, (now_s - start_s) / scale), state
         decided_s = self.clock.now_s()
         self._decision_s.append(decided_s - now_s)
         if decision.pair not in (NO_REQUEST, self.clocks.in_effect) and self.clocks.free:
@@ -405,6 +423,10 @@ class OnlineSteps:
         return {"decider_us": quantiles(self.decider.compute_us), "decider_spin_us": quantiles(self.decider.spin_us),
                 "decider_spin_ms": 1e-3 * sum(self.decider.spin_us)}
 
+    def _warm_up_figures(self) -> dict[str, Any]:
+        """The thread's warm-ups (us; total ms), None without them."""
+        return {"warm_us": None, "warm_ms": None} if self.warm_up is None else self.warm_up.figures()
+
     def figures(self) -> dict[str, Any]:
         """For the summary (see ``docs/controller.md``)."""
         return {"decisions": self.decisions, "advisor_reads": self.advisor_reads, "requests": self.requests,
@@ -412,7 +434,7 @@ class OnlineSteps:
                 "progress": dict(self.progress), "took_effect": dict(self.clocks.took_effect),
                 "decision_us": quantiles(self.policy_wall_us), "decision_point_us": quantiles(self.wall_us),
                 "decision_point_cpu_us": quantiles(self.cpu_us), "cpu_ms": 1e-3 * sum(self.cpu_us),
-                **self._decider_figures(),
+                **self._decider_figures(), **self._warm_up_figures(),
                 "wakes": dict(self.wakes),
                 "step_budget_pct": 100 * self.step_budget, "interval_ms": 1e3 * self.interval_s}
 

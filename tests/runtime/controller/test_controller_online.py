@@ -327,3 +327,44 @@ def test_with_sleep_lead_in_the_thread_decides_only_after_the_first_anchor(tmp_p
     assert len(follows) > 10 and min(k for step, k in points if step in follows) >= ANCHOR_KERNELS[0]
     follows, points = _decision_points(tmp_path / "off", monkeypatch)
     assert min(k for step, k in points if step in follows) < ANCHOR_KERNELS[0]
+
+
+def _decisions_and_warm_ups(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **options: Any) -> tuple[list, list]:
+    """A dry run's decision records (less their wall times) and each call of the policy's, in order: ("warm", the
+    state it warms at) or ("decide", the state it decides at)."""
+    from kdvfs.agents.learned.online import OnlinePolicy
+
+    log = tmp_path / "run.jsonl"
+    controller, _, timeline = fake_controller(POLICY, log=str(log), dry_run=True, online_process=False, **options)
+    timeline.anchor_kernels = ANCHOR_KERNELS
+    decide, warm, calls = OnlinePolicy.decide, OnlinePolicy.warm, []
+
+    def deciding(self: OnlinePolicy, state: Any, *args: Any) -> Any:
+        calls.append(("decide", state))
+        return decide(self, state, *args)
+
+    def warming(self: OnlinePolicy, state: Any) -> None:
+        calls.append(("warm", state))
+        warm(self, state)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(OnlinePolicy, "decide", deciding)
+        patch.setattr(OnlinePolicy, "warm", warming)
+        with controller:
+            run_steps(controller, 30)
+    records = [{k: v for k, v in r.items() if k != "wall_us"} for r in log_records(log, "decision")]
+    return records, calls[1:]  # after prepare's throwaway decision
+
+
+def test_a_warm_up_precedes_each_decision_point_and_changes_no_decision(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """With ``online_warm_up`` every decision point the thread slept to follows a throwaway decision at the last
+    point's state, and the decisions are the ones made without."""
+    (tmp_path / "off").mkdir()
+    records, calls = _decisions_and_warm_ups(tmp_path, monkeypatch, online_warm_up=True)
+    plain, plain_calls = _decisions_and_warm_ups(tmp_path / "off", monkeypatch)
+    assert records == plain and len(records) > 20 and all(kind == "decide" for kind, _ in plain_calls)
+    warm_ups = [i for i, (kind, _) in enumerate(calls) if kind == "warm"]
+    assert len(warm_ups) > len(records) / 2
+    for i in warm_ups:  # right before a decision (unless the run stopped), at the state of the decision before
+        assert calls[i - 1] == ("decide", calls[i][1]) and [kind for kind, _ in calls[i + 1:i + 2]] in ([], ["decide"])

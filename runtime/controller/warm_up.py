@@ -1,0 +1,62 @@
+"""A throwaway decision right before each decision point on the controller's thread (``online_warm_up``).
+
+Between decision points (~6 ms apart) the controller's thread sleeps, and a core that slept runs the next
+decision on cold code and data: numba's dispatch of the call, its compiled code and the interpreter's path to
+it. On this repository's CI-like host, with the caches evicted between calls, the shipped H200 policy's
+decision (``OnlinePolicy.decide``) took 40-67 us median; after touching all its arrays 36-43 us; right after
+a throwaway decision 17-18 us. So what is cold is mostly code and the dispatch path, not the arrays. On the
+H200 host a slept decision took 42-92 us (``benchmarks/results/decision_cold_h200_*.md``).
+
+An earlier warm lead on the thread (0208103, removed in 3f32a8c) ran the throwaway decision 0.2 ms before the
+point and then slept again until it; on the H200 it cut GPT-3 XL's median from 77 to 59 us and HF Trainer's
+not at all. Here the thread wakes :meth:`WarmUp.lead_s` before the point, runs the throwaway decision at the
+last decision's state (:meth:`~kdvfs.agents.learned.online.OnlinePolicy.warm`: its result is dropped; no
+later decision changes) and goes on to the decision without sleeping in between. The lead is the 10th
+percentile of the last ``WARM_UPS`` warm-ups' durations, so the decision point is rarely early (a short sleep
+would cool the core again) and late by the warm-up's spread above it (tens of us). A decision's wall time
+(``decision_us``) then runs from after its warm-up; the warm-ups' own time is ``warm_us`` (and ``warm_ms``,
+in all), and their CPU is in the thread's.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from kdvfs.envs.env.live import LiveState
+from kdvfs.runtime.controller.decision_records import quantiles
+
+WARM_UPS = 64
+"""Warm-ups whose durations set the lead."""
+LEAD_PERCENTILE = 10
+
+
+class WarmUp:
+    """Runs and times the throwaway decisions (see the module docstring)."""
+
+    def __init__(self, warm: Callable[[LiveState], None]) -> None:
+        """``warm``: the throwaway decision at a live state (``OnlinePolicy.warm``)."""
+        self._warm = warm
+        self._recent_s: deque[float] = deque(maxlen=WARM_UPS)
+        self.durations_us: list[float] = []
+
+    def lead_s(self) -> float:
+        """How long before a decision point its warm-up starts (s): the ``LEAD_PERCENTILE``-th percentile of
+        the last ``WARM_UPS`` warm-ups' durations (0 before any)."""
+        return float(np.percentile(self._recent_s, LEAD_PERCENTILE)) if self._recent_s else 0.0
+
+    def run(self, state: LiveState) -> None:
+        """The throwaway decision at ``state``, timed."""
+        began_s = time.perf_counter()
+        self._warm(state)
+        took_s = time.perf_counter() - began_s
+        self._recent_s.append(took_s)
+        self.durations_us.append(took_s * 1e6)
+
+    def figures(self) -> dict[str, Any]:
+        """For the summary: the warm-ups' durations (us) and their total (ms)."""
+        return {"warm_us": quantiles(self.durations_us), "warm_ms": 1e-3 * sum(self.durations_us)}
