@@ -242,11 +242,15 @@ class OnlineSteps:
         self._request(first_pair, step + 1, 0, self.clock.now_s(), end_s)
 
     def _warm_before(self, stop: threading.Event) -> bool:
-        """With a warm-up: sleep until its lead before the next decision point and run it at the last
-        decision's state; the point follows without a sleep if it is due by then. False if stopped."""
+        """With a warm-up, before a decision point the thread would sleep to: sleep until its lead before the
+        point and run it at the last decision's state; the point follows without a sleep if it is due by then.
+        False if stopped."""
         if self.warm_up is None or self._state is None:
             return True
-        if not self.clock.sleep_until(self.next_request_s - self.warm_up.lead_s(), stop):
+        warm_at_s = self.next_request_s - self.warm_up.lead_s()
+        if warm_at_s <= self.clock.now_s():  # the thread does not sleep before the point: its core is warm
+            return True
+        if not self.clock.sleep_until(warm_at_s, stop):
             return False
         self.warm_up.run(self._state)
         return True
