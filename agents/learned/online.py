@@ -114,6 +114,8 @@ class OnlinePolicy:
         self._picks = np.zeros(3, dtype=np.int64)
         self._action = np.zeros(len(policy.nvec), dtype=np.int64)
         """The standing order (the action the policy last chose), written in place by each evaluation."""
+        self._throwaway_action = np.zeros_like(self._action)
+        """:meth:`warm`'s action, written in place and dropped."""
         self._begun = False
         self._bound: tuple[BoundDecision, BoundDecision] | None = None
         """The decisions' arrays, bound: for the standing order, and for :meth:`warm`'s throwaway action."""
@@ -138,7 +140,7 @@ class OnlinePolicy:
         """Bind the decisions' arrays (the env's live tables for its step, the policy's)."""
         tables = (*self.env.live_tables().arrays(), *self._forward, self._products, self._offsets)
         self._bound = (BoundDecision(*tables, self._action, self._picks),
-                       BoundDecision(*tables, np.zeros_like(self._action), self._picks))
+                       BoundDecision(*tables, self._throwaway_action, self._picks))
         self._bound_for = self.env.selection
 
     def pair_of(self, label: str) -> int:
@@ -161,20 +163,26 @@ class OnlinePolicy:
         (:func:`~kdvfs.agents.learned.live_decision.decide_bound`); after :meth:`begin`."""
         assert self._begun and self._bound is not None, "begin a step first"
         evaluated = now_s >= self._hold_until_s
-        pair, change, used, affordable = _decide(self._bound[0], *self._budget, *state, evaluated)
         if evaluated:
             self._hold_until_s = now_s + self._hold_s
         self._state = state
-        return OnlineDecision(pair, evaluated, tuple(self._action.tolist()), used, affordable,
-                              None if change == DEPENDS_ON_BUDGET else change, self._hold_until_s)
+        return self._decision(self._bound[0], self._action, state, evaluated)
 
     def warm(self, state: LiveState) -> None:
-        """Run a decision's computations at ``state`` (the observation, the policy) and drop their result: the
-        standing order, its hold and every later decision are as without it (each decision writes the
+        """Run a decision at ``state`` (the observation, the policy, the decision's making) and drop its result:
+        the standing order, its hold and every later decision are as without it (each decision writes the
         observation anew). A decider whose core slept calls it shortly before a decision is due, so that the
-        decision runs on warm caches; after :meth:`begin`."""
+        decision runs on a warm core (its code and data: the same calls as :meth:`decide`'s); after
+        :meth:`begin`."""
         assert self._bound is not None, "begin a step first"
-        _decide(self._bound[1], *self._budget, *state, True)
+        self._decision(self._bound[1], self._throwaway_action, state, True)
+
+    def _decision(self, bound: BoundDecision, action: np.ndarray, state: LiveState, evaluated: bool
+                  ) -> OnlineDecision:
+        """The decision at ``state`` on ``bound`` (whose action buffer is ``action``)."""
+        pair, change, used, affordable = _decide(bound, *self._budget, *state, evaluated)
+        return OnlineDecision(pair, evaluated, tuple(action.tolist()), used, affordable,
+                              None if change == DEPENDS_ON_BUDGET else change, self._hold_until_s)
 
     def _policy_action(self, rest: np.ndarray) -> np.ndarray:
         """The policy's action at the env's decision point, whose observation past its static part is ``rest``:

@@ -10,10 +10,11 @@ H200 host a slept decision took 42-92 us (``benchmarks/results/decision_cold_h20
 An earlier warm lead on the thread (0208103, removed in 3f32a8c) ran the throwaway decision 0.2 ms before the
 point and then slept again until it; on the H200 it cut GPT-3 XL's median from 77 to 59 us and HF Trainer's
 not at all. Here the thread wakes :meth:`WarmUp.lead_s` before the point, runs the throwaway decision at the
-last decision's state (:meth:`~kdvfs.agents.learned.online.OnlinePolicy.warm`: its result is dropped; no
-later decision changes) and goes on to the decision without sleeping in between. The lead is the 10th
-percentile of the last ``WARM_UPS`` warm-ups' durations, so the decision point is rarely early (a short sleep
-would cool the core again) and late by the warm-up's spread above it (tens of us). A decision's wall time
+last decision's state (:meth:`~kdvfs.agents.learned.online.OnlinePolicy.warm`, the same calls as a decision;
+its result is dropped and no later decision changes) and goes on to the decision without sleeping in between.
+The lead is the shortest of the last ``WARM_UPS`` warm-ups, so the decision point is early (and the thread
+sleeps the rest, cooling the core again) only after a warm-up shorter than all of those, and late by the
+warm-up's spread above it (tens of us). A decision's wall time
 (``decision_us``) then runs from after its warm-up; the warm-ups' own time is ``warm_us`` (and ``warm_ms``,
 in all), and their CPU is in the thread's.
 """
@@ -25,14 +26,11 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
 from kdvfs.envs.env.live import LiveState
 from kdvfs.runtime.controller.decision_records import quantiles
 
 WARM_UPS = 64
 """Warm-ups whose durations set the lead."""
-LEAD_PERCENTILE = 10
 
 
 class WarmUp:
@@ -45,9 +43,9 @@ class WarmUp:
         self.durations_us: list[float] = []
 
     def lead_s(self) -> float:
-        """How long before a decision point its warm-up starts (s): the ``LEAD_PERCENTILE``-th percentile of
-        the last ``WARM_UPS`` warm-ups' durations (0 before any)."""
-        return float(np.percentile(self._recent_s, LEAD_PERCENTILE)) if self._recent_s else 0.0
+        """How long before a decision point its warm-up starts (s): the shortest of the last ``WARM_UPS``
+        warm-ups (0 before any)."""
+        return min(self._recent_s, default=0.0)
 
     def run(self, state: LiveState) -> None:
         """The throwaway decision at ``state``, timed."""
