@@ -270,7 +270,8 @@ class OnlineSteps:
 
     def _decide(self, step: int, start_s: float, now_s: float, anchor: tuple[int, float, int]) -> float:
         """One decision point; returns when the next is due (host s)."""
-        began, began_cpu = time.perf_counter(), time.thread_time()
+        began_cpu = time.thread_time()  # a system call: read before the wall clock, outside the wall time
+        began = time.perf_counter()
         self._release_held(anchor, now_s)
         self.clocks.update(now_s)
         scale = self.auto_scale
