@@ -21,7 +21,11 @@ step). The parts separate the decision from work that touches no data:
 The gaps: ``back to back``; ``spun in python`` or ``spun compiled`` for the whole gap (never sleeping, no
 system calls); ``slept`` the whole gap; ``slept, then a decision W us before`` (a throwaway decision at the
 previous state, ``OnlinePolicy.warm``, then spun in Python until due); ``napped N us at a time`` (the gap
-slept in naps of at most N us). Median and p99 (us). No GPU needed.
+slept in naps of at most N us). A host whose cores stay warm through a sleep (a machine with no other work)
+shows little of the cold core; the ``evicted`` gaps make it cold: ``EVICT_MB`` written, then the gap slept
+(``evicted``), then, right before the call, a throwaway decision (``evicted, then a decision right before``,
+as the controller's ``online_warm_up``) or a read of the environment's live tables and the policy's layers
+(``evicted, then its arrays read``). Median and p99 (us). No GPU needed.
 """
 
 from __future__ import annotations
@@ -48,6 +52,8 @@ from kdvfs.runtime.controller.decision_records import quantiles
 
 WARM_LEADS_US = (20.0, 50.0, 200.0, 500.0)
 NAPS_US = (100.0, 500.0)
+EVICT_MB = 64
+"""Written before an ``evicted`` gap: more than the last-level cache of the machines this ran on."""
 
 
 @numba.njit(cache=True)
@@ -110,6 +116,17 @@ def gaps(online: OnlinePolicy, walk: list[LiveState]) -> dict[str, Callable[[int
                 time.sleep(min(nap_s, left_s))
         return gap
 
+    evict = np.zeros(EVICT_MB * 2**20 // 8)
+    arrays = [a for a in (*online.env.live_tables().arrays(), *online.policy.weights, *online.policy.biases)
+              if isinstance(a, np.ndarray)]
+
+    def evicted(before: Callable[[int], None]) -> Callable[[int, float], None]:
+        def gap(n: int, due_s: float) -> None:
+            evict[:] += 1.0
+            time.sleep(max(0.0, due_s - time.perf_counter()))
+            before(n)
+        return gap
+
     result: dict[str, Callable[[int, float], None]] = {
         "back to back": lambda n, due_s: None,
         "spun in python": lambda n, due_s: spin_python(due_s),
@@ -119,6 +136,9 @@ def gaps(online: OnlinePolicy, walk: list[LiveState]) -> dict[str, Callable[[int
         result[f"slept, then a decision {lead_us:g} us before"] = warmed(lead_us * 1e-6)
     for nap_us in NAPS_US:
         result[f"napped {nap_us:g} us at a time"] = napped(nap_us * 1e-6)
+    result["evicted"] = evicted(lambda n: None)
+    result["evicted, then a decision right before"] = evicted(lambda n: online.warm(walk[max(n - 1, 0)]))
+    result["evicted, then its arrays read"] = evicted(lambda n: [a.sum() for a in arrays])
     return result
 
 

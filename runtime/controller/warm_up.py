@@ -2,10 +2,11 @@
 
 Between decision points (~6 ms apart) the controller's thread sleeps, and a core that slept runs the next
 decision on cold code and data: numba's dispatch of the call, its compiled code and the interpreter's path to
-it. On this repository's CI-like host, with the caches evicted between calls, the shipped H200 policy's
-decision (``OnlinePolicy.decide``) took 40-67 us median; after touching all its arrays 36-43 us; right after
-a throwaway decision 17-18 us. So what is cold is mostly code and the dispatch path, not the arrays. On the
-H200 host a slept decision took 42-92 us (``benchmarks/results/decision_cold_h200_*.md``).
+it. On this repository's CI-like host, with 64 MB written and 6 ms slept before each call, the shipped H200
+policy's decision (``OnlinePolicy.decide``) took 62.1 us median; after reading its tables and the policy's
+layers 63.7 us; right after a throwaway decision 17.0 us (``benchmarks/results/decision_cold.md``). So what
+is cold is its code and the dispatch path, not its arrays. On the H200 host a slept decision took 42-92 us
+(``benchmarks/results/decision_cold_h200_*.md``).
 
 An earlier warm lead on the thread (0208103, removed in 3f32a8c) ran the throwaway decision 0.2 ms before the
 point and then slept again until it; on the H200 it cut GPT-3 XL's median from 77 to 59 us and HF Trainer's
