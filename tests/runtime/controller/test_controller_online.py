@@ -358,8 +358,8 @@ def _decisions_and_warm_ups(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **o
 
 def test_a_warm_up_precedes_each_decision_point_and_changes_no_decision(tmp_path: Path,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    """With ``online_warm_up`` (the default) every decision point the thread slept to follows a throwaway decision at the last
-    point's state, and the decisions are the ones made without."""
+    """With ``online_warm_up`` (the default) every decision point the thread slept to follows a throwaway
+    decision at the last point's state, and the decisions are the ones made without."""
     (tmp_path / "off").mkdir()
     records, calls = _decisions_and_warm_ups(tmp_path, monkeypatch)
     plain, plain_calls = _decisions_and_warm_ups(tmp_path / "off", monkeypatch, online_warm_up=False)
