@@ -166,10 +166,10 @@ class Anchoring:
         when the map changed."""
         if not matched or end.duration_s is None:
             return False
+        start_s = end.end_s - end.duration_s
         if (not controlled) if self.pace_from_auto else controlled:
-            self.pace.observe(end.end_s - end.duration_s, end.end_s, end.anchors_s)
-        return (controlled or self.learn_auto) and self.map.observe(end.end_s - end.duration_s, end.end_s,
-                                                                     end.anchors_s)
+            self.pace.observe(start_s, end.end_s, end.anchors_s)
+        return (controlled or self.learn_auto) and self.map.observe(start_s, end.end_s, end.anchors_s)
 
     def begin(self, step: int, start_s: float, scale: float) -> None:
         """Start the window of step ``step``, which started at host time ``start_s`` (timeline x ``scale``)."""

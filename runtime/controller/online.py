@@ -170,8 +170,6 @@ class OnlineSteps:
         self._host_times_s: dict[int, list[float]] = {}
         self._decision_s: deque[float] = deque(maxlen=BUDGET_DECISIONS)
         self._kernel = 1
-        self._state: LiveState | None = None
-        """The last decision's live state (what a warm-up decides at)."""
         self._held: HeldChange | None = None
         self._begun = -1
         self._kernels = len(self.online.cumulative_s) - 1
@@ -243,16 +241,17 @@ class OnlineSteps:
 
     def _warm_before(self, stop: threading.Event) -> bool:
         """With a warm-up, before a decision point the thread would sleep to: sleep until its lead before the
-        point and run it at the last decision's state; the point follows without a sleep if it is due by then.
-        False if stopped."""
-        if self.warm_up is None or self._state is None:
+        point and run it at the last decision's state (the policy's, which decides on this thread); the point
+        follows without a sleep if it is due by then. False if stopped."""
+        last_state = self.online.last_state
+        if self.warm_up is None or last_state is None:
             return True
         warm_at_s = self.next_request_s - self.warm_up.lead_s()
         if warm_at_s <= self.clock.now_s():  # the thread does not sleep before the point: its core is warm
             return True
         if not self.clock.sleep_until(warm_at_s, stop):
             return False
-        self.warm_up.run(self._state)
+        self.warm_up.run(last_state)
         return True
 
     def _decision_budget_s(self) -> float:
@@ -282,7 +281,7 @@ class OnlineSteps:
                           (now_s - self.clocks.requested_s) / scale if not self.clocks.free else 0.0,
                           (now_s - start_s) / scale, float(self.online.cumulative_s[kernel, 0]),
                           self.clocks.last_latency_ratio, 100.0 * (scale - 1.0))
-        decision, self._state = self.decider.decide(state, (now_s - start_s) / scale), state
+        decision = self.decider.decide(state, (now_s - start_s) / scale)
         decided_s = self.clock.now_s()
         self._decision_s.append(decided_s - now_s)
         if decision.pair not in (NO_REQUEST, self.clocks.in_effect) and self.clocks.free:
