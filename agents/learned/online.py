@@ -143,11 +143,6 @@ class OnlinePolicy:
                        BoundDecision(*tables, self._throwaway_action, self._picks))
         self._bound_for = self.env.selection
 
-    @property
-    def last_state(self) -> LiveState | None:
-        """The live state of the step's last decision (None before its first)."""
-        return self._state
-
     def pair_of(self, label: str) -> int:
         """The grid pair of clock label ``label``; ValueError if the grid has none."""
         return self.labels.index(label)

@@ -228,7 +228,7 @@ class Controller:
             online.prepare()
         else:
             self._decider.load(online.policy, problem)
-        warm_up = WarmUp(online.warm) if config.online_warm_up and self._decider is None else None
+        warm_up = WarmUp() if config.online_warm_up and self._decider is None else None
         return OnlineSteps(online, clocks, timeline, anchoring.map, anchoring.pace, self._clock, self._log,
                            problem.slowdown, config.budget, config.dry_run, interval_s, config.issue_early_ms / 1e3,
                            self._decider, config.online_lookahead, warm_up)

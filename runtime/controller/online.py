@@ -37,13 +37,14 @@ something can change (counted per reason in the summary's ``wakes``):
   the last matched auto steps' measured over model time: the A windows' and those before control), so
   a GPU that drifts as a whole is drift, not budget. Within the step, budget used is the time so far minus
   the auto time of the kernels passed. Over the run, the A/B estimator's measured slowdown sets the
-  policy's budget for the next steps (over at least ``MIN_FEEDBACK_PAIRS`` pairs; clipped to
-  [0, 2 x budget]): ``budget + FEEDBACK_GAIN x (target - (mean + se))`` while the measured mean plus one
-  standard error is under the target, ``budget + FEEDBACK_GAIN x (target - (mean - se))`` while the mean
-  less one standard error is over it, the budget itself in between. So part of the budget a fixed plan
-  leaves unused (its pairs are discrete) is spent by alternating between the plans either side of it, a run
-  shown over budget gets a tighter one, and a few noisy pairs early in a run do not send it to the
-  zero-budget plan. A dry run measures no effect of its own: there the budget stays the run's.
+  policy's budget for the next steps (:mod:`~kdvfs.runtime.controller.budget_feedback`: over at least
+  ``MIN_FEEDBACK_PAIRS`` pairs; clipped to [0, 2 x budget]): ``budget + FEEDBACK_GAIN x (target - (mean
+  + se))`` while the measured mean plus one standard error is under the target, ``budget + FEEDBACK_GAIN x
+  (target - (mean - se))`` while the mean less one standard error is over it, the budget itself in between.
+  So part of the budget a fixed plan leaves unused (its pairs are discrete) is spent by alternating between
+  the plans either side of it, a run shown over budget gets a tighter one, and a few noisy pairs early in a
+  run do not send it to the zero-budget plan. A dry run measures no effect of its own: there the budget stays
+  the run's.
 
 A decision takes time (its wall time, ``decision_us`` in the summary), and it is budgeted where requests go
 out: a request lands one latency after it leaves, so its change is planned for the kernel after the one
@@ -82,6 +83,7 @@ from kdvfs.agents.learned.online import OnlineDecision, OnlinePolicy, kernel_at
 from kdvfs.envs.env.live import LiveState
 from kdvfs.runtime.controller.actuator import EventLog
 from kdvfs.runtime.controller.anchoring import AnchorMap
+from kdvfs.runtime.controller.budget_feedback import step_budget
 from kdvfs.runtime.controller.decider import DeciderProcess
 from kdvfs.runtime.controller.decision_records import DecisionRecords, quantiles
 from kdvfs.runtime.controller.estimator import Interval
@@ -96,18 +98,8 @@ MIN_GAP_S = 20e-6
 """Least time between decision points (s): a thread late for a change does not spin."""
 HOLD_MIN_S = 0.5e-3
 """A decided change whose request would go out less than this after the decision (host s) goes out at once."""
-MIN_FEEDBACK_PAIRS = 3
 BUDGET_DECISIONS = 256
 """Decision points whose durations set the time a step's hand-over decision is made ahead of it."""
-FEEDBACK_GAIN = 2.0
-"""Budget points the policy's step budget moves per point of measured slowdown under (over) the budget. Chosen
-in exploratory fake-GPU runs (``benchmarks/online_fake_gpu.py``'s ``run`` with seeds 100-103 and 20 s; not
-kept as a results file; the benchmark itself uses seeds 0-19), before the dead band: at 4 the loop
-oscillated on B200 GPT-2 small (the step budget swung between 0 and twice the budget, 6x the switches,
-1.76% saved against the replayed plan's 2.18%), at 1 it never moved off the budget's plan (2.18%), at 2 it
-saved 2.22%; on H200 GPT-2 small all three were within 0.05 points (1.55-1.59% against 1.54%). With the
-dead band, on the same seeds: 2.36% (B200 GPT-2 small), 2.12% against 2.07% (B200 BERT-base), 1.59%
-against 1.54% (H200 GPT-2 small)."""
 
 
 class HeldChange(NamedTuple):
@@ -145,8 +137,8 @@ class OnlineSteps:
         early_s: requests go out this much earlier than a latency ahead (the thread wakes late).
         decider: where ``online``'s decisions are made (default: ``online`` itself, on this thread).
         lookahead: the policy's evaluations run ahead after each evaluation (0: none; see the module docstring).
-        warm_up: on this thread, a throwaway decision right before each decision point the thread slept to
-            (:mod:`kdvfs.runtime.controller.warm_up`; None: none; a child decider has its own lead).
+        warm_up: on this thread, a rehearsal of the decision right before each decision point the thread slept
+            to (:mod:`kdvfs.runtime.controller.warm_up`; None: none; a child decider has its own lead).
     """
 
     def __init__(self, online: OnlinePolicy, clocks: LiveClocks, timeline: StepTimeline, anchor_map: AnchorMap,
@@ -189,18 +181,9 @@ class OnlineSteps:
         self._host_times_s.clear()
 
     def feedback(self, measured: Interval | None) -> None:
-        """Set the next steps' budget from the run's measured slowdown (see the module docstring)."""
-        if self.dry_run or measured is None or measured.n < MIN_FEEDBACK_PAIRS:
-            self.step_budget = self.budget
-        else:
-            mean, spread = measured.mean_pct / 100, measured.standard_error_pct / 100
-            if mean + spread < self.target:  # under the budget by more than a standard error: spend more
-                error = self.target - (mean + spread)
-            elif mean - spread > self.target:  # over it by more than a standard error: spend less
-                error = self.target - (mean - spread)
-            else:  # within a standard error of it: the run's budget
-                error = 0.0
-            self.step_budget = float(np.clip(self.budget + FEEDBACK_GAIN * error, 0.0, 2 * self.budget))
+        """Set the next steps' budget from the run's measured slowdown (:func:`step_budget`; a dry run measures
+        no effect of its own: the run's budget)."""
+        self.step_budget = self.budget if self.dry_run else step_budget(self.budget, self.target, measured)
 
     def run(self, step: int, start_s: float, step_s: float, first: bool, stop: threading.Event) -> None:
         """Decide through step ``step``, which started at host time ``start_s`` and is expected to last
@@ -227,7 +210,7 @@ class OnlineSteps:
             self.next_request_s = min(wake_s, last_s)
             if isinstance(self.decider, DeciderProcess):  # it wakes ahead of the request, to decide on a warm core
                 self.decider.expect(self.next_request_s - self.clock.now_s())
-            elif not self._warm_before(stop):
+            elif wake_s < last_s and not self._warm_before(start_s, anchor, stop):  # a decision point is next
                 return
             if not self.clock.sleep_until(self.next_request_s, stop):
                 return
@@ -239,19 +222,19 @@ class OnlineSteps:
         self.next_request_s = math.inf
         self._request(first_pair, step + 1, 0, self.clock.now_s(), end_s)
 
-    def _warm_before(self, stop: threading.Event) -> bool:
+    def _warm_before(self, start_s: float, anchor: tuple[int, float, int], stop: threading.Event) -> bool:
         """With a warm-up, before a decision point the thread would sleep to: sleep until its lead before the
-        point and run it at the last decision's state (the policy's, which decides on this thread); the point
-        follows without a sleep if it is due by then. False if stopped."""
-        last_state = self.online.last_state
-        if self.warm_up is None or last_state is None:
+        point and rehearse the point's decision there (:meth:`_live_state` at that moment, then a throwaway
+        decision of the policy's, which decides on this thread); the point follows without a sleep if it is due
+        by then. False if stopped."""
+        if self.warm_up is None:
             return True
         warm_at_s = self.next_request_s - self.warm_up.lead_s()
         if warm_at_s <= self.clock.now_s():  # the thread does not sleep before the point: its core is warm
             return True
         if not self.clock.sleep_until(warm_at_s, stop):
             return False
-        self.warm_up.run(last_state)
+        self.warm_up.run(lambda: self.online.warm(self._live_state(start_s, self.clock.now_s(), anchor)))
         return True
 
     def _decision_budget_s(self) -> float:
@@ -273,15 +256,10 @@ class OnlineSteps:
         began = time.perf_counter()
         self._release_held(anchor, now_s)
         self.clocks.update(now_s)
-        scale = self.auto_scale
         running = self._running
-        extrapolated = kernel_at(self._host_times(running), anchor[2], now_s - anchor[1])
-        kernel = self._kernel = max(self._kernel, extrapolated)
-        state = LiveState(kernel, self.clocks.in_effect, self.clocks.pending,
-                          (now_s - self.clocks.requested_s) / scale if not self.clocks.free else 0.0,
-                          (now_s - start_s) / scale, float(self.online.cumulative_s[kernel, 0]),
-                          self.clocks.last_latency_ratio, 100.0 * (scale - 1.0))
-        decision = self.decider.decide(state, (now_s - start_s) / scale)
+        state = self._live_state(start_s, now_s, anchor)
+        kernel = self._kernel = state.kernel
+        decision = self.decider.decide(state, state.elapsed_s)
         decided_s = self.clock.now_s()
         self._decision_s.append(decided_s - now_s)
         if decision.pair not in (NO_REQUEST, self.clocks.in_effect) and self.clocks.free:
@@ -307,6 +285,17 @@ class OnlineSteps:
         else:
             self.advisor_reads += 1
         return wake_s
+
+    def _live_state(self, start_s: float, now_s: float, anchor: tuple[int, float, int]) -> LiveState:
+        """What the policy observes at ``now_s`` (host s) of the step that started at ``start_s``: the kernel the
+        GPU is at (from ``anchor`` at the step's pace, never one before the last decision's), the clocks in
+        effect and pending, and the times, on the model's timeline (see the module docstring)."""
+        scale, clocks = self.auto_scale, self.clocks
+        kernel = max(self._kernel, kernel_at(self._host_times(self._running), anchor[2], now_s - anchor[1]))
+        return LiveState(kernel, clocks.in_effect, clocks.pending,
+                         (now_s - clocks.requested_s) / scale if not clocks.free else 0.0,
+                         (now_s - start_s) / scale, float(self.online.cumulative_s[kernel, 0]),
+                         clocks.last_latency_ratio, 100.0 * (scale - 1.0))
 
     def _next_wake(self, decision: OnlineDecision, start_s: float, now_s: float, anchor: tuple[int, float, int],
                    running: int) -> tuple[float, str]:

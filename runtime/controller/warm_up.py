@@ -10,14 +10,16 @@ is cold is its code and the dispatch path, not its arrays. On the H200 host a sl
 
 An earlier warm lead on the thread (0208103, removed in 3f32a8c) ran the throwaway decision 0.2 ms before the
 point and then slept again until it; on the H200 it cut GPT-3 XL's median from 77 to 59 us and HF Trainer's
-not at all. Here the thread wakes :meth:`WarmUp.lead_s` before the point, runs the throwaway decision at the
-last decision's state (:meth:`~kdvfs.agents.learned.online.OnlinePolicy.warm`, the same calls as a decision;
-its result is dropped and no later decision changes) and goes on to the decision without sleeping in between.
-The lead is the shortest of the last ``WARM_UPS`` warm-ups, so the decision point is early (and the thread
-sleeps the rest, cooling the core again) only after a warm-up shorter than all of those, and late by the
-warm-up's spread above it (tens of us). A decision's wall time
-(``decision_us``) then runs from after its warm-up; the warm-ups' own time is ``warm_us`` (and ``warm_ms``,
-in all), and their CPU is in the thread's.
+not at all. Here the thread wakes :meth:`WarmUp.lead_s` before the point and rehearses its decision: the live
+state at that moment (the same code as the point's, from the last anchor the loop saw) and a throwaway
+decision at it (:meth:`~kdvfs.agents.learned.online.OnlinePolicy.warm`, the same calls as a decision; its
+result is dropped and no later decision changes); then it goes on to the decision without sleeping in between.
+(Up to f20765a the warm-up was only the throwaway decision, at the last decision's state: on the H200 the
+decision after it still took 50-53 us median, its warm-up 45-48 us.) The lead is the shortest of the last
+``WARM_UPS`` warm-ups, so the decision point is early (and the thread sleeps the rest, cooling the core again)
+only after a warm-up shorter than all of those, and late by the warm-up's spread above it (tens of us). A
+decision's wall time (``decision_us``) then runs from after its warm-up; the warm-ups' own time is ``warm_us``
+(and ``warm_ms``, in all), and their CPU is in the thread's.
 """
 
 from __future__ import annotations
@@ -27,7 +29,6 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from kdvfs.envs.env.live import LiveState
 from kdvfs.runtime.controller.decision_records import quantiles
 
 WARM_UPS = 64
@@ -37,9 +38,7 @@ WARM_UPS = 64
 class WarmUp:
     """Runs and times the throwaway decisions (see the module docstring)."""
 
-    def __init__(self, warm: Callable[[LiveState], None]) -> None:
-        """``warm``: the throwaway decision at a live state (``OnlinePolicy.warm``)."""
-        self._warm = warm
+    def __init__(self) -> None:
         self._recent_s: deque[float] = deque(maxlen=WARM_UPS)
         self.durations_us: list[float] = []
 
@@ -48,10 +47,10 @@ class WarmUp:
         warm-ups (0 before any)."""
         return min(self._recent_s, default=0.0)
 
-    def run(self, state: LiveState) -> None:
-        """The throwaway decision at ``state``, timed."""
+    def run(self, rehearse: Callable[[], None]) -> None:
+        """``rehearse`` (the live state now and a throwaway decision at it), timed."""
         began_s = time.perf_counter()
-        self._warm(state)
+        rehearse()
         took_s = time.perf_counter() - began_s
         self._recent_s.append(took_s)
         self.durations_us.append(took_s * 1e6)

@@ -13,9 +13,10 @@ from kdvfs.agents.learned.policy_planner import shipped_policy_path
 from kdvfs.envs.model.drift import DriftModel
 from kdvfs.runtime.controller import anchoring
 from kdvfs.runtime.controller.actuator import Actuator, EventLog
+from kdvfs.runtime.controller.budget_feedback import FEEDBACK_GAIN
 from kdvfs.runtime.controller.estimator import Interval
 from kdvfs.runtime.controller.live_clocks import LiveClocks
-from kdvfs.runtime.controller.online import FEEDBACK_GAIN, HOLD_MIN_S
+from kdvfs.runtime.controller.online import HOLD_MIN_S
 from kdvfs.runtime.testing.fake_gpu import FakeGpu, VirtualClock
 from tests.runtime.controller_helpers import fake_controller, log_records, run_steps, small_problem
 
@@ -359,12 +360,15 @@ def _decisions_and_warm_ups(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **o
 def test_a_warm_up_precedes_each_decision_point_and_changes_no_decision(tmp_path: Path,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """With ``online_warm_up`` (the default) every decision point the thread slept to follows a throwaway
-    decision at the last point's state, and the decisions are the ones made without."""
+    decision at the live state of its moment (after the decision before it in the step, and not after the one it
+    warms), and the decisions are the ones made without."""
     (tmp_path / "off").mkdir()
     records, calls = _decisions_and_warm_ups(tmp_path, monkeypatch)
     plain, plain_calls = _decisions_and_warm_ups(tmp_path / "off", monkeypatch, online_warm_up=False)
     assert records == plain and len(records) > 20 and all(kind == "decide" for kind, _ in plain_calls)
     warm_ups = [i for i, (kind, _) in enumerate(calls) if kind == "warm"]
     assert len(warm_ups) > len(records) / 2
-    for i in warm_ups:  # right before a decision (unless the run stopped), at the state of the decision before
-        assert calls[i - 1] == ("decide", calls[i][1]) and [kind for kind, _ in calls[i + 1:i + 2]] in ([], ["decide"])
+    for i in warm_ups[:-1]:  # between two decisions of a step (the last may be cut by the stop)
+        (before, last), (warm, state), (after, then) = calls[i - 1:i + 2]
+        assert (before, warm, after) == ("decide", "warm", "decide")
+        assert last.elapsed_s < state.elapsed_s <= then.elapsed_s and last.kernel <= state.kernel

@@ -6,23 +6,22 @@ import time
 
 import pytest
 
-from kdvfs.envs.env.live import LiveState
 from kdvfs.runtime.controller.warm_up import WARM_UPS, WarmUp
 
 
 def test_the_lead_is_the_shortest_recent_warm_up_and_every_one_is_reported() -> None:
-    states: list[LiveState] = []
+    calls: list[int] = []
 
-    def warm(state: LiveState) -> None:  # the first 36 at once, the last WARM_UPS after 0.1 ms
-        states.append(state)
-        if len(states) > 36:
+    def rehearse(kernel: int) -> None:  # the first 36 at once, the last WARM_UPS after 0.1 ms
+        calls.append(kernel)
+        if len(calls) > 36:
             time.sleep(1e-4)
 
-    warm_up = WarmUp(warm)
+    warm_up = WarmUp()
     assert warm_up.lead_s() == 0.0 and warm_up.figures() == {"warm_us": {"median": None, "p99": None},
                                                                "warm_ms": 0.0}
     for kernel in range(WARM_UPS + 36):
-        warm_up.run(LiveState(kernel, 0, -1, 0.0, 0.0, 0.0))
-    assert [s.kernel for s in states] == list(range(WARM_UPS + 36)) and len(warm_up.durations_us) == WARM_UPS + 36
+        warm_up.run(lambda kernel=kernel: rehearse(kernel))
+    assert calls == list(range(WARM_UPS + 36)) and len(warm_up.durations_us) == WARM_UPS + 36
     assert warm_up.lead_s() * 1e6 == pytest.approx(min(warm_up.durations_us[-WARM_UPS:])) and warm_up.lead_s() >= 1e-4
     assert warm_up.figures()["warm_ms"] == 1e-3 * sum(warm_up.durations_us)
