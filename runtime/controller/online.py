@@ -26,8 +26,8 @@ something can change (counted per reason in the summary's ``wakes``):
   a compiled model, CPU test mode) the step's start is the reference. Host time from either to a kernel is
   at the step's pace between anchors once learned (:mod:`kdvfs.runtime.controller.pace`: of the steps at
   auto, or in a dry run of the controlled ones; each stretch scaled to the clocks running), else the
-  model's time at the clocks running stretched by the auto scale; a request's kernel and instant are found
-  the same way. Counted per source.
+  model's time at the clocks running stretched by the auto scale (:mod:`~kdvfs.runtime.controller.step_times`);
+  a request's kernel and instant are found the same way. Counted per source.
 * **clocks in effect**: after a lock request, a clock read (NVML, ~1-5 us on an H200) shows when the locked
   core and memory clocks are reached; the change then took effect and its latency over the mean is the
   observation's ``last_latency_ratio``. Auto cannot be seen in a read (the firmware moves its clock) and a
@@ -70,7 +70,6 @@ its start plus the expected step time.
 from __future__ import annotations
 
 import math
-import statistics
 import threading
 import time
 from collections import Counter, deque
@@ -79,7 +78,7 @@ from typing import Any, NamedTuple, Protocol
 import numpy as np
 
 from kdvfs.agents.learned.live_decision import NO_REQUEST
-from kdvfs.agents.learned.online import OnlineDecision, OnlinePolicy, kernel_at
+from kdvfs.agents.learned.online import OnlineDecision, OnlinePolicy
 from kdvfs.envs.env.live import LiveState
 from kdvfs.runtime.controller.actuator import EventLog
 from kdvfs.runtime.controller.anchoring import AnchorMap
@@ -89,11 +88,11 @@ from kdvfs.runtime.controller.decision_records import DecisionRecords, quantiles
 from kdvfs.runtime.controller.estimator import Interval
 from kdvfs.runtime.controller.gpu_timeline import StepEnd, StepTimeline
 from kdvfs.runtime.controller.live_clocks import LiveClocks
-from kdvfs.runtime.controller.pace import Pace, host_offsets_s
+from kdvfs.runtime.controller.pace import Pace
+from kdvfs.runtime.controller.step_times import Anchor, StepTimes
 from kdvfs.runtime.controller.warm_up import WarmUp
 from kdvfs.runtime.device.host_time import Clock
 
-SCALE_STEPS = 5
 MIN_GAP_S = 20e-6
 """Least time between decision points (s): a thread late for a change does not spin."""
 HOLD_MIN_S = 0.5e-3
@@ -157,9 +156,7 @@ class OnlineSteps:
         self.wall_us: list[float] = []
         self.policy_wall_us: list[float] = []
         self.cpu_us: list[float] = []
-        self._scales: deque[float] = deque(maxlen=SCALE_STEPS)
-        self._auto_scale = 1.0
-        self._host_times_s: dict[int, list[float]] = {}
+        self.times = StepTimes(online.cumulative_s, online.auto_time_s, anchor_map, pace)
         self._decision_s: deque[float] = deque(maxlen=BUDGET_DECISIONS)
         self._kernel = 1
         self._held: HeldChange | None = None
@@ -167,18 +164,9 @@ class OnlineSteps:
         self._kernels = len(self.online.cumulative_s) - 1
         self._records = DecisionRecords(self.online.labels)
 
-    @property
-    def auto_scale(self) -> float:
-        """Host seconds per model second of the auto step (median of the last matched auto steps; 1 before)."""
-        return self._auto_scale
-
     def observe(self, end: StepEnd, matched: bool, controlled: bool) -> None:
-        """Learn the auto scale from a finished step (matched and at auto); the kernels' host times are found
-        again (the pace and the anchor map have just learned from the same step)."""
-        if matched and not controlled and end.duration_s is not None:
-            self._scales.append(end.duration_s / self.online.auto_time_s)
-            self._auto_scale = statistics.median(self._scales)
-        self._host_times_s.clear()
+        """Learn from a finished step (:meth:`StepTimes.observe`)."""
+        self.times.observe(end, matched, controlled)
 
     def feedback(self, measured: Interval | None) -> None:
         """Set the next steps' budget from the run's measured slowdown (:func:`step_budget`; a dry run measures
@@ -199,7 +187,7 @@ class OnlineSteps:
         while True:
             anchor = self._anchor(step, anchor)
             now_s = self.clock.now_s()
-            end_s = self._end_s(anchor, start_s, step_s)
+            end_s = self.times.end_s(anchor, start_s, step_s)
             hand_over_s = end_s - latency_s - self.early_s
             # A decision then, then the next step's first: both by then (at least as long as the last one took:
             # the first controlled step has no percentile yet).
@@ -222,7 +210,7 @@ class OnlineSteps:
         self.next_request_s = math.inf
         self._request(first_pair, step + 1, 0, self.clock.now_s(), end_s)
 
-    def _warm_before(self, start_s: float, anchor: tuple[int, float, int], stop: threading.Event) -> bool:
+    def _warm_before(self, start_s: float, anchor: Anchor, stop: threading.Event) -> bool:
         """With a warm-up, before a decision point the thread would sleep to: sleep until its lead before the
         point and rehearse the point's decision there (:meth:`_live_state` at that moment, then a throwaway
         decision of the policy's, which decides on this thread); the point follows without a sleep if it is due
@@ -242,15 +230,7 @@ class OnlineSteps:
         ``BUDGET_DECISIONS`` decision points' (0 before any)."""
         return float(np.percentile(self._decision_s, 90)) if self._decision_s else 0.0
 
-    def _end_s(self, anchor: tuple[int, float, int], start_s: float, step_s: float) -> float:
-        """The step's expected end (host s): from the last anchor passed (``step_s``'s share after its kernel,
-        at auto's proportions on the step's pace once learned), else from the step's start."""
-        if anchor[0] < 0:
-            return start_s + step_s
-        auto_s = self._host_times(0)
-        return anchor[1] + step_s * (auto_s[-1] - auto_s[anchor[2]]) / auto_s[-1]
-
-    def _decide(self, step: int, start_s: float, now_s: float, anchor: tuple[int, float, int]) -> float:
+    def _decide(self, step: int, start_s: float, now_s: float, anchor: Anchor) -> float:
         """One decision point; returns when the next is due (host s)."""
         began_cpu = time.thread_time()  # a system call: read before the wall clock, outside the wall time
         began = time.perf_counter()
@@ -286,27 +266,27 @@ class OnlineSteps:
             self.advisor_reads += 1
         return wake_s
 
-    def _live_state(self, start_s: float, now_s: float, anchor: tuple[int, float, int]) -> LiveState:
+    def _live_state(self, start_s: float, now_s: float, anchor: Anchor) -> LiveState:
         """What the policy observes at ``now_s`` (host s) of the step that started at ``start_s``: the kernel the
         GPU is at (from ``anchor`` at the step's pace, never one before the last decision's), the clocks in
         effect and pending, and the times, on the model's timeline (see the module docstring)."""
-        scale, clocks = self.auto_scale, self.clocks
-        kernel = max(self._kernel, kernel_at(self._host_times(self._running), anchor[2], now_s - anchor[1]))
+        scale, clocks = self.times.auto_scale, self.clocks
+        kernel = max(self._kernel, self.times.kernel_running(anchor, self._running, now_s))
         return LiveState(kernel, clocks.in_effect, clocks.pending,
                          (now_s - clocks.requested_s) / scale if not clocks.free else 0.0,
                          (now_s - start_s) / scale, float(self.online.cumulative_s[kernel, 0]),
                          clocks.last_latency_ratio, 100.0 * (scale - 1.0))
 
-    def _next_wake(self, decision: OnlineDecision, start_s: float, now_s: float, anchor: tuple[int, float, int],
+    def _next_wake(self, decision: OnlineDecision, start_s: float, now_s: float, anchor: Anchor,
                    running: int) -> tuple[float, str]:
         """The next decision point (host s) and its reason (see the module docstring)."""
-        wakes = {"policy": start_s + self.auto_scale * decision.policy_due_s,
+        wakes = {"policy": start_s + self.times.auto_scale * decision.policy_due_s,
                  "arrival": self.clocks.arrival_check_s(now_s, self.interval_s),
                  "issue": math.inf if self._held is None else self._issue_s(anchor, self._held.kernel)}
         if decision.next_change is None:
             wakes["poll"] = now_s + self.interval_s
         elif decision.next_change < self._kernels:
-            wakes["change"] = self._kernel_s(anchor, running, decision.next_change)
+            wakes["change"] = self.times.kernel_s(anchor, running, decision.next_change)
         reason = min(wakes, key=wakes.__getitem__)
         return wakes[reason], reason
 
@@ -315,26 +295,25 @@ class OnlineSteps:
         """The pair whose kernel times the GPU runs at (a dry run changes nothing: auto's)."""
         return 0 if self.dry_run else self.clocks.in_effect
 
-    def _issue_s(self, anchor: tuple[int, float, int], kernel: int) -> float:
+    def _issue_s(self, anchor: Anchor, kernel: int) -> float:
         """When a request for a change at ``kernel`` goes out (host s): one latency, and ``early_s``, before it."""
-        return self._kernel_s(anchor, self._running, kernel) - self.clocks.latency_s - self.early_s
+        return self.times.kernel_s(anchor, self._running, kernel) - self.clocks.latency_s - self.early_s
 
-    def _place(self, change: HeldChange, anchor: tuple[int, float, int], decided_s: float) -> None:
+    def _place(self, change: HeldChange, anchor: Anchor, decided_s: float) -> None:
         """Request ``change`` now if its request is due within ``HOLD_MIN_S``, else hold it until it is."""
         if self._issue_s(anchor, change.kernel) - decided_s < HOLD_MIN_S:
             self._request(change.pair, change.step, change.kernel, decided_s,
-                          self._kernel_s(anchor, self._running, change.kernel))
+                          self.times.kernel_s(anchor, self._running, change.kernel))
         else:
             self.clocks.hold(change.pair, decided_s)
             self._held = change
 
-    def _landing(self, anchor: tuple[int, float, int], request_s: float) -> int:
+    def _landing(self, anchor: Anchor, request_s: float) -> int:
         """The kernel a request made at ``request_s`` (host s) changes: it lands one latency later, and takes
         effect from the kernel after the one running then."""
-        lands_s = request_s - anchor[1] + self.clocks.latency_s
-        return kernel_at(self._host_times(self._running), anchor[2], lands_s) + 1
+        return self.times.kernel_running(anchor, self._running, request_s + self.clocks.latency_s) + 1
 
-    def _release_held(self, anchor: tuple[int, float, int], now_s: float) -> None:
+    def _release_held(self, anchor: Anchor, now_s: float) -> None:
         """Send the held change's request if it is due by ``now_s`` (host s), planned from ``anchor`` (a later
         kernel if it is late for its own; dropped if late for the step)."""
         held = self._held
@@ -342,11 +321,11 @@ class OnlineSteps:
             return
         kernel = max(held.kernel, self._landing(anchor, now_s))
         if kernel >= self._kernels or not self._request(
-                held.pair, held.step, kernel, now_s, self._kernel_s(anchor, self._running, kernel)):
+                held.pair, held.step, kernel, now_s, self.times.kernel_s(anchor, self._running, kernel)):
             self._drop_held()  # too late for the step, or a repeat of the clocks requested last
         self._held = None  # out: the clocks follow its request at their next update
 
-    def _release_before(self, anchor: tuple[int, float, int], until_s: float, stop: threading.Event) -> bool:
+    def _release_before(self, anchor: Anchor, until_s: float, stop: threading.Event) -> bool:
         """At the step's end: the held change's request at its instant if that comes before ``until_s`` (host s),
         else the change is dropped (the hand-over comes first). False if stopped."""
         if self._held is None:
@@ -368,30 +347,7 @@ class OnlineSteps:
             self._held = None
             self.clocks.drop()
 
-    def _kernel_s(self, anchor: tuple[int, float, int], running: int, kernel: int) -> float:
-        """When ``kernel`` is expected to start (host s): after the anchor, at the clocks running."""
-        times_s = self._host_times(running)
-        return anchor[1] + times_s[kernel] - times_s[anchor[2]]
-
-    def _host_times(self, pair: int) -> list[float]:
-        """Host time from the step's start (s) at each kernel's start on ``pair``'s model timeline ((K+1,), the
-        last the step's end): at the step's pace once it is learned (measured on the auto timeline, or in a
-        dry run at auto clocks: each segment stretched by its time at ``pair`` over auto's), else stretched by
-        the auto scale."""
-        times_s = self._host_times_s.get(pair)
-        if times_s is None:
-            column_s = self.online.cumulative_s[:, pair]
-            segments_s = self.pace.for_anchors(len(self.anchor_map.anchors))
-            if segments_s is None:
-                host_s = self.auto_scale * column_s
-            else:
-                kernels = [0] + [a.kernel for a in self.anchor_map.anchors] + [len(column_s) - 1]
-                host_s = host_offsets_s(segments_s, column_s[kernels], column_s,
-                                        self.online.cumulative_s[kernels, 0])
-            times_s = self._host_times_s[pair] = host_s.tolist()
-        return times_s
-
-    def _anchor(self, step: int, anchor: tuple[int, float, int]) -> tuple[int, float, int]:
+    def _anchor(self, step: int, anchor: Anchor) -> Anchor:
         """The latest anchor the GPU has passed (index, host s, kernel), else ``anchor``; counts the source."""
         anchors = self.anchor_map.anchors
         passed = self.timeline.passed_anchor(step, anchor[0]) if anchors else None
