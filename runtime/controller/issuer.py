@@ -82,6 +82,9 @@ class Issuer(threading.Thread):
         self._controlling = False
         self.cpu_s = 0.0
         """CPU time of this thread (s), once it stopped."""
+        self.end_wait_cpu_s = self.issue_cpu_s = 0.0
+        """Of it: waiting for the GPU to end each step (:meth:`StepTimeline.wait`), and issuing the controlled steps'
+        requests (the online decisions, or the replayed plan's requests) (s)."""
         self._ratios: deque[float] = deque(maxlen=SCALE_STEPS)
 
     @property
@@ -111,7 +114,9 @@ class Issuer(threading.Thread):
                 self.queue.task_done()
 
     def _window(self, token: Any) -> None:
+        began_cpu_s = time.thread_time()
         end = self.timeline.wait(token)
+        self.end_wait_cpu_s += time.thread_time() - began_cpu_s
         index, was_controlled = self.steps, self._controlling
         self.steps += 1
         self.controlled_steps += was_controlled
@@ -150,7 +155,9 @@ class Issuer(threading.Thread):
         if self.stop_event.is_set():
             return
         if self._controlling:
+            began_cpu_s = time.thread_time()
             self._issue(index + 1, end.end_s, first=not was_controlled)
+            self.issue_cpu_s += time.thread_time() - began_cpu_s
         else:
             self.actuator.request(self.actuator.auto, step=index + 1, kernel=0, request_s=end.end_s, due_s=end.end_s)
 

@@ -59,6 +59,17 @@ def test_controlled_steps_run_the_planned_clocks(plan_file: Path) -> None:
     assert controller.summary is not None and controller.summary["controlled_steps"] == 20 - first_controlled
 
 
+def test_the_summary_splits_the_controller_threads_cpu(plan_file: Path) -> None:
+    """The thread's CPU, and of it the step-end waits and the issuing of the controlled steps' requests."""
+    controller, _, _ = fake_controller(plan_file)
+    with controller:
+        run_steps(controller, 20)
+    assert controller.summary is not None
+    cpu_ms = controller.summary["controller_cpu_ms"]
+    assert cpu_ms["thread_end_wait"] > 0 and cpu_ms["thread_issue"] > 0
+    assert cpu_ms["thread_end_wait"] + cpu_ms["thread_issue"] < cpu_ms["thread"]
+
+
 def test_requests_are_issued_one_latency_before_they_are_due(plan_file: Path, tmp_path: Path) -> None:
     controller, gpu, _ = fake_controller(plan_file, log=str(tmp_path / "log.jsonl"))
     with controller:
