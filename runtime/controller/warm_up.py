@@ -15,7 +15,8 @@ state at that moment (the same code as the point's, from the last anchor the loo
 decision at it (:meth:`~kdvfs.agents.learned.online.OnlinePolicy.warm`, the same calls as a decision; its
 result is dropped and no later decision changes); then it goes on to the decision without sleeping in between.
 (Up to f20765a the warm-up was only the throwaway decision, at the last decision's state: on the H200 the
-decision after it still took 50-53 us median, its warm-up 45-48 us.) The lead is the shortest of the last
+decision after it still took 50-53 us median. Rehearsing the whole point took it to 30-34 us, against 63-70
+without a warm-up: ``benchmarks/results/controller_online_*_rehearsal_h200.md``.) The lead is the shortest of the last
 ``WARM_UPS`` warm-ups, so the decision point is early (and the thread sleeps the rest, cooling the core again)
 only after a warm-up shorter than all of those, and late by the warm-up's spread above it (tens of us). A
 decision's wall time (``decision_us``) then runs from after its warm-up; the warm-ups' own time is ``warm_us``
