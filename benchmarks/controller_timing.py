@@ -154,10 +154,10 @@ def timing_figures(folder: Path, document: dict[str, Any], cpu_test: bool) -> di
     offset_us, shift = clock_offset_us(boundaries_us, [r["end_s"] for r in records])
     steps = {records[j + shift]["step"] + 1: (start, records[j + shift]) for j, start in enumerate(starts)
              if records[j + shift]["next_controlled"]}
-    switch, every, anchored, jitter = [], [], [], []
+    switch, at_first, every, anchored, jitter = [], [], [], [], []
     for record in (r for r in document["log"] if r["event"] == "request" and r["step"] in steps):
         actual_us = acts[steps[record["step"]][0] + record["kernel"]].start_us
-        switch.append((record["due_s"] * 1e6 + offset_us - actual_us) / 1e3)
+        (at_first if record["kernel"] == 0 else switch).append((record["due_s"] * 1e6 + offset_us - actual_us) / 1e3)
     by_step = {r["step"]: r for r in records}
     for step, (first, record) in steps.items():
         actual_us = np.array([a.start_us for a in acts[first:first + len(trace_names)]])
@@ -172,7 +172,8 @@ def timing_figures(folder: Path, document: dict[str, Any], cpu_test: bool) -> di
             "step_ends_unprofiled": _errors_ms(step_end_errors_ms(records, plan, profiled=False)),
             "step_ends_profiled": _errors_ms(step_end_errors_ms(records, plan, profiled=True)),
             "trace_kernels": len(trace_names), "clock_offset_us": offset_us,
-            "step_end_jitter_ms": _errors_ms(jitter), "switch_instants": _errors_ms(switch),
+            "step_end_jitter_ms": _errors_ms(jitter), "switch_instants": _errors_ms(switch + at_first),
+            "switch_instants_in_step": _errors_ms(switch), "switch_instants_first_kernel": _errors_ms(at_first),
             "kernel_starts": _errors_ms(every), "kernel_starts_anchored": _errors_ms(anchored),
             "requests": request_figures(document["log"], set(steps)), "pace": pace_figures(document["log"], plan),
             "requests_all_steps": request_figures(document["log"], {r["step"] for r in records} | {len(records)})}

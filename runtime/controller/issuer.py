@@ -16,8 +16,8 @@ to the matcher, the guard and the accounting, and then decides the next step:
   controlled, but the thread decides through each of them on what it measures instead of replaying. With
   ``sleep_lead_in``, between two controlled steps, once the step's pace is learned, the thread sleeps
   through the next step's lead-in (its start to its first anchor, where the training thread's host work
-  before the first block holds up the GPU) before the rest of its bookkeeping and its first decision (an
-  experiment: ``docs/controller.md``, "The step's pace");
+  before the first block holds up the GPU) before the rest of its bookkeeping and its first decision (the
+  default: ``docs/controller.md``, "Sleeping through the lead-in");
 * otherwise (not matching yet, an evaluation pass or new shape, an A window, backed off): the GPU is
   returned to auto.
 
@@ -66,7 +66,7 @@ class Issuer(threading.Thread):
     def __init__(self, plan: StepPlan, latency_s: float, timeline: StepTimeline, matcher: StepMatcher, guard: Guard,
                  actuator: Actuator, accounting: Accounting, clock: Clock, log: EventLog, anchoring: Anchoring,
                  early_s: float = 0.0, job: JobGroup | None = None, online: OnlineSteps | None = None,
-                 sleep_lead_in: bool = False) -> None:
+                 sleep_lead_in: bool = True) -> None:
         super().__init__(name="kdvfs-controller", daemon=True)
         self.plan, self.latency_s, self.timeline, self.anchoring = plan, latency_s, timeline, anchoring
         self.early_s, self.sleep_lead_in = early_s, sleep_lead_in

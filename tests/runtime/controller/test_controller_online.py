@@ -318,15 +318,16 @@ def _decision_points(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **options:
     return {r["step"] + 1 for r in steps if r["controlled"] and r["next_controlled"] and r["step"] in paced}, points
 
 
-def test_with_sleep_lead_in_the_thread_decides_only_after_the_first_anchor(tmp_path: Path,
+def test_the_thread_sleeps_through_the_lead_in_and_decides_only_after_the_first_anchor(tmp_path: Path,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """Once the pace is learned, no decision point of a controlled step that follows another falls before the
-    GPU reaches the step's first anchor (kernel 8); without the option, the first comes at the step's start."""
+    GPU reaches the step's first anchor (kernel 8), by default; without the option, the first comes at the
+    step's start."""
     monkeypatch.setattr(anchoring, "nearest_kernels", lambda starts_s, positions_s: np.array(ANCHOR_KERNELS))
     (tmp_path / "off").mkdir()
-    follows, points = _decision_points(tmp_path, monkeypatch, sleep_lead_in=True)
+    follows, points = _decision_points(tmp_path, monkeypatch)
     assert len(follows) > 10 and min(k for step, k in points if step in follows) >= ANCHOR_KERNELS[0]
-    follows, points = _decision_points(tmp_path / "off", monkeypatch)
+    follows, points = _decision_points(tmp_path / "off", monkeypatch, sleep_lead_in=False)
     assert min(k for step, k in points if step in follows) < ANCHOR_KERNELS[0]
 
 
