@@ -74,11 +74,12 @@ class ControllerConfig:
             decision point is due, runs a throwaway decision and polls until the request comes (a core that
             slept runs the decision ~4x slower: :mod:`kdvfs.runtime.controller.decider`); 0: it sleeps until
             each request.
-        online_warm_up: with online decisions on the controller's thread, a throwaway decision right before
-            each decision point the thread slept to, so that the decision runs on a warm core
-            (:mod:`kdvfs.runtime.controller.warm_up`; on the H200 it took the decisions' median from 72 to 50 us
-            on GPT-3 XL and from 80 to 53 us on the HF Trainer, for ~1.5 ms of the thread's CPU a step, with no
-            overhead difference shown: ``docs/controller.md``, "A warm-up right before the decision").
+        online_warm_up: with online decisions on the controller's thread, a rehearsal right before each
+            decision point the thread slept to (the live state then and a throwaway decision at it), so that the
+            decision runs on a warm core (:mod:`kdvfs.runtime.controller.warm_up`; on the H200 it took the
+            decisions' median from 63 to 30 us on GPT-3 XL and from 70 to 34 us on the HF Trainer, for 1.4-1.7 ms
+            more of the thread's CPU a step, with no overhead difference shown: ``docs/controller.md``, "The
+            warm-up rehearses the decision point").
         sleep_lead_in: with online decisions, between two controlled steps the controller's thread sleeps
             through the next step's lead-in (to where its first anchor is expected at the step's pace) before
             its bookkeeping and first decision (:mod:`kdvfs.runtime.controller.issuer`). On by default since
