@@ -89,7 +89,7 @@ from kdvfs.runtime.controller.estimator import Interval
 from kdvfs.runtime.controller.gpu_timeline import StepEnd, StepTimeline
 from kdvfs.runtime.controller.live_clocks import LiveClocks
 from kdvfs.runtime.controller.pace import Pace
-from kdvfs.runtime.controller.step_times import Anchor, StepTimes
+from kdvfs.runtime.controller.step_times import PassedAnchor, StepTimes
 from kdvfs.runtime.controller.warm_up import WarmUp
 from kdvfs.runtime.device.host_time import Clock
 
@@ -210,7 +210,7 @@ class OnlineSteps:
         self.next_request_s = math.inf
         self._request(first_pair, step + 1, 0, self.clock.now_s(), end_s)
 
-    def _warm_before(self, start_s: float, anchor: Anchor, stop: threading.Event) -> bool:
+    def _warm_before(self, start_s: float, anchor: PassedAnchor, stop: threading.Event) -> bool:
         """With a warm-up, before a decision point the thread would sleep to: sleep until its lead before the
         point and rehearse the point's decision there (:meth:`_live_state` at that moment, then a throwaway
         decision of the policy's, which decides on this thread); the point follows without a sleep if it is due
@@ -230,7 +230,7 @@ class OnlineSteps:
         ``BUDGET_DECISIONS`` decision points' (0 before any)."""
         return float(np.percentile(self._decision_s, 90)) if self._decision_s else 0.0
 
-    def _decide(self, step: int, start_s: float, now_s: float, anchor: Anchor) -> float:
+    def _decide(self, step: int, start_s: float, now_s: float, anchor: PassedAnchor) -> float:
         """One decision point; returns when the next is due (host s)."""
         began_cpu = time.thread_time()  # a system call: read before the wall clock, outside the wall time
         began = time.perf_counter()
@@ -266,7 +266,7 @@ class OnlineSteps:
             self.advisor_reads += 1
         return wake_s
 
-    def _live_state(self, start_s: float, now_s: float, anchor: Anchor) -> LiveState:
+    def _live_state(self, start_s: float, now_s: float, anchor: PassedAnchor) -> LiveState:
         """What the policy observes at ``now_s`` (host s) of the step that started at ``start_s``: the kernel the
         GPU is at (from ``anchor`` at the step's pace, never one before the last decision's), the clocks in
         effect and pending, and the times, on the model's timeline (see the module docstring)."""
@@ -277,7 +277,7 @@ class OnlineSteps:
                          (now_s - start_s) / scale, float(self.online.cumulative_s[kernel, 0]),
                          clocks.last_latency_ratio, 100.0 * (scale - 1.0))
 
-    def _next_wake(self, decision: OnlineDecision, start_s: float, now_s: float, anchor: Anchor,
+    def _next_wake(self, decision: OnlineDecision, start_s: float, now_s: float, anchor: PassedAnchor,
                    running: int) -> tuple[float, str]:
         """The next decision point (host s) and its reason (see the module docstring)."""
         wakes = {"policy": start_s + self.times.auto_scale * decision.policy_due_s,
@@ -295,11 +295,11 @@ class OnlineSteps:
         """The pair whose kernel times the GPU runs at (a dry run changes nothing: auto's)."""
         return 0 if self.dry_run else self.clocks.in_effect
 
-    def _issue_s(self, anchor: Anchor, kernel: int) -> float:
+    def _issue_s(self, anchor: PassedAnchor, kernel: int) -> float:
         """When a request for a change at ``kernel`` goes out (host s): one latency, and ``early_s``, before it."""
         return self.times.kernel_s(anchor, self._running, kernel) - self.clocks.latency_s - self.early_s
 
-    def _place(self, change: HeldChange, anchor: Anchor, decided_s: float) -> None:
+    def _place(self, change: HeldChange, anchor: PassedAnchor, decided_s: float) -> None:
         """Request ``change`` now if its request is due within ``HOLD_MIN_S``, else hold it until it is."""
         if self._issue_s(anchor, change.kernel) - decided_s < HOLD_MIN_S:
             self._request(change.pair, change.step, change.kernel, decided_s,
@@ -308,12 +308,12 @@ class OnlineSteps:
             self.clocks.hold(change.pair, decided_s)
             self._held = change
 
-    def _landing(self, anchor: Anchor, request_s: float) -> int:
+    def _landing(self, anchor: PassedAnchor, request_s: float) -> int:
         """The kernel a request made at ``request_s`` (host s) changes: it lands one latency later, and takes
         effect from the kernel after the one running then."""
         return self.times.kernel_running(anchor, self._running, request_s + self.clocks.latency_s) + 1
 
-    def _release_held(self, anchor: Anchor, now_s: float) -> None:
+    def _release_held(self, anchor: PassedAnchor, now_s: float) -> None:
         """Send the held change's request if it is due by ``now_s`` (host s), planned from ``anchor`` (a later
         kernel if it is late for its own; dropped if late for the step)."""
         held = self._held
@@ -325,7 +325,7 @@ class OnlineSteps:
             self._drop_held()  # too late for the step, or a repeat of the clocks requested last
         self._held = None  # out: the clocks follow its request at their next update
 
-    def _release_before(self, anchor: Anchor, until_s: float, stop: threading.Event) -> bool:
+    def _release_before(self, anchor: PassedAnchor, until_s: float, stop: threading.Event) -> bool:
         """At the step's end: the held change's request at its instant if that comes before ``until_s`` (host s),
         else the change is dropped (the hand-over comes first). False if stopped."""
         if self._held is None:
@@ -347,7 +347,7 @@ class OnlineSteps:
             self._held = None
             self.clocks.drop()
 
-    def _anchor(self, step: int, anchor: Anchor) -> Anchor:
+    def _anchor(self, step: int, anchor: PassedAnchor) -> PassedAnchor:
         """The latest anchor the GPU has passed (index, host s, kernel), else ``anchor``; counts the source."""
         anchors = self.anchor_map.anchors
         passed = self.timeline.passed_anchor(step, anchor[0]) if anchors else None

@@ -2,8 +2,8 @@
 placed from the latest anchor the GPU passed and stretched to the run (see
 :mod:`kdvfs.runtime.controller.online`, "progress").
 
-An anchor here is ``(index, host s, kernel)``: the anchor's index in the anchor map (-1: none passed yet, the
-step's start stands for it), when the GPU passed it and the kernel it stands for."""
+A passed anchor (:data:`PassedAnchor`) is ``(index, host s, kernel)``: the anchor's index in the anchor map
+(-1: none passed yet, the step's start stands for it), when the GPU passed it and the kernel it stands for."""
 
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ from kdvfs.runtime.controller.pace import Pace, host_offsets_s
 SCALE_STEPS = 5
 """Matched steps at auto whose median sets the auto scale."""
 
-Anchor = tuple[int, float, int]
+PassedAnchor = tuple[int, float, int]
+"""(index in the anchor map or -1, host s, kernel): where the GPU was last seen (see the module docstring)."""
 
 
 class StepTimes:
@@ -65,17 +66,17 @@ class StepTimes:
             times_s = self._times_s[pair] = host_s.tolist()
         return times_s
 
-    def kernel_s(self, anchor: Anchor, pair: int, kernel: int) -> float:
+    def kernel_s(self, anchor: PassedAnchor, pair: int, kernel: int) -> float:
         """When ``kernel`` is expected to start (host s): after ``anchor``, at ``pair``'s clocks."""
         times_s = self.at(pair)
         return anchor[1] + times_s[kernel] - times_s[anchor[2]]
 
-    def kernel_running(self, anchor: Anchor, pair: int, at_s: float) -> int:
+    def kernel_running(self, anchor: PassedAnchor, pair: int, at_s: float) -> int:
         """The kernel expected to run at host time ``at_s`` (s), after ``anchor``, at ``pair``'s clocks (never one
         before the anchor's, nor past the last)."""
         return kernel_at(self.at(pair), anchor[2], at_s - anchor[1])
 
-    def end_s(self, anchor: Anchor, start_s: float, step_s: float) -> float:
+    def end_s(self, anchor: PassedAnchor, start_s: float, step_s: float) -> float:
         """The step's expected end (host s) for a step that started at ``start_s`` and is expected to last
         ``step_s``: from the last anchor passed (``step_s``'s share after its kernel, at auto's proportions on
         the step's pace once learned), else from the step's start."""
