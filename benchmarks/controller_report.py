@@ -155,7 +155,8 @@ def cpu_figures(windows: list[dict[str, Any]]) -> dict[str, Any]:
     steps = sum(s["steps"] for s in summaries)
     return {"cpu_ms_per_step": {
         "thread": sum(s["controller_cpu_ms"]["thread"] for s in summaries) / steps,
-        "end_wait": _per_step(summaries, "thread_end_wait"), "issue": _per_step(summaries, "thread_issue"),
+        "end_wait": _per_step(summaries, "thread_end_wait", steps),
+        "issue": _per_step(summaries, "thread_issue", steps),
         "hooks": sum(s["controller_cpu_ms"]["hooks"] or 0.0 for s in summaries) / steps,
         "energy": sum(1e3 * (s["energy_thread_cpu_s"] or 0.0) for s in summaries) / steps,
         "online": sum(s["online"]["cpu_ms"] for s in summaries if s.get("online")) / steps},
@@ -168,12 +169,12 @@ def _parts(cpu: dict[str, Any]) -> str:
     return ", ".join("-" if cpu.get(k) is None else f"{cpu[k]:.2f}" for k in ("end_wait", "issue", "online"))
 
 
-def _per_step(summaries: list[dict[str, Any]], part: str) -> float | None:
-    """The controller thread's CPU ``part`` of ``controller_cpu_ms`` per step (ms; None where a summary has none:
-    runs from before it was recorded)."""
+def _per_step(summaries: list[dict[str, Any]], part: str, steps: int) -> float | None:
+    """The controller thread's CPU ``part`` of ``controller_cpu_ms`` over ``steps`` steps (ms a step; None where a
+    summary has none: runs from before it was recorded)."""
     if any(s["controller_cpu_ms"].get(part) is None for s in summaries):
         return None
-    return sum(s["controller_cpu_ms"][part] for s in summaries) / sum(s["steps"] for s in summaries)
+    return sum(s["controller_cpu_ms"][part] for s in summaries) / steps
 
 
 def decision_figures(document: dict[str, Any]) -> dict[str, Any]:
