@@ -315,6 +315,7 @@ class Controller:
             "anchors": {**issuer.anchoring.figures(), "blocks": None if self._hooks is None else self._hooks.blocks},
             "online_decisions": None if self._online is None else self._online.decisions,
             "online": None if self._online is None else self._online.figures(),
+            "lead_in": issuer.lead_in_figures(),
             "controller_cpu_ms": {"thread": 1e3 * issuer.cpu_s, "thread_end_wait": 1e3 * issuer.end_wait_cpu_s,
                                   "thread_issue": 1e3 * issuer.issue_cpu_s, "hooks": 1e3 * self._timeline.hook_s
                                   if isinstance(self._timeline, CudaStepTimeline) else None},

@@ -17,7 +17,10 @@ to the matcher, the guard and the accounting, and then decides the next step:
   ``sleep_lead_in``, between two controlled steps, once the step's pace is learned, the thread sleeps
   through the next step's lead-in (its start to its first anchor, where the training thread's host work
   before the first block holds up the GPU) before the rest of its bookkeeping and its first decision (the
-  default: ``docs/controller.md``, "Sleeping through the lead-in");
+  default: ``docs/controller.md``, "Sleeping through the lead-in"): to the first anchor's expected time,
+  and then, polling, until the GPU has passed it (a lead-in the host made longer than its pace: decided
+  before the anchor, a change was placed from the step's start, off by the delay), at most the step match
+  tolerance of the step time longer;
 * otherwise (not matching yet, an evaluation pass or new shape, an A window, backed off): the GPU is
   returned to auto.
 
@@ -48,6 +51,7 @@ from typing import TYPE_CHECKING, Any
 from kdvfs.runtime.controller.accounting import Accounting
 from kdvfs.runtime.controller.actuator import Actuator, EventLog
 from kdvfs.runtime.controller.anchoring import Anchoring
+from kdvfs.runtime.controller.decision_records import quantiles
 from kdvfs.runtime.controller.gpu_timeline import StepEnd, StepTimeline
 from kdvfs.runtime.controller.matching import Guard, StepMatcher
 from kdvfs.runtime.controller.timeline import StepPlan
@@ -86,6 +90,10 @@ class Issuer(threading.Thread):
         """Of it: waiting for the GPU to end each step (:meth:`StepTimeline.wait`), and issuing the controlled steps'
         requests (the online decisions, or the replayed plan's requests) (s)."""
         self._ratios: deque[float] = deque(maxlen=SCALE_STEPS)
+        self.lead_ins = self.lead_ins_missed = 0
+        self.lead_in_late_s: list[float] = []
+        """Lead-ins slept through; of them, those whose first anchor was not recorded by the give-up time, and how
+        late the GPU passed it after its expected time, where it did (s)."""
 
     @property
     def next_request_s(self) -> float:
@@ -139,7 +147,7 @@ class Issuer(threading.Thread):
             self.log.write("resume", step=index)
         self._controlling = self._decide(end, matched, was_controlled)
         if self.sleep_lead_in and self._controlling and was_controlled and self.online is not None:
-            self._sleep_through_lead_in(end)
+            self._sleep_through_lead_in(index + 1, end)
         remapped = self.anchoring.learn(end, matched, was_controlled)
         if self.online is not None:  # after the pace and the map it places on have learned from the step
             self.online.observe(end, matched, was_controlled)
@@ -161,12 +169,30 @@ class Issuer(threading.Thread):
         else:
             self.actuator.request(self.actuator.auto, step=index + 1, kernel=0, request_s=end.end_s, due_s=end.end_s)
 
-    def _sleep_through_lead_in(self, end: StepEnd) -> None:
-        """Sleep until the GPU is expected at the next step's first anchor, if the pace is learned (see the module
-        docstring): the rest of this step's bookkeeping and the online decisions wait until then."""
+    def _sleep_through_lead_in(self, step: int, end: StepEnd) -> None:
+        """Sleep until the GPU is expected at step ``step``'s first anchor, if the pace is learned, then wait until
+        it has passed it (see the module docstring): the rest of the previous step's bookkeeping and the online
+        decisions wait until then."""
         segments_s = self.anchoring.pace.for_anchors(len(self.anchoring.map.anchors))
-        if segments_s is not None:
-            self.clock.sleep_until(end.end_s + float(segments_s[0]), self.stop_event)
+        if segments_s is None:
+            return
+        expected_s = end.end_s + float(segments_s[0])
+        if not self.clock.sleep_until(expected_s, self.stop_event):
+            return
+        give_up_s = expected_s + self.anchoring.tolerance * self.scale * self.plan.expected_s
+        passed_s = self.timeline.anchor_s(step, 0, give_up_s)
+        self.lead_ins += 1
+        if passed_s is None:
+            self.lead_ins_missed += 1
+        elif passed_s > expected_s:
+            self.lead_in_late_s.append(passed_s - expected_s)
+
+    def lead_in_figures(self) -> dict[str, Any]:
+        """For the summary: the lead-ins slept through, those whose first anchor came late (and by how much, ms),
+        and those whose first anchor never came (see the module docstring)."""
+        late_ms = [1e3 * late_s for late_s in self.lead_in_late_s]
+        return {"waits": self.lead_ins, "late": len(late_ms), "missed": self.lead_ins_missed,
+                "late_ms": quantiles(late_ms)}
 
     def _decide(self, end: StepEnd, matched: bool, was_controlled: bool) -> bool:
         """Whether the next step is controlled, after this one (see the module docstring)."""

@@ -331,6 +331,38 @@ def test_the_thread_sleeps_through_the_lead_in_and_decides_only_after_the_first_
     assert min(k for step, k in points if step in follows) < ANCHOR_KERNELS[0]
 
 
+def test_a_late_lead_in_is_waited_for_and_the_steps_changes_are_placed_from_its_first_anchor(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A dry run where every third step's GPU idles 2 ms more before the first anchor (kernel 48, 46 ms into
+    the 52 ms step; the switching latency 2 ms) than the learned pace says: the thread, asleep through the
+    lead-in, waits on until the GPU passed that anchor, so no decision of those steps comes before it and every
+    change of theirs is planned where the GPU starts its kernel (decided at the anchor's expected time instead,
+    changes were planned from the step's start, 2 ms early)."""
+    from kdvfs.agents.learned.online import OnlinePolicy
+
+    anchors = ANCHOR_KERNELS[5:]  # from kernel 48, where kernels are short: a change's request goes out at once
+    monkeypatch.setattr(anchoring, "nearest_kernels", lambda starts_s, positions_s: np.array(anchors))
+    _alternate_pairs(monkeypatch, OnlinePolicy)
+    late = set(range(12, 40, 3))
+    log = tmp_path / "run.jsonl"
+    controller, gpu, timeline = fake_controller(POLICY, log=str(log), dry_run=True, online_process=False)
+    timeline.anchor_kernels = anchors
+    timeline.late.update({step: (0, 2e-3) for step in late})
+    decide, passed = OnlinePolicy.decide, []
+    monkeypatch.setattr(OnlinePolicy, "decide", lambda self, *args: (
+        passed.append((len(gpu.steps), gpu.passed_kernels())), decide(self, *args))[1])
+    with controller:
+        run_steps(controller, 40)
+    paced = {r["step"] + 1 for r in log_records(log, "step") if r["pace_s"] and r["controlled"] and r["next_controlled"]}
+    checked = late & paced
+    online = [r for r in log_records(log, "request") if r.get("online") and r["kernel"] > 0 and r["step"] in checked]
+    errors_s = np.array([r["due_s"] - gpu.steps[r["step"]].kernel_start_s[r["kernel"]] for r in online])
+    assert len(checked) >= 5 and len(online) >= 10
+    assert np.abs(errors_s).max() < 1e-9
+    assert min(k for step, k in passed if step in checked) >= anchors[0]
+    assert controller.summary["lead_in"]["late"] >= len(checked)  # type: ignore[attr-defined]
+
+
 def _decisions_and_warm_ups(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **options: Any) -> tuple[list, list]:
     """A dry run's decision records (less their wall times) and each call of the policy's, in order: ("warm", the
     state it warms at) or ("decide", the state it decides at)."""
