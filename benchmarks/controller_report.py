@@ -211,7 +211,21 @@ def decision_figures(document: dict[str, Any]) -> dict[str, Any]:
             "warm_us_p99_max_of_windows": max((w["p99"] for w in warm_ups), default=None),
             "warm_ms_per_step": sum(o["warm_ms"] for o in onlines) / steps if warm_ups else None,
             "progress_sources": progress, "wakes_per_step": wakes,
-            "interval_ms": onlines[0]["interval_ms"] if onlines else None}
+            "interval_ms": onlines[0]["interval_ms"] if onlines else None, "lead_ins": lead_in_figures(document)}
+
+
+def lead_in_figures(document: dict[str, Any]) -> dict[str, Any] | None:
+    """The lead-ins the thread slept through in the windows (summaries' ``lead_in``, code since 7445afd): how many,
+    how many the GPU passed the first anchor late in (the median of the windows' medians and the worst p99, ms),
+    how many never reached it by the give-up time; None before that code."""
+    leads = [w["summary"]["lead_in"] for w in document["windows"] if w["summary"] and w["summary"].get("lead_in")]
+    if not leads:
+        return None
+    late = [d["late_ms"] for d in leads if d["late_ms"]["median"] is not None]
+    return {"waits": sum(d["waits"] for d in leads), "late": sum(d["late"] for d in leads),
+            "missed": sum(d["missed"] for d in leads),
+            "late_ms_median_of_windows": float(np.median([d["median"] for d in late])) if late else None,
+            "late_ms_p99_max": max((d["p99"] for d in late), default=None)}
 
 
 def _decision_lines(result: dict[str, Any]) -> list[str]:
@@ -252,6 +266,14 @@ def _decision_lines(result: dict[str, Any]) -> list[str]:
         wakes = ", ".join(f"{reason} {count:.1f}" for reason, count in d.get("wakes_per_step", {}).items())
         lines.append(f"| {label} | {profiled} | {windows} | {point} | {decider} | {d['progress_sources']} | "
                      f"{wakes or '-'} | {verdict} |")
+    for label, d in rows.items():
+        lead = d.get("lead_ins")
+        if lead and lead["waits"]:
+            late = "" if lead["late_ms_median_of_windows"] is None else \
+                f" (by {lead['late_ms_median_of_windows']:.2f} ms, median, {lead['late_ms_p99_max']:.2f} ms worst p99)"
+            lines.append(f"\n{label}: the thread slept through {lead['waits']} lead-ins; the GPU passed the step's "
+                         f"first anchor after its expected time in {lead['late']}{late}, and never by the give-up time "
+                         f"in {lead['missed']}.")
     return lines
 
 

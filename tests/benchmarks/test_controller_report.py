@@ -57,3 +57,15 @@ def test_each_sampled_threads_shares_are_of_its_own_samples(report: ModuleType) 
                                     "pt_autograd_0: futex python3.12": 4}])
     assert shares == {"running": 0.75, "futex [heap]": 0.25, "pt_autograd_0: running": 0.2,
                       "pt_autograd_0: futex python3.12": 0.8}
+
+
+def test_lead_ins_add_up_over_the_windows_and_are_none_before_the_code_that_counts_them(report: ModuleType) -> None:
+    def window(waits: int, late_ms: list[float], missed: int) -> dict[str, Any]:
+        quantiles = {"median": late_ms[0], "p99": late_ms[-1]} if late_ms else {"median": None, "p99": None}
+        return {"summary": {"lead_in": {"waits": waits, "late": len(late_ms), "missed": missed,
+                                        "late_ms": quantiles}}}
+
+    windows = [window(10, [0.5, 2.0], 0), window(8, [], 1), window(12, [1.5, 4.0], 0), {"summary": None}]
+    assert report.lead_in_figures({"windows": windows}) == {
+        "waits": 30, "late": 4, "missed": 1, "late_ms_median_of_windows": 1.0, "late_ms_p99_max": 4.0}
+    assert report.lead_in_figures({"windows": [{"summary": {"controlled_steps": 5}}]}) is None

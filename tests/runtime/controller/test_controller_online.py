@@ -353,7 +353,8 @@ def test_a_late_lead_in_is_waited_for_and_the_steps_changes_are_placed_from_its_
         passed.append((len(gpu.steps), gpu.passed_kernels())), decide(self, *args))[1])
     with controller:
         run_steps(controller, 40)
-    paced = {r["step"] + 1 for r in log_records(log, "step") if r["pace_s"] and r["controlled"] and r["next_controlled"]}
+    paced = {r["step"] + 1 for r in log_records(log, "step")
+             if r["pace_s"] and r["controlled"] and r["next_controlled"]}
     checked = late & paced
     online = [r for r in log_records(log, "request") if r.get("online") and r["kernel"] > 0 and r["step"] in checked]
     errors_s = np.array([r["due_s"] - gpu.steps[r["step"]].kernel_start_s[r["kernel"]] for r in online])
