@@ -270,7 +270,7 @@ def _decision_lines(result: dict[str, Any]) -> list[str]:
         lead = d.get("lead_ins")
         if lead and lead["waits"]:
             late = "" if lead["late_ms_median_of_windows"] is None else \
-                f" (by {lead['late_ms_median_of_windows']:.2f} ms, median, {lead['late_ms_p99_max']:.2f} ms worst p99)"
+                f" (by {lead['late_ms_median_of_windows']:.3f} ms, median, {lead['late_ms_p99_max']:.3f} ms worst p99)"
             lines.append(f"\n{label}: the thread slept through {lead['waits']} lead-ins; the GPU passed the step's "
                          f"first anchor after its expected time in {lead['late']}{late}, and never by the give-up time "
                          f"in {lead['missed']}.")
