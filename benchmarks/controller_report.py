@@ -389,12 +389,16 @@ def _markdown(result: dict[str, Any]) -> str:
               "`switch_instants`: every request of the profiled controlled steps; of them `_in_step` (kernels after "
               "the first) and `_first_kernel` (the hand-over's change for a step's first kernel, planned at the "
               "previous step's expected end: the GPU starts that kernel after its idle gap between steps, so the "
-              "change is in effect before it and the error is mostly that gap).", "",
+              "change is in effect before it and the error is mostly that gap). `_first_kernel_gap`: the same "
+              "changes against that gap (0 inside it, from the previous step's last kernel's end to the first "
+              "kernel's start: the GPU runs nothing there, so any instant in it is that kernel boundary; else how "
+              "far outside); `switch_instants_gap`: those and `_in_step`.", "",
               "| workload | what | count | median abs (ms) | p99 abs (ms) | max abs (ms) | median signed (ms) | "
               "targets (median <= 0.5, p99 <= 2 ms) |", "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
     for label, t in result["timing"].items():
         for what in ("switch_instants", "switch_instants_in_step", "switch_instants_first_kernel",
-                     "kernel_starts_anchored", "kernel_starts", "step_ends_profiled", "step_ends_unprofiled"):
+                     "switch_instants_first_kernel_gap", "switch_instants_gap", "kernel_starts_anchored",
+                     "kernel_starts", "step_ends_profiled", "step_ends_unprofiled"):
             if what not in t:  # results from before the split
                 continue
             e = t[what]

@@ -100,6 +100,13 @@ def anchored_starts_s(plan: StepPlan, log: list[dict[str, Any]], step: dict[str,
     return np.where(index >= 0, anchors_s[on] + host_s - at_anchors_s[on], start_s + host_s)
 
 
+def gap_error_ms(due_us: float, previous_end_us: float, start_us: float) -> float:
+    """A step's first change against the GPU's idle gap before the step's first kernel: 0 if it is due inside
+    [the previous step's last kernel's end, the first kernel's start] (us), else how far outside (ms; negative:
+    before the gap, while the previous step still ran)."""
+    return (min(due_us - previous_end_us, 0.0) + max(due_us - start_us, 0.0)) / 1e3
+
+
 def request_figures(log: list[dict[str, Any]], steps: set[int]) -> dict[str, Any]:
     """Of the requests of ``steps``: how many were placed on an anchor, how long before its change each was
     issued (the switching latency ahead is the aim) and how late the thread woke after its anchor."""
@@ -154,10 +161,13 @@ def timing_figures(folder: Path, document: dict[str, Any], cpu_test: bool) -> di
     offset_us, shift = clock_offset_us(boundaries_us, [r["end_s"] for r in records])
     steps = {records[j + shift]["step"] + 1: (start, records[j + shift]) for j, start in enumerate(starts)
              if records[j + shift]["next_controlled"]}
-    switch, at_first, every, anchored, jitter = [], [], [], [], []
+    switch, at_first, in_gap, every, anchored, jitter = [], [], [], [], [], []
     for record in (r for r in document["log"] if r["event"] == "request" and r["step"] in steps):
-        actual_us = acts[steps[record["step"]][0] + record["kernel"]].start_us
-        (at_first if record["kernel"] == 0 else switch).append((record["due_s"] * 1e6 + offset_us - actual_us) / 1e3)
+        first = steps[record["step"]][0]
+        due_us, actual_us = record["due_s"] * 1e6 + offset_us, acts[first + record["kernel"]].start_us
+        (at_first if record["kernel"] == 0 else switch).append((due_us - actual_us) / 1e3)
+        if record["kernel"] == 0:
+            in_gap.append(gap_error_ms(due_us, acts[first - 1].start_us + acts[first - 1].dur_us, actual_us))
     by_step = {r["step"]: r for r in records}
     for step, (first, record) in steps.items():
         actual_us = np.array([a.start_us for a in acts[first:first + len(trace_names)]])
@@ -174,6 +184,7 @@ def timing_figures(folder: Path, document: dict[str, Any], cpu_test: bool) -> di
             "trace_kernels": len(trace_names), "clock_offset_us": offset_us,
             "step_end_jitter_ms": _errors_ms(jitter), "switch_instants": _errors_ms(switch + at_first),
             "switch_instants_in_step": _errors_ms(switch), "switch_instants_first_kernel": _errors_ms(at_first),
+            "switch_instants_first_kernel_gap": _errors_ms(in_gap), "switch_instants_gap": _errors_ms(switch + in_gap),
             "kernel_starts": _errors_ms(every), "kernel_starts_anchored": _errors_ms(anchored),
             "requests": request_figures(document["log"], set(steps)), "pace": pace_figures(document["log"], plan),
             "requests_all_steps": request_figures(document["log"], {r["step"] for r in records} | {len(records)})}
