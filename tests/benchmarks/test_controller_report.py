@@ -69,3 +69,10 @@ def test_lead_ins_add_up_over_the_windows_and_are_none_before_the_code_that_coun
     assert report.lead_in_figures({"windows": windows}) == {
         "waits": 30, "late": 4, "missed": 1, "late_ms_median_of_windows": 1.0, "late_ms_p99_max": 4.0}
     assert report.lead_in_figures({"windows": [{"summary": {"controlled_steps": 5}}]}) is None
+
+
+@pytest.mark.parametrize(("due_us", "error_ms"), [(1000.0, -1.0), (2000.0, 0.0), (2500.0, 0.0), (5000.0, 0.0),
+                                                  (6500.0, 1.5)])
+def test_a_steps_first_change_is_on_time_anywhere_in_the_gpus_idle_gap(due_us: float, error_ms: float) -> None:
+    timing = script_module("controller_timing")
+    assert timing.gap_error_ms(due_us, previous_end_us=2000.0, start_us=5000.0) == pytest.approx(error_ms)
