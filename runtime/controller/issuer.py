@@ -17,7 +17,8 @@ to the matcher, the guard and the accounting, and then decides the next step:
   ``sleep_lead_in``, between two controlled steps, once the step's pace is learned, the thread sleeps
   through the next step's lead-in (its start to its first anchor, where the training thread's host work
   before the first block holds up the GPU) before the rest of its bookkeeping and its first decision (the
-  default: ``docs/controller.md``, "Sleeping through the lead-in"): to the first anchor's expected time,
+  default: ``docs/controller.md``, "Sleeping through the lead-in"; the first controlled step after others,
+  once its first pair is requested): to the first anchor's expected time,
   and then, polling, until the GPU has passed it (a lead-in the host made longer than its pace: decided
   before the anchor, a change was placed from the step's start, off by the delay), at most the step match
   tolerance of the step time longer;
@@ -164,7 +165,7 @@ class Issuer(threading.Thread):
             return
         if self._controlling:
             began_cpu_s = time.thread_time()
-            self._issue(index + 1, end.end_s, first=not was_controlled)
+            self._issue(index + 1, end, first=not was_controlled)
             self.issue_cpu_s += time.thread_time() - began_cpu_s
         else:
             self.actuator.request(self.actuator.auto, step=index + 1, kernel=0, request_s=end.end_s, due_s=end.end_s)
@@ -203,10 +204,13 @@ class Issuer(threading.Thread):
         self._ratios.append(end.duration_s / (self.plan.expected_s if was_controlled else self.plan.auto_s))
         return self.accounting.next_controlled and not self.guard.backed_off
 
-    def _issue(self, step: int, start_s: float, first: bool) -> None:
-        """Issue one window's requests, from ``start_s`` (the host time step ``step`` started on the GPU)."""
+    def _issue(self, step: int, end: StepEnd, first: bool) -> None:
+        """Issue one window's requests, from the host time step ``step`` started on the GPU (the previous one's
+        ``end``); online, the first controlled step's lead-in is slept through once its first pair is out."""
+        start_s = end.end_s
         if self.online is not None:
-            self.online.run(step, start_s, self.scale * self.plan.expected_s, first, self.stop_event)
+            lead_in = (lambda: self._sleep_through_lead_in(step, end)) if first and self.sleep_lead_in else None
+            self.online.run(step, start_s, self.scale * self.plan.expected_s, first, self.stop_event, lead_in)
             return
         self.anchoring.begin(step, start_s, self.scale)
         for request in self.plan.requests(self.scale, self.latency_s, first):

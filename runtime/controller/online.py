@@ -73,6 +73,7 @@ import math
 import threading
 import time
 from collections import Counter, deque
+from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol
 
 import numpy as np
@@ -173,14 +174,19 @@ class OnlineSteps:
         no effect of its own: the run's budget)."""
         self.step_budget = self.budget if self.dry_run else step_budget(self.budget, self.target, measured)
 
-    def run(self, step: int, start_s: float, step_s: float, first: bool, stop: threading.Event) -> None:
+    def run(self, step: int, start_s: float, step_s: float, first: bool, stop: threading.Event,
+            lead_in: Callable[[], None] | None = None) -> None:
         """Decide through step ``step``, which started at host time ``start_s`` and is expected to last
-        ``step_s``; hands over (requests step ``step + 1``'s first pair) a latency before its expected end."""
+        ``step_s``; hands over (requests step ``step + 1``'s first pair) a latency before its expected end.
+        ``first``: the first controlled step after others, whose first pair is requested at once; ``lead_in``:
+        called before the step's first decision (the issuer's sleep through the lead-in)."""
         self._drop_held()
         if self._begun != step:
             first_pair = self.decider.begin(self.step_budget)
             if first:
                 self._request(first_pair, step, 0, start_s, start_s)
+        if lead_in is not None:
+            lead_in()
         latency_s, budget_s = self.clocks.latency_s, self._decision_budget_s()
         anchor = (-1, start_s, 0)
         self._kernel = 1
