@@ -145,7 +145,7 @@ class OnlineSteps:
                  pace: Pace, clock: Clock, log: EventLog, budget: float, target: float, dry_run: bool,
                  interval_s: float, early_s: float, decider: Decider | None = None, lookahead: int = 0,
                  warm_up: WarmUp | None = None) -> None:
-        self.online, self.clocks, self.timeline, self.anchor_map, self.pace = online, clocks, timeline, anchor_map, pace
+        self.online, self.clocks, self.timeline, self.anchor_map = online, clocks, timeline, anchor_map
         self.decider: Decider = online if decider is None else decider
         self.clock, self.log, self.budget, self.target, self.dry_run = clock, log, budget, target, dry_run
         self.interval_s, self.early_s, self.lookahead, self.warm_up = interval_s, early_s, lookahead, warm_up
