@@ -1,20 +1,28 @@
 """Derive the per-category feature priors of ``kdvfs.envs.model.estimate.FEATURE_PRIORS`` from real ncu counters.
 
-Usage: ``python benchmarks/feature_priors.py``. Reads the ncu-enriched bundled traces, prints the table
-(and the Python literal to paste into ``envs/model/estimate.py``) and writes ``benchmarks/results/feature_priors.json``.
+Usage: ``python scripts/derive_feature_priors.py``. Reads the ncu-enriched bundled traces, prints the table (and the
+Python literal to paste into ``envs/model/estimate.py``) and writes ``benchmarks/results/feature_priors.json`` with the
+run's command, machine, Python, date and revision.
 """
 
 from __future__ import annotations
 
+import json
+import platform
+import sys
 from dataclasses import asdict
+from datetime import UTC, datetime
 
-from provenance import provenance, write_results
-
+from kdvfs.envs.common.paths import REPO_ROOT
+from kdvfs.envs.common.run_record import git_revision
 from kdvfs.envs.model.estimate import CategoryPrior, derive_priors
 from kdvfs.envs.trace.bundled import open_trace
 from kdvfs.envs.trace.trace import Category, Trace
 
 TRACES = ("h200/gpt3xl-1layer-b4", "h200/resnet50-b128")
+OUTPUT = REPO_ROOT / "benchmarks" / "results" / "feature_priors.json"
+FIGURE = ("the per-category feature priors of kdvfs.envs.model.estimate.FEATURE_PRIORS, derived from the ncu counters "
+          "of the bundled H200 traces (claim list: docs/results.md)")
 
 
 def measured_counts(traces: list[Trace]) -> dict[Category, int]:
@@ -44,11 +52,13 @@ def main() -> None:
               f"{prior.tensor_util:11.3f} {prior.sm_per_dram:11.3f}")
     print()
     print(as_literal(priors))
-    document = {**provenance("python benchmarks/feature_priors.py"), "traces": list(TRACES),
+    document = {"figure": FIGURE, "command": "python scripts/derive_feature_priors.py", "machine": platform.node(),
+                "python": sys.version.split()[0], "date_utc": datetime.now(UTC).isoformat(timespec="seconds"),
+                "git_revision": git_revision(), "traces": list(TRACES),
                 "statistic": "duration-weighted median over ncu-measured kernels; sm_per_dram over kernels "
                              "without tensor-core use and with dram_util >= 0.05",
                 "priors": {c.value: {**asdict(p), "n_kernels": counts[c]} for c, p in priors.items()}}
-    write_results("feature_priors", document, indent=1)
+    OUTPUT.write_text(json.dumps(document, indent=1) + "\n")
 
 
 if __name__ == "__main__":
