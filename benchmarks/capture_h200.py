@@ -49,35 +49,6 @@ CPU_WORKLOADS = {
 }
 BUNDLED = {"gpt3xl": "h200/gpt3xl-24layer-b4", "gpt2s": "h200/gpt2s-b16", "resnet50": "h200/resnet50-b128"}
 TARGET = 0.10
-DISCUSSION = """
-## Discussion (written for the H200 run of 2026-11-29; re-check it after a new run)
-
-- Every captured workload is within the 10% target with both profiles. The GPT-3-XL step is predicted 1.7%
-  shorter than measured (150.0 vs 152.6 ms: the profiled step ran with fewer idle gaps than the unprofiled
-  window, and gaps are only ever shrunk to the measured step time), which is most of its -2.4%.
-- Capture overhead (profiled steps' wall time over the unprofiled window's, same process): GPT-3-XL -1.3%
-  (GPU-bound: the profiler's CPU cost hides behind the launch queue; noise), GPT-2 small +23.8%, ResNet-50
-  +94.7% (short kernels: the CPU-side cost of profiling every op with its shapes shows). The traces' gaps are
-  scaled to the unprofiled step time (`kdvfs.envs.trace.trace.with_measured_gaps`), so the overhead stays out of the
-  predictions.
-- `steady_copy_2GiB` with the calibrated profile on the bundled data, +16.8%: the same 2 GiB copy loop drew
-  624 W in this run and 546 W in `data/raw/h200/probe.json` (1004 vs 1019 us per copy). The read-only fit
-  follows this run (mem_traffic_w 471 -> 524 W; +2.1% on its own row); why the two runs differ by 14% on that
-  loop (temperature, the older probe's synchronisation) is not established.
-- `add_fp32` with the shipped profile (-11.6% bundled, -14.6% on this run) is the shipped fit's known worst
-  microbenchmark (`cost_model.md`); the refit brings it to -4.7% / -7.9%, at the cost of `gelu_bf16` +10.2%
-  in-sample: one data-movement coefficient serves every memory-bound kernel.
-- The bundled `power_micro.json` ran `add_fp32` and `copy_bf16` on other shapes than their ncu rows (35.5 and
-  68 us against ncu's 45 and 138 us); `kdvfs calibrate` runs the ncu rows' shapes (50 and 144 us here), so the
-  features it takes from those rows describe the kernels it measures.
-- The `--ncu` check took three device calls: in the first, `ncu-tiny` ran the example for 40 steps, fewer than
-  the capture needs (exit 2, in `run.json`); in the second the NVTX filter was a push/pop range and matched
-  only the 54 kernels launched from the main thread; the third, with the process-wide start/end range now in
-  `runtime/capture/ncu_run.py`, matched every kernel (the figure above; `ncu-tiny.out.json` copied into the
-  results folder from that call).
-- Nothing was tuned to these figures: the shipped profile is unchanged; the calibrated one is this run's
-  read-only fit (`kdvfs calibrate --gpu-index 0`).
-"""
 
 
 def _kdvfs(folder: Path, label: str, args: list[str]) -> dict[str, Any]:
@@ -213,7 +184,7 @@ def markdown(result: dict[str, Any]) -> str:
         lines += ["", "## `kdvfs capture --ncu` (tiny GPT on the GPU)", "",
                   f"Nsight Compute counters on {ncu['kernels_with_counters']} of {ncu['kernels']} kernels "
                   f"({ncu['activities'] - ncu['kernels']} memsets have none: ncu replays kernels only)."]
-    lines += _calibrate_lines(result["calibrate"]) + _misses(result) + [DISCUSSION.rstrip()]
+    lines += _calibrate_lines(result["calibrate"]) + _misses(result)
     return "\n".join(lines) + "\n"
 
 

@@ -2,7 +2,7 @@
 compared with the process's own arm pair by pair.
 
 A child run with ``--arm`` options alternates blocks of ABBA windows between its own controller options and
-each arm's (``controller_h200.arm_order``); every window records its arm (``"arm"``: the options, comma
+each arm's (:func:`arm_order`); every window records its arm (``"arm"``: the options, comma
 separated; absent in older runs: the child's own). Split, each arm is a document of its own, labelled
 ``LABEL[OPTIONS]`` as a variant run in a process of its own would be; only the child's own arm keeps the
 profiled window and the log. The comparison pairs each arm's i-th ABBA pair with the own arm's i-th (the same
@@ -13,6 +13,12 @@ its 95% t interval, free of the spread between processes.
 from __future__ import annotations
 
 from typing import Any
+
+
+def arm_order(arms: list[list[str]], rounds: int) -> list[list[str]]:
+    """The arms' blocks of ``controller_windows.ORDER`` windows in a child, round after round, each round starting
+    one arm later (so no arm always follows the same one)."""
+    return [arms[(round_ + k) % len(arms)] for round_ in range(rounds) for k in range(len(arms))]
 
 
 def _arm(window: dict[str, Any]) -> str:

@@ -1,50 +1,44 @@
-"""The clock controller in dry-run mode on a real GPU: its overhead on step time and its timing error.
+"""The clock controller in dry-run mode on a real GPU: its overhead on step time, its timing error and its
+online decisions' time.
 
     python benchmarks/controller_h200.py plans                # anywhere: the latency-optimal plans it applies
     python benchmarks/controller_h200.py run RESULTS_DIR [--policy P]   # on the GPU machine: dry runs only
-    python benchmarks/controller_h200.py report RESULTS_DIR   # anywhere: benchmarks/results/controller_h200.*
+    python benchmarks/controller_h200.py report RESULTS_DIR [--name NAME]   # anywhere: benchmarks/results/NAME.*
 
 ``--policy P`` applies a plan or frozen policy (``policies/h200.kdvfs-policy.npz``: it decides online
-inside each step, ``runtime/controller/online.py``) to every workload instead of the latency-optimal
-plans; ``--hf`` adds a Hugging Face ``Trainer`` workload (``examples/hf_trainer.py``, captured first);
+inside each step) to every workload instead of the latency-optimal plans (``benchmarks/data/controller_h200``);
+``--hf`` adds the Hugging Face ``Trainer`` workloads (``examples/hf_trainer.py``, captured first);
 ``--only LABEL ...`` keeps those workloads and their variants (a variant's label, ``LABEL[NAME=VALUE]``,
-keeps that variant alone); ``--variant LABEL:NAME=VALUE,...`` runs workload LABEL again with those controller options
-(``online=false``: the policy replayed; ``online_process=false``: decisions on the controller's thread;
-``anchors=false``; ``energy_poll_s=0``: no energy thread), for its overhead; ``probe=mark|blocking|polling|anchors``
-instead of the controller runs only its step timeline (``benchmarks/timeline_probe.py``: what its floor costs;
-``probe=gil:WAKESxUS`` adds that many holds of the interpreter lock per step);
-``--no-end-to-end`` skips step 1 below;
-``--repeat N`` runs each workload's windows N times (N x 4 ABBA pairs: the overhead's interval narrows);
-``--within`` runs the variants as arms of their workload's own process instead, in blocks of ABBA windows
-interleaved round by round (:func:`arm_order`), so that they are compared without the spread between
-processes (the report compares each arm with the first pair by pair);
-``report --name controller_online_h200`` writes the figures under another name. On the device machine (no
-package registry) gymnasium and farama-notifications travel as wheels (see ``docs/controller.md``, "On an
-H200").
+keeps that variant alone); ``--variant LABEL:NAME=VALUE,...`` runs workload LABEL again with those controller
+options (``online=false``: the policy replayed; ``online_warm_up=false``, ``sleep_lead_in=false``: a default
+turned off), for its overhead; ``--within`` runs the variants as arms of their workload's own process instead,
+in blocks of ABBA windows interleaved round by round (``controller_arms.arm_order``), so that they are compared
+without the spread between processes (the report compares each arm with the process's own, pair by pair);
+``--no-end-to-end`` skips step 1 below; ``--repeat N`` runs each workload's windows N times (N x 4 ABBA pairs:
+the overhead's interval narrows); ``report --name NAME`` writes the figures under another name. On the device
+machine (no package registry) gymnasium and farama-notifications travel as wheels (see ``docs/controller.md``,
+"On an H200").
 
 ``run`` never changes a clock: every controller there is a dry run whose NVML binding is
 ``benchmarks.nvml_guard`` (the real pynvml; any Set/Reset/Clear call is refused and counted). It runs
 
 1. ``kdvfs run --dry-run`` of ``examples/gpt.py`` (GPT-3 XL, batch 4) with the plan, end to end;
-2. per workload, one process (``child``) that trains ``examples/gpt.py`` and alternates windows of steps
-   with and without the controller (order ABBA...), each window timed between ``torch.cuda.synchronize``
-   calls, with the host time at each step's hook (where the overhead shows: in every step, or in a few
-   long ones), the interpreter's garbage-collection passes and how the training thread was scheduled (time on
-   a CPU, waiting for one, context switches; with ``--sample-blocking``, the system call it slept in, sampled
-   every 0.2 ms from another process: ``training_thread.py``); for GPT-3 XL
-   it then profiles ten controlled steps with ``torch.profiler``, CUDA activities only (recording CPU ops slows the
-   launches enough to change the GPU timeline being measured).
+2. per workload, one process (``child``) that trains the workload's script and alternates windows of steps
+   with and without the controller (``controller_windows.ORDER``: ABBA...), each window timed between
+   ``torch.cuda.synchronize`` calls, with the host time at each step's hook (where the overhead shows: in every
+   step, or in a few long ones); where the workload says so it then profiles controlled steps with
+   ``torch.profiler``, CUDA activities only (recording CPU ops slows the launches enough to change the GPU
+   timeline being measured).
 
 ``report`` computes the overhead (step time with over without the controller) and the timing error: each
 planned switch instant (from the controller's log: placed on an anchor inside the step where one was
-early enough, see ``runtime/controller/anchoring.py``) minus the profiled start of the kernel it was planned
-for, and the same for every kernel's predicted start, from the step's start and re-placed on the logged
-anchors as the controller would have. The profiler's clock is mapped to the host clock by
-one constant offset: the median over the profiled steps of (end of a step's last kernel in the profile)
-minus (the controller's host time for that step end); so a constant lag of the controller's step-end
-estimate is not seen, but its step-to-step jitter is. ``--cpu-test`` runs all of
-it on a CPU with a tiny model, a CPU-captured trace and the fake NVML of the tests (a dry run of the
-script; its figures mean nothing).
+early enough) minus the profiled start of the kernel it was planned for, and the same for every kernel's
+predicted start, from the step's start and re-placed on the logged anchors as the controller would have
+(``controller_timing.py``). The profiler's clock is mapped to the host clock by one constant offset: the median
+over the profiled steps of (end of a step's last kernel in the profile) minus (the controller's host time for
+that step end); so a constant lag of the controller's step-end estimate is not seen, but its step-to-step jitter
+is. ``--cpu-test`` runs all of it on a CPU with a tiny model, a CPU-captured trace and the fake NVML of the tests
+(a dry run of the script; its figures mean nothing).
 """
 
 from __future__ import annotations
@@ -56,21 +50,19 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from provenance import RESULTS, host, nvidia_smi, utc_now
-from timeline_probe import TimelineProbe
-from training_thread import GcPasses, ThreadSampler, thread_scheduling
+from controller_arms import arm_order
+from controller_windows import ORDER, PLANS, SETTLE_STEPS, WARMUP_STEPS, parse_options, plan_path
+from provenance import host, nvidia_smi, utc_now
 
 from kdvfs.envs.common.paths import REPO_ROOT
 
 CLI = "import sys; from kdvfs.runtime.cli import main; sys.exit(main(sys.argv[1:]))"
 GUARD = "benchmarks.nvml_guard"
-ORDER = (True, False, False, True, True, False, False, True)
 WORKLOADS: dict[str, dict[str, Any]] = {
     "gpt3xl-b4": {"trace": "h200/capture-gpt3xl-b4", "window_steps": 30, "profile_steps": 10,
                   "script": ["examples/gpt.py", "--size", "gpt3xl", "--batch", "4"]},
@@ -84,19 +76,13 @@ HF_WORKLOADS: dict[str, dict[str, Any]] = {
                      "script": ["examples/hf_trainer.py", "--size", "gpt2s", "--batch", "32"]},
 }
 """Hugging Face Trainer workloads (``--hf``; needs transformers): captured at the start of the run. GPT-2 small at
-batch 8 (63 ms a step on the H200) and at batch 32 (216 ms): the controller's cost on the step is about the same
-time at both (``docs/controller.md``), a smaller share of the longer step."""
+batch 8 and at batch 32: the controller's cost is about the same time a step at both, a smaller share of the
+longer step."""
 CPU_WORKLOADS: dict[str, dict[str, Any]] = {
     "gpt-tiny": {"trace": "", "window_steps": 8, "profile_steps": 3,
                  "script": ["examples/gpt.py", "--size", "tiny", "--device", "cpu"]},
 }
 CLI_STEPS = 150
-WARMUP_STEPS = 10
-SETTLE_STEPS = 10
-
-
-def plan_path(label: str, folder: Path = RESULTS) -> Path:
-    return folder / f"controller_h200.plan-{label}.json"
 
 
 def make_plan(trace: str, output: Path) -> None:
@@ -121,19 +107,12 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
-def arm_order(arms: list[list[str]], rounds: int) -> list[list[str]]:
-    """The arms' blocks of ``ORDER`` windows in a child, round after round, each round starting one arm later
-    (so no arm always follows the same one)."""
-    return [arms[(round_ + k) % len(arms)] for round_ in range(rounds) for k in range(len(arms))]
-
-
 class Harness:
     """Drives one ``child`` run from the optimizer-step hook (a generator resumed once per step)."""
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.windows: list[dict[str, Any]] = []
-        self._sampler = ThreadSampler(threading.get_native_id()) if args.sample_blocking else None
         self._steps = self._schedule()
 
     def on_step(self) -> None:
@@ -142,9 +121,6 @@ class Harness:
     def _controller(self, log: str | None, options: list[str]) -> Any:
         from kdvfs.runtime.controller import Controller
 
-        probe = [o.partition("=")[2] for o in options if o.startswith("probe=")]
-        if probe:
-            return TimelineProbe(probe[0])
         return Controller(self.args.plan, self.args.trace, dry_run=True, nvml_module=self.args.nvml_module, log=log,
                           cpu_test_mode=self.args.cpu_test,
                           match_tolerance=0.99 if self.args.cpu_test else 0.1, **parse_options(options))
@@ -153,26 +129,19 @@ class Harness:
         controller = self._controller(str(self.args.out / "window.jsonl"), options) if on else None
         if controller is not None:
             controller.__enter__()
-        with GcPasses() as passes:
-            _sync()
-            hooks_s, scheduled = [time.perf_counter()], thread_scheduling()
-            if self._sampler is not None:
-                self._sampler.take()  # from here
-            for _ in range(steps):
-                if controller is not None:
-                    controller.step()
-                yield
-                hooks_s.append(time.perf_counter())
-            _sync()
-            elapsed_s = time.perf_counter() - hooks_s[0]
-            scheduling = {key: value - scheduled[key] for key, value in thread_scheduling().items()}
-            sampled = None if self._sampler is None else self._sampler.take()
+        _sync()
+        hooks_s = [time.perf_counter()]
+        for _ in range(steps):
+            if controller is not None:
+                controller.step()
+            yield
+            hooks_s.append(time.perf_counter())
+        _sync()
+        elapsed_s = time.perf_counter() - hooks_s[0]
         if controller is not None:
             controller.close()
         self.windows.append({"controller": on, "arm": ",".join(options), "steps": steps, "elapsed_s": elapsed_s,
                              "step_s": [b - a for a, b in itertools.pairwise(hooks_s)],
-                             "gc": passes.by_generation, "training_thread": scheduling,
-                             **({} if sampled is None else {"training_thread_samples": sampled}),
                              "summary": None if controller is None else controller.summary})
 
     def _schedule(self) -> Iterator[None]:
@@ -182,8 +151,6 @@ class Harness:
         for options in arms:
             for on in ORDER:
                 yield from self._window(on, self.args.window_steps, options)
-        if self._sampler is not None:
-            self._sampler.close()
         if self.args.profile_steps:
             yield from self._profiled()
         raise Done
@@ -268,32 +235,14 @@ def _capture(folder: Path, label: str, workload: dict[str, Any]) -> dict[str, An
     return {**workload, "trace": str(trace)}
 
 
-def parse_options(options: list[str]) -> dict[str, bool | float]:
-    """Controller options of a variant, ``NAME=true|false|NUMBER`` (e.g. ``online=false``: the policy
-    replayed; ``energy_poll_s=0``: the energy counter read only at window edges)."""
-    parsed: dict[str, bool | float] = {}
-    for option in options:
-        name, _, value = option.partition("=")
-        if value in ("true", "false"):
-            parsed[name] = value == "true"
-            continue
-        try:
-            parsed[name] = int(value) if value.isdigit() else float(value)
-        except ValueError:
-            raise SystemExit(f"--option {option!r}: expected NAME=true, NAME=false or NAME=NUMBER") from None
-    return parsed
-
-
 def run(folder: Path, cpu_test: bool, policy: Path | None, hf: bool = False, only: list[str] | None = None,
-        variants: list[str] | None = None, repeat: int = 1, within: bool = False, end_to_end: bool = True,
-        sample_blocking: bool = False) -> None:
+        variants: list[str] | None = None, repeat: int = 1, within: bool = False, end_to_end: bool = True) -> None:
     """All device-side measurements into ``folder``; ``policy`` replaces the plans of every workload; ``hf``
     adds the Hugging Face Trainer workloads (captured here first; they need ``policy``); ``only`` keeps those
     workloads; each of ``variants`` (``LABEL:NAME=VALUE,...``) runs workload LABEL again with those controller
     options, as ``LABEL[NAME=VALUE,...]`` (its overhead, no profile): in a child of its own, or with ``within``
-    as an arm of LABEL's child (its windows' blocks interleaved with the others', :func:`arm_order`);
-    ``end_to_end``: first run ``kdvfs run --dry-run`` of the first workload (1.); ``sample_blocking``: sample
-    where the training thread blocks in every window (2.)."""
+    as an arm of LABEL's child (its windows' blocks interleaved with the others', ``arm_order``);
+    ``end_to_end``: first run ``kdvfs run --dry-run`` of the first workload (1.)."""
     known = {**(CPU_WORKLOADS if cpu_test else WORKLOADS), **(HF_WORKLOADS if hf else {})}
     kept = [label for label in known if not only or label in {o.split("[")[0] for o in only}]
     for variant in variants or []:
@@ -301,7 +250,7 @@ def run(folder: Path, cpu_test: bool, policy: Path | None, hf: bool = False, onl
             raise SystemExit(f"--variant {variant!r}: no workload {variant.partition(':')[0]!r} "
                              f"(kept: {', '.join(kept)})")
     folder.mkdir(parents=True, exist_ok=True)
-    workloads, plans = (_cpu_setup(folder), folder) if cpu_test else (dict(WORKLOADS), RESULTS)
+    workloads, plans = (_cpu_setup(folder), folder) if cpu_test else (dict(WORKLOADS), PLANS)
     if hf:
         workloads.update({label: _capture(folder, label, w) for label, w in HF_WORKLOADS.items()
                           if label in kept})
@@ -327,7 +276,6 @@ def run(folder: Path, cpu_test: bool, policy: Path | None, hf: bool = False, onl
                         "--window-steps", str(workload["window_steps"]), "--profile-steps",
                         str(workload["profile_steps"]), "--nvml-module", fake[-1] if fake else GUARD,
                         *(["--cpu-test"] if cpu_test else []), "--repeat", str(repeat),
-                        *(["--sample-blocking"] if sample_blocking else []),
                         *[f"--option={option}" for option in workload.get("options", [])],
                         *[f"--arm={arm}" for arm in workload.get("arms", [])],
                         str(folder), "--", *workload["script"], "--steps", "100000"],
@@ -365,7 +313,8 @@ def main(argv: list[str] | None = None) -> int:
                                     "(ABBA...) this many times per workload (more pairs: a narrower interval)")
     sub.choices["run"].add_argument("--no-end-to-end", action="store_true", help="skip the end-to-end "
                                     "`kdvfs run --dry-run` (1.): only the workloads' processes")
-    sub.choices["report"].add_argument("--name", default="controller_h200", help="results file stem")
+    sub.choices["report"].add_argument("--name", default="controller_h200", help="results file stem "
+                                       "(controller_online_h200: the default with the shipped policy)")
     kid = sub.add_parser("child")
     kid.add_argument("out", type=Path)
     for option in ("--label", "--plan", "--trace", "--nvml-module"):
@@ -377,22 +326,18 @@ def main(argv: list[str] | None = None) -> int:
     kid.add_argument("--option", action="append", default=[], help="NAME=true|false|NUMBER, a controller option")
     kid.add_argument("--arm", action="append", default=[], help="NAME=VALUE,...: another arm's options")
     kid.add_argument("script", nargs=argparse.REMAINDER)
-    for command in (sub.choices["run"], kid):
-        command.add_argument("--sample-blocking", action="store_true", help="sample where the training thread "
-                             "blocks, every 0.2 ms from another process")
     args = parser.parse_args(argv)
     if args.what == "plans":
         for label, workload in WORKLOADS.items():
             make_plan(workload["trace"], plan_path(label))
     elif args.what == "run":
         run(args.folder, args.cpu_test, args.policy, args.hf, args.only, args.variant, args.repeat, args.within,
-            not args.no_end_to_end, args.sample_blocking)
+            not args.no_end_to_end)
     elif args.what == "child":
         args.script = args.script[1:] if args.script[:1] == ["--"] else args.script
         return child(args)
     else:
-        sys.path.insert(0, str(REPO_ROOT))
-        from benchmarks.controller_report import report
+        from controller_report import report
 
         report(args.folder, args.cpu_test, args.name)
     return 0

@@ -1,6 +1,8 @@
 """The controller benchmark's timing error: where the controller planned its switch instants and expected each
 kernel to start (from the step's start, and re-placed on its logged anchors) against the kernel starts in the
-profiled window (``benchmarks/controller_h200.py``, whose docstring says how the two clocks are mapped)."""
+profiled window (``benchmarks/controller_h200.py``, whose docstring says how the two clocks are mapped); it
+reads the controller's log records (``start``, ``step``, ``anchor_map``, ``request``) as the benchmark's child
+process keeps them."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from controller_h200 import SETTLE_STEPS
+from controller_windows import SETTLE_STEPS
 
 from kdvfs.envs.common.paths import REPO_ROOT
 from kdvfs.envs.trace.bundled import open_trace

@@ -1,7 +1,7 @@
 """The online policy against its replayed schedule and the latency-optimal plan, on the disturbed fake GPU.
 
     python benchmarks/online_fake_gpu.py [--seeds 20] [--seconds 60] [--jobs 2] [--name NAME]
-        [--methods online replayed latency-optimal] [--lookahead N] [--anchors N]
+        [--methods online replayed latency-optimal] [--anchors N]
     # writes benchmarks/results/online_fake_gpu.{json,md} (or NAME.{json,md})
 
 Per GPU profile (H200, B200), per held-out workload of its policy (two each) and per seed, three runs of
@@ -12,10 +12,8 @@ drift model's +2.1% over 120 s and per-step jitter), with the default controller
 
 * ``online``: the shipped policy deciding inside every step on what it measures
   (:mod:`kdvfs.runtime.controller.online`);
-* ``online-lookahead`` (``--methods ... online-lookahead --lookahead N``): the same with ``online_lookahead``
-  N (the policy run ahead on the model's expected timeline after each evaluation, its order held until it
-  would change), compared seed by seed with ``online``;
-* ``replayed``: the same policy's noise-free rollout replayed as a fixed schedule (``online=False``);
+* ``replayed``: the same policy's noise-free rollout replayed as a fixed schedule (``online=False``), compared
+  seed by seed with ``online``;
 * ``latency-optimal``: the latency-aware optimum at 1% (``kdvfs plan --method latency-optimal``).
 
 Each run's result is what the controller measured (B against A windows, its summary's ``measured``) and
@@ -56,7 +54,7 @@ from kdvfs.runtime.testing.fake_gpu import FakeGpu, FakeStepTimeline, VirtualClo
 BUDGET = 0.01
 DURATION_NOISE = 0.02
 ANCHORS_PER_STEP = 48
-METHODS = ("online", "online-lookahead", "replayed", "latency-optimal")
+METHODS = ("online", "replayed", "latency-optimal")
 CASES = {"h200": ("h200/gpt2s-b16", "h200/resnet50-b128"), "b200": ("gpt2s", "bert-base")}
 
 
@@ -88,10 +86,9 @@ def prepare(folder: Path) -> list[Case]:
     return cases
 
 
-def run(case: Case, method: str, seed: int, seconds: float, lookahead: int = 0,
-        anchors: int = ANCHORS_PER_STEP) -> dict[str, Any]:
-    """One controlled run; its measured and true effect and the controller's figures (``lookahead``: the
-    ``online-lookahead`` method's ``online_lookahead``; ``anchors``: about this many anchors per step)."""
+def run(case: Case, method: str, seed: int, seconds: float, anchors: int = ANCHORS_PER_STEP) -> dict[str, Any]:
+    """One controlled run; its measured and true effect and the controller's figures (``anchors``: about this many
+    anchors per step)."""
     profile = load_profile(case.gpu)
     problem = Problem.build(open_trace(str(case.trace)), profile, BUDGET)
     clock = VirtualClock()
@@ -103,8 +100,8 @@ def run(case: Case, method: str, seed: int, seconds: float, lookahead: int = 0,
     with tempfile.TemporaryDirectory() as tmp:
         log = Path(tmp) / "run.jsonl"
         controller = Controller(str(source), str(case.trace), device=gpu, timeline=timeline, clock=clock,
-                                budget=BUDGET, energy_poll_s=0.0, ab_seed=seed, online=method.startswith("online"),
-                                online_lookahead=lookahead if method == "online-lookahead" else 0, log=str(log))
+                                budget=BUDGET, energy_poll_s=0.0, ab_seed=seed, online=method == "online",
+                                log=str(log))
         with controller:
             while clock.now_s() < seconds:
                 for _ in range(10):
@@ -126,7 +123,7 @@ def run(case: Case, method: str, seed: int, seconds: float, lookahead: int = 0,
             "online": summary["online"]}
 
 
-def _job(arguments: tuple[Case, str, int, float, int, int]) -> dict[str, Any]:
+def _job(arguments: tuple[Case, str, int, float, int]) -> dict[str, Any]:
     return run(*arguments)
 
 
@@ -172,7 +169,7 @@ def verdicts(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-PAIRS = (("online", "replayed"), ("online-lookahead", "online"))
+PAIRS = (("online", "replayed"),)
 """The methods compared seed by seed (:func:`paired_gains`), where both ran."""
 
 
@@ -241,20 +238,17 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--seconds", type=float, default=60.0, help="simulated seconds per run")
     parser.add_argument("--jobs", type=int, default=2, help="worker processes")
     parser.add_argument("--methods", nargs="+", choices=METHODS, default=["online", "replayed", "latency-optimal"])
-    parser.add_argument("--lookahead", type=int, default=0, help="online_lookahead of method online-lookahead")
     parser.add_argument("--anchors", type=int, default=ANCHORS_PER_STEP,
                         help="anchors per step, evenly spaced over its kernels (as hooks at every N-th block: "
                              "the controller's anchor_every)")
     parser.add_argument("--name", default="online_fake_gpu", help="results file stem")
     args = parser.parse_args(argv)
-    if ("online-lookahead" in args.methods) != (args.lookahead > 0):
-        parser.error("--lookahead N (N > 0) goes with method online-lookahead")
     if args.anchors < 1:
         parser.error("--anchors N needs N >= 1")
     methods = [m for m in METHODS if m in args.methods]
     with tempfile.TemporaryDirectory() as tmp:
         cases = prepare(Path(tmp))
-        jobs = [(case, method, seed, args.seconds, args.lookahead, args.anchors) for case in cases
+        jobs = [(case, method, seed, args.seconds, args.anchors) for case in cases
                 for seed in range(args.seeds) for method in methods]
         runs = []
         with ProcessPoolExecutor(args.jobs) as pool:

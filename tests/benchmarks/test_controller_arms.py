@@ -35,9 +35,9 @@ def _block(arm: str | None, with_s: float) -> list[dict[str, Any]]:
 
 
 def test_each_round_starts_one_arm_later(modules: dict[str, ModuleType]) -> None:
-    order = modules["controller_h200"].arm_order([["a"], ["b"], ["c"]], rounds=4)
+    order = modules["controller_arms"].arm_order([["a"], ["b"], ["c"]], rounds=4)
     assert order == [["a"], ["b"], ["c"], ["b"], ["c"], ["a"], ["c"], ["a"], ["b"], ["a"], ["b"], ["c"]]
-    assert modules["controller_h200"].arm_order([[]], rounds=2) == [[], []]
+    assert modules["controller_arms"].arm_order([[]], rounds=2) == [[], []]
 
 
 def test_a_process_is_split_per_arm_and_only_its_own_keeps_the_profile(modules: dict[str, ModuleType]) -> None:
