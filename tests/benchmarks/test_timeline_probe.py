@@ -9,7 +9,7 @@ from typing import ClassVar
 import pytest
 import torch
 
-from kdvfs.runtime.controller import gpu_timeline
+from kdvfs.runtime.controller.timing import gpu_timeline
 from tests.benchmarks.scripts import script_module
 
 

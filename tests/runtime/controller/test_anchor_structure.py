@@ -7,8 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kdvfs.envs.trace.trace import Category, Kernel, Kind, Phase, Trace, TraceMeta
-from kdvfs.runtime.controller.anchor_structure import TraceStructure, periodic_starts
-from kdvfs.runtime.controller.anchoring import AnchorMap
+from kdvfs.runtime.controller.timing.anchors import AnchorMap, TraceStructure, periodic_starts
 
 BLOCK = ["ln", "qkv", "attn", "proj", "add", "ln", "fc1", "gelu", "fc2", "add"]
 

@@ -16,10 +16,10 @@ from scipy import stats
 from kdvfs.envs.common.errors import KdvfsError
 from kdvfs.envs.model.drift import Drift, DriftModel
 from kdvfs.runtime.controller import Controller
-from kdvfs.runtime.controller.ab import AUTO, CONTROLLED, AbSchedule
 from kdvfs.runtime.controller.config import ControllerConfig
-from kdvfs.runtime.controller.estimator import Paired
-from kdvfs.runtime.controller.matching import Guard
+from kdvfs.runtime.controller.measurement.ab import AUTO, CONTROLLED, AbSchedule
+from kdvfs.runtime.controller.measurement.estimator import Paired
+from kdvfs.runtime.controller.measurement.guard import Guard
 from kdvfs.runtime.device.energy import EnergyTrace
 from kdvfs.runtime.device.errors import DeviceError
 from kdvfs.runtime.testing.ab_truth import true_effect
@@ -179,7 +179,7 @@ def test_no_energy_counter_measures_time_only_and_says_so_once(plan_file: Path, 
 def test_bad_ab_settings_are_clear_errors(plan_file: Path) -> None:
     for share in (-0.1, 0.95):
         with pytest.raises(KdvfsError, match="--ab-share"):
-            ControllerConfig(policy=str(plan_file), trace="t", ab_share=share)
+            ControllerConfig.from_options(str(plan_file), "t", ab_share=share)
     controller, gpu, _ = fake_controller(plan_file, window_s=0.001)
     with pytest.raises(KdvfsError, match="switching latency"), controller:
         pass

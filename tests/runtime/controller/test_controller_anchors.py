@@ -14,11 +14,11 @@ import pytest
 import torch
 from torch import nn
 
-from kdvfs.runtime.controller import anchoring, gpu_timeline
-from kdvfs.runtime.controller.anchoring import AnchorMap, nearest_kernels
-from kdvfs.runtime.controller.anchors import AnchorHooks, find_blocks
-from kdvfs.runtime.controller.gpu_timeline import CudaStepTimeline
-from kdvfs.runtime.controller.pace import host_offsets_s
+from kdvfs.runtime.controller.timing import anchors, gpu_timeline
+from kdvfs.runtime.controller.timing.anchors import AnchorMap, nearest_kernels
+from kdvfs.runtime.controller.timing.gpu_timeline import CudaStepTimeline
+from kdvfs.runtime.controller.timing.pace import host_offsets_s
+from kdvfs.runtime.controller.training.hooks import AnchorHooks, find_blocks
 from kdvfs.runtime.device.host_time import RealClock
 from tests.runtime.controller_helpers import LATENCY_MS, fake_controller, log_records, run_steps, write_plan
 
@@ -283,7 +283,7 @@ def test_a_stretch_slow_in_every_step_delays_the_changes_after_it_by_as_much(
         plan_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # the anchors stand for their kernels (as the trace's structure gives them on a real model: mapped by time,
     # the fake's kernels a few microseconds apart are mis-mapped once the step stretches unevenly)
-    monkeypatch.setattr(anchoring, "nearest_kernels", lambda starts_s, positions_s: np.array(ANCHOR_KERNELS))
+    monkeypatch.setattr(anchors, "nearest_kernels", lambda starts_s, positions_s: np.array(ANCHOR_KERNELS))
     delay_s = 0.001  # 2% of the step, before anchor 8 (kernel 33); the changes are at kernels 36 and 38
     setup = lambda timeline: timeline.late.update({step: (8, delay_s) for step in range(17)})  # noqa: E731
     controller, _, requests = _anchored_run(plan_file, tmp_path, 16, setup=setup)

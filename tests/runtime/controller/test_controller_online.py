@@ -11,12 +11,13 @@ import pytest
 
 from kdvfs.agents.learned.policy_planner import shipped_policy_path
 from kdvfs.envs.model.drift import DriftModel
-from kdvfs.runtime.controller import anchoring
-from kdvfs.runtime.controller.actuator import Actuator, EventLog
-from kdvfs.runtime.controller.budget_feedback import FEEDBACK_GAIN
-from kdvfs.runtime.controller.estimator import Interval
-from kdvfs.runtime.controller.live_clocks import LiveClocks
-from kdvfs.runtime.controller.online import HOLD_MIN_S
+from kdvfs.runtime.controller.decisions.actuator import Actuator
+from kdvfs.runtime.controller.decisions.live_clocks import LiveClocks
+from kdvfs.runtime.controller.decisions.online import HOLD_MIN_S, OnlineSteps
+from kdvfs.runtime.controller.event_log import EventLog
+from kdvfs.runtime.controller.measurement.budget_feedback import FEEDBACK_GAIN
+from kdvfs.runtime.controller.measurement.estimator import Interval
+from kdvfs.runtime.controller.timing import anchors as anchors_module
 from kdvfs.runtime.testing.fake_gpu import FakeGpu, VirtualClock
 from tests.runtime.controller_helpers import fake_controller, log_records, run_steps, small_problem
 
@@ -169,7 +170,7 @@ def test_a_decided_change_is_requested_one_latency_before_its_kernel(tmp_path: P
     from kdvfs.agents.learned.online import OnlinePolicy
 
     log = tmp_path / "run.jsonl"
-    controller, _, timeline = fake_controller(POLICY, log=str(log), online_process=False)
+    controller, _, timeline = fake_controller(POLICY, log=str(log))
     timeline.anchor_kernels = ANCHOR_KERNELS
     _alternate_pairs(monkeypatch, OnlinePolicy)
     with controller:
@@ -185,18 +186,18 @@ def test_a_decided_change_is_requested_one_latency_before_its_kernel(tmp_path: P
 def test_the_measured_slowdown_moves_the_policys_budget(tmp_path: Path) -> None:
     controller, _, _ = fake_controller(POLICY, budget=0.01)
     with controller:
-        online = controller._online  # the controller's own part under test
-        assert online is not None
+        online = controller._source  # the controller's own part under test
+        assert isinstance(online, OnlineSteps)
         online.feedback(Interval(0.5, 0.3, 0.7, 2, 0.1 / 12.706))
-        assert online.step_budget == 0.01  # too few pairs: the run's budget
+        assert online.budget == 0.01  # too few pairs: the run's budget
         online.feedback(Interval(1.2, 1.1, 1.3, 10, 0.1 / 2.262))
-        over = online.step_budget
+        over = online.budget
         online.feedback(Interval(0.9, 0.85, 0.95, 10, 0.05 / 2.262))
-        under = online.step_budget
+        under = online.budget
         online.feedback(Interval(5.0, 4.9, 5.1, 10, 0.1 / 2.262))
-        assert online.step_budget == 0.0  # clipped
+        assert online.budget == 0.0  # clipped
         online.feedback(Interval(1.02, 0.9, 1.14, 10, 0.12 / 2.262))
-        assert online.step_budget == 0.01  # within a standard error of the budget: the budget
+        assert online.budget == 0.01  # within a standard error of the budget: the budget
     assert over < 0.01 < under <= 0.02
     assert under == pytest.approx(0.01 + FEEDBACK_GAIN * (0.01 - (0.9 + 0.05 / 2.262) / 100), rel=1e-3)
     assert over == pytest.approx(0.01 + FEEDBACK_GAIN * (0.01 - (1.2 - 0.1 / 2.262) / 100), rel=1e-3)
@@ -210,7 +211,7 @@ def test_a_slow_decision_is_budgeted_where_its_request_goes_out(tmp_path: Path,
     from kdvfs.agents.learned.online import OnlinePolicy
 
     log = tmp_path / "run.jsonl"
-    controller, gpu, timeline = fake_controller(POLICY, log=str(log), online_process=False)
+    controller, gpu, timeline = fake_controller(POLICY, log=str(log))
     timeline.anchor_kernels = ANCHOR_KERNELS
     decide, begin, asked = OnlinePolicy.decide, OnlinePolicy.begin, [0]
 
@@ -239,20 +240,6 @@ def test_a_slow_decision_is_budgeted_where_its_request_goes_out(tmp_path: Path,
     assert not late, [(r["step"], r["kernel"], r["request_s"], r["issued_s"], r["due_s"]) for r in late]
 
 
-def test_looking_ahead_skips_policy_wakes_and_keeps_the_safety(tmp_path: Path) -> None:
-    """With ``online_lookahead`` the policy is run ahead after each evaluation: fewer policy wakes in as many
-    controlled steps, the skipped evaluations counted, and the GPU restored as always."""
-    (tmp_path / "every").mkdir()
-    every, _, _ = _online_run(tmp_path / "every")
-    ahead, gpu, log = _online_run(tmp_path, online_lookahead=6)
-    plain, looked = every.summary["online"], ahead.summary["online"]  # type: ignore[attr-defined]
-    assert plain["lookahead_skips"] == 0 and looked["lookahead"] == 6 and looked["lookahead_skips"] > 0
-    per_step = [s["online"]["wakes"]["policy"] / s["controlled_steps"] for s in (every.summary, ahead.summary)]  # type: ignore[attr-defined]
-    assert per_step[1] < 0.7 * per_step[0]
-    assert ahead.summary["controlled_steps"] > 20 and ahead.summary["gpu_restored"]  # type: ignore[attr-defined]
-    assert gpu.set_calls[-1].name == "reset_clocks" and log_records(log, "decision")
-
-
 def test_online_changes_are_planned_at_the_pace_of_a_stretch_slow_in_every_step(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A dry run whose steps all idle 1 ms (2% of the step) before anchor 5: the online requests' changes
@@ -260,10 +247,10 @@ def test_online_changes_are_planned_at_the_pace_of_a_stretch_slow_in_every_step(
     evenly, up to 1 ms off); inside it, in proportion."""
     from kdvfs.agents.learned.online import OnlinePolicy
 
-    monkeypatch.setattr(anchoring, "nearest_kernels", lambda starts_s, positions_s: np.array(ANCHOR_KERNELS))
+    monkeypatch.setattr(anchors_module, "nearest_kernels", lambda starts_s, positions_s: np.array(ANCHOR_KERNELS))
     _alternate_pairs(monkeypatch, OnlinePolicy)
     log = tmp_path / "run.jsonl"
-    controller, gpu, timeline = fake_controller(POLICY, log=str(log), dry_run=True, online_process=False)
+    controller, gpu, timeline = fake_controller(POLICY, log=str(log), dry_run=True)
     timeline.anchor_kernels = ANCHOR_KERNELS
     timeline.late.update({step: (5, 1e-3) for step in range(41)})
     with controller:
@@ -301,7 +288,7 @@ def _decision_points(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **options:
     from kdvfs.agents.learned.online import OnlinePolicy
 
     log = tmp_path / "run.jsonl"
-    controller, gpu, timeline = fake_controller(POLICY, log=str(log), dry_run=True, online_process=False, **options)
+    controller, gpu, timeline = fake_controller(POLICY, log=str(log), dry_run=True, **options)
     timeline.anchor_kernels = ANCHOR_KERNELS
     decide, points = OnlinePolicy.decide, []
 
@@ -323,7 +310,7 @@ def test_the_thread_sleeps_through_the_lead_in_and_decides_only_after_the_first_
     """Once the pace is learned, no decision point of a controlled step that follows another falls before the
     GPU reaches the step's first anchor (kernel 8), by default; without the option, the first comes at the
     step's start."""
-    monkeypatch.setattr(anchoring, "nearest_kernels", lambda starts_s, positions_s: np.array(ANCHOR_KERNELS))
+    monkeypatch.setattr(anchors_module, "nearest_kernels", lambda starts_s, positions_s: np.array(ANCHOR_KERNELS))
     (tmp_path / "off").mkdir()
     follows, points = _decision_points(tmp_path, monkeypatch)
     assert len(follows) > 10 and min(k for step, k in points if step in follows) >= ANCHOR_KERNELS[0]
@@ -342,11 +329,11 @@ def test_a_late_lead_in_is_waited_for_and_the_steps_changes_are_placed_from_its_
     from kdvfs.agents.learned.online import OnlinePolicy
 
     anchors = ANCHOR_KERNELS[5:]  # from kernel 48, where kernels are short: a change's request goes out at once
-    monkeypatch.setattr(anchoring, "nearest_kernels", lambda starts_s, positions_s: np.array(anchors))
+    monkeypatch.setattr(anchors_module, "nearest_kernels", lambda starts_s, positions_s: np.array(anchors))
     _alternate_pairs(monkeypatch, OnlinePolicy)
     late = set(range(12, 40, 3))
     log = tmp_path / "run.jsonl"
-    controller, gpu, timeline = fake_controller(POLICY, log=str(log), dry_run=True, online_process=False,
+    controller, gpu, timeline = fake_controller(POLICY, log=str(log), dry_run=True,
                                                 ab_share=0.25)
     timeline.anchor_kernels = anchors
     timeline.late.update({step: (0, 2e-3) for step in late})
@@ -372,7 +359,7 @@ def _decisions_and_warm_ups(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **o
     from kdvfs.agents.learned.online import OnlinePolicy
 
     log = tmp_path / "run.jsonl"
-    controller, _, timeline = fake_controller(POLICY, log=str(log), dry_run=True, online_process=False, **options)
+    controller, _, timeline = fake_controller(POLICY, log=str(log), dry_run=True, **options)
     timeline.anchor_kernels = ANCHOR_KERNELS
     decide, warm, calls = OnlinePolicy.decide, OnlinePolicy.warm, []
 

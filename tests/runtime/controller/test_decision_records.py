@@ -9,8 +9,8 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kdvfs.runtime.controller.actuator import EventLog
-from kdvfs.runtime.controller.decision_records import DecisionRecords
+from kdvfs.runtime.controller.decisions.decision_records import DecisionRecords
+from kdvfs.runtime.controller.event_log import EventLog
 
 LABELS = ("auto:3201", "1980:3201", "1410:2201", 'odd "label"\\')
 PAIRS = st.integers(0, len(LABELS) - 1)

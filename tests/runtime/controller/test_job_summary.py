@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from kdvfs.runtime.controller.job_summary import job_summary
+from kdvfs.runtime.controller.measurement.job_summary import job_summary
 from kdvfs.runtime.job import JobStep, job_step, rank_path
 
 

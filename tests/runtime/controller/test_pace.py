@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kdvfs.runtime.controller.pace import PACE_STEPS, Pace, host_offsets_s
+from kdvfs.runtime.controller.timing.pace import PACE_STEPS, Pace, host_offsets_s
 
 
 def _direct_s(segments_s: list[float], knots_s: list[float], time_s: float, reference_s: list[float]) -> float:

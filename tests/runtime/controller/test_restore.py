@@ -10,8 +10,8 @@ from typing import Any
 import pynvml
 import pytest
 
-from kdvfs.runtime.controller.actuator import EventLog
-from kdvfs.runtime.controller.integrations import hf_callback
+from kdvfs.runtime.controller.event_log import EventLog
+from kdvfs.runtime.controller.training.integrations import hf_callback
 from kdvfs.runtime.device.errors import ClockRestoreError
 from kdvfs.runtime.device.nvml import NvmlDevice, reset_gpu_clocks
 from kdvfs.runtime.testing.fake_nvml import EnergyFakeNvml

@@ -150,6 +150,6 @@ def test_the_watchdog_restores_after_a_sigkill(captured: tuple[Path, Path], tmp_
 
 
 def test_cpu_test_mode_matches_steps_loosely_and_gpu_runs_keep_their_tolerance() -> None:
-    assert ControllerConfig(policy="p", trace="t", cpu_test_mode=True).step_match_tolerance == CPU_TEST_MATCH_TOLERANCE
-    assert ControllerConfig(policy="p", trace="t", cpu_test_mode=True, match_tolerance=0.7).step_match_tolerance == 1.0
-    assert ControllerConfig(policy="p", trace="t").step_match_tolerance == 0.1
+    assert ControllerConfig.from_options("p", "t", cpu_test_mode=True).step_match_tolerance == CPU_TEST_MATCH_TOLERANCE
+    assert ControllerConfig.from_options("p", "t", cpu_test_mode=True, match_tolerance=0.7).step_match_tolerance == 1.0
+    assert ControllerConfig.from_options("p", "t").step_match_tolerance == 0.1

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kdvfs.runtime.controller.anchoring import AnchorMap
-from kdvfs.runtime.controller.gpu_timeline import StepEnd
-from kdvfs.runtime.controller.pace import Pace
-from kdvfs.runtime.controller.step_times import SCALE_STEPS, StepTimes
+from kdvfs.runtime.controller.timing.anchors import AnchorMap
+from kdvfs.runtime.controller.timing.gpu_timeline import StepEnd
+from kdvfs.runtime.controller.timing.pace import Pace
+from kdvfs.runtime.controller.timing.step_times import SCALE_STEPS, StepTimes
 
 # Four kernels of 1 ms at auto (pair 0) and 2 ms at pair 1: starts and the step's end.
 CUMULATIVE_S = np.array([[0.0, 0.0], [1e-3, 2e-3], [2e-3, 4e-3], [3e-3, 6e-3], [4e-3, 8e-3]])

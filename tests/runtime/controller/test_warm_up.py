@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from kdvfs.runtime.controller.warm_up import WARM_UPS, WarmUp
+from kdvfs.runtime.controller.decisions.warm_up import WARM_UPS, WarmUp
 
 
 def test_the_lead_is_the_shortest_recent_warm_up_and_every_one_is_reported() -> None:

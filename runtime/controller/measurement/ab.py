@@ -4,7 +4,7 @@ The windows come in blocks: one pair, an A and a B window in a random order (AB 
 block, seeded), then the extra windows of the more frequent arm that make the share of A windows
 ``share``: ``round(1 / share) - 2`` B windows for ``share <= 0.5`` (0.25: ``AB BB`` or ``BA BB``), or
 ``round(1 / (1 - share)) - 2`` A windows above it. Only the pair's two windows, adjacent in time, are
-compared (:mod:`kdvfs.runtime.controller.estimator`): the drift between them is one window's worth, and
+compared (:mod:`kdvfs.runtime.controller.measurement.estimator`): the drift between them is one window's worth, and
 its sign is random, so it averages out. ``share == 0``: every window is B and nothing is measured.
 """
 

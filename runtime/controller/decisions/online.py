@@ -7,28 +7,23 @@ each controlled step it wakes at decision points, builds the policy's observatio
 something can change (counted per reason in the summary's ``wakes``):
 
 * ``policy``: the policy's standing order has held for ``decision_fraction`` of the step (as in training);
-  with ``online_lookahead`` N, after each evaluation the policy is run ahead over its next N evaluations on
-  the model's expected timeline (:meth:`~kdvfs.agents.learned.online.OnlinePolicy.look_ahead`, after the
-  request is out), and the order holds until the first of them at which it would change (counted in the
-  summary's ``lookahead_skips``): fewer wakes, each of which takes the interpreter lock from the training
-  thread (on the H200's HF Trainer that did not lower the overhead: ``docs/controller.md``);
 * ``change``: the GPU reaches the kernel where the standing order's proposal can next differ (a plan's next
   change, where a request made then lands in time: the plan advice says where);
 * ``arrival``: a pending change is due to take effect (and, for a lock, is read until it has);
 * ``issue``: a held change's request is due (below);
 * ``poll``: orders whose proposal depends on the budget spent (the fitting plan, window advisors) are
-  re-read every environment decision interval, at least ``online_interval_ms``.
+  re-read every environment decision interval, at least ``OnlineConfig.interval_ms``.
 
 * **progress**: the last anchor the GPU has passed in this step (:meth:`StepTimeline.passed_anchor`, a
   non-blocking event query) stands for its kernel (the learned anchor map); the kernel now is the one
   running that long after it, never one before the last decision's (a new anchor can put the GPU a little
   behind the extrapolation; going back would flip the advisors' proposals). Without one (no anchor map yet,
   a compiled model, CPU test mode) the step's start is the reference. Host time from either to a kernel is
-  at the step's pace between anchors once learned (:mod:`kdvfs.runtime.controller.pace`: of the steps at
+  at the step's pace between anchors once learned (:mod:`kdvfs.runtime.controller.timing.pace`: of the steps at
   auto, or in a dry run of the controlled ones; each stretch scaled to the clocks running), else the
-  model's time at the clocks running stretched by the auto scale (:mod:`~kdvfs.runtime.controller.step_times`);
+  model's time at the clocks running stretched by the auto scale (:mod:`~kdvfs.runtime.controller.timing.step_times`);
   a request's kernel and instant are found the same way. Counted per source.
-* **clocks in effect**: after a lock request, a clock read (NVML, ~1-5 us on an H200) shows when the locked
+* **clocks in effect**: after a lock request, a clock read (NVML) shows when the locked
   core and memory clocks are reached; the change then took effect and its latency over the mean is the
   observation's ``last_latency_ratio``. Auto cannot be seen in a read (the firmware moves its clock) and a
   dry run changes nothing: there the change counts as in effect one mean latency after the request
@@ -37,10 +32,11 @@ something can change (counted per reason in the summary's ``wakes``):
   the last matched auto steps' measured over model time: the A windows' and those before control), so
   a GPU that drifts as a whole is drift, not budget. Within the step, budget used is the time so far minus
   the auto time of the kernels passed. Over the run, the A/B estimator's measured slowdown sets the
-  policy's budget for the next steps (:mod:`~kdvfs.runtime.controller.budget_feedback`: over at least
-  ``MIN_FEEDBACK_PAIRS`` pairs; clipped to [0, 2 x budget]): ``budget + FEEDBACK_GAIN x (target - (mean
-  + se))`` while the measured mean plus one standard error is under the target, ``budget + FEEDBACK_GAIN x
-  (target - (mean - se))`` while the mean less one standard error is over it, the budget itself in between.
+  policy's budget for the next steps (:mod:`~kdvfs.runtime.controller.measurement.budget_feedback`: over at least
+  ``MIN_FEEDBACK_PAIRS`` pairs; clipped to [0, 2 x budget]): ``budget + FEEDBACK_GAIN x (job_budget - (mean
+  + se))`` while the measured mean plus one standard error is under the job's budget, ``budget + FEEDBACK_GAIN
+  x (job_budget - (mean - se))`` while the mean less one standard error is over it, the budget itself in
+  between.
   So part of the budget a fixed plan leaves unused (its pairs are discrete) is spent by alternating between
   the plans either side of it, a run shown over budget gets a tighter one, and a few noisy pairs early in a
   run do not send it to the zero-budget plan. A dry run measures no effect of its own: there the budget stays
@@ -50,15 +46,16 @@ A decision takes time (its wall time, ``decision_us`` in the summary), and it is
 out: a request lands one latency after it leaves, so its change is planned for the kernel after the one
 running one latency after the decision was made, not after the decision point (none is requested that would
 land after the step's last kernel started: the hand-over comes next). Its request goes out one latency (plus
-``issue_early_ms``) before that kernel's expected start, as a replayed plan's does, so that the change reaches
-the GPU where the model (the policy's environment, the fake GPU) puts it, not inside the kernel before, and
+``TimingConfig.issue_early_ms``) before that kernel's expected start, as a replayed plan's does, so that the
+change reaches the GPU where the model (the policy's environment, the fake GPU) puts it, not inside the kernel
+before, and
 its instant is planned from the latest anchor: at once if that is within ``HOLD_MIN_S`` of the decision, else
 the change is *held* until then. A held change is pending from its decision on (the observation's pending age
 counts from the decision, as the environment's does; its arrival from its request), and no other is requested
 meanwhile; at the ``issue`` wake its kernel is re-placed from the latest anchor (the next one that a request
 now still reaches, if the GPU is ahead; dropped if none in the step), and one whose request would go out after
-the hand-over's is dropped. A step's first pair is requested one latency (plus ``issue_early_ms``) before the
-step is expected to end, at the end of the previous step's decisions (the policy's first decision of the next
+the hand-over's is dropped. A step's first pair is requested one latency (plus ``TimingConfig.issue_early_ms``)
+before the step is expected to end, at the end of the previous step's decisions (the policy's first decision of the next
 step, on the step budget of that moment). The step's last decision point is two decisions' time before that
 (the 90th percentile of the last ``BUDGET_DECISIONS`` decision points' durations, or the last one's if longer,
 each), so that it and the next step's first decision are made by then; the first controlled step's first pair
@@ -74,25 +71,23 @@ import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable
-from typing import Any, NamedTuple, Protocol
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from kdvfs.agents.learned.live_decision import NO_REQUEST
 from kdvfs.agents.learned.online import OnlineDecision, OnlinePolicy
 from kdvfs.envs.env.live import LiveState
-from kdvfs.runtime.controller.actuator import EventLog
-from kdvfs.runtime.controller.anchoring import AnchorMap
-from kdvfs.runtime.controller.budget_feedback import step_budget
-from kdvfs.runtime.controller.decider import DeciderProcess
-from kdvfs.runtime.controller.decision_records import DecisionRecords, quantiles
-from kdvfs.runtime.controller.estimator import Interval
-from kdvfs.runtime.controller.gpu_timeline import StepEnd, StepTimeline
-from kdvfs.runtime.controller.live_clocks import LiveClocks
-from kdvfs.runtime.controller.pace import Pace
-from kdvfs.runtime.controller.step_times import PassedAnchor, StepTimes
-from kdvfs.runtime.controller.warm_up import WarmUp
-from kdvfs.runtime.device.host_time import Clock
+from kdvfs.runtime.controller.decisions.decision_records import DecisionRecords, quantiles
+from kdvfs.runtime.controller.decisions.live_clocks import LiveClocks
+from kdvfs.runtime.controller.decisions.sources import ThreadContext
+from kdvfs.runtime.controller.decisions.warm_up import WarmUp
+from kdvfs.runtime.controller.measurement.budget_feedback import fed_back_budget
+from kdvfs.runtime.controller.measurement.estimator import Interval
+from kdvfs.runtime.controller.timing.anchors import Anchors
+from kdvfs.runtime.controller.timing.gpu_timeline import StepEnd
+from kdvfs.runtime.controller.timing.step_times import PassedAnchor, StepTimes
 
 MIN_GAP_S = 20e-6
 """Least time between decision points (s): a thread late for a change does not spin."""
@@ -110,54 +105,64 @@ class HeldChange(NamedTuple):
     kernel: int
 
 
-class Decider(Protocol):
-    """What decides: an :class:`OnlinePolicy` on this thread, or the same in a child process
-    (:class:`~kdvfs.runtime.controller.decider.DeciderProcess`)."""
+@dataclass(frozen=True)
+class OnlineSettings:
+    """How the online policy runs through the steps.
 
-    def begin(self, budget: float) -> int: ...
+    Attributes:
+        expected_s: the expected step time on the plan's timeline (s; scaled by the issuer's ``scale``).
+        budget: the step's budget (fraction of auto's step time; a torchrun rank's includes its slack), which
+            the feedback moves.
+        job_budget: the run's (the job's) budget, to which the measured slowdown is held.
+        dry_run: no clock changes: no feedback, and kernel times are auto's.
+        interval_s: time between decision points where a standing order's proposal depends on the budget
+            (host s).
+        early_s: requests go out this much earlier than a latency ahead (s; the thread wakes late).
+        warm_up: rehearse each decision right before each decision point the thread slept to
+            (:mod:`kdvfs.runtime.controller.decisions.warm_up`).
+        sleep_lead_in: the issuer sleeps through each controlled step's lead-in
+            (:mod:`kdvfs.runtime.controller.decisions.issuer`).
+    """
 
-    def decide(self, state: LiveState, now_s: float) -> OnlineDecision: ...
-
-    def look_ahead(self, evaluations: int) -> tuple[float, int]: ...
+    expected_s: float
+    budget: float
+    job_budget: float
+    dry_run: bool
+    interval_s: float
+    early_s: float
+    warm_up: bool = True
+    sleep_lead_in: bool = True
 
 
 class OnlineSteps:
-    """Decides through each controlled step (see the module docstring); run on the controller's thread.
+    """Decides through each controlled step (see the module docstring); run on the controller's thread. A
+    :class:`~kdvfs.runtime.controller.decisions.sources.StepSource`.
 
     Args:
         online: the policy and its environment for the expected step.
         clocks: what is in effect.
-        timeline: where the anchors are asked for.
-        anchor_map: which kernel each anchor stands for; pace: the step's pace between anchors.
-        clock: host clock; log: the event log.
-        budget: the step's slowdown budget (fraction; a torchrun rank's includes its slack) the feedback moves;
-            target: the run's (the job's) budget the measured slowdown is held to; dry_run: no feedback.
-        interval_s: time between decision points where a standing order's proposal depends on the budget
-            (host s).
-        early_s: requests go out this much earlier than a latency ahead (the thread wakes late).
-        decider: where ``online``'s decisions are made (default: ``online`` itself, on this thread).
-        lookahead: the policy's evaluations run ahead after each evaluation (0: none; see the module docstring).
-        warm_up: on this thread, a rehearsal of the decision right before each decision point the thread slept
-            to (:mod:`kdvfs.runtime.controller.warm_up`; None: none; a child decider has its own lead).
+        anchors: the step's anchor map (which kernel each anchor stands for) and pace between anchors.
+        context: the thread's timeline (where the anchors are asked for), host clock and event log.
+        settings: budgets, timing and options (:class:`OnlineSettings`).
     """
 
-    def __init__(self, online: OnlinePolicy, clocks: LiveClocks, timeline: StepTimeline, anchor_map: AnchorMap,
-                 pace: Pace, clock: Clock, log: EventLog, budget: float, target: float, dry_run: bool,
-                 interval_s: float, early_s: float, decider: Decider | None = None, lookahead: int = 0,
-                 warm_up: WarmUp | None = None) -> None:
-        self.online, self.clocks, self.timeline, self.anchor_map = online, clocks, timeline, anchor_map
-        self.decider: Decider = online if decider is None else decider
-        self.clock, self.log, self.budget, self.target, self.dry_run = clock, log, budget, target, dry_run
-        self.interval_s, self.early_s, self.lookahead, self.warm_up = interval_s, early_s, lookahead, warm_up
-        self.step_budget = budget
+    def __init__(self, online: OnlinePolicy, clocks: LiveClocks, anchors: Anchors, context: ThreadContext,
+                 settings: OnlineSettings) -> None:
+        self.online, self.clocks, self.settings = online, clocks, settings
+        self.timeline, self.clock, self.log = context.timeline, context.clock, context.log
+        self.anchor_map = anchors.map
+        self.dry_run, self.interval_s, self.early_s = settings.dry_run, settings.interval_s, settings.early_s
+        self.warm_up = WarmUp() if settings.warm_up else None
+        self.budget = settings.budget
+        """The policy's budget for the next steps (fraction): the settings' moved by the feedback."""
         self.next_request_s = math.inf
-        self.decisions = self.advisor_reads = self.requests = self.lookahead_skips = 0
+        self.decisions = self.advisor_reads = self.requests = 0
         self.progress: Counter[str] = Counter()
         self.wakes: Counter[str] = Counter()
         self.wall_us: list[float] = []
         self.policy_wall_us: list[float] = []
         self.cpu_us: list[float] = []
-        self.times = StepTimes(online.cumulative_s, online.auto_time_s, anchor_map, pace)
+        self.times = StepTimes(online.cumulative_s, online.auto_time_s, anchors.map, anchors.pace)
         self._decision_s: deque[float] = deque(maxlen=BUDGET_DECISIONS)
         self._kernel = 1
         self._held: HeldChange | None = None
@@ -165,29 +170,37 @@ class OnlineSteps:
         self._kernels = len(self.online.cumulative_s) - 1
         self._records = DecisionRecords(self.online.labels)
 
+    @property
+    def sleeps_lead_in(self) -> bool:
+        """Whether the issuer sleeps through each controlled step's lead-in (``settings.sleep_lead_in``)."""
+        return self.settings.sleep_lead_in
+
     def observe(self, end: StepEnd, matched: bool, controlled: bool) -> None:
         """Learn from a finished step (:meth:`StepTimes.observe`)."""
         self.times.observe(end, matched, controlled)
 
     def feedback(self, measured: Interval | None) -> None:
-        """Set the next steps' budget from the run's measured slowdown (:func:`step_budget`; a dry run measures
-        no effect of its own: the run's budget)."""
-        self.step_budget = self.budget if self.dry_run else step_budget(self.budget, self.target, measured)
+        """Set the next steps' budget from the run's measured slowdown (:func:`fed_back_budget`; a dry run
+        measures no effect of its own: the settings' budget)."""
+        settings = self.settings
+        self.budget = settings.budget if self.dry_run else fed_back_budget(settings.budget, settings.job_budget,
+                                                                           measured)
 
-    def run(self, step: int, start_s: float, step_s: float, first: bool, stop: threading.Event,
+    def run(self, step: int, start_s: float, scale: float, first: bool, stop: threading.Event,
             lead_in: Callable[[], None] | None = None) -> None:
-        """Decide through step ``step``, which started at host time ``start_s`` and is expected to last
-        ``step_s``; hands over (requests step ``step + 1``'s first pair) a latency before its expected end.
-        ``first``: the first controlled step after others, whose first pair is requested at once; ``lead_in``:
-        called before the step's first decision (the issuer's sleep through the lead-in)."""
+        """Decide through step ``step``, which started at host time ``start_s`` and is expected to last ``scale``
+        times the expected step time; hands over (requests step ``step + 1``'s first pair) a latency before its
+        expected end. ``first``: the first controlled step after others, whose first pair is requested at once;
+        ``lead_in``: called before the step's first decision (the issuer's sleep through the lead-in)."""
+        step_s = scale * self.settings.expected_s
         self._drop_held()
         if self._begun != step:
-            first_pair = self.decider.begin(self.step_budget)
+            first_pair = self.online.begin(self.budget)
             if first:
                 self._request(first_pair, step, 0, start_s, start_s)
         if lead_in is not None:
             lead_in()
-        latency_s, budget_s = self.clocks.latency_s, self._decision_budget_s()
+        latency_s, decision_time_s = self.clocks.latency_s, self._decision_time_s()
         anchor = (-1, start_s, 0)
         self._kernel = 1
         while True:
@@ -197,20 +210,19 @@ class OnlineSteps:
             hand_over_s = end_s - latency_s - self.early_s
             # A decision then, then the next step's first: both by then (at least as long as the last one took:
             # the first controlled step has no percentile yet).
-            last_s = hand_over_s - 2 * (max(budget_s, self._decision_s[-1]) if self._decision_s else budget_s)
+            last_s = hand_over_s - 2 * (max(decision_time_s, self._decision_s[-1]) if self._decision_s
+                                        else decision_time_s)
             if now_s >= last_s:
                 break
             wake_s = max(self._decide(step, start_s, now_s, anchor), now_s + MIN_GAP_S)
             self.next_request_s = min(wake_s, last_s)
-            if isinstance(self.decider, DeciderProcess):  # it wakes ahead of the request, to decide on a warm core
-                self.decider.expect(self.next_request_s - self.clock.now_s())
-            elif wake_s < last_s and not self._warm_before(start_s, anchor, stop):  # a decision point is next
+            if wake_s < last_s and not self._warm_before(start_s, anchor, stop):  # a decision point is next
                 return
             if not self.clock.sleep_until(self.next_request_s, stop):
                 return
         self._begun = step + 1
         self.next_request_s = hand_over_s
-        first_pair = self.decider.begin(self.step_budget)
+        first_pair = self.online.begin(self.budget)
         if not (self._release_before(anchor, hand_over_s, stop) and self.clock.sleep_until(hand_over_s, stop)):
             return
         self.next_request_s = math.inf
@@ -231,7 +243,7 @@ class OnlineSteps:
         self.warm_up.run(lambda: self.online.warm(self._live_state(start_s, self.clock.now_s(), anchor)))
         return True
 
-    def _decision_budget_s(self) -> float:
+    def _decision_time_s(self) -> float:
         """How long a decision takes (host s, the controller's clock): the 90th percentile of the last
         ``BUDGET_DECISIONS`` decision points' (0 before any)."""
         return float(np.percentile(self._decision_s, 90)) if self._decision_s else 0.0
@@ -245,7 +257,7 @@ class OnlineSteps:
         running = self._running
         state = self._live_state(start_s, now_s, anchor)
         kernel = self._kernel = state.kernel
-        decision = self.decider.decide(state, state.elapsed_s)
+        decision = self.online.decide(state, state.elapsed_s)
         decided_s = self.clock.now_s()
         self._decision_s.append(decided_s - now_s)
         if decision.pair not in (NO_REQUEST, self.clocks.in_effect) and self.clocks.free:
@@ -253,9 +265,6 @@ class OnlineSteps:
             if landing < self._kernels:  # else it lands after the step: the hand-over is next
                 self._place(HeldChange(decision.pair, step, landing), anchor, decided_s)
         wall_us = (time.perf_counter() - began) * 1e6  # the decision and its request, if any, are out
-        if decision.evaluated and self.lookahead:
-            due_s, skipped = self.decider.look_ahead(self.lookahead)
-            decision, self.lookahead_skips = decision._replace(policy_due_s=due_s), self.lookahead_skips + skipped
         wake_s, reason = self._next_wake(decision, start_s, now_s, anchor, running)
         self.wakes[reason] += 1
         self.wall_us.append((time.perf_counter() - began) * 1e6)
@@ -265,7 +274,7 @@ class OnlineSteps:
             self.policy_wall_us.append(wall_us)
             self.log.append_line(self._records.line(
                 step, kernel, "anchor" if anchor[0] >= 0 else "expected", self.clocks.in_effect,
-                None if self.clocks.free else self.clocks.pending, 100 * self.step_budget, decision.budget_used,
+                None if self.clocks.free else self.clocks.pending, 100 * self.budget, decision.budget_used,
                 decision.affordable_pct, decision.action, None if decision.pair == NO_REQUEST else decision.pair,
                 wall_us, reason))
         else:
@@ -370,26 +379,22 @@ class OnlineSteps:
         self.requests += 1
         return True
 
-    def _decider_figures(self) -> dict[str, Any]:
-        """The decider process's time per decision and its polling for them (us; total ms), None on this
-        thread."""
-        if not isinstance(self.decider, DeciderProcess):
-            return {"decider_us": None, "decider_spin_us": None, "decider_spin_ms": None}
-        return {"decider_us": quantiles(self.decider.compute_us), "decider_spin_us": quantiles(self.decider.spin_us),
-                "decider_spin_ms": 1e-3 * sum(self.decider.spin_us)}
-
     def _warm_up_figures(self) -> dict[str, Any]:
         """The thread's warm-ups (us; total ms), None without them."""
         return {"warm_us": None, "warm_ms": None} if self.warm_up is None else self.warm_up.figures()
 
+    def summary(self) -> dict[str, Any]:
+        """For the summary: ``online_decisions`` (the policy's evaluations) and ``online`` (:meth:`figures`)."""
+        return {"online_decisions": self.decisions, "online": self.figures()}
+
     def figures(self) -> dict[str, Any]:
-        """For the summary (see ``docs/controller.md``)."""
+        """The decisions' counts, wakes, progress sources and times (us; totals in ms), the budget the policy
+        was given last (``step_budget_pct``) and the decision interval (ms)."""
         return {"decisions": self.decisions, "advisor_reads": self.advisor_reads, "requests": self.requests,
-                "lookahead": self.lookahead, "lookahead_skips": self.lookahead_skips,
                 "progress": dict(self.progress), "took_effect": dict(self.clocks.took_effect),
                 "decision_us": quantiles(self.policy_wall_us), "decision_point_us": quantiles(self.wall_us),
                 "decision_point_cpu_us": quantiles(self.cpu_us), "cpu_ms": 1e-3 * sum(self.cpu_us),
-                **self._decider_figures(), **self._warm_up_figures(),
+                **self._warm_up_figures(),
                 "wakes": dict(self.wakes),
-                "step_budget_pct": 100 * self.step_budget, "interval_ms": 1e3 * self.interval_s}
+                "step_budget_pct": 100 * self.budget, "interval_ms": 1e3 * self.interval_s}
 

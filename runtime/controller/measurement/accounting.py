@@ -1,8 +1,8 @@
 """Windows of steps at auto ("A") and under the policy ("B"), their seconds and joules per step, and the
-paired estimate of the saving and slowdown (:mod:`kdvfs.runtime.controller.estimator`).
+paired estimate of the saving and slowdown (:mod:`kdvfs.runtime.controller.measurement.estimator`).
 
 Matching steps are grouped into windows of at least ``window_steps`` steps and ``window_s`` seconds; the
-arm of each window comes from :class:`~kdvfs.runtime.controller.ab.AbSchedule`, and the controller's
+arm of each window comes from :class:`~kdvfs.runtime.controller.measurement.ab.AbSchedule`, and the controller's
 thread runs the window's steps at auto or under the policy accordingly (:attr:`Accounting.next_controlled`).
 
 * **Seconds per step**: the mean GPU step time (CUDA events) of the window's steps.
@@ -33,10 +33,10 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from kdvfs.runtime.controller.ab import AUTO, CONTROLLED, AbSchedule, Slot
-from kdvfs.runtime.controller.actuator import EventLog
 from kdvfs.runtime.controller.config import ControllerConfig
-from kdvfs.runtime.controller.estimator import Interval, Paired, measured, net
+from kdvfs.runtime.controller.event_log import EventLog
+from kdvfs.runtime.controller.measurement.ab import AUTO, CONTROLLED, AbSchedule, Slot
+from kdvfs.runtime.controller.measurement.estimator import Interval, Paired, measured, net
 from kdvfs.runtime.device.energy import EnergyTrace, Meter
 from kdvfs.runtime.device.errors import DeviceError
 from kdvfs.runtime.device.host_time import Clock
@@ -73,12 +73,12 @@ class Accounting:
     def __init__(self, meter: Meter | None, clock: Clock, config: ControllerConfig, settle_steps: int,
                  log: EventLog, next_request_s: Callable[[], float] = lambda: math.inf) -> None:
         self.windows: list[Window] = []
-        self.schedule = AbSchedule(config.ab_share, config.ab_seed)
+        self.schedule = AbSchedule(config.measurement.ab_share, config.measurement.ab_seed)
         self.slot: Slot = self.schedule.next()
         self.saved, self.slowdown = Paired(), Paired()
         self._config, self._clock, self._settle_steps, self._log = config, clock, settle_steps, log
-        self._trace = None if meter is None else EnergyTrace(meter.energy_j, clock.now_s, config.energy_poll_s,
-                                                             next_request_s)
+        self._trace = None if meter is None else EnergyTrace(meter.energy_j, clock.now_s,
+                                                             config.measurement.energy_poll_s, next_request_s)
         self._writer: Any = None
         if config.tensorboard:
             from torch.utils.tensorboard import SummaryWriter
@@ -121,7 +121,7 @@ class Accounting:
 
     def _restart(self, edge_s: float) -> None:
         self._durations, self._open_s = [], edge_s
-        if self._trace is not None and self._config.energy_poll_s == 0:
+        if self._trace is not None and self._config.measurement.energy_poll_s == 0:
             try:
                 self._trace.read()
             except DeviceError as error:
@@ -146,8 +146,9 @@ class Accounting:
         if not self._durations:
             self._first_step = index
         self._durations.append(duration_s)
-        long_enough = (self.window_elapsed_s(end_s) if elapsed_s is None else elapsed_s) >= self._config.window_s
-        if len(self._durations) < self._config.window_steps or not long_enough:
+        windows = self._config.measurement
+        long_enough = (self.window_elapsed_s(end_s) if elapsed_s is None else elapsed_s) >= windows.window_s
+        if len(self._durations) < windows.window_steps or not long_enough:
             return None
         return self._close(index, end_s)
 

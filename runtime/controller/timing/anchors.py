@@ -1,21 +1,21 @@
-"""Re-anchoring a step's clock requests on anchors inside the step (:mod:`kdvfs.runtime.controller.anchors`).
+"""Re-anchoring a step's clock requests on anchors inside the step (:mod:`kdvfs.runtime.controller.training.hooks`).
 
 Learning (:class:`AnchorMap`). For each finished matching step that ran on the plan's timeline (every
 matching step in a dry run, the controlled ones otherwise), the anchors' offsets from the step's start,
 scaled by the step's expected over measured time, are positions on the plan's timeline. Once the last
 ``LEARN_STEPS`` such steps had the same number of anchors, each in order, every anchor's position is the
 median of its positions, and it stands for the start of the kernel the trace's structure gives it
-(:mod:`kdvfs.runtime.controller.anchor_structure`: the i-th hooked block's first kernel in its phase), else,
+(:mod:`kdvfs.runtime.controller.timing.anchors`: the i-th hooked block's first kernel in its phase), else,
 where the structure does not fit the anchors seen, for the kernel whose expected start is nearest. A step
 with another number of anchors drops the map at once and starts learning again; a step whose anchors are out
 of order or outside the step is ignored.
 
-Placing (:class:`Anchoring`). A request due at ``due`` (on the window's timeline, stretched by ``scale``) must
+Placing (:class:`Anchors`). A request due at ``due`` (on the window's timeline, stretched by ``scale``) must
 be issued at ``offset = due - latency``. It waits for the latest anchor whose position is at least ``margin``
 before ``offset`` (the thread wakes a little after the GPU passed the anchor and still has to issue one
 latency ahead) and puts the change at the anchor's host time plus the time from the anchor's kernel to the
 change; the request goes out one latency before that. Times from the step's start or an anchor are at the
-step's pace (:mod:`kdvfs.runtime.controller.pace`) once it is learned, else the planned ones stretched by
+step's pace (:mod:`kdvfs.runtime.controller.timing.pace`) once it is learned, else the planned ones stretched by
 ``scale``. It keeps the step-level instants (the step's start plus the times to the change and its request)
 when no anchor is learned that early, when the anchor was not recorded by the request's step-level issue time,
 when it is earlier than an anchor already used in the window, or when it lies further than ``tolerance`` of
@@ -35,12 +35,84 @@ from typing import Any
 import numpy as np
 
 from kdvfs.envs.model.cost_model import Array
-from kdvfs.runtime.controller.gpu_timeline import StepEnd, StepTimeline
-from kdvfs.runtime.controller.pace import Pace, host_offsets_s
-from kdvfs.runtime.controller.timeline import Request, StepPlan
+from kdvfs.envs.trace.trace import Phase, Trace
+from kdvfs.runtime.controller.decisions.timeline import Request, StepPlan
+from kdvfs.runtime.controller.timing.gpu_timeline import StepEnd, StepTimeline
+from kdvfs.runtime.controller.timing.pace import Pace, host_offsets_s
 from kdvfs.runtime.device.host_time import Clock
 
 LEARN_STEPS = 5
+
+
+def periodic_starts(names: Sequence[str], repetitions: int) -> list[int] | None:
+    """Where each of ``repetitions`` back-to-back repetitions of one pattern starts in ``names``: for the shortest
+    period whose longest periodic stretch (``names[i] == names[i + period]`` throughout) holds exactly that many
+    whole repetitions and covers at least half of ``names``; None if no period does. The stretch may begin a
+    few kernels before the true first repetition where the kernels before it end like the pattern does."""
+    count = len(names)
+    if repetitions < 1:
+        return None
+    for period in range(1, count // repetitions + 1):
+        best_start, best_length, length = 0, 0, 0
+        for i in range(count - period):
+            length = length + 1 if names[i] == names[i + period] else 0
+            if length > best_length:
+                best_start, best_length = i - length + 1, length
+        covered = best_length + period
+        if covered // period == repetitions and 2 * covered >= count:
+            return [best_start + r * period for r in range(repetitions)]
+    return None
+
+
+class TraceStructure:
+    """The anchors' kernels from ``trace``'s structure (see the module docstring).
+
+    Args:
+        trace: the captured step.
+        every: the hooks' ``anchor_every`` (every N-th block carries them).
+        blocks: the number of top-level blocks the hooks found (0 until the model's first forward).
+    """
+
+    def __init__(self, trace: Trace, every: int, blocks: Callable[[], int]) -> None:
+        self._names = [kernel.name for kernel in trace.kernels]
+        self._phases = [kernel.phase for kernel in trace.kernels]
+        self.every, self._blocks = every, blocks
+        self._found: dict[tuple[int, int], tuple[int, ...] | None] = {}
+        """:meth:`kernels` by (blocks, anchors): the anchor map asks at every step it learns from, on the
+        controller's thread, and the search is ~10^5 name comparisons (ms, holding the interpreter lock)."""
+
+    def _starts(self, phase: Phase, blocks: int) -> list[int] | None:
+        """Each block's first kernel in ``phase`` (kernel indices, in the order the phase runs them)."""
+        indices = [i for i, kernel_phase in enumerate(self._phases) if kernel_phase == phase]
+        starts = periodic_starts([self._names[i] for i in indices], blocks)
+        return None if starts is None else [indices[start] for start in starts]
+
+    def kernels(self, anchors: int) -> tuple[int, ...] | None:
+        """The kernel each of a step's ``anchors`` anchors stands for, or None where the structure does not give
+        that many: the hooked blocks' forward anchors, then (with twice as many anchors) their backward ones,
+        then (with one more) the optimizer's."""
+        blocks = self._blocks()
+        if (blocks, anchors) not in self._found:
+            self._found[blocks, anchors] = self._kernels(blocks, anchors)
+        return self._found[blocks, anchors]
+
+    def _kernels(self, blocks: int, anchors: int) -> tuple[int, ...] | None:
+        hooked = list(range(0, blocks, self.every))
+        k = len(hooked)
+        if not k or anchors not in (k, k + 1, 2 * k, 2 * k + 1) or (k == 1 and anchors == 2):  # 2: ambiguous
+            return None
+        forward = self._starts(Phase.FORWARD, blocks)
+        if forward is None:
+            return None
+        found = [forward[b] for b in hooked]
+        if anchors >= 2 * k:
+            backward = self._starts(Phase.BACKWARD, blocks)  # block B - 1's backward runs first
+            if backward is None:
+                return None
+            found += [backward[blocks - 1 - b] for b in reversed(hooked)]
+        if anchors in (k + 1, 2 * k + 1):
+            found += [i for i, phase in enumerate(self._phases) if phase == Phase.OPTIMIZER][:1]
+        return tuple(found) if len(found) == anchors else None
 
 
 @dataclass(frozen=True)
@@ -133,7 +205,7 @@ class Placement:
                 "woke_s": self.woke_s}
 
 
-class Anchoring:
+class Anchors:
     """Learns the anchor map and places each window's requests (see the module docstring).
 
     Args:
@@ -145,7 +217,7 @@ class Anchoring:
         tolerance: largest distance of an anchor from its step-level instant, as a fraction of the step time.
         learn_auto: learn the map from steps in auto mode too (a dry run, whose plan timeline is the auto one).
         pace_from_auto: learn the pace from the steps in auto mode instead of the controlled ones (online
-            decisions that set clocks: :mod:`kdvfs.runtime.controller.pace`).
+            decisions that set clocks: :mod:`kdvfs.runtime.controller.timing.pace`).
         structure: the anchors' kernels from the trace's structure (:class:`AnchorMap`).
     """
 

@@ -5,7 +5,7 @@ windows are the same steps in the same arms and pairs; only their joules differ.
 
 * per A/B pair, joules per step summed over the ranks (``1 - sum J_B / sum J_A``), seconds per step the
   slowest rank's (``max s_B / max s_A - 1``), with the same paired t-interval as one GPU's
-  (:mod:`kdvfs.runtime.controller.estimator`); a pair counts when every rank measured its energy;
+  (:mod:`kdvfs.runtime.controller.measurement.estimator`); a pair counts when every rank measured its energy;
 * joules per step (all windows, auto, controlled) summed over the ranks, step time the slowest rank's;
 * steps and controlled steps the fewest of any rank, clock requests summed, back-offs and mismatches the
   most of any rank, ``gpu_restored`` only when every rank's GPU is, the first rank's error;
@@ -19,8 +19,8 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from kdvfs.runtime.controller.ab import AUTO
-from kdvfs.runtime.controller.estimator import Paired, measured, net
+from kdvfs.runtime.controller.measurement.ab import AUTO
+from kdvfs.runtime.controller.measurement.estimator import Paired, measured, net
 
 RANK_FIELDS = ("rank", "gpu_index", "steps", "controlled_steps", "switches", "mismatches", "step_time_s",
                "energy_j_per_step", "energy_j_per_step_auto", "energy_j_per_step_controlled", "measured",

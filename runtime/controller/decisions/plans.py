@@ -138,5 +138,5 @@ def load_plan(config: ControllerConfig, device_name: str) -> Plan:
     trace = open_trace(config.trace)
     problem = Problem.build(trace, profile, rank_budget(trace, config.budget), latency_s)
     if document is None:
-        return _policy_plan(path, problem, config.online)
+        return _policy_plan(path, problem, config.online.enabled)
     return Plan(problem, _plan_schedule(path, document, problem), f"plan {path.name} ({document.get('method')})")

@@ -18,7 +18,7 @@ its time at the clocks it was measured at), and a time inside it is placed in pr
 number of anchors start the learning again; steps whose anchors are out of order or outside the step are
 ignored.
 
-Which steps it learns from is the controller's choice (:class:`~kdvfs.runtime.controller.anchoring.Anchoring`):
+Which steps it learns from is the controller's choice (:class:`~kdvfs.runtime.controller.timing.anchors.Anchors`):
 those that ran the timeline it is used on. A replayed plan's pace is learned from the controlled steps (they
 ran the plan); so is a dry run's (every step runs auto clocks, and the controlled ones carry the
 controller's own work, which lengthens a host-bound lead-in: 1.68x its captured time in the HF b32 run above

@@ -1,4 +1,5 @@
-"""The process ``kdvfs run`` runs the user's script in: ``python -m kdvfs.runtime.controller.boot CONFIG SCRIPT ARGS``.
+"""The process ``kdvfs run`` runs the user's script in:
+``python -m kdvfs.runtime.controller.training.boot CONFIG SCRIPT ARGS``.
 
 It opens the :class:`~kdvfs.runtime.controller.controller.Controller` described by CONFIG (every check happens
 here, before the script starts; a failed one is exit code 2 with the clocks untouched), registers a global

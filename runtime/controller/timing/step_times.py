@@ -1,6 +1,6 @@
 """Where a step's kernels fall in host time (:class:`StepTimes`): the model's timeline of the expected step,
 placed from the latest anchor the GPU passed and stretched to the run (see
-:mod:`kdvfs.runtime.controller.online`, "progress").
+:mod:`kdvfs.runtime.controller.decisions.online`, "progress").
 
 A passed anchor (:data:`PassedAnchor`) is ``(index, host s, kernel)``: the anchor's index in the anchor map
 (-1: none passed yet, the step's start stands for it), when the GPU passed it and the kernel it stands for."""
@@ -13,9 +13,9 @@ from collections import deque
 import numpy as np
 
 from kdvfs.agents.learned.online import kernel_at
-from kdvfs.runtime.controller.anchoring import AnchorMap
-from kdvfs.runtime.controller.gpu_timeline import StepEnd
-from kdvfs.runtime.controller.pace import Pace, host_offsets_s
+from kdvfs.runtime.controller.timing.anchors import AnchorMap
+from kdvfs.runtime.controller.timing.gpu_timeline import StepEnd
+from kdvfs.runtime.controller.timing.pace import Pace, host_offsets_s
 
 SCALE_STEPS = 5
 """Matched steps at auto whose median sets the auto scale."""

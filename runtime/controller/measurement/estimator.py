@@ -1,7 +1,7 @@
 """The paired estimate of what control does: energy saved and slowdown (%) with 95% intervals.
 
 Each pair is one window at auto ("A") and the adjacent window under the policy ("B"), in a random order
-(:mod:`kdvfs.runtime.controller.ab`). Its differences ``1 - J_B / J_A`` (joules per step) and
+(:mod:`kdvfs.runtime.controller.measurement.ab`). Its differences ``1 - J_B / J_A`` (joules per step) and
 ``s_B / s_A - 1`` (seconds per step) are nearly free of the GPU's drift, which moves both windows alike;
 over the pairs the estimate is their mean with a Student-t interval, ``mean +- t(0.975, n - 1) * sd / sqrt(n)``.
 

@@ -3,7 +3,7 @@
 The command is split and checked like ``kdvfs capture``'s (:func:`kdvfs.runtime.child.split_command`)
 and runs in a child process of the user's Python with this kdvfs first on ``PYTHONPATH`` (under torchrun:
 every worker runs the bootstrap; the ranks' reports make one job summary with per-rank rows,
-:mod:`kdvfs.runtime.controller.job_summary`). While it runs,
+:mod:`kdvfs.runtime.controller.measurement.job_summary`). While it runs,
 SIGTERM is forwarded to it and SIGINT is left to it (a terminal's Ctrl-C reaches the whole process group;
 the child restores the clocks and ends), so that the parent lives to report.
 """
@@ -23,7 +23,7 @@ from typing import Any
 from kdvfs.envs.common.errors import KdvfsError
 from kdvfs.runtime.child import child_environment, split_command
 from kdvfs.runtime.controller.config import ControllerConfig
-from kdvfs.runtime.controller.job_summary import job_summary
+from kdvfs.runtime.controller.measurement.job_summary import job_summary
 from kdvfs.runtime.job import rank_documents
 
 
@@ -56,7 +56,7 @@ def run_controlled(command: Sequence[str], config: ControllerConfig, script_stdo
         folder = Path(name)
         child = replace(config, report_path=str(folder / "report.json"))
         child.save(folder / "run.json")
-        argv = user.boot_argv("kdvfs.runtime.controller.boot", folder / "run.json")
+        argv = user.boot_argv("kdvfs.runtime.controller.training.boot", folder / "run.json")
         process = subprocess.Popen(argv, env=child_environment(config.cpu_test_mode), stdout=script_stdout)
         with _forwarding_signals(process):
             code = process.wait()

@@ -6,7 +6,7 @@ scaled by the cost model's ratio to its auto time. In a dry run the GPU stays in
 the auto one. The change instants follow :func:`kdvfs.envs.model.schedule.request_times` (aimed at the start of
 the idle gap before the kernel that needs the new clocks, a switching latency apart at least). At run time the
 whole timeline is stretched by ``scale`` (measured over expected step time; the controller then places each
-change at the step's pace between its anchors once learned: :mod:`kdvfs.runtime.controller.pace`) and requests
+change at the step's pace between its anchors once learned: :mod:`kdvfs.runtime.controller.timing.pace`) and requests
 go out one latency before each change is due; a request due earlier than one latency after the step's start is
 issued during the previous step.
 """

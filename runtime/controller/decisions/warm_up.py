@@ -30,7 +30,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from kdvfs.runtime.controller.decision_records import quantiles
+from kdvfs.runtime.controller.decisions.decision_records import quantiles
 
 WARM_UPS = 64
 """Warm-ups whose durations set the lead."""

@@ -1,6 +1,6 @@
 """What is in effect on the GPU while the online policy decides (:class:`LiveClocks`): the clocks requested,
 a change pending, when it was decided and when requested, and when it took effect (see
-:mod:`kdvfs.runtime.controller.online`, "clocks in effect")."""
+:mod:`kdvfs.runtime.controller.decisions.online`, "clocks in effect")."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from kdvfs.agents.learned.live_decision import NO_REQUEST
 from kdvfs.agents.learned.online import OnlinePolicy
-from kdvfs.runtime.controller.actuator import Actuator, parse_clocks
+from kdvfs.runtime.controller.decisions.actuator import Actuator, parse_clocks
 from kdvfs.runtime.device.interface import Device
 
 CORE_MATCH_MHZ = 15.0
