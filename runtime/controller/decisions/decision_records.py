@@ -2,9 +2,8 @@
 controller's thread holding the interpreter lock that a launch-bound training loop waits for.
 
 :class:`DecisionRecords` writes each ``{"event": "decision", ...}`` line with one f-string whose parts are
-known ahead (the clock labels and names JSON-encoded once) instead of building a dict and encoding it: on the
-benchmark machine a record's share of the controller thread's CPU fell from 8.5 to 1.9 us per policy run
-(``benchmarks/controller_thread_cpu.py``; ``docs/controller.md``, "A cold core"). The line is exactly
+known ahead (the clock labels and names JSON-encoded once) instead of building a dict and encoding it, which
+takes the controller's thread several times longer. The line is exactly
 ``json.dumps`` of :meth:`DecisionRecords.record` (tested); a record with a non-finite float is encoded by
 ``json.dumps`` itself. :func:`quantiles` gives the median and p99 the summary reports of their times.
 """

@@ -1,18 +1,19 @@
-"""Schedule sources: what the controller applies to each matching step.
+"""The plan or policy file: the step's problem and the schedule it implies.
 
-Given the expected step (a kdvfs trace) and the GPU profile, a source produces the step's
-:class:`~kdvfs.envs.model.schedule.Schedule`, one clock action per kernel:
+Given the expected step (a kdvfs trace) and the GPU profile, :func:`load_plan` reads the file the controller
+was given and produces the step's :class:`~kdvfs.envs.model.schedule.Schedule`, one clock action per kernel:
 
 * a plan file written by ``kdvfs plan -o plan.json`` (format ``kdvfs-schedule`` version 1: segments of
   consecutive kernels with their clocks), checked against the profile and the trace's kernel count;
 * a frozen policy (``.kdvfs-policy.npz``, :mod:`kdvfs.agents.learned.frozen`), rolled over the trace by
   :class:`kdvfs.agents.learned.policy_planner.PolicyPlanner` (which checks that it was trained for the profile).
 
-A plan's schedule is computed once and replayed every step. A policy's noise-free rollout is the
-expected step (its timeline, the prediction) and, with ``online`` off (``--replay``), replayed the same
-way; with ``online`` on, the plan also carries the policy for the controller to run inside each step
-(:class:`kdvfs.agents.learned.online.OnlinePolicy`).
-"""
+A plan's schedule is computed once and replayed every step. A policy's noise-free rollout is the expected
+step (its timeline, the prediction) and, with ``OnlineConfig.enabled`` off (``--replay``), replayed the same
+way; with it on, the :class:`Plan` also carries the policy (:class:`kdvfs.agents.learned.online.OnlinePolicy`),
+and the controller runs it inside each step instead
+(:class:`~kdvfs.runtime.controller.decisions.online.OnlineSteps`, one of the step sources of
+:mod:`kdvfs.runtime.controller.decisions.sources`)."""
 
 from __future__ import annotations
 

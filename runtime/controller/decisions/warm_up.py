@@ -1,26 +1,15 @@
-"""A throwaway decision right before each decision point on the controller's thread (``online_warm_up``).
+"""A throwaway decision right before each decision point on the controller's thread (``OnlineConfig.warm_up``).
 
-Between decision points (~6 ms apart) the controller's thread sleeps, and a core that slept runs the next
-decision on cold code and data: numba's dispatch of the call, its compiled code and the interpreter's path to
-it. On this repository's CI-like host, with 64 MB written and 6 ms slept before each call, the shipped H200
-policy's decision (``OnlinePolicy.decide``) took 62.1 us median; after reading its tables and the policy's
-layers 63.7 us; right after a throwaway decision 17.0 us (``benchmarks/results/decision_cold.md``). So what
-is cold is its code and the dispatch path, not its arrays. On the H200 host a slept decision took 42-92 us
-(``benchmarks/results/decision_cold_h200_*.md``).
-
-An earlier warm lead on the thread (0208103, removed in 3f32a8c) ran the throwaway decision 0.2 ms before the
-point and then slept again until it; on the H200 it cut GPT-3 XL's median from 77 to 59 us and HF Trainer's
-not at all. Here the thread wakes :meth:`WarmUp.lead_s` before the point and rehearses its decision: the live
-state at that moment (the same code as the point's, from the last anchor the loop saw) and a throwaway
-decision at it (:meth:`~kdvfs.agents.learned.online.OnlinePolicy.warm`, the same calls as a decision; its
-result is dropped and no later decision changes); then it goes on to the decision without sleeping in between.
-(Up to f20765a the warm-up was only the throwaway decision, at the last decision's state: on the H200 the
-decision after it still took 50-53 us median. Rehearsing the whole point took it to 30-34 us, against 63-70
-without a warm-up: ``benchmarks/results/controller_online_*_rehearsal_h200.md``.) The lead is the shortest of the last
-``WARM_UPS`` warm-ups, so the decision point is early (and the thread sleeps the rest, cooling the core again)
-only after a warm-up shorter than all of those, and late by the warm-up's spread above it (tens of us). A
-decision's wall time (``decision_us``) then runs from after its warm-up; the warm-ups' own time is ``warm_us``
-(and ``warm_ms``, in all), and their CPU is in the thread's.
+Between decision points the controller's thread sleeps, and a core that slept runs the next decision on cold
+code: numba's dispatch of the call, its compiled code and the interpreter's path to it (its arrays stay warm).
+So the thread wakes :meth:`WarmUp.lead_s` before the point and rehearses its decision: the live state at that
+moment (the same code as the point's, from the last anchor the loop saw) and a throwaway decision at it
+(:meth:`~kdvfs.agents.learned.online.OnlinePolicy.warm`, the same calls as a decision; its result is dropped
+and no later decision changes); then it goes on to the decision without sleeping in between, on a warm core
+(``docs/results.md``). The lead is the shortest of the last ``WARM_UPS`` warm-ups, so the decision point is
+early (and the thread sleeps the rest, cooling the core again) only after a warm-up shorter than all of those,
+and late by the warm-up's spread above it. A decision's wall time (``decision_us``) then runs from after its
+warm-up; the warm-ups' own time is ``warm_us`` (and ``warm_ms``, in all), and their CPU is in the thread's.
 """
 
 from __future__ import annotations

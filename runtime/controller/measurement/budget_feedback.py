@@ -12,7 +12,7 @@ MIN_FEEDBACK_PAIRS = 3
 FEEDBACK_GAIN = 2.0
 """Budget points the policy's budget moves per point of measured slowdown under (over) the job's budget: at
 higher gains the loop oscillates between no budget and twice the budget, at lower ones it does not leave the
-budget's plan (tuned on the fake GPU: ``benchmarks/online_fake_gpu.py``)."""
+budget's plan (tuned on the fake GPU; ``docs/results.md``)."""
 
 
 def fed_back_budget(budget: float, job_budget: float, measured: Interval | None) -> float:

@@ -1,11 +1,22 @@
-"""Re-anchoring a step's clock requests on anchors inside the step (:mod:`kdvfs.runtime.controller.training.hooks`).
+"""The anchors: CUDA events recorded inside each training step (by the hooks of
+:mod:`kdvfs.runtime.controller.training.hooks`), which the controller places its clock requests on.
+
+Structure (:class:`TraceStructure`). The hooks sit at the top-level blocks: one before each hooked block's
+forward, one where each hooked block's backward starts (in reverse order), one before the optimizer step. A
+transformer's (or a ResNet stage's) blocks launch the same kernels, so in the captured trace each phase holds
+one pattern of kernel names repeated once per block. :func:`periodic_starts` finds where each repetition
+starts; the i-th anchor of a step then stands for the i-th hooked block's first kernel in its phase (the
+optimizer's: the first optimizer kernel). Mapping anchors by time instead (their live offsets from the step's
+start against the captured kernel starts, :func:`nearest_kernels`) picks the wrong block when the live step's
+idle gaps lie elsewhere than the capture's by about a block's time; where the structure does not fit the
+anchors seen (another count, no repeated pattern covering half a phase), the time mapping stays.
 
 Learning (:class:`AnchorMap`). For each finished matching step that ran on the plan's timeline (every
 matching step in a dry run, the controlled ones otherwise), the anchors' offsets from the step's start,
 scaled by the step's expected over measured time, are positions on the plan's timeline. Once the last
 ``LEARN_STEPS`` such steps had the same number of anchors, each in order, every anchor's position is the
 median of its positions, and it stands for the start of the kernel the trace's structure gives it
-(:mod:`kdvfs.runtime.controller.timing.anchors`: the i-th hooked block's first kernel in its phase), else,
+(:class:`TraceStructure`: the i-th hooked block's first kernel in its phase), else,
 where the structure does not fit the anchors seen, for the kernel whose expected start is nearest. A step
 with another number of anchors drops the map at once and starts learning again; a step whose anchors are out
 of order or outside the step is ignored.
@@ -15,8 +26,8 @@ be issued at ``offset = due - latency``. It waits for the latest anchor whose po
 before ``offset`` (the thread wakes a little after the GPU passed the anchor and still has to issue one
 latency ahead) and puts the change at the anchor's host time plus the time from the anchor's kernel to the
 change; the request goes out one latency before that. Times from the step's start or an anchor are at the
-step's pace (:mod:`kdvfs.runtime.controller.timing.pace`) once it is learned, else the planned ones stretched by
-``scale``. It keeps the step-level instants (the step's start plus the times to the change and its request)
+step's pace (:mod:`kdvfs.runtime.controller.timing.pace`) once it is learned, else the planned ones
+stretched by ``scale``. It keeps the step-level instants (the step's start plus the times to the change and its request)
 when no anchor is learned that early, when the anchor was not recorded by the request's step-level issue time,
 when it is earlier than an anchor already used in the window, or when it lies further than ``tolerance`` of
 the step time from where the step-level timeline expects it. (The order is checked among anchors only: the
@@ -79,7 +90,8 @@ class TraceStructure:
         self.every, self._blocks = every, blocks
         self._found: dict[tuple[int, int], tuple[int, ...] | None] = {}
         """:meth:`kernels` by (blocks, anchors): the anchor map asks at every step it learns from, on the
-        controller's thread, and the search is ~10^5 name comparisons (ms, holding the interpreter lock)."""
+        controller's thread, and the search is a long one on the controller's thread, holding the interpreter
+        lock."""
 
     def _starts(self, phase: Phase, blocks: int) -> list[int] | None:
         """Each block's first kernel in ``phase`` (kernel indices, in the order the phase runs them)."""

@@ -66,9 +66,7 @@ _STREAMS: dict[tuple[int, int, int], Any] = {}
 
 def current_stream() -> Any:
     """``torch.cuda.current_stream()`` (the calling thread's), its Python object made once per stream: a new
-    one at every call costs most of an anchor (on an H200 host ``current_stream()`` takes 7.3 us of the
-    10.4 us ``Event.record()`` takes, and ``Event.record(current_stream())`` 4.4 us;
-    ``benchmarks/results/controller_costs.md``). Threads may race to make a stream's first object: one is
+    one at every call costs most of an anchor's CPU. Threads may race to make a stream's first object: one is
     kept, and either records on the same stream."""
     import torch
 
@@ -84,9 +82,8 @@ def current_stream() -> Any:
 def wait_for(event: Any) -> None:
     """Return once the GPU has passed ``event``: asked every ``POLL_S`` (``Event.query``: no sync, the interpreter
     lock held for microseconds), sleeping in between. Not ``Event.synchronize``: a thread blocked in it on a
-    blocking-sync event slowed a Hugging Face Trainer GPT-2 step on an H200 host by +2.45% [+0.98, +3.92]
-    (the step timeline alone, nothing else of the controller), and waiting this way by -0.16% [-1.66, +1.34]
-    (``benchmarks/results/controller_online_hf_probe_h200.md``); a spinning sync costs a core."""
+    blocking-sync event slows a launch-bound training step (``docs/results.md``); a spinning sync costs a
+    core."""
     while not event.query():
         time.sleep(POLL_S)
 
@@ -103,12 +100,9 @@ class CudaStepTimeline:
 
     :meth:`mark` is called on the training thread, :meth:`anchor` on the training thread or autograd's,
     :meth:`wait` and :meth:`anchor_s` on the controller's thread, which polls the events (:func:`wait_for`): it
-    neither spins a core (a thread spinning in ``cudaEventSynchronize`` through each step used 1.4-2.1 s of
-    CPU per 3.5 s window on an H200 host, and a launch-bound GPT-2 small ran up to 12% slower then) nor
-    blocks in the driver.
-    Anchor events are recorded again once their step is done (a pool), so no CUDA event is created and
-    destroyed per anchor (HF Trainer GPT-2 on an H200: 1.7-1.9 ms of hook CPU per step before, 1.3-1.6 ms
-    after, in separate runs).
+    neither spins a core (which slows a launch-bound training loop) nor blocks in the driver. Anchor events
+    are recorded again once their step is done (a pool), so no CUDA event is created and destroyed per anchor
+    on the training thread.
     """
 
     def __init__(self, clock: Clock) -> None:

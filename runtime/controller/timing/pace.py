@@ -1,13 +1,9 @@
 """The step's pace: how long each stretch between its anchors takes live, learned from the last steps.
 
-A step does not run longer evenly. On an H200 host, in a dry run of a Hugging Face ``Trainer`` GPT-2 step
-(batch 32), the stretches between anchors ran at 0.98-1.01x their captured time (medians over 17 steps), the
-step's start to its first anchor (host-bound) at 1.02-2.52x (median 1.67), its last anchor to its end at
-1.22-1.46x (``benchmarks/results/controller_online_hf_b32_pace2_h200.md``). Stretched evenly by the step's
-scale, the kernels up to 90 ms after the last forward anchor (the LM head, its loss and their backward) were
-placed up to 2.4 ms early and those of the step's first milliseconds 2 ms late: placed kernel starts 3.50 ms
-off at the p99, switch instants 3.52 ms (``controller_online_hf_b32_structure2_h200.md``); at the pace, 1.83
-and 1.96 ms.
+A step does not run longer evenly: the stretches between anchors inside the step keep close to their captured
+time while the host-bound lead-in (the step's start to its first anchor) and the stretch after the last anchor
+vary far more. Stretched evenly by the step's scale, kernels would be placed early in one part of the step and
+late in another; placed at the pace, each stretch keeps its own live length (``docs/results.md``).
 
 :class:`Pace` keeps, for the last ``PACE_STEPS`` steps of those it learns from with the same number of
 anchors, each segment's live duration: the step's start to its first anchor, anchor to anchor, its last
@@ -20,12 +16,10 @@ ignored.
 
 Which steps it learns from is the controller's choice (:class:`~kdvfs.runtime.controller.timing.anchors.Anchors`):
 those that ran the timeline it is used on. A replayed plan's pace is learned from the controlled steps (they
-ran the plan); so is a dry run's (every step runs auto clocks, and the controlled ones carry the
-controller's own work, which lengthens a host-bound lead-in: 1.68x its captured time in the HF b32 run above
-against 1.07x at auto). Online decisions that set clocks use the pace of the steps at auto (the A windows'),
-on the model's auto timeline, stretched per segment to the clocks running: the controlled steps ran the
-policy's changing clocks, which no one timeline describes (learned from those instead, the fake B200 GPT-2
-small runs switched 201 times a run against 128: ``benchmarks/results/online_fake_gpu_pace_controlled.md``).
+ran the plan); so is a dry run's (every step runs auto clocks, and the controlled ones carry the controller's
+own work, which lengthens a host-bound lead-in). Online decisions that set clocks use the pace of the steps at
+auto (the A windows'), on the model's auto timeline, stretched per segment to the clocks running: the
+controlled steps ran the policy's changing clocks, which no one timeline describes.
 """
 
 from __future__ import annotations

@@ -7,9 +7,8 @@ through ``record`` (:meth:`CudaStepTimeline.anchor`), a timestamp event on the c
 * before each top-level block's forward (a forward pre-hook on the block),
 * when the gradient of each block's output is ready, i.e. where the block's backward starts (a pre-hook on
   the output's ``grad_fn``, registered by a forward hook; only when the output has one: it requires grad and
-  is not a leaf). Not ``Tensor.register_hook``, which adds the same pre-hook through a Python wrapper and
-  takes 18.5 us a call on an H200 host (``benchmarks/results/controller_costs.md``), once per block and step;
-  ``controller_costs.py`` times both.
+  is not a leaf). Not ``Tensor.register_hook``, which adds the same pre-hook through a Python wrapper that
+  costs the training thread more CPU per block and step.
 * before each optimizer step (the global ``torch.optim`` pre-step hook): where the backward ends.
 
 With ``every`` N > 1 only every N-th block (the first, the N+1-th, ...) carries the two hooks.

@@ -21,7 +21,7 @@ from kdvfs.agents.common.problem import rank_slack_s
 from kdvfs.envs.common.paths import REPO_ROOT
 from kdvfs.envs.trace.format import load_trace
 from kdvfs.envs.trace.trace import Category, noncommunication_s
-from tests.runtime.controller.test_run_end_to_end import KDVFS, NVML, PERMISSION_SHIM, _wait
+from tests.runtime.controller.training.test_run_end_to_end import KDVFS, NVML, PERMISSION_SHIM, _wait
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone"]
 GPT_DDP = [str(REPO_ROOT / "examples" / "gpt.py"), "--size", "tiny", "--device", "cpu", "--ddp"]
