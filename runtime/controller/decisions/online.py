@@ -379,10 +379,6 @@ class OnlineSteps:
         self.requests += 1
         return True
 
-    def _warm_up_figures(self) -> dict[str, Any]:
-        """The thread's warm-ups (us; total ms), None without them."""
-        return {"warm_us": None, "warm_ms": None} if self.warm_up is None else self.warm_up.figures()
-
     def summary(self) -> dict[str, Any]:
         """For the summary: ``online_decisions`` (the policy's evaluations) and ``online`` (:meth:`figures`)."""
         return {"online_decisions": self.decisions, "online": self.figures()}
@@ -394,7 +390,7 @@ class OnlineSteps:
                 "progress": dict(self.progress), "took_effect": dict(self.clocks.took_effect),
                 "decision_us": quantiles(self.policy_wall_us), "decision_point_us": quantiles(self.wall_us),
                 "decision_point_cpu_us": quantiles(self.cpu_us), "cpu_ms": 1e-3 * sum(self.cpu_us),
-                **self._warm_up_figures(),
+                **({"warm_us": None, "warm_ms": None} if self.warm_up is None else self.warm_up.figures()),
                 "wakes": dict(self.wakes),
                 "step_budget_pct": 100 * self.budget, "interval_ms": 1e3 * self.interval_s}
 
