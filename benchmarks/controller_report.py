@@ -15,7 +15,7 @@ from controller_markdown import markdown
 from controller_timing import timing_figures
 from provenance import RESULTS, write_results
 
-from kdvfs.runtime.controller.estimator import Paired
+from kdvfs.runtime.controller.measurement.estimator import Paired
 
 TARGETS = {"overhead": 0.01, "median_ms": 0.5, "p99_ms": 2.0}
 LONG_STEP = 1.5
@@ -69,7 +69,7 @@ def pair_detail(first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]
 
 def mean_interval(values: list[float]) -> tuple[float, float]:
     """The 95% t interval of the mean of ``values``, as the controller's A/B estimator computes it
-    (:class:`~kdvfs.runtime.controller.estimator.Paired`); unbounded for one value."""
+    (:class:`~kdvfs.runtime.controller.measurement.estimator.Paired`); unbounded for one value."""
     paired = Paired()
     for value in values:
         paired.add(value)

@@ -19,9 +19,9 @@ from kdvfs.envs.trace.bundled import open_trace
 from kdvfs.envs.trace.importing import read_recording
 from kdvfs.runtime.capture.cpu_emulation import emulate_gpu_recording
 from kdvfs.runtime.controller.config import ControllerConfig
-from kdvfs.runtime.controller.pace import host_offsets_s
-from kdvfs.runtime.controller.source import load_plan
-from kdvfs.runtime.controller.timeline import StepPlan
+from kdvfs.runtime.controller.decisions.plans import load_plan
+from kdvfs.runtime.controller.decisions.timeline import StepPlan
+from kdvfs.runtime.controller.timing.pace import host_offsets_s
 
 
 def sequence_starts(names: list[str], step_names: list[str]) -> list[int]:
@@ -81,8 +81,8 @@ def anchored_starts_s(plan: StepPlan, log: list[dict[str, Any]], step: dict[str,
                       scale: float, pace_s: list[float] | None = None) -> np.ndarray:
     """Every kernel's start in ``step`` (its log record) as the controller would place a change due at it: on
     the latest anchor of the map in effect that precedes it by the latency and margin (``runtime/controller/
-    anchoring.py``; its live checks of order and distance are not repeated), else from the step's start; times
-    from either at the step's pace logged by the step before (``pace_s``; ``runtime/controller/pace.py``), else
+    timing/anchors.py``; its live checks of order and distance are not repeated), else from the step's start; times
+    from either at the step's pace logged by the step before (``pace_s``; ``runtime/controller/timing/pace.py``), else
     on the timeline stretched by ``scale``."""
     start = next(r for r in log if r["event"] == "start")
     maps = [r for r in log if r["event"] == "anchor_map" and r["step"] < step["step"]]
@@ -127,7 +127,7 @@ def pace_figures(log: list[dict[str, Any]], plan: StepPlan) -> dict[str, Any]:
     """Each stretch of the step between its start, its anchors (where the last anchor map puts them) and its end:
     live over planned time, in every matched step with those anchors (median, least, most; the first stretch's
     median also over the controlled steps and those at auto apart), with the steps' scale (measured over
-    expected step time) for comparison; ``runtime/controller/pace.py`` learns the same."""
+    expected step time) for comparison; ``runtime/controller/timing/pace.py`` learns the same."""
     maps = [r for r in log if r["event"] == "anchor_map"]
     if not maps:
         return {"steps": 0}

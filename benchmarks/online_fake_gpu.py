@@ -11,7 +11,7 @@ drift model's +2.1% over 120 s and per-step jitter), with the default controller
 1% budget:
 
 * ``online``: the shipped policy deciding inside every step on what it measures
-  (:mod:`kdvfs.runtime.controller.online`);
+  (:mod:`kdvfs.runtime.controller.decisions.online`);
 * ``replayed``: the same policy's noise-free rollout replayed as a fixed schedule (``online=False``), compared
   seed by seed with ``online``;
 * ``latency-optimal``: the latency-aware optimum at 1% (``kdvfs plan --method latency-optimal``).
@@ -47,7 +47,7 @@ from kdvfs.envs.trace.bundled import open_trace
 from kdvfs.envs.trace.format import save_trace
 from kdvfs.runtime.cli.plan_cmd import schedule_json
 from kdvfs.runtime.controller import Controller
-from kdvfs.runtime.controller.estimator import Paired
+from kdvfs.runtime.controller.measurement.estimator import Paired
 from kdvfs.runtime.testing.ab_truth import true_effect
 from kdvfs.runtime.testing.fake_gpu import FakeGpu, FakeStepTimeline, VirtualClock
 

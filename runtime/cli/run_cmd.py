@@ -98,12 +98,12 @@ def summary_table(summary: dict[str, Any]) -> Table:
 
 def run_command(args: argparse.Namespace) -> int:
     from kdvfs.runtime.controller.config import ControllerConfig
-    from kdvfs.runtime.controller.launch import run_controlled
+    from kdvfs.runtime.controller.training.launch import run_controlled
 
     check_output_file(args.log, [args.policy, args.trace])
     check_output_folder(args.tensorboard)
-    config = ControllerConfig(
-        policy=args.policy, trace=args.trace, gpu=args.gpu, budget=args.budget, dry_run=args.dry_run,
+    config = ControllerConfig.from_options(
+        args.policy, args.trace, gpu=args.gpu, budget=args.budget, dry_run=args.dry_run,
         gpu_index=args.gpu_index, nvml_module=args.nvml_module, latency_ms=args.latency_ms,
         log=str(args.log) if args.log else None, tensorboard=str(args.tensorboard) if args.tensorboard else None,
         cpu_test_mode=args.cpu_test_mode, ab_share=args.ab_share, window_s=args.ab_window_s, online=not args.replay)

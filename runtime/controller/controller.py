@@ -8,19 +8,20 @@
             controller.step()
     print(controller.summary)
 
-On entry it opens the GPU (NVML, or the device it is given), computes the step's schedule once from the
-source (:mod:`kdvfs.runtime.controller.source`), checks that the profile is this GPU's, that every clock of the
-schedule is supported and, unless ``dry_run``, that this process may lock clocks; then it starts the
-watchdog process (not in a dry run) and its background thread (:mod:`kdvfs.runtime.controller.issuer`).
-Under torchrun each rank's controller opens its own GPU (CUDA device ``LOCAL_RANK``), its own trace and
-plan where they exist (:meth:`ControllerConfig.for_rank`) and its own watchdog, and joins the job's gloo
-group (:class:`kdvfs.runtime.job.JobGroup`) through which the steps are reduced for the accounting and guard. A check
-that fails raises before any clock changed. ``step()`` records a CUDA event and reads the caching
-allocator's counter (a few microseconds, no GPU sync); with ``anchors`` (the default) hooks record CUDA events
-inside the step too (:mod:`kdvfs.runtime.controller.anchors`), on which the thread places the step's requests. On
-exit, on an exception, on SIGINT (as
-KeyboardInterrupt) and SIGTERM (as SystemExit) it stops the thread, returns the clocks to the GPU, stops
-the watchdog and builds :attr:`summary`.
+On entry it opens the GPU (NVML, or the device it is given), computes the step's schedule once from the plan
+or policy file (:mod:`kdvfs.runtime.controller.decisions.plans`), checks that the profile is this GPU's, that
+every clock of the schedule is supported and, unless ``dry_run``, that this process may lock clocks; then it
+starts the watchdog process (not in a dry run) and its background thread
+(:mod:`kdvfs.runtime.controller.decisions.issuer`), which runs the step source
+(:mod:`kdvfs.runtime.controller.decisions.sources`: the schedule replayed, or the online policy) through the
+controlled steps. Under torchrun each rank's controller opens its own GPU (CUDA device ``LOCAL_RANK``), its
+own trace and plan where they exist (:meth:`ControllerConfig.for_rank`) and its own watchdog, and joins the
+job's gloo group (:class:`kdvfs.runtime.job.JobGroup`) through which the steps are reduced for the accounting
+and guard. A check that fails raises before any clock changed. ``step()`` records a CUDA event and reads the
+caching allocator's counter (no GPU sync); with ``anchors`` (the default) hooks record CUDA events inside the
+step too (:mod:`kdvfs.runtime.controller.training.hooks`), on which the thread places the step's requests. On
+exit, on an exception, on SIGINT (as KeyboardInterrupt) and SIGTERM (as SystemExit) it stops the thread,
+returns the clocks to the GPU, stops the watchdog and builds :attr:`summary`.
 """
 
 from __future__ import annotations
@@ -35,31 +36,28 @@ import threading
 import types
 from collections.abc import Iterator
 from dataclasses import asdict, replace
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kdvfs.agents.common.problem import score
-from kdvfs.runtime.controller.accounting import Accounting
-from kdvfs.runtime.controller.actuator import Actuator, EventLog, parse_clocks
-from kdvfs.runtime.controller.anchor_structure import TraceStructure
-from kdvfs.runtime.controller.anchoring import Anchoring
-from kdvfs.runtime.controller.anchors import AnchorHooks
 from kdvfs.runtime.controller.config import ControllerConfig
-from kdvfs.runtime.controller.gpu_timeline import CudaStepTimeline, HostStepTimeline, StepTimeline
-from kdvfs.runtime.controller.issuer import Issuer
-from kdvfs.runtime.controller.matching import Guard, StepMatcher
-from kdvfs.runtime.controller.source import Plan, is_policy_file, load_plan
-from kdvfs.runtime.controller.timeline import StepPlan
+from kdvfs.runtime.controller.decisions.actuator import Actuator, parse_clocks
+from kdvfs.runtime.controller.decisions.issuer import Issuer, StepJudges
+from kdvfs.runtime.controller.decisions.plans import Plan, load_plan
+from kdvfs.runtime.controller.decisions.sources import ReplayedSchedule, StepSource, ThreadContext
+from kdvfs.runtime.controller.decisions.timeline import StepPlan
+from kdvfs.runtime.controller.event_log import EventLog
+from kdvfs.runtime.controller.measurement.accounting import Accounting
+from kdvfs.runtime.controller.measurement.guard import Guard
+from kdvfs.runtime.controller.timing.anchors import Anchors, TraceStructure
+from kdvfs.runtime.controller.timing.gpu_timeline import CudaStepTimeline, HostStepTimeline, StepTimeline
+from kdvfs.runtime.controller.timing.matching import StepMatcher
+from kdvfs.runtime.controller.training.hooks import AnchorHooks
 from kdvfs.runtime.device.host_time import Clock, RealClock
 from kdvfs.runtime.device.interface import Device, check_clocks_mhz
 from kdvfs.runtime.device.nvml import NvmlDevice, import_nvml, require_clock_permission, terminate_on_sigterm
 from kdvfs.runtime.device.visible import rank_gpu_index
 from kdvfs.runtime.device.watchdog import spawn_watchdog, stop_watchdog
 from kdvfs.runtime.job import JobGroup, Rank
-
-if TYPE_CHECKING:
-    from kdvfs.runtime.controller.decider import DeciderProcess
-    from kdvfs.runtime.controller.online import OnlineSteps
 
 STOP_TIMEOUT_S = 5.0
 RUN_NEEDS = "the clock controller locks GPU clocks"
@@ -71,9 +69,7 @@ def switch_interval(interval_ms: float) -> Iterator[None]:
     """The interpreter's switch interval (``sys.setswitchinterval``) set to ``interval_ms`` inside (0: left as it
     is), and put back on exit unless something else changed it meanwhile. A thread that wants the interpreter
     lock from one that does not let go of it waits this long before the holder is asked to drop it; shorter
-    intervals switch the process's other waiting threads sooner too. Measured once on an H200 host, at 1 ms
-    (``docs/controller.md``): not shown to change the HF Trainer overhead or to bring the decisions' p99
-    within 500 us."""
+    intervals switch the process's other waiting threads sooner too."""
     if interval_ms <= 0:
         yield
         return
@@ -97,7 +93,9 @@ def check_device(plan: Plan, device: Device) -> None:
 
 
 class Controller:
-    """See the module docstring. ``policy`` and ``trace`` and ``options`` make a :class:`ControllerConfig`.
+    """See the module docstring. ``policy``, ``trace`` and ``options`` make a :class:`ControllerConfig`
+    (:meth:`ControllerConfig.from_options`: its fields, and each group's by their flat names, e.g. ``window_s``,
+    ``anchor_every``, ``online``); or pass ``config``.
 
     ``device``, ``timeline`` and ``clock`` replace the GPU (NVML), its CUDA-event timeline and the host clock;
     tests pass a :class:`~kdvfs.runtime.testing.fake_gpu.FakeGpu` with its timeline and virtual clock, explicitly.
@@ -109,7 +107,7 @@ class Controller:
         if config is None:
             if policy is None or trace is None:
                 raise TypeError("Controller needs a policy (or plan) and the expected trace, or a config")
-            config = ControllerConfig(policy=str(policy), trace=str(trace), **options)
+            config = ControllerConfig.from_options(str(policy), str(trace), **options)
         self.config = config
         self.summary: dict[str, Any] | None = None
         self.plan: Plan | None = None
@@ -120,8 +118,7 @@ class Controller:
         self._actuator: Actuator | None = None
         self._accounting: Accounting | None = None
         self._hooks: AnchorHooks | None = None
-        self._decider: DeciderProcess | None = None
-        self._online: OnlineSteps | None = None
+        self._source: StepSource | None = None
         self._watchdog: subprocess.Popen[bytes] | None = None
         self._log = EventLog(None)
         self.rank = Rank.from_environment()
@@ -153,7 +150,6 @@ class Controller:
 
     def _open(self) -> None:
         self.config = self.config.for_rank(self.rank)
-        self._decider = self._start_decider()
         device = self._open_device()
         self._gpu_index = device.index
         config = self.config
@@ -162,11 +158,11 @@ class Controller:
         if not config.dry_run:
             require_clock_permission(needs=RUN_NEEDS, fix=RUN_FIX, allowed=device.has_clock_permission())
         problem = self.plan.problem
-        config.check_window(problem.latency_s)
+        config.measurement.check_window(problem.latency_s)
         self.step_plan = StepPlan.build(problem, self.plan.schedule, config.dry_run)
         if threading.current_thread() is threading.main_thread():
             self._stack.enter_context(terminate_on_sigterm())
-        self._stack.enter_context(switch_interval(config.switch_interval_ms))
+        self._stack.enter_context(switch_interval(config.timing.switch_interval_ms))
         if not config.dry_run and config.watchdog and isinstance(device, NvmlDevice):
             self._watchdog = spawn_watchdog(device.index, config.nvml_module)
             self._stack.callback(self._stop_watchdog)
@@ -179,7 +175,7 @@ class Controller:
                         source=self.plan.source, gpu=problem.profile.name,
                         trace=problem.trace.meta.workload, dry_run=config.dry_run, latency_s=problem.latency_s,
                         expected_s=self.step_plan.expected_s, auto_s=self.step_plan.auto_s,
-                        anchor_margin_s=config.anchor_margin_ms / 1e3 if config.anchors else None,
+                        anchor_margin_s=config.timing.anchor_margin_ms / 1e3 if config.timing.anchors else None,
                         changes=len(self.step_plan.kernels))
         self._start_thread(device)
 
@@ -189,23 +185,19 @@ class Controller:
         self._actuator = Actuator(device, config.dry_run, self.plan.problem.profile.clocks.default_memory_mhz,
                                   self._log, clock)
         self._stack.callback(self._actuator.close)
-        latency_s = self.plan.problem.latency_s
-        settle_steps = 1 + int(latency_s // plan.auto_s)
+        settle_steps = 1 + int(self.plan.problem.latency_s // plan.auto_s)
         self._accounting = Accounting(device, clock, config, settle_steps, self._log, self._next_request_s)
         timeline = self._timeline or (HostStepTimeline(clock) if config.cpu_test_mode else CudaStepTimeline(clock))
-        hooks = (AnchorHooks(timeline.anchor, config.anchor_every)
-                 if config.anchors and isinstance(timeline, CudaStepTimeline) else None)
-        structure = None if hooks is None else TraceStructure(self.plan.problem.trace, hooks.every,
-                                                               lambda: hooks.blocks).kernels
-        anchoring = Anchoring(plan, timeline, clock, latency_s, config.anchor_margin_ms / 1e3 if config.anchors
-                              else float("inf"), config.step_match_tolerance, learn_auto=config.dry_run,
-                              pace_from_auto=self.plan.online is not None and not config.dry_run, structure=structure)
-        self._online = None if self.plan.online is None else self._online_steps(device, timeline, anchoring)
-        self._issuer = Issuer(plan, latency_s, timeline,
-                              StepMatcher(plan.auto_s, config.step_match_tolerance, config.confirm_steps),
-                              Guard(config.budget, config.guard_margin, config.guard_min_pairs, config.guard_retry_s),
-                              self._actuator, self._accounting, clock, self._log, anchoring,
-                              config.issue_early_ms / 1e3, self._job, self._online, config.sleep_lead_in)
+        hooks = (AnchorHooks(timeline.anchor, config.timing.anchor_every)
+                 if config.timing.anchors and isinstance(timeline, CudaStepTimeline) else None)
+        anchors = self._anchors(timeline, hooks)
+        context = ThreadContext(timeline, clock, self._log, self._actuator)
+        self._source = self._step_source(device, anchors, context)
+        judges = StepJudges(StepMatcher(plan.auto_s, config.step_match_tolerance, config.timing.confirm_steps),
+                            Guard(config.budget, config.measurement.guard_margin, config.measurement.guard_min_pairs,
+                                  config.measurement.guard_retry_s),
+                            self._accounting)
+        self._issuer = Issuer(plan, context, anchors, self._source, judges, self._job)
         self._timeline = timeline
         self._issuer.start()
         self._stack.callback(self._stop_thread)
@@ -214,35 +206,37 @@ class Controller:
             self._hooks.install()
             self._stack.callback(self._hooks.remove)
 
-    def _online_steps(self, device: Device, timeline: StepTimeline, anchoring: Anchoring) -> OnlineSteps:
-        """The online policy's decisions inside each controlled step (:mod:`kdvfs.runtime.controller.online`)."""
-        from kdvfs.runtime.controller.live_clocks import LiveClocks
-        from kdvfs.runtime.controller.online import OnlineSteps
-        from kdvfs.runtime.controller.warm_up import WarmUp
+    def _anchors(self, timeline: StepTimeline, hooks: AnchorHooks | None) -> Anchors:
+        """The step's anchors: learned from ``hooks``' events (mapped by the trace's structure where it fits),
+        and where the requests are placed (:mod:`kdvfs.runtime.controller.timing.anchors`)."""
+        config, plan = self.config, self.plan
+        assert plan is not None and self.step_plan is not None
+        structure = None if hooks is None else TraceStructure(plan.problem.trace, hooks.every,
+                                                              lambda: hooks.blocks).kernels
+        return Anchors(self.step_plan, timeline, self._clock, plan.problem.latency_s, config.timing.anchor_margin_s,
+                       config.step_match_tolerance, learn_auto=config.dry_run,
+                       pace_from_auto=plan.online is not None and not config.dry_run, structure=structure)
 
-        assert self.plan is not None and self.plan.online is not None and self._actuator is not None
-        config, problem, online = self.config, self.plan.problem, self.plan.online
-        clocks = LiveClocks(online, self._actuator, device, problem.latency_s, online.latency_std_s, config.dry_run)
-        interval_s = max(online.decision_interval_s, config.online_interval_ms / 1e3)
-        if self._decider is None:
-            online.prepare()
-        else:
-            self._decider.load(online.policy, problem)
-        warm_up = WarmUp() if config.online_warm_up and self._decider is None else None
-        return OnlineSteps(online, clocks, timeline, anchoring.map, anchoring.pace, self._clock, self._log,
-                           problem.slowdown, config.budget, config.dry_run, interval_s, config.issue_early_ms / 1e3,
-                           self._decider, config.online_lookahead, warm_up)
+    def _step_source(self, device: Device, anchors: Anchors, context: ThreadContext) -> StepSource:
+        """What runs through the controlled steps (:mod:`kdvfs.runtime.controller.decisions.sources`): the
+        online policy, where the plan carries one, else the plan's schedule replayed."""
+        plan, config = self.plan, self.config
+        assert plan is not None and self.step_plan is not None
+        if plan.online is None:
+            return ReplayedSchedule(self.step_plan, anchors, context, plan.problem.latency_s,
+                                    config.timing.issue_early_ms / 1e3)
+        from kdvfs.runtime.controller.decisions.live_clocks import LiveClocks
+        from kdvfs.runtime.controller.decisions.online import OnlineSettings, OnlineSteps
 
-    def _start_decider(self) -> DeciderProcess | None:
-        """The online policy's child process (``online_process``), started first: it imports its modules
-        while the plan is built; None for a plan or ``--replay``."""
-        if not (self.config.online and self.config.online_process and is_policy_file(Path(self.config.policy))):
-            return None
-        from kdvfs.runtime.controller.decider import DeciderProcess
-
-        decider = DeciderProcess(self.config.decider_warm_ms / 1e3)
-        self._stack.callback(decider.close)
-        return decider
+        online, problem = plan.online, plan.problem
+        clocks = LiveClocks(online, context.actuator, device, problem.latency_s, online.latency_std_s, config.dry_run)
+        online.prepare()
+        settings = OnlineSettings(
+            expected_s=self.step_plan.expected_s, budget=problem.slowdown, job_budget=config.budget,
+            dry_run=config.dry_run, interval_s=max(online.decision_interval_s, config.online.interval_ms / 1e3),
+            early_s=config.timing.issue_early_ms / 1e3, warm_up=config.online.warm_up,
+            sleep_lead_in=config.online.sleep_lead_in)
+        return OnlineSteps(online, clocks, anchors, context, settings)
 
     def _next_request_s(self) -> float:
         return math.inf if self._issuer is None else self._issuer.next_request_s
@@ -283,7 +277,8 @@ class Controller:
 
     @property
     def windows(self) -> list[dict[str, Any]]:
-        """The run's A/B windows (:class:`~kdvfs.runtime.controller.accounting.Window` fields, ``as_intended``)."""
+        """The run's A/B windows (:class:`~kdvfs.runtime.controller.measurement.accounting.Window` fields and
+        ``as_intended``)."""
         if self._accounting is None:
             return []
         return [{**asdict(w), "as_intended": w.as_intended} for w in self._accounting.windows]
@@ -312,9 +307,8 @@ class Controller:
             "guard_backoffs": issuer.guard.backoffs, "guard_slowdown_pct": None if guard is None else guard.mean_pct,
             "error": None if issuer.error is None else str(issuer.error),
             "restore_error": None if actuator.restore_error is None else str(actuator.restore_error),
-            "anchors": {**issuer.anchoring.figures(), "blocks": None if self._hooks is None else self._hooks.blocks},
-            "online_decisions": None if self._online is None else self._online.decisions,
-            "online": None if self._online is None else self._online.figures(),
+            "anchors": {**issuer.anchors.figures(), "blocks": None if self._hooks is None else self._hooks.blocks},
+            **issuer.source.summary(),
             "lead_in": issuer.lead_in_figures(),
             "controller_cpu_ms": {"thread": 1e3 * issuer.cpu_s, "thread_end_wait": 1e3 * issuer.end_wait_cpu_s,
                                   "thread_issue": 1e3 * issuer.issue_cpu_s, "hooks": 1e3 * self._timeline.hook_s

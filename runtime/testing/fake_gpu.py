@@ -1,6 +1,6 @@
 """A fake GPU for tests: the :class:`~kdvfs.runtime.device.interface.Device` interface simulated by the cost model
 (:class:`FakeGpu`), the virtual clock it runs on (:class:`VirtualClock`) and its step timeline
-(:class:`FakeStepTimeline`, a :class:`~kdvfs.runtime.controller.gpu_timeline.StepTimeline`).
+(:class:`FakeStepTimeline`, a :class:`~kdvfs.runtime.controller.timing.gpu_timeline.StepTimeline`).
 
 It runs training steps of one trace on a virtual clock (no sleeping), kernel by kernel as far as the code
 under test looks: each kernel at the clocks in effect when it starts, priced by the step's
@@ -26,7 +26,7 @@ from kdvfs.envs.gpu.profiles import GpuProfile
 from kdvfs.envs.model.cost_model import Array
 from kdvfs.envs.model.drift import Drift, DriftModel
 from kdvfs.envs.model.schedule import ActionCosts
-from kdvfs.runtime.controller.gpu_timeline import StepEnd
+from kdvfs.runtime.controller.timing.gpu_timeline import StepEnd
 from kdvfs.runtime.device.errors import NvmlPermissionError
 from kdvfs.runtime.device.interface import check_clocks_mhz
 

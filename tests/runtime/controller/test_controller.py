@@ -16,9 +16,9 @@ from kdvfs.envs.common.errors import KdvfsError
 from kdvfs.envs.model.schedule import execute
 from kdvfs.runtime.controller.config import ControllerConfig
 from kdvfs.runtime.controller.controller import switch_interval
-from kdvfs.runtime.controller.matching import StepMatcher
-from kdvfs.runtime.controller.source import load_plan
-from kdvfs.runtime.controller.timeline import StepPlan
+from kdvfs.runtime.controller.decisions.plans import load_plan
+from kdvfs.runtime.controller.decisions.timeline import StepPlan
+from kdvfs.runtime.controller.timing.matching import StepMatcher
 from tests.runtime.controller_helpers import (
     LATENCY_MS,
     TRACE,
@@ -188,24 +188,13 @@ def test_the_switch_interval_is_the_controllers_while_it_runs_and_put_back(plan_
     with switch_interval(0.0):  # the default leaves the interpreter's
         assert sys.getswitchinterval() == before_s
     with pytest.raises(KdvfsError, match="switch interval"):
-        ControllerConfig(policy="p", trace="t", switch_interval_ms=-1.0)
-
-
-@pytest.mark.parametrize("evaluations", [-1, 2.5])
-def test_the_online_lookahead_is_a_whole_number_of_evaluations(evaluations: float) -> None:
-    with pytest.raises(KdvfsError, match="online lookahead"):
-        ControllerConfig(policy="p", trace="t", online_lookahead=evaluations)  # type: ignore[arg-type]
-    assert ControllerConfig(policy="p", trace="t", online_lookahead=8).online_lookahead == 8
+        ControllerConfig.from_options("p", "t", switch_interval_ms=-1.0)
 
 
 @pytest.mark.parametrize("every", [0, -1, 1.5])
 def test_anchors_are_at_every_nth_block_for_a_whole_n_of_at_least_one(every: float) -> None:
     with pytest.raises(KdvfsError, match="anchor_every"):
-        ControllerConfig(policy="p", trace="t", anchor_every=every)  # type: ignore[arg-type]
-    assert ControllerConfig(policy="p", trace="t", anchor_every=2).anchor_every == 2
+        ControllerConfig.from_options("p", "t", anchor_every=every)  # type: ignore[arg-type]
+    assert ControllerConfig.from_options("p", "t", anchor_every=2).timing.anchor_every == 2
 
 
-def test_the_deciders_warm_lead_is_not_negative() -> None:
-    with pytest.raises(KdvfsError, match=r"decider warm lead -0\.5 ms must be >= 0"):
-        ControllerConfig(policy="p", trace="t", decider_warm_ms=-0.5)
-    assert ControllerConfig(policy="p", trace="t", decider_warm_ms=0.0).decider_warm_ms == 0.0

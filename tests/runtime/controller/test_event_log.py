@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from kdvfs.runtime.controller.actuator import EventLog
+from kdvfs.runtime.controller.event_log import EventLog
 
 
 def _events(path: Path) -> list[str]:

@@ -1,0 +1,224 @@
+"""The controller's background thread: follows the GPU step by step and runs the step source in controlled steps.
+
+For every step boundary marked by the training thread it waits until the GPU has finished that step
+(:meth:`StepTimeline.wait`: the step end on the host's time base and the step's GPU time), feeds the step
+to the matcher, the guard and the accounting, and then decides the next step:
+
+* matching, in a B window of the A/B schedule (:mod:`kdvfs.runtime.controller.measurement.accounting`) and the
+  guard not backed off: controlled. The step source (:mod:`kdvfs.runtime.controller.decisions.sources`) runs
+  through it, from the host time the previous step ended, at ``scale`` (the median ratio of measured to
+  expected step time of the last ``SCALE_STEPS`` matching steps): a replayed schedule places its requests on
+  the step's anchors, the online policy decides through the step on what it measures;
+* otherwise (not matching yet, an evaluation pass or new shape, an A window, backed off): the GPU is
+  returned to auto.
+
+Lead-in: with a source that sleeps through it (the online policy's ``sleep_lead_in``), between two controlled
+steps, once the step's pace is learned, the thread sleeps through the next step's lead-in (its start to its
+first anchor, where the training thread's host work before the first block holds up the GPU) before the rest
+of its bookkeeping and the source's first decision (the first controlled step after others: once its first
+pair is requested): to the first anchor's expected time, and then, polling, until the GPU has passed it, at
+most the step match tolerance of the step time longer.
+
+Under torchrun (``job``: :class:`kdvfs.runtime.job.JobGroup`) each step is reduced over the ranks before
+the accounting and the guard see it (:func:`kdvfs.runtime.job.job_step`: the slowest rank's time, matched
+only when every rank matched, the job's window and guard times), so that every rank's windows, A/B arms,
+pairs and guard decisions are the job's and all ranks back off together; each rank's matcher and timeline
+stay its own. Each A/B pair's slowdown goes to the guard and to the source. ``next_request_s`` is the host
+time of the request the thread is sleeping towards (infinite when none): the energy counter's reader does not
+start a read just before it.
+
+Every step (with the pace the next one is placed at, ``pace_s``) and request goes to the event log. When the
+controller stops, the steps already marked are still waited for and counted, but nothing more is requested. An
+error on this thread (e.g. NVML) returns the GPU to auto, ends control for the run and is reported in the
+summary; training continues.
+"""
+
+from __future__ import annotations
+
+import queue
+import statistics
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from kdvfs.runtime.controller.decisions.decision_records import quantiles
+from kdvfs.runtime.controller.decisions.sources import StepSource, ThreadContext
+from kdvfs.runtime.controller.decisions.timeline import StepPlan
+from kdvfs.runtime.controller.measurement.accounting import Accounting
+from kdvfs.runtime.controller.measurement.guard import Guard
+from kdvfs.runtime.controller.timing.anchors import Anchors
+from kdvfs.runtime.controller.timing.gpu_timeline import StepEnd
+from kdvfs.runtime.controller.timing.matching import StepMatcher
+from kdvfs.runtime.job import JobGroup, JobStep, job_step
+
+SCALE_STEPS = 5
+
+
+@dataclass(frozen=True)
+class StepJudges:
+    """What judges each finished step: whether it matches the expected one (``matcher``), its A/B window and
+    pair (``accounting``), and whether control must back off (``guard``)."""
+
+    matcher: StepMatcher
+    guard: Guard
+    accounting: Accounting
+
+
+class Issuer(threading.Thread):
+    """See the module docstring. Feed it with ``queue.put(token)``; ``queue.put(None)`` ends it.
+
+    Args:
+        plan: the step's expected timeline (its expected and auto step times).
+        context: the GPU timeline, host clock, event log and actuator.
+        anchors: the step's anchors (learned from every finished step).
+        source: what runs through each controlled step.
+        judges: the matcher, guard and accounting each finished step goes to.
+        job: the torchrun job the steps are reduced over (None: a single process).
+    """
+
+    def __init__(self, plan: StepPlan, context: ThreadContext, anchors: Anchors, source: StepSource,
+                 judges: StepJudges, job: JobGroup | None = None) -> None:
+        super().__init__(name="kdvfs-controller", daemon=True)
+        self.plan, self.context, self.anchors, self.source, self.job = plan, context, anchors, source, job
+        self.timeline, self.clock, self.log, self.actuator = (context.timeline, context.clock, context.log,
+                                                              context.actuator)
+        self.matcher, self.guard, self.accounting = judges.matcher, judges.guard, judges.accounting
+        self._first_end_s = 0.0
+        self.queue: queue.Queue[Any] = queue.Queue()
+        self.stop_event = threading.Event()
+        self.steps = 0
+        self.controlled_steps = 0
+        self.error: BaseException | None = None
+        self._controlling = False
+        self.cpu_s = 0.0
+        """CPU time of this thread (s), once it stopped."""
+        self.end_wait_cpu_s = self.issue_cpu_s = 0.0
+        """Of it: waiting for the GPU to end each step (:meth:`StepTimeline.wait`), and running the source
+        through the controlled steps (s)."""
+        self._ratios: deque[float] = deque(maxlen=SCALE_STEPS)
+        self.lead_ins = self.lead_ins_missed = 0
+        self.lead_in_late_s: list[float] = []
+        """Lead-ins slept through; of them, those whose first anchor was not recorded by the give-up time, and how
+        late the GPU passed it after its expected time, where it did (s)."""
+
+    @property
+    def next_request_s(self) -> float:
+        """Host time of the next request the thread may make (infinite when none is coming)."""
+        return self.source.next_request_s
+
+    @property
+    def scale(self) -> float:
+        """Measured over expected step time, median of the last matching steps (1 before any)."""
+        return statistics.median(self._ratios) if self._ratios else 1.0
+
+    def run(self) -> None:
+        while True:
+            token = self.queue.get()
+            try:
+                if token is None:
+                    self.cpu_s = time.thread_time()
+                    return
+                if self.error is None:
+                    self._window(token)
+            except Exception as error:  # reported in the summary; the GPU goes back to auto
+                self.error = error
+                self.log.write("error", step=self.steps, message=str(error))
+                self.actuator.close()
+            finally:
+                self.queue.task_done()
+
+    def _judge(self, index: int, end: StepEnd, was_controlled: bool) -> bool:
+        """Feed finished step ``index`` to the matcher, the accounting (over the job) and the guard; whether it
+        matched (on every rank)."""
+        local = self.matcher.observe(end.duration_s, end.signature)
+        if index == 0:
+            self._first_end_s = end.end_s
+        job = job_step(self.job, JobStep(end.duration_s, local, self.accounting.window_elapsed_s(end.end_s),
+                                         end.end_s - self._first_end_s))
+        matched, now_s = job.matched, self._first_end_s + job.since_start_s
+        if index == 0:
+            self.accounting.start(end.end_s)
+        elif job.duration_s is not None:
+            slowdown_pct = self.accounting.step(index, job.duration_s, end.end_s, matched, was_controlled,
+                                                job.window_elapsed_s)
+            if slowdown_pct is not None and self.guard.observe(slowdown_pct, now_s) == Guard.BACK_OFF:
+                self.log.write("backoff", step=index, reason=self.guard.reason)
+            if slowdown_pct is not None:  # a new A/B pair: the run's slowdown moved
+                self.source.feedback(self.accounting.slowdown.interval())
+        if self.guard.tick(now_s) == Guard.RESUME:
+            self.log.write("resume", step=index)
+        return matched
+
+    def _window(self, token: Any) -> None:
+        began_cpu_s = time.thread_time()
+        end = self.timeline.wait(token)
+        self.end_wait_cpu_s += time.thread_time() - began_cpu_s
+        index, was_controlled = self.steps, self._controlling
+        self.steps += 1
+        self.controlled_steps += was_controlled
+        matched = self._judge(index, end, was_controlled)
+        self._controlling = self._decide(end, matched, was_controlled)
+        if self.source.sleeps_lead_in and self._controlling and was_controlled:
+            self._sleep_through_lead_in(index + 1, end)
+        remapped = self.anchors.learn(end, matched, was_controlled)
+        self.source.observe(end, matched, was_controlled)  # after the pace and the map it places on
+        self._log_step(index, end, matched, was_controlled, remapped)
+        if self.stop_event.is_set():
+            return
+        if self._controlling:
+            began_cpu_s = time.thread_time()
+            first = not was_controlled
+            lead_in = ((lambda: self._sleep_through_lead_in(index + 1, end))
+                       if first and self.source.sleeps_lead_in else None)
+            self.source.run(index + 1, end.end_s, self.scale, first, self.stop_event, lead_in)
+            self.issue_cpu_s += time.thread_time() - began_cpu_s
+        else:
+            self.actuator.request(self.actuator.auto, step=index + 1, kernel=0, request_s=end.end_s, due_s=end.end_s)
+
+    def _log_step(self, index: int, end: StepEnd, matched: bool, was_controlled: bool, remapped: bool) -> None:
+        """The step's record (and the anchor map's, when it changed) in the event log."""
+        pace = self.anchors.pace.segments_s
+        self.log.write("step", step=index, end_s=end.end_s, duration_s=end.duration_s, signature=end.signature,
+                       matched=matched, controlled=was_controlled, next_controlled=self._controlling, scale=self.scale,
+                       arm=self.accounting.slot.arm, anchors_s=end.anchors_s,
+                       pace_s=None if pace is None else pace.tolist())
+        if remapped:
+            anchors = self.anchors.map.anchors
+            self.log.write("anchor_map", step=index, kernels=[a.kernel for a in anchors],
+                           positions_s=[a.position_s for a in anchors], mapped_by=self.anchors.map.mapped_by)
+
+    def _sleep_through_lead_in(self, step: int, end: StepEnd) -> None:
+        """Sleep until the GPU is expected at step ``step``'s first anchor, if the pace is learned, then wait until
+        it has passed it (see the module docstring): the rest of the previous step's bookkeeping and the source's
+        decisions wait until then."""
+        segments_s = self.anchors.pace.for_anchors(len(self.anchors.map.anchors))
+        if segments_s is None:
+            return
+        expected_s = end.end_s + float(segments_s[0])
+        if not self.clock.sleep_until(expected_s, self.stop_event):
+            return
+        give_up_s = expected_s + self.anchors.tolerance * self.scale * self.plan.expected_s
+        passed_s = self.timeline.anchor_s(step, 0, give_up_s)
+        self.lead_ins += 1
+        if passed_s is None:
+            self.lead_ins_missed += 1
+        elif passed_s > expected_s:
+            self.lead_in_late_s.append(passed_s - expected_s)
+
+    def lead_in_figures(self) -> dict[str, Any]:
+        """For the summary: the lead-ins slept through, those whose first anchor came late (and by how much, ms),
+        and those whose first anchor never came (see the module docstring)."""
+        late_ms = [1e3 * late_s for late_s in self.lead_in_late_s]
+        return {"waits": self.lead_ins, "late": len(late_ms), "missed": self.lead_ins_missed,
+                "late_ms": quantiles(late_ms)}
+
+    def _decide(self, end: StepEnd, matched: bool, was_controlled: bool) -> bool:
+        """Whether the next step is controlled, after this one (see the module docstring)."""
+        if not matched or end.duration_s is None:
+            if was_controlled:
+                self.log.write("mismatch", step=self.steps - 1, duration_s=end.duration_s, signature=end.signature)
+            return False
+        self._ratios.append(end.duration_s / (self.plan.expected_s if was_controlled else self.plan.auto_s))
+        return self.accounting.next_controlled and not self.guard.backed_off

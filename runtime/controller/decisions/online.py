@@ -1,0 +1,396 @@
+"""Online decisions: a frozen policy choosing the clocks inside every controlled step, on live measurements.
+
+With a frozen policy (and not ``--replay``) the controller's thread does not replay a schedule: through
+each controlled step it wakes at decision points, builds the policy's observation from what it measures
+(:class:`~kdvfs.envs.env.live.LiveState`, turned into the trained observation by
+:class:`~kdvfs.agents.learned.online.OnlinePolicy`) and requests the pair it names. It wakes only where
+something can change (counted per reason in the summary's ``wakes``):
+
+* ``policy``: the policy's standing order has held for ``decision_fraction`` of the step (as in training);
+* ``change``: the GPU reaches the kernel where the standing order's proposal can next differ (a plan's next
+  change, where a request made then lands in time: the plan advice says where);
+* ``arrival``: a pending change is due to take effect (and, for a lock, is read until it has);
+* ``issue``: a held change's request is due (below);
+* ``poll``: orders whose proposal depends on the budget spent (the fitting plan, window advisors) are
+  re-read every environment decision interval, at least ``OnlineConfig.interval_ms``.
+
+* **progress**: the last anchor the GPU has passed in this step (:meth:`StepTimeline.passed_anchor`, a
+  non-blocking event query) stands for its kernel (the learned anchor map); the kernel now is the one
+  running that long after it, never one before the last decision's (a new anchor can put the GPU a little
+  behind the extrapolation; going back would flip the advisors' proposals). Without one (no anchor map yet,
+  a compiled model, CPU test mode) the step's start is the reference. Host time from either to a kernel is
+  at the step's pace between anchors once learned (:mod:`kdvfs.runtime.controller.timing.pace`: of the steps at
+  auto, or in a dry run of the controlled ones; each stretch scaled to the clocks running), else the
+  model's time at the clocks running stretched by the auto scale (:mod:`~kdvfs.runtime.controller.timing.step_times`);
+  a request's kernel and instant are found the same way. Counted per source.
+* **clocks in effect**: after a lock request, a clock read (NVML) shows when the locked
+  core and memory clocks are reached; the change then took effect and its latency over the mean is the
+  observation's ``last_latency_ratio``. Auto cannot be seen in a read (the firmware moves its clock) and a
+  dry run changes nothing: there the change counts as in effect one mean latency after the request
+  (``assumed``); a lock not seen after the latency plus 3 sd counts as in effect too (``timeout``).
+* **budget**: times are on the model's timeline, host seconds over the run's auto scale (the median of
+  the last matched auto steps' measured over model time: the A windows' and those before control), so
+  a GPU that drifts as a whole is drift, not budget. Within the step, budget used is the time so far minus
+  the auto time of the kernels passed. Over the run, the A/B estimator's measured slowdown sets the
+  policy's budget for the next steps (:mod:`~kdvfs.runtime.controller.measurement.budget_feedback`: over at least
+  ``MIN_FEEDBACK_PAIRS`` pairs; clipped to [0, 2 x budget]): ``budget + FEEDBACK_GAIN x (job_budget - (mean
+  + se))`` while the measured mean plus one standard error is under the job's budget, ``budget + FEEDBACK_GAIN
+  x (job_budget - (mean - se))`` while the mean less one standard error is over it, the budget itself in
+  between.
+  So part of the budget a fixed plan leaves unused (its pairs are discrete) is spent by alternating between
+  the plans either side of it, a run shown over budget gets a tighter one, and a few noisy pairs early in a
+  run do not send it to the zero-budget plan. A dry run measures no effect of its own: there the budget stays
+  the run's.
+
+A decision takes time (its wall time, ``decision_us`` in the summary), and it is budgeted where requests go
+out: a request lands one latency after it leaves, so its change is planned for the kernel after the one
+running one latency after the decision was made, not after the decision point (none is requested that would
+land after the step's last kernel started: the hand-over comes next). Its request goes out one latency (plus
+``TimingConfig.issue_early_ms``) before that kernel's expected start, as a replayed plan's does, so that the
+change reaches the GPU where the model (the policy's environment, the fake GPU) puts it, not inside the kernel
+before, and
+its instant is planned from the latest anchor: at once if that is within ``HOLD_MIN_S`` of the decision, else
+the change is *held* until then. A held change is pending from its decision on (the observation's pending age
+counts from the decision, as the environment's does; its arrival from its request), and no other is requested
+meanwhile; at the ``issue`` wake its kernel is re-placed from the latest anchor (the next one that a request
+now still reaches, if the GPU is ahead; dropped if none in the step), and one whose request would go out after
+the hand-over's is dropped. A step's first pair is requested one latency (plus ``TimingConfig.issue_early_ms``)
+before the step is expected to end, at the end of the previous step's decisions (the policy's first decision of the next
+step, on the step budget of that moment). The step's last decision point is two decisions' time before that
+(the 90th percentile of the last ``BUDGET_DECISIONS`` decision points' durations, or the last one's if longer,
+each), so that it and the next step's first decision are made by then; the first controlled step's first pair
+is requested at once. Once an anchor has passed, the step's end is expected where the anchor puts it (the
+expected step time's share after the anchor's kernel, at auto's proportions on the step's pace) instead of at
+its start plus the expected step time.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from kdvfs.agents.learned.live_decision import NO_REQUEST
+from kdvfs.agents.learned.online import OnlineDecision, OnlinePolicy
+from kdvfs.envs.env.live import LiveState
+from kdvfs.runtime.controller.decisions.decision_records import DecisionRecords, quantiles
+from kdvfs.runtime.controller.decisions.live_clocks import LiveClocks
+from kdvfs.runtime.controller.decisions.sources import ThreadContext
+from kdvfs.runtime.controller.decisions.warm_up import WarmUp
+from kdvfs.runtime.controller.measurement.budget_feedback import fed_back_budget
+from kdvfs.runtime.controller.measurement.estimator import Interval
+from kdvfs.runtime.controller.timing.anchors import Anchors
+from kdvfs.runtime.controller.timing.gpu_timeline import StepEnd
+from kdvfs.runtime.controller.timing.step_times import PassedAnchor, StepTimes
+
+MIN_GAP_S = 20e-6
+"""Least time between decision points (s): a thread late for a change does not spin."""
+HOLD_MIN_S = 0.5e-3
+"""A decided change whose request would go out less than this after the decision (host s) goes out at once."""
+BUDGET_DECISIONS = 256
+"""Decision points whose durations set the time a step's hand-over decision is made ahead of it."""
+
+
+class HeldChange(NamedTuple):
+    """A decided change whose request goes out one latency before its kernel (see the module docstring)."""
+
+    pair: int
+    step: int
+    kernel: int
+
+
+@dataclass(frozen=True)
+class OnlineSettings:
+    """How the online policy runs through the steps.
+
+    Attributes:
+        expected_s: the expected step time on the plan's timeline (s; scaled by the issuer's ``scale``).
+        budget: the step's budget (fraction of auto's step time; a torchrun rank's includes its slack), which
+            the feedback moves.
+        job_budget: the run's (the job's) budget, to which the measured slowdown is held.
+        dry_run: no clock changes: no feedback, and kernel times are auto's.
+        interval_s: time between decision points where a standing order's proposal depends on the budget
+            (host s).
+        early_s: requests go out this much earlier than a latency ahead (s; the thread wakes late).
+        warm_up: rehearse each decision right before each decision point the thread slept to
+            (:mod:`kdvfs.runtime.controller.decisions.warm_up`).
+        sleep_lead_in: the issuer sleeps through each controlled step's lead-in
+            (:mod:`kdvfs.runtime.controller.decisions.issuer`).
+    """
+
+    expected_s: float
+    budget: float
+    job_budget: float
+    dry_run: bool
+    interval_s: float
+    early_s: float
+    warm_up: bool = True
+    sleep_lead_in: bool = True
+
+
+class OnlineSteps:
+    """Decides through each controlled step (see the module docstring); run on the controller's thread. A
+    :class:`~kdvfs.runtime.controller.decisions.sources.StepSource`.
+
+    Args:
+        online: the policy and its environment for the expected step.
+        clocks: what is in effect.
+        anchors: the step's anchor map (which kernel each anchor stands for) and pace between anchors.
+        context: the thread's timeline (where the anchors are asked for), host clock and event log.
+        settings: budgets, timing and options (:class:`OnlineSettings`).
+    """
+
+    def __init__(self, online: OnlinePolicy, clocks: LiveClocks, anchors: Anchors, context: ThreadContext,
+                 settings: OnlineSettings) -> None:
+        self.online, self.clocks, self.settings = online, clocks, settings
+        self.timeline, self.clock, self.log = context.timeline, context.clock, context.log
+        self.anchor_map = anchors.map
+        self.dry_run, self.interval_s, self.early_s = settings.dry_run, settings.interval_s, settings.early_s
+        self.warm_up = WarmUp() if settings.warm_up else None
+        self.budget = settings.budget
+        """The policy's budget for the next steps (fraction): the settings' moved by the feedback."""
+        self.next_request_s = math.inf
+        self.decisions = self.advisor_reads = self.requests = 0
+        self.progress: Counter[str] = Counter()
+        self.wakes: Counter[str] = Counter()
+        self.wall_us: list[float] = []
+        self.policy_wall_us: list[float] = []
+        self.cpu_us: list[float] = []
+        self.times = StepTimes(online.cumulative_s, online.auto_time_s, anchors.map, anchors.pace)
+        self._decision_s: deque[float] = deque(maxlen=BUDGET_DECISIONS)
+        self._kernel = 1
+        self._held: HeldChange | None = None
+        self._begun = -1
+        self._kernels = len(self.online.cumulative_s) - 1
+        self._records = DecisionRecords(self.online.labels)
+
+    @property
+    def sleeps_lead_in(self) -> bool:
+        """Whether the issuer sleeps through each controlled step's lead-in (``settings.sleep_lead_in``)."""
+        return self.settings.sleep_lead_in
+
+    def observe(self, end: StepEnd, matched: bool, controlled: bool) -> None:
+        """Learn from a finished step (:meth:`StepTimes.observe`)."""
+        self.times.observe(end, matched, controlled)
+
+    def feedback(self, measured: Interval | None) -> None:
+        """Set the next steps' budget from the run's measured slowdown (:func:`fed_back_budget`; a dry run
+        measures no effect of its own: the settings' budget)."""
+        settings = self.settings
+        self.budget = settings.budget if self.dry_run else fed_back_budget(settings.budget, settings.job_budget,
+                                                                           measured)
+
+    def run(self, step: int, start_s: float, scale: float, first: bool, stop: threading.Event,
+            lead_in: Callable[[], None] | None = None) -> None:
+        """Decide through step ``step``, which started at host time ``start_s`` and is expected to last ``scale``
+        times the expected step time; hands over (requests step ``step + 1``'s first pair) a latency before its
+        expected end. ``first``: the first controlled step after others, whose first pair is requested at once;
+        ``lead_in``: called before the step's first decision (the issuer's sleep through the lead-in)."""
+        step_s = scale * self.settings.expected_s
+        self._drop_held()
+        if self._begun != step:
+            first_pair = self.online.begin(self.budget)
+            if first:
+                self._request(first_pair, step, 0, start_s, start_s)
+        if lead_in is not None:
+            lead_in()
+        latency_s, decision_time_s = self.clocks.latency_s, self._decision_time_s()
+        anchor = (-1, start_s, 0)
+        self._kernel = 1
+        while True:
+            anchor = self._anchor(step, anchor)
+            now_s = self.clock.now_s()
+            end_s = self.times.end_s(anchor, start_s, step_s)
+            hand_over_s = end_s - latency_s - self.early_s
+            # A decision then, then the next step's first: both by then (at least as long as the last one took:
+            # the first controlled step has no percentile yet).
+            last_s = hand_over_s - 2 * (max(decision_time_s, self._decision_s[-1]) if self._decision_s
+                                        else decision_time_s)
+            if now_s >= last_s:
+                break
+            wake_s = max(self._decide(step, start_s, now_s, anchor), now_s + MIN_GAP_S)
+            self.next_request_s = min(wake_s, last_s)
+            if wake_s < last_s and not self._warm_before(start_s, anchor, stop):  # a decision point is next
+                return
+            if not self.clock.sleep_until(self.next_request_s, stop):
+                return
+        self._begun = step + 1
+        self.next_request_s = hand_over_s
+        first_pair = self.online.begin(self.budget)
+        if not (self._release_before(anchor, hand_over_s, stop) and self.clock.sleep_until(hand_over_s, stop)):
+            return
+        self.next_request_s = math.inf
+        self._request(first_pair, step + 1, 0, self.clock.now_s(), end_s)
+
+    def _warm_before(self, start_s: float, anchor: PassedAnchor, stop: threading.Event) -> bool:
+        """With a warm-up, before a decision point the thread would sleep to: sleep until its lead before the
+        point and rehearse the point's decision there (:meth:`_live_state` at that moment, then a throwaway
+        decision of the policy's, which decides on this thread); the point follows without a sleep if it is due
+        by then. False if stopped."""
+        if self.warm_up is None:
+            return True
+        warm_at_s = self.next_request_s - self.warm_up.lead_s()
+        if warm_at_s <= self.clock.now_s():  # the thread does not sleep before the point: its core is warm
+            return True
+        if not self.clock.sleep_until(warm_at_s, stop):
+            return False
+        self.warm_up.run(lambda: self.online.warm(self._live_state(start_s, self.clock.now_s(), anchor)))
+        return True
+
+    def _decision_time_s(self) -> float:
+        """How long a decision takes (host s, the controller's clock): the 90th percentile of the last
+        ``BUDGET_DECISIONS`` decision points' (0 before any)."""
+        return float(np.percentile(self._decision_s, 90)) if self._decision_s else 0.0
+
+    def _decide(self, step: int, start_s: float, now_s: float, anchor: PassedAnchor) -> float:
+        """One decision point; returns when the next is due (host s)."""
+        began_cpu = time.thread_time()  # a system call: read before the wall clock, outside the wall time
+        began = time.perf_counter()
+        self._release_held(anchor, now_s)
+        self.clocks.update(now_s)
+        running = self._running
+        state = self._live_state(start_s, now_s, anchor)
+        kernel = self._kernel = state.kernel
+        decision = self.online.decide(state, state.elapsed_s)
+        decided_s = self.clock.now_s()
+        self._decision_s.append(decided_s - now_s)
+        if decision.pair not in (NO_REQUEST, self.clocks.in_effect) and self.clocks.free:
+            landing = max(self._landing(anchor, decided_s), kernel + 1)
+            if landing < self._kernels:  # else it lands after the step: the hand-over is next
+                self._place(HeldChange(decision.pair, step, landing), anchor, decided_s)
+        wall_us = (time.perf_counter() - began) * 1e6  # the decision and its request, if any, are out
+        wake_s, reason = self._next_wake(decision, start_s, now_s, anchor, running)
+        self.wakes[reason] += 1
+        self.wall_us.append((time.perf_counter() - began) * 1e6)
+        self.cpu_us.append((time.thread_time() - began_cpu) * 1e6)
+        if decision.evaluated:
+            self.decisions += 1
+            self.policy_wall_us.append(wall_us)
+            self.log.append_line(self._records.line(
+                step, kernel, "anchor" if anchor[0] >= 0 else "expected", self.clocks.in_effect,
+                None if self.clocks.free else self.clocks.pending, 100 * self.budget, decision.budget_used,
+                decision.affordable_pct, decision.action, None if decision.pair == NO_REQUEST else decision.pair,
+                wall_us, reason))
+        else:
+            self.advisor_reads += 1
+        return wake_s
+
+    def _live_state(self, start_s: float, now_s: float, anchor: PassedAnchor) -> LiveState:
+        """What the policy observes at ``now_s`` (host s) of the step that started at ``start_s``: the kernel the
+        GPU is at (from ``anchor`` at the step's pace, never one before the last decision's), the clocks in
+        effect and pending, and the times, on the model's timeline (see the module docstring)."""
+        scale, clocks = self.times.auto_scale, self.clocks
+        kernel = max(self._kernel, self.times.kernel_running(anchor, self._running, now_s))
+        return LiveState(kernel, clocks.in_effect, clocks.pending,
+                         (now_s - clocks.requested_s) / scale if not clocks.free else 0.0,
+                         (now_s - start_s) / scale, float(self.online.cumulative_s[kernel, 0]),
+                         clocks.last_latency_ratio, 100.0 * (scale - 1.0))
+
+    def _next_wake(self, decision: OnlineDecision, start_s: float, now_s: float, anchor: PassedAnchor,
+                   running: int) -> tuple[float, str]:
+        """The next decision point (host s) and its reason (see the module docstring)."""
+        wakes = {"policy": start_s + self.times.auto_scale * decision.policy_due_s,
+                 "arrival": self.clocks.arrival_check_s(now_s, self.interval_s),
+                 "issue": math.inf if self._held is None else self._issue_s(anchor, self._held.kernel)}
+        if decision.next_change is None:
+            wakes["poll"] = now_s + self.interval_s
+        elif decision.next_change < self._kernels:
+            wakes["change"] = self.times.kernel_s(anchor, running, decision.next_change)
+        reason = min(wakes, key=wakes.__getitem__)
+        return wakes[reason], reason
+
+    @property
+    def _running(self) -> int:
+        """The pair whose kernel times the GPU runs at (a dry run changes nothing: auto's)."""
+        return 0 if self.dry_run else self.clocks.in_effect
+
+    def _issue_s(self, anchor: PassedAnchor, kernel: int) -> float:
+        """When a request for a change at ``kernel`` goes out (host s): one latency, and ``early_s``, before it."""
+        return self.times.kernel_s(anchor, self._running, kernel) - self.clocks.latency_s - self.early_s
+
+    def _place(self, change: HeldChange, anchor: PassedAnchor, decided_s: float) -> None:
+        """Request ``change`` now if its request is due within ``HOLD_MIN_S``, else hold it until it is."""
+        if self._issue_s(anchor, change.kernel) - decided_s < HOLD_MIN_S:
+            self._request(change.pair, change.step, change.kernel, decided_s,
+                          self.times.kernel_s(anchor, self._running, change.kernel))
+        else:
+            self.clocks.hold(change.pair, decided_s)
+            self._held = change
+
+    def _landing(self, anchor: PassedAnchor, request_s: float) -> int:
+        """The kernel a request made at ``request_s`` (host s) changes: it lands one latency later, and takes
+        effect from the kernel after the one running then."""
+        return self.times.kernel_running(anchor, self._running, request_s + self.clocks.latency_s) + 1
+
+    def _release_held(self, anchor: PassedAnchor, now_s: float) -> None:
+        """Send the held change's request if it is due by ``now_s`` (host s), planned from ``anchor`` (a later
+        kernel if it is late for its own; dropped if late for the step)."""
+        held = self._held
+        if held is None or now_s < self._issue_s(anchor, held.kernel) - MIN_GAP_S:
+            return
+        kernel = max(held.kernel, self._landing(anchor, now_s))
+        if kernel >= self._kernels or not self._request(
+                held.pair, held.step, kernel, now_s, self.times.kernel_s(anchor, self._running, kernel)):
+            self._drop_held()  # too late for the step, or a repeat of the clocks requested last
+        self._held = None  # out: the clocks follow its request at their next update
+
+    def _release_before(self, anchor: PassedAnchor, until_s: float, stop: threading.Event) -> bool:
+        """At the step's end: the held change's request at its instant if that comes before ``until_s`` (host s),
+        else the change is dropped (the hand-over comes first). False if stopped."""
+        if self._held is None:
+            return True
+        issue_s = self._issue_s(anchor, self._held.kernel)
+        if issue_s >= until_s:
+            self._drop_held()
+            return True
+        self.next_request_s = issue_s
+        if not self.clock.sleep_until(issue_s, stop):
+            return False
+        self._release_held(anchor, self.clock.now_s())
+        self.next_request_s = until_s
+        return True
+
+    def _drop_held(self) -> None:
+        """Forget the held change (its request never goes out)."""
+        if self._held is not None:
+            self._held = None
+            self.clocks.drop()
+
+    def _anchor(self, step: int, anchor: PassedAnchor) -> PassedAnchor:
+        """The latest anchor the GPU has passed (index, host s, kernel), else ``anchor``; counts the source."""
+        anchors = self.anchor_map.anchors
+        passed = self.timeline.passed_anchor(step, anchor[0]) if anchors else None
+        if passed is not None and passed[0] < len(anchors):
+            anchor = (passed[0], passed[1], anchors[passed[0]].kernel)
+        self.progress["anchor" if anchor[0] >= 0 else "expected"] += 1
+        return anchor
+
+    def _request(self, pair: int, step: int, kernel: int, request_s: float, due_s: float) -> bool:
+        """Request ``pair`` for ``kernel`` of ``step``; False for a repeat (nothing went out)."""
+        if not self.clocks.actuator.request(self.online.labels[pair], step=step, kernel=kernel, request_s=request_s,
+                                            due_s=due_s, online=True):
+            return False
+        self.requests += 1
+        return True
+
+    def summary(self) -> dict[str, Any]:
+        """For the summary: ``online_decisions`` (the policy's evaluations) and ``online`` (:meth:`figures`)."""
+        return {"online_decisions": self.decisions, "online": self.figures()}
+
+    def figures(self) -> dict[str, Any]:
+        """The decisions' counts, wakes, progress sources and times (us; totals in ms), the budget the policy
+        was given last (``step_budget_pct``) and the decision interval (ms)."""
+        return {"decisions": self.decisions, "advisor_reads": self.advisor_reads, "requests": self.requests,
+                "progress": dict(self.progress), "took_effect": dict(self.clocks.took_effect),
+                "decision_us": quantiles(self.policy_wall_us), "decision_point_us": quantiles(self.wall_us),
+                "decision_point_cpu_us": quantiles(self.cpu_us), "cpu_ms": 1e-3 * sum(self.cpu_us),
+                **({"warm_us": None, "warm_ms": None} if self.warm_up is None else self.warm_up.figures()),
+                "wakes": dict(self.wakes),
+                "step_budget_pct": 100 * self.budget, "interval_ms": 1e3 * self.interval_s}
+

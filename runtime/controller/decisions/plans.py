@@ -1,0 +1,143 @@
+"""The plan or policy file: the step's problem and the schedule it implies.
+
+Given the expected step (a kdvfs trace) and the GPU profile, :func:`load_plan` reads the file the controller
+was given and produces the step's :class:`~kdvfs.envs.model.schedule.Schedule`, one clock action per kernel:
+
+* a plan file written by ``kdvfs plan -o plan.json`` (format ``kdvfs-schedule`` version 1: segments of
+  consecutive kernels with their clocks), checked against the profile and the trace's kernel count;
+* a frozen policy (``.kdvfs-policy.npz``, :mod:`kdvfs.agents.learned.frozen`), rolled over the trace by
+  :class:`kdvfs.agents.learned.policy_planner.PolicyPlanner` (which checks that it was trained for the profile).
+
+A plan's schedule is computed once and replayed every step. A policy's noise-free rollout is the expected
+step (its timeline, the prediction) and, with ``OnlineConfig.enabled`` off (``--replay``), replayed the same
+way; with it on, the :class:`Plan` also carries the policy (:class:`kdvfs.agents.learned.online.OnlinePolicy`),
+and the controller runs it inside each step instead
+(:class:`~kdvfs.runtime.controller.decisions.online.OnlineSteps`, one of the step sources of
+:mod:`kdvfs.runtime.controller.decisions.sources`)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from kdvfs.agents.common.problem import Problem, rank_budget
+from kdvfs.envs.common.errors import KdvfsError
+from kdvfs.envs.gpu.profiles import GpuProfile, load_profile, profile_for_nvml_name
+from kdvfs.envs.model.schedule import Schedule
+from kdvfs.envs.trace.bundled import open_trace
+from kdvfs.runtime.controller.config import ControllerConfig
+
+if TYPE_CHECKING:
+    from kdvfs.agents.learned.online import OnlinePolicy
+
+PLAN_FORMAT, PLAN_VERSION = "kdvfs-schedule", 1
+ZIP_MAGIC = b"PK\x03\x04"
+
+
+class ScheduleSourceError(KdvfsError):
+    """A plan or policy file that cannot drive this trace on this GPU."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The step's problem (trace, profile, budget, latency), the schedule to apply (or expect, when a policy
+    decides online), where it came from, and the online policy (None: the schedule is replayed)."""
+
+    problem: Problem
+    schedule: Schedule
+    source: str
+    online: OnlinePolicy | None = None
+
+
+def is_policy_file(path: Path) -> bool:
+    """Whether ``path`` holds a frozen policy (a zip archive); False when it cannot be read."""
+    try:
+        with path.open("rb") as file:
+            return file.read(len(ZIP_MAGIC)) == ZIP_MAGIC
+    except OSError:
+        return False
+
+
+def _read_plan_document(path: Path) -> dict[str, Any] | None:
+    """The plan file's JSON document, or None for a frozen policy (a zip archive)."""
+    if is_policy_file(path):
+        return None
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ScheduleSourceError(f"{path}: no such plan or policy file") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ScheduleSourceError(f"{path}: neither a kdvfs plan (JSON) nor a frozen policy ({error})") from None
+    if not isinstance(document, dict) or (document.get("format"), document.get("version")) != (PLAN_FORMAT,
+                                                                                               PLAN_VERSION):
+        raise ScheduleSourceError(f"{path}: not a {PLAN_FORMAT} version {PLAN_VERSION} file; write one with "
+                                  "`kdvfs plan ... -o plan.json` or pass a frozen policy (.kdvfs-policy.npz)")
+    return document
+
+
+def _profile(config: ControllerConfig, document: dict[str, Any] | None, device_name: str) -> GpuProfile:
+    if config.gpu:
+        return load_profile(config.gpu)
+    if document is not None:
+        return load_profile(str(document.get("gpu")))
+    return profile_for_nvml_name(device_name)
+
+
+def _plan_schedule(path: Path, document: dict[str, Any], problem: Problem) -> Schedule:
+    """The plan's segments as one action per kernel of ``problem``."""
+    costs, gpu = problem.costs, problem.profile.name
+    if document.get("gpu") != gpu:
+        raise ScheduleSourceError(f"{path}: plan was made for GPU profile {document.get('gpu')!r}, not {gpu!r}; make "
+                                  f"one for this GPU with `kdvfs plan --gpu {gpu} ...`")
+    if document.get("kernels") != costs.kernels:
+        raise ScheduleSourceError(f"{path}: plan covers {document.get('kernels')} kernels, the trace "
+                                  f"{problem.trace.meta.workload!r} has {costs.kernels}; plan this trace with "
+                                  "`kdvfs plan --trace ...`")
+    segments = document.get("segments") or []
+    starts = [int(s["start_kernel"]) for s in segments]
+    if not starts or starts[0] != 0 or starts != sorted(set(starts)) or starts[-1] >= costs.kernels:
+        raise ScheduleSourceError(f"{path}: segments must start at kernel 0 and increase within the step")
+    try:
+        labels = [costs.index_of(str(s["clocks"])) for s in segments]
+    except ValueError as error:
+        raise ScheduleSourceError(f"{path}: {error}; make the plan with this GPU's profile") from None
+    lengths = np.diff([*starts, costs.kernels])
+    return Schedule(np.repeat(labels, lengths).astype(np.int64), str(document.get("method", "plan")),
+                    float(document.get("solve_s", 0.0)))
+
+
+def _policy_plan(path: Path, problem: Problem, online: bool) -> Plan:
+    """The frozen policy's noise-free schedule over ``problem`` (through the planner interface) and, with
+    ``online``, the policy to run inside each step."""
+    from kdvfs.agents.learned.frozen import FrozenPolicy
+    from kdvfs.agents.learned.online import OnlinePolicy
+    from kdvfs.agents.learned.policy_planner import PolicyPlanner, policy_env
+
+    policy = FrozenPolicy.load(path, problem.profile)
+    env = policy_env(policy, problem)  # built once: the rollout's and the online policy's
+    schedule = PolicyPlanner(policy).plan(problem, env)
+    source = f"policy {path.name} ({'online' if online else 'replayed'})"
+    return Plan(problem, schedule, source, OnlinePolicy(policy, problem, env) if online else None)
+
+
+def load_plan(config: ControllerConfig, device_name: str) -> Plan:
+    """The problem and schedule ``config`` describes, on the GPU called ``device_name`` (its NVML name, which
+    the profile's ``nvml_names`` must list)."""
+    path = Path(config.policy)
+    document = _read_plan_document(path)
+    profile = _profile(config, document, device_name)
+    if not profile.applies_to(device_name):
+        what = "policy" if document is None else f"plan {path.name}"
+        raise ScheduleSourceError(f"the {what} is for GPU profile {profile.name!r} ({profile.model}), but the GPU is "
+                                  f"an {device_name}; use a plan or policy made for this GPU's profile (`kdvfs gpus "
+                                  "local --write`, then `kdvfs plan --gpu ...`)")
+    latency_s = None if config.latency_ms is None else config.latency_ms / 1e3
+    trace = open_trace(config.trace)
+    problem = Problem.build(trace, profile, rank_budget(trace, config.budget), latency_s)
+    if document is None:
+        return _policy_plan(path, problem, config.online.enabled)
+    return Plan(problem, _plan_schedule(path, document, problem), f"plan {path.name} ({document.get('method')})")

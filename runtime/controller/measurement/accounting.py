@@ -1,0 +1,274 @@
+"""Windows of steps at auto ("A") and under the policy ("B"), their seconds and joules per step, and the
+paired estimate of the saving and slowdown (:mod:`kdvfs.runtime.controller.measurement.estimator`).
+
+Matching steps are grouped into windows of at least ``window_steps`` steps and ``window_s`` seconds; the
+arm of each window comes from :class:`~kdvfs.runtime.controller.measurement.ab.AbSchedule`, and the controller's
+thread runs the window's steps at auto or under the policy accordingly (:attr:`Accounting.next_controlled`).
+
+* **Seconds per step**: the mean GPU step time (CUDA events) of the window's steps.
+* **Joules per step**: the energy counter's rise between the window's edges (the host times its first
+  step started and its last step ended on the GPU), interpolated between timed counter reads
+  (:class:`~kdvfs.runtime.device.energy.EnergyTrace`: read on its own thread, never on the thread that
+  issues clock requests), over the window's steps. A window's joules are known once the counter has been
+  read past its end.
+* **Settling**: a step whose clocks differ from the previous step's (auto after controlled, or the
+  reverse) and the ``settle_steps - 1`` steps after it belong to no window: the change is still taking
+  effect during them (the switching latency; the last request of the old mode). A step that does not
+  match, or a change of mode inside a window, discards the window so far, and the same window starts again
+  after settling.
+
+Each window and each A/B pair goes to the log (``window``, ``pair`` with the live estimate) and, with
+``tensorboard``, to TensorBoard (``kdvfs/step_time_s``, ``kdvfs/energy_j_per_step``, ``kdvfs/avg_power_w``,
+``kdvfs/controlled_fraction``, ``kdvfs/measured_energy_saved_pct``, ``kdvfs/measured_slowdown_pct`` and
+their ``_lo``/``_hi`` 95% bounds). The last, partial window of a run is not counted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import sys
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from kdvfs.runtime.controller.config import ControllerConfig
+from kdvfs.runtime.controller.event_log import EventLog
+from kdvfs.runtime.controller.measurement.ab import AUTO, CONTROLLED, AbSchedule, Slot
+from kdvfs.runtime.controller.measurement.estimator import Interval, Paired, measured, net
+from kdvfs.runtime.device.energy import EnergyTrace, Meter
+from kdvfs.runtime.device.errors import DeviceError
+from kdvfs.runtime.device.host_time import Clock
+
+LOG = logging.getLogger("kdvfs.controller")
+
+
+@dataclass(frozen=True)
+class Window:
+    """One window: its steps, arm and pair, seconds per step, edges (host s), controlled steps, and joules
+    per step and average power (W) once measured."""
+
+    first_step: int
+    last_step: int
+    arm: str
+    pair: int | None
+    steps: int
+    step_time_s: float
+    start_s: float
+    end_s: float
+    controlled_steps: int
+    energy_j_per_step: float | None = None
+    avg_power_w: float | None = None
+
+    @property
+    def as_intended(self) -> bool:
+        """Every step ran as the arm says (a B window during a back-off ran at auto)."""
+        return self.controlled_steps == (self.steps if self.arm == CONTROLLED else 0)
+
+
+class Accounting:
+    """See the module docstring. ``meter``: the energy counter (None: no energy measurement)."""
+
+    def __init__(self, meter: Meter | None, clock: Clock, config: ControllerConfig, settle_steps: int,
+                 log: EventLog, next_request_s: Callable[[], float] = lambda: math.inf) -> None:
+        self.windows: list[Window] = []
+        self.schedule = AbSchedule(config.measurement.ab_share, config.measurement.ab_seed)
+        self.slot: Slot = self.schedule.next()
+        self.saved, self.slowdown = Paired(), Paired()
+        self._config, self._clock, self._settle_steps, self._log = config, clock, settle_steps, log
+        self._trace = None if meter is None else EnergyTrace(meter.energy_j, clock.now_s,
+                                                             config.measurement.energy_poll_s, next_request_s)
+        self._writer: Any = None
+        if config.tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._writer = SummaryWriter(config.tensorboard)
+        self._durations: list[float] = []
+        self._first_step, self._open_s, self._settle = 0, 0.0, 0
+        self._mode: bool | None = None
+        self._unpaired: dict[int, int] = {}
+        self._unmeasured: list[int] = []
+        self._energy_pairs: list[tuple[int, int]] = []
+
+    @property
+    def next_controlled(self) -> bool:
+        """Whether the coming steps belong to a B window."""
+        return self.slot.arm == CONTROLLED
+
+    def _say(self, event: str, message: str, **fields: Any) -> None:
+        self._log.write(event, message=message, **fields)
+        print(f"kdvfs: {message}", file=sys.stderr)
+
+    def _energy_off(self, reason: str) -> None:
+        if self._trace is not None:
+            self._trace.stop()
+            self._trace = None
+            self._say("measurement", f"energy measurement off: {reason}; the run continues, step times are "
+                                     "still measured", energy=False)
+
+    def start(self, end_s: float) -> None:
+        """Open the first window at the end of the run's first step (host s)."""
+        if not self.schedule.measuring:
+            self._say("measurement", "A/B measurement off (--ab-share 0): no auto windows, no measured saving, "
+                                     "the guard cannot act", ab_share=0.0)
+        if self._trace is not None:
+            try:
+                self._trace.start()
+            except DeviceError as error:
+                self._energy_off(f"the GPU's energy counter cannot be read ({error})")
+        self._restart(end_s)
+
+    def _restart(self, edge_s: float) -> None:
+        self._durations, self._open_s = [], edge_s
+        if self._trace is not None and self._config.measurement.energy_poll_s == 0:
+            try:
+                self._trace.read()
+            except DeviceError as error:
+                self._energy_off(str(error))
+
+    def window_elapsed_s(self, end_s: float) -> float:
+        """How long the open window has lasted at host time ``end_s`` (s)."""
+        return end_s - self._open_s
+
+    def step(self, index: int, duration_s: float, end_s: float, matched: bool, controlled: bool,
+             elapsed_s: float | None = None) -> float | None:
+        """One finished step (its GPU time, its end on the host clock; ``elapsed_s``: the open window's
+        length, the job's under torchrun, default ``end_s`` minus its start); the slowdown (%) of an A/B pair
+        this step completes, else None."""
+        changed = self._mode is not None and controlled != self._mode
+        self._mode = controlled
+        self._settle = self._settle_steps if changed else self._settle
+        if self._settle > 0 or not matched:
+            self._settle = max(0, self._settle - 1)
+            self._restart(end_s)
+            return None
+        if not self._durations:
+            self._first_step = index
+        self._durations.append(duration_s)
+        windows = self._config.measurement
+        long_enough = (self.window_elapsed_s(end_s) if elapsed_s is None else elapsed_s) >= windows.window_s
+        if len(self._durations) < windows.window_steps or not long_enough:
+            return None
+        return self._close(index, end_s)
+
+    def _close(self, index: int, end_s: float) -> float | None:
+        steps = len(self._durations)
+        window = Window(self._first_step, index, self.slot.arm, self.slot.pair, steps,
+                        math.fsum(self._durations) / steps, self._open_s, end_s, steps if self._mode else 0)
+        self.windows.append(window)
+        self._unmeasured.append(len(self.windows) - 1)
+        self._log.write("window", **asdict(window))
+        self._scalars(index, step_time_s=window.step_time_s, controlled_fraction=window.controlled_steps / steps)
+        self.slot = self.schedule.next()
+        self._restart(end_s)
+        slowdown_pct = self._pair(window)
+        self.resolve()
+        return slowdown_pct
+
+    def _pair(self, window: Window) -> float | None:
+        if window.pair is None or not window.as_intended:
+            return None
+        here = len(self.windows) - 1
+        other = self._unpaired.pop(window.pair, None)
+        if other is None:
+            self._unpaired[window.pair] = here
+            return None
+        auto, controlled = (other, here) if self.windows[other].arm == AUTO else (here, other)
+        slowdown_pct = (self.windows[controlled].step_time_s / self.windows[auto].step_time_s - 1.0) * 100
+        self.slowdown.add(slowdown_pct)
+        self._energy_pairs.append((auto, controlled))
+        self._report("pair", window.last_step, slowdown_pct=slowdown_pct)
+        return slowdown_pct
+
+    def resolve(self) -> None:
+        """Measure the joules of the windows the counter has been read past, and the pairs they complete."""
+        if self._trace is not None and self._trace.error is not None:
+            self._energy_off(f"the energy counter failed ({self._trace.error})")
+        trace = self._trace
+        while self._unmeasured and trace is not None and trace.covers(self.windows[self._unmeasured[0]].end_s):
+            index = self._unmeasured.pop(0)
+            window = self.windows[index]
+            start_j, end_j = trace.energy_j(window.start_s), trace.energy_j(window.end_s)
+            if start_j is None or end_j is None:
+                continue
+            joules = end_j - start_j
+            self.windows[index] = dataclasses.replace(window, energy_j_per_step=joules / window.steps,
+                                                      avg_power_w=joules / (window.end_s - window.start_s))
+            self._log.write("window_energy", last_step=window.last_step, **{
+                k: getattr(self.windows[index], k) for k in ("energy_j_per_step", "avg_power_w")})
+            self._scalars(window.last_step, energy_j_per_step=joules / window.steps,
+                          avg_power_w=self.windows[index].avg_power_w)
+            trace.forget_before(window.end_s)
+        while self._energy_pairs and self.windows[self._energy_pairs[0][1]].energy_j_per_step is not None \
+                and self.windows[self._energy_pairs[0][0]].energy_j_per_step is not None:
+            auto, controlled = (self.windows[i] for i in self._energy_pairs.pop(0))
+            assert auto.energy_j_per_step is not None and controlled.energy_j_per_step is not None
+            saved_pct = (1.0 - controlled.energy_j_per_step / auto.energy_j_per_step) * 100
+            self.saved.add(saved_pct)
+            self._report("pair_energy", max(auto.last_step, controlled.last_step), saved_pct=saved_pct)
+
+    def _report(self, event: str, step: int, **fields: float) -> None:
+        saved, slowdown = self.saved.interval(), self.slowdown.interval()
+        self._log.write(event, step=step, **fields, measured=measured(saved, slowdown, *self.window_counts()))
+        for name, interval in (("energy_saved_pct", saved), ("slowdown_pct", slowdown)):
+            if interval is not None:
+                self._scalars(step, **{f"measured_{name}": interval.mean_pct, f"measured_{name}_lo": interval.lo_pct,
+                                       f"measured_{name}_hi": interval.hi_pct})
+        if event == "pair" and slowdown is not None:
+            LOG.info("kdvfs: measured slowdown %s, energy saved %s (%d pairs)", _text(slowdown), _text(saved),
+                     slowdown.n)
+
+    def _scalars(self, step: int, **values: float | None) -> None:
+        if self._writer is not None:
+            for name, value in values.items():
+                if value is not None:
+                    self._writer.add_scalar(f"kdvfs/{name}", value, step)
+
+    def window_counts(self) -> tuple[int, int]:
+        """Windows measured at auto, and entirely controlled."""
+        auto = sum(w.arm == AUTO and w.as_intended for w in self.windows)
+        return auto, sum(w.controlled_steps == w.steps for w in self.windows)
+
+    def close(self) -> None:
+        """Read the counter a last time, measure what it covers and stop. The last, partial window is not
+        counted: the GPU may have stopped before its end."""
+        if self._trace is not None:
+            self._trace.stop()
+            try:
+                self._trace.read()
+            except DeviceError as error:
+                self._log.write("energy_unavailable", reason=str(error))
+            self.resolve()
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+    def figures(self, controlled_share: float) -> dict[str, Any]:
+        """Whole-run figures: window steps, mean GPU step time (s), joules per step (all windows with energy,
+        windows entirely at auto, entirely controlled), the measured effect while controlling (``measured``)
+        and over the run (``measured_net``), and the counter reads."""
+        def mean_energy(windows: list[Window]) -> float | None:
+            known = [(w.energy_j_per_step, w.steps) for w in windows if w.energy_j_per_step is not None]
+            steps = sum(n for _, n in known)
+            return sum(j * n for j, n in known) / steps if steps else None
+
+        steps = sum(w.steps for w in self.windows)
+        effect = measured(self.saved.interval(), self.slowdown.interval(), *self.window_counts())
+        return {
+            "window_steps": steps, "windows": len(self.windows),
+            "step_time_s": sum(w.step_time_s * w.steps for w in self.windows) / steps if steps else None,
+            "energy_j_per_step": mean_energy(self.windows),
+            "energy_j_per_step_auto": mean_energy([w for w in self.windows if w.controlled_steps == 0]),
+            "energy_j_per_step_controlled": mean_energy([w for w in self.windows if w.controlled_steps == w.steps]),
+            "measured": effect, "measured_net": net(effect, controlled_share),
+            "ab_share": self.schedule.share, "energy_measured": self._trace is not None,
+            "energy_reads": None if self._trace is None else self._trace.reads,
+            "energy_thread_cpu_s": None if self._trace is None else self._trace.thread_cpu_s,
+        }
+
+
+def _text(interval: Interval | None) -> str:
+    if interval is None:
+        return "-"
+    return f"{interval.mean_pct:+.2f}% [{interval.lo_pct:+.2f}, {interval.hi_pct:+.2f}]"

@@ -1,0 +1,88 @@
+"""One summary for a torchrun job from its ranks' summaries and A/B windows: energy summed, time the max.
+
+Every rank's controller reduces each step over the job (:func:`kdvfs.runtime.job.job_step`), so the ranks'
+windows are the same steps in the same arms and pairs; only their joules differ. The job's figures:
+
+* per A/B pair, joules per step summed over the ranks (``1 - sum J_B / sum J_A``), seconds per step the
+  slowest rank's (``max s_B / max s_A - 1``), with the same paired t-interval as one GPU's
+  (:mod:`kdvfs.runtime.controller.measurement.estimator`); a pair counts when every rank measured its energy;
+* joules per step (all windows, auto, controlled) summed over the ranks, step time the slowest rank's;
+* steps and controlled steps the fewest of any rank, clock requests summed, back-offs and mismatches the
+  most of any rank, ``gpu_restored`` only when every rank's GPU is, the first rank's error;
+* ``predicted``: the slowest rank's slowdown, the ranks' mean saving (ranks of equal energy).
+
+``ranks`` lists each rank's own row: ``rank``, ``gpu_index`` and its figures.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from kdvfs.runtime.controller.measurement.ab import AUTO
+from kdvfs.runtime.controller.measurement.estimator import Paired, measured, net
+
+RANK_FIELDS = ("rank", "gpu_index", "steps", "controlled_steps", "switches", "mismatches", "step_time_s",
+               "energy_j_per_step", "energy_j_per_step_auto", "energy_j_per_step_controlled", "measured",
+               "predicted", "backed_off", "error", "restore_error", "gpu_restored")
+SUMMED = ("energy_j_per_step", "energy_j_per_step_auto", "energy_j_per_step_controlled", "switches")
+
+
+def _total(values: list[Any]) -> float | None:
+    return None if any(v is None for v in values) else float(sum(values))
+
+
+def _pairs(windows: list[list[dict[str, Any]]]) -> tuple[Paired, Paired, int, int]:
+    """The job's paired saving and slowdown, and its windows at auto and controlled."""
+    by_pair: dict[int, dict[str, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
+    for rank_windows in windows:
+        for window in rank_windows:
+            if window["pair"] is not None and window["as_intended"]:
+                by_pair[window["pair"]][window["arm"]].append(window)
+    saved, slowdown = Paired(), Paired()
+    for pair in sorted(by_pair):
+        arms = by_pair[pair]
+        if len(arms) != 2 or any(len(arms[arm]) != len(windows) for arm in arms):
+            continue
+        auto, controlled = arms[AUTO], next(arms[arm] for arm in arms if arm != AUTO)
+        slowdown.add((max(w["step_time_s"] for w in controlled) / max(w["step_time_s"] for w in auto) - 1) * 100)
+        energy_auto, energy_controlled = (_total([w["energy_j_per_step"] for w in ws]) for ws in (auto, controlled))
+        if energy_auto and energy_controlled is not None:
+            saved.add((1 - energy_controlled / energy_auto) * 100)
+    first = windows[0]
+    auto_windows = sum(w["arm"] == AUTO and w["as_intended"] for w in first)
+    return saved, slowdown, auto_windows, sum(w["controlled_steps"] == w["steps"] for w in first)
+
+
+def _first(summaries: list[dict[str, Any]], key: str) -> Any:
+    return next((f"rank {s['rank']}: {s[key]}" for s in summaries if s.get(key)), None)
+
+
+def job_summary(summaries: list[dict[str, Any]], windows: list[list[dict[str, Any]]]) -> dict[str, Any]:
+    """The job's summary (see the module docstring); one rank's summary as it is, with its ``ranks`` row."""
+    ranks = [{key: s.get(key) for key in RANK_FIELDS} for s in summaries]
+    if len(summaries) == 1:
+        return {**summaries[0], "ranks": ranks}
+    saved, slowdown, auto_windows, controlled_windows = _pairs(windows)
+    effect = measured(saved.interval(), slowdown.interval(), auto_windows, controlled_windows)
+    share = min(s["measured_net"]["controlled_share"] for s in summaries)
+    step_times = [s["step_time_s"] for s in summaries]
+    predicted = [s["predicted"] for s in summaries]
+    return {
+        **summaries[0], **{key: _total([s[key] for s in summaries]) for key in SUMMED},
+        "rank": None, "gpu_index": None,
+        "steps": min(s["steps"] for s in summaries),
+        "controlled_steps": min(s["controlled_steps"] for s in summaries),
+        "mismatches": max(s["mismatches"] for s in summaries),
+        "backed_off": any(s["backed_off"] for s in summaries),
+        "guard_backoffs": max(s["guard_backoffs"] for s in summaries),
+        "backoff_reason": _first(summaries, "backoff_reason") or "",
+        "error": _first(summaries, "error"), "restore_error": _first(summaries, "restore_error"),
+        "gpu_restored": all(s["gpu_restored"] for s in summaries),
+        "step_time_s": None if None in step_times else max(step_times),
+        "measured": effect, "measured_net": net(effect, share),
+        "predicted": {**predicted[0], "slowdown_pct": max(p["slowdown_pct"] for p in predicted),
+                      "energy_saved_pct": sum(p["energy_saved_pct"] for p in predicted) / len(predicted),
+                      "switches": sum(p["switches"] for p in predicted)},
+        "ranks": ranks,
+    }

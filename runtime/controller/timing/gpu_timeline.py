@@ -1,0 +1,237 @@
+"""Where the GPU is in the training steps: step ends on the host's time base, re-synchronised every step.
+
+At every step boundary the training thread calls :meth:`StepTimeline.mark` (cheap, no GPU sync); the
+controller's thread calls :meth:`StepTimeline.wait`, which returns once the GPU has finished that step.
+
+:class:`CudaStepTimeline` records a CUDA event per boundary. The GPU time of a step end is the event's
+time since the first one (``Event.elapsed_time``, microsecond resolution); it becomes host time through
+the offset host-minus-GPU, estimated at every step as the smallest (a waiting thread only ever sees an event
+done late) of the last ``OFFSET_WINDOW`` observations. So a late wake-up (a busy interpreter lock)
+does not move the timeline, and clock drift is followed within a window.
+
+Anchors (:mod:`kdvfs.runtime.controller.training.hooks`) are events recorded inside a step. Those recorded after the
+boundary marked ``i - 1`` and before boundary ``i`` belong to step ``i`` (the step that ends at boundary
+``i``, the ``i``-th token, 0-based). :meth:`StepTimeline.anchor_s` waits for anchor ``index`` of a step
+(first until the training thread has recorded it, at most until a deadline, then until the GPU has passed
+it) and returns its host time; :meth:`StepTimeline.passed_anchor` asks, without waiting, which anchor the GPU
+has passed last (an online policy's view of the step's progress); :class:`StepEnd` carries the host times
+of all of a finished step's anchors.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from kdvfs.runtime.device.host_time import Clock
+
+OFFSET_WINDOW = 32
+POLL_S = 0.001
+"""How often a waiting thread asks an event whether the GPU has passed it (s; :func:`wait_for`)."""
+MAX_ANCHORS_PER_STEP = 4096
+KEEP_STEPS = 64
+
+
+@dataclass(frozen=True)
+class StepEnd:
+    """A finished step: host time its GPU work ended (s), its GPU time since the previous step's end (s, None
+    for the first), its allocation count (None when not counted) and the host times of its anchors (s)."""
+
+    end_s: float
+    duration_s: float | None
+    signature: int | None
+    anchors_s: tuple[float, ...] = ()
+
+
+class StepTimeline(Protocol):
+    def mark(self) -> Any: ...
+
+    def wait(self, token: Any) -> StepEnd: ...
+
+    def anchor_s(self, step: int, index: int, deadline_s: float) -> float | None:
+        """Host time at which the GPU passed anchor ``index`` of step ``step`` (waiting for it), or None when
+        the training thread had not recorded it by ``deadline_s`` (host s) or ended the step without it."""
+
+    def passed_anchor(self, step: int, after: int) -> tuple[int, float] | None:
+        """The last anchor of step ``step`` after anchor ``after`` (-1: from the first) that the GPU has passed,
+        as (index, host time s), or None if none has been passed since; never waits."""
+
+
+_STREAMS: dict[tuple[int, int, int], Any] = {}
+
+
+def current_stream() -> Any:
+    """``torch.cuda.current_stream()`` (the calling thread's), its Python object made once per stream: a new
+    one at every call costs most of an anchor's CPU. Threads may race to make a stream's first object: one is
+    kept, and either records on the same stream."""
+    import torch
+
+    if not torch.cuda.is_initialized():
+        return torch.cuda.current_stream()
+    key = torch._C._cuda_getCurrentStream(torch._C._cuda_getDevice())
+    stream = _STREAMS.get(key)
+    if stream is None:
+        stream = _STREAMS[key] = torch.cuda.Stream(stream_id=key[0], device_index=key[1], device_type=key[2])
+    return stream
+
+
+def wait_for(event: Any) -> None:
+    """Return once the GPU has passed ``event``: asked every ``POLL_S`` (``Event.query``: no sync, the interpreter
+    lock held for microseconds), sleeping in between. Not ``Event.synchronize``: a thread blocked in it on a
+    blocking-sync event slows a launch-bound training step (``docs/results.md``); a spinning sync costs a
+    core."""
+    while not event.query():
+        time.sleep(POLL_S)
+
+
+def _allocations() -> int:
+    """Allocations the CUDA caching allocator has served in this process."""
+    import torch
+
+    return int(torch.cuda.memory_stats_as_nested_dict()["allocation"]["all"]["allocated"])
+
+
+class CudaStepTimeline:
+    """Step ends and anchors from CUDA events on the current stream (see the module docstring).
+
+    :meth:`mark` is called on the training thread, :meth:`anchor` on the training thread or autograd's,
+    :meth:`wait` and :meth:`anchor_s` on the controller's thread, which polls the events (:func:`wait_for`): it
+    neither spins a core (which slows a launch-bound training loop) nor blocks in the driver. Anchor events
+    are recorded again once their step is done (a pool), so no CUDA event is created and destroyed per anchor
+    on the training thread.
+    """
+
+    def __init__(self, clock: Clock) -> None:
+        self._clock = clock
+        self._first: Any = None
+        self._offsets_s: deque[float] = deque(maxlen=OFFSET_WINDOW)
+        self._offset_s = 0.0
+        """Host minus GPU time (s): the least of ``_offsets_s`` (set with each; read only once there is one)."""
+        self._previous_gpu_s: float | None = None
+        self._allocations: int | None = None
+        self._anchors: dict[int, list[Any]] = {}
+        """The anchors of each marked step (until :meth:`wait` takes them)."""
+        self._recording: list[Any] = []
+        """The anchors of the step being recorded (the ``_marks``-th): :meth:`mark` moves it to ``_anchors``."""
+        self._marks = 0
+        self._changed = threading.Condition()
+        self._pool: list[Any] = []
+        self.hook_s = 0.0
+        """Time spent in :meth:`mark` and :meth:`anchor`, on the threads that call them (wall s, which is their
+        CPU: neither blocks; concurrent anchors from autograd's threads may drop an addition: a lower bound)."""
+
+    def mark(self) -> tuple[Any, int | None, int]:
+        import torch
+
+        began_s = time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True, blocking=True)
+        event.record(current_stream())
+        if self._first is None:
+            self._first = event
+        count = _allocations()
+        signature = None if self._allocations is None else count - self._allocations
+        self._allocations = count
+        with self._changed:
+            step = self._marks
+            self._anchors[step], self._recording = self._recording, []
+            self._marks += 1
+            self._pool += self._anchors.pop(step - KEEP_STEPS, [])  # a controller thread that stopped waiting
+            self._changed.notify_all()
+        self.hook_s += time.perf_counter() - began_s
+        return event, signature, step
+
+    def anchor(self) -> None:
+        """Record an anchor event of the current step (from a hook; a few microseconds). No lock: a pool's
+        ``pop`` and a list's ``append`` are atomic, and an anchor whose list :meth:`mark` moves meanwhile
+        was recorded before that mark's event, so it belongs to the step it ends."""
+        began_s = time.perf_counter()
+        try:
+            event = self._pool.pop()
+        except IndexError:
+            import torch
+
+            event = torch.cuda.Event(enable_timing=True, blocking=True)
+        event.record(current_stream())
+        events = self._recording
+        if len(events) < MAX_ANCHORS_PER_STEP:
+            events.append(event)
+        self.hook_s += time.perf_counter() - began_s
+
+    def _host_s(self, event: Any) -> float:
+        return self._first.elapsed_time(event) / 1e3 + self._offset_s
+
+    def wait(self, token: tuple[Any, int | None, int]) -> StepEnd:
+        event, signature, step = token
+        wait_for(event)
+        wake_s = self._clock.now_s()
+        gpu_s = self._first.elapsed_time(event) / 1e3
+        self._offsets_s.append(wake_s - gpu_s)
+        self._offset_s = min(self._offsets_s)
+        duration_s = None if self._previous_gpu_s is None else gpu_s - self._previous_gpu_s
+        self._previous_gpu_s = gpu_s
+        with self._changed:
+            anchors = self._anchors.pop(step, [])
+        anchors_s = tuple(map(self._host_s, anchors))
+        with self._changed:
+            self._pool += anchors  # the GPU has passed them: they can be recorded again
+        return StepEnd(gpu_s + self._offset_s, duration_s, signature, anchors_s)
+
+    def anchor_s(self, step: int, index: int, deadline_s: float) -> float | None:
+        with self._changed:
+            while len(self._events_of(step)) <= index and self._marks <= step:  # anchors do not notify: poll
+                left_s = deadline_s - self._clock.now_s()
+                if left_s <= 0:
+                    break
+                self._changed.wait(min(left_s, POLL_S))
+            events = self._events_of(step)
+            if len(events) <= index or self._first is None or not self._offsets_s:
+                return None
+            event = events[index]
+        wait_for(event)
+        return self._host_s(event)
+
+    def _events_of(self, step: int) -> list[Any]:
+        """The anchors of step ``step`` recorded so far (the caller holds ``_changed``)."""
+        return self._recording if step == self._marks else self._anchors.get(step, [])
+
+    def passed_anchor(self, step: int, after: int) -> tuple[int, float] | None:
+        with self._changed:
+            events = list(self._events_of(step))
+        if self._first is None or not self._offsets_s:
+            return None
+        latest = None
+        for index in range(after + 1, len(events)):
+            if not events[index].query():  # a few microseconds, no sync; anchors complete in order
+                break
+            latest = index
+        return None if latest is None else (latest, self._host_s(events[latest]))
+
+
+class HostStepTimeline:
+    """CPU test mode (no CUDA): host time at each boundary stands in for the GPU's step end, and the training
+    thread's CPU time between boundaries for the step's GPU time (``cpu_time_s``, default
+    ``time.thread_time``), as ``kdvfs capture --cpu-test-mode`` measures it: on a busy machine the wall time
+    of a CPU step is mostly the scheduler's, not the step's."""
+
+    def __init__(self, clock: Clock, cpu_time_s: Callable[[], float] = time.thread_time) -> None:
+        self._clock, self._cpu_time_s = clock, cpu_time_s
+        self._previous_s: float | None = None
+
+    def mark(self) -> tuple[float, float]:
+        return self._clock.now_s(), self._cpu_time_s()
+
+    def wait(self, token: tuple[float, float]) -> StepEnd:
+        end_s, cpu_s = token
+        duration_s = None if self._previous_s is None else cpu_s - self._previous_s
+        self._previous_s = cpu_s
+        return StepEnd(end_s, duration_s, None)
+
+    def anchor_s(self, step: int, index: int, deadline_s: float) -> float | None:
+        return None
+
+    def passed_anchor(self, step: int, after: int) -> tuple[int, float] | None:
+        return None

@@ -1,0 +1,83 @@
+"""The step's pace: how long each stretch between its anchors takes live, learned from the last steps.
+
+A step does not run longer evenly: the stretches between anchors inside the step keep close to their captured
+time while the host-bound lead-in (the step's start to its first anchor) and the stretch after the last anchor
+vary far more. Stretched evenly by the step's scale, kernels would be placed early in one part of the step and
+late in another; placed at the pace, each stretch keeps its own live length (``docs/results.md``).
+
+:class:`Pace` keeps, for the last ``PACE_STEPS`` steps of those it learns from with the same number of
+anchors, each segment's live duration: the step's start to its first anchor, anchor to anchor, its last
+anchor to its end. Their medians (once it has that many steps) are the step's pace. :func:`host_offsets_s`
+puts a time on the step's timeline at its host time from the step's start: each segment of the timeline,
+between the kernels the anchors stand for, lasts its live median (stretched by its time at other clocks over
+its time at the clocks it was measured at), and a time inside it is placed in proportion. Steps with another
+number of anchors start the learning again; steps whose anchors are out of order or outside the step are
+ignored.
+
+Which steps it learns from is the controller's choice (:class:`~kdvfs.runtime.controller.timing.anchors.Anchors`):
+those that ran the timeline it is used on. A replayed plan's pace is learned from the controlled steps (they
+ran the plan); so is a dry run's (every step runs auto clocks, and the controlled ones carry the controller's
+own work, which lengthens a host-bound lead-in). Online decisions that set clocks use the pace of the steps at
+auto (the A windows'), on the model's auto timeline, stretched per segment to the clocks running: the
+controlled steps ran the policy's changing clocks, which no one timeline describes.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from kdvfs.envs.model.cost_model import Array
+
+PACE_STEPS = 5
+
+
+class Pace:
+    """Median live segment durations of the last steps (see the module docstring).
+
+    Attributes:
+        segments_s: (A+1,) the median live durations (s) of the step's segments between its start, its A
+            anchors and its end, over the last ``steps`` steps with A anchors; None until there were that many.
+    """
+
+    def __init__(self, steps: int = PACE_STEPS) -> None:
+        self.segments_s: Array | None = None
+        self._history: deque[Array] = deque(maxlen=steps)
+
+    def observe(self, start_s: float, end_s: float, anchors_s: Sequence[float]) -> None:
+        """Learn from one finished step (host times, s)."""
+        segments_s = np.diff(np.concatenate([[start_s], np.asarray(anchors_s, dtype=float), [end_s]]))
+        if len(segments_s) < 2 or bool(np.any(segments_s < 0)):
+            return
+        if self._history and len(self._history[-1]) != len(segments_s):
+            self._history.clear()
+            self.segments_s = None
+        self._history.append(segments_s)
+        if len(self._history) == self._history.maxlen:
+            self.segments_s = np.median(np.stack(list(self._history)), axis=0)
+
+    def for_anchors(self, anchors: int) -> Array | None:
+        """The learned segments (:attr:`segments_s`) if learned for steps with ``anchors`` (> 0) anchors, else None."""
+        fits = anchors > 0 and self.segments_s is not None and len(self.segments_s) == anchors + 1
+        return self.segments_s if fits else None
+
+
+def host_offsets_s(segments_s: Array, knots_s: Array, times_s: ArrayLike, reference_s: Array | None = None) -> Array:
+    """Host time from the step's start (s) at each of ``times_s`` (s on a timeline from the step's start).
+
+    Args:
+        segments_s: (A+1,) live segment durations (:attr:`Pace.segments_s`).
+        knots_s: (A+2,) the timeline's segment edges: 0, where the A anchors' kernels start, the step's end.
+        times_s: times on that timeline (s; a number or an array), at most its end (beyond it: the end's host
+            time).
+        reference_s: (A+2,) the same edges on the timeline the segments were measured at, if another: each
+            segment then lasts its live duration times its time on ``knots_s``'s timeline over the reference's.
+    """
+    lengths_s = np.asarray(segments_s, dtype=float)
+    if reference_s is not None:
+        lengths_s = lengths_s * np.diff(knots_s) / np.maximum(np.diff(reference_s), 1e-12)
+    host_knots_s = np.concatenate([[0.0], np.cumsum(lengths_s)])
+    return np.interp(np.asarray(times_s, dtype=float), np.asarray(knots_s, dtype=float), host_knots_s)

@@ -1,0 +1,86 @@
+"""Where a step's kernels fall in host time (:class:`StepTimes`): the model's timeline of the expected step,
+placed from the latest anchor the GPU passed and stretched to the run (see
+:mod:`kdvfs.runtime.controller.decisions.online`, "progress").
+
+A passed anchor (:data:`PassedAnchor`) is ``(index, host s, kernel)``: the anchor's index in the anchor map
+(-1: none passed yet, the step's start stands for it), when the GPU passed it and the kernel it stands for."""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+
+import numpy as np
+
+from kdvfs.agents.learned.online import kernel_at
+from kdvfs.runtime.controller.timing.anchors import AnchorMap
+from kdvfs.runtime.controller.timing.gpu_timeline import StepEnd
+from kdvfs.runtime.controller.timing.pace import Pace, host_offsets_s
+
+SCALE_STEPS = 5
+"""Matched steps at auto whose median sets the auto scale."""
+
+PassedAnchor = tuple[int, float, int]
+"""(index in the anchor map or -1, host s, kernel): where the GPU was last seen (see the module docstring)."""
+
+
+class StepTimes:
+    """Host times of the expected step's kernels (see the module docstring).
+
+    Args:
+        cumulative_s: each kernel's start on each pair's model timeline ((K+1, pairs) s; the last row the step's
+            end; pair 0 auto).
+        auto_time_s: the step's auto time on the model timeline (s).
+        anchor_map: which kernel each anchor stands for; pace: the step's pace between anchors.
+    """
+
+    def __init__(self, cumulative_s: np.ndarray, auto_time_s: float, anchor_map: AnchorMap, pace: Pace) -> None:
+        self.cumulative_s, self.auto_time_s, self.anchor_map, self.pace = cumulative_s, auto_time_s, anchor_map, pace
+        self.auto_scale = 1.0
+        """Host seconds per model second of the auto step (median of the last matched auto steps; 1 before)."""
+        self._scales: deque[float] = deque(maxlen=SCALE_STEPS)
+        self._times_s: dict[int, list[float]] = {}
+
+    def observe(self, end: StepEnd, matched: bool, controlled: bool) -> None:
+        """Learn the auto scale from a finished step (matched and at auto); the kernels' host times are found
+        again (the pace and the anchor map have just learned from the same step)."""
+        if matched and not controlled and end.duration_s is not None:
+            self._scales.append(end.duration_s / self.auto_time_s)
+            self.auto_scale = statistics.median(self._scales)
+        self._times_s.clear()
+
+    def at(self, pair: int) -> list[float]:
+        """Host time from the step's start (s) at each kernel's start on ``pair``'s model timeline ((K+1,), the
+        last the step's end): at the step's pace once it is learned (measured on the auto timeline, or in a
+        dry run at auto clocks: each segment stretched by its time at ``pair`` over auto's), else stretched by
+        the auto scale."""
+        times_s = self._times_s.get(pair)
+        if times_s is None:
+            column_s = self.cumulative_s[:, pair]
+            segments_s = self.pace.for_anchors(len(self.anchor_map.anchors))
+            if segments_s is None:
+                host_s = self.auto_scale * column_s
+            else:
+                kernels = [0] + [a.kernel for a in self.anchor_map.anchors] + [len(column_s) - 1]
+                host_s = host_offsets_s(segments_s, column_s[kernels], column_s, self.cumulative_s[kernels, 0])
+            times_s = self._times_s[pair] = host_s.tolist()
+        return times_s
+
+    def kernel_s(self, anchor: PassedAnchor, pair: int, kernel: int) -> float:
+        """When ``kernel`` is expected to start (host s): after ``anchor``, at ``pair``'s clocks."""
+        times_s = self.at(pair)
+        return anchor[1] + times_s[kernel] - times_s[anchor[2]]
+
+    def kernel_running(self, anchor: PassedAnchor, pair: int, at_s: float) -> int:
+        """The kernel expected to run at host time ``at_s`` (s), after ``anchor``, at ``pair``'s clocks (never one
+        before the anchor's, nor past the last)."""
+        return kernel_at(self.at(pair), anchor[2], at_s - anchor[1])
+
+    def end_s(self, anchor: PassedAnchor, start_s: float, step_s: float) -> float:
+        """The step's expected end (host s) for a step that started at ``start_s`` and is expected to last
+        ``step_s``: from the last anchor passed (``step_s``'s share after its kernel, at auto's proportions on
+        the step's pace once learned), else from the step's start."""
+        if anchor[0] < 0:
+            return start_s + step_s
+        auto_s = self.at(0)
+        return anchor[1] + step_s * (auto_s[-1] - auto_s[anchor[2]]) / auto_s[-1]

@@ -1,0 +1,68 @@
+"""The process ``kdvfs run`` runs the user's script in:
+``python -m kdvfs.runtime.controller.training.boot CONFIG SCRIPT ARGS``.
+
+It opens the :class:`~kdvfs.runtime.controller.controller.Controller` described by CONFIG (every check happens
+here, before the script starts; a failed one is exit code 2 with the clocks untouched), registers a global
+``torch.optim`` optimizer-step hook that calls :meth:`Controller.step`, and runs the unmodified script as
+``__main__`` with the same runner as ``kdvfs capture``. Whatever way the script ends, the controller is
+closed (clocks restored) and the summary is written to the report file for the parent. The script's own
+exit code passes through. Under torchrun every worker runs this module (torchrun's ``-m`` entry), each
+with its own controller, GPU and watchdog, and writes its own report (``report.rankR.json``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from torch.optim.optimizer import register_optimizer_step_post_hook
+
+from kdvfs.envs.common.errors import KdvfsError
+from kdvfs.runtime.child import run_target
+from kdvfs.runtime.controller.config import ControllerConfig
+from kdvfs.runtime.controller.controller import Controller
+from kdvfs.runtime.job import Rank, rank_path
+
+
+def write_report(config: ControllerConfig, document: dict[str, Any]) -> None:
+    """Write this process's report (under torchrun, each rank's own: :func:`kdvfs.runtime.job.rank_path`)."""
+    rank = Rank.from_environment()
+    if config.report_path:
+        path = rank_path(config.report_path, rank.rank) if rank.distributed else Path(config.report_path)
+        path.write_text(json.dumps(document), encoding="utf-8")
+
+
+@contextlib.contextmanager
+def step_hook(controller: Controller) -> Iterator[None]:
+    """Call ``controller.step()`` after every optimizer step."""
+    handle = register_optimizer_step_post_hook(lambda optimizer, args, kwargs: controller.step())
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def main(argv: Sequence[str]) -> int:
+    """Run the script ``argv[1:]`` under the controller configured by the file ``argv[0]``."""
+    config = ControllerConfig.load(Path(argv[0]))
+    controller = Controller(config=config)
+    try:
+        controller.__enter__()
+    except KdvfsError as error:
+        write_report(config, {"status": "error", "message": str(error)})
+        return 2
+    try:
+        with step_hook(controller):
+            run_target(argv[1:])
+    finally:
+        controller.close()
+        write_report(config, {"status": "ok", "summary": controller.summary, "windows": controller.windows})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

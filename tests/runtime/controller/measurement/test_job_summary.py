@@ -1,0 +1,61 @@
+"""One summary for a torchrun job: per A/B pair the ranks' joules summed and the slowest rank's seconds,
+per-rank rows, and the job's step reduction (:func:`kdvfs.runtime.job.job_step`) without a group."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from kdvfs.runtime.controller.measurement.job_summary import job_summary
+from kdvfs.runtime.job import JobStep, job_step, rank_path
+
+
+def _window(pair: int, arm: str, step_time_s: float, joules: float | None) -> dict[str, Any]:
+    return {"pair": pair, "arm": arm, "as_intended": True, "steps": 10, "controlled_steps": 10 if arm == "B" else 0,
+            "step_time_s": step_time_s, "energy_j_per_step": joules}
+
+
+def _summary(rank: int, energy_j: float) -> dict[str, Any]:
+    measured = {"energy_saved_pct": None, "energy_saved_ci95_pct": None, "slowdown_pct": None,
+                "slowdown_ci95_pct": None, "windows_auto": 3, "windows_controlled": 3}
+    return {"rank": rank, "gpu_index": 3 - rank, "steps": 100 + rank, "controlled_steps": 60, "switches": 4,
+            "mismatches": rank, "step_time_s": 0.1 + rank / 100, "energy_j_per_step": energy_j,
+            "energy_j_per_step_auto": energy_j, "energy_j_per_step_controlled": energy_j, "measured": measured,
+            "measured_net": {**measured, "controlled_share": 0.5 + rank / 10}, "backed_off": False,
+            "guard_backoffs": 0, "backoff_reason": "", "error": None, "restore_error": None, "gpu_restored": True,
+            "predicted": {"energy_saved_pct": 2.0 + rank, "slowdown_pct": 0.5 + rank, "switches": 2, "solve_s": 0.1}}
+
+
+def test_the_job_sums_energy_and_takes_the_slowest_time() -> None:
+    # rank 0 saves 10 of 100 J, rank 1 nothing of 300 J: the job saves 10 of 400 J = 2.5%
+    windows = [[_window(p, "A", 0.100, 100.0) for p in range(3)] + [_window(p, "B", 0.101, 90.0) for p in range(3)],
+               [_window(p, "A", 0.100, 300.0) for p in range(3)] + [_window(p, "B", 0.102, 300.0) for p in range(3)]]
+    windows[1][3]["step_time_s"] = 0.100  # noise in pair 0 on rank 1 gives the interval its width
+    summary = job_summary([_summary(0, 95.0), _summary(1, 300.0)], windows)
+    assert summary["measured"]["energy_saved_pct"] == pytest.approx(2.5)
+    assert summary["measured"]["slowdown_pct"] == pytest.approx((1.0 + 2.0 + 2.0) / 3)
+    assert summary["energy_j_per_step"] == 395.0 and summary["step_time_s"] == 0.11 and summary["switches"] == 8
+    assert summary["steps"] == 100 and summary["mismatches"] == 1
+    assert summary["measured_net"]["controlled_share"] == 0.5
+    assert summary["predicted"]["slowdown_pct"] == 1.5 and summary["predicted"]["energy_saved_pct"] == 2.5
+    assert [(r["rank"], r["gpu_index"]) for r in summary["ranks"]] == [(0, 3), (1, 2)]
+
+
+def test_a_pair_counts_for_energy_only_when_every_rank_measured_it() -> None:
+    windows = [[_window(0, "A", 0.1, 100.0), _window(0, "B", 0.1, 90.0)],
+               [_window(0, "A", 0.1, None), _window(0, "B", 0.1, 90.0)]]
+    summary = job_summary([_summary(0, 95.0), _summary(1, 95.0)], windows)
+    assert summary["measured"]["energy_saved_pct"] is None and summary["energy_j_per_step"] == 190.0
+
+
+def test_one_rank_is_its_own_summary_with_its_row() -> None:
+    summary = job_summary([_summary(0, 95.0)], [[]])
+    assert summary["rank"] == 0 and summary["ranks"][0]["gpu_index"] == 3
+
+
+def test_outside_torchrun_a_step_is_its_own_job_step_and_files_are_named_per_rank() -> None:
+    step = JobStep(0.1, True, 0.3, 2.0)
+    assert job_step(None, step) is step
+    assert rank_path("a/step.trace.json.gz", 1).name == "step.rank1.trace.json.gz"
+    assert rank_path("run.jsonl", 0).name == "run.rank0.jsonl" and rank_path("tb", 2).name == "tb.rank2"

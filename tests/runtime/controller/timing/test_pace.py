@@ -1,0 +1,63 @@
+"""The step's pace: live segment durations learned from the last steps, and times on a timeline put at them
+(against a direct sum over the segments)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kdvfs.runtime.controller.timing.pace import PACE_STEPS, Pace, host_offsets_s
+
+
+def _direct_s(segments_s: list[float], knots_s: list[float], time_s: float, reference_s: list[float]) -> float:
+    """Host time at ``time_s``: the whole segments before it, and its own segment's share up to it."""
+    host_s = 0.0
+    for j, live_s in enumerate(segments_s):
+        lo_s, hi_s = knots_s[j], knots_s[j + 1]
+        host_s += live_s / (reference_s[j + 1] - reference_s[j]) * (min(max(time_s, lo_s), hi_s) - lo_s)
+    return host_s
+
+
+@given(st.lists(st.tuples(st.floats(0.1, 10), st.floats(0.1, 10), st.floats(0.5, 2)), min_size=2, max_size=8),
+       st.floats(0, 1))
+def test_times_are_placed_in_their_segment_at_its_live_pace(
+        parts: list[tuple[float, float, float]], where: float) -> None:
+    timeline, live, ratio = zip(*parts, strict=True)
+    knots_s = np.concatenate([[0.0], np.cumsum(timeline)])
+    reference_s = np.concatenate([[0.0], np.cumsum(np.asarray(timeline) * ratio)])  # measured at other clocks
+    time_s = where * knots_s[-1]
+    expected_s = _direct_s(list(live), list(knots_s), time_s, list(knots_s))
+    assert host_offsets_s(np.array(live), knots_s, time_s) == pytest.approx(expected_s, rel=1e-9, abs=1e-12)
+    stretched_s = _direct_s(list(live), list(knots_s), time_s, list(reference_s))
+    assert host_offsets_s(np.array(live), knots_s, time_s, reference_s) == pytest.approx(stretched_s, rel=1e-9,
+                                                                                          abs=1e-12)
+    assert host_offsets_s(np.array(live), knots_s, knots_s[-1] + 1.0) == pytest.approx(sum(live))  # the end's
+
+
+def test_the_pace_is_the_median_of_each_segment_over_the_last_steps() -> None:
+    pace = Pace()
+    rng = np.random.default_rng(0)
+    seen = []
+    for step in range(PACE_STEPS + 2):
+        start_s = 10.0 * step
+        segments = [0.001 * (1 + step % 3), 0.004, 0.002 + 0.001 * rng.random()]
+        seen.append(segments)
+        pace.observe(start_s, start_s + sum(segments), list(start_s + np.cumsum(segments[:-1])))
+        learned = step + 1 >= PACE_STEPS
+        assert (pace.segments_s is not None) == learned and (pace.for_anchors(2) is not None) == learned
+    assert pace.segments_s == pytest.approx(np.median(seen[-PACE_STEPS:], axis=0))
+    assert pace.for_anchors(3) is None and pace.for_anchors(0) is None
+
+
+def test_another_anchor_count_starts_again_and_disorder_is_ignored() -> None:
+    pace = Pace()
+    for step in range(PACE_STEPS):
+        pace.observe(step, step + 0.5, [step + 0.1, step + 0.3])
+    before = pace.segments_s
+    pace.observe(9.0, 9.5, [9.3, 9.1])  # out of order
+    pace.observe(9.0, 9.2, [9.1, 9.3])  # after the step's end
+    assert before is not None and pace.segments_s is before
+    pace.observe(10.0, 10.5, [10.2])
+    assert pace.segments_s is None and pace.for_anchors(2) is None
