@@ -33,7 +33,7 @@ COST_PARAM_RANGES: Mapping[str, tuple[float, float]] = MappingProxyType({
     "memory_core_knee": _FRACTION, "static_w": _WATTS, "leakage_w": _WATTS, "core_idle_w": _WATTS,
     "core_sm_w": _WATTS, "core_tensor_w": _WATTS, "voltage_min": _FRACTION, "voltage_knee_fraction": _FRACTION,
     "mem_background_w": _WATTS, "mem_traffic_w": _WATTS, "traffic_core_share": _FRACTION,
-    "switch_stall_s": (0.0, 1.0), "power_window_s": (1e-4, 10.0),
+    "switch_stall_s": (0.0, 1.0), "power_window_s": (1e-9, 10.0),
 })
 """Where each cost-model parameter makes sense, inclusive (meanings: ``kdvfs.envs.model.cost_model.CostParams``)."""
 
