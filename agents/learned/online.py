@@ -148,7 +148,8 @@ class OnlinePolicy:
         return self.labels.index(label)
 
     def begin(self, budget: float) -> int:
-        """Start a step with slowdown budget ``budget`` (fraction); returns its first pair (at kernel 0)."""
+        """Start a step with ``budget`` (allowed step-time increase over auto, a fraction); returns its first
+        pair (at kernel 0)."""
         observation, _ = self.env.reset(seed=0, options={"budget": max(0.0, budget)})
         action = self._policy_action(observation[self._static_size:])
         self._action[:] = action

@@ -165,8 +165,8 @@ def observe_dynamic(obs: Array, advice: Array, row: Array, lay: Array, advisor_i
         pending_left_s: time until the pending change is expected to take effect (s; may be negative).
         elapsed_s, auto_elapsed_s: the step's time so far and auto's for the same kernels (s).
         last_latency_ratio, drift_pct: the conditions' measured entries.
-        budget: slowdown budget (fraction); auto_time_s: the step's auto time (s); latency_s: mean switching
-            latency (s); budget_plan: the budget's plan (-1: none).
+        budget: allowed step-time increase over auto (fraction); auto_time_s: the step's auto time (s);
+            latency_s: mean switching latency (s); budget_plan: the budget's plan (-1: none).
     """
     levels, memories = lay[L_LEVELS], lay[L_MEMORIES]
     _one_hot(obs, lay[L_IN_EFFECT], in_effect, memories, levels)

@@ -230,7 +230,7 @@ class Controller:
             self._decider.load(online.policy, problem)
         warm_up = WarmUp() if config.online_warm_up and self._decider is None else None
         return OnlineSteps(online, clocks, timeline, anchoring.map, anchoring.pace, self._clock, self._log,
-                           problem.slowdown, config.budget, config.dry_run, interval_s, config.issue_early_ms / 1e3,
+                           problem.budget, config.budget, config.dry_run, interval_s, config.issue_early_ms / 1e3,
                            self._decider, config.online_lookahead, warm_up)
 
     def _start_decider(self) -> DeciderProcess | None:
