@@ -184,7 +184,8 @@ def train_config_mapping(gpu_or_path: str | Path) -> Any:
     Raises:
         ConfigError: a missing or unreadable file in the chain, a bad ``extends`` value, or a cycle.
     """
-    path, seen = train_config_path(gpu_or_path), list[Path]()
+    path = train_config_path(gpu_or_path)
+    seen: list[Path] = []
     layers: list[Any] = []
     while True:
         if path.resolve() in seen:
