@@ -67,7 +67,8 @@ from kdvfs.envs.common.errors import StepDetectionError
 from kdvfs.envs.common.paths import CONFIG_DIR
 from kdvfs.envs.common.resolve import resolve_shipped, shipped_names
 from kdvfs.envs.gpu.profiles import GpuProfile
-from kdvfs.envs.synthetic.kernels import Eff, Spec, step_specs
+from kdvfs.envs.synthetic.kernel_builder import Eff, Spec
+from kdvfs.envs.synthetic.kernels import step_specs
 from kdvfs.envs.synthetic.workload import TransformerConfig
 from kdvfs.envs.trace.trace import Features, Kernel, Kind, Phase, Trace, TraceMeta
 
