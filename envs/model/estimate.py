@@ -47,8 +47,8 @@ class CategoryPrior:
 
 
 # Duration-weighted medians over the ncu-enriched kernels of the bundled h200/gpt3xl-1layer-b4 and
-# h200/resnet50-b128 traces, from `python benchmarks/feature_priors.py` on 2026-11-29
-# (benchmarks/results/feature_priors.json). Communication has no measured kernel: assumed features (below).
+# h200/resnet50-b128 traces (derivation: docs/results.md). Communication has no measured kernel: assumed
+# features (below).
 COMMUNICATION_FEATURES = (0.1, 0.05, 0.0)
 """sm_util, dram_util, tensor_util assumed for a communication kernel without its op's work: NCCL holds a few
 SMs polling for the other ranks' data (about 16-32 of an H200's 132) and moves little DRAM traffic while it

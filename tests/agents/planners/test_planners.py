@@ -92,7 +92,7 @@ def test_latency_optimum_is_feasible_and_within_its_certificate(seed: int) -> No
 
 def test_latency_optimum_equals_brute_force_on_most_tiny_instances() -> None:
     # Lagrangian duality gaps exist on tiny instances with coarse choices; on real traces the certified gap
-    # is ~0.1% (benchmarks/results/planners.md).
+    # is small (docs/results.md).
     equal = 0
     for seed in SEEDS:
         costs, rng = tiny(seed)
