@@ -176,6 +176,9 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray], StepExecution):
         self.applied = np.zeros(self._kernels, dtype=np.int64)
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Array, dict[str, Any]]:
+        """Start an episode: the step (``options["step"]``: index or name; else drawn), the budget
+        (``options["budget"]``, a fraction; else drawn from ``budgets``), the switching regime and the
+        disturbances. Returns the first observation and ``{"step": name, "budget": budget}``."""
         super().reset(seed=seed)
         options, budgets = options or {}, self.config.budgets
         names = [s.name for s in self.steps]
@@ -188,6 +191,12 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray], StepExecution):
         return self._observe(), {"step": self._data.name, "budget": budget}
 
     def step(self, action: Array) -> tuple[Array, float, bool, bool, dict[str, Any]]:
+        """Act at this decision point and run to the next one (see the class docstring); returns the
+        observation, the reward, whether the run ended, False (never truncated) and ``info``.
+
+        Raises:
+            gymnasium.error.ResetNeeded: the run is over.
+        """
         if self._k >= self._kernels:
             raise gym.error.ResetNeeded("the step is over; call reset()")
         before = self._totals()

@@ -23,7 +23,8 @@ if TYPE_CHECKING:
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     train = subparsers.add_parser("train", help="train a clock policy for a GPU with PPO")
     train.add_argument("--gpu", required=True, help="GPU profile name the policy is for")
-    train.add_argument("--config", type=Path, help="PPO config YAML (default: configs/ppo/<gpu>.yaml)")
+    train.add_argument("--config", type=Path, help="PPO config YAML, whole or with `extends: <gpu>` and "
+                       "what differs (default: configs/ppo/<gpu>.yaml)")
     train.add_argument("--timesteps", type=int, help="environment steps to train for (default: the config's)")
     add_output(train, "run folder: logs, checkpoints, frozen policy", dest="out", required=True)
     train.add_argument("--no-progress", action="store_true", help="no progress bar")

@@ -104,6 +104,12 @@ def test_smoke_run_writes_policy_logs_checkpoints_and_record(tiny_run: TrainResu
     assert set(tiny_run.held_out["h200/gpt2s-b16"]) >= {"energy_saved_pct", "slowdown_pct", "switches"}
 
 
+def test_a_runs_saved_config_is_whole_and_loads_back(tiny_run: TrainResult) -> None:
+    saved = tiny_run.out / "config.yaml"
+    assert "extends" not in yaml.safe_load(saved.read_text())
+    assert to_plain(load_train_config(saved)) == yaml.safe_load(saved.read_text())
+
+
 def test_the_shipped_policy_is_the_better_of_clone_and_ppo_on_the_training_steps(tiny_run: TrainResult) -> None:
     summary = json.loads((tiny_run.out / "summary.json").read_text())
     scores, selected = summary["training_scores"], summary["selected"]
