@@ -43,7 +43,7 @@ bundled-traces: setup
 		--workload resnet50-b128 --ref-mem-mhz 3201 --observed-core-mhz 1980 --ncu $(RAW)/ncu_resnet50_first400.csv.gz \
 		--energy-j-per-step 17.24685789473684 --step-time-s 0.031753824189473714
 
-# Re-create the sweeps and the shipped profiles' cost-model parameters (see docs/cost-model.md).
+# Re-create the sweeps and the shipped profiles' cost-model parameters (see docs/design/cost-model.md).
 calibrate: setup
 	$(BIN)/kdvfs model convert wang-chu data/raw/public/gtx980-dvfs-sweep.csv --gpu gtx980 -o data/sweeps/gtx980.sweep.csv
 	$(BIN)/kdvfs model convert wang-chu data/raw/public/gtx1080ti-dvfs-sweep.csv --gpu gtx1080ti \

@@ -68,7 +68,7 @@ def run(folder: Path, seconds: float) -> None:
     (folder / "run.json").write_text(json.dumps(log, indent=1))
     trace, plan = folder / "gpt2s-compiled.trace.json", folder / "gpt2s-compiled.plan.json"
     _kdvfs("capture", "--steps", "3", "-o", str(trace), "--", sys.executable, *COMPILED, "--steps", "400")
-    _kdvfs("plan", "--trace", str(trace), "--gpu", "h200", "--method", "latency-optimal", "--slowdown", "0.01",
+    _kdvfs("plan", "--trace", str(trace), "--gpu", "h200", "--method", "latency-optimal", "--budget", "0.01",
            "-o", str(plan))
     log["runs"].append(_dry_run(folder, "gpt2s-compiled", str(plan), str(trace), COMPILED, seconds))
     log["nvidia_smi_after"], log["finished_utc"] = nvidia_smi(header=False), utc_now()

@@ -16,8 +16,8 @@ in blocks of ABBA windows interleaved round by round (``controller_arms.arm_orde
 without the spread between processes (the report compares each arm with the process's own, pair by pair);
 ``--no-end-to-end`` skips step 1 below; ``--repeat N`` runs each workload's windows N times (N x 4 ABBA pairs:
 the overhead's interval narrows); ``report --name NAME`` writes the figures under another name. On the device
-machine (no package registry) gymnasium and farama-notifications travel as wheels (see ``docs/controller.md``,
-"On an H200").
+machine (no package registry) the missing packages travel as wheels (``docs/results.md``, "Running the H200
+benchmarks").
 
 ``run`` never changes a clock: every controller there is a dry run whose NVML binding is
 ``benchmarks.nvml_guard`` (the real pynvml; any Set/Reset/Clear call is refused and counted). It runs
@@ -87,7 +87,7 @@ CLI_STEPS = 150
 
 def make_plan(trace: str, output: Path) -> None:
     """The latency-optimal plan at a 1% budget with the profile's switching latency (`kdvfs plan`)."""
-    _kdvfs(["plan", "--trace", trace, "--gpu", "h200", "--method", "latency-optimal", "--slowdown", "0.01",
+    _kdvfs(["plan", "--trace", trace, "--gpu", "h200", "--method", "latency-optimal", "--budget", "0.01",
             "-o", str(output)])
 
 

@@ -139,7 +139,7 @@ def markdown(document: Mapping[str, object]) -> str:
               "kernels, `tw abs` / `tw bias` the duration-weighted mean absolute / signed error. `n (prior)`: "
               "kernels compared (of which estimated from category priors). Module priors are in-sample (derived "
               "from both ncu traces); leave-one-workload-out priors come from the other trace only. Analysis: "
-              "docs/feature-estimation.md."]
+              "docs/design/feature-estimation.md."]
     results = document["results"]
     assert isinstance(results, dict)
     for label, result in results.items():

@@ -27,7 +27,7 @@ PLOT_BUDGETS = (0.0, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1)
 def paper_figures(trace: Trace, profile: GpuProfile) -> dict[str, float]:
     """The paper's three figures for a step, ideal switching: ILP global at 0% and 1%, pass-level at 0%."""
     problem = Problem.build(trace, profile, 0.0, latency_s=0.0)
-    one = problem.with_slowdown(0.01)
+    one = problem.with_budget(0.01)
     return {"ilp_global_0pct": score(problem, make_planner("ilp").plan(problem)).energy_saved_pct,
             "ilp_global_1pct": score(one, make_planner("ilp").plan(one)).energy_saved_pct,
             "pass_level_0pct": score(problem, make_planner("per-phase").plan(problem)).energy_saved_pct}

@@ -10,7 +10,7 @@ D=$OUT/tr; mkdir -p $D
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv,noheader
 timeout 200 python3 benchmarks/kd.py capture --nvml-module benchmarks.nvml_guard --steps 3 --json -o $D/step.trace.json -- torchrun --nproc-per-node 1 examples/gpt.py --size gpt2s --batch 16 --ddp --steps 600 > $D/capture.json; echo capture rc=$?
 ls $D
-timeout 60 python3 benchmarks/kd.py plan --trace $D/step.trace.json --gpu h200 --method latency-optimal --slowdown 0.01 -o $D/plan.json; echo plan rc=$?
+timeout 60 python3 benchmarks/kd.py plan --trace $D/step.trace.json --gpu h200 --method latency-optimal --budget 0.01 -o $D/plan.json; echo plan rc=$?
 KDVFS_NVML_RECORD=$D/nvml_calls.json timeout 250 python3 benchmarks/kd.py run --dry-run --json --nvml-module benchmarks.nvml_guard --policy $D/plan.json --trace $D/step.trace.json --log $D/run.jsonl -- torchrun --nproc-per-node 1 examples/gpt.py --size gpt2s --batch 16 --ddp --steps 2500 > $D/run.json; echo run rc=$?
 python3 -c "import json; d=json.load(open('$D/run.json')); print({k: d.get(k) for k in ['steps','controlled_steps','mismatches','backed_off','measured','gpu_restored']}); print(d.get('ranks'))"
 gzip -f $D/run.rank0.jsonl 2>/dev/null; ls -la $D

@@ -5,7 +5,7 @@
     kdvfs run --dry-run --policy policies/h200.kdvfs-policy.npz --trace hf.trace.json -- python examples/hf_trainer.py
 
 Nothing here knows kdvfs: capture and control attach from outside, through the optimizer's step hook
-(``docs/capture.md``). Needs ``transformers`` (not a kdvfs dependency). bf16 on a GPU, fp32 on a CPU.
+(``docs/guide/capture.md``). Needs ``transformers`` (not a kdvfs dependency). bf16 on a GPU, fp32 on a CPU.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """The planning problem every decision maker solves, and the interface they share.
 
-A :class:`Problem` is one training step (trace) on one GPU (profile) with a slowdown budget and a
-switching latency. A :class:`Planner` turns it into a :class:`~kdvfs.envs.model.schedule.Schedule`; learned policies
-and exact planners alike, so ``kdvfs compare`` scores them the same way (:func:`score`).
+A :class:`Problem` is one training step (trace) on one GPU (profile) with a budget (the allowed step-time
+increase over auto, a fraction) and a switching latency. A :class:`Planner` turns it into a
+:class:`~kdvfs.envs.model.schedule.Schedule`; learned policies and exact planners alike, so ``kdvfs compare``
+scores them the same way (:func:`score`).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ class Problem:
         trace: the training step, every kernel with features (estimated where it had none).
         profile: the GPU.
         costs: time and energy of every kernel under every action.
-        slowdown: allowed step-time increase over auto, as a fraction (0.01 = 1%).
+        budget: allowed step-time increase over auto, as a fraction (0.01 = 1%).
         latency_s: switching latency the schedule is executed with (s).
         stall_s: GPU stall per clock change (s).
     """
@@ -41,24 +42,25 @@ class Problem:
     trace: Trace
     profile: GpuProfile
     costs: ActionCosts
-    slowdown: float
+    budget: float
     latency_s: float
     stall_s: float
 
     @classmethod
-    def build(cls, trace: Trace, profile: GpuProfile, slowdown: float, latency_s: float | None = None) -> Problem:
+    def build(cls, trace: Trace, profile: GpuProfile, budget: float, latency_s: float | None = None) -> Problem:
         """Cost tables of ``trace`` on ``profile``. Latency defaults to the profile's mean; a latency of 0
         models ideal switching (no stall either)."""
-        if slowdown < 0:
-            raise KdvfsError(f"slowdown budget {slowdown} must be >= 0 (a fraction: 0.01 = 1%)")
+        if budget < 0:
+            raise KdvfsError(f"budget {budget} must be >= 0 (a fraction: 0.01 = 1%)")
         params = CostParams.from_profile(profile)
         trace = estimate_features(trace, profile)
         costs = ActionCosts.from_tables(build_tables(trace, profile, params))
         latency = profile.switching.latency_mean_s if latency_s is None else latency_s
-        return cls(trace, profile, costs, slowdown, latency, params.switch_stall_s if latency > 0 else 0.0)
+        return cls(trace, profile, costs, budget, latency, params.switch_stall_s if latency > 0 else 0.0)
 
-    def with_slowdown(self, slowdown: float) -> Problem:
-        return Problem(self.trace, self.profile, self.costs, slowdown, self.latency_s, self.stall_s)
+    def with_budget(self, budget: float) -> Problem:
+        """This problem with another budget (a fraction); the cost tables are shared."""
+        return Problem(self.trace, self.profile, self.costs, budget, self.latency_s, self.stall_s)
 
     @property
     def auto(self) -> Outcome:
@@ -67,8 +69,8 @@ class Problem:
 
     @property
     def budget_s(self) -> float:
-        """Largest allowed step time (s): auto's step time times (1 + slowdown)."""
-        return self.auto.time_s * (1.0 + self.slowdown)
+        """Largest allowed step time (s): auto's step time times (1 + budget)."""
+        return self.auto.time_s * (1.0 + self.budget)
 
 
 def rank_slack_s(trace: Trace) -> float:
@@ -85,7 +87,7 @@ def rank_slack_s(trace: Trace) -> float:
 
 
 def rank_budget(trace: Trace, budget: float) -> float:
-    """A torchrun rank's slowdown budget over its own step (a fraction) under the job's ``budget``:
+    """A torchrun rank's budget over its own step (a fraction) under the job's ``budget``:
     ``(slack_s + budget * job_step_s) / step_s``: its step may grow by its slack (:func:`rank_slack_s`) plus
     the job's allowance, so its time outside collectives stays within the busiest rank's plus
     ``budget * job_step_s`` (the growth its waits absorb), and the job's step within ``job_step_s * (1 +

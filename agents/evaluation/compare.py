@@ -1,4 +1,5 @@
-"""Run every decision maker on one step at one or more slowdown budgets, and plot the trade-off."""
+"""Run every decision maker on one step at one or more budgets (allowed step-time increases over auto), and
+plot the trade-off."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ def plan_methods(case: Problem, methods: Sequence[str], progress: Callable[[str]
     schedules = []
     for name in methods:
         if progress:
-            progress(f"{name} @ {case.slowdown:.1%}")
+            progress(f"{name} @ {case.budget:.1%}")
         try:
             schedules.append(make_planner(name).plan(case))
         except InfeasibleBudgetError as error:
@@ -46,7 +47,7 @@ def compare(problem: Problem, budgets: Sequence[float], methods: Sequence[str] =
     """Every method at every budget (a method with no schedule within a budget is skipped: :func:`plan_methods`)."""
     rows = []
     for budget in budgets:
-        case = problem.with_slowdown(budget)
+        case = problem.with_budget(budget)
         rows += [Row(budget, score(case, schedule), score(case, schedule, ideal=True))
                  for schedule in plan_methods(case, methods, progress)]
     return rows

@@ -1,15 +1,13 @@
 """A frozen policy's live decision in one compiled call: observation, policy run, pair, next proposal change.
 
 :meth:`~kdvfs.agents.learned.online.OnlinePolicy.decide` calls :func:`decide_bound` (:func:`decide_live` on the
-arrays a :class:`BoundDecision` holds) once per decision point. On
-the H200 host a decision point's Python is what a core that slept through the gap runs slowest: after a 6 ms
-sleep the observation's Python wrapper took ~25 us against its compiled kernel's 12.6 us, the whole decision
-91.7 us against 18.7 back to back (``benchmarks/results/decision_cold_h200_parts.md``). Here the environment's
-part (:func:`~kdvfs.envs.env.live_tables.observe_at`, :func:`~kdvfs.envs.env.live_tables.target_pair_of`,
+arrays a :class:`BoundDecision` holds) once per decision point. A decision point's Python runs slowest on a core
+that slept through the gap, so as little as possible stays in Python: the environment's part
+(:func:`~kdvfs.envs.env.live_tables.observe_at`, :func:`~kdvfs.envs.env.live_tables.target_pair_of`,
 :func:`~kdvfs.envs.env.live_tables.plan_of`, :func:`~kdvfs.envs.env.live_tables.next_change_in`: the functions
 the environment itself calls) and the policy's (:func:`~kdvfs.agents.learned.forward.act`) run in one call,
-on arrays bound once (:class:`BoundDecision`: one argument for numba's dispatch to walk, not ~47: on the H200
-host that dispatch took 25.8 us of a cold call's 63.7, ``benchmarks/results/decision_cold_h200_dispatch.md``).
+on arrays bound once (:class:`BoundDecision`: one argument for numba's dispatch to walk, not ~47, since the
+dispatch's cost grows with the arguments). The timings behind this are in ``docs/results.md``.
 """
 
 from __future__ import annotations

@@ -102,12 +102,12 @@ def _margin_row(case: Problem, draws: Sequence[Disturbances], times: int) -> Noi
     no multiple stays within budget often enough."""
     costs, best = tiled(case.costs, times), None
     for margin in MARGINS:
-        planned = case.with_slowdown(case.slowdown * margin)
+        planned = case.with_budget(case.budget * margin)
         schedules = plan_methods(planned, ["latency-optimal"])
         if not schedules:
             continue
         results = [_open_loop(costs, schedules[0], drawn, case.stall_s, times) for drawn in draws]
-        row = _row(case.slowdown, MARGIN_METHOD, results, schedules[0].solve_s, planned.slowdown)
+        row = _row(case.budget, MARGIN_METHOD, results, schedules[0].solve_s, planned.budget)
         if row.within_budget >= COMPLIANCE and (best is None or row.energy_saved_pct > best.energy_saved_pct):
             best = row
     return best
@@ -119,7 +119,7 @@ def noisy_rows(problem: Problem, planner: PolicyPlanner, budgets: Sequence[float
     ``seed + 1``, ... (the same draws for all of them)."""
     rows = []
     for budget in budgets:
-        case = problem.with_slowdown(budget)
+        case = problem.with_budget(budget)
         schedules = plan_methods(case, methods, progress)
         env = policy_env(planner.policy, case, disturbed=True)
         times = env.config.run_steps

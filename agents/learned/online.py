@@ -15,11 +15,10 @@ latency before the step starts.
 Each decision says when the next one is needed: when the policy runs again, and the kernel where the
 standing order's proposal can next change (:meth:`~kdvfs.envs.env.dvfs_env.KernelDVFSEnv.next_proposal_change`;
 unknown for orders that depend on the budget: the fitting plan, window advisors). The observation is
-computed without its static part (next kernels and windows: 911 of the H200 policy's 1,104 entries),
-whose share of the first layer is computed for every kernel once
-(:meth:`~kdvfs.agents.learned.frozen.FrozenPolicy.first_products`), as is the share of the clocks in
-effect and pending (one-hots: 114 entries) for every pair, so that a decision multiplies 79 entries by
-the first layer's weights, not 1,104 (it reads ~40 KB of the first layer's 565 KB). A decision is one
+computed without its static part (next kernels and windows: most of its entries), whose share of the
+first layer is computed for every kernel once (:meth:`~kdvfs.agents.learned.frozen.FrozenPolicy.first_products`),
+as is the share of the clocks in effect and pending (one-hots) for every pair, so that a decision multiplies
+only the remaining entries by the first layer's weights and reads a small part of them. A decision is one
 compiled call on arrays bound once (:mod:`kdvfs.agents.learned.live_decision`: the observation, the policy
 run, the pair and the next change) that keeps the interpreter lock for its few microseconds (a controller
 thread beside a busy training loop does not wait to get it back). What the environment computes once per
@@ -148,7 +147,8 @@ class OnlinePolicy:
         return self.labels.index(label)
 
     def begin(self, budget: float) -> int:
-        """Start a step with slowdown budget ``budget`` (fraction); returns its first pair (at kernel 0)."""
+        """Start a step with ``budget`` (allowed step-time increase over auto, a fraction); returns its first
+        pair (at kernel 0)."""
         observation, _ = self.env.reset(seed=0, options={"budget": max(0.0, budget)})
         action = self._policy_action(observation[self._static_size:])
         self._action[:] = action

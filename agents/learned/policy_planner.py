@@ -37,7 +37,7 @@ def policy_env(policy: FrozenPolicy, problem: Problem, disturbed: bool = False) 
         run_steps=1)
     mean_s, std_s = problem.profile.switching.latency_mean_s, problem.profile.switching.latency_std_s
     spread_s = std_s * problem.latency_s / mean_s if mean_s > 0 else 0.0
-    return KernelDVFSEnv([step], problem.profile, config, budgets=(problem.slowdown,), latency_s=problem.latency_s,
+    return KernelDVFSEnv([step], problem.profile, config, budgets=(problem.budget,), latency_s=problem.latency_s,
                          latency_scales=(1.0,), latency_std_s=spread_s, stall_s=problem.stall_s)
 
 
@@ -84,7 +84,7 @@ def policy_rows(problem: Problem, planner: PolicyPlanner, budgets: Sequence[floa
     """The policy's ``compare`` rows at each budget (executed, and as planned)."""
     rows = []
     for budget in budgets:
-        case = problem.with_slowdown(budget)
+        case = problem.with_budget(budget)
         schedule = planner.plan(case)
         rows.append(Row(budget, score(case, schedule), score(case, schedule, ideal=True)))
     return rows

@@ -4,6 +4,14 @@
 section holds arguments of ``stable_baselines3.PPO`` under SB3's own names, ``vec_normalize`` those of
 ``VecNormalize``, ``env`` the environment's settings (:class:`~kdvfs.envs.env.config.EnvConfig`, clock grid
 included), ``data`` the train/held-out split.
+
+Layering: a config file may name a base with ``extends: <base>``; it is then laid over the base's mapping by
+:func:`~kdvfs.envs.common.config.merge_mappings` (mappings merge key by key, recursively; any other value,
+lists and null included, replaces the base's whole) before the strict load. ``<base>`` is a bundled PPO config
+name (``default``) or, when it ends in ``.yaml``/``.yml``, a file path relative to the extending file's folder;
+bases may extend bases (a cycle is an error). ``configs/ppo/default.yaml`` holds what every GPU shares and
+names no GPU; each ``configs/ppo/<gpu>.yaml`` extends it with what differs. A file without ``extends`` is a
+whole config by itself (as every run's saved ``config.yaml`` is).
 """
 
 from __future__ import annotations
@@ -21,7 +29,7 @@ from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecEnv, VecMonitor, VecNormalize
 
 from kdvfs.agents.learned.imitation import ImitationArgs
-from kdvfs.envs.common.config import ConfigError, from_mapping, load_yaml
+from kdvfs.envs.common.config import ConfigError, from_mapping, load_yaml, merge_mappings
 from kdvfs.envs.common.paths import CONFIG_DIR
 from kdvfs.envs.common.resolve import resolve_shipped
 from kdvfs.envs.env.clock_grid import ClockGrid
@@ -32,6 +40,9 @@ from kdvfs.envs.env.workloads import DataSplit
 from kdvfs.envs.gpu.profiles import GpuProfile
 
 PPO_CONFIG_DIR = CONFIG_DIR / "ppo"
+DEFAULT_CONFIG = "default"
+"""The bundled base every GPU's config extends (no config of a GPU by itself)."""
+EXTENDS_KEY = "extends"
 ACTIVATIONS = ("tanh", "relu")
 VEC_ENVS = ("dummy", "subprocess")
 EPISODE_METRICS = ("energy_saved_pct", "slowdown_pct", "overrun_pct", "switches")
@@ -137,11 +148,72 @@ class TrainConfig:
             raise ConfigError(f"request_prior {self.request_prior} must be in (0, 1)")
 
 
+def train_config_path(gpu_or_path: str | Path) -> Path:
+    """An existing YAML file ``gpu_or_path``, else the bundled ``configs/ppo/<gpu>.yaml``.
+
+    Raises:
+        ConfigError: no such file or bundled config (the message lists the bundled GPUs), or the name of the
+            shared base (``default``), which is no GPU's config.
+    """
+    if str(gpu_or_path) == DEFAULT_CONFIG and not Path(gpu_or_path).is_file():
+        raise ConfigError(f"{PPO_CONFIG_DIR / DEFAULT_CONFIG}.yaml is what every GPU's PPO config extends, not a "
+                          "config by itself; name a GPU (--gpu) or pass a config file with --config")
+    return resolve_shipped(gpu_or_path, PPO_CONFIG_DIR, ".yaml", "PPO config", error=ConfigError,
+                           hint=" with --config", hidden=(DEFAULT_CONFIG,))
+
+
+def _base_path(name: Any, path: Path) -> Path:
+    """The file an ``extends: name`` in ``path`` names (see the module docstring)."""
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"{path}: {EXTENDS_KEY}: expected a PPO config name or a .yaml path, got {name!r}")
+    if name.endswith((".yaml", ".yml")):
+        base = path.parent / name
+        if not base.is_file():
+            raise ConfigError(f"{path}: {EXTENDS_KEY}: {base}: no such file")
+        return base
+    bundled = PPO_CONFIG_DIR / f"{name}.yaml"
+    if not bundled.is_file():
+        raise ConfigError(f"{path}: {EXTENDS_KEY}: no bundled PPO config {name!r} ({bundled})")
+    return bundled
+
+
+def train_config_mapping(gpu_or_path: str | Path) -> Any:
+    """The raw mapping a PPO config resolves to: its file (:func:`train_config_path`) laid over its ``extends``
+    chain, the key ``extends`` removed. Not validated here (see :func:`load_train_config`).
+
+    Raises:
+        ConfigError: a missing or unreadable file in the chain, a bad ``extends`` value, or a cycle.
+    """
+    path = train_config_path(gpu_or_path)
+    seen: list[Path] = []
+    layers: list[Any] = []
+    while True:
+        if path.resolve() in seen:
+            chain = " -> ".join(str(p) for p in [*seen, path.resolve()])
+            raise ConfigError(f"{path}: {EXTENDS_KEY} makes a cycle: {chain}")
+        seen.append(path.resolve())
+        data = load_yaml(path)
+        if not isinstance(data, dict) or EXTENDS_KEY not in data:
+            layers.append(data)
+            break
+        layers.append({k: v for k, v in data.items() if k != EXTENDS_KEY})
+        path = _base_path(data[EXTENDS_KEY], path)
+    merged = layers.pop()
+    for layer in reversed(layers):
+        merged = merge_mappings(merged, layer)
+    return merged
+
+
 def load_train_config(gpu_or_path: str | Path) -> TrainConfig:
-    """``configs/ppo/<gpu>.yaml`` by GPU name, or any YAML file; unknown keys are errors."""
-    path = resolve_shipped(gpu_or_path, PPO_CONFIG_DIR, ".yaml", "PPO config", error=ConfigError,
-                           hint=" with --config")
-    return from_mapping(TrainConfig, load_yaml(path), str(path))
+    """``configs/ppo/<gpu>.yaml`` by GPU name, or any YAML file, with its ``extends`` chain merged
+    (:func:`train_config_mapping`), loaded strictly into :class:`TrainConfig`.
+
+    Raises:
+        ConfigError: the file cannot be resolved or read, or the merged mapping has unknown, missing or
+            ill-typed keys or invalid values (the message names the file and the key path).
+    """
+    path = train_config_path(gpu_or_path)
+    return from_mapping(TrainConfig, train_config_mapping(path), str(path))
 
 
 def build_steps(named_traces: Sequence[tuple[str, Any]], profile: GpuProfile, grid: ClockGrid) -> list[StepData]:

@@ -2,11 +2,11 @@
 clone the expert, learn (TensorBoard logs, checkpoints, held-out evaluations), then freeze the actor into
 one file: PPO's, or the clone's where PPO did not improve on it on the training steps under noise.
 
-Everything a run writes goes to ``out``: ``run.json`` (command, resolved config, git revision, seed),
-``config.yaml``, ``tensorboard/``, ``checkpoints/``, ``model.zip`` and ``vecnormalize.pkl`` (SB3),
-``policy.kdvfs-policy.npz`` (the frozen policy that ships), ``imitation.kdvfs-policy.npz`` and
-``ppo.kdvfs-policy.npz`` (the clone before PPO and PPO's final policy) and ``summary.json`` (wall time,
-held-out results).
+Everything a run writes goes to ``out``: ``run.json`` (command, resolved config, git revision, seed), ``config.yaml``
+(the resolved config, its ``extends`` chain merged: a whole config by itself), ``tensorboard/``, ``checkpoints/``,
+``model.zip`` and ``vecnormalize.pkl`` (SB3), ``policy.kdvfs-policy.npz`` (the frozen policy that ships),
+``imitation.kdvfs-policy.npz`` and ``ppo.kdvfs-policy.npz`` (the clone before PPO and PPO's final policy) and
+``summary.json`` (wall time, held-out results).
 """
 
 from __future__ import annotations

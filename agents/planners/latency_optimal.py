@@ -38,8 +38,8 @@ class LatencyOptimal:
         starts = segment_starts(costs.time_s, problem.latency_s)
         found = cheapest_within(costs, np.array([problem.budget_s]), problem.stall_s, starts, self.iterations)
         if not found.feasible[0]:
-            raise InfeasibleBudgetError(f"no schedule meets a {problem.slowdown:.2%} slowdown budget with "
-                                        f"{problem.latency_s * 1e3:g} ms switching; allow a larger --slowdown")
+            raise InfeasibleBudgetError(f"no schedule meets a {problem.budget:.2%} budget with "
+                                        f"{problem.latency_s * 1e3:g} ms switching; allow a larger --budget")
         info = {"lambda_j_per_s": float(found.prices_j_per_s[0]),
                 "gap_j": max(0.0, float(found.energy_j[0] - found.lower_bounds_j[0]))}
         return Schedule(found.plans[0], self.name, time.perf_counter() - start, info)

@@ -141,7 +141,7 @@ def solve_mckp(time_s: Array, energy_j: Array, budget_s: float, allowed: Array |
 
 def _milp(time_s: Array, energy_j: Array, mask: Array, budget_s: float, fastest: Array) -> Array | None:
     """HiGHS on the remaining options: its best choice, or None if it found none in time."""
-    from scipy.optimize import Bounds, LinearConstraint, milp  # ~0.4 s to import: only when a MILP is solved
+    from scipy.optimize import Bounds, LinearConstraint, milp  # slow to import: only when a MILP is solved
     from scipy.sparse import csr_matrix
 
     groups = time_s.shape[0]

@@ -16,8 +16,8 @@ from kdvfs.envs.trace.trace import Phase
 
 
 def _infeasible(problem: Problem, what: str) -> InfeasibleBudgetError:
-    return InfeasibleBudgetError(f"no {what} meets a {problem.slowdown:.2%} slowdown budget on "
-                                 f"{problem.trace.meta.workload!r}; allow a larger --slowdown")
+    return InfeasibleBudgetError(f"no {what} meets a {problem.budget:.2%} budget on "
+                                 f"{problem.trace.meta.workload!r}; allow a larger --budget")
 
 
 @dataclass
@@ -45,7 +45,7 @@ class PerKernelBudget:
     def plan(self, problem: Problem) -> Schedule:
         start = time.perf_counter()
         costs = problem.costs
-        limit = costs.time_s[:, costs.auto_index] * (1.0 + problem.slowdown)
+        limit = costs.time_s[:, costs.auto_index] * (1.0 + problem.budget)
         energy = np.where(costs.time_s <= limit[:, None] * (1 + 1e-12), costs.energy_j, np.inf)
         return Schedule(np.argmin(energy, axis=1), self.name, time.perf_counter() - start)
 

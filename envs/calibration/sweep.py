@@ -128,7 +128,7 @@ def parse_sweep(text: str, source: str) -> Sweep:
     missing = [c for c in REQUIRED_COLUMNS if c not in header]
     if missing:
         raise SweepError(f"{source}: missing column(s) {missing}; a sweep needs {list(REQUIRED_COLUMNS)} "
-                         "(see docs/cost-model.md, 'Sweep schema')")
+                         "(see docs/design/cost-model.md, 'Sweep schema')")
     names: dict[str, int] = {}
     index, values = [], []
     numeric = [c for c in (*REQUIRED_COLUMNS[1:], *OPTIONAL_COLUMNS) if c in header]

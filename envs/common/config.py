@@ -121,6 +121,18 @@ def load_yaml(path: Path) -> Any:
         raise ConfigError(f"{path}: not valid YAML ({str(error).splitlines()[0]})") from None
 
 
+def merge_mappings(base: Any, override: Any) -> Any:
+    """``override`` laid over ``base``: where both are mappings, the result holds ``base``'s keys with each key
+    of ``override`` merged in recursively; anywhere else (numbers, text, lists, null) ``override`` replaces
+    ``base`` whole. Neither input is modified (mappings in the result are new)."""
+    if not (isinstance(base, dict) and isinstance(override, dict)):
+        return {k: merge_mappings(None, v) for k, v in override.items()} if isinstance(override, dict) else override
+    merged = {key: merge_mappings(None, value) for key, value in base.items()}
+    for key, value in override.items():
+        merged[key] = merge_mappings(merged.get(key), value)
+    return merged
+
+
 def to_plain(value: Any) -> Any:
     """Turn a config dataclass back into plain YAML-able data (for saving resolved configs)."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):

@@ -2,7 +2,7 @@
 
 numpy's ``searchsorted`` releases the interpreter lock (GIL) whatever the size; a thread that releases it beside
 a busy training loop can lose it until that loop lets go or the interpreter's switch interval (5 ms) forces it
-(measured in ``benchmarks/results/online_decision_lock.md``). The controller's decisions search with this instead.
+(evidence: ``docs/results.md``). The controller's decisions search with this instead.
 """
 
 from __future__ import annotations

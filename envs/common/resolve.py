@@ -25,14 +25,14 @@ def shipped_names(folder: Path, suffix: str) -> list[str]:
 
 
 def resolve_shipped(name_or_path: str | Path, folder: Path, suffix: str, kind: str, *, error: type[KdvfsError],
-                    name_kind: str | None = None, hint: str = "") -> Path:
+                    name_kind: str | None = None, hint: str = "", hidden: tuple[str, ...] = ()) -> Path:
     """An existing file ``name_or_path``, else the bundled ``folder/<name><suffix>``.
 
     Args:
         kind: what the file holds, e.g. ``"GPU profile"``; name_kind: what a bundled name names (default ``kind``).
         error: the error raised when neither exists: a name with a file suffix (``x.yaml``) is a missing file,
             any other name is unknown and the message lists the bundled ones (:class:`DataMissingError` where
-            none are bundled); hint is appended to it.
+            none are bundled, ``hidden`` left out of the list); hint is appended to it.
     """
     candidate = Path(name_or_path)
     if candidate.is_file():
@@ -42,6 +42,6 @@ def resolve_shipped(name_or_path: str | Path, folder: Path, suffix: str, kind: s
         return bundled
     if candidate.suffix:
         raise error(f"{candidate}: no such {kind} file")
-    known = ", ".join(shipped_names(folder, suffix))
+    known = ", ".join(name for name in shipped_names(folder, suffix) if name not in hidden)
     raise error(f"unknown {name_kind or kind} {str(name_or_path)!r}; known: {known} "
                 f"(bundled: {folder}/<name>{suffix}); or pass a {kind} file{hint}")

@@ -21,6 +21,7 @@ from kdvfs.envs.common.errors import KdvfsError
 from kdvfs.envs.env.config import EnvConfig, settings_table
 from kdvfs.envs.env.dynamic_observation import layout, observe_dynamic
 from kdvfs.envs.env.dynamics import Disturbances, core_fractions, draw
+from kdvfs.envs.env.execution import StepExecution
 from kdvfs.envs.env.landings import Landings
 from kdvfs.envs.env.live import LiveState
 from kdvfs.envs.env.live_tables import (
@@ -33,7 +34,7 @@ from kdvfs.envs.env.live_tables import (
 )
 from kdvfs.envs.env.observation import OBS_LIMIT, advisor_index, observation_table
 from kdvfs.envs.env.plan_advice import EPS, plan_for_budget
-from kdvfs.envs.env.reward import Reference, Totals, overrun_pct, reward_fn
+from kdvfs.envs.env.reward import Reference, overrun_pct, reward_fn
 from kdvfs.envs.env.step_data import StepData, step_index
 from kdvfs.envs.env.timing import decision_data, regime_index, timings
 from kdvfs.envs.env.workloads import default_step
@@ -43,7 +44,7 @@ from kdvfs.envs.model.cost_model import Array
 ENV_ID = "KernelDVFS-v0"
 
 
-class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
+class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray], StepExecution):
     """Pick the core and memory clocks for the kernels of a training step, saving energy within a time budget.
 
     ## Description
@@ -56,7 +57,7 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
     later (drawn from the profile's spread when ``latency_noise``), at the first kernel that starts after;
     the controller holds one request at a time; each change stalls the GPU. Disturbances (duration noise,
     drift, step jitter, latency spread: :mod:`kdvfs.envs.env.dynamics`) are drawn at reset, each switchable.
-    Details and the reasons for each choice: ``docs/environment.md``.
+    Details and the reasons for each choice: ``docs/design/environment.md``.
 
     ## Action Space
     ``MultiDiscrete([2, G + W + 1 + P + 2])``: (request?, clocks). Clocks ``g < G`` are pair ``g = level * M
@@ -164,7 +165,7 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
         self._auto_time_s, self._auto_energy_j = self._data.auto_time_s, self._data.auto_energy_j
         self._reference = Reference(self._auto_energy_j, self._auto_time_s, budget)
         self.disturbances = Disturbances(None, None, None, None, self.latency_s)
-        self._columns: dict[int, tuple[Array, Array]] = {}
+        self._columns = {}
         self._k, self._in_effect, self._pending = 0, 0, -1
         self._requested_at_s = self._effective_at_s = 0.0
         self._last_latency_ratio = 1.0
@@ -175,6 +176,9 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
         self.applied = np.zeros(self._kernels, dtype=np.int64)
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Array, dict[str, Any]]:
+        """Start an episode: the step (``options["step"]``: index or name; else drawn), the budget
+        (``options["budget"]``, a fraction; else drawn from ``budgets``), the switching regime and the
+        disturbances. Returns the first observation and ``{"step": name, "budget": budget}``."""
         super().reset(seed=seed)
         options, budgets = options or {}, self.config.budgets
         names = [s.name for s in self.steps]
@@ -187,6 +191,12 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
         return self._observe(), {"step": self._data.name, "budget": budget}
 
     def step(self, action: Array) -> tuple[Array, float, bool, bool, dict[str, Any]]:
+        """Act at this decision point and run to the next one (see the class docstring); returns the
+        observation, the reward, whether the run ended, False (never truncated) and ``info``.
+
+        Raises:
+            gymnasium.error.ResetNeeded: the run is over.
+        """
         if self._k >= self._kernels:
             raise gym.error.ResetNeeded("the step is over; call reset()")
         before = self._totals()
@@ -265,63 +275,6 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray]):
         self._effective_at_s = self._requested_at_s + self.latency_s
         self._elapsed_s, self._auto_elapsed_s = state.elapsed_s, state.auto_elapsed_s
         self._last_latency_ratio, self._live_drift_pct = state.last_latency_ratio, state.auto_drift_pct
-
-    def _totals(self) -> Totals:
-        return Totals(self._energy_j, self._auto_energy_so_far_j, self._elapsed_s, self._auto_elapsed_s)
-
-    def _advance(self, deadline_s: float) -> None:
-        """Run kernels up to the next decision point: the first kernel starting at or after ``deadline_s``
-        (at least one kernel); a pending change takes effect at the first kernel starting at or after its
-        effective time, with its stall."""
-        ran = False
-        while self._k < self._kernels:
-            if self._pending >= 0 and self._effective_at_s <= self._now_s + EPS:
-                self._apply_pending()
-                if ran:
-                    return
-            if ran and self._now_s >= deadline_s - EPS:
-                return
-            limit_s = deadline_s if self._pending < 0 else min(deadline_s, self._effective_at_s)
-            self._run_until(limit_s)
-            ran = True
-
-    def _apply_pending(self) -> None:
-        if self.latency_s > 0:
-            self._last_latency_ratio = (self._now_s - self._requested_at_s) / self.latency_s
-        self._in_effect, self._pending = self._pending, -1
-        self._switches += 1
-        self._elapsed_s += self.stall_s
-        self._energy_j += self.stall_s * float(self._data.idle_power_w[self._in_effect])
-
-    def _run_until(self, limit_s: float) -> None:
-        """Run the kernels from the current one (at least it) up to the first starting at or after ``limit_s``,
-        at the clocks in effect."""
-        k, g = self._k, self._in_effect
-        times, energies = self._column(g)
-        auto_times, auto_energies = self._column(0)
-        end = int(times.searchsorted(times[k] + (limit_s - self._now_s) - EPS, side="left"))
-        end = min(max(end, k + 1), self._kernels)
-        time_s = float(times[end] - times[k])
-        self._now_s += time_s
-        self._elapsed_s += time_s
-        self._energy_j += float(energies[end] - energies[k])
-        self._auto_elapsed_s += float(auto_times[end] - auto_times[k])
-        self._auto_energy_so_far_j += float(auto_energies[end] - auto_energies[k])
-        self.applied[k:end] = self._data.actions[g]
-        self._k = end
-
-    def _column(self, action: int) -> tuple[Array, Array]:
-        """Cumulative time and energy at ``action`` with this episode's disturbances (computed on first use)."""
-        column = self._columns.get(action)
-        if column is None:
-            drawn = self.disturbances
-            if action < self._memories:
-                time_factor = drawn.time_auto
-            else:
-                locked = drawn.locked_factors(self._core_fraction[action: action + 1])
-                time_factor = None if locked is None else locked[:, 0]
-            column = self._columns[action] = self._data.cumulative_of(action, time_factor, drawn.energy)
-        return column
 
     def advisor_action(self, group: str, index: int = 0) -> int:
         """The clocks part of the action requesting advisor ``index`` of ``group`` in this env's layout."""

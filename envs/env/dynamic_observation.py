@@ -151,7 +151,7 @@ def observe_dynamic(obs: Array, advice: Array, row: Array, lay: Array, advisor_i
                     pending_left_s: float, elapsed_s: float, auto_elapsed_s: float, last_latency_ratio: float,
                     drift_pct: float, budget: float, auto_time_s: float, latency_s: float, budget_plan: int) -> None:
     """Write the dynamic blocks of the observation at kernel ``k`` into ``obs`` (N,) float32 and each advisor's
-    pair into ``advice`` (A,) int64 (the ``KernelDVFS-v0`` docstring's blocks; ``docs/environment.md``).
+    pair into ``advice`` (A,) int64 (the ``KernelDVFS-v0`` docstring's blocks; ``docs/design/environment.md``).
 
     Args:
         row: the step's static row at ``k`` ((static size,) float32: next kernels, windows).
@@ -165,8 +165,8 @@ def observe_dynamic(obs: Array, advice: Array, row: Array, lay: Array, advisor_i
         pending_left_s: time until the pending change is expected to take effect (s; may be negative).
         elapsed_s, auto_elapsed_s: the step's time so far and auto's for the same kernels (s).
         last_latency_ratio, drift_pct: the conditions' measured entries.
-        budget: slowdown budget (fraction); auto_time_s: the step's auto time (s); latency_s: mean switching
-            latency (s); budget_plan: the budget's plan (-1: none).
+        budget: allowed step-time increase over auto (fraction); auto_time_s: the step's auto time (s);
+            latency_s: mean switching latency (s); budget_plan: the budget's plan (-1: none).
     """
     levels, memories = lay[L_LEVELS], lay[L_MEMORIES]
     _one_hot(obs, lay[L_IN_EFFECT], in_effect, memories, levels)

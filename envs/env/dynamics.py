@@ -11,7 +11,7 @@ draws are those of a configuration without it):
   clock f slows only where it lies above what the limiter now holds (f / f_max > 1 / (1 + drift)): it is
   throttled to that, time x f / f_max x (1 + drift) (:meth:`Disturbances.locked_factors`);
 * step jitter (``step_jitter``): each step of the run gets one factor on its time and one on its energy,
-  with the per-step standard deviations of the measured H200 figures (``DriftModel.step_sd_pct``);
+  with the per-step standard deviations of :data:`MEASURED_DRIFT` (``DriftModel.step_sd_pct``);
 * latency (``latency_noise`` and a spread > 0): the i-th request of the episode takes effect after
   max(0, N(latency, spread)) seconds, drawn for as many requests as the run has kernels.
 
@@ -30,7 +30,8 @@ from kdvfs.envs.model.drift import DriftModel
 from kdvfs.envs.model.schedule import ActionCosts, Outcome, replay, request_times
 
 MEASURED_DRIFT = DriftModel()
-"""The H200 figures (GPT-3 XL, eager, no clock control, 2026-12-01): +2.1% in 120 s, per-step jitter."""
+"""The drift and jitter the environment draws: :class:`~kdvfs.envs.model.drift.DriftModel`'s defaults (an H200's
+without clock control; ``docs/results.md``)."""
 
 
 @dataclass(frozen=True)

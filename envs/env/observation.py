@@ -118,7 +118,7 @@ class ObservationSpec:
         window_latencies: lengths of the look-ahead windows in switching latencies (e.g. 1, 2, 4); each
             starts where a request issued now would take effect. One more window runs from there to the
             step's end (the controller knows the whole step: training steps repeat).
-        plan_budgets: slowdown budgets (fractions) of the plan advisors (:mod:`kdvfs.envs.env.plan_advice`); empty:
+        plan_budgets: budgets (fractions) of the plan advisors (:mod:`kdvfs.envs.env.plan_advice`); empty:
             no plan advisors.
     """
 

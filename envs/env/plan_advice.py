@@ -1,4 +1,4 @@
-"""Plan advisors of ``KernelDVFS-v0``: latency-aware schedules of a step for a grid of slowdown budgets.
+"""Plan advisors of ``KernelDVFS-v0``: latency-aware schedules of a step for a grid of budgets.
 
 For each budget b, :func:`kdvfs.envs.model.segment_plans.cheapest_within` gives the cheapest schedule of the step
 within b whose segments respect the switching latency (a vertex of the Lagrangian relaxation, found by
@@ -70,7 +70,7 @@ class PlanAdvice:
 
 def budget_plans(step: StepData, budgets: tuple[float, ...], effect: Array, latency_s: float,
                  stall_s: float) -> Array:
-    """(P, K) grid actions of the cheapest latency-aware schedule within each slowdown budget (fractions),
+    """(P, K) grid actions of the cheapest latency-aware schedule within each budget (fractions),
     changing clocks only at kernels where a request made at a kernel's start takes effect (``effect``,
     (K + 1,)); all auto where none fits."""
     switchable = np.zeros(step.kernels + 1, dtype=bool)
@@ -88,7 +88,7 @@ def plan_advice(step: StepData, budgets: tuple[float, ...], effect: Array, laten
 
     Args:
         step: the priced step.
-        budgets: (P,) slowdown budgets of the plans (fractions, 0.01 = 1%).
+        budgets: (P,) budgets of the plans (fractions, 0.01 = 1%).
         effect: (K + 1,) kernel where a request made before kernel j takes effect (K: beyond the step).
         latency_s: switching latency (s); segments of a multi-segment plan last at least this long.
         stall_s: GPU stall per change (s).

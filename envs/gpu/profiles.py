@@ -1,6 +1,6 @@
 """GPU profiles: the clocks, power limits, roofline and switching latency of one GPU model.
 
-Profiles live in ``configs/gpus/<name>.yaml`` (schema in ``docs/gpu-profiles.md``) and load into the
+Profiles live in ``configs/gpus/<name>.yaml`` (schema in ``docs/design/gpu-profiles.md``) and load into the
 frozen :class:`GpuProfile`. Core clocks per memory clock are either an explicit list of MHz values or a
 range ``{min_mhz, max_mhz, step_mhz}``. Cost-model parameters carry a status; a placeholder is never
 handed out silently (:meth:`GpuProfile.cost_param` raises :class:`~kdvfs.envs.common.errors.UncalibratedError`).

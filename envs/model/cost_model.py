@@ -1,7 +1,7 @@
 """The DVFS cost model: time, power and energy of a kernel at any (core, memory) clock pair.
 
 Every number kdvfs reports is scored by this one model (equations and constants with their sources in
-``docs/cost-model.md``). All functions are vectorised: per-kernel arrays have shape ``(K,)`` and
+``docs/design/cost-model.md``). All functions are vectorised: per-kernel arrays have shape ``(K,)`` and
 broadcast against clock arrays, e.g. ``(K, 1)`` against ``(N,)`` gives ``(K, N)`` tables.
 
 Time. A kernel measured at reference clocks (f_c0, f_m0) for t0 seconds, with SM and DRAM utilisations
@@ -29,7 +29,7 @@ power in the core voltage domain (energy per byte moved through L2 and the cross
 Communication kernels (NCCL collectives; gloo ops in CPU test mode) are clock-free: their time is set by the
 interconnect and by waiting for the slowest rank, so t = t0 at every clock pair, and their core activity
 is per cycle (polling SMs), so their power falls as v^2 f_c with the core clock and with the memory
-background at a lower memory clock (an assumption without measurements: ``docs/cost-model.md``).
+background at a lower memory clock (an assumption without measurements: ``docs/design/cost-model.md``).
 
 Auto mode: the firmware's power limiter averages power over windows of ``power_window_s``; each window's
 kernels run at the highest core clock up to ``boost_limit_fraction * F_c`` whose average power over the

@@ -1,10 +1,9 @@
 """A seeded model of how a real GPU's step drifts and jitters, for simulations with a known truth.
 
-Measured on an H200 with no clock control (GPT-3 XL, batch 4, eager, 2026-12-01): joules and seconds per
-step rose by 2.1% over 120 s as the GPU warmed and its power limiter lowered the clock, and adjacent
-windows of 10 steps, taken as pairs, differed with a standard deviation of 0.4% (energy) and 0.2% (time).
-:class:`DriftModel` holds those figures; :class:`Drift` turns them into one factor on the time and one on
-the energy of each step, whatever clocks it runs at:
+Without clock control a GPU's joules and seconds per step rise as it warms and its power limiter lowers the
+clock, and adjacent windows of steps differ by noise. :class:`DriftModel` holds the size of both (its defaults
+are an H200's without clock control; the run they come from is in ``docs/results.md``); :class:`Drift` turns
+them into one factor on the time and one on the energy of each step, whatever clocks it runs at:
 
 * thermal drift ``rise * (1 - exp(-t / drift_s))``, with ``rise`` such that the drift reaches
   ``*_drift_pct`` at ``t = drift_s`` (a warm-up that levels off rather than a line that grows forever);

@@ -4,7 +4,7 @@ A kernel's FLOPs and DRAM bytes come from the shapes of the op that launched it 
 an op that launched several kernels has its work split across them in proportion to their durations
 (FLOPs only across its tensor-core kernels). Utilisations are that work over the GPU profile's roofline.
 Kernels whose op does not tell their work get per-category priors measured with Nsight Compute.
-Formulas, priors and validation: ``docs/feature-estimation.md``.
+Formulas, priors and validation: ``docs/design/feature-estimation.md``.
 """
 
 from __future__ import annotations
@@ -47,12 +47,12 @@ class CategoryPrior:
 
 
 # Duration-weighted medians over the ncu-enriched kernels of the bundled h200/gpt3xl-1layer-b4 and
-# h200/resnet50-b128 traces, from `python benchmarks/feature_priors.py` on 2026-11-29
-# (benchmarks/results/feature_priors.json). Communication has no measured kernel: assumed features (below).
+# h200/resnet50-b128 traces (derivation: docs/results.md). Communication has no measured kernel: assumed
+# features (below).
 COMMUNICATION_FEATURES = (0.1, 0.05, 0.0)
 """sm_util, dram_util, tensor_util assumed for a communication kernel without its op's work: NCCL holds a few
 SMs polling for the other ranks' data (about 16-32 of an H200's 132) and moves little DRAM traffic while it
-waits; unmeasured (``docs/cost-model.md``)."""
+waits; unmeasured (``docs/design/cost-model.md``)."""
 FEATURE_PRIORS: Mapping[Category, CategoryPrior] = {
     Category.GEMM: CategoryPrior(0.841, 0.189, 0.841, 0.544),
     Category.ATTENTION: CategoryPrior(0.508, 0.171, 0.508, 0.37),

@@ -4,7 +4,7 @@ Shapes are the logical sizes PyTorch records (``sizes()``): a channels-last conv
 listed as ``[N, C, H, W]``. A tensor list is one dim holding its total element count; an empty dim tuple
 on a tensor list means the profiler kept no sizes, so the op's work is unknown. Byte counts are the
 minimum DRAM traffic (every operand read once, every result written once) except where an op is known to
-make several passes (batch norm). Formulas and their assumptions: ``docs/feature-estimation.md``.
+make several passes (batch norm). Formulas and their assumptions: ``docs/design/feature-estimation.md``.
 """
 
 from __future__ import annotations

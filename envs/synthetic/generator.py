@@ -19,7 +19,7 @@ Efficiency constants (fractions of the datasheet peak; ``overhead`` in seconds).
 per-kernel throughput in the bundled H200 trace ``h200/gpt3xl-24layer-b4`` (FLOPs or bytes of each kernel
 class over its measured duration, rounded), so they include the power-capped clocks the GPU runs GEMMs at
 (~1.6 GHz of 1.98 GHz). The gpt2s trace (other shapes, head dim 64) set none of them; it is the more
-independent check (docs/synthetic-traces.md says what else was chosen looking at it).
+independent check (docs/design/synthetic-traces.md says what else was chosen looking at it).
 
 =========== ======= ====== ========== ==================================================================
 class       compute memory overhead   kernels; evidence (H200 trace)
@@ -67,7 +67,8 @@ from kdvfs.envs.common.errors import StepDetectionError
 from kdvfs.envs.common.paths import CONFIG_DIR
 from kdvfs.envs.common.resolve import resolve_shipped, shipped_names
 from kdvfs.envs.gpu.profiles import GpuProfile
-from kdvfs.envs.synthetic.kernels import Eff, Spec, step_specs
+from kdvfs.envs.synthetic.kernel_builder import Eff, Spec
+from kdvfs.envs.synthetic.kernels import step_specs
 from kdvfs.envs.synthetic.workload import TransformerConfig
 from kdvfs.envs.trace.trace import Features, Kernel, Kind, Phase, Trace, TraceMeta
 

@@ -4,7 +4,7 @@
 runs for a pre-LN GPT/BERT block stack; :mod:`kdvfs.envs.synthetic.generator` prices each :class:`Spec` on a
 GPU roofline.
 The sequence follows the measured H200 Kineto trace ``h200/gpt3xl-24layer-b4`` (see
-``docs/synthetic-traces.md``): under autocast every linear layer first casts its fp32 bias, weight and (if
+``docs/design/synthetic-traces.md``): under autocast every linear layer first casts its fp32 bias, weight and (if
 fp32) input to the compute dtype and its backward casts the gradients back; cuBLAS GEMMs with a large output
 are preceded by a workspace memset; bias gradients are column sums (a memset, then a reduction); the fused
 optimizer is chunked by ``multi_tensor_apply``. FLOPs count multiply-adds as 2; bytes are compulsory DRAM
@@ -13,23 +13,18 @@ traffic (each operand read or written once, except where a kernel is known to ma
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
-from enum import StrEnum
-
+from kdvfs.envs.synthetic.kernel_builder import (
+    Eff,
+    KernelBuilder,
+    Spec,
+    multi_tensor_launches,
+    param_numels,
+)
 from kdvfs.envs.synthetic.workload import TransformerConfig
-from kdvfs.envs.trace.trace import Category, Kind, OpInfo, Phase
+from kdvfs.envs.trace.trace import Category, Phase
 
-CHUNK_ELEMENTS = 65536  # multi_tensor_apply chunk size (elements), ATen MultiTensorApply.cuh
-MAX_BLOCKS_PER_LAUNCH = 320  # multi_tensor_apply blocks (chunks) per launch
-MAX_TENSORS_BY_DEPTH = (110, 64, 48, 36, 30)  # multi_tensor_apply tensors per launch for 1..5 tensor lists
-MEMSET_MIN_OUTPUT = 2**23  # cuBLAS GEMMs with at least this many output elements get a workspace memset
-SPLITK_MAX_OUTPUT = 2**22  # weight-gradient GEMMs below this output size with K >= 4 max(M, N) use split-K
-SPLITK_SLICES = 4  # split-K partial products summed by the separate splitKreduce kernel
-INT32_INDEX_BYTES = 2**31  # TensorIterator halves an elementwise op until every operand is below this
 SORT_PASSES = 8  # CUB onesweep passes over the int64 token ids in the embedding backward (64 bits / 8)
 MAX_FEATURE_INDICES = 3072  # embedding backward uses the direct kernel up to this many indices
-MEMSET_BYTES = 4096.0  # nominal size of a workspace/semaphore memset (bytes)
 SOFTMAX_VOCAB_PASSES = 4  # log-softmax over vocab rows re-reads rows too long for shared memory
 FUSED_ADAMW_BYTES = 28  # per fp32 parameter: param, exp_avg, exp_avg_sq read+write, grad read
 # Foreach (non-fused) AdamW: (aten op, tensor lists, bytes per element, FLOPs per element), in launch order.
@@ -40,134 +35,7 @@ FOREACH_ADAMW = (
 )
 
 
-class Eff(StrEnum):
-    """Efficiency class of a kernel: which achievable-throughput constants price it (see ``generator``)."""
-
-    GEMM = "gemm"
-    FLASH_FWD = "flash_fwd"
-    FLASH_BWD = "flash_bwd"
-    ATTN_AUX = "attn_aux"
-    VECTOR = "vector"
-    CAST_UP = "cast_up"
-    MIXED = "mixed"
-    ACTIVATION = "activation"
-    NORM = "norm"
-    SOFTMAX = "softmax"
-    REDUCE = "reduce"
-    GATHER = "gather"
-    SEGMENT = "segment"
-    SORT = "sort"
-    SERIAL = "serial"
-    TINY = "tiny"
-    OPTIMIZER = "optimizer"
-    MEMSET = "memset"
-
-
-@dataclass(frozen=True)
-class Spec:
-    """One activity before pricing: identity, work (FLOPs, DRAM bytes) and efficiency class."""
-
-    name: str
-    kind: Kind
-    category: Category
-    phase: Phase
-    op: OpInfo
-    flops: float
-    dram_bytes: float
-    eff: Eff
-    tensor: bool
-
-
-def index_splits(largest_operand_bytes: float) -> int:
-    """Kernels TensorIterator launches for one elementwise op (it halves ops with 32-bit-unsafe offsets)."""
-    if largest_operand_bytes < INT32_INDEX_BYTES:
-        return 1
-    return 2 ** math.ceil(math.log2(largest_operand_bytes / INT32_INDEX_BYTES))
-
-
-def multi_tensor_launches(numels: list[int], depth: int) -> list[int]:
-    """Elements processed by each launch of ``multi_tensor_apply`` over tensors of these sizes."""
-    max_tensors = MAX_TENSORS_BY_DEPTH[depth - 1]
-    launches: list[int] = []
-    blocks = tensors = elements = 0
-    for index, numel in enumerate(numels):
-        n_chunks, chunk = math.ceil(numel / CHUNK_ELEMENTS), 0
-        tensors += 1
-        while chunk < n_chunks:
-            take = min(MAX_BLOCKS_PER_LAUNCH - blocks, n_chunks - chunk)
-            elements += min(numel, (chunk + take) * CHUNK_ELEMENTS) - chunk * CHUNK_ELEMENTS
-            blocks, chunk = blocks + take, chunk + take
-            tensor_done = chunk == n_chunks
-            if (blocks == MAX_BLOCKS_PER_LAUNCH or (tensor_done and tensors == max_tensors)
-                    or (tensor_done and index == len(numels) - 1)):
-                launches.append(elements)
-                blocks = elements = 0
-                tensors = 0 if tensor_done else 1
-    return launches
-
-
-def param_numels(config: TransformerConfig) -> list[int]:
-    """Parameter tensor sizes in ``model.parameters()`` order (untied LM head, learned positions)."""
-    d, f = config.d_model, config.ffn
-    layer = [d, d, 3 * d * d, 3 * d, d * d, d, d, d, f * d, f, d * f, d]
-    return [config.vocab * d, config.seq * d, *(layer * config.layers), d, d, config.vocab * d]
-
-
-@dataclass
-class _Builder:
-    """Appends specs in launch order; helpers mirror the PyTorch ops that launch them."""
-
-    config: TransformerConfig
-    specs: list[Spec] = field(default_factory=list)
-    phase: Phase = Phase.FORWARD
-    autocast: bool = field(init=False)
-    act: int = field(init=False)  # bytes per element of the compute dtype
-    tokens: int = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.autocast = self.config.precision != "fp32"
-        self.act = 2 if self.autocast else 4
-        self.tokens = self.config.batch * self.config.seq
-
-    def add(self, name: str, op: str, dims: tuple[tuple[int, ...], ...], category: Category, eff: Eff,
-            flops: float = 0.0, nbytes: float = 0.0, tensor: bool = False) -> None:
-        self.specs.append(Spec(f"synthetic::{name}", Kind.KERNEL, category, self.phase, OpInfo(f"aten::{op}", dims),
-                               float(flops), float(nbytes), eff, tensor))
-
-    def memset(self, op: str, dims: tuple[tuple[int, ...], ...]) -> None:
-        self.specs.append(Spec("synthetic::memset_workspace", Kind.MEMSET, Category.COPY_MEMSET, self.phase,
-                               OpInfo(f"aten::{op}", dims), 0.0, MEMSET_BYTES, Eff.MEMSET, False))
-
-    def pointwise(self, name: str, op: str, shape: tuple[int, ...], category: Category, eff: Eff,
-                  bytes_per_element: float, widest: int = 4, flops_per_element: float = 0.0) -> None:
-        """An elementwise op over ``shape``; split like TensorIterator when its widest operand is huge."""
-        n = math.prod(shape)
-        pieces = index_splits(n * widest)
-        for _ in range(pieces):
-            self.add(name, op, (shape, shape), category, eff, n * flops_per_element / pieces,
-                     n * bytes_per_element / pieces)
-
-    def cast(self, name: str, shape: tuple[int, ...], to_fp32: bool) -> None:
-        """An autocast dtype copy: fp32 -> compute dtype (vectorized) or back (unrolled, slower); none in fp32."""
-        if self.autocast:
-            eff = Eff.CAST_UP if to_fp32 else Eff.VECTOR
-            self.pointwise(f"copy_cast_{name}", "copy_", shape, Category.COPY_MEMSET, eff, 4 + self.act)
-
-    def gemm(self, name: str, op: str, dims: tuple[tuple[int, ...], ...], mnk: tuple[int, int, int],
-             batch: int = 1, bias: bool = False, wgrad: bool = False) -> None:
-        """A cuBLAS GEMM (M x K) @ (K x N), with its workspace memset or split-K reduction."""
-        m, n, k = mnk
-        split_k = wgrad and m * n < SPLITK_MAX_OUTPUT and k >= 4 * max(m, n)
-        if batch * m * n >= MEMSET_MIN_OUTPUT and not split_k:
-            self.memset(op, dims)
-        nbytes = batch * (m * k + k * n + m * n) * self.act + (n * self.act if bias else 0)
-        self.add(f"gemm_{name}", op, dims, Category.GEMM, Eff.GEMM, 2.0 * batch * m * n * k, nbytes, self.autocast)
-        if split_k:
-            self.add(f"gemm_{name}_splitkreduce", op, dims, Category.GEMM, Eff.VECTOR, m * n * SPLITK_SLICES,
-                     m * n * (4 * SPLITK_SLICES + self.act))
-
-
-def _linear_fwd(b: _Builder, tag: str, n_in: int, n_out: int, input_fp32: bool) -> None:
+def _linear_fwd(b: KernelBuilder, tag: str, n_in: int, n_out: int, input_fp32: bool) -> None:
     t, c = b.tokens, b.config
     b.cast(f"{tag}_bias", (n_out,), to_fp32=False)
     b.cast(f"{tag}_weight", (n_out, n_in), to_fp32=False)
@@ -176,7 +44,7 @@ def _linear_fwd(b: _Builder, tag: str, n_in: int, n_out: int, input_fp32: bool) 
     b.gemm(f"{tag}_fwd", "addmm", ((n_out,), (t, n_in), (n_in, n_out)), (t, n_out, n_in), bias=True)
 
 
-def _linear_bwd(b: _Builder, tag: str, n_in: int, n_out: int, input_fp32: bool) -> None:
+def _linear_bwd(b: KernelBuilder, tag: str, n_in: int, n_out: int, input_fp32: bool) -> None:
     t, c = b.tokens, b.config
     b.gemm(f"{tag}_dgrad", "mm", ((t, n_out), (n_out, n_in)), (t, n_in, n_out))
     b.gemm(f"{tag}_wgrad", "mm", ((n_out, t), (t, n_in)), (n_out, n_in, t), wgrad=True)
@@ -189,7 +57,7 @@ def _linear_bwd(b: _Builder, tag: str, n_in: int, n_out: int, input_fp32: bool) 
     b.cast(f"{tag}_bias_grad", (n_out,), to_fp32=True)
 
 
-def _layer_norm(b: _Builder, backward: bool) -> None:
+def _layer_norm(b: KernelBuilder, backward: bool) -> None:
     """fp32 layer norm: one forward kernel; backward = input-gradient and gamma/beta-gradient kernels."""
     t, d = b.tokens, b.config.d_model
     shape = (b.config.batch, b.config.seq, d)
@@ -201,7 +69,7 @@ def _layer_norm(b: _Builder, backward: bool) -> None:
         b.add(f"layer_norm_{part}", op, dims, Category.NORM, Eff.NORM, flops * t * d, nbytes)
 
 
-def _residual(b: _Builder, backward: bool) -> None:
+def _residual(b: KernelBuilder, backward: bool) -> None:
     """The residual add (fp32 + compute dtype, unrolled), or in backward the in-place fp32 gradient sum."""
     shape, name, op = (b.config.batch, b.config.seq, b.config.d_model), "add_residual", "add"
     eff, nbytes = (Eff.MIXED, 8 + b.act) if b.autocast else (Eff.VECTOR, 12)
@@ -210,7 +78,7 @@ def _residual(b: _Builder, backward: bool) -> None:
     b.pointwise(name, op, shape, Category.ELEMENTWISE, eff, nbytes, flops_per_element=1)
 
 
-def _attention_fused(b: _Builder, backward: bool) -> None:
+def _attention_fused(b: KernelBuilder, backward: bool) -> None:
     """cuDNN flash attention (fp32: memory-efficient attention), forward or backward, then the qkv cat."""
     c = b.config
     head = (c.batch, c.heads, c.seq, c.d_model // c.heads)
@@ -231,7 +99,7 @@ def _attention_fused(b: _Builder, backward: bool) -> None:
     b.pointwise("cat_qkv_grad", "cat", (3 * t * d,), Category.COPY_MEMSET, Eff.VECTOR, 2 * a, widest=a)
 
 
-def _attention_unfused_fwd(b: _Builder) -> None:
+def _attention_unfused_fwd(b: KernelBuilder) -> None:
     """q @ k^T, scale, causal mask, softmax (fp32 under autocast), @ v, as a plain PyTorch block does it."""
     c = b.config
     bh, s, dh, a = c.batch * c.heads, c.seq, c.d_model // c.heads, b.act
@@ -250,7 +118,7 @@ def _attention_unfused_fwd(b: _Builder) -> None:
     b.pointwise("copy_contiguous_context", "copy_", head, Category.COPY_MEMSET, Eff.VECTOR, 2 * a, a)
 
 
-def _attention_unfused_bwd(b: _Builder) -> None:
+def _attention_unfused_bwd(b: KernelBuilder) -> None:
     c = b.config
     bh, s, dh, a = c.batch * c.heads, c.seq, c.d_model // c.heads, b.act
     scores, head = (bh, s, s), (c.batch, c.heads, s, dh)
@@ -268,7 +136,7 @@ def _attention_unfused_bwd(b: _Builder) -> None:
     b.pointwise("cat_qkv_grad", "cat", (3 * b.tokens * c.d_model,), Category.COPY_MEMSET, Eff.VECTOR, 2 * a, a)
 
 
-def _layer_fwd(b: _Builder) -> None:
+def _layer_fwd(b: KernelBuilder) -> None:
     c = b.config
     d, f, a = c.d_model, c.ffn, b.act
     _layer_norm(b, backward=False)
@@ -286,7 +154,7 @@ def _layer_fwd(b: _Builder) -> None:
     _residual(b, backward=False)
 
 
-def _layer_bwd(b: _Builder) -> None:
+def _layer_bwd(b: KernelBuilder) -> None:
     c = b.config
     d, f, a, shape = c.d_model, c.ffn, b.act, (c.batch, c.seq, c.d_model)
     b.cast("fc2_output_grad", shape, to_fp32=False)
@@ -306,7 +174,7 @@ def _layer_bwd(b: _Builder) -> None:
     _residual(b, backward=True)
 
 
-def _embedding_fwd(b: _Builder) -> None:
+def _embedding_fwd(b: KernelBuilder) -> None:
     c = b.config
     t, d, s = b.tokens, c.d_model, c.seq
     b.add("embedding_fwd_tokens", "embedding", ((c.vocab, d), (c.batch, s)), Category.EMBEDDING, Eff.GATHER, 0.0,
@@ -316,7 +184,7 @@ def _embedding_fwd(b: _Builder) -> None:
     b.pointwise("add_positions", "add", (c.batch, s, d), Category.ELEMENTWISE, Eff.MIXED, 8 + 4 * s / t)
 
 
-def _embedding_table_bwd(b: _Builder, tag: str, rows: int, indices: int) -> None:
+def _embedding_table_bwd(b: KernelBuilder, tag: str, rows: int, indices: int) -> None:
     """embedding_dense_backward: direct kernel for few indices, else a CUB radix sort and segment sums."""
     d, op, dims = b.config.d_model, "embedding_dense_backward", ((indices, b.config.d_model), (indices,))
     if indices > MAX_FEATURE_INDICES:
@@ -341,7 +209,7 @@ def _embedding_table_bwd(b: _Builder, tag: str, rows: int, indices: int) -> None
         b.add(f"embedding_bwd_{step}", op, dims, Category.EMBEDDING, Eff.SEGMENT, indices * d, 4 * indices * d)
 
 
-def _head_fwd(b: _Builder) -> None:
+def _head_fwd(b: KernelBuilder) -> None:
     """Final layer norm, LM head GEMM, cross entropy (fp32 log-softmax + NLL), and the loss gradient seed."""
     c = b.config
     t, d, v = b.tokens, c.d_model, c.vocab
@@ -358,7 +226,7 @@ def _head_fwd(b: _Builder) -> None:
     b.add("fill_ones_grad_seed", "fill_", ((), ()), Category.COPY_MEMSET, Eff.TINY, 0.0, 4)
 
 
-def _head_bwd(b: _Builder) -> None:
+def _head_bwd(b: KernelBuilder) -> None:
     c = b.config
     t, d, v = b.tokens, c.d_model, c.vocab
     b.pointwise("fill_zero_logits_grad", "fill_", (t, v), Category.COPY_MEMSET, Eff.VECTOR, 4)
@@ -373,7 +241,7 @@ def _head_bwd(b: _Builder) -> None:
     _layer_norm(b, backward=True)
 
 
-def _embedding_bwd(b: _Builder) -> None:
+def _embedding_bwd(b: KernelBuilder) -> None:
     c = b.config
     if c.batch > 1:
         b.add("reduce_position_grad", "sum", ((c.batch, c.seq, c.d_model),), Category.REDUCTION, Eff.REDUCE,
@@ -382,7 +250,7 @@ def _embedding_bwd(b: _Builder) -> None:
     _embedding_table_bwd(b, "token", c.vocab, b.tokens)
 
 
-def _optimizer(b: _Builder) -> None:
+def _optimizer(b: KernelBuilder) -> None:
     """AdamW over every parameter (fp32 master weights), plus GradScaler's kernels for fp16."""
     c, numels = b.config, param_numels(b.config)
     if c.precision == "fp16":
@@ -405,7 +273,7 @@ def _optimizer(b: _Builder) -> None:
 
 def step_specs(config: TransformerConfig) -> list[Spec]:
     """Every activity of one training step (forward, backward, optimizer), in launch order."""
-    b = _Builder(config)
+    b = KernelBuilder(config)
     _embedding_fwd(b)
     for _ in range(config.layers):
         _layer_fwd(b)

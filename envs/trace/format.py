@@ -1,6 +1,6 @@
 """Save and load traces in the kdvfs trace format (JSON, one kernel per line, optionally gzipped).
 
-Format ``kdvfs-trace`` version 1 (documented in ``docs/trace-format.md``)::
+Format ``kdvfs-trace`` version 1 (documented in ``docs/design/trace-format.md``)::
 
     {"format": "kdvfs-trace", "version": 1,
      "meta": {"gpu": ..., "workload": ..., "source": ..., "ref_mem_mhz": ..., "ref_core_mhz": ...,

@@ -1,4 +1,5 @@
-"""Arguments shared by the CLI commands: slowdown budgets, and output paths checked before any long work."""
+"""Arguments shared by the CLI commands: budgets (allowed step-time increases over auto), and output paths
+checked before any long work."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ MAX_BUDGET = 0.5
 
 
 def budget(text: str) -> float:
-    """An argparse type: a slowdown budget as a finite fraction in [0, MAX_BUDGET] (0.01 = 1%)."""
+    """An argparse type: a budget (allowed step-time increase over auto) as a finite fraction in
+    [0, MAX_BUDGET] (0.01 = 1%)."""
     try:
         value = float(text)
     except ValueError:

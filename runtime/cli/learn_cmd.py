@@ -23,7 +23,8 @@ if TYPE_CHECKING:
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     train = subparsers.add_parser("train", help="train a clock policy for a GPU with PPO")
     train.add_argument("--gpu", required=True, help="GPU profile name the policy is for")
-    train.add_argument("--config", type=Path, help="PPO config YAML (default: configs/ppo/<gpu>.yaml)")
+    train.add_argument("--config", type=Path, help="PPO config YAML, whole or with `extends: <gpu>` and "
+                       "what differs (default: configs/ppo/<gpu>.yaml)")
     train.add_argument("--timesteps", type=int, help="environment steps to train for (default: the config's)")
     add_output(train, "run folder: logs, checkpoints, frozen policy", dest="out", required=True)
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -32,7 +33,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     evaluate = subparsers.add_parser("evaluate", help="a frozen policy next to every planner on a step")
     evaluate.add_argument("--policy", type=Path, required=True, help="frozen policy file (.kdvfs-policy.npz)")
     add_problem_arguments(evaluate)
-    evaluate.add_argument("--slowdown", "--budget", dest="slowdown", type=budget_list, default=[0.01],
+    evaluate.add_argument("--budget", "--slowdown", dest="budget", type=budget_list, default=[0.01],
                           help="budgets (default 0.01 = 1%%)")
     evaluate.add_argument("--episodes", type=_positive_int, help="N seeded episodes with the environment's "
                           "disturbances, every planner open-loop on the same draws (default: one, no disturbance)")
@@ -85,14 +86,14 @@ def run_evaluate(args: argparse.Namespace) -> int:
     from kdvfs.agents.learned.policy_planner import PolicyPlanner, policy_rows
     from kdvfs.agents.planners.registry import COMPARED
 
-    problem = problem_from_args(args, args.slowdown[0])
+    problem = problem_from_args(args, args.budget[0])
     planner = PolicyPlanner.from_file(args.policy, problem.profile)
     if args.episodes is not None:
         return _evaluate_noisy(args, problem, planner)
     with console.status("planning") as status:
-        rows = compare(problem, args.slowdown, COMPARED, lambda text: status.update(f"planning: {text}"))
+        rows = compare(problem, args.budget, COMPARED, lambda text: status.update(f"planning: {text}"))
         status.update("policy")
-        rows = sorted(rows + policy_rows(problem, planner, args.slowdown), key=lambda row: row.budget)
+        rows = sorted(rows + policy_rows(problem, planner, args.budget), key=lambda row: row.budget)
     if args.json:
         print_json([row.as_json() for row in rows])
     else:
@@ -104,7 +105,7 @@ def _evaluate_noisy(args: argparse.Namespace, problem: Problem, planner: PolicyP
     from kdvfs.agents.learned.noisy_evaluation import noisy_rows
 
     with console.status("episodes") as status:
-        rows = noisy_rows(problem, planner, args.slowdown, args.episodes, args.seed,
+        rows = noisy_rows(problem, planner, args.budget, args.episodes, args.seed,
                           progress=lambda text: status.update(f"evaluating: {text}"))
     if args.json:
         print_json([row.as_json() for row in rows])

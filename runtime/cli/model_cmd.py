@@ -27,7 +27,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     convert.set_defaults(func=run_convert)
 
     fit = commands.add_parser("fit", help="fit a GPU profile's cost-model parameters to a sweep")
-    fit.add_argument("--sweep", type=Path, required=True, help="sweep CSV (see docs/cost-model.md)")
+    fit.add_argument("--sweep", type=Path, required=True, help="sweep CSV (see docs/design/cost-model.md)")
     fit.add_argument("--gpu", required=True, help="profile name or .yaml to start from")
     fit.add_argument("--fix", default="", help="comma-separated parameters to keep at the profile's values")
     destination = fit.add_mutually_exclusive_group()
@@ -36,7 +36,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     fit.set_defaults(func=run_fit)
 
     validate = commands.add_parser("validate", help="k-fold leave-kernels-out validation on a sweep")
-    validate.add_argument("--sweep", type=Path, required=True, help="sweep CSV (see docs/cost-model.md)")
+    validate.add_argument("--sweep", type=Path, required=True, help="sweep CSV (see docs/design/cost-model.md)")
     validate.add_argument("--folds", type=int, default=5, help="number of folds over kernels (default 5)")
     validate.add_argument("--seed", type=int, default=0, help="seed of the kernel shuffle (default 0)")
     validate.add_argument("--json", action="store_true", help="print JSON for scripts")

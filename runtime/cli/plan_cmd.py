@@ -35,8 +35,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     plan = subparsers.add_parser("plan", help="schedule clocks for a step with one method")
     add_problem_arguments(plan)
     plan.add_argument("--method", required=True, choices=sorted(PLANNERS), help="decision maker")
-    plan.add_argument("--slowdown", "--budget", dest="slowdown", type=budget, required=True,
-                      help="step-time budget over auto (0.01 = 1%%; under torchrun the job's)")
+    plan.add_argument("--budget", "--slowdown", dest="budget", type=budget, required=True,
+                      help="allowed step-time increase over auto (0.01 = 1%%; under torchrun the job's)")
     plan.add_argument("--no-slack", action="store_true", help="plan a torchrun rank's trace with the budget over "
                       "its own step, without its slack (the time it waits for the slowest rank)")
     add_output(plan, "write the schedule as JSON")
@@ -44,7 +44,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
     comparison = subparsers.add_parser("compare", help="every method on a step, at one or more budgets")
     add_problem_arguments(comparison)
-    comparison.add_argument("--slowdown", "--budget", dest="slowdown", type=budget_list, required=True,
+    comparison.add_argument("--budget", "--slowdown", dest="budget", type=budget_list, required=True,
                             help="budgets, e.g. 0.01 or 0,0.01,0.05")
     comparison.add_argument("--json", action="store_true", help="print JSON for scripts")
     comparison.add_argument("--plot", type=Path, help=f"write the trade-off plot (budgets {100 * PLOT_BUDGETS[0]:g}%%-"
@@ -61,12 +61,12 @@ def latency_from_args(args: argparse.Namespace) -> float | None:
     return latency_s
 
 
-def problem_from_args(args: argparse.Namespace, slowdown: float, with_slack: bool = False) -> Problem:
-    """The planning problem of :func:`add_problem_arguments`' arguments at ``slowdown``; ``with_slack``: the
-    job's ``slowdown`` as the trace's rank's own budget with its slack (:func:`rank_budget`)."""
+def problem_from_args(args: argparse.Namespace, budget: float, with_slack: bool = False) -> Problem:
+    """The planning problem of :func:`add_problem_arguments`' arguments at ``budget`` (a fraction); ``with_slack``:
+    the job's ``budget`` as the trace's rank's own budget with its slack (:func:`rank_budget`)."""
     trace = open_trace(args.trace)
-    budget = rank_budget(trace, slowdown) if with_slack else slowdown
-    return Problem.build(trace, load_profile(args.gpu), budget, latency_from_args(args))
+    own = rank_budget(trace, budget) if with_slack else budget
+    return Problem.build(trace, load_profile(args.gpu), own, latency_from_args(args))
 
 
 def uncertainty_ranges(problem: Problem, rows: list[Row], budgets: list[float], latency_s: float | None,
@@ -83,7 +83,7 @@ def schedule_json(problem: Problem, schedule: Schedule) -> dict[str, Any]:
     executed, planned, auto = outcome_of(problem, schedule), outcome_of(problem, schedule, ideal=True), problem.auto
     return {
         "format": "kdvfs-schedule", "version": 1, "method": schedule.method, "trace": problem.trace.meta.workload,
-        "gpu": problem.profile.name, "slowdown_budget": problem.slowdown, "latency_s": problem.latency_s,
+        "gpu": problem.profile.name, "budget": problem.budget, "latency_s": problem.latency_s,
         "kernels": costs.kernels, "solve_s": schedule.solve_s, "info": schedule.info,
         "segments": [{"start_kernel": k, "clocks": costs.label(int(actions[k]))} for k in starts],
         "auto": {"step_time_s": auto.time_s, "energy_j": auto.energy_j},
@@ -95,22 +95,22 @@ def schedule_json(problem: Problem, schedule: Schedule) -> dict[str, Any]:
 def _over_budget(document: dict[str, Any]) -> str:
     """A note when the executed schedule overruns its budget (plans made without the switching latency)."""
     slowdown = document["executed"]["step_time_s"] / document["auto"]["step_time_s"] - 1
-    if within_budget(100.0 * slowdown, document["slowdown_budget"]):
+    if within_budget(100.0 * slowdown, document["budget"]):
         return ""
     planned = document["planned"]["step_time_s"] / document["auto"]["step_time_s"] - 1
-    return (f"over budget: {slowdown:.2%} slowdown executed against a {document['slowdown_budget']:.2%} budget "
+    return (f"over budget: {slowdown:.2%} slowdown executed against a {document['budget']:.2%} budget "
             f"({planned:.2%} as planned, with instant switching); latency-optimal plans with the latency")
 
 
 def run_plan(args: argparse.Namespace) -> int:
     check_output_file(args.output)
-    problem = problem_from_args(args, args.slowdown, with_slack=not args.no_slack)
+    problem = problem_from_args(args, args.budget, with_slack=not args.no_slack)
     schedule = make_planner(args.method).plan(problem)
     slack_s = 0.0 if args.no_slack else rank_slack_s(problem.trace)
-    document = {**schedule_json(problem, schedule), "job_slowdown_budget": args.slowdown, "slack_s": slack_s}
+    document = {**schedule_json(problem, schedule), "job_budget": args.budget, "slack_s": slack_s}
     if slack_s > 0:
         console.print(f"rank slack {slack_s * 1e3:.3g} ms per step (waiting for the slowest rank): planned with a "
-                      f"{problem.slowdown:.2%} budget over this rank's step for the job's {args.slowdown:.2%} "
+                      f"{problem.budget:.2%} budget over this rank's step for the job's {args.budget:.2%} "
                       "(--no-slack: without it)")
     if args.output:
         write_text_atomic(args.output, json.dumps(document, indent=1) + "\n")
@@ -134,11 +134,11 @@ def _row_json(row: Row, ranges: dict[tuple[str, float], RowRange] | None) -> dic
 
 def run_compare(args: argparse.Namespace) -> int:
     check_output_file(args.plot)
-    problem = problem_from_args(args, args.slowdown[0])
+    problem = problem_from_args(args, args.budget[0])
     with console.status("planning") as status:
-        rows = compare(problem, args.slowdown, COMPARED, lambda text: status.update(f"planning: {text}"))
+        rows = compare(problem, args.budget, COMPARED, lambda text: status.update(f"planning: {text}"))
         if args.plot:
-            plotted = rows + compare(problem, [b for b in PLOT_BUDGETS if b not in args.slowdown], COMPARED,
+            plotted = rows + compare(problem, [b for b in PLOT_BUDGETS if b not in args.budget], COMPARED,
                                      lambda text: status.update(f"plot: {text}"))
             title = (f"{problem.trace.meta.workload} on {problem.profile.name}, "
                      f"{problem.latency_s * 1e3:g} ms switching")
@@ -146,7 +146,7 @@ def run_compare(args: argparse.Namespace) -> int:
     ranges = None
     if args.uncertainty:
         spec = UncertaintySpec(args.samples, args.seed, vary_latency=args.latency_ms is None)
-        ranges = uncertainty_ranges(problem, rows, args.slowdown, latency_from_args(args), spec)
+        ranges = uncertainty_ranges(problem, rows, args.budget, latency_from_args(args), spec)
     if args.json:
         print_json([_row_json(row, ranges) for row in rows])
     else:

@@ -27,7 +27,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     run.add_argument("--gpu", help="GPU profile (default: the plan's, or the shipped one listing the GPU's NVML name)")
     run.add_argument("--dry-run", action="store_true", help="change no clock; log what would be requested and when")
     run.add_argument("--budget", "--slowdown", dest="budget", type=budget, default=0.01,
-                     help="step-time budget over auto (default 0.01 = 1%%)")
+                     help="allowed step-time increase over auto (default 0.01 = 1%%)")
     run.add_argument("--gpu-index", type=int, help="NVML index of the GPU the script uses (default: CUDA device "
                                                    "LOCAL_RANK, 0 outside torchrun, through CUDA_VISIBLE_DEVICES)")
     run.add_argument("--latency-ms", type=float, help="switching latency to request ahead by (default: the profile's)")

@@ -232,7 +232,7 @@ class Controller:
         clocks = LiveClocks(online, context.actuator, device, problem.latency_s, online.latency_std_s, config.dry_run)
         online.prepare()
         settings = OnlineSettings(
-            expected_s=self.step_plan.expected_s, budget=problem.slowdown, job_budget=config.budget,
+            expected_s=self.step_plan.expected_s, budget=problem.budget, job_budget=config.budget,
             dry_run=config.dry_run, interval_s=max(online.decision_interval_s, config.online.interval_ms / 1e3),
             early_s=config.timing.issue_early_ms / 1e3, warm_up=config.online.warm_up,
             sleep_lead_in=config.online.sleep_lead_in)

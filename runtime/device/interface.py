@@ -25,19 +25,42 @@ class Device(Protocol):
     index: int
     name: str
 
-    def supported_clocks_mhz(self) -> dict[int, tuple[int, ...]]: ...
+    def supported_clocks_mhz(self) -> dict[int, tuple[int, ...]]:
+        """Supported SM clocks (ascending) per supported memory clock (descending), in MHz."""
+        ...
 
-    def clocks_mhz(self) -> tuple[float, float]: ...
+    def clocks_mhz(self) -> tuple[float, float]:
+        """The current (SM, memory) clocks in MHz."""
+        ...
 
-    def power_w(self) -> float: ...
+    def power_w(self) -> float:
+        """The board's current power draw (W)."""
+        ...
 
-    def energy_j(self) -> float: ...
+    def energy_j(self) -> float:
+        """A cumulative energy counter (J): only differences between two reads mean anything."""
+        ...
 
-    def has_clock_permission(self) -> bool: ...
+    def has_clock_permission(self) -> bool:
+        """Whether this process may lock and reset clocks (reading needs no permission)."""
+        ...
 
-    def lock_clocks_mhz(self, core_mhz: int | None, mem_mhz: int) -> None: ...
+    def lock_clocks_mhz(self, core_mhz: int | None, mem_mhz: int) -> None:
+        """Lock the memory clock at ``mem_mhz`` and the SM clock at ``core_mhz`` (None: the GPU picks it).
 
-    def reset_clocks(self) -> None: ...
+        Raises:
+            UnsupportedClockError: a clock the GPU does not list (nothing changed);
+            DeviceError: the device refused or failed the request.
+        """
+        ...
+
+    def reset_clocks(self) -> None:
+        """Return both clocks to the GPU's own control, whatever locked them.
+
+        Raises:
+            DeviceError: a reset failed (both are tried).
+        """
+        ...
 
 
 def check_clocks_mhz(supported_mhz: dict[int, tuple[int, ...]], core_mhz: int | None, mem_mhz: int,

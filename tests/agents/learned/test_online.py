@@ -31,7 +31,7 @@ def online() -> tuple[OnlinePolicy, Problem]:
 def test_the_first_pair_is_the_noise_free_rollouts(online: tuple[OnlinePolicy, Problem]) -> None:
     policy, problem = online
     schedule = PolicyPlanner(policy.policy).plan(problem)
-    first = policy.begin(problem.slowdown)
+    first = policy.begin(problem.budget)
     assert policy.labels[first] == problem.costs.label(int(schedule.actions[0]))
 
 

@@ -9,9 +9,9 @@ import pytest
 import yaml
 
 from kdvfs.agents.learned.frozen import FrozenPolicy
-from kdvfs.agents.learned.ppo import PPO_CONFIG_DIR, load_train_config
+from kdvfs.agents.learned.ppo import PPO_CONFIG_DIR, load_train_config, train_config_mapping
 from kdvfs.agents.learned.train import TrainResult
-from kdvfs.envs.common.config import ConfigError
+from kdvfs.envs.common.config import ConfigError, to_plain
 from kdvfs.envs.env.workloads import DataSplit, Variants, WorkloadSet
 from kdvfs.envs.gpu.profiles import load_profile
 
@@ -25,7 +25,7 @@ def test_shipped_configs_load_and_keep_held_out_families_out_of_training(gpu: st
 
 
 def test_unknown_keys_are_errors(tmp_path: Path) -> None:
-    raw = yaml.safe_load((PPO_CONFIG_DIR / "h200.yaml").read_text())
+    raw = train_config_mapping("h200")
     raw["ppo"]["learning_rate_typo"] = 1.0
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(raw))
@@ -37,6 +37,43 @@ def test_a_gpu_without_a_config_lists_the_bundled_ones() -> None:
     with pytest.raises(ConfigError, match=r"unknown PPO config 'gtx1080ti'; known: a100-sxm4, b200, h100-sxm, h200, "
                                           r"rtx3080ti .*--config"):
         load_train_config("gtx1080ti")
+
+
+RESOLVED = Path(__file__).parent / "fixtures" / "ppo_resolved.json"
+"""Every GPU's resolved config as the whole per-GPU files gave it before they were split into
+``default.yaml`` plus overrides."""
+
+
+@pytest.mark.parametrize("gpu", ["h200", "b200", "h100-sxm", "a100-sxm4", "rtx3080ti"])
+def test_each_gpus_config_resolves_as_before_the_default_and_overrides_split(gpu: str) -> None:
+    assert to_plain(load_train_config(gpu)) == json.loads(RESOLVED.read_text())[gpu]
+    assert to_plain(load_train_config(PPO_CONFIG_DIR / f"{gpu}.yaml")) == to_plain(load_train_config(gpu))
+
+
+def test_extends_merges_mappings_and_replaces_everything_else(tmp_path: Path) -> None:
+    (tmp_path / "base.yaml").write_text("extends: h200\nseed: 3\nenv: {memory_mhz: [3201]}\n")
+    (tmp_path / "mine.yaml").write_text("extends: base.yaml\nimitation: {epochs: 2}\n"
+                                        "env: {core_fractions: [1.0, 0.8]}\n")
+    config, h200 = load_train_config(tmp_path / "mine.yaml"), load_train_config("h200")
+    assert (config.gpu, config.seed, config.imitation.epochs, config.imitation.batch_size) == \
+        ("h200", 3, 2, h200.imitation.batch_size)
+    assert (config.env.core_fractions, config.env.memory_mhz) == ((1.0, 0.8), (3201,))
+    assert config.env.budgets == h200.env.budgets and config.data == h200.data
+    (tmp_path / "typo.yaml").write_text("extends: h200\nimitation: {epoch: 2}\n")
+    with pytest.raises(ConfigError, match=r"typo\.yaml: imitation: unknown key\(s\) \['epoch'\]"):
+        load_train_config(tmp_path / "typo.yaml")
+
+
+def test_bad_extends_are_errors(tmp_path: Path) -> None:
+    (tmp_path / "a.yaml").write_text("extends: b.yaml\ngpu: h200\n")
+    (tmp_path / "b.yaml").write_text("extends: a.yaml\n")
+    with pytest.raises(ConfigError, match="cycle"):
+        load_train_config(tmp_path / "a.yaml")
+    (tmp_path / "c.yaml").write_text("extends: gtx1080ti\n")
+    with pytest.raises(ConfigError, match="no bundled PPO config 'gtx1080ti'"):
+        load_train_config(tmp_path / "c.yaml")
+    with pytest.raises(ConfigError, match="not a config by itself"):
+        load_train_config("default")
 
 
 def test_a_split_that_trains_on_a_held_out_family_is_refused() -> None:
@@ -65,6 +102,12 @@ def test_smoke_run_writes_policy_logs_checkpoints_and_record(tiny_run: TrainResu
     summary = json.loads((out / "summary.json").read_text())
     assert set(summary["held_out"]) == {"h200/gpt2s-b16"}
     assert set(tiny_run.held_out["h200/gpt2s-b16"]) >= {"energy_saved_pct", "slowdown_pct", "switches"}
+
+
+def test_a_runs_saved_config_is_whole_and_loads_back(tiny_run: TrainResult) -> None:
+    saved = tiny_run.out / "config.yaml"
+    assert "extends" not in yaml.safe_load(saved.read_text())
+    assert to_plain(load_train_config(saved)) == yaml.safe_load(saved.read_text())
 
 
 def test_the_shipped_policy_is_the_better_of_clone_and_ppo_on_the_training_steps(tiny_run: TrainResult) -> None:

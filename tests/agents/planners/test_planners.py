@@ -92,7 +92,7 @@ def test_latency_optimum_is_feasible_and_within_its_certificate(seed: int) -> No
 
 def test_latency_optimum_equals_brute_force_on_most_tiny_instances() -> None:
     # Lagrangian duality gaps exist on tiny instances with coarse choices; on real traces the certified gap
-    # is ~0.1% (benchmarks/results/planners.md).
+    # is small (docs/results.md).
     equal = 0
     for seed in SEEDS:
         costs, rng = tiny(seed)
@@ -146,8 +146,8 @@ def test_ilp_without_latency_is_at_least_as_good_as_the_pass_level_plan(gpt2s: P
 
 
 def test_infeasible_and_invalid_budgets_are_clear_errors(gpt2s: Problem) -> None:
-    with pytest.raises(InfeasibleBudgetError, match="allow a larger --slowdown"):
-        IlpGlobal().plan(replace(gpt2s, slowdown=-0.5))
+    with pytest.raises(InfeasibleBudgetError, match="allow a larger --budget"):
+        IlpGlobal().plan(replace(gpt2s, budget=-0.5))
     with pytest.raises(KdvfsError, match="must be >= 0"):
         Problem.build(open_trace("h200/gpt2s-b16"), load_profile("h200"), -0.01)
 

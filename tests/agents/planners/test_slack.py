@@ -108,7 +108,7 @@ def test_planners_equal_brute_force_on_a_tiny_rank_with_slack() -> None:
     _, waiting = two_ranks(tiny, 0.2 * tiny.busy_s, 0.3 * tiny.busy_s)
     problem = few_actions(Problem.build(waiting, H200, rank_budget(waiting, BUDGET), latency_s=0.0), 12)
     optimum_j = brute_force_j(problem)
-    assert optimum_j < brute_force_j(replace(problem, slowdown=BUDGET))
+    assert optimum_j < brute_force_j(replace(problem, budget=BUDGET))
     ilp = outcome_of(problem, IlpGlobal().plan(problem), ideal=True)
     assert ilp.energy_j == pytest.approx(optimum_j, rel=1e-9) and ilp.time_s <= problem.budget_s
     schedule = LatencyOptimal().plan(problem)  # exact up to its certified Lagrangian gap

@@ -10,7 +10,7 @@ import yaml
 
 from kdvfs.agents.learned.frozen import FrozenPolicy
 from kdvfs.agents.learned.policy_planner import shipped_policy_path
-from kdvfs.agents.learned.ppo import PPO_CONFIG_DIR, load_train_config
+from kdvfs.agents.learned.ppo import load_train_config, train_config_mapping
 from kdvfs.envs.common.config import ConfigError
 from kdvfs.envs.common.errors import KdvfsError
 from kdvfs.envs.common.paths import REPO_ROOT
@@ -24,7 +24,7 @@ from kdvfs.envs.gpu.profiles import load_profile
 @pytest.mark.parametrize("gpu", ["h200", "b200", "h100-sxm", "a100-sxm4", "rtx3080ti"])
 def test_the_yaml_env_section_is_the_shipped_policys_config(gpu: str) -> None:
     profile, config = load_profile(gpu), load_train_config(gpu)
-    raw = yaml.safe_load((PPO_CONFIG_DIR / f"{gpu}.yaml").read_text())["env"]
+    raw = train_config_mapping(gpu)["env"]
     assert isinstance(config.env, EnvConfig) and set(raw) <= set(EnvConfig.__dataclass_fields__)
     policy = FrozenPolicy.load(shipped_policy_path(gpu), profile)
     assert policy.config == config.env
@@ -52,7 +52,7 @@ def test_invalid_settings_are_errors_naming_the_yaml_key(tmp_path: Path) -> None
         EnvConfig(budgets=())
     with pytest.raises(KdvfsError, match="next_kernels"):
         EnvConfig(next_kernels=0)
-    raw = yaml.safe_load((PPO_CONFIG_DIR / "h200.yaml").read_text())
+    raw = train_config_mapping("h200")
     raw["env"]["window_latencies"] = [0.0]
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(raw))
@@ -72,5 +72,5 @@ def test_the_settings_tables_are_rendered_from_the_dataclass() -> None:
     table = settings_table()
     assert all(f"| `{name}` |" in table for name in EnvConfig.__dataclass_fields__)
     assert table in (inspect.getdoc(KernelDVFSEnv) or "")
-    assert table in (REPO_ROOT / "docs/environment.md").read_text(), \
-        "docs/environment.md: paste kdvfs.envs.env.config.settings_table() into the Arguments section"
+    assert table in (REPO_ROOT / "docs/design/environment.md").read_text(), \
+        "docs/design/environment.md: paste kdvfs.envs.env.config.settings_table() into the Arguments section"

@@ -37,7 +37,7 @@ def step(problem: Problem) -> StepData:
 
 def exact_env(problem: Problem, step: StepData, **kwargs: object) -> KernelDVFSEnv:
     """The env with the problem's latency and stall, no noise."""
-    return KernelDVFSEnv([step], problem.profile, budgets=(problem.slowdown,), latency_s=problem.latency_s,
+    return KernelDVFSEnv([step], problem.profile, budgets=(problem.budget,), latency_s=problem.latency_s,
                          stall_s=problem.stall_s, latency_noise=False, duration_noise=0.0, **kwargs)  # type: ignore[arg-type]
 
 
@@ -103,7 +103,7 @@ def test_random_episode_equals_replay_of_the_clocks_that_ran(step: StepData, pro
     assert info["switches"] == outcome.switches
     assert info["energy_saved_pct"] == pytest.approx(100 * (1 - outcome.energy_j / auto.energy_j), abs=1e-9)
     assert info["slowdown_pct"] == pytest.approx(100 * (outcome.time_s / auto.time_s - 1), abs=1e-9)
-    overrun = max(0.0, info["slowdown_pct"] - 100 * problem.slowdown)
+    overrun = max(0.0, info["slowdown_pct"] - 100 * problem.budget)
     assert total == pytest.approx(info["energy_saved_pct"] - env.config.overrun_penalty * overrun, abs=1e-9)
 
 

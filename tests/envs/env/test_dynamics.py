@@ -24,12 +24,10 @@ from kdvfs.envs.model.schedule import execute
 from kdvfs.envs.trace.bundled import open_trace
 
 FAST_SWITCHING = {"latency_s": 0.0005, "latency_std_s": 0.0002, "stall_s": 1e-5}
-# Recorded with the environment before drift, step jitter and runs existed (random actions, seeds 0-3):
-# return, switches, sha256 of the observations and of env.applied (first 16 hex digits). Re-recorded once
-# when the H200 profile was refitted (core_idle_w 45.6 -> 46.2 W): the clocks that ran (last column) stayed
-# the same, the returns moved by < 1e-4 relative and the observations' digests changed with the prices.
-# Observation digests re-recorded for observation version 3 (the conditions block; budget use measured
-# against auto under the episode's noise): returns, switches and clocks that ran are unchanged.
+# Golden episodes of the environment with drift, step jitter and runs switched off (random actions, seeds
+# 0-3): return, switches, sha256 of the observations and of env.applied (first 16 hex digits). A change of
+# the shipped profile's prices or of the observation layout changes the observations' digest; the returns,
+# switches and clocks that ran (last column) must not move when those features are off.
 BEFORE = {
     False: [(-161.54545418097317, 1, "e07575b0835b2868", "3cfcdeb2937b87d6"),
             (-5.961551552722673, 1, "c92901e541ada367", "2ffac5e7c8a8cc8b"),

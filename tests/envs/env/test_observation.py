@@ -1,5 +1,5 @@
 """The observation spec's named blocks: they tile the vector, the environment writes them by name, and the
-tables in the environment's docstring and docs/environment.md are rendered from them."""
+tables in the environment's docstring and docs/design/environment.md are rendered from them."""
 
 from __future__ import annotations
 
@@ -71,5 +71,5 @@ def test_the_observation_tables_are_rendered_from_the_spec(spec: ObservationSpec
     assert all(f"| `{block.name}` | {block.size_text()} |" in table for block in BLOCKS)
     assert "| `window_slowdown_then_saving_pct` | 2 x 4 x 110 |" in observation_table(spec)
     assert table in (inspect.getdoc(KernelDVFSEnv) or "")
-    assert table in (REPO_ROOT / "docs/environment.md").read_text(), \
-        "docs/environment.md: paste kdvfs.envs.env.observation.observation_table() into the Observation space section"
+    assert table in (REPO_ROOT / "docs/design/environment.md").read_text(), \
+        "docs/design/environment.md: paste kdvfs.envs.env.observation.observation_table() into the Observation space section"

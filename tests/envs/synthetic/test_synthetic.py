@@ -18,7 +18,7 @@ from kdvfs.envs.synthetic.generator import (
     layer_kernel_counts,
     load_workload,
 )
-from kdvfs.envs.synthetic.kernels import multi_tensor_launches, param_numels
+from kdvfs.envs.synthetic.kernel_builder import multi_tensor_launches, param_numels
 from kdvfs.envs.synthetic.workload import TransformerConfig
 from kdvfs.envs.trace.bundled import open_trace
 from kdvfs.envs.trace.classify import classify

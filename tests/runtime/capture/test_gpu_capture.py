@@ -33,8 +33,8 @@ def test_capture_on_the_gpu(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
 def test_microbenchmark_power_on_the_gpu() -> None:
     import torch
 
-    from kdvfs.runtime.calibrate.measure import measure_benchmark
-    from kdvfs.runtime.calibrate.microbench import MICROBENCHMARKS
+    from kdvfs.runtime.calibration.measure import measure_benchmark
+    from kdvfs.runtime.calibration.microbench import MICROBENCHMARKS
     from kdvfs.runtime.device.nvml import GpuReader
 
     bench = next(b for b in MICROBENCHMARKS if b.name == "add_fp32")

@@ -70,8 +70,9 @@ def test_an_output_that_is_an_input_is_refused(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("argv", "dest", "value"), [
-    (["plan", "--trace", "t", "--gpu", "g", "--method", "ilp", "--budget", "0.02"], "slowdown", 0.02),
-    (["compare", "--trace", "t", "--gpu", "g", "--budget", "0.02"], "slowdown", [0.02]),
+    (["plan", "--trace", "t", "--gpu", "g", "--method", "ilp", "--slowdown", "0.02"], "budget", 0.02),
+    (["compare", "--trace", "t", "--gpu", "g", "--slowdown", "0.02"], "budget", [0.02]),
+    (["evaluate", "--policy", "p", "--trace", "t", "--gpu", "g", "--slowdown", "0.02"], "budget", [0.02]),
     (["run", "--policy", "p", "--trace", "t", "--slowdown", "0.02"], "budget", 0.02),
     (["gpus", "local", "--gpu-index", "3"], "index", 3),
     (["gpus", "local", "--index", "3"], "index", 3),

@@ -56,7 +56,7 @@ def test_train_reports_its_stages_and_runs_with_the_default_progress_bar(tmp_pat
 
 def test_evaluate_episodes_adds_within_budget_and_is_seeded(capsys: pytest.CaptureFixture[str]) -> None:
     command = ["evaluate", "--policy", str(shipped_policy_path("h200")), "--trace", TRACE, "--gpu", "h200",
-               "--slowdown", "0.01", "--latency-ms", "3", "--episodes", "2", "--seed", "4", "--json"]
+               "--budget", "0.01", "--latency-ms", "3", "--episodes", "2", "--seed", "4", "--json"]
     assert main(command) == 0
     rows = json.loads(capsys.readouterr().out)
     assert {"policy", "latency-optimal", "static", "auto"} <= {row["method"] for row in rows}

@@ -46,7 +46,7 @@ def test_plan_and_compare_check_before_planning(capsys: pytest.CaptureFixture[st
         raise AssertionError("planned before checking the output")
 
     monkeypatch.setattr(plan_cmd, "problem_from_args", no_work)
-    problem = ["--trace", SMALL, "--gpu", "h200", "--slowdown", "0.01"]
+    problem = ["--trace", SMALL, "--gpu", "h200", "--budget", "0.01"]
     _refused(capsys, ["plan", *problem, "--method", "ilp", "-o", str(blocked)], "file.txt is not a folder")
     _refused(capsys, ["compare", *problem, "--plot", str(blocked.parent.parent)], "is a folder")
 

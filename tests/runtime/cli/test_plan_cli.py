@@ -26,7 +26,7 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
 def test_plan_writes_a_schedule(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     out = tmp_path / "plan.json"
     code, text, _ = run(capsys, "plan", "--trace", SMALL, "--gpu", "h200", "--method", "latency-optimal",
-                        "--slowdown", "0.02", "-o", str(out))
+                        "--budget", "0.02", "-o", str(out))
     assert code == 0 and "latency-optimal" in text
     plan = json.loads(out.read_text())
     assert plan["format"] == "kdvfs-schedule" and plan["kernels"] == 115
@@ -36,7 +36,7 @@ def test_plan_writes_a_schedule(capsys: pytest.CaptureFixture[str], tmp_path: Pa
 
 def test_compare_json_has_the_documented_fields(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     plot = tmp_path / "pareto.png"
-    code, text, _ = run(capsys, "compare", "--trace", SMALL, "--gpu", "h200", "--slowdown", "0.01,0.05",
+    code, text, _ = run(capsys, "compare", "--trace", SMALL, "--gpu", "h200", "--budget", "0.01,0.05",
                         "--latency-ms", "0", "--json", "--plot", str(plot))
     rows = json.loads(text)
     assert code == 0 and {tuple(sorted(r)) for r in rows} == {tuple(sorted(FIELDS))}
@@ -51,16 +51,16 @@ def test_empty_trace_and_bad_budgets_are_clear_errors(capsys: pytest.CaptureFixt
     document["kernels"] = []
     empty = tmp_path / "empty.trace.json"
     empty.write_text(json.dumps(document))
-    code, _, err = run(capsys, "plan", "--trace", str(empty), "--gpu", "h200", "--method", "ilp", "--slowdown", "0.01")
+    code, _, err = run(capsys, "plan", "--trace", str(empty), "--gpu", "h200", "--method", "ilp", "--budget", "0.01")
     assert code == 2 and "has no kernels" in err and err.count("\n") == 1
     for command in (["plan", "--method", "ilp"], ["compare"]):
         with pytest.raises(SystemExit) as caught:
-            main([*command, "--trace", SMALL, "--gpu", "h200", "--slowdown", "-0.01"])
+            main([*command, "--trace", SMALL, "--gpu", "h200", "--budget", "-0.01"])
         assert caught.value.code == 2 and "must be a finite fraction >= 0" in capsys.readouterr().err
 
 
 def test_a_plan_over_its_budget_says_so(capsys: pytest.CaptureFixture[str]) -> None:
-    problem = ["--trace", SMALL, "--gpu", "h200", "--slowdown", "0.01"]
+    problem = ["--trace", SMALL, "--gpu", "h200", "--budget", "0.01"]
     code, text, _ = run(capsys, "plan", *problem, "--method", "ilp")
     assert code == 0 and "over budget:" in text and "against a 1.00% budget" in text
     code, text, _ = run(capsys, "plan", *problem, "--method", "latency-optimal")
@@ -68,7 +68,7 @@ def test_a_plan_over_its_budget_says_so(capsys: pytest.CaptureFixture[str]) -> N
 
 
 def test_compare_uncertainty_adds_ranges_and_keeps_the_fields(capsys: pytest.CaptureFixture[str]) -> None:
-    code, text, _ = run(capsys, "compare", "--trace", SMALL, "--gpu", "h200", "--slowdown", "0.01", "--json",
+    code, text, _ = run(capsys, "compare", "--trace", SMALL, "--gpu", "h200", "--budget", "0.01", "--json",
                         "--uncertainty", "--samples", "2", "--seed", "1")
     rows = json.loads(text)
     assert code == 0 and all(set(r) >= FIELDS and set(r) - FIELDS == {"uncertainty"} for r in rows)
@@ -77,13 +77,13 @@ def test_compare_uncertainty_adds_ranges_and_keeps_the_fields(capsys: pytest.Cap
         assert spread["method"] == "latin-hypercube" and spread["seed"] == 1
         assert spread["energy_saved_pct"][0] <= row["energy_saved_pct"] <= spread["energy_saved_pct"][1]
         assert spread["slowdown_pct"][0] <= row["slowdown_pct"] <= spread["slowdown_pct"][1]
-    code, text, _ = run(capsys, "compare", "--trace", SMALL, "--gpu", "h200", "--slowdown", "0.01",
+    code, text, _ = run(capsys, "compare", "--trace", SMALL, "--gpu", "h200", "--budget", "0.01",
                         "--latency-ms", "0", "--uncertainty", "--samples", "1")
     assert code == 0 and "latin-hypercube" in text and "% (" in text
 
 
 def test_compare_marks_the_rows_over_budget(capsys: pytest.CaptureFixture[str]) -> None:
-    code, text, _ = run(capsys, "compare", "--trace", SMALL, "--gpu", "h200", "--slowdown", "0.01")
+    code, text, _ = run(capsys, "compare", "--trace", SMALL, "--gpu", "h200", "--budget", "0.01")
     marked = {line.split("│")[2].strip() for line in text.splitlines() if " ! │" in line}
     assert code == 0 and "ilp" in marked and "latency-optimal" not in marked and "over budget as executed" in text
 
@@ -97,11 +97,11 @@ def test_plan_of_a_waiting_rank_uses_its_slack_unless_told_not_to(capsys: pytest
     plans = {}
     for flags in ([], ["--no-slack"]):
         out = tmp_path / f"plan{len(flags)}.json"
-        code, text, _ = run(capsys, "plan", "--trace", str(path), "--gpu", "h200", "--method", "ilp", "--slowdown",
+        code, text, _ = run(capsys, "plan", "--trace", str(path), "--gpu", "h200", "--method", "ilp", "--budget",
                             "0.01", "-o", str(out), *flags)
         assert code == 0 and ("rank slack" in text) is not flags
         plans[bool(flags)] = json.loads(out.read_text())
     assert plans[False]["slack_s"] == pytest.approx(0.05 * base.step_time_s) and plans[True]["slack_s"] == 0.0
-    assert plans[False]["slowdown_budget"] > 0.05 and plans[True]["slowdown_budget"] == 0.01
-    assert {p["job_slowdown_budget"] for p in plans.values()} == {0.01}
+    assert plans[False]["budget"] > 0.05 and plans[True]["budget"] == 0.01
+    assert {p["job_budget"] for p in plans.values()} == {0.01}
     assert plans[False]["executed"]["energy_j"] < plans[True]["executed"]["energy_j"]

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kdvfs.runtime.calibrate.microbench import Call, Features, Microbenchmark, microbenchmark_features
+from kdvfs.runtime.calibration.microbench import Call, Features, Microbenchmark, microbenchmark_features
 from kdvfs.runtime.device.energy import Meter, WindowReading, WindowSampler
 
 IDLE_FEATURES: Features = (0.0, 0.0, 0.0)

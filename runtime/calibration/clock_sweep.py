@@ -15,8 +15,8 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from kdvfs.envs.gpu.profiles import GpuProfile
-from kdvfs.runtime.calibrate.measure import Measurement
-from kdvfs.runtime.calibrate.profile_fit import nearest_clock
+from kdvfs.runtime.calibration.measure import Measurement
+from kdvfs.runtime.calibration.profile_fit import nearest_clock
 from kdvfs.runtime.device.nvml import NvmlDevice, locked_clocks
 
 SETTLE_S = 0.5

@@ -24,7 +24,7 @@ from kdvfs.envs.calibration.calibrate import Calibration, calibrate
 from kdvfs.envs.calibration.sweep import Sweep
 from kdvfs.envs.gpu.profile_io import write_profile_yaml
 from kdvfs.envs.gpu.profiles import GpuProfile
-from kdvfs.runtime.calibrate.measure import Measurement
+from kdvfs.runtime.calibration.measure import Measurement
 from kdvfs.runtime.device.nvml import LocalGpu
 from kdvfs.runtime.device.profile_skeleton import reference_profile, skeleton_profile
 

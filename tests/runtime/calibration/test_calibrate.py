@@ -16,11 +16,11 @@ import pytest
 
 from kdvfs.envs.gpu.profiles import load_profile
 from kdvfs.envs.model.cost_model import ClockLimits, CostParams, KernelInputs, self_referenced_power_w
-from kdvfs.runtime.calibrate import clock_sweep, measure, microbench, profile_fit
-from kdvfs.runtime.calibrate.clock_sweep import clock_grid, measure_clock_sweep
-from kdvfs.runtime.calibrate.measure import Measurement
-from kdvfs.runtime.calibrate.microbench import MICROBENCHMARKS, microbenchmark_features
-from kdvfs.runtime.calibrate.profile_fit import (
+from kdvfs.runtime.calibration import clock_sweep, measure, microbench, profile_fit
+from kdvfs.runtime.calibration.clock_sweep import clock_grid, measure_clock_sweep
+from kdvfs.runtime.calibration.measure import Measurement
+from kdvfs.runtime.calibration.microbench import MICROBENCHMARKS, microbenchmark_features
+from kdvfs.runtime.calibration.profile_fit import (
     READ_ONLY_FIXED,
     fit_mapping,
     load_mapping,
