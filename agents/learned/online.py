@@ -6,9 +6,7 @@ turns the measured :class:`~kdvfs.envs.env.live.LiveState` into its observation
 (:meth:`~kdvfs.envs.env.dvfs_env.KernelDVFSEnv.observe_live`) and the pair to request. As in the
 environment, the policy runs when its last choice has held for ``decision_fraction`` of the step's auto
 time (a standing order: "follow plan p"); in between, the standing order's advisor is re-read at every
-decision point, so the pair follows where a request made now would land (:meth:`OnlinePolicy.look_ahead`
-can extend the hold: it runs the policy ahead on the model's expected timeline, and the order holds until
-the first evaluation there that would change it). A step's first pair is the
+decision point, so the pair follows where a request made now would land. A step's first pair is the
 policy's choice at the step's first decision (kernel 0, auto in effect, nothing spent), requested one
 latency before the step starts.
 
@@ -121,7 +119,6 @@ class OnlinePolicy:
         self._bound_for: tuple[int, int] | None = None
         """The env's step and regime whose arrays are bound."""
         self._budget = (0.0, -1)
-        self._state: LiveState | None = None
         self._hold_until_s = -math.inf
 
     def prepare(self) -> None:
@@ -152,7 +149,7 @@ class OnlinePolicy:
         observation, _ = self.env.reset(seed=0, options={"budget": max(0.0, budget)})
         action = self._policy_action(observation[self._static_size:])
         self._action[:] = action
-        self._hold_until_s, self._state, self._begun = self._hold_s, None, True
+        self._hold_until_s, self._begun = self._hold_s, True
         self._budget = (self.env.budget, self.env.budget_plan)
         if self._bound_for != self.env.selection:  # not bound yet, or the env now runs another step or regime
             self._bind()
@@ -165,7 +162,6 @@ class OnlinePolicy:
         evaluated = now_s >= self._hold_until_s
         if evaluated:
             self._hold_until_s = now_s + self._hold_s
-        self._state = state
         return self._decision(self._bound[0], self._action, state, evaluated)
 
     def warm(self, state: LiveState) -> None:
@@ -192,25 +188,6 @@ class OnlinePolicy:
         picks = self._picks
         picks[0], picks[1], picks[2] = kernel, self._in_effect_row + in_effect, self._pending_row + pending
         return self.policy.act_from(self._products, picks, rest[self._tail:])
-
-    def look_ahead(self, evaluations: int) -> tuple[float, int]:
-        """Run the policy ahead of the GPU after a decision that ran it: from that decision's live state, on the
-        model's expected timeline (no noise; its own requests land one mean latency after they go out), step
-        the policy's environment to each of its next ``evaluations`` evaluations and run the policy there. Its
-        standing order holds until the first at which it would choose another action (the controller decides
-        there on what it measures), or past all of them. Returns when the policy runs next (s from the step's
-        start, model timeline) and the evaluations skipped."""
-        assert self._begun, "look_ahead follows a decision"
-        if self._state is not None:  # the env stands where the last decision was made (else: the step's start)
-            self.env.observe_live_dynamic(self._state)
-        due_s, skipped = self._hold_until_s, 0
-        while skipped < evaluations:
-            observation, _, terminated, _, _ = self.env.step(self._action)  # to the evaluation due at due_s
-            if terminated or not np.array_equal(self.policy.act(observation), self._action):
-                break
-            skipped, due_s = skipped + 1, self.env.now_s + self._hold_s
-        self._hold_until_s = due_s
-        return due_s, skipped
 
 
 def kernel_at(times_s: Sequence[float], from_kernel: int, offset_s: float) -> int:

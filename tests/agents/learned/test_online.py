@@ -107,53 +107,6 @@ def test_once_prepared_its_decisions_do_no_first_use_work_as_a_lazy_env(online: 
         policy.decide(state, 1e9)
 
 
-def _rollout_holds(policy: OnlinePolicy, problem: Problem, budget: float, evaluations: int) -> tuple[float, int]:
-    """Brute force: the policy's own env from the step's start, the policy run at each evaluation; when the
-    first action stops holding (or after ``evaluations``) and how many evaluations it held through."""
-    env = policy_env(policy.policy, problem)
-    action = policy.policy.act(env.reset(seed=0, options={"budget": budget})[0])
-    hold_s = policy.policy.config.decision_fraction * policy.auto_time_s
-    due_s, held = hold_s, 0
-    while held < evaluations:
-        observation, _, terminated, _, _ = env.step(action)
-        if terminated or not np.array_equal(policy.policy.act(observation), action):
-            break
-        held, due_s = held + 1, env.now_s + hold_s
-    return due_s, held
-
-
-@pytest.mark.parametrize("evaluations", [0, 3, 1000])
-def test_looking_ahead_from_the_steps_start_follows_the_noise_free_rollout(online: tuple[OnlinePolicy, Problem],
-                                                                           evaluations: int) -> None:
-    policy, problem = online
-    policy.begin(0.01)
-    due_s, skipped = policy.look_ahead(evaluations)
-    assert (due_s, skipped) == pytest.approx(_rollout_holds(policy, problem, 0.01, evaluations))
-    assert skipped <= evaluations
-    hold_s = policy.policy.config.decision_fraction * policy.auto_time_s
-    assert not policy.decide(LiveState(1, 0, -1, 0.0, 1e-6, 1e-6), 0.999 * due_s).evaluated  # the order holds
-    assert policy.decide(LiveState(1, 0, -1, 0.0, 1e-6, 1e-6), due_s).evaluated or due_s < hold_s
-
-
-def test_a_look_ahead_leaves_no_trace_on_the_next_live_decision(online: tuple[OnlinePolicy, Problem]) -> None:
-    """The env stands at each live state afresh: a decision after looking ahead (a pending request in flight)
-    is the one a policy that never looked ahead makes."""
-    fresh, problem = online
-    looking = OnlinePolicy(fresh.policy, problem, policy_env(fresh.policy, problem))
-    kernels = len(fresh.cumulative_s) - 2
-    for policy in (fresh, looking):
-        policy.begin(0.01)
-    for n in range(1, 30):
-        kernel = (13 * n) % kernels
-        auto_s = float(fresh.cumulative_s[kernel, 0])
-        state = LiveState(kernel, n % 3, (n + 1) % 3 if n % 2 else -1, 2e-3 if n % 2 else 0.0, auto_s * 1.004,
-                          auto_s)
-        now_s = 10.0 * n  # past any hold: the policy runs
-        decision = looking.decide(state, now_s)
-        looking.look_ahead(5)
-        assert decision == fresh.decide(state, now_s)
-
-
 def test_a_warm_up_leaves_no_trace_on_the_decisions(online: tuple[OnlinePolicy, Problem]) -> None:
     policy, problem = online
     plain, warmed = OnlinePolicy(policy.policy, problem, policy.env), OnlinePolicy(policy.policy, problem)
