@@ -33,7 +33,8 @@ class EnvConfig:
     """Settings of ``KernelDVFS-v0`` (the arguments besides its steps and GPU profile).
 
     Attributes:
-        budgets: slowdown budgets (fractions of the step's auto time, 0.01 = 1%), one drawn per episode.
+        budgets: the budgets to draw from, one per episode (a budget: the allowed step-time increase over auto,
+            a fraction; 0.01 = 1%).
         latency_s: mean switching latency (s); None: the profile's. 0 = ideal switching.
         latency_scales: each episode runs at one of these multiples of the mean latency (and of its spread;
             0: ideal switching, no stall), drawn with the step and budget; one value: no draw.
@@ -46,11 +47,12 @@ class EnvConfig:
             per episode; dimensionless, 0 disables it).
         drift: model the thermal drift of the power-limited auto clock (:mod:`kdvfs.envs.env.dynamics`).
         drift_pct: the drift: auto mode's step time, and every pair's energy, rise by this much at ``drift_s``
-            into training, levelling off (%; measured on an H200: 2.1).
+            into training, levelling off (%; the default is :class:`kdvfs.envs.model.drift.DriftModel`'s H200
+            figure).
         drift_s: time at which the drift reaches ``drift_pct`` (s).
         run_start_s: an episode's run starts uniformly within this long into training (s), which sets its drift.
-        step_jitter: each step of a run gets one factor on its time and one on its energy (the measured H200
-            step-to-step spread: 0.45% and 0.89% standard deviation).
+        step_jitter: each step of a run gets one factor on its time and one on its energy (their spreads:
+            :class:`kdvfs.envs.model.drift.DriftModel`'s H200 step-to-step figures).
         run_steps: consecutive repetitions of the step per episode (a run); the budget holds for the run as a
             whole, so slack of a fast step can pay for a slower one.
         overrun_penalty: reward lost per percent of the step's auto time beyond the budget (reward / %).
@@ -62,7 +64,7 @@ class EnvConfig:
             times per run (0: at every decision point).
         next_kernels: how many coming kernels the observation shows individually (kernels).
         window_latencies: lengths of the look-ahead windows, in switching latencies.
-        plan_budgets: slowdown budgets (fractions) of the plan advisors (:mod:`kdvfs.envs.env.plan_advice`);
+        plan_budgets: the budgets (fractions) of the plan advisors (:mod:`kdvfs.envs.env.plan_advice`);
             empty: none.
         core_fractions: locked core levels of the clock grid, as fractions of the profile's maximum core clock
             (:class:`kdvfs.envs.env.clock_grid.ClockGrid`; auto is always level 0).
