@@ -84,10 +84,6 @@ class TimingConfig:
             request's issue instant (the thread's wake-up after the GPU passed it must fit in between).
         issue_early_ms: requests go out this much earlier than one latency before their change, so that the
             thread's late wake-up from a timed sleep does not make them late.
-        switch_interval_ms: the interpreter's switch interval while the controller runs (0: left as it is,
-            5 ms by default); it bounds how long the controller's thread waits for the interpreter lock after
-            a wake or a decision when the training thread does not let go of it
-            (:func:`kdvfs.runtime.controller.controller.switch_interval`).
     """
 
     match_tolerance: float = 0.1
@@ -96,14 +92,11 @@ class TimingConfig:
     anchor_every: int = 1
     anchor_margin_ms: float = 2.0
     issue_early_ms: float = 0.25
-    switch_interval_ms: float = 0.0
 
     def __post_init__(self) -> None:
         if min(self.anchor_margin_ms, self.issue_early_ms) < 0:
             raise KdvfsError(f"anchor margin {self.anchor_margin_ms} ms and issue-early {self.issue_early_ms} ms "
                              "must be >= 0")
-        if self.switch_interval_ms < 0:
-            raise KdvfsError(f"switch interval {self.switch_interval_ms} ms must be >= 0 (0: the interpreter's)")
         if not isinstance(self.anchor_every, int) or self.anchor_every < 1:
             raise KdvfsError(f"anchor_every {self.anchor_every} must be a whole number >= 1 (1: every block)")
         if not 0 < self.match_tolerance < 1:
@@ -155,8 +148,7 @@ FLAT_OPTIONS: dict[str, tuple[str, str]] = {
         "window_steps", "window_s", "ab_share", "ab_seed", "energy_poll_s", "guard_margin", "guard_min_pairs",
         "guard_retry_s")},
     **{name: ("timing", name) for name in (
-        "match_tolerance", "confirm_steps", "anchors", "anchor_every", "anchor_margin_ms", "issue_early_ms",
-        "switch_interval_ms")},
+        "match_tolerance", "confirm_steps", "anchors", "anchor_every", "anchor_margin_ms", "issue_early_ms")},
     "online": ("online", "enabled"), "online_interval_ms": ("online", "interval_ms"),
     "online_warm_up": ("online", "warm_up"), "sleep_lead_in": ("online", "sleep_lead_in"),
 }

@@ -34,7 +34,6 @@ import subprocess
 import sys
 import threading
 import types
-from collections.abc import Iterator
 from dataclasses import asdict, replace
 from typing import Any
 
@@ -62,25 +61,6 @@ from kdvfs.runtime.job import JobGroup, Rank
 STOP_TIMEOUT_S = 5.0
 RUN_NEEDS = "the clock controller locks GPU clocks"
 RUN_FIX = "run it as root, or add --dry-run to see what it would do without changing clocks"
-
-
-@contextlib.contextmanager
-def switch_interval(interval_ms: float) -> Iterator[None]:
-    """The interpreter's switch interval (``sys.setswitchinterval``) set to ``interval_ms`` inside (0: left as it
-    is), and put back on exit unless something else changed it meanwhile. A thread that wants the interpreter
-    lock from one that does not let go of it waits this long before the holder is asked to drop it; shorter
-    intervals switch the process's other waiting threads sooner too."""
-    if interval_ms <= 0:
-        yield
-        return
-    before_s = sys.getswitchinterval()
-    sys.setswitchinterval(interval_ms / 1e3)
-    ours_s = sys.getswitchinterval()
-    try:
-        yield
-    finally:
-        if sys.getswitchinterval() == ours_s:
-            sys.setswitchinterval(before_s)
 
 
 def check_device(plan: Plan, device: Device) -> None:
@@ -162,7 +142,6 @@ class Controller:
         self.step_plan = StepPlan.build(problem, self.plan.schedule, config.dry_run)
         if threading.current_thread() is threading.main_thread():
             self._stack.enter_context(terminate_on_sigterm())
-        self._stack.enter_context(switch_interval(config.timing.switch_interval_ms))
         if not config.dry_run and config.watchdog and isinstance(device, NvmlDevice):
             self._watchdog = spawn_watchdog(device.index, config.nvml_module)
             self._stack.callback(self._stop_watchdog)

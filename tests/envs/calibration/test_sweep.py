@@ -106,7 +106,8 @@ def sweep_text(header: str = HEADER, third_row: str | None = None) -> str:
 
 @pytest.mark.parametrize(("text", "expected"), [
     pytest.param("kernel,core_mhz,mem_mhz,time_s\na,1,1,1\n",
-                 ["missing column", "'power_w'", "'sm_util'", "'dram_util'", "a sweep needs", "docs/design/cost-model.md"],
+                 ["missing column", "'power_w'", "'sm_util'", "'dram_util'", "a sweep needs",
+                  "docs/design/cost-model.md"],
                  id="missing-columns"),
     pytest.param("", ["missing column", "'kernel'", "a sweep needs"], id="empty-file"),
     pytest.param(sweep_text(third_row="a,1395,3201,nan,400,0.5,0.5"),

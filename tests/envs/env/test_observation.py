@@ -72,4 +72,5 @@ def test_the_observation_tables_are_rendered_from_the_spec(spec: ObservationSpec
     assert "| `window_slowdown_then_saving_pct` | 2 x 4 x 110 |" in observation_table(spec)
     assert table in (inspect.getdoc(KernelDVFSEnv) or "")
     assert table in (REPO_ROOT / "docs/design/environment.md").read_text(), \
-        "docs/design/environment.md: paste kdvfs.envs.env.observation.observation_table() into the Observation space section"
+        ("docs/design/environment.md: paste kdvfs.envs.env.observation.observation_table() into the Observation "
+         "space section")

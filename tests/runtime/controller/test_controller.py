@@ -5,7 +5,6 @@ energy, and changes nothing in a dry run."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +14,6 @@ from kdvfs.agents.common.problem import score
 from kdvfs.envs.common.errors import KdvfsError
 from kdvfs.envs.model.schedule import execute
 from kdvfs.runtime.controller.config import ControllerConfig
-from kdvfs.runtime.controller.controller import switch_interval
 from kdvfs.runtime.controller.decisions.plans import load_plan
 from kdvfs.runtime.controller.decisions.timeline import StepPlan
 from kdvfs.runtime.controller.timing.matching import StepMatcher
@@ -172,23 +170,6 @@ def test_tensorboard_scalars_per_window(plan_file: Path, tmp_path: Path) -> None
     with controller:
         run_steps(controller, 12)
     assert list((tmp_path / "tb").glob("events.out.tfevents*"))
-
-
-def test_the_switch_interval_is_the_controllers_while_it_runs_and_put_back(plan_file: Path) -> None:
-    before_s = sys.getswitchinterval()
-    controller, _, _ = fake_controller(plan_file, switch_interval_ms=1.0)
-    with controller:
-        run_steps(controller, 3)
-        assert sys.getswitchinterval() == pytest.approx(1e-3)
-    assert sys.getswitchinterval() == before_s
-    with switch_interval(0.5):
-        sys.setswitchinterval(2e-3)  # the training script's own change is kept
-    assert sys.getswitchinterval() == pytest.approx(2e-3)
-    sys.setswitchinterval(before_s)
-    with switch_interval(0.0):  # the default leaves the interpreter's
-        assert sys.getswitchinterval() == before_s
-    with pytest.raises(KdvfsError, match="switch interval"):
-        ControllerConfig.from_options("p", "t", switch_interval_ms=-1.0)
 
 
 @pytest.mark.parametrize("every", [0, -1, 1.5])
