@@ -167,7 +167,7 @@ class OnlinePolicy:
     def warm(self, state: LiveState) -> None:
         """Run a decision at ``state`` (the observation, the policy, the decision's making) and drop its result:
         the standing order, its hold and every later decision are as without it (each decision writes the
-        observation anew). A decider whose core slept calls it shortly before a decision is due, so that the
+        observation anew). A controller thread that slept calls it shortly before a decision is due, so that the
         decision runs on a warm core (its code and data: the same calls as :meth:`decide`'s); after
         :meth:`begin`."""
         assert self._bound is not None, "begin a step first"
