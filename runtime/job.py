@@ -54,6 +54,15 @@ def rank_path(path: str | Path, rank: int) -> Path:
     return path.with_name(f"{stem}.rank{rank}{suffix}")
 
 
+def write_rank_report(report_path: str | None, document: Mapping[str, Any]) -> None:
+    """Write this training process's report to ``report_path`` as JSON (under torchrun each rank its own:
+    :func:`rank_path`), the file :func:`rank_documents` reads; nothing without a path."""
+    rank = Rank.from_environment()
+    if report_path:
+        path = rank_path(report_path, rank.rank) if rank.distributed else Path(report_path)
+        path.write_text(json.dumps(document), encoding="utf-8")
+
+
 def rank_documents(report: Path) -> list[dict[str, Any]]:
     """The reports the training processes wrote: ``report`` itself, or under torchrun each rank's
     (``report.rankR.json``, :func:`kdvfs.runtime.job.rank_path`), in rank order."""

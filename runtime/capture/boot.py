@@ -12,7 +12,6 @@ runs this module (torchrun's ``-m`` entry) and writes its own report, ``report.r
 from __future__ import annotations
 
 import contextlib
-import json
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -26,15 +25,7 @@ from kdvfs.runtime.capture.errors import CaptureError, CaptureStop
 from kdvfs.runtime.capture.ncu_run import StepMarker
 from kdvfs.runtime.capture.session import Capture
 from kdvfs.runtime.child import run_target
-from kdvfs.runtime.job import Rank, rank_path
-
-
-def _write_report(config: CaptureConfig, document: dict[str, Any]) -> None:
-    """Write this process's report (under torchrun, each rank's own: :func:`kdvfs.runtime.job.rank_path`)."""
-    rank = Rank.from_environment()
-    if config.report_path:
-        path = rank_path(config.report_path, rank.rank) if rank.distributed else Path(config.report_path)
-        path.write_text(json.dumps(document), encoding="utf-8")
+from kdvfs.runtime.job import write_rank_report
 
 
 @contextlib.contextmanager
@@ -84,9 +75,9 @@ def main(argv: Sequence[str]) -> int:
     try:
         report = _capture(config, argv[1:])
     except KdvfsError as error:
-        _write_report(config, {"status": "error", "message": str(error)})
+        write_rank_report(config.report_path, {"status": "error", "message": str(error)})
         return 2
-    _write_report(config, {"status": "ok", "report": report})
+    write_rank_report(config.report_path, {"status": "ok", "report": report})
     return 0
 
 

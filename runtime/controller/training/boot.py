@@ -13,11 +13,9 @@ with its own controller, GPU and watchdog, and writes its own report (``report.r
 from __future__ import annotations
 
 import contextlib
-import json
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
 
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
@@ -25,15 +23,7 @@ from kdvfs.envs.common.errors import KdvfsError
 from kdvfs.runtime.child import run_target
 from kdvfs.runtime.controller.config import ControllerConfig
 from kdvfs.runtime.controller.controller import Controller
-from kdvfs.runtime.job import Rank, rank_path
-
-
-def write_report(config: ControllerConfig, document: dict[str, Any]) -> None:
-    """Write this process's report (under torchrun, each rank's own: :func:`kdvfs.runtime.job.rank_path`)."""
-    rank = Rank.from_environment()
-    if config.report_path:
-        path = rank_path(config.report_path, rank.rank) if rank.distributed else Path(config.report_path)
-        path.write_text(json.dumps(document), encoding="utf-8")
+from kdvfs.runtime.job import write_rank_report
 
 
 @contextlib.contextmanager
@@ -53,14 +43,15 @@ def main(argv: Sequence[str]) -> int:
     try:
         controller.__enter__()
     except KdvfsError as error:
-        write_report(config, {"status": "error", "message": str(error)})
+        write_rank_report(config.report_path, {"status": "error", "message": str(error)})
         return 2
     try:
         with step_hook(controller):
             run_target(argv[1:])
     finally:
         controller.close()
-        write_report(config, {"status": "ok", "summary": controller.summary, "windows": controller.windows})
+        write_rank_report(config.report_path,
+                          {"status": "ok", "summary": controller.summary, "windows": controller.windows})
     return 0
 
 
