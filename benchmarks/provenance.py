@@ -20,7 +20,8 @@ from kdvfs.envs.common.paths import REPO_ROOT
 from kdvfs.envs.common.run_record import git_revision
 
 RESULTS = REPO_ROOT / "benchmarks" / "results"
-PROVENANCE_KEYS = ("command", "machine", "python", "date_utc", "git_revision")
+PROVENANCE_KEYS = ("figure", "command", "machine", "python", "date_utc", "git_revision")
+CLAIMS = "docs/results.md"
 NVIDIA_SMI_QUERY = "name,driver_version,clocks.sm,clocks.mem,power.draw,power.limit,persistence_mode,temperature.gpu"
 
 
@@ -47,15 +48,25 @@ def machine_description() -> str:
     return f"{platform.node()} ({platform.machine()}, {cpu_model()}, {os.cpu_count()} cores)"
 
 
-def provenance(command: str) -> dict[str, str]:
-    """The provenance block of a results file: ``PROVENANCE_KEYS`` in that order for a run of ``command``."""
-    return {"command": command, "machine": machine_description(), "python": python_version(),
-            "date_utc": utc_now(), "git_revision": git_revision()}
+def benchmark_figure() -> str:
+    """What the running benchmark measures: the first line of its script's docstring (``__main__``), with a
+    pointer to the claim list; ``benchmark`` where the script has none."""
+    doc = getattr(sys.modules.get("__main__"), "__doc__", None) or "benchmark"
+    return f"{doc.strip().splitlines()[0].rstrip('.:')} (claim list: `{CLAIMS}`)"
+
+
+def provenance(command: str, figure: str | None = None) -> dict[str, str]:
+    """The provenance block of a results file: ``PROVENANCE_KEYS`` in that order for a run of ``command``
+    measuring ``figure`` (default: :func:`benchmark_figure`)."""
+    return {"figure": figure or benchmark_figure(), "command": command, "machine": machine_description(),
+            "python": python_version(), "date_utc": utc_now(), "git_revision": git_revision()}
 
 
 def provenance_lines(record: Mapping[str, Any]) -> list[str]:
-    """The Markdown bullet list of the provenance keys of ``record`` (a provenance block or a whole document)."""
-    return [f"- {key}: `{record[key]}`" for key in PROVENANCE_KEYS]
+    """The Markdown bullet list of the provenance keys of ``record`` (a provenance block or a whole document); the
+    figure as text, the rest as code; a key the record lacks (a file written before it existed) is left out."""
+    return [f"- {key}: {record[key]}" if key == "figure" else f"- {key}: `{record[key]}`"
+            for key in PROVENANCE_KEYS if key in record]
 
 
 def host() -> dict[str, str]:

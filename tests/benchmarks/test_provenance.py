@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import json
+import sys
+import types
 from datetime import datetime
 from pathlib import Path
+
+import pytest
 
 from benchmarks.provenance import PROVENANCE_KEYS, host, provenance, provenance_lines, utc_now, write_results
 from kdvfs.envs.common.run_record import git_revision
 
 
 def test_provenance_has_the_keys_results_files_carry() -> None:
-    record = provenance("python benchmarks/example.py")
-    assert tuple(record) == PROVENANCE_KEYS == ("command", "machine", "python", "date_utc", "git_revision")
+    record = provenance("python benchmarks/example.py", figure="what it measures")
+    assert tuple(record) == PROVENANCE_KEYS == ("figure", "command", "machine", "python", "date_utc", "git_revision")
+    assert record["figure"] == "what it measures"
     assert record["command"] == "python benchmarks/example.py" and all(isinstance(v, str) for v in record.values())
     assert record["machine"].startswith(host()["machine"] + " (") and record["machine"].endswith(" cores)")
     assert record["python"].count(".") == 2 and record["git_revision"] == git_revision()
@@ -20,10 +25,18 @@ def test_provenance_has_the_keys_results_files_carry() -> None:
 
 
 def test_markdown_lines_of_a_block_or_a_document() -> None:
-    record = provenance("c")
+    record = provenance("c", figure="f")
     lines = provenance_lines({**record, "other": 1})
-    assert lines == [f"- {key}: `{record[key]}`" for key in PROVENANCE_KEYS]
-    assert lines[0] == "- command: `c`"
+    assert lines == ["- figure: f", *(f"- {key}: `{record[key]}`" for key in PROVENANCE_KEYS[1:])]
+    assert lines[1] == "- command: `c`"
+    assert provenance_lines({key: record[key] for key in PROVENANCE_KEYS[1:]})[0] == "- command: `c`"
+
+
+def test_the_figure_defaults_to_the_first_line_of_the_running_scripts_docstring(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    script = types.ModuleType("__main__", "The thing it measures.\n\n    python benchmarks/x.py\n")
+    monkeypatch.setitem(sys.modules, "__main__", script)
+    assert provenance("c")["figure"] == "The thing it measures (claim list: `docs/results.md`)"
 
 
 def test_host_record_and_time() -> None:
