@@ -9,6 +9,7 @@ import os
 import stat
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -179,3 +180,42 @@ def test_a_clock_sweep_is_refused_on_a_leased_gpu(holder: subprocess.Popen[str],
     with pytest.raises(LeaseHeldError, match=f"leased by pid {holder.pid}"), NvmlDevice(0, shared_nvml) as device:
         measure_clock_sweep(device, [(1980, 3201)], lambda name: [], settle_s=0)
     assert all(READ_ONLY_CALL.fullmatch(name) for name in shared_nvml.state.calls)
+
+
+WATCHED = ("import os, sys, time\n"
+           "from kdvfs.runtime.device.lease import GpuLease\n"
+           "from kdvfs.runtime.device.watchdog import spawn_watchdog\n"
+           "lease = GpuLease(sys.argv[1], 0).acquire()\n"
+           "watchdog = spawn_watchdog(0, 'kdvfs.runtime.testing.nvml', (lease.fd,))\n"
+           "os.close(lease.fd)  # this process's descriptor gone, as at its death; the watchdog's copy remains\n"
+           "print(watchdog.pid, flush=True)\ntime.sleep(120)\n")
+
+
+def test_the_watchdog_keeps_the_lease_until_its_reset_is_done(tmp_path: Path) -> None:
+    log = tmp_path / "nvml.log"
+    parent = subprocess.Popen([sys.executable, "-c", WATCHED, UUID0], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "KDVFS_FAKE_NVML_LOG": str(log)})
+    try:
+        assert parent.stdout is not None and int(parent.stdout.readline())
+        with pytest.raises(LeaseHeldError, match=f"leased by pid {parent.pid} "):
+            GpuLease(UUID0, 0).acquire()
+        parent.kill()
+        parent.wait()
+        notes: list[str] = []
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                lease = GpuLease(UUID0, 0, note=notes.append).acquire()
+                break
+            except LeaseHeldError:
+                time.sleep(0.05)
+        else:
+            pytest.fail("the watchdog never released the lease")
+        # The lock came free only when the watchdog exited, after both resets.
+        assert log.read_text().split()[-3:] == [*RESETS, "nvmlShutdown"]
+        assert len(notes) == 1 and f"stale lease of pid {parent.pid}" in notes[0]
+        lease.release()
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
