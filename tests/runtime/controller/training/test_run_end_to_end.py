@@ -159,7 +159,8 @@ def test_cpu_test_mode_matches_steps_loosely_and_gpu_runs_keep_their_tolerance()
 def test_a_second_run_on_a_leased_gpu_is_refused_and_leaves_the_first_alone(captured: tuple[Path, Path],
                                                                              tmp_path: Path) -> None:
     """Issue 44: a second non-dry ``kdvfs run`` on the GPU a first one controls exits 2 with one line naming the
-    first's training process and makes no clock call; the first keeps its clocks, then restores and releases."""
+    first's training process and makes no clock call (the first's locks are not reset under it); the first runs
+    on, then restores and releases."""
     first = subprocess.Popen(_run_argv(captured, tmp_path, 100_000, ab_share=0), stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT, env=_environment(tmp_path),
                              start_new_session=True)
@@ -177,7 +178,7 @@ def test_a_second_run_on_a_leased_gpu_is_refused_and_leaves_the_first_alone(capt
             second.stderr[-2000:]
         second_calls = (tmp_path / "second.log").read_text().split()
         assert all(READ_ONLY_CALL.fullmatch(name) for name in second_calls), second_calls
-        assert "core" in _locks(tmp_path) and first.poll() is None
+        assert first.poll() is None  # (its locks may be off now: a CPU step that does not match runs at auto)
         first.send_signal(signal.SIGTERM)
         out, err = first.communicate(timeout=60)
     finally:
