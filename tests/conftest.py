@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import sys
+from pathlib import Path
 
 import pynvml
 import pytest
@@ -25,6 +26,15 @@ def _nvml_starts() -> bool:
         return False
     pynvml.nvmlShutdown()
     return True
+
+
+@pytest.fixture(autouse=True)
+def lease_directory(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A GPU lease directory of the test's own (``KDVFS_LEASE_DIR``, inherited by its child processes), so
+    that tests never meet each other's leases, nor a real one of this machine."""
+    directory = tmp_path_factory.mktemp("leases")
+    monkeypatch.setenv("KDVFS_LEASE_DIR", str(directory))
+    return directory
 
 
 @pytest.fixture(scope="session")

@@ -17,6 +17,7 @@ import numpy as np
 from kdvfs.envs.gpu.profiles import GpuProfile
 from kdvfs.runtime.calibration.measure import Measurement
 from kdvfs.runtime.calibration.profile_fit import nearest_clock
+from kdvfs.runtime.device.lease import GpuLease
 from kdvfs.runtime.device.nvml import NvmlDevice, locked_clocks
 
 SETTLE_S = 0.5
@@ -38,9 +39,10 @@ def measure_clock_sweep(device: NvmlDevice, pairs: Sequence[tuple[int, int]],
                         measure: Callable[[str], list[Measurement]], settle_s: float = SETTLE_S
                         ) -> list[Measurement]:
     """Lock each pair on the open ``device``, wait ``settle_s``, collect ``measure(idle_name)``; clocks restored
-    at the end."""
+    at the end. The GPU's lease is held throughout (:class:`~kdvfs.runtime.device.lease.LeaseHeldError` before
+    any clock change when another process holds it)."""
     rows: list[Measurement] = []
-    with locked_clocks(device):
+    with GpuLease(device.uuid(), device.index), locked_clocks(device):  # the lease released after the restore
         for core, mem in pairs:
             device.lock_clocks_mhz(core, mem)
             time.sleep(settle_s)

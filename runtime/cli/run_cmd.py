@@ -13,7 +13,8 @@ from rich.table import Table
 
 from kdvfs.runtime.cli.arguments import budget, check_output_file, check_output_folder
 from kdvfs.runtime.cli.render import console, print_json
-from kdvfs.runtime.device.nvml import import_nvml, require_clock_permission, reset_gpu_clocks
+from kdvfs.runtime.device.lease import reset_leased_gpu_clocks
+from kdvfs.runtime.device.nvml import import_nvml, require_clock_permission
 
 STDERR_FD = 2
 
@@ -48,6 +49,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     reset = subparsers.add_parser("reset", help="return a GPU's SM and memory clocks to its own control (root)")
     reset.add_argument("--gpu-index", type=int, default=0, help="NVML index of the GPU (default 0)")
     reset.add_argument("--nvml-module", default="pynvml", help="NVML binding to import (default pynvml)")
+    reset.add_argument("--force", action="store_true",
+                       help="reset even a GPU leased by a running kdvfs process (its clocks change under it)")
     reset.set_defaults(func=reset_command)
 
 
@@ -128,6 +131,6 @@ def script_end(code: int) -> str:
 def reset_command(args: argparse.Namespace) -> int:
     nvml = import_nvml(args.nvml_module)
     require_clock_permission(needs="resetting GPU clocks", fix="run `sudo kdvfs reset`")
-    name = reset_gpu_clocks(args.gpu_index, nvml)
+    name = reset_leased_gpu_clocks(args.gpu_index, nvml, force=args.force)
     console.print(f"GPU {args.gpu_index} ({name}): SM and memory clocks returned to the GPU's own control")
     return 0

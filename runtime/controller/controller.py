@@ -10,8 +10,9 @@
 
 On entry it opens the GPU (NVML, or the device it is given), computes the step's schedule once from the plan
 or policy file (:mod:`kdvfs.runtime.controller.decisions.plans`), checks that the profile is this GPU's, that
-every clock of the schedule is supported and, unless ``dry_run``, that this process may lock clocks; then it
-starts the watchdog process (not in a dry run) and its background thread
+every clock of the schedule is supported and, unless ``dry_run``, that this process may lock clocks and takes
+the GPU's lease (:mod:`kdvfs.runtime.device.lease`: one owner per GPU; released after the clocks are restored);
+then it starts the watchdog process (not in a dry run; it shares the lease) and its background thread
 (:mod:`kdvfs.runtime.controller.decisions.issuer`), which runs the step source
 (:mod:`kdvfs.runtime.controller.decisions.sources`: the schedule replayed, or the online policy) through the
 controlled steps. Under torchrun each rank's controller opens its own GPU (CUDA device ``LOCAL_RANK``), its
@@ -53,6 +54,7 @@ from kdvfs.runtime.controller.timing.matching import StepMatcher
 from kdvfs.runtime.controller.training.hooks import AnchorHooks
 from kdvfs.runtime.device.host_time import Clock, RealClock
 from kdvfs.runtime.device.interface import Device, check_clocks_mhz
+from kdvfs.runtime.device.lease import GpuLease
 from kdvfs.runtime.device.nvml import NvmlDevice, import_nvml, require_clock_permission, terminate_on_sigterm
 from kdvfs.runtime.device.visible import rank_gpu_index
 from kdvfs.runtime.device.watchdog import spawn_watchdog, stop_watchdog
@@ -142,8 +144,12 @@ class Controller:
         self.step_plan = StepPlan.build(problem, self.plan.schedule, config.dry_run)
         if threading.current_thread() is threading.main_thread():
             self._stack.enter_context(terminate_on_sigterm())
+        lease_fds: tuple[int, ...] = ()
+        if not config.dry_run and isinstance(device, NvmlDevice):  # released after the watchdog stopped
+            lease = self._stack.enter_context(GpuLease(device.uuid(), device.index))
+            lease_fds = () if lease.fd is None else (lease.fd,)
         if not config.dry_run and config.watchdog and isinstance(device, NvmlDevice):
-            self._watchdog = spawn_watchdog(device.index, config.nvml_module)
+            self._watchdog = spawn_watchdog(device.index, config.nvml_module, lease_fds)
             self._stack.callback(self._stop_watchdog)
         self._log = EventLog(config.log)
         self._stack.callback(self._log.close)

@@ -25,6 +25,11 @@ class Device(Protocol):
     index: int
     name: str
 
+    def uuid(self) -> str:
+        """The GPU's UUID (``GPU-...``), which no renumbering changes: the key of its lease
+        (:mod:`kdvfs.runtime.device.lease`)."""
+        ...
+
     def supported_clocks_mhz(self) -> dict[int, tuple[int, ...]]:
         """Supported SM clocks (ascending) per supported memory clock (descending), in MHz."""
         ...

@@ -224,6 +224,10 @@ class GpuReader:
         """Supported SM clocks (ascending) per supported memory clock (descending), in MHz."""
         return _clock_tables(self._nvml, self._handle, f"GPU {self.index}")
 
+    def uuid(self) -> str:
+        """The GPU's NVML UUID (``GPU-...``): the same whatever ``CUDA_VISIBLE_DEVICES`` says."""
+        return str(_call(f"read the UUID of GPU {self.index}", self._nvml.nvmlDeviceGetUUID, self._handle))
+
 
 def has_clock_permission(euid: int | None = None, status: str | None = None) -> bool:
     """True for root or a process with CAP_SYS_ADMIN (what NVML requires to lock clocks).

@@ -29,10 +29,12 @@ RESET = b"reset\n"
 STOP_TIMEOUT_S = 5.0
 
 
-def spawn_watchdog(gpu_index: int, nvml_module: str) -> subprocess.Popen[bytes]:
-    """Start the watchdog for this process and GPU ``gpu_index``."""
+def spawn_watchdog(gpu_index: int, nvml_module: str, lease_fds: Sequence[int] = ()) -> subprocess.Popen[bytes]:
+    """Start the watchdog for this process and GPU ``gpu_index``; it inherits ``lease_fds`` (the GPU's lease,
+    :mod:`kdvfs.runtime.device.lease`), so the lease stays held until it exits, after any reset it makes."""
     argv = [sys.executable, "-m", "kdvfs.runtime.device.watchdog", str(os.getpid()), str(gpu_index), nvml_module]
-    return subprocess.Popen(argv, stdin=subprocess.PIPE, env=child_environment(), start_new_session=True)
+    return subprocess.Popen(argv, stdin=subprocess.PIPE, env=child_environment(), start_new_session=True,
+                            pass_fds=tuple(lease_fds))
 
 
 def stop_watchdog(process: subprocess.Popen[bytes], restored: bool) -> bool:

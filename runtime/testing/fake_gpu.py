@@ -101,6 +101,9 @@ class _Running:
     kernel_start_s: list[float] = field(default_factory=list)
 
 
+FAKE_GPU_UUID = "GPU-fa4e0000-0000-0000-0000-000000000000"
+
+
 class FakeGpu:
     """A simulated GPU running the step priced by ``costs`` (see the module docstring).
 
@@ -150,6 +153,9 @@ class FakeGpu:
     def set_calls(self) -> list[DeviceCall]:
         """Calls that change clocks."""
         return [call for call in self.calls if call.name in ("lock_clocks_mhz", "reset_clocks")]
+
+    def uuid(self) -> str:
+        return FAKE_GPU_UUID
 
     def supported_clocks_mhz(self) -> dict[int, tuple[int, ...]]:
         clocks = self.profile.clocks

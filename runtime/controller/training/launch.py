@@ -24,6 +24,7 @@ from kdvfs.envs.common.errors import KdvfsError
 from kdvfs.runtime.child import child_environment, split_command
 from kdvfs.runtime.controller.config import ControllerConfig
 from kdvfs.runtime.controller.measurement.job_summary import job_summary
+from kdvfs.runtime.device.lease import COMMAND_VARIABLE, command_line
 from kdvfs.runtime.job import rank_documents
 
 
@@ -57,7 +58,8 @@ def run_controlled(command: Sequence[str], config: ControllerConfig, script_stdo
         child = replace(config, report_path=str(folder / "report.json"))
         child.save(folder / "run.json")
         argv = user.boot_argv("kdvfs.runtime.controller.training.boot", folder / "run.json")
-        process = subprocess.Popen(argv, env=child_environment(config.cpu_test_mode), stdout=script_stdout)
+        env = {**child_environment(config.cpu_test_mode), COMMAND_VARIABLE: command_line()}  # the lease's record
+        process = subprocess.Popen(argv, env=env, stdout=script_stdout)
         with _forwarding_signals(process):
             code = process.wait()
         documents = rank_documents(folder / "report.json")

@@ -17,6 +17,7 @@ import pytest
 
 from kdvfs.envs.common.paths import REPO_ROOT
 from kdvfs.runtime.controller.config import CPU_TEST_MATCH_TOLERANCE, ControllerConfig
+from kdvfs.runtime.testing.fake_nvml import READ_ONLY_CALL
 
 NVML = "kdvfs.runtime.testing.nvml"
 GPT = [sys.executable, str(REPO_ROOT / "examples" / "gpt.py"), "--size", "tiny", "--device", "cpu"]
@@ -153,3 +154,35 @@ def test_cpu_test_mode_matches_steps_loosely_and_gpu_runs_keep_their_tolerance()
     assert ControllerConfig.from_options("p", "t", cpu_test_mode=True).step_match_tolerance == CPU_TEST_MATCH_TOLERANCE
     assert ControllerConfig.from_options("p", "t", cpu_test_mode=True, match_tolerance=0.7).step_match_tolerance == 1.0
     assert ControllerConfig.from_options("p", "t").step_match_tolerance == 0.1
+
+
+def test_a_second_run_on_a_leased_gpu_is_refused_and_leaves_the_first_alone(captured: tuple[Path, Path],
+                                                                             tmp_path: Path) -> None:
+    """Issue 44: a second non-dry ``kdvfs run`` on the GPU a first one controls exits 2 with one line naming the
+    first's training process and makes no clock call (the first's locks are not reset under it); the first runs
+    on, then restores and releases."""
+    first = subprocess.Popen(_run_argv(captured, tmp_path, 100_000, ab_share=0), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT, env=_environment(tmp_path),
+                             start_new_session=True)
+    try:
+        assert _wait(lambda: "core" in _locks(tmp_path) and '"request"' in _log_text(tmp_path)), \
+            "the first run never locked a clock"
+        trainer = _trainer_pid(first.pid)
+        (tmp_path / "second").mkdir()
+        second = subprocess.run(_run_argv(captured, tmp_path / "second", 50), capture_output=True, text=True,
+                                cwd=REPO_ROOT, check=False, timeout=120,
+                                env={**_environment(tmp_path), "KDVFS_FAKE_NVML_LOG": str(tmp_path / "second.log")})
+        assert second.returncode == 2, second.stderr[-2000:]
+        lines = [line for line in second.stderr.splitlines() if line.startswith("kdvfs")]
+        assert len(lines) == 1 and f"is leased by pid {trainer} (`" in lines[0] and "run --policy" in lines[0], \
+            second.stderr[-2000:]
+        second_calls = (tmp_path / "second.log").read_text().split()
+        assert all(READ_ONLY_CALL.fullmatch(name) for name in second_calls), second_calls
+        assert first.poll() is None  # (its locks may be off now: a CPU step that does not match runs at auto)
+        first.send_signal(signal.SIGTERM)
+        out, err = first.communicate(timeout=60)
+    finally:
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)
+    assert _locks(tmp_path) == {} and json.loads(out)["gpu_restored"], err[-2000:]
+    assert all(path.read_text() == "" for path in Path(os.environ["KDVFS_LEASE_DIR"]).glob("*.lease"))
