@@ -61,8 +61,28 @@ def check_output_file(path: Path | None, inputs: Iterable[Path | str | None] = (
         raise KdvfsError(f"{path} is a folder; give the output a file name")
     _writable_folder(path.absolute().parent, path)
     for source in inputs:
-        if source is not None and Path(source).exists() and Path(source).resolve() == path.resolve():
+        if source is not None and _same_file(Path(source), path):
             raise KdvfsError(f"{path} is also an input of this command; write the output to another path")
+
+
+def _same_file(source: Path, path: Path) -> bool:
+    """Whether ``source`` exists and is ``path`` (through links and relative forms alike)."""
+    if not source.exists():
+        return False
+    if path.exists():
+        return os.path.samefile(source, path)
+    return source.resolve() == path.resolve()
+
+
+def command_paths(command: Iterable[str]) -> list[str]:
+    """The existing files a command line names (the training script, its data, ``--flag=PATH`` values): the
+    inputs of ``kdvfs run`` and ``kdvfs capture`` after ``--``, which no output may overwrite."""
+    paths = []
+    for item in command:
+        for candidate in (item, item.partition("=")[2]):
+            if candidate and os.path.isfile(candidate):
+                paths.append(candidate)
+    return paths
 
 
 def check_output_folder(path: Path | None) -> None:

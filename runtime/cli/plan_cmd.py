@@ -102,8 +102,13 @@ def _over_budget(document: dict[str, Any]) -> str:
             f"({planned:.2%} as planned, with instant switching); latency-optimal plans with the latency")
 
 
+def problem_inputs(args: argparse.Namespace) -> list[str]:
+    """The files :func:`add_problem_arguments`' arguments read (bundled names resolve to no file here)."""
+    return [args.trace, args.gpu]
+
+
 def run_plan(args: argparse.Namespace) -> int:
-    check_output_file(args.output)
+    check_output_file(args.output, problem_inputs(args))
     problem = problem_from_args(args, args.budget, with_slack=not args.no_slack)
     schedule = make_planner(args.method).plan(problem)
     slack_s = 0.0 if args.no_slack else rank_slack_s(problem.trace)
@@ -133,7 +138,7 @@ def _row_json(row: Row, ranges: dict[tuple[str, float], RowRange] | None) -> dic
 
 
 def run_compare(args: argparse.Namespace) -> int:
-    check_output_file(args.plot)
+    check_output_file(args.plot, problem_inputs(args))
     problem = problem_from_args(args, args.budget[0])
     with console.status("planning") as status:
         rows = compare(problem, args.budget, COMPARED, lambda text: status.update(f"planning: {text}"))

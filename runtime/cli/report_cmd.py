@@ -11,6 +11,7 @@ import numpy as np
 from rich.table import Table
 
 from kdvfs.envs.common.errors import KdvfsError
+from kdvfs.runtime.cli.arguments import check_output_file
 from kdvfs.runtime.cli.render import console
 from kdvfs.runtime.cli.run_cmd import measured_text
 
@@ -107,6 +108,7 @@ def plot_run(run: dict[str, Any], path: Path) -> None:
 
 
 def report_command(args: argparse.Namespace) -> int:
+    check_output_file(args.plot, [args.log])
     run = read_run(args.log)
     console.print(report_table(run))
     if args.plot:

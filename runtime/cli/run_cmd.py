@@ -11,7 +11,7 @@ from typing import Any
 
 from rich.table import Table
 
-from kdvfs.runtime.cli.arguments import budget, check_output_file, check_output_folder
+from kdvfs.runtime.cli.arguments import budget, check_output_file, check_output_folder, command_paths
 from kdvfs.runtime.cli.render import console, print_json
 from kdvfs.runtime.device.nvml import import_nvml, require_clock_permission, reset_gpu_clocks
 
@@ -100,7 +100,7 @@ def run_command(args: argparse.Namespace) -> int:
     from kdvfs.runtime.controller.config import ControllerConfig
     from kdvfs.runtime.controller.training.launch import run_controlled
 
-    check_output_file(args.log, [args.policy, args.trace])
+    check_output_file(args.log, [args.policy, args.trace, args.gpu, *command_paths(args.command)])
     check_output_folder(args.tensorboard)
     config = ControllerConfig.from_options(
         args.policy, args.trace, gpu=args.gpu, budget=args.budget, dry_run=args.dry_run,

@@ -90,7 +90,7 @@ def run_list(args: argparse.Namespace) -> int:
 
 
 def run_generate(args: argparse.Namespace) -> int:
-    check_output_file(args.output)
+    check_output_file(args.output, [args.workload, args.gpu])
     trace = generate_transformer_trace(load_workload(args.workload), load_profile(args.gpu), rng_seed=args.seed)
     save_trace(trace, args.output)
     console.print(f"wrote {args.output}: {len(trace)} activities, step {trace.step_time_s * 1e3:.2f} ms")
