@@ -18,7 +18,14 @@ from kdvfs.envs.model.schedule import Schedule
 from kdvfs.envs.model.uncertainty import UncertaintySpec
 from kdvfs.envs.trace.bundled import open_trace
 from kdvfs.runtime.cli.arguments import add_output, budget, budget_list, check_output_file
-from kdvfs.runtime.cli.render import add_uncertainty_arguments, compare_table, console, print_json, progress_bar
+from kdvfs.runtime.cli.render import (
+    add_uncertainty_arguments,
+    compare_table,
+    console,
+    err_console,
+    print_json,
+    progress_bar,
+)
 
 PLOT_BUDGETS = (0.0, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1)
 
@@ -40,6 +47,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     plan.add_argument("--no-slack", action="store_true", help="plan a torchrun rank's trace with the budget over "
                       "its own step, without its slack (the time it waits for the slowest rank)")
     add_output(plan, "write the schedule as JSON")
+    plan.add_argument("--json", action="store_true", help="print the schedule and its summary as one JSON document "
+                      "(the written file's keys plus output, energy_saved_pct, slowdown_pct, over_budget)")
     plan.set_defaults(func=run_plan)
 
     comparison = subparsers.add_parser("compare", help="every method on a step, at one or more budgets")
@@ -113,19 +122,25 @@ def run_plan(args: argparse.Namespace) -> int:
     schedule = make_planner(args.method).plan(problem)
     slack_s = 0.0 if args.no_slack else rank_slack_s(problem.trace)
     document = {**schedule_json(problem, schedule), "job_budget": args.budget, "slack_s": slack_s}
+    say = err_console.print if args.json else console.print
     if slack_s > 0:
-        console.print(f"rank slack {slack_s * 1e3:.3g} ms per step (waiting for the slowest rank): planned with a "
-                      f"{problem.budget:.2%} budget over this rank's step for the job's {args.budget:.2%} "
-                      "(--no-slack: without it)")
+        say(f"rank slack {slack_s * 1e3:.3g} ms per step (waiting for the slowest rank): planned with a "
+            f"{problem.budget:.2%} budget over this rank's step for the job's {args.budget:.2%} "
+            "(--no-slack: without it)")
     if args.output:
         write_text_atomic(args.output, json.dumps(document, indent=1) + "\n")
-        console.print(f"wrote {args.output}")
+        say(f"wrote {args.output}")
     executed, auto = document["executed"], document["auto"]
-    console.print(f"{args.method}: {len(document['segments'])} segments, energy saved "
-                  f"{1 - executed['energy_j'] / auto['energy_j']:.2%}, slowdown "
-                  f"{executed['step_time_s'] / auto['step_time_s'] - 1:.2%} (executed with "
-                  f"{problem.latency_s * 1e3:g} ms switching), solved in {schedule.solve_s:.2f} s")
+    saved_pct = 100 * (1 - executed["energy_j"] / auto["energy_j"])
+    slowdown_pct = 100 * (executed["step_time_s"] / auto["step_time_s"] - 1)
     note = _over_budget(document)
+    if args.json:
+        print_json({**document, "output": None if args.output is None else str(args.output),
+                    "energy_saved_pct": saved_pct, "slowdown_pct": slowdown_pct, "over_budget": note or None})
+        return 0
+    console.print(f"{args.method}: {len(document['segments'])} segments, energy saved {saved_pct / 100:.2%}, "
+                  f"slowdown {slowdown_pct / 100:.2%} (executed with {problem.latency_s * 1e3:g} ms switching), "
+                  f"solved in {schedule.solve_s:.2f} s")
     if note:
         console.print(note)
     return 0

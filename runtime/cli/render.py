@@ -24,6 +24,8 @@ if TYPE_CHECKING:
     from kdvfs.agents.learned.noisy_evaluation import NoisyRow
 
 console = Console(width=None if sys.stdout.isatty() else 120, soft_wrap=True)
+err_console = Console(stderr=True, soft_wrap=True)
+"""Messages beside a ``--json`` document, which owns stdout."""
 PROGRESS_AFTER_S = 2.0
 
 

@@ -10,7 +10,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import kdvfs
+from kdvfs.runtime.cli import main
 
 SCRIPT = shutil.which("kdvfs", path=str(Path(sys.executable).parent))
 WORKTREE = str(Path(kdvfs.__file__).resolve().parent.parent)
@@ -30,3 +33,15 @@ def test_compare_json_keeps_the_solvers_debug_output_off_stdout() -> None:
     assert result.returncode == 0, result.stderr
     rows = json.loads(result.stdout)
     assert {row["method"] for row in rows} >= {"auto", "ilp"}
+
+
+def test_plan_json_is_one_document_with_the_written_path(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    output = tmp_path / "plan.json"
+    argv = ["plan", "--trace", "h200/gpt3xl-1layer-b4", "--gpu", "h200", "--budget", "0.01", "--method", "ilp"]
+    assert main([*argv, "-o", str(output), "--json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert document["output"] == str(output)
+    assert document["method"] == "ilp" and document["energy_saved_pct"] > 0
+    assert {key: document[key] for key in json.loads(output.read_text())} == json.loads(output.read_text())
+    assert main([*argv, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["output"] is None
