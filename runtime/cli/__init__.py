@@ -7,6 +7,7 @@ are imported inside the command functions that use them, so ``kdvfs --help`` and
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 
@@ -48,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()
         return code
     except KdvfsError as error:
+        if getattr(args, "json", False):  # --json: stdout holds one JSON document in every outcome
+            print(json.dumps({"error": str(error), **getattr(args, "json_error", {})}, indent=2))
         print(f"kdvfs: error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -88,6 +88,9 @@ def summary_table(summary: dict[str, Any]) -> Table:
     if summary["error"]:
         rows.append(("controller error (GPU returned to auto)", summary["error"]))
     for rank in summary["ranks"] if len(summary["ranks"]) > 1 else []:
+        if "steps" not in rank:
+            rows.append((f"rank {rank['rank']}: ended without a summary, restored", str(rank["gpu_restored"])))
+            continue
         rows.append((f"rank {rank['rank']} (GPU {rank['gpu_index']}): steps / controlled, J per step, restored",
                      f"{rank['steps']} / {rank['controlled_steps']}, {_figure(rank['energy_j_per_step'])}, "
                      f"{rank['gpu_restored']}"))
@@ -100,6 +103,7 @@ def run_command(args: argparse.Namespace) -> int:
     from kdvfs.runtime.controller.config import ControllerConfig
     from kdvfs.runtime.controller.training.launch import run_controlled
 
+    args.json_error = {"gpu_restored": True}  # a refused run (exit 2) changed no clock
     check_output_file(args.log, [args.policy, args.trace, args.gpu, *command_paths(args.command)])
     check_output_folder(args.tensorboard)
     config = ControllerConfig.from_options(
@@ -108,9 +112,12 @@ def run_command(args: argparse.Namespace) -> int:
         log=str(args.log) if args.log else None, tensorboard=str(args.tensorboard) if args.tensorboard else None,
         cpu_test_mode=args.cpu_test_mode, ab_share=args.ab_share, window_s=args.ab_window_s, online=not args.replay)
     code, summary = run_controlled(args.command, config, script_stdout=STDERR_FD if args.json else None)
-    if summary is not None and args.json:
+    if args.json:
         print_json(summary)
-    elif summary is not None:
+    elif "source" not in summary:  # no process wrote its summary: ended_summary's fields only
+        console.print(f"kdvfs run: {summary['error']}; GPU back at its own clock control: {summary['gpu_restored']}"
+                      f"; {summary['windows']} A/B windows logged")
+    else:
         console.print(summary_table(summary))
     if code != 0:
         print(f"kdvfs: {script_end(code)}", file=sys.stderr)

@@ -36,6 +36,7 @@ import threading
 import types
 from collections.abc import Iterator
 from dataclasses import asdict, replace
+from pathlib import Path
 from typing import Any
 
 from kdvfs.agents.common.problem import score
@@ -56,8 +57,8 @@ from kdvfs.runtime.device.host_time import Clock, RealClock
 from kdvfs.runtime.device.interface import Device, check_clocks_mhz
 from kdvfs.runtime.device.nvml import NvmlDevice, import_nvml, require_clock_permission, terminate_on_sigterm
 from kdvfs.runtime.device.visible import rank_gpu_index
-from kdvfs.runtime.device.watchdog import spawn_watchdog, stop_watchdog
-from kdvfs.runtime.job import JobGroup, Rank
+from kdvfs.runtime.device.watchdog import spawn_watchdog, stop_watchdog, watchdog_outcome_path
+from kdvfs.runtime.job import JobGroup, Rank, rank_path
 
 STOP_TIMEOUT_S = 5.0
 RUN_NEEDS = "the clock controller locks GPU clocks"
@@ -164,7 +165,7 @@ class Controller:
             self._stack.enter_context(terminate_on_sigterm())
         self._stack.enter_context(switch_interval(config.timing.switch_interval_ms))
         if not config.dry_run and config.watchdog and isinstance(device, NvmlDevice):
-            self._watchdog = spawn_watchdog(device.index, config.nvml_module)
+            self._watchdog = spawn_watchdog(device.index, config.nvml_module, self._watchdog_outcome())
             self._stack.callback(self._stop_watchdog)
         self._log = EventLog(config.log)
         self._stack.callback(self._log.close)
@@ -237,6 +238,14 @@ class Controller:
             early_s=config.timing.issue_early_ms / 1e3, warm_up=config.online.warm_up,
             sleep_lead_in=config.online.sleep_lead_in)
         return OnlineSteps(online, clocks, anchors, context, settings)
+
+    def _watchdog_outcome(self) -> str | None:
+        """The file the watchdog reports its state to, beside this process's report for ``kdvfs run``."""
+        if not self.config.report_path:
+            return None
+        report = rank_path(self.config.report_path, self.rank.rank) if self.rank.distributed \
+            else Path(self.config.report_path)
+        return str(watchdog_outcome_path(report))
 
     def _next_request_s(self) -> float:
         return math.inf if self._issuer is None else self._issuer.next_request_s

@@ -24,6 +24,7 @@ from kdvfs.envs.common.errors import KdvfsError
 from kdvfs.runtime.child import child_environment, split_command
 from kdvfs.runtime.controller.config import ControllerConfig
 from kdvfs.runtime.controller.measurement.job_summary import job_summary
+from kdvfs.runtime.controller.training.ended import ended_summary, restored, watchdog_states, with_missing_ranks
 from kdvfs.runtime.job import rank_documents
 
 
@@ -42,7 +43,7 @@ def _forwarding_signals(process: subprocess.Popen[bytes]) -> Iterator[None]:
 
 
 def run_controlled(command: Sequence[str], config: ControllerConfig, script_stdout: int | None = None
-                   ) -> tuple[int, dict[str, Any] | None]:
+                   ) -> tuple[int, dict[str, Any]]:
     """Run ``command`` (``python train.py ARGS``) under the controller; its exit code and the summary.
 
     Raises:
@@ -60,11 +61,31 @@ def run_controlled(command: Sequence[str], config: ControllerConfig, script_stdo
         process = subprocess.Popen(argv, env=child_environment(config.cpu_test_mode), stdout=script_stdout)
         with _forwarding_signals(process):
             code = process.wait()
+        code = code if code >= 0 else 128 - code
         documents = rank_documents(folder / "report.json")
-    failed = [d for d in documents if d.get("status") == "error"]
-    if failed:
-        raise KdvfsError(str(failed[0].get("message")))
+        failed = [d for d in documents if d.get("status") == "error"]
+        if failed:
+            raise KdvfsError(str(failed[0].get("message")))
+        return code, _summary(documents, folder, code, config, user.distributed)
+
+
+def _summary(documents: list[dict[str, Any]], folder: Path, code: int, config: ControllerConfig,
+             distributed: bool) -> dict[str, Any]:
+    """The job's summary; for processes that wrote none, :mod:`~kdvfs.runtime.controller.training.ended`'s."""
     finished = [d for d in documents if d.get("summary") is not None]
-    summary = job_summary([d["summary"] for d in finished], [d.get("windows", []) for d in finished]) \
-        if finished else None
-    return (code if code >= 0 else 128 - code), summary
+    reported = {d["summary"].get("rank") or 0 for d in finished}
+    states = watchdog_states(folder)
+    missing = {rank: restored(state) for rank, state in states.items() if rank not in reported}
+    ending = script_end(code)
+    if not finished:
+        return ended_summary(ending, missing or {0: True}, config.log, distributed)
+    summary = job_summary([d["summary"] for d in finished], [d.get("windows", []) for d in finished])
+    return with_missing_ranks(summary, ending, missing)
+
+
+def script_end(code: int) -> str:
+    """How the script ended, from its exit code (128 + N: killed by signal N)."""
+    if code > 128:
+        with contextlib.suppress(ValueError):
+            return f"the script was killed by {signal.Signals(code - 128).name} (exit code {code})"
+    return f"the script exited with code {code}"

@@ -1,0 +1,63 @@
+"""``kdvfs run`` however the training ends (issue 40): ``--json`` prints one summary also when the trainer
+aborts (``os.abort()``) and no process wrote one, with ``error``, ``gpu_restored`` and what the log measured;
+on the fake NVML whose lock state a file shares across processes."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from kdvfs.envs.common.paths import REPO_ROOT
+from tests.runtime.controller.training.test_run_end_to_end import (  # noqa: F401 (captured: a fixture)
+    GPT,
+    _environment,
+    _locks,
+    _run_argv,
+    captured,
+)
+
+ABORT_AT_STEP = 1500
+
+
+def _aborting_trainer(tmp_path: Path) -> list[str]:
+    """The tiny GPT, aborted (SIGABRT, no atexit, no finally) at its ``ABORT_AT_STEP``-th optimizer step."""
+    script = tmp_path / "abort.py"
+    script.write_text(
+        "import os, runpy, sys\n"
+        "from torch.optim.optimizer import register_optimizer_step_post_hook\n"
+        "steps = [0]\n"
+        "def hook(optimizer, args, kwargs):\n"
+        "    steps[0] += 1\n"
+        f"    if steps[0] == {ABORT_AT_STEP}:\n"
+        "        os.abort()\n"
+        "register_optimizer_step_post_hook(hook)\n"
+        "sys.argv = sys.argv[1:]\n"
+        "sys.path.insert(0, os.path.dirname(sys.argv[0]))\n"
+        "runpy.run_path(sys.argv[0], run_name='__main__')\n")
+    return [sys.executable, str(script), *GPT[1:]]
+
+
+def test_json_summary_after_the_trainer_aborts(captured: tuple[Path, Path], tmp_path: Path) -> None:  # noqa: F811
+    argv = _run_argv(captured, tmp_path, 100_000)
+    argv = [*argv[:argv.index("--") + 1], *_aborting_trainer(tmp_path), "--steps", "100000"]
+    done = subprocess.run(argv, capture_output=True, text=True, cwd=REPO_ROOT, env=_environment(tmp_path),
+                          check=False, timeout=120)
+    assert done.returncode == 128 + signal.SIGABRT, done.stderr[-2000:]
+    summary = json.loads(done.stdout)
+    assert "SIGABRT" in summary["error"] and summary["gpu_restored"] is True, summary
+    assert summary["partial"] and summary["windows"] > 0 and summary["steps"] >= ABORT_AT_STEP // 2, summary
+    assert _locks(tmp_path) == {}
+
+
+def test_json_error_when_the_run_is_refused(tmp_path: Path) -> None:
+    from tests.runtime.controller.training.test_run_end_to_end import KDVFS
+
+    done = subprocess.run([*KDVFS, "run", "--policy", str(tmp_path / "none.json"), "--trace", "h200/gpt2s-b16",
+                           "--json", "--cpu-test-mode", "--", sys.executable, "-c", "pass"],
+                          capture_output=True, text=True, cwd=REPO_ROOT, check=False)
+    assert done.returncode == 2
+    document = json.loads(done.stdout)
+    assert document["error"] and document["gpu_restored"] is True
