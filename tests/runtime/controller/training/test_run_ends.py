@@ -5,6 +5,7 @@ on the fake NVML whose lock state a file shares across processes."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -15,7 +16,10 @@ from tests.runtime.controller.training.test_run_end_to_end import (  # noqa: F40
     GPT,
     _environment,
     _locks,
+    _log_text,
     _run_argv,
+    _trainer_pid,
+    _wait,
     captured,
 )
 
@@ -61,3 +65,49 @@ def test_json_error_when_the_run_is_refused(tmp_path: Path) -> None:
     assert done.returncode == 2
     document = json.loads(done.stdout)
     assert document["error"] and document["gpu_restored"] is True
+
+
+def _started_run(captured: tuple[Path, Path], tmp_path: Path) -> subprocess.Popen[str]:  # noqa: F811
+    """``kdvfs run`` of a long training, in its own session (no terminal), once it has locked a clock."""
+    process = subprocess.Popen(_run_argv(captured, tmp_path, 100_000), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, cwd=REPO_ROOT, env=_environment(tmp_path), start_new_session=True)
+    if not _wait(lambda: "core" in _locks(tmp_path) and '"request"' in _log_text(tmp_path)):
+        os.killpg(process.pid, signal.SIGKILL)
+        raise AssertionError("the controller never locked a clock")
+    return process
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}").is_dir() and "zombie" not in Path(f"/proc/{pid}/status").read_text()
+
+
+def test_sigint_to_kdvfs_run_alone_reaches_the_trainer(captured: tuple[Path, Path], tmp_path: Path) -> None:  # noqa: F811
+    process = _started_run(captured, tmp_path)
+    try:
+        os.kill(process.pid, signal.SIGINT)  # the process alone, not its group: no terminal's Ctrl-C
+        stdout, stderr = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    summary = json.loads(stdout)
+    assert summary["gpu_restored"] is True and summary["steps"] < 100_000, stderr[-2000:]
+    assert _locks(tmp_path) == {}
+
+
+def test_the_trainer_ends_when_kdvfs_run_is_killed(captured: tuple[Path, Path], tmp_path: Path) -> None:  # noqa: F811
+    process = _started_run(captured, tmp_path)
+    trainer = _trainer_pid(process.pid)
+    try:
+        os.kill(process.pid, signal.SIGKILL)  # kdvfs run alone: its trainer and watchdog are left
+        process.wait(30)
+        assert _wait(lambda: not _alive(trainer), 30), "the trainer outlived kdvfs run"
+        assert _wait(lambda: _locks(tmp_path) == {}, 30), "the clocks stayed locked"
+    finally:
+        if _alive(trainer):
+            os.kill(trainer, signal.SIGKILL)
+        process.stdout and process.stdout.close()
+        process.stderr and process.stderr.close()
