@@ -39,6 +39,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     run.add_argument("--ab-window-s", type=float, default=0.5, help="shortest A/B window in seconds (default 0.5)")
     run.add_argument("--replay", action="store_true", help="with a frozen policy: replay its noise-free rollout as a "
                      "fixed schedule instead of deciding online inside every step")
+    run.add_argument("--no-energy", action="store_true", help="do not read the GPU's energy counter: time-only A/B "
+                     "(no joules; for GPUs without a counter)")
     run.add_argument("--cpu-test-mode", action="store_true", help="accept a CPU-only script (tests and dry runs)")
     run.add_argument("--nvml-module", default="pynvml", help="NVML binding to import (default pynvml)")
     run.add_argument("--json", action="store_true", help="print the summary as JSON (script output to stderr)")
@@ -68,6 +70,10 @@ def measured_text(measured: dict[str, Any]) -> str:
 def summary_table(summary: dict[str, Any]) -> Table:
     """The controller's summary at exit."""
     mode = "dry run (no clock changed)" if summary["dry_run"] else "clocks controlled"
+    if summary.get("observe_only"):
+        mode = "observe-only (the GPU refused clock setting: clocks at auto)"
+    elif summary["error"] and not summary["dry_run"]:
+        mode = "clocks controlled until an error, then auto"
     table = Table(title=f"kdvfs run: {summary['source']} on {summary['gpu']}, {mode}", show_header=False)
     predicted = summary["predicted"]
     rows = [
@@ -85,7 +91,9 @@ def summary_table(summary: dict[str, Any]) -> Table:
     ]
     if summary["backed_off"]:
         rows.append(("backed off", summary["backoff_reason"]))
-    if summary["error"]:
+    if summary.get("observe_only"):
+        rows.append(("observe-only", summary["observe_only"]))
+    elif summary["error"]:
         rows.append(("controller error (GPU returned to auto)", summary["error"]))
     for rank in summary["ranks"] if len(summary["ranks"]) > 1 else []:
         if "steps" not in rank:
@@ -110,7 +118,8 @@ def run_command(args: argparse.Namespace) -> int:
         args.policy, args.trace, gpu=args.gpu, budget=args.budget, dry_run=args.dry_run,
         gpu_index=args.gpu_index, nvml_module=args.nvml_module, latency_ms=args.latency_ms,
         log=str(args.log) if args.log else None, tensorboard=str(args.tensorboard) if args.tensorboard else None,
-        cpu_test_mode=args.cpu_test_mode, ab_share=args.ab_share, window_s=args.ab_window_s, online=not args.replay)
+        cpu_test_mode=args.cpu_test_mode, measure_energy=not args.no_energy, ab_share=args.ab_share,
+        window_s=args.ab_window_s, online=not args.replay)
     code, summary = run_controlled(args.command, config, script_stdout=STDERR_FD if args.json else None)
     if args.json:
         print_json(summary)

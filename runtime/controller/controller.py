@@ -53,6 +53,7 @@ from kdvfs.runtime.controller.timing.anchors import Anchors, TraceStructure
 from kdvfs.runtime.controller.timing.gpu_timeline import CudaStepTimeline, HostStepTimeline, StepTimeline
 from kdvfs.runtime.controller.timing.matching import StepMatcher
 from kdvfs.runtime.controller.training.hooks import AnchorHooks
+from kdvfs.runtime.device.errors import observe_only_reason
 from kdvfs.runtime.device.host_time import Clock, RealClock
 from kdvfs.runtime.device.interface import Device, check_clocks_mhz
 from kdvfs.runtime.device.nvml import NvmlDevice, import_nvml, require_clock_permission, terminate_on_sigterm
@@ -147,7 +148,7 @@ class Controller:
         nvml = import_nvml(self.config.nvml_module)
         index = rank_gpu_index(nvml) if self.config.gpu_index is None else self.config.gpu_index
         self.config = replace(self.config, gpu_index=index)
-        return self._stack.enter_context(NvmlDevice(index, nvml))
+        return self._stack.enter_context(NvmlDevice(index, nvml, check_energy=self.config.measurement.energy))
 
     def _open(self) -> None:
         self.config = self.config.for_rank(self.rank)
@@ -187,7 +188,8 @@ class Controller:
                                   self._log, clock)
         self._stack.callback(self._actuator.close)
         settle_steps = 1 + int(self.plan.problem.latency_s // plan.auto_s)
-        self._accounting = Accounting(device, clock, config, settle_steps, self._log, self._next_request_s)
+        meter = device if config.measurement.energy else None
+        self._accounting = Accounting(meter, clock, config, settle_steps, self._log, self._next_request_s)
         timeline = self._timeline or (HostStepTimeline(clock) if config.cpu_test_mode else CudaStepTimeline(clock))
         hooks = (AnchorHooks(timeline.anchor, config.timing.anchor_every)
                  if config.timing.anchors and isinstance(timeline, CudaStepTimeline) else None)
@@ -315,6 +317,7 @@ class Controller:
             "backed_off": issuer.guard.backoffs > 0, "backoff_reason": issuer.guard.reason,
             "guard_backoffs": issuer.guard.backoffs, "guard_slowdown_pct": None if guard is None else guard.mean_pct,
             "error": None if issuer.error is None else str(issuer.error),
+            "observe_only": observe_only_reason(issuer.error),
             "restore_error": None if actuator.restore_error is None else str(actuator.restore_error),
             "anchors": {**issuer.anchors.figures(), "blocks": None if self._hooks is None else self._hooks.blocks},
             **issuer.source.summary(),

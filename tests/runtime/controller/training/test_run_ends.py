@@ -11,7 +11,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pynvml
+
 from kdvfs.envs.common.paths import REPO_ROOT
+from kdvfs.runtime.cli.run_cmd import summary_table
 from tests.runtime.controller.training.test_run_end_to_end import (  # noqa: F401 (captured: a fixture)
     GPT,
     _environment,
@@ -111,3 +114,29 @@ def test_the_trainer_ends_when_kdvfs_run_is_killed(captured: tuple[Path, Path], 
             os.kill(trainer, signal.SIGKILL)
         process.stdout and process.stdout.close()
         process.stderr and process.stderr.close()
+
+
+def test_a_refused_clock_setting_mid_run_is_observe_only(captured: tuple[Path, Path], tmp_path: Path) -> None:  # noqa: F811
+    env = _environment(tmp_path, fail_from_call={"nvmlDeviceSetGpuLockedClocks": [1, pynvml.NVML_ERROR_NO_PERMISSION]})
+    done = subprocess.run(_run_argv(captured, tmp_path, 150), capture_output=True, text=True, cwd=REPO_ROOT,
+                          env=env, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    summary = json.loads(done.stdout)
+    assert summary["observe_only"] and summary["observe_only"] == summary["error"] and summary["gpu_restored"]
+    assert done.stderr.count("kdvfs: observe-only: ") == 1, done.stderr[-2000:]
+    assert "observe-only" in summary_table(summary).title  # type: ignore[operator]
+
+
+def test_no_energy_runs_time_only_where_the_energy_counter_fails(captured: tuple[Path, Path],  # noqa: F811
+                                                                 tmp_path: Path) -> None:
+    env = _environment(tmp_path, failures={"nvmlDeviceGetTotalEnergyConsumption": pynvml.NVML_ERROR_NOT_SUPPORTED})
+    argv = _run_argv(captured, tmp_path, 400)
+    refused = subprocess.run(argv, capture_output=True, text=True, cwd=REPO_ROOT, env=env, check=False)
+    assert refused.returncode == 2 and "energy" in refused.stderr, refused.stderr[-2000:]
+    at = argv.index("--")
+    done = subprocess.run([*argv[:at], "--no-energy", *argv[at:]], capture_output=True, text=True, cwd=REPO_ROOT,
+                          env=env, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    summary = json.loads(done.stdout)
+    assert summary["steps"] == 400 and summary["energy_j_per_step"] is None and summary["gpu_restored"]
+    assert summary["measured"]["slowdown_pct"] is not None or summary["measured"]["slowdown_ci95_pct"] is None
