@@ -21,6 +21,7 @@ from kdvfs.runtime.cli import (
     learn_cmd,
     model_cmd,
     plan_cmd,
+    policy_cmd,
     predict_cmd,
     report_cmd,
     run_cmd,
@@ -28,7 +29,7 @@ from kdvfs.runtime.cli import (
 )
 
 COMMANDS = (demo_cmd, trace_cmd, gpus_cmd, model_cmd, predict_cmd, plan_cmd, capture_cmd, calibrate_cmd, learn_cmd,
-            run_cmd, report_cmd)
+            run_cmd, report_cmd, policy_cmd)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -22,7 +22,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     run = subparsers.add_parser(
         "run", help="train with the clock controller applying a plan or frozen policy (--dry-run: change nothing)",
         usage="kdvfs run --policy P --trace T [options] -- python train.py ARGS...")
-    run.add_argument("--policy", required=True, help="plan from `kdvfs plan -o` or frozen policy (.kdvfs-policy.npz)")
+    run.add_argument("--policy", required=True, help="plan from `kdvfs plan -o`, frozen policy (.kdvfs-policy.npz) or "
+                     "shipped policy name (`kdvfs policy list`, e.g. h200)")
     run.add_argument("--trace", required=True, help="the expected step: trace file (`kdvfs capture`) or bundled name")
     run.add_argument("--gpu", help="GPU profile (default: the plan's, or the shipped one listing the GPU's NVML name)")
     run.add_argument("--dry-run", action="store_true", help="change no clock; log what would be requested and when")
