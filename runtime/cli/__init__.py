@@ -10,6 +10,7 @@ import argparse
 import json
 import os
 import sys
+from typing import NoReturn
 
 from kdvfs import __version__
 from kdvfs.envs.common.errors import KdvfsError
@@ -32,11 +33,19 @@ COMMANDS = (demo_cmd, trace_cmd, gpus_cmd, model_cmd, predict_cmd, plan_cmd, cap
             run_cmd, report_cmd, policy_cmd)
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """A parser whose usage errors are one line on stderr, ``kdvfs CMD: error: ...``, exit code 2 (``--help``
+    still shows the usage)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The full ``kdvfs`` argument parser."""
-    parser = argparse.ArgumentParser(prog="kdvfs", description="Learned kernel-level GPU clock control.")
+    parser = OneLineParser(prog="kdvfs", description="Learned kernel-level GPU clock control.")
     parser.add_argument("--version", action="version", version=f"kdvfs {__version__}")
-    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=OneLineParser)
     for module in COMMANDS:
         module.add_parser(subparsers)
     return parser

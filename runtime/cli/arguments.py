@@ -31,6 +31,34 @@ def budget(text: str) -> float:
     return value
 
 
+MAX_LATENCY_MS = 10_000.0
+"""The longest switching latency accepted (10 s): clock switches take micro- to milliseconds; more is a typo
+or seconds typed as milliseconds' exponent."""
+
+
+def latency_ms(text: str) -> float:
+    """An argparse type: a switching latency in milliseconds, finite, in [0, MAX_LATENCY_MS]."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of milliseconds") from None
+    if not math.isfinite(value) or not 0 <= value <= MAX_LATENCY_MS:
+        raise argparse.ArgumentTypeError(f"{text} ms is outside [0, {MAX_LATENCY_MS:g}] ms (switching latencies "
+                                         "are micro- to milliseconds)")
+    return value
+
+
+def sample_count(text: str) -> int:
+    """An argparse type: a number of sampled profiles, an integer >= 0 (0: no ranges)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of samples") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text} must be >= 0 (0: no ranges)")
+    return value
+
+
 def budget_list(text: str) -> list[float]:
     """An argparse type: comma-separated budgets, each as :func:`budget` takes them."""
     values = [budget(item) for item in text.split(",") if item]

@@ -13,7 +13,7 @@ from kdvfs.envs.model.uncertainty import UncertaintySpec
 from kdvfs.envs.trace.bundled import DEFAULT_TRACE, open_trace
 from kdvfs.envs.trace.summary import summarize
 from kdvfs.envs.trace.trace import Trace, with_measured_gaps
-from kdvfs.runtime.cli.arguments import add_output, check_output_folder
+from kdvfs.runtime.cli.arguments import add_output, check_output_folder, sample_count
 from kdvfs.runtime.cli.plan_cmd import uncertainty_ranges
 from kdvfs.runtime.cli.render import breakdown_table, compare_table, console, profile_table, trace_tables
 
@@ -30,8 +30,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--trace", default=DEFAULT_TRACE, help=f"trace to use (default {DEFAULT_TRACE})")
     parser.add_argument("--gpu", default="h200", help="GPU profile (default h200)")
     add_output(parser, "folder for the plot and run record (default runs/demo)", dest="out", default=Path("runs/demo"))
-    parser.add_argument("--samples", type=int, default=DEMO_SAMPLES, help="sampled profiles for the 1%% budget's "
-                        f"ranges over the profile's parameter ranges (default {DEMO_SAMPLES}; 0: none)")
+    parser.add_argument("--samples", type=sample_count, default=DEMO_SAMPLES,
+                        help="sampled profiles for the 1%% budget's ranges over the profile's parameter ranges "
+                        f"(default {DEMO_SAMPLES}; 0: none)")
     parser.set_defaults(func=run)
 
 

@@ -17,7 +17,7 @@ from kdvfs.envs.gpu.profiles import load_profile
 from kdvfs.envs.model.schedule import Schedule
 from kdvfs.envs.model.uncertainty import UncertaintySpec
 from kdvfs.envs.trace.bundled import open_trace
-from kdvfs.runtime.cli.arguments import add_output, budget, budget_list, check_output_file
+from kdvfs.runtime.cli.arguments import add_output, budget, budget_list, check_output_file, latency_ms
 from kdvfs.runtime.cli.render import (
     add_uncertainty_arguments,
     compare_table,
@@ -34,8 +34,8 @@ def add_problem_arguments(parser: argparse.ArgumentParser) -> None:
     """``--trace``, ``--gpu`` and ``--latency-ms``, read by :func:`problem_from_args`."""
     parser.add_argument("--trace", required=True, help="trace file or bundled name")
     parser.add_argument("--gpu", required=True, help="GPU profile name or .yaml")
-    parser.add_argument("--latency-ms", type=float, help="switching latency to execute with (default: the "
-                        "profile's; 0 = ideal switching)")
+    parser.add_argument("--latency-ms", type=latency_ms, help="switching latency to execute with, at most 10 s "
+                        "(default: the profile's; 0 = ideal switching)")
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -164,7 +164,7 @@ def run_compare(args: argparse.Namespace) -> int:
                      f"{problem.latency_s * 1e3:g} ms switching")
             plot_tradeoff(plotted, title, args.plot)
     ranges = None
-    if args.uncertainty:
+    if args.uncertainty and args.samples > 0:
         spec = UncertaintySpec(args.samples, args.seed, vary_latency=args.latency_ms is None)
         ranges = uncertainty_ranges(problem, rows, args.budget, latency_from_args(args), spec)
     if args.json:

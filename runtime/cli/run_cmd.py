@@ -11,7 +11,7 @@ from typing import Any
 
 from rich.table import Table
 
-from kdvfs.runtime.cli.arguments import budget, check_output_file, check_output_folder, command_paths
+from kdvfs.runtime.cli.arguments import budget, check_output_file, check_output_folder, command_paths, latency_ms
 from kdvfs.runtime.cli.render import console, print_json
 from kdvfs.runtime.device.nvml import import_nvml, require_clock_permission, reset_gpu_clocks
 
@@ -31,7 +31,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                      help="allowed step-time increase over auto (default 0.01 = 1%%)")
     run.add_argument("--gpu-index", type=int, help="NVML index of the GPU the script uses (default: CUDA device "
                                                    "LOCAL_RANK, 0 outside torchrun, through CUDA_VISIBLE_DEVICES)")
-    run.add_argument("--latency-ms", type=float, help="switching latency to request ahead by (default: the profile's)")
+    run.add_argument("--latency-ms", type=latency_ms, help="switching latency to request ahead by, at most 10 s "
+                     "(default: the profile's)")
     run.add_argument("--log", type=Path, help="JSONL log of every request, step and energy window")
     run.add_argument("--tensorboard", type=Path, metavar="DIR", help="write TensorBoard scalars to DIR")
     run.add_argument("--ab-share", type=float, default=0.25,

@@ -42,3 +42,17 @@ def test_a_missing_trace_hints_at_the_ranks_files(capsys: pytest.CaptureFixture[
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "no such trace file" in err and "step.rank0.trace.json" in err and "step.rank1.trace.json" in err
+
+
+def test_a_file_that_is_no_policy_gets_no_unpickling_advice(capsys: pytest.CaptureFixture[str],
+                                                             tmp_path: Path) -> None:
+    fake = tmp_path / "x.kdvfs-policy.npz"
+    fake.write_text("not a policy")
+    assert main(["evaluate", "--policy", str(fake), "--trace", "h200/gpt3xl-1layer-b4", "--gpu", "h200"]) == 2
+    err = capsys.readouterr().err
+    assert "not a kdvfs policy file" in err and "pickle" not in err and "trust" not in err, err
+
+
+def test_evaluate_takes_a_shipped_policy_name(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["evaluate", "--policy", "h200", "--trace", "h200/gpt3xl-1layer-b4", "--gpu", "h200", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)
