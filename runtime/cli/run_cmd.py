@@ -13,7 +13,15 @@ from rich.table import Table
 
 from kdvfs.runtime.cli.arguments import budget, check_output_file, check_output_folder, command_paths, latency_ms
 from kdvfs.runtime.cli.render import console, print_json
-from kdvfs.runtime.device.nvml import import_nvml, require_clock_permission, reset_gpu_clocks
+from kdvfs.runtime.device.errors import ClockRestoreError, DeviceIndexError
+from kdvfs.runtime.device.nvml import (
+    gpu_count,
+    import_nvml,
+    require_clock_permission,
+    reset_fix,
+    reset_gpu_clocks,
+    restore_error,
+)
 
 STDERR_FD = 2
 
@@ -145,7 +153,15 @@ def script_end(code: int) -> str:
 
 def reset_command(args: argparse.Namespace) -> int:
     nvml = import_nvml(args.nvml_module)
-    require_clock_permission(needs="resetting GPU clocks", fix="run `sudo kdvfs reset`")
-    name = reset_gpu_clocks(args.gpu_index, nvml)
+    count = gpu_count(nvml)
+    if not 0 <= args.gpu_index < count:
+        indices = f"its GPU indices are 0-{count - 1}" if count else "NVML reports no GPU"
+        raise DeviceIndexError(f"there is no GPU {args.gpu_index} on this machine: {indices} (`kdvfs gpus local` "
+                               "lists them); nothing was reset")
+    require_clock_permission(needs="resetting GPU clocks", fix=f"run `sudo kdvfs reset --gpu-index {args.gpu_index}`")
+    try:
+        name = reset_gpu_clocks(args.gpu_index, nvml)
+    except ClockRestoreError as error:
+        raise restore_error(error.where, args.gpu_index, error.failures, reset_fix(args.gpu_index)) from None
     console.print(f"GPU {args.gpu_index} ({name}): SM and memory clocks returned to the GPU's own control")
     return 0

@@ -36,7 +36,14 @@ class UnsupportedClockError(DeviceError):
 
 
 class ClockRestoreError(DeviceError):
-    """Returning a GPU's clocks to its own control failed: the GPU may still be at locked clocks."""
+    """Returning a GPU's clocks to its own control failed: the GPU may still be at locked clocks.
+
+    Attributes:
+        where: the GPU as the message names it; failures: the NVML errors, one per failed reset.
+    """
+
+    where: str = ""
+    failures: list[str] = []  # noqa: RUF012 (set per instance by restore_error)
 
 
 _TRANSLATIONS: dict[int, tuple[type[DeviceError], str]] = {

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import json
 
+import pynvml
 import pytest
 
+import kdvfs.runtime.device.nvml as device_nvml
 from kdvfs.runtime.cli import main
+from kdvfs.runtime.testing.fake_nvml import EnergyFakeNvml
 
 PROBLEM = ["--trace", "h200/gpt3xl-1layer-b4", "--gpu", "h200"]
 
@@ -45,3 +48,17 @@ def test_samples_0_means_no_ranges(capsys: pytest.CaptureFixture[str]) -> None:
 def test_gpus_local_takes_an_nvml_module(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["gpus", "local", "--nvml-module", "kdvfs.runtime.testing.nvml", "--json"]) == 0
     assert "H200" in json.loads(capsys.readouterr().out)[0]["name"]
+
+
+def test_reset_says_what_to_do_when_it_fails_itself(shared_nvml: EnergyFakeNvml, monkeypatch: pytest.MonkeyPatch,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(device_nvml, "has_clock_permission", lambda *args: True)
+    nvml = ["--nvml-module", "kdvfs.runtime.testing.nvml"]
+    assert main(["reset", "--gpu-index", "3", *nvml]) == 2
+    err = capsys.readouterr().err
+    assert "there is no GPU 3" in err and "0-0" in err and "locked clocks" not in err, err
+    shared_nvml.state.failures["nvmlDeviceResetGpuLockedClocks"] = pynvml.NVML_ERROR_UNKNOWN
+    assert main(["reset", "--gpu-index", "0", *nvml]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "may still be at locked clocks" in err, err
+    assert "kdvfs reset" not in err and "nvidia-smi -i 0 -rgc -rmc" in err, err
