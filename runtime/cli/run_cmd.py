@@ -77,6 +77,17 @@ def measured_text(measured: dict[str, Any]) -> str:
             f"{_interval(measured['slowdown_pct'], measured['slowdown_ci95_pct'])}")
 
 
+def no_measurement_reason(measured: dict[str, Any]) -> str | None:
+    """Why a run measured no effect (its figures read ``-``), or None when it did."""
+    if measured["slowdown_pct"] is not None:
+        return None
+    from kdvfs.runtime.controller.measurement.estimator import MIN_PAIRS
+
+    return (f"no A/B pair completed ({measured['windows_auto']} auto and {measured['windows_controlled']} "
+            f"controlled windows as intended; an interval needs {MIN_PAIRS} pairs, {2 * MIN_PAIRS} windows of at "
+            "least --ab-window-s each): run longer, or with --ab-share above 0")
+
+
 def summary_table(summary: dict[str, Any]) -> Table:
     """The controller's summary at exit."""
     mode = "dry run (no clock changed)" if summary["dry_run"] else "clocks controlled"
@@ -99,6 +110,9 @@ def summary_table(summary: dict[str, Any]) -> Table:
         ("predicted saving / slowdown (cost model)", f"{predicted['energy_saved_pct']:.2f}% / "
                                                      f"{predicted['slowdown_pct']:.2f}%"),
     ]
+    reason = no_measurement_reason(summary["measured"])
+    if reason is not None:
+        rows.append(("why no measured saving / slowdown", reason))
     if summary["backed_off"]:
         rows.append(("backed off", summary["backoff_reason"]))
     if summary.get("observe_only"):

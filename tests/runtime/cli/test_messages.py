@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pynvml
 import pytest
@@ -62,3 +63,17 @@ def test_reset_says_what_to_do_when_it_fails_itself(shared_nvml: EnergyFakeNvml,
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "may still be at locked clocks" in err, err
     assert "kdvfs reset" not in err and "nvidia-smi -i 0 -rgc -rmc" in err, err
+
+
+def test_report_of_a_short_run_says_why_it_measured_nothing(capsys: pytest.CaptureFixture[str],
+                                                            tmp_path: Path) -> None:
+    window = {"event": "window", "first_step": 0, "last_step": 9, "arm": "A", "pair": 0, "steps": 10,
+              "step_time_s": 0.1, "start_s": 0.0, "end_s": 1.0, "controlled_steps": 0}
+    empty = {"energy_saved_pct": None, "energy_saved_ci95_pct": None, "slowdown_pct": None,
+             "slowdown_ci95_pct": None, "windows_auto": 1, "windows_controlled": 0}
+    log = tmp_path / "run.jsonl"
+    log.write_text("\n".join(json.dumps(record) for record in (window, {"event": "pair", "step": 9,
+                                                                          "measured": empty})) + "\n")
+    assert main(["report", str(log)]) == 0
+    out = capsys.readouterr().out
+    assert "no A/B pair completed" in out and "run longer" in out, out
