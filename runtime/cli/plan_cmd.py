@@ -146,7 +146,7 @@ def run_plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def _row_json(row: Row, ranges: dict[tuple[str, float], RowRange] | None) -> dict[str, Any]:
+def row_json(row: Row, ranges: dict[tuple[str, float], RowRange] | None) -> dict[str, Any]:
     """A row's JSON (the fields of ``Row.as_json``), plus ``uncertainty`` when ranges were computed."""
     spread = range_of(ranges, row) if ranges is not None else None
     return {**row.as_json(), **({"uncertainty": spread.as_json()} if spread is not None else {})}
@@ -168,7 +168,7 @@ def run_compare(args: argparse.Namespace) -> int:
         spec = UncertaintySpec(args.samples, args.seed, vary_latency=args.latency_ms is None)
         ranges = uncertainty_ranges(problem, rows, args.budget, latency_from_args(args), spec)
     if args.json:
-        print_json([_row_json(row, ranges) for row in rows])
+        print_json([row_json(row, ranges) for row in rows])
     else:
         console.print(compare_table(rows, problem, ranges))
     if args.plot and not args.json:

@@ -77,3 +77,13 @@ def test_report_of_a_short_run_says_why_it_measured_nothing(capsys: pytest.Captu
     assert main(["report", str(log)]) == 0
     out = capsys.readouterr().out
     assert "no A/B pair completed" in out and "run longer" in out, out
+
+
+def test_demo_off_a_terminal_shows_progress_on_stderr_and_writes_its_results(capsys: pytest.CaptureFixture[str],
+                                                                             tmp_path: Path) -> None:
+    assert main(["demo", "--trace", "h200/gpt3xl-1layer-b4", "--samples", "0", "--out", str(tmp_path)]) == 0
+    captured = capsys.readouterr()
+    assert "kdvfs demo: planning" in captured.err, captured.err
+    rows = json.loads((tmp_path / "results.json").read_text())
+    assert {row["method"] for row in rows} >= {"auto", "ilp"} and {row["budget_pct"] for row in rows} >= {0.0, 1.0}
+    assert (tmp_path / "pareto.png").is_file() and "results.json" in captured.out
