@@ -64,6 +64,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kdvfs: error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
+        if getattr(args, "json", False):
+            print(json.dumps({"error": "interrupted"}, indent=2))
         print("kdvfs: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:  # the reader went away (`kdvfs trace list | head -1`): stop quietly

@@ -86,6 +86,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         reports = run_capture(command, config, ncu=args.ncu, script_stdout=STDERR_FD if args.json else None)
     except ScriptExitError as error:
+        if args.json:  # stdout holds one JSON document in every outcome
+            print_json({"error": str(error), "exit_code": error.exit_code})
         print(f"kdvfs: error: {error}", file=sys.stderr)
         return error.exit_code
     if args.json and len(reports) == 1:

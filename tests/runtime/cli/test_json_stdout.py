@@ -45,3 +45,13 @@ def test_plan_json_is_one_document_with_the_written_path(tmp_path: Path, capsys:
     assert {key: document[key] for key in json.loads(output.read_text())} == json.loads(output.read_text())
     assert main([*argv, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["output"] is None
+
+
+def test_json_commands_print_a_document_when_they_fail(tmp_path: Path) -> None:
+    script = tmp_path / "fails.py"
+    script.write_text("import sys\nsys.exit(3)\n")
+    capture = kdvfs_json("capture", "--cpu-test-mode", "--no-energy", "--json", "-o", str(tmp_path / "t.json"), "--",
+                         sys.executable, str(script))
+    assert capture.returncode == 3 and json.loads(capture.stdout)["exit_code"] == 3, capture.stderr
+    refused = kdvfs_json("trace", "show", "nope/none", "--json")
+    assert refused.returncode == 2 and "unknown" in json.loads(refused.stdout)["error"]
