@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -100,6 +100,17 @@ def _same_file(source: Path, path: Path) -> bool:
     if path.exists():
         return os.path.samefile(source, path)
     return source.resolve() == path.resolve()
+
+
+def resolved(name: str | None, resolve: Callable[[str], Path]) -> Path | str | None:
+    """An input as the file it names (a bundled name resolved by ``resolve``), or as given where it names none
+    (the error comes when it is read)."""
+    if name is None:
+        return None
+    try:
+        return resolve(name)
+    except KdvfsError:
+        return name
 
 
 def command_paths(command: Iterable[str]) -> list[str]:

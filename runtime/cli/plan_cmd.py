@@ -13,11 +13,11 @@ from kdvfs.agents.evaluation.uncertainty import RowRange, compare_ranges, range_
 from kdvfs.agents.planners.registry import COMPARED, PLANNERS, make_planner
 from kdvfs.envs.common.errors import KdvfsError
 from kdvfs.envs.common.files import write_text_atomic
-from kdvfs.envs.gpu.profiles import load_profile
+from kdvfs.envs.gpu.profiles import load_profile, profile_path
 from kdvfs.envs.model.schedule import Schedule
 from kdvfs.envs.model.uncertainty import UncertaintySpec
-from kdvfs.envs.trace.bundled import open_trace
-from kdvfs.runtime.cli.arguments import add_output, budget, budget_list, check_output_file, latency_ms
+from kdvfs.envs.trace.bundled import open_trace, trace_path
+from kdvfs.runtime.cli.arguments import add_output, budget, budget_list, check_output_file, latency_ms, resolved
 from kdvfs.runtime.cli.render import (
     add_uncertainty_arguments,
     compare_table,
@@ -111,9 +111,9 @@ def _over_budget(document: dict[str, Any]) -> str:
             f"({planned:.2%} as planned, with instant switching); latency-optimal plans with the latency")
 
 
-def problem_inputs(args: argparse.Namespace) -> list[str]:
-    """The files :func:`add_problem_arguments`' arguments read (bundled names resolve to no file here)."""
-    return [args.trace, args.gpu]
+def problem_inputs(args: argparse.Namespace) -> list[Path | str | None]:
+    """The files :func:`add_problem_arguments`' arguments read (bundled names as their files)."""
+    return [resolved(args.trace, trace_path), resolved(args.gpu, profile_path)]
 
 
 def run_plan(args: argparse.Namespace) -> int:

@@ -11,7 +11,14 @@ from typing import Any
 
 from rich.table import Table
 
-from kdvfs.runtime.cli.arguments import budget, check_output_file, check_output_folder, command_paths, latency_ms
+from kdvfs.runtime.cli.arguments import (
+    budget,
+    check_output_file,
+    check_output_folder,
+    command_paths,
+    latency_ms,
+    resolved,
+)
 from kdvfs.runtime.cli.render import console, print_json
 from kdvfs.runtime.device.errors import ClockRestoreError, DeviceIndexError
 from kdvfs.runtime.device.nvml import (
@@ -132,11 +139,16 @@ def summary_table(summary: dict[str, Any]) -> Table:
 
 
 def run_command(args: argparse.Namespace) -> int:
+    from kdvfs.agents.learned.shipped import policy_source_path
+    from kdvfs.envs.gpu.profiles import profile_path
+    from kdvfs.envs.trace.bundled import trace_path
     from kdvfs.runtime.controller.config import ControllerConfig
     from kdvfs.runtime.controller.training.launch import run_controlled
 
     args.json_error = {"gpu_restored": True}  # a refused run (exit 2) changed no clock
-    check_output_file(args.log, [args.policy, args.trace, args.gpu, *command_paths(args.command)])
+    inputs = [resolved(args.policy, policy_source_path), resolved(args.trace, trace_path),
+              resolved(args.gpu, profile_path)]
+    check_output_file(args.log, [*inputs, *command_paths(args.command)])
     check_output_folder(args.tensorboard)
     config = ControllerConfig.from_options(
         args.policy, args.trace, gpu=args.gpu, budget=args.budget, dry_run=args.dry_run,

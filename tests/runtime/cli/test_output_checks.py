@@ -119,3 +119,13 @@ def test_no_output_overwrites_a_trace_profile_script_or_log(capsys: pytest.Captu
     _refused(capsys, ["report", str(log), "--plot", str(log)], "is also an input")
     assert not (tmp_path / "ran").exists()
     assert all(path.read_bytes() == content for path, content in originals.items())
+
+
+def test_bundled_names_count_as_their_files() -> None:
+    from argparse import Namespace
+
+    from kdvfs.envs.trace.bundled import trace_path
+
+    inputs = plan_cmd.problem_inputs(Namespace(trace="h200/gpt3xl-1layer-b4", gpu="H200"))
+    assert inputs == [trace_path("h200/gpt3xl-1layer-b4"), GPU_PROFILE_DIR / "h200.yaml"]
+    assert plan_cmd.problem_inputs(Namespace(trace="nope/none", gpu=None)) == ["nope/none", None]
