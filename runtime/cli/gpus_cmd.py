@@ -84,7 +84,8 @@ def _local_table(gpu: LocalGpu) -> Table:
 
 def run_local(args: argparse.Namespace) -> int:
     check_output_file(args.write)
-    gpus = read_local_gpus(import_nvml(args.nvml_module))
+    default = args.nvml_module == "pynvml"  # read_local_gpus' own binding
+    gpus = read_local_gpus() if default else read_local_gpus(import_nvml(args.nvml_module))
     if args.write is not None and not 0 <= args.index < len(gpus):
         raise DeviceIndexError(f"GPU index {args.index} is out of range: this machine has {len(gpus)} GPU(s); "
                                "pick one listed by `kdvfs gpus local`")
