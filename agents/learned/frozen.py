@@ -189,9 +189,17 @@ def _read(path: Path) -> FrozenPolicy:
     except FileNotFoundError:
         raise PolicyFileError(f"{path}: no such policy file") from None
     except (OSError, ValueError, KeyError, TypeError, ConfigError, zipfile.BadZipFile, json.JSONDecodeError) as error:
-        raise PolicyFileError(f"{path}: damaged or not a kdvfs policy file ({type(error).__name__}: "
-                              f"{str(error)[:80]})") from None
+        raise PolicyFileError(f"{path}: damaged or not a kdvfs policy file ({_reason(error)}); pass a "
+                              "frozen policy (.kdvfs-policy.npz from `kdvfs train`) or a plan") from None
     return policy
+
+
+def _reason(error: Exception) -> str:
+    """Why a file is no policy, in kdvfs's words: numpy's advice to unpickle an unknown file (it reads any
+    non-archive as a pickle) is never passed on."""
+    if "pickle" in str(error):
+        return "not a numpy .npz archive"
+    return f"{type(error).__name__}: {str(error)[:80]}"
 
 
 def _from_parts(header: dict[str, Any], weights: tuple[Array, ...], biases: tuple[Array, ...], obs_mean: Array,

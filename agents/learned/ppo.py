@@ -17,7 +17,7 @@ whole config by itself (as every run's saved ``config.yaml`` is).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence, Sized
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -216,8 +216,14 @@ def load_train_config(gpu_or_path: str | Path) -> TrainConfig:
     return from_mapping(TrainConfig, train_config_mapping(path), str(path))
 
 
-def build_steps(named_traces: Sequence[tuple[str, Any]], profile: GpuProfile, grid: ClockGrid) -> list[StepData]:
-    """Price each (name, trace) on ``profile`` for the environment."""
+def build_steps(named_traces: Iterable[tuple[str, Any]], profile: GpuProfile, grid: ClockGrid,
+                progress_bar: bool = False, label: str = "pricing steps") -> list[StepData]:
+    """Price each (name, trace) on ``profile`` for the environment; ``progress_bar``: a tqdm bar on stderr."""
+    if progress_bar:
+        from tqdm import tqdm
+
+        total = len(named_traces) if isinstance(named_traces, Sized) else None
+        named_traces = tqdm(named_traces, desc=label, total=total, unit="step", leave=False)
     return [StepData.build(name, trace, profile, grid) for name, trace in named_traces]
 
 

@@ -59,12 +59,23 @@ def _silent(text: str) -> None:
     """The default stage report: nothing."""
 
 
+def whole_rollouts(timesteps: int, n_steps: int, n_envs: int) -> int:
+    """``timesteps`` rounded up to whole PPO rollouts (``n_steps`` per environment, ``n_envs`` environments): what
+    ``PPO.learn`` trains for any request, so that the figure announced and the progress bar's total are true."""
+    rollout = n_steps * n_envs
+    return -(-timesteps // rollout) * rollout
+
+
 def train(config: TrainConfig, out: Path, timesteps: int | None = None, progress_bar: bool = False,
           stage: Callable[[str], None] = _silent) -> TrainResult:
     """Train ``config`` (for ``timesteps`` instead of ``config.total_timesteps`` if given) into ``out``;
     ``stage`` is told, in a few words, each stage as it starts."""
     start = time.perf_counter()
-    config = replace(config, total_timesteps=timesteps or config.total_timesteps)
+    requested = timesteps or config.total_timesteps
+    config = replace(config, total_timesteps=whole_rollouts(requested, config.ppo.n_steps, config.n_envs))
+    if config.total_timesteps != requested:
+        stage(f"{requested} timesteps rounded up to {config.total_timesteps}: PPO trains whole rollouts of "
+              f"{config.ppo.n_steps} steps x {config.n_envs} environments")
     torch.set_num_threads(config.torch_threads)
     torch.distributions.Distribution.set_default_validate_args(False)  # ~10% faster rollouts
     out.mkdir(parents=True, exist_ok=True)
@@ -74,8 +85,9 @@ def train(config: TrainConfig, out: Path, timesteps: int | None = None, progress
     stage(f"pricing every training and held-out step once on {config.gpu}")
     profile = load_profile(config.gpu)
     grid = config.env.grid(profile)
-    train_steps = build_steps(config.data.train.traces(profile), profile, grid)
-    held_out_steps = build_steps(config.data.held_out.traces(profile), profile, grid)
+    train_steps = build_steps(config.data.train.traces(profile), profile, grid, progress_bar, "pricing training steps")
+    held_out_steps = build_steps(config.data.held_out.traces(profile), profile, grid, progress_bar,
+                                 "pricing held-out steps")
 
     # Environments and model; a head start by cloning the plan advisors' expert, then PPO.
     env = make_vec_env(config, train_steps, profile)

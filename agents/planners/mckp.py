@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kdvfs.envs.common.native_output import native_stdout_to_stderr
 from kdvfs.envs.model.cost_model import Array
 
 _BISECTIONS = 60
@@ -151,8 +152,10 @@ def _milp(time_s: Array, energy_j: Array, mask: Array, budget_s: float, fastest:
     extra_s = time_s[group_of, option_of] - fastest[group_of]
     slack_s = budget_s - fastest.sum() - FEASIBILITY_MARGIN_S
     constraints = [LinearConstraint(one_per_group, 1, 1), LinearConstraint(extra_s[None, :], -np.inf, slack_s)]
-    result = milp(energy_j[group_of, option_of], constraints=constraints, integrality=np.ones(len(columns)),
-                  bounds=Bounds(0, 1), options={"mip_rel_gap": 0.0, "presolve": True, "time_limit": MILP_TIME_LIMIT_S})
+    with native_stdout_to_stderr():  # HiGHS prints debug lines to descriptor 1: keep stdout for the caller's output
+        result = milp(energy_j[group_of, option_of], constraints=constraints, integrality=np.ones(len(columns)),
+                      bounds=Bounds(0, 1),
+                      options={"mip_rel_gap": 0.0, "presolve": True, "time_limit": MILP_TIME_LIMIT_S})
     if result.x is None:
         return None
     chosen = np.zeros(groups, dtype=np.int64)

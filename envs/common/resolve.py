@@ -24,6 +24,17 @@ def shipped_names(folder: Path, suffix: str) -> list[str]:
     return names
 
 
+def _rank_files_hint(missing: Path) -> str:
+    """A hint at the per-rank files a torchrun capture or run writes in place of ``missing``
+    (``step.trace.json`` -> ``step.rank0.trace.json``, ...), or ``""`` when there are none."""
+    head, _, tail = missing.name.partition(".")
+    ranked = sorted(missing.parent.glob(f"{head}.rank*.{tail}")) if missing.parent.is_dir() else []
+    if not ranked:
+        return ""
+    shown = ", ".join(str(path) for path in ranked[:4]) + (", ..." if len(ranked) > 4 else "")
+    return f"; a torchrun job wrote one per rank: {shown}; pass a rank's file"
+
+
 def resolve_shipped(name_or_path: str | Path, folder: Path, suffix: str, kind: str, *, error: type[KdvfsError],
                     name_kind: str | None = None, hint: str = "", hidden: tuple[str, ...] = ()) -> Path:
     """An existing file ``name_or_path``, else the bundled ``folder/<name><suffix>``.
@@ -41,7 +52,11 @@ def resolve_shipped(name_or_path: str | Path, folder: Path, suffix: str, kind: s
     if bundled.is_file():
         return bundled
     if candidate.suffix:
-        raise error(f"{candidate}: no such {kind} file")
-    known = ", ".join(name for name in shipped_names(folder, suffix) if name not in hidden)
+        raise error(f"{candidate}: no such {kind} file{_rank_files_hint(candidate)}")
+    names = shipped_names(folder, suffix)
+    folded = [name for name in names if name.lower() == str(name_or_path).lower()]
+    if len(folded) == 1:  # names are case-insensitive: --gpu H200 is h200
+        return folder / f"{folded[0]}{suffix}"
+    known = ", ".join(name for name in names if name not in hidden)
     raise error(f"unknown {name_kind or kind} {str(name_or_path)!r}; known: {known} "
                 f"(bundled: {folder}/<name>{suffix}); or pass a {kind} file{hint}")

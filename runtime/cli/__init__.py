@@ -7,8 +7,10 @@ are imported inside the command functions that use them, so ``kdvfs --help`` and
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
+from typing import NoReturn
 
 from kdvfs import __version__
 from kdvfs.envs.common.errors import KdvfsError
@@ -20,6 +22,7 @@ from kdvfs.runtime.cli import (
     learn_cmd,
     model_cmd,
     plan_cmd,
+    policy_cmd,
     predict_cmd,
     report_cmd,
     run_cmd,
@@ -27,14 +30,22 @@ from kdvfs.runtime.cli import (
 )
 
 COMMANDS = (demo_cmd, trace_cmd, gpus_cmd, model_cmd, predict_cmd, plan_cmd, capture_cmd, calibrate_cmd, learn_cmd,
-            run_cmd, report_cmd)
+            run_cmd, report_cmd, policy_cmd)
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """A parser whose usage errors are one line on stderr, ``kdvfs CMD: error: ...``, exit code 2 (``--help``
+    still shows the usage)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The full ``kdvfs`` argument parser."""
-    parser = argparse.ArgumentParser(prog="kdvfs", description="Learned kernel-level GPU clock control.")
+    parser = OneLineParser(prog="kdvfs", description="Learned kernel-level GPU clock control.")
     parser.add_argument("--version", action="version", version=f"kdvfs {__version__}")
-    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=OneLineParser)
     for module in COMMANDS:
         module.add_parser(subparsers)
     return parser
@@ -48,9 +59,13 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()
         return code
     except KdvfsError as error:
+        if getattr(args, "json", False):  # --json: stdout holds one JSON document in every outcome
+            print(json.dumps({"error": str(error), **getattr(args, "json_error", {})}, indent=2))
         print(f"kdvfs: error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
+        if getattr(args, "json", False):
+            print(json.dumps({"error": "interrupted"}, indent=2))
         print("kdvfs: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:  # the reader went away (`kdvfs trace list | head -1`): stop quietly

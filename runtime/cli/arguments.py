@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,34 @@ def budget(text: str) -> float:
     if value > MAX_BUDGET:
         raise argparse.ArgumentTypeError(f"{text} means a {value:.0%} slowdown; budgets are fractions (0.01 = 1%), "
                                          f"at most {MAX_BUDGET:g}: did you mean {value / 100:g}?")
+    return value
+
+
+MAX_LATENCY_MS = 10_000.0
+"""The longest switching latency accepted (10 s): clock switches take micro- to milliseconds; more is a typo
+or seconds typed as milliseconds' exponent."""
+
+
+def latency_ms(text: str) -> float:
+    """An argparse type: a switching latency in milliseconds, finite, in [0, MAX_LATENCY_MS]."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of milliseconds") from None
+    if not math.isfinite(value) or not 0 <= value <= MAX_LATENCY_MS:
+        raise argparse.ArgumentTypeError(f"{text} ms is outside [0, {MAX_LATENCY_MS:g}] ms (switching latencies "
+                                         "are micro- to milliseconds)")
+    return value
+
+
+def sample_count(text: str) -> int:
+    """An argparse type: a number of sampled profiles, an integer >= 0 (0: no ranges)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of samples") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text} must be >= 0 (0: no ranges)")
     return value
 
 
@@ -61,8 +89,39 @@ def check_output_file(path: Path | None, inputs: Iterable[Path | str | None] = (
         raise KdvfsError(f"{path} is a folder; give the output a file name")
     _writable_folder(path.absolute().parent, path)
     for source in inputs:
-        if source is not None and Path(source).exists() and Path(source).resolve() == path.resolve():
+        if source is not None and _same_file(Path(source), path):
             raise KdvfsError(f"{path} is also an input of this command; write the output to another path")
+
+
+def _same_file(source: Path, path: Path) -> bool:
+    """Whether ``source`` exists and is ``path`` (through links and relative forms alike)."""
+    if not source.exists():
+        return False
+    if path.exists():
+        return os.path.samefile(source, path)
+    return source.resolve() == path.resolve()
+
+
+def resolved(name: str | None, resolve: Callable[[str], Path]) -> Path | str | None:
+    """An input as the file it names (a bundled name resolved by ``resolve``), or as given where it names none
+    (the error comes when it is read)."""
+    if name is None:
+        return None
+    try:
+        return resolve(name)
+    except KdvfsError:
+        return name
+
+
+def command_paths(command: Iterable[str]) -> list[str]:
+    """The existing files a command line names (the training script, its data, ``--flag=PATH`` values): the
+    inputs of ``kdvfs run`` and ``kdvfs capture`` after ``--``, which no output may overwrite."""
+    paths = []
+    for item in command:
+        for candidate in (item, item.partition("=")[2]):
+            if candidate and os.path.isfile(candidate):
+                paths.append(candidate)
+    return paths
 
 
 def check_output_folder(path: Path | None) -> None:

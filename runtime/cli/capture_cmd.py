@@ -6,11 +6,12 @@ import argparse
 import sys
 from pathlib import Path
 
+from kdvfs.envs.common.errors import KdvfsError
 from kdvfs.runtime.capture.config import CaptureConfig
 from kdvfs.runtime.capture.errors import ScriptExitError
 from kdvfs.runtime.capture.launch import run_capture, split_command
 from kdvfs.runtime.capture.recording import CaptureReport
-from kdvfs.runtime.cli.arguments import add_output, check_output_file
+from kdvfs.runtime.cli.arguments import add_output, check_output_file, command_paths
 from kdvfs.runtime.cli.render import console, print_json
 
 STDERR_FD = 2
@@ -74,7 +75,9 @@ def _print_report(report: CaptureReport) -> None:
 def run(args: argparse.Namespace) -> int:
     command = list(args.command)
     for output in (args.output, args.keep_profile):
-        check_output_file(output, [_script(command)])
+        check_output_file(output, [_script(command), *command_paths(command)])
+    if args.keep_profile is not None and args.keep_profile.absolute() == args.output.absolute():
+        raise KdvfsError(f"--keep-profile {args.keep_profile} is the trace's own path; give it another")
     config = CaptureConfig(
         output=str(args.output), steps=args.steps, warmup=args.warmup, energy_window_s=args.energy_window_s,
         measure_energy=not args.no_energy, gpu_index=args.gpu_index, nvml_module=args.nvml_module,
@@ -83,6 +86,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         reports = run_capture(command, config, ncu=args.ncu, script_stdout=STDERR_FD if args.json else None)
     except ScriptExitError as error:
+        if args.json:  # stdout holds one JSON document in every outcome
+            print_json({"error": str(error), "exit_code": error.exit_code})
         print(f"kdvfs: error: {error}", file=sys.stderr)
         return error.exit_code
     if args.json and len(reports) == 1:

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import json
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kdvfs.envs.common.files import write_text_atomic
 from kdvfs.envs.common.run_record import write_run_record
 from kdvfs.envs.gpu.profiles import GpuProfile, load_profile
 from kdvfs.envs.model.cost_tables import build_tables, step_breakdown
@@ -13,9 +16,16 @@ from kdvfs.envs.model.uncertainty import UncertaintySpec
 from kdvfs.envs.trace.bundled import DEFAULT_TRACE, open_trace
 from kdvfs.envs.trace.summary import summarize
 from kdvfs.envs.trace.trace import Trace, with_measured_gaps
-from kdvfs.runtime.cli.arguments import add_output, check_output_folder
-from kdvfs.runtime.cli.plan_cmd import uncertainty_ranges
-from kdvfs.runtime.cli.render import breakdown_table, compare_table, console, profile_table, trace_tables
+from kdvfs.runtime.cli.arguments import add_output, check_output_folder, sample_count
+from kdvfs.runtime.cli.plan_cmd import row_json, uncertainty_ranges
+from kdvfs.runtime.cli.render import (
+    breakdown_table,
+    compare_table,
+    console,
+    err_console,
+    profile_table,
+    trace_tables,
+)
 
 if TYPE_CHECKING:
     from kdvfs.agents.common.problem import Problem
@@ -29,9 +39,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("demo", help="run the main job on the bundled H200 data")
     parser.add_argument("--trace", default=DEFAULT_TRACE, help=f"trace to use (default {DEFAULT_TRACE})")
     parser.add_argument("--gpu", default="h200", help="GPU profile (default h200)")
-    add_output(parser, "folder for the plot and run record (default runs/demo)", dest="out", default=Path("runs/demo"))
-    parser.add_argument("--samples", type=int, default=DEMO_SAMPLES, help="sampled profiles for the 1%% budget's "
-                        f"ranges over the profile's parameter ranges (default {DEMO_SAMPLES}; 0: none)")
+    add_output(parser, "folder for the results (results.json), plot and run record (default runs/demo)", dest="out",
+               default=Path("runs/demo"))
+    parser.add_argument("--samples", type=sample_count, default=DEMO_SAMPLES,
+                        help="sampled profiles for the 1%% budget's ranges over the profile's parameter ranges "
+                        f"(default {DEMO_SAMPLES}; 0: none)")
     parser.set_defaults(func=run)
 
 
@@ -60,18 +72,28 @@ def _compare(trace: Trace, profile: GpuProfile, out: Path, samples: int) -> None
     from kdvfs.agents.planners.registry import COMPARED
 
     problem = Problem.build(trace, profile, 0.01)
-    with console.status("planning") as status:
+    _stage(f"planning {len(COMPARED)} methods at {len(DEMO_BUDGETS)} budgets")
+    with err_console.status("planning") as status:
         rows = compare(problem, DEMO_BUDGETS, COMPARED, lambda text: status.update(f"planning: {text}"))
         rows += _shipped_policy_rows(problem)
     at_budget = [r for r in rows if r.budget == 0.01]
     methods = [r for r in at_budget if r.executed.method in COMPARED]
+    if samples:
+        _stage(f"ranges over {samples} sampled profiles")
     ranges = uncertainty_ranges(problem, methods, [0.01], None, UncertaintySpec(samples)) if samples else None
     console.print(compare_table(at_budget, problem, ranges))
-    plot = out / "pareto.png"
+    plot, results = out / "pareto.png", out / "results.json"
     plot_tradeoff(rows, f"{trace.meta.workload} on {profile.name}, {problem.latency_s * 1e3:g} ms switching", plot)
+    write_text_atomic(results, json.dumps([row_json(row, ranges) for row in rows], indent=1) + "\n")
     record = write_run_record(out, {"trace": trace.meta.workload, "gpu": profile.name, "budgets": DEMO_BUDGETS,
                                     "latency_s": problem.latency_s, "methods": (*COMPARED, "policy")})
-    console.print(f"wrote {plot} and {record}")
+    console.print(f"wrote {plot}, {results} (every method at every budget, as `kdvfs compare --json`) and {record}")
+
+
+def _stage(text: str) -> None:
+    """Progress on stderr where stdout is no terminal (where the tables go unseen until the end)."""
+    if not sys.stdout.isatty():
+        err_console.print(f"kdvfs demo: {text}", highlight=False)
 
 
 def _shipped_policy_rows(problem: Problem) -> list[Row]:

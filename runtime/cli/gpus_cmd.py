@@ -13,7 +13,7 @@ from kdvfs.envs.gpu.profiles import available_profiles, load_profile, profile_pa
 from kdvfs.runtime.cli.arguments import check_output_file
 from kdvfs.runtime.cli.render import console, print_json, profile_table
 from kdvfs.runtime.device.errors import DeviceIndexError
-from kdvfs.runtime.device.nvml import LocalGpu, read_local_gpus
+from kdvfs.runtime.device.nvml import LocalGpu, import_nvml, read_local_gpus
 from kdvfs.runtime.device.profile_skeleton import skeleton_profile, write_skeleton_yaml
 
 
@@ -38,6 +38,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     local.add_argument("--name", help="profile name for --write (default: the file name without .yaml)")
     local.add_argument("--gpu-index", "--index", dest="index", type=int, default=0, metavar="I",
                        help="NVML index of the GPU --write describes (default 0)")
+    local.add_argument("--nvml-module", default="pynvml", help="NVML binding to import (default pynvml)")
     local.set_defaults(func=run_local)
 
 
@@ -83,7 +84,8 @@ def _local_table(gpu: LocalGpu) -> Table:
 
 def run_local(args: argparse.Namespace) -> int:
     check_output_file(args.write)
-    gpus = read_local_gpus()
+    default = args.nvml_module == "pynvml"  # read_local_gpus' own binding
+    gpus = read_local_gpus() if default else read_local_gpus(import_nvml(args.nvml_module))
     if args.write is not None and not 0 <= args.index < len(gpus):
         raise DeviceIndexError(f"GPU index {args.index} is out of range: this machine has {len(gpus)} GPU(s); "
                                "pick one listed by `kdvfs gpus local`")

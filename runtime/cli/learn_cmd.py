@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kdvfs.agents.learned.shipped import policy_source_path
 from kdvfs.envs.common.errors import KdvfsError
 from kdvfs.runtime.cli.arguments import add_output, budget_list, check_output_folder
 from kdvfs.runtime.cli.plan_cmd import add_problem_arguments, problem_from_args
@@ -31,7 +32,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     train.set_defaults(func=run_train)
 
     evaluate = subparsers.add_parser("evaluate", help="a frozen policy next to every planner on a step")
-    evaluate.add_argument("--policy", type=Path, required=True, help="frozen policy file (.kdvfs-policy.npz)")
+    evaluate.add_argument("--policy", required=True, help="frozen policy file (.kdvfs-policy.npz) or shipped policy "
+                          "name (`kdvfs policy list`, e.g. h200)")
     add_problem_arguments(evaluate)
     evaluate.add_argument("--budget", "--slowdown", dest="budget", type=budget_list, default=[0.01],
                           help="budgets (default 0.01 = 1%%)")
@@ -87,7 +89,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
     from kdvfs.agents.planners.registry import COMPARED
 
     problem = problem_from_args(args, args.budget[0])
-    planner = PolicyPlanner.from_file(args.policy, problem.profile)
+    planner = PolicyPlanner.from_file(policy_source_path(args.policy), problem.profile)
     if args.episodes is not None:
         return _evaluate_noisy(args, problem, planner)
     with console.status("planning") as status:

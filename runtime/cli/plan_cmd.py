@@ -13,12 +13,19 @@ from kdvfs.agents.evaluation.uncertainty import RowRange, compare_ranges, range_
 from kdvfs.agents.planners.registry import COMPARED, PLANNERS, make_planner
 from kdvfs.envs.common.errors import KdvfsError
 from kdvfs.envs.common.files import write_text_atomic
-from kdvfs.envs.gpu.profiles import load_profile
+from kdvfs.envs.gpu.profiles import load_profile, profile_path
 from kdvfs.envs.model.schedule import Schedule
 from kdvfs.envs.model.uncertainty import UncertaintySpec
-from kdvfs.envs.trace.bundled import open_trace
-from kdvfs.runtime.cli.arguments import add_output, budget, budget_list, check_output_file
-from kdvfs.runtime.cli.render import add_uncertainty_arguments, compare_table, console, print_json, progress_bar
+from kdvfs.envs.trace.bundled import open_trace, trace_path
+from kdvfs.runtime.cli.arguments import add_output, budget, budget_list, check_output_file, latency_ms, resolved
+from kdvfs.runtime.cli.render import (
+    add_uncertainty_arguments,
+    compare_table,
+    console,
+    err_console,
+    print_json,
+    progress_bar,
+)
 
 PLOT_BUDGETS = (0.0, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1)
 
@@ -27,8 +34,8 @@ def add_problem_arguments(parser: argparse.ArgumentParser) -> None:
     """``--trace``, ``--gpu`` and ``--latency-ms``, read by :func:`problem_from_args`."""
     parser.add_argument("--trace", required=True, help="trace file or bundled name")
     parser.add_argument("--gpu", required=True, help="GPU profile name or .yaml")
-    parser.add_argument("--latency-ms", type=float, help="switching latency to execute with (default: the "
-                        "profile's; 0 = ideal switching)")
+    parser.add_argument("--latency-ms", type=latency_ms, help="switching latency to execute with, at most 10 s "
+                        "(default: the profile's; 0 = ideal switching)")
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -40,6 +47,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     plan.add_argument("--no-slack", action="store_true", help="plan a torchrun rank's trace with the budget over "
                       "its own step, without its slack (the time it waits for the slowest rank)")
     add_output(plan, "write the schedule as JSON")
+    plan.add_argument("--json", action="store_true", help="print the schedule and its summary as one JSON document "
+                      "(the written file's keys plus output, energy_saved_pct, slowdown_pct, over_budget)")
     plan.set_defaults(func=run_plan)
 
     comparison = subparsers.add_parser("compare", help="every method on a step, at one or more budgets")
@@ -102,38 +111,49 @@ def _over_budget(document: dict[str, Any]) -> str:
             f"({planned:.2%} as planned, with instant switching); latency-optimal plans with the latency")
 
 
+def problem_inputs(args: argparse.Namespace) -> list[Path | str | None]:
+    """The files :func:`add_problem_arguments`' arguments read (bundled names as their files)."""
+    return [resolved(args.trace, trace_path), resolved(args.gpu, profile_path)]
+
+
 def run_plan(args: argparse.Namespace) -> int:
-    check_output_file(args.output)
+    check_output_file(args.output, problem_inputs(args))
     problem = problem_from_args(args, args.budget, with_slack=not args.no_slack)
     schedule = make_planner(args.method).plan(problem)
     slack_s = 0.0 if args.no_slack else rank_slack_s(problem.trace)
     document = {**schedule_json(problem, schedule), "job_budget": args.budget, "slack_s": slack_s}
+    say = err_console.print if args.json else console.print
     if slack_s > 0:
-        console.print(f"rank slack {slack_s * 1e3:.3g} ms per step (waiting for the slowest rank): planned with a "
-                      f"{problem.budget:.2%} budget over this rank's step for the job's {args.budget:.2%} "
-                      "(--no-slack: without it)")
+        say(f"rank slack {slack_s * 1e3:.3g} ms per step (waiting for the slowest rank): planned with a "
+            f"{problem.budget:.2%} budget over this rank's step for the job's {args.budget:.2%} "
+            "(--no-slack: without it)")
     if args.output:
         write_text_atomic(args.output, json.dumps(document, indent=1) + "\n")
-        console.print(f"wrote {args.output}")
+        say(f"wrote {args.output}")
     executed, auto = document["executed"], document["auto"]
-    console.print(f"{args.method}: {len(document['segments'])} segments, energy saved "
-                  f"{1 - executed['energy_j'] / auto['energy_j']:.2%}, slowdown "
-                  f"{executed['step_time_s'] / auto['step_time_s'] - 1:.2%} (executed with "
-                  f"{problem.latency_s * 1e3:g} ms switching), solved in {schedule.solve_s:.2f} s")
+    saved_pct = 100 * (1 - executed["energy_j"] / auto["energy_j"])
+    slowdown_pct = 100 * (executed["step_time_s"] / auto["step_time_s"] - 1)
     note = _over_budget(document)
+    if args.json:
+        print_json({**document, "output": None if args.output is None else str(args.output),
+                    "energy_saved_pct": saved_pct, "slowdown_pct": slowdown_pct, "over_budget": note or None})
+        return 0
+    console.print(f"{args.method}: {len(document['segments'])} segments, energy saved {saved_pct / 100:.2%}, "
+                  f"slowdown {slowdown_pct / 100:.2%} (executed with {problem.latency_s * 1e3:g} ms switching), "
+                  f"solved in {schedule.solve_s:.2f} s")
     if note:
         console.print(note)
     return 0
 
 
-def _row_json(row: Row, ranges: dict[tuple[str, float], RowRange] | None) -> dict[str, Any]:
+def row_json(row: Row, ranges: dict[tuple[str, float], RowRange] | None) -> dict[str, Any]:
     """A row's JSON (the fields of ``Row.as_json``), plus ``uncertainty`` when ranges were computed."""
     spread = range_of(ranges, row) if ranges is not None else None
     return {**row.as_json(), **({"uncertainty": spread.as_json()} if spread is not None else {})}
 
 
 def run_compare(args: argparse.Namespace) -> int:
-    check_output_file(args.plot)
+    check_output_file(args.plot, problem_inputs(args))
     problem = problem_from_args(args, args.budget[0])
     with console.status("planning") as status:
         rows = compare(problem, args.budget, COMPARED, lambda text: status.update(f"planning: {text}"))
@@ -144,11 +164,11 @@ def run_compare(args: argparse.Namespace) -> int:
                      f"{problem.latency_s * 1e3:g} ms switching")
             plot_tradeoff(plotted, title, args.plot)
     ranges = None
-    if args.uncertainty:
+    if args.uncertainty and args.samples > 0:
         spec = UncertaintySpec(args.samples, args.seed, vary_latency=args.latency_ms is None)
         ranges = uncertainty_ranges(problem, rows, args.budget, latency_from_args(args), spec)
     if args.json:
-        print_json([_row_json(row, ranges) for row in rows])
+        print_json([row_json(row, ranges) for row in rows])
     else:
         console.print(compare_table(rows, problem, ranges))
     if args.plot and not args.json:

@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     rows = predictions(trace, profile, args.pair)
     result: dict[str, Any] = {"trace": trace.meta.workload, "gpu": profile.name,
                               "measured": dict(trace.meta.measurements), "predictions": rows}
-    if args.uncertainty:
+    if args.uncertainty and args.samples > 0:
         spec = UncertaintySpec(args.samples, args.seed, vary_latency=False)
         with_ranges(rows, trace, profile, args.pair, spec)
         result["uncertainty"] = spec.as_json(profile)

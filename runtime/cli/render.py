@@ -16,6 +16,7 @@ from rich.table import Table
 
 from kdvfs.envs.gpu.profiles import GpuProfile
 from kdvfs.envs.model.uncertainty import DEFAULT_SAMPLES, METHOD
+from kdvfs.runtime.cli.arguments import sample_count
 
 if TYPE_CHECKING:
     from kdvfs.agents.common.problem import Problem
@@ -24,6 +25,8 @@ if TYPE_CHECKING:
     from kdvfs.agents.learned.noisy_evaluation import NoisyRow
 
 console = Console(width=None if sys.stdout.isatty() else 120, soft_wrap=True)
+err_console = Console(stderr=True, soft_wrap=True)
+"""Messages beside a ``--json`` document, which owns stdout."""
 PROGRESS_AFTER_S = 2.0
 
 
@@ -40,8 +43,8 @@ def add_uncertainty_arguments(parser: argparse.ArgumentParser) -> None:
     """``--uncertainty``, ``--samples`` and ``--seed`` (shared by ``predict`` and ``compare``)."""
     parser.add_argument("--uncertainty", action="store_true", help="also report each figure's range over the "
                         f"profile's parameter ranges ({METHOD} sample)")
-    parser.add_argument("--samples", type=int, default=DEFAULT_SAMPLES,
-                        help=f"sampled profiles for --uncertainty (default {DEFAULT_SAMPLES})")
+    parser.add_argument("--samples", type=sample_count, default=DEFAULT_SAMPLES,
+                        help=f"sampled profiles for --uncertainty (default {DEFAULT_SAMPLES}; 0: none)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the --uncertainty sample (default 0)")
 
 

@@ -11,8 +11,9 @@ import numpy as np
 from rich.table import Table
 
 from kdvfs.envs.common.errors import KdvfsError
+from kdvfs.runtime.cli.arguments import check_output_file
 from kdvfs.runtime.cli.render import console
-from kdvfs.runtime.cli.run_cmd import measured_text
+from kdvfs.runtime.cli.run_cmd import measured_text, no_measurement_reason
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -58,6 +59,12 @@ def report_table(run: dict[str, Any]) -> Table:
         table.add_row(*row)
     if run["measured"] is not None:
         table.add_row("measured saving / slowdown (95%)", measured_text(run["measured"]), "", "")
+        reason = no_measurement_reason(run["measured"])
+        if reason is not None:
+            table.add_row("why no measurement", reason, "", "")
+    else:
+        table.add_row("why no measurement", f"no A/B pair completed in {len(run['windows'])} windows: run longer",
+                      "", "")
     summary = run["summary"]
     if summary is not None:
         table.add_row("over the run", measured_text(summary["measured_net"]), "", "")
@@ -107,6 +114,7 @@ def plot_run(run: dict[str, Any], path: Path) -> None:
 
 
 def report_command(args: argparse.Namespace) -> int:
+    check_output_file(args.plot, [args.log])
     run = read_run(args.log)
     console.print(report_table(run))
     if args.plot:

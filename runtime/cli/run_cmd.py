@@ -11,10 +11,24 @@ from typing import Any
 
 from rich.table import Table
 
-from kdvfs.runtime.cli.arguments import budget, check_output_file, check_output_folder
+from kdvfs.runtime.cli.arguments import (
+    budget,
+    check_output_file,
+    check_output_folder,
+    command_paths,
+    latency_ms,
+    resolved,
+)
 from kdvfs.runtime.cli.render import console, print_json
+from kdvfs.runtime.device.errors import ClockRestoreError, DeviceIndexError
 from kdvfs.runtime.device.lease import reset_leased_gpu_clocks
-from kdvfs.runtime.device.nvml import import_nvml, require_clock_permission
+from kdvfs.runtime.device.nvml import (
+    gpu_count,
+    import_nvml,
+    require_clock_permission,
+    reset_fix,
+    restore_error,
+)
 
 STDERR_FD = 2
 
@@ -23,7 +37,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     run = subparsers.add_parser(
         "run", help="train with the clock controller applying a plan or frozen policy (--dry-run: change nothing)",
         usage="kdvfs run --policy P --trace T [options] -- python train.py ARGS...")
-    run.add_argument("--policy", required=True, help="plan from `kdvfs plan -o` or frozen policy (.kdvfs-policy.npz)")
+    run.add_argument("--policy", required=True, help="plan from `kdvfs plan -o`, frozen policy (.kdvfs-policy.npz) or "
+                     "shipped policy name (`kdvfs policy list`, e.g. h200)")
     run.add_argument("--trace", required=True, help="the expected step: trace file (`kdvfs capture`) or bundled name")
     run.add_argument("--gpu", help="GPU profile (default: the plan's, or the shipped one listing the GPU's NVML name)")
     run.add_argument("--dry-run", action="store_true", help="change no clock; log what would be requested and when")
@@ -31,7 +46,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                      help="allowed step-time increase over auto (default 0.01 = 1%%)")
     run.add_argument("--gpu-index", type=int, help="NVML index of the GPU the script uses (default: CUDA device "
                                                    "LOCAL_RANK, 0 outside torchrun, through CUDA_VISIBLE_DEVICES)")
-    run.add_argument("--latency-ms", type=float, help="switching latency to request ahead by (default: the profile's)")
+    run.add_argument("--latency-ms", type=latency_ms, help="switching latency to request ahead by, at most 10 s "
+                     "(default: the profile's)")
     run.add_argument("--log", type=Path, help="JSONL log of every request, step and energy window")
     run.add_argument("--tensorboard", type=Path, metavar="DIR", help="write TensorBoard scalars to DIR")
     run.add_argument("--ab-share", type=float, default=0.25,
@@ -40,6 +56,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     run.add_argument("--ab-window-s", type=float, default=0.5, help="shortest A/B window in seconds (default 0.5)")
     run.add_argument("--replay", action="store_true", help="with a frozen policy: replay its noise-free rollout as a "
                      "fixed schedule instead of deciding online inside every step")
+    run.add_argument("--no-energy", action="store_true", help="do not read the GPU's energy counter: time-only A/B "
+                     "(no joules; for GPUs without a counter)")
     run.add_argument("--cpu-test-mode", action="store_true", help="accept a CPU-only script (tests and dry runs)")
     run.add_argument("--nvml-module", default="pynvml", help="NVML binding to import (default pynvml)")
     run.add_argument("--json", action="store_true", help="print the summary as JSON (script output to stderr)")
@@ -68,9 +86,24 @@ def measured_text(measured: dict[str, Any]) -> str:
             f"{_interval(measured['slowdown_pct'], measured['slowdown_ci95_pct'])}")
 
 
+def no_measurement_reason(measured: dict[str, Any]) -> str | None:
+    """Why a run measured no effect (its figures read ``-``), or None when it did."""
+    if measured["slowdown_pct"] is not None:
+        return None
+    from kdvfs.runtime.controller.measurement.estimator import MIN_PAIRS
+
+    return (f"no A/B pair completed ({measured['windows_auto']} auto and {measured['windows_controlled']} "
+            f"controlled windows as intended; an interval needs {MIN_PAIRS} pairs, {2 * MIN_PAIRS} windows of at "
+            "least --ab-window-s each): run longer, or with --ab-share above 0")
+
+
 def summary_table(summary: dict[str, Any]) -> Table:
     """The controller's summary at exit."""
     mode = "dry run (no clock changed)" if summary["dry_run"] else "clocks controlled"
+    if summary.get("observe_only"):
+        mode = "observe-only (the GPU refused clock setting: clocks at auto)"
+    elif summary["error"] and not summary["dry_run"]:
+        mode = "clocks controlled until an error, then auto"
     table = Table(title=f"kdvfs run: {summary['source']} on {summary['gpu']}, {mode}", show_header=False)
     predicted = summary["predicted"]
     rows = [
@@ -86,11 +119,19 @@ def summary_table(summary: dict[str, Any]) -> Table:
         ("predicted saving / slowdown (cost model)", f"{predicted['energy_saved_pct']:.2f}% / "
                                                      f"{predicted['slowdown_pct']:.2f}%"),
     ]
+    reason = no_measurement_reason(summary["measured"])
+    if reason is not None:
+        rows.append(("why no measured saving / slowdown", reason))
     if summary["backed_off"]:
         rows.append(("backed off", summary["backoff_reason"]))
-    if summary["error"]:
+    if summary.get("observe_only"):
+        rows.append(("observe-only", summary["observe_only"]))
+    elif summary["error"]:
         rows.append(("controller error (GPU returned to auto)", summary["error"]))
     for rank in summary["ranks"] if len(summary["ranks"]) > 1 else []:
+        if "steps" not in rank:
+            rows.append((f"rank {rank['rank']}: ended without a summary, restored", str(rank["gpu_restored"])))
+            continue
         rows.append((f"rank {rank['rank']} (GPU {rank['gpu_index']}): steps / controlled, J per step, restored",
                      f"{rank['steps']} / {rank['controlled_steps']}, {_figure(rank['energy_j_per_step'])}, "
                      f"{rank['gpu_restored']}"))
@@ -100,20 +141,30 @@ def summary_table(summary: dict[str, Any]) -> Table:
 
 
 def run_command(args: argparse.Namespace) -> int:
+    from kdvfs.agents.learned.shipped import policy_source_path
+    from kdvfs.envs.gpu.profiles import profile_path
+    from kdvfs.envs.trace.bundled import trace_path
     from kdvfs.runtime.controller.config import ControllerConfig
     from kdvfs.runtime.controller.training.launch import run_controlled
 
-    check_output_file(args.log, [args.policy, args.trace])
+    args.json_error = {"gpu_restored": True}  # a refused run (exit 2) changed no clock
+    inputs = [resolved(args.policy, policy_source_path), resolved(args.trace, trace_path),
+              resolved(args.gpu, profile_path)]
+    check_output_file(args.log, [*inputs, *command_paths(args.command)])
     check_output_folder(args.tensorboard)
     config = ControllerConfig.from_options(
         args.policy, args.trace, gpu=args.gpu, budget=args.budget, dry_run=args.dry_run,
         gpu_index=args.gpu_index, nvml_module=args.nvml_module, latency_ms=args.latency_ms,
         log=str(args.log) if args.log else None, tensorboard=str(args.tensorboard) if args.tensorboard else None,
-        cpu_test_mode=args.cpu_test_mode, ab_share=args.ab_share, window_s=args.ab_window_s, online=not args.replay)
+        cpu_test_mode=args.cpu_test_mode, measure_energy=not args.no_energy, ab_share=args.ab_share,
+        window_s=args.ab_window_s, online=not args.replay)
     code, summary = run_controlled(args.command, config, script_stdout=STDERR_FD if args.json else None)
-    if summary is not None and args.json:
+    if args.json:
         print_json(summary)
-    elif summary is not None:
+    elif "source" not in summary:  # no process wrote its summary: ended_summary's fields only
+        console.print(f"kdvfs run: {summary['error']}; GPU back at its own clock control: {summary['gpu_restored']}"
+                      f"; {summary['windows']} A/B windows logged")
+    else:
         console.print(summary_table(summary))
     if code != 0:
         print(f"kdvfs: {script_end(code)}", file=sys.stderr)
@@ -130,7 +181,15 @@ def script_end(code: int) -> str:
 
 def reset_command(args: argparse.Namespace) -> int:
     nvml = import_nvml(args.nvml_module)
-    require_clock_permission(needs="resetting GPU clocks", fix="run `sudo kdvfs reset`")
-    name = reset_leased_gpu_clocks(args.gpu_index, nvml, force=args.force)
+    count = gpu_count(nvml)
+    if not 0 <= args.gpu_index < count:
+        indices = f"its GPU indices are 0-{count - 1}" if count else "NVML reports no GPU"
+        raise DeviceIndexError(f"there is no GPU {args.gpu_index} on this machine: {indices} (`kdvfs gpus local` "
+                               "lists them); nothing was reset")
+    require_clock_permission(needs="resetting GPU clocks", fix=f"run `sudo kdvfs reset --gpu-index {args.gpu_index}`")
+    try:
+        name = reset_leased_gpu_clocks(args.gpu_index, nvml, force=args.force)
+    except ClockRestoreError as error:
+        raise restore_error(error.where, args.gpu_index, error.failures, reset_fix(args.gpu_index)) from None
     console.print(f"GPU {args.gpu_index} ({name}): SM and memory clocks returned to the GPU's own control")
     return 0

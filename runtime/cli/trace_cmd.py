@@ -6,14 +6,14 @@ import argparse
 from dataclasses import replace
 from pathlib import Path
 
-from kdvfs.envs.gpu.profiles import load_profile
+from kdvfs.envs.gpu.profiles import load_profile, profile_path
 from kdvfs.envs.synthetic.generator import generate_transformer_trace, load_workload
 from kdvfs.envs.trace.bundled import bundled_traces, open_trace, trace_path
 from kdvfs.envs.trace.format import save_trace
 from kdvfs.envs.trace.importing import DEFAULT_FORMAT, import_trace, importer_formats
 from kdvfs.envs.trace.ncu import enrich_with_ncu, read_ncu_csv
 from kdvfs.envs.trace.summary import summarize
-from kdvfs.runtime.cli.arguments import add_output, check_output_file
+from kdvfs.runtime.cli.arguments import add_output, check_output_file, resolved
 from kdvfs.runtime.cli.render import console, print_json, trace_tables
 
 
@@ -90,7 +90,7 @@ def run_list(args: argparse.Namespace) -> int:
 
 
 def run_generate(args: argparse.Namespace) -> int:
-    check_output_file(args.output)
+    check_output_file(args.output, [args.workload, resolved(args.gpu, profile_path)])
     trace = generate_transformer_trace(load_workload(args.workload), load_profile(args.gpu), rng_seed=args.seed)
     save_trace(trace, args.output)
     console.print(f"wrote {args.output}: {len(trace)} activities, step {trace.step_time_s * 1e3:.2f} ms")

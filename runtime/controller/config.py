@@ -38,6 +38,7 @@ class MeasurementConfig:
         guard_min_pairs: A/B pairs the guard needs before it may back off.
         guard_retry_s: how long a back-off lasts before control resumes with fresh evidence (doubled at each
             further back-off).
+        energy: read the GPU's energy counter (False: time only, no joules; for GPUs without a counter).
     """
 
     window_steps: int = 10
@@ -48,6 +49,7 @@ class MeasurementConfig:
     guard_margin: float = 0.005
     guard_min_pairs: int = 3
     guard_retry_s: float = 60.0
+    energy: bool = True
 
     def __post_init__(self) -> None:
         if min(self.guard_min_pairs, self.window_steps) < 1:
@@ -147,6 +149,7 @@ FLAT_OPTIONS: dict[str, tuple[str, str]] = {
     **{name: ("measurement", name) for name in (
         "window_steps", "window_s", "ab_share", "ab_seed", "energy_poll_s", "guard_margin", "guard_min_pairs",
         "guard_retry_s")},
+    "measure_energy": ("measurement", "energy"),
     **{name: ("timing", name) for name in (
         "match_tolerance", "confirm_steps", "anchors", "anchor_every", "anchor_margin_ms", "issue_early_ms")},
     "online": ("online", "enabled"), "online_interval_ms": ("online", "interval_ms"),

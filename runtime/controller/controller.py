@@ -36,6 +36,7 @@ import sys
 import threading
 import types
 from dataclasses import asdict, replace
+from pathlib import Path
 from typing import Any
 
 from kdvfs.agents.common.problem import score
@@ -52,13 +53,14 @@ from kdvfs.runtime.controller.timing.anchors import Anchors, TraceStructure
 from kdvfs.runtime.controller.timing.gpu_timeline import CudaStepTimeline, HostStepTimeline, StepTimeline
 from kdvfs.runtime.controller.timing.matching import StepMatcher
 from kdvfs.runtime.controller.training.hooks import AnchorHooks
+from kdvfs.runtime.device.errors import observe_only_reason
 from kdvfs.runtime.device.host_time import Clock, RealClock
 from kdvfs.runtime.device.interface import Device, check_clocks_mhz
 from kdvfs.runtime.device.lease import GpuLease
 from kdvfs.runtime.device.nvml import NvmlDevice, import_nvml, require_clock_permission, terminate_on_sigterm
 from kdvfs.runtime.device.visible import rank_gpu_index
-from kdvfs.runtime.device.watchdog import spawn_watchdog, stop_watchdog
-from kdvfs.runtime.job import JobGroup, Rank
+from kdvfs.runtime.device.watchdog import spawn_watchdog, stop_watchdog, watchdog_outcome_path
+from kdvfs.runtime.job import JobGroup, Rank, rank_path
 
 STOP_TIMEOUT_S = 5.0
 RUN_NEEDS = "the clock controller locks GPU clocks"
@@ -128,7 +130,7 @@ class Controller:
         nvml = import_nvml(self.config.nvml_module)
         index = rank_gpu_index(nvml) if self.config.gpu_index is None else self.config.gpu_index
         self.config = replace(self.config, gpu_index=index)
-        return self._stack.enter_context(NvmlDevice(index, nvml))
+        return self._stack.enter_context(NvmlDevice(index, nvml, check_energy=self.config.measurement.energy))
 
     def _open(self) -> None:
         self.config = self.config.for_rank(self.rank)
@@ -149,7 +151,7 @@ class Controller:
             lease = self._stack.enter_context(GpuLease(device.uuid(), device.index))
             lease_fds = () if lease.fd is None else (lease.fd,)
         if not config.dry_run and config.watchdog and isinstance(device, NvmlDevice):
-            self._watchdog = spawn_watchdog(device.index, config.nvml_module, lease_fds)
+            self._watchdog = spawn_watchdog(device.index, config.nvml_module, self._watchdog_outcome(), lease_fds)
             self._stack.callback(self._stop_watchdog)
         self._log = EventLog(config.log)
         self._stack.callback(self._log.close)
@@ -171,7 +173,8 @@ class Controller:
                                   self._log, clock)
         self._stack.callback(self._actuator.close)
         settle_steps = 1 + int(self.plan.problem.latency_s // plan.auto_s)
-        self._accounting = Accounting(device, clock, config, settle_steps, self._log, self._next_request_s)
+        meter = device if config.measurement.energy else None
+        self._accounting = Accounting(meter, clock, config, settle_steps, self._log, self._next_request_s)
         timeline = self._timeline or (HostStepTimeline(clock) if config.cpu_test_mode else CudaStepTimeline(clock))
         hooks = (AnchorHooks(timeline.anchor, config.timing.anchor_every)
                  if config.timing.anchors and isinstance(timeline, CudaStepTimeline) else None)
@@ -222,6 +225,14 @@ class Controller:
             early_s=config.timing.issue_early_ms / 1e3, warm_up=config.online.warm_up,
             sleep_lead_in=config.online.sleep_lead_in)
         return OnlineSteps(online, clocks, anchors, context, settings)
+
+    def _watchdog_outcome(self) -> str | None:
+        """The file the watchdog reports its state to, beside this process's report for ``kdvfs run``."""
+        if not self.config.report_path:
+            return None
+        report = rank_path(self.config.report_path, self.rank.rank) if self.rank.distributed \
+            else Path(self.config.report_path)
+        return str(watchdog_outcome_path(report))
 
     def _next_request_s(self) -> float:
         return math.inf if self._issuer is None else self._issuer.next_request_s
@@ -291,6 +302,7 @@ class Controller:
             "backed_off": issuer.guard.backoffs > 0, "backoff_reason": issuer.guard.reason,
             "guard_backoffs": issuer.guard.backoffs, "guard_slowdown_pct": None if guard is None else guard.mean_pct,
             "error": None if issuer.error is None else str(issuer.error),
+            "observe_only": observe_only_reason(issuer.error),
             "restore_error": None if actuator.restore_error is None else str(actuator.restore_error),
             "anchors": {**issuer.anchors.figures(), "blocks": None if self._hooks is None else self._hooks.blocks},
             **issuer.source.summary(),

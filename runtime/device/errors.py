@@ -36,7 +36,14 @@ class UnsupportedClockError(DeviceError):
 
 
 class ClockRestoreError(DeviceError):
-    """Returning a GPU's clocks to its own control failed: the GPU may still be at locked clocks."""
+    """Returning a GPU's clocks to its own control failed: the GPU may still be at locked clocks.
+
+    Attributes:
+        where: the GPU as the message names it; failures: the NVML errors, one per failed reset.
+    """
+
+    where: str = ""
+    failures: list[str] = []  # noqa: RUF012 (set per instance by restore_error)
 
 
 _TRANSLATIONS: dict[int, tuple[type[DeviceError], str]] = {
@@ -86,3 +93,9 @@ def translate_nvml_error(error: pynvml.NVMLError, action: str, clock_request: bo
 def is_absent(error: pynvml.NVMLError) -> bool:
     """True when NVML's error means that this GPU or driver does not offer an optional fact."""
     return int(error.value) in _ABSENT_CODES
+
+
+def observe_only_reason(error: BaseException | None) -> str | None:
+    """Why a run can only observe from ``error`` on: the GPU refuses clock setting (no permission, not
+    supported), so it stays at auto while training goes on; None for any other error (or none)."""
+    return str(error) if isinstance(error, NvmlPermissionError | NvmlNotSupportedError) else None

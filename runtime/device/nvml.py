@@ -316,10 +316,29 @@ class NvmlDevice(GpuReader):
             self.reset_clocks()
 
 
-def restore_error(where: str, index: int, failures: list[str]) -> ClockRestoreError:
-    """The one-line error of a failed restore of GPU ``index`` (``where``: its name in the message)."""
-    return ClockRestoreError(f"{where} may still be at locked clocks: {'; '.join(failures)}; run "
-                             f"`sudo kdvfs reset --gpu-index {index}`")
+def restore_error(where: str, index: int, failures: list[str], fix: str | None = None) -> ClockRestoreError:
+    """The one-line error of a failed restore of GPU ``index`` (``where``: its name in the message; ``fix``:
+    what to do, by default ``sudo kdvfs reset --gpu-index I``). Its ``failures`` keep the NVML errors."""
+    fix = f"run `sudo kdvfs reset --gpu-index {index}`" if fix is None else fix
+    error = ClockRestoreError(f"{where} may still be at locked clocks: {'; '.join(failures)}; {fix}")
+    error.where, error.failures = where, failures
+    return error
+
+
+def reset_fix(index: int) -> str:
+    """What to do when ``kdvfs reset`` itself failed (it was the advice: repeating it would not help)."""
+    return (f"check that you run it as root (or with CAP_SYS_ADMIN), try `sudo nvidia-smi -i {index} -rgc -rmc`, "
+            "and look for a GPU fault in `nvidia-smi -q` and the kernel log (`dmesg`)")
+
+
+def gpu_count(nvml: types.ModuleType | None = None) -> int:
+    """How many GPUs NVML reports."""
+    nvml = pynvml if nvml is None else nvml
+    _call("initialise NVML", nvml.nvmlInit)
+    try:
+        return int(_call("count the GPUs", nvml.nvmlDeviceGetCount))
+    finally:
+        _call("shut NVML down", nvml.nvmlShutdown)
 
 
 def reset_gpu_clocks(index: int, nvml: types.ModuleType | None = None) -> str:

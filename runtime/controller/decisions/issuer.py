@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import queue
 import statistics
+import sys
 import threading
 import time
 from collections import deque
@@ -51,6 +52,7 @@ from kdvfs.runtime.controller.measurement.guard import Guard
 from kdvfs.runtime.controller.timing.anchors import Anchors
 from kdvfs.runtime.controller.timing.gpu_timeline import StepEnd
 from kdvfs.runtime.controller.timing.matching import StepMatcher
+from kdvfs.runtime.device.errors import observe_only_reason
 from kdvfs.runtime.job import JobGroup, JobStep, job_step
 
 SCALE_STEPS = 5
@@ -114,6 +116,7 @@ class Issuer(threading.Thread):
         return statistics.median(self._ratios) if self._ratios else 1.0
 
     def run(self) -> None:
+        """The thread: handle each step end queued by ``Controller.step`` until ``None``."""
         while True:
             token = self.queue.get()
             try:
@@ -126,6 +129,9 @@ class Issuer(threading.Thread):
                 self.error = error
                 self.log.write("error", step=self.steps, message=str(error))
                 self.actuator.close()
+                reason = observe_only_reason(error)
+                if reason is not None:
+                    print(f"kdvfs: observe-only: {reason}; training continues at auto clocks", file=sys.stderr)
             finally:
                 self.queue.task_done()
 

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from kdvfs.agents.common.problem import Problem, rank_budget
+from kdvfs.agents.learned.shipped import policy_source_path
 from kdvfs.envs.common.errors import KdvfsError
 from kdvfs.envs.gpu.profiles import GpuProfile, load_profile, profile_for_nvml_name
 from kdvfs.envs.model.schedule import Schedule
@@ -127,7 +128,10 @@ def _policy_plan(path: Path, problem: Problem, online: bool) -> Plan:
 def load_plan(config: ControllerConfig, device_name: str) -> Plan:
     """The problem and schedule ``config`` describes, on the GPU called ``device_name`` (its NVML name, which
     the profile's ``nvml_names`` must list)."""
-    path = Path(config.policy)
+    try:
+        path = policy_source_path(config.policy)
+    except KdvfsError as error:
+        raise ScheduleSourceError(str(error)) from None
     document = _read_plan_document(path)
     profile = _profile(config, document, device_name)
     if not profile.applies_to(device_name):

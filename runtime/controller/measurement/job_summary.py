@@ -24,7 +24,7 @@ from kdvfs.runtime.controller.measurement.estimator import Paired, measured, net
 
 RANK_FIELDS = ("rank", "gpu_index", "steps", "controlled_steps", "switches", "mismatches", "step_time_s",
                "energy_j_per_step", "energy_j_per_step_auto", "energy_j_per_step_controlled", "measured",
-               "predicted", "backed_off", "error", "restore_error", "gpu_restored")
+               "predicted", "backed_off", "error", "restore_error", "gpu_restored", "observe_only")
 SUMMED = ("energy_j_per_step", "energy_j_per_step_auto", "energy_j_per_step_controlled", "switches")
 
 
@@ -78,6 +78,7 @@ def job_summary(summaries: list[dict[str, Any]], windows: list[list[dict[str, An
         "guard_backoffs": max(s["guard_backoffs"] for s in summaries),
         "backoff_reason": _first(summaries, "backoff_reason") or "",
         "error": _first(summaries, "error"), "restore_error": _first(summaries, "restore_error"),
+        "observe_only": _first(summaries, "observe_only"),
         "gpu_restored": all(s["gpu_restored"] for s in summaries),
         "step_time_s": None if None in step_times else max(step_times),
         "measured": effect, "measured_net": net(effect, share),

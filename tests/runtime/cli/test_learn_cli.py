@@ -10,6 +10,7 @@ import yaml
 
 from kdvfs.agents.learned.policy_planner import shipped_policy_path
 from kdvfs.agents.learned.ppo import PPO_CONFIG_DIR
+from kdvfs.agents.learned.train import whole_rollouts
 from kdvfs.envs.common.config import to_plain
 from kdvfs.runtime.cli import main
 from tests.agents.conftest import tiny_config
@@ -72,3 +73,18 @@ def test_evaluate_episodes_adds_within_budget_and_is_seeded(capsys: pytest.Captu
     with pytest.raises(SystemExit) as caught:
         main([*command[:12], "0"])
     assert caught.value.code == 2 and "must be a positive integer" in capsys.readouterr().err
+
+
+def test_train_rounds_timesteps_up_to_whole_rollouts_and_says_so(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    tiny = tiny_config()
+    rollout = tiny.ppo.n_steps * tiny.n_envs
+    assert whole_rollouts(1, tiny.ppo.n_steps, tiny.n_envs) == rollout
+    assert whole_rollouts(rollout, tiny.ppo.n_steps, tiny.n_envs) == rollout
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump(to_plain(tiny), sort_keys=False))
+    assert main(["train", "--gpu", "h200", "--config", str(config), "--timesteps", "1", "--no-progress", "--out",
+                 str(tmp_path / "run")]) == 0
+    out = capsys.readouterr().out
+    assert f"1 timesteps rounded up to {rollout}" in out and f"PPO for {rollout} timesteps" in out, out
+    assert f"trained {rollout} timesteps" in out

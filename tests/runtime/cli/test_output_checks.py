@@ -89,3 +89,43 @@ def test_device_commands_check_before_touching_nvml(capsys: pytest.CaptureFixtur
     run = ["run", "--policy", "plan.json", "--trace", SMALL, "--dry-run", *nvml]
     _refused(capsys, [*run, "--log", str(tmp_path), "--", sys.executable, "x.py"], "is a folder")
     _refused(capsys, [*run, "--tensorboard", str(blocked), "--", sys.executable, "x.py"], "not a folder")
+
+
+def test_no_output_overwrites_a_trace_profile_script_or_log(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    trace = tmp_path / "in.trace.json"
+    assert main(["trace", "generate", "--workload", "gpt2s", "--gpu", "h200", "-o", str(trace)]) == 0
+    capsys.readouterr()
+    profile = tmp_path / "h200.yaml"
+    shutil.copy(GPU_PROFILE_DIR / "h200.yaml", profile)
+    script = tmp_path / "train.py"
+    script.write_text(f"open({str(tmp_path / 'ran')!r}, 'w').close()\n")
+    data = tmp_path / "data.bin"
+    data.write_bytes(b"data")
+    log = tmp_path / "run.jsonl"
+    log.write_text('{"event": "window"}\n')
+    originals = {path: path.read_bytes() for path in (trace, profile, script, data, log)}
+    problem = ["--trace", str(trace), "--gpu", str(profile), "--budget", "0.01"]
+    _refused(capsys, ["plan", *problem, "--method", "ilp", "-o", str(trace)], "is also an input")
+    _refused(capsys, ["plan", *problem, "--method", "ilp", "-o", str(profile)], "is also an input")
+    _refused(capsys, ["compare", *problem, "--plot", str(trace)], "is also an input")
+    _refused(capsys, ["trace", "generate", "--workload", "gpt2s", "--gpu", str(profile), "-o", str(profile)],
+             "is also an input")
+    command = ["--", sys.executable, str(script), f"--data={data}"]
+    run = ["run", "--policy", str(trace), "--trace", str(trace), "--cpu-test-mode", "--dry-run"]
+    _refused(capsys, [*run, "--log", str(script), *command], "is also an input")
+    _refused(capsys, [*run, "--log", str(data), *command], "is also an input")
+    capture = ["capture", "--cpu-test-mode", "--no-energy"]
+    _refused(capsys, [*capture, "-o", str(data), *command], "is also an input")
+    _refused(capsys, ["report", str(log), "--plot", str(log)], "is also an input")
+    assert not (tmp_path / "ran").exists()
+    assert all(path.read_bytes() == content for path, content in originals.items())
+
+
+def test_bundled_names_count_as_their_files() -> None:
+    from argparse import Namespace
+
+    from kdvfs.envs.trace.bundled import trace_path
+
+    inputs = plan_cmd.problem_inputs(Namespace(trace="h200/gpt3xl-1layer-b4", gpu="H200"))
+    assert inputs == [trace_path("h200/gpt3xl-1layer-b4"), GPU_PROFILE_DIR / "h200.yaml"]
+    assert plan_cmd.problem_inputs(Namespace(trace="nope/none", gpu=None)) == ["nope/none", None]

@@ -132,12 +132,15 @@ def test_killing_one_rank_leaves_no_gpu_of_the_job_locked(job: Path) -> None:
         os.kill(_records(folder, 1, "start")[0]["pid"], signal.SIGKILL)
         assert _wait(lambda: not _locks(folder, 0) and not _locks(folder, 1), 30), (_locks(folder, 0),
                                                                                    _locks(folder, 1))
-        process.wait(60)
+        stdout, _ = process.communicate(timeout=60)
     finally:
         if process.poll() is None:
             process.kill()
             process.wait()
     assert process.returncode != 0
+    summary = json.loads(stdout)  # --json: one summary also when a rank wrote none (issue 40)
+    assert summary["partial"] and summary["error"] and summary["gpu_restored"] is True, summary
+    assert 1 in [rank["rank"] for rank in summary["ranks"]], summary
 
 
 def _capture(folder: Path, script: list[str], ranks: int) -> dict[str, Any]:

@@ -1,0 +1,26 @@
+"""``kdvfs policy list``: the frozen policies kdvfs ships, by the short names ``kdvfs run --policy`` takes."""
+
+from __future__ import annotations
+
+import argparse
+
+from kdvfs.agents.learned.shipped import policy_source_path, shipped_policies
+from kdvfs.runtime.cli.render import console, print_json
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("policy", help="list the shipped frozen policies")
+    commands = parser.add_subparsers(dest="policy_command", required=True, metavar="ACTION")
+    listing = commands.add_parser("list", help="list the shipped policies (`kdvfs run --policy NAME`)")
+    listing.add_argument("--json", action="store_true", help="print JSON for scripts")
+    listing.set_defaults(func=run_list)
+
+
+def run_list(args: argparse.Namespace) -> int:
+    names = shipped_policies()
+    if args.json:
+        print_json([{"name": name, "path": str(policy_source_path(name))} for name in names])
+    else:
+        for name in names:
+            console.print(name)
+    return 0

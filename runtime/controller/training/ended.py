@@ -1,0 +1,83 @@
+"""What ``kdvfs run`` reports for training processes that ended without writing their summary (``os.abort()``,
+SIGKILL, a crash in native code, a torchrun rank killed): the error, whether each such GPU is back at its own
+clock control, and what the run's log measured so far.
+
+Whether a GPU is restored comes from its watchdog's outcome file (:mod:`kdvfs.runtime.device.watchdog`): a
+process that never started its watchdog never changed a clock (True); a watchdog still watching after
+``WATCHDOG_WAIT_S`` leaves it unknown (None). What was measured comes from the ``--log`` file, when there is
+one: the steps its windows cover, their count, and the last live estimate of the saving and slowdown.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from kdvfs.runtime.device.watchdog import FAILED, RESTORED, STOPPED, WATCHING
+from kdvfs.runtime.job import rank_path
+
+WATCHDOG_WAIT_S = 5.0
+"""How long the parent waits for a dead process's watchdog to finish its reset (it polls every 0.1 s)."""
+_POLL_S = 0.05
+
+
+def _rank_of(path: Path) -> int:
+    """The rank of ``report.json.watchdog`` (0) or ``report.rankR.json.watchdog`` (R)."""
+    return int(path.name.split(".rank")[1].split(".")[0]) if ".rank" in path.name else 0
+
+
+def watchdog_states(folder: Path) -> dict[int, str]:
+    """Each rank's watchdog state, once every watchdog left ``watching`` or ``WATCHDOG_WAIT_S`` passed."""
+    deadline = time.monotonic() + WATCHDOG_WAIT_S
+    while True:
+        states = {_rank_of(p): p.read_text(encoding="utf-8").strip() for p in folder.glob("report*.watchdog")}
+        if WATCHING not in states.values() or time.monotonic() > deadline:
+            return states
+        time.sleep(_POLL_S)
+
+
+def restored(state: str | None) -> bool | None:
+    """A watchdog state as ``gpu_restored``: True, False, or None (unknown)."""
+    if state is None or state in (STOPPED, RESTORED):
+        return True
+    return False if state == FAILED else None
+
+
+def measured_so_far(log: str | None, ranks: list[int], distributed: bool) -> dict[str, Any]:
+    """Steps, windows and the last live estimate in the run's log (rank ``ranks[0]``'s under torchrun)."""
+    empty: dict[str, Any] = {"steps": None, "windows": 0, "measured": None}
+    if not log or not ranks:
+        return empty
+    path = rank_path(log, ranks[0]) if distributed else Path(log)
+    try:
+        records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    except (OSError, ValueError):
+        return empty
+    windows = [r for r in records if r.get("event") == "window"]
+    estimates = [r["measured"] for r in records if r.get("event") in ("pair", "pair_energy")]
+    return {"steps": max((w["last_step"] for w in windows), default=None), "windows": len(windows),
+            "measured": estimates[-1] if estimates else None}
+
+
+def ended_summary(ending: str, missing: dict[int, bool | None], log: str | None, distributed: bool
+                  ) -> dict[str, Any]:
+    """The summary of a run none of whose processes wrote one; ``missing``: each rank's ``gpu_restored``."""
+    values = list(missing.values()) or [True]
+    gpu_restored = False if False in values else None if None in values else True
+    return {"error": f"{ending} before the controller wrote its summary", "gpu_restored": gpu_restored,
+            "partial": True, **measured_so_far(log, sorted(missing), distributed),
+            "ranks": [{"rank": rank, "gpu_restored": value} for rank, value in sorted(missing.items())]}
+
+
+def with_missing_ranks(summary: dict[str, Any], ending: str, missing: dict[int, bool | None]) -> dict[str, Any]:
+    """A job summary of the ranks that wrote one, marked with the ranks that did not."""
+    if not missing:
+        return summary
+    values = [summary.get("gpu_restored"), *missing.values()]
+    gpu_restored = False if False in values else None if None in values else True
+    note = f"rank(s) {', '.join(map(str, sorted(missing)))} ended without a summary ({ending})"
+    return {**summary, "error": f"{summary['error']}; {note}" if summary.get("error") else note,
+            "gpu_restored": gpu_restored, "partial": True,
+            "ranks": [*summary.get("ranks", []), *({"rank": r, "gpu_restored": v} for r, v in sorted(missing.items()))]}
