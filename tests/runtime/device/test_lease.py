@@ -186,7 +186,7 @@ WATCHED = ("import os, sys, time\n"
            "from kdvfs.runtime.device.lease import GpuLease\n"
            "from kdvfs.runtime.device.watchdog import spawn_watchdog\n"
            "lease = GpuLease(sys.argv[1], 0).acquire()\n"
-           "watchdog = spawn_watchdog(0, 'kdvfs.runtime.testing.nvml', (lease.fd,))\n"
+           "watchdog = spawn_watchdog(0, 'kdvfs.runtime.testing.nvml', lease_fds=(lease.fd,))\n"
            "os.close(lease.fd)  # this process's descriptor gone, as at its death; the watchdog's copy remains\n"
            "print(watchdog.pid, flush=True)\ntime.sleep(120)\n")
 
