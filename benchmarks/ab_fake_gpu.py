@@ -32,7 +32,7 @@ from kdvfs.agents.planners.registry import make_planner
 from kdvfs.envs.gpu.profiles import load_profile
 from kdvfs.envs.model.drift import DriftModel
 from kdvfs.envs.trace.bundled import open_trace
-from kdvfs.runtime.cli.plan_cmd import schedule_json
+from kdvfs.runtime.cli.offline.plan import schedule_json
 from kdvfs.runtime.controller import Controller
 from kdvfs.runtime.testing.ab_truth import true_effect
 from kdvfs.runtime.testing.fake_gpu import FakeGpu, FakeStepTimeline, VirtualClock

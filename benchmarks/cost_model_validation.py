@@ -36,7 +36,7 @@ from kdvfs.envs.model.estimate import estimate_features
 from kdvfs.envs.model.uncertainty import UncertaintySpec
 from kdvfs.envs.trace.bundled import open_trace
 from kdvfs.envs.trace.trace import with_measured_gaps
-from kdvfs.runtime.cli.predict_cmd import predictions, with_ranges
+from kdvfs.runtime.cli.offline.predict import predictions, with_ranges
 
 SWEEPS = DATA_DIR / "sweeps"
 WORKLOADS = {"gpt3xl": "h200/gpt3xl-24layer-b4", "gpt2s": "h200/gpt2s-b16", "resnet50": "h200/resnet50-b128",

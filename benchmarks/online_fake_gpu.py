@@ -45,7 +45,7 @@ from kdvfs.envs.gpu.profiles import load_profile
 from kdvfs.envs.model.drift import DriftModel
 from kdvfs.envs.trace.bundled import open_trace
 from kdvfs.envs.trace.format import save_trace
-from kdvfs.runtime.cli.plan_cmd import schedule_json
+from kdvfs.runtime.cli.offline.plan import schedule_json
 from kdvfs.runtime.controller import Controller
 from kdvfs.runtime.controller.measurement.estimator import Paired
 from kdvfs.runtime.testing.ab_truth import true_effect

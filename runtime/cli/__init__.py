@@ -1,5 +1,6 @@
-"""The ``kdvfs`` command line. Each command module adds its parser with ``add_parser(subparsers)``
-and sets ``func`` to a callable taking the parsed arguments and returning the exit code.
+"""The ``kdvfs`` command line. Each command module (``offline/``: no GPU needed; ``live/``: a training script or
+a GPU) adds its parser with ``add_parser(subparsers)`` and sets ``func`` to a callable taking the parsed
+arguments and returning the exit code; ``arguments`` and ``render`` are what they share.
 
 Command modules import only what their parsers need; torch, stable-baselines3, scipy, matplotlib and gymnasium
 are imported inside the command functions that use them, so ``kdvfs --help`` and the light commands start fast."""
@@ -14,23 +15,10 @@ from typing import NoReturn
 
 from kdvfs import __version__
 from kdvfs.envs.common.errors import KdvfsError
-from kdvfs.runtime.cli import (
-    calibrate_cmd,
-    capture_cmd,
-    demo_cmd,
-    gpus_cmd,
-    learn_cmd,
-    model_cmd,
-    plan_cmd,
-    policy_cmd,
-    predict_cmd,
-    report_cmd,
-    run_cmd,
-    trace_cmd,
-)
+from kdvfs.runtime.cli.live import calibrate, capture, report, run
+from kdvfs.runtime.cli.offline import demo, gpus, learn, model, plan, policy, predict, trace
 
-COMMANDS = (demo_cmd, trace_cmd, gpus_cmd, model_cmd, predict_cmd, plan_cmd, capture_cmd, calibrate_cmd, learn_cmd,
-            run_cmd, report_cmd, policy_cmd)
+COMMANDS = (demo, trace, gpus, model, predict, plan, capture, calibrate, learn, run, report, policy)
 
 
 class OneLineParser(argparse.ArgumentParser):

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from kdvfs.envs.common.paths import GPU_PROFILE_DIR, RAW_DATA_DIR
-from kdvfs.runtime.cli import main, plan_cmd
+from kdvfs.runtime.cli import main
+from kdvfs.runtime.cli.offline import plan as plan_cmd
 
 SMALL = "h200/gpt3xl-1layer-b4"
 

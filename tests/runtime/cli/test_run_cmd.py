@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kdvfs.runtime.cli.run_cmd import script_end
+from kdvfs.runtime.cli.live.run import script_end
 
 
 @pytest.mark.parametrize(("code", "words"), [

@@ -53,7 +53,7 @@ def test_a_rank_trains_on_the_local_rank_th_visible_gpu() -> None:
 def test_calibrate_takes_its_gpu_through_the_same_mapping(monkeypatch: pytest.MonkeyPatch) -> None:
     from argparse import Namespace
 
-    from kdvfs.runtime.cli.calibrate_cmd import gpu_and_device
+    from kdvfs.runtime.cli.live.calibrate import gpu_and_device
 
     nvml = EnergyFakeNvml([h200_from_probe(n) for n in range(4)])
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from kdvfs.agents.learned.shipped import policy_source_path
 from kdvfs.envs.common.errors import KdvfsError
 from kdvfs.runtime.cli.arguments import add_output, budget_list, check_output_folder
-from kdvfs.runtime.cli.plan_cmd import add_problem_arguments, problem_from_args
+from kdvfs.runtime.cli.offline.plan import add_problem_arguments, problem_from_args
 from kdvfs.runtime.cli.render import compare_table, console, noisy_table, print_json
 
 if TYPE_CHECKING:

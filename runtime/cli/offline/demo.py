@@ -17,7 +17,7 @@ from kdvfs.envs.trace.bundled import DEFAULT_TRACE, open_trace
 from kdvfs.envs.trace.summary import summarize
 from kdvfs.envs.trace.trace import Trace, with_measured_gaps
 from kdvfs.runtime.cli.arguments import add_output, check_output_folder, sample_count
-from kdvfs.runtime.cli.plan_cmd import row_json, uncertainty_ranges
+from kdvfs.runtime.cli.offline.plan import row_json, uncertainty_ranges
 from kdvfs.runtime.cli.render import (
     breakdown_table,
     compare_table,

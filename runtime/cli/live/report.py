@@ -12,8 +12,8 @@ from rich.table import Table
 
 from kdvfs.envs.common.errors import KdvfsError
 from kdvfs.runtime.cli.arguments import check_output_file
+from kdvfs.runtime.cli.live.run import measured_text, no_measurement_reason
 from kdvfs.runtime.cli.render import console
-from kdvfs.runtime.cli.run_cmd import measured_text, no_measurement_reason
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
