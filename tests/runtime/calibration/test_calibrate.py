@@ -28,8 +28,9 @@ from kdvfs.runtime.calibration.profile_fit import (
     starting_mapping,
 )
 from kdvfs.runtime.capture import boot, cpu_emulation, launch, ncu_run, recording, session
+from kdvfs.runtime.cli import main
 from kdvfs.runtime.cli.live import calibrate as calibrate_cmd
-from kdvfs.runtime.cli.live import capture_cmd, main
+from kdvfs.runtime.cli.live import capture as capture_cmd
 from kdvfs.runtime.device import nvml as device_nvml
 from kdvfs.runtime.device.errors import NvmlPermissionError
 from kdvfs.runtime.device.nvml import NvmlDevice, has_clock_permission, read_local_gpus, require_clock_permission

@@ -20,8 +20,8 @@ from kdvfs.envs.common.config import load_yaml
 from kdvfs.envs.common.errors import KdvfsError
 from kdvfs.envs.common.paths import GPU_PROFILE_DIR, RAW_DATA_DIR
 from kdvfs.envs.gpu.profiles import load_profile
+from kdvfs.runtime.cli import main
 from kdvfs.runtime.cli.offline import gpus as gpus_cmd
-from kdvfs.runtime.cli.offline import main
 from kdvfs.runtime.device import nvml
 from kdvfs.runtime.device.errors import (
     DeviceError,
