@@ -54,6 +54,12 @@ def rank_path(path: str | Path, rank: int) -> Path:
     return path.with_name(f"{stem}.rank{rank}{suffix}")
 
 
+def path_rank(path: Path) -> int:
+    """The rank a :func:`rank_path` names (``report.rank2.json`` -> 2, ``report.rank2.json.watchdog`` -> 2); 0
+    for a path without one (a process outside torchrun)."""
+    return int(path.name.split(".rank")[1].split(".")[0]) if ".rank" in path.name else 0
+
+
 def write_rank_report(report_path: str | None, document: Mapping[str, Any]) -> None:
     """Write this training process's report to ``report_path`` as JSON (under torchrun each rank its own:
     :func:`rank_path`), the file :func:`rank_documents` reads; nothing without a path."""
@@ -68,8 +74,7 @@ def rank_documents(report: Path) -> list[dict[str, Any]]:
     (``report.rankR.json``, :func:`kdvfs.runtime.job.rank_path`), in rank order."""
     if report.is_file():
         return [json.loads(report.read_text(encoding="utf-8"))]
-    ranked = {int(path.name.split(".rank")[1].split(".")[0]): path
-              for path in report.parent.glob(f"{report.stem}.rank*{report.suffix}")}
+    ranked = {path_rank(path): path for path in report.parent.glob(f"{report.stem}.rank*{report.suffix}")}
     return [json.loads(ranked[rank].read_text(encoding="utf-8")) for rank in sorted(ranked)]
 
 

@@ -146,13 +146,12 @@ class Controller:
         self.step_plan = StepPlan.build(problem, self.plan.schedule, config.dry_run)
         if threading.current_thread() is threading.main_thread():
             self._stack.enter_context(terminate_on_sigterm())
-        lease_fds: tuple[int, ...] = ()
-        if not config.dry_run and isinstance(device, NvmlDevice):  # released after the watchdog stopped
-            lease = self._stack.enter_context(GpuLease(device.uuid(), device.index))
-            lease_fds = () if lease.fd is None else (lease.fd,)
-        if not config.dry_run and config.watchdog and isinstance(device, NvmlDevice):
-            self._watchdog = spawn_watchdog(device.index, config.nvml_module, self._watchdog_outcome(), lease_fds)
-            self._stack.callback(self._stop_watchdog)
+        if not config.dry_run and isinstance(device, NvmlDevice):
+            lease = self._stack.enter_context(GpuLease(device.uuid(), device.index))  # released after the watchdog
+            if config.watchdog:
+                lease_fds = () if lease.fd is None else (lease.fd,)
+                self._watchdog = spawn_watchdog(device.index, config.nvml_module, self._watchdog_outcome(), lease_fds)
+                self._stack.callback(self._stop_watchdog)
         self._log = EventLog(config.log)
         self._stack.callback(self._log.close)
         if self.rank.distributed:

@@ -16,23 +16,18 @@ from pathlib import Path
 from typing import Any
 
 from kdvfs.runtime.device.watchdog import FAILED, RESTORED, STOPPED, WATCHING
-from kdvfs.runtime.job import rank_path
+from kdvfs.runtime.job import path_rank, rank_path
 
 WATCHDOG_WAIT_S = 5.0
 """How long the parent waits for a dead process's watchdog to finish its reset (it polls every 0.1 s)."""
 _POLL_S = 0.05
 
 
-def _rank_of(path: Path) -> int:
-    """The rank of ``report.json.watchdog`` (0) or ``report.rankR.json.watchdog`` (R)."""
-    return int(path.name.split(".rank")[1].split(".")[0]) if ".rank" in path.name else 0
-
-
 def watchdog_states(folder: Path) -> dict[int, str]:
     """Each rank's watchdog state, once every watchdog left ``watching`` or ``WATCHDOG_WAIT_S`` passed."""
     deadline = time.monotonic() + WATCHDOG_WAIT_S
     while True:
-        states = {_rank_of(p): p.read_text(encoding="utf-8").strip() for p in folder.glob("report*.watchdog")}
+        states = {path_rank(p): p.read_text(encoding="utf-8").strip() for p in folder.glob("report*.watchdog")}
         if WATCHING not in states.values() or time.monotonic() > deadline:
             return states
         time.sleep(_POLL_S)
@@ -43,6 +38,11 @@ def restored(state: str | None) -> bool | None:
     if state is None or state in (STOPPED, RESTORED):
         return True
     return False if state == FAILED else None
+
+
+def all_restored(values: list[bool | None]) -> bool | None:
+    """Several ``gpu_restored`` as one: False when any is False, else None when any is unknown, else True."""
+    return False if False in values else None if None in values else True
 
 
 def measured_so_far(log: str | None, ranks: list[int], distributed: bool) -> dict[str, Any]:
@@ -64,9 +64,8 @@ def measured_so_far(log: str | None, ranks: list[int], distributed: bool) -> dic
 def ended_summary(ending: str, missing: dict[int, bool | None], log: str | None, distributed: bool
                   ) -> dict[str, Any]:
     """The summary of a run none of whose processes wrote one; ``missing``: each rank's ``gpu_restored``."""
-    values = list(missing.values()) or [True]
-    gpu_restored = False if False in values else None if None in values else True
-    return {"error": f"{ending} before the controller wrote its summary", "gpu_restored": gpu_restored,
+    return {"error": f"{ending} before the controller wrote its summary",
+            "gpu_restored": all_restored(list(missing.values())),
             "partial": True, **measured_so_far(log, sorted(missing), distributed),
             "ranks": [{"rank": rank, "gpu_restored": value} for rank, value in sorted(missing.items())]}
 
@@ -75,9 +74,7 @@ def with_missing_ranks(summary: dict[str, Any], ending: str, missing: dict[int, 
     """A job summary of the ranks that wrote one, marked with the ranks that did not."""
     if not missing:
         return summary
-    values = [summary.get("gpu_restored"), *missing.values()]
-    gpu_restored = False if False in values else None if None in values else True
     note = f"rank(s) {', '.join(map(str, sorted(missing)))} ended without a summary ({ending})"
     return {**summary, "error": f"{summary['error']}; {note}" if summary.get("error") else note,
-            "gpu_restored": gpu_restored, "partial": True,
+            "gpu_restored": all_restored([summary.get("gpu_restored"), *missing.values()]), "partial": True,
             "ranks": [*summary.get("ranks", []), *({"rank": r, "gpu_restored": v} for r, v in sorted(missing.items()))]}
