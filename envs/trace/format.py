@@ -4,7 +4,8 @@ Format ``kdvfs-trace`` version 1 (documented in ``docs/design/trace-format.md``)
 
     {"format": "kdvfs-trace", "version": 1,
      "meta": {"gpu": ..., "workload": ..., "source": ..., "ref_mem_mhz": ..., "ref_core_mhz": ...,
-              "observed_core_mhz": ..., "step_index": ..., "measurements": {...}},
+              "observed_core_mhz": ..., "step_index": ..., "measurements": {...},
+              "step_shape": [[...]], "shape_distribution": [{"step_shape": [[...]], "steps": N}]},
      "names": [kernel names],  "ops": [{"name": ..., "dims": [[...]], "types": [...]}],
      "sources": [feature sources],
      "columns": [COLUMNS],
@@ -26,6 +27,7 @@ from typing import Any, TypeVar
 
 from kdvfs.envs.common.errors import TraceFormatError
 from kdvfs.envs.common.files import read_input, write_text_atomic
+from kdvfs.envs.trace.shape import StepShape
 from kdvfs.envs.trace.trace import Category, Features, Kernel, Kind, OpInfo, Phase, Trace, TraceMeta
 
 T = TypeVar("T")
@@ -36,7 +38,7 @@ COLUMNS = (
     "flops", "dram_bytes", "sm_util", "dram_util", "tensor_util", "clock_mhz", "features_source",
 )
 _META_FIELDS = ("gpu", "workload", "source", "ref_mem_mhz", "ref_core_mhz", "observed_core_mhz",
-                "step_index", "measurements")
+                "step_index", "measurements", "step_shape", "shape_distribution")
 
 
 class _Interner:
@@ -53,6 +55,11 @@ class _Interner:
 def _meta_to_json(meta: TraceMeta) -> dict[str, Any]:
     record = {name: getattr(meta, name) for name in _META_FIELDS}
     record["measurements"] = dict(meta.measurements)
+    record["step_shape"] = None if meta.step_shape is None else meta.step_shape.to_json()
+    record["shape_distribution"] = [{"step_shape": shape.to_json(), "steps": steps}
+                                    for shape, steps in meta.shape_distribution]
+    if meta.step_shape is None and not meta.shape_distribution:  # traces without shapes stay as they were
+        del record["step_shape"], record["shape_distribution"]
     return record
 
 
@@ -168,6 +175,11 @@ def _parse_meta(record: Any, where: str) -> TraceMeta:
     _require(isinstance(measurements, dict), where, "meta.measurements must be an object")
     step_index = record.get("step_index")
     _require(step_index is None or isinstance(step_index, int), where, "meta.step_index must be an integer")
+    shape = record.get("step_shape")
+    distribution = record.get("shape_distribution") or []
+    _require(isinstance(distribution, list) and all(isinstance(entry, dict) and set(entry) == {"step_shape", "steps"}
+                                                    and isinstance(entry["steps"], int) for entry in distribution),
+             where, "meta.shape_distribution must be a list of {\"step_shape\": [...], \"steps\": N}")
     return TraceMeta(
         gpu=record["gpu"], workload=record["workload"], source=record["source"],
         ref_mem_mhz=_number(record.get("ref_mem_mhz"), where, "ref_mem_mhz"),
@@ -175,6 +187,9 @@ def _parse_meta(record: Any, where: str) -> TraceMeta:
         observed_core_mhz=_number(record.get("observed_core_mhz"), where, "observed_core_mhz"),
         step_index=step_index,
         measurements={str(k): _number(x, where, f"measurements.{k}", False) or 0.0 for k, x in measurements.items()},
+        step_shape=None if shape is None else StepShape.from_json(shape),
+        shape_distribution=tuple((StepShape.from_json(entry["step_shape"]), entry["steps"])
+                                 for entry in distribution),
     )
 
 

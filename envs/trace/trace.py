@@ -17,6 +17,7 @@ from types import MappingProxyType
 import numpy as np
 
 from kdvfs.envs.common.errors import TraceFormatError
+from kdvfs.envs.trace.shape import StepShape
 
 MAX_ACTIVITY_S = 3600.0
 """Longest duration or idle gap of one activity (s): a kernel of a training step never lasts an hour."""
@@ -179,6 +180,10 @@ class TraceMeta:
         observed_core_mhz: median SM clock observed during recording (MHz), when known.
         step_index: which step of the recording this is (0-based), or None for generated traces.
         measurements: whole-step measurements, e.g. ``{"energy_j_per_step": 109.9, "step_time_s": 0.159}``.
+        step_shape: the shape of this step's model inputs (:mod:`kdvfs.envs.trace.shape`), when the capture
+            knew it; None for imported and generated traces without one.
+        shape_distribution: the shapes the recorded run's steps had and how many steps had each, most frequent
+            first (empty when unknown); a capture of a run whose steps vary records it in each of its traces.
     """
 
     gpu: str
@@ -189,10 +194,14 @@ class TraceMeta:
     observed_core_mhz: float | None = None
     step_index: int | None = None
     measurements: Mapping[str, float] = field(default_factory=dict)
+    step_shape: StepShape | None = None
+    shape_distribution: tuple[tuple[StepShape, int], ...] = ()
 
     def __post_init__(self) -> None:
         for label in ("ref_mem_mhz", "ref_core_mhz", "observed_core_mhz"):
             _check_clock(label, getattr(self, label))
+        if any(steps < 0 for _, steps in self.shape_distribution):
+            raise TraceFormatError("shape_distribution step counts must be non-negative")
         object.__setattr__(self, "measurements", MappingProxyType(dict(self.measurements)))
 
 

@@ -1,0 +1,96 @@
+"""The shape of a training step, as known when the step starts: the key of steps whose kernels vary.
+
+A step's kernels (their number, their names, their durations) follow from the shapes of the tensors the
+training loop hands the model. Those shapes are known on the host before the step's first kernel is
+launched, for the price of reading a few ``.shape`` tuples in a forward pre-hook on the model, so they are
+what a capture keys each recorded step by, what the runtime reads at the start of each step to pick the
+step's expected kernels, and what the step model (:mod:`kdvfs.envs.model.step_model`) predicts kernels from.
+
+Convention: :attr:`StepShape.inputs` lists the shapes of the tensor arguments of the model's first forward
+call in the step, positional arguments first in order, then keyword arguments sorted by name; non-tensor
+arguments are left out. The shape variables the step model uses are :attr:`batch` (the first input's first
+dimension) and :attr:`seq` (its second dimension when it has exactly two, as token ids ``[batch, seq]``
+do; 1 otherwise, as images ``[batch, channels, height, width]`` have no sequence).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kdvfs.envs.common.errors import TraceFormatError
+
+MAX_INPUTS = 64
+"""Most tensor inputs a step shape records: a model's forward takes a handful."""
+MAX_DIM = 2**48
+"""Largest tensor dimension a step shape accepts (the trace format's op-dimension bound)."""
+
+
+@dataclass(frozen=True, order=True)
+class StepShape:
+    """The shapes of the tensors of a step's first forward call (see the module docstring). Immutable, hashable,
+    ordered (by the shapes), so it keys dictionaries and sorts deterministically.
+
+    Attributes:
+        inputs: one shape (a tuple of non-negative ints) per tensor input, in the module docstring's order.
+    """
+
+    inputs: tuple[tuple[int, ...], ...]
+
+    def __post_init__(self) -> None:
+        if len(self.inputs) > MAX_INPUTS:
+            raise TraceFormatError(f"a step shape holds at most {MAX_INPUTS} inputs, not {len(self.inputs)}")
+        for dims in self.inputs:
+            if not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d <= MAX_DIM for d in dims):
+                raise TraceFormatError(f"step shape dims must be integers in [0, 2^48], not {list(dims)}")
+
+    @property
+    def batch(self) -> int:
+        """The first input's first dimension (1 without inputs or for a scalar)."""
+        return self.inputs[0][0] if self.inputs and self.inputs[0] else 1
+
+    @property
+    def seq(self) -> int:
+        """The first input's second dimension when it has exactly two (token ids), else 1."""
+        return self.inputs[0][1] if self.inputs and len(self.inputs[0]) == 2 else 1
+
+    @property
+    def tokens(self) -> int:
+        """``batch * seq``: the tokens (or images) of the step."""
+        return self.batch * self.seq
+
+    @property
+    def elements(self) -> int:
+        """Elements of the first input (its product of dimensions; 1 without inputs)."""
+        return math.prod(self.inputs[0]) if self.inputs else 1
+
+    @property
+    def key(self) -> str:
+        """A short readable label: ``8x512`` per input, inputs joined by ``+`` (``-`` without inputs)."""
+        return "+".join("x".join(map(str, dims)) or "scalar" for dims in self.inputs) or "-"
+
+    def to_json(self) -> list[list[int]]:
+        """The JSON form: a list of shapes."""
+        return [list(dims) for dims in self.inputs]
+
+    @classmethod
+    def from_json(cls, value: Any) -> StepShape:
+        """Parse :meth:`to_json`'s form; a :class:`TraceFormatError` for anything else."""
+        if not isinstance(value, list) or not all(isinstance(dims, list) for dims in value):
+            raise TraceFormatError(f"a step shape must be a list of shapes (lists of integers), not {value!r}")
+        return cls(tuple(tuple(dims) for dims in value))
+
+    @classmethod
+    def of(cls, shapes: Sequence[Sequence[int]]) -> StepShape:
+        """From a sequence of shapes (e.g. ``[(8, 512), (8, 512)]``)."""
+        return cls(tuple(tuple(int(d) for d in dims) for dims in shapes))
+
+
+def call_shape(args: Sequence[Any], kwargs: dict[str, Any]) -> StepShape:
+    """The step shape of one forward call: the ``.shape`` of each argument that has one (a tensor), positional
+    arguments first, then keyword arguments sorted by name. Reads no tensor data (no GPU sync)."""
+    values = [*args, *(kwargs[name] for name in sorted(kwargs))]
+    return StepShape(tuple(tuple(int(d) for d in value.shape) for value in values
+                           if hasattr(value, "shape") and hasattr(value, "dtype")))
