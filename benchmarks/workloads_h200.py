@@ -1,0 +1,95 @@
+"""Real H200 workloads at several shapes: measured joules per step at auto against the cost model's prediction.
+
+    python benchmarks/workloads_h200.py run RESULTS_DIR [--only LABEL,...]   # on the GPU machine
+    python benchmarks/workloads_h200.py report RESULTS_DIR                   # anywhere
+
+``run`` captures each workload of ``WORKLOADS`` with ``kdvfs capture`` (read-only NVML: the energy counter and
+clocks; the PyTorch profiler), one fixed shape per capture: a dense decoder (Llama, Hugging Face ``Trainer``) at
+several sequence lengths and batches, the short ones launch-bound; a mixture of experts (Mixtral-style, 8
+experts, top-2); an encoder (BERT-style sequence classification); a ViT-B/16; a ``torch.compile``'d GPT-2
+step. Each trace is stamped with the step shape its command fixes. The traces are also the recorded shapes
+the step model is fitted and checked on (``benchmarks/step_model.py``). ``--cpu-test`` runs tiny versions on
+a CPU with the tests' fake NVML (a dry run of this script).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from provenance import host, nvidia_smi, utc_now
+
+from kdvfs.envs.common.paths import REPO_ROOT
+
+CLI = "import sys; from kdvfs.runtime.cli import main; sys.exit(main(sys.argv[1:]))"
+SFT = ["examples/hf_sft.py", "--steps", "400"]
+
+
+def _sft(model: str, batch: int, seq: int, *extra: str) -> list[str]:
+    return [*SFT, "--model", model, "--batch", str(batch), "--min-len", str(seq), "--max-len", str(seq), *extra]
+
+
+WORKLOADS: dict[str, tuple[list[str], list[list[int]] | None]] = {
+    # family-shape label: (script and arguments, the step shape they fix: model inputs by keyword name)
+    **{f"llama-b{b}-s{s}": (_sft("llama", b, s), [[b, s]] * 3)
+       for b, s in ((8, 128), (8, 256), (8, 512), (8, 768), (8, 1024), (4, 1024), (16, 256), (2, 512))},
+    **{f"mixtral-b{b}-s{s}": (_sft("mixtral", b, s), [[b, s]] * 3)
+       for b, s in ((8, 256), (8, 512), (8, 1024), (4, 768))},
+    **{f"bert-b{b}-s{s}": (_sft("bert", b, s), [[b, s], [b, s], [b]])
+       for b, s in ((32, 128), (32, 256), (32, 512), (16, 384))},
+    "vit-b64": (["examples/hf_vit.py", "--batch", "64", "--steps", "400"], [[64], [64, 3, 224, 224]]),
+    "gpt2s-compiled-b16": (["examples/gpt.py", "--size", "gpt2s", "--batch", "16", "--steps", "600", "--compile"],
+                           None),
+}
+CPU_WORKLOADS: dict[str, tuple[list[str], list[list[int]] | None]] = {
+    "llama-tiny-b2-s32": (_sft("llama", 2, 32, "--size", "tiny", "--device", "cpu"), [[2, 32]] * 3),
+    "mixtral-tiny-b2-s48": (_sft("mixtral", 2, 48, "--size", "tiny", "--device", "cpu"), [[2, 48]] * 3),
+}
+
+
+def _kdvfs(folder: Path, label: str, args: list[str]) -> dict[str, Any]:
+    """Run one kdvfs command; log its command, exit code, wall time and output."""
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, "-c", CLI, *args], capture_output=True, text=True, cwd=REPO_ROOT)
+    record = {"label": label, "command": "kdvfs " + " ".join(args), "exit_code": done.returncode,
+              "wall_s": time.perf_counter() - start, "stderr_tail": done.stderr[-3000:]}
+    (folder / f"{label}.out.json").write_text(done.stdout or "{}")
+    print(json.dumps({k: v for k, v in record.items() if k != "stderr_tail"}), done.stderr[-800:], flush=True)
+    return record
+
+
+def run(folder: Path, cpu_test: bool, only: list[str] | None) -> None:
+    """Capture every workload (or ``only`` those) into ``folder``; the shapes go to ``shapes.json``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    workloads = CPU_WORKLOADS if cpu_test else WORKLOADS
+    fake = ["--cpu-test-mode", "--nvml-module", "kdvfs.runtime.testing.nvml"] if cpu_test else []
+    log = []
+    for label, (script, _) in workloads.items():
+        if only and label not in only:
+            continue
+        log.append(_kdvfs(folder, label, ["capture", "--steps", "2", "--warmup", "4", "--energy-window-s",
+                                          "0.5" if cpu_test else "4", "--workload", label, "-o",
+                                          str(folder / f"{label}.trace.json.gz"), "--json", *fake, "--",
+                                          sys.executable, *script]))
+    (folder / "shapes.json").write_text(json.dumps({label: shape for label, (_, shape) in workloads.items()}))
+    environment = {**host(), "date_utc": utc_now(), "log": log, "nvidia_smi": "" if cpu_test else nvidia_smi()}
+    (folder / f"run-{int(time.time())}.json").write_text(json.dumps(environment, indent=1))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("stage", choices=("run",))
+    parser.add_argument("folder", type=Path)
+    parser.add_argument("--cpu-test", action="store_true")
+    parser.add_argument("--only", type=lambda text: text.split(","), default=None)
+    args = parser.parse_args()
+    run(args.folder, args.cpu_test, args.only)
+
+
+if __name__ == "__main__":
+    main()
