@@ -39,11 +39,13 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from kdvfs.agents.common.problem import score
+from kdvfs.agents.common.problem import Problem, score
 from kdvfs.runtime.controller.config import ControllerConfig
 from kdvfs.runtime.controller.decisions.actuator import Actuator, parse_clocks
 from kdvfs.runtime.controller.decisions.issuer import Issuer, StepJudges
 from kdvfs.runtime.controller.decisions.plans import Plan, load_plan
+from kdvfs.runtime.controller.decisions.shape_plans import ShapeBook
+from kdvfs.runtime.controller.decisions.shape_steps import ShapeSteps, StepEntry, VaryingSteps
 from kdvfs.runtime.controller.decisions.sources import ReplayedSchedule, StepSource, ThreadContext
 from kdvfs.runtime.controller.decisions.timeline import StepPlan
 from kdvfs.runtime.controller.event_log import EventLog
@@ -83,11 +85,14 @@ class Controller:
 
     ``device``, ``timeline`` and ``clock`` replace the GPU (NVML), its CUDA-event timeline and the host clock;
     tests pass a :class:`~kdvfs.runtime.testing.fake_gpu.FakeGpu` with its timeline and virtual clock, explicitly.
+    ``varying``: the captured shapes of a run whose steps vary, the step model's prediction and where each step's
+    shape comes from (:class:`VaryingSteps`); with it every step is planned by its shape
+    (:mod:`kdvfs.runtime.controller.decisions.shape_steps`).
     """
 
     def __init__(self, policy: str | None = None, trace: str | None = None, *, config: ControllerConfig | None = None,
                  device: Device | None = None, timeline: StepTimeline | None = None, clock: Clock | None = None,
-                 **options: Any) -> None:
+                 varying: VaryingSteps | None = None, **options: Any) -> None:
         if config is None:
             if policy is None or trace is None:
                 raise TypeError("Controller needs a policy (or plan) and the expected trace, or a config")
@@ -108,6 +113,9 @@ class Controller:
         self.rank = Rank.from_environment()
         self._job: JobGroup | None = None
         self._gpu_index: int | None = None
+        self._varying = varying
+        self._book: ShapeBook | None = None
+        self._shapes: ShapeSteps | None = None
 
     def __enter__(self) -> Controller:
         try:
@@ -144,6 +152,8 @@ class Controller:
         problem = self.plan.problem
         config.measurement.check_window(problem.latency_s)
         self.step_plan = StepPlan.build(problem, self.plan.schedule, config.dry_run)
+        if self._varying is not None:
+            self._book = self._varying.plan(problem)
         if threading.current_thread() is threading.main_thread():
             self._stack.enter_context(terminate_on_sigterm())
         if not config.dry_run and isinstance(device, NvmlDevice):
@@ -180,11 +190,13 @@ class Controller:
         anchors = self._anchors(timeline, hooks)
         context = ThreadContext(timeline, clock, self._log, self._actuator)
         self._source = self._step_source(device, anchors, context)
-        judges = StepJudges(StepMatcher(plan.auto_s, config.step_match_tolerance, config.timing.confirm_steps),
+        self._shapes = None if self._book is None else self._shape_steps(timeline, hooks, context)
+        reference_s = plan.auto_s if self._shapes is None else self._shapes.reference_auto_s
+        judges = StepJudges(StepMatcher(reference_s, config.step_match_tolerance, config.timing.confirm_steps),
                             Guard(config.budget, config.measurement.guard_margin, config.measurement.guard_min_pairs,
                                   config.measurement.guard_retry_s),
                             self._accounting)
-        self._issuer = Issuer(plan, context, anchors, self._source, judges, self._job)
+        self._issuer = Issuer(plan, context, anchors, self._source, judges, self._job, self._shapes)
         self._timeline = timeline
         self._issuer.start()
         self._stack.callback(self._stop_thread)
@@ -193,16 +205,29 @@ class Controller:
             self._hooks.install()
             self._stack.callback(self._hooks.remove)
 
-    def _anchors(self, timeline: StepTimeline, hooks: AnchorHooks | None) -> Anchors:
-        """The step's anchors: learned from ``hooks``' events (mapped by the trace's structure where it fits),
-        and where the requests are placed (:mod:`kdvfs.runtime.controller.timing.anchors`)."""
+    def _anchors(self, timeline: StepTimeline, hooks: AnchorHooks | None, step: tuple[Problem, StepPlan] | None = None
+                 ) -> Anchors:
+        """The anchors of ``step`` (default: the plan's): learned from ``hooks``' events (mapped by the trace's
+        structure where it fits), and where the requests are placed (:mod:`kdvfs.runtime.controller.timing.anchors`)."""
         config, plan = self.config, self.plan
         assert plan is not None and self.step_plan is not None
-        structure = None if hooks is None else TraceStructure(plan.problem.trace, hooks.every,
-                                                              lambda: hooks.blocks).kernels
-        return Anchors(self.step_plan, timeline, self._clock, plan.problem.latency_s, config.timing.anchor_margin_s,
+        problem, step_plan = step or (plan.problem, self.step_plan)
+        structure = None if hooks is None else TraceStructure(problem.trace, hooks.every, lambda: hooks.blocks).kernels
+        return Anchors(step_plan, timeline, self._clock, problem.latency_s, config.timing.anchor_margin_s,
                        config.step_match_tolerance, learn_auto=config.dry_run,
                        pace_from_auto=plan.online is not None and not config.dry_run, structure=structure)
+
+    def _shape_steps(self, timeline: StepTimeline, hooks: AnchorHooks | None, context: ThreadContext) -> ShapeSteps:
+        """One entry per bucket of the book (its plan replayed on its own anchors) and the step-to-entry map."""
+        assert self._book is not None and self._varying is not None and self.step_plan is not None
+        entries = {}
+        for top, shape_plan in self._book.plans.items():
+            step_plan = StepPlan.build(shape_plan.problem, shape_plan.schedule, self.config.dry_run)
+            anchors = self._anchors(timeline, hooks, (shape_plan.problem, step_plan))
+            source = ReplayedSchedule(step_plan, anchors, context, shape_plan.problem.latency_s,
+                                      self.config.timing.issue_early_ms / 1e3)
+            entries[top] = StepEntry(step_plan, anchors, source, top.key)
+        return ShapeSteps(self._book, entries, self._varying.shape_of, self.step_plan.auto_s)
 
     def _step_source(self, device: Device, anchors: Anchors, context: ThreadContext) -> StepSource:
         """What runs through the controlled steps (:mod:`kdvfs.runtime.controller.decisions.sources`): the
@@ -305,6 +330,7 @@ class Controller:
             "restore_error": None if actuator.restore_error is None else str(actuator.restore_error),
             "anchors": {**issuer.anchors.figures(), "blocks": None if self._hooks is None else self._hooks.blocks},
             **issuer.source.summary(),
+            "shapes": None if self._shapes is None else self._shapes.figures(),
             "lead_in": issuer.lead_in_figures(),
             "controller_cpu_ms": {"thread": 1e3 * issuer.cpu_s, "thread_end_wait": 1e3 * issuer.end_wait_cpu_s,
                                   "thread_issue": 1e3 * issuer.issue_cpu_s, "hooks": 1e3 * self._timeline.hook_s

@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kdvfs.runtime.controller.decisions.decision_records import quantiles
+from kdvfs.runtime.controller.decisions.shape_steps import ShapeSteps, StepEntry
 from kdvfs.runtime.controller.decisions.sources import StepSource, ThreadContext
 from kdvfs.runtime.controller.decisions.timeline import StepPlan
 from kdvfs.runtime.controller.measurement.accounting import Accounting
@@ -81,9 +82,12 @@ class Issuer(threading.Thread):
     """
 
     def __init__(self, plan: StepPlan, context: ThreadContext, anchors: Anchors, source: StepSource,
-                 judges: StepJudges, job: JobGroup | None = None) -> None:
+                 judges: StepJudges, job: JobGroup | None = None, shapes: ShapeSteps | None = None) -> None:
         super().__init__(name="kdvfs-controller", daemon=True)
-        self.plan, self.context, self.anchors, self.source, self.job = plan, context, anchors, source, job
+        self.context, self.job, self.shapes = context, job, shapes
+        self._entry = StepEntry(plan, anchors, source)
+        self._ran: dict[int, StepEntry | None] = {}
+        """The entry each step decided so far runs with (a run whose steps vary; None: none, at auto)."""
         self.timeline, self.clock, self.log, self.actuator = (context.timeline, context.clock, context.log,
                                                               context.actuator)
         self.matcher, self.guard, self.accounting = judges.matcher, judges.guard, judges.accounting
@@ -104,6 +108,19 @@ class Issuer(threading.Thread):
         self.lead_in_late_s: list[float] = []
         """Lead-ins slept through; of them, those whose first anchor was not recorded by the give-up time, and how
         late the GPU passed it after its expected time, where it did (s)."""
+
+    @property
+    def plan(self) -> StepPlan:
+        """The expected step the thread is working on (the next step's, once decided)."""
+        return self._entry.plan
+
+    @property
+    def anchors(self) -> Anchors:
+        return self._entry.anchors
+
+    @property
+    def source(self) -> StepSource:
+        return self._entry.source
 
     @property
     def next_request_s(self) -> float:
@@ -135,20 +152,23 @@ class Issuer(threading.Thread):
             finally:
                 self.queue.task_done()
 
-    def _judge(self, index: int, end: StepEnd, was_controlled: bool) -> bool:
-        """Feed finished step ``index`` to the matcher, the accounting (over the job) and the guard; whether it
-        matched (on every rank)."""
-        local = self.matcher.observe(end.duration_s, end.signature)
+    def _judge(self, index: int, end: StepEnd, was_controlled: bool, ran: StepEntry | None) -> bool:
+        """Feed finished step ``index`` (run with entry ``ran``) to the matcher, the accounting (over the job) and
+        the guard; whether it matched (on every rank). In a run whose steps vary, durations are counted in
+        reference steps (:meth:`ShapeSteps.weight`) and a step without an entry does not match."""
+        weight = 1.0 if self.shapes is None or ran is None else self.shapes.weight(ran)
+        duration_s = None if end.duration_s is None or ran is None else end.duration_s / weight
+        local = self.matcher.observe(duration_s, end.signature if self.shapes is None else None)
         if index == 0:
             self._first_end_s = end.end_s
-        job = job_step(self.job, JobStep(end.duration_s, local, self.accounting.window_elapsed_s(end.end_s),
+        job = job_step(self.job, JobStep(duration_s, local, self.accounting.window_elapsed_s(end.end_s),
                                          end.end_s - self._first_end_s))
         matched, now_s = job.matched, self._first_end_s + job.since_start_s
         if index == 0:
             self.accounting.start(end.end_s)
         elif job.duration_s is not None:
             slowdown_pct = self.accounting.step(index, job.duration_s, end.end_s, matched, was_controlled,
-                                                job.window_elapsed_s)
+                                                job.window_elapsed_s, weight)
             if slowdown_pct is not None and self.guard.observe(slowdown_pct, now_s) == Guard.BACK_OFF:
                 self.log.write("backoff", step=index, reason=self.guard.reason)
             if slowdown_pct is not None:  # a new A/B pair: the run's slowdown moved
@@ -162,20 +182,25 @@ class Issuer(threading.Thread):
         end = self.timeline.wait(token)
         self.end_wait_cpu_s += time.thread_time() - began_cpu_s
         index, was_controlled = self.steps, self._controlling
+        ran = self._ran.pop(index, self._entry)
         self.steps += 1
         self.controlled_steps += was_controlled
-        matched = self._judge(index, end, was_controlled)
-        self._controlling = self._decide(end, matched, was_controlled)
-        if self.source.sleeps_lead_in and self._controlling and was_controlled:
+        matched = self._judge(index, end, was_controlled, ran)
+        following = self._following(index + 1, end)
+        self._controlling = following is not None and self._decide(end, matched, was_controlled, ran)
+        if self.source.sleeps_lead_in and self._controlling and was_controlled and following is ran:
             self._sleep_through_lead_in(index + 1, end)
-        remapped = self.anchors.learn(end, matched, was_controlled)
-        self.source.observe(end, matched, was_controlled)  # after the pace and the map it places on
+        remapped = ran is not None and ran.anchors.learn(end, matched, was_controlled)
+        if ran is not None:
+            ran.source.observe(end, matched, was_controlled)  # after the pace and the map it places on
         self._log_step(index, end, matched, was_controlled, remapped)
+        if following is not None:
+            self._entry = following
         if self.stop_event.is_set():
             return
         if self._controlling:
             began_cpu_s = time.thread_time()
-            first = not was_controlled
+            first = not was_controlled or following is not ran
             lead_in = ((lambda: self._sleep_through_lead_in(index + 1, end))
                        if first and self.source.sleeps_lead_in else None)
             self.source.run(index + 1, end.end_s, self.scale, first, self.stop_event, lead_in)
@@ -220,11 +245,22 @@ class Issuer(threading.Thread):
         return {"waits": self.lead_ins, "late": len(late_ms), "missed": self.lead_ins_missed,
                 "late_ms": quantiles(late_ms)}
 
-    def _decide(self, end: StepEnd, matched: bool, was_controlled: bool) -> bool:
+    def _following(self, step: int, end: StepEnd) -> StepEntry | None:
+        """The entry step ``step`` will run with: the one entry, or (steps that vary) its shape's, waiting for the
+        shape at most one expected step past ``end`` (None: none; the step runs at auto)."""
+        if self.shapes is None:
+            return self._entry
+        following = self.shapes.entry(step, end.end_s + self.scale * self.plan.auto_s)
+        self._ran[step] = following
+        if following is None:
+            self.log.write("off_script", step=step)
+        return following
+
+    def _decide(self, end: StepEnd, matched: bool, was_controlled: bool, ran: StepEntry | None) -> bool:
         """Whether the next step is controlled, after this one (see the module docstring)."""
-        if not matched or end.duration_s is None:
+        if not matched or end.duration_s is None or ran is None:
             if was_controlled:
                 self.log.write("mismatch", step=self.steps - 1, duration_s=end.duration_s, signature=end.signature)
             return False
-        self._ratios.append(end.duration_s / (self.plan.expected_s if was_controlled else self.plan.auto_s))
+        self._ratios.append(end.duration_s / (ran.plan.expected_s if was_controlled else ran.plan.auto_s))
         return self.accounting.next_controlled and not self.guard.backed_off

@@ -11,6 +11,10 @@ thread runs the window's steps at auto or under the policy accordingly (:attr:`A
   (:class:`~kdvfs.runtime.device.energy.EnergyTrace`: read on its own thread, never on the thread that
   issues clock requests), over the window's steps. A window's joules are known once the counter has been
   read past its end.
+* **Steps that vary** (a run whose steps change shape): each step counts for ``weight`` reference steps (its
+  shape's expected auto time over the reference shape's), passed with its duration, which is already divided
+  by it; a window's joules per step are then its joules over the weights of its steps, so that windows of
+  different shape mixes compare like with like. A run of one shape weights every step 1.
 * **Settling**: a step whose clocks differ from the previous step's (auto after controlled, or the
   reverse) and the ``settle_steps - 1`` steps after it belong to no window: the change is still taking
   effect during them (the switching latency; the last request of the old mode). A step that does not
@@ -60,6 +64,8 @@ class Window:
     controlled_steps: int
     energy_j_per_step: float | None = None
     avg_power_w: float | None = None
+    weight: float | None = None
+    """The window's steps in reference steps (None: one per step, a run of one shape)."""
 
     @property
     def as_intended(self) -> bool:
@@ -85,6 +91,7 @@ class Accounting:
 
             self._writer = SummaryWriter(config.tensorboard)
         self._durations: list[float] = []
+        self._weights: list[float] = []
         self._first_step, self._open_s, self._settle = 0, 0.0, 0
         self._mode: bool | None = None
         self._unpaired: dict[int, int] = {}
@@ -120,7 +127,7 @@ class Accounting:
         self._restart(end_s)
 
     def _restart(self, edge_s: float) -> None:
-        self._durations, self._open_s = [], edge_s
+        self._durations, self._weights, self._open_s = [], [], edge_s
         if self._trace is not None and self._config.measurement.energy_poll_s == 0:
             try:
                 self._trace.read()
@@ -132,10 +139,10 @@ class Accounting:
         return end_s - self._open_s
 
     def step(self, index: int, duration_s: float, end_s: float, matched: bool, controlled: bool,
-             elapsed_s: float | None = None) -> float | None:
+             elapsed_s: float | None = None, weight: float = 1.0) -> float | None:
         """One finished step (its GPU time, its end on the host clock; ``elapsed_s``: the open window's
         length, the job's under torchrun, default ``end_s`` minus its start); the slowdown (%) of an A/B pair
-        this step completes, else None."""
+        this step completes, else None. ``weight``: the step's reference steps (see the module docstring)."""
         changed = self._mode is not None and controlled != self._mode
         self._mode = controlled
         self._settle = self._settle_steps if changed else self._settle
@@ -146,6 +153,7 @@ class Accounting:
         if not self._durations:
             self._first_step = index
         self._durations.append(duration_s)
+        self._weights.append(weight)
         windows = self._config.measurement
         long_enough = (self.window_elapsed_s(end_s) if elapsed_s is None else elapsed_s) >= windows.window_s
         if len(self._durations) < windows.window_steps or not long_enough:
@@ -155,7 +163,8 @@ class Accounting:
     def _close(self, index: int, end_s: float) -> float | None:
         steps = len(self._durations)
         window = Window(self._first_step, index, self.slot.arm, self.slot.pair, steps,
-                        math.fsum(self._durations) / steps, self._open_s, end_s, steps if self._mode else 0)
+                        math.fsum(self._durations) / steps, self._open_s, end_s, steps if self._mode else 0,
+                        weight=None if all(w == 1.0 for w in self._weights) else math.fsum(self._weights))
         self.windows.append(window)
         self._unmeasured.append(len(self.windows) - 1)
         self._log.write("window", **asdict(window))
@@ -193,11 +202,12 @@ class Accounting:
             if start_j is None or end_j is None:
                 continue
             joules = end_j - start_j
-            self.windows[index] = dataclasses.replace(window, energy_j_per_step=joules / window.steps,
+            per_step = window.steps if window.weight is None else window.weight
+            self.windows[index] = dataclasses.replace(window, energy_j_per_step=joules / per_step,
                                                       avg_power_w=joules / (window.end_s - window.start_s))
             self._log.write("window_energy", last_step=window.last_step, **{
                 k: getattr(self.windows[index], k) for k in ("energy_j_per_step", "avg_power_w")})
-            self._scalars(window.last_step, energy_j_per_step=joules / window.steps,
+            self._scalars(window.last_step, energy_j_per_step=joules / per_step,
                           avg_power_w=self.windows[index].avg_power_w)
             trace.forget_before(window.end_s)
         while self._energy_pairs and self.windows[self._energy_pairs[0][1]].energy_j_per_step is not None \

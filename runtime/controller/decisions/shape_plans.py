@@ -1,0 +1,145 @@
+"""Plans for steps whose shape varies: one schedule per shape bucket, solved before training starts.
+
+A run whose steps change shape (dynamic padding, bucketing, MoE routing) cannot replay one captured step's
+plan: a plan transferred to another shape overruns its budget. The controller therefore keys every step by
+its :class:`~kdvfs.envs.trace.shape.StepShape` (read when the step starts) and looks up a :class:`ShapePlan`
+for it in a :class:`ShapeBook`:
+
+* **Buckets.** Shapes are grouped by batch and by sequence length rounded up to ``quantum`` tokens
+  (:meth:`ShapeBook.bucket`); a bucket's plan is made for its top shape, the longest step it holds, so
+  that a shorter step of the bucket runs the plan of a step at least as long (stretched to the step's
+  measured pace like any plan).
+* **What a bucket's step is.** ``predict(shape)`` (the step model fitted on the captured shapes,
+  :mod:`kdvfs.envs.model.step_model`) gives the expected trace of the bucket's top shape, or None for a shape
+  it does not cover (far outside the captured range): such a bucket has no plan and its steps run at auto.
+* **When plans are solved.** All of them before the first step, for every bucket the capture saw or that
+  lies within the captured range (:meth:`ShapeBook.build`, on a process pool: a solve takes seconds, and
+  nothing may stall a training step). A step whose bucket has no plan runs at auto and is logged.
+
+The book's plans are the same planner's (``method``, default the latency-optimal one) at the run's budget
+and switching latency, each scored by the one cost model.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+
+from kdvfs.agents.common.problem import Problem
+from kdvfs.agents.planners.registry import make_planner
+from kdvfs.envs.gpu.profiles import GpuProfile
+from kdvfs.envs.model.schedule import Schedule
+from kdvfs.envs.trace.shape import StepShape
+from kdvfs.envs.trace.trace import Trace
+
+MAX_BUCKETS = 24
+"""Most buckets per batch size: the quantum grows until the captured range fits."""
+MIN_QUANTUM = 16
+"""Smallest sequence quantum (tokens)."""
+
+Predict = Callable[[StepShape], Trace | None]
+
+
+@dataclass(frozen=True)
+class ShapePlan:
+    """One bucket's plan: the expected step of its top shape, its problem and schedule.
+
+    Attributes:
+        shape: the bucket's top shape (the step the plan was made for).
+        problem: that step on the GPU, with the run's budget and switching latency.
+        schedule: the planner's schedule for it (one action per kernel).
+    """
+
+    shape: StepShape
+    problem: Problem
+    schedule: Schedule
+
+
+def _solve(args: tuple[Trace, GpuProfile, float, float | None, str]) -> Schedule:
+    trace, profile, budget, latency_s, method = args
+    return make_planner(method).plan(Problem.build(trace, profile, budget, latency_s))
+
+
+def seq_quantum(seqs: Iterable[int]) -> int:
+    """The sequence quantum (tokens): at least ``MIN_QUANTUM``, a power of two, and large enough that the
+    range of ``seqs`` spans at most ``MAX_BUCKETS`` buckets."""
+    values = sorted(set(seqs))
+    if not values:
+        return MIN_QUANTUM
+    quantum = MIN_QUANTUM
+    while math.ceil(values[-1] / quantum) - (values[0] - 1) // quantum > MAX_BUCKETS:
+        quantum *= 2
+    return quantum
+
+
+class ShapeBook:
+    """The plans of a run's step shapes (see the module docstring).
+
+    Args:
+        plans: the plan of each bucket key (:meth:`bucket`).
+        quantum: the sequence quantum (tokens); 0: shapes are keyed exactly (images, no sequence).
+    """
+
+    def __init__(self, plans: dict[StepShape, ShapePlan], quantum: int) -> None:
+        self.plans, self.quantum = plans, quantum
+
+    def bucket(self, shape: StepShape) -> StepShape:
+        """The top shape of ``shape``'s bucket: every input's sequence dimension (its second, where it equals
+        ``shape.seq``) rounded up to the quantum; other dimensions unchanged."""
+        if self.quantum <= 0 or shape.seq <= 1:
+            return shape
+        return _with_seq(shape, math.ceil(shape.seq / self.quantum) * self.quantum)
+
+    def plan_for(self, shape: StepShape) -> ShapePlan | None:
+        """The plan of ``shape``'s bucket, None when it has none (the step runs at auto)."""
+        return self.plans.get(self.bucket(shape))
+
+    @classmethod
+    def build(cls, shapes: Sequence[StepShape], predict: Predict, profile: GpuProfile, budget: float,
+              latency_s: float | None, method: str = "latency-optimal", workers: int | None = None,
+              progress: Callable[[int, int], None] | None = None) -> ShapeBook:
+        """Plan the buckets of ``shapes`` and of the range between them (per batch size): predict each
+        bucket's top shape and solve it with ``method`` at ``budget`` (a fraction) and ``latency_s`` (None: the
+        profile's), on ``workers`` processes (default: the CPUs, at most the buckets); ``progress(done, total)``
+        after each solve."""
+        quantum = seq_quantum(shape.seq for shape in shapes)
+        book = cls({}, quantum if any(shape.seq > 1 for shape in shapes) else 0)
+        tops: dict[StepShape, Trace] = {}
+        for top in book._tops(shapes):
+            trace = predict(top)
+            if trace is not None:
+                tops[top] = trace
+        jobs = [(trace, profile, budget, latency_s, method) for trace in tops.values()]
+        if not jobs:
+            return book
+        with ProcessPoolExecutor(max_workers=workers or None) as pool:
+            schedules = []
+            for schedule in pool.map(_solve, jobs):
+                schedules.append(schedule)
+                if progress is not None:
+                    progress(len(schedules), len(jobs))
+        for (top, trace), schedule in zip(tops.items(), schedules, strict=True):
+            book.plans[top] = ShapePlan(top, Problem.build(trace, profile, budget, latency_s), schedule)
+        return book
+
+    def _tops(self, shapes: Sequence[StepShape]) -> list[StepShape]:
+        """The top shapes of the buckets of ``shapes`` and, per batch and input layout, of every bucket between
+        the shortest and the longest, sorted."""
+        tops = {self.bucket(shape) for shape in shapes}
+        if self.quantum > 0:
+            by_layout: dict[tuple[int, ...], list[StepShape]] = {}
+            for top in tops:
+                by_layout.setdefault((top.batch, len(top.inputs)), []).append(top)
+            for group in by_layout.values():
+                low, high = min(group, key=lambda s: s.seq), max(group, key=lambda s: s.seq)
+                for seq in range(low.seq, high.seq, self.quantum):
+                    tops.add(self.bucket(_with_seq(low, seq)))
+        return sorted(tops)
+
+
+def _with_seq(shape: StepShape, seq: int) -> StepShape:
+    """``shape`` with its sequence dimension (where it equals ``shape.seq``) set to ``seq``."""
+    return StepShape(tuple((*dims[:1], seq, *dims[2:]) if len(dims) >= 2 and dims[1] == shape.seq else dims
+                           for dims in shape.inputs))

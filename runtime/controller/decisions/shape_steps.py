@@ -1,0 +1,110 @@
+"""Which expected step each training step is: one entry per shape bucket, picked when the step starts.
+
+A run of one shape has one :class:`StepEntry` (the captured step's plan, anchors and source) and the
+controller's thread uses it for every step. A run whose steps vary has one per bucket of the
+:class:`~kdvfs.runtime.controller.decisions.shape_plans.ShapeBook`, all built when the controller opens, and a
+:class:`ShapeSteps` that maps each step to its entry: it asks ``shape_of(step, deadline_s)`` for the step's
+:class:`~kdvfs.envs.trace.shape.StepShape` (recorded by a forward pre-hook on the model when the step's first
+forward starts; the thread waits for it until ``deadline_s``: a training thread that has not started the step
+yet has not launched its kernels either) and returns the entry of its bucket, or None (no shape by the
+deadline, or a shape whose bucket has no plan: an evaluation pass, a shape far outside the captured range),
+in which case the step runs at auto and the miss is counted by reason.
+
+Each entry's anchors learn only from the steps of its bucket. Step times are compared with the entry's
+expected time (:attr:`StepEntry.plan`), so the matcher and the A/B accounting see durations relative to the
+expectation of the step's own shape (:meth:`ShapeSteps.weight`).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kdvfs.agents.common.problem import Problem
+from kdvfs.envs.trace.shape import StepShape
+from kdvfs.runtime.controller.decisions.shape_plans import Predict, ShapeBook
+from kdvfs.runtime.controller.decisions.sources import StepSource
+from kdvfs.runtime.controller.decisions.timeline import StepPlan
+from kdvfs.runtime.controller.timing.anchors import Anchors
+
+ShapeOf = Callable[[int, float], StepShape | None]
+"""``shape_of(step, deadline_s)``: step ``step``'s shape, waiting until host time ``deadline_s`` at most."""
+
+
+@dataclass(frozen=True)
+class VaryingSteps:
+    """What the controller needs for a run whose steps vary.
+
+    Attributes:
+        shapes: the shapes the capture saw (its captured steps' and its run's distribution).
+        predict: the expected trace of a shape (the step model's), None where it does not cover it.
+        shape_of: where each step's shape comes from (see :data:`ShapeOf`).
+        method: the planner of every bucket.
+        progress: ``(done, total)`` after each bucket's solve (None: quiet).
+    """
+
+    shapes: Sequence[StepShape]
+    predict: Predict
+    shape_of: ShapeOf
+    method: str = "latency-optimal"
+    progress: Callable[[int, int], None] | None = None
+
+    def plan(self, problem: Problem) -> ShapeBook:
+        """The book of the buckets, at ``problem``'s GPU, budget and switching latency."""
+        return ShapeBook.build(self.shapes, self.predict, problem.profile, problem.budget, problem.latency_s,
+                               self.method, progress=self.progress)
+
+
+@dataclass(frozen=True)
+class StepEntry:
+    """What the controller expects of a step and runs through it: the plan on its expected timeline, the anchors
+    its requests are placed on, the source that issues them, and its bucket's label (``""`` for a run of one
+    shape)."""
+
+    plan: StepPlan
+    anchors: Anchors
+    source: StepSource
+    key: str = ""
+
+
+class ShapeSteps:
+    """The entry of each step of a run whose steps vary (see the module docstring).
+
+    Args:
+        book: the plans of the run's buckets.
+        entries: the entry of each bucket, keyed like ``book.plans``.
+        shape_of: the step's shape, waiting until a deadline.
+        reference_auto_s: the auto step time that weights 1 (s): the most frequent captured shape's.
+    """
+
+    def __init__(self, book: ShapeBook, entries: dict[StepShape, StepEntry], shape_of: ShapeOf,
+                 reference_auto_s: float) -> None:
+        self.book, self.entries, self.shape_of = book, entries, shape_of
+        self.reference_auto_s = reference_auto_s
+        self.misses: Counter[str] = Counter()
+        self.steps: Counter[str] = Counter()
+
+    def entry(self, step: int, deadline_s: float) -> StepEntry | None:
+        """Step ``step``'s entry, None when it has none (see the module docstring)."""
+        shape = self.shape_of(step, deadline_s)
+        if shape is None:
+            self.misses["no_shape"] += 1
+            return None
+        entry = self.entries.get(self.book.bucket(shape))
+        if entry is None:
+            self.misses["no_plan"] += 1
+            return None
+        self.steps[entry.key] += 1
+        return entry
+
+    def weight(self, entry: StepEntry) -> float:
+        """How many reference steps a step of ``entry`` counts for: its expected auto time over the reference's."""
+        return entry.plan.auto_s / self.reference_auto_s
+
+    def figures(self) -> dict[str, Any]:
+        """For the summary: the buckets planned, the steps that ran in each, and those without an entry by
+        reason (``no_shape``: not known in time; ``no_plan``: a bucket without a plan)."""
+        return {"buckets": len(self.entries), "quantum_tokens": self.book.quantum,
+                "steps_by_bucket": dict(sorted(self.steps.items())), "misses": dict(self.misses)}
