@@ -40,12 +40,12 @@ def _now() -> str:
 
 
 def client_command(pid: int) -> str:
-    """The command line of process ``pid`` (from ``/proc``), or ``?`` when it cannot be read."""
+    """The command line of process ``pid`` (from ``/proc``) on one line, or ``?`` when it cannot be read."""
     try:
         words = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
         return "?"
-    text = " ".join(word.decode("utf-8", "replace") for word in words if word)
+    text = " ".join(" ".join(word.decode("utf-8", "replace").split()) for word in words if word)
     return text[:COMMAND_SHOWN] or "?"
 
 
@@ -118,7 +118,7 @@ class GpuTable:
                                      f"(`kill {gpu.holding.peer.pid}`)")
             if gpu.holding is None:
                 self._check_open()
-                record = LeaseHolder(peer.pid, f"{client_command(peer.pid)} (through kdvfs daemon pid {os.getpid()})",
+                record = LeaseHolder(peer.pid, f"through kdvfs daemon pid {os.getpid()}: {client_command(peer.pid)}",
                                      _now(), socket.gethostname(), gpu.index)
                 lease = GpuLease(gpu.uuid, gpu.index, record=record).acquire()
                 try:

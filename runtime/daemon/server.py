@@ -117,10 +117,12 @@ class Daemon:
         self.server, self.socket_path, self.table, self.log = server, socket_path, table, log
         self._ids = itertools.count(1)
 
-    def serve_forever(self) -> int:
-        """Accept connections until SIGTERM or SIGINT, then shut down (see the module docstring); exit code 0."""
+    def serve_forever(self, **start: Any) -> int:
+        """Log ``start`` (the ``start`` record's fields) once SIGTERM is handled, accept connections until SIGTERM
+        or SIGINT, then shut down (see the module docstring); exit code 0."""
         previous = signal.signal(signal.SIGTERM, _terminate)
         try:
+            self.log.write("start", **start)
             while True:
                 connection, _ = self.server.accept()
                 threading.Thread(target=self.serve, args=(connection, next(self._ids)), daemon=True).start()
@@ -219,7 +221,6 @@ def run_daemon(socket_path: Path, group: str | None = None, gpus: Sequence[int] 
         table = GpuTable(devices, state_path or state_path_for(socket_path))
         left = table.reset_left_locked()
         server = listen(socket_path, gid)
-        requests.write("start", pid=os.getpid(), socket=str(socket_path), group=group,
-                       gpus=[device.index for device in devices], state=str(table.state_path),
-                       reset_left_locked={str(gpu): error or "ok" for gpu, error in left.items()})
-        return Daemon(server, socket_path, table, requests).serve_forever()
+        return Daemon(server, socket_path, table, requests).serve_forever(
+            pid=os.getpid(), socket=str(socket_path), group=group, gpus=[device.index for device in devices],
+            state=str(table.state_path), reset_left_locked={str(gpu): error or "ok" for gpu, error in left.items()})
