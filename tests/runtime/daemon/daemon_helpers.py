@@ -19,9 +19,10 @@ from kdvfs.envs.common.paths import REPO_ROOT
 NVML = "kdvfs.runtime.testing.nvml"
 KDVFS = [sys.executable, "-c", "import sys; from kdvfs.runtime.cli import main; sys.exit(main(sys.argv[1:]))"]
 UUID0 = "GPU-00000000-0000-0000-0000-000000000000"
-# A daemon may lock clocks, root or not: the check is the only thing this replaces (the fake NVML obeys anyone).
+# A daemon may lock clocks, root or not (with ``False``: a process may not, even as root): the check is the only
+# thing this replaces (the fake NVML obeys anyone).
 PERMISSION_SHIM = ("import kdvfs.runtime.device.nvml as nvml\n"
-                   "nvml.has_clock_permission = lambda *args: True\n")
+                   "nvml.has_clock_permission = lambda *args: {permitted}\n")
 DEADLINE_S = 10.0
 
 
@@ -35,15 +36,17 @@ def wait_for(condition: Callable[[], bool], timeout_s: float = DEADLINE_S) -> bo
     return condition()
 
 
-def fake_environment(folder: Path, shim: bool = True) -> dict[str, str]:
-    """The environment of a process on the fake NVML of ``folder`` (``shim``: it may lock clocks, root or not)."""
+def fake_environment(folder: Path, permitted: bool | None = True) -> dict[str, str]:
+    """The environment of a process on the fake NVML of ``folder``; ``permitted``: whether its own credentials
+    let it lock clocks, root or not (None: as they are)."""
     environment = {**os.environ, "KDVFS_FAKE_NVML": json.dumps({"gpus": 2}),
                    "KDVFS_FAKE_NVML_STATE": str(folder / "gpu.json"), "OMP_NUM_THREADS": "1"}
     environment.pop("KDVFS_DAEMON", None)
-    if shim:
-        (folder / "shim").mkdir(exist_ok=True)
-        (folder / "shim" / "sitecustomize.py").write_text(PERMISSION_SHIM)
-        environment["PYTHONPATH"] = os.pathsep.join([str(folder / "shim"), os.environ.get("PYTHONPATH", "")])
+    if permitted is not None:
+        shim = folder / f"shim-{permitted}"
+        shim.mkdir(exist_ok=True)
+        (shim / "sitecustomize.py").write_text(PERMISSION_SHIM.format(permitted=permitted))
+        environment["PYTHONPATH"] = os.pathsep.join([str(shim), os.environ.get("PYTHONPATH", "")])
     return environment
 
 
