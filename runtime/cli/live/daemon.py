@@ -34,11 +34,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "daemon", help="serve GPU clock control to users without root over a Unix socket (run it as root)",
         usage="kdvfs daemon --socket PATH [--group NAME] [--gpus IDX,...] [--nvml-module M]")
-    parser.add_argument("--socket", required=True, type=Path, help="the Unix socket to listen on (mode 0660)")
-    parser.add_argument("--group", help="the group whose members may use the socket, and so set the served GPUs' "
-                                        "clocks (default: root and the daemon's own group only)")
-    parser.add_argument("--gpus", type=gpu_indices, help="NVML indices of the GPUs to serve (default: all)")
-    parser.add_argument("--nvml-module", default="pynvml", help="NVML binding to import (default pynvml)")
+    parser.add_argument("--socket", required=True, type=Path, metavar="PATH",
+                        help="the Unix socket to listen on (mode 0660)")
+    parser.add_argument("--group", metavar="NAME",
+                        help="the group whose members may use the socket, and so set the served GPUs' clocks "
+                             "(default: root and the daemon's own group only)")
+    parser.add_argument("--gpus", type=gpu_indices, metavar="IDX,...",
+                        help="NVML indices of the GPUs to serve (default: all)")
+    parser.add_argument("--nvml-module", default="pynvml", metavar="M", help="NVML binding to import (default pynvml)")
     parser.add_argument("--state", type=Path, metavar="FILE",
                         help="the file that records leased GPUs, reset at the next start if this daemon dies "
                              "(default: SOCKET.state.json beside the socket)")

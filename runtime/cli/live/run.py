@@ -69,7 +69,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     run.add_argument("command", nargs=argparse.REMAINDER, help="-- python train.py ARGS...")
     run.set_defaults(func=run_command)
 
-    reset = subparsers.add_parser("reset", help="return a GPU's SM and memory clocks to its own control (root)")
+    reset = subparsers.add_parser("reset", help="return a GPU's SM and memory clocks to its own control (root, or "
+                                                  "through kdvfs daemon)")
     reset.add_argument("--gpu-index", type=int, default=0, help="NVML index of the GPU (default 0)")
     reset.add_argument("--nvml-module", default="pynvml", help="NVML binding to import (default pynvml)")
     reset.add_argument("--force", action="store_true",

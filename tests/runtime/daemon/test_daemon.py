@@ -249,3 +249,28 @@ def test_a_second_daemon_on_a_live_socket_and_a_missing_group_are_refused(daemon
                               cwd=REPO_ROOT, env=fake_environment(open_folder), check=False, timeout=60)
         assert done.returncode == 2 and message in done.stderr and done.stderr.count("\n") == 1, done.stderr
     assert daemon.process.poll() is None
+
+
+def test_the_controller_and_so_the_callbacks_use_the_daemon_kdvfs_daemon_names(
+        daemon: RunningDaemon, monkeypatch: pytest.MonkeyPatch, shared_nvml: object) -> None:
+    from kdvfs.runtime.controller.controller import Controller, clock_control_of
+    from kdvfs.runtime.device.nvml import NvmlDevice
+
+    direct = Controller("plan.json", "step.trace.json", nvml_module=NVML, gpu_index=0)
+    try:
+        device = direct._open_device()
+        assert isinstance(device, NvmlDevice) and clock_control_of(device) == "nvml"
+    finally:
+        direct.close()
+    monkeypatch.setenv("KDVFS_DAEMON", str(daemon.socket))
+    controller = Controller("plan.json", "step.trace.json", nvml_module=NVML, gpu_index=0)
+    try:
+        device = controller._open_device()
+        assert isinstance(device, DaemonDevice) and controller.config.daemon == str(daemon.socket)
+        assert clock_control_of(device) == f"daemon:{daemon.socket}"
+        assert device.daemon_state()["holder"] is None  # opened, not leased: a dry run leases nothing
+        assert device.has_clock_permission() and device.daemon_state()["holder"]["pid"] == os.getpid()
+    finally:
+        controller.close()
+    assert wait_for(lambda: any(r["pid"] == os.getpid() and r["reset"] == {"0": "ok"}
+                                for r in daemon.records("drop")))
