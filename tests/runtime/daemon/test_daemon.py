@@ -21,7 +21,7 @@ from kdvfs.runtime.daemon.client import DaemonConnection, DaemonDevice
 from kdvfs.runtime.daemon.protocol import DaemonError, DaemonRequestError, decode
 from kdvfs.runtime.device.errors import DeviceIndexError, UnsupportedClockError
 from kdvfs.runtime.device.lease import GpuLease, LeaseHeldError
-from kdvfs.runtime.testing.fake_nvml import h200_probe
+from kdvfs.runtime.testing.fake_nvml import EnergyFakeNvml, h200_probe
 from tests.runtime.daemon.daemon_helpers import (
     KDVFS,
     NVML,
@@ -208,12 +208,10 @@ def test_the_daemon_and_direct_users_share_the_gpu_lease(daemon: RunningDaemon) 
         connection.close()
 
 
-def test_an_unreachable_daemon_is_one_line_saying_how_to_fix(open_folder: Path) -> None:
-    import kdvfs.runtime.testing.nvml as fake
-
+def test_an_unreachable_daemon_is_one_line_saying_how_to_fix(open_folder: Path, shared_nvml: EnergyFakeNvml) -> None:
     missing = open_folder / "none.sock"
     with pytest.raises(DaemonError, match=r"cannot reach the kdvfs daemon at .*none\.sock .*systemctl start"), \
-            DaemonDevice(missing, 0, fake):
+            DaemonDevice(missing, 0, shared_nvml):
         pass
     done = subprocess.run([*KDVFS, "reset", "--daemon", str(missing), "--nvml-module", NVML], capture_output=True,
                           text=True, cwd=REPO_ROOT, env=fake_environment(open_folder), check=False)
@@ -252,7 +250,7 @@ def test_a_second_daemon_on_a_live_socket_and_a_missing_group_are_refused(daemon
 
 
 def test_the_controller_and_so_the_callbacks_use_the_daemon_kdvfs_daemon_names(
-        daemon: RunningDaemon, monkeypatch: pytest.MonkeyPatch, shared_nvml: object) -> None:
+        daemon: RunningDaemon, monkeypatch: pytest.MonkeyPatch, shared_nvml: EnergyFakeNvml) -> None:
     from kdvfs.runtime.controller.controller import Controller, clock_control_of
     from kdvfs.runtime.device.nvml import NvmlDevice
 
