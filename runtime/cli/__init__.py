@@ -15,10 +15,10 @@ from typing import NoReturn
 
 from kdvfs import __version__
 from kdvfs.envs.common.errors import KdvfsError
-from kdvfs.runtime.cli.live import calibrate, capture, report, run
+from kdvfs.runtime.cli.live import calibrate, capture, daemon, report, run
 from kdvfs.runtime.cli.offline import demo, gpus, learn, model, plan, policy, predict, trace
 
-COMMANDS = (demo, trace, gpus, model, predict, plan, capture, calibrate, learn, run, report, policy)
+COMMANDS = (demo, trace, gpus, model, predict, plan, capture, calibrate, learn, run, report, daemon, policy)
 
 
 class OneLineParser(argparse.ArgumentParser):

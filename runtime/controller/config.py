@@ -174,6 +174,8 @@ class ControllerConfig:
         gpu_index: NVML index of the GPU the script trains on (None: CUDA device ``LOCAL_RANK``, 0 outside
             torchrun, through ``CUDA_VISIBLE_DEVICES``: :func:`kdvfs.runtime.device.visible.rank_gpu_index`).
         nvml_module: the NVML binding to import (``pynvml``; tests name a fake).
+        daemon: the socket of the ``kdvfs daemon`` to lock clocks through (None: ``KDVFS_DAEMON`` when set, else
+            NVML directly, which needs root); readings stay on NVML (:mod:`kdvfs.runtime.daemon.client`).
         latency_ms: switching latency to issue requests ahead by (default: the profile's).
         log: JSONL file of every request, step and measurement window (default: none).
         tensorboard: folder for TensorBoard scalars (default: none).
@@ -192,6 +194,7 @@ class ControllerConfig:
     dry_run: bool = False
     gpu_index: int | None = None
     nvml_module: str = "pynvml"
+    daemon: str | None = None
     latency_ms: float | None = None
     log: str | None = None
     tensorboard: str | None = None

@@ -8,11 +8,14 @@
             controller.step()
     print(controller.summary)
 
-On entry it opens the GPU (NVML, or the device it is given), computes the step's schedule once from the plan
-or policy file (:mod:`kdvfs.runtime.controller.decisions.plans`), checks that the profile is this GPU's, that
-every clock of the schedule is supported and, unless ``dry_run``, that this process may lock clocks and takes
-the GPU's lease (:mod:`kdvfs.runtime.device.lease`: one owner per GPU; released after the clocks are restored);
-then it starts the watchdog process (not in a dry run; it shares the lease) and its background thread
+On entry it opens the GPU (NVML; through ``kdvfs daemon`` when ``daemon`` or ``KDVFS_DAEMON`` names its socket,
+:class:`~kdvfs.runtime.daemon.client.DaemonDevice`; or the device it is given), computes the step's schedule
+once from the plan or policy file (:mod:`kdvfs.runtime.controller.decisions.plans`), checks that the profile is
+this GPU's, that every clock of the schedule is supported and, unless ``dry_run``, that this process may lock
+clocks (through the daemon: that it leased the GPU) and takes the GPU's lease (:mod:`kdvfs.runtime.device.lease`:
+one owner per GPU; released after the clocks are restored);
+then it starts the watchdog process (not in a dry run, nor through the daemon, which holds the lease and resets
+the GPU when this process's connection ends; it shares the lease) and its background thread
 (:mod:`kdvfs.runtime.controller.decisions.issuer`), which runs the step source
 (:mod:`kdvfs.runtime.controller.decisions.sources`: the schedule replayed, or the online policy) through the
 controlled steps. Under torchrun each rank's controller opens its own GPU (CUDA device ``LOCAL_RANK``), its
@@ -55,6 +58,7 @@ from kdvfs.runtime.controller.timing.anchors import Anchors, TraceStructure
 from kdvfs.runtime.controller.timing.gpu_timeline import CudaStepTimeline, HostStepTimeline, StepTimeline
 from kdvfs.runtime.controller.timing.matching import StepMatcher
 from kdvfs.runtime.controller.training.hooks import AnchorHooks
+from kdvfs.runtime.daemon.client import NVML_CONTROL, DaemonDevice, daemon_socket
 from kdvfs.runtime.device.errors import observe_only_reason
 from kdvfs.runtime.device.host_time import Clock, RealClock
 from kdvfs.runtime.device.interface import Device, check_clocks_mhz
@@ -66,7 +70,8 @@ from kdvfs.runtime.job import JobGroup, Rank, rank_path
 
 STOP_TIMEOUT_S = 5.0
 RUN_NEEDS = "the clock controller locks GPU clocks"
-RUN_FIX = "run it as root, or add --dry-run to see what it would do without changing clocks"
+RUN_FIX = ("run it as root, or through a kdvfs daemon (--daemon SOCKET or KDVFS_DAEMON; docs/daemon.md), or add "
+           "--dry-run to see what it would do without changing clocks")
 
 
 def check_device(plan: Plan, device: Device) -> None:
@@ -76,6 +81,14 @@ def check_device(plan: Plan, device: Device) -> None:
     for label in sorted(labels | set(plan.online.labels if plan.online is not None else ())):
         core_mhz, mem_mhz = parse_clocks(label)
         check_clocks_mhz(supported, core_mhz, mem_mhz, f"GPU {device.index} ({device.name})")
+
+
+def clock_control_of(device: Device) -> str:
+    """How ``device`` changes clocks, as summaries report it: ``nvml`` (this process, as root), ``daemon:PATH``
+    (through the daemon at PATH), or ``device:CLASS`` for another device handed to the controller (tests)."""
+    if isinstance(device, DaemonDevice):
+        return device.clock_control
+    return NVML_CONTROL if isinstance(device, NvmlDevice) else f"device:{type(device).__name__}"
 
 
 class Controller:
@@ -116,6 +129,7 @@ class Controller:
         self._varying = varying
         self._book: ShapeBook | None = None
         self._shapes: ShapeSteps | None = None
+        self._clock_control = NVML_CONTROL
 
     def __enter__(self) -> Controller:
         try:
@@ -131,19 +145,23 @@ class Controller:
         self.close()
 
     def _open_device(self) -> Device:
-        """The GPU: the device given, or NVML's GPU ``gpu_index`` (default: this rank's, CUDA device
-        ``LOCAL_RANK``)."""
+        """The GPU: the device given, or GPU ``gpu_index`` (default: this rank's, CUDA device ``LOCAL_RANK``)
+        through the daemon when ``daemon`` (else ``KDVFS_DAEMON``) names its socket, else through NVML."""
         if self._device is not None:
             return self._device
         nvml = import_nvml(self.config.nvml_module)
         index = rank_gpu_index(nvml) if self.config.gpu_index is None else self.config.gpu_index
-        self.config = replace(self.config, gpu_index=index)
-        return self._stack.enter_context(NvmlDevice(index, nvml, check_energy=self.config.measurement.energy))
+        self.config = replace(self.config, gpu_index=index, daemon=daemon_socket(self.config.daemon))
+        energy = self.config.measurement.energy
+        if self.config.daemon is not None:
+            return self._stack.enter_context(DaemonDevice(self.config.daemon, index, nvml, check_energy=energy))
+        return self._stack.enter_context(NvmlDevice(index, nvml, check_energy=energy))
 
     def _open(self) -> None:
         self.config = self.config.for_rank(self.rank)
         device = self._open_device()
         self._gpu_index = device.index
+        self._clock_control = clock_control_of(device)
         config = self.config
         self.plan = load_plan(config, device.name)
         check_device(self.plan, device)
@@ -321,7 +339,8 @@ class Controller:
         return {
             "rank": self.rank.rank, "world_size": self.rank.world_size, "gpu_index": self._gpu_index,
             "source": plan.source, "gpu": plan.problem.profile.name, "trace": plan.problem.trace.meta.workload,
-            "dry_run": self.config.dry_run, "steps": issuer.steps, "controlled_steps": issuer.controlled_steps,
+            "dry_run": self.config.dry_run, "clock_control": self._clock_control, "steps": issuer.steps,
+            "controlled_steps": issuer.controlled_steps,
             "switches": actuator.switches, "mismatches": issuer.matcher.mismatches,
             "backed_off": issuer.guard.backoffs > 0, "backoff_reason": issuer.guard.reason,
             "guard_backoffs": issuer.guard.backoffs, "guard_slowdown_pct": None if guard is None else guard.mean_pct,

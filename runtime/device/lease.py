@@ -167,16 +167,18 @@ class GpuLease:
     A lease held by a live process raises :class:`LeaseHeldError` (one line: the GPU, the holder, ``fix``)
     unless ``force``, where it goes on without the lease after a ``note``. A stale lease (a record under a free
     lock: its holder died) is taken over after a ``note`` naming the dead holder. ``directory``: default
-    :func:`lease_directory`. ``note`` receives one line for stderr.
+    :func:`lease_directory`. ``note`` receives one line for stderr. ``record``: the holder the lease file names
+    (default: this process; ``kdvfs daemon`` names the client it holds the lease for).
     """
 
     def __init__(self, uuid: str, gpu_index: int, *, directory: Path | None = None, force: bool = False,
-                 fix: str = CLAIM_FIX, note: Callable[[str], None] = _note) -> None:
+                 fix: str = CLAIM_FIX, note: Callable[[str], None] = _note, record: LeaseHolder | None = None
+                 ) -> None:
         self.uuid, self.gpu_index = uuid, gpu_index
         self._default_directory = directory is None
         self.directory = lease_directory() if directory is None else directory
         self.path = self.directory / f"{uuid}.lease"
-        self._force, self._fix, self._note = force, fix, note
+        self._force, self._fix, self._note, self._record = force, fix, note, record
         self.fd: int | None = None
         self.previous: LeaseHolder | None = None
         """The stale holder taken over, or the live one overridden with ``force``."""
@@ -207,7 +209,7 @@ class GpuLease:
             self._note(f"GPU {self.uuid} (index {self.gpu_index}): taking over the stale lease of "
                        f"{self.previous.described()}, which ended without releasing it")
         self.fd = fd
-        self._write(json.dumps(asdict(LeaseHolder.this_process(self.gpu_index))))
+        self._write(json.dumps(asdict(self._record or LeaseHolder.this_process(self.gpu_index))))
         return self
 
     def _held_elsewhere(self) -> None:

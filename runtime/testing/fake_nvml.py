@@ -72,7 +72,12 @@ class _State:
     gpus: list[FakeNvmlGpu]
     calls: list[str] = field(default_factory=list)
     failures: dict[str, int] = field(default_factory=dict)
-    initialised: bool = False
+    init_count: int = 0
+    """``nvmlInit`` calls not yet matched by ``nvmlShutdown`` (NVML counts them: it shuts down at zero)."""
+
+    @property
+    def initialised(self) -> bool:
+        return self.init_count > 0
 
 
 class FakeNvml(types.ModuleType):
@@ -99,10 +104,10 @@ class FakeNvml(types.ModuleType):
         return call
 
     def _nvmlInit(self) -> None:
-        self.state.initialised = True
+        self.state.init_count += 1
 
     def _nvmlShutdown(self) -> None:
-        self.state.initialised = False
+        self.state.init_count -= 1
 
     def _nvmlSystemGetDriverVersion(self) -> str:
         return str(h200_probe()["driver"])

@@ -86,9 +86,10 @@ _CALLS: Counter[str] = Counter()
 
 
 def fresh() -> EnergyFakeNvml:
-    """The shared fake with its call log, injected failures and locked clocks cleared."""
+    """The shared fake with its call log, injected failures, NVML initialisation and locked clocks cleared."""
     FAKE.state.calls.clear()
     FAKE.state.failures.clear()
+    FAKE.state.init_count = 0
     for locks in FAKE.locks:
         locks.clear()
     return FAKE

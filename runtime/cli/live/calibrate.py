@@ -3,8 +3,9 @@
 READ-ONLY by default: the microbenchmarks run at the GPU's own default clocks and NVML is only read
 (energy counter, clocks); no clock, power-limit, persistence or application-clock setting is changed, no
 ``nvmlDeviceSet*`` or ``nvmlDeviceReset*`` function is called. ``--sweep`` (explicit, and only with root
-or CAP_SYS_ADMIN) locks a grid of clock pairs through :mod:`kdvfs.runtime.device.nvml`, which restores
-the clocks afterwards.
+or CAP_SYS_ADMIN, or through ``kdvfs daemon`` with ``--daemon``/``KDVFS_DAEMON``) locks a grid of clock pairs
+through :mod:`kdvfs.runtime.device.nvml` (or the daemon), which restores the clocks afterwards. Without
+``--sweep`` the daemon is not used: nothing is changed.
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ from typing import Any
 from kdvfs.envs.calibration.sweep import sweep_to_csv
 from kdvfs.envs.common.files import write_text_atomic
 from kdvfs.runtime.cli.arguments import add_output, check_output_file
+from kdvfs.runtime.cli.live.daemon import add_daemon_option
 from kdvfs.runtime.cli.render import console, print_json
+from kdvfs.runtime.daemon.client import DaemonDevice, clock_control, daemon_socket
 from kdvfs.runtime.device.errors import DeviceIndexError
 from kdvfs.runtime.device.nvml import (
     LocalGpu,
@@ -45,6 +48,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--device", help="torch device of the GPU (default: that of --gpu-index, else cuda:0)")
     parser.add_argument("--scale", type=float, default=1.0, help="shrink the microbenchmarks' shapes (tests)")
     parser.add_argument("--nvml-module", default="pynvml", help="NVML binding to import (default pynvml)")
+    add_daemon_option(parser, "with --sweep, lock the clocks")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.set_defaults(func=run)
 
@@ -83,7 +87,11 @@ def _measure(args: argparse.Namespace, nvml: types.ModuleType, mapping: dict[str
 
     device = torch.device(args.device)
     progress = _progress if not args.json else (lambda row: None)
-    with NvmlDevice(args.gpu_index, nvml) as gpu:
+    socket_path = daemon_socket(args.daemon) if args.sweep else None
+    with (NvmlDevice(args.gpu_index, nvml) if socket_path is None else DaemonDevice(socket_path, args.gpu_index, nvml)
+          ) as gpu:
+        if socket_path is not None:
+            require_clock_permission(allowed=gpu.has_clock_permission())
         if not args.sweep:
             return measure_at_default_clocks(MICROBENCHMARKS, device, gpu, args.duration_s, args.scale, progress)
 
@@ -121,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
     nvml = import_nvml(args.nvml_module)
     args.gpu_index, args.device = gpu_and_device(args, nvml)
     gpu = _local_gpu(nvml, args.gpu_index)
-    if args.sweep:
+    if args.sweep and daemon_socket(args.daemon) is None:
         require_clock_permission()
     mapping = starting_mapping(gpu, args.name or args.output.stem)
     rows = _measure(args, nvml, mapping)
@@ -134,7 +142,9 @@ def run(args: argparse.Namespace) -> int:
         write_text_atomic(args.save_sweep, sweep_to_csv(sweep))
     write_calibrated(mapping, args.output)
     if args.json:
-        print_json({"profile": str(args.output), "fitted": list(result.fitted), "power_mape": result.power_mape,
+        control = clock_control(daemon_socket(args.daemon)) if args.sweep else None  # None: no clock changed
+        print_json({"profile": str(args.output), "clock_control": control, "fitted": list(result.fitted),
+                    "power_mape": result.power_mape,
                     "time_mape": result.time_mape, "cost_model": mapping["cost_model"],
                     "measurements": [vars(row) for row in rows]})
     else:

@@ -6,11 +6,13 @@ import argparse
 import contextlib
 import signal
 import sys
+import types
 from pathlib import Path
 from typing import Any
 
 from rich.table import Table
 
+from kdvfs.envs.common.errors import KdvfsError
 from kdvfs.runtime.cli.arguments import (
     budget,
     check_output_file,
@@ -19,7 +21,9 @@ from kdvfs.runtime.cli.arguments import (
     latency_ms,
     resolved,
 )
+from kdvfs.runtime.cli.live.daemon import add_daemon_option
 from kdvfs.runtime.cli.render import console, print_json
+from kdvfs.runtime.daemon.client import DaemonDevice, daemon_socket
 from kdvfs.runtime.device.errors import ClockRestoreError, DeviceIndexError
 from kdvfs.runtime.device.lease import reset_leased_gpu_clocks
 from kdvfs.runtime.device.nvml import (
@@ -60,15 +64,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                      "(no joules; for GPUs without a counter)")
     run.add_argument("--cpu-test-mode", action="store_true", help="accept a CPU-only script (tests and dry runs)")
     run.add_argument("--nvml-module", default="pynvml", help="NVML binding to import (default pynvml)")
+    add_daemon_option(run, "lock clocks")
     run.add_argument("--json", action="store_true", help="print the summary as JSON (script output to stderr)")
     run.add_argument("command", nargs=argparse.REMAINDER, help="-- python train.py ARGS...")
     run.set_defaults(func=run_command)
 
-    reset = subparsers.add_parser("reset", help="return a GPU's SM and memory clocks to its own control (root)")
+    reset = subparsers.add_parser("reset", help="return a GPU's SM and memory clocks to its own control (root, or "
+                                                  "through kdvfs daemon)")
     reset.add_argument("--gpu-index", type=int, default=0, help="NVML index of the GPU (default 0)")
     reset.add_argument("--nvml-module", default="pynvml", help="NVML binding to import (default pynvml)")
     reset.add_argument("--force", action="store_true",
                        help="reset even a GPU leased by a running kdvfs process (its clocks change under it)")
+    add_daemon_option(reset, "reset the clocks")
     reset.set_defaults(func=reset_command)
 
 
@@ -107,6 +114,7 @@ def summary_table(summary: dict[str, Any]) -> Table:
     table = Table(title=f"kdvfs run: {summary['source']} on {summary['gpu']}, {mode}", show_header=False)
     predicted = summary["predicted"]
     rows = [
+        ("clock control (nvml: this process; daemon:SOCKET)", str(summary.get("clock_control", "-"))),
         ("steps / controlled / mismatches", f"{summary['steps']} / {summary['controlled_steps']} / "
                                              f"{summary['mismatches']}"),
         ("clock requests" + (" (would have made)" if summary["dry_run"] else ""), str(summary["switches"])),
@@ -154,7 +162,8 @@ def run_command(args: argparse.Namespace) -> int:
     check_output_folder(args.tensorboard)
     config = ControllerConfig.from_options(
         args.policy, args.trace, gpu=args.gpu, budget=args.budget, dry_run=args.dry_run,
-        gpu_index=args.gpu_index, nvml_module=args.nvml_module, latency_ms=args.latency_ms,
+        gpu_index=args.gpu_index, nvml_module=args.nvml_module, daemon=daemon_socket(args.daemon),
+        latency_ms=args.latency_ms,
         log=str(args.log) if args.log else None, tensorboard=str(args.tensorboard) if args.tensorboard else None,
         cpu_test_mode=args.cpu_test_mode, measure_energy=not args.no_energy, ab_share=args.ab_share,
         window_s=args.ab_window_s, online=not args.replay)
@@ -186,10 +195,27 @@ def reset_command(args: argparse.Namespace) -> int:
         indices = f"its GPU indices are 0-{count - 1}" if count else "NVML reports no GPU"
         raise DeviceIndexError(f"there is no GPU {args.gpu_index} on this machine: {indices} (`kdvfs gpus local` "
                                "lists them); nothing was reset")
+    socket_path = daemon_socket(args.daemon)
+    if socket_path is not None:
+        return _reset_through_daemon(args, socket_path, nvml)
     require_clock_permission(needs="resetting GPU clocks", fix=f"run `sudo kdvfs reset --gpu-index {args.gpu_index}`")
     try:
         name = reset_leased_gpu_clocks(args.gpu_index, nvml, force=args.force)
     except ClockRestoreError as error:
         raise restore_error(error.where, args.gpu_index, error.failures, reset_fix(args.gpu_index)) from None
     console.print(f"GPU {args.gpu_index} ({name}): SM and memory clocks returned to the GPU's own control")
+    return 0
+
+
+def _reset_through_daemon(args: argparse.Namespace, socket_path: str, nvml: types.ModuleType) -> int:
+    """``kdvfs reset`` through the daemon: lease the GPU (refused while another client holds it: the daemon
+    resets that GPU when its holder's connection ends), reset, end the connection."""
+    if args.force:
+        raise KdvfsError("--force does not apply through the kdvfs daemon: it resets a GPU the moment its holder's "
+                         "connection ends; stop the holder, or run `sudo kdvfs reset --force` without --daemon")
+    with DaemonDevice(socket_path, args.gpu_index, nvml, check_energy=False) as device:
+        device.reset_clocks()
+        name = device.name
+    console.print(f"GPU {args.gpu_index} ({name}): SM and memory clocks returned to the GPU's own control "
+                  f"(through the kdvfs daemon at {socket_path})")
     return 0

@@ -31,6 +31,7 @@ from kdvfs.runtime.child import child_environment, split_command
 from kdvfs.runtime.controller.config import ControllerConfig
 from kdvfs.runtime.controller.measurement.job_summary import job_summary
 from kdvfs.runtime.controller.training.ended import ended_summary, restored, watchdog_states, with_missing_ranks
+from kdvfs.runtime.daemon.client import clock_control, daemon_socket
 from kdvfs.runtime.device.lease import COMMAND_VARIABLE, command_line
 from kdvfs.runtime.job import rank_documents
 
@@ -117,7 +118,8 @@ def _summary(documents: list[dict[str, Any]], folder: Path, code: int, config: C
     missing = {rank: restored(state) for rank, state in states.items() if rank not in reported}
     ending = script_end(code)
     if not finished:
-        return ended_summary(ending, missing or {0: True}, config.log, distributed)
+        return {**ended_summary(ending, missing or {0: True}, config.log, distributed),
+                "clock_control": clock_control(daemon_socket(config.daemon))}
     summary = job_summary([d["summary"] for d in finished], [d.get("windows", []) for d in finished])
     return with_missing_ranks(summary, ending, missing)
 

@@ -1,0 +1,158 @@
+"""``kdvfs run`` through the daemon end to end (issue 44): an unprivileged user's run has its clocks set and
+restored by the daemon (and the same run without it is refused), a second run on the leased GPU is refused
+naming the first, and a SIGKILLed trainer's GPU is reset when its connection drops, without a watchdog."""
+
+from __future__ import annotations
+
+import grp
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kdvfs.envs.common.paths import REPO_ROOT
+from tests.runtime.daemon.daemon_helpers import (
+    KDVFS,
+    NVML,
+    RunningDaemon,
+    fake_environment,
+    locks,
+    start_daemon,
+    wait_for,
+)
+
+GPT = [sys.executable, str(REPO_ROOT / "examples" / "gpt.py"), "--size", "tiny", "--device", "cpu"]
+NOBODY = 65534
+
+
+@pytest.fixture(scope="module")
+def captured(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A CPU-test-mode capture of the tiny GPT and its static plan at 1%."""
+    folder = tmp_path_factory.mktemp("capture")
+    trace, plan = folder / "cpu.trace.json", folder / "plan.json"
+    for argv in (["capture", "--cpu-test-mode", "--nvml-module", NVML, "--energy-window-s", "0.3", "-o", str(trace),
+                  "--", *GPT, "--steps", "1000"],
+                 ["plan", "--trace", str(trace), "--gpu", "h200", "--method", "static", "--slowdown", "0.01",
+                  "-o", str(plan)]):
+        done = subprocess.run([*KDVFS, *argv], capture_output=True, text=True, cwd=REPO_ROOT, check=False,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+        assert done.returncode == 0, done.stderr[-2000:]
+    return trace, plan
+
+
+def _run_argv(captured: tuple[Path, Path], folder: Path, steps: int, daemon: RunningDaemon | None) -> list[str]:
+    """``kdvfs run --json`` of the plan on fake GPU 0, with copies of the trace and plan in ``folder``."""
+    for source in captured:
+        shutil.copy(source, folder / source.name)
+    trace, plan = (folder / source.name for source in captured)
+    return [*KDVFS, "run", "--policy", str(plan), "--trace", str(trace), "--cpu-test-mode", "--nvml-module", NVML,
+            "--gpu-index", "0", "--json", "--ab-share", "0",
+            *(["--daemon", str(daemon.socket)] if daemon else []), "--", *GPT, "--steps", str(steps)]
+
+
+def _as_nobody(folder: Path) -> dict[str, Any]:
+    """``subprocess`` options that run a command as the unprivileged user ``nobody`` in ``folder``."""
+    environment = {**fake_environment(folder, permitted=None), "HOME": str(folder), "TMPDIR": str(folder)}
+    return {"user": NOBODY, "group": NOBODY, "extra_groups": [], "env": environment}
+
+
+def _nobody_runs_python() -> bool:
+    try:
+        return subprocess.run([sys.executable, "-c", "pass"], user=NOBODY, group=NOBODY, extra_groups=[],
+                              check=False).returncode == 0
+    except OSError:
+        return False
+
+
+def _unprivileged(how: str, folder: Path) -> dict[str, Any]:
+    """How an unprivileged client runs: as ``nobody`` (root only), or with credentials that may not lock clocks."""
+    if how == "nobody":
+        if os.geteuid() != 0:
+            pytest.skip("dropping to the unprivileged user nobody needs root")
+        if not _nobody_runs_python():
+            pytest.skip(f"nobody cannot run this Python ({sys.executable}: a folder on its path is closed to others)")
+        return _as_nobody(folder)
+    return {"env": fake_environment(folder, permitted=False)}
+
+
+@pytest.mark.parametrize("how", ["nobody", "no-permission"])
+def test_an_unprivileged_run_through_the_daemon_sets_and_restores_its_clocks(how: str, captured: tuple[Path, Path],
+                                                                            open_folder: Path) -> None:
+    """The same run without the daemon is refused (no permission); through it, its clocks are set (by the daemon,
+    for the client's uid) and restored."""
+    client = _unprivileged(how, open_folder)
+    group = "nogroup" if _group_exists("nogroup") else grp.getgrgid(os.getgid()).gr_name
+    daemon = start_daemon(open_folder, *(["--group", group] if how == "nobody" else []))
+    try:
+        refused = subprocess.run(_run_argv(captured, open_folder, 20, None), capture_output=True, text=True,
+                                 cwd=REPO_ROOT, check=False, timeout=300, **client)
+        assert refused.returncode == 2 and "needs root or CAP_SYS_ADMIN" in refused.stderr, refused.stderr[-2000:]
+        done = subprocess.run(_run_argv(captured, open_folder, 300, daemon), capture_output=True, text=True,
+                              cwd=REPO_ROOT, check=False, timeout=300, **client)
+        assert done.returncode == 0, done.stderr[-2000:]
+        summary = json.loads(done.stdout)
+        assert summary["clock_control"] == f"daemon:{daemon.socket}" and summary["gpu_restored"], summary
+        assert summary["switches"] > 0 and summary["controlled_steps"] > 0 and summary["error"] is None, summary
+        locked = [r for r in daemon.records("request") if r["op"] == "lock" and r["outcome"] == "ok"]
+        assert locked and all(r["uid"] == (NOBODY if how == "nobody" else os.getuid()) for r in locked)
+        assert wait_for(lambda: locks(open_folder) == {}) and '"leased": {}' in daemon.state.read_text()
+    finally:
+        assert daemon.stop() == 0
+
+
+def _group_exists(name: str) -> bool:
+    try:
+        grp.getgrnam(name)
+    except KeyError:
+        return False
+    return True
+
+
+def _trainer_pid(parent: int) -> int:
+    return int(Path(f"/proc/{parent}/task/{parent}/children").read_text().split()[0])
+
+
+def test_a_sigkilled_run_through_the_daemon_has_its_gpu_reset_and_a_second_is_refused(
+        captured: tuple[Path, Path], daemon: RunningDaemon, open_folder: Path) -> None:
+    client = fake_environment(open_folder, permitted=False)  # it may not lock clocks itself
+    first = subprocess.Popen(_run_argv(captured, open_folder, 100_000, daemon), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT, env=client, start_new_session=True)
+    try:
+        assert wait_for(lambda: "core" in locks(open_folder), 120), "the run never locked a clock"
+        trainer = _trainer_pid(first.pid)
+        second = subprocess.run(_run_argv(captured, open_folder, 50, daemon), capture_output=True, text=True,
+                                cwd=REPO_ROOT, check=False, timeout=300, env=client)
+        lines = [line for line in second.stderr.splitlines() if line.startswith("kdvfs")]
+        assert second.returncode == 2 and len(lines) == 1, second.stderr[-2000:]
+        assert f"leased through this kdvfs daemon by pid {trainer} " in lines[0]
+        assert not _watchdogs_of(trainer)  # the daemon resets on drop: no watchdog in the user's processes
+        os.kill(trainer, signal.SIGKILL)
+        assert wait_for(lambda: locks(open_folder) == {}), "the daemon did not reset the killed trainer's GPU"
+        code = first.wait(60)
+    finally:
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)
+    assert code == 128 + signal.SIGKILL
+    (drop,) = [r for r in daemon.records("drop") if r["pid"] == trainer]
+    assert drop["reset"] == {"0": "ok"}
+    summary = json.loads(first.stdout.read() if first.stdout else "{}")
+    assert summary["clock_control"] == f"daemon:{daemon.socket}" and summary["partial"], summary
+
+
+def _watchdogs_of(pid: int) -> list[str]:
+    """The command lines of watchdog processes watching ``pid``."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            words = cmdline.read_bytes().decode("utf-8", "replace").split("\0")
+        except OSError:
+            continue
+        if "kdvfs.runtime.device.watchdog" in words and str(pid) in words:
+            found.append(" ".join(words))
+    return found
