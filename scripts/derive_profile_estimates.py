@@ -123,9 +123,10 @@ def a100_grounded(entries: Mapping[str, CostParam]) -> dict[str, CostParam]:
     core_idle_w /= A100_MAX_CORE_MHZ
     rest_w = entries["mem_background_w"].value + core_idle_w + entries["leakage_w"].value
     idle_w, (low_w, high_w) = A100_IDLE_W
+    static_w, bounds = round(idle_w - rest_w, 2), (round(low_w - rest_w, 2), round(high_w - rest_w, 2))
     grounded["static_w"] = CostParam(
-        round(idle_w - rest_w, 2), "estimate", f"estimate: measured idle {idle_w:g} W at 210 MHz (profile sources) minus "
-        f"{rest_w:.1f} W of transferred memory background and idle core power", (round(low_w - rest_w, 2), round(high_w - rest_w, 2)),
+        static_w, "estimate", f"estimate: measured idle {idle_w:g} W at 210 MHz (profile sources) minus "
+        f"{rest_w:.1f} W of transferred memory background and idle core power", bounds,
         f"public A100 SXM4 idle readings {low_w:g}-{high_w:g} W minus the same {rest_w:.1f} W")
     return {**entries, **grounded}
 
