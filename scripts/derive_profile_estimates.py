@@ -8,6 +8,10 @@ from the measured H200, each with a source that says how and a range:
 * watts: the H200's watts scaled by the ratio of power limits, range +-30% (the ratio ignores differences
   of process, memory and board); the boost limit: 1.0 as measured on the H200, range 0.85-1.0.
 
+Each transferred parameter says so (``transferred_from``), and ``--uncertainty`` widens its range. The A100's
+voltage curve and static power are grounded in public A100 readings instead (:func:`a100_grounded`,
+``docs/design/cost-model.md``).
+
 The RTX 3080 Ti prior of ``scripts/fit_rtx3080ti_table1.py`` is made the same way from the GTX 1080 Ti
 fit (the consumer part of the public sweeps, memory background linear in the clock), watts +-50%. Run
 from the repository root after `kdvfs model fit ... --gpu h200 --write`:
@@ -42,15 +46,18 @@ def _watt_range(value: float, base: CostParam | None, label: str, ratio: float, 
     return (value * (1 - spread), value * (1 + spread)), why
 
 
-def _entry(value: float, how: str, ranged: tuple[tuple[float, float], str]) -> CostParam:
+def _entry(value: float, how: str, ranged: tuple[tuple[float, float], str], origin: str | None = None
+           ) -> CostParam:
     (low, high), why = ranged
     bounds = (min(float(f"{low:.4g}"), value), max(float(f"{high:.4g}"), value))
-    return CostParam(value, "estimate", f"estimate: {how}; no sweep of this GPU", bounds, why)
+    return CostParam(value, "estimate", f"estimate: {how}; no sweep of this GPU", bounds, why, origin)
 
 
 def transferred(target: str, base: CostParams, base_label: str, base_limit_w: float, spread: float,
-                base_entries: Mapping[str, CostParam] | None = None) -> dict[str, CostParam]:
-    """Parameters for ``target``: ``base`` with watts scaled by the power-limit ratio, ranges as documented."""
+                base_entries: Mapping[str, CostParam] | None = None, origin: str | None = None
+                ) -> dict[str, CostParam]:
+    """Parameters for ``target``: ``base`` with watts scaled by the power-limit ratio, ranges as documented;
+    each marked ``transferred_from=origin``."""
     h200 = load_profile("h200").cost_model
     ratio = float(load_yaml(profile_path(target))["power"]["limit_w"]) / base_limit_w
     entries = {}
@@ -65,7 +72,7 @@ def transferred(target: str, base: CostParams, base_label: str, base_limit_w: fl
             ranged = (BOOST_RANGE if reference.range is None
                       else (reference.range, f"H200 range: {reference.range_source}"))
             how = f"{base_label if name in TIME_PARAMS else 'H200'} value"
-        entries[name] = _entry(value, how, ranged)
+        entries[name] = _entry(value, how, ranged, origin)
     return entries
 
 
@@ -90,11 +97,46 @@ def rtx3080ti_prior() -> dict[str, CostParam]:
     return entries
 
 
+A100_IDLE_W = (59.0, (50.0, 72.0))
+"""A100 SXM4 idle power at 210 MHz SM (W) and its spread over public readings (profile ``sources``)."""
+A100_IDLE_CORE_MHZ, A100_MAX_CORE_MHZ = 210.0, 1410.0
+A100_VOLTAGE = {
+    "voltage_knee_fraction": (0.77, (0.766, 0.9),
+                              "NVML reads 0.7125 V at 1080 MHz (NVIDIA/nvidia-docker#1648), the floor of the "
+                              "0.700-0.719 V it reads at 210 MHz (public nvidia-smi -q, A100-SXM4-80GB): flat to at "
+                              "least 1080 MHz = 0.766 of 1410",
+                              "at least 0.766 (above); at most 0.9: IT4I caps its A100 SXM4s at 1290 MHz (0.915) "
+                              "as an energy-saving measure (docs.it4i.cz/general/energy), so V rises below it"),
+    "voltage_min": (0.8, (0.71, 0.88),
+                    "the 0.70-0.72 V floor read by NVML over the voltage at 1410 MHz, which no public reading "
+                    "gives; taken as 0.9 V (0.71 / 0.9 = 0.79)",
+                    "0.71 (top at 1.0 V) to 0.88 (top at 0.82 V)"),
+}
+
+
+def a100_grounded(entries: Mapping[str, CostParam]) -> dict[str, CostParam]:
+    """The A100's voltage curve from public NVML voltage readings and its static power from its measured idle
+    power (W at 210 MHz, 1593 MHz memory) minus the transferred memory background and idle core power there."""
+    grounded = {name: CostParam(value, "estimate", f"estimate: {how}", bounds, why)
+                for name, (value, bounds, how, why) in A100_VOLTAGE.items()}
+    core_idle_w = entries["core_idle_w"].value * grounded["voltage_min"].value ** 2 * A100_IDLE_CORE_MHZ
+    core_idle_w /= A100_MAX_CORE_MHZ
+    rest_w = entries["mem_background_w"].value + core_idle_w + entries["leakage_w"].value
+    idle_w, (low_w, high_w) = A100_IDLE_W
+    static_w, bounds = round(idle_w - rest_w, 2), (round(low_w - rest_w, 2), round(high_w - rest_w, 2))
+    grounded["static_w"] = CostParam(
+        static_w, "estimate", f"estimate: measured idle {idle_w:g} W at 210 MHz (profile sources) minus "
+        f"{rest_w:.1f} W of transferred memory background and idle core power", bounds,
+        f"public A100 SXM4 idle readings {low_w:g}-{high_w:g} W minus the same {rest_w:.1f} W")
+    return {**entries, **grounded}
+
+
 def main() -> None:
     h200 = load_profile("h200")
     params = CostParams.from_profile(h200)
     for name in ("h100-sxm", "a100-sxm4", "b200"):
-        write_cost_model(profile_path(name), transferred(name, params, "H200", 700.0, 0.3, h200.cost_model))
+        entries = transferred(name, params, "H200", 700.0, 0.3, h200.cost_model, origin="h200")
+        write_cost_model(profile_path(name), a100_grounded(entries) if name == "a100-sxm4" else entries)
     print("wrote estimated cost-model parameters for h100-sxm, a100-sxm4, b200")
 
 

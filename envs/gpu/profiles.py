@@ -33,7 +33,7 @@ COST_PARAM_RANGES: Mapping[str, tuple[float, float]] = MappingProxyType({
     "memory_core_knee": _FRACTION, "static_w": _WATTS, "leakage_w": _WATTS, "core_idle_w": _WATTS,
     "core_sm_w": _WATTS, "core_tensor_w": _WATTS, "voltage_min": _FRACTION, "voltage_knee_fraction": _FRACTION,
     "mem_background_w": _WATTS, "mem_traffic_w": _WATTS, "traffic_core_share": _FRACTION,
-    "switch_stall_s": (0.0, 1.0), "power_window_s": (1e-9, 10.0),
+    "switch_stall_s": (0.0, 1.0), "power_window_s": (1e-9, 10.0), "boost_limit_fraction": _FRACTION,
 })
 """Where each cost-model parameter makes sense, inclusive (meanings: ``kdvfs.envs.model.cost_model.CostParams``)."""
 
@@ -139,6 +139,8 @@ class CostParam:
 
     ``range`` is its plausible ``[low, high]`` (required for an ``estimate``), ``range_source`` where that
     range comes from; ``kdvfs compare --uncertainty`` varies every parameter that has one.
+    ``transferred_from`` names the GPU profile an estimate was copied or scaled from (``"h200"``): its range
+    describes that GPU, so ``--uncertainty`` widens it (``kdvfs.envs.model.uncertainty``).
     """
 
     value: float
@@ -146,6 +148,7 @@ class CostParam:
     source: str
     range: tuple[float, float] | None = None
     range_source: str | None = None
+    transferred_from: str | None = None
 
     def __post_init__(self) -> None:
         if self.status not in PARAM_STATUSES:
@@ -156,10 +159,15 @@ class CostParam:
             raise ProfileError("range and range_source go together: give both or neither")
         if self.range is not None:
             _check_range(self.range, self.value, "range")
+        if self.transferred_from is not None and self.status != "estimate":
+            raise ProfileError("transferred_from marks an estimate: set status: estimate or drop transferred_from")
 
     def as_mapping(self) -> dict[str, Any]:
         """The parameter as it is written in a profile's ``cost_model`` section."""
-        extra = {} if self.range is None else {"range": list(self.range), "range_source": self.range_source}
+        extra: dict[str, Any] = {} if self.range is None else {"range": list(self.range),
+                                                                 "range_source": self.range_source}
+        if self.transferred_from is not None:
+            extra["transferred_from"] = self.transferred_from
         return {"value": self.value, "status": self.status, "source": self.source, **extra}
 
 

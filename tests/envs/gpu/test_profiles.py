@@ -199,3 +199,13 @@ def test_every_estimate_of_every_shipped_profile_has_a_range_with_its_source() -
 def test_switching_range_defaults_to_two_standard_deviations(tmp_path: Path) -> None:
     profile = load_profile(_write(tmp_path, _set(_h200_raw(), "switching.latency_range_s", _DELETE)))
     assert profile.switching.plausible_latency_s == pytest.approx((0.002, 0.010))
+
+
+def test_transferred_from_marks_only_estimates() -> None:
+    from kdvfs.envs.gpu.profiles import CostParam
+
+    marked = CostParam(0.6, "estimate", "estimate: H200 value", (0.2, 0.9), "H200 range", "h200")
+    assert marked.as_mapping()["transferred_from"] == "h200"
+    assert "transferred_from" not in CostParam(1.0, "calibrated", "fit").as_mapping()
+    with pytest.raises(ProfileError, match="transferred_from marks an estimate"):
+        CostParam(1.0, "calibrated", "fit", transferred_from="h200")

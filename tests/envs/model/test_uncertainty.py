@@ -45,3 +45,28 @@ def test_spread_contains_every_value_and_sample_counts_are_checked() -> None:
     assert spread([2.0, 1.5, 3.0]) == [1.5, 3.0]
     with pytest.raises(KdvfsError, match="at least 1"):
         UncertaintySpec(samples=0)
+
+
+def test_transferred_estimates_are_varied_over_wider_ranges() -> None:
+    a100 = load_profile("a100-sxm4")
+    ranges = ranged_parameters(a100)
+    transferred = [name for name, p in a100.cost_model.items() if p.transferred_from is not None]
+    assert transferred, "the A100 profile still carries estimates transferred from the H200"
+    for name in transferred:
+        param, (low, high) = a100.cost_model[name], ranges[name]
+        assert param.range is not None and low <= param.range[0] and high >= param.range[1]
+        assert high - low > param.range[1] - param.range[0] or param.range[0] == param.range[1]
+    grounded = a100.cost_model["voltage_knee_fraction"]
+    assert grounded.transferred_from is None and ranges["voltage_knee_fraction"] == grounded.range
+    for sample in sampled_profiles(a100, UncertaintySpec(samples=8)):
+        assert all(low <= _values(sample)[name] <= high for name, (low, high) in ranges.items())
+
+
+def test_widening_stays_within_valid_bounds() -> None:
+    from kdvfs.envs.gpu.profiles import CostParam
+    from kdvfs.envs.model.uncertainty import TRANSFER_WIDENING, plausible_range
+
+    share = CostParam(0.6, "estimate", "estimate: H200 value", (0.2, 0.9), "H200 range", "h200")
+    assert plausible_range("traffic_core_share", share) == pytest.approx((max(0.0, 0.6 - TRANSFER_WIDENING * 0.4), 1.0))
+    own = CostParam(0.6, "estimate", "estimate", (0.2, 0.9), "why")
+    assert plausible_range("traffic_core_share", own) == (0.2, 0.9)
