@@ -26,6 +26,7 @@ from kdvfs.envs.gpu.profiles import GpuProfile
 from kdvfs.envs.model.cost_model import Array
 from kdvfs.envs.model.drift import Drift, DriftModel
 from kdvfs.envs.model.schedule import ActionCosts
+from kdvfs.envs.trace.shape import StepShape
 from kdvfs.runtime.controller.timing.gpu_timeline import StepEnd
 from kdvfs.runtime.device.errors import NvmlPermissionError
 from kdvfs.runtime.device.interface import check_clocks_mhz
@@ -87,6 +88,7 @@ class FakeStep:
 class _Running:
     """The step being simulated: its start, factors, next kernel, time reached and totals so far."""
 
+    costs: ActionCosts
     start_s: float
     time_factor: float
     energy_factor: float
@@ -135,6 +137,9 @@ class FakeGpu:
         self.clock, self.permission = clock, permission
         self.calls: list[DeviceCall] = []
         self.steps: list[FakeStep] = []
+        self.step_costs: dict[int, ActionCosts] = {}
+        """Step ``i`` runs ``step_costs[i]`` where given (a step of another shape, on the same clock grid), else
+        ``costs``."""
         self.delays_s: dict[tuple[int, int], float] = {}
         """Idle time inserted before kernel k of step i, ``delays_s[(i, k)]`` (e.g. a host that fell behind)."""
         self.latencies_s: list[float] = []
@@ -202,12 +207,14 @@ class FakeGpu:
         self._request(self.costs.auto_index)
 
     def _begin(self) -> _Running:
-        kernels, index = self.costs.kernels, len(self.steps)
+        index = len(self.steps)
+        costs = self.step_costs.get(index, self.costs)
+        kernels = costs.kernels
         factors = (1.0, 1.0) if self._drift is None else self._drift.factors(self._end_s)
         noise = np.exp(self._noise_rng.normal(0.0, self.duration_noise, kernels)) if self.duration_noise > 0 \
             else np.ones(kernels)
         delays_s = {kernel: delay_s for (step, kernel), delay_s in self.delays_s.items() if step == index}
-        self._running = _Running(self._end_s, *factors, noise, delays_s, np.empty(kernels, dtype=np.int64),
+        self._running = _Running(costs, self._end_s, *factors, noise, delays_s, np.empty(kernels, dtype=np.int64),
                                  now_s=self._end_s)
         return self._running
 
@@ -226,7 +233,7 @@ class FakeGpu:
     def _simulate(self, until_s: float) -> _Running:
         """Run the current step's kernels that start at or before ``until_s`` (lock held)."""
         run = self._running or self._begin()
-        costs = self.costs
+        costs = run.costs
         while run.kernel < costs.kernels and run.now_s + run.delays_s.get(run.kernel, 0.0) <= until_s:
             k = run.kernel
             run.now_s += run.delays_s.get(k, 0.0)
@@ -245,7 +252,7 @@ class FakeGpu:
         """When kernel ``kernel`` of the current step starts (virtual s), simulating up to it."""
         with self._lock:
             run = self._running or self._begin()
-            target = min(kernel, self.costs.kernels - 1)
+            target = min(kernel, run.costs.kernels - 1)
             while run.kernel <= target:
                 self._simulate(run.now_s + run.delays_s.get(run.kernel, 0.0))
             return run.kernel_start_s[target]
@@ -275,6 +282,7 @@ class FakeGpu:
 class FakeStepTimeline:
     """Steps of a :class:`FakeGpu`: each runs to its end when the controller waits for it.
 
+    ``shapes[i]`` is step ``i``'s shape (pair it with ``FakeGpu.step_costs[i]``, the step it runs);
     ``irregular[i] = (extra_s, signature)`` makes step ``i`` (0-based) take ``extra_s`` longer and count
     ``signature`` allocations (an evaluation pass); other steps count ``NORMAL_SIGNATURE``.
 
@@ -288,6 +296,8 @@ class FakeStepTimeline:
     def __init__(self, gpu: FakeGpu, clock: VirtualClock, anchor_kernels: tuple[int, ...] = ()) -> None:
         self.gpu, self.clock, self.anchor_kernels = gpu, clock, anchor_kernels
         self.irregular: dict[int, tuple[float, int]] = {}
+        self.shapes: dict[int, StepShape] = {}
+        """The shape of step ``i`` (a run whose steps vary: :meth:`shape_of`)."""
         self.late: dict[int, tuple[int, float]] = {}
         self.anchors: dict[int, tuple[float, ...]] = {}
         self._marked = 0
@@ -311,6 +321,10 @@ class FakeStepTimeline:
         else:
             anchors_s = tuple(float(step.kernel_start_s[k]) for k in self.anchor_kernels)
         return StepEnd(step.end_s, step.end_s - step.start_s, signature, anchors_s)
+
+    def shape_of(self, step: int, deadline_s: float) -> StepShape | None:
+        """Step ``step``'s shape, known at once (the training loop is always ahead in a simulation)."""
+        return self.shapes.get(step)
 
     def _anchor_time_s(self, step: int, index: int) -> float | None:
         """Anchor ``index`` of the running step ``step`` (simulated up to it), None if it has none."""

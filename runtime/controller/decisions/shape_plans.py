@@ -13,8 +13,8 @@ for it in a :class:`ShapeBook`:
   :mod:`kdvfs.envs.model.step_model`) gives the expected trace of the bucket's top shape, or None for a shape
   it does not cover (far outside the captured range): such a bucket has no plan and its steps run at auto.
 * **When plans are solved.** All of them before the first step, for every bucket the capture saw or that
-  lies within the captured range (:meth:`ShapeBook.build`, on a process pool: a solve takes seconds, and
-  nothing may stall a training step). A step whose bucket has no plan runs at auto and is logged.
+  lies within the captured range (:meth:`ShapeBook.build`, on a pool of forked processes: a solve takes
+  seconds, and nothing may stall a training step). A step whose bucket has no plan runs at auto and is logged.
 
 The book's plans are the same planner's (``method``, default the latency-optimal one) at the run's budget
 and switching latency, each scored by the one cost model.
@@ -23,9 +23,11 @@ and switching latency, each scored by the one cost model.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from multiprocessing import get_context
 
 from kdvfs.agents.common.problem import Problem
 from kdvfs.agents.planners.registry import make_planner
@@ -57,8 +59,12 @@ class ShapePlan:
     schedule: Schedule
 
 
-def _solve(args: tuple[Trace, GpuProfile, float, float | None, str]) -> Schedule:
-    trace, profile, budget, latency_s, method = args
+_JOBS: list[tuple[Trace, GpuProfile, float, float | None, str]] = []
+"""The solves of the book being built, read by the forked workers (traces and profiles do not pickle)."""
+
+
+def _solve(job: int) -> Schedule:
+    trace, profile, budget, latency_s, method = _JOBS[job]
     return make_planner(method).plan(Problem.build(trace, profile, budget, latency_s))
 
 
@@ -111,15 +117,18 @@ class ShapeBook:
             trace = predict(top)
             if trace is not None:
                 tops[top] = trace
-        jobs = [(trace, profile, budget, latency_s, method) for trace in tops.values()]
-        if not jobs:
+        _JOBS[:] = [(trace, profile, budget, latency_s, method) for trace in tops.values()]
+        if not _JOBS:
             return book
-        with ProcessPoolExecutor(max_workers=workers or None) as pool:
-            schedules = []
-            for schedule in pool.map(_solve, jobs):
-                schedules.append(schedule)
-                if progress is not None:
-                    progress(len(schedules), len(jobs))
+        schedules = []
+        try:
+            with ProcessPoolExecutor(min(workers or os.cpu_count() or 1, len(_JOBS)), get_context("fork")) as pool:
+                for schedule in pool.map(_solve, range(len(_JOBS))):
+                    schedules.append(schedule)
+                    if progress is not None:
+                        progress(len(schedules), len(_JOBS))
+        finally:
+            _JOBS.clear()
         for (top, trace), schedule in zip(tops.items(), schedules, strict=True):
             book.plans[top] = ShapePlan(top, Problem.build(trace, profile, budget, latency_s), schedule)
         return book

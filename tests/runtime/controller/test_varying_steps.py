@@ -1,0 +1,127 @@
+"""A run whose steps vary: every step planned by its shape's bucket, on the fake GPU.
+
+The family is the synthetic decoder at several sequence lengths: the generator is then an exact step model,
+so these tests check the controller's side (buckets, entries, weights, fallbacks), not the prediction.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from functools import cache
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kdvfs.agents.common.problem import Problem
+from kdvfs.agents.planners.registry import make_planner
+from kdvfs.envs.gpu.profiles import load_profile
+from kdvfs.envs.synthetic.generator import generate_transformer_trace, load_workload
+from kdvfs.envs.trace.format import save_trace
+from kdvfs.envs.trace.shape import StepShape
+from kdvfs.envs.trace.trace import Trace
+from kdvfs.runtime.cli.offline.plan import schedule_json
+from kdvfs.runtime.controller import Controller
+from kdvfs.runtime.controller.decisions.shape_plans import ShapeBook, seq_quantum
+from kdvfs.runtime.controller.decisions.shape_steps import VaryingSteps
+from kdvfs.runtime.testing.fake_gpu import FakeGpu, FakeStepTimeline, VirtualClock
+
+BATCH = 2
+SEQS = (128, 192, 256)
+BUDGET = 0.01
+LATENCY_MS = 2.0
+
+
+def shape(seq: int) -> StepShape:
+    return StepShape.of([(BATCH, seq)] * 2)
+
+
+@cache
+def step(seq: int) -> Trace:
+    """The synthetic 2-layer GPT-2-small step of ``seq`` tokens per sequence on the H200."""
+    config = replace(load_workload("gpt2s"), layers=2, seq=seq, batch=BATCH, name=f"gpt2s-l2-s{seq}")
+    trace = generate_transformer_trace(config, load_profile("h200"))
+    return replace(trace, meta=replace(trace.meta, step_shape=shape(seq)))
+
+
+def predict(wanted: StepShape) -> Trace | None:
+    """The exact step of a shape within 64..512 tokens (the generator is this family's true step model)."""
+    return step(wanted.seq) if BATCH == wanted.batch and 64 <= wanted.seq <= 512 else None
+
+
+def problem(seq: int) -> Problem:
+    return Problem.build(step(seq), load_profile("h200"), BUDGET, LATENCY_MS / 1e3)
+
+
+def varying_controller(tmp_path: Path, seqs: list[int]) -> tuple[Controller, FakeGpu]:
+    """A controller on a fake H200 whose step ``i`` has ``seqs[i]`` tokens per sequence; its plan file and
+    trace are the 256-token step's."""
+    reference = problem(256)
+    trace_path = tmp_path / "step.trace.json"
+    save_trace(reference.trace, trace_path)
+    plan_path = tmp_path / "plan.json"
+    plan_path.write_text(json.dumps(schedule_json(reference, make_planner("latency-optimal").plan(reference))))
+    clock = VirtualClock()
+    gpu = FakeGpu(reference.costs, reference.profile, reference.latency_s, reference.stall_s, clock)
+    timeline = FakeStepTimeline(gpu, clock)
+    for i, seq in enumerate(seqs):
+        gpu.step_costs[i], timeline.shapes[i] = problem(seq).costs, shape(seq)
+    varying = VaryingSteps([shape(s) for s in SEQS], predict, timeline.shape_of)
+    controller = Controller(str(plan_path), str(trace_path), device=gpu, timeline=timeline, clock=clock,
+                            varying=varying, latency_ms=LATENCY_MS, budget=BUDGET, window_steps=5, window_s=0.1,
+                            energy_poll_s=0.0, issue_early_ms=0.0, ab_share=0.0)
+    return controller, gpu
+
+
+def run(controller: Controller, steps: int) -> None:
+    """Run ``steps`` steps (the fake timeline knows one shape more: the step each last one decides)."""
+    with controller:
+        for _ in range(steps):
+            controller.step()
+            controller.flush()
+
+
+def test_the_quantum_keeps_the_range_within_the_bucket_limit() -> None:
+    assert seq_quantum([64, 1024]) == 64
+    assert seq_quantum([100, 120]) == 16
+    assert seq_quantum([]) == 16
+
+
+def test_buckets_cover_the_captured_range_and_round_up() -> None:
+    book = ShapeBook.build([shape(128), shape(256)], predict, load_profile("h200"), BUDGET, LATENCY_MS / 1e3,
+                           workers=1)
+    assert book.quantum == 16
+    assert sorted(top.seq for top in book.plans) == list(range(128, 257, 16))
+    assert book.bucket(shape(129)) == shape(144) and book.plan_for(shape(129)) is book.plans[shape(144)]
+    assert book.plan_for(shape(600)) is None and book.plan_for(StepShape.of([(3, 128)])) is None
+
+
+def test_every_step_runs_its_buckets_plan_and_keeps_the_budget(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    seqs = [int(s) for s in rng.choice(SEQS, 40)]
+    controller, gpu = varying_controller(tmp_path, seqs)
+    run(controller, len(seqs) - 1)
+    summary = controller.summary
+    assert summary is not None and summary["shapes"]["misses"] == {}
+    assert summary["controlled_steps"] >= len(seqs) - 5  # all but the first steps, which confirm the match
+    assert sum(summary["shapes"]["steps_by_bucket"].values()) == len(seqs) - 1  # each decided step's entry
+    for i, fake in enumerate(gpu.steps[4:], start=4):
+        auto = problem(seqs[i]).costs
+        auto_s = float(auto.time_s[:, auto.auto_index].sum())
+        assert fake.model_time_s <= auto_s * (1 + BUDGET) + 2 * gpu.stall_s + 1e-9  # each step within budget
+    assert summary["gpu_restored"]
+
+
+@pytest.mark.parametrize("odd", [64, 700])
+def test_a_step_without_a_plan_runs_at_auto_and_is_counted(tmp_path: Path, odd: int) -> None:
+    """Below the captured range (the book plans only within it) and outside the step model's range."""
+    seqs = [256] * 6 + [odd] + [256] * 6
+    controller, gpu = varying_controller(tmp_path, seqs)
+    run(controller, len(seqs) - 1)
+    summary = controller.summary
+    assert summary is not None and summary["shapes"]["misses"] == {"no_plan": 1}
+    odd_step = gpu.steps[6]
+    to_auto = [call for call in gpu.set_calls if call.name == "reset_clocks" or call.args[0] is None]
+    assert any(odd_step.start_s - 1e-9 <= call.time_s <= odd_step.end_s for call in to_auto)  # auto requested
+    assert summary["controlled_steps"] >= len(seqs) - 2 - 4  # control resumes after the odd step
