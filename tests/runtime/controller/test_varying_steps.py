@@ -47,7 +47,7 @@ def step(seq: int) -> Trace:
 
 def predict(wanted: StepShape) -> Trace | None:
     """The exact step of a shape within 64..512 tokens (the generator is this family's true step model)."""
-    return step(wanted.seq) if BATCH == wanted.batch and 64 <= wanted.seq <= 512 else None
+    return step(wanted.seq) if wanted.batch == BATCH and 64 <= wanted.seq <= 512 else None
 
 
 def problem(seq: int) -> Problem:
