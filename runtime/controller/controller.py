@@ -40,13 +40,13 @@ import threading
 import types
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kdvfs.agents.common.problem import Problem, score
 from kdvfs.runtime.controller.config import ControllerConfig
 from kdvfs.runtime.controller.decisions.actuator import Actuator, parse_clocks
 from kdvfs.runtime.controller.decisions.issuer import Issuer, StepJudges
-from kdvfs.runtime.controller.decisions.plans import Plan, load_plan
+from kdvfs.runtime.controller.decisions.plans import Plan, bucket_planner, load_plan
 from kdvfs.runtime.controller.decisions.shape_plans import ShapeBook
 from kdvfs.runtime.controller.decisions.shape_steps import ShapeSteps, StepEntry, VaryingSteps
 from kdvfs.runtime.controller.decisions.sources import ReplayedSchedule, StepSource, ThreadContext
@@ -67,6 +67,9 @@ from kdvfs.runtime.device.nvml import NvmlDevice, import_nvml, require_clock_per
 from kdvfs.runtime.device.visible import rank_gpu_index
 from kdvfs.runtime.device.watchdog import spawn_watchdog, stop_watchdog, watchdog_outcome_path
 from kdvfs.runtime.job import JobGroup, Rank, rank_path
+
+if TYPE_CHECKING:
+    from kdvfs.runtime.controller.training.varying import StepShapes
 
 STOP_TIMEOUT_S = 5.0
 RUN_NEEDS = "the clock controller locks GPU clocks"
@@ -129,6 +132,7 @@ class Controller:
         self._varying = varying
         self._book: ShapeBook | None = None
         self._shapes: ShapeSteps | None = None
+        self._step_shapes: StepShapes | None = None
         self._clock_control = NVML_CONTROL
 
     def __enter__(self) -> Controller:
@@ -170,8 +174,14 @@ class Controller:
         problem = self.plan.problem
         config.measurement.check_window(problem.latency_s)
         self.step_plan = StepPlan.build(problem, self.plan.schedule, config.dry_run)
+        if self._varying is None:
+            from kdvfs.runtime.controller.training.varying import varying_steps
+
+            found = varying_steps(config.trace, self._clock)
+            if found is not None:
+                self._varying, self._step_shapes = found
         if self._varying is not None:
-            self._book = self._varying.plan(problem)
+            self._book = self._varying.plan(problem, bucket_planner(self.plan, config))
         if threading.current_thread() is threading.main_thread():
             self._stack.enter_context(terminate_on_sigterm())
         if not config.dry_run and isinstance(device, NvmlDevice):
@@ -218,6 +228,9 @@ class Controller:
         self._timeline = timeline
         self._issuer.start()
         self._stack.callback(self._stop_thread)
+        if self._step_shapes is not None:
+            self._step_shapes.probe.install()
+            self._stack.callback(self._step_shapes.probe.remove)
         if hooks is not None:
             self._hooks = hooks
             self._hooks.install()
@@ -282,6 +295,8 @@ class Controller:
     def step(self) -> None:
         """Mark the end of a training step (call it once per optimizer step)."""
         issuer = self._issuer
+        if self._step_shapes is not None:
+            self._step_shapes.probe.mark_step()
         if issuer is not None and issuer.is_alive() and issuer.error is None:
             assert self._timeline is not None
             issuer.queue.put(self._timeline.mark())

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from kdvfs.agents.common.problem import Problem, rank_budget
+from kdvfs.agents.common.problem import Planner, Problem, rank_budget
 from kdvfs.agents.learned.shipped import policy_source_path
 from kdvfs.envs.common.errors import KdvfsError
 from kdvfs.envs.gpu.profiles import GpuProfile, load_profile, profile_for_nvml_name
@@ -145,3 +145,17 @@ def load_plan(config: ControllerConfig, device_name: str) -> Plan:
     if document is None:
         return _policy_plan(path, problem, config.online.enabled)
     return Plan(problem, _plan_schedule(path, document, problem), f"plan {path.name} ({document.get('method')})")
+
+
+def bucket_planner(plan: Plan, config: ControllerConfig) -> Planner:
+    """What plans each shape bucket of a run whose steps vary
+    (:mod:`kdvfs.runtime.controller.decisions.shape_plans`): the policy's noise-free rollout for a policy file,
+    else the plan's own method where it is a planner's, else the latency-optimal planner."""
+    from kdvfs.agents.planners.registry import PLANNERS, make_planner
+
+    if plan.online is not None or plan.schedule.method == "policy":
+        from kdvfs.agents.learned.frozen import FrozenPolicy
+        from kdvfs.agents.learned.policy_planner import PolicyPlanner
+
+        return PolicyPlanner(FrozenPolicy.load(policy_source_path(config.policy), plan.problem.profile))
+    return make_planner(plan.schedule.method if plan.schedule.method in PLANNERS else "latency-optimal")

@@ -16,8 +16,9 @@ for it in a :class:`ShapeBook`:
   lies within the captured range (:meth:`ShapeBook.build`, on a pool of forked processes: a solve takes
   seconds, and nothing may stall a training step). A step whose bucket has no plan runs at auto and is logged.
 
-The book's plans are the same planner's (``method``, default the latency-optimal one) at the run's budget
-and switching latency, each scored by the one cost model.
+The book's plans are one planner's at the run's budget and switching latency: the latency-optimal one for a
+plan file, the policy's noise-free rollout for a policy (replayed per bucket), each priced by the one cost
+model.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from multiprocessing import get_context
 
-from kdvfs.agents.common.problem import Problem
+from kdvfs.agents.common.problem import Planner, Problem
 from kdvfs.agents.planners.registry import make_planner
 from kdvfs.envs.gpu.profiles import GpuProfile
 from kdvfs.envs.model.schedule import Schedule
@@ -59,13 +60,13 @@ class ShapePlan:
     schedule: Schedule
 
 
-_JOBS: list[tuple[Trace, GpuProfile, float, float | None, str]] = []
+_JOBS: list[tuple[Trace, GpuProfile, float, float | None, Planner]] = []
 """The solves of the book being built, read by the forked workers (traces and profiles do not pickle)."""
 
 
 def _solve(job: int) -> Schedule:
-    trace, profile, budget, latency_s, method = _JOBS[job]
-    return make_planner(method).plan(Problem.build(trace, profile, budget, latency_s))
+    trace, profile, budget, latency_s, planner = _JOBS[job]
+    return planner.plan(Problem.build(trace, profile, budget, latency_s))
 
 
 def seq_quantum(seqs: Iterable[int]) -> int:
@@ -104,10 +105,10 @@ class ShapeBook:
 
     @classmethod
     def build(cls, shapes: Sequence[StepShape], predict: Predict, profile: GpuProfile, budget: float,
-              latency_s: float | None, method: str = "latency-optimal", workers: int | None = None,
+              latency_s: float | None, planner: Planner | None = None, workers: int | None = None,
               progress: Callable[[int, int], None] | None = None) -> ShapeBook:
         """Plan the buckets of ``shapes`` and of the range between them (per batch size): predict each
-        bucket's top shape and solve it with ``method`` at ``budget`` (a fraction) and ``latency_s`` (None: the
+        bucket's top shape and solve it with ``planner`` (default the latency-optimal one) at ``budget`` (a fraction) and ``latency_s`` (None: the
         profile's), on ``workers`` processes (default: the CPUs, at most the buckets); ``progress(done, total)``
         after each solve."""
         quantum = seq_quantum(shape.seq for shape in shapes)
@@ -117,7 +118,8 @@ class ShapeBook:
             trace = predict(top)
             if trace is not None:
                 tops[top] = trace
-        _JOBS[:] = [(trace, profile, budget, latency_s, method) for trace in tops.values()]
+        planner = planner or make_planner("latency-optimal")
+        _JOBS[:] = [(trace, profile, budget, latency_s, planner) for trace in tops.values()]
         if not _JOBS:
             return book
         schedules = []

@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kdvfs.agents.common.problem import Problem
+from kdvfs.agents.common.problem import Planner, Problem
 from kdvfs.envs.trace.shape import StepShape
 from kdvfs.runtime.controller.decisions.shape_plans import Predict, ShapeBook
 from kdvfs.runtime.controller.decisions.sources import StepSource
@@ -41,20 +41,18 @@ class VaryingSteps:
         shapes: the shapes the capture saw (its captured steps' and its run's distribution).
         predict: the expected trace of a shape (the step model's), None where it does not cover it.
         shape_of: where each step's shape comes from (see :data:`ShapeOf`).
-        method: the planner of every bucket.
         progress: ``(done, total)`` after each bucket's solve (None: quiet).
     """
 
     shapes: Sequence[StepShape]
     predict: Predict
     shape_of: ShapeOf
-    method: str = "latency-optimal"
     progress: Callable[[int, int], None] | None = None
 
-    def plan(self, problem: Problem) -> ShapeBook:
-        """The book of the buckets, at ``problem``'s GPU, budget and switching latency."""
+    def plan(self, problem: Problem, planner: Planner) -> ShapeBook:
+        """The book of the buckets planned by ``planner``, at ``problem``'s GPU, budget and switching latency."""
         return ShapeBook.build(self.shapes, self.predict, problem.profile, problem.budget, problem.latency_s,
-                               self.method, progress=self.progress)
+                               planner, progress=self.progress)
 
 
 @dataclass(frozen=True)

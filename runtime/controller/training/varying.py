@@ -1,0 +1,81 @@
+"""A run whose steps vary, in the training process: the captured shapes, the step model, and each step's shape.
+
+:func:`varying_steps` decides, when the controller opens, whether the run's steps vary: they do when the
+capture it was given (the trace and its ``.shape-K`` siblings, :func:`kdvfs.envs.trace.trace_set.load_trace_set`)
+holds more than one step shape, in its traces or in the run's shape distribution. Then it fits the step model
+on the captured traces (:class:`kdvfs.envs.model.step_model.StepModel`) and returns the
+:class:`~kdvfs.runtime.controller.decisions.shape_steps.VaryingSteps` the controller plans every bucket with,
+whose shapes come from :class:`StepShapes`: a :class:`~kdvfs.runtime.step_shapes.ShapeProbe` on the model,
+which the controller's thread waits on for the shape of the step it decides.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from pathlib import Path
+
+from kdvfs.envs.model.step_model import StepModel
+from kdvfs.envs.trace.shape import StepShape
+from kdvfs.envs.trace.trace import Trace
+from kdvfs.envs.trace.trace_set import load_trace_set
+from kdvfs.runtime.controller.decisions.shape_steps import VaryingSteps
+from kdvfs.runtime.device.host_time import Clock
+from kdvfs.runtime.step_shapes import ShapeProbe
+
+
+class StepShapes:
+    """Each step's shape as the training thread starts it, for the controller's thread to wait on.
+
+    The probe's ``on_shape`` (on the training thread, once per step: a lock and a notify) wakes a thread
+    waiting in :meth:`shape_of`. Step numbers are the controller's: :meth:`mark_step` at each of its steps.
+    """
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self._arrived = threading.Condition()
+        self.probe = ShapeProbe(on_shape=self._on_shape)
+
+    def _on_shape(self, step: int, shape: StepShape) -> None:
+        with self._arrived:
+            self._arrived.notify_all()
+
+    def shape_of(self, step: int, deadline_s: float) -> StepShape | None:
+        """Step ``step``'s shape, waiting for it until host time ``deadline_s`` (None: not known by then)."""
+        with self._arrived:
+            while (shape := self.probe.shape_of(step)) is None:
+                remaining_s = deadline_s - self.clock.now_s()
+                if remaining_s <= 0:
+                    return None
+                self._arrived.wait(remaining_s)
+            return shape
+
+
+def captured_shapes(traces: list[Trace]) -> list[StepShape]:
+    """The distinct shapes of a capture: its traces' and its run's distribution's, sorted."""
+    shapes = {trace.meta.step_shape for trace in traces if trace.meta.step_shape is not None}
+    for trace in traces:
+        shapes.update(shape for shape, _ in trace.meta.shape_distribution)
+    return sorted(shapes)
+
+
+def varying_steps(trace_path: str, clock: Clock) -> tuple[VaryingSteps, StepShapes] | None:
+    """The run's varying steps and where their shapes come from, or None when the capture at ``trace_path`` has
+    one shape (the controller then replays its one step, as before). A bundled trace name has no siblings."""
+    if not Path(trace_path).is_file():
+        return None
+    traces = load_trace_set(trace_path)
+    shapes = captured_shapes(traces)
+    if len(shapes) < 2:
+        return None
+    model = StepModel.fit([trace for trace in traces if trace.meta.step_shape is not None])
+    source = StepShapes(clock)
+
+    def predict(shape: StepShape) -> Trace | None:
+        return model.predict(shape) if model.covers(shape) else None
+
+    def progress(done: int, total: int) -> None:
+        if done == total:
+            print(f"kdvfs: planned {total} step-shape buckets", file=sys.stderr)
+
+    return VaryingSteps(shapes, predict, source.shape_of, progress=progress), source
