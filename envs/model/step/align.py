@@ -3,11 +3,11 @@
 Steps of one model at two shapes launch mostly the same kernel sequence; GEMM kernel names change with the
 shape, a few kernels appear or vanish (split-K reductions, workspace memsets, a sort instead of a copy), and
 an MoE step's expert loop launches as many kernels as experts received tokens. Kernels are therefore
-compared by their *token* (phase, category, launching op name, kind), never their name, and two steps are
-aligned by a common subsequence of their tokens of the highest score, a pair scoring ``TOKEN_MATCH`` and a
-bonus for equal names and op dimensions: a kernel inserted or dropped in one step shifts nothing else. The dynamic programme is compiled (numba, cached beside this file): O(K1 x K2) time, under
-50 ms for two 3,000-kernel steps; beyond ``MAX_CELLS`` cells, kernels are paired by their token's
-occurrence index within its phase instead.
+compared by their *token* (phase, category, launching op name, kind), never their name alone, and two steps
+are aligned by a common subsequence of their tokens of the highest score (``TOKEN_MATCH`` per pair, plus a
+bonus for equal names and op dimensions): a kernel inserted or dropped in one step shifts nothing else. The
+dynamic programme is compiled (numba, cached beside this file), O(K1 x K2): tens of milliseconds for two
+3,000-kernel steps; beyond ``MAX_CELLS`` cells, kernels are paired by their token's occurrence index instead.
 """
 
 from __future__ import annotations

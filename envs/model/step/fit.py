@@ -45,7 +45,7 @@ def fit_nonnegative(x: Array, y: Array, weights: Array) -> Array:
     Returns:
         (S, p) coefficients >= 0 minimising sum weights * (y - x c)^2; a slot without observations gets 0.
     """
-    n, p = x.shape
+    p = x.shape[1]
     slots = y.shape[1]
     y = np.where(weights > 0, y, 0.0)
     best = np.zeros((slots, p))
