@@ -1,0 +1,73 @@
+"""The step model's error, measured by leaving captured shapes out: each captured step is predicted from the
+others and compared with what was measured.
+
+Per held-out shape: the error of its kernel time (the sum of kernel durations, what clocks act on), of its
+step time as the cost model prices it (kernels plus idle gaps scaled to the measured, unprofiled step time:
+:func:`~kdvfs.envs.trace.trace.with_measured_gaps`), and the kernel-time-weighted duration error (the sum over
+aligned kernels of |predicted - measured| duration, kernels without a partner counting whole, over the measured
+kernel time). A shape outside the range of the others (its tokens or sequence length beyond theirs) is an
+*edge* shape: its prediction extrapolates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from kdvfs.envs.model.step.align import align, token_ids
+from kdvfs.envs.model.step_model import StepModel
+from kdvfs.envs.trace.shape import StepShape
+from kdvfs.envs.trace.trace import Trace, with_measured_gaps
+
+
+@dataclass(frozen=True)
+class ShapeError:
+    """The prediction error of one held-out shape (percent; signed: predicted over measured, minus 1)."""
+
+    shape: StepShape
+    edge: bool
+    kernel_time_error_pct: float
+    step_time_error_pct: float
+    weighted_duration_error_pct: float
+
+    def as_json(self) -> dict[str, object]:
+        return {"shape": self.shape.key, "edge": self.edge, "kernel_time_error_pct": self.kernel_time_error_pct,
+                "step_time_error_pct": self.step_time_error_pct,
+                "weighted_duration_error_pct": self.weighted_duration_error_pct}
+
+
+def weighted_duration_error(predicted: Trace, measured: Trace) -> float:
+    """Kernel-time-weighted duration error of ``predicted`` against ``measured`` (a fraction; module docstring)."""
+    a, b = token_ids([predicted, measured])
+    match = align(a, b)
+    paired = match >= 0
+    unpaired = np.ones(len(measured), dtype=bool)
+    unpaired[match[paired]] = False
+    error = (np.abs(predicted.duration_s[paired] - measured.duration_s[match[paired]]).sum()
+             + predicted.duration_s[~paired].sum() + measured.duration_s[unpaired].sum())
+    return float(error / measured.busy_s)
+
+
+def is_edge(shape: StepShape, others: Sequence[StepShape]) -> bool:
+    """Whether ``shape``'s tokens or sequence length lie outside the range of ``others``'."""
+    return any(not min(getattr(s, name) for s in others) <= getattr(shape, name) <= max(getattr(s, name)
+                                                                                     for s in others)
+               for name in ("tokens", "seq"))
+
+
+def leave_one_out(traces: Sequence[Trace]) -> list[ShapeError]:
+    """Each trace (one model, at least three shapes) predicted by the step model of the others."""
+    errors = []
+    for index, held in enumerate(traces):
+        rest = [t for i, t in enumerate(traces) if i != index]
+        shape = held.meta.step_shape
+        assert shape is not None
+        predicted = StepModel.fit(rest).predict(shape)
+        step_s, measured_s = with_measured_gaps(predicted).step_time_s, with_measured_gaps(held).step_time_s
+        others = [t.meta.step_shape for t in rest if t.meta.step_shape is not None]
+        errors.append(ShapeError(shape, is_edge(shape, others), 100.0 * (predicted.busy_s / held.busy_s - 1.0),
+                                 100.0 * (step_s / measured_s - 1.0),
+                                 100.0 * weighted_duration_error(predicted, held)))
+    return errors

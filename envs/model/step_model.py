@@ -1,0 +1,279 @@
+"""The step model: the kernel trace of a step of a shape never captured, from captured steps of one model.
+
+A run whose steps change shape (dynamic padding, bucketing, MoE routing) is captured at a few shapes
+(:class:`~kdvfs.envs.trace.shape.StepShape`); :meth:`StepModel.predict` gives the expected step of any other
+shape near them, so the controller and the planners can decide on it as on a captured step.
+
+How a shape is predicted:
+
+* **Template.** The kernel sequence is the nearest captured shape's (distance in log tokens and log sequence
+  length): its kernel names, kinds, categories, phases, launch configurations and ops.
+* **Alignment.** Every other captured step is aligned to the template kernel by kernel
+  (:mod:`kdvfs.envs.model.step.align`: by phase, category and op, so GEMMs whose kernel names change with the
+  shape still pair; inserted or dropped kernels shift nothing).
+* **Fit per kernel.** Each template kernel's duration, idle gap before it, FLOPs and DRAM bytes are fitted over
+  the shapes where it has a partner, non-negative in ``1, tokens`` (and ``batch * seq^2`` for attention)
+  (:mod:`kdvfs.envs.model.step.fit`). A kernel that only the template has is scaled as its category's fitted
+  kernels are. Whole-step measurements (``step_time_s``, ``energy_j_per_step``, ...) are fitted the same way,
+  so the cost model's measured-gap correction (:func:`~kdvfs.envs.trace.trace.with_measured_gaps`) holds.
+* **Group totals.** The kernel time of each (phase, category) group is fitted over the captured steps as a
+  whole and the group's kernels scaled to it: one kernel's partner across shapes can be a different MoE
+  expert with a different load (routing follows the data, not the shape), but a group's total follows the
+  shape.
+
+Where it is not: shapes far outside the captured range (:meth:`StepModel.covers` is False beyond
+``COVER_FACTOR`` of the captured tokens, sequence lengths and batches, for another input structure, and for
+any shape but the captured one when only one was captured); kernels whose number depends on the data rather
+than the shape (MoE experts that receive no tokens) follow the template. Fitting is deterministic and takes a
+fraction of a second for a handful of 3,000-kernel steps; a prediction takes milliseconds, so the runtime refits
+at its start from the reference captures rather than storing the model.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from kdvfs.envs.common.errors import KdvfsError
+from kdvfs.envs.model.cost_model import Array
+from kdvfs.envs.model.estimate import split_work
+from kdvfs.envs.model.step.align import align, inverse, token_ids
+from kdvfs.envs.model.step.fit import basis, fit_nonnegative
+from kdvfs.envs.trace.shape import StepShape
+from kdvfs.envs.trace.trace import Category, Kernel, Phase, Trace
+
+COVER_FACTOR = 1.5
+"""How far beyond the captured range a shape is still covered: tokens, sequence length and batch within the
+captured minimum / COVER_FACTOR and maximum x COVER_FACTOR."""
+MIN_DURATION_S = 1e-7
+"""Shortest predicted kernel (s): a fitted duration never reaches zero."""
+QUANTITIES = ("duration_s", "gap_before_s", "flops", "dram_bytes")
+"""The per-kernel numbers the model fits, in the order of :attr:`Template.coefficients`."""
+CATEGORIES = tuple(Category)
+PHASES = tuple(Phase)
+
+
+class StepModelError(KdvfsError):
+    """The traces cannot make a step model (no shape, mixed shapes of one key, another input structure)."""
+
+
+@dataclass(frozen=True)
+class Template:
+    """One captured step as the template of the shapes nearest it, with its kernels' fits.
+
+    Attributes:
+        trace: the captured step.
+        coefficients: (4, K, 3) per kernel, the non-negative coefficients of each of ``QUANTITIES`` on
+            ``1, tokens, batch * seq^2`` (scaled units of :func:`~kdvfs.envs.model.step.fit.basis`).
+        observed: (4, K) on how many captured shapes each kernel's number was observed (1: the template's
+            only: scaled with its category at prediction).
+        categories: (K,) index of each kernel's category in ``CATEGORIES``.
+        groups: (K,) index of each kernel's (phase, category) group.
+        captured: (4, K) the template's own numbers (NaN where its work is unknown).
+    """
+
+    trace: Trace
+    coefficients: Array
+    observed: Array
+    categories: Array
+    groups: Array
+    captured: Array
+
+    def values(self, shape: StepShape) -> Array:
+        """(4, K) each quantity of each kernel at ``shape``; NaN where it has no FLOPs or bytes."""
+        x = basis([shape], quadratic=True)[0]
+        predicted = self.coefficients @ x
+        lonely = self.observed <= 1
+        ratio = _category_ratio(predicted, self.captured, lonely, self.categories)
+        predicted = np.where(lonely, self.captured * ratio, predicted)
+        return np.where(self.observed > 0, predicted, np.nan)
+
+
+@dataclass(frozen=True)
+class StepModel:
+    """The expected step of each shape near the captured ones (see the module docstring). Immutable.
+
+    Attributes:
+        shapes: the captured shapes, sorted.
+        templates: one per captured shape, in the same order.
+        measurements: (M, 3) coefficients of each whole-step measurement in ``measurement_keys``.
+        measurement_keys: the measurements every captured step has.
+        groups: (PHASES x CATEGORIES, 3) coefficients of each (phase, category) group's kernel time (s).
+    """
+
+    shapes: tuple[StepShape, ...]
+    templates: tuple[Template, ...]
+    measurements: Array
+    measurement_keys: tuple[str, ...]
+    groups: Array
+
+    @classmethod
+    def fit(cls, traces: Sequence[Trace]) -> StepModel:
+        """The model of the steps ``traces`` (one model at one or more shapes, each with ``meta.step_shape``).
+
+        Raises:
+            StepModelError: no traces, a trace without a shape, two traces of one shape, or shapes of
+                different input structures.
+        """
+        ordered = _checked(traces)
+        shapes = tuple(t.meta.step_shape for t in ordered if t.meta.step_shape is not None)
+        tokens = token_ids(ordered)
+        matches = _pairwise(tokens)
+        values = [_quantities(t) for t in ordered]
+        templates = tuple(_template(ordered, shapes, values, matches, t) for t in range(len(ordered)))
+        keys = tuple(sorted(set.intersection(*(set(t.meta.measurements) for t in ordered))))
+        y = np.array([[t.meta.measurements[k] for k in keys] for t in ordered]).reshape(len(ordered), len(keys))
+        x = basis(shapes, quadratic=False)
+        coefficients = fit_nonnegative(x, y, np.ones_like(y))
+        return cls(shapes, templates, np.pad(coefficients, ((0, 0), (0, 1))), keys, _group_fit(ordered, shapes))
+
+    def covers(self, shape: StepShape) -> bool:
+        """Whether ``shape`` lies near enough the captured shapes to be predicted (module docstring)."""
+        if shape in self.shapes:
+            return True
+        if len(self.shapes) < 2 or _structure(shape) != _structure(self.shapes[0]):
+            return False
+        return all(min(values) / COVER_FACTOR <= getattr(shape, name) <= max(values) * COVER_FACTOR
+                   for name in ("tokens", "seq", "batch")
+                   for values in [[getattr(s, name) for s in self.shapes]])
+
+    def nearest(self, shape: StepShape) -> int:
+        """Index of the captured shape nearest ``shape`` (log tokens and log sequence length; ties: the first)."""
+        distances = [math.hypot(math.log(max(shape.tokens, 1) / max(s.tokens, 1)),
+                                math.log(max(shape.seq, 1) / max(s.seq, 1))) for s in self.shapes]
+        return int(np.argmin(distances))
+
+    def predict(self, shape: StepShape) -> Trace:
+        """The expected step of ``shape``: the nearest captured shape's kernels with every number fitted at
+        ``shape``; ``meta.step_shape`` is ``shape`` and ``meta.source`` names the captured shapes. A captured
+        shape gives its own trace. Deterministic. Check :meth:`covers` first: outside it the fits extrapolate.
+        """
+        index = self.nearest(shape)
+        template = self.templates[index]
+        if self.shapes[index] == shape:
+            return template.trace
+        duration, gap, flops, dram = template.values(shape)
+        duration = _scaled_to_groups(duration, template.groups, self.groups @ basis([shape], quadratic=True)[0])
+        kernels = tuple(_kernel(k, float(duration[i]), float(gap[i]), float(flops[i]), float(dram[i]))
+                        for i, k in enumerate(template.trace.kernels))
+        x = basis([shape], quadratic=True)[0]
+        measured = dict(zip(self.measurement_keys, (self.measurements @ x).tolist(), strict=True))
+        captured = ", ".join(s.key for s in self.shapes)
+        meta = replace(template.trace.meta, workload=f"{template.trace.meta.workload}~{shape.key}",
+                       source=f"step-model: predicted from {captured} (template {self.shapes[index].key})",
+                       step_index=None, measurements=measured, step_shape=shape, shape_distribution=())
+        return Trace(meta, kernels)
+
+
+def _checked(traces: Sequence[Trace]) -> list[Trace]:
+    """``traces`` sorted by shape, after the checks of :meth:`StepModel.fit`."""
+    if not traces:
+        raise StepModelError("a step model needs at least one captured step")
+    shapes = [t.meta.step_shape for t in traces]
+    if any(s is None for s in shapes):
+        missing = next(t.meta.workload for t in traces if t.meta.step_shape is None)
+        raise StepModelError(f"trace {missing!r} has no meta.step_shape; capture it with a kdvfs that records "
+                             "step shapes")
+    known = [s for s in shapes if s is not None]
+    if len(set(known)) < len(known):
+        raise StepModelError("two traces have the same step shape; give one step per shape")
+    if len({_structure(s) for s in known}) > 1:
+        raise StepModelError("the traces' step shapes have different input structures: give steps of one model")
+    return [t for _, t in sorted(zip(known, traces, strict=True), key=lambda pair: pair[0])]
+
+
+def _structure(shape: StepShape) -> tuple[int, ...]:
+    """How many inputs a shape has and how many dimensions each: what one model's steps share."""
+    return tuple(len(dims) for dims in shape.inputs)
+
+
+def _pairwise(tokens: list[Array]) -> list[list[Array | None]]:
+    """matches[t][j]: for each kernel of trace t, its partner in trace j (-1: none); None on the diagonal."""
+    n = len(tokens)
+    matches: list[list[Array | None]] = [[None] * n for _ in range(n)]
+    for t in range(n):
+        for j in range(t + 1, n):
+            forward = align(tokens[t], tokens[j])
+            matches[t][j], matches[j][t] = forward, inverse(forward, len(tokens[j]))
+    return matches
+
+
+def _quantities(trace: Trace) -> Array:
+    """(4, K) each kernel's ``QUANTITIES``: duration, gap, FLOPs and bytes (NaN where its work is unknown)."""
+    work = split_work(trace)
+    flops = [math.nan if w is None else w.flops for w in work]
+    dram = [math.nan if w is None else w.dram_bytes for w in work]
+    return np.array([trace.duration_s, trace.gap_before_s, flops, dram], dtype=np.float64)
+
+
+def _template(traces: list[Trace], shapes: tuple[StepShape, ...], values: list[Array],
+              matches: list[list[Array | None]], t: int) -> Template:
+    """Trace ``t`` as a template: its kernels' partners in every trace and the fits over them."""
+    kernels = len(traces[t])
+    y = np.zeros((len(traces), 4, kernels))
+    for j, other in enumerate(values):
+        match = matches[t][j]
+        partner = np.arange(kernels) if match is None else match
+        y[j] = np.where(partner >= 0, other[:, np.maximum(partner, 0)], np.nan)
+    weights = np.isfinite(y).astype(np.float64)
+    categories = np.array([CATEGORIES.index(k.category) for k in traces[t].kernels])
+    attention = categories == CATEGORIES.index(Category.ATTENTION)
+    coefficients = np.zeros((4, kernels, 3))
+    for quadratic, columns in ((False, ~attention), (True, attention)):
+        x = basis(shapes, quadratic)
+        for q in range(4):
+            fitted = fit_nonnegative(x, y[:, q, columns], weights[:, q, columns])
+            coefficients[q, np.flatnonzero(columns), : fitted.shape[1]] = fitted
+    return Template(traces[t], coefficients, weights.sum(axis=0), categories, _group_of(traces[t]), values[t])
+
+
+def _group_of(trace: Trace) -> Array:
+    """(K,) each kernel's (phase, category) group index."""
+    return np.array([PHASES.index(k.phase) * len(CATEGORIES) + CATEGORIES.index(k.category) for k in trace.kernels],
+                    dtype=np.int64)
+
+
+def _group_fit(traces: list[Trace], shapes: tuple[StepShape, ...]) -> Array:
+    """(PHASES x CATEGORIES, 3) each group's kernel time fitted over the captured steps (``batch * seq^2``
+    for attention groups only)."""
+    size = len(PHASES) * len(CATEGORIES)
+    totals = np.array([np.bincount(_group_of(t), t.duration_s, minlength=size) for t in traces])
+    attention = np.arange(size) % len(CATEGORIES) == CATEGORIES.index(Category.ATTENTION)
+    coefficients = np.zeros((size, 3))
+    coefficients[~attention, :2] = fit_nonnegative(basis(shapes, False), totals[:, ~attention],
+                                                   np.ones_like(totals[:, ~attention]))
+    coefficients[attention] = fit_nonnegative(basis(shapes, True), totals[:, attention],
+                                              np.ones_like(totals[:, attention]))
+    return coefficients
+
+
+def _scaled_to_groups(duration_s: Array, groups: Array, group_totals_s: Array) -> Array:
+    """``duration_s`` with each group's kernels scaled so that they sum to its fitted total (where it has one)."""
+    sums = np.bincount(groups, duration_s, minlength=len(group_totals_s))
+    scale = np.where((sums > 0) & (group_totals_s > 0), group_totals_s / np.where(sums > 0, sums, 1.0), 1.0)
+    return duration_s * scale[groups]
+
+
+def _category_ratio(predicted: Array, template: Array, lonely: Array, categories: Array) -> Array:
+    """(4, K) for each kernel, predicted over template totals of its category's kernels fitted on more than
+    the template (1 where its category has none)."""
+    ratio = np.ones_like(predicted)
+    bins = len(CATEGORIES)
+    for q in range(predicted.shape[0]):
+        fitted = ~lonely[q] & np.isfinite(template[q]) & np.isfinite(predicted[q])
+        top = np.bincount(categories[fitted], predicted[q, fitted], minlength=bins)
+        bottom = np.bincount(categories[fitted], template[q, fitted], minlength=bins)
+        per_category = np.where(bottom > 0, top / np.where(bottom > 0, bottom, 1.0), 1.0)
+        ratio[q] = per_category[categories]
+    return ratio
+
+
+def _kernel(kernel: Kernel, duration_s: float, gap_s: float, flops: float, dram_bytes: float) -> Kernel:
+    """The template ``kernel`` with predicted numbers (work kept unset where unknown)."""
+    return replace(kernel, duration_s=max(duration_s, MIN_DURATION_S), gap_before_s=max(gap_s, 0.0),
+                   flops=None if math.isnan(flops) else max(flops, 0.0),
+                   dram_bytes=None if math.isnan(dram_bytes) else max(dram_bytes, 0.0))
+
