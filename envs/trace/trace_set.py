@@ -42,6 +42,15 @@ def shape_path(path: str | Path, number: int) -> Path:
     return path.with_name(f"{stem}.shape-{number}{suffix}")
 
 
+def main_path(path: str | Path) -> Path:
+    """The main trace of a ``.shape-K`` file (``run.shape-2.trace.json`` -> ``run.trace.json``); ``path`` itself
+    for any other file."""
+    path = Path(path)
+    stem, suffix = _split(path)
+    match = _SHAPE_NAME.search(stem)
+    return path.with_name(f"{stem[:match.start()]}{suffix}") if match else path
+
+
 def sibling_paths(path: str | Path) -> list[Path]:
     """The existing ``.shape-K`` files beside the trace ``path``, by K (K = 1, 2, ... with no gap: a file after a
     missing number belongs to no capture of ``path`` and is left out)."""
