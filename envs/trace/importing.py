@@ -107,8 +107,9 @@ def read_recording(path: Path, format_name: str = DEFAULT_FORMAT) -> Recording:
     return _READERS[format_name](Path(path))
 
 
-def _steps_from_annotations(recording: Recording) -> list[range]:
-    """Index ranges of complete steps: each ends with the last activity launched in an optimizer span."""
+def _steps_from_annotations(recording: Recording, leading_step: bool = False) -> list[range]:
+    """Index ranges of complete steps: each ends with the last activity launched in an optimizer span (the first
+    dropped when its length differs from the second's, unless ``leading_step``)."""
     ends = []
     for lo, hi in recording.optimizer_spans:
         inside = [i for i, a in enumerate(recording.activities) if a.launch_us is not None and lo <= a.launch_us <= hi]
@@ -116,7 +117,7 @@ def _steps_from_annotations(recording: Recording) -> list[range]:
             ends.append(inside[-1])
     starts = [0] + [end + 1 for end in ends[:-1]]
     steps = [range(s, e + 1) for s, e in zip(starts, ends, strict=True)]
-    if len(steps) >= 2 and len(steps[0]) != len(steps[1]):
+    if len(steps) >= 2 and len(steps[0]) != len(steps[1]) and not leading_step:
         steps = steps[1:]
     return steps
 
@@ -147,9 +148,11 @@ def _steps_from_repetition(recording: Recording) -> list[range]:
     return [range(s, s + period) for s in range(offset, len(activities) - period + 1, period)]
 
 
-def split_steps(recording: Recording) -> list[range]:
-    """Index ranges (into ``recording.activities``) of the recording's complete training steps."""
-    steps = _steps_from_annotations(recording) if recording.optimizer_spans else []
+def split_steps(recording: Recording, leading_step: bool = False) -> list[range]:
+    """Index ranges (into ``recording.activities``) of the recording's complete training steps; with
+    ``leading_step`` the first step is kept even when its length differs from the next one's (a recording
+    that starts at a step boundary, of steps that vary)."""
+    steps = _steps_from_annotations(recording, leading_step) if recording.optimizer_spans else []
     return steps or _steps_from_repetition(recording)
 
 
@@ -182,9 +185,9 @@ def label_phases(recording: Recording, step: range) -> list[Phase]:
     return phases
 
 
-def _chosen_step(recording: Recording, step: int) -> tuple[int, range]:
+def _chosen_step(recording: Recording, step: int, leading_step: bool = False) -> tuple[int, range]:
     """The index and activity range of complete step ``step`` (Python indexing)."""
-    steps = split_steps(recording)
+    steps = split_steps(recording, leading_step)
     if not steps:
         raise StepDetectionError(f"{recording.path}: no complete training step found; record at least one whole "
                                  "step including its optimizer.step()")
@@ -208,7 +211,7 @@ def _kernel(activity: Activity, phase: Phase, gap_us: float) -> Kernel:
 
 def import_trace(path: Path, format_name: str = DEFAULT_FORMAT, step: int = -1, workload: str | None = None,
                  measurements: dict[str, float] | None = None, ref_mem_mhz: float | None = None,
-                 observed_core_mhz: float | None = None) -> Trace:
+                 observed_core_mhz: float | None = None, leading_step: bool = False) -> Trace:
     """Import one training step of a profiler recording.
 
     Args:
@@ -219,10 +222,12 @@ def import_trace(path: Path, format_name: str = DEFAULT_FORMAT, step: int = -1, 
         measurements: whole-step measurements to store (e.g. joules per step).
         ref_mem_mhz: memory clock during the recording (MHz), when known.
         observed_core_mhz: median SM clock seen during the recording (MHz), when known.
+        leading_step: keep the recording's first step even when its length differs from the second's (see
+            :func:`split_steps`).
     """
     path = Path(path)
     recording = read_recording(path, format_name)
-    index, chosen = _chosen_step(recording, step)
+    index, chosen = _chosen_step(recording, step, leading_step)
     acts = recording.activities
     kernels = []
     for i, phase in zip(chosen, label_phases(recording, chosen), strict=True):

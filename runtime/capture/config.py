@@ -29,6 +29,9 @@ class CaptureConfig:
         keep_profile: also write the raw profiler recording (chrome trace, gzipped) here.
         report_path: where the child process writes its report (set by ``kdvfs capture``).
         mark_only: mark one step after the warm-up with an NVTX range and record nothing (``--ncu`` runs).
+        shapes: most step shapes to profile when the measurement window saw steps of several shapes (1: one
+            trace of the last profiled step, whatever its shape; :mod:`kdvfs.runtime.capture.varying`).
+        max_profiled_steps: most steps profiled while looking for those shapes.
     """
 
     output: str
@@ -44,6 +47,8 @@ class CaptureConfig:
     keep_profile: str | None = None
     report_path: str | None = None
     mark_only: bool = False
+    shapes: int = 4
+    max_profiled_steps: int = 64
 
     def __post_init__(self) -> None:
         if self.steps < 1:
@@ -51,6 +56,9 @@ class CaptureConfig:
         if self.warmup < 1:
             raise CaptureError(f"--warmup {self.warmup}: warm up for at least one step (the first step allocates "
                                "memory and tunes kernels)")
+        if self.shapes < 1 or self.max_profiled_steps < 1:
+            raise CaptureError(f"--shapes {self.shapes} and --max-profiled-steps {self.max_profiled_steps}: both "
+                               "must be at least 1")
         if not self.energy_window_s > 0:
             raise CaptureError(f"--energy-window-s {self.energy_window_s}: the window must be positive")
 

@@ -19,6 +19,7 @@ from typing import Any
 from kdvfs.envs.common.files import read_text, write_text_atomic
 from kdvfs.envs.trace.format import load_trace, save_trace
 from kdvfs.envs.trace.trace import Trace
+from kdvfs.envs.trace.trace_set import shape_path, sibling_paths
 from kdvfs.runtime.capture import ncu_run
 from kdvfs.runtime.capture.config import CaptureConfig
 from kdvfs.runtime.capture.errors import CaptureError, ScriptExitError
@@ -100,7 +101,8 @@ def run_capture(command: Sequence[str], config: CaptureConfig, ncu: bool = False
 
 
 def _deliver(report: CaptureReport, config: CaptureConfig, folder: Path) -> CaptureReport:
-    """Copy one rank's trace (and raw recording) from the private folder to where the user asked. Files get
+    """Copy one rank's trace, the traces of its other step shapes (and the raw recording) from the private folder to
+    where the user asked, and remove ``.shape-K`` files of an earlier capture beyond this one's. Files get
     ``.rankR`` only in a job of several ranks (a one-rank torchrun job names its files as without torchrun,
     as its controller does: :attr:`kdvfs.runtime.job.Rank.distributed`)."""
     def place(path: Path) -> Path:
@@ -109,5 +111,13 @@ def _deliver(report: CaptureReport, config: CaptureConfig, folder: Path) -> Capt
     if config.keep_profile:
         write_text_atomic(place(Path(config.keep_profile)), read_text(place(folder / "profile.json")))
     output = place(Path(config.output))
+    captured = report.shapes.get("captured", [])
+    others = [(shape_path(place(folder / "trace.json"), k), shape_path(output, k)) for k in range(1, len(captured))]
+    for source, target in others:
+        save_trace(load_trace(source), target)
     save_trace(load_trace(place(folder / "trace.json")), output)
-    return replace(report, output=str(output))
+    for stale in sibling_paths(output)[len(others):]:  # a previous capture's shapes beyond this one's
+        stale.unlink()
+    shapes = {**report.shapes, "captured": [{**entry, "output": str(shape_path(output, k))}
+                                            for k, entry in enumerate(captured)]} if captured else report.shapes
+    return replace(report, output=str(output), shapes=shapes)

@@ -88,6 +88,8 @@ class CaptureReport:
     world_size: int = 1
     job_step_time_s: float | None = None
     communication_s: float = 0.0
+    shapes: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """Steps that vary (:func:`kdvfs.runtime.capture.varying.shapes_report`): shapes seen, captured, missed."""
 
     def as_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -110,11 +112,13 @@ def _scaled_to(trace: Trace, step_s: float) -> Trace:
 
 
 def build_trace(profile: Path, config: CaptureConfig, timing: StepTiming, gpu_name: str,
-                job: JobGroup | None = None) -> Trace:
-    """The last complete step of the recording, with the capture's measurements and provenance; under
-    torchrun (``job``) the longest time outside communication kernels over the ranks (a collective)."""
+                job: JobGroup | None = None, step: int = -1) -> Trace:
+    """Complete step ``step`` of the recording (default the last; a recording that starts at a step boundary,
+    its first step kept: :func:`kdvfs.envs.trace.importing.split_steps`), with the capture's measurements and
+    provenance; under torchrun (``job``) the longest time outside communication kernels over the ranks."""
     reading = timing.reading
-    trace = import_trace(_gpu_recording(profile, config), step=-1, workload=config.workload,
+    trace = import_trace(_gpu_recording(profile, config), step=step, leading_step=step != -1,
+                         workload=config.workload,
                          measurements=timing.measurements(),
                          ref_mem_mhz=reading.mem_mhz if reading else None,
                          observed_core_mhz=reading.sm_mhz if reading else None)

@@ -39,13 +39,16 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile, schedule
 
+from kdvfs.runtime.capture import varying
 from kdvfs.runtime.capture.config import CaptureConfig
 from kdvfs.runtime.capture.errors import CaptureError
 from kdvfs.runtime.capture.recording import CaptureReport, StepTiming, build_trace, write_capture
+from kdvfs.runtime.capture.shape_set import write_shape_set
 from kdvfs.runtime.device.energy import WindowReading, WindowSampler
 from kdvfs.runtime.device.nvml import GpuReader, import_nvml
 from kdvfs.runtime.device.visible import rank_gpu_index
 from kdvfs.runtime.job import JobGroup, Rank, rank_path
+from kdvfs.runtime.step_shapes import ShapeProbe
 
 MIN_WINDOW_STEPS = 3
 NO_CUDA = ("no CUDA kernels recorded: the script ran on the CPU (PyTorch had not initialised CUDA by the end of "
@@ -60,13 +63,11 @@ class Stage(StrEnum):
     WINDOW = "window"
     PROFILER_WARMUP = "profiler-warmup"
     PROFILE = "profile"
+    SHAPES = "shapes"
     DONE = "done"
 
 
-def _synchronize() -> None:
-    """Wait for the GPU to finish queued work (nothing to wait for when CUDA is not in use)."""
-    if torch.cuda.is_initialized():
-        torch.cuda.synchronize()
+_synchronize = varying.synchronize
 
 
 class Capture:
@@ -98,6 +99,11 @@ class Capture:
         self._counted = 0
         self._window: tuple[float, int, WindowReading | None] = (0.0, 0, None)
         self._job_step_s = 0.0
+        self.probe = ShapeProbe()
+        self._clock = varying.StepClock(self._now_s, cuda=False)
+        self._window_steps: list[int] = []
+        self._shapes = varying.WindowShapes((), ())
+        self._rounds: varying.ShapeRounds | None = None
 
     @classmethod
     def from_config(cls, config: CaptureConfig, nvml: types.ModuleType | None = None) -> Capture:
@@ -114,6 +120,8 @@ class Capture:
         if self.rank.distributed:
             self._job = JobGroup(self.rank)
             self._stack.callback(self._job.close)
+        self._stack.callback(self.probe.remove)
+        self.probe.install()
         return self
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
@@ -124,6 +132,8 @@ class Capture:
             with contextlib.suppress(RuntimeError):
                 self._profiler.stop()
             self._profiler = None
+        if self._rounds is not None:
+            self._rounds.stop()
         self._stack.close()
         if kind is None and self.stage is not Stage.DONE:
             raise CaptureError(self._incomplete())
@@ -143,23 +153,36 @@ class Capture:
         if self.stage is Stage.DONE:
             return True
         self.steps_seen += 1
+        ended = self.probe.mark_step()
         if self.steps_seen == 1 and not self.config.cpu_test_mode and not torch.cuda.is_initialized():
             raise CaptureError(NO_CUDA)
         {Stage.WARMUP: self._warmup_step, Stage.WINDOW: self._window_step,
-         Stage.PROFILER_WARMUP: self._profiler_warmup_step, Stage.PROFILE: self._profile_step}[self.stage]()
+         Stage.PROFILER_WARMUP: self._profiler_warmup_step, Stage.PROFILE: self._profile_step,
+         Stage.SHAPES: self._shapes_step}[self.stage](ended)
         return self.stage is Stage.DONE
 
-    def _warmup_step(self) -> None:
+    def _warmup_step(self, ended: int) -> None:
         if self.steps_seen < self.config.warmup:
             return
         _synchronize()
         if self._sampler is not None:
             self._sampler.start()
+        cuda = torch.cuda.is_initialized() and not self.config.cpu_test_mode
+        self._clock = varying.StepClock(self._now_s, cuda)
+        self._clock.mark()
         self._mark_s, self._counted, self.stage = self._now_s(), 0, Stage.WINDOW
 
-    def _window_step(self) -> None:
+    def _profiles_shapes(self) -> bool:
+        """Whether the capture profiles several shapes (``shapes`` > 1, outside torchrun)."""
+        return self.config.shapes > 1 and not self.rank.distributed
+
+    def _window_step(self, ended: int) -> None:
         self._counted += 1
-        done = self._now_s() - self._mark_s >= self.config.energy_window_s and self._counted >= MIN_WINDOW_STEPS
+        self._clock.mark()
+        self._window_steps.append(ended)
+        shapes = {self.probe.shape_of(step) for step in self._window_steps} - {None}
+        least = varying.MIN_VARYING_WINDOW_STEPS if len(shapes) > 1 and self._profiles_shapes() else MIN_WINDOW_STEPS
+        done = self._now_s() - self._mark_s >= self.config.energy_window_s and self._counted >= least
         if self._job is not None:
             agreeing_s = self._now_s()
             done = self._job.min([float(done)])[0] > 0
@@ -172,6 +195,11 @@ class Capture:
         self._window = (elapsed_s, self._counted, reading)
         step_s = elapsed_s / self._counted
         self._job_step_s = step_s if self._job is None else self._job.max([step_s])[0]
+        self._shapes = varying.WindowShapes(tuple(self.probe.shape_of(step) for step in self._window_steps),
+                                            tuple(self._clock.durations_s()))
+        if self._shapes.varies and self._profiles_shapes():
+            self._start_rounds()
+            return
         activities = [ProfilerActivity.CPU] + ([] if self.config.cpu_test_mode else [ProfilerActivity.CUDA])
         self._profiler = profile(activities=activities, record_shapes=True,
                                  schedule=schedule(wait=0, warmup=1, active=self.config.steps, repeat=1),
@@ -179,13 +207,35 @@ class Capture:
         self._profiler.start()
         self.stage = Stage.PROFILER_WARMUP
 
-    def _profiler_warmup_step(self) -> None:
+    def _start_rounds(self) -> None:
+        targets = varying.choose_targets(self._shapes.counts, self.config.shapes)
+        self._rounds = varying.ShapeRounds(targets, self.probe, self._folder, self.config.max_profiled_steps,
+                                           self._now_s, self.config.cpu_test_mode)
+        self._rounds.start()
+        self.stage = Stage.SHAPES
+
+    def _shapes_step(self, ended: int) -> None:
+        rounds = self._rounds
+        assert rounds is not None
+        if not rounds.step(ended):
+            return
+        if not rounds.captured:
+            raise CaptureError(f"none of the run's {len(rounds.targets)} most frequent and extreme step shapes came "
+                               f"up in {rounds.profiled_steps} profiled steps; raise --max-profiled-steps")
+        window_s, window_steps, reading = self._window
+        timing = StepTiming(window_s, window_steps, rounds.profiled_s, rounds.profiled_steps, reading,
+                            self._job_step_s, self.rank)
+        self.report = write_shape_set(rounds, self._shapes, self.config, timing,
+                                      self._reader.name if self._reader else "")
+        self.stage = Stage.DONE
+
+    def _profiler_warmup_step(self, ended: int) -> None:
         _synchronize()
         assert self._profiler is not None
         self._profiler.step()
         self._mark_s, self._counted, self.stage = self._now_s(), 0, Stage.PROFILE
 
-    def _profile_step(self) -> None:
+    def _profile_step(self, ended: int) -> None:
         assert self._profiler is not None
         self._counted += 1
         if self._counted < self.config.steps:
@@ -201,5 +251,9 @@ class Capture:
                             self.rank)
         recording = self._folder / "profile.json"
         trace = build_trace(recording, self.config, timing, self._reader.name if self._reader else "", self._job)
-        self.report = write_capture(trace, recording, self.config, timing)
+        trace = varying.with_shapes(trace, self.probe.shape_of(ended), self._shapes)
+        report = write_capture(trace, recording, self.config, timing)
+        known = [trace] if trace.meta.step_shape else []
+        shapes = varying.shapes_report(self._shapes, known, [report.output] * len(known), [], self.config.steps)
+        self.report = dataclasses.replace(report, shapes=shapes)
         self.stage = Stage.DONE

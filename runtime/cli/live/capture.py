@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 from kdvfs.envs.common.errors import KdvfsError
 from kdvfs.runtime.capture.config import CaptureConfig
@@ -14,6 +15,8 @@ from kdvfs.runtime.capture.recording import CaptureReport
 from kdvfs.runtime.cli.arguments import add_output, check_output_file, command_paths
 from kdvfs.runtime.cli.render import console, print_json
 
+TIME_VARIES = 0.1
+"""Step-time coefficient of variation above which a one-shape run gets a note."""
 STDERR_FD = 2
 """With --json the script's own output goes to standard error, so standard output holds only the report."""
 
@@ -28,6 +31,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--energy-window-s", type=float, default=5.0,
                         help="length of the unprofiled window that measures step time and energy (default 5 s; "
                              "the NVML energy counter updates ~10 times a second)")
+    parser.add_argument("--shapes", type=int, default=4,
+                        help="when steps vary in shape (dynamic padding, bucketing), profile up to N shapes: the most "
+                             "frequent (written to -o) and the smallest and largest, each beside it as "
+                             "NAME.shape-K.trace.json (default 4; 1: one trace of the last profiled step)")
+    parser.add_argument("--max-profiled-steps", type=int, default=64,
+                        help="most steps profiled while looking for those shapes (default 64)")
     parser.add_argument("--workload", help="label stored in the trace (default: the script's name)")
     parser.add_argument("--gpu-index", type=int, help="NVML index of the GPU the script uses (default: CUDA device "
                                                       "LOCAL_RANK, 0 outside torchrun, through CUDA_VISIBLE_DEVICES)")
@@ -70,6 +79,29 @@ def _print_report(report: CaptureReport) -> None:
                       f"MHz, memory {report.mem_mhz:.0f} MHz")
     if report.kernels_with_counters:
         console.print(f"Nsight Compute counters on {report.kernels_with_counters} kernels")
+    _print_shapes(report.shapes)
+
+
+def _print_shapes(shapes: dict[str, Any]) -> None:
+    """The step shapes the window saw and those captured (nothing for a run of one shape)."""
+    seen = shapes.get("seen", [])
+    cv = shapes.get("step_time_cv")
+    if len(seen) == 1 and cv is not None and cv > TIME_VARIES:
+        console.print(f"note: one input shape ({seen[0]['shape']}) but step times vary (cv {cv:.0%}): the trace is "
+                      "one of these steps")
+    if len(seen) < 2:
+        return
+    low, high = shapes["tokens_range"]
+    console.print(f"steps vary: {len(seen)} shapes in {shapes['window_steps']} window steps, {low}-{high} tokens; "
+                  f"captured {len(shapes['captured'])} in {shapes['profiled_steps']} profiled steps:")
+    for entry in shapes["captured"]:
+        time_s = entry["step_time_s"]
+        timing = f"{time_s * 1e3:.2f} ms/step" if time_s is not None else "too few window steps to time"
+        console.print(f"  {entry['shape']}: {entry['window_steps']} window steps, {timing}, {entry['kernels']} "
+                      f"activities -> {entry['output']}")
+    for entry in shapes.get("missed", []):
+        console.print(f"  note: {entry['shape']} ({entry['window_steps']} window steps) did not come up in the "
+                      "profiled steps; raise --max-profiled-steps to capture it")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -82,7 +114,8 @@ def run(args: argparse.Namespace) -> int:
         output=str(args.output), steps=args.steps, warmup=args.warmup, energy_window_s=args.energy_window_s,
         measure_energy=not args.no_energy, gpu_index=args.gpu_index, nvml_module=args.nvml_module,
         cpu_test_mode=args.cpu_test_mode, workload=args.workload or _workload(command),
-        keep_profile=str(args.keep_profile) if args.keep_profile else None)
+        keep_profile=str(args.keep_profile) if args.keep_profile else None, shapes=args.shapes,
+        max_profiled_steps=args.max_profiled_steps)
     try:
         reports = run_capture(command, config, ncu=args.ncu, script_stdout=STDERR_FD if args.json else None)
     except ScriptExitError as error:

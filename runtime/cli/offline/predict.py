@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -14,6 +15,7 @@ from kdvfs.envs.model.cost_tables import build_tables, step_breakdown
 from kdvfs.envs.model.uncertainty import UncertaintySpec, over_samples, spread
 from kdvfs.envs.trace.bundled import open_trace
 from kdvfs.envs.trace.trace import Trace, with_measured_gaps
+from kdvfs.envs.trace.trace_set import load_trace_set, main_path, window_prediction
 from kdvfs.runtime.cli.render import add_uncertainty_arguments, breakdown_table, console, print_json, progress_bar
 
 RANGED = ("step_time_s", "energy_j", "avg_power_w")
@@ -74,11 +76,28 @@ def with_ranges(rows: list[dict[str, Any]], trace: Trace, profile: GpuProfile, p
         row["uncertainty"] = {key: spread(sample[index][key] for sample in samples) for key in RANGED}
 
 
+def window_check(path: str, trace: Trace, profile: GpuProfile) -> dict[str, float] | None:
+    """For a capture whose steps vary: the measured joules of its unprofiled window against the sum over the
+    window's steps of the predicted auto-mode joules of each step's own shape (from the capture's trace set:
+    :func:`kdvfs.envs.trace.trace_set.window_prediction`); None for other traces."""
+    measured_j = trace.meta.measurements.get("window_energy_j")
+    if len(trace.meta.shape_distribution) < 2 or measured_j is None or not Path(path).is_file():
+        return None
+    captured = {t.meta.step_shape: predictions(with_measured_gaps(t), profile, [])[0]["energy_j"]
+                for t in load_trace_set(main_path(path)) if t.meta.step_shape is not None}
+    predicted = window_prediction(trace.meta.shape_distribution, captured)
+    return {"measured_j": measured_j, "predicted_j": predicted["total"], "steps": predicted["steps"],
+            "captured_steps": predicted["captured_steps"], "error": predicted["total"] / measured_j - 1}
+
+
 def run(args: argparse.Namespace) -> int:
     trace, profile = with_measured_gaps(open_trace(args.trace)), load_profile(args.gpu)
     rows = predictions(trace, profile, args.pair)
     result: dict[str, Any] = {"trace": trace.meta.workload, "gpu": profile.name,
                               "measured": dict(trace.meta.measurements), "predictions": rows}
+    window = window_check(args.trace, trace, profile)
+    if window is not None:
+        result["window"] = window
     if args.uncertainty and args.samples > 0:
         spec = UncertaintySpec(args.samples, args.seed, vary_latency=False)
         with_ranges(rows, trace, profile, args.pair, spec)
@@ -88,6 +107,11 @@ def run(args: argparse.Namespace) -> int:
         print_json(result)
     else:
         console.print(breakdown_table(result))
+        if window is not None:
+            console.print(f"window of {window['steps']:.0f} steps of mixed shapes ({window['captured_steps']:.0f} of a "
+                          f"captured shape, the others scaled from the nearest by tokens): measured "
+                          f"{window['measured_j']:.1f} J, predicted {window['predicted_j']:.1f} J "
+                          f"({window['error']:+.1%})")
     if note:
         print(f"kdvfs: {note}", file=sys.stderr)
     return 0

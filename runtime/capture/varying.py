@@ -1,0 +1,251 @@
+"""Capture of a run whose steps vary: the window's step shapes, the shapes to profile, and the profiling rounds.
+
+A :class:`~kdvfs.runtime.step_shapes.ShapeProbe` keys every step by the shapes of the model's first forward
+call (known when the step starts). The unprofiled window records each step's shape and time
+(:class:`StepClock`: CUDA events, read after the window's closing synchronisation, or the capture's clock).
+When the window saw more than one shape, :func:`choose_targets` picks up to ``shapes`` of them: the most
+frequent, the smallest and the largest in tokens, then the next most frequent. :class:`ShapeRounds` then
+profiles rounds of :data:`ROUND_STEPS` steps (one profiler warm-up step before each), and keeps the
+recording and position of the first profiled step of each target shape, until every target was recorded
+or ``max_profiled_steps`` steps were profiled (the targets not seen by then are reported as missed).
+
+Each captured shape's trace measures its own shape: its ``step_time_s`` is the mean unprofiled time of that
+shape's steps in the window and its ``energy_j_per_step`` that time at the window's average power (the NVML
+counter updates a few times a second, too seldom to split the energy between steps; both are left out when
+the window held fewer than :data:`MIN_SHAPE_STEPS` steps of the shape). ``window_energy_j`` is the whole
+window's measured joules, to be compared with the sum over its steps of their own shape's prediction
+(:func:`kdvfs.envs.trace.trace_set.window_prediction`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.profiler import ProfilerActivity, profile, schedule
+
+from kdvfs.envs.trace.shape import StepShape
+from kdvfs.envs.trace.trace import Trace
+from kdvfs.envs.trace.trace_set import shape_path
+from kdvfs.runtime.step_shapes import ShapeProbe
+
+ROUND_STEPS = 8
+"""Profiled steps per round (after its one profiler warm-up step)."""
+MIN_SHAPE_STEPS = 3
+"""Fewest window steps of a shape for its own step time and joules per step."""
+MIN_VARYING_WINDOW_STEPS = 20
+"""Fewest steps of a window that has seen more than one shape (so that its distribution means something)."""
+
+
+def synchronize() -> None:
+    """Wait for the GPU to finish queued work (nothing to wait for when CUDA is not in use)."""
+    if torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
+def choose_targets(counts: Counter[StepShape], shapes: int) -> list[StepShape]:
+    """Up to ``shapes`` shapes to profile: the most frequent, the smallest and largest in tokens, then by
+    frequency (ties: the smaller shape first). The first is the one the main trace keeps."""
+    by_count = sorted(counts, key=lambda s: (-counts[s], s))
+    if not by_count:
+        return []
+    smallest = min(counts, key=lambda s: (s.tokens, -counts[s], s))
+    largest = max(counts, key=lambda s: (s.tokens, counts[s], s))
+    chosen: list[StepShape] = []
+    for shape in (by_count[0], smallest, largest, *by_count[1:]):
+        if shape not in chosen and len(chosen) < shapes:
+            chosen.append(shape)
+    return chosen
+
+
+class StepClock:
+    """The time of each step of a window: CUDA events recorded at the boundaries (no synchronisation; read
+    by :meth:`durations_s` after the window's closing one) when ``cuda``, else ``now_s`` at the boundaries."""
+
+    def __init__(self, now_s: Callable[[], float], cuda: bool) -> None:
+        self._now_s, self._cuda = now_s, cuda
+        self._marks: list[Any] = []
+
+    def mark(self) -> None:
+        """A step boundary (the first call opens the window)."""
+        if self._cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self._marks.append(event)
+        else:
+            self._marks.append(self._now_s())
+
+    def durations_s(self) -> list[float]:
+        """Each step's time (s), in order; call after synchronising."""
+        if self._cuda:
+            return [a.elapsed_time(b) / 1e3 for a, b in zip(self._marks, self._marks[1:], strict=False)]
+        return [b - a for a, b in zip(self._marks, self._marks[1:], strict=False)]
+
+
+@dataclass(frozen=True)
+class WindowShapes:
+    """The unprofiled window's steps: each one's shape (None: unknown) and time (s)."""
+
+    shapes: tuple[StepShape | None, ...]
+    times_s: tuple[float, ...]
+
+    @property
+    def counts(self) -> Counter[StepShape]:
+        return Counter(s for s in self.shapes if s is not None)
+
+    @property
+    def varies(self) -> bool:
+        return len(self.counts) > 1
+
+    def distribution(self) -> tuple[tuple[StepShape, int], ...]:
+        """``meta.shape_distribution``: the window's shapes and step counts, most frequent first."""
+        counts = self.counts
+        return tuple((s, counts[s]) for s in sorted(counts, key=lambda s: (-counts[s], s)))
+
+    def step_time_s(self, shape: StepShape) -> float | None:
+        """Mean time of the shape's steps (None below :data:`MIN_SHAPE_STEPS` steps)."""
+        times = [t for s, t in zip(self.shapes, self.times_s, strict=True) if s == shape]
+        return statistics.fmean(times) if len(times) >= MIN_SHAPE_STEPS else None
+
+    def time_cv(self) -> float | None:
+        """Coefficient of variation of the step times (None below two steps)."""
+        if len(self.times_s) < 2 or statistics.fmean(self.times_s) <= 0:
+            return None
+        return statistics.stdev(self.times_s) / statistics.fmean(self.times_s)
+
+
+@dataclass
+class ShapeRounds:
+    """Profiling rounds until each target shape was recorded once (module docstring).
+
+    Call :meth:`start` at a step boundary, then :meth:`step` at every later boundary with the number of the
+    step that ended (:meth:`ShapeProbe.mark_step`'s) until it returns True. :attr:`captured` maps each recorded
+    target to its recording and its position from the recording's end (``-1`` the last step).
+    """
+
+    targets: list[StepShape]
+    probe: ShapeProbe
+    folder: Path
+    max_steps: int
+    now_s: Callable[[], float]
+    cpu_only: bool
+    captured: dict[StepShape, tuple[Path, int]] = field(default_factory=dict)
+    profiled_s: float = 0.0
+    profiled_steps: int = 0
+    rounds: int = 0
+    _profiler: profile | None = None
+    _warming: bool = True
+    _first: int = 0
+    _count: int = 0
+    _mark_s: float = 0.0
+    _length: int = ROUND_STEPS
+
+    def start(self) -> None:
+        """Start a round: the next step warms the profiler up."""
+        self.rounds += 1
+        self._length = max(1, min(ROUND_STEPS, self.max_steps - self.profiled_steps))
+        path = self.folder / f"round-{self.rounds}.json"
+        activities = [ProfilerActivity.CPU] + ([] if self.cpu_only else [ProfilerActivity.CUDA])
+        self._profiler = profile(activities=activities, record_shapes=True,
+                                 schedule=schedule(wait=0, warmup=1, active=self._length, repeat=1),
+                                 on_trace_ready=lambda p: p.export_chrome_trace(str(path)))
+        self._profiler.start()
+        self._warming, self._count = True, 0
+
+    def step(self, ended: int) -> bool:
+        """A step boundary after step ``ended``; True once the rounds are over."""
+        assert self._profiler is not None
+        if self._warming:
+            synchronize()
+            self._profiler.step()
+            self._first, self._mark_s, self._warming = ended + 1, self.now_s(), False
+            return False
+        self._count += 1
+        if self._count < self._length:
+            self._profiler.step()
+            return False
+        synchronize()
+        self.profiled_s += self.now_s() - self._mark_s
+        self.profiled_steps += self._count
+        self._profiler.step()
+        self.stop()
+        self._collect(self.folder / f"round-{self.rounds}.json", range(self._first, ended + 1))
+        if self.missing() and self.profiled_steps < self.max_steps:
+            self.start()
+            return False
+        return True
+
+    def _collect(self, recording: Path, steps: range) -> None:
+        for position, step in enumerate(steps):
+            shape = self.probe.shape_of(step)
+            if shape in self.targets and shape not in self.captured:
+                self.captured[shape] = (recording, position - len(steps))
+
+    def missing(self) -> list[StepShape]:
+        """The targets not recorded yet, in target order."""
+        return [s for s in self.targets if s not in self.captured]
+
+    def stop(self) -> None:
+        """Stop the profiler of the round in progress (idempotent)."""
+        if self._profiler is not None:
+            with contextlib.suppress(RuntimeError):
+                self._profiler.stop()
+            self._profiler = None
+
+
+def shape_measurements(trace: Trace, window: WindowShapes, window_s: float, avg_power_w: float | None,
+                       shape: StepShape) -> dict[str, float]:
+    """The measurements of the trace of ``shape`` (module docstring): its own step time and joules per step
+    (when the window held enough of its steps), the whole window's seconds, steps and joules."""
+    values = dict(trace.meta.measurements)
+    for key in ("step_time_s", "energy_j_per_step", "job_step_time_s"):
+        values.pop(key, None)
+    steps = len(window.shapes)
+    values.update(window_s=window_s, window_steps=float(steps), window_step_time_s=window_s / steps,
+                  shape_window_steps=float(window.counts[shape]))
+    own_s = window.step_time_s(shape)
+    if own_s is not None:
+        values.update(step_time_s=own_s, job_step_time_s=own_s)
+        if avg_power_w is not None:
+            values["energy_j_per_step"] = avg_power_w * own_s
+    if avg_power_w is not None:
+        values["window_energy_j"] = avg_power_w * window_s
+    return values
+
+
+def shapes_report(window: WindowShapes, traces: Sequence[Trace], outputs: Sequence[str],
+                  missed: Sequence[StepShape], profiled_steps: int) -> dict[str, Any]:
+    """The report's ``shapes``: the window's shapes (steps, tokens), each captured shape's file, step time
+    and kernels, the targets missed, the window's step-time variation."""
+    seen = [{"shape": s.key, "step_shape": s.to_json(), "steps": n, "tokens": s.tokens}
+            for s, n in window.distribution()]
+    tokens = [s.tokens for s, _ in window.distribution()]
+    captured = []
+    for trace, output in zip(traces, outputs, strict=True):
+        shape = trace.meta.step_shape
+        assert shape is not None
+        captured.append({"shape": shape.key, "step_shape": shape.to_json(), "output": output,
+                         "tokens": shape.tokens, "window_steps": window.counts[shape],
+                         "step_time_s": trace.meta.measurements.get("step_time_s"),
+                         "energy_j_per_step": trace.meta.measurements.get("energy_j_per_step"),
+                         "kernels": len(trace)})
+    return {"seen": seen, "tokens_range": [min(tokens), max(tokens)] if tokens else None,
+            "window_steps": len(window.shapes), "captured": captured, "step_time_cv": window.time_cv(),
+            "missed": [{"shape": s.key, "step_shape": s.to_json(), "window_steps": window.counts[s]} for s in missed],
+            "profiled_steps": profiled_steps}
+
+
+def with_shapes(trace: Trace, shape: StepShape | None, window: WindowShapes) -> Trace:
+    """The trace with its step shape and the window's shape distribution in its metadata."""
+    return replace(trace, meta=replace(trace.meta, step_shape=shape, shape_distribution=window.distribution()))
+
+
+def output_paths(output: str, count: int) -> list[str]:
+    """The files of a set of ``count`` traces: ``output``, then its ``.shape-K`` siblings."""
+    return [str(shape_path(output, k)) for k in range(count)]
