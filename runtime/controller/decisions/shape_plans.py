@@ -109,8 +109,8 @@ class ShapeBook:
               progress: Callable[[int, int], None] | None = None) -> ShapeBook:
         """Plan the buckets of ``shapes`` and of the range between them (per batch size): predict each
         bucket's top shape and solve it with ``planner`` (default the latency-optimal one) at ``budget`` (a
-        fraction) and ``latency_s`` (None: the profile's), on ``workers`` processes (default: the CPUs, at most the buckets); ``progress(done, total)``
-        after each solve."""
+        fraction) and ``latency_s`` (None: the profile's), on ``workers`` processes (default: the CPUs, at
+        most the buckets); ``progress(done, total)`` after each solve."""
         quantum = seq_quantum(shape.seq for shape in shapes)
         book = cls({}, quantum if any(shape.seq > 1 for shape in shapes) else 0)
         tops: dict[StepShape, Trace] = {}
