@@ -93,7 +93,8 @@ def _oracle(executed: Problem, env: KernelDVFSEnv | None, seeds: Sequence[int], 
         else:
             drawn = None
         if drawn is None:
-            outcome = execute_open_loop(costs, schedule.actions, Disturbances(None, None, None, None, executed.latency_s), executed.stall_s)
+            still = Disturbances(None, None, None, None, executed.latency_s)
+            outcome = execute_open_loop(costs, schedule.actions, still, executed.stall_s)
             auto = executed.auto
         else:
             outcome = execute_open_loop(costs, schedule.actions, drawn, executed.stall_s)

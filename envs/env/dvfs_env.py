@@ -181,7 +181,8 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray], StepExecution):
         (``options["budget"]``, a fraction; else drawn from ``budgets``), the switching regime and the
         disturbances. ``options["executed"]``: the GPU executes this step instead (a :class:`StepData` mapped
         onto the episode's step, :meth:`StepData.executed_as`), while the observations stay the episode's
-        step's: a controller that expected one step and meets another. Returns the first observation and ``{"step": name, "budget": budget}``."""
+        step's: a controller that expected one step and meets another. Returns the first observation and
+        ``{"step": name, "budget": budget}``."""
         super().reset(seed=seed)
         options, budgets = options or {}, self.config.budgets
         names = [s.name for s in self.steps]

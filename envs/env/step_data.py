@@ -19,8 +19,8 @@ from kdvfs.envs.gpu.profiles import GpuProfile
 from kdvfs.envs.model.cost_model import Array, CostParams
 from kdvfs.envs.model.cost_tables import build_tables
 from kdvfs.envs.model.estimate import estimate_features
-from kdvfs.envs.model.step.align import align, inverse, token_ids
 from kdvfs.envs.model.schedule import ActionCosts
+from kdvfs.envs.model.step.align import align, inverse, token_ids
 from kdvfs.envs.trace.trace import Category, Trace
 
 CATEGORIES = tuple(Category)
