@@ -1,4 +1,4 @@
-"""Step model, leave-one-shape-out on the H200 captures of three model families: kernel time, step time and kernel-time-weighted duration error per held-out shape.
+"""Step model, leave-one-shape-out on H200 captures of three families: kernel time, step time, duration errors.
 
 Each captured shape of a family (``data/traces/h200/workloads``: llama, a dense decoder; mixtral, an MoE;
 bert, an encoder) is predicted by the step model fitted on the family's other shapes and compared with its
