@@ -26,15 +26,18 @@ def shipped_policy_path(gpu: str) -> Path:
     return POLICY_DIR / f"{gpu}.kdvfs-policy.npz"
 
 
-def policy_env(policy: FrozenPolicy, problem: Problem, disturbed: bool = False) -> KernelDVFSEnv:
+def policy_env(policy: FrozenPolicy, problem: Problem, disturbed: bool = False, one_step: bool = False
+               ) -> KernelDVFSEnv:
     """The environment of ``problem`` as ``policy`` sees it: its settings with the problem's budget and
     switching (the profile's spread scaled with the latency, as in the training regimes); one step and no
-    disturbance, or (``disturbed``) the policy's runs with every disturbance on."""
+    disturbance, or (``disturbed``) the policy's runs with every disturbance on (runs of one step if
+    ``one_step``)."""
     if problem.profile.name != policy.gpu:
         raise PolicyFileError(f"policy was trained for GPU {policy.gpu!r}, the problem is on {problem.profile.name!r}")
     step = StepData.from_costs(problem.trace.meta.workload, problem.trace, problem.costs, policy.grid(problem.profile))
     config = policy.config.with_disturbances() if disturbed else policy.config.without_disturbances().replace(
         run_steps=1)
+    config = config.replace(run_steps=1) if one_step else config
     mean_s, std_s = problem.profile.switching.latency_mean_s, problem.profile.switching.latency_std_s
     spread_s = std_s * problem.latency_s / mean_s if mean_s > 0 else 0.0
     return KernelDVFSEnv([step], problem.profile, config, budgets=(problem.budget,), latency_s=problem.latency_s,

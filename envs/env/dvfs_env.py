@@ -148,6 +148,7 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray], StepExecution):
         """Start an episode on step ``index``'s run with ``budget`` under switching regime ``regime``: clocks
         auto, nothing spent, no noise."""
         self._index, self._data, self.budget = index, self._runs[index], budget
+        self._executed = self._data
         self._layout, self._cumulative_s = self._layouts[index], self._data.cumulative[:, 0, :]
         self.timing = self.timings[regime]
         self.latency_s, self.latency_std_s, self.stall_s = self.timing.switching
@@ -178,7 +179,10 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray], StepExecution):
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Array, dict[str, Any]]:
         """Start an episode: the step (``options["step"]``: index or name; else drawn), the budget
         (``options["budget"]``, a fraction; else drawn from ``budgets``), the switching regime and the
-        disturbances. Returns the first observation and ``{"step": name, "budget": budget}``."""
+        disturbances. ``options["executed"]``: the GPU executes this step instead (a :class:`StepData` mapped
+        onto the episode's step, :meth:`StepData.executed_as`), while the observations stay the episode's
+        step's: a controller that expected one step and meets another. Returns the first observation and
+        ``{"step": name, "budget": budget}``."""
         super().reset(seed=seed)
         options, budgets = options or {}, self.config.budgets
         names = [s.name for s in self.steps]
@@ -186,9 +190,18 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray], StepExecution):
         budget = float(options.get("budget", budgets[int(self.np_random.integers(len(budgets)))]))
         self._select(index, budget, regime_index(self.config.latency_scales, options, self.np_random))
         step = self.steps[index]
+        if "executed" in options:
+            self._executed = self._checked_executed(options["executed"], step)
         self.disturbances = draw(self.np_random, self.timing.disturbances, step.kernels, self.config.run_steps,
                                  step.auto_time_s)
         return self._observe(), {"step": self._data.name, "budget": budget}
+
+    def _checked_executed(self, executed: StepData, step: StepData) -> StepData:
+        """The run of ``executed`` (``reset``'s ``options["executed"]``), checked against the episode's ``step``."""
+        if not isinstance(executed, StepData) or executed.kernels != step.kernels or executed.grid != step.grid:
+            raise KdvfsError("options['executed'] must be a StepData on the env's grid with the step's kernels "
+                             "(StepData.executed_as)")
+        return executed.repeated(self.config.run_steps)
 
     def step(self, action: Array) -> tuple[Array, float, bool, bool, dict[str, Any]]:
         """Act at this decision point and run to the next one (see the class docstring); returns the

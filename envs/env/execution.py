@@ -22,7 +22,10 @@ class StepExecution:
     """The execution state of one episode's run and the methods that advance it.
 
     Attributes (set by the environment at each episode's start):
-        _data: the run (the drawn step repeated ``run_steps`` times), K kernels (``_kernels``).
+        _data: the run (the drawn step repeated ``run_steps`` times), K kernels (``_kernels``): what the
+            controller expects and observes.
+        _executed: the run the GPU executes: ``_data`` itself, or another step mapped onto its K kernels
+            (:meth:`~kdvfs.envs.env.step_data.StepData.executed_as`: a step of another shape than predicted).
         disturbances: the episode's draws; latency_s, stall_s: mean switching latency and stall per change (s).
         _memories: memory clocks of the grid (actions below it are auto core levels); _core_fraction: (G,) each
             grid action's core clock as a fraction of the maximum.
@@ -35,6 +38,7 @@ class StepExecution:
     """
 
     _data: StepData
+    _executed: StepData
     _kernels: int
     _memories: int
     _core_fraction: Array
@@ -111,5 +115,5 @@ class StepExecution:
             else:
                 locked = drawn.locked_factors(self._core_fraction[action: action + 1])
                 time_factor = None if locked is None else locked[:, 0]
-            column = self._columns[action] = self._data.cumulative_of(action, time_factor, drawn.energy)
+            column = self._columns[action] = self._executed.cumulative_of(action, time_factor, drawn.energy)
         return column

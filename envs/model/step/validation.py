@@ -5,7 +5,7 @@ Per held-out shape: the error of its kernel time (the sum of kernel durations, w
 step time as the cost model prices it (kernels plus idle gaps scaled to the measured, unprofiled step time:
 :func:`~kdvfs.envs.trace.trace.with_measured_gaps`), and the kernel-time-weighted duration error (the sum over
 aligned kernels of |predicted - measured| duration, kernels without a partner counting whole, over the measured
-kernel time). A shape outside the range of the others (its tokens or sequence length beyond theirs) is an
+kernel time). A shape outside the range of the others (its tokens, sequence length or batch beyond theirs) is an
 *edge* shape: its prediction extrapolates.
 """
 
@@ -51,10 +51,10 @@ def weighted_duration_error(predicted: Trace, measured: Trace) -> float:
 
 
 def is_edge(shape: StepShape, others: Sequence[StepShape]) -> bool:
-    """Whether ``shape``'s tokens or sequence length lie outside the range of ``others``'."""
+    """Whether ``shape``'s tokens, sequence length or batch lie outside the range of ``others``'."""
     return any(not min(getattr(s, name) for s in others) <= getattr(shape, name) <= max(getattr(s, name)
                                                                                      for s in others)
-               for name in ("tokens", "seq"))
+               for name in ("tokens", "seq", "batch"))
 
 
 def leave_one_out(traces: Sequence[Trace]) -> list[ShapeError]:

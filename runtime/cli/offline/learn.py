@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 
 from kdvfs.agents.learned.shipped import policy_source_path
 from kdvfs.envs.common.errors import KdvfsError
-from kdvfs.runtime.cli.arguments import add_output, budget_list, check_output_folder
-from kdvfs.runtime.cli.offline.plan import add_problem_arguments, problem_from_args
+from kdvfs.runtime.cli.arguments import add_output, budget_list, check_output_folder, latency_ms
+from kdvfs.runtime.cli.offline.plan import latency_from_args, problem_from_args
 from kdvfs.runtime.cli.render import compare_table, console, noisy_table, print_json
 
 if TYPE_CHECKING:
@@ -34,7 +34,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     evaluate = subparsers.add_parser("evaluate", help="a frozen policy next to every planner on a step")
     evaluate.add_argument("--policy", required=True, help="frozen policy file (.kdvfs-policy.npz) or shipped policy "
                           "name (`kdvfs policy list`, e.g. h200)")
-    add_problem_arguments(evaluate)
+    evaluate.add_argument("--trace", required=True, nargs="+", help="trace file or bundled name; with --reference, "
+                          "the executed steps (one or more, each with meta.step_shape)")
+    evaluate.add_argument("--reference", nargs="+", help="captured steps of the run's model at several shapes: "
+                          "score the policy and the predicted steps' plans on each executed --trace "
+                          "(auto, reference-plan, policy, oracle)")
+    evaluate.add_argument("--gpu", required=True, help="GPU profile name or .yaml")
+    evaluate.add_argument("--latency-ms", type=latency_ms, help="switching latency to execute with, at most 10 s "
+                          "(default: the profile's; 0 = ideal switching)")
     evaluate.add_argument("--budget", "--slowdown", dest="budget", type=budget_list, default=[0.01],
                           help="budgets (default 0.01 = 1%%)")
     evaluate.add_argument("--episodes", type=_positive_int, help="N seeded episodes with the environment's "
@@ -88,6 +95,11 @@ def run_evaluate(args: argparse.Namespace) -> int:
     from kdvfs.agents.learned.policy_planner import PolicyPlanner, policy_rows
     from kdvfs.agents.planners.registry import COMPARED
 
+    if args.reference:
+        return _evaluate_shapes(args)
+    if len(args.trace) != 1:
+        raise KdvfsError(f"--trace takes one step without --reference, not {len(args.trace)}")
+    args.trace = args.trace[0]
     problem = problem_from_args(args, args.budget[0])
     planner = PolicyPlanner.from_file(policy_source_path(args.policy), problem.profile)
     if args.episodes is not None:
@@ -113,4 +125,29 @@ def _evaluate_noisy(args: argparse.Namespace, problem: Problem, planner: PolicyP
         print_json([row.as_json() for row in rows])
     else:
         console.print(noisy_table(rows, problem))
+    return 0
+
+
+def _evaluate_shapes(args: argparse.Namespace) -> int:
+    """``evaluate --reference``: every method on each executed step (:mod:`kdvfs.agents.learned.shape_evaluation`)."""
+    from kdvfs.agents.learned.frozen import FrozenPolicy
+    from kdvfs.agents.learned.shape_evaluation import evaluate_shapes
+    from kdvfs.envs.gpu.profiles import load_profile
+    from kdvfs.envs.trace.bundled import open_trace
+
+    if len(args.budget) != 1:
+        raise KdvfsError(f"--reference takes one --slowdown, not {len(args.budget)}")
+    profile = load_profile(args.gpu)
+    policy = FrozenPolicy.load(policy_source_path(args.policy), profile)
+    references = [open_trace(name) for name in args.reference]
+    executed = [(name, open_trace(name)) for name in args.trace]
+    with console.status("evaluating the executed steps"):
+        result = evaluate_shapes(policy, references, executed, profile, args.budget[0], latency_from_args(args),
+                                 args.episodes, args.seed)
+    if args.json:
+        print_json(result)
+    else:
+        for method, row in result["summary"].items():  # type: ignore[attr-defined]
+            console.print(f"{method:15s} energy saved {row['energy_saved_pct']:6.2f}%  slowdown "
+                          f"{row['slowdown_pct']:6.2f}%  within budget on {row['within_budget_share']:.0%} of steps")
     return 0

@@ -1,0 +1,107 @@
+"""The step model: exact where the truth is linear in tokens, alignment robust to inserted and dropped kernels,
+``covers`` false far outside, leave-one-shape-out error bounded on the recorded H200 captures."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kdvfs.envs.common.paths import REPO_ROOT
+from kdvfs.envs.gpu.profiles import load_profile
+from kdvfs.envs.model.step.align import align, token_ids
+from kdvfs.envs.model.step.validation import leave_one_out
+from kdvfs.envs.model.step_model import StepModel, StepModelError
+from kdvfs.envs.synthetic.generator import generate_transformer_trace, load_workload
+from kdvfs.envs.trace.format import load_trace
+from kdvfs.envs.trace.shape import StepShape
+from kdvfs.envs.trace.trace import Trace
+
+WORKLOADS = REPO_ROOT / "data" / "traces" / "h200" / "workloads"
+BATCH = 4
+
+
+@pytest.fixture(scope="module")
+def base() -> Trace:
+    config = replace(load_workload("gpt2s"), layers=2, seq=256, batch=BATCH)
+    return generate_transformer_trace(config, load_profile("h200"))
+
+
+def _linear(base: Trace, seq: int, seed: int = 0) -> Trace:
+    """``base``'s kernels with duration and gap linear in the tokens (fixed random coefficients per kernel)."""
+    rng = np.random.default_rng(seed)
+    a, b = rng.uniform(1e-6, 5e-6, len(base)), rng.uniform(1e-9, 5e-9, len(base))
+    c, d = rng.uniform(0, 2e-6, len(base)), rng.uniform(0, 1e-9, len(base))
+    tokens = BATCH * seq
+    kernels = tuple(replace(k, duration_s=float(a[i] + b[i] * tokens), gap_before_s=float(c[i] + d[i] * tokens))
+                    for i, k in enumerate(base.kernels))
+    return Trace(replace(base.meta, step_shape=StepShape.of([(BATCH, seq)])), kernels)
+
+
+def test_exact_where_the_truth_is_linear_in_tokens(base: Trace) -> None:
+    model = StepModel.fit([_linear(base, seq) for seq in (128, 256, 512, 1024)])
+    truth = _linear(base, 384)
+    predicted = model.predict(StepShape.of([(BATCH, 384)]))
+    assert len(predicted) == len(truth)
+    np.testing.assert_allclose(predicted.duration_s, truth.duration_s, rtol=1e-6)
+    np.testing.assert_allclose(predicted.gap_before_s, truth.gap_before_s, rtol=1e-6, atol=1e-12)
+    assert predicted.meta.step_shape == StepShape.of([(BATCH, 384)])
+    assert "step-model" in predicted.meta.source and "4x128" in predicted.meta.source
+    again = model.predict(StepShape.of([(BATCH, 384)]))
+    assert np.array_equal(again.duration_s, predicted.duration_s)  # deterministic
+
+
+def test_a_captured_shape_predicts_its_own_trace(base: Trace) -> None:
+    traces = [_linear(base, seq) for seq in (128, 512)]
+    assert StepModel.fit(traces).predict(StepShape.of([(BATCH, 512)])) is traces[1]
+
+
+def test_an_inserted_or_dropped_kernel_shifts_no_other_pair(base: Trace) -> None:
+    kernels = list(base.kernels)
+    inserted = Trace(base.meta, (*kernels[:40], kernels[7], *kernels[40:]))
+    dropped = Trace(base.meta, (*kernels[:60], *kernels[61:]))
+    a, b, c = token_ids([base, inserted, dropped])
+    to_inserted, to_dropped = align(a, b), align(a, c)
+    assert np.array_equal(to_inserted, np.r_[np.arange(40), np.arange(41, len(base) + 1)])
+    assert to_dropped[60] == -1
+    assert np.array_equal(np.delete(to_dropped, 60), np.arange(len(base) - 1))
+
+
+def test_a_kernel_only_some_shapes_have_is_predicted(base: Trace) -> None:
+    traces = [_linear(base, seq) for seq in (128, 256, 512)]
+    extra = traces[2].kernels[5]
+    traces[2] = Trace(traces[2].meta, (*traces[2].kernels[:30], extra, *traces[2].kernels[30:]))
+    predicted = StepModel.fit(traces).predict(StepShape.of([(BATCH, 640)]))
+    assert len(predicted) == len(traces[2])  # the nearest shape's sequence is the template
+    assert predicted.kernels[30].duration_s > 0
+
+
+def test_covers_the_captured_range_and_not_far_outside(base: Trace) -> None:
+    model = StepModel.fit([_linear(base, seq) for seq in (128, 512)])
+    assert model.covers(StepShape.of([(BATCH, 300)]))
+    assert model.covers(StepShape.of([(BATCH, 700)]))  # near the edge
+    assert not model.covers(StepShape.of([(BATCH, 4096)]))
+    assert not model.covers(StepShape.of([(64, 256)]))
+    assert not model.covers(StepShape.of([(BATCH, 3, 224, 224)]))
+    single = StepModel.fit([_linear(base, 256)])
+    assert single.covers(StepShape.of([(BATCH, 256)])) and not single.covers(StepShape.of([(BATCH, 300)]))
+
+
+def test_traces_without_a_shape_or_of_one_shape_twice_are_refused(base: Trace) -> None:
+    with pytest.raises(StepModelError, match=r"no meta\.step_shape"):
+        StepModel.fit([base])
+    with pytest.raises(StepModelError, match="same step shape"):
+        StepModel.fit([_linear(base, 256), _linear(base, 256, seed=1)])
+
+
+@pytest.mark.parametrize("family", ["bert", "llama"])
+def test_leave_one_shape_out_error_is_bounded_on_recorded_steps(family: str) -> None:
+    traces = [load_trace(p) for p in sorted(Path(WORKLOADS).glob(f"{family}-*.trace.json.gz"))]
+    errors = leave_one_out(traces)
+    assert len(errors) == len(traces)
+    assert max(abs(e.kernel_time_error_pct) for e in errors) < 5.0
+    assert max(e.weighted_duration_error_pct for e in errors) < 10.0
+    interior = [e for e in errors if not e.edge]
+    assert interior and max(abs(e.kernel_time_error_pct) for e in interior) < 3.0
