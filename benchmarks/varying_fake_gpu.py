@@ -1,4 +1,4 @@
-"""Steps that vary on the fake H200: the controller plans every step by its shape; measured slowdown vs budget, saving vs the per-step oracle.
+"""Steps that vary on the fake H200: every step planned by its shape; measured slowdown and saving vs the oracle.
 
     python benchmarks/varying_fake_gpu.py [--steps 600] [--seeds 3] [--jobs 2]
     # writes benchmarks/results/varying_fake_gpu.{json,md}

@@ -252,13 +252,17 @@ class Controller:
         """One entry per bucket of the book (its plan replayed on its own anchors) and the step-to-entry map."""
         assert self._book is not None and self._varying is not None and self.step_plan is not None
         entries = {}
-        for top, shape_plan in self._book.plans.items():
-            step_plan = StepPlan.build(shape_plan.problem, shape_plan.schedule, self.config.dry_run)
-            anchors = self._anchors(timeline, hooks, (shape_plan.problem, step_plan))
-            source = ReplayedSchedule(step_plan, anchors, context, shape_plan.problem.latency_s,
-                                      self.config.timing.issue_early_ms / 1e3)
-            entries[top] = StepEntry(step_plan, anchors, source, top.key)
-        return ShapeSteps(self._book, entries, self._varying.shape_of, self.step_plan.auto_s)
+        for top, shape_plans in self._book.plans.items():
+            margins = []
+            for shape_plan in shape_plans:
+                step_plan = StepPlan.build(shape_plan.problem, shape_plan.schedule, self.config.dry_run)
+                anchors = self._anchors(timeline, hooks, (shape_plan.problem, step_plan))
+                source = ReplayedSchedule(step_plan, anchors, context, shape_plan.problem.latency_s,
+                                          self.config.timing.issue_early_ms / 1e3)
+                margins.append(StepEntry(step_plan, anchors, source, top.key))
+            entries[top] = tuple(margins)
+        return ShapeSteps(self._book, entries, self._varying.shape_of, self.step_plan.auto_s,
+                          100 * self.config.budget)
 
     def _step_source(self, device: Device, anchors: Anchors, context: ThreadContext) -> StepSource:
         """What runs through the controlled steps (:mod:`kdvfs.runtime.controller.decisions.sources`): the

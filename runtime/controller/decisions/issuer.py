@@ -173,6 +173,8 @@ class Issuer(threading.Thread):
                 self.log.write("backoff", step=index, reason=self.guard.reason)
             if slowdown_pct is not None:  # a new A/B pair: the run's slowdown moved
                 self.source.feedback(self.accounting.slowdown.interval())
+                if self.shapes is not None:
+                    self.shapes.feedback(self.accounting.slowdown.interval())
         if self.guard.tick(now_s) == Guard.RESUME:
             self.log.write("resume", step=index)
         return matched

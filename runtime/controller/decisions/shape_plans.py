@@ -12,6 +12,9 @@ for it in a :class:`ShapeBook`:
 * **What a bucket's step is.** ``predict(shape)`` (the step model fitted on the captured shapes,
   :mod:`kdvfs.envs.model.step_model`) gives the expected trace of the bucket's top shape, or None for a shape
   it does not cover (far outside the captured range): such a bucket has no plan and its steps run at auto.
+* **Margins.** Each bucket is planned at the run's budget and at fractions of it (``MARGINS``): the live
+  budget feedback (:meth:`~kdvfs.runtime.controller.decisions.shape_steps.ShapeSteps.feedback`) moves the
+  run to a smaller margin when the measured slowdown exceeds the budget, where a prediction was off.
 * **When plans are solved.** All of them before the first step, for every bucket the capture saw or that
   lies within the captured range (:meth:`ShapeBook.build`, on a pool of forked processes: a solve takes
   seconds, and nothing may stall a training step). A step whose bucket has no plan runs at auto and is logged.
@@ -41,23 +44,27 @@ MAX_BUCKETS = 24
 """Most buckets per batch size: the quantum grows until the captured range fits."""
 MIN_QUANTUM = 16
 """Smallest sequence quantum (tokens)."""
+MARGINS = (1.0, 0.5)
+"""The budgets each bucket is planned at, as fractions of the run's budget, largest first."""
 
 Predict = Callable[[StepShape], Trace | None]
 
 
 @dataclass(frozen=True)
 class ShapePlan:
-    """One bucket's plan: the expected step of its top shape, its problem and schedule.
+    """One bucket's plan at one margin: the expected step of its top shape, its problem and schedule.
 
     Attributes:
         shape: the bucket's top shape (the step the plan was made for).
-        problem: that step on the GPU, with the run's budget and switching latency.
+        problem: that step on the GPU, with the margin's budget and the run's switching latency.
         schedule: the planner's schedule for it (one action per kernel).
+        margin: the index of its margin in ``MARGINS``.
     """
 
     shape: StepShape
     problem: Problem
     schedule: Schedule
+    margin: int = 0
 
 
 _JOBS: list[tuple[Trace, GpuProfile, float, float | None, Planner]] = []
@@ -85,11 +92,13 @@ class ShapeBook:
     """The plans of a run's step shapes (see the module docstring).
 
     Args:
-        plans: the plan of each bucket key (:meth:`bucket`).
+        plans: the plans of each bucket key (:meth:`bucket`), one per margin of ``MARGINS``, in its order.
         quantum: the sequence quantum (tokens); 0: shapes are keyed exactly (images, no sequence).
     """
 
-    def __init__(self, plans: dict[StepShape, ShapePlan], quantum: int) -> None:
+    margins = MARGINS
+
+    def __init__(self, plans: dict[StepShape, tuple[ShapePlan, ...]], quantum: int) -> None:
         self.plans, self.quantum = plans, quantum
 
     def bucket(self, shape: StepShape) -> StepShape:
@@ -99,18 +108,19 @@ class ShapeBook:
             return shape
         return _with_seq(shape, math.ceil(shape.seq / self.quantum) * self.quantum)
 
-    def plan_for(self, shape: StepShape) -> ShapePlan | None:
-        """The plan of ``shape``'s bucket, None when it has none (the step runs at auto)."""
-        return self.plans.get(self.bucket(shape))
+    def plan_for(self, shape: StepShape, margin: int = 0) -> ShapePlan | None:
+        """The plan of ``shape``'s bucket at margin ``margin``, None when it has none (the step runs at auto)."""
+        plans = self.plans.get(self.bucket(shape))
+        return None if plans is None else plans[margin]
 
     @classmethod
     def build(cls, shapes: Sequence[StepShape], predict: Predict, profile: GpuProfile, budget: float,
               latency_s: float | None, planner: Planner | None = None, workers: int | None = None,
               progress: Callable[[int, int], None] | None = None) -> ShapeBook:
         """Plan the buckets of ``shapes`` and of the range between them (per batch size): predict each
-        bucket's top shape and solve it with ``planner`` (default the latency-optimal one) at ``budget`` (a
-        fraction) and ``latency_s`` (None: the profile's), on ``workers`` processes (default: the CPUs, at
-        most the buckets); ``progress(done, total)`` after each solve."""
+        bucket's top shape and solve it with ``planner`` (default the latency-optimal one) at each margin of
+        ``budget`` (a fraction) and at ``latency_s`` (None: the profile's), on ``workers`` processes (default:
+        the CPUs, at most the solves); ``progress(done, total)`` after each solve."""
         quantum = seq_quantum(shape.seq for shape in shapes)
         book = cls({}, quantum if any(shape.seq > 1 for shape in shapes) else 0)
         tops: dict[StepShape, Trace] = {}
@@ -119,7 +129,8 @@ class ShapeBook:
             if trace is not None:
                 tops[top] = trace
         planner = planner or make_planner("latency-optimal")
-        _JOBS[:] = [(trace, profile, budget, latency_s, planner) for trace in tops.values()]
+        _JOBS[:] = [(trace, profile, budget * margin, latency_s, planner) for trace in tops.values()
+                    for margin in MARGINS]
         if not _JOBS:
             return book
         schedules = []
@@ -131,8 +142,10 @@ class ShapeBook:
                         progress(len(schedules), len(_JOBS))
         finally:
             _JOBS.clear()
-        for (top, trace), schedule in zip(tops.items(), schedules, strict=True):
-            book.plans[top] = ShapePlan(top, Problem.build(trace, profile, budget, latency_s), schedule)
+        for i, (top, trace) in enumerate(tops.items()):
+            book.plans[top] = tuple(
+                ShapePlan(top, Problem.build(trace, profile, budget * margin, latency_s),
+                          schedules[i * len(MARGINS) + m], m) for m, margin in enumerate(MARGINS))
         return book
 
     def _tops(self, shapes: Sequence[StepShape]) -> list[StepShape]:

@@ -10,6 +10,11 @@ yet has not launched its kernels either) and returns the entry of its bucket, or
 deadline, or a shape whose bucket has no plan: an evaluation pass, a shape far outside the captured range),
 in which case the step runs at auto and the miss is counted by reason.
 
+Budget feedback: each bucket has one entry per margin of the book (its plan at the run's budget and at
+fractions of it, :data:`~kdvfs.runtime.controller.decisions.shape_plans.MARGINS`); :meth:`ShapeSteps.feedback`,
+after every A/B pair, moves the run one margin down when the measured slowdown's mean exceeds the budget (the
+predictions of its steps were off), and back up when the whole 95% interval lies below it.
+
 Each entry's anchors learn only from the steps of its bucket. Step times are compared with the entry's
 expected time (:attr:`StepEntry.plan`), so the matcher and the A/B accounting see durations relative to the
 expectation of the step's own shape (:meth:`ShapeSteps.weight`).
@@ -27,6 +32,7 @@ from kdvfs.envs.trace.shape import StepShape
 from kdvfs.runtime.controller.decisions.shape_plans import Predict, ShapeBook
 from kdvfs.runtime.controller.decisions.sources import StepSource
 from kdvfs.runtime.controller.decisions.timeline import StepPlan
+from kdvfs.runtime.controller.measurement.estimator import Interval
 from kdvfs.runtime.controller.timing.anchors import Anchors
 
 ShapeOf = Callable[[int, float], StepShape | None]
@@ -72,15 +78,19 @@ class ShapeSteps:
 
     Args:
         book: the plans of the run's buckets.
-        entries: the entry of each bucket, keyed like ``book.plans``.
+        entries: the entries of each bucket, keyed like ``book.plans``, one per margin in the book's order.
         shape_of: the step's shape, waiting until a deadline.
         reference_auto_s: the auto step time that weights 1 (s): the most frequent captured shape's.
+        budget_pct: the run's budget (%), which the feedback compares the measured slowdown with.
     """
 
-    def __init__(self, book: ShapeBook, entries: dict[StepShape, StepEntry], shape_of: ShapeOf,
-                 reference_auto_s: float) -> None:
+    def __init__(self, book: ShapeBook, entries: dict[StepShape, tuple[StepEntry, ...]], shape_of: ShapeOf,
+                 reference_auto_s: float, budget_pct: float) -> None:
         self.book, self.entries, self.shape_of = book, entries, shape_of
-        self.reference_auto_s = reference_auto_s
+        self.reference_auto_s, self.budget_pct = reference_auto_s, budget_pct
+        self.margin = 0
+        """The index of the margin the run plans at now."""
+        self.margin_changes = 0
         self.misses: Counter[str] = Counter()
         self.steps: Counter[str] = Counter()
 
@@ -90,12 +100,24 @@ class ShapeSteps:
         if shape is None:
             self.misses["no_shape"] += 1
             return None
-        entry = self.entries.get(self.book.bucket(shape))
-        if entry is None:
+        entries = self.entries.get(self.book.bucket(shape))
+        if entries is None:
             self.misses["no_plan"] += 1
             return None
-        self.steps[entry.key] += 1
-        return entry
+        self.steps[entries[0].key] += 1
+        return entries[self.margin]
+
+    def feedback(self, measured: Interval | None) -> None:
+        """A new A/B pair: the run's measured slowdown (%) is now ``measured`` (see the module docstring)."""
+        if measured is None:
+            return
+        margin = self.margin
+        if measured.mean_pct > self.budget_pct:
+            margin = min(margin + 1, len(self.book.margins) - 1)
+        elif measured.hi_pct < self.budget_pct:
+            margin = max(margin - 1, 0)
+        self.margin_changes += margin != self.margin
+        self.margin = margin
 
     def weight(self, entry: StepEntry) -> float:
         """How many reference steps a step of ``entry`` counts for: its expected auto time over the reference's."""
@@ -104,5 +126,6 @@ class ShapeSteps:
     def figures(self) -> dict[str, Any]:
         """For the summary: the buckets planned, the steps that ran in each, and those without an entry by
         reason (``no_shape``: not known in time; ``no_plan``: a bucket without a plan)."""
-        return {"buckets": len(self.entries), "quantum_tokens": self.book.quantum,
+        return {"buckets": len(self.entries), "quantum_tokens": self.book.quantum, "margins": list(self.book.margins),
+                "margin": self.book.margins[self.margin], "margin_changes": self.margin_changes,
                 "steps_by_bucket": dict(sorted(self.steps.items())), "misses": dict(self.misses)}

@@ -93,7 +93,7 @@ def test_buckets_cover_the_captured_range_and_round_up() -> None:
                            workers=1)
     assert book.quantum == 16
     assert sorted(top.seq for top in book.plans) == list(range(128, 257, 16))
-    assert book.bucket(shape(129)) == shape(144) and book.plan_for(shape(129)) is book.plans[shape(144)]
+    assert book.bucket(shape(129)) == shape(144) and book.plan_for(shape(129)) is book.plans[shape(144)][0]
     assert book.plan_for(shape(600)) is None and book.plan_for(StepShape.of([(3, 128)])) is None
 
 
