@@ -149,6 +149,10 @@ class Capture:
             return ("the script ended without reaching a step boundary (no torch.optim optimizer step); kdvfs "
                     "capture finds training steps by optimizer.step(): use a torch.optim optimizer, or mark steps "
                     "with kdvfs.runtime.capture.session.Capture.step()")
+        if self.stage is Stage.SHAPES:
+            return (f"the script ended after {self.steps_seen} training steps, while profiling its step shapes (up "
+                    f"to {self.config.max_profiled_steps} steps, a warm-up step per {varying.ROUND_STEPS}): let the "
+                    "script run longer, or lower --max-profiled-steps or --shapes")
         return (f"the script ended after {self.steps_seen} training steps, in the {self.stage.value} stage; the "
                 f"capture needs {needed}: let the script run longer (e.g. more --steps) or lower --warmup")
 

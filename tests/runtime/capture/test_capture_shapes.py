@@ -119,3 +119,13 @@ def test_hf_trainer_with_dynamic_padding(capsys: pytest.CaptureFixture[str], tmp
         shape = trace.meta.step_shape
         assert shape is not None and shape.batch == 8 and 64 <= shape.seq <= 96
         assert sum(n for _, n in trace.meta.shape_distribution) == report["window_steps"]
+
+
+def test_script_that_ends_while_looking_for_shapes(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(TRAIN.format(batches=[4, 16, 64]).replace("range(400)", "range(28)"))
+    code = main([*CAPTURE[:-1], "--energy-window-s", "0.0001", "-o", str(tmp_path / "run.trace.json"), "--",
+                 sys.executable, str(script)])
+    err = capsys.readouterr().err
+    assert code == 2 and "while profiling its step shapes" in err and "--max-profiled-steps" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["train.py"]
