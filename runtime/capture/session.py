@@ -16,8 +16,12 @@ least ``energy_window_s`` measures the step time and, through the NVML energy co
 and the clocks; then the PyTorch profiler (CPU and CUDA activities, op shapes) records one warm-up step and
 ``steps`` steps; the last complete one becomes the trace, written atomically. The profiled steps' wall time
 against the unprofiled step time is the capture overhead. Nothing is written unless every stage completed.
-With ``cpu_test_mode`` steps are timed in the training thread's CPU time (``time.thread_time``: a busy
-machine's descheduling does not count), as ``kdvfs run --cpu-test-mode`` times them.
+A :class:`~kdvfs.runtime.step_shapes.ShapeProbe` (:attr:`Capture.probe`) keys each step by its input shapes;
+when the window saw several, the profiling becomes rounds that record up to ``shapes`` of them, one trace
+each (:mod:`kdvfs.runtime.capture.varying`, :mod:`kdvfs.runtime.capture.shape_set`); the window then lasts at
+least ``MIN_VARYING_WINDOW_STEPS`` steps; under torchrun each rank records one trace, as with one shape. With
+``cpu_test_mode`` steps are timed in the training thread's CPU time (``time.thread_time``: a busy machine's
+descheduling does not count), as ``kdvfs run --cpu-test-mode`` times them.
 
 Under torchrun every rank captures its own step into ``output`` with ``.rankR`` before the suffix
 (:func:`kdvfs.runtime.job.rank_path`), on its own GPU (CUDA device ``LOCAL_RANK``); the ranks agree through
@@ -145,6 +149,10 @@ class Capture:
             return ("the script ended without reaching a step boundary (no torch.optim optimizer step); kdvfs "
                     "capture finds training steps by optimizer.step(): use a torch.optim optimizer, or mark steps "
                     "with kdvfs.runtime.capture.session.Capture.step()")
+        if self.stage is Stage.SHAPES:
+            return (f"the script ended after {self.steps_seen} training steps, while profiling its step shapes (up "
+                    f"to {self.config.max_profiled_steps} steps, a warm-up step per {varying.ROUND_STEPS}): let the "
+                    "script run longer, or lower --max-profiled-steps or --shapes")
         return (f"the script ended after {self.steps_seen} training steps, in the {self.stage.value} stage; the "
                 f"capture needs {needed}: let the script run longer (e.g. more --steps) or lower --warmup")
 

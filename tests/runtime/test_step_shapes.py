@@ -73,7 +73,7 @@ def test_modules_without_parameters_are_not_the_root(probe: ShapeProbe) -> None:
     assert probe.root is model and probe.shape_of(1) == StepShape.of([(2, 4)])
 
 
-@pytest.mark.filterwarnings("ignore:Using `torch.compile(module)` when there are global hooks")
+@pytest.mark.filterwarnings("ignore:Using `torch.compile")
 def test_compiled_model_is_hooked_on_its_wrapper(probe: ShapeProbe) -> None:
     compiled = torch.compile(nn.Linear(4, 2), backend="eager")
     for batch in (2, 2, 6):

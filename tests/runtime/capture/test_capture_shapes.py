@@ -1,0 +1,131 @@
+"""``kdvfs capture`` of a run whose steps vary (CPU test mode, fake NVML, the real profiler): one trace per
+shape with its own measurements, the window's distribution, the report; a fixed-shape run as before."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from kdvfs.envs.common.paths import REPO_ROOT
+from kdvfs.envs.trace.format import load_trace
+from kdvfs.envs.trace.shape import StepShape
+from kdvfs.envs.trace.trace_set import load_trace_set
+from kdvfs.runtime.capture.varying import MIN_VARYING_WINDOW_STEPS, choose_targets
+from kdvfs.runtime.cli import main
+
+CAPTURE = ["capture", "--cpu-test-mode", "--nvml-module", "kdvfs.runtime.testing.nvml", "--warmup", "2",
+           "--energy-window-s", "0.05", "--json"]
+TRAIN = """
+import torch
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+batches = {batches}
+for step in range(400):
+    optimizer.zero_grad()
+    model(torch.randn(batches[step % len(batches)], 32)).square().sum().backward()
+    optimizer.step()
+"""
+
+
+def capture(capsys: pytest.CaptureFixture[str], folder: Path, batches: list[int], *options: str) -> dict:
+    script = folder / "train.py"
+    script.write_text(TRAIN.format(batches=batches))
+    code = main([*CAPTURE, *options, "-o", str(folder / "run.trace.json"), "--", sys.executable, str(script)])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    return dict(json.loads(out))
+
+
+def test_steps_of_three_shapes_give_three_traces(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    save = tmp_path / "run.shape-3.trace.json"
+    save.write_text("a previous capture's")
+    report = capture(capsys, tmp_path, [4, 16, 64])
+    traces = load_trace_set(tmp_path / "run.trace.json")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.shape-1.trace.json", "run.shape-2.trace.json",
+                                                          "run.trace.json", "train.py"]
+    shapes = [t.meta.step_shape for t in traces]
+    assert sorted(s.batch for s in shapes if s) == [4, 16, 64]
+    window_steps = report["window_steps"]
+    assert window_steps >= MIN_VARYING_WINDOW_STEPS
+    for trace in traces:
+        shape = trace.meta.step_shape
+        assert shape is not None
+        gemm_inputs = {k.op.input_dims[1] for k in trace.kernels if k.op and k.op.name == "aten::addmm"}
+        assert gemm_inputs == {(shape.batch, 32), (shape.batch, 64)}  # the profiled step is of its shape
+        distribution = dict(trace.meta.shape_distribution)
+        assert sum(distribution.values()) == window_steps and set(distribution) == set(shapes)
+        m = trace.meta.measurements
+        assert m["shape_window_steps"] == distribution[shape] and m["window_steps"] == window_steps
+        assert m["energy_j_per_step"] == pytest.approx(m["avg_power_w"] * m["step_time_s"])
+        assert m["window_energy_j"] == pytest.approx(m["avg_power_w"] * m["window_s"])
+    counts = Counter({s: n for s, n in traces[0].meta.shape_distribution})
+    assert shapes[0] == counts.most_common(1)[0][0]  # the main trace is the most frequent shape
+    summary = report["shapes"]
+    assert [entry["output"] for entry in summary["captured"]] == [
+        str(tmp_path / name) for name in ("run.trace.json", "run.shape-1.trace.json", "run.shape-2.trace.json")]
+    assert len(summary["seen"]) == 3 and summary["missed"] == [] and summary["tokens_range"] == [4 * 32, 64 * 32]
+    assert report["step_time_s"] == traces[0].meta.measurements["step_time_s"]
+
+
+def test_fixed_shape_steps_give_one_trace(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    report = capture(capsys, tmp_path, [16])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.trace.json", "train.py"]
+    trace = load_trace(tmp_path / "run.trace.json")
+    shape = StepShape.of([(16, 32)])
+    assert trace.meta.step_shape == shape
+    assert trace.meta.shape_distribution == ((shape, report["window_steps"]),)
+    assert trace.meta.measurements["step_time_s"] == report["step_time_s"]
+    assert "window_energy_j" not in trace.meta.measurements
+    assert [entry["output"] for entry in report["shapes"]["captured"]] == [str(tmp_path / "run.trace.json")]
+
+
+def test_one_shape_asked_keeps_one_trace(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    report = capture(capsys, tmp_path, [4, 16, 64], "--shapes", "1")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.trace.json", "train.py"]
+    assert len(report["shapes"]["seen"]) == 3 and len(report["shapes"]["captured"]) == 1
+
+
+def test_missed_shapes_are_reported(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    report = capture(capsys, tmp_path, [4, 16, 64], "--max-profiled-steps", "1")
+    assert len(report["shapes"]["captured"]) == 1 and len(report["shapes"]["missed"]) == 2
+    assert report["shapes"]["profiled_steps"] == 1
+
+
+def test_targets_are_the_most_frequent_and_the_extremes() -> None:
+    shapes = {n: StepShape.of([(n, 8)]) for n in (1, 2, 3, 4, 5)}
+    counts = Counter({shapes[1]: 1, shapes[2]: 4, shapes[3]: 9, shapes[4]: 3, shapes[5]: 2})
+    assert choose_targets(counts, 4) == [shapes[3], shapes[1], shapes[5], shapes[2]]
+    assert choose_targets(counts, 1) == [shapes[3]]
+    assert choose_targets(Counter(), 4) == []
+
+
+@pytest.mark.slow
+def test_hf_trainer_with_dynamic_padding(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    output = tmp_path / "sft.trace.json"
+    code = main([*CAPTURE, "-o", str(output), "--", sys.executable, str(REPO_ROOT / "examples" / "hf_sft.py"),
+                 "--size", "tiny", "--device", "cpu", "--steps", "200", "--max-len", "96"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    report = json.loads(out)
+    traces = load_trace_set(output)
+    assert len(report["shapes"]["seen"]) > 1 and len(traces) == len(report["shapes"]["captured"]) > 1
+    for trace in traces:
+        shape = trace.meta.step_shape
+        assert shape is not None and shape.batch == 8 and 64 <= shape.seq <= 96
+        assert sum(n for _, n in trace.meta.shape_distribution) == report["window_steps"]
+
+
+def test_script_that_ends_while_looking_for_shapes(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(TRAIN.format(batches=[4, 16, 64]).replace("range(400)", "range(28)"))
+    code = main([*CAPTURE[:-1], "--energy-window-s", "0.0001", "-o", str(tmp_path / "run.trace.json"), "--",
+                 sys.executable, str(script)])
+    err = capsys.readouterr().err
+    assert code == 2 and "while profiling its step shapes" in err and "--max-profiled-steps" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["train.py"]
