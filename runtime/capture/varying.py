@@ -7,7 +7,9 @@ When the window saw more than one shape, :func:`choose_targets` picks up to ``sh
 frequent, the smallest and the largest in tokens, then the next most frequent. :class:`ShapeRounds` then
 profiles rounds of :data:`ROUND_STEPS` steps (one profiler warm-up step before each), and keeps the
 recording and position of the first profiled step of each target shape, until every target was recorded
-or ``max_profiled_steps`` steps were profiled (the targets not seen by then are reported as missed).
+or ``max_profiled_steps`` steps were profiled; a target not seen by then is replaced by the profiled step
+nearest it in tokens (:meth:`ShapeRounds.stand_in`: dynamic padding rarely repeats a shape), else reported as
+missed.
 
 Each captured shape's trace measures its own shape: its ``step_time_s`` is the mean unprofiled time of that
 shape's steps in the window and its ``energy_j_per_step`` that time at the window's average power (the NVML
@@ -20,6 +22,7 @@ window's measured joules, to be compared with the sum over its steps of their ow
 from __future__ import annotations
 
 import contextlib
+import math
 import statistics
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -136,6 +139,10 @@ class ShapeRounds:
     now_s: Callable[[], float]
     cpu_only: bool
     captured: dict[StepShape, tuple[Path, int]] = field(default_factory=dict)
+    profiled: dict[StepShape, tuple[Path, int]] = field(default_factory=dict)
+    """Every profiled step's shape (its first profiled step's recording and position)."""
+    stood_in: dict[StepShape, StepShape] = field(default_factory=dict)
+    """The profiled shape that took a missed target's place, and that target."""
     profiled_s: float = 0.0
     profiled_steps: int = 0
     rounds: int = 0
@@ -179,13 +186,33 @@ class ShapeRounds:
         if self.missing() and self.profiled_steps < self.max_steps:
             self.start()
             return False
+        self.stand_in()
         return True
 
     def _collect(self, recording: Path, steps: range) -> None:
         for position, step in enumerate(steps):
             shape = self.probe.shape_of(step)
+            if shape is not None:
+                self.profiled.setdefault(shape, (recording, position - len(steps)))
             if shape in self.targets and shape not in self.captured:
                 self.captured[shape] = (recording, position - len(steps))
+
+    def stand_in(self) -> None:
+        """Give each target still missing the profiled step nearest it in tokens (same input layout, not captured
+        yet) in its place: in a run whose shapes rarely repeat (dynamic padding) the window's exact shapes do
+        not come up again, and a step near each of them covers the run's range as well. The replaced targets
+        are kept in :attr:`stood_in`."""
+        for index, target in enumerate(list(self.targets)):
+            if target in self.captured:
+                continue
+            free = [shape for shape in self.profiled if shape not in self.captured
+                    and len(shape.inputs) == len(target.inputs) and shape.batch == target.batch]
+            if not free:
+                continue
+            nearest = min(free, key=lambda shape: (abs(math.log(max(shape.tokens, 1) / max(target.tokens, 1))), shape))
+            self.targets[index] = nearest
+            self.captured[nearest] = self.profiled[nearest]
+            self.stood_in[nearest] = target
 
     def missing(self) -> list[StepShape]:
         """The targets not recorded yet, in target order."""
