@@ -40,10 +40,10 @@ STREAMING_SM_PER_DRAM = 0.12
 """SM-per-DRAM ratio of streaming kernels: ncu's SM throughput over DRAM throughput of the vectorised copy, fill and
 add kernels in the bundled H200 ncu exports, 0.07-0.16 (derivation: ``docs/design/feature-estimation.md``)."""
 SIMT_GEMM_SM_PER_FLOP = 1.41
-"""SM throughput of a GEMM off the tensor cores (fp32 SIMT) per unit of its FLOP fraction: the FMA pipe is not its
-only busy unit (shared-memory operand loads, address arithmetic). The fp32 GEMM microbenchmark runs at 0.71 of the
-fp32 peak with SM throughput 0.90 (``kdvfs.envs.calibration.convert.H200_FP32_GEMM_FEATURES``), the figure that
-reproduces its measured power (``docs/design/feature-estimation.md``)."""
+"""SM load of a GEMM off the tensor cores (fp32 SIMT, FFMA) per unit of its FLOP fraction: such a GEMM is issue-bound,
+its FFMAs sharing the SMs' issue slots with the shared-memory loads and address arithmetic that feed them, so a
+well-tuned one (the H200 fp32 GEMM microbenchmark, ``data/raw/h200/power_micro.json``) reaches 1 / 1.41 of the fp32
+peak with every SM fully loaded (``docs/design/feature-estimation.md``)."""
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,7 @@ def _expert_fwd(b: KernelBuilder, tokens: int) -> None:
     c, a, t = b.config, b.act, b.tokens
     d, f = c.d_model, c.ffn
     b.add("expert_where", "nonzero", ((c.top_k, t),), Category.ELEMENTWISE, Eff.TINY, 0.0, INDEX_BYTES * c.top_k * t)
-    b.add("expert_gather_tokens", "index", ((t, d), (tokens,)), Category.EMBEDDING, Eff.GATHER, 0.0,
+    b.add("expert_gather_kernel_tokens", "index", ((t, d), (tokens,)), Category.EMBEDDING, Eff.GATHER, 0.0,
           2 * tokens * d * a + INDEX_BYTES * tokens)
     for tag, n_in, n_out in (("expert_fc1", d, f), ("expert_fc2", f, d)):
         b.cast(f"{tag}_bias", (n_out,), to_fp32=False)
@@ -76,7 +76,7 @@ def _expert_linear_bwd(b: KernelBuilder, tag: str, tokens: int, n_in: int, n_out
 def _expert_bwd(b: KernelBuilder, tokens: int) -> None:
     c, a, t = b.config, b.act, b.tokens
     d, f = c.d_model, c.ffn
-    b.add("expert_gather_output_grad", "index", ((t, d), (tokens,)), Category.EMBEDDING, Eff.GATHER, 0.0,
+    b.add("expert_gather_kernel_output_grad", "index", ((t, d), (tokens,)), Category.EMBEDDING, Eff.GATHER, 0.0,
           2 * tokens * d * a + INDEX_BYTES * tokens)
     b.pointwise("expert_scale_grad", "mul", (tokens, d), Category.ELEMENTWISE, Eff.VECTOR, 3 * a, a, 1)
     b.add("reduce_routing_weight_grad", "sum", ((tokens, d),), Category.REDUCTION, Eff.REDUCE, tokens * d,
@@ -86,7 +86,7 @@ def _expert_bwd(b: KernelBuilder, tokens: int) -> None:
     _expert_linear_bwd(b, "expert_fc1", tokens, d, f)
     dims = ((t, d), (tokens,), (tokens, d))
     for _ in range(SCATTER_SORT_PASSES):
-        b.add("expert_scatter_sort", "_index_put_impl_", dims, Category.REDUCTION, Eff.SORT, 0.0,
+        b.add("expert_scatter_radix_sort", "_index_put_impl_", dims, Category.REDUCTION, Eff.SORT, 0.0,
               4 * INDEX_BYTES * tokens)
     b.add("expert_scatter_input_grad", "_index_put_impl_", dims, Category.ELEMENTWISE, Eff.SEGMENT, tokens * d,
           3 * tokens * d * a + INDEX_BYTES * tokens)
@@ -100,7 +100,7 @@ def moe_bwd(b: KernelBuilder) -> None:
     b.host_sync("nonzero", INDEX_BYTES * e)
     for _ in range(e):
         _expert_bwd(b, expert_tokens(b))
-    b.add("router_topk_grad_scatter", "scatter", ((t, e), (t, c.top_k)), Category.ELEMENTWISE, Eff.TINY, 0.0,
+    b.add("router_grad_scatter", "scatter", ((t, e), (t, c.top_k)), Category.ELEMENTWISE, Eff.TINY, 0.0,
           t * e * 4 + t * c.top_k * 12)
     b.add("router_softmax_bwd", "_softmax_backward_data", ((t, e), (t, e)), Category.SOFTMAX_LOSS, Eff.SOFTMAX,
           3 * t * e, 3 * t * e * 4)

@@ -63,8 +63,8 @@ class TransformerConfig:
                               f"{list(PRECISIONS)}")
 
     def summary(self) -> str:
-        """A one-line description, e.g. ``gpt3xl L24 d2048 h16 ffn8192 s2048 b4 v50304 bf16 fused decoder`` (``moe8x top2`` appended for a
-        mixture of experts)."""
+        """A one-line description, e.g. ``gpt3xl L24 d2048 h16 ffn8192 s2048 b4 v50304 bf16 fused decoder``
+        (``moe8x top2`` appended for a mixture of experts)."""
         return (f"{self.name} L{self.layers} d{self.d_model} h{self.heads} ffn{self.ffn} s{self.seq} b{self.batch} "
                 f"v{self.vocab} {self.precision} {'fused' if self.fused else 'unfused'} "
                 f"{'decoder' if self.decoder else 'encoder'}"
