@@ -38,12 +38,12 @@ ARITHMETIC_FUNCTOR = re.compile(r"gelu|silu|sigmoid|tanh|exp|log|erf|pow_|sqrt|s
                                 r"|philox|bernoulli|normal", re.IGNORECASE)
 STREAMING_SM_PER_DRAM = 0.12
 """SM-per-DRAM ratio of streaming kernels: ncu's SM throughput over DRAM throughput of the vectorised copy, fill and
-add kernels in the bundled H200 ncu exports, 0.07-0.16 (derivation: ``docs/design/feature-estimation.md``)."""
+add kernels in the bundled H200 ncu exports (derivation: ``docs/design/feature-estimation.md``)."""
 SIMT_GEMM_SM_PER_FLOP = 1.41
 """SM load of a GEMM off the tensor cores (fp32 SIMT, FFMA) per unit of its FLOP fraction: such a GEMM is issue-bound,
 its FFMAs sharing the SMs' issue slots with the shared-memory loads and address arithmetic that feed them, so a
-well-tuned one (the H200 fp32 GEMM microbenchmark, ``data/raw/h200/power_micro.json``) reaches 1 / 1.41 of the fp32
-peak with every SM fully loaded (``docs/design/feature-estimation.md``)."""
+well-tuned one loads every SM fully below the fp32 peak: one over the FLOP fraction of the H200 fp32 GEMM
+microbenchmark (``data/raw/h200/power_micro.json``; ``docs/design/feature-estimation.md``)."""
 
 
 @dataclass(frozen=True)
