@@ -16,8 +16,8 @@ import hf_vit
 
 @pytest.mark.parametrize("model", ["llama", "mixtral", "bert"])
 def test_sft_trains_tiny_on_the_cpu(model: str) -> None:
-    hf_sft.main(["--model", model, "--size", "tiny", "--batch", "2", "--min-len", "8", "--max-len", "48", "--steps", "2",
-                 "--device", "cpu"])
+    hf_sft.main(["--model", model, "--size", "tiny", "--batch", "2", "--min-len", "8", "--max-len", "48",
+                 "--steps", "2", "--device", "cpu"])
 
 
 def test_vit_trains_tiny_on_the_cpu() -> None:
