@@ -1,7 +1,7 @@
-"""Real H200 workloads at several shapes: measured joules per step at auto against the cost model's prediction.
+"""H200 joules per step at auto, predicted vs measured, on real workloads captured at several shapes.
 
     python benchmarks/workloads_h200.py run RESULTS_DIR [--only LABEL,...]   # on the GPU machine
-    python benchmarks/workloads_h200.py report RESULTS_DIR                   # anywhere
+    python benchmarks/workloads_h200.py report [RESULTS_DIR]                 # anywhere
 
 ``run`` captures each workload of ``WORKLOADS`` with ``kdvfs capture`` (read-only NVML: the energy counter and
 clocks; the PyTorch profiler), one fixed shape per capture: a dense decoder (Llama, Hugging Face ``Trainer``) at
@@ -10,6 +10,15 @@ experts, top-2); an encoder (BERT-style sequence classification); a ViT-B/16; a 
 step. Each trace is stamped with the step shape its command fixes. The traces are also the recorded shapes
 the step model is fitted and checked on (``benchmarks/step_model.py``). ``--cpu-test`` runs tiny versions on
 a CPU with the tests' fake NVML (a dry run of this script).
+
+``report`` predicts every captured trace of RESULTS_DIR (default: the committed captures in
+``data/traces/h200/workloads``) and the bundled H200 steps at auto with the shipped H200 profile (what
+``kdvfs predict`` prints first) against the joules per step NVML measured over the unprofiled window, and
+writes ``benchmarks/results/workloads_h200.{json,md}``: the error per workload (target: within ``TARGET``), the
+split of the predicted energy into tensor-core GEMMs, GEMMs off the tensor cores, other kernels and idle gaps,
+and the idle gaps' share of each step with the gap power the measurement implies. No parameter is fitted on
+these measurements (:mod:`kdvfs.envs.model.estimate` says where its constants come from), so every workload
+is held out.
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from provenance import host, nvidia_smi, utc_now
+from workloads_report import report
 
 from kdvfs.envs.common.paths import REPO_ROOT
 
@@ -83,12 +93,17 @@ def run(folder: Path, cpu_test: bool, only: list[str] | None) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("stage", choices=("run",))
-    parser.add_argument("folder", type=Path)
+    parser.add_argument("stage", choices=("run", "report"))
+    parser.add_argument("folder", type=Path, nargs="?", default=None)
     parser.add_argument("--cpu-test", action="store_true")
     parser.add_argument("--only", type=lambda text: text.split(","), default=None)
     args = parser.parse_args()
-    run(args.folder, args.cpu_test, args.only)
+    if args.stage == "report":
+        print(report(args.folder))
+    elif args.folder is None:
+        parser.error("run needs the RESULTS_DIR to capture into")
+    else:
+        run(args.folder, args.cpu_test, args.only)
 
 
 if __name__ == "__main__":

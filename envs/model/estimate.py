@@ -30,6 +30,20 @@ HELPER_KERNEL = re.compile(r"workspace|padding|reduction|splitkreduce|reducespli
 # (1 when no measured kernel qualifies).
 MAX_TENSOR_FOR_RATIO = 0.05
 MIN_DRAM_FOR_RATIO = 0.05
+# Streaming kernels: contiguous vectorised copies, fills and one- or two-operation arithmetic (add, mul, compare),
+# and the memcpy/memset activities. They load the SMs only with their vector loads and stores, far less per byte
+# than their category's other kernels (strided copies with index arithmetic, activations with transcendentals).
+STREAMING_KERNEL = re.compile(r"vectorized_elementwise_kernel", re.IGNORECASE)
+ARITHMETIC_FUNCTOR = re.compile(r"gelu|silu|sigmoid|tanh|exp|log|erf|pow_|sqrt|sin_|cos_|softplus|elu_|rand|dropout"
+                                r"|philox|bernoulli|normal", re.IGNORECASE)
+STREAMING_SM_PER_DRAM = 0.12
+"""SM-per-DRAM ratio of streaming kernels: ncu's SM throughput over DRAM throughput of the vectorised copy, fill and
+add kernels in the bundled H200 ncu exports (derivation: ``docs/design/feature-estimation.md``)."""
+SIMT_GEMM_SM_PER_FLOP = 1.41
+"""SM load of a GEMM off the tensor cores (fp32 SIMT, FFMA) per unit of its FLOP fraction: such a GEMM is issue-bound,
+its FFMAs sharing the SMs' issue slots with the shared-memory loads and address arithmetic that feed them, so a
+well-tuned one loads every SM fully below the fp32 peak: one over the FLOP fraction of the H200 fp32 GEMM
+microbenchmark (``data/raw/h200/power_micro.json``; ``docs/design/feature-estimation.md``)."""
 
 
 @dataclass(frozen=True)
@@ -188,18 +202,29 @@ def _clip(value: float) -> float:
     return float(min(1.0, max(0.0, value)))
 
 
+def is_streaming(kernel: Kernel) -> bool:
+    """Whether a kernel streams memory with little arithmetic per byte (see :data:`STREAMING_KERNEL`)."""
+    if kernel.kind is not Kind.KERNEL:
+        return True
+    return bool(STREAMING_KERNEL.search(kernel.name)) and not ARITHMETIC_FUNCTOR.search(kernel.name)
+
+
 def kernel_features(kernel: Kernel, work: KernelWork, profile: GpuProfile, prior: CategoryPrior) -> Features:
     """Features of one kernel from its work over the roofline (utilisations clipped to [0, 1]).
 
     The FLOP fraction is FLOP/s over the peak of the work's precision on tensor cores, else over the fp32
     (fp64) peak; it is also the tensor_util of tensor-core kernels (0 for others). sm_util is the larger of
-    the FLOP fraction and the category's SM-per-DRAM ratio times dram_util (SM throughput is the busiest
-    of the SM's units; memory instructions load them in proportion to the traffic).
+    the SM load of the FLOPs (the FLOP fraction; times :data:`SIMT_GEMM_SM_PER_FLOP` for a GEMM off the tensor
+    cores) and the SM-per-DRAM ratio times dram_util (SM throughput is the busiest of the SM's units; memory
+    instructions load them in proportion to the traffic): the category's ratio, or
+    :data:`STREAMING_SM_PER_DRAM` for a streaming kernel.
     """
     dram_util = _clip(work.dram_bytes / kernel.duration_s / profile.roofline.dram_bandwidth_bytes_per_s)
     precision = work.precision if work.tensor_cores else "fp64" if work.precision == "fp64" else "fp32"
     flop_util = _clip(work.flops / kernel.duration_s / _peak_flops(profile, precision))
-    sm_util = _clip(max(flop_util, prior.sm_per_dram * dram_util))
+    simt_gemm = kernel.category is Category.GEMM and not work.tensor_cores
+    flop_load = flop_util * (SIMT_GEMM_SM_PER_FLOP if simt_gemm else 1.0)
+    sm_util = _clip(max(flop_load, (STREAMING_SM_PER_DRAM if is_streaming(kernel) else prior.sm_per_dram) * dram_util))
     return Features(sm_util, dram_util, flop_util if work.tensor_cores else 0.0, None, SOURCE)
 
 

@@ -13,7 +13,9 @@ with ``peak = roofline.peak_flops[precision]`` for tensor-core work (GEMMs, flas
 else ``peak_flops["fp32"]`` (CUDA cores), and ``bandwidth = roofline.dram_bandwidth_bytes_per_s``.
 ``floor`` is KERNEL_FLOOR_S (1.3 us; memsets MEMSET_FLOOR_S, 1.0 us): the shortest kernels in the H200
 traces take 0.7-1.6 us. Every activity is preceded by GAP_S (1.5 us), the median idle gap between kernels in
-the H200 traces (the CPU runs ahead, so the gap is the GPU's launch-to-launch latency).
+the H200 traces (the CPU runs ahead, so the gap is the GPU's launch-to-launch latency); after a host sync (a
+device-to-host copy the CPU waits for, as a mixture of experts' routing makes) the gap is SYNC_GAP_S (50 us), the
+median gap after such a copy in the captured H200 MoE steps (the CPU must launch again from an empty queue).
 
 Efficiency constants (fractions of the datasheet peak; ``overhead`` in seconds). They were read off
 per-kernel throughput in the bundled H200 trace ``h200/gpt3xl-24layer-b4`` (FLOPs or bytes of each kernel
@@ -76,6 +78,7 @@ WORKLOAD_DIR = CONFIG_DIR / "workloads"
 KERNEL_FLOOR_S = 1.3e-6
 MEMSET_FLOOR_S = 1.0e-6
 GAP_S = 1.5e-6
+SYNC_GAP_S = 50e-6
 NOISE_SIGMA = 0.02
 FLASH_REFERENCE_HEAD_DIM = 128
 
@@ -154,12 +157,13 @@ def generate_transformer_trace(config: TransformerConfig, profile: GpuProfile, r
     compute = np.clip(np.array([s.flops for s in specs]) / (durations * peak), 0.0, 1.0)
     dram = np.clip(np.array([s.dram_bytes for s in specs]) / (durations * profile.roofline.dram_bandwidth_bytes_per_s),
                    0.0, 1.0)
+    gaps = [GAP_S] + [SYNC_GAP_S if before.host_sync else GAP_S for before in specs[:-1]]
     kernels = tuple(
         Kernel(name=s.name, kind=s.kind, category=s.category, phase=s.phase, duration_s=float(duration),
-               gap_before_s=GAP_S, op=s.op, flops=s.flops, dram_bytes=s.dram_bytes,
+               gap_before_s=gap, op=s.op, flops=s.flops, dram_bytes=s.dram_bytes,
                features=Features(sm_util=float(c), dram_util=float(m), tensor_util=float(c) if s.tensor else 0.0,
                                  clock_mhz=None, source="synthetic"))
-        for s, duration, c, m in zip(specs, durations, compute, dram, strict=True))
+        for s, duration, gap, c, m in zip(specs, durations, gaps, compute, dram, strict=True))
     meta = TraceMeta(gpu=profile.model, workload=config.name,
                      source=f"synthetic:{config.summary()} seed={rng_seed}",
                      ref_mem_mhz=float(profile.clocks.default_memory_mhz), ref_core_mhz=None)

@@ -59,6 +59,7 @@ class Spec:
     dram_bytes: float
     eff: Eff
     tensor: bool
+    host_sync: bool = False
 
 
 def index_splits(largest_operand_bytes: float) -> int:
@@ -90,9 +91,13 @@ def multi_tensor_launches(numels: list[int], depth: int) -> list[int]:
 
 
 def param_numels(config: TransformerConfig) -> list[int]:
-    """Parameter tensor sizes in ``model.parameters()`` order (untied LM head, learned positions)."""
+    """Parameter tensor sizes in ``model.parameters()`` order (untied LM head, learned positions; a mixture of
+    experts has a bias-free router and per-expert MLPs in place of the dense MLP)."""
     d, f = config.d_model, config.ffn
-    layer = [d, d, 3 * d * d, 3 * d, d * d, d, d, d, f * d, f, d * f, d]
+    mlp = [f * d, f, d * f, d]
+    if config.experts:
+        mlp = [config.experts * d, *(mlp * config.experts)]
+    layer = [d, d, 3 * d * d, 3 * d, d * d, d, d, d, *mlp]
     return [config.vocab * d, config.seq * d, *(layer * config.layers), d, d, config.vocab * d]
 
 
@@ -120,6 +125,11 @@ class KernelBuilder:
     def memset(self, op: str, dims: tuple[tuple[int, ...], ...]) -> None:
         self.specs.append(Spec("synthetic::memset_workspace", Kind.MEMSET, Category.COPY_MEMSET, self.phase,
                                OpInfo(f"aten::{op}", dims), 0.0, MEMSET_BYTES, Eff.MEMSET, False))
+
+    def host_sync(self, op: str, nbytes: float) -> None:
+        """A device-to-host copy the CPU waits for (``nonzero``, ``.tolist()``): the next launch comes late."""
+        self.specs.append(Spec("synthetic::memcpy_dtoh", Kind.MEMCPY, Category.COPY_MEMSET, self.phase,
+                               OpInfo(f"aten::{op}", ()), 0.0, float(nbytes), Eff.TINY, False, host_sync=True))
 
     def pointwise(self, name: str, op: str, shape: tuple[int, ...], category: Category, eff: Eff,
                   bytes_per_element: float, widest: int = 4, flops_per_element: float = 0.0) -> None:

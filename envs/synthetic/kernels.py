@@ -20,6 +20,7 @@ from kdvfs.envs.synthetic.kernel_builder import (
     multi_tensor_launches,
     param_numels,
 )
+from kdvfs.envs.synthetic.moe import moe_bwd, moe_fwd
 from kdvfs.envs.synthetic.workload import TransformerConfig
 from kdvfs.envs.trace.trace import Category, Phase
 
@@ -148,9 +149,12 @@ def _layer_fwd(b: KernelBuilder) -> None:
     _linear_fwd(b, "proj", d, d, input_fp32=False)
     _residual(b, backward=False)
     _layer_norm(b, backward=False)
-    _linear_fwd(b, "fc1", d, f, input_fp32=True)
-    b.pointwise("gelu_fwd", "gelu", (c.batch, c.seq, f), Category.ELEMENTWISE, Eff.ACTIVATION, 2 * a, a, 20)
-    _linear_fwd(b, "fc2", f, d, input_fp32=False)
+    if c.experts:
+        moe_fwd(b)
+    else:
+        _linear_fwd(b, "fc1", d, f, input_fp32=True)
+        b.pointwise("gelu_fwd", "gelu", (c.batch, c.seq, f), Category.ELEMENTWISE, Eff.ACTIVATION, 2 * a, a, 20)
+        _linear_fwd(b, "fc2", f, d, input_fp32=False)
     _residual(b, backward=False)
 
 
@@ -158,9 +162,13 @@ def _layer_bwd(b: KernelBuilder) -> None:
     c = b.config
     d, f, a, shape = c.d_model, c.ffn, b.act, (c.batch, c.seq, c.d_model)
     b.cast("fc2_output_grad", shape, to_fp32=False)
-    _linear_bwd(b, "fc2", f, d, input_fp32=False)
-    b.pointwise("gelu_bwd", "gelu_backward", (c.batch, c.seq, f), Category.ELEMENTWISE, Eff.ACTIVATION, 3 * a, a, 30)
-    _linear_bwd(b, "fc1", d, f, input_fp32=True)
+    if c.experts:
+        moe_bwd(b)
+    else:
+        _linear_bwd(b, "fc2", f, d, input_fp32=False)
+        b.pointwise("gelu_bwd", "gelu_backward", (c.batch, c.seq, f), Category.ELEMENTWISE, Eff.ACTIVATION, 3 * a, a,
+                    30)
+        _linear_bwd(b, "fc1", d, f, input_fp32=True)
     _layer_norm(b, backward=True)
     _residual(b, backward=True)
     b.cast("proj_output_grad", shape, to_fp32=False)

@@ -28,6 +28,9 @@ class TransformerConfig:
             foreach AdamW.
         decoder: True: causal self-attention (GPT); False: bidirectional (BERT-like encoder). Both end in a
             vocab-sized head with cross entropy over every position.
+        experts: 0 for a dense MLP; else the MLP is a mixture of this many experts (each an ``ffn``-wide MLP)
+            behind a router (Mixtral-style, :mod:`kdvfs.envs.synthetic.moe`).
+        top_k: experts each token is routed to (used when ``experts`` > 0).
     """
 
     name: str
@@ -41,6 +44,8 @@ class TransformerConfig:
     precision: str = "bf16"
     fused: bool = True
     decoder: bool = True
+    experts: int = 0
+    top_k: int = 2
 
     def __post_init__(self) -> None:
         for label in ("layers", "d_model", "heads", "ffn", "seq", "batch", "vocab"):
@@ -50,12 +55,17 @@ class TransformerConfig:
         if self.d_model % self.heads:
             raise ConfigError(f"workload {self.name!r}: heads={self.heads} does not divide d_model={self.d_model}; "
                               "choose heads so that d_model % heads == 0")
+        if self.experts and not (self.experts >= 2 and 1 <= self.top_k <= self.experts):
+            raise ConfigError(f"workload {self.name!r}: experts={self.experts!r}, top_k={self.top_k!r}: need experts 0 "
+                              "(dense) or >= 2 with 1 <= top_k <= experts")
         if self.precision not in PRECISIONS:
             raise ConfigError(f"workload {self.name!r}: precision={self.precision!r} is not one of "
                               f"{list(PRECISIONS)}")
 
     def summary(self) -> str:
-        """A one-line description, e.g. ``gpt3xl L24 d2048 h16 ffn8192 s2048 b4 v50304 bf16 fused decoder``."""
+        """A one-line description, e.g. ``gpt3xl L24 d2048 h16 ffn8192 s2048 b4 v50304 bf16 fused decoder``
+        (``moe8x top2`` appended for a mixture of experts)."""
         return (f"{self.name} L{self.layers} d{self.d_model} h{self.heads} ffn{self.ffn} s{self.seq} b{self.batch} "
                 f"v{self.vocab} {self.precision} {'fused' if self.fused else 'unfused'} "
-                f"{'decoder' if self.decoder else 'encoder'}")
+                f"{'decoder' if self.decoder else 'encoder'}"
+                + (f" moe{self.experts}x top{self.top_k}" if self.experts else ""))

@@ -4,26 +4,33 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import math
+import re
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kdvfs.envs.common.errors import ProfileError
+from kdvfs.envs.common.paths import DATA_DIR
 from kdvfs.envs.gpu.profiles import GpuProfile, load_profile
 from kdvfs.envs.model.estimate import (
     FEATURE_PRIORS,
+    SIMT_GEMM_SM_PER_FLOP,
     SOURCE,
+    STREAMING_SM_PER_DRAM,
     derive_priors,
     estimate_features,
     estimate_work,
+    is_streaming,
     is_tensor_kernel,
     op_calls,
     split_work,
 )
 from kdvfs.envs.model.estimate_ops import CAUSAL_FRACTION, conv_output_sizes, dtype_bytes, op_work
 from kdvfs.envs.trace.bundled import bundled_traces, open_trace
+from kdvfs.envs.trace.ncu import read_ncu_csv
 from kdvfs.envs.trace.trace import Category, Features, Kernel, Kind, OpInfo, Phase, Trace, TraceMeta
 
 BF16, F32, I64 = "c10::BFloat16", "float", "long int"
@@ -245,3 +252,39 @@ def test_estimated_features_are_fractions(shape: list[int], duration_s: float) -
         assert k.features is not None
         values = (k.features.sm_util, k.features.dram_util, k.features.tensor_util)
         assert all(v is not None and 0.0 <= v <= 1.0 for v in values)
+
+
+def test_streaming_kernels_load_the_sms_by_the_ncu_ratio_of_copies_fills_and_adds() -> None:
+    """STREAMING_SM_PER_DRAM is within the range of the vectorised copy/fill/add kernels in the bundled ncu exports."""
+    ratios = [k.sm_util / k.dram_util for name in ("gpt3xl_1layer", "gpt2s_2layer")
+              for k in read_ncu_csv(DATA_DIR / "raw" / "h200" / f"ncu_{name}.csv.gz")
+              if re.search(r"vectorized_elementwise_kernel<\d+, native::(bfloat16_copy|FillFunctor|CUDAFunctor_add)",
+                           k.name) and k.dram_util > 0.05]
+    assert len(ratios) >= 10 and min(ratios) <= STREAMING_SM_PER_DRAM <= max(ratios)
+    copy = OpInfo("aten::copy_", ((4096, 4096), (4096, 4096)), (BF16, F32))
+    vectorized = kernel(copy, "void at::native::vectorized_elementwise_kernel<8, at::native::bfloat16_copy_kernel_cuda",
+                        Category.COPY_MEMSET, duration_s=3e-5)
+    gelu = kernel(copy, "void at::native::vectorized_elementwise_kernel<4, at::native::GeluCUDAKernelImpl",
+                  Category.ELEMENTWISE, duration_s=3e-5)
+    out = estimate_features(trace_of(vectorized, gelu), h200()).kernels
+    assert is_streaming(vectorized) and not is_streaming(gelu)
+    first, second = out[0].features, out[1].features
+    assert first is not None and second is not None
+    assert first.sm_util == pytest.approx(STREAMING_SM_PER_DRAM * first.dram_util)
+    assert second.sm_util == pytest.approx(FEATURE_PRIORS[Category.ELEMENTWISE].sm_per_dram * second.dram_util)
+
+
+def test_a_simt_gemm_at_the_microbenchmark_fp32_gemm_efficiency_loads_the_sms_fully() -> None:
+    """SIMT_GEMM_SM_PER_FLOP is one over the FLOP fraction of the measured fp32 GEMM microbenchmark."""
+    micro = json.loads((DATA_DIR / "raw" / "h200" / "power_micro.json").read_text())["gemm_fp32_2048"]
+    flop_fraction = 2 * 2048**3 / (micro["us_per_call"] * 1e-6) / h200().roofline.peak_flops["fp32"]
+    assert pytest.approx(1 / flop_fraction, abs=0.01) == SIMT_GEMM_SM_PER_FLOP
+    duration_s = micro["us_per_call"] * 1e-6
+    simt = kernel(mm(2048, 2048, 2048, F32), "sm80_xmma_gemm_f32f32_f32f32_f32_nn_n_tilesize128x128x8_ffma",
+                  duration_s=duration_s)
+    half = kernel(mm(2048, 2048, 2048, F32), "sm80_xmma_gemm_f32f32_f32f32_f32_nn_n_tilesize128x128x8_ffma",
+                  duration_s=2 * duration_s)
+    out = estimate_features(trace_of(simt, half), h200()).kernels
+    assert out[0].features is not None and out[0].features.sm_util == pytest.approx(1.0, abs=0.01)
+    assert out[0].features.tensor_util == 0.0
+    assert out[1].features is not None and out[1].features.sm_util == pytest.approx(0.5, abs=0.01)

@@ -40,7 +40,8 @@ def small(**changes: object) -> TransformerConfig:
     return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
 
 
-VARIANTS = [small(), small(fused=False), small(precision="fp16"), small(precision="fp32"), small(decoder=False)]
+VARIANTS = [small(), small(fused=False), small(precision="fp16"), small(precision="fp32"), small(decoder=False),
+            small(experts=4, top_k=2)]
 
 
 def test_presets_load_and_gpt3xl_matches_its_definition() -> None:
@@ -177,3 +178,26 @@ def test_agrees_with_the_real_h200_trace(workload: str, real_name: str, h200: Gp
     real_per_layer, _ = layer_kernel_counts(real, config.layers)
     assert abs(generated_per_layer - real_per_layer) <= TOLERANCE * real_per_layer
     assert abs(generated.step_time_s - real.step_time_s) <= TOLERANCE * real.step_time_s
+
+
+def test_mixture_of_experts_routes_syncs_and_runs_every_expert(h200: GpuProfile) -> None:
+    dense, moe = (generate_transformer_trace(c, h200) for c in (small(), small(experts=4, top_k=2)))
+    ops = [k.op.name for k in moe.kernels if k.op]
+    assert {"aten::topk", "aten::index", "aten::index_add_", "aten::nonzero"} <= set(ops)
+    syncs = [i for i, k in enumerate(moe.kernels) if k.kind is Kind.MEMCPY]
+    assert len(syncs) == 2 * 4  # one routing sync per layer, forward and backward
+    assert all(moe.kernels[i + 1].gap_before_s > 10 * moe.kernels[i].gap_before_s for i in syncs)
+    assert ops.count("aten::addmm") > dense.count(Kind.KERNEL) // 100  # per-expert GEMMs
+    assert sum(param_numels(small(experts=4, top_k=2))) > 3 * sum(param_numels(small())) // 2
+    with pytest.raises(ConfigError, match="top_k"):
+        small(experts=4, top_k=5)
+
+
+def test_the_moe_preset_agrees_with_the_captured_moe_step(h200: GpuProfile) -> None:
+    config = load_workload("mixtral-moe")
+    generated = generate_transformer_trace(config, h200)
+    real = load_trace(Path(__file__).parents[3] / "data" / "traces" / "h200" / "workloads" /
+                      "mixtral-b8-s1024.trace.json.gz")
+    assert abs(len(generated) - len(real)) <= TOLERANCE * len(real)
+    gemms = [t.count(Kind.KERNEL) and sum(k.category is Category.GEMM for k in t.kernels) for t in (generated, real)]
+    assert abs(gemms[0] - gemms[1]) <= TOLERANCE * gemms[1]
