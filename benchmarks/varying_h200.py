@@ -1,4 +1,4 @@
-"""Steps that vary on the H200 (dry run): share of a dynamic-padding SFT's steps controlled, controller time, GPU restored.
+"""Steps that vary on the H200 (dry run): a dynamic-padding SFT's steps controlled, controller time, GPU restored.
 
     python benchmarks/varying_h200.py run RESULTS_DIR [--cpu-test]   # on the GPU machine: dry runs only
     python benchmarks/varying_h200.py report RESULTS_DIR             # anywhere: benchmarks/results/varying_h200.*
@@ -114,7 +114,8 @@ def markdown(result: dict[str, Any]) -> str:
              *provenance_lines(result["provenance"]),
              f"- device run: `{result['device_run'].get('machine')}`, {result['device_run'].get('date_utc')}", "",
              "| run | steps | with a bucket | controlled | controlled in B windows | guard back-offs | thread CPU "
-             "us/step | GPU restored | refused NVML calls |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |"]
+             "us/step | GPU restored | refused NVML calls |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |"]
     for label, r in result["runs"].items():
         share_b = r["controlled_share_of_b_windows"]
         lines.append(f"| {label} | {r['steps']} | {r['planned_steps']} | {r['controlled_steps']} "
