@@ -12,9 +12,10 @@ nearest it in tokens (:meth:`ShapeRounds.stand_in`: dynamic padding rarely repea
 missed.
 
 Each captured shape's trace measures its own shape: its ``step_time_s`` is the mean unprofiled time of that
-shape's steps in the window and its ``energy_j_per_step`` that time at the window's average power (the NVML
+shape's steps in the window (with fewer than :data:`MIN_SHAPE_STEPS` of them, the window's line of step time
+in tokens at its tokens) and its ``energy_j_per_step`` that time at the window's average power (the NVML
 counter updates a few times a second, too seldom to split the energy between steps; both are left out when
-the window held fewer than :data:`MIN_SHAPE_STEPS` steps of the shape). ``window_energy_j`` is the whole
+neither is known). ``window_energy_j`` is the whole
 window's measured joules, to be compared with the sum over its steps of their own shape's prediction
 (:func:`kdvfs.envs.trace.trace_set.window_prediction`).
 """
@@ -112,9 +113,22 @@ class WindowShapes:
         return tuple((s, counts[s]) for s in sorted(counts, key=lambda s: (-counts[s], s)))
 
     def step_time_s(self, shape: StepShape) -> float | None:
-        """Mean time of the shape's steps (None below :data:`MIN_SHAPE_STEPS` steps)."""
+        """Mean time of the shape's steps; below :data:`MIN_SHAPE_STEPS` of them, the window's straight-line fit
+        of step time in tokens at the shape's tokens (:meth:`fitted_time_s`)."""
         times = [t for s, t in zip(self.shapes, self.times_s, strict=True) if s == shape]
-        return statistics.fmean(times) if len(times) >= MIN_SHAPE_STEPS else None
+        return statistics.fmean(times) if len(times) >= MIN_SHAPE_STEPS else self.fitted_time_s(shape)
+
+    def fitted_time_s(self, shape: StepShape) -> float | None:
+        """The least-squares line of step time in tokens over the window's steps of ``shape``'s input layout, at
+        ``shape``'s tokens (at least the window's shortest step time); None with fewer than
+        :data:`MIN_SHAPE_STEPS` such steps or a single token count. Dynamic padding gives each step its own
+        shape, so this is how a captured shape's unprofiled time is known there."""
+        pairs = [(float(s.tokens), t) for s, t in zip(self.shapes, self.times_s, strict=True)
+                 if s is not None and len(s.inputs) == len(shape.inputs)]
+        if len(pairs) < MIN_SHAPE_STEPS or len({x for x, _ in pairs}) < 2:
+            return None
+        slope, intercept = statistics.linear_regression([x for x, _ in pairs], [t for _, t in pairs])
+        return max(intercept + slope * shape.tokens, min(t for _, t in pairs))
 
     def time_cv(self) -> float | None:
         """Coefficient of variation of the step times (None below two steps)."""

@@ -47,7 +47,7 @@ from kdvfs.runtime.controller.config import ControllerConfig
 from kdvfs.runtime.controller.decisions.actuator import Actuator, parse_clocks
 from kdvfs.runtime.controller.decisions.issuer import Issuer, StepJudges
 from kdvfs.runtime.controller.decisions.plans import Plan, bucket_planner, load_plan
-from kdvfs.runtime.controller.decisions.shape_plans import ShapeBook
+from kdvfs.runtime.controller.decisions.shape_plans import ShapeBook, kernel_time_s
 from kdvfs.runtime.controller.decisions.shape_steps import ShapeSteps, StepEntry, VaryingSteps
 from kdvfs.runtime.controller.decisions.sources import ReplayedSchedule, StepSource, ThreadContext
 from kdvfs.runtime.controller.decisions.timeline import StepPlan
@@ -219,8 +219,11 @@ class Controller:
         context = ThreadContext(timeline, clock, self._log, self._actuator)
         self._source = self._step_source(device, anchors, context)
         self._shapes = None if self._book is None else self._shape_steps(timeline, hooks, context)
-        reference_s = plan.auto_s if self._shapes is None else self._shapes.reference_auto_s
-        judges = StepJudges(StepMatcher(reference_s, config.step_match_tolerance, config.timing.confirm_steps),
+        matcher = (StepMatcher(plan.auto_s, config.step_match_tolerance, config.timing.confirm_steps)
+                   if self._shapes is None else StepMatcher(self._shapes.reference_kernel_s,
+                                                             config.step_match_tolerance, config.timing.confirm_steps,
+                                                             slow_tolerance=math.inf))
+        judges = StepJudges(matcher,
                             Guard(config.budget, config.measurement.guard_margin, config.measurement.guard_min_pairs,
                                   config.measurement.guard_retry_s),
                             self._accounting)
@@ -259,9 +262,10 @@ class Controller:
                 anchors = self._anchors(timeline, hooks, (shape_plan.problem, step_plan))
                 source = ReplayedSchedule(step_plan, anchors, context, shape_plan.problem.latency_s,
                                           self.config.timing.issue_early_ms / 1e3)
-                margins.append(StepEntry(step_plan, anchors, source, top.key))
+                margins.append(StepEntry(step_plan, anchors, source, top.key, kernel_time_s(shape_plan.problem)))
             entries[top] = tuple(margins)
-        return ShapeSteps(self._book, entries, self._varying.shape_of, self.step_plan.auto_s,
+        assert self.plan is not None
+        return ShapeSteps(self._book, entries, self._varying.shape_of, kernel_time_s(self.plan.problem),
                           100 * self.config.budget)
 
     def _step_source(self, device: Device, anchors: Anchors, context: ThreadContext) -> StepSource:

@@ -184,7 +184,7 @@ class Issuer(threading.Thread):
         end = self.timeline.wait(token)
         self.end_wait_cpu_s += time.thread_time() - began_cpu_s
         index, was_controlled = self.steps, self._controlling
-        ran = self._ran.pop(index, self._entry)
+        ran = self._ran.pop(index, self._entry if self.shapes is None else None)  # the first step had no decision
         self.steps += 1
         self.controlled_steps += was_controlled
         matched = self._judge(index, end, was_controlled, ran)

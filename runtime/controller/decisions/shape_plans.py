@@ -76,6 +76,12 @@ def _solve(job: int) -> Schedule:
     return planner.plan(Problem.build(trace, profile, budget, latency_s))
 
 
+def kernel_time_s(problem: Problem) -> float:
+    """The step's kernel time at auto (s): its kernels' durations, no idle gaps."""
+    costs = problem.costs
+    return float(costs.time_s[:, costs.auto_index].sum())
+
+
 def seq_quantum(seqs: Iterable[int]) -> int:
     """The sequence quantum (tokens): at least ``MIN_QUANTUM``, a power of two, and large enough that the
     range of ``seqs`` spans at most ``MAX_BUCKETS`` buckets."""

@@ -15,9 +15,12 @@ fractions of it, :data:`~kdvfs.runtime.controller.decisions.shape_plans.MARGINS`
 after every A/B pair, moves the run one margin down when the measured slowdown's mean exceeds the budget (the
 predictions of its steps were off), and back up when the whole 95% interval lies below it.
 
-Each entry's anchors learn only from the steps of its bucket. Step times are compared with the entry's
-expected time (:attr:`StepEntry.plan`), so the matcher and the A/B accounting see durations relative to the
-expectation of the step's own shape (:meth:`ShapeSteps.weight`).
+Each entry's anchors learn only from the steps of its bucket. A step counts for its bucket's expected kernel
+time at auto over the captured step's (:meth:`ShapeSteps.weight`: kernel time, the part of a step the step
+model predicts well; the host's share, new shapes' allocations and launch gaps, is not predicted), so the
+matcher and the A/B accounting see durations in reference steps. A step may be any slower than that (a host
+that fell behind stretches the GPU's timeline, and the anchors place the plan's requests on it), but not
+faster than the kernels it should run, less the matcher's tolerance.
 """
 
 from __future__ import annotations
@@ -65,12 +68,14 @@ class VaryingSteps:
 class StepEntry:
     """What the controller expects of a step and runs through it: the plan on its expected timeline, the anchors
     its requests are placed on, the source that issues them, and its bucket's label (``""`` for a run of one
-    shape)."""
+    shape) and its expected kernel time."""
 
     plan: StepPlan
     anchors: Anchors
     source: StepSource
     key: str = ""
+    kernel_s: float = 0.0
+    """The step's expected kernel time at auto (s; 0 for a run of one shape, which does not weight steps)."""
 
 
 class ShapeSteps:
@@ -80,14 +85,14 @@ class ShapeSteps:
         book: the plans of the run's buckets.
         entries: the entries of each bucket, keyed like ``book.plans``, one per margin in the book's order.
         shape_of: the step's shape, waiting until a deadline.
-        reference_auto_s: the auto step time that weights 1 (s): the most frequent captured shape's.
+        reference_kernel_s: the kernel time at auto that weights 1 (s): the captured step's.
         budget_pct: the run's budget (%), which the feedback compares the measured slowdown with.
     """
 
     def __init__(self, book: ShapeBook, entries: dict[StepShape, tuple[StepEntry, ...]], shape_of: ShapeOf,
-                 reference_auto_s: float, budget_pct: float) -> None:
+                 reference_kernel_s: float, budget_pct: float) -> None:
         self.book, self.entries, self.shape_of = book, entries, shape_of
-        self.reference_auto_s, self.budget_pct = reference_auto_s, budget_pct
+        self.reference_kernel_s, self.budget_pct = reference_kernel_s, budget_pct
         self.margin = 0
         """The index of the margin the run plans at now."""
         self.margin_changes = 0
@@ -120,8 +125,8 @@ class ShapeSteps:
         self.margin = margin
 
     def weight(self, entry: StepEntry) -> float:
-        """How many reference steps a step of ``entry`` counts for: its expected auto time over the reference's."""
-        return entry.plan.auto_s / self.reference_auto_s
+        """How many reference steps a step of ``entry`` counts for: its expected kernel time over the reference's."""
+        return entry.kernel_s / self.reference_kernel_s
 
     def figures(self) -> dict[str, Any]:
         """For the summary: the buckets planned, the steps that ran in each, and those without an entry by
