@@ -1,6 +1,6 @@
 """Steps that vary on the H200 (dry run): a dynamic-padding SFT's steps controlled, controller time, GPU restored.
 
-    python benchmarks/varying_h200.py run RESULTS_DIR [--cpu-test]   # on the GPU machine: dry runs only
+    python benchmarks/varying_h200.py run RESULTS_DIR [--cpu-test] [--only no-ab]   # on the GPU machine: dry runs
     python benchmarks/varying_h200.py report RESULTS_DIR             # anywhere: benchmarks/results/varying_h200.*
 
 ``run`` never changes a clock (NVML through ``benchmarks.nvml_guard``, which refuses every Set/Reset/Clear call).
@@ -53,20 +53,25 @@ def _kdvfs(folder: Path, label: str, args: list[str], nvml: str) -> dict[str, An
     return record
 
 
-def run(folder: Path, cpu_test: bool) -> None:
-    """Capture, plan and the two dry runs into ``folder`` (see the module docstring)."""
+def run(folder: Path, cpu_test: bool, only: list[str] | None = None) -> None:
+    """Capture, plan and the dry runs (``only`` those of ``RUNS`` named) into ``folder`` (see the module
+    docstring); a folder that already holds ``sft.trace.json`` and ``plan.json`` is not captured again."""
     folder.mkdir(parents=True, exist_ok=True)
     script = [sys.executable, *(CPU_SCRIPT if cpu_test else SCRIPT)]
     nvml = "kdvfs.runtime.testing.nvml" if cpu_test else "benchmarks.nvml_guard"
     fake = ["--cpu-test-mode"] if cpu_test else []
     trace, plan = str(folder / "sft.trace.json"), str(folder / "plan.json")
-    log = [_kdvfs(folder, "capture", ["capture", *fake, "--energy-window-s", "1" if cpu_test else "4", "-o", trace,
-                                      "--json", "--", *script, "--steps", "400"], nvml)]
-    done = subprocess.run([sys.executable, "-c", CLI, "plan", "--trace", trace, "--gpu", "h200", "--method",
-                           "latency-optimal", "--budget", "0.01", "-o", plan], cwd=REPO_ROOT, capture_output=True,
-                          text=True)
-    log.append({"label": "plan", "exit_code": done.returncode, "stderr_tail": done.stderr[-2000:]})
+    log: list[dict[str, Any]] = []
+    if not (folder / "plan.json").is_file():  # a folder holding a capture and its plan runs them again
+        log.append(_kdvfs(folder, "capture", ["capture", *fake, "--energy-window-s", "1" if cpu_test else "4",
+                                              "-o", trace, "--json", "--", *script, "--steps", "400"], nvml))
+        done = subprocess.run([sys.executable, "-c", CLI, "plan", "--trace", trace, "--gpu", "h200", "--method",
+                               "latency-optimal", "--budget", "0.01", "-o", plan], cwd=REPO_ROOT,
+                              capture_output=True, text=True)
+        log.append({"label": "plan", "exit_code": done.returncode, "stderr_tail": done.stderr[-2000:]})
     for label, options in RUNS.items():
+        if only and label not in only:
+            continue
         log.append(_kdvfs(folder, label, ["run", "--dry-run", *fake, "--policy", plan, "--trace", trace, *options,
                                           "--json", "--log", str(folder / f"{label}.jsonl"), "--", *script,
                                           "--steps", "120" if cpu_test else "300"], nvml))
@@ -104,7 +109,8 @@ def report(folder: Path) -> dict[str, Any]:
     result = {"provenance": provenance(f"python benchmarks/varying_h200.py run {folder} (on the GPU machine), then "
                                        f"python benchmarks/varying_h200.py report {folder}"),
               "device_run": {k: device[k] for k in ("machine", "python", "date_utc", "nvidia_smi") if k in device},
-              "capture": capture.get("shapes"), "runs": {label: _figures(folder, label) for label in RUNS}}
+              "capture": capture.get("shapes"),
+              "runs": {label: _figures(folder, label) for label in RUNS if (folder / f"{label}.out.json").is_file()}}
     write_results("varying_h200", result, markdown(result))
     return result
 
@@ -135,9 +141,10 @@ def main() -> None:
     parser.add_argument("stage", choices=("run", "report"))
     parser.add_argument("folder", type=Path)
     parser.add_argument("--cpu-test", action="store_true")
+    parser.add_argument("--only", type=lambda text: text.split(","), default=None, help="runs of RUNS, e.g. no-ab")
     args = parser.parse_args()
     if args.stage == "run":
-        run(args.folder, args.cpu_test)
+        run(args.folder, args.cpu_test, args.only)
     else:
         print(markdown(report(args.folder)))
 

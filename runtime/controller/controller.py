@@ -220,9 +220,8 @@ class Controller:
         self._source = self._step_source(device, anchors, context)
         self._shapes = None if self._book is None else self._shape_steps(timeline, hooks, context)
         matcher = (StepMatcher(plan.auto_s, config.step_match_tolerance, config.timing.confirm_steps)
-                   if self._shapes is None else StepMatcher(self._shapes.reference_kernel_s,
-                                                             config.step_match_tolerance, config.timing.confirm_steps,
-                                                             slow_tolerance=math.inf))
+                   if self._shapes is None else StepMatcher(self._shapes.reference_kernel_s, math.inf,
+                                                             config.timing.confirm_steps))
         judges = StepJudges(matcher,
                             Guard(config.budget, config.measurement.guard_margin, config.measurement.guard_min_pairs,
                                   config.measurement.guard_retry_s),

@@ -18,9 +18,12 @@ predictions of its steps were off), and back up when the whole 95% interval lies
 Each entry's anchors learn only from the steps of its bucket. A step counts for its bucket's expected kernel
 time at auto over the captured step's (:meth:`ShapeSteps.weight`: kernel time, the part of a step the step
 model predicts well; the host's share, new shapes' allocations and launch gaps, is not predicted), so the
-matcher and the A/B accounting see durations in reference steps. A step may be any slower than that (a host
-that fell behind stretches the GPU's timeline, and the anchors place the plan's requests on it), but not
-faster than the kernels it should run, less the matcher's tolerance.
+A/B accounting sees durations in reference steps. A step's identity is its shape: its duration does not gate
+control (the matcher accepts any known duration), because in a run whose steps vary the host's share of a
+step varies far more than the GPU's work (a step of a shape the process has not run before allocates and
+selects kernels; a host that falls behind stretches the GPU's timeline, and the anchors place the plan's
+requests on it). Off-script steps are those without a shape or a plan; the A/B windows and the guard measure
+what control does to the others.
 """
 
 from __future__ import annotations

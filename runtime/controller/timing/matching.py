@@ -24,11 +24,8 @@ RELEARN_STEPS = 20
 class StepMatcher:
     """Decides, step by step, whether the steps match the expected one (see the module docstring)."""
 
-    def __init__(self, expected_s: float, tolerance: float, confirm_steps: int,
-                 slow_tolerance: float | None = None) -> None:
+    def __init__(self, expected_s: float, tolerance: float, confirm_steps: int) -> None:
         self.expected_s, self.tolerance, self.confirm_steps = expected_s, tolerance, confirm_steps
-        self.slow_tolerance = tolerance if slow_tolerance is None else slow_tolerance
-        """How much slower than expected a matching step may be (a fraction; default ``tolerance``)."""
         self.signature: int | None = None
         self.streak = 0
         self.mismatches = 0
@@ -44,7 +41,7 @@ class StepMatcher:
     def observe(self, duration_s: float | None, signature: int | None) -> bool:
         """Record one step (its GPU time, None when unknown, and its allocation count, None when not
         counted); True when it and the ``confirm_steps - 1`` steps before it matched."""
-        ok = duration_s is not None and -self.tolerance <= duration_s / self.expected_s - 1.0 <= self.slow_tolerance
+        ok = duration_s is not None and abs(duration_s / self.expected_s - 1.0) <= self.tolerance
         if ok and signature is not None:
             self._learn(signature)
             ok = self.signature is None or signature == self.signature
