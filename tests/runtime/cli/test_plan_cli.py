@@ -14,7 +14,8 @@ from kdvfs.runtime.cli import main
 from tests.agents.planners.test_slack import two_ranks
 
 SMALL = "h200/gpt3xl-1layer-b4"
-FIELDS = {"method", "energy_saved_pct", "slowdown_pct", "switches", "solve_s", "budget_pct"}
+FIELDS = {"method", "energy_saved_pct", "slowdown_pct", "switches", "solve_s", "budget_pct", "power_limit_w",
+          "power_limit_source"}
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
