@@ -13,9 +13,10 @@ step (``kdvfs capture`` does it from a ``torch.optim`` optimizer-step hook)::
 
 Stages, one after another: ``warmup`` steps run untouched; then a window of unprofiled steps lasting at
 least ``energy_window_s`` measures the step time and, through the NVML energy counter, the joules per step
-and the clocks (and the GPU's enforced power limit); then the PyTorch profiler (CPU and CUDA activities, op shapes) records one warm-up step and
-``steps`` steps; the last complete one becomes the trace, written atomically. The profiled steps' wall time
-against the unprofiled step time is the capture overhead. Nothing is written unless every stage completed.
+and the clocks, and reads the power limit the GPU enforces and the board's range; then the PyTorch profiler
+(CPU and CUDA activities, op shapes) records one warm-up step and ``steps`` steps; the last complete one
+becomes the trace, written atomically. The profiled steps' wall time against the unprofiled step time is the
+capture overhead. Nothing is written unless every stage completed.
 A :class:`~kdvfs.runtime.step_shapes.ShapeProbe` (:attr:`Capture.probe`) keys each step by its input shapes;
 when the window saw several, the profiling becomes rounds that record up to ``shapes`` of them, one trace
 each (:mod:`kdvfs.runtime.capture.varying`, :mod:`kdvfs.runtime.capture.shape_set`); the window then lasts at
