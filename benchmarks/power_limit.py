@@ -1,4 +1,4 @@
-"""The power-limit method beside static, kdvfs's plans and the shipped H200 policy on every bundled H200 trace at 0.5/1/2%.
+"""The power-limit method beside static, kdvfs's plans and the shipped policy on every bundled H200 trace at 0.5/1/2%.
 
 The power-limit method is what a user picks without kdvfs: the lowest board power limit (whole watts) that keeps
 the budget, clocks left to the GPU. Every method is priced by the one cost model, executed with the H200
@@ -78,8 +78,7 @@ def _markdown(result: dict[str, Any]) -> str:
              "budget as executed. Power limit: the lowest whole-watt limit within the budget. Lead: kdvfs's saving "
              "minus the power-limit method's (points; `over` where kdvfs overruns the budget).", "",
              "| trace | budget | power limit | power-limit | static | per-phase | latency-optimal | policy | "
-             "lead: latency-optimal | lead: policy |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | "
-             "---: |"]
+             "lead: latency-optimal | lead: policy |", "| --- " + "| ---: " * 9 + "|"]
     for name, trace in result["traces"].items():
         for budget, entry in trace["budgets"].items():
             methods, lead = entry["methods"], entry["ahead_of_power_limit_pts"]
