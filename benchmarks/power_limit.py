@@ -1,8 +1,10 @@
-"""The power-limit method beside static, kdvfs's plans and the shipped policy on every bundled H200 trace at 0.5/1/2%.
+"""The power-limit method beside static, kdvfs's plans and the shipped policy on every H200 trace at 0.5/1/2%.
 
-The power-limit method is what a user picks without kdvfs: the lowest board power limit (whole watts) that keeps
-the budget, clocks left to the GPU. Every method is priced by the one cost model, executed with the H200
-switching latency, at the limit each trace was recorded under (the profile's default where the trace has none).
+Every H200 trace: the bundled ones (``data/traces/h200/*.trace.json``) and the captured workloads
+(``data/traces/h200/workloads/``). The power-limit method is what a user picks without kdvfs: the lowest board
+power limit (whole watts) that keeps the budget, clocks left to the GPU. Every method is priced by the one cost
+model, executed with the H200 switching latency, at the limit each trace was recorded under (the profile's
+default where the trace has none).
 Writes ``benchmarks/results/power_limit.json`` and ``.md``. From the repository root:
 
     python benchmarks/power_limit.py
@@ -18,6 +20,7 @@ from kdvfs.agents.common.problem import Problem, within_budget
 from kdvfs.agents.evaluation.compare import Row, compare
 from kdvfs.agents.learned.policy_planner import PolicyPlanner, policy_rows, shipped_policy_path
 from kdvfs.agents.planners.power_limit import POWER_LIMIT
+from kdvfs.envs.common.paths import BUNDLED_TRACE_DIR
 from kdvfs.envs.gpu.profiles import load_profile
 from kdvfs.envs.trace.bundled import bundled_traces, open_trace
 
@@ -42,9 +45,16 @@ def _ahead(methods: dict[str, dict[str, Any]]) -> dict[str, float | None]:
             for name in KDVFS if name in methods}
 
 
-def trace_rows(name: str, planner: PolicyPlanner) -> dict[str, Any]:
+def h200_traces() -> dict[str, str]:
+    """Label -> trace (bundled name or file) of every H200 trace: the bundled ones, then the captured workloads."""
+    bundled = {name: name for name in bundled_traces() if name.startswith(f"{GPU}/")}
+    workloads = sorted((BUNDLED_TRACE_DIR / GPU / "workloads").glob("*.trace.json*"))
+    return {**bundled, **{f"{GPU}/workloads/{path.name.split('.')[0]}": str(path) for path in workloads}}
+
+
+def trace_rows(trace: str, planner: PolicyPlanner) -> dict[str, Any]:
     """Every method and the policy on one trace at every budget."""
-    problem = Problem.build(open_trace(name), load_profile(GPU), BUDGETS[0])
+    problem = Problem.build(open_trace(trace), load_profile(GPU), BUDGETS[0])
     rows = compare(problem, BUDGETS, METHODS) + policy_rows(problem, planner, BUDGETS)
     budgets = {}
     for budget in BUDGETS:
@@ -99,8 +109,7 @@ def _markdown(result: dict[str, Any]) -> str:
 def main() -> None:
     profile = load_profile(GPU)
     planner = PolicyPlanner.from_file(shipped_policy_path(GPU), profile)
-    names = [name for name in bundled_traces() if name.startswith(f"{GPU}/")]
-    traces = {name: trace_rows(name, planner) for name in names}
+    traces = {label: trace_rows(trace, planner) for label, trace in h200_traces().items()}
     result = {"provenance": provenance("python benchmarks/power_limit.py"), "gpu": GPU,
               "latency_ms": profile.switching.latency_mean_s * 1e3, "budgets_pct": [100 * b for b in BUDGETS],
               "traces": traces, "not_ahead": not_ahead(traces)}
