@@ -32,6 +32,13 @@ def test_evaluate_json_has_the_compare_fields_plus_a_policy_row(capsys: pytest.C
         assert (row["power_limit_w"] < 700.0) if searched else row["power_limit_w"] == 700.0
 
 
+def test_evaluate_with_references_refuses_another_power_limit(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["evaluate", "--policy", "h200", "--trace", TRACE, "--reference", TRACE, "--gpu", "h200",
+                 "--power-limit-w", "500"]) == 2
+    err = capsys.readouterr().err
+    assert "drop --power-limit-w" in err and err.count("\n") == 1
+
+
 def test_evaluate_refuses_a_policy_of_another_gpu(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["evaluate", "--policy", str(shipped_policy_path("h200")), "--trace", TRACE,
                  "--gpu", "rtx3080ti"]) == 2
