@@ -8,7 +8,7 @@ scores them the same way (:func:`score`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import numpy as np
@@ -18,6 +18,7 @@ from kdvfs.envs.gpu.profiles import GpuProfile
 from kdvfs.envs.model.cost_model import CostParams
 from kdvfs.envs.model.cost_tables import build_tables
 from kdvfs.envs.model.estimate import estimate_features
+from kdvfs.envs.model.power_limits import PowerLimits, power_limits
 from kdvfs.envs.model.schedule import ActionCosts, Outcome, Schedule, execute, replay
 from kdvfs.envs.trace.trace import Trace, noncommunication_s, with_measured_gaps
 
@@ -37,6 +38,8 @@ class Problem:
         budget: allowed step-time increase over auto, as a fraction (0.01 = 1%).
         latency_s: switching latency the schedule is executed with (s).
         stall_s: GPU stall per clock change (s).
+        power_limit_w: the power limit the step is priced at (W), or None for the one it was recorded under
+            (:attr:`power_limits`).
     """
 
     trace: Trace
@@ -45,22 +48,31 @@ class Problem:
     budget: float
     latency_s: float
     stall_s: float
+    power_limit_w: float | None = None
 
     @classmethod
-    def build(cls, trace: Trace, profile: GpuProfile, budget: float, latency_s: float | None = None) -> Problem:
-        """Cost tables of ``trace`` on ``profile``. Latency defaults to the profile's mean; a latency of 0
-        models ideal switching (no stall either)."""
+    def build(cls, trace: Trace, profile: GpuProfile, budget: float, latency_s: float | None = None,
+              power_limit_w: float | None = None) -> Problem:
+        """Cost tables of ``trace`` on ``profile`` priced at ``power_limit_w`` (W; None: the limit it was recorded
+        under; one outside the board's range raises :class:`~kdvfs.envs.model.power_limits.PowerLimitError`).
+        Latency defaults to the profile's mean; a latency of 0 models ideal switching (no stall either)."""
         if budget < 0:
             raise KdvfsError(f"budget {budget} must be >= 0 (a fraction: 0.01 = 1%)")
         params = CostParams.from_profile(profile)
         trace = estimate_features(trace, profile)
-        costs = ActionCosts.from_tables(build_tables(trace, profile, params))
+        costs = ActionCosts.from_tables(build_tables(trace, profile, params, power_limit_w))
         latency = profile.switching.latency_mean_s if latency_s is None else latency_s
-        return cls(trace, profile, costs, budget, latency, params.switch_stall_s if latency > 0 else 0.0)
+        return cls(trace, profile, costs, budget, latency, params.switch_stall_s if latency > 0 else 0.0,
+                   power_limit_w)
 
     def with_budget(self, budget: float) -> Problem:
         """This problem with another budget (a fraction); the cost tables are shared."""
-        return Problem(self.trace, self.profile, self.costs, budget, self.latency_s, self.stall_s)
+        return replace(self, budget=budget)
+
+    @property
+    def power_limits(self) -> PowerLimits:
+        """The limit the step was recorded under and the one it is priced at, with their sources."""
+        return power_limits(self.trace, self.profile, self.power_limit_w)
 
     @property
     def auto(self) -> Outcome:

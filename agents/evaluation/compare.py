@@ -1,5 +1,10 @@
 """Run every decision maker on one step at one or more budgets (allowed step-time increases over auto), and
-plot the trade-off."""
+plot the trade-off.
+
+Beside the planners, the ``power-limit`` method (:mod:`kdvfs.agents.planners.power_limit`): the lowest board
+power limit within the budget with the clocks left to the GPU, what users pick without kdvfs. Every row
+names the power limit its step runs under and where it comes from.
+"""
 
 from __future__ import annotations
 
@@ -9,21 +14,47 @@ from io import BytesIO
 from pathlib import Path
 
 from kdvfs.agents.common.problem import InfeasibleBudgetError, Problem, Score, score
+from kdvfs.agents.planners.power_limit import POWER_LIMIT, lowest_power_limit
 from kdvfs.agents.planners.registry import COMPARED, make_planner
 from kdvfs.envs.common.files import write_bytes_atomic
 from kdvfs.envs.model.schedule import Schedule
 
+EVALUATED = (*COMPARED[:2], POWER_LIMIT, *COMPARED[2:])
+"""What ``kdvfs compare`` and ``kdvfs evaluate`` run: every compared planner, the power-limit method after static."""
+SEARCHED = "searched"
+"""The power-limit source of the power-limit method's row: the limit it found."""
+
 
 @dataclass(frozen=True)
 class Row:
-    """One method at one budget: its score when executed, and as planned (no latency, no stalls)."""
+    """One method at one budget: its score when executed, and as planned (no latency, no stalls); the power limit
+    its step runs under (W) and where that comes from (``trace``, ``profile default``, ``requested`` or, for the
+    power-limit method, :data:`SEARCHED`), when known."""
 
     budget: float
     executed: Score
     planned: Score
+    power_limit_w: float | None = None
+    power_limit_source: str | None = None
 
     def as_json(self) -> dict[str, float | int | str]:
-        return {**self.executed.as_json(), "budget_pct": 100.0 * self.budget}
+        limit: dict[str, float | int | str] = {} if self.power_limit_w is None or self.power_limit_source is None \
+            else {"power_limit_w": self.power_limit_w, "power_limit_source": self.power_limit_source}
+        return {**self.executed.as_json(), "budget_pct": 100.0 * self.budget, **limit}
+
+
+def scored_row(case: Problem, schedule: Schedule) -> Row:
+    """A schedule's row at ``case``'s budget, under its priced power limit."""
+    caps = case.power_limits
+    return Row(case.budget, score(case, schedule), score(case, schedule, ideal=True), caps.priced_w,
+               caps.priced_source)
+
+
+def power_limit_row(case: Problem) -> Row:
+    """The power-limit method's row at ``case``'s budget: no clock changes, so executed equals planned."""
+    choice = lowest_power_limit(case)
+    figures = Score(POWER_LIMIT, choice.energy_saved_pct, choice.slowdown_pct, 0, choice.solve_s)
+    return Row(case.budget, figures, figures, choice.limit_w, SEARCHED)
 
 
 def plan_methods(case: Problem, methods: Sequence[str], progress: Callable[[str], None] | None = None
@@ -44,12 +75,18 @@ def plan_methods(case: Problem, methods: Sequence[str], progress: Callable[[str]
 
 def compare(problem: Problem, budgets: Sequence[float], methods: Sequence[str] = COMPARED,
             progress: Callable[[str], None] | None = None) -> list[Row]:
-    """Every method at every budget (a method with no schedule within a budget is skipped: :func:`plan_methods`)."""
+    """Every method at every budget, in the order of ``methods`` (planner names, or :data:`POWER_LIMIT`); a
+    planner with no schedule within a budget is skipped (:func:`plan_methods`)."""
     rows = []
     for budget in budgets:
         case = problem.with_budget(budget)
-        rows += [Row(budget, score(case, schedule), score(case, schedule, ideal=True))
-                 for schedule in plan_methods(case, methods, progress)]
+        for name in methods:
+            if name != POWER_LIMIT:
+                rows += [scored_row(case, schedule) for schedule in plan_methods(case, [name], progress)]
+                continue
+            if progress:
+                progress(f"{name} @ {case.budget:.1%}")
+            rows.append(power_limit_row(case))
     return rows
 
 

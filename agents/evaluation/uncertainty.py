@@ -39,11 +39,13 @@ def _key(row: Row) -> tuple[str, float]:
 
 def compare_ranges(trace: Trace, profile: GpuProfile, nominal: Sequence[Row], budgets: Sequence[float],
                    latency_s: float | None, spec: UncertaintySpec, methods: Sequence[str] = COMPARED,
-                   progress: Callable[[int, int], None] | None = None) -> dict[tuple[str, float], RowRange]:
-    """The range of each nominal row's figures; ``latency_s`` fixed (not None) keeps the latency unvaried."""
+                   progress: Callable[[int, int], None] | None = None, power_limit_w: float | None = None
+                   ) -> dict[tuple[str, float], RowRange]:
+    """The range of each nominal row's figures; ``latency_s`` fixed (not None) keeps the latency unvaried;
+    every sampled profile priced at ``power_limit_w`` (W; None: the limit the trace was recorded under)."""
     figures: dict[tuple[str, float], list[Row]] = {_key(row): [row] for row in nominal}
     for sample in over_samples(profile, spec, progress):
-        problem = Problem.build(trace, sample, budgets[0], latency_s)
+        problem = Problem.build(trace, sample, budgets[0], latency_s, power_limit_w)
         for row in compare(problem, budgets, methods):
             figures.setdefault(_key(row), []).append(row)
     return {key: RowRange(spread(r.executed.energy_saved_pct for r in rows),

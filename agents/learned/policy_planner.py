@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from kdvfs.agents.common.problem import Problem, score
-from kdvfs.agents.evaluation.compare import Row
+from kdvfs.agents.common.problem import Problem
+from kdvfs.agents.evaluation.compare import Row, scored_row
 from kdvfs.agents.learned.frozen import FrozenPolicy, PolicyFileError
 from kdvfs.envs.common.paths import POLICY_DIR
 from kdvfs.envs.env.dvfs_env import KernelDVFSEnv
@@ -88,6 +88,5 @@ def policy_rows(problem: Problem, planner: PolicyPlanner, budgets: Sequence[floa
     rows = []
     for budget in budgets:
         case = problem.with_budget(budget)
-        schedule = planner.plan(case)
-        rows.append(Row(budget, score(case, schedule), score(case, schedule, ideal=True)))
+        rows.append(scored_row(case, planner.plan(case)))
     return rows

@@ -5,13 +5,17 @@ Format ``kdvfs-trace`` version 1 (documented in ``docs/design/trace-format.md``)
     {"format": "kdvfs-trace", "version": 1,
      "meta": {"gpu": ..., "workload": ..., "source": ..., "ref_mem_mhz": ..., "ref_core_mhz": ...,
               "observed_core_mhz": ..., "step_index": ..., "measurements": {...},
-              "step_shape": [[...]], "shape_distribution": [{"step_shape": [[...]], "steps": N}]},
+              "step_shape": [[...]], "shape_distribution": [{"step_shape": [[...]], "steps": N}],
+              "power_limit_w": ..., "power_limit_range_w": [low, high]},
      "names": [kernel names],  "ops": [{"name": ..., "dims": [[...]], "types": [...]}],
      "sources": [feature sources],
      "columns": [COLUMNS],
      "kernels": [
       [row], ...
      ]}
+
+The two power-limit fields are optional: written only when known, so a trace without them reads and
+writes as before.
 
 Names, ops and feature sources are interned in tables and referenced by index, so rows stay short and a
 diff of two traces shows one changed kernel as one changed line. Times are in seconds.
@@ -39,6 +43,8 @@ COLUMNS = (
 )
 _META_FIELDS = ("gpu", "workload", "source", "ref_mem_mhz", "ref_core_mhz", "observed_core_mhz",
                 "step_index", "measurements", "step_shape", "shape_distribution")
+_OPTIONAL_META_FIELDS = ("power_limit_w", "power_limit_range_w")
+"""Meta fields written only when set (traces from before them stay byte-identical)."""
 
 
 class _Interner:
@@ -60,6 +66,10 @@ def _meta_to_json(meta: TraceMeta) -> dict[str, Any]:
                                     for shape, steps in meta.shape_distribution]
     if meta.step_shape is None and not meta.shape_distribution:  # traces without shapes stay as they were
         del record["step_shape"], record["shape_distribution"]
+    if meta.power_limit_w is not None:
+        record["power_limit_w"] = meta.power_limit_w
+    if meta.power_limit_range_w is not None:
+        record["power_limit_range_w"] = list(meta.power_limit_range_w)
     return record
 
 
@@ -167,7 +177,7 @@ def _build_kernel(row: Any, tables: dict[str, list[Any]], where: str) -> Kernel:
 
 def _parse_meta(record: Any, where: str) -> TraceMeta:
     _require(isinstance(record, dict), where, "'meta' must be an object")
-    unknown = set(record) - set(_META_FIELDS)
+    unknown = set(record) - set(_META_FIELDS) - set(_OPTIONAL_META_FIELDS)
     _require(not unknown, where, f"unknown meta fields {sorted(unknown)}")
     for key in ("gpu", "workload", "source"):
         _require(isinstance(record.get(key), str), where, f"meta.{key} must be a string")
@@ -190,7 +200,18 @@ def _parse_meta(record: Any, where: str) -> TraceMeta:
         step_shape=None if shape is None else StepShape.from_json(shape),
         shape_distribution=tuple((StepShape.from_json(entry["step_shape"]), entry["steps"])
                                  for entry in distribution),
+        power_limit_w=_number(record.get("power_limit_w"), where, "power_limit_w"),
+        power_limit_range_w=_power_range(record.get("power_limit_range_w"), where),
     )
+
+
+def _power_range(value: Any, where: str) -> tuple[float, float] | None:
+    """``meta.power_limit_range_w``: absent, or two finite numbers (W)."""
+    if value is None:
+        return None
+    _require(isinstance(value, list) and len(value) == 2, where, "meta.power_limit_range_w must be [low, high] in W")
+    low, high = (_number(v, where, "power_limit_range_w", False) or 0.0 for v in value)
+    return low, high
 
 
 def loads_trace(text: str, where: str = "<string>") -> Trace:

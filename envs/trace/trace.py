@@ -29,6 +29,8 @@ MAX_LAUNCH_DIM = 2**32
 """Launch grid and block sizes are 32-bit."""
 CLOCK_RANGE_MHZ = (1.0, 100_000.0)
 """Where a GPU clock (MHz) can lie: outside, a number is no clock."""
+POWER_RANGE_W = (1.0, 100_000.0)
+"""Where a board power limit (W) can lie: outside, a number is no power limit."""
 
 
 class Category(StrEnum):
@@ -184,6 +186,10 @@ class TraceMeta:
             knew it; None for imported and generated traces without one.
         shape_distribution: the shapes the recorded run's steps had and how many steps had each, most frequent
             first (empty when unknown); a capture of a run whose steps vary records it in each of its traces.
+        power_limit_w: the power limit the GPU enforced while recording (W, NVML), or None when unknown
+            (then the GPU profile's default limit stands in).
+        power_limit_range_w: ``(low, high)`` the board's settable power-limit range (W, NVML), or None when
+            unknown; when both are known, ``low <= power_limit_w <= high``.
     """
 
     gpu: str
@@ -196,6 +202,8 @@ class TraceMeta:
     measurements: Mapping[str, float] = field(default_factory=dict)
     step_shape: StepShape | None = None
     shape_distribution: tuple[tuple[StepShape, int], ...] = ()
+    power_limit_w: float | None = None
+    power_limit_range_w: tuple[float, float] | None = None
 
     def __post_init__(self) -> None:
         for label in ("ref_mem_mhz", "ref_core_mhz", "observed_core_mhz"):
@@ -203,6 +211,22 @@ class TraceMeta:
         if any(steps < 0 for _, steps in self.shape_distribution):
             raise TraceFormatError("shape_distribution step counts must be non-negative")
         object.__setattr__(self, "measurements", MappingProxyType(dict(self.measurements)))
+        _check_power_limits(self.power_limit_w, self.power_limit_range_w)
+        if self.power_limit_range_w is not None:
+            object.__setattr__(self, "power_limit_range_w", tuple(self.power_limit_range_w))
+
+
+def _check_power_limits(limit_w: float | None, range_w: tuple[float, float] | None) -> None:
+    """Power limits within :data:`POWER_RANGE_W`; the range ``[low, high]`` holding the limit."""
+    low, high = POWER_RANGE_W
+    given = {"power_limit_w": [] if limit_w is None else [limit_w], "power_limit_range_w": list(range_w or ())}
+    for label, values in given.items():
+        if not all(low <= value <= high for value in values):
+            raise TraceFormatError(f"{label}={values} W is outside [{low:g}, {high:g}] W")
+    if range_w is not None and (len(range_w) != 2 or range_w[0] > range_w[1]
+                                or (limit_w is not None and not range_w[0] <= limit_w <= range_w[1])):
+        raise TraceFormatError(f"power_limit_range_w={list(range_w)} W must be [low, high] holding "
+                               f"power_limit_w={limit_w} W")
 
 
 def _readonly(values: list[float] | list[bool] | list[int], dtype: type) -> np.ndarray:

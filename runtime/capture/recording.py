@@ -2,7 +2,7 @@
 
 Step detection, phase labelling and classification are :func:`kdvfs.envs.trace.importing.import_trace`'s (the
 recording is in its default format, Kineto); this module adds what the capture measured (unprofiled step time,
-joules per step, clocks) to the trace's metadata.
+joules per step, clocks, the enforced power limit and the board's range) to the trace's metadata.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from kdvfs.envs.trace.trace import Kind, Trace, noncommunication_s
 from kdvfs.runtime.capture.config import CaptureConfig
 from kdvfs.runtime.capture.cpu_emulation import emulate_gpu_recording
 from kdvfs.runtime.device.energy import WindowReading
+from kdvfs.runtime.device.nvml import BoardPowerLimits
 from kdvfs.runtime.job import JobGroup, Rank
 
 CPU_TEST_GPU = "CPU (kdvfs capture --cpu-test-mode: leaf CPU ops stand in for kernels)"
@@ -34,6 +35,8 @@ class StepTiming:
         reading: energy and clocks over the unprofiled window, None without NVML (``--no-energy``).
         job_step_time_s: the job's unprofiled step time, the slowest rank's (s; this one's outside torchrun).
         rank: this process's place in the job.
+        power: the power limit the GPU enforced and the board's range, read through NVML after the window; None
+            without NVML or where the GPU does not report them.
     """
 
     window_s: float
@@ -43,6 +46,7 @@ class StepTiming:
     reading: WindowReading | None
     job_step_time_s: float
     rank: Rank = dataclasses.field(default_factory=Rank)
+    power: BoardPowerLimits | None = None
 
     @property
     def step_time_s(self) -> float:
@@ -90,6 +94,7 @@ class CaptureReport:
     communication_s: float = 0.0
     shapes: dict[str, Any] = dataclasses.field(default_factory=dict)
     """Steps that vary (:func:`kdvfs.runtime.capture.varying.shapes_report`): shapes seen, captured, missed."""
+    power_limit_w: float | None = None
 
     def as_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -115,7 +120,8 @@ def build_trace(profile: Path, config: CaptureConfig, timing: StepTiming, gpu_na
                 job: JobGroup | None = None, step: int = -1) -> Trace:
     """Complete step ``step`` of the recording (default the last; a recording that starts at a step boundary,
     its first step kept: :func:`kdvfs.envs.trace.importing.split_steps`), with the capture's measurements and
-    provenance; under torchrun (``job``) the longest time outside communication kernels over the ranks."""
+    provenance; under torchrun (``job``) the longest time outside communication kernels over the ranks;
+    the GPU's enforced power limit and range when the capture read them (``timing.power``)."""
     reading = timing.reading
     trace = import_trace(_gpu_recording(profile, config), step=step, leading_step=step != -1,
                          workload=config.workload,
@@ -129,7 +135,10 @@ def build_trace(profile: Path, config: CaptureConfig, timing: StepTiming, gpu_na
     outside_s = noncommunication_s(trace)
     measurements = {**trace.meta.measurements, "communication_s": trace.communication_s,
                     "job_max_noncommunication_s": outside_s if job is None else job.max([outside_s])[0]}
-    return replace(trace, meta=replace(trace.meta, gpu=gpu, source=source, measurements=measurements))
+    meta = replace(trace.meta, gpu=gpu, source=source, measurements=measurements)
+    if timing.power is not None:
+        meta = replace(meta, power_limit_w=timing.power.limit_w, power_limit_range_w=timing.power.range_w)
+    return replace(trace, meta=meta)
 
 
 def write_capture(trace: Trace, profile: Path, config: CaptureConfig, timing: StepTiming) -> CaptureReport:
@@ -149,5 +158,5 @@ def write_capture(trace: Trace, profile: Path, config: CaptureConfig, timing: St
         window_s=timing.window_s, window_steps=timing.window_steps,
         kernels_with_counters=int(trace.has_features.sum()), rank=timing.rank.rank,
         world_size=timing.rank.world_size, job_step_time_s=timing.job_step_time_s,
-        communication_s=trace.communication_s,
+        communication_s=trace.communication_s, power_limit_w=trace.meta.power_limit_w,
     )

@@ -13,9 +13,10 @@ step (``kdvfs capture`` does it from a ``torch.optim`` optimizer-step hook)::
 
 Stages, one after another: ``warmup`` steps run untouched; then a window of unprofiled steps lasting at
 least ``energy_window_s`` measures the step time and, through the NVML energy counter, the joules per step
-and the clocks; then the PyTorch profiler (CPU and CUDA activities, op shapes) records one warm-up step and
-``steps`` steps; the last complete one becomes the trace, written atomically. The profiled steps' wall time
-against the unprofiled step time is the capture overhead. Nothing is written unless every stage completed.
+and the clocks, and reads the power limit the GPU enforces and the board's range; then the PyTorch profiler
+(CPU and CUDA activities, op shapes) records one warm-up step and ``steps`` steps; the last complete one
+becomes the trace, written atomically. The profiled steps' wall time against the unprofiled step time is the
+capture overhead. Nothing is written unless every stage completed.
 A :class:`~kdvfs.runtime.step_shapes.ShapeProbe` (:attr:`Capture.probe`) keys each step by its input shapes;
 when the window saw several, the profiling becomes rounds that record up to ``shapes`` of them, one trace
 each (:mod:`kdvfs.runtime.capture.varying`, :mod:`kdvfs.runtime.capture.shape_set`); the window then lasts at
@@ -49,7 +50,7 @@ from kdvfs.runtime.capture.errors import CaptureError
 from kdvfs.runtime.capture.recording import CaptureReport, StepTiming, build_trace, write_capture
 from kdvfs.runtime.capture.shape_set import write_shape_set
 from kdvfs.runtime.device.energy import WindowReading, WindowSampler
-from kdvfs.runtime.device.nvml import GpuReader, import_nvml
+from kdvfs.runtime.device.nvml import BoardPowerLimits, GpuReader, import_nvml
 from kdvfs.runtime.device.visible import rank_gpu_index
 from kdvfs.runtime.job import JobGroup, Rank, rank_path
 from kdvfs.runtime.step_shapes import ShapeProbe
@@ -102,6 +103,7 @@ class Capture:
         self._now_s = time.thread_time if self.config.cpu_test_mode else time.perf_counter
         self._counted = 0
         self._window: tuple[float, int, WindowReading | None] = (0.0, 0, None)
+        self._power: BoardPowerLimits | None = None
         self._job_step_s = 0.0
         self.probe = ShapeProbe()
         self._clock = varying.StepClock(self._now_s, cuda=False)
@@ -200,6 +202,7 @@ class Capture:
         _synchronize()
         elapsed_s = self._now_s() - self._mark_s
         reading = self._sampler.stop() if self._sampler is not None else None
+        self._power = self._reader.power_limits() if self._reader is not None else None
         self._window = (elapsed_s, self._counted, reading)
         step_s = elapsed_s / self._counted
         self._job_step_s = step_s if self._job is None else self._job.max([step_s])[0]
@@ -232,7 +235,7 @@ class Capture:
                                f"up in {rounds.profiled_steps} profiled steps; raise --max-profiled-steps")
         window_s, window_steps, reading = self._window
         timing = StepTiming(window_s, window_steps, rounds.profiled_s, rounds.profiled_steps, reading,
-                            self._job_step_s, self.rank)
+                            self._job_step_s, self.rank, self._power)
         self.report = write_shape_set(rounds, self._shapes, self.config, timing,
                                       self._reader.name if self._reader else "")
         self.stage = Stage.DONE
@@ -256,7 +259,7 @@ class Capture:
         self._profiler = None
         window_s, window_steps, reading = self._window
         timing = StepTiming(window_s, window_steps, profiled_s, self.config.steps, reading, self._job_step_s,
-                            self.rank)
+                            self.rank, self._power)
         recording = self._folder / "profile.json"
         trace = build_trace(recording, self.config, timing, self._reader.name if self._reader else "", self._job)
         trace = varying.with_shapes(trace, self.probe.shape_of(ended), self._shapes)

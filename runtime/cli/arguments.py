@@ -48,6 +48,24 @@ def latency_ms(text: str) -> float:
     return value
 
 
+def watts(text: str) -> float:
+    """An argparse type: a power limit in W, finite and positive (the board's range is checked against the trace
+    and the GPU profile)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of watts") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text} W must be a finite number of watts > 0")
+    return value
+
+
+def add_power_limit(parser: argparse.ArgumentParser) -> None:
+    """``--power-limit-w``: the power limit to price the step at (default: the one it was recorded under)."""
+    parser.add_argument("--power-limit-w", type=watts, metavar="W", help="price the step at this board power limit "
+                        "(default: the limit the trace was recorded under, else the GPU profile's default)")
+
+
 def sample_count(text: str) -> int:
     """An argparse type: a number of sampled profiles, an integer >= 0 (0: no ranges)."""
     try:

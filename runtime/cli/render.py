@@ -122,10 +122,10 @@ def profile_table(profile: GpuProfile) -> Table:
     return table
 
 
-def breakdown_table(result: dict[str, Any]) -> Table:
-    """``kdvfs predict`` output: one column per mode, step totals then energy by category."""
+def breakdown_table(result: dict[str, Any], caption: str | None = None) -> Table:
+    """``kdvfs predict`` output: one column per mode, step totals then energy by category; ``caption`` under it."""
     predictions = result["predictions"]
-    table = Table(title=f"Predicted step of {result['trace']} on {result['gpu']}")
+    table = Table(title=f"Predicted step of {result['trace']} on {result['gpu']}", caption=caption)
     table.add_column("")
     for row in predictions:
         label = "auto" if row["mode"] == "auto" else f"{row['core_mhz']:g}:{row['mem_mhz']:g} MHz"
@@ -157,12 +157,14 @@ def compare_table(rows: Sequence[Row], problem: Problem,
     """``kdvfs compare`` output: one row per method and budget, executed with the problem's latency; with
     ``ranges``, each figure's range over the profile's parameter ranges in brackets."""
     from kdvfs.agents.common.problem import within_budget  # the compare command has it loaded already
+    from kdvfs.agents.evaluation.compare import SEARCHED
 
     over = {id(row) for row in rows if not within_budget(row.executed.slowdown_pct, row.budget)}
     notes = ([f"(range over a {METHOD} sample of the profile's parameter ranges)"] if ranges is not None else []) + (
         ["! over budget as executed (planned without the switching latency)"] if over else [])
     table = Table(title=f"{problem.trace.meta.workload} on {problem.profile.name}, "
-                        f"{problem.latency_s * 1e3:g} ms switching latency", caption=" ".join(notes) or None)
+                        f"{problem.latency_s * 1e3:g} ms switching latency, {problem.power_limits.describe()}",
+                  caption=" ".join(notes) or None)
     for column in ("budget", "method", "energy saved", "slowdown", "switches/step", "solve (s)",
                    "as planned: saved / slowdown"):
         table.add_column(column, justify="left" if column == "method" else "right")
@@ -170,7 +172,8 @@ def compare_table(rows: Sequence[Row], problem: Problem,
         e, p = row.executed, row.planned
         spread = (ranges or {}).get((e.method, row.budget))
         saved, slowdown = (None, None) if spread is None else (spread.energy_saved_pct, spread.slowdown_pct)
-        table.add_row(f"{row.budget:.1%}", e.method, with_range(f"{e.energy_saved_pct:.2f}%", saved, ".2f", "%"),
+        method = e.method if row.power_limit_source != SEARCHED else f"{e.method} ({row.power_limit_w:g} W)"
+        table.add_row(f"{row.budget:.1%}", method, with_range(f"{e.energy_saved_pct:.2f}%", saved, ".2f", "%"),
                       with_range(f"{e.slowdown_pct:.2f}%", slowdown, ".2f", "%") + (" !" if id(row) in over else ""),
                       str(e.switches), f"{e.solve_s:.2f}", f"{p.energy_saved_pct:.2f}% / {p.slowdown_pct:.2f}%")
     return table

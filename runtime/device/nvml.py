@@ -68,6 +68,14 @@ class LocalGpu:
         return self.utilization_pct == 0
 
 
+@dataclass(frozen=True)
+class BoardPowerLimits:
+    """A GPU's power limits (W): the one it enforces now, and the ``(low, high)`` range it can be set to."""
+
+    limit_w: float
+    range_w: tuple[float, float]
+
+
 def import_nvml(name: str = "pynvml") -> types.ModuleType:
     """The NVML binding module ``name`` (``pynvml``; tests name a fake), chosen explicitly by the caller."""
     try:
@@ -219,6 +227,17 @@ class GpuReader:
         """The board's current power draw (W); NVML reports milliwatts."""
         return _call(f"read the power draw of GPU {self.index}", self._nvml.nvmlDeviceGetPowerUsage,
                      self._handle) / 1000.0
+
+    def power_limits(self) -> BoardPowerLimits | None:
+        """The power limit the GPU enforces and the board's settable range (W; NVML reports milliwatts), or None
+        when this GPU or driver does not report them."""
+        where, nvml = f"GPU {self.index}", self._nvml
+        limit_mw = _optional(f"read the power limit of {where}", nvml.nvmlDeviceGetEnforcedPowerLimit, self._handle)
+        bounds_mw = _optional(f"read the power-limit range of {where}",
+                              nvml.nvmlDeviceGetPowerManagementLimitConstraints, self._handle)
+        if limit_mw is None or bounds_mw is None:
+            return None
+        return BoardPowerLimits(limit_mw / 1000.0, (bounds_mw[0] / 1000.0, bounds_mw[1] / 1000.0))
 
     def supported_clocks_mhz(self) -> dict[int, tuple[int, ...]]:
         """Supported SM clocks (ascending) per supported memory clock (descending), in MHz."""

@@ -143,6 +143,9 @@ class FakeNvml(types.ModuleType):
     def _nvmlDeviceGetPowerManagementLimit(self, gpu: FakeNvmlGpu) -> int:
         return gpu.power_limit_mw
 
+    def _nvmlDeviceGetEnforcedPowerLimit(self, gpu: FakeNvmlGpu) -> int:
+        return gpu.power_limit_mw
+
     def _nvmlDeviceGetPowerManagementLimitConstraints(self, gpu: FakeNvmlGpu) -> list[int]:
         return list(gpu.power_constraints_mw)
 

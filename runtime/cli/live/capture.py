@@ -77,6 +77,8 @@ def _print_report(report: CaptureReport) -> None:
         console.print(f"energy {report.energy_j_per_step:.2f} J/step at {report.avg_power_w:.0f} W over "
                       f"{report.window_s:.1f} s ({report.window_steps} steps), SM clock {report.observed_core_mhz:.0f} "
                       f"MHz, memory {report.mem_mhz:.0f} MHz")
+    if report.power_limit_w is not None:
+        console.print(f"power limit {report.power_limit_w:.0f} W (enforced while recording; in the trace)")
     if report.kernels_with_counters:
         console.print(f"Nsight Compute counters on {report.kernels_with_counters} kernels")
     _print_shapes(report.shapes)

@@ -68,16 +68,15 @@ def _compare(trace: Trace, profile: GpuProfile, out: Path, samples: int) -> None
     """Every method and the shipped policy at a 1% budget (the methods with their ranges over the profile's
     parameter ranges), and the trade-off plot over DEMO_BUDGETS."""
     from kdvfs.agents.common.problem import Problem
-    from kdvfs.agents.evaluation.compare import compare, plot_tradeoff
-    from kdvfs.agents.planners.registry import COMPARED
+    from kdvfs.agents.evaluation.compare import EVALUATED, compare, plot_tradeoff
 
     problem = Problem.build(trace, profile, 0.01)
-    _stage(f"planning {len(COMPARED)} methods at {len(DEMO_BUDGETS)} budgets")
+    _stage(f"planning {len(EVALUATED)} methods at {len(DEMO_BUDGETS)} budgets")
     with err_console.status("planning") as status:
-        rows = compare(problem, DEMO_BUDGETS, COMPARED, lambda text: status.update(f"planning: {text}"))
+        rows = compare(problem, DEMO_BUDGETS, EVALUATED, lambda text: status.update(f"planning: {text}"))
         rows += _shipped_policy_rows(problem)
     at_budget = [r for r in rows if r.budget == 0.01]
-    methods = [r for r in at_budget if r.executed.method in COMPARED]
+    methods = [r for r in at_budget if r.executed.method in EVALUATED]
     if samples:
         _stage(f"ranges over {samples} sampled profiles")
     ranges = uncertainty_ranges(problem, methods, [0.01], None, UncertaintySpec(samples)) if samples else None
@@ -86,7 +85,7 @@ def _compare(trace: Trace, profile: GpuProfile, out: Path, samples: int) -> None
     plot_tradeoff(rows, f"{trace.meta.workload} on {profile.name}, {problem.latency_s * 1e3:g} ms switching", plot)
     write_text_atomic(results, json.dumps([row_json(row, ranges) for row in rows], indent=1) + "\n")
     record = write_run_record(out, {"trace": trace.meta.workload, "gpu": profile.name, "budgets": DEMO_BUDGETS,
-                                    "latency_s": problem.latency_s, "methods": (*COMPARED, "policy")})
+                                    "latency_s": problem.latency_s, "methods": (*EVALUATED, "policy")})
     console.print(f"wrote {plot}, {results} (every method at every budget, as `kdvfs compare --json`) and {record}")
 
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from kdvfs.agents.learned.shipped import policy_source_path
 from kdvfs.envs.common.errors import KdvfsError
-from kdvfs.runtime.cli.arguments import add_output, budget_list, check_output_folder, latency_ms
+from kdvfs.runtime.cli.arguments import add_output, add_power_limit, budget_list, check_output_folder, latency_ms
 from kdvfs.runtime.cli.offline.plan import latency_from_args, problem_from_args
 from kdvfs.runtime.cli.render import compare_table, console, noisy_table, print_json
 
@@ -44,6 +44,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                           "(default: the profile's; 0 = ideal switching)")
     evaluate.add_argument("--budget", "--slowdown", dest="budget", type=budget_list, default=[0.01],
                           help="budgets (default 0.01 = 1%%)")
+    add_power_limit(evaluate)
     evaluate.add_argument("--episodes", type=_positive_int, help="N seeded episodes with the environment's "
                           "disturbances, every planner open-loop on the same draws (default: one, no disturbance)")
     evaluate.add_argument("--seed", type=int, default=0, help="seed of the first episode (default 0)")
@@ -91,21 +92,20 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def run_evaluate(args: argparse.Namespace) -> int:
-    from kdvfs.agents.evaluation.compare import compare
+    from kdvfs.agents.evaluation.compare import EVALUATED, compare
     from kdvfs.agents.learned.policy_planner import PolicyPlanner, policy_rows
-    from kdvfs.agents.planners.registry import COMPARED
 
     if args.reference:
         return _evaluate_shapes(args)
     if len(args.trace) != 1:
         raise KdvfsError(f"--trace takes one step without --reference, not {len(args.trace)}")
     args.trace = args.trace[0]
-    problem = problem_from_args(args, args.budget[0])
+    problem = problem_from_args(args, args.budget[0], power_limit_w=args.power_limit_w)
     planner = PolicyPlanner.from_file(policy_source_path(args.policy), problem.profile)
     if args.episodes is not None:
         return _evaluate_noisy(args, problem, planner)
     with console.status("planning") as status:
-        rows = compare(problem, args.budget, COMPARED, lambda text: status.update(f"planning: {text}"))
+        rows = compare(problem, args.budget, EVALUATED, lambda text: status.update(f"planning: {text}"))
         status.update("policy")
         rows = sorted(rows + policy_rows(problem, planner, args.budget), key=lambda row: row.budget)
     if args.json:
@@ -137,6 +137,8 @@ def _evaluate_shapes(args: argparse.Namespace) -> int:
 
     if len(args.budget) != 1:
         raise KdvfsError(f"--reference takes one --slowdown, not {len(args.budget)}")
+    if args.power_limit_w is not None:
+        raise KdvfsError("--reference prices every step at the limit it was recorded under; drop --power-limit-w")
     profile = load_profile(args.gpu)
     policy = FrozenPolicy.load(policy_source_path(args.policy), profile)
     references = [open_trace(name) for name in args.reference]

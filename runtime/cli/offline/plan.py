@@ -8,16 +8,24 @@ from pathlib import Path
 from typing import Any
 
 from kdvfs.agents.common.problem import Problem, outcome_of, rank_budget, rank_slack_s, within_budget
-from kdvfs.agents.evaluation.compare import Row, compare, plot_tradeoff
+from kdvfs.agents.evaluation.compare import EVALUATED, Row, compare, plot_tradeoff
 from kdvfs.agents.evaluation.uncertainty import RowRange, compare_ranges, range_of
-from kdvfs.agents.planners.registry import COMPARED, PLANNERS, make_planner
+from kdvfs.agents.planners.registry import PLANNERS, make_planner
 from kdvfs.envs.common.errors import KdvfsError
 from kdvfs.envs.common.files import write_text_atomic
 from kdvfs.envs.gpu.profiles import load_profile, profile_path
 from kdvfs.envs.model.schedule import Schedule
 from kdvfs.envs.model.uncertainty import UncertaintySpec
 from kdvfs.envs.trace.bundled import open_trace, trace_path
-from kdvfs.runtime.cli.arguments import add_output, budget, budget_list, check_output_file, latency_ms, resolved
+from kdvfs.runtime.cli.arguments import (
+    add_output,
+    add_power_limit,
+    budget,
+    budget_list,
+    check_output_file,
+    latency_ms,
+    resolved,
+)
 from kdvfs.runtime.cli.render import (
     add_uncertainty_arguments,
     compare_table,
@@ -55,6 +63,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     add_problem_arguments(comparison)
     comparison.add_argument("--budget", "--slowdown", dest="budget", type=budget_list, required=True,
                             help="budgets, e.g. 0.01 or 0,0.01,0.05")
+    add_power_limit(comparison)
     comparison.add_argument("--json", action="store_true", help="print JSON for scripts")
     comparison.add_argument("--plot", type=Path, help=f"write the trade-off plot (budgets {100 * PLOT_BUDGETS[0]:g}%%-"
                             f"{100 * PLOT_BUDGETS[-1]:g}%%) to this PNG")
@@ -70,19 +79,24 @@ def latency_from_args(args: argparse.Namespace) -> float | None:
     return latency_s
 
 
-def problem_from_args(args: argparse.Namespace, budget: float, with_slack: bool = False) -> Problem:
-    """The planning problem of :func:`add_problem_arguments`' arguments at ``budget`` (a fraction); ``with_slack``:
-    the job's ``budget`` as the trace's rank's own budget with its slack (:func:`rank_budget`)."""
+def problem_from_args(args: argparse.Namespace, budget: float, with_slack: bool = False,
+                      power_limit_w: float | None = None) -> Problem:
+    """The planning problem of :func:`add_problem_arguments`' arguments at ``budget`` (a fraction), priced at
+    ``power_limit_w`` (W; None: the limit the trace was recorded under); ``with_slack``: the job's ``budget`` as
+    the trace's rank's own budget with its slack (:func:`rank_budget`)."""
     trace = open_trace(args.trace)
     own = rank_budget(trace, budget) if with_slack else budget
-    return Problem.build(trace, load_profile(args.gpu), own, latency_from_args(args))
+    return Problem.build(trace, load_profile(args.gpu), own, latency_from_args(args), power_limit_w)
 
 
 def uncertainty_ranges(problem: Problem, rows: list[Row], budgets: list[float], latency_s: float | None,
                        spec: UncertaintySpec) -> dict[tuple[str, float], RowRange]:
-    """Each row's range over the profile's parameter ranges, with a progress bar once it runs 2 s."""
+    """Each row's range over the profile's parameter ranges (the rows' methods planned anew on every sampled
+    profile, priced at the problem's power limit), with a progress bar once it runs 2 s."""
+    methods = tuple(dict.fromkeys(row.executed.method for row in rows))
     with progress_bar("parameter samples") as progress:
-        return compare_ranges(problem.trace, problem.profile, rows, budgets, latency_s, spec, progress=progress)
+        return compare_ranges(problem.trace, problem.profile, rows, budgets, latency_s, spec, methods, progress,
+                              problem.power_limit_w)
 
 
 def schedule_json(problem: Problem, schedule: Schedule) -> dict[str, Any]:
@@ -154,11 +168,11 @@ def row_json(row: Row, ranges: dict[tuple[str, float], RowRange] | None) -> dict
 
 def run_compare(args: argparse.Namespace) -> int:
     check_output_file(args.plot, problem_inputs(args))
-    problem = problem_from_args(args, args.budget[0])
+    problem = problem_from_args(args, args.budget[0], power_limit_w=args.power_limit_w)
     with console.status("planning") as status:
-        rows = compare(problem, args.budget, COMPARED, lambda text: status.update(f"planning: {text}"))
+        rows = compare(problem, args.budget, EVALUATED, lambda text: status.update(f"planning: {text}"))
         if args.plot:
-            plotted = rows + compare(problem, [b for b in PLOT_BUDGETS if b not in args.budget], COMPARED,
+            plotted = rows + compare(problem, [b for b in PLOT_BUDGETS if b not in args.budget], EVALUATED,
                                      lambda text: status.update(f"plot: {text}"))
             title = (f"{problem.trace.meta.workload} on {problem.profile.name}, "
                      f"{problem.latency_s * 1e3:g} ms switching")

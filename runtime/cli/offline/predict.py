@@ -1,4 +1,5 @@
-"""``kdvfs predict``: step time, energy and power of a trace on a GPU, in auto mode and at given clocks."""
+"""``kdvfs predict``: step time, energy and power of a trace on a GPU, in auto mode and at given clocks, under
+the power limit the trace was recorded under or another one."""
 
 from __future__ import annotations
 
@@ -12,10 +13,12 @@ import numpy as np
 from kdvfs.envs.common.errors import KdvfsError
 from kdvfs.envs.gpu.profiles import GpuProfile, load_profile
 from kdvfs.envs.model.cost_tables import build_tables, step_breakdown
+from kdvfs.envs.model.power_limits import power_limits
 from kdvfs.envs.model.uncertainty import UncertaintySpec, over_samples, spread
 from kdvfs.envs.trace.bundled import open_trace
 from kdvfs.envs.trace.trace import Trace, with_measured_gaps
 from kdvfs.envs.trace.trace_set import load_trace_set, main_path, window_prediction
+from kdvfs.runtime.cli.arguments import add_power_limit
 from kdvfs.runtime.cli.render import add_uncertainty_arguments, breakdown_table, console, print_json, progress_bar
 
 RANGED = ("step_time_s", "energy_j", "avg_power_w")
@@ -35,6 +38,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--gpu", required=True, help="GPU profile name or .yaml")
     parser.add_argument("--pair", type=_pair, action="append", default=[], metavar="CORE_MHZ:MEM_MHZ",
                         help="also predict at this locked clock pair (repeatable)")
+    add_power_limit(parser)
     parser.add_argument("--json", action="store_true", help="print JSON for scripts")
     add_uncertainty_arguments(parser)
     parser.set_defaults(func=run)
@@ -48,9 +52,11 @@ def _measured_elsewhere(trace: Trace, profile: GpuProfile) -> str:
             f"(profile {profile.name!r}): they are no check of this prediction")
 
 
-def predictions(trace: Trace, profile: GpuProfile, pairs: list[tuple[float, float]]) -> list[dict[str, Any]]:
-    """The auto-mode row, then one row per locked pair: step totals and the split by category."""
-    tables = build_tables(trace, profile)
+def predictions(trace: Trace, profile: GpuProfile, pairs: list[tuple[float, float]],
+                power_limit_w: float | None = None) -> list[dict[str, Any]]:
+    """The auto-mode row, then one row per locked pair: step totals and the split by category, priced at
+    ``power_limit_w`` (W; None: the limit the trace was recorded under)."""
+    tables = build_tables(trace, profile, power_limit_w=power_limit_w)
     rows: list[dict[str, Any]] = [{"mode": "auto", "core_mhz": None, "mem_mhz": float(tables.memory_mhz[0]),
                                    **step_breakdown(trace, tables, tables.auto_time_s[:, 0],
                                                     tables.auto_energy_j[:, 0], tables.auto_gap_power_w[:, 0])}]
@@ -67,11 +73,12 @@ def predictions(trace: Trace, profile: GpuProfile, pairs: list[tuple[float, floa
 
 
 def with_ranges(rows: list[dict[str, Any]], trace: Trace, profile: GpuProfile, pairs: list[tuple[float, float]],
-                spec: UncertaintySpec) -> None:
+                spec: UncertaintySpec, power_limit_w: float | None = None) -> None:
     """Add to each row ``uncertainty``: the range of each step total over the profile's parameter ranges."""
     samples: list[list[dict[str, Any]]] = [rows]
     with progress_bar("parameter samples") as progress:
-        samples += [predictions(trace, sample, pairs) for sample in over_samples(profile, spec, progress)]
+        samples += [predictions(trace, sample, pairs, power_limit_w)
+                    for sample in over_samples(profile, spec, progress)]
     for index, row in enumerate(rows):
         row["uncertainty"] = {key: spread(sample[index][key] for sample in samples) for key in RANGED}
 
@@ -92,21 +99,22 @@ def window_check(path: str, trace: Trace, profile: GpuProfile) -> dict[str, floa
 
 def run(args: argparse.Namespace) -> int:
     trace, profile = with_measured_gaps(open_trace(args.trace)), load_profile(args.gpu)
-    rows = predictions(trace, profile, args.pair)
-    result: dict[str, Any] = {"trace": trace.meta.workload, "gpu": profile.name,
+    limits = power_limits(trace, profile, args.power_limit_w)
+    rows = predictions(trace, profile, args.pair, args.power_limit_w)
+    result: dict[str, Any] = {"trace": trace.meta.workload, "gpu": profile.name, "power_limit": limits.as_json(),
                               "measured": dict(trace.meta.measurements), "predictions": rows}
     window = window_check(args.trace, trace, profile)
     if window is not None:
         result["window"] = window
     if args.uncertainty and args.samples > 0:
         spec = UncertaintySpec(args.samples, args.seed, vary_latency=False)
-        with_ranges(rows, trace, profile, args.pair, spec)
+        with_ranges(rows, trace, profile, args.pair, spec, args.power_limit_w)
         result["uncertainty"] = spec.as_json(profile)
     note = _measured_elsewhere(trace, profile)
     if args.json:
         print_json(result)
     else:
-        console.print(breakdown_table(result))
+        console.print(breakdown_table(result, caption=limits.describe()))
         if window is not None:
             console.print(f"window of {window['steps']:.0f} steps of mixed shapes ({window['captured_steps']:.0f} of a "
                           f"captured shape, the others scaled from the nearest by tokens): measured "

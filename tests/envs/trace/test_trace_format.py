@@ -121,6 +121,11 @@ def _set_row(column: str, value: object) -> Callable[[dict[str, Any]], None]:
         (lambda d: d["ops"][0]["types"].append(None), r"ops\[0\]: types=.* is not a list of strings"),
         (lambda d: d["names"].append(3.5), "'names' must be a list of strings"),
         (lambda d: d["meta"].update(ref_core_mhz=1e-300), r"ref_core_mhz=1e-300 MHz is outside"),
+        (lambda d: d["meta"].update(power_limit_w=0.0), r"power_limit_w=\[0.0\] W is outside \[1, 100000\] W"),
+        (lambda d: d["meta"].update(power_limit_w="700"), r"power_limit_w='700' is not a finite number"),
+        (lambda d: d["meta"].update(power_limit_range_w=[700.0]), r"power_limit_range_w must be \[low, high\]"),
+        (lambda d: d["meta"].update(power_limit_w=800.0, power_limit_range_w=[200.0, 700.0]),
+         r"power_limit_range_w=\[200.0, 700.0\] W must be \[low, high\] holding power_limit_w=800.0 W"),
     ],
 )
 def test_values_out_of_range_give_clear_errors(tmp_path: Path, mutate: Callable[[dict[str, Any]], None],
@@ -132,3 +137,17 @@ def test_values_out_of_range_give_clear_errors(tmp_path: Path, mutate: Callable[
     with pytest.raises(TraceFormatError, match=message) as caught:
         load_trace(path)
     assert str(caught.value).startswith(f"{path}: ") and "\n" not in str(caught.value)
+
+
+def test_power_limits_round_trip_and_traces_without_them_load_unchanged(tmp_path: Path) -> None:
+    old = open_trace("h200/gpt3xl-1layer-b4")
+    assert (old.meta.power_limit_w, old.meta.power_limit_range_w) == (None, None)
+    assert "power_limit" not in dumps_trace(old) and dumps_trace(old) == trace_path("h200/gpt3xl-1layer-b4").read_text()
+    recorded = TraceMeta(**{**{f: getattr(old.meta, f) for f in ("gpu", "workload", "source", "measurements")},
+                            "power_limit_w": 650.0, "power_limit_range_w": (200.0, 700.0)})
+    trace = Trace(recorded, old.kernels)
+    save_trace(trace, tmp_path / "t.json.gz")
+    loaded = load_trace(tmp_path / "t.json.gz")
+    assert loaded == trace and (loaded.meta.power_limit_w, loaded.meta.power_limit_range_w) == (650.0, (200.0, 700.0))
+    meta = json.loads(dumps_trace(trace))["meta"]
+    assert (meta["power_limit_w"], meta["power_limit_range_w"]) == (650.0, [200.0, 700.0])

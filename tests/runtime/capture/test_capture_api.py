@@ -77,6 +77,7 @@ def test_trace_meta_and_measurements(captured: tuple[Capture, EnergyFakeNvml, Pa
     assert meta.measurements["energy_j_per_step"] == pytest.approx(report.energy_j_per_step)
     assert meta.measurements["step_time_s"] == pytest.approx(report.step_time_s)
     assert (meta.observed_core_mhz, meta.ref_mem_mhz, meta.ref_core_mhz) == (1980.0, 3201.0, None)
+    assert (meta.power_limit_w, meta.power_limit_range_w, report.power_limit_w) == (700.0, (200.0, 700.0), 700.0)
     assert len(trace) == report.activities == trace.count(Kind.KERNEL)
 
 

@@ -22,10 +22,21 @@ def test_evaluate_json_has_the_compare_fields_plus_a_policy_row(capsys: pytest.C
     assert main(["evaluate", "--policy", str(shipped_policy_path("h200")), "--trace", TRACE, "--gpu", "h200",
                  "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
-    assert {"policy", "latency-optimal", "auto"} <= {row["method"] for row in rows}
+    assert {"policy", "latency-optimal", "auto", "power-limit"} <= {row["method"] for row in rows}
     for row in rows:
-        assert set(row) == {"method", "energy_saved_pct", "slowdown_pct", "switches", "solve_s", "budget_pct"}
+        assert set(row) == {"method", "energy_saved_pct", "slowdown_pct", "switches", "solve_s", "budget_pct",
+                            "power_limit_w", "power_limit_source"}
         assert row["budget_pct"] == pytest.approx(1.0)
+        searched = row["method"] == "power-limit"
+        assert row["power_limit_source"] == ("searched" if searched else "profile default")
+        assert (row["power_limit_w"] < 700.0) if searched else row["power_limit_w"] == 700.0
+
+
+def test_evaluate_with_references_refuses_another_power_limit(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["evaluate", "--policy", "h200", "--trace", TRACE, "--reference", TRACE, "--gpu", "h200",
+                 "--power-limit-w", "500"]) == 2
+    err = capsys.readouterr().err
+    assert "drop --power-limit-w" in err and err.count("\n") == 1
 
 
 def test_evaluate_refuses_a_policy_of_another_gpu(capsys: pytest.CaptureFixture[str]) -> None:

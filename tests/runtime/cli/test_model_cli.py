@@ -198,3 +198,23 @@ def test_predict_uncertainty_brackets_every_step_total(capsys: pytest.CaptureFix
     assert energy[0] < energy[1]
     with pytest.raises(SystemExit):
         main(["predict", "--trace", "h200/gpt2s-b16", "--gpu", "h200", "--samples", "many"])
+
+
+def test_predict_names_its_power_limit_and_prices_a_lower_one(capsys: pytest.CaptureFixture[str]) -> None:
+    problem = ["predict", "--trace", "h200/gpt3xl-1layer-b4", "--gpu", "h200"]
+    code, out, _ = run(capsys, *problem, "--json")
+    result = json.loads(out)
+    assert code == 0 and result["power_limit"]["priced_w"] == 700.0
+    assert result["power_limit"]["recorded_source"] == result["power_limit"]["priced_source"] == "profile default"
+    code, out, _ = run(capsys, *problem, "--json", "--power-limit-w", "400")
+    lowered = json.loads(out)
+    assert code == 0 and lowered["power_limit"]["priced_source"] == "requested"
+    auto, capped = result["predictions"][0], lowered["predictions"][0]
+    assert capped["step_time_s"] > auto["step_time_s"] and capped["avg_power_w"] < auto["avg_power_w"]
+    code, out, _ = run(capsys, *problem, "--power-limit-w", "400")
+    assert code == 0 and "power limit 400 W (requested), recorded under 700 W (profile default)" in out
+    code, out, err = run(capsys, *problem, "--power-limit-w", "900")
+    assert code == 2 and out == "" and err.count("\n") == 1 and "outside the board's range 200-700 W" in err
+    with pytest.raises(SystemExit) as caught:
+        main([*problem, "--power-limit-w", "-5"])
+    assert caught.value.code == 2 and "finite number of watts" in capsys.readouterr().err

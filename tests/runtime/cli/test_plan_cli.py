@@ -14,7 +14,8 @@ from kdvfs.runtime.cli import main
 from tests.agents.planners.test_slack import two_ranks
 
 SMALL = "h200/gpt3xl-1layer-b4"
-FIELDS = {"method", "energy_saved_pct", "slowdown_pct", "switches", "solve_s", "budget_pct"}
+FIELDS = {"method", "energy_saved_pct", "slowdown_pct", "switches", "solve_s", "budget_pct", "power_limit_w",
+          "power_limit_source"}
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -105,3 +106,16 @@ def test_plan_of_a_waiting_rank_uses_its_slack_unless_told_not_to(capsys: pytest
     assert plans[False]["budget"] > 0.05 and plans[True]["budget"] == 0.01
     assert {p["job_budget"] for p in plans.values()} == {0.01}
     assert plans[False]["executed"]["energy_j"] < plans[True]["executed"]["energy_j"]
+
+
+def test_compare_shows_the_power_limit_method_and_the_priced_limit(capsys: pytest.CaptureFixture[str]) -> None:
+    code, text, _ = run(capsys, "compare", "--trace", SMALL, "--gpu", "h200", "--budget", "0.02", "--json",
+                        "--power-limit-w", "600")
+    rows = json.loads(text)
+    searched = [row for row in rows if row["method"] == "power-limit"]
+    assert code == 0 and len(searched) == 1 and searched[0]["power_limit_source"] == "searched"
+    assert 200.0 <= searched[0]["power_limit_w"] <= 600.0 and searched[0]["slowdown_pct"] <= 2.0 + 1e-6
+    priced = {(r["power_limit_w"], r["power_limit_source"]) for r in rows if r is not searched[0]}
+    assert priced == {(600.0, "requested")}
+    code, text, _ = run(capsys, "compare", "--trace", SMALL, "--gpu", "h200", "--budget", "0.02")
+    assert code == 0 and "power limit 700 W (profile default)" in text and "power-limit (" in text

@@ -86,6 +86,15 @@ def test_reader_without_energy_counter_fails_early_and_shuts_down() -> None:
     assert fake.state.calls[-1] == "nvmlShutdown" and not fake.state.initialised
 
 
+def test_reader_reads_the_power_limits_or_none_where_the_gpu_offers_none() -> None:
+    fake = EnergyFakeNvml([h200_from_probe()])
+    with GpuReader(0, fake) as reader:
+        limits = reader.power_limits()
+        fake.state.failures["nvmlDeviceGetEnforcedPowerLimit"] = pynvml.NVML_ERROR_NOT_SUPPORTED
+        assert reader.power_limits() is None
+    assert limits is not None and (limits.limit_w, limits.range_w) == (700.0, (200.0, 700.0))
+
+
 def test_unknown_binding_is_unavailable() -> None:
     with pytest.raises(NvmlUnavailableError, match="cannot import the NVML binding 'no_such_nvml'"):
         import_nvml("no_such_nvml")
