@@ -12,8 +12,9 @@ in which case the step runs at auto and the miss is counted by reason.
 
 Budget feedback: each bucket has one entry per margin of the book (its plan at the run's budget and at
 fractions of it, :data:`~kdvfs.runtime.controller.decisions.shape_plans.MARGINS`); :meth:`ShapeSteps.feedback`,
-after every A/B pair, moves the run one margin down when the measured slowdown's mean exceeds the budget (the
-predictions of its steps were off), and back up when the whole 95% interval lies below it.
+after every A/B pair, moves the run one margin down when the measured slowdown's mean exceeds the budget and
+its 95% interval lies above zero (the predictions of its steps were off), and back up when the whole interval
+lies below the budget.
 
 Each entry's anchors learn only from the steps of its bucket. A step counts for its bucket's expected kernel
 time at auto over the captured step's (:meth:`ShapeSteps.weight`: kernel time, the part of a step the step
@@ -120,7 +121,7 @@ class ShapeSteps:
         if measured is None:
             return
         margin = self.margin
-        if measured.mean_pct > self.budget_pct:
+        if measured.mean_pct > self.budget_pct and measured.lo_pct > 0:
             margin = min(margin + 1, len(self.book.margins) - 1)
         elif measured.hi_pct < self.budget_pct:
             margin = max(margin - 1, 0)
