@@ -106,11 +106,15 @@ def _windows(folder: Path, label: str) -> list[dict[str, Any]]:
 def report(folder: Path) -> dict[str, Any]:
     device = json.loads((folder / "run.json").read_text())
     capture = json.loads((folder / "capture.out.json").read_text())
-    result = {"provenance": provenance(f"python benchmarks/varying_h200.py run {folder} (on the GPU machine), then "
-                                       f"python benchmarks/varying_h200.py report {folder}"),
+    runs = [label for label in RUNS if (folder / f"{label}.out.json").is_file()]
+    reused = "" if (folder / "capture.nvml.json").is_file() else \
+        " with the capture and plan of benchmarks/data/varying_h200 copied into it (gunzipped)"
+    result = {"provenance": provenance(f"python benchmarks/varying_h200.py run {folder} --only {','.join(runs)} (on "
+                                       f"the GPU machine{reused}), then python benchmarks/varying_h200.py report "
+                                       f"{folder}"),
               "device_run": {k: device[k] for k in ("machine", "python", "date_utc", "nvidia_smi") if k in device},
               "capture": capture.get("shapes"),
-              "runs": {label: _figures(folder, label) for label in RUNS if (folder / f"{label}.out.json").is_file()}}
+              "runs": {label: _figures(folder, label) for label in runs}}
     write_results("varying_h200", result, markdown(result))
     return result
 
