@@ -17,19 +17,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
-import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from kdvfs_command import run_kdvfs
 from provenance import host, nvidia_smi, utc_now, write_results
 
 from kdvfs.envs.calibration.fit import predict_power_w
 from kdvfs.envs.calibration.sweep import load_sweep
-from kdvfs.envs.common.paths import DATA_DIR, REPO_ROOT
+from kdvfs.envs.common.paths import DATA_DIR
 from kdvfs.envs.gpu.profiles import GpuProfile, load_profile
 from kdvfs.envs.model.cost_model import ClockLimits, CostParams
 from kdvfs.envs.model.cost_tables import build_tables, step_breakdown
@@ -37,7 +35,6 @@ from kdvfs.envs.trace.bundled import open_trace
 from kdvfs.envs.trace.format import load_trace
 from kdvfs.envs.trace.trace import Trace
 
-CLI = "import sys; from kdvfs.runtime.cli import main; sys.exit(main(sys.argv[1:]))"
 WORKLOADS = {
     "gpt3xl-b4": ["examples/gpt.py", "--size", "gpt3xl", "--batch", "4", "--steps", "300"],
     "gpt2s-b16": ["examples/gpt.py", "--size", "gpt2s", "--batch", "16", "--steps", "1000"],
@@ -51,17 +48,6 @@ BUNDLED = {"gpt3xl": "h200/gpt3xl-24layer-b4", "gpt2s": "h200/gpt2s-b16", "resne
 TARGET = 0.10
 
 
-def _kdvfs(folder: Path, label: str, args: list[str]) -> dict[str, Any]:
-    """Run one kdvfs command; log its command, exit code, wall time and output."""
-    start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-c", CLI, *args], capture_output=True, text=True, cwd=REPO_ROOT)
-    record = {"label": label, "command": "kdvfs " + " ".join(args), "exit_code": done.returncode,
-              "wall_s": time.perf_counter() - start, "stderr_tail": done.stderr[-3000:]}
-    (folder / f"{label}.out.json").write_text(done.stdout or "{}")
-    print(json.dumps({k: v for k, v in record.items() if k != "stderr_tail"}), done.stderr[-1500:], flush=True)
-    return record
-
-
 def run(folder: Path, cpu_test: bool) -> None:
     """All GPU-side measurements into ``folder`` (see the module docstring)."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -69,16 +55,16 @@ def run(folder: Path, cpu_test: bool) -> None:
     window = "0.5" if cpu_test else "6"
     log = []
     for label, script in (CPU_WORKLOADS if cpu_test else WORKLOADS).items():
-        log.append(_kdvfs(folder, label, ["capture", "--steps", "2", "--warmup", "5", "--energy-window-s", window,
+        log.append(run_kdvfs(folder, label, ["capture", "--steps", "2", "--warmup", "5", "--energy-window-s", window,
                                           "--workload", label, "-o", str(folder / f"{label}.trace.json"), "--json",
                                           *fake, "--", "python3", *script]))
     device = ["--device", "cpu", "--scale", "0.02", "--duration-s", "0.2", "--nvml-module",
               "kdvfs.runtime.testing.nvml"] if cpu_test else []
-    log.append(_kdvfs(folder, "calibrate", ["calibrate", "--gpu-index", "0", "-o", str(folder / "h200-calibrated.yaml"),
-                                            "--save-sweep", str(folder / "h200-calibrated.sweep.csv"), "--json",
-                                            *device]))
+    calibrated = str(folder / "h200-calibrated.yaml")
+    log.append(run_kdvfs(folder, "calibrate", ["calibrate", "--gpu-index", "0", "-o", calibrated, "--save-sweep",
+                                               str(folder / "h200-calibrated.sweep.csv"), "--json", *device]))
     if not cpu_test:
-        log.append(_kdvfs(folder, "ncu-tiny", ["capture", "--ncu", "--no-energy", "--energy-window-s", "0.5",
+        log.append(run_kdvfs(folder, "ncu-tiny", ["capture", "--ncu", "--no-energy", "--energy-window-s", "0.5",
                                                "--keep-profile", str(folder / "ncu-tiny.profile.json.gz"),
                                                "-o", str(folder / "ncu-tiny.trace.json"), "--json", "--", "python3",
                                                "examples/gpt.py", "--size", "tiny", "--steps", "5000"]))

@@ -20,18 +20,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
+from kdvfs_command import CLI, run_kdvfs
 from provenance import host, nvidia_smi, provenance, provenance_lines, utc_now, write_results
 
 from kdvfs.envs.common.paths import REPO_ROOT
 
-CLI = "import sys; from kdvfs.runtime.cli import main; sys.exit(main(sys.argv[1:]))"
 SCRIPT = ["examples/hf_sft.py", "--model", "llama"]
 CPU_SCRIPT = [*SCRIPT, "--size", "tiny", "--device", "cpu", "--min-len", "16", "--max-len", "128", "--batch", "4"]
 RUNS = {"ab": [], "no-ab": ["--ab-share", "0"]}
@@ -39,18 +37,10 @@ TARGET_CONTROLLED = 0.90
 
 
 def _kdvfs(folder: Path, label: str, args: list[str], nvml: str) -> dict[str, Any]:
-    """Run one kdvfs command (``args``: its options, ``--``, the script) with NVML through ``nvml``; log its command,
-    exit code, wall time and output."""
-    environment = {**os.environ, "KDVFS_NVML_RECORD": str(folder / f"{label}.nvml.json")}
-    start = time.perf_counter()
+    """``kdvfs ARGS`` (its options, ``--``, the script) with NVML through ``nvml``, recording its NVML calls."""
     split = args.index("--")
-    done = subprocess.run([sys.executable, "-c", CLI, *args[:split], "--nvml-module", nvml, *args[split:]],
-                          capture_output=True, text=True, cwd=REPO_ROOT, env=environment)
-    record = {"label": label, "command": "kdvfs " + " ".join(args), "exit_code": done.returncode,
-              "wall_s": time.perf_counter() - start, "stderr_tail": done.stderr[-2500:]}
-    (folder / f"{label}.out.json").write_text(done.stdout or "{}")
-    print(json.dumps({k: v for k, v in record.items() if k != "stderr_tail"}), done.stderr[-1200:], flush=True)
-    return record
+    return run_kdvfs(folder, label, [*args[:split], "--nvml-module", nvml, *args[split:]],
+                     {"KDVFS_NVML_RECORD": str(folder / f"{label}.nvml.json")}, tail_chars=1200)
 
 
 def run(folder: Path, cpu_test: bool, only: list[str] | None = None) -> None:

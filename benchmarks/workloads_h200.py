@@ -25,18 +25,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
+from kdvfs_command import run_kdvfs
 from provenance import host, nvidia_smi, utc_now
 from workloads_report import report
 
-from kdvfs.envs.common.paths import REPO_ROOT
-
-CLI = "import sys; from kdvfs.runtime.cli import main; sys.exit(main(sys.argv[1:]))"
 SFT = ["examples/hf_sft.py", "--steps", "400"]
 
 
@@ -62,17 +58,6 @@ CPU_WORKLOADS: dict[str, tuple[list[str], list[list[int]] | None]] = {
 }
 
 
-def _kdvfs(folder: Path, label: str, args: list[str]) -> dict[str, Any]:
-    """Run one kdvfs command; log its command, exit code, wall time and output."""
-    start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-c", CLI, *args], capture_output=True, text=True, cwd=REPO_ROOT)
-    record = {"label": label, "command": "kdvfs " + " ".join(args), "exit_code": done.returncode,
-              "wall_s": time.perf_counter() - start, "stderr_tail": done.stderr[-3000:]}
-    (folder / f"{label}.out.json").write_text(done.stdout or "{}")
-    print(json.dumps({k: v for k, v in record.items() if k != "stderr_tail"}), done.stderr[-800:], flush=True)
-    return record
-
-
 def run(folder: Path, cpu_test: bool, only: list[str] | None) -> None:
     """Capture every workload (or ``only`` those) into ``folder``; the shapes go to ``shapes.json``."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -82,7 +67,7 @@ def run(folder: Path, cpu_test: bool, only: list[str] | None) -> None:
     for label, (script, _) in workloads.items():
         if only and label not in only:
             continue
-        log.append(_kdvfs(folder, label, ["capture", "--steps", "2", "--warmup", "4", "--energy-window-s",
+        log.append(run_kdvfs(folder, label, ["capture", "--steps", "2", "--warmup", "4", "--energy-window-s",
                                           "0.5" if cpu_test else "4", "--workload", label, "-o",
                                           str(folder / f"{label}.trace.json.gz"), "--json", *fake, "--",
                                           sys.executable, *script]))

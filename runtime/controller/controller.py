@@ -47,13 +47,13 @@ from kdvfs.runtime.controller.config import ControllerConfig
 from kdvfs.runtime.controller.decisions.actuator import Actuator, parse_clocks
 from kdvfs.runtime.controller.decisions.issuer import Issuer, StepJudges
 from kdvfs.runtime.controller.decisions.plans import Plan, bucket_planner, load_plan
-from kdvfs.runtime.controller.decisions.shape_plans import ShapeBook, kernel_time_s
-from kdvfs.runtime.controller.decisions.shape_steps import ShapeSteps, StepEntry, VaryingSteps
 from kdvfs.runtime.controller.decisions.sources import ReplayedSchedule, StepSource, ThreadContext
 from kdvfs.runtime.controller.decisions.timeline import StepPlan
 from kdvfs.runtime.controller.event_log import EventLog
 from kdvfs.runtime.controller.measurement.accounting import Accounting
 from kdvfs.runtime.controller.measurement.guard import Guard
+from kdvfs.runtime.controller.shapes.plans import ShapeBook, kernel_time_s
+from kdvfs.runtime.controller.shapes.steps import ShapeSteps, StepEntry, VaryingSteps
 from kdvfs.runtime.controller.timing.anchors import Anchors, TraceStructure
 from kdvfs.runtime.controller.timing.gpu_timeline import CudaStepTimeline, HostStepTimeline, StepTimeline
 from kdvfs.runtime.controller.timing.matching import StepMatcher
@@ -69,7 +69,7 @@ from kdvfs.runtime.device.watchdog import spawn_watchdog, stop_watchdog, watchdo
 from kdvfs.runtime.job import JobGroup, Rank, rank_path
 
 if TYPE_CHECKING:
-    from kdvfs.runtime.controller.training.varying import StepShapes
+    from kdvfs.runtime.controller.shapes.varying import StepShapes
 
 STOP_TIMEOUT_S = 5.0
 RUN_NEEDS = "the clock controller locks GPU clocks"
@@ -103,7 +103,7 @@ class Controller:
     tests pass a :class:`~kdvfs.runtime.testing.fake_gpu.FakeGpu` with its timeline and virtual clock, explicitly.
     ``varying``: the captured shapes of a run whose steps vary, the step model's prediction and where each step's
     shape comes from (:class:`VaryingSteps`); with it every step is planned by its shape
-    (:mod:`kdvfs.runtime.controller.decisions.shape_steps`).
+    (:mod:`kdvfs.runtime.controller.shapes.steps`).
     """
 
     def __init__(self, policy: str | None = None, trace: str | None = None, *, config: ControllerConfig | None = None,
@@ -175,7 +175,7 @@ class Controller:
         config.measurement.check_window(problem.latency_s)
         self.step_plan = StepPlan.build(problem, self.plan.schedule, config.dry_run)
         if self._varying is None:
-            from kdvfs.runtime.controller.training.varying import varying_steps
+            from kdvfs.runtime.controller.shapes.varying import varying_steps
 
             found = varying_steps(config.trace, self._clock)
             if found is not None:

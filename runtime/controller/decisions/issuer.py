@@ -45,11 +45,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from kdvfs.runtime.controller.decisions.decision_records import quantiles
-from kdvfs.runtime.controller.decisions.shape_steps import ShapeSteps, StepEntry
 from kdvfs.runtime.controller.decisions.sources import StepSource, ThreadContext
 from kdvfs.runtime.controller.decisions.timeline import StepPlan
 from kdvfs.runtime.controller.measurement.accounting import Accounting
 from kdvfs.runtime.controller.measurement.guard import Guard
+from kdvfs.runtime.controller.shapes.steps import ShapeSteps, StepEntry
 from kdvfs.runtime.controller.timing.anchors import Anchors
 from kdvfs.runtime.controller.timing.gpu_timeline import StepEnd
 from kdvfs.runtime.controller.timing.matching import StepMatcher

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from kdvfs.envs.common.paths import REPO_ROOT
+from tests.runtime.conftest import TINY_GPT
 from tests.runtime.daemon.daemon_helpers import (
     KDVFS,
     NVML,
@@ -27,23 +28,7 @@ from tests.runtime.daemon.daemon_helpers import (
     wait_for,
 )
 
-GPT = [sys.executable, str(REPO_ROOT / "examples" / "gpt.py"), "--size", "tiny", "--device", "cpu"]
 NOBODY = 65534
-
-
-@pytest.fixture(scope="module")
-def captured(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """A CPU-test-mode capture of the tiny GPT and its static plan at 1%."""
-    folder = tmp_path_factory.mktemp("capture")
-    trace, plan = folder / "cpu.trace.json", folder / "plan.json"
-    for argv in (["capture", "--cpu-test-mode", "--nvml-module", NVML, "--energy-window-s", "0.3", "-o", str(trace),
-                  "--", *GPT, "--steps", "1000"],
-                 ["plan", "--trace", str(trace), "--gpu", "h200", "--method", "static", "--slowdown", "0.01",
-                  "-o", str(plan)]):
-        done = subprocess.run([*KDVFS, *argv], capture_output=True, text=True, cwd=REPO_ROOT, check=False,
-                              env={**os.environ, "OMP_NUM_THREADS": "1"})
-        assert done.returncode == 0, done.stderr[-2000:]
-    return trace, plan
 
 
 def _run_argv(captured: tuple[Path, Path], folder: Path, steps: int, daemon: RunningDaemon | None) -> list[str]:
@@ -53,7 +38,7 @@ def _run_argv(captured: tuple[Path, Path], folder: Path, steps: int, daemon: Run
     trace, plan = (folder / source.name for source in captured)
     return [*KDVFS, "run", "--policy", str(plan), "--trace", str(trace), "--cpu-test-mode", "--nvml-module", NVML,
             "--gpu-index", "0", "--json", "--ab-share", "0",
-            *(["--daemon", str(daemon.socket)] if daemon else []), "--", *GPT, "--steps", str(steps)]
+            *(["--daemon", str(daemon.socket)] if daemon else []), "--", *TINY_GPT, "--steps", str(steps)]
 
 
 def _as_nobody(folder: Path) -> dict[str, Any]:

@@ -31,21 +31,6 @@ PERMISSION_SHIM = ("import kdvfs.runtime.device.nvml as nvml\n"
                    "nvml.has_clock_permission = lambda *args: True\n")
 
 
-@pytest.fixture(scope="module")
-def captured(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """A CPU-test-mode capture of the tiny GPT and its static plan at 1%."""
-    folder = tmp_path_factory.mktemp("capture")
-    trace, plan = folder / "cpu.trace.json", folder / "plan.json"
-    for argv in (["capture", "--cpu-test-mode", "--nvml-module", NVML, "--energy-window-s", "0.3", "-o", str(trace),
-                  "--", *GPT, "--steps", "1000"],
-                 ["plan", "--trace", str(trace), "--gpu", "h200", "--method", "static", "--slowdown", "0.01",
-                  "-o", str(plan)]):
-        done = subprocess.run([*KDVFS, *argv], capture_output=True, text=True, cwd=REPO_ROOT, check=False,
-                              env={**os.environ, **ONE_THREAD})
-        assert done.returncode == 0, done.stderr[-2000:]
-    return trace, plan
-
-
 def _environment(tmp_path: Path, **fake: Any) -> dict[str, str]:
     shim = tmp_path / "shim"
     shim.mkdir(exist_ok=True)

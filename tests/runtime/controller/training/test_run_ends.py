@@ -15,7 +15,7 @@ import pynvml
 
 from kdvfs.envs.common.paths import REPO_ROOT
 from kdvfs.runtime.cli.live.run import summary_table
-from tests.runtime.controller.training.test_run_end_to_end import (  # noqa: F401 (captured: a fixture)
+from tests.runtime.controller.training.test_run_end_to_end import (
     GPT,
     _environment,
     _locks,
@@ -23,7 +23,6 @@ from tests.runtime.controller.training.test_run_end_to_end import (  # noqa: F40
     _run_argv,
     _trainer_pid,
     _wait,
-    captured,
 )
 
 ABORT_AT_STEP = 1500
@@ -47,7 +46,7 @@ def _aborting_trainer(tmp_path: Path) -> list[str]:
     return [sys.executable, str(script), *GPT[1:]]
 
 
-def test_json_summary_after_the_trainer_aborts(captured: tuple[Path, Path], tmp_path: Path) -> None:  # noqa: F811
+def test_json_summary_after_the_trainer_aborts(captured: tuple[Path, Path], tmp_path: Path) -> None:
     argv = _run_argv(captured, tmp_path, 100_000)
     argv = [*argv[:argv.index("--") + 1], *_aborting_trainer(tmp_path), "--steps", "100000"]
     done = subprocess.run(argv, capture_output=True, text=True, cwd=REPO_ROOT, env=_environment(tmp_path),
@@ -70,7 +69,7 @@ def test_json_error_when_the_run_is_refused(tmp_path: Path) -> None:
     assert document["error"] and document["gpu_restored"] is True
 
 
-def _started_run(captured: tuple[Path, Path], tmp_path: Path) -> subprocess.Popen[str]:  # noqa: F811
+def _started_run(captured: tuple[Path, Path], tmp_path: Path) -> subprocess.Popen[str]:
     """``kdvfs run`` of a long training, in its own session (no terminal), once it has locked a clock."""
     process = subprocess.Popen(_run_argv(captured, tmp_path, 100_000), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True, cwd=REPO_ROOT, env=_environment(tmp_path), start_new_session=True)
@@ -88,7 +87,7 @@ def _alive(pid: int) -> bool:
     return Path(f"/proc/{pid}").is_dir() and "zombie" not in Path(f"/proc/{pid}/status").read_text()
 
 
-def test_sigint_to_kdvfs_run_alone_reaches_the_trainer(captured: tuple[Path, Path], tmp_path: Path) -> None:  # noqa: F811
+def test_sigint_to_kdvfs_run_alone_reaches_the_trainer(captured: tuple[Path, Path], tmp_path: Path) -> None:
     process = _started_run(captured, tmp_path)
     try:
         os.kill(process.pid, signal.SIGINT)  # the process alone, not its group: no terminal's Ctrl-C
@@ -101,7 +100,7 @@ def test_sigint_to_kdvfs_run_alone_reaches_the_trainer(captured: tuple[Path, Pat
     assert _locks(tmp_path) == {}
 
 
-def test_the_trainer_ends_when_kdvfs_run_is_killed(captured: tuple[Path, Path], tmp_path: Path) -> None:  # noqa: F811
+def test_the_trainer_ends_when_kdvfs_run_is_killed(captured: tuple[Path, Path], tmp_path: Path) -> None:
     process = _started_run(captured, tmp_path)
     trainer = _trainer_pid(process.pid)
     try:
@@ -116,7 +115,7 @@ def test_the_trainer_ends_when_kdvfs_run_is_killed(captured: tuple[Path, Path], 
         process.stderr and process.stderr.close()
 
 
-def test_a_refused_clock_setting_mid_run_is_observe_only(captured: tuple[Path, Path], tmp_path: Path) -> None:  # noqa: F811
+def test_a_refused_clock_setting_mid_run_is_observe_only(captured: tuple[Path, Path], tmp_path: Path) -> None:
     env = _environment(tmp_path, fail_from_call={"nvmlDeviceSetGpuLockedClocks": [1, pynvml.NVML_ERROR_NO_PERMISSION]})
     done = subprocess.run(_run_argv(captured, tmp_path, 150), capture_output=True, text=True, cwd=REPO_ROOT,
                           env=env, check=False)
@@ -127,7 +126,7 @@ def test_a_refused_clock_setting_mid_run_is_observe_only(captured: tuple[Path, P
     assert "observe-only" in summary_table(summary).title  # type: ignore[operator]
 
 
-def test_no_energy_runs_time_only_where_the_energy_counter_fails(captured: tuple[Path, Path],  # noqa: F811
+def test_no_energy_runs_time_only_where_the_energy_counter_fails(captured: tuple[Path, Path],
                                                                  tmp_path: Path) -> None:
     env = _environment(tmp_path, failures={"nvmlDeviceGetTotalEnergyConsumption": pynvml.NVML_ERROR_NOT_SUPPORTED})
     argv = _run_argv(captured, tmp_path, 400)

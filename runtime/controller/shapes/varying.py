@@ -4,7 +4,7 @@
 capture it was given (the trace and its ``.shape-K`` siblings, :func:`kdvfs.envs.trace.trace_set.load_trace_set`)
 holds more than one step shape, in its traces or in the run's shape distribution. Then it fits the step model
 on the captured traces (:class:`kdvfs.envs.model.step_model.StepModel`) and returns the
-:class:`~kdvfs.runtime.controller.decisions.shape_steps.VaryingSteps` the controller plans every bucket with,
+:class:`~kdvfs.runtime.controller.shapes.steps.VaryingSteps` the controller plans every bucket with,
 whose shapes come from :class:`StepShapes`: a :class:`~kdvfs.runtime.step_shapes.ShapeProbe` on the model,
 which the controller's thread waits on for the shape of the step it decides.
 """
@@ -19,7 +19,7 @@ from kdvfs.envs.model.step_model import StepModel
 from kdvfs.envs.trace.shape import StepShape
 from kdvfs.envs.trace.trace import Trace
 from kdvfs.envs.trace.trace_set import load_trace_set
-from kdvfs.runtime.controller.decisions.shape_steps import VaryingSteps
+from kdvfs.runtime.controller.shapes.steps import VaryingSteps
 from kdvfs.runtime.device.host_time import Clock
 from kdvfs.runtime.step_shapes import ShapeProbe
 

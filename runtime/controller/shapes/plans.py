@@ -13,7 +13,7 @@ for it in a :class:`ShapeBook`:
   :mod:`kdvfs.envs.model.step_model`) gives the expected trace of the bucket's top shape, or None for a shape
   it does not cover (far outside the captured range): such a bucket has no plan and its steps run at auto.
 * **Margins.** Each bucket is planned at the run's budget and at fractions of it (``MARGINS``): the live
-  budget feedback (:meth:`~kdvfs.runtime.controller.decisions.shape_steps.ShapeSteps.feedback`) moves the
+  budget feedback (:meth:`~kdvfs.runtime.controller.shapes.steps.ShapeSteps.feedback`) moves the
   run to a smaller margin when the measured slowdown exceeds the budget, where a prediction was off.
 * **When plans are solved.** All of them before the first step, for every bucket the capture saw or that
   lies within the captured range (:meth:`ShapeBook.build`, on a pool of forked processes: a solve takes
