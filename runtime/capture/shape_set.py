@@ -12,6 +12,7 @@ import dataclasses
 from dataclasses import replace
 from pathlib import Path
 
+from kdvfs.envs.model.step.validation import leave_one_out
 from kdvfs.envs.trace.format import save_trace
 from kdvfs.envs.trace.shape import StepShape
 from kdvfs.envs.trace.trace import Trace
@@ -19,6 +20,9 @@ from kdvfs.envs.trace.trace_set import tokens_scaled
 from kdvfs.runtime.capture import varying
 from kdvfs.runtime.capture.config import CaptureConfig
 from kdvfs.runtime.capture.recording import CaptureReport, StepTiming, build_trace, write_capture
+
+MIN_STEP_MODEL_SHAPES = 3
+"""Fewest captured shapes for the step model's leave-one-out error (two are left to fit each one)."""
 
 
 def _shape_timing(timing: StepTiming, window: varying.WindowShapes, shape: StepShape) -> StepTiming:
@@ -46,7 +50,8 @@ def write_shape_set(rounds: varying.ShapeRounds, window: varying.WindowShapes, c
     """Build every captured shape's trace, write them (the first captured target at ``config.output``, the
     others at its ``.shape-K`` paths) and return the report (the main trace's figures and ``shapes``)."""
     shapes = [s for s in rounds.targets if s in rounds.captured]
-    traces = [_build(rounds, window, config, timing, gpu_name, shape) for shape in shapes]
+    traces, step_model = with_step_model_errors([_build(rounds, window, config, timing, gpu_name, shape)
+                                                 for shape in shapes])
     outputs = varying.output_paths(config.output, len(traces))
     main_recording = rounds.captured[shapes[0]][0]
     for trace, output in zip(traces[1:], outputs[1:], strict=True):
@@ -56,4 +61,21 @@ def write_shape_set(rounds: varying.ShapeRounds, window: varying.WindowShapes, c
     report = replace(report, step_time_s=measurements.get("step_time_s", timing.step_time_s),
                      energy_j_per_step=measurements.get("energy_j_per_step"))
     summary = varying.shapes_report(window, traces, outputs, rounds.missing(), rounds.profiled_steps)
-    return dataclasses.replace(report, shapes=summary)
+    return dataclasses.replace(report, shapes={**summary, "step_model": step_model})
+
+
+def with_step_model_errors(traces: list[Trace]) -> tuple[list[Trace], list[dict[str, object]] | None]:
+    """With three captured shapes or more (of one input layout): each trace with the step model's error on it when
+    left out (:func:`kdvfs.envs.model.step.validation.leave_one_out`) in its measurements
+    (``step_model_kernel_time_error_pct``, ``step_model_step_time_error_pct``,
+    ``step_model_duration_error_pct``), and the errors for the report; else the traces unchanged and None."""
+    if len(traces) < MIN_STEP_MODEL_SHAPES or len({len(t.meta.step_shape.inputs) for t in traces
+                                                   if t.meta.step_shape is not None}) != 1:
+        return traces, None
+    errors = leave_one_out(traces)
+    marked = [replace(trace, meta=replace(trace.meta, measurements={
+        **trace.meta.measurements, "step_model_kernel_time_error_pct": error.kernel_time_error_pct,
+        "step_model_step_time_error_pct": error.step_time_error_pct,
+        "step_model_duration_error_pct": error.weighted_duration_error_pct}))
+        for trace, error in zip(traces, errors, strict=True)]
+    return marked, [error.as_json() for error in errors]

@@ -101,6 +101,11 @@ def _print_shapes(shapes: dict[str, Any]) -> None:
         timing = f"{time_s * 1e3:.2f} ms/step" if time_s is not None else "too few window steps to time"
         console.print(f"  {entry['shape']}: {entry['window_steps']} window steps, {timing}, {entry['kernels']} "
                       f"activities -> {entry['output']}")
+    for error in shapes.get("step_model") or []:
+        edge = " (edge)" if error["edge"] else ""
+        console.print(f"  step model, {error['shape']} left out: kernel time {error['kernel_time_error_pct']:+.1f}%, "
+                      f"step time {error['step_time_error_pct']:+.1f}%, kernel durations "
+                      f"{error['weighted_duration_error_pct']:.1f}%{edge}")
     for entry in shapes.get("missed", []):
         console.print(f"  note: {entry['shape']} ({entry['window_steps']} window steps) did not come up in the "
                       "profiled steps; raise --max-profiled-steps to capture it")

@@ -129,3 +129,17 @@ def test_script_that_ends_while_looking_for_shapes(capsys: pytest.CaptureFixture
     err = capsys.readouterr().err
     assert code == 2 and "while profiling its step shapes" in err and "--max-profiled-steps" in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["train.py"]
+
+
+def test_three_captured_shapes_carry_the_step_models_left_out_error() -> None:
+    from kdvfs.envs.common.paths import DATA_DIR
+    from kdvfs.envs.trace.format import load_trace
+    from kdvfs.runtime.capture.shape_set import with_step_model_errors
+
+    folder = DATA_DIR / "traces" / "h200" / "workloads"
+    traces = [load_trace(folder / f"bert-b32-s{seq}.trace.json.gz") for seq in (128, 256, 512)]
+    marked, report = with_step_model_errors(traces)
+    assert report is not None and [entry["shape"] for entry in report] == [t.meta.step_shape.key for t in traces]
+    for trace, entry in zip(marked, report, strict=True):
+        assert trace.meta.measurements["step_model_kernel_time_error_pct"] == entry["kernel_time_error_pct"]
+    assert with_step_model_errors(traces[:2]) == (traces[:2], None)
