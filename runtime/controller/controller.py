@@ -130,7 +130,8 @@ class Controller:
         self._job: JobGroup | None = None
         self._gpu_index: int | None = None
         self._varying = varying
-        self._book: ShapeBook | None = None
+        self.book: ShapeBook | None = None
+        """The plans of the shape buckets of a run whose steps vary (None for a run of one shape)."""
         self._shapes: ShapeSteps | None = None
         self._step_shapes: StepShapes | None = None
         self._clock_control = NVML_CONTROL
@@ -181,7 +182,7 @@ class Controller:
             if found is not None:
                 self._varying, self._step_shapes = found
         if self._varying is not None:
-            self._book = self._varying.plan(problem, bucket_planner(self.plan, config))
+            self.book = self._varying.plan(problem, bucket_planner(self.plan, config))
         if threading.current_thread() is threading.main_thread():
             self._stack.enter_context(terminate_on_sigterm())
         if not config.dry_run and isinstance(device, NvmlDevice):
@@ -218,7 +219,7 @@ class Controller:
         anchors = self._anchors(timeline, hooks)
         context = ThreadContext(timeline, clock, self._log, self._actuator)
         self._source = self._step_source(device, anchors, context)
-        self._shapes = None if self._book is None else self._shape_steps(timeline, hooks, context)
+        self._shapes = None if self.book is None else self._shape_steps(timeline, hooks, context)
         matcher = (StepMatcher(plan.auto_s, config.step_match_tolerance, config.timing.confirm_steps)
                    if self._shapes is None else StepMatcher(self._shapes.reference_kernel_s, math.inf,
                                                              config.timing.confirm_steps))
@@ -252,9 +253,9 @@ class Controller:
 
     def _shape_steps(self, timeline: StepTimeline, hooks: AnchorHooks | None, context: ThreadContext) -> ShapeSteps:
         """One entry per bucket of the book (its plan replayed on its own anchors) and the step-to-entry map."""
-        assert self._book is not None and self._varying is not None and self.step_plan is not None
+        assert self.book is not None and self._varying is not None and self.step_plan is not None
         entries = {}
-        for top, shape_plans in self._book.plans.items():
+        for top, shape_plans in self.book.plans.items():
             margins = []
             for shape_plan in shape_plans:
                 step_plan = StepPlan.build(shape_plan.problem, shape_plan.schedule, self.config.dry_run)
@@ -264,7 +265,7 @@ class Controller:
                 margins.append(StepEntry(step_plan, anchors, source, top.key, kernel_time_s(shape_plan.problem)))
             entries[top] = tuple(margins)
         assert self.plan is not None
-        return ShapeSteps(self._book, entries, self._varying.shape_of, kernel_time_s(self.plan.problem),
+        return ShapeSteps(self.book, entries, self._varying.shape_of, kernel_time_s(self.plan.problem),
                           100 * self.config.budget)
 
     def _step_source(self, device: Device, anchors: Anchors, context: ThreadContext) -> StepSource:

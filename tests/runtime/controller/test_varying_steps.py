@@ -54,23 +54,24 @@ def problem(seq: int) -> Problem:
     return Problem.build(step(seq), load_profile("h200"), BUDGET, LATENCY_MS / 1e3)
 
 
-def varying_controller(tmp_path: Path, seqs: list[int]) -> tuple[Controller, FakeGpu]:
-    """A controller on a fake H200 whose step ``i`` has ``seqs[i]`` tokens per sequence; its plan file and
-    trace are the 256-token step's."""
+def varying_controller(tmp_path: Path, seqs: list[int], policy: str | None = None) -> tuple[Controller, FakeGpu]:
+    """A controller on a fake H200 whose step ``i`` has ``seqs[i]`` tokens per sequence; its trace is the
+    256-token step's, its plan that step's latency-optimal plan, or ``policy``."""
     reference = problem(256)
     trace_path = tmp_path / "step.trace.json"
     save_trace(reference.trace, trace_path)
     plan_path = tmp_path / "plan.json"
     plan_path.write_text(json.dumps(schedule_json(reference, make_planner("latency-optimal").plan(reference))))
+    source = str(plan_path) if policy is None else policy
     clock = VirtualClock()
     gpu = FakeGpu(reference.costs, reference.profile, reference.latency_s, reference.stall_s, clock)
     timeline = FakeStepTimeline(gpu, clock)
     for i, seq in enumerate(seqs):
         gpu.step_costs[i], timeline.shapes[i] = problem(seq).costs, shape(seq)
     varying = VaryingSteps([shape(s) for s in SEQS], predict, timeline.shape_of)
-    controller = Controller(str(plan_path), str(trace_path), device=gpu, timeline=timeline, clock=clock,
-                            varying=varying, latency_ms=LATENCY_MS, budget=BUDGET, window_steps=5, window_s=0.1,
-                            energy_poll_s=0.0, issue_early_ms=0.0, ab_share=0.0)
+    controller = Controller(source, str(trace_path), device=gpu, timeline=timeline, clock=clock,
+                            varying=varying, online=False, latency_ms=LATENCY_MS, budget=BUDGET, window_steps=5,
+                            window_s=0.1, energy_poll_s=0.0, issue_early_ms=0.0, ab_share=0.0)
     return controller, gpu
 
 
@@ -125,3 +126,12 @@ def test_a_step_without_a_plan_runs_at_auto_and_is_counted(tmp_path: Path, odd: 
     to_auto = [call for call in gpu.set_calls if call.name == "reset_clocks" or call.args[0] is None]
     assert any(odd_step.start_s - 1e-9 <= call.time_s <= odd_step.end_s for call in to_auto)  # auto requested
     assert summary["controlled_steps"] >= len(seqs) - 7  # control resumes once the steps after it confirm
+
+
+def test_a_policy_plans_every_bucket_by_its_rollout(tmp_path: Path) -> None:
+    controller, _ = varying_controller(tmp_path, [128, 256, 192] * 4, policy="h200")
+    run(controller, 11)
+    summary = controller.summary
+    assert summary is not None and summary["shapes"]["buckets"] == 9 and summary["controlled_steps"] > 0
+    assert controller.book is not None  # its schedules are the policy's rollouts
+    assert {plan.schedule.method for plans in controller.book.plans.values() for plan in plans} == {"policy"}
