@@ -15,7 +15,7 @@ import sys
 import threading
 from pathlib import Path
 
-from kdvfs.envs.model.step_model import StepModel
+from kdvfs.envs.model.step_model import StepModel, StepModelError
 from kdvfs.envs.trace.shape import StepShape
 from kdvfs.envs.trace.trace import Trace
 from kdvfs.envs.trace.trace_set import load_trace_set
@@ -61,14 +61,20 @@ def captured_shapes(traces: list[Trace]) -> list[StepShape]:
 
 def varying_steps(trace_path: str, clock: Clock) -> tuple[VaryingSteps, StepShapes] | None:
     """The run's varying steps and where their shapes come from, or None when the capture at ``trace_path`` has
-    one shape (the controller then replays its one step, as before). A bundled trace name has no siblings."""
+    one shape (the controller then replays its one step, as before; so it does, with a note on stderr, when no
+    step model fits the captured traces). A bundled trace name has no siblings."""
     if not Path(trace_path).is_file():
         return None
     traces = load_trace_set(trace_path)
     shapes = captured_shapes(traces)
     if len(shapes) < 2:
         return None
-    model = StepModel.fit([trace for trace in traces if trace.meta.step_shape is not None])
+    try:
+        model = StepModel.fit([trace for trace in traces if trace.meta.step_shape is not None])
+    except StepModelError as error:
+        print(f"kdvfs: the capture's steps vary, but no step model fits its traces ({error}); only steps like "
+              f"{trace_path} are controlled", file=sys.stderr)
+        return None
     source = StepShapes(clock)
 
     def predict(shape: StepShape) -> Trace | None:

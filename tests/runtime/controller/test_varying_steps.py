@@ -135,3 +135,30 @@ def test_a_policy_plans_every_bucket_by_its_rollout(tmp_path: Path) -> None:
     assert summary is not None and summary["shapes"]["buckets"] == 9 and summary["controlled_steps"] > 0
     assert controller.book is not None  # its schedules are the policy's rollouts
     assert {plan.schedule.method for plans in controller.book.plans.values() for plan in plans} == {"policy"}
+
+
+def _capture_set(folder: Path, traces: list[Trace]) -> Path:
+    """``traces`` saved as one capture's trace set (same shape distribution, ``.shape-K`` siblings) in a new
+    folder under ``folder``."""
+    folder = folder / f"capture-{len(list(folder.iterdir()))}"
+    folder.mkdir()
+    distribution = tuple((t.meta.step_shape, 1) for t in traces if t.meta.step_shape is not None)
+    paths = [folder / "run.trace.json", *(folder / f"run.shape-{k}.trace.json" for k in range(1, len(traces)))]
+    for trace, path in zip(traces, paths, strict=True):
+        save_trace(replace(trace, meta=replace(trace.meta, shape_distribution=distribution)), path)
+    return paths[0]
+
+
+def test_a_capture_of_several_shapes_makes_the_run_vary_and_one_shape_does_not(tmp_path: Path,
+                                                                               capsys: pytest.CaptureFixture[str]
+                                                                               ) -> None:
+    from kdvfs.runtime.controller.shapes.varying import varying_steps
+    from kdvfs.runtime.device.host_time import RealClock
+
+    assert varying_steps(str(_capture_set(tmp_path, [step(128)])), RealClock()) is None
+    found = varying_steps(str(_capture_set(tmp_path, [step(128), step(256), step(192)])), RealClock())
+    assert found is not None and sorted(s.seq for s in found[0].shapes) == [128, 192, 256]
+    assert found[0].predict(shape(160)) is not None and found[0].predict(shape(4096)) is None
+    images = replace(step(192), meta=replace(step(192).meta, step_shape=StepShape.of([(BATCH, 3, 32, 32)])))
+    assert varying_steps(str(_capture_set(tmp_path, [step(128), images])), RealClock()) is None
+    assert "no step model fits" in capsys.readouterr().err
