@@ -55,8 +55,11 @@ def foreground_of_terminal() -> bool:
 
 
 def die_with_parent(parent_pid: int) -> Callable[[], None]:
-    """A ``preexec_fn``: the child gets SIGTERM when ``parent_pid`` dies (Linux; elsewhere nothing)."""
+    """A ``preexec_fn``: the child takes SIGINT's default action (Python's KeyboardInterrupt) even when ``kdvfs
+    run`` was started with SIGINT ignored (a shell's background job), since ``kdvfs run`` forwards SIGINT to it;
+    and it gets SIGTERM when ``parent_pid`` dies (Linux; elsewhere nothing)."""
     def preexec() -> None:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
         if not sys.platform.startswith("linux"):
             return
         libc = ctypes.CDLL(None, use_errno=True)

@@ -92,6 +92,9 @@ def test_sigint_to_kdvfs_run_alone_reaches_the_trainer(captured: tuple[Path, Pat
     try:
         os.kill(process.pid, signal.SIGINT)  # the process alone, not its group: no terminal's Ctrl-C
         stdout, stderr = process.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        raise AssertionError(f"kdvfs run did not end after SIGINT: {process.communicate()[1][-3000:]}") from None
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
