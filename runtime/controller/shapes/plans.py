@@ -30,7 +30,7 @@ import math
 import os
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from multiprocessing import get_context
 
 from kdvfs.agents.common.problem import Planner, Problem
@@ -67,13 +67,13 @@ class ShapePlan:
     margin: int = 0
 
 
-_JOBS: list[tuple[Trace, GpuProfile, float, float | None, Planner]] = []
-"""The solves of the book being built, read by the forked workers (traces and profiles do not pickle)."""
+_JOBS: list[tuple[Problem, Planner]] = []
+"""The solves of the book being built, read by the forked workers (problems do not pickle)."""
 
 
 def _solve(job: int) -> Schedule:
-    trace, profile, budget, latency_s, planner = _JOBS[job]
-    return planner.plan(Problem.build(trace, profile, budget, latency_s))
+    problem, planner = _JOBS[job]
+    return planner.plan(problem)
 
 
 def kernel_time_s(problem: Problem) -> float:
@@ -129,29 +129,30 @@ class ShapeBook:
         the CPUs, at most the solves); ``progress(done, total)`` after each solve."""
         quantum = seq_quantum(shape.seq for shape in shapes)
         book = cls({}, quantum if any(shape.seq > 1 for shape in shapes) else 0)
-        tops: dict[StepShape, Trace] = {}
+        problems: dict[StepShape, Problem] = {}  # priced once per bucket: the margins change the budget only
         for top in book._tops(shapes):
             trace = predict(top)
             if trace is not None:
-                tops[top] = trace
+                problems[top] = Problem.build(trace, profile, budget, latency_s)
         planner = planner or make_planner("latency-optimal")
-        _JOBS[:] = [(trace, profile, budget * margin, latency_s, planner) for trace in tops.values()
-                    for margin in MARGINS]
-        if not _JOBS:
+        jobs = [(replace(problem, budget=budget * margin), planner) for problem in problems.values()
+                for margin in MARGINS]
+        if not jobs:
             return book
+        _JOBS[:] = jobs
         schedules = []
         try:
-            with ProcessPoolExecutor(min(workers or os.cpu_count() or 1, len(_JOBS)), get_context("fork")) as pool:
-                for schedule in pool.map(_solve, range(len(_JOBS))):
+            with ProcessPoolExecutor(min(workers or os.cpu_count() or 1, len(jobs)), get_context("fork")) as pool:
+                for schedule in pool.map(_solve, range(len(jobs))):
                     schedules.append(schedule)
                     if progress is not None:
-                        progress(len(schedules), len(_JOBS))
+                        progress(len(schedules), len(jobs))
         finally:
             _JOBS.clear()
-        for i, (top, trace) in enumerate(tops.items()):
-            book.plans[top] = tuple(
-                ShapePlan(top, Problem.build(trace, profile, budget * margin, latency_s),
-                          schedules[i * len(MARGINS) + m], m) for m, margin in enumerate(MARGINS))
+        for i, top in enumerate(problems):  # jobs and schedules: each bucket's margins in a row
+            first = i * len(MARGINS)
+            book.plans[top] = tuple(ShapePlan(top, jobs[first + m][0], schedules[first + m], m)
+                                    for m in range(len(MARGINS)))
         return book
 
     def _tops(self, shapes: Sequence[StepShape]) -> list[StepShape]:
