@@ -75,11 +75,12 @@ def _figures(folder: Path, label: str) -> dict[str, Any]:
     refused = json.loads(guard.read_text()).get("refused", {}) if guard.is_file() else None
     shapes = summary.get("shapes") or {}
     steps = summary["steps"]
-    b_steps = sum(w["steps"] for w in _windows(folder, label) if w["arm"] == "B")
+    b_windows = [w for w in _windows(folder, label) if w["arm"] == "B"]
+    b_steps = sum(w["steps"] for w in b_windows)
     return {"steps": steps, "controlled_steps": summary["controlled_steps"],
             "controlled_share": summary["controlled_steps"] / steps if steps else None,
             "controlled_share_of_b_windows": None if not b_steps else
-            sum(w["controlled_steps"] for w in _windows(folder, label) if w["arm"] == "B") / b_steps,
+            sum(w["controlled_steps"] for w in b_windows) / b_steps,
             "planned_steps": sum((shapes.get("steps_by_bucket") or {}).values()), "shapes": shapes,
             "guard_backoffs": summary["guard_backoffs"], "gpu_restored": summary["gpu_restored"],
             "error": summary["error"], "mismatches": summary["mismatches"],

@@ -8,6 +8,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
@@ -191,3 +192,12 @@ def noisy_table(rows: Sequence[NoisyRow], problem: Problem) -> Table:
         table.add_row(f"{row.budget:.1%}", method, f"{row.energy_saved_pct:.2f}%", f"{row.slowdown_pct:.2f}%",
                       f"{row.within_budget:.0%}", f"{row.switches:.1f}", f"{row.solve_s:.2f}")
     return table
+
+
+def print_names(names: list[str], path_of: Callable[[str], Path], as_json: bool) -> None:
+    """A listing of shipped items: one name a line, or (``as_json``) ``[{"name", "path"}]``."""
+    if as_json:
+        print_json([{"name": name, "path": str(path_of(name))} for name in names])
+    else:
+        for name in names:
+            console.print(name)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from kdvfs.agents.learned.shipped import policy_source_path, shipped_policies
-from kdvfs.runtime.cli.render import console, print_json
+from kdvfs.runtime.cli.render import print_names
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -17,10 +17,5 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_list(args: argparse.Namespace) -> int:
-    names = shipped_policies()
-    if args.json:
-        print_json([{"name": name, "path": str(policy_source_path(name))} for name in names])
-    else:
-        for name in names:
-            console.print(name)
+    print_names(shipped_policies(), policy_source_path, args.json)
     return 0

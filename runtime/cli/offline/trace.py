@@ -14,7 +14,7 @@ from kdvfs.envs.trace.importing import DEFAULT_FORMAT, import_trace, importer_fo
 from kdvfs.envs.trace.ncu import enrich_with_ncu, read_ncu_csv
 from kdvfs.envs.trace.summary import summarize
 from kdvfs.runtime.cli.arguments import add_output, check_output_file, resolved
-from kdvfs.runtime.cli.render import console, print_json, trace_tables
+from kdvfs.runtime.cli.render import console, print_json, print_names, trace_tables
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -80,12 +80,7 @@ def run_show(args: argparse.Namespace) -> int:
 
 
 def run_list(args: argparse.Namespace) -> int:
-    names = bundled_traces()
-    if args.json:
-        print_json([{"name": name, "path": str(trace_path(name))} for name in names])
-    else:
-        for name in names:
-            console.print(name)
+    print_names(bundled_traces(), trace_path, args.json)
     return 0
 
 
