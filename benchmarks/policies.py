@@ -38,10 +38,11 @@ from kdvfs.agents.common.problem import Problem, score
 from kdvfs.agents.learned.frozen import FrozenPolicy
 from kdvfs.agents.learned.noisy_evaluation import COMPLIANCE, MARGIN_METHOD, closed_loop_row, noisy_rows
 from kdvfs.agents.learned.policy_planner import PolicyPlanner, policy_env, shipped_policy_path
-from kdvfs.agents.learned.ppo import build_steps, load_train_config
+from kdvfs.agents.learned.ppo import load_train_config
 from kdvfs.agents.planners.registry import make_planner
 from kdvfs.envs.common.paths import REPO_ROOT
 from kdvfs.envs.env.dvfs_env import KernelDVFSEnv
+from kdvfs.envs.env.step_data import StepData
 from kdvfs.envs.gpu.profiles import GpuProfile, load_profile
 from kdvfs.envs.trace.trace import Trace
 
@@ -110,7 +111,8 @@ def env_speed(gpu: str, rounds: int = 5, seconds: float = 2.0, **settings: Any) 
     rounds."""
     profile, config = load_profile(gpu), load_train_config(gpu)
     env_config = config.env.replace(**settings)
-    steps = build_steps(config.data.held_out.traces(profile), profile, env_config.grid(profile))
+    grid = env_config.grid(profile)
+    steps = [StepData.build(name, trace, profile, grid) for name, trace in config.data.held_out.traces(profile)]
     env = KernelDVFSEnv(steps, profile, env_config)
     env.reset(seed=0)
     env.action_space.seed(0)

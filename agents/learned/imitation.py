@@ -38,6 +38,13 @@ class ImitationArgs:
         batch_size: decisions per gradient step.
         learning_rate: Adam step size.
         expert: the plan advisor imitated, one of ``EXPERTS``.
+        entropy_coef: weight of the policy's entropy, subtracted from the cloning loss, so that the clone keeps
+            some probability on other choices for PPO to explore from (a clone sure of every decision gives PPO
+            nothing to compare); the deterministic clone still takes the expert's action.
+        anchor_coef: weight of the clone's anchor during PPO (:class:`kdvfs.agents.learned.anchored.AnchoredPPO`:
+            after each PPO update, gradient steps on this times the negative log-likelihood of the expert's
+            actions on the demonstrations); 0: PPO is only initialised from the clone.
+        anchor_batches: anchor gradient steps (of ``batch_size`` decisions) after each PPO update.
     """
 
     episodes_per_step: int
@@ -45,25 +52,32 @@ class ImitationArgs:
     batch_size: int
     learning_rate: float
     expert: str = "budget_plan"
+    entropy_coef: float = 0.0
+    anchor_coef: float = 0.0
+    anchor_batches: int = 4
 
     def __post_init__(self) -> None:
         if self.expert not in EXPERTS:
             raise KdvfsError(f"imitation expert {self.expert!r} is not one of {list(EXPERTS)}")
+        if self.anchor_coef < 0 or self.anchor_batches < 1:
+            raise KdvfsError("imitation anchor_coef must be >= 0 and anchor_batches >= 1")
 
 
 @dataclass(frozen=True)
 class Demonstration:
-    """Expert episodes on step ``index`` of the environment at ``budget``."""
+    """Expert episodes on step ``index`` of the environment at ``budget`` and switching latency scale
+    ``latency_scale``."""
 
     index: int
     budget: float
+    latency_scale: float
 
 
-def demonstrations(env: KernelDVFSEnv, seed: int) -> list[Demonstration]:
-    """Every step of ``env`` at its first budget and at one other drawn from its budgets."""
-    rng, budgets = np.random.default_rng(seed), env.config.budgets
-    return [Demonstration(i, b) for i in range(len(env.steps))
-            for b in dict.fromkeys((budgets[0], budgets[int(rng.integers(len(budgets)))]))]
+def demonstrations(env: KernelDVFSEnv) -> list[Demonstration]:
+    """Every step of ``env`` at every budget and latency scale it draws from: the clone is shown every case
+    the policy serves."""
+    return [Demonstration(i, b, scale) for i in range(len(env.steps)) for b in env.config.budgets
+            for scale in env.config.latency_scales]
 
 
 def expert_action(env: KernelDVFSEnv, expert: str = "budget_plan") -> Array:
@@ -93,7 +107,8 @@ def record(env: KernelDVFSEnv, demos: Sequence[Demonstration], episodes: int, ga
     returns: list[float] = []
     for demo in demos:
         for episode in range(episodes):
-            observation, _ = env.reset(seed=seed + episode, options={"step": demo.index, "budget": demo.budget})
+            options = {"step": demo.index, "budget": demo.budget, "latency_scale": demo.latency_scale}
+            observation, _ = env.reset(seed=seed + episode, options=options)
             rewards, done = [], False
             while not done:
                 action = expert_action(env, expert)
@@ -124,8 +139,9 @@ def clone(policy: ActorCriticPolicy, observations: Array, actions: Array, return
     policy.train()
     for _ in range(args.epochs):
         for batch in torch.randperm(len(obs_t), generator=generator).split(args.batch_size):
-            values, log_prob, _ = policy.evaluate_actions(obs_t[batch], act_t[batch])
-            imitation = -log_prob.mean()
+            values, log_prob, entropy = policy.evaluate_actions(obs_t[batch], act_t[batch])
+            assert entropy is not None
+            imitation = -log_prob.mean() - args.entropy_coef * entropy.mean()
             loss = imitation + 0.5 * torch.nn.functional.mse_loss(values.flatten(), ret_t[batch])
             optimizer.zero_grad()
             loss.backward()

@@ -44,7 +44,7 @@ USED, AFFORDABLE = BUDGET_FEATURES.index("budget_used"), BUDGET_FEATURES.index("
 def decide_live(obs: Array, advice: Array, static_rows: Array, lay: Array, advisor_index: Array,
                 cumulative_s: Array, landings: Array, plan_pairs: Array, plan_rest: Array, joinable: Array,
                 next_change: Array, speeds_up: Array, change_offsets: Array, change_kernels: Array, sizes: Array,
-                auto_time_s: float, latency_s: float, first: tuple[Array, Array, Array], mean: Array,
+                auto_time_s: float, latency_s: float, stall_s: float, first: tuple[Array, Array, Array], mean: Array,
                 inverse_std: Array, clip: float, later: tuple[tuple[Array, Array, Array], ...], bounds: Array,
                 activation: int, products: Array, offsets: Array, budget: float, budget_plan: int, kernel: int,
                 in_effect: int, pending: int, pending_age_s: float, elapsed_s: float, auto_elapsed_s: float,
@@ -64,7 +64,7 @@ def decide_live(obs: Array, advice: Array, static_rows: Array, lay: Array, advis
     """
     k = observe_at(obs, advice, static_rows, lay, advisor_index, cumulative_s, landings, plan_pairs, plan_rest,
                    joinable, next_change, speeds_up, change_offsets, change_kernels, sizes, auto_time_s, latency_s,
-                   budget, budget_plan, kernel, in_effect, pending, pending_age_s, elapsed_s, auto_elapsed_s,
+                   stall_s, budget, budget_plan, kernel, in_effect, pending, pending_age_s, elapsed_s, auto_elapsed_s,
                    last_latency_ratio, drift_pct)
     if evaluate:
         picks[0], picks[1], picks[2] = k, offsets[O_IN_EFFECT_ROWS] + in_effect, offsets[O_PENDING_ROWS] + pending
@@ -83,8 +83,8 @@ def decide_live(obs: Array, advice: Array, static_rows: Array, lay: Array, advis
 
 BOUND_FIELDS = ("obs", "advice", "static_rows", "lay", "advisor_index", "cumulative_s", "landings", "plan_pairs",
                 "plan_rest", "joinable", "next_change", "speeds_up", "change_offsets", "change_kernels", "sizes",
-                "auto_time_s", "latency_s", "first", "mean", "inverse_std", "clip", "later", "bounds", "activation",
-                "products", "offsets", "action", "picks")
+                "auto_time_s", "latency_s", "stall_s", "first", "mean", "inverse_std", "clip", "later", "bounds",
+                "activation", "products", "offsets", "action", "picks")
 """:func:`decide_live`'s arguments that stay from decision to decision, in its order."""
 
 
@@ -112,7 +112,7 @@ def decide_bound(bound: Any, budget: float, budget_plan: int, kernel: int, in_ef
     b = bound
     return decide_live(b.obs, b.advice, b.static_rows, b.lay, b.advisor_index, b.cumulative_s, b.landings,
                        b.plan_pairs, b.plan_rest, b.joinable, b.next_change, b.speeds_up, b.change_offsets,
-                       b.change_kernels, b.sizes, b.auto_time_s, b.latency_s, b.first, b.mean, b.inverse_std, b.clip,
-                       b.later, b.bounds, b.activation, b.products, b.offsets, budget, budget_plan, kernel,
-                       in_effect, pending, pending_age_s, elapsed_s, auto_elapsed_s, last_latency_ratio, drift_pct,
-                       evaluate, b.action, b.picks)
+                       b.change_kernels, b.sizes, b.auto_time_s, b.latency_s, b.stall_s, b.first, b.mean,
+                       b.inverse_std, b.clip, b.later, b.bounds, b.activation, b.products, b.offsets, budget,
+                       budget_plan, kernel, in_effect, pending, pending_age_s, elapsed_s, auto_elapsed_s,
+                       last_latency_ratio, drift_pct, evaluate, b.action, b.picks)

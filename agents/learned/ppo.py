@@ -17,17 +17,17 @@ whole config by itself (as every run's saved ``config.yaml`` is).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence, Sized
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
-from stable_baselines3 import PPO
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecEnv, VecMonitor, VecNormalize
 
+from kdvfs.agents.learned.anchored import AnchoredPPO
 from kdvfs.agents.learned.imitation import ImitationArgs
 from kdvfs.envs.common.config import ConfigError, from_mapping, load_yaml, merge_mappings
 from kdvfs.envs.common.paths import CONFIG_DIR
@@ -35,8 +35,8 @@ from kdvfs.envs.common.resolve import resolve_shipped
 from kdvfs.envs.env.clock_grid import ClockGrid
 from kdvfs.envs.env.config import EnvConfig
 from kdvfs.envs.env.dvfs_env import ENV_ID
-from kdvfs.envs.env.step_data import StepData
-from kdvfs.envs.env.workloads import DataSplit
+from kdvfs.envs.env.shape_pairs import ShapePair
+from kdvfs.envs.env.workloads import DataSplit, WorkloadSet
 from kdvfs.envs.gpu.profiles import GpuProfile
 
 PPO_CONFIG_DIR = CONFIG_DIR / "ppo"
@@ -216,22 +216,25 @@ def load_train_config(gpu_or_path: str | Path) -> TrainConfig:
     return from_mapping(TrainConfig, train_config_mapping(path), str(path))
 
 
-def build_steps(named_traces: Iterable[tuple[str, Any]], profile: GpuProfile, grid: ClockGrid,
-                progress_bar: bool = False, label: str = "pricing steps") -> list[StepData]:
-    """Price each (name, trace) on ``profile`` for the environment; ``progress_bar``: a tqdm bar on stderr."""
-    if progress_bar:
-        from tqdm import tqdm
+def build_pairs(workloads: WorkloadSet, profile: GpuProfile, grid: ClockGrid, progress_bar: bool = False,
+                label: str = "pricing steps") -> list[ShapePair]:
+    """Every step of ``workloads`` priced on ``profile`` for the environment, with its executed variants
+    (:meth:`WorkloadSet.pairs`); ``progress_bar``: a tqdm bar on stderr."""
+    if not progress_bar:
+        return workloads.pairs(profile, grid)
+    from tqdm import tqdm
 
-        total = len(named_traces) if isinstance(named_traces, Sized) else None
-        named_traces = tqdm(named_traces, desc=label, total=total, unit="step", leave=False)
-    return [StepData.build(name, trace, profile, grid) for name, trace in named_traces]
+    with tqdm(desc=label, total=workloads.size(), unit="step", leave=False) as bar:
+        return workloads.pairs(profile, grid, bar.update)
 
 
-def make_vec_env(config: TrainConfig, steps: Sequence[StepData], profile: GpuProfile) -> VecNormalize:
-    """``config.n_envs`` environments over ``steps``, monitored, observations normalised (PPO seeds them)."""
+def make_vec_env(config: TrainConfig, pairs: Sequence[ShapePair], profile: GpuProfile) -> VecNormalize:
+    """``config.n_envs`` environments over ``pairs`` (each episode observes a pair's predicted step and executes
+    one of its variants), monitored, observations normalised (PPO seeds them)."""
+    steps, executed = [p.predicted for p in pairs], [p.executed for p in pairs]
 
     def make() -> gym.Env:
-        return gym.make(ENV_ID, steps=steps, gpu=profile, config=config.env)
+        return gym.make(ENV_ID, steps=steps, gpu=profile, config=config.env, executed=executed)
 
     makers = [make] * config.n_envs
     vec: VecEnv = SubprocVecEnv(makers) if config.vec_env == "subprocess" else DummyVecEnv(makers)
@@ -240,13 +243,15 @@ def make_vec_env(config: TrainConfig, steps: Sequence[StepData], profile: GpuPro
                         clip_obs=norm.clip_obs, gamma=config.ppo.gamma, epsilon=norm.epsilon)
 
 
-def make_model(config: TrainConfig, env: VecNormalize, tensorboard_dir: Path | None) -> PPO:
-    """An untrained PPO with an MLP policy and the config's arguments."""
+def make_model(config: TrainConfig, env: VecNormalize, tensorboard_dir: Path | None) -> AnchoredPPO:
+    """An untrained PPO (anchored once :meth:`AnchoredPPO.anchor` is called) with an MLP policy and the config's
+    arguments."""
     import torch
 
     args = {k: v for k, v in asdict(config.ppo).items() if k != "policy_kwargs"}
-    model = PPO("MlpPolicy", env, policy_kwargs=config.ppo.policy_kwargs.for_sb3(), seed=config.seed, device="cpu",
-                tensorboard_log=str(tensorboard_dir) if tensorboard_dir else None, verbose=0, **args)
+    model = AnchoredPPO("MlpPolicy", env, policy_kwargs=config.ppo.policy_kwargs.for_sb3(), seed=config.seed,
+                        device="cpu", tensorboard_log=str(tensorboard_dir) if tensorboard_dir else None, verbose=0,
+                        **args)
     with torch.no_grad():  # the action head starts near zero weights: its biases set the first probabilities
         request_logit = math.log(config.request_prior / (1 - config.request_prior))
         bias = model.policy.action_net.bias

@@ -1,6 +1,9 @@
-"""Train a clock policy for one GPU with PPO, top to bottom: price the steps, build the envs and the model,
-clone the expert, learn (TensorBoard logs, checkpoints, held-out evaluations), then freeze the actor into
-one file: PPO's, or the clone's where PPO did not improve on it on the training steps under noise.
+"""Train a clock policy for one GPU with PPO, top to bottom: price the steps (with the steps they execute
+instead: :mod:`kdvfs.envs.env.shape_pairs`), build the envs and the model, clone the expert on every budget
+and latency, freeze the observation statistics, learn anchored to the clone (TensorBoard logs, checkpoints,
+held-out evaluations), then freeze the actor into one file: PPO's where it beats the clone on the training
+steps (paired episodes over every budget and latency, the 95% interval of the difference above 0), else
+the clone's.
 
 Everything a run writes goes to ``out``: ``run.json`` (command, resolved config, git revision, seed), ``config.yaml``
 (the resolved config, its ``extends`` chain merged: a whole config by itself), ``tensorboard/``, ``checkpoints/``,
@@ -25,23 +28,28 @@ from stable_baselines3.common.callbacks import BaseCallback, CallbackList, Check
 from stable_baselines3.common.running_mean_std import RunningMeanStd
 from stable_baselines3.common.vec_env import VecNormalize
 
+from kdvfs.agents.learned.anchored import AnchoredPPO
 from kdvfs.agents.learned.frozen import SUFFIX, FrozenPolicy, freeze
 from kdvfs.agents.learned.imitation import clone, demonstrations, record
 from kdvfs.agents.learned.policy_planner import rollout
-from kdvfs.agents.learned.ppo import EpisodeMetrics, TrainConfig, build_steps, make_model, make_vec_env
+from kdvfs.agents.learned.ppo import EpisodeMetrics, TrainConfig, build_pairs, make_model, make_vec_env
 from kdvfs.envs.common.config import to_plain
 from kdvfs.envs.common.files import write_text_atomic
 from kdvfs.envs.common.run_record import git_revision, write_run_record
+from kdvfs.envs.env.config import EnvConfig
 from kdvfs.envs.env.dvfs_env import KernelDVFSEnv
-from kdvfs.envs.env.step_data import StepData
+from kdvfs.envs.env.shape_pairs import ShapePair
 from kdvfs.envs.gpu.profiles import GpuProfile, load_profile
+from kdvfs.envs.model.cost_model import Array
 
 POLICY_FILE = f"policy{SUFFIX}"
 CLONE_FILE = f"imitation{SUFFIX}"
 PPO_FILE = f"ppo{SUFFIX}"
 """The clone before PPO and PPO's final policy, both kept whichever ships (``benchmarks/policies.py``)."""
 SCORE_SEEDS = 2
-"""Noise seeds per training step when the clone and PPO's policy are compared."""
+"""Noise seeds per training step, budget and latency when the clone and PPO's policy are compared."""
+Z95 = 1.96
+"""The normal quantile of a two-sided 95% interval (the paired comparisons have hundreds of pairs)."""
 
 
 @dataclass(frozen=True)
@@ -85,62 +93,73 @@ def train(config: TrainConfig, out: Path, timesteps: int | None = None, progress
     stage(f"pricing every training and held-out step once on {config.gpu}")
     profile = load_profile(config.gpu)
     grid = config.env.grid(profile)
-    train_steps = build_steps(config.data.train.traces(profile), profile, grid, progress_bar, "pricing training steps")
-    held_out_steps = build_steps(config.data.held_out.traces(profile), profile, grid, progress_bar,
-                                 "pricing held-out steps")
+    train_pairs = build_pairs(config.data.train, profile, grid, progress_bar, "pricing training steps")
+    held_out_pairs = build_pairs(config.data.held_out, profile, grid, progress_bar, "pricing held-out steps")
 
-    # Environments and model; a head start by cloning the plan advisors' expert, then PPO.
-    env = make_vec_env(config, train_steps, profile)
+    # Environments and model; a head start by cloning the plan advisors' expert, the observation statistics
+    # frozen from then on (the clone's inputs stay what it was fitted on), then PPO anchored to the clone.
+    env = make_vec_env(config, train_pairs, profile)
     model = make_model(config, env, out / "tensorboard")
-    stage(f"imitation warm start on {len(train_steps)} training steps")
-    imitation = imitate(model, env, config, profile, train_steps)
+    stage(f"imitation warm start on {len(train_pairs)} training steps, every budget and latency")
+    imitation = imitate(model, env, config, profile, train_pairs)
     cloned = freeze_model(model, env, config, profile, {})
-    evaluate = HeldOutEvaluation(config, profile, held_out_steps, config.eval_every)
+    evaluate = HeldOutEvaluation(config, profile, held_out_pairs, config.eval_every)
     checkpoints = CheckpointCallback(max(1, config.checkpoint_every // config.n_envs), str(out / "checkpoints"),
                                      name_prefix="ppo", save_vecnormalize=True)
     stage(f"PPO for {config.total_timesteps} timesteps ({config.n_envs} environments)")
     model.learn(config.total_timesteps, callback=CallbackList([EpisodeMetrics(), checkpoints, evaluate]),
                 progress_bar=progress_bar)
 
-    # Save and freeze; keep PPO's policy only if it beats the clone on the training steps (under noise).
-    stage(f"freezing the policy and scoring it on {len(held_out_steps)} held-out steps")
+    # Save and freeze; keep PPO's policy only if it beats the clone on paired training episodes.
+    stage(f"comparing PPO with its clone; scoring the policy on {len(held_out_pairs)} held-out steps")
     model.save(out / "model.zip")
     env.save(str(out / "vecnormalize.pkl"))
     ppo = freeze_model(model, env, config, profile, {})
-    scores = {"imitation": training_score(cloned, train_steps, profile, config),
-              "ppo": training_score(ppo, train_steps, profile, config)}
-    selected = "ppo" if scores["ppo"] >= scores["imitation"] else "imitation"
+    comparison = paired_comparison(ppo, cloned, train_pairs, profile, config)
+    selected = "ppo" if comparison["ci95"][0] > 0 else "imitation"
     meta = {"timesteps": int(model.num_timesteps), "train_wall_s": time.perf_counter() - start,
             "git_revision": git_revision(), "seed": config.seed, "imitation": imitation,
-            "training_scores": scores, "selected": selected}
+            "training_comparison": comparison, "selected": selected}
     policy = replace(ppo, meta={**meta, **ppo.meta}) if selected == "ppo" else replace(cloned, meta=meta)
     policy_path = out / POLICY_FILE
     policy.save(policy_path)
     replace(cloned, meta={**meta, "selected": "imitation"}).save(out / CLONE_FILE)
     replace(ppo, meta={**meta, "selected": "ppo", **ppo.meta}).save(out / PPO_FILE)
-    held_out = evaluate_steps(policy, held_out_steps, profile, config)
+    held_out = evaluate_steps(policy, held_out_pairs, profile, config)
     env.close()
     wall_s = time.perf_counter() - start
     summary = {"wall_s": wall_s, "timesteps": int(model.num_timesteps), "imitation": imitation,
-               "training_scores": scores, "selected": selected, "held_out": held_out,
-               "train_steps": [s.name for s in train_steps]}
+               "training_comparison": comparison, "selected": selected, "held_out": held_out,
+               "train_steps": [p.predicted.name for p in train_pairs]}
     write_text_atomic(out / "summary.json", json.dumps(summary, indent=1) + "\n")
     return TrainResult(out, policy_path, wall_s, int(model.num_timesteps), held_out)
 
 
-def imitate(model: Any, env: VecNormalize, config: TrainConfig, profile: GpuProfile,
-            steps: list[StepData]) -> dict[str, float]:
-    """Clone the plan advisors' expert (:mod:`kdvfs.agents.learned.imitation`) into ``model``'s policy and critic; the
-    recorded observations also start the env's normalisation statistics."""
-    expert_env = KernelDVFSEnv(steps, profile, config.env)
-    demos = demonstrations(expert_env, config.seed)
-    observations, actions, returns = record(expert_env, demos, config.imitation.episodes_per_step,
-                                            config.ppo.gamma, config.seed, config.imitation.expert)
+def imitate(model: AnchoredPPO, env: VecNormalize, config: TrainConfig, profile: GpuProfile,
+            pairs: list[ShapePair]) -> dict[str, float]:
+    """Clone the plan advisors' expert (:mod:`kdvfs.agents.learned.imitation`) into ``model``'s policy and critic
+    on every step, budget and latency scale; the recorded observations set the env's normalisation
+    statistics, which stay frozen from then on, and anchor PPO (:class:`AnchoredPPO`) to the expert."""
+    expert_env = pair_env(pairs, profile, config.env)
+    observations, actions, returns = record(expert_env, demonstrations(expert_env),
+                                            config.imitation.episodes_per_step, config.ppo.gamma, config.seed,
+                                            config.imitation.expert)
     assert isinstance(env.obs_rms, RunningMeanStd)
     env.obs_rms.update(observations)
+    env.training = False  # frozen: PPO's rollouts no longer move the statistics the clone was fitted with
     normalised = env.normalize_obs(observations)
     assert isinstance(normalised, np.ndarray)
-    return clone(model.policy, normalised, actions, returns, config.imitation, config.seed)
+    result = clone(model.policy, normalised, actions, returns, config.imitation, config.seed)
+    args = config.imitation
+    model.anchor(normalised, actions, args.anchor_coef, args.anchor_batches, args.batch_size, config.seed)
+    return result
+
+
+def pair_env(pairs: list[ShapePair], profile: GpuProfile, env_config: EnvConfig, **settings: Any) -> KernelDVFSEnv:
+    """One environment over ``pairs``: each episode observes a pair's predicted step and executes one of its
+    variants; ``settings`` replace fields of ``env_config``."""
+    return KernelDVFSEnv([p.predicted for p in pairs], profile, env_config, executed=[p.executed for p in pairs],
+                         **settings)
 
 
 def freeze_model(model: Any, env: VecNormalize, config: TrainConfig, profile: GpuProfile,
@@ -154,40 +173,51 @@ def freeze_model(model: Any, env: VecNormalize, config: TrainConfig, profile: Gp
                   {**meta, "config": to_plain(config)})
 
 
-def evaluate_steps(policy: FrozenPolicy, steps: list[StepData], profile: GpuProfile,
+def evaluate_steps(policy: FrozenPolicy, pairs: list[ShapePair], profile: GpuProfile,
                    config: TrainConfig) -> dict[str, dict[str, Any]]:
-    """Deterministic rollouts (one step, no disturbance) at the first training budget, per step name."""
-    env = KernelDVFSEnv(steps, profile, config.env.without_disturbances().replace(run_steps=1, latency_scales=(1.0,)),
-                        budgets=config.env.budgets[:1])
-    return {step.name: rollout(policy, env, {"step": i}) for i, step in enumerate(steps)}
+    """Deterministic rollouts (one step, no disturbance, the first executed variant: the real step) at the
+    first training budget, per step name."""
+    env = pair_env([ShapePair(p.predicted, p.executed[:1]) for p in pairs], profile,
+                   config.env.without_disturbances().replace(run_steps=1, latency_scales=(1.0,)),
+                   budgets=config.env.budgets[:1])
+    return {pair.predicted.name: rollout(policy, env, {"step": i}) for i, pair in enumerate(pairs)}
 
 
-def training_score(policy: FrozenPolicy, steps: list[StepData], profile: GpuProfile, config: TrainConfig) -> float:
-    """Mean return (the sum of the environment's rewards: energy saved % - overrun penalties) of the
-    deterministic policy on every training step at the first training budget and every switching regime,
-    with the environment's noise, seeds 0..SCORE_SEEDS-1."""
-    env = KernelDVFSEnv(steps, profile, config.env, budgets=config.env.budgets[:1])
-    returns = [rollout(policy, env, {"step": i, "latency_scale": scale}, seed)["return"]
-               for i in range(len(steps)) for scale in config.env.latency_scales for seed in range(SCORE_SEEDS)]
-    return float(np.mean(returns))
+def paired_returns(policy: FrozenPolicy, pairs: list[ShapePair], profile: GpuProfile, config: TrainConfig) -> Array:
+    """Returns (the sum of the environment's rewards: energy saved % - overrun penalties) of the deterministic
+    policy on every training step, budget and switching regime, with the environment's noise and executed
+    variants, seeds 0..SCORE_SEEDS-1, in a fixed order (two policies' arrays pair up)."""
+    env = pair_env(pairs, profile, config.env)
+    return np.array([rollout(policy, env, {"step": i, "budget": budget, "latency_scale": scale}, seed)["return"]
+                     for i in range(len(pairs)) for budget in config.env.budgets
+                     for scale in config.env.latency_scales for seed in range(SCORE_SEEDS)])
+
+
+def paired_comparison(ppo: FrozenPolicy, cloned: FrozenPolicy, pairs: list[ShapePair], profile: GpuProfile,
+                      config: TrainConfig) -> dict[str, Any]:
+    """PPO's return minus the clone's on the same episodes (:func:`paired_returns`): mean, 95% interval, pairs."""
+    delta = paired_returns(ppo, pairs, profile, config) - paired_returns(cloned, pairs, profile, config)
+    half = Z95 * float(delta.std(ddof=1)) / np.sqrt(len(delta)) if len(delta) > 1 else float("inf")
+    mean = float(delta.mean())
+    return {"delta_return": mean, "ci95": [mean - half, mean + half], "pairs": len(delta)}
 
 
 class HeldOutEvaluation(BaseCallback):
     """Every ``every`` timesteps, logs the deterministic policy's mean result on the held-out steps
     (monitoring only: nothing is selected by it)."""
 
-    def __init__(self, config: TrainConfig, profile: GpuProfile, steps: list[StepData], every: int) -> None:
+    def __init__(self, config: TrainConfig, profile: GpuProfile, pairs: list[ShapePair], every: int) -> None:
         super().__init__()
-        self.config, self.profile, self.steps, self.every = config, profile, steps, every
+        self.config, self.profile, self.pairs, self.every = config, profile, pairs, every
         self._next = every
 
     def _on_step(self) -> bool:
-        if self.num_timesteps >= self._next and self.steps:
+        if self.num_timesteps >= self._next and self.pairs:
             self._next += self.every
             env = self.model.get_env()
             assert isinstance(env, VecNormalize)
             policy = freeze_model(self.model, env, self.config, self.profile, {})
-            results = evaluate_steps(policy, self.steps, self.profile, self.config).values()
+            results = evaluate_steps(policy, self.pairs, self.profile, self.config).values()
             for key in ("energy_saved_pct", "slowdown_pct", "overrun_pct", "switches"):
                 self.logger.record(f"held_out/{key}", float(np.mean([r[key] for r in results])))
         return True

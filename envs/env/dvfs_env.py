@@ -99,11 +99,16 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray], StepExecution):
     metadata = {"render_modes": []}  # noqa: RUF012 (Gymnasium's class attribute)
 
     def __init__(self, steps: Sequence[StepData] | None = None, gpu: GpuProfile | str = "h200",
-                 config: EnvConfig | None = None, render_mode: str | None = None, **settings: Any) -> None:
+                 config: EnvConfig | None = None, render_mode: str | None = None,
+                 executed: Sequence[Sequence[StepData]] | None = None, **settings: Any) -> None:
         """
         Args:
             steps: the training steps episodes are drawn from, all built on the config's clock grid; None: one
                 small generated step on ``gpu`` (:func:`default_step`).
+            executed: per step, the steps the GPU may execute instead (each on the step's kernels,
+                :meth:`StepData.executed_as`; :mod:`kdvfs.envs.env.shape_pairs`): each episode executes one
+                drawn from its step's list (an empty list: the step itself); None: every step executes as
+                observed.
             gpu: the GPU profile (or its name) the steps were priced on; gives the switching defaults.
             config: the environment's settings; None: :class:`~kdvfs.envs.env.config.EnvConfig`'s defaults.
             render_mode: must be None (nothing to render).
@@ -121,6 +126,10 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray], StepExecution):
         self._core_fraction = core_fractions(self.steps[0].action_costs.core_mhz)
         self.timings = timings(self.config, self.profile)
         self._runs = [step.repeated(self.config.run_steps) for step in self.steps]
+        if executed is not None and len(executed) != len(self.steps):
+            raise KdvfsError(f"executed has {len(executed)} lists for {len(self.steps)} steps; give one per step")
+        self._variants = [[self._checked_executed(run, step) for run in runs]
+                          for runs, step in zip(executed or [[] for _ in self.steps], self.steps, strict=True)]
         self.observation_spec = self.config.observation_spec(self.grid)
         self.observation_space = spaces.Box(-OBS_LIMIT, OBS_LIMIT, (self.observation_spec.size,), np.float32)
         choices = self.observation_spec.plan_actions if self.config.plan_actions else \
@@ -192,6 +201,8 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray], StepExecution):
         step = self.steps[index]
         if "executed" in options:
             self._executed = self._checked_executed(options["executed"], step)
+        elif self._variants[index]:
+            self._executed = self._variants[index][int(self.np_random.integers(len(self._variants[index])))]
         self.disturbances = draw(self.np_random, self.timing.disturbances, step.kernels, self.config.run_steps,
                                  step.auto_time_s)
         return self._observe(), {"step": self._data.name, "budget": budget}
@@ -347,7 +358,7 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray], StepExecution):
                 effect, next_effect, plans.pairs, plans.rest_pct, plans.joinable, plans.next_change, plans.speeds_up,
                 k, self._in_effect, self._pending, self._requested_at_s + self.latency_s - self._now_s,
                 self._elapsed_s, self._auto_elapsed_s, self._last_latency_ratio, drift_pct, self.budget,
-                self._auto_time_s, self.latency_s, self._budget_plan)
+                self._auto_time_s, self.latency_s, self.stall_s, self._budget_plan)
 
     def live_tables(self) -> LiveTables:
         """The arrays a live decision reads at the last :meth:`reset`'s step and regime, every pair's landings
@@ -359,7 +370,7 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray], StepExecution):
         return LiveTables(self._obs, self._advice, self._static, self._layout, self._advisor_index,
                           self._cumulative_s, landings, advice.pairs, advice.rest_pct, advice.joinable,
                           advice.next_change, advice.speeds_up, offsets, kernels, self._sizes, self._auto_time_s,
-                          self.latency_s)
+                          self.latency_s, self.stall_s)
 
     @property
     def selection(self) -> tuple[int, int]:

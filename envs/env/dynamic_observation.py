@@ -115,12 +115,13 @@ def _plan_advisor(obs: Array, advice: Array, lay: Array, start: int, slot: int, 
 def _plan_advisors(obs: Array, advice: Array, lay: Array, cumulative_s: Array, effect: int, next_effect: int,
                    plan_pairs: Array, plan_rest: Array, joinable: Array, next_change: Array, speeds_up: Array,
                    k: int, in_effect: int, used_s: float, budget: float, auto_time_s: float,
-                   budget_plan: int) -> None:
+                   stall_s: float, budget_plan: int) -> None:
     """Each plan's pair where a request made now takes effect (kernel ``effect``; the pair after its next
     change if that speeds up and a request at the next decision point, landing at ``next_effect``, would be
     late for it), its rest-of-step figures and whether it is in effect; then the fitting plan (saving the most
     among the followable plans whose slowdown fits what is affordable from ``effect``, once the kernels until
-    then ran at the clocks in effect) and the budget's plan."""
+    then ran at the clocks in effect and, for a plan whose pair is not in effect, the stall of joining it after
+    the first decision) and the budget's plan."""
     plans, rest, flags = lay[L_PLANS], lay[L_PLANS_REST], lay[L_PLANS_IN_EFFECT]
     for p in range(plans):
         change = next_change[effect, p]
@@ -134,11 +135,17 @@ def _plan_advisors(obs: Array, advice: Array, lay: Array, cumulative_s: Array, e
     committed_s = cumulative_s[effect, in_effect] - cumulative_s[k, in_effect]
     auto_until_effect_s = auto_at_effect - cumulative_s[k, 0]
     used_then_s = used_s + committed_s - auto_until_effect_s
-    affordable = 100.0 * (budget * auto_time_s - used_then_s) / max(auto_time_s - auto_at_effect, 1e-6 * auto_time_s)
-    limit, fitting, best_saving = np.float32(max(affordable, 0.0)), -1, -np.inf
+    rest_s = max(auto_time_s - auto_at_effect, 1e-6 * auto_time_s)
+    affordable = 100.0 * (budget * auto_time_s - used_then_s) / rest_s
+    join_stall_s = 0.0 if k == 0 else stall_s  # the first decision's clocks are in effect from the start
+    limit = np.float32(max(affordable, 0.0))
+    join_limit = np.float32(max(affordable - 100.0 * join_stall_s / rest_s, 0.0))
+    fitting, best_saving = -1, -np.inf
     for p in range(plans):
-        followable = obs[flags + p] != 0.0 or joinable[effect, p]
-        if followable and obs[rest + plans + p] <= limit and (fitting < 0 or obs[rest + p] > best_saving):
+        in_place = obs[flags + p] != 0.0
+        followable = in_place or joinable[effect, p]
+        fits = obs[rest + plans + p] <= (limit if in_place else join_limit)
+        if followable and fits and (fitting < 0 or obs[rest + p] > best_saving):
             fitting, best_saving = p, obs[rest + p]
     _plan_advisor(obs, advice, lay, lay[L_FITTING], lay[L_FITTING_SLOT], fitting, in_effect)
     _plan_advisor(obs, advice, lay, lay[L_BUDGET_PLAN], lay[L_BUDGET_SLOT], budget_plan, in_effect)
@@ -149,7 +156,8 @@ def observe_dynamic(obs: Array, advice: Array, row: Array, lay: Array, advisor_i
                     effect: Array, next_effect: Array, plan_pairs: Array, plan_rest: Array, joinable: Array,
                     next_change: Array, speeds_up: Array, k: int, in_effect: int, pending: int,
                     pending_left_s: float, elapsed_s: float, auto_elapsed_s: float, last_latency_ratio: float,
-                    drift_pct: float, budget: float, auto_time_s: float, latency_s: float, budget_plan: int) -> None:
+                    drift_pct: float, budget: float, auto_time_s: float, latency_s: float, stall_s: float,
+                    budget_plan: int) -> None:
     """Write the dynamic blocks of the observation at kernel ``k`` into ``obs`` (N,) float32 and each advisor's
     pair into ``advice`` (A,) int64 (the ``KernelDVFS-v0`` docstring's blocks; ``docs/design/environment.md``).
 
@@ -166,7 +174,8 @@ def observe_dynamic(obs: Array, advice: Array, row: Array, lay: Array, advisor_i
         elapsed_s, auto_elapsed_s: the step's time so far and auto's for the same kernels (s).
         last_latency_ratio, drift_pct: the conditions' measured entries.
         budget: allowed step-time increase over auto (fraction); auto_time_s: the step's auto time (s);
-            latency_s: mean switching latency (s); budget_plan: the budget's plan (-1: none).
+            latency_s: mean switching latency (s); stall_s: GPU stall per clock change (s); budget_plan: the
+            budget's plan (-1: none).
     """
     levels, memories = lay[L_LEVELS], lay[L_MEMORIES]
     _one_hot(obs, lay[L_IN_EFFECT], in_effect, memories, levels)
@@ -188,4 +197,4 @@ def observe_dynamic(obs: Array, advice: Array, row: Array, lay: Array, advisor_i
     obs[c + 4] = min(latencies, REMAINING_LATENCIES_CAP) / REMAINING_LATENCIES_CAP
     _window_advisors(obs, advice, row, lay, advisor_index, in_effect, affordable)
     _plan_advisors(obs, advice, lay, cumulative_s, effect[k], next_effect[k], plan_pairs, plan_rest, joinable,
-                   next_change, speeds_up, k, in_effect, used_s, budget, auto_time_s, budget_plan)
+                   next_change, speeds_up, k, in_effect, used_s, budget, auto_time_s, stall_s, budget_plan)

@@ -45,7 +45,8 @@ class LiveTables:
             (at ``pair * P + plan``); change_kernels: the changes, sorted per (pair, plan).
         sizes: (7,) int64: kernels K, plans P, pairs G, plan_actions (0/1), the plan advisors' first and
             past-last slot, the budget plan's slot (``S_*``).
-        auto_time_s, latency_s: the step's auto time and the mean switching latency (s, model timeline).
+        auto_time_s, latency_s, stall_s: the step's auto time, the mean switching latency and the stall per
+            clock change (s, model timeline).
     """
 
     obs: Array
@@ -65,12 +66,13 @@ class LiveTables:
     sizes: Array
     auto_time_s: float
     latency_s: float
+    stall_s: float
 
     def arrays(self) -> tuple[Array | float, ...]:
         """The fields in order: the leading arguments of :func:`observe_at` and of a compiled live decision."""
         return (self.obs, self.advice, self.static_rows, self.layout, self.advisor_index, self.cumulative_s,
                 self.landings, self.plan_pairs, self.plan_rest, self.joinable, self.next_change, self.speeds_up,
-                self.change_offsets, self.change_kernels, self.sizes, self.auto_time_s, self.latency_s)
+                self.change_offsets, self.change_kernels, self.sizes, self.auto_time_s, self.latency_s, self.stall_s)
 
 
 @numba.njit(cache=True)
@@ -116,8 +118,8 @@ def next_change_in(changes: Array, k: int, kernels: int) -> int:
 def observe_at(obs: Array, advice: Array, static_rows: Array, lay: Array, advisor_index: Array,
                cumulative_s: Array, landings: Array, plan_pairs: Array, plan_rest: Array, joinable: Array,
                next_change: Array, speeds_up: Array, change_offsets: Array, change_kernels: Array, sizes: Array,
-               auto_time_s: float, latency_s: float, budget: float, budget_plan: int, kernel: int, in_effect: int,
-               pending: int, pending_age_s: float, elapsed_s: float, auto_elapsed_s: float,
+               auto_time_s: float, latency_s: float, stall_s: float, budget: float, budget_plan: int, kernel: int,
+               in_effect: int, pending: int, pending_age_s: float, elapsed_s: float, auto_elapsed_s: float,
                last_latency_ratio: float, drift_pct: float) -> int:
     """Write the observation's dynamic part and the advice at a live state (the arguments after ``budget_plan``:
     :class:`~kdvfs.envs.env.live.LiveState`'s fields) as the environment standing there does; returns the
@@ -127,5 +129,5 @@ def observe_at(obs: Array, advice: Array, static_rows: Array, lay: Array, adviso
     observe_dynamic(obs, advice, static_rows[k], lay, advisor_index, cumulative_s, landings[in_effect, 0],
                     landings[in_effect, 1], plan_pairs, plan_rest, joinable, next_change, speeds_up, k, in_effect,
                     pending, requested_at_s + latency_s - elapsed_s, elapsed_s, auto_elapsed_s,
-                    last_latency_ratio, drift_pct, budget, auto_time_s, latency_s, budget_plan)
+                    last_latency_ratio, drift_pct, budget, auto_time_s, latency_s, stall_s, budget_plan)
     return k

@@ -20,7 +20,7 @@ from kdvfs.envs.env.clock_grid import ClockGrid
 from kdvfs.envs.env.step_data import KERNEL_FEATURES, StepData
 from kdvfs.envs.model.cost_model import Array
 
-OBSERVATION_VERSION = 3
+OBSERVATION_VERSION = 4
 WINDOW_METRICS = ("slowdown_pct", "saving_pct")
 BUDGET_FEATURES = ("budget_pct", "budget_used", "affordable_slowdown_pct", "progress", "remaining_latencies")
 CONTROLLER_FEATURES = ("pending_latencies", "controller_free", "immediate")

@@ -80,9 +80,7 @@ class StepData:
     @classmethod
     def build(cls, name: str, trace: Trace, profile: GpuProfile, grid: ClockGrid) -> StepData:
         """Price ``trace`` on ``profile`` with the cost model (features estimated where missing)."""
-        trace = estimate_features(trace, profile)
-        costs = ActionCosts.from_tables(build_tables(trace, profile, CostParams.from_profile(profile)))
-        return cls.from_costs(name, trace, costs, grid)
+        return cls.from_costs(name, *priced(trace, profile), grid)
 
     @classmethod
     def executed_as(cls, expected: Trace, executed: Trace, costs: ActionCosts, grid: ClockGrid) -> StepData:
@@ -157,6 +155,12 @@ class StepData:
     def auto_energy_j(self) -> float:
         """Step energy in auto mode (J)."""
         return float(self.cumulative[-1, 1, 0])
+
+
+def priced(trace: Trace, profile: GpuProfile) -> tuple[Trace, ActionCosts]:
+    """``trace`` with its features estimated where missing, and its action costs on ``profile`` (cost model)."""
+    trace = estimate_features(trace, profile)
+    return trace, ActionCosts.from_tables(build_tables(trace, profile, CostParams.from_profile(profile)))
 
 
 def step_index(names: list[str], step: int | str) -> int:

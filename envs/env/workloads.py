@@ -1,14 +1,17 @@
 """Training and held-out steps for learned policies: bundled real traces and generated transformer steps.
 
-A :class:`WorkloadSet` names bundled traces, workload presets generated as they are, and seeded samples
-of variants of presets (layers, batch, sequence length, precision, fused or not). A :class:`DataSplit`
-holds the training set and the held-out set and refuses a split in which a held-out *family* (a preset,
-or the model of a bundled trace: ``h200/gpt2s-b16`` is family ``gpt2s``) also appears in training.
+A :class:`WorkloadSet` names bundled traces, workload presets generated as they are, seeded samples
+of variants of presets (layers, batch, sequence length, precision, fused or not), and families of steps at
+several shapes whose episodes execute other steps than the controller expects
+(:mod:`kdvfs.envs.env.shape_pairs`). A :class:`DataSplit` holds the training set and the held-out set and
+refuses a split in which a held-out *family* (a preset, or the model of a bundled trace: ``h200/gpt2s-b16`` is
+family ``gpt2s``) also appears in training.
 """
 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -16,6 +19,7 @@ import numpy as np
 from kdvfs.envs.common.config import ConfigError
 from kdvfs.envs.env.clock_grid import ClockGrid
 from kdvfs.envs.env.config import EnvConfig
+from kdvfs.envs.env.shape_pairs import ShapePair, ShapeSet
 from kdvfs.envs.env.step_data import StepData
 from kdvfs.envs.gpu.profiles import GpuProfile
 from kdvfs.envs.synthetic.generator import generate_transformer_trace, load_workload
@@ -72,16 +76,37 @@ class WorkloadSet:
         bundled: bundled traces (``gpu/workload``), only for the GPU they were recorded on.
         presets: workload presets, generated as they are (deterministic durations).
         variants: generated variants of presets, or None.
+        shapes: families of generated steps at several shapes, as (predicted, executed) pairs, or None.
     """
 
     bundled: tuple[str, ...] = ()
     presets: tuple[str, ...] = ()
     variants: Variants | None = None
+    shapes: ShapeSet | None = None
 
     def families(self) -> set[str]:
         """The workload families the set draws on."""
         return ({family_of(name) for name in self.bundled} | set(self.presets)
-                | set(self.variants.workloads if self.variants else ()))
+                | set(self.variants.workloads if self.variants else ()) | set(self.shapes.workloads if self.shapes
+                                                                              else ()))
+
+    def pairs(self, profile: GpuProfile, grid: ClockGrid, progress: Callable[[int], None] | None = None
+              ) -> list[ShapePair]:
+        """Every step of the set on ``profile``, priced on ``grid``: the traces of :meth:`traces` executing as
+        observed (no executed variants), then the pairs of ``shapes``. ``progress`` is told 1 per step."""
+        pairs = []
+        for name, trace in self.traces(profile):
+            pairs.append(ShapePair(StepData.build(name, trace, profile, grid), ()))
+            if progress is not None:
+                progress(1)
+        return pairs + (self.shapes.pairs(profile, grid, progress) if self.shapes else [])
+
+    def size(self) -> int:
+        """How many steps :meth:`pairs` gives at most (for a progress bar)."""
+        variants = len(self.variants.configs()) if self.variants else 0
+        shapes = len(self.shapes.workloads) * len(self.shapes.batch_scales) * len(self.shapes.seqs) \
+            if self.shapes else 0
+        return len(self.bundled) + len(self.presets) + variants + shapes
 
     def traces(self, profile: GpuProfile) -> list[tuple[str, Trace]]:
         """(name, trace) of every step of the set on ``profile``; bundled traces of another GPU are an error."""

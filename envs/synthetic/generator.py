@@ -72,6 +72,7 @@ from kdvfs.envs.gpu.profiles import GpuProfile
 from kdvfs.envs.synthetic.kernel_builder import Eff, Spec
 from kdvfs.envs.synthetic.kernels import step_specs
 from kdvfs.envs.synthetic.workload import TransformerConfig
+from kdvfs.envs.trace.shape import StepShape
 from kdvfs.envs.trace.trace import Features, Kernel, Kind, Phase, Trace, TraceMeta
 
 WORKLOAD_DIR = CONFIG_DIR / "workloads"
@@ -166,7 +167,8 @@ def generate_transformer_trace(config: TransformerConfig, profile: GpuProfile, r
         for s, duration, gap, c, m in zip(specs, durations, gaps, compute, dram, strict=True))
     meta = TraceMeta(gpu=profile.model, workload=config.name,
                      source=f"synthetic:{config.summary()} seed={rng_seed}",
-                     ref_mem_mhz=float(profile.clocks.default_memory_mhz), ref_core_mhz=None)
+                     ref_mem_mhz=float(profile.clocks.default_memory_mhz), ref_core_mhz=None,
+                     step_shape=StepShape.of([(config.batch, config.seq)]))
     return Trace(meta=meta, kernels=kernels)
 
 

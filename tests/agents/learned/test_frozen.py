@@ -17,7 +17,7 @@ from kdvfs.agents.common.problem import Problem, score
 from kdvfs.agents.learned.frozen import FrozenPolicy, PolicyFileError
 from kdvfs.agents.learned.policy_planner import PolicyPlanner, policy_env, rollout, shipped_policy_path
 from kdvfs.agents.learned.ppo import load_train_config
-from kdvfs.agents.learned.train import TrainResult
+from kdvfs.agents.learned.train import PPO_FILE, TrainResult
 from kdvfs.envs.common.paths import REPO_ROOT
 from kdvfs.envs.gpu.profiles import load_profile
 from kdvfs.envs.trace.bundled import open_trace
@@ -46,7 +46,7 @@ def _assert_same_choice(model: PPO, normalize: VecNormalize, policy: FrozenPolic
 
 def test_numpy_forward_equals_sb3_deterministic_action(tiny_run: TrainResult) -> None:
     profile = load_profile("h200")
-    policy = FrozenPolicy.load(tiny_run.policy_path, profile)
+    policy = FrozenPolicy.load(tiny_run.out / PPO_FILE, profile)  # model.zip is PPO's final model
     model = PPO.load(tiny_run.out / "model.zip", device="cpu")
     env = policy_env(policy, Problem.build(open_trace("h200/gpt2s-b16"), profile, 0.01))
     normalize = VecNormalize.load(str(tiny_run.out / "vecnormalize.pkl"), DummyVecEnv([lambda: env]))

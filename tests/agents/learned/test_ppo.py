@@ -110,10 +110,11 @@ def test_a_runs_saved_config_is_whole_and_loads_back(tiny_run: TrainResult) -> N
     assert to_plain(load_train_config(saved)) == yaml.safe_load(saved.read_text())
 
 
-def test_the_shipped_policy_is_the_better_of_clone_and_ppo_on_the_training_steps(tiny_run: TrainResult) -> None:
+def test_ppo_ships_only_when_its_paired_interval_over_the_clone_is_above_zero(tiny_run: TrainResult) -> None:
     summary = json.loads((tiny_run.out / "summary.json").read_text())
-    scores, selected = summary["training_scores"], summary["selected"]
-    assert set(scores) == {"imitation", "ppo"}
-    assert selected == ("ppo" if scores["ppo"] >= scores["imitation"] else "imitation")
+    comparison, selected = summary["training_comparison"], summary["selected"]
+    low, high = comparison["ci95"]
+    assert low <= comparison["delta_return"] <= high and comparison["pairs"] > 1
+    assert selected == ("ppo" if low > 0 else "imitation")
     policy = FrozenPolicy.load(tiny_run.policy_path, load_profile("h200"))
-    assert policy.meta["selected"] == selected and policy.meta["training_scores"] == scores
+    assert policy.meta["selected"] == selected and policy.meta["training_comparison"] == comparison

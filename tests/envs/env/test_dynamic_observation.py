@@ -47,7 +47,7 @@ class Setting:
         self.timing = self.env.timings[0]
         self.static, self.plans = decision_data(step.repeated(1), self.spec, self.timing)
         self.cumulative_s = step.cumulative[:, 0, :]
-        self.latency_s = self.timing.switching[0]
+        self.latency_s, self.stall_s = self.timing.switching[0], self.timing.switching[2]
         self.budget_plan = plan_for_budget(PLAN_BUDGETS, BUDGET)
 
     def landings(self, pair: int) -> tuple[np.ndarray, np.ndarray]:
@@ -62,7 +62,7 @@ class Setting:
                         plans.rest_pct, plans.joinable, plans.next_change, plans.speeds_up, state.kernel,
                         state.in_effect, state.pending, self.latency_s - state.pending_age_s, state.elapsed_s,
                         state.auto_elapsed_s, state.last_latency_ratio, state.auto_drift_pct, BUDGET,
-                        float(self.cumulative_s[-1, 0]), self.latency_s, self.budget_plan)
+                        float(self.cumulative_s[-1, 0]), self.latency_s, self.stall_s, self.budget_plan)
         return obs[self.spec.static_size:], advice
 
     def reference(self, state: LiveState) -> tuple[np.ndarray, np.ndarray]:
@@ -115,8 +115,12 @@ class Setting:
         auto_at_effect = float(self.cumulative_s[effect, 0])
         used_then_s = used_s + float(self.cumulative_s[effect, pair] - self.cumulative_s[k, pair]) \
             - (auto_at_effect - float(self.cumulative_s[k, 0]))
-        affordable = 100.0 * (BUDGET * total - used_then_s) / max(total - auto_at_effect, 1e-6 * total)
-        fits = (rest[1] <= np.float32(max(affordable, 0.0))) & ((pairs == pair) | plans.joinable[effect])
+        rest_s = max(total - auto_at_effect, 1e-6 * total)
+        affordable = 100.0 * (BUDGET * total - used_then_s) / rest_s
+        join_stall_s = 0.0 if k == 0 else self.stall_s  # joining a plan after the first decision stalls the GPU
+        limits = np.where(pairs == pair, np.float32(max(affordable, 0.0)),
+                          np.float32(max(affordable - 100.0 * join_stall_s / rest_s, 0.0)))
+        fits = (rest[1] <= limits) & ((pairs == pair) | plans.joinable[effect])
         fitting = int(np.argmax(np.where(fits, rest[0], -np.inf))) if fits.any() else -1
         for name, plan in (("fitting_plan", fitting), ("budget_plan", self.budget_plan)):
             slot = slots[name].start
