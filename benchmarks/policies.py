@@ -173,7 +173,8 @@ def main() -> None:
         gpus[gpu] = {"grid": grid_coverage(gpu, args.candidates), "env_speed": env_speed(gpu),
                      "decision_time": decision_time(gpu),
                      "train_wall_s": policy.meta.get("train_wall_s"), "timesteps": policy.meta.get("timesteps"),
-                     "selected": policy.meta.get("selected"), "training_scores": policy.meta.get("training_scores")}
+                     "selected": policy.meta.get("selected"),
+                     "training_comparison": policy.meta.get("training_comparison")}
     result = {"provenance": provenance(" ".join(["python", *sys.argv])), "episodes": args.episodes,
               "cases": results, "gpus": gpus}
     write_results("policies", result, markdown(result))
