@@ -119,6 +119,12 @@ def _within(results: np.ndarray, method: int) -> float:
                           zip(slowdown.ravel(), np.broadcast_to(budgets, slowdown.shape).ravel(), strict=True)]))
 
 
+def _within_at(results: np.ndarray, method: str, budget: float) -> float:
+    """Share of ``method``'s episodes in ``results`` (all at ``budget``) within it."""
+    slowdown = results[..., METHODS.index(method), 1].ravel()
+    return float(np.mean([within_budget(float(x), budget) for x in slowdown]))
+
+
 def _delta(results: np.ndarray, a: str, b: str) -> tuple[float, list[float]]:
     """Mean saving of ``a`` minus ``b`` (points) and its 95% interval over seeds."""
     diff = results[..., METHODS.index(a), 0] - results[..., METHODS.index(b), 0]
@@ -157,9 +163,17 @@ def run_gpu(gpu: str, seeds: int) -> dict[str, Any]:
                "within_budget_ppo": _within(results, METHODS.index("ppo")),
                "within_budget_clone": _within(results, METHODS.index("clone")),
                "drift_off_delta_saved_pct": drift_off}
+    by_budget = []
+    for b, budget in enumerate(BUDGETS):
+        part = results[:, b:b + 1]
+        row_delta, row_ci = _delta(part, "ppo", "clone")
+        by_budget.append({"budget_pct": 100 * budget, "ppo_minus_clone_pct": row_delta, "ci95": row_ci,
+                          "within_budget_ppo": _within_at(part, "ppo", budget),
+                          "within_budget_clone": _within_at(part, "clone", budget)})
     families = sorted({f for f, _ in pairs})
     detail = {"drift_off_ci95": drift_off_ci, "seeds": seeds, "steps": len(pairs), "families": families,
               "selected": policies["ppo"].meta.get("selected"), "by_latency": _latency_rows(results),
+              "by_budget": by_budget,
               "by_family": {f: {m: float(results[[i for i, (g, _) in enumerate(pairs) if g == f]][..., j, 0].mean())
                                 for j, m in enumerate(METHODS)} for f in families}}
     return {"summary": summary, "detail": detail}
@@ -186,6 +200,13 @@ def _markdown(result: dict[str, Any]) -> str:
             lines.append(f"| {gpu} | {row['latency_scale']:g}x | " + " | ".join(cells)
                          + f" | {row['ppo_minus_reference_plan_pct']:+.2f} [{lo:+.2f}, {hi:+.2f}] | "
                          + (f"{share:.0%}" if share is not None else "-") + " |")
+    lines += ["", "Per budget (PPO minus clone, saving points; share within budget):", "",
+              "| GPU | budget | PPO - clone (95%) | within budget PPO / clone |", "| --- | --- | --- | --- |"]
+    for gpu, detail in result["detail"].items():
+        for row in detail["by_budget"]:
+            lo, hi = row["ci95"]
+            lines.append(f"| {gpu} | {row['budget_pct']:g}% | {row['ppo_minus_clone_pct']:+.3f} [{lo:+.3f}, {hi:+.3f}] "
+                         f"| {row['within_budget_ppo']:.1%} / {row['within_budget_clone']:.1%} |")
     return "\n".join(lines) + "\n"
 
 

@@ -270,10 +270,11 @@ def static_observations(step: StepData, spec: ObservationSpec, latency_s: float)
     rows = step.cumulative[bounds]
     window = rows[:, 1:] - rows[:, :1]
     # Relative to auto (action 0) over the same window: slowdown (time) and saving (energy, sign flipped), in
-    # %; zero where the window lies beyond the step (auto's window is empty there).
-    auto = np.where(beyond[:, None, None, None], 1.0, window[..., :1])
-    relative = 100.0 * (window / auto - 1.0) * np.array([1.0, -1.0])[:, None]
-    relative[beyond] = 0.0
+    # %; zero where the window lies beyond the step or auto's window is empty (kernels of an expected step
+    # that did not run, StepData.executed_as).
+    empty = beyond[:, None, None, None] | (window[..., :1] <= 0.0)
+    auto = np.where(empty, 1.0, window[..., :1])
+    relative = np.where(empty, 0.0, 100.0 * (window / auto - 1.0) * np.array([1.0, -1.0])[:, None])
     # Into the block's shape (WINDOW_METRICS, W + 1, G), flattened, clipped to the observation's limits.
     windows = np.clip(relative.transpose(0, 2, 1, 3).reshape(kernels + 1, -1), -OBS_LIMIT, OBS_LIMIT)
     return np.column_stack([coming, windows, beyond]).astype(np.float32)

@@ -8,12 +8,15 @@ from gymnasium.utils.env_checker import check_env
 
 from kdvfs.envs.common.config import ConfigError
 from kdvfs.envs.common.errors import KdvfsError
+from kdvfs.envs.env.clock_grid import ClockGrid
 from kdvfs.envs.env.config import EnvConfig
 from kdvfs.envs.env.dvfs_env import KernelDVFSEnv
 from kdvfs.envs.env.shape_pairs import Perturbation, ShapePair, ShapeSet, expert_work
-from kdvfs.envs.env.step_data import StepData
+from kdvfs.envs.env.step_data import StepData, priced
 from kdvfs.envs.gpu.profiles import load_profile
+from kdvfs.envs.model.schedule import ActionCosts
 from kdvfs.envs.synthetic.generator import generate_transformer_trace, load_workload
+from kdvfs.envs.trace.trace import Trace
 
 PROFILE = load_profile("h200")
 CONFIG = EnvConfig(plan_budgets=(0.0, 0.01), plan_actions=True)
@@ -80,3 +83,18 @@ def test_the_env_executes_a_drawn_variant_while_observing_the_prediction(pairs: 
 def test_bad_shape_sets_are_config_errors() -> None:
     with pytest.raises(ConfigError, match="references"):
         ShapeSet(("gpt2s",), 2, (1.0,), (256, 512), references=2)
+
+
+def test_an_executed_view_with_kernels_that_did_not_run_observes_finite_numbers() -> None:
+    trace = SHAPES.family("gpt2s", PROFILE)[0]
+    churned = Perturbation(dropped=0.3).apply(trace, np.random.default_rng(1))
+    view = StepData.executed_as(*_priced_pair(trace, churned))
+    assert (view.time_s[:, 0] == 0).any()  # expected kernels that did not run cost nothing
+    env = KernelDVFSEnv([view], PROFILE, CONFIG, latency_s=0.0)  # ideal switching: windows of single kernels
+    assert np.isfinite(env.static_rows).all() and np.isfinite(env.reset(seed=0)[0]).all()
+
+
+def _priced_pair(expected: Trace, executed: Trace) -> tuple[Trace, Trace, ActionCosts, ClockGrid]:
+    expected_trace, _ = priced(expected, PROFILE)
+    executed_trace, costs = priced(executed, PROFILE)
+    return expected_trace, executed_trace, costs, GRID
