@@ -33,6 +33,7 @@ from kdvfs.envs.model.step_model import StepModel
 from kdvfs.envs.synthetic.generator import generate_transformer_trace, load_workload
 from kdvfs.envs.trace.trace import Trace
 
+
 def expert_work(name: str) -> bool:
     """Whether a kernel named ``name`` is per-expert work of a generated mixture of experts
     (:mod:`kdvfs.envs.synthetic.moe`: its GEMMs, gathers, activations and scatters name the expert; the casts of
