@@ -111,18 +111,13 @@ def _interval(per_seed: np.ndarray) -> list[float]:
     return [mean - half, mean + half]
 
 
-def _within(results: np.ndarray, method: int) -> float:
-    """Share of episodes of ``method`` within their budget; ``results`` (P, budgets, latencies, seeds, M, 2)."""
-    slowdown = results[..., method, 1]
-    budgets = np.array(BUDGETS)[None, :, None, None]
+def _within(results: np.ndarray, method: str, budgets: tuple[float, ...] = BUDGETS) -> float:
+    """Share of ``method``'s episodes within their budget; ``results`` (P, budgets, latencies, seeds, M, 2) over
+    ``budgets``."""
+    slowdown = results[..., METHODS.index(method), 1]
+    limits = np.broadcast_to(np.array(budgets)[None, :, None, None], slowdown.shape)
     return float(np.mean([within_budget(float(x), float(b)) for x, b in
-                          zip(slowdown.ravel(), np.broadcast_to(budgets, slowdown.shape).ravel(), strict=True)]))
-
-
-def _within_at(results: np.ndarray, method: str, budget: float) -> float:
-    """Share of ``method``'s episodes in ``results`` (all at ``budget``) within it."""
-    slowdown = results[..., METHODS.index(method), 1].ravel()
-    return float(np.mean([within_budget(float(x), budget) for x in slowdown]))
+                          zip(slowdown.ravel(), limits.ravel(), strict=True)]))
 
 
 def _delta(results: np.ndarray, a: str, b: str) -> tuple[float, list[float]]:
@@ -138,7 +133,7 @@ def _latency_rows(results: np.ndarray) -> list[dict[str, Any]]:
     rows = []
     for s, scale in enumerate(LATENCY_SCALES):
         part = results[:, :, s:s + 1]
-        methods = {m: {"energy_saved_pct": float(part[..., i, 0].mean()), "within_budget": _within(part, i)}
+        methods = {m: {"energy_saved_pct": float(part[..., i, 0].mean()), "within_budget": _within(part, m)}
                    for i, m in enumerate(METHODS)}
         delta, ci = _delta(part, "ppo", "reference-plan")
         oracle = methods["oracle"]["energy_saved_pct"]
@@ -160,16 +155,16 @@ def run_gpu(gpu: str, seeds: int) -> dict[str, Any]:
     delta, ci = _delta(results, "ppo", "clone")
     drift_off, drift_off_ci = _delta(results, "ppo-drift-off", "clone-drift-off")
     summary = {"delta_saved_pct": delta, "ci95": ci, "pairs": int(results[..., 0, 0].size),
-               "within_budget_ppo": _within(results, METHODS.index("ppo")),
-               "within_budget_clone": _within(results, METHODS.index("clone")),
+               "within_budget_ppo": _within(results, "ppo"),
+               "within_budget_clone": _within(results, "clone"),
                "drift_off_delta_saved_pct": drift_off}
     by_budget = []
     for b, budget in enumerate(BUDGETS):
         part = results[:, b:b + 1]
         row_delta, row_ci = _delta(part, "ppo", "clone")
         by_budget.append({"budget_pct": 100 * budget, "ppo_minus_clone_pct": row_delta, "ci95": row_ci,
-                          "within_budget_ppo": _within_at(part, "ppo", budget),
-                          "within_budget_clone": _within_at(part, "clone", budget)})
+                          "within_budget_ppo": _within(part, "ppo", (budget,)),
+                          "within_budget_clone": _within(part, "clone", (budget,))})
     families = sorted({f for f, _ in pairs})
     detail = {"drift_off_ci95": drift_off_ci, "seeds": seeds, "steps": len(pairs), "families": families,
               "selected": policies["ppo"].meta.get("selected"), "by_latency": _latency_rows(results),
