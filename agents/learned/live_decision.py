@@ -48,9 +48,9 @@ def decide_live(obs: Array, advice: Array, static_rows: Array, lay: Array, advis
                 inverse_std: Array, clip: float, later: tuple[tuple[Array, Array, Array], ...], bounds: Array,
                 activation: int, products: Array, offsets: Array, budget: float, budget_plan: int, kernel: int,
                 in_effect: int, pending: int, pending_age_s: float, elapsed_s: float, auto_elapsed_s: float,
-                last_latency_ratio: float, drift_pct: float, evaluate: bool, action: Array,
+                last_latency_ratio: float, drift_pct: float, model_elapsed_s: float, evaluate: bool, action: Array,
                 picks: Array) -> tuple[int, int, float, float]:
-    """The decision at a live state (``kernel`` to ``drift_pct``: :class:`~kdvfs.envs.env.live.LiveState`'s
+    """The decision at a live state (``kernel`` to ``model_elapsed_s``: :class:`~kdvfs.envs.env.live.LiveState`'s
     fields): writes the observation's dynamic part and the advice (the environment's buffers), runs the policy
     into ``action`` (parts,) int64 if ``evaluate`` (else ``action`` is the standing order), and returns the pair
     it names (``NO_REQUEST``: none), the kernel where its proposal can next change (K: never;
@@ -65,7 +65,7 @@ def decide_live(obs: Array, advice: Array, static_rows: Array, lay: Array, advis
     k = observe_at(obs, advice, static_rows, lay, advisor_index, cumulative_s, landings, plan_pairs, plan_rest,
                    joinable, next_change, speeds_up, change_offsets, change_kernels, sizes, auto_time_s, latency_s,
                    stall_s, budget, budget_plan, kernel, in_effect, pending, pending_age_s, elapsed_s, auto_elapsed_s,
-                   last_latency_ratio, drift_pct)
+                   last_latency_ratio, drift_pct, model_elapsed_s)
     if evaluate:
         picks[0], picks[1], picks[2] = k, offsets[O_IN_EFFECT_ROWS] + in_effect, offsets[O_PENDING_ROWS] + pending
         action[:] = act(first, obs[offsets[O_ENTRIES]:], mean, inverse_std, clip, products, picks, later, bounds,
@@ -107,7 +107,7 @@ structref.define_proxy(BoundDecision, BoundDecisionType, list(BOUND_FIELDS))
 @numba.njit(cache=True)
 def decide_bound(bound: Any, budget: float, budget_plan: int, kernel: int, in_effect: int, pending: int,
                  pending_age_s: float, elapsed_s: float, auto_elapsed_s: float, last_latency_ratio: float,
-                 drift_pct: float, evaluate: bool) -> tuple[int, int, float, float]:
+                 drift_pct: float, model_elapsed_s: float, evaluate: bool) -> tuple[int, int, float, float]:
     """:func:`decide_live` with the arguments ``bound`` (a :class:`BoundDecision`) holds."""
     b = bound
     return decide_live(b.obs, b.advice, b.static_rows, b.lay, b.advisor_index, b.cumulative_s, b.landings,
@@ -115,4 +115,4 @@ def decide_bound(bound: Any, budget: float, budget_plan: int, kernel: int, in_ef
                        b.change_kernels, b.sizes, b.auto_time_s, b.latency_s, b.stall_s, b.first, b.mean,
                        b.inverse_std, b.clip, b.later, b.bounds, b.activation, b.products, b.offsets, budget,
                        budget_plan, kernel, in_effect, pending, pending_age_s, elapsed_s, auto_elapsed_s,
-                       last_latency_ratio, drift_pct, evaluate, b.action, b.picks)
+                       last_latency_ratio, drift_pct, model_elapsed_s, evaluate, b.action, b.picks)

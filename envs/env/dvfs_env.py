@@ -180,7 +180,8 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray], StepExecution):
         self._requested_at_s = self._effective_at_s = 0.0
         self._last_latency_ratio = 1.0
         self._live_drift_pct: float | None = None  # measured by a controller (observe_live), else simulated
-        self._now_s = self._elapsed_s = self._auto_elapsed_s = 0.0
+        self._now_s = self._elapsed_s = self._auto_elapsed_s = self._model_elapsed_s = 0.0
+        self._live_times: tuple[float, float, float] | None = None  # a controller's (observe_live), else simulated
         self._energy_j = self._auto_energy_so_far_j = 0.0
         self._switches = self._requests = 0
         self.applied = np.zeros(self._kernels, dtype=np.int64)
@@ -223,6 +224,7 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray], StepExecution):
         """
         if self._k >= self._kernels:
             raise gym.error.ResetNeeded("the step is over; call reset()")
+        self._live_times = None
         before = self._totals()
         hold_until_s = self._now_s + self.config.decision_fraction * self._auto_time_s
         while True:
@@ -298,6 +300,8 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray], StepExecution):
         self._requested_at_s = self._now_s - state.pending_age_s
         self._effective_at_s = self._requested_at_s + self.latency_s
         self._elapsed_s, self._auto_elapsed_s = state.elapsed_s, state.auto_elapsed_s
+        self._model_elapsed_s = state.model_elapsed_s
+        self._live_times = (state.elapsed_s, state.auto_elapsed_s, state.model_elapsed_s)
         self._last_latency_ratio, self._live_drift_pct = state.last_latency_ratio, state.auto_drift_pct
 
     def advisor_action(self, group: str, index: int = 0) -> int:
@@ -314,6 +318,12 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray], StepExecution):
         """The episode's time at the current decision point (s from the step's start, model timeline; the
         standing order's hold is counted on it)."""
         return self._now_s
+
+    @property
+    def model_elapsed_s(self) -> float:
+        """The prediction's time for the kernels run so far at the clocks they ran at, stalls included (s,
+        model timeline; :class:`~kdvfs.envs.env.live.LiveState`'s ``model_elapsed_s``)."""
+        return self._model_elapsed_s
 
     @property
     def clocks(self) -> tuple[int, int, int]:
@@ -357,8 +367,17 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray], StepExecution):
         return (self._obs, self._advice, self._static[k], self._layout, self._advisor_index, self._cumulative_s,
                 effect, next_effect, plans.pairs, plans.rest_pct, plans.joinable, plans.next_change, plans.speeds_up,
                 k, self._in_effect, self._pending, self._requested_at_s + self.latency_s - self._now_s,
-                self._elapsed_s, self._auto_elapsed_s, self._last_latency_ratio, drift_pct, self.budget,
+                *self._measured_times(k, drift_pct), self._last_latency_ratio, drift_pct, self.budget,
                 self._auto_time_s, self.latency_s, self.stall_s, self._budget_plan)
+
+    def _measured_times(self, k: int, drift_pct: float) -> tuple[float, float, float]:
+        """(elapsed, auto's, the prediction's at the clocks run) as a controller measures them
+        (:class:`~kdvfs.envs.env.live.LiveState`): a live state's own; else the simulated elapsed time over the
+        drift's scale, and the prediction's times, not the executed step's (which no controller knows)."""
+        if self._live_times is not None:
+            return self._live_times
+        return (self._elapsed_s / (1.0 + drift_pct / 100.0), float(self._cumulative_s[min(k, self._kernels), 0]),
+                self._model_elapsed_s)
 
     def live_tables(self) -> LiveTables:
         """The arrays a live decision reads at the last :meth:`reset`'s step and regime, every pair's landings

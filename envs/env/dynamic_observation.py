@@ -155,9 +155,9 @@ def _plan_advisors(obs: Array, advice: Array, lay: Array, cumulative_s: Array, e
 def observe_dynamic(obs: Array, advice: Array, row: Array, lay: Array, advisor_index: Array, cumulative_s: Array,
                     effect: Array, next_effect: Array, plan_pairs: Array, plan_rest: Array, joinable: Array,
                     next_change: Array, speeds_up: Array, k: int, in_effect: int, pending: int,
-                    pending_left_s: float, elapsed_s: float, auto_elapsed_s: float, last_latency_ratio: float,
-                    drift_pct: float, budget: float, auto_time_s: float, latency_s: float, stall_s: float,
-                    budget_plan: int) -> None:
+                    pending_left_s: float, elapsed_s: float, auto_elapsed_s: float, model_elapsed_s: float,
+                    last_latency_ratio: float, drift_pct: float, budget: float, auto_time_s: float,
+                    latency_s: float, stall_s: float, budget_plan: int) -> None:
     """Write the dynamic blocks of the observation at kernel ``k`` into ``obs`` (N,) float32 and each advisor's
     pair into ``advice`` (A,) int64 (the ``KernelDVFS-v0`` docstring's blocks; ``docs/design/environment.md``).
 
@@ -171,7 +171,8 @@ def observe_dynamic(obs: Array, advice: Array, row: Array, lay: Array, advisor_i
             :class:`~kdvfs.envs.env.plan_advice.PlanAdvice` tables.
         k, in_effect, pending: the kernel, grid pair in effect, pair pending (-1: none).
         pending_left_s: time until the pending change is expected to take effect (s; may be negative).
-        elapsed_s, auto_elapsed_s: the step's time so far and auto's for the same kernels (s).
+        elapsed_s, auto_elapsed_s, model_elapsed_s: the step's time so far, the prediction's for the same
+            kernels at auto and at the clocks they ran at (s; :class:`~kdvfs.envs.env.live.LiveState`).
         last_latency_ratio, drift_pct: the conditions' measured entries.
         budget: allowed step-time increase over auto (fraction); auto_time_s: the step's auto time (s);
             latency_s: mean switching latency (s); stall_s: GPU stall per clock change (s); budget_plan: the
@@ -186,7 +187,9 @@ def observe_dynamic(obs: Array, advice: Array, row: Array, lay: Array, advisor_i
     obs[c + 2] = 1.0 if k == 0 or latency_s <= 0 else 0.0
     c = lay[L_CONDITIONS]
     run_pct = 100.0 * (elapsed_s / auto_elapsed_s - 1.0) if auto_elapsed_s > 0 else 0.0
+    error_pct = 100.0 * (elapsed_s / model_elapsed_s - 1.0) if model_elapsed_s > 0 else 0.0
     obs[c], obs[c + 1], obs[c + 2], obs[c + 3] = 1e3 * latency_s, drift_pct, _clip(run_pct), last_latency_ratio
+    obs[c + 4] = _clip(error_pct)
     expected_s = cumulative_s[min(k, lay[L_KERNELS]), 0]
     used_s, remaining_s = elapsed_s - auto_elapsed_s, auto_time_s - expected_s
     affordable = 100.0 * (budget * auto_time_s - used_s) / max(remaining_s, 1e-6 * auto_time_s)

@@ -33,6 +33,8 @@ class StepExecution:
         _requested_at_s, _effective_at_s: when the pending request was issued and takes effect (s).
         _now_s, _elapsed_s, _auto_elapsed_s: the model's clock, the run's time and auto's over the same
             kernels (s); _energy_j, _auto_energy_so_far_j: the same in joules.
+        _model_elapsed_s: what ``_data`` (the prediction) says the kernels run take at the clocks they ran at,
+            stalls included (s, no disturbances): what a controller can compare its elapsed time with.
         _switches, _requests: changes that landed, requests issued; applied: (K,) the clocks each kernel ran at.
         _columns: cumulative (time, energy) per grid action under the episode's disturbances, filled on use.
     """
@@ -54,6 +56,7 @@ class StepExecution:
     _now_s: float
     _elapsed_s: float
     _auto_elapsed_s: float
+    _model_elapsed_s: float
     _energy_j: float
     _auto_energy_so_far_j: float
     _switches: int
@@ -86,6 +89,7 @@ class StepExecution:
         self._in_effect, self._pending = self._pending, -1
         self._switches += 1
         self._elapsed_s += self.stall_s
+        self._model_elapsed_s += self.stall_s
         self._energy_j += self.stall_s * float(self._data.idle_power_w[self._in_effect])
 
     def _run_until(self, limit_s: float) -> None:
@@ -101,6 +105,8 @@ class StepExecution:
         self._elapsed_s += time_s
         self._energy_j += float(energies[end] - energies[k])
         self._auto_elapsed_s += float(auto_times[end] - auto_times[k])
+        predicted = self._data.cumulative[:, 0, g]
+        self._model_elapsed_s += float(predicted[end] - predicted[k])
         self._auto_energy_so_far_j += float(auto_energies[end] - auto_energies[k])
         self.applied[k:end] = self._data.actions[g]
         self._k = end

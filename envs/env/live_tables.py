@@ -120,7 +120,7 @@ def observe_at(obs: Array, advice: Array, static_rows: Array, lay: Array, adviso
                next_change: Array, speeds_up: Array, change_offsets: Array, change_kernels: Array, sizes: Array,
                auto_time_s: float, latency_s: float, stall_s: float, budget: float, budget_plan: int, kernel: int,
                in_effect: int, pending: int, pending_age_s: float, elapsed_s: float, auto_elapsed_s: float,
-               last_latency_ratio: float, drift_pct: float) -> int:
+               last_latency_ratio: float, drift_pct: float, model_elapsed_s: float) -> int:
     """Write the observation's dynamic part and the advice at a live state (the arguments after ``budget_plan``:
     :class:`~kdvfs.envs.env.live.LiveState`'s fields) as the environment standing there does; returns the
     kernel it stands at (``kernel`` within the step)."""
@@ -128,6 +128,6 @@ def observe_at(obs: Array, advice: Array, static_rows: Array, lay: Array, adviso
     requested_at_s = elapsed_s - pending_age_s
     observe_dynamic(obs, advice, static_rows[k], lay, advisor_index, cumulative_s, landings[in_effect, 0],
                     landings[in_effect, 1], plan_pairs, plan_rest, joinable, next_change, speeds_up, k, in_effect,
-                    pending, requested_at_s + latency_s - elapsed_s, elapsed_s, auto_elapsed_s,
+                    pending, requested_at_s + latency_s - elapsed_s, elapsed_s, auto_elapsed_s, model_elapsed_s,
                     last_latency_ratio, drift_pct, budget, auto_time_s, latency_s, stall_s, budget_plan)
     return k

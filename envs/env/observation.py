@@ -20,11 +20,11 @@ from kdvfs.envs.env.clock_grid import ClockGrid
 from kdvfs.envs.env.step_data import KERNEL_FEATURES, StepData
 from kdvfs.envs.model.cost_model import Array
 
-OBSERVATION_VERSION = 4
+OBSERVATION_VERSION = 5
 WINDOW_METRICS = ("slowdown_pct", "saving_pct")
 BUDGET_FEATURES = ("budget_pct", "budget_used", "affordable_slowdown_pct", "progress", "remaining_latencies")
 CONTROLLER_FEATURES = ("pending_latencies", "controller_free", "immediate")
-CONDITION_FEATURES = ("latency_ms", "auto_drift_pct", "run_slowdown_pct", "last_latency_ratio")
+CONDITION_FEATURES = ("latency_ms", "auto_drift_pct", "run_slowdown_pct", "last_latency_ratio", "prediction_error_pct")
 ADVISOR_FEATURES = ("saving_pct", "slowdown_pct", "rest_saving_pct", "rest_slowdown_pct", "in_effect")
 PLAN_ADVISOR_FEATURES = ("rest_saving_pct", "rest_slowdown_pct", "in_effect", "exists")
 OBS_LIMIT = 1000.0
@@ -76,17 +76,19 @@ BLOCKS = (
           "expected time until the pending change takes effect, controller free, the choice applies at once "
           "(first decision, or ideal switching)", "latencies, 0/1, 0/1"),
     Block("budget", (len(BUDGET_FEATURES),),
-          "budget; share of it used so far ((elapsed - auto's time for the same kernels under the same "
-          "disturbances) / (budget x auto step "
+          "budget; share of it used so far ((elapsed - the prediction's auto time for the same kernels, both as "
+          "a controller measures them: :class:`~kdvfs.envs.env.live.LiveState`) / (budget x auto step "
           "time)); slowdown still affordable over the rest of the step; progress (auto time so far / auto step "
           f"time); remaining step in latencies (capped at {REMAINING_LATENCIES_CAP:g}, / {REMAINING_LATENCIES_CAP:g})",
           "%, fraction, %, fraction, fraction"),
     Block("conditions", (len(CONDITION_FEATURES),),
           "what the controller measures of the disturbances: the episode's mean switching latency; how much "
           "slower auto's core runs now than in the captured step (the power limiter's thermal drift, as the A "
-          "windows of the A/B measurement see it); the run's slowdown so far against auto under the same "
-          "disturbances (what the A/B estimator measures); the last change's latency / the mean (1 if none)",
-          "ms, %, %, ratio"),
+          "windows of the A/B measurement see it); the run's slowdown so far against the prediction's auto "
+          "time for the same kernels; the last change's latency / the mean (1 if none); the "
+          "step's prediction error so far: elapsed over the prediction's time for the same kernels at the clocks "
+          "they ran at, minus 1 (0 before any kernel ran)",
+          "ms, %, %, ratio, %"),
     Block("advisors", (len(ADVISOR_FEATURES), "W+1"),
           "per window advisor (the pair saving the most over its window among those whose slowdown there fits "
           "the affordable slowdown): its saving and slowdown over its window and over the rest of the step, and "

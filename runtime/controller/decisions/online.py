@@ -78,7 +78,7 @@ import numpy as np
 
 from kdvfs.agents.learned.live_decision import NO_REQUEST
 from kdvfs.agents.learned.online import OnlineDecision, OnlinePolicy
-from kdvfs.envs.env.live import LiveState
+from kdvfs.envs.env.live import LiveState, PredictedElapsed
 from kdvfs.runtime.controller.decisions.decision_records import DecisionRecords, quantiles
 from kdvfs.runtime.controller.decisions.live_clocks import LiveClocks
 from kdvfs.runtime.controller.decisions.sources import ThreadContext
@@ -163,6 +163,7 @@ class OnlineSteps:
         self.policy_wall_us: list[float] = []
         self.cpu_us: list[float] = []
         self.times = StepTimes(online.cumulative_s, online.auto_time_s, anchors.map, anchors.pace)
+        self._predicted = PredictedElapsed(online.cumulative_s, online.env.stall_s)
         self._decision_s: deque[float] = deque(maxlen=BUDGET_DECISIONS)
         self._kernel = 1
         self._held: HeldChange | None = None
@@ -203,6 +204,7 @@ class OnlineSteps:
         latency_s, decision_time_s = self.clocks.latency_s, self._decision_time_s()
         anchor = (-1, start_s, 0)
         self._kernel = 1
+        self._predicted.restart()
         while True:
             anchor = self._anchor(step, anchor)
             now_s = self.clock.now_s()
@@ -290,7 +292,8 @@ class OnlineSteps:
         return LiveState(kernel, clocks.in_effect, clocks.pending,
                          (now_s - clocks.requested_s) / scale if not clocks.free else 0.0,
                          (now_s - start_s) / scale, float(self.online.cumulative_s[kernel, 0]),
-                         clocks.last_latency_ratio, 100.0 * (scale - 1.0))
+                         clocks.last_latency_ratio, 100.0 * (scale - 1.0),
+                         self._predicted.at(kernel, clocks.in_effect))
 
     def _next_wake(self, decision: OnlineDecision, start_s: float, now_s: float, anchor: PassedAnchor,
                    running: int) -> tuple[float, str]:

@@ -61,7 +61,8 @@ class Setting:
                         advisor_index(self.spec), self.cumulative_s, *self.landings(state.in_effect), plans.pairs,
                         plans.rest_pct, plans.joinable, plans.next_change, plans.speeds_up, state.kernel,
                         state.in_effect, state.pending, self.latency_s - state.pending_age_s, state.elapsed_s,
-                        state.auto_elapsed_s, state.last_latency_ratio, state.auto_drift_pct, BUDGET,
+                        state.auto_elapsed_s, state.model_elapsed_s, state.last_latency_ratio, state.auto_drift_pct,
+                        BUDGET,
                         float(self.cumulative_s[-1, 0]), self.latency_s, self.stall_s, self.budget_plan)
         return obs[self.spec.static_size:], advice
 
@@ -79,7 +80,9 @@ class Setting:
         view["controller"][:] = (max(0.0, latency_s - state.pending_age_s) / latency_s if pending else 0.0,
                                  0.0 if pending else 1.0, 1.0 if k == 0 else 0.0)
         run_pct = 100.0 * (state.elapsed_s / state.auto_elapsed_s - 1.0) if state.auto_elapsed_s > 0 else 0.0
-        view["conditions"][:] = (1e3 * latency_s, state.auto_drift_pct, _clip(run_pct), state.last_latency_ratio)
+        error_pct = 100.0 * (state.elapsed_s / state.model_elapsed_s - 1.0) if state.model_elapsed_s > 0 else 0.0
+        view["conditions"][:] = (1e3 * latency_s, state.auto_drift_pct, _clip(run_pct), state.last_latency_ratio,
+                                 _clip(error_pct))
         expected = float(self.cumulative_s[k, 0])
         used_s, remaining = state.elapsed_s - state.auto_elapsed_s, total - expected
         affordable = 100.0 * (BUDGET * total - used_s) / max(remaining, 1e-6 * total)
@@ -143,7 +146,8 @@ def test_compiled_dynamic_observation_equals_the_reference_bit_for_bit(setting: 
     auto_s = float(setting.cumulative_s[k, 0])
     late = data.draw(st.floats(-0.05, 0.05, allow_nan=False))
     state = LiveState(k, in_effect, pending, data.draw(st.floats(0.0, 0.02)) if pending >= 0 else 0.0,
-                      auto_s * (1 + late), auto_s, data.draw(st.floats(0.2, 3.0)), data.draw(st.floats(-5.0, 5.0)))
+                      auto_s * (1 + late), auto_s, data.draw(st.floats(0.2, 3.0)), data.draw(st.floats(-5.0, 5.0)),
+                      auto_s * data.draw(st.sampled_from((0.0, 0.97, 1.0, 1.03))))
     compiled, compiled_advice = setting.compiled(state)
     expected, expected_advice = setting.reference(state)
     assert np.array_equal(compiled, expected) and np.array_equal(compiled_advice, expected_advice)

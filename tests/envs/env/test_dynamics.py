@@ -29,14 +29,14 @@ FAST_SWITCHING = {"latency_s": 0.0005, "latency_std_s": 0.0002, "stall_s": 1e-5}
 # the shipped profile's prices or of the observation layout changes the observations' digest; the returns,
 # switches and clocks that ran (last column) must not move when those features are off.
 BEFORE = {
-    False: [(-161.54545418097317, 1, "e07575b0835b2868", "3cfcdeb2937b87d6"),
-            (-5.961551552722673, 1, "a28100fbb1d27c7a", "2ffac5e7c8a8cc8b"),
-            (-501.523093622859, 0, "920ea7380fcb76fd", "48d522e14dd07821"),
-            (-474.18674913784594, 0, "f8d58446107acdde", "604e8c3d35c70ae2")],
-    True: [(-187.8615088890559, 10, "1b87a108488df3fc", "93cd334c28925f21"),
-           (-237.43537610775297, 7, "2ab65ac52efbc95a", "2b5725b610a97bd8"),
-           (-323.57484942926527, 11, "66588961682ced2b", "428a5fb33b868adf"),
-           (-310.68210440574427, 11, "1ebdf7c2ce71d33d", "dd94ec94f11dcced")],
+    False: [(-161.54545418097317, 1, "5ce0440d15767096", "3cfcdeb2937b87d6"),
+            (-5.961551552722673, 1, "b5760c7c6f177e7f", "2ffac5e7c8a8cc8b"),
+            (-501.523093622859, 0, "d9d6ed25f56289e1", "48d522e14dd07821"),
+            (-474.18674913784594, 0, "4963bd09b669ee0d", "604e8c3d35c70ae2")],
+    True: [(-187.8615088890559, 10, "6281256a0e8611c5", "93cd334c28925f21"),
+           (-237.43537610775297, 7, "41ac525b3366bf0c", "2b5725b610a97bd8"),
+           (-323.57484942926527, 11, "461f8bcd5e49f543", "428a5fb33b868adf"),
+           (-310.68210440574427, 11, "d25d3deac122d179", "dd94ec94f11dcced")],
 }
 
 

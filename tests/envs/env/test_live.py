@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from kdvfs.envs.env.config import EnvConfig
 from kdvfs.envs.env.dvfs_env import KernelDVFSEnv
-from kdvfs.envs.env.live import LiveState
+from kdvfs.envs.env.live import LiveState, PredictedElapsed
 
 
 def test_the_envs_own_state_measured_live_gives_its_own_observation() -> None:
@@ -25,7 +26,8 @@ def test_the_envs_own_state_measured_live_gives_its_own_observation() -> None:
         kernel, in_effect, pending = env.clocks
         if done or pending >= 0:
             continue
-        live = LiveState(kernel, in_effect, pending, 0.0, elapsed_s, float(step.cumulative[kernel, 0, 0]))
+        live = LiveState(kernel, in_effect, pending, 0.0, elapsed_s, float(step.cumulative[kernel, 0, 0]),
+                         model_elapsed_s=env.model_elapsed_s)
         assert np.allclose(env.observe_live(live), observation, atol=1e-5)
         checked += 1
     assert checked > 10
@@ -97,3 +99,33 @@ def test_orders_that_depend_on_the_budget_have_no_known_next_change() -> None:
     plans = len(env.observation_spec.plan_budgets)
     assert env.next_proposal_change(np.array([1, plans])) is None  # the fitting plan
     assert env.next_proposal_change(np.array([0, 0])) == env.steps[0].kernels  # no request
+
+
+def test_readings_at_each_change_give_the_predictions_time_at_the_clocks_run() -> None:
+    """With ideal switching a change lands where it is requested: a controller reading (kernel, pair in effect)
+    there and at every decision point accumulates exactly what the environment counts."""
+    env = KernelDVFSEnv(gpu="h200", config=EnvConfig().without_disturbances(), latency_scales=(0.0,),
+                        plan_budgets=(0.01,))
+    env.reset(seed=2, options={"budget": 0.01})
+    predicted = PredictedElapsed(env.steps[0].cumulative[:, 0, :], env.stall_s)
+    rng, done, changes, kernel = np.random.default_rng(1), False, 0, 0
+    predicted.at(0, 0)
+    while not done:
+        before = env.clocks[1]
+        _, _, done, _, _ = env.step(np.array([int(rng.random() < 0.3), rng.integers(env.grid.size)]))
+        in_effect = env.clocks[1]
+        if in_effect != before:
+            changes += 1
+            predicted.at(kernel, in_effect)
+        kernel = env.clocks[0]
+        assert predicted.at(kernel, in_effect) == pytest.approx(env.model_elapsed_s, rel=1e-9)
+    assert changes > 2
+    assert predicted.at(kernel - 5, in_effect) == predicted.seconds  # never back a kernel
+
+
+def test_a_change_of_pair_adds_one_stall_and_kernels_count_at_the_pair_of_the_earlier_reading() -> None:
+    predicted = PredictedElapsed(np.array([[0.0, 0.0], [1.0, 2.0], [3.0, 5.0], [6.0, 9.0]]), 0.5)
+    assert [predicted.at(0, 0), predicted.at(2, 0), predicted.at(2, 1), predicted.at(3, 1)] == [0.0, 3.0, 3.5, 7.5]
+    assert predicted.at(1, 1) == 7.5
+    predicted.restart()
+    assert predicted.at(1, 1) == 2.0  # the first reading's pair ran from the start, no stall

@@ -33,7 +33,7 @@ def spec() -> ObservationSpec:
 def test_blocks_tile_the_vector_in_order(spec: ObservationSpec) -> None:
     assert set(spec.dimensions()) == set(DIMENSIONS)
     spans = [spec.span(block.name) for block in BLOCKS]
-    assert spans[0].start == 0 and spans[-1].stop == spec.size == 1104
+    assert spans[0].start == 0 and spans[-1].stop == spec.size == 1105
     assert all(a.stop == b.start for a, b in itertools.pairwise(spans))
     assert [name for name, _ in spec.blocks()] == [block.name for block in BLOCKS]
     assert spec.shape("window_slowdown_then_saving_pct") == (2, 4, 110) and spec.shape("clocks_in_effect") == (57,)
