@@ -187,11 +187,13 @@ def observe_dynamic(obs: Array, advice: Array, row: Array, lay: Array, advisor_i
     obs[c + 2] = 1.0 if k == 0 or latency_s <= 0 else 0.0
     c = lay[L_CONDITIONS]
     run_pct = 100.0 * (elapsed_s / auto_elapsed_s - 1.0) if auto_elapsed_s > 0 else 0.0
-    error_pct = 100.0 * (elapsed_s / model_elapsed_s - 1.0) if model_elapsed_s > 0 else 0.0
+    # The prediction error (elapsed over the prediction's time at the clocks run) scales the prediction's auto
+    # time before it is subtracted: a step longer than predicted at every clock is not budget used.
+    error_scale = elapsed_s / model_elapsed_s if model_elapsed_s > 0 else 1.0
     obs[c], obs[c + 1], obs[c + 2], obs[c + 3] = 1e3 * latency_s, drift_pct, _clip(run_pct), last_latency_ratio
-    obs[c + 4] = _clip(error_pct)
+    obs[c + 4] = _clip(100.0 * (error_scale - 1.0))
     expected_s = cumulative_s[min(k, lay[L_KERNELS]), 0]
-    used_s, remaining_s = elapsed_s - auto_elapsed_s, auto_time_s - expected_s
+    used_s, remaining_s = elapsed_s - auto_elapsed_s * error_scale, auto_time_s - expected_s
     affordable = 100.0 * (budget * auto_time_s - used_s) / max(remaining_s, 1e-6 * auto_time_s)
     latencies = remaining_s / latency_s if latency_s > 0 else REMAINING_LATENCIES_CAP
     c = lay[L_BUDGET]

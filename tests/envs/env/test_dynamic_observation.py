@@ -80,11 +80,11 @@ class Setting:
         view["controller"][:] = (max(0.0, latency_s - state.pending_age_s) / latency_s if pending else 0.0,
                                  0.0 if pending else 1.0, 1.0 if k == 0 else 0.0)
         run_pct = 100.0 * (state.elapsed_s / state.auto_elapsed_s - 1.0) if state.auto_elapsed_s > 0 else 0.0
-        error_pct = 100.0 * (state.elapsed_s / state.model_elapsed_s - 1.0) if state.model_elapsed_s > 0 else 0.0
+        scale = state.elapsed_s / state.model_elapsed_s if state.model_elapsed_s > 0 else 1.0
         view["conditions"][:] = (1e3 * latency_s, state.auto_drift_pct, _clip(run_pct), state.last_latency_ratio,
-                                 _clip(error_pct))
+                                 _clip(100.0 * (scale - 1.0)))
         expected = float(self.cumulative_s[k, 0])
-        used_s, remaining = state.elapsed_s - state.auto_elapsed_s, total - expected
+        used_s, remaining = state.elapsed_s - state.auto_elapsed_s * scale, total - expected
         affordable = 100.0 * (BUDGET * total - used_s) / max(remaining, 1e-6 * total)
         view["budget"][:] = (100.0 * BUDGET, _clip(used_s / (BUDGET * total)), _clip(affordable), expected / total,
                              min(remaining / latency_s, REMAINING_LATENCIES_CAP) / REMAINING_LATENCIES_CAP)

@@ -29,14 +29,14 @@ FAST_SWITCHING = {"latency_s": 0.0005, "latency_std_s": 0.0002, "stall_s": 1e-5}
 # the shipped profile's prices or of the observation layout changes the observations' digest; the returns,
 # switches and clocks that ran (last column) must not move when those features are off.
 BEFORE = {
-    False: [(-161.54545418097317, 1, "5ce0440d15767096", "3cfcdeb2937b87d6"),
-            (-5.961551552722673, 1, "b5760c7c6f177e7f", "2ffac5e7c8a8cc8b"),
-            (-501.523093622859, 0, "d9d6ed25f56289e1", "48d522e14dd07821"),
-            (-474.18674913784594, 0, "4963bd09b669ee0d", "604e8c3d35c70ae2")],
-    True: [(-187.8615088890559, 10, "6281256a0e8611c5", "93cd334c28925f21"),
-           (-237.43537610775297, 7, "41ac525b3366bf0c", "2b5725b610a97bd8"),
-           (-323.57484942926527, 11, "461f8bcd5e49f543", "428a5fb33b868adf"),
-           (-310.68210440574427, 11, "d25d3deac122d179", "dd94ec94f11dcced")],
+    False: [(-161.54545418097317, 1, "eb62bb319cd714fd", "3cfcdeb2937b87d6"),
+            (-5.961551552722673, 1, "d72aa927ea530691", "2ffac5e7c8a8cc8b"),
+            (-501.523093622859, 0, "120af2196c9ef017", "48d522e14dd07821"),
+            (-474.18674913784594, 0, "900bbc87c65e45e4", "604e8c3d35c70ae2")],
+    True: [(-187.8615088890559, 10, "6905feda132986c8", "93cd334c28925f21"),
+           (-237.43537610775297, 7, "704c4ad3534b7875", "2b5725b610a97bd8"),
+           (-323.57484942926527, 11, "c61da949ccc36616", "428a5fb33b868adf"),
+           (-310.68210440574427, 11, "b59c3a94524749d6", "dd94ec94f11dcced")],
 }
 
 
