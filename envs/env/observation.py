@@ -78,7 +78,8 @@ BLOCKS = (
     Block("budget", (len(BUDGET_FEATURES),),
           "budget; share of it used so far ((elapsed - the prediction's auto time for the same kernels x (1 + "
           "the prediction error), as a controller measures them: :class:`~kdvfs.envs.env.live.LiveState`) / "
-          "(budget x auto step time)); slowdown still affordable over the rest of the step; progress (auto time so far / auto step "
+          "(budget x auto step time)); slowdown still affordable over the rest of the step; progress (auto "
+          "time so far / auto step "
           f"time); remaining step in latencies (capped at {REMAINING_LATENCIES_CAP:g}, / {REMAINING_LATENCIES_CAP:g})",
           "%, fraction, %, fraction, fraction"),
     Block("conditions", (len(CONDITION_FEATURES),),

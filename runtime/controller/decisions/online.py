@@ -30,10 +30,11 @@ something can change (counted per reason in the summary's ``wakes``):
   (``assumed``); a lock not seen after the latency plus 3 sd counts as in effect too (``timeout``).
 * **budget**: times are on the model's timeline, host seconds over the run's auto scale (the median of
   the last matched auto steps' measured over model time: the A windows' and those before control), so
-  a GPU that drifts as a whole is drift, not budget. Within the step, budget used is the time so far minus
-  the model's auto time of the kernels passed, and the prediction error is the time so far over the model's
-  time for them at the clocks they ran at (:class:`~kdvfs.envs.env.live.PredictedElapsed`). Over the run, the A/B estimator's measured slowdown sets the
-  policy's budget for the next steps (:mod:`~kdvfs.runtime.controller.measurement.budget_feedback`: over at least
+  a GPU that drifts as a whole is drift, not budget. Within the step, the prediction error is the time so
+  far over the model's time for the kernels passed at the clocks they ran at
+  (:class:`~kdvfs.envs.env.live.PredictedElapsed`), and budget used is the time so far minus their model
+  auto time scaled by that error. Over the run, the A/B estimator's measured slowdown sets the policy's
+  budget for the next steps (:mod:`~kdvfs.runtime.controller.measurement.budget_feedback`: over at least
   ``MIN_FEEDBACK_PAIRS`` pairs; clipped to [0, 2 x budget]): ``budget + FEEDBACK_GAIN x (job_budget - (mean
   + se))`` while the measured mean plus one standard error is under the job's budget, ``budget + FEEDBACK_GAIN
   x (job_budget - (mean - se))`` while the mean less one standard error is over it, the budget itself in
