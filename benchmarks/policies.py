@@ -174,7 +174,7 @@ def main() -> None:
                      "decision_time": decision_time(gpu),
                      "train_wall_s": policy.meta.get("train_wall_s"), "timesteps": policy.meta.get("timesteps"),
                      "selected": policy.meta.get("selected"),
-                     "training_comparison": policy.meta.get("training_comparison")}
+                     "selection_comparison": policy.meta.get("selection_comparison")}
     result = {"provenance": provenance(" ".join(["python", *sys.argv])), "episodes": args.episodes,
               "cases": results, "gpus": gpus}
     write_results("policies", result, markdown(result))

@@ -46,8 +46,8 @@ def _summary(gpu: str, cases: list[dict[str, Any]], figures: dict[str, Any]) -> 
               f"(best round {speed['best_decisions_per_s']:,.0f})",
               f"- frozen policy, one decision ({decision['observation_size']} inputs): median "
               f"{decision['median_s'] * 1e6:.1f} us, p99 {decision['p99_s'] * 1e6:.1f} us",
-              f"- shipped: {figures.get('selected')} (PPO - clone return on the training steps, with its 95% "
-              f"interval: {figures.get('training_comparison')}); "
+              f"- shipped: {figures.get('selected')} (PPO - clone return on the validation steps, with its 95% "
+              f"interval: {figures.get('selection_comparison')}); "
               f"training {wall / 60 if wall else float('nan'):.1f} min for {figures.get('timesteps')} timesteps"]
     return lines
 

@@ -1,9 +1,10 @@
 """Train a clock policy for one GPU with PPO, top to bottom: price the steps (with the steps they execute
 instead: :mod:`kdvfs.envs.env.shape_pairs`), build the envs and the model, clone the expert on every budget
 and latency, freeze the observation statistics, learn anchored to the clone (TensorBoard logs, checkpoints,
-held-out evaluations), then freeze the actor into one file: PPO's where it beats the clone on the training
-steps (paired episodes over every budget and latency, the 95% interval of the difference above 0), else
-the clone's.
+held-out evaluations), then freeze the actor into one file: PPO's where it beats the clone on the validation
+steps (``data.validation``: steps neither trained on nor held out; the training steps if it is empty;
+paired episodes over every budget and latency, the 95% interval of the difference above 0), else the
+clone's.
 
 Everything a run writes goes to ``out``: ``run.json`` (command, resolved config, git revision, seed), ``config.yaml``
 (the resolved config, its ``extends`` chain merged: a whole config by itself), ``tensorboard/``, ``checkpoints/``,
@@ -47,7 +48,7 @@ CLONE_FILE = f"imitation{SUFFIX}"
 PPO_FILE = f"ppo{SUFFIX}"
 """The clone before PPO and PPO's final policy, both kept whichever ships (``benchmarks/policies.py``)."""
 SCORE_SEEDS = 2
-"""Noise seeds per training step, budget and latency when the clone and PPO's policy are compared."""
+"""Noise seeds per validation step, budget and latency when the clone and PPO's policy are compared."""
 Z95 = 1.96
 """The normal quantile of a two-sided 95% interval (the paired comparisons have hundreds of pairs)."""
 
@@ -95,6 +96,8 @@ def train(config: TrainConfig, out: Path, timesteps: int | None = None, progress
     grid = config.env.grid(profile)
     train_pairs = build_pairs(config.data.train, profile, grid, progress_bar, "pricing training steps")
     held_out_pairs = build_pairs(config.data.held_out, profile, grid, progress_bar, "pricing held-out steps")
+    validation_pairs = build_pairs(config.data.validation, profile, grid, progress_bar,
+                                   "pricing validation steps") or train_pairs
 
     # Environments and model; a head start by cloning the plan advisors' expert, the observation statistics
     # frozen from then on (the clone's inputs stay what it was fitted on), then PPO anchored to the clone.
@@ -110,16 +113,16 @@ def train(config: TrainConfig, out: Path, timesteps: int | None = None, progress
     model.learn(config.total_timesteps, callback=CallbackList([EpisodeMetrics(), checkpoints, evaluate]),
                 progress_bar=progress_bar)
 
-    # Save and freeze; keep PPO's policy only if it beats the clone on paired training episodes.
+    # Save and freeze; keep PPO's policy only if it beats the clone on paired validation episodes.
     stage(f"comparing PPO with its clone; scoring the policy on {len(held_out_pairs)} held-out steps")
     model.save(out / "model.zip")
     env.save(str(out / "vecnormalize.pkl"))
     ppo = freeze_model(model, env, config, profile, {})
-    comparison = paired_comparison(ppo, cloned, train_pairs, profile, config)
+    comparison = paired_comparison(ppo, cloned, validation_pairs, profile, config)
     selected = "ppo" if comparison["ci95"][0] > 0 else "imitation"
     meta = {"timesteps": int(model.num_timesteps), "train_wall_s": time.perf_counter() - start,
             "git_revision": git_revision(), "seed": config.seed, "imitation": imitation,
-            "training_comparison": comparison, "selected": selected}
+            "selection_comparison": comparison, "selected": selected}
     policy = replace(ppo, meta={**meta, **ppo.meta}) if selected == "ppo" else replace(cloned, meta=meta)
     policy_path = out / POLICY_FILE
     policy.save(policy_path)
@@ -129,8 +132,9 @@ def train(config: TrainConfig, out: Path, timesteps: int | None = None, progress
     env.close()
     wall_s = time.perf_counter() - start
     summary = {"wall_s": wall_s, "timesteps": int(model.num_timesteps), "imitation": imitation,
-               "training_comparison": comparison, "selected": selected, "held_out": held_out,
-               "train_steps": [p.predicted.name for p in train_pairs]}
+               "selection_comparison": comparison, "selected": selected, "held_out": held_out,
+               "train_steps": [p.predicted.name for p in train_pairs],
+               "validation_steps": [p.predicted.name for p in validation_pairs]}
     write_text_atomic(out / "summary.json", json.dumps(summary, indent=1) + "\n")
     return TrainResult(out, policy_path, wall_s, int(model.num_timesteps), held_out)
 
@@ -185,7 +189,7 @@ def evaluate_steps(policy: FrozenPolicy, pairs: list[ShapePair], profile: GpuPro
 
 def paired_returns(policy: FrozenPolicy, pairs: list[ShapePair], profile: GpuProfile, config: TrainConfig) -> Array:
     """Returns (the sum of the environment's rewards: energy saved % - overrun penalties) of the deterministic
-    policy on every training step, budget and switching regime, with the environment's noise and executed
+    policy on every step of ``pairs``, budget and switching regime, with the environment's noise and executed
     variants, seeds 0..SCORE_SEEDS-1, in a fixed order (two policies' arrays pair up)."""
     env = pair_env(pairs, profile, config.env)
     return np.array([rollout(policy, env, {"step": i, "budget": budget, "latency_scale": scale}, seed)["return"]

@@ -129,17 +129,21 @@ def family_of(bundled_name: str) -> str:
 
 @dataclass(frozen=True)
 class DataSplit:
-    """Training steps and held-out steps, split by workload family.
+    """Training steps, validation steps and held-out steps; training and held-out split by workload family.
 
     Attributes:
         train: what the policy trains on.
         held_out: what it is evaluated on; none of its families may appear in ``train``.
         held_out_families: the families kept out of training (documents the split; checked both ways).
+        validation: what PPO and its clone are compared on to choose the one that ships: steps not in
+            ``train`` (e.g. the training families at other shapes), none of a held-out family; empty: the
+            comparison runs on the training steps.
     """
 
     train: WorkloadSet
     held_out: WorkloadSet
     held_out_families: tuple[str, ...]
+    validation: WorkloadSet = WorkloadSet()
 
     def __post_init__(self) -> None:
         leaked = sorted(self.train.families() & set(self.held_out_families))
@@ -148,6 +152,9 @@ class DataSplit:
         unlisted = sorted(self.held_out.families() - set(self.held_out_families))
         if unlisted:
             raise ConfigError(f"held-out set uses families {unlisted} not listed in held_out_families")
+        peeking = sorted(self.validation.families() & set(self.held_out_families))
+        if peeking:
+            raise ConfigError(f"validation set uses held-out families {peeking}; validate on other families")
 
 
 def default_step(profile: GpuProfile, grid: ClockGrid | None = None) -> StepData:

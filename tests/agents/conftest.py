@@ -18,7 +18,8 @@ def tiny_config() -> TrainConfig:
     ppo = replace(config.ppo, n_steps=64, batch_size=64, n_epochs=1,
                   policy_kwargs=PolicyKwargs(NetArch((16, 16), (16, 16))))
     data = replace(config.data, train=WorkloadSet(bundled=("h200/gpt3xl-1layer-b4",)),
-                   held_out=WorkloadSet(bundled=("h200/gpt2s-b16",)))
+                   held_out=WorkloadSet(bundled=("h200/gpt2s-b16",)),
+                   validation=WorkloadSet(bundled=("h200/gpt3xl-24layer-b4",)))
     return replace(config, total_timesteps=256, n_envs=2, checkpoint_every=128, eval_every=128, ppo=ppo, data=data)
 
 

@@ -81,6 +81,9 @@ def test_a_split_that_trains_on_a_held_out_family_is_refused() -> None:
         DataSplit(train=WorkloadSet(presets=("gpt2s",)), held_out=WorkloadSet(), held_out_families=("gpt2s",))
     with pytest.raises(ConfigError, match="resnet50"):
         DataSplit(train=WorkloadSet(), held_out=WorkloadSet(bundled=("h200/resnet50-b128",)), held_out_families=())
+    with pytest.raises(ConfigError, match="validation set uses held-out families"):
+        DataSplit(train=WorkloadSet(), held_out=WorkloadSet(presets=("gpt2s",)), held_out_families=("gpt2s",),
+                  validation=WorkloadSet(presets=("gpt2s",)))
 
 
 def test_variants_are_seeded_and_named() -> None:
@@ -112,9 +115,10 @@ def test_a_runs_saved_config_is_whole_and_loads_back(tiny_run: TrainResult) -> N
 
 def test_ppo_ships_only_when_its_paired_interval_over_the_clone_is_above_zero(tiny_run: TrainResult) -> None:
     summary = json.loads((tiny_run.out / "summary.json").read_text())
-    comparison, selected = summary["training_comparison"], summary["selected"]
+    comparison, selected = summary["selection_comparison"], summary["selected"]
+    assert summary["validation_steps"] == ["h200/gpt3xl-24layer-b4"]  # compared on these, not on the training steps
     low, high = comparison["ci95"]
     assert low <= comparison["delta_return"] <= high and comparison["pairs"] > 1
     assert selected == ("ppo" if low > 0 else "imitation")
     policy = FrozenPolicy.load(tiny_run.policy_path, load_profile("h200"))
-    assert policy.meta["selected"] == selected and policy.meta["training_comparison"] == comparison
+    assert policy.meta["selected"] == selected and policy.meta["selection_comparison"] == comparison
