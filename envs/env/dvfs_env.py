@@ -181,7 +181,7 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray], StepExecution):
         self._last_latency_ratio = 1.0
         self._live_drift_pct: float | None = None  # measured by a controller (observe_live), else simulated
         self._now_s = self._elapsed_s = self._auto_elapsed_s = self._model_elapsed_s = 0.0
-        self._live_times: tuple[float, float, float] | None = None  # a controller's (observe_live), else simulated
+        self._times_measured = False  # the times are a controller's (observe_live) until the next step, else simulated
         self._energy_j = self._auto_energy_so_far_j = 0.0
         self._switches = self._requests = 0
         self.applied = np.zeros(self._kernels, dtype=np.int64)
@@ -224,7 +224,7 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray], StepExecution):
         """
         if self._k >= self._kernels:
             raise gym.error.ResetNeeded("the step is over; call reset()")
-        self._live_times = None
+        self._times_measured = False
         before = self._totals()
         hold_until_s = self._now_s + self.config.decision_fraction * self._auto_time_s
         while True:
@@ -300,8 +300,7 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray], StepExecution):
         self._requested_at_s = self._now_s - state.pending_age_s
         self._effective_at_s = self._requested_at_s + self.latency_s
         self._elapsed_s, self._auto_elapsed_s = state.elapsed_s, state.auto_elapsed_s
-        self._model_elapsed_s = state.model_elapsed_s
-        self._live_times = (state.elapsed_s, state.auto_elapsed_s, state.model_elapsed_s)
+        self._model_elapsed_s, self._times_measured = state.model_elapsed_s, True
         self._last_latency_ratio, self._live_drift_pct = state.last_latency_ratio, state.auto_drift_pct
 
     def advisor_action(self, group: str, index: int = 0) -> int:
@@ -374,8 +373,8 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray], StepExecution):
         """(elapsed, auto's, the prediction's at the clocks run) as a controller measures them
         (:class:`~kdvfs.envs.env.live.LiveState`): a live state's own; else the simulated elapsed time over the
         drift's scale, and the prediction's times, not the executed step's (which no controller knows)."""
-        if self._live_times is not None:
-            return self._live_times
+        if self._times_measured:
+            return self._elapsed_s, self._auto_elapsed_s, self._model_elapsed_s
         return (self._elapsed_s / (1.0 + drift_pct / 100.0), float(self._cumulative_s[min(k, self._kernels), 0]),
                 self._model_elapsed_s)
 
