@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kdvfs.agents.common.problem import Problem, score
+from kdvfs.agents.evaluation.ranges import predicted_range
 from kdvfs.runtime.controller.config import ControllerConfig
 from kdvfs.runtime.controller.decisions.actuator import Actuator, parse_clocks
 from kdvfs.runtime.controller.decisions.issuer import Issuer, StepJudges
@@ -378,5 +379,6 @@ class Controller:
                                   "thread_issue": 1e3 * issuer.issue_cpu_s, "hooks": 1e3 * self._timeline.hook_s
                                   if isinstance(self._timeline, CudaStepTimeline) else None},
             **accounting.figures(issuer.controlled_steps / issuer.steps if issuer.steps else 0.0),
-            "predicted": {k: v for k, v in asdict(predicted).items() if k != "method"},
+            "predicted": {**{k: v for k, v in asdict(predicted).items() if k != "method"},
+                          "range": predicted_range(plan.problem, plan.schedule).as_json()},
         }

@@ -13,7 +13,7 @@ from rich.table import Table
 from kdvfs.envs.common.errors import KdvfsError
 from kdvfs.runtime.cli.arguments import check_output_file
 from kdvfs.runtime.cli.live.run import measured_text, no_measurement_reason
-from kdvfs.runtime.cli.render import console
+from kdvfs.runtime.cli.render import console, predicted_text
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -69,8 +69,7 @@ def report_table(run: dict[str, Any]) -> Table:
     if summary is not None:
         table.add_row("over the run", measured_text(summary["measured_net"]), "", "")
         predicted = summary["predicted"]
-        table.add_row("predicted (cost model)", f"{predicted['energy_saved_pct']:+.2f}% / "
-                                                f"{predicted['slowdown_pct']:+.2f}%", "", "")
+        table.add_row("predicted (cost model)", predicted_text(predicted, "+"), "", "")
     return table
 
 

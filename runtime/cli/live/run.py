@@ -13,6 +13,7 @@ from typing import Any
 from rich.table import Table
 
 from kdvfs.envs.common.errors import KdvfsError
+from kdvfs.envs.model.ranges import COVERAGE
 from kdvfs.runtime.cli.arguments import (
     budget,
     check_output_file,
@@ -22,7 +23,7 @@ from kdvfs.runtime.cli.arguments import (
     resolved,
 )
 from kdvfs.runtime.cli.live.daemon import add_daemon_option
-from kdvfs.runtime.cli.render import console, print_json
+from kdvfs.runtime.cli.render import console, predicted_text, print_json
 from kdvfs.runtime.daemon.client import DaemonDevice, daemon_socket
 from kdvfs.runtime.device.errors import ClockRestoreError, DeviceIndexError
 from kdvfs.runtime.device.lease import reset_leased_gpu_clocks
@@ -124,8 +125,7 @@ def summary_table(summary: dict[str, Any]) -> Table:
                                                   f"{_figure(summary['energy_j_per_step_controlled'])}"),
         ("measured saving / slowdown while controlling (95% interval)", measured_text(summary["measured"])),
         ("measured saving / slowdown over the run", measured_text(summary["measured_net"])),
-        ("predicted saving / slowdown (cost model)", f"{predicted['energy_saved_pct']:.2f}% / "
-                                                     f"{predicted['slowdown_pct']:.2f}%"),
+        (f"predicted saving / slowdown (cost model, {COVERAGE:.0%} range)", predicted_text(predicted)),
     ]
     reason = no_measurement_reason(summary["measured"])
     if reason is not None:

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kdvfs.agents.evaluation.ranges import row_ranges
 from kdvfs.envs.common.files import write_text_atomic
 from kdvfs.envs.common.run_record import write_run_record
 from kdvfs.envs.gpu.profiles import GpuProfile, load_profile
@@ -17,7 +18,7 @@ from kdvfs.envs.trace.bundled import DEFAULT_TRACE, open_trace
 from kdvfs.envs.trace.summary import summarize
 from kdvfs.envs.trace.trace import Trace, with_measured_gaps
 from kdvfs.runtime.cli.arguments import add_output, check_output_folder, sample_count
-from kdvfs.runtime.cli.offline.plan import row_json, uncertainty_ranges
+from kdvfs.runtime.cli.offline.plan import row_json
 from kdvfs.runtime.cli.render import (
     breakdown_table,
     compare_table,
@@ -75,15 +76,14 @@ def _compare(trace: Trace, profile: GpuProfile, out: Path, samples: int) -> None
     with err_console.status("planning") as status:
         rows = compare(problem, DEMO_BUDGETS, EVALUATED, lambda text: status.update(f"planning: {text}"))
         rows += _shipped_policy_rows(problem)
-    at_budget = [r for r in rows if r.budget == 0.01]
-    methods = [r for r in at_budget if r.executed.method in EVALUATED]
-    if samples:
-        _stage(f"ranges over {samples} sampled profiles")
-    ranges = uncertainty_ranges(problem, methods, [0.01], None, UncertaintySpec(samples)) if samples else None
-    console.print(compare_table(at_budget, problem, ranges))
+    _stage(f"ranges with {samples} sampled profiles")
+    ranges = row_ranges(problem, rows, UncertaintySpec(samples) if samples else None)
+    at_budget = [index for index, row in enumerate(rows) if row.budget == 0.01]
+    console.print(compare_table([rows[i] for i in at_budget], problem, [ranges[i] for i in at_budget]))
     plot, results = out / "pareto.png", out / "results.json"
     plot_tradeoff(rows, f"{trace.meta.workload} on {profile.name}, {problem.latency_s * 1e3:g} ms switching", plot)
-    write_text_atomic(results, json.dumps([row_json(row, ranges) for row in rows], indent=1) + "\n")
+    write_text_atomic(results, json.dumps([row_json(row, spread) for row, spread in zip(rows, ranges, strict=True)],
+                                          indent=1) + "\n")
     record = write_run_record(out, {"trace": trace.meta.workload, "gpu": profile.name, "budgets": DEMO_BUDGETS,
                                     "latency_s": problem.latency_s, "methods": (*EVALUATED, "policy")})
     console.print(f"wrote {plot}, {results} (every method at every budget, as `kdvfs compare --json`) and {record}")

@@ -13,8 +13,15 @@ from typing import TYPE_CHECKING
 from kdvfs.agents.learned.shipped import policy_source_path
 from kdvfs.envs.common.errors import KdvfsError
 from kdvfs.runtime.cli.arguments import add_output, add_power_limit, budget_list, check_output_folder, latency_ms
-from kdvfs.runtime.cli.offline.plan import latency_from_args, problem_from_args
-from kdvfs.runtime.cli.render import compare_table, console, noisy_table, print_json
+from kdvfs.runtime.cli.offline.plan import latency_from_args, problem_from_args, ranges_of, row_json
+from kdvfs.runtime.cli.render import (
+    add_range_arguments,
+    basis_lines,
+    compare_table,
+    console,
+    noisy_table,
+    print_json,
+)
 
 if TYPE_CHECKING:
     from kdvfs.agents.common.problem import Problem
@@ -47,7 +54,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     add_power_limit(evaluate)
     evaluate.add_argument("--episodes", type=_positive_int, help="N seeded episodes with the environment's "
                           "disturbances, every planner open-loop on the same draws (default: one, no disturbance)")
-    evaluate.add_argument("--seed", type=int, default=0, help="seed of the first episode (default 0)")
+    evaluate.add_argument("--seed", type=int, default=0, help="seed of the first episode and of the sampled "
+                          "profiles (default 0)")
+    add_range_arguments(evaluate, seed=False)
     evaluate.add_argument("--json", action="store_true", help="print JSON for scripts (as `kdvfs compare --json`)")
     evaluate.set_defaults(func=run_evaluate)
 
@@ -108,10 +117,13 @@ def run_evaluate(args: argparse.Namespace) -> int:
         rows = compare(problem, args.budget, EVALUATED, lambda text: status.update(f"planning: {text}"))
         status.update("policy")
         rows = sorted(rows + policy_rows(problem, planner, args.budget), key=lambda row: row.budget)
+    ranges = ranges_of(problem, rows, args)
     if args.json:
-        print_json([row.as_json() for row in rows])
+        print_json([row_json(row, spread) for row, spread in zip(rows, ranges, strict=True)])
     else:
-        console.print(compare_table(rows, problem))
+        console.print(compare_table(rows, problem, ranges))
+        for line in basis_lines(*next((r.basis, r.samples) for r in ranges if r is not None)):
+            console.print(line)
     return 0
 
 

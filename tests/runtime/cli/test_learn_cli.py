@@ -20,13 +20,15 @@ TRACE = "h200/gpt3xl-1layer-b4"
 
 def test_evaluate_json_has_the_compare_fields_plus_a_policy_row(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["evaluate", "--policy", str(shipped_policy_path("h200")), "--trace", TRACE, "--gpu", "h200",
-                 "--json"]) == 0
+                 "--json", "--samples", "2"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert {"policy", "latency-optimal", "auto", "power-limit"} <= {row["method"] for row in rows}
     for row in rows:
         assert set(row) == {"method", "energy_saved_pct", "slowdown_pct", "switches", "solve_s", "budget_pct",
-                            "power_limit_w", "power_limit_source"}
+                            "power_limit_w", "power_limit_source", "range"}
         assert row["budget_pct"] == pytest.approx(1.0)
+        low, high = row["range"]["slowdown_pct"]
+        assert low < row["slowdown_pct"] < high or low == row["slowdown_pct"] == high == 0
         searched = row["method"] == "power-limit"
         assert row["power_limit_source"] == ("searched" if searched else "profile default")
         assert (row["power_limit_w"] < 700.0) if searched else row["power_limit_w"] == 700.0
