@@ -103,8 +103,9 @@ def row_ranges(problem: Problem, rows: Sequence[Row], spec: UncertaintySpec | No
     ``spec`` (None: the validated error alone) built once and shared by the rows."""
     samples = sampled_problems(problem, spec, progress)
     basis, seed = range_basis(problem.profile), 0 if spec is None else spec.seed
-    limits = {row.power_limit_w: limit_range(problem, row.power_limit_w, samples, seed, basis)
-              for row in rows if row.schedule is None and row.power_limit_w is not None}
+    limits: dict[float | None, ChangeRange] = {
+        row.power_limit_w: limit_range(problem, row.power_limit_w, samples, seed, basis)
+        for row in rows if row.schedule is None and row.power_limit_w is not None}
     return [schedule_range(problem.with_budget(row.budget), row.schedule, samples, seed, basis)
             if row.schedule is not None else limits.get(row.power_limit_w) for row in rows]
 

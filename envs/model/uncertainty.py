@@ -39,12 +39,6 @@ class UncertaintySpec:
         if self.samples < 1:
             raise KdvfsError(f"--samples {self.samples} must be at least 1")
 
-    def as_json(self, profile: GpuProfile) -> dict[str, object]:
-        """The method, its size and seed, and the ranges varied (for JSON output)."""
-        ranges = ranged_parameters(profile, self.vary_latency)
-        return {"method": METHOD, "samples": self.samples, "seed": self.seed,
-                "ranges": {name: list(bounds) for name, bounds in ranges.items()}}
-
 
 def ranged_parameters(profile: GpuProfile, vary_latency: bool = True) -> dict[str, tuple[float, float]]:
     """Every parameter of ``profile`` with a plausible range, and its ``(low, high)``."""

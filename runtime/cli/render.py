@@ -47,7 +47,7 @@ def add_range_arguments(parser: argparse.ArgumentParser, seed: bool = True) -> N
     ``predict``, ``plan``, ``compare`` and ``evaluate``, whose own ``--seed`` seeds the sample too)."""
     parser.add_argument("--samples", type=sample_count, default=DEFAULT_SAMPLES,
                         help=f"profiles drawn over the GPU profile's parameter ranges ({METHOD}) for each figure's "
-                        f"{COVERAGE:.0%} range, with the model's validated error (default {DEFAULT_SAMPLES}; "
+                        f"{100 * COVERAGE:.0f}%% range, with the model's validated error (default {DEFAULT_SAMPLES}; "
                         "0: the validated error alone)")
     if seed:
         parser.add_argument("--seed", type=int, default=0, help="seed of the sampled profiles (default 0)")
