@@ -191,9 +191,8 @@ def compare_table(rows: Sequence[Row], problem: Problem, ranges: Sequence[Change
     table = Table(title=f"{problem.trace.meta.workload} on {problem.profile.name}, "
                         f"{problem.latency_s * 1e3:g} ms switching latency, {problem.power_limits.describe()}",
                   caption=" ".join(notes) or None)
-    for column in ("budget", "method", "energy saved", "slowdown", "switches/step", "solve (s)",
-                   "as planned: saved / slowdown"):
-        table.add_column(column, justify="left" if column == "method" else "right")
+    for column in ("budget", "method", "energy saved", "slowdown", "switches", "solve (s)", "as planned"):
+        table.add_column(column, justify="left" if column == "method" else "right", no_wrap=True)
     for index, row in enumerate(rows):
         e, p = row.executed, row.planned
         spread = None if ranges is None else ranges[index]

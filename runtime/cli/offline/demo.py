@@ -20,6 +20,7 @@ from kdvfs.envs.trace.trace import Trace, with_measured_gaps
 from kdvfs.runtime.cli.arguments import add_output, check_output_folder, sample_count
 from kdvfs.runtime.cli.offline.plan import row_json
 from kdvfs.runtime.cli.render import (
+    basis_lines,
     breakdown_table,
     compare_table,
     console,
@@ -43,8 +44,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     add_output(parser, "folder for the results (results.json), plot and run record (default runs/demo)", dest="out",
                default=Path("runs/demo"))
     parser.add_argument("--samples", type=sample_count, default=DEMO_SAMPLES,
-                        help="sampled profiles for the 1%% budget's ranges over the profile's parameter ranges "
-                        f"(default {DEMO_SAMPLES}; 0: none)")
+                        help="sampled profiles in each figure's 90%% range, with the model's validated error "
+                        f"(default {DEMO_SAMPLES}; 0: the validated error alone)")
     parser.set_defaults(func=run)
 
 
@@ -66,8 +67,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _compare(trace: Trace, profile: GpuProfile, out: Path, samples: int) -> None:
-    """Every method and the shipped policy at a 1% budget (the methods with their ranges over the profile's
-    parameter ranges), and the trade-off plot over DEMO_BUDGETS."""
+    """Every method and the shipped policy at a 1% budget with their 90% ranges, and the trade-off plot over
+    DEMO_BUDGETS."""
     from kdvfs.agents.common.problem import Problem
     from kdvfs.agents.evaluation.compare import EVALUATED, compare, plot_tradeoff
 
@@ -80,6 +81,8 @@ def _compare(trace: Trace, profile: GpuProfile, out: Path, samples: int) -> None
     ranges = row_ranges(problem, rows, UncertaintySpec(samples) if samples else None)
     at_budget = [index for index, row in enumerate(rows) if row.budget == 0.01]
     console.print(compare_table([rows[i] for i in at_budget], problem, [ranges[i] for i in at_budget]))
+    for line in basis_lines(*next((r.basis, r.samples) for r in ranges if r is not None)):
+        console.print(line)
     plot, results = out / "pareto.png", out / "results.json"
     plot_tradeoff(rows, f"{trace.meta.workload} on {profile.name}, {problem.latency_s * 1e3:g} ms switching", plot)
     write_text_atomic(results, json.dumps([row_json(row, spread) for row, spread in zip(rows, ranges, strict=True)],

@@ -40,7 +40,7 @@ def test_compare_json_has_the_documented_fields(capsys: pytest.CaptureFixture[st
     code, text, _ = run(capsys, "compare", "--trace", SMALL, "--gpu", "h200", "--budget", "0.01,0.05",
                         "--latency-ms", "0", "--json", "--plot", str(plot))
     rows = json.loads(text)
-    assert code == 0 and {tuple(sorted(r)) for r in rows} == {tuple(sorted(FIELDS))}
+    assert code == 0 and {tuple(sorted(r)) for r in rows} == {tuple(sorted(FIELDS | {"range"}))}
     assert {r["budget_pct"] for r in rows} == {1.0, 5.0}
     ilp = {r["budget_pct"]: r for r in rows if r["method"] == "ilp"}
     assert ilp[5.0]["energy_saved_pct"] >= ilp[1.0]["energy_saved_pct"] - 1e-9
