@@ -49,6 +49,8 @@ def add_range_arguments(parser: argparse.ArgumentParser, seed: bool = True) -> N
                         help=f"profiles drawn over the GPU profile's parameter ranges ({METHOD}) for each figure's "
                         f"{100 * COVERAGE:.0f}%% range, with the model's validated error (default {DEFAULT_SAMPLES}; "
                         "0: the validated error alone)")
+    parser.add_argument("--uncertainty", action="store_true",
+                        help="accepted for scripts written when ranges were optional; every figure has its range now")
     if seed:
         parser.add_argument("--seed", type=int, default=0, help="seed of the sampled profiles (default 0)")
 
