@@ -8,7 +8,8 @@ command line and the daemon), and records it in the state file (JSON, ``{"leased
 "uid", "since"}}}``, written atomically) until its clocks are back at the GPU's control. A dropped connection
 resets the clocks of every GPU it held, then releases them; a GPU whose reset failed stays in the state file.
 On start, :meth:`GpuTable.reset_left_locked` resets every GPU the state file names (a previous daemon that
-died with clients: SIGKILL, OOM kill, a crash) unless a live process holds its lease. Each GPU's NVML calls
+died with clients: SIGKILL, OOM kill, a crash), breaking a stale lease on it; a GPU leaves the state file only
+once reset (one a running process holds the lease of is reset before its next lease). Each GPU's NVML calls
 are serialised by its own lock; GPUs do not wait for each other.
 """
 

@@ -12,7 +12,8 @@ Requests (``gpu``: the NVML index; clocks in MHz):
 ``reset`` ``gpu``                                      ``locked_mhz`` ([null, null])
 ``state`` ``gpu``                                      ``uuid``, ``name``, ``clocks_mhz`` ([SM, memory]),
                                                        ``power_w``, ``locked_mhz``, ``holder`` (null or
-                                                       ``{"pid", "uid", "since"}``)
+                                                       ``{"pid", "uid", "since"}``), ``reset_pending``
+                                                       (a reset owed: failed, or left by a predecessor)
 ========= ============================================ ===============================================
 
 ``lock`` and ``reset`` need the GPU leased by the same connection; ``state`` needs no lease. A refused or

@@ -68,7 +68,7 @@ SEND_TIMEOUT_S = 5.0
 ACCEPT_RETRY_S = (0.05, 1.0)
 """The first and the longest wait after ``accept`` found no descriptor (EMFILE, ENFILE) or memory left."""
 OUT_OF_RESOURCES = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
-STOP_SIGNALS = {signal.SIGTERM: 0, signal.SIGINT: 0, signal.SIGHUP: 128 + signal.SIGHUP,
+STOP_SIGNALS: dict[int, int] = {signal.SIGTERM: 0, signal.SIGINT: 0, signal.SIGHUP: 128 + signal.SIGHUP,
                 signal.SIGQUIT: 128 + signal.SIGQUIT}
 """The signals that stop the daemon (after resetting every held GPU), with its exit code for each."""
 DAEMON_NEEDS = "kdvfs daemon locks GPU clocks for its clients"

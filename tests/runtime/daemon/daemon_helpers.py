@@ -10,7 +10,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -77,15 +77,20 @@ class RunningDaemon:
         return self.process.wait(30)
 
 
-def start_daemon(folder: Path, *options: str, open_files: int | None = None) -> RunningDaemon:
-    """``kdvfs daemon`` on ``folder``'s fake NVML, its socket ``folder/kdvfs.sock``, ready to answer;
-    ``open_files``: its descriptor limit (soft and hard), else this process's."""
+def limit_open_files(count: int) -> Callable[[], None]:
+    """A ``preexec_fn`` that sets a process's descriptor limit (soft and hard) to ``count``."""
+    return lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (count, count))
+
+
+def start_daemon(folder: Path, *options: str, prefix: Sequence[str] = (),
+                 preexec_fn: Callable[[], None] | None = None) -> RunningDaemon:
+    """``kdvfs daemon`` on ``folder``'s fake NVML, its socket ``folder/kdvfs.sock``, ready to answer; ``prefix``:
+    a command that runs it (``setpriv ...``); ``preexec_fn``: run in its process before that."""
     socket, log = folder / "kdvfs.sock", folder / "daemon.log"
     started = log.read_text().count('"event": "start"') if log.is_file() else 0  # a log file is appended to
-    limit = None if open_files is None else (lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (open_files,) * 2))
-    process = subprocess.Popen([*KDVFS, "daemon", "--socket", str(socket), "--nvml-module", NVML, "--log", str(log),
-                                *options], cwd=REPO_ROOT, env=fake_environment(folder), stdout=subprocess.DEVNULL,
-                               stderr=subprocess.PIPE, text=True, preexec_fn=limit)
+    process = subprocess.Popen([*prefix, *KDVFS, "daemon", "--socket", str(socket), "--nvml-module", NVML, "--log",
+                                str(log), *options], cwd=REPO_ROOT, env=fake_environment(folder),
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, preexec_fn=preexec_fn)
     daemon = RunningDaemon(process, socket, log, folder / "kdvfs.sock.state.json")
     if not wait_for(lambda: len(daemon.records("start")) > started or process.poll() is not None, 60):
         process.kill()

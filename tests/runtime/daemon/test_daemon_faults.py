@@ -38,6 +38,7 @@ from tests.runtime.daemon.daemon_helpers import (
     RunningDaemon,
     end,
     fake_environment,
+    limit_open_files,
     locks,
     start_daemon,
     start_holder,
@@ -68,7 +69,7 @@ def _connect(path: Path) -> socket.socket:
 def test_a_connection_flood_neither_kills_the_daemon_nor_keeps_a_gpu_locked(open_folder: Path) -> None:
     """Past its descriptor limit an unbounded daemon died in ``accept`` (EMFILE) with the GPU locked; now the
     connections beyond its limits are refused in one line and it goes on serving."""
-    daemon = start_daemon(open_folder, open_files=160)
+    daemon = start_daemon(open_folder, preexec_fn=limit_open_files(160))
     holder = start_holder(daemon)
     flood: list[socket.socket] = []
     try:
