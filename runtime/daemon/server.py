@@ -39,7 +39,7 @@ from typing import IO, Any, NoReturn
 
 from kdvfs.envs.common.errors import KdvfsError
 from kdvfs.runtime.daemon.connections import (
-    CLIENT_EXITED,
+    CLOSED,
     TOO_LONG,
     ClientProcess,
     ConnectionCount,
@@ -217,10 +217,10 @@ class Daemon:
             return
         try:
             threading.Thread(target=self.serve, args=(connection, number, peer), daemon=True).start()
-        except BaseException:
+        except RuntimeError as error:  # no thread left (a task limit): refused like a connection over the limits
             self.count.leave(peer.uid)
+            self.log.write("refuse", connection=number, pid=peer.pid, uid=peer.uid, error=str(error))
             connection.close()
-            raise
 
     def shutdown(self, signum: int | None) -> int:
         """Ignore further stop signals, close and remove the socket, reset every held GPU; the exit code for
@@ -240,7 +240,7 @@ class Daemon:
         holding no GPU, an over-long line), then reset what it held."""
         who = {"connection": number, "pid": peer.pid, "uid": peer.uid}
         self.log.write("connect", **who)
-        ending = CLIENT_EXITED
+        ending = CLOSED
         try:
             with connection, ClientProcess(peer.pid) as client:
                 connection.settimeout(SEND_TIMEOUT_S)
