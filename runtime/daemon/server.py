@@ -28,6 +28,7 @@ import os
 import signal
 import socket
 import stat
+import struct
 import sys
 import threading
 import time
@@ -243,7 +244,9 @@ class Daemon:
         ending = CLOSED
         try:
             with connection, ClientProcess(peer.pid) as client:
-                connection.settimeout(SEND_TIMEOUT_S)
+                seconds = int(SEND_TIMEOUT_S)  # a kernel send timeout: no poll() before every send, as settimeout has
+                connection.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO,
+                                      struct.pack("ll", seconds, int(1e6 * (SEND_TIMEOUT_S - seconds))))
                 lines = RequestLines(connection, client, MAX_LINE_BYTES)
                 last_s = time.monotonic()
                 while True:
@@ -257,8 +260,10 @@ class Daemon:
                     if len(line) > MAX_LINE_BYTES:
                         ending = TOO_LONG  # the rest of an over-long line cannot be told from the next request
                         break
+        except BlockingIOError:
+            ending = f"replies not read for {SEND_TIMEOUT_S:g} s"
         except OSError as error:
-            ending = f"socket error: {error.strerror or error}"  # a client that vanished mid-reply, or never reads
+            ending = f"socket error: {error.strerror or error}"  # a client that vanished mid-reply
         finally:
             self.count.leave(peer.uid)
             outcomes = self.table.drop(number)
