@@ -58,6 +58,7 @@ from kdvfs.runtime.controller.shapes.steps import ShapeSteps, StepEntry, Varying
 from kdvfs.runtime.controller.timing.anchors import Anchors, TraceStructure
 from kdvfs.runtime.controller.timing.gpu_timeline import CudaStepTimeline, HostStepTimeline, StepTimeline
 from kdvfs.runtime.controller.timing.matching import StepMatcher
+from kdvfs.runtime.controller.training.ended import write_daemon_lease
 from kdvfs.runtime.controller.training.hooks import AnchorHooks
 from kdvfs.runtime.daemon.client import NVML_CONTROL, DaemonDevice, daemon_socket
 from kdvfs.runtime.device.errors import observe_only_reason
@@ -130,6 +131,7 @@ class Controller:
         self.rank = Rank.from_environment()
         self._job: JobGroup | None = None
         self._gpu_index: int | None = None
+        self._opened: Device | None = None
         self._varying = varying
         self.book: ShapeBook | None = None
         """The plans of the shape buckets of a run whose steps vary (None for a run of one shape)."""
@@ -165,7 +167,7 @@ class Controller:
 
     def _open(self) -> None:
         self.config = self.config.for_rank(self.rank)
-        device = self._open_device()
+        device = self._opened = self._open_device()
         self._gpu_index = device.index
         self._clock_control = clock_control_of(device)
         config = self.config
@@ -173,6 +175,8 @@ class Controller:
         check_device(self.plan, device)
         if not config.dry_run:
             require_clock_permission(needs=RUN_NEEDS, fix=RUN_FIX, allowed=device.has_clock_permission())
+            if isinstance(device, DaemonDevice) and config.report_path:  # for `kdvfs run`, should this process die
+                write_daemon_lease(self._report_path(), device.socket_path, device.index)
         problem = self.plan.problem
         config.measurement.check_window(problem.latency_s)
         self.step_plan = StepPlan.build(problem, self.plan.schedule, config.dry_run)
@@ -290,13 +294,15 @@ class Controller:
             sleep_lead_in=config.online.sleep_lead_in)
         return OnlineSteps(online, clocks, anchors, context, settings)
 
+    def _report_path(self) -> Path:
+        """This process's report for ``kdvfs run`` (``report_path`` is set)."""
+        assert self.config.report_path is not None
+        return rank_path(self.config.report_path, self.rank.rank) if self.rank.distributed \
+            else Path(self.config.report_path)
+
     def _watchdog_outcome(self) -> str | None:
         """The file the watchdog reports its state to, beside this process's report for ``kdvfs run``."""
-        if not self.config.report_path:
-            return None
-        report = rank_path(self.config.report_path, self.rank.rank) if self.rank.distributed \
-            else Path(self.config.report_path)
-        return str(watchdog_outcome_path(report))
+        return str(watchdog_outcome_path(self._report_path())) if self.config.report_path else None
 
     def _next_request_s(self) -> float:
         return math.inf if self._issuer is None else self._issuer.next_request_s
@@ -355,6 +361,11 @@ class Controller:
         atexit.unregister(self.close)
         self._stack.close()
 
+    def _connection_error(self) -> str | None:
+        """The error that ended a daemon connection (a restore confirmed by a restarted daemon, say), or None."""
+        device = self._opened
+        return str(device.connection_error) if isinstance(device, DaemonDevice) and device.connection_error else None
+
     def _summary(self) -> dict[str, Any]:
         issuer, actuator, accounting, plan = self._issuer, self._actuator, self._accounting, self.plan
         assert issuer is not None and actuator is not None and accounting is not None and plan is not None
@@ -368,7 +379,7 @@ class Controller:
             "switches": actuator.switches, "mismatches": issuer.matcher.mismatches,
             "backed_off": issuer.guard.backoffs > 0, "backoff_reason": issuer.guard.reason,
             "guard_backoffs": issuer.guard.backoffs, "guard_slowdown_pct": None if guard is None else guard.mean_pct,
-            "error": None if issuer.error is None else str(issuer.error),
+            "error": str(issuer.error) if issuer.error is not None else self._connection_error(),
             "observe_only": observe_only_reason(issuer.error),
             "restore_error": None if actuator.restore_error is None else str(actuator.restore_error),
             "anchors": {**issuer.anchors.figures(), "blocks": None if self._hooks is None else self._hooks.blocks},
