@@ -256,6 +256,12 @@ class Accounting:
             self._writer.close()
             self._writer = None
 
+    @property
+    def energy_thread_cpu_s(self) -> float | None:
+        """The energy counter's reading thread's CPU time (s; once stopped; None: no energy measurement, or it
+        was turned off)."""
+        return None if self._trace is None else self._trace.thread_cpu_s
+
     def figures(self, controlled_share: float) -> dict[str, Any]:
         """Whole-run figures: window steps, mean GPU step time (s), joules per step (all windows with energy,
         windows entirely at auto, entirely controlled), the measured effect while controlling (``measured``)
