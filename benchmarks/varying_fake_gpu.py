@@ -113,7 +113,7 @@ def run(seed: int, steps: int, truth: StepModel, known: StepModel,
         save_trace(reference.trace, trace_path)
         plan_path.write_text(json.dumps(schedule_json(reference, make_planner("latency-optimal").plan(reference))))
         controller = Controller(str(plan_path), str(trace_path), device=gpu, timeline=timeline, clock=clock,
-                                varying=varying, budget=BUDGET, energy_poll_s=0.0, ab_seed=seed, log=str(log))
+                                varying=varying, budget=BUDGET, energy_read_every_s=0.0, ab_seed=seed, log=str(log))
         with controller:
             for _ in range(steps):
                 controller.step()

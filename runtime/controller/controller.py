@@ -53,6 +53,7 @@ from kdvfs.runtime.controller.decisions.timeline import StepPlan
 from kdvfs.runtime.controller.event_log import EventLog
 from kdvfs.runtime.controller.measurement.accounting import Accounting
 from kdvfs.runtime.controller.measurement.guard import Guard
+from kdvfs.runtime.controller.measurement.host_cost import host_cost
 from kdvfs.runtime.controller.shapes.plans import ShapeBook, kernel_time_s
 from kdvfs.runtime.controller.shapes.steps import ShapeSteps, StepEntry, VaryingSteps
 from kdvfs.runtime.controller.timing.anchors import Anchors, TraceStructure
@@ -62,7 +63,7 @@ from kdvfs.runtime.controller.training.ended import write_daemon_lease
 from kdvfs.runtime.controller.training.hooks import AnchorHooks
 from kdvfs.runtime.daemon.client import NVML_CONTROL, DaemonDevice, daemon_socket
 from kdvfs.runtime.device.errors import observe_only_reason
-from kdvfs.runtime.device.host_time import Clock, RealClock
+from kdvfs.runtime.device.host_time import Clock, CountingClock, RealClock
 from kdvfs.runtime.device.interface import Device, check_clocks_mhz
 from kdvfs.runtime.device.lease import GpuLease
 from kdvfs.runtime.device.nvml import NvmlDevice, import_nvml, require_clock_permission, terminate_on_sigterm
@@ -138,6 +139,7 @@ class Controller:
         self._shapes: ShapeSteps | None = None
         self._step_shapes: StepShapes | None = None
         self._clock_control = NVML_CONTROL
+        self._thread_clock = CountingClock(self._clock)
 
     def __enter__(self) -> Controller:
         try:
@@ -213,7 +215,7 @@ class Controller:
         config, plan, clock = self.config, self.step_plan, self._clock
         assert plan is not None and self.plan is not None
         self._actuator = Actuator(device, config.dry_run, self.plan.problem.profile.clocks.default_memory_mhz,
-                                  self._log, clock)
+                                  self._log, clock, self.plan.problem.latency_s)
         self._stack.callback(self._actuator.close)
         settle_steps = 1 + int(self.plan.problem.latency_s // plan.auto_s)
         meter = device if config.measurement.energy else None
@@ -222,7 +224,8 @@ class Controller:
         hooks = (AnchorHooks(timeline.anchor, config.timing.anchor_every)
                  if config.timing.anchors and isinstance(timeline, CudaStepTimeline) else None)
         anchors = self._anchors(timeline, hooks)
-        context = ThreadContext(timeline, clock, self._log, self._actuator)
+        self._thread_clock = CountingClock(clock)
+        context = ThreadContext(timeline, self._thread_clock, self._log, self._actuator)
         self._source = self._step_source(device, anchors, context)
         self._shapes = None if self.book is None else self._shape_steps(timeline, hooks, context)
         matcher = (StepMatcher(plan.auto_s, config.step_match_tolerance, config.timing.confirm_steps)
@@ -371,6 +374,7 @@ class Controller:
         assert issuer is not None and actuator is not None and accounting is not None and plan is not None
         predicted = score(plan.problem, plan.schedule)
         guard = issuer.guard.slowdown()
+        cuda = self._timeline if isinstance(self._timeline, CudaStepTimeline) else None
         return {
             "rank": self.rank.rank, "world_size": self.rank.world_size, "gpu_index": self._gpu_index,
             "source": plan.source, "gpu": plan.problem.profile.name, "trace": plan.problem.trace.meta.workload,
@@ -387,8 +391,12 @@ class Controller:
             "shapes": None if self._shapes is None else self._shapes.figures(),
             "lead_in": issuer.lead_in_figures(),
             "controller_cpu_ms": {"thread": 1e3 * issuer.cpu_s, "thread_end_wait": 1e3 * issuer.end_wait_cpu_s,
-                                  "thread_issue": 1e3 * issuer.issue_cpu_s, "hooks": 1e3 * self._timeline.hook_s
-                                  if isinstance(self._timeline, CudaStepTimeline) else None},
+                                  "thread_issue": 1e3 * issuer.issue_cpu_s, "hooks": None if cuda is None
+                                  else 1e3 * cuda.hook_s},
+            "host_cost": host_cost(issuer.cpu_s, accounting.energy_thread_cpu_s, None if cuda is None else cuda.hook_s,
+                                   issuer.steps, issuer.step_interval_s(),
+                                   self._thread_clock.sleeps + (0 if cuda is None else cuda.sleeps)),
+            "requests": actuator.figures(),
             **accounting.figures(issuer.controlled_steps / issuer.steps if issuer.steps else 0.0),
             "predicted": {**{k: v for k, v in asdict(predicted).items() if k != "method"},
                           "range": predicted_range(plan.problem, plan.schedule).as_json()},

@@ -1,7 +1,9 @@
 """The controller's background thread: follows the GPU step by step and runs the step source in controlled steps.
 
 For every step boundary marked by the training thread it waits until the GPU has finished that step
-(:meth:`StepTimeline.wait`: the step end on the host's time base and the step's GPU time), feeds the step
+(:meth:`StepTimeline.wait`: the step end on the host's time base and the step's GPU time; told when the step is
+expected to end, the last one's end and its expected time at the scale below, so that it sleeps towards that
+instead of looking every millisecond), feeds the step
 to the matcher, the guard and the accounting, and then decides the next step:
 
 * matching, in a B window of the A/B schedule (:mod:`kdvfs.runtime.controller.measurement.accounting`) and the
@@ -35,6 +37,7 @@ summary; training continues.
 
 from __future__ import annotations
 
+import math
 import queue
 import statistics
 import sys
@@ -92,6 +95,8 @@ class Issuer(threading.Thread):
                                                               context.actuator)
         self.matcher, self.guard, self.accounting = judges.matcher, judges.guard, judges.accounting
         self._first_end_s = 0.0
+        self.last_end_s: float | None = None
+        """The last step's end (host s; None before the first)."""
         self.queue: queue.Queue[Any] = queue.Queue()
         self.stop_event = threading.Event()
         self.steps = 0
@@ -181,8 +186,9 @@ class Issuer(threading.Thread):
 
     def _window(self, token: Any) -> None:
         began_cpu_s = time.thread_time()
-        end = self.timeline.wait(token)
+        end = self.timeline.wait(token, self._expected_end_s())
         self.end_wait_cpu_s += time.thread_time() - began_cpu_s
+        self.last_end_s = end.end_s
         index, was_controlled = self.steps, self._controlling
         ran = self._ran.pop(index, self._entry if self.shapes is None else None)  # the first step had no decision
         self.steps += 1
@@ -209,6 +215,13 @@ class Issuer(threading.Thread):
             self.issue_cpu_s += time.thread_time() - began_cpu_s
         else:
             self.actuator.request(self.actuator.auto, step=index + 1, kernel=0, request_s=end.end_s, due_s=end.end_s)
+
+    def _expected_end_s(self) -> float:
+        """When the step waited for next is expected to end (host s): the last one's end and its expected
+        time at the scale (none before the first end)."""
+        if self.last_end_s is None:
+            return -math.inf
+        return self.last_end_s + self.scale * (self.plan.expected_s if self._controlling else self.plan.auto_s)
 
     def _log_step(self, index: int, end: StepEnd, matched: bool, was_controlled: bool, remapped: bool) -> None:
         """The step's record (and the anchor map's, when it changed) in the event log."""
@@ -239,6 +252,12 @@ class Issuer(threading.Thread):
             self.lead_ins_missed += 1
         elif passed_s > expected_s:
             self.lead_in_late_s.append(passed_s - expected_s)
+
+    def step_interval_s(self) -> float | None:
+        """The mean time from one step end to the next so far (host s; None before two)."""
+        if self.last_end_s is None or self.steps < 2:
+            return None
+        return (self.last_end_s - self._first_end_s) / (self.steps - 1)
 
     def lead_in_figures(self) -> dict[str, Any]:
         """For the summary: the lead-ins slept through, those whose first anchor came late (and by how much, ms),

@@ -7,10 +7,11 @@ thread runs the window's steps at auto or under the policy accordingly (:attr:`A
 
 * **Seconds per step**: the mean GPU step time (CUDA events) of the window's steps.
 * **Joules per step**: the energy counter's rise between the window's edges (the host times its first
-  step started and its last step ended on the GPU), interpolated between timed counter reads
-  (:class:`~kdvfs.runtime.device.energy.EnergyTrace`: read on its own thread, never on the thread that
-  issues clock requests), over the window's steps. A window's joules are known once the counter has been
-  read past its end.
+  step started and its last step ended on the GPU), interpolated between timed counter values
+  (:class:`~kdvfs.runtime.device.energy_trace.EnergyTrace`: read on its own thread, never on the thread that
+  issues clock requests, just after the counter's updates around each edge, which is marked as the window
+  opens and closes), over the window's steps. A window's joules are known once the counter has been read
+  past its end.
 * **Steps that vary** (a run whose steps change shape): each step counts for ``weight`` reference steps (its
   shape's expected auto time over the reference shape's), passed with its duration, which is already divided
   by it; a window's joules per step are then its joules over the weights of its steps, so that windows of
@@ -41,7 +42,8 @@ from kdvfs.runtime.controller.config import ControllerConfig
 from kdvfs.runtime.controller.event_log import EventLog
 from kdvfs.runtime.controller.measurement.ab import AUTO, CONTROLLED, AbSchedule, Slot
 from kdvfs.runtime.controller.measurement.estimator import Interval, Paired, measured, net
-from kdvfs.runtime.device.energy import EnergyTrace, Meter
+from kdvfs.runtime.device.energy import Meter
+from kdvfs.runtime.device.energy_trace import EnergyTrace
 from kdvfs.runtime.device.errors import DeviceError
 from kdvfs.runtime.device.host_time import Clock
 
@@ -83,8 +85,8 @@ class Accounting:
         self.slot: Slot = self.schedule.next()
         self.saved, self.slowdown = Paired(), Paired()
         self._config, self._clock, self._settle_steps, self._log = config, clock, settle_steps, log
-        self._trace = None if meter is None else EnergyTrace(meter.energy_j, clock.now_s,
-                                                             config.measurement.energy_poll_s, next_request_s)
+        self._trace = None if meter is None else EnergyTrace(meter.energy_j, clock,
+                                                             config.measurement.energy_read_every_s, next_request_s)
         self._writer: Any = None
         if config.tensorboard:
             from torch.utils.tensorboard import SummaryWriter
@@ -128,9 +130,9 @@ class Accounting:
 
     def _restart(self, edge_s: float) -> None:
         self._durations, self._weights, self._open_s = [], [], edge_s
-        if self._trace is not None and self._config.measurement.energy_poll_s == 0:
+        if self._trace is not None:
             try:
-                self._trace.read()
+                self._trace.mark(edge_s)
             except DeviceError as error:
                 self._energy_off(str(error))
 
@@ -254,6 +256,12 @@ class Accounting:
             self._writer.close()
             self._writer = None
 
+    @property
+    def energy_thread_cpu_s(self) -> float | None:
+        """The energy counter's reading thread's CPU time (s; once stopped; None: no energy measurement, or it
+        was turned off)."""
+        return None if self._trace is None else self._trace.thread_cpu_s
+
     def figures(self, controlled_share: float) -> dict[str, Any]:
         """Whole-run figures: window steps, mean GPU step time (s), joules per step (all windows with energy,
         windows entirely at auto, entirely controlled), the measured effect while controlling (``measured``)
@@ -274,7 +282,7 @@ class Accounting:
             "measured": effect, "measured_net": net(effect, controlled_share),
             "ab_share": self.schedule.share, "energy_measured": self._trace is not None,
             "energy_reads": None if self._trace is None else self._trace.reads,
-            "energy_thread_cpu_s": None if self._trace is None else self._trace.thread_cpu_s,
+            "energy_counter": None if self._trace is None else self._trace.figures(),
         }
 
 

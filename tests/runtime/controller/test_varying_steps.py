@@ -71,7 +71,7 @@ def varying_controller(tmp_path: Path, seqs: list[int], policy: str | None = Non
     varying = VaryingSteps([shape(s) for s in SEQS], predict, timeline.shape_of)
     controller = Controller(source, str(trace_path), device=gpu, timeline=timeline, clock=clock,
                             varying=varying, online=False, latency_ms=LATENCY_MS, budget=BUDGET, window_steps=5,
-                            window_s=0.1, energy_poll_s=0.0, issue_early_ms=0.0, ab_share=0.0)
+                            window_s=0.1, energy_read_every_s=0.0, issue_early_ms=0.0, ab_share=0.0)
     return controller, gpu
 
 

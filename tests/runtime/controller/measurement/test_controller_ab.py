@@ -1,10 +1,8 @@
 """Interleaved A/B windows: the schedule, the paired estimate, the drift model, the guard on the same
-evidence, energy reads off the request path, and bad input."""
+evidence, and bad input."""
 
 from __future__ import annotations
 
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +18,6 @@ from kdvfs.runtime.controller.config import ControllerConfig
 from kdvfs.runtime.controller.measurement.ab import AUTO, CONTROLLED, AbSchedule
 from kdvfs.runtime.controller.measurement.estimator import Paired
 from kdvfs.runtime.controller.measurement.guard import Guard
-from kdvfs.runtime.device.energy import EnergyTrace
 from kdvfs.runtime.device.errors import DeviceError
 from kdvfs.runtime.testing.ab_truth import true_effect
 
@@ -166,7 +163,7 @@ def test_no_energy_counter_measures_time_only_and_says_so_once(plan_file: Path, 
                                                                capsys: pytest.CaptureFixture[str]) -> None:
     _, gpu, timeline = fake_controller(plan_file, **AB)
     controller = Controller(str(plan_file), TRACE, device=NoCounter(gpu), timeline=timeline, clock=gpu.clock,
-                            latency_ms=LATENCY_MS, energy_poll_s=0.0, **AB)
+                            latency_ms=LATENCY_MS, energy_read_every_s=0.0, **AB)
     with controller:
         while gpu.clock.now_s() < 15.0:
             run_steps(controller, 20)
@@ -184,37 +181,6 @@ def test_bad_ab_settings_are_clear_errors(plan_file: Path) -> None:
     with pytest.raises(KdvfsError, match="switching latency"), controller:
         pass
     assert not gpu.set_calls
-
-
-class SlowCounter:
-    """A counter that takes 4 ms a read and updates every 50 ms (real time)."""
-
-    def __init__(self) -> None:
-        self.reads: list[tuple[float, float]] = []
-
-    def __call__(self) -> float:
-        start_s = time.perf_counter()
-        time.sleep(0.004)
-        self.reads.append((start_s, time.perf_counter()))
-        return float(int(start_s / 0.05)) * 50.0  # 1 kW, updated every 50 ms
-
-
-def test_energy_trace_polls_off_thread_and_keeps_clear_of_requests() -> None:
-    counter, request = SlowCounter(), {"at_s": float("inf")}
-    trace = EnergyTrace(counter, time.perf_counter, 0.005, lambda: request["at_s"])
-    trace.start()
-    time.sleep(0.3)
-    request["at_s"] = time.perf_counter() + 0.1
-    quiet = threading.Event()
-    quiet.wait(0.1)
-    request["at_s"] = float("inf")
-    time.sleep(0.1)
-    trace.stop()
-    assert not any(start_s > request_s - 0.01 and start_s < request_s
-                   for start_s, _ in counter.reads for request_s in [request["at_s"]] if request_s < float("inf"))
-    now_s = counter.reads[-1][0]
-    rise_j = trace.energy_j(now_s - 0.1) - trace.energy_j(now_s - 0.35)  # type: ignore[operator]
-    assert rise_j == pytest.approx(250.0, rel=0.2)
 
 
 def test_kdvfs_report_reads_a_run_log_and_plots_it(plan_file: Path, tmp_path: Path,
