@@ -303,7 +303,7 @@ def _controller(plan: Path, device: DaemonDevice) -> Any:
     problem, clock = small_problem(), VirtualClock()
     gpu = FakeGpu(problem.costs, problem.profile, problem.latency_s, problem.stall_s, clock, True, None)
     return Controller(str(plan), TRACE, device=device, timeline=FakeStepTimeline(gpu, clock), clock=clock,
-                      latency_ms=LATENCY_MS, budget=PLAN_BUDGET, window_steps=5, window_s=0.1, energy_poll_s=0.0,
+                      latency_ms=LATENCY_MS, budget=PLAN_BUDGET, window_steps=5, window_s=0.1, energy_read_every_s=0.0,
                       issue_early_ms=0.0, ab_share=0.0)
 
 
