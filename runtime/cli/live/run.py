@@ -67,7 +67,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     add_daemon_option(run, "lock clocks")
     run.add_argument("--json", action="store_true", help="print the summary as JSON (script output to stderr)")
     run.add_argument("command", nargs=argparse.REMAINDER, help="-- python train.py ARGS...")
-    run.set_defaults(func=run_command)
+    run.set_defaults(func=run_command, json_error={"gpu_restored": True})  # a refused run changed no clock
 
     reset = subparsers.add_parser("reset", help="return a GPU's SM and memory clocks to its own control (root, or "
                                                   "through kdvfs daemon)")
@@ -155,7 +155,6 @@ def run_command(args: argparse.Namespace) -> int:
     from kdvfs.runtime.controller.config import ControllerConfig
     from kdvfs.runtime.controller.training.launch import run_controlled
 
-    args.json_error = {"gpu_restored": True}  # a refused run (exit 2) changed no clock
     inputs = [resolved(args.policy, policy_source_path), resolved(args.trace, trace_path),
               resolved(args.gpu, profile_path)]
     check_output_file(args.log, [*inputs, *command_paths(args.command)])

@@ -53,7 +53,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _positive_int(text: str) -> int:
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
     if value <= 0:
         raise argparse.ArgumentTypeError(f"{text} must be a positive integer")
     return value
