@@ -113,7 +113,10 @@ def summary_table(summary: dict[str, Any]) -> Table:
         mode = "clocks controlled until an error, then auto"
     table = Table(title=f"kdvfs run: {summary['source']} on {summary['gpu']}, {mode}", show_header=False)
     predicted = summary["predicted"]
+    caveat = summary.get("not_measured_on_a_gpu")
+    noise = " (not a GPU's: means nothing)" if caveat else ""
     rows = [
+        *([("! not a GPU measurement", caveat)] if caveat else []),
         ("clock control (nvml: this process; daemon:SOCKET)", str(summary.get("clock_control", "-"))),
         ("steps / controlled / mismatches", f"{summary['steps']} / {summary['controlled_steps']} / "
                                              f"{summary['mismatches']}"),
@@ -122,8 +125,8 @@ def summary_table(summary: dict[str, Any]) -> Table:
         ("energy per step (J, NVML)", _figure(summary["energy_j_per_step"])),
         ("energy per step auto / controlled (J)", f"{_figure(summary['energy_j_per_step_auto'])} / "
                                                   f"{_figure(summary['energy_j_per_step_controlled'])}"),
-        ("measured saving / slowdown while controlling (95% interval)", measured_text(summary["measured"])),
-        ("measured saving / slowdown over the run", measured_text(summary["measured_net"])),
+        ("measured saving / slowdown while controlling (95% interval)", measured_text(summary["measured"]) + noise),
+        ("measured saving / slowdown over the run", measured_text(summary["measured_net"]) + noise),
         ("predicted saving / slowdown (cost model)", f"{predicted['energy_saved_pct']:.2f}% / "
                                                      f"{predicted['slowdown_pct']:.2f}%"),
     ]
@@ -132,6 +135,8 @@ def summary_table(summary: dict[str, Any]) -> Table:
         rows.append(("why no measured saving / slowdown", reason))
     if summary["backed_off"]:
         rows.append(("backed off", summary["backoff_reason"]))
+    if summary.get("guard_off"):
+        rows.append(("guard off", summary["guard_off"]))
     if summary.get("observe_only"):
         rows.append(("observe-only", summary["observe_only"]))
     elif summary["error"]:
