@@ -239,6 +239,26 @@ class ControllerConfig:
         if self.latency_ms is not None and self.latency_ms < 0:
             raise KdvfsError(f"--latency-ms {self.latency_ms} must be >= 0")
 
+    def guard_off(self) -> str | None:
+        """Why the performance guard must not act in this run (its evidence is noise), or None."""
+        if self.cpu_test_mode:
+            return ("CPU test mode: step times are CPU times, which no clock changes, so a measured slowdown is "
+                    "noise; the guard does not back off on it")
+        return None
+
+    def not_measured_on_a_gpu(self, fake_nvml: bool) -> str | None:
+        """Why this run's measured figures (joules, saving, slowdown) are no GPU's measurement, or None;
+        ``fake_nvml``: the NVML binding is a fake (``kdvfs.runtime.testing.nvml``)."""
+        if self.cpu_test_mode and fake_nvml:
+            return ("CPU test mode on a fake NVML: step times are CPU times and joules the fake's, so the energy, "
+                    "saving and slowdown figures mean nothing")
+        if self.cpu_test_mode:
+            return ("CPU test mode: step times are CPU times, which no clock changes, so the saving and slowdown "
+                    "figures mean nothing")
+        if fake_nvml:
+            return "a fake NVML: joules are the fake's, not a GPU's, so the energy and saving figures mean nothing"
+        return None
+
     def for_rank(self, rank: Rank) -> ControllerConfig:
         """This config for rank ``rank.rank`` of a torchrun job: its own trace and plan or policy where they
         exist (``step.rank1.trace.json``, ``plan.rank1.json``: :func:`kdvfs.runtime.job.rank_path`), else the

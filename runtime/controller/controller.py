@@ -140,6 +140,7 @@ class Controller:
         self._step_shapes: StepShapes | None = None
         self._clock_control = NVML_CONTROL
         self._thread_clock = CountingClock(self._clock)
+        self._fake_nvml = False
 
     def __enter__(self) -> Controller:
         try:
@@ -160,6 +161,7 @@ class Controller:
         if self._device is not None:
             return self._device
         nvml = import_nvml(self.config.nvml_module)
+        self._fake_nvml = bool(getattr(nvml, "FAKE_NVML", False))  # kdvfs.runtime.testing.nvml
         index = rank_gpu_index(nvml) if self.config.gpu_index is None else self.config.gpu_index
         self.config = replace(self.config, gpu_index=index, daemon=daemon_socket(self.config.daemon))
         energy = self.config.measurement.energy
@@ -233,7 +235,7 @@ class Controller:
                                                              config.timing.confirm_steps))
         judges = StepJudges(matcher,
                             Guard(config.budget, config.measurement.guard_margin, config.measurement.guard_min_pairs,
-                                  config.measurement.guard_retry_s),
+                                  config.measurement.guard_retry_s, config.guard_off()),
                             self._accounting)
         self._issuer = Issuer(plan, context, anchors, self._source, judges, self._job, self._shapes)
         self._timeline = timeline
@@ -383,6 +385,7 @@ class Controller:
             "switches": actuator.switches, "mismatches": issuer.matcher.mismatches,
             "backed_off": issuer.guard.backoffs > 0, "backoff_reason": issuer.guard.reason,
             "guard_backoffs": issuer.guard.backoffs, "guard_slowdown_pct": None if guard is None else guard.mean_pct,
+            "guard_off": issuer.guard.off, "not_measured_on_a_gpu": self.config.not_measured_on_a_gpu(self._fake_nvml),
             "error": str(issuer.error) if issuer.error is not None else self._connection_error(),
             "observe_only": observe_only_reason(issuer.error),
             "restore_error": None if actuator.restore_error is None else str(actuator.restore_error),

@@ -26,6 +26,7 @@ from kdvfs.runtime.cli.render import (
 if TYPE_CHECKING:
     from kdvfs.agents.common.problem import Problem
     from kdvfs.agents.learned.policy_planner import PolicyPlanner
+    from kdvfs.envs.gpu.profiles import GpuProfile
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -35,6 +36,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                        "what differs (default: configs/ppo/<gpu>.yaml)")
     train.add_argument("--timesteps", type=int, help="environment steps to train for (default: the config's)")
     add_output(train, "run folder: logs, checkpoints, frozen policy", dest="out", required=True)
+    train.add_argument("--force", action="store_true", help="train into a run folder that already holds files "
+                       "(files of the same name are replaced)")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
     train.set_defaults(func=run_train)
 
@@ -62,7 +65,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _positive_int(text: str) -> int:
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
     if value <= 0:
         raise argparse.ArgumentTypeError(f"{text} must be a positive integer")
     return value
@@ -76,6 +82,11 @@ def _stage_printer() -> Callable[[str], None]:
 
 def run_train(args: argparse.Namespace) -> int:
     check_output_folder(args.out)
+    held = sorted(path.name for path in args.out.iterdir()) if args.out.is_dir() else []
+    if held and not args.force:
+        shown = ", ".join(held[:3]) + (", ..." if len(held) > 3 else "")
+        raise KdvfsError(f"{args.out} holds files of another run ({shown}); give a new folder, or --force to train "
+                         "into it (files of the same name are replaced)")
     stage = _stage_printer()
     stage("loading PyTorch and stable-baselines3")
     from tqdm import TqdmExperimentalWarning
@@ -161,7 +172,20 @@ def _evaluate_shapes(args: argparse.Namespace) -> int:
     if args.json:
         print_json(result)
     else:
+        console.print(_scored(args, profile) + "\n", highlight=False)
         for method, row in result["summary"].items():  # type: ignore[attr-defined]
             console.print(f"{method:15s} energy saved {row['energy_saved_pct']:6.2f}%  slowdown "
                           f"{row['slowdown_pct']:6.2f}%  within budget on {row['within_budget_share']:.0%} of steps")
     return 0
+
+
+def _scored(args: argparse.Namespace, profile: GpuProfile) -> str:
+    """``evaluate --reference``'s header: what it scored, on which GPU, at which budget and switching latency."""
+    latency_s = latency_from_args(args)
+    latency = (f"{profile.switching.latency_mean_s * 1e3:g} ms (the profile's)" if latency_s is None else
+               f"{latency_s * 1e3:g} ms (--latency-ms)")
+    episodes = "" if args.episodes is None else f", {args.episodes} disturbed episodes from seed {args.seed}"
+    steps, references = len(args.trace), len(args.reference)
+    return (f"policy {args.policy} on {steps} executed step{'s' * (steps > 1)} ({', '.join(args.trace)}), "
+            f"predicted from {references} reference{'s' * (references > 1)} ({', '.join(args.reference)}); "
+            f"GPU {profile.name}, budget {args.budget[0]:.1%}, switching latency {latency}{episodes}")

@@ -15,18 +15,21 @@ class Guard:
     are slower than the budget allows with confidence, against auto windows measured alongside them, never
     against a stale baseline. While backed off every window runs at auto; after ``retry_s`` (doubled at
     each further back-off) control resumes with fresh evidence. In a dry run both arms run at auto, so the
-    interval holds 0 and the guard does not fire.
+    interval holds 0 and the guard does not fire. ``off`` (why, or None) keeps it from acting where the
+    evidence is noise by construction (CPU test mode: step times are CPU times, which no clock changes): it
+    still gathers the slowdown, and never backs off.
     """
 
     OK, BACK_OFF, RESUME = "ok", "back-off", "resume"
 
-    def __init__(self, budget: float, margin: float, min_pairs: int, retry_s: float) -> None:
+    def __init__(self, budget: float, margin: float, min_pairs: int, retry_s: float, off: str | None = None) -> None:
         self.limit_pct = (budget + margin) * 100
         self.min_pairs, self.retry_s = min_pairs, retry_s
         self.evidence = Paired()
         self.backoffs = 0
         self.backed_off = False
         self.reason = ""
+        self.off = off
         self._resume_s = math.inf
 
     def slowdown(self) -> Interval | None:
@@ -37,7 +40,8 @@ class Guard:
         """One more A/B pair's slowdown (%): ``OK`` or ``BACK_OFF`` (until :meth:`tick` says ``RESUME``)."""
         self.evidence.add(slowdown_pct)
         interval = self.evidence.interval()
-        if self.backed_off or interval is None or interval.n < self.min_pairs or interval.lo_pct <= self.limit_pct:
+        if self.off is not None or self.backed_off or interval is None or interval.n < self.min_pairs \
+                or interval.lo_pct <= self.limit_pct:
             return self.OK
         self.backed_off, self.backoffs = True, self.backoffs + 1
         self._resume_s = now_s + self.retry_s * 2 ** (self.backoffs - 1)

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from kdvfs.runtime.controller.event_log import EventLogError, read_event_log
 from kdvfs.runtime.daemon.client import released
 from kdvfs.runtime.device.watchdog import FAILED, RESTORED, STOPPED, WATCHING
 from kdvfs.runtime.job import path_rank, rank_path
@@ -86,8 +87,8 @@ def measured_so_far(log: str | None, ranks: list[int], distributed: bool) -> dic
         return empty
     path = rank_path(log, ranks[0]) if distributed else Path(log)
     try:
-        records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    except (OSError, ValueError):
+        records, _ = read_event_log(path)  # a record cut off by the kill is left out
+    except EventLogError:
         return empty
     windows = [r for r in records if r.get("event") == "window"]
     estimates = [r["measured"] for r in records if r.get("event") in ("pair", "pair_energy")]

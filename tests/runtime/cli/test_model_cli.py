@@ -88,7 +88,18 @@ def test_validate_text_and_errors(capsys: pytest.CaptureFixture[str], tmp_path: 
     code, _, err = run(capsys, "model", "validate", "--sweep", str(sweep), "--folds", "7")
     assert code == 2 and err.count("\n") == 1 and "use fewer folds" in err
     code, _, err = run(capsys, "model", "validate", "--sweep", str(tmp_path / "absent.csv"))
-    assert code == 2 and err.count("\n") == 1 and "absent.csv: no such file" in err
+    assert code == 2 and err.count("\n") == 1 and "absent.csv: no such sweep file" in err
+
+
+def test_validate_and_fit_take_a_bundled_sweeps_name(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # no data/ here, as for a wheel: the name is the package's
+    code, out, _ = run(capsys, "model", "validate", "--sweep", "gtx980", "--folds", "2", "--json")
+    assert code == 0 and json.loads(out)["kernels"] == 30
+    code, out, _ = run(capsys, "model", "fit", "--sweep", "H200-default", "--gpu", "h200", "--fix", H200_FIXES)
+    assert code == 0 and "in-sample error" in out
+    code, _, err = run(capsys, "model", "validate", "--sweep", "gtx98")
+    assert code == 2 and "unknown sweep 'gtx98'; known: gtx1080ti, gtx980, h200-default" in err
 
 
 def test_validate_with_one_fold_is_a_clean_error(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

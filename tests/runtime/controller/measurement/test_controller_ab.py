@@ -129,6 +129,24 @@ def test_guard_catches_a_plan_over_its_budget_and_resumes_later(plan_file: Path,
     assert log_records(log, "resume") and controller.summary["guard_backoffs"] >= 2
 
 
+def test_in_cpu_test_mode_the_guard_stays_off_and_the_summary_says_why(plan_file: Path, tmp_path: Path) -> None:
+    # the overrun above, but in CPU test mode, where step times are CPU times no clock moves: noise to the guard
+    controller, _, log = _run(plan_file, tmp_path, 40.0, budget=0.025, guard_margin=0.005, cpu_test_mode=True)
+    summary = controller.summary
+    assert not log_records(log, "backoff") and not summary["backed_off"] and summary["guard_slowdown_pct"] > 1.0
+    assert "CPU test mode" in summary["guard_off"] and "noise" in summary["guard_off"]
+    assert "mean nothing" in summary["not_measured_on_a_gpu"]
+    plain, _, _ = _run(plan_file, tmp_path, 1.0)
+    assert plain.summary["guard_off"] is None and plain.summary["not_measured_on_a_gpu"] is None
+
+
+def test_guard_off_observes_but_never_backs_off() -> None:
+    guard = Guard(budget=0.01, margin=0.005, min_pairs=3, retry_s=10.0, off="noise")
+    assert [guard.observe(v, 2.0) for v in (2.0, 2.1, 1.9)] == [Guard.OK] * 3
+    slowdown = guard.slowdown()
+    assert not guard.backed_off and slowdown is not None and slowdown.n == 3
+
+
 def test_guard_backs_off_only_on_confident_evidence() -> None:
     guard = Guard(budget=0.01, margin=0.005, min_pairs=3, retry_s=10.0)
     wide = Guard(budget=0.01, margin=0.005, min_pairs=3, retry_s=10.0)
