@@ -197,7 +197,7 @@ def test_predict_rejects_unsupported_and_malformed_pairs(capsys: pytest.CaptureF
 
 def test_predict_ranges_bracket_every_step_total(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, "predict", "--trace", "h200/gpt2s-b16", "--gpu", "h200", "--json", "--pair",
-                       "1410:3201", "--samples", "3", "--uncertainty")  # the flag of scripts before ranges were always on
+                       "1410:3201", "--samples", "3", "--uncertainty")  # accepted, as before ranges were on
     result = json.loads(out)
     assert code == 0
     for row in result["predictions"]:
