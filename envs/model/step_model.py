@@ -160,6 +160,11 @@ class StepModel:
                      for s in self.shapes]
         return int(np.argmin(distances))
 
+    def kernel_time_s(self, shape: StepShape) -> float:
+        """The expected kernel time of ``shape`` (s, at the captures' clocks): the sum of its (phase, category)
+        groups' fitted totals. Microseconds to compute, for a figure per step; :meth:`predict` is its kernels."""
+        return float(self.groups.sum(axis=0) @ basis([shape], True, self.axes)[0])
+
     def predict(self, shape: StepShape) -> Trace:
         """The expected step of ``shape``: the nearest captured shape's kernels with every number fitted at
         ``shape``; ``meta.step_shape`` is ``shape`` and ``meta.source`` names the captured shapes. A captured

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import sys
 import threading
+from collections import Counter
 from pathlib import Path
 
 from kdvfs.envs.model.step_model import StepModel, StepModelError
@@ -27,12 +28,14 @@ from kdvfs.runtime.step_shapes import ShapeProbe
 class StepShapes:
     """Each step's shape as the training thread starts it, for the controller's thread to wait on.
 
-    The probe's ``on_shape`` (on the training thread, once per step: a lock and a notify) wakes a thread
-    waiting in :meth:`shape_of`. Step numbers are the controller's: :meth:`mark_step` at each of its steps.
+    The probe's ``on_shape`` (on the training thread, once per forward call: a lock and a notify) wakes a
+    thread waiting in :meth:`shape_of`. A step's shape is complete once it holds ``inputs`` inputs (the captured
+    steps': every micro-batch of a step with gradient accumulation). Step numbers are the controller's:
+    :meth:`mark_step` at each of its steps.
     """
 
-    def __init__(self, clock: Clock) -> None:
-        self.clock = clock
+    def __init__(self, clock: Clock, inputs: int = 0) -> None:
+        self.clock, self.inputs = clock, inputs
         self._arrived = threading.Condition()
         self.probe = ShapeProbe(on_shape=self._on_shape)
 
@@ -41,9 +44,11 @@ class StepShapes:
             self._arrived.notify_all()
 
     def shape_of(self, step: int, deadline_s: float) -> StepShape | None:
-        """Step ``step``'s shape, waiting for it until host time ``deadline_s`` (None: not known by then)."""
+        """Step ``step``'s complete shape, waiting for it until host time ``deadline_s`` (None: not known by then;
+        a step that ended with fewer inputs gives what it had)."""
         with self._arrived:
-            while (shape := self.probe.shape_of(step)) is None:
+            while (shape := self.probe.shape_of(step)) is None or (len(shape.inputs) < self.inputs
+                                                                    and self.probe.steps_marked <= step):
                 remaining_s = deadline_s - self.clock.now_s()
                 if remaining_s <= 0:
                     return None
@@ -75,7 +80,8 @@ def varying_steps(trace_path: str, clock: Clock) -> tuple[VaryingSteps, StepShap
         print(f"kdvfs: the capture's steps vary, but no step model fits its traces ({error}); only steps like "
               f"{trace_path} are controlled", file=sys.stderr)
         return None
-    source = StepShapes(clock)
+    inputs = Counter(len(t.meta.step_shape.inputs) for t in traces if t.meta.step_shape is not None)
+    source = StepShapes(clock, inputs.most_common(1)[0][0] if inputs else 0)
 
     def predict(shape: StepShape) -> Trace | None:
         return model.predict(shape) if model.covers(shape) else None
@@ -84,4 +90,4 @@ def varying_steps(trace_path: str, clock: Clock) -> tuple[VaryingSteps, StepShap
         if done == total:
             print(f"kdvfs: planned {total} step-shape buckets", file=sys.stderr)
 
-    return VaryingSteps(shapes, predict, source.shape_of, progress=progress), source
+    return VaryingSteps(shapes, predict, source.shape_of, progress=progress, kernel_time_s=model.kernel_time_s), source

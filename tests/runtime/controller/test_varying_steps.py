@@ -114,18 +114,37 @@ def test_every_step_runs_its_buckets_plan_and_keeps_the_budget(tmp_path: Path) -
     assert summary["gpu_restored"]
 
 
-@pytest.mark.parametrize("odd", [64, 700])
-def test_a_step_without_a_plan_runs_at_auto_and_is_counted(tmp_path: Path, odd: int) -> None:
-    """Below the captured range (the book plans only within it) and outside the step model's range."""
-    seqs = [256] * 6 + [odd] + [256] * 6
+def test_a_step_longer_than_every_plan_runs_at_auto_and_is_counted(tmp_path: Path) -> None:
+    """Outside the step model's range: no plan, none planned later, none at least as long to stand in."""
+    seqs = [256] * 6 + [700] + [256] * 6
     controller, gpu = varying_controller(tmp_path, seqs)
     run(controller, len(seqs) - 1)
     summary = controller.summary
     assert summary is not None and summary["shapes"]["misses"] == {"no_plan": 1}
+    assert summary["shapes"]["planned_in_background"] == 0
     odd_step = gpu.steps[6]
     to_auto = [call for call in gpu.set_calls if call.name == "reset_clocks" or call.args[0] is None]
     assert any(odd_step.start_s - 1e-9 <= call.time_s <= odd_step.end_s for call in to_auto)  # auto requested
     assert summary["controlled_steps"] >= len(seqs) - 7  # control resumes once the steps after it confirm
+    assert summary["auto_reasons"]["no_plan"] >= 1
+
+
+def test_a_new_bucket_runs_a_longer_plan_at_the_safety_margin_until_its_own_is_planned(tmp_path: Path) -> None:
+    """64 tokens lies below the planned range (128-256): its first step runs the 128 bucket's plan at the
+    smallest margin, and the book plans its bucket in the background for the steps after."""
+    seqs = [256] * 4 + [64] + [256] * 3 + [64] * 3
+    controller, _ = varying_controller(tmp_path, seqs)
+    with controller:
+        for i in range(len(seqs) - 1):
+            controller.step()
+            controller.flush()
+            if i == 4:  # the first 64-token step was decided: wait for its bucket's plans
+                assert controller.book is not None
+                controller.book.settle()
+    summary = controller.summary
+    assert summary is not None and summary["shapes"]["misses"] == {}
+    assert summary["shapes"]["stood_in"] >= 1 and summary["shapes"]["planned_in_background"] == 1
+    assert summary["shapes"]["steps_by_bucket"].get(shape(64).key, 0) >= 2  # its own plan, once in
 
 
 def test_a_policy_plans_every_bucket_by_its_rollout(tmp_path: Path) -> None:
