@@ -263,13 +263,13 @@ class Issuer(threading.Thread):
         return following
 
     def _auto_reason(self, following: StepEntry | None, matched: bool, ran: StepEntry | None) -> str:
-        """Why the next step runs at auto: its shape has no plan (``no_plan``, or ``no_shape``: not known in time;
-        also the step after one without a plan, whose pace is unknown), the step did not match (``mismatch``),
-        the guard backed off (``guard``), or an auto window of the A/B measurement (``ab_window``)."""
+        """Why the next step runs at auto: its shape has no plan (``no_plan``; ``no_shape``: not known in time),
+        the step before it had none (``after_off_script``: its pace is unknown), the step did not match
+        (``mismatch``), the guard backed off (``guard``), or an auto window of the A/B measurement (``ab_window``)."""
         if following is None:
             return self.shapes.last_miss if self.shapes is not None else "no_plan"
         if ran is None:
-            return "no_plan"
+            return "after_off_script"
         if not matched:
             return "mismatch"
         return "guard" if self.guard.backed_off else "ab_window"

@@ -181,3 +181,33 @@ def test_a_capture_of_several_shapes_makes_the_run_vary_and_one_shape_does_not(t
     images = replace(step(192), meta=replace(step(192).meta, step_shape=StepShape.of([(BATCH, 3, 32, 32)])))
     assert varying_steps(str(_capture_set(tmp_path, [step(128), images])), RealClock()) is None
     assert "no step model fits" in capsys.readouterr().err
+
+
+def two_lengths(source: int, target: int) -> StepShape:
+    return StepShape.of([(BATCH, source), (BATCH, target), (BATCH, source), (BATCH, target)])
+
+
+def test_two_lengths_are_bucketed_each_and_a_new_bucket_is_planned_in_the_background() -> None:
+    """An encoder-decoder's input and label lengths: each rounded to its own quantum; a bucket met first is
+    stood in for by the smallest planned one at least as long in both, then planned on the book's pool."""
+    def predict_two(wanted: StepShape) -> Trace | None:
+        source, target = wanted.inputs[0][1], wanted.inputs[1][1]
+        return step(source + target) if source + target <= 512 else None
+
+    seen = [two_lengths(s, t) for s, t in ((128, 32), (256, 96), (192, 64), (130, 100))]
+    book = ShapeBook.build(seen, predict_two, load_profile("h200"), BUDGET, LATENCY_MS / 1e3, workers=1)
+    try:
+        assert book.quanta == (32, 16) and book.bucket(two_lengths(129, 33)) == two_lengths(160, 48)
+        assert set(book.plans) == {book.bucket(s) for s in seen}  # two classes: no range filled in advance
+        new = book.bucket(two_lengths(150, 40))
+        assert new not in book.plans
+        assert book.stand_in(new, book.plans) == two_lengths(192, 64)  # the smallest at least as long in both
+        assert book.stand_in(book.bucket(two_lengths(300, 10)), book.plans) is None
+        planned: list[StepShape] = []
+        book.on_plan = lambda top, plans: planned.append(top)
+        book.request(new)
+        book.request(new)  # once
+        book.settle()
+        assert planned == [new] and book.planned_later == 1 and len(book.plans[new]) == len(book.margins)
+    finally:
+        book.close()
