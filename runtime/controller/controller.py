@@ -314,7 +314,7 @@ class Controller:
         """Mark the end of a training step (call it once per optimizer step)."""
         issuer = self._issuer
         if self._step_shapes is not None:
-            self._step_shapes.probe.mark_step()
+            self._step_shapes.mark_step()
         if issuer is not None and issuer.is_alive() and issuer.error is None:
             assert self._timeline is not None
             issuer.queue.put(self._timeline.mark())

@@ -25,13 +25,17 @@ from kdvfs.runtime.device.host_time import Clock
 from kdvfs.runtime.step_shapes import ShapeProbe
 
 
+PARTIAL_WAIT_S = 60.0
+"""Longest wait for the rest of a step whose first micro-batch has started (s): the step is running, so it ends."""
+
+
 class StepShapes:
     """Each step's shape as the training thread starts it, for the controller's thread to wait on.
 
     The probe's ``on_shape`` (on the training thread, once per forward call: a lock and a notify) wakes a
     thread waiting in :meth:`shape_of`. A step's shape is complete once it holds ``inputs`` inputs (the captured
-    steps': every micro-batch of a step with gradient accumulation). Step numbers are the controller's:
-    :meth:`mark_step` at each of its steps.
+    steps': every micro-batch of a step with gradient accumulation), or once the step ended. Step numbers are
+    the controller's: :meth:`mark_step` at each of its steps.
     """
 
     def __init__(self, clock: Clock, inputs: int = 0) -> None:
@@ -43,16 +47,29 @@ class StepShapes:
         with self._arrived:
             self._arrived.notify_all()
 
-    def shape_of(self, step: int, deadline_s: float) -> StepShape | None:
-        """Step ``step``'s complete shape, waiting for it until host time ``deadline_s`` (None: not known by then;
-        a step that ended with fewer inputs gives what it had)."""
+    def mark_step(self) -> None:
+        """The training thread ended a step (wakes a wait for a step's remaining micro-batches)."""
         with self._arrived:
-            while (shape := self.probe.shape_of(step)) is None or (len(shape.inputs) < self.inputs
-                                                                    and self.probe.steps_marked <= step):
+            self.probe.mark_step()
+            self._arrived.notify_all()
+
+    def shape_of(self, step: int, deadline_s: float) -> StepShape | None:
+        """Step ``step``'s complete shape, waiting for its first forward call until host time ``deadline_s`` (None:
+        none by then) and then for its other micro-batches until it ends (at most ``PARTIAL_WAIT_S`` more; a step
+        that ended with fewer inputs gives what it had)."""
+        with self._arrived:
+            while (shape := self.probe.shape_of(step)) is None:
                 remaining_s = deadline_s - self.clock.now_s()
                 if remaining_s <= 0:
                     return None
                 self._arrived.wait(remaining_s)
+            give_up_s = self.clock.now_s() + PARTIAL_WAIT_S
+            while len(shape.inputs) < self.inputs and self.probe.steps_marked <= step:
+                remaining_s = give_up_s - self.clock.now_s()
+                if remaining_s <= 0:
+                    break
+                self._arrived.wait(remaining_s)
+                shape = self.probe.shape_of(step) or shape
             return shape
 
 

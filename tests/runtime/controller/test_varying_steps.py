@@ -211,3 +211,28 @@ def test_two_lengths_are_bucketed_each_and_a_new_bucket_is_planned_in_the_backgr
         assert planned == [new] and book.planned_later == 1 and len(book.plans[new]) == len(book.margins)
     finally:
         book.close()
+
+
+def test_a_step_with_gradient_accumulation_is_decided_on_all_its_micro_batches() -> None:
+    """The controller's thread waits past the first micro-batch for the step's last one (or its end)."""
+    import threading
+
+    import torch
+
+    from kdvfs.runtime.controller.shapes.varying import StepShapes
+    from kdvfs.runtime.device.host_time import RealClock
+
+    model = torch.nn.Linear(4, 2)
+    shapes = StepShapes(RealClock(), inputs=2)
+    shapes.probe.attach(model)
+    got: list[StepShape | None] = []
+    waiter = threading.Thread(target=lambda: got.append(shapes.shape_of(0, RealClock().now_s() + 60.0)))
+    model(torch.zeros(3, 4))
+    waiter.start()
+    model(torch.zeros(5, 4))  # the second micro-batch completes the step's shape
+    waiter.join()
+    assert got == [StepShape.of([(3, 4), (5, 4)])]
+    shapes.mark_step()
+    model(torch.zeros(3, 4))
+    shapes.mark_step()  # a step that ended after one micro-batch gives what it had
+    assert shapes.shape_of(1, 0.0) == StepShape.of([(3, 4)])
