@@ -33,8 +33,8 @@ import argparse
 import json
 import math
 import tempfile
-from dataclasses import dataclass
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
@@ -192,20 +192,17 @@ def dry_run(seed: int, steps: int, known: StepModel, book: ShapeBook, reference:
     varying = PlannedOnce([shape(s) for s in CONTROLLER_SHAPES], lambda wanted: None, timeline.shape_of,
                           kernel_time_s=known.kernel_time_s, book=book)
     with tempfile.TemporaryDirectory() as folder:
-        trace_path, plan_path, log = Path(folder, "step.trace.json"), Path(folder, "plan.json"), Path(folder, "log")
+        trace_path, plan_path = Path(folder, "step.trace.json"), Path(folder, "plan.json")
         save_trace(reference.trace, trace_path)
         plan_path.write_text(json.dumps(schedule_json(reference, make_planner("latency-optimal").plan(reference))))
         controller = Controller(str(plan_path), str(trace_path), device=gpu, timeline=timeline, clock=clock,
-                                varying=varying, budget=BUDGET, energy_poll_s=0.0, ab_seed=seed, log=str(log),
-                                dry_run=True)
+                                varying=varying, budget=BUDGET, energy_poll_s=0.0, ab_seed=seed, dry_run=True)
         with controller:
             for _ in range(steps):
                 controller.step()
                 controller.flush()
-        records = [r for r in map(json.loads, log.read_text().splitlines()) if r["event"] == "pair_energy"]
     summary = controller.summary
     assert summary is not None
-    paired = records[-1]["measured"] if records else {}
     return {"seed": seed, "steps": summary["steps"], "adjusted": summary["measured"],
             "paired_saving_ci95_pct": paired_interval(controller.windows), "auto_reasons": summary["auto_reasons"]}
 

@@ -134,11 +134,12 @@ def markdown(result: dict[str, Any]) -> str:
         m = r["measured"]
         saving, slow = m.get("energy_saved_ci95_pct"), m.get("slowdown_ci95_pct")
         share = r["controlled_share_of_b_windows"]
+        saving_text = "" if saving is None else f"[{saving[0]:+.2f}, {saving[1]:+.2f}]"
+        slow_text = "" if slow is None else f"[{slow[0]:+.2f}, {slow[1]:+.2f}]"
         lines.append(
             f"| {name} | {r['steps']} | {r['controlled_steps']} | {'-' if share is None else f'{share:.0%}'} | "
-            f"{_pct(m.get('energy_saved_pct'), '+.2f')} {'' if saving is None else f'[{saving[0]:+.2f}, {saving[1]:+.2f}]'}"
-            f" | {_pct(r['saving_half_width_pct'], '.2f')} | {_pct(m.get('slowdown_pct'), '+.2f')} "
-            f"{'' if slow is None else f'[{slow[0]:+.2f}, {slow[1]:+.2f}]'} | {_pct(r['kernel_error_max_pct'])} | "
+            f"{_pct(m.get('energy_saved_pct'), '+.2f')} {saving_text} | {_pct(r['saving_half_width_pct'], '.2f')} | "
+            f"{_pct(m.get('slowdown_pct'), '+.2f')} {slow_text} | {_pct(r['kernel_error_max_pct'])} | "
             f"{r['auto_reasons']} | {(r['shapes'] or {}).get('planned_in_background')} | {r['refused_nvml_calls']} |")
     lines += ["", f"Targets: >= {TARGET_CONTROLLED:.0%} of the B-window steps controlled; the dry-run saving interval "
               f"holds 0 with a half-width <= {TARGET_HALF_WIDTH_PCT:g} points; step-model kernel time within "

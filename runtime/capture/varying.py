@@ -4,9 +4,10 @@ A :class:`~kdvfs.runtime.step_shapes.ShapeProbe` keys every step by the shapes o
 (every micro-batch's). The unprofiled window records each step's shape and time (:class:`StepClock`: CUDA
 events, read after the window's closing synchronisation, or the capture's clock). When the window saw more
 than one shape, :func:`choose_targets` picks up to ``shapes`` of them: the most frequent, the smallest and the
-largest in each of the shapes' variables, then the next most frequent. :class:`ShapeRounds` then profiles rounds of :data:`ROUND_STEPS` steps (one profiler warm-up step before each), and keeps the
-recording and position of the first profiled step of each target shape, until every target was recorded
-or ``max_profiled_steps`` steps were profiled; a target not seen by then is replaced by the profiled step
+largest in each of the shapes' variables, then the next most frequent. :class:`ShapeRounds` then profiles
+rounds of :data:`ROUND_STEPS` steps (one profiler warm-up step before each), and keeps the recording and
+position of the first profiled step of each target shape, until every target was recorded or
+``max_profiled_steps`` steps were profiled; a target not seen by then is replaced by the profiled step
 nearest it in its variables (:meth:`ShapeRounds.stand_in`: dynamic padding rarely repeats a shape), else
 reported as missed.
 
@@ -258,13 +259,7 @@ class ShapeRounds:
                     and len(shape.inputs) == len(target.inputs) and shape.batch == target.batch]
             if not free:
                 continue
-            axes = ShapeAxes.of([target, *free])
-
-            def distance(shape: StepShape) -> float:
-                return math.fsum(abs(math.log(max(a, 1) / max(b, 1)))
-                                 for a, b in zip(axes.values(shape), axes.values(target), strict=True))
-
-            nearest = min(free, key=lambda shape: (distance(shape), shape))
+            nearest = _nearest(target, free)
             self.targets[index] = nearest
             self.captured[nearest] = self.profiled[nearest]
             self.stood_in[nearest] = target
@@ -279,6 +274,17 @@ class ShapeRounds:
             with contextlib.suppress(RuntimeError):
                 self._profiler.stop()
             self._profiler = None
+
+
+def _nearest(target: StepShape, shapes: list[StepShape]) -> StepShape:
+    """Of ``shapes``, the nearest ``target``: the least sum of their variables' absolute log ratios."""
+    axes = ShapeAxes.of([target, *shapes])
+
+    def distance(shape: StepShape) -> tuple[float, StepShape]:
+        return math.fsum(abs(math.log(max(a, 1) / max(b, 1)))
+                         for a, b in zip(axes.values(shape), axes.values(target), strict=True)), shape
+
+    return min(shapes, key=distance)
 
 
 def shape_measurements(trace: Trace, window: WindowShapes, window_s: float, avg_power_w: float | None,

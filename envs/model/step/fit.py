@@ -7,8 +7,8 @@ micro-batch's tokens of a step with gradient accumulation): ``1`` and each varia
 elementwise and norm kernels, optimizer and embedding kernels: their work grows with the tokens, or not at
 all); attention kernels add each variable times each variable's length (``batch * seq^2``, the score matrix;
 with two variables also the cross terms, ``batch * seq_dec * seq_enc`` of cross-attention). A step of one
-sequence length has one variable, ``tokens`` (``batch * seq``); images have seq 1, so tokens is the batch. With non-negative
-coefficients a slot's number never falls as the step grows and never goes below zero: extrapolation stays
+sequence length has one variable, ``tokens`` (``batch * seq``); images have seq 1, so tokens is the batch. With
+non-negative coefficients a slot's number never falls as the step grows and never goes below zero: extrapolation stays
 sane. The non-negative least squares is solved exactly for every slot at once by enumerating the supports
 (at most 2^p - 1 of them for p columns): the optimum is the least-squares solution on the best feasible support.
 """

@@ -302,16 +302,16 @@ class Estimate:
         accounting = self._accounting
         if accounting.covariates is None:
             paired = Paired()
-            for window, value in accounting.pairs[self.kind]:
-                if window >= since:
-                    paired.add(value)
+            for later, difference_pct in accounting.pairs[self.kind]:
+                if later >= since:
+                    paired.add(difference_pct)
             return paired.interval()
         rows = []
-        for window in accounting.windows[since:]:
-            value = window.energy_j_per_step if self.kind == "energy" else window.step_time_s
-            if window.as_intended and value is not None and window.kernel_steps is not None:
-                rows.append(WindowRow(window.arm == CONTROLLED, value, window.kernel_steps, window.new_shapes or 0.0,
-                                      (window.start_s + window.end_s) / 2))
+        for row in accounting.windows[since:]:
+            value = row.energy_j_per_step if self.kind == "energy" else row.step_time_s
+            if row.as_intended and value is not None and row.kernel_steps is not None:
+                rows.append(WindowRow(row.arm == CONTROLLED, value, row.kernel_steps, row.new_shapes or 0.0,
+                                      (row.start_s + row.end_s) / 2))
         return adjusted(rows, -1.0 if self.kind == "energy" else 1.0)
 
 

@@ -286,9 +286,9 @@ class ShapeBook:
                 by_rest.setdefault(values[:k] + values[k + 1:], []).append(top)
             for group in by_rest.values():
                 low = min(group, key=lambda s: self.axes.class_values(s)[k])
-                values = list(self.axes.class_values(low))
+                lengths = list(self.axes.class_values(low))
                 high = max(self.axes.class_values(s)[k] for s in group)
-                for value in range(values[k], high, self.quanta[k]):
-                    values[k] = value
-                    tops.add(self.bucket(self.axes.with_classes(low, values)))
+                for value in range(lengths[k], high, self.quanta[k]):
+                    lengths[k] = value
+                    tops.add(self.bucket(self.axes.with_classes(low, lengths)))
         return sorted(tops)

@@ -24,7 +24,6 @@ from kdvfs.runtime.controller.shapes.steps import VaryingSteps
 from kdvfs.runtime.device.host_time import Clock
 from kdvfs.runtime.step_shapes import ShapeProbe
 
-
 PARTIAL_WAIT_S = 60.0
 """Longest wait for the rest of a step whose first micro-batch has started (s): the step is running, so it ends."""
 
