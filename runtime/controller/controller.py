@@ -54,7 +54,7 @@ from kdvfs.runtime.controller.event_log import EventLog
 from kdvfs.runtime.controller.measurement.accounting import Accounting
 from kdvfs.runtime.controller.measurement.guard import Guard
 from kdvfs.runtime.controller.measurement.host_cost import host_cost
-from kdvfs.runtime.controller.shapes.plans import ShapeBook, kernel_time_s
+from kdvfs.runtime.controller.shapes.plans import ShapeBook, ShapePlan, kernel_time_s
 from kdvfs.runtime.controller.shapes.steps import ShapeSteps, StepEntry, VaryingSteps
 from kdvfs.runtime.controller.timing.anchors import Anchors, TraceStructure
 from kdvfs.runtime.controller.timing.gpu_timeline import CudaStepTimeline, HostStepTimeline, StepTimeline
@@ -72,6 +72,7 @@ from kdvfs.runtime.device.watchdog import spawn_watchdog, stop_watchdog, watchdo
 from kdvfs.runtime.job import JobGroup, Rank, rank_path
 
 if TYPE_CHECKING:
+    from kdvfs.envs.trace.shape import StepShape
     from kdvfs.runtime.controller.shapes.varying import StepShapes
 
 STOP_TIMEOUT_S = 5.0
@@ -192,6 +193,7 @@ class Controller:
                 self._varying, self._step_shapes = found
         if self._varying is not None:
             self.book = self._varying.plan(problem, bucket_planner(self.plan, config))
+            self._stack.callback(self.book.close)
         if threading.current_thread() is threading.main_thread():
             self._stack.enter_context(terminate_on_sigterm())
         if not config.dry_run and isinstance(device, NvmlDevice):
@@ -233,10 +235,14 @@ class Controller:
         matcher = (StepMatcher(plan.auto_s, config.step_match_tolerance, config.timing.confirm_steps)
                    if self._shapes is None else StepMatcher(self._shapes.reference_kernel_s, math.inf,
                                                              config.timing.confirm_steps))
+        accounting = self._accounting
+        if self._shapes is not None:
+            accounting.covariates = self._shapes.covariates
         judges = StepJudges(matcher,
                             Guard(config.budget, config.measurement.guard_margin, config.measurement.guard_min_pairs,
-                                  config.measurement.guard_retry_s, config.guard_off()),
-                            self._accounting)
+                                  config.measurement.guard_retry_s, accounting.slowdown.interval,
+                                  lambda: len(accounting.windows), config.guard_off()),
+                            accounting)
         self._issuer = Issuer(plan, context, anchors, self._source, judges, self._job, self._shapes)
         self._timeline = timeline
         self._issuer.start()
@@ -262,10 +268,12 @@ class Controller:
                        pace_from_auto=plan.online is not None and not config.dry_run, structure=structure)
 
     def _shape_steps(self, timeline: StepTimeline, hooks: AnchorHooks | None, context: ThreadContext) -> ShapeSteps:
-        """One entry per bucket of the book (its plan replayed on its own anchors) and the step-to-entry map."""
-        assert self.book is not None and self._varying is not None and self.step_plan is not None
-        entries = {}
-        for top, shape_plans in self.book.plans.items():
+        """One entry per bucket of the book (its plan replayed on its own anchors) and the step-to-entry map;
+        the buckets the book plans in the background join it as they come."""
+        book, varying = self.book, self._varying
+        assert book is not None and varying is not None and self.plan is not None
+
+        def entries(top: StepShape, shape_plans: tuple[ShapePlan, ...]) -> tuple[StepEntry, ...]:
             margins = []
             for shape_plan in shape_plans:
                 step_plan = StepPlan.build(shape_plan.problem, shape_plan.schedule, self.config.dry_run)
@@ -273,10 +281,12 @@ class Controller:
                 source = ReplayedSchedule(step_plan, anchors, context, shape_plan.problem.latency_s,
                                           self.config.timing.issue_early_ms / 1e3)
                 margins.append(StepEntry(step_plan, anchors, source, top.key, kernel_time_s(shape_plan.problem)))
-            entries[top] = tuple(margins)
-        assert self.plan is not None
-        return ShapeSteps(self.book, entries, self._varying.shape_of, kernel_time_s(self.plan.problem),
-                          100 * self.config.budget)
+            return tuple(margins)
+
+        shapes = ShapeSteps(book, {top: entries(top, plans) for top, plans in book.plans.items()}, varying.shape_of,
+                            kernel_time_s(self.plan.problem), 100 * self.config.budget, varying.kernel_time_s)
+        book.on_plan = lambda top, plans: shapes.add(top, entries(top, plans))
+        return shapes
 
     def _step_source(self, device: Device, anchors: Anchors, context: ThreadContext) -> StepSource:
         """What runs through the controlled steps (:mod:`kdvfs.runtime.controller.decisions.sources`): the
@@ -316,7 +326,7 @@ class Controller:
         """Mark the end of a training step (call it once per optimizer step)."""
         issuer = self._issuer
         if self._step_shapes is not None:
-            self._step_shapes.probe.mark_step()
+            self._step_shapes.mark_step()
         if issuer is not None and issuer.is_alive() and issuer.error is None:
             assert self._timeline is not None
             issuer.queue.put(self._timeline.mark())
@@ -392,6 +402,7 @@ class Controller:
             "anchors": {**issuer.anchors.figures(), "blocks": None if self._hooks is None else self._hooks.blocks},
             **issuer.source.summary(),
             "shapes": None if self._shapes is None else self._shapes.figures(),
+            "auto_reasons": dict(sorted(issuer.auto_reasons.items())),
             "lead_in": issuer.lead_in_figures(),
             "controller_cpu_ms": {"thread": 1e3 * issuer.cpu_s, "thread_end_wait": 1e3 * issuer.end_wait_cpu_s,
                                   "thread_issue": 1e3 * issuer.issue_cpu_s, "hooks": None if cuda is None

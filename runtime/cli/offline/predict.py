@@ -107,14 +107,16 @@ def with_ranges(rows: list[dict[str, Any]], trace: Trace, profile: GpuProfile, p
 
 def window_check(path: str, trace: Trace, profile: GpuProfile) -> dict[str, float] | None:
     """For a capture whose steps vary: the measured joules of its unprofiled window against the sum over the
-    window's steps of the predicted auto-mode joules of each step's own shape (from the capture's trace set:
+    window's steps of the predicted auto-mode joules of each step's own shape, plus each shape's first-step set-up
+    (from the capture's trace set:
     :func:`kdvfs.envs.trace.trace_set.window_prediction`); None for other traces."""
     measured_j = trace.meta.measurements.get("window_energy_j")
     if len(trace.meta.shape_distribution) < 2 or measured_j is None or not Path(path).is_file():
         return None
     captured = {t.meta.step_shape: predictions(with_measured_gaps(t), profile, [])[0]["energy_j"]
                 for t in load_trace_set(main_path(path)) if t.meta.step_shape is not None}
-    predicted = window_prediction(trace.meta.shape_distribution, captured)
+    predicted = window_prediction(trace.meta.shape_distribution, captured,
+                                  first_seen=trace.meta.measurements.get("first_seen_energy_j", 0.0))
     return {"measured_j": measured_j, "predicted_j": predicted["total"], "steps": predicted["steps"],
             "captured_steps": predicted["captured_steps"], "error": predicted["total"] / measured_j - 1}
 
@@ -139,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
             console.print(line)
         if window is not None:
             console.print(f"window of {window['steps']:.0f} steps of mixed shapes ({window['captured_steps']:.0f} of a "
-                          f"captured shape, the others scaled from the nearest by tokens): measured "
+                          f"captured shape, the others scaled from the nearest by size): measured "
                           f"{window['measured_j']:.1f} J, predicted {window['predicted_j']:.1f} J "
                           f"({window['error']:+.1%})")
     if note:

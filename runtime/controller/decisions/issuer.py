@@ -43,7 +43,7 @@ import statistics
 import sys
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -109,6 +109,8 @@ class Issuer(threading.Thread):
         """Of it: waiting for the GPU to end each step (:meth:`StepTimeline.wait`), and running the source
         through the controlled steps (s)."""
         self._ratios: deque[float] = deque(maxlen=SCALE_STEPS)
+        self.auto_reasons: Counter[str] = Counter()
+        """Steps decided to run at auto, by reason (:meth:`_auto_reason`)."""
         self.lead_ins = self.lead_ins_missed = 0
         self.lead_in_late_s: list[float] = []
         """Lead-ins slept through; of them, those whose first anchor was not recorded by the give-up time, and how
@@ -174,7 +176,7 @@ class Issuer(threading.Thread):
         elif job.duration_s is not None:
             slowdown_pct = self.accounting.step(index, job.duration_s, end.end_s, matched, was_controlled,
                                                 job.window_elapsed_s, weight)
-            if slowdown_pct is not None and self.guard.observe(slowdown_pct, now_s) == Guard.BACK_OFF:
+            if slowdown_pct is not None and self.guard.observe(now_s) == Guard.BACK_OFF:
                 self.log.write("backoff", step=index, reason=self.guard.reason)
             if slowdown_pct is not None:  # a new A/B pair: the run's slowdown moved
                 self.source.feedback(self.accounting.slowdown.interval())
@@ -196,6 +198,8 @@ class Issuer(threading.Thread):
         matched = self._judge(index, end, was_controlled, ran)
         following = self._following(index + 1, end)
         self._controlling = following is not None and self._decide(end, matched, was_controlled, ran)
+        if not self._controlling:
+            self.auto_reasons[self._auto_reason(following, matched, ran)] += 1
         if self.source.sleeps_lead_in and self._controlling and was_controlled and following is ran:
             self._sleep_through_lead_in(index + 1, end)
         remapped = ran is not None and ran.anchors.learn(end, matched, was_controlled)
@@ -276,6 +280,18 @@ class Issuer(threading.Thread):
         if following is None:
             self.log.write("off_script", step=step)
         return following
+
+    def _auto_reason(self, following: StepEntry | None, matched: bool, ran: StepEntry | None) -> str:
+        """Why the next step runs at auto: its shape has no plan (``no_plan``; ``no_shape``: not known in time),
+        the step before it had none (``after_off_script``: its pace is unknown), the step did not match
+        (``mismatch``), the guard backed off (``guard``), or an auto window of the A/B measurement (``ab_window``)."""
+        if following is None:
+            return self.shapes.last_miss if self.shapes is not None else "no_plan"
+        if ran is None:
+            return "after_off_script"
+        if not matched:
+            return "mismatch"
+        return "guard" if self.guard.backed_off else "ab_window"
 
     def _decide(self, end: StepEnd, matched: bool, was_controlled: bool, ran: StepEntry | None) -> bool:
         """Whether the next step is controlled, after this one (see the module docstring)."""

@@ -16,7 +16,7 @@ from kdvfs.envs.model.drift import Drift, DriftModel
 from kdvfs.runtime.controller import Controller
 from kdvfs.runtime.controller.config import ControllerConfig
 from kdvfs.runtime.controller.measurement.ab import AUTO, CONTROLLED, AbSchedule
-from kdvfs.runtime.controller.measurement.estimator import Paired
+from kdvfs.runtime.controller.measurement.estimator import Interval, Paired
 from kdvfs.runtime.controller.measurement.guard import Guard
 from kdvfs.runtime.device.errors import DeviceError
 from kdvfs.runtime.testing.ab_truth import true_effect
@@ -129,6 +129,23 @@ def test_guard_catches_a_plan_over_its_budget_and_resumes_later(plan_file: Path,
     assert log_records(log, "resume") and controller.summary["guard_backoffs"] >= 2
 
 
+class Evidence:
+    """The slowdowns (%) of the pairs so far, one per window, as a guard's estimate reads them."""
+
+    def __init__(self) -> None:
+        self.values: list[float] = []
+
+    def estimate(self, since: int) -> Interval | None:
+        paired = Paired()
+        for value in self.values[since:]:
+            paired.add(value)
+        return paired.interval()
+
+    def observe(self, guard: Guard, value: float, now_s: float) -> str:
+        self.values.append(value)
+        return guard.observe(now_s)
+
+
 def test_in_cpu_test_mode_the_guard_stays_off_and_the_summary_says_why(plan_file: Path, tmp_path: Path) -> None:
     # the overrun above, but in CPU test mode, where step times are CPU times no clock moves: noise to the guard
     controller, _, log = _run(plan_file, tmp_path, 40.0, budget=0.025, guard_margin=0.005, cpu_test_mode=True)
@@ -141,19 +158,21 @@ def test_in_cpu_test_mode_the_guard_stays_off_and_the_summary_says_why(plan_file
 
 
 def test_guard_off_observes_but_never_backs_off() -> None:
-    guard = Guard(budget=0.01, margin=0.005, min_pairs=3, retry_s=10.0, off="noise")
-    assert [guard.observe(v, 2.0) for v in (2.0, 2.1, 1.9)] == [Guard.OK] * 3
+    evidence = Evidence()
+    guard = Guard(0.01, 0.005, 3, 10.0, evidence.estimate, lambda: len(evidence.values), off="noise")
+    assert [evidence.observe(guard, v, 2.0) for v in (2.0, 2.1, 1.9)] == [Guard.OK] * 3
     slowdown = guard.slowdown()
     assert not guard.backed_off and slowdown is not None and slowdown.n == 3
 
 
 def test_guard_backs_off_only_on_confident_evidence() -> None:
-    guard = Guard(budget=0.01, margin=0.005, min_pairs=3, retry_s=10.0)
-    wide = Guard(budget=0.01, margin=0.005, min_pairs=3, retry_s=10.0)
-    assert [wide.observe(v, 0.0) for v in (5.0, -3.0, 5.0)] == [Guard.OK] * 3  # its interval reaches below
-    assert [guard.observe(v, 2.0) for v in (2.0, 2.1, 1.9)] == [Guard.OK, Guard.OK, Guard.BACK_OFF]
+    evidence, wide_evidence = Evidence(), Evidence()
+    guard = Guard(0.01, 0.005, 3, 10.0, evidence.estimate, lambda: len(evidence.values))
+    wide = Guard(0.01, 0.005, 3, 10.0, wide_evidence.estimate, lambda: len(wide_evidence.values))
+    assert [wide_evidence.observe(wide, v, 0.0) for v in (5.0, -3.0, 5.0)] == [Guard.OK] * 3  # reaches below
+    assert [evidence.observe(guard, v, 2.0) for v in (2.0, 2.1, 1.9)] == [Guard.OK, Guard.OK, Guard.BACK_OFF]
     assert guard.backed_off and guard.tick(11.0) == Guard.OK and guard.tick(12.0) == Guard.RESUME
-    assert not guard.backed_off and guard.slowdown() is None
+    assert not guard.backed_off and guard.slowdown() is None  # fresh evidence after the resume
 
 
 def test_share_zero_turns_measurement_off_and_says_so(plan_file: Path, tmp_path: Path,
