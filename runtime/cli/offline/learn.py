@@ -3,6 +3,8 @@ policy next to every planner on a step."""
 
 from __future__ import annotations
 
+import json
+
 import argparse
 import time
 import warnings
@@ -82,11 +84,8 @@ def run_train(args: argparse.Namespace) -> int:
     if args.timesteps is not None and args.timesteps <= 0:
         raise KdvfsError(f"--timesteps {args.timesteps} must be > 0")
     result = train(config, args.out, args.timesteps, progress_bar=not args.no_progress, stage=stage)
-    console.print(f"trained {result.timesteps} timesteps in {result.wall_s / 60:.1f} min; held-out steps "
-                  f"(deterministic, {config.env.budgets[0]:.1%} budget):")
-    for name, outcome in result.held_out.items():
-        console.print(f"  {name}: energy saved {outcome['energy_saved_pct']:.2f}%, slowdown "
-                      f"{outcome['slowdown_pct']:.2f}%, {outcome['switches']} switches")
+    console.print(f"trained {result.timesteps} timesteps in {result.wall_s / 60:.1f} min; ships "
+                  f"{result.selected} (validation: {json.dumps(result.comparison)})")
     console.print(f"wrote {result.policy_path} (TensorBoard: {args.out / 'tensorboard'})")
     return 0
 
