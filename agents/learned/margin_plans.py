@@ -68,10 +68,10 @@ def episodes(actors: dict[str, Actor], pairs: Sequence[ShapePair], profile: GpuP
     return out
 
 
-def within(results: Array) -> Array:
+def within(results: Array, cell_budgets: Sequence[float] = CELL_BUDGETS) -> Array:
     """(..., budgets, latencies, seeds) 0/1 whether each episode of ``results`` (..., budgets, latencies, seeds,
-    2) is within its budget."""
-    budgets = np.array(CELL_BUDGETS)[:, None, None]
+    2; the budgets ``cell_budgets``) is within its budget."""
+    budgets = np.array(cell_budgets)[:, None, None]
     slowdown = results[..., 1]
     return np.vectorize(within_budget)(slowdown, np.broadcast_to(budgets, slowdown.shape[-3:])).astype(float)
 

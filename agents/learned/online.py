@@ -33,7 +33,7 @@ from typing import NamedTuple
 import numpy as np
 
 from kdvfs.agents.common.problem import Problem
-from kdvfs.agents.learned.frozen import FrozenPolicy
+from kdvfs.agents.learned.frozen import FrozenPolicy, PolicyFileError
 from kdvfs.agents.learned.live_decision import (
     NO_REQUEST,
     O_BUDGET,
@@ -84,7 +84,15 @@ class OnlinePolicy:
 
     def __init__(self, policy: FrozenPolicy, problem: Problem, env: KernelDVFSEnv | None = None) -> None:
         """``env``: the policy's :func:`policy_env` of ``problem`` when already built (seconds for a
-        2,000-kernel step), else built here."""
+        2,000-kernel step), else built here.
+
+        Raises:
+            PolicyFileError: a residual policy (``KernelDVFS-v1``): the controller does not run those online yet.
+        """
+        if policy.config.residual_actions:
+            raise PolicyFileError("this policy sets residual clocks over the fitting plan (KernelDVFS-v1, observation "
+                                  "v6); the controller runs only v5 policies online so far: use a shipped policy "
+                                  "(policies/) or a plan")
         self.policy = policy
         self.env = policy_env(policy, problem) if env is None else env
         step = self.env.steps[0]

@@ -37,9 +37,9 @@ from stable_baselines3.common.vec_env import VecNormalize
 from kdvfs.agents.learned.anchored import AnchoredPPO
 from kdvfs.agents.learned.frozen import SUFFIX, FrozenPolicy, freeze
 from kdvfs.agents.learned.imitation import clone, demonstrations, record
-from kdvfs.agents.learned.policy_planner import rollout
 from kdvfs.agents.learned.lagrange import MultiplierCallback
 from kdvfs.agents.learned.margin_plans import COMPLIANCE, best_margins, chosen, episodes, margin_actors, within
+from kdvfs.agents.learned.policy_planner import rollout
 from kdvfs.agents.learned.ppo import (
     EpisodeMetrics,
     TrainConfig,

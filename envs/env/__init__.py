@@ -1,4 +1,5 @@
-"""The Gymnasium environments ``KernelDVFS-v0`` and ``KernelDVFS-v1`` (residual actions, measured observation): the policy's clock grid, one step's data prepared for stepping,
+"""The Gymnasium environments ``KernelDVFS-v0`` and ``KernelDVFS-v1`` (residual actions, measured observation):
+the policy's clock grid, one step's data prepared for stepping,
 the observation and its spec, the plan advisors and where requests land, the split of training and held-out
 workloads, and what a controller's live decision reads of it (``live``, ``live_tables``)."""
 

@@ -37,11 +37,10 @@ from kdvfs.envs.env.dvfs_env import KernelDVFSEnv
 from kdvfs.envs.env.dynamics import core_fractions
 from kdvfs.envs.env.measured import (
     CORE_STEPS,
-    ERROR_HISTORY,
     MARGINS,
     MEMORY_STEPS,
-    Measurement,
     MeasuredState,
+    Measurement,
     budget_use,
     drift_factors,
     policy_spec,

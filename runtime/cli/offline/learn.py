@@ -3,9 +3,8 @@ policy next to every planner on a step."""
 
 from __future__ import annotations
 
-import json
-
 import argparse
+import json
 import time
 import warnings
 from collections.abc import Callable
