@@ -31,8 +31,8 @@ def policy_env(policy: FrozenPolicy, problem: Problem, disturbed: bool = False, 
                ) -> KernelDVFSEnv:
     """The environment of ``problem`` as ``policy`` sees it (``KernelDVFS-v1`` for a residual policy): its
     settings with the problem's budget and switching (the profile's spread scaled with the latency, as in the
-    training regimes); one step and no disturbance, or (``disturbed``) the policy's runs with every disturbance on (runs of one step if
-    ``one_step``)."""
+    training regimes); one step and no disturbance, or (``disturbed``) the policy's runs with every disturbance
+    on (runs of one step if ``one_step``)."""
     if problem.profile.name != policy.gpu:
         raise PolicyFileError(f"policy was trained for GPU {policy.gpu!r}, the problem is on {problem.profile.name!r}")
     step = StepData.from_costs(problem.trace.meta.workload, problem.trace, problem.costs, policy.grid(problem.profile))
