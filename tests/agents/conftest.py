@@ -9,6 +9,7 @@ import pytest
 
 from kdvfs.agents.learned.ppo import NetArch, PolicyKwargs, TrainConfig, load_train_config
 from kdvfs.agents.learned.train import TrainResult, train
+from kdvfs.envs.env.shape_pairs import ShapeSet
 from kdvfs.envs.env.workloads import WorkloadSet
 
 
@@ -19,7 +20,8 @@ def tiny_config() -> TrainConfig:
                   policy_kwargs=PolicyKwargs(NetArch((16, 16), (16, 16))))
     data = replace(config.data, train=WorkloadSet(bundled=("h200/gpt3xl-1layer-b4",)),
                    held_out=WorkloadSet(bundled=("h200/gpt2s-b16",)),
-                   validation=WorkloadSet(bundled=("h200/gpt3xl-24layer-b4",)))
+                   validation=WorkloadSet(shapes=ShapeSet(("gpt2m",), 4, (1.0,), (256, 512, 1024), references=2,
+                                                          variants=2)))
     return replace(config, total_timesteps=256, n_envs=2, checkpoint_every=128, eval_every=128, ppo=ppo, data=data)
 
 
