@@ -78,7 +78,7 @@ class LagrangianReward(VecEnvWrapper):
     def reset(self) -> Array:
         return self.venv.reset()  # type: ignore[return-value]
 
-    def step_wait(self) -> tuple[Array, Array, Array, list[dict]]:  # type: ignore[override]
+    def step_wait(self) -> tuple[Array, Array, Array, list[dict]]:
         observations, rewards, dones, infos = self.venv.step_wait()
         rewards = np.array(rewards, dtype=np.float32)
         for i, (done, info) in enumerate(zip(dones, infos, strict=True)):
