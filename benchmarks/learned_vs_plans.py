@@ -1,10 +1,10 @@
 """Residual PPO against the best fixed-margin fitting plan on held-out steps: within budget and saving per cell.
 
 For each GPU with trained residual policies (``benchmarks/data/learned/<gpu>-s<seed>.kdvfs-policy.npz``, PPO's
-final policy of each training seed, ``kdvfs train`` on ``configs/ppo/<gpu>.yaml``):
+final policy of each training seed, ``kdvfs train`` on ``configs/ppo/residual-<gpu>.yaml``):
 
 1. **The bar, chosen on validation**: every fixed-margin fitting plan (:mod:`kdvfs.agents.learned.margin_plans`:
-   the residual environment's constant action, margins 0-40% of the slack) runs the validation pairs of the
+   the residual environment's constant action, margins 0-100% of the slack) runs the validation pairs of the
    GPU's training config (``data.validation``: the training families at shapes not trained on); per budget x
    latency cell the margin saving the most among those within budget in >= 95% of the cell's episodes is
    the cell's plan.
@@ -71,9 +71,9 @@ def run_gpu(gpu: str, seeds: int) -> dict[str, Any]:
     """The comparison of the module docstring for one GPU."""
     profile = load_profile(gpu)
     policies = seed_policies(gpu)
-    config = next(iter(policies.values())).config if policies else load_train_config(gpu).env
+    config = next(iter(policies.values())).config if policies else load_train_config(f"residual-{gpu}").env
     grid = config.grid(profile)
-    validation = build_pairs(load_train_config(gpu).data.validation, profile, grid)
+    validation = build_pairs(load_train_config(f"residual-{gpu}").data.validation, profile, grid)
     margins = best_margins(episodes(margin_actors(), validation, profile, config, VALIDATION_SEEDS))
     labelled = held_out_pairs(gpu, profile, grid)
     pairs = [pair for _, pair in labelled]

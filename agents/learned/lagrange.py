@@ -6,10 +6,13 @@ The environment reports, at each episode's end, its budget and whether it ended 
 episode's last reward, so PPO maximises saving - lambda_b x P(violation); :class:`MultiplierCallback` moves each
 multiplier by dual ascent after every rollout,
 
-    lambda_b <- max(0, lambda_b + learning_rate x (violation rate_b - target)),
+    lambda_b <- min(cap, max(0, lambda_b + learning_rate x (violation rate_b - target))),
 
 over the rollout's finished episodes of budget b: up while the budget is broken more often than the target,
-down (to 0) while less. The agent learns what margin the constraint needs instead of a hand-set penalty.
+down (to 0) while less. The agent learns what margin the constraint needs instead of a hand-set penalty. A
+budget whose constraint no action meets (its episodes over budget at any margin) would drive its multiplier up
+without end and drown the saving in every other budget's gradient; it stops at ``cap`` and is reported as
+infeasible (:meth:`BudgetMultipliers.capped`), not hidden.
 """
 
 from __future__ import annotations
@@ -32,15 +35,17 @@ class ConstraintArgs:
         target: the share of episodes allowed over budget (0.05: the promise is within budget >= 95%).
         learning_rate: dual ascent step on each multiplier per rollout (reward per unit of violation rate).
         initial: each multiplier's starting value (reward lost by an episode over budget).
+        cap: the most a multiplier reaches (a budget held there is reported infeasible).
     """
 
     target: float = 0.05
     learning_rate: float = 5.0
     initial: float = 1.0
+    cap: float = 20.0
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.target < 1.0 or self.learning_rate < 0 or self.initial < 0:
-            raise KdvfsError("constraint: need 0 <= target < 1, learning_rate >= 0 and initial >= 0")
+        if not 0.0 <= self.target < 1.0 or self.learning_rate < 0 or not 0 <= self.initial <= self.cap:
+            raise KdvfsError("constraint: need 0 <= target < 1, learning_rate >= 0 and 0 <= initial <= cap")
 
 
 class BudgetMultipliers:
@@ -62,8 +67,13 @@ class BudgetMultipliers:
             mine = np.isclose(budgets, budget)
             if mine.any():
                 rate = float(violations[mine].mean())
-                self.values[i] = max(0.0, self.values[i] + self.args.learning_rate * (rate - self.args.target))
+                moved = self.values[i] + self.args.learning_rate * (rate - self.args.target)
+                self.values[i] = min(self.args.cap, max(0.0, moved))
         return self.values
+
+    def capped(self) -> list[float]:
+        """The budgets whose multiplier stands at the cap: their constraint is not met by anything learned."""
+        return [budget for budget, value in zip(self.budgets, self.values, strict=True) if value >= self.args.cap]
 
 
 class LagrangianReward(VecEnvWrapper):

@@ -147,7 +147,8 @@ def train(config: TrainConfig, out: Path, timesteps: int | None = None, progress
                                                         wrapper.multipliers.values.tolist(), strict=True))
     meta = {"timesteps": int(model.num_timesteps), "train_wall_s": time.perf_counter() - start,
             "git_revision": revision, "seed": config.seed, "imitation": imitation,
-            "selection_comparison": comparison, "selected": selected, "multipliers": multipliers}
+            "selection_comparison": comparison, "selected": selected, "multipliers": multipliers,
+            "infeasible_budgets": None if wrapper is None else wrapper.multipliers.capped()}
     policy = replace(ppo, meta={**meta, **ppo.meta}) if selected == "ppo" else replace(cloned, meta=meta)
     policy_path = out / POLICY_FILE
     policy.save(policy_path)

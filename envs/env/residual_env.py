@@ -54,6 +54,8 @@ from kdvfs.envs.gpu.profiles import GpuProfile
 from kdvfs.envs.model.cost_model import Array
 
 RESIDUAL_ENV_ID = "KernelDVFS-v1"
+PACE_RANGE = (0.05, 20.0)
+"""The measured pace between anchors is held within this range (an interval of kernels that did not run reads 0)."""
 ZERO_ACTION = np.zeros(3, dtype=np.int64)
 """The action that follows the fitting plan exactly (no residual, no margin)."""
 
@@ -75,25 +77,36 @@ class ResidualDVFSEnv(KernelDVFSEnv):
         self._tables: dict[tuple[int, int], Any] = {}
         self._start_measuring(0.0)
 
-    def _start_measuring(self, drift_pct: float) -> None:
-        """A new run's measurements: the measured drift, anchors, no history."""
+    def _start_measuring(self, drift_pct: float, pace_sd: float = 0.0) -> None:
+        """A new run's measurements: the measured drift, anchors, the step's pace between them (each the
+        executed step's auto time over the prediction's, measured with a relative error of ``pace_sd``), no
+        history."""
         self._measured_drift_pct = drift_pct
         factors = drift_factors(core_fractions(self._data.action_costs.core_mhz), self._memories, drift_pct)
         step_kernels = self._kernels // self.config.run_steps
         per_step = np.unique(np.linspace(0, step_kernels, self.config.anchors_per_step, endpoint=False).astype(int))
         anchors = (per_step[None, :] + step_kernels * np.arange(self.config.run_steps)[:, None]).ravel()
-        self.measurement = Measurement(self._data.cumulative[:, 0, :], self.stall_s, anchors, factors)
+        paces = None
+        if hasattr(self, "_executed"):
+            bounds = np.append(anchors, self._kernels)
+            predicted, executed = self._data.cumulative[bounds, 0, 0], self._executed.cumulative[bounds, 0, 0]
+            paces = np.diff(executed) / np.maximum(np.diff(predicted), 1e-12)
+            paces = np.clip(np.where(np.diff(predicted) > 0, paces, 1.0), PACE_RANGE[0], PACE_RANGE[1])
+            if pace_sd > 0:
+                paces = paces * np.exp(self.np_random.normal(0.0, pace_sd, len(paces)))
+        self.measurement = Measurement(self._data.cumulative[:, 0, :], self.stall_s, anchors, factors, paces)
         self._started_s = np.zeros(self._kernels + 1)
         self._action = ZERO_ACTION.copy()
         self._next_event = 1
         self._pair = 0
-        self._state = MeasuredState(0, 0, -1, 0.0, 0.0, 0.0, drift_pct)
+        self._state = MeasuredState(0, 0, -1, 0.0, 0.0, 0.0, 0.0, drift_pct)
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Array, dict[str, Any]]:
         """As ``KernelDVFS-v0``'s reset, then the measured drift is drawn (after every other draw)."""
         _, info = super().reset(seed=seed, options=options)
         truth = self.disturbances.auto_drift_pct(0)
-        self._start_measuring(truth + float(self.np_random.normal(0.0, self.config.drift_sd_pct)))
+        self._start_measuring(truth + float(self.np_random.normal(0.0, self.config.drift_sd_pct)),
+                              self.config.drift_sd_pct / 100.0)
         self._reference = self._reference._replace(step_auto_energy_j=self._executed.auto_energy_j,
                                                    step_auto_time_s=self._executed.auto_time_s)
         return self._observe_policy(), info
@@ -107,23 +120,29 @@ class ResidualDVFSEnv(KernelDVFSEnv):
 
     def _apply_pending(self) -> None:
         """A change lands: the controller sees it land (its clock read), so the kernels before it count at the
-        clocks they ran at; then the change as in the base environment."""
-        kernel = self.measurement.kernel(self._k, float(self._started_s[self._anchor_before(self._k)]),
-                                         self._elapsed_s, self._in_effect) if self._k > 0 else 0
-        self.measurement.model_elapsed(kernel, self._in_effect)
+        clocks they ran at and its position runs at the new clocks from here; then the change as in the base
+        environment."""
+        landed_s = self._elapsed_s
+        position = self._position()
         super()._apply_pending()
-        self.measurement.model_elapsed(kernel, self._in_effect)
+        self.measurement.landed(landed_s, self._in_effect, position)
 
     def measured_state(self) -> MeasuredState:
         """The decision point as a controller measures it (:class:`~kdvfs.envs.env.measured.Measurement`)."""
         pending_age_s = self._now_s - self._requested_at_s if self._pending >= 0 else 0.0
         if self._k == 0:
-            return MeasuredState(0, self._in_effect, self._pending, 0.0, 0.0, 0.0, self._measured_drift_pct)
-        kernel = self.measurement.kernel(self._k, float(self._started_s[self._anchor_before(self._k)]),
-                                         self._elapsed_s, self._in_effect)
-        return MeasuredState(kernel, self._in_effect, self._pending, pending_age_s, self._elapsed_s,
-                             self.measurement.model_elapsed(kernel, self._in_effect), self._measured_drift_pct,
-                             self._last_latency_ratio)
+            return MeasuredState(0, self._in_effect, self._pending, 0.0, 0.0, 0.0, 0.0, self._measured_drift_pct)
+        measurement, position = self.measurement, self._position()
+        return MeasuredState(measurement.kernel(position), self._in_effect, self._pending, pending_age_s,
+                             self._elapsed_s, measurement.model_elapsed(position), measurement.auto_elapsed(position),
+                             self._measured_drift_pct, self._last_latency_ratio)
+
+    def _position(self) -> float:
+        """Where the controller places the GPU now (:meth:`~kdvfs.envs.env.measured.Measurement.position`)."""
+        if self._k == 0:
+            return 0.0
+        return self.measurement.position(self._k, float(self._started_s[self._anchor_before(self._k)]),
+                                         self._elapsed_s)
 
     def _anchor_before(self, kernel: int) -> int:
         """The last anchor's kernel that started before ``kernel``."""
@@ -155,7 +174,7 @@ class ResidualDVFSEnv(KernelDVFSEnv):
             raise gym.error.ResetNeeded("the step is over; call reset()")
         before = self._totals()
         self._action = np.asarray(action, dtype=np.int64)
-        _, error = budget_use(self._state, float(self._data.cumulative[self._state.kernel, 0, 0]))
+        _, error = budget_use(self._state)
         self.measurement.record_error(100.0 * error)
         self._observe_policy()  # the new standing order's pair here
         while True:
@@ -180,13 +199,14 @@ class ResidualDVFSEnv(KernelDVFSEnv):
 
     def _auto_progress(self) -> float:
         """The share of the run's predicted auto time before the kernel the controller places the GPU at."""
-        return float(self._data.cumulative[self._state.kernel, 0, 0]) / self._auto_time_s
+        return self._state.auto_elapsed_s / self._auto_time_s
 
     def _request_pair(self, pair: int) -> None:
         """Request ``pair`` (at the first decision it is in effect from the start; later only when the
         controller is free and it differs from the pair in effect)."""
         if self._k == 0:
             self._in_effect = pair
+            self.measurement.landed(0.0, pair, 0.0)
         elif self._pending < 0 and pair != self._in_effect:
             self._pending, self._requested_at_s = pair, self._now_s
             self._effective_at_s = self._now_s + self.disturbances.latency(self._requests)

@@ -19,6 +19,13 @@ def test_dual_ascent_raises_a_broken_budgets_multiplier_and_lowers_a_kept_ones_t
     assert multipliers.values[1] == 0.0  # 1.0 - 12 x 2.0 x 0.05 < 0: held at 0
 
 
+def test_a_multiplier_stops_at_its_cap_and_the_budget_is_reported_infeasible() -> None:
+    multipliers = BudgetMultipliers((0.005, 0.01), ConstraintArgs(learning_rate=10.0, initial=1.0, cap=4.0))
+    for _ in range(5):
+        multipliers.update(np.array([0.005, 0.01]), np.array([1.0, 0.0]))
+    assert multipliers.values[0] == 4.0 and multipliers.capped() == [0.005]
+
+
 def test_a_budget_without_episodes_keeps_its_multiplier() -> None:
     multipliers = BudgetMultipliers((0.005, 0.01), ConstraintArgs(initial=0.7))
     multipliers.update(np.array([0.01]), np.array([1.0]))
