@@ -26,7 +26,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     train = subparsers.add_parser("train", help="train a clock policy for a GPU with PPO")
     train.add_argument("--gpu", required=True, help="GPU profile name the policy is for")
     train.add_argument("--config", type=Path, help="PPO config YAML, whole or with `extends: <gpu>` and "
-                       "what differs (default: configs/ppo/<gpu>.yaml)")
+                       "what differs, or a bundled config's name (default: configs/ppo/<gpu>.yaml; "
+                       "residual-<gpu>: the experimental residual design, which `kdvfs run` cannot run yet)")
     train.add_argument("--timesteps", type=int, help="environment steps to train for (default: the config's)")
     add_output(train, "run folder: logs, checkpoints, frozen policy", dest="out", required=True)
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
