@@ -49,6 +49,7 @@ from kdvfs.envs.env.dvfs_env import KernelDVFSEnv
 from kdvfs.envs.env.dynamic_observation import clock_one_hots
 from kdvfs.envs.env.live import LiveState
 from kdvfs.envs.env.live_tables import DEPENDS_ON_BUDGET
+from kdvfs.envs.env.measured import RESIDUAL_OBSERVATION_VERSION
 
 _decide: Callable[..., tuple[int, int, float, float]] = decide_bound
 """The compiled decision, called with its bound arrays, the budget and the state splatted (typed for that
@@ -87,12 +88,13 @@ class OnlinePolicy:
         2,000-kernel step), else built here.
 
         Raises:
-            PolicyFileError: a residual policy (``KernelDVFS-v1``): the controller does not run those online yet.
+            PolicyFileError: a residual policy (``KernelDVFSResidual-v0``): the controller does not run those online
+                yet.
         """
         if policy.config.residual_actions:
-            raise PolicyFileError("this policy sets residual clocks over the fitting plan (KernelDVFS-v1, observation "
-                                  "v6); the controller runs only v5 policies online so far: use a shipped policy "
-                                  "(policies/) or a plan")
+            raise PolicyFileError("this policy sets residual clocks over the fitting plan (KernelDVFSResidual-v0, "
+                                  f"observation v{RESIDUAL_OBSERVATION_VERSION}); the controller runs only v5 policies "
+                                  "online so far: use a shipped policy (policies/) or a plan")
         self.policy = policy
         self.env = policy_env(policy, problem) if env is None else env
         step = self.env.steps[0]

@@ -29,7 +29,7 @@ def shipped_policy_path(gpu: str) -> Path:
 
 def policy_env(policy: FrozenPolicy, problem: Problem, disturbed: bool = False, one_step: bool = False
                ) -> KernelDVFSEnv:
-    """The environment of ``problem`` as ``policy`` sees it (``KernelDVFS-v1`` for a residual policy): its
+    """The environment of ``problem`` as ``policy`` sees it (``KernelDVFSResidual-v0`` for a residual policy): its
     settings with the problem's budget and switching (the profile's spread scaled with the latency, as in the
     training regimes); one step and no disturbance, or (``disturbed``) the policy's runs with every disturbance
     on (runs of one step if ``one_step``)."""

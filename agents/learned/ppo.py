@@ -244,7 +244,7 @@ def build_pairs(workloads: WorkloadSet, profile: GpuProfile, grid: ClockGrid, pr
 
 def make_vec_env(config: TrainConfig, pairs: Sequence[ShapePair], profile: GpuProfile) -> VecNormalize:
     """``config.n_envs`` environments over ``pairs`` (each episode observes a pair's predicted step and executes
-    one of its variants; ``KernelDVFS-v1`` with residual actions), with the budget multipliers' rewards when
+    one of its variants; ``KernelDVFSResidual-v0`` with residual actions), with the budget multipliers' rewards when
     the config has a constraint (:attr:`constrained`), monitored, observations normalised (PPO seeds them)."""
     steps, executed = [p.predicted for p in pairs], [p.executed for p in pairs]
     env_id = RESIDUAL_ENV_ID if config.env.residual_actions else ENV_ID

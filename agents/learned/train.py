@@ -186,7 +186,7 @@ def imitate(model: AnchoredPPO, env: VecNormalize, config: TrainConfig, profile:
 
 def pair_env(pairs: list[ShapePair], profile: GpuProfile, env_config: EnvConfig, **settings: Any) -> KernelDVFSEnv:
     """One environment over ``pairs``: each episode observes a pair's predicted step and executes one of its
-    variants (``KernelDVFS-v1`` with residual actions); ``settings`` replace fields of ``env_config``."""
+    variants (``KernelDVFSResidual-v0`` with residual actions); ``settings`` replace fields of ``env_config``."""
     kind = ResidualDVFSEnv if env_config.residual_actions else KernelDVFSEnv
     return kind([p.predicted for p in pairs], profile, env_config, executed=[p.executed for p in pairs], **settings)
 

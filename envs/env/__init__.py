@@ -1,4 +1,4 @@
-"""The Gymnasium environments ``KernelDVFS-v0`` and ``KernelDVFS-v1`` (residual actions, measured observation):
+"""The Gymnasium environments ``KernelDVFS-v0`` and ``KernelDVFSResidual-v0`` (residual actions, measured observation):
 the policy's clock grid, one step's data prepared for stepping,
 the observation and its spec, the plan advisors and where requests land, the split of training and held-out
 workloads, and what a controller's live decision reads of it (``live``, ``live_tables``)."""
@@ -6,4 +6,4 @@ workloads, and what a controller's live decision reads of it (``live``, ``live_t
 from gymnasium.envs.registration import register
 
 register(id="KernelDVFS-v0", entry_point="kdvfs.envs.env.dvfs_env:KernelDVFSEnv")
-register(id="KernelDVFS-v1", entry_point="kdvfs.envs.env.residual_env:ResidualDVFSEnv")
+register(id="KernelDVFSResidual-v0", entry_point="kdvfs.envs.env.residual_env:ResidualDVFSEnv")

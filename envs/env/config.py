@@ -72,7 +72,7 @@ class EnvConfig:
         plan_actions: the clocks part of each action names a plan advisor (each plan, the fitting plan, the
             budget's plan: which budget's latency-aware plan to follow from here), not a pair or a window
             advisor; needs ``plan_budgets``.
-        residual_actions: the honest, residual design (``KernelDVFS-v1``,
+        residual_actions: the honest, residual design (``KernelDVFSResidual-v0``,
             :class:`kdvfs.envs.env.residual_env.ResidualDVFSEnv`): the observation is what a controller measures
             (:mod:`kdvfs.envs.env.measured`) and the action a residual over the fitting plan's pair and a margin
             on the slack, decided at segment boundaries and budget events; needs ``plan_budgets``.

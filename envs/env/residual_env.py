@@ -1,5 +1,5 @@
-"""``KernelDVFS-v1``: set each kernel segment's clocks as a residual over the fitting plan, observing only what a
-controller measures.
+"""``KernelDVFSResidual-v0`` (experimental): set each kernel segment's clocks as a residual over the fitting plan,
+observing only what a controller measures.
 
 The run executes as in ``KernelDVFS-v0`` (:class:`~kdvfs.envs.env.dvfs_env.KernelDVFSEnv`: the same kernels,
 switching, disturbances and executed variants), but:
@@ -53,7 +53,7 @@ from kdvfs.envs.env.step_data import StepData
 from kdvfs.envs.gpu.profiles import GpuProfile
 from kdvfs.envs.model.cost_model import Array
 
-RESIDUAL_ENV_ID = "KernelDVFS-v1"
+RESIDUAL_ENV_ID = "KernelDVFSResidual-v0"
 PACE_RANGE = (0.05, 20.0)
 """The measured pace between anchors is held within this range (an interval of kernels that did not run reads 0)."""
 ZERO_ACTION = np.zeros(3, dtype=np.int64)

@@ -1,4 +1,4 @@
-"""``KernelDVFS-v1``: residual actions over the fitting plan, observed as a controller measures."""
+"""``KernelDVFSResidual-v0``: residual actions over the fitting plan, observed as a controller measures."""
 
 from __future__ import annotations
 
