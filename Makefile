@@ -1,6 +1,10 @@
 # kdvfs developer entry points. `make demo` and `make test` are the README's Quick start.
 PYTHON ?= python3
 VENV ?= .venv
+# Where torch comes from: pip's own indexes by default (torch pinned in constraints.txt; on a GPU machine install
+# your CUDA build of torch into $(VENV) first). A CPU-only machine or CI takes PyTorch's CPU-only build with
+# `make setup TORCH_INDEX=https://download.pytorch.org/whl/cpu` (no CUDA packages).
+TORCH_INDEX ?=
 BIN := $(VENV)/bin
 RAW := data/raw/h200
 OUT := data/traces/h200
@@ -10,7 +14,7 @@ OUT := data/traces/h200
 $(BIN)/kdvfs: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -c constraints.txt torch
+	$(BIN)/pip install --quiet $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX) )-c constraints.txt torch
 	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev,examples]'
 	touch $@
 
@@ -18,6 +22,7 @@ setup: $(BIN)/kdvfs
 
 demo: setup
 	$(BIN)/kdvfs demo
+	@echo "kdvfs is installed in $(VENV): run \`source $(VENV)/bin/activate\` to put it on your PATH"
 
 test: setup
 	$(BIN)/python -m pytest -q

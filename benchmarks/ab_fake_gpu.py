@@ -55,7 +55,7 @@ def run(plan: Path, problem: Problem, seed: int, seconds: float, log: Path, **op
     gpu = FakeGpu(problem.costs, problem.profile, problem.latency_s, problem.stall_s, clock,
                   drift=DriftModel(seed=seed))
     controller = Controller(str(plan), TRACE, device=gpu, timeline=FakeStepTimeline(gpu, clock), clock=clock,
-                            energy_poll_s=0.0, ab_seed=seed, log=str(log), **options)
+                            energy_read_every_s=0.0, ab_seed=seed, log=str(log), **options)
     with controller:
         while clock.now_s() < seconds:
             for _ in range(20):

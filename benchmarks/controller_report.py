@@ -90,7 +90,7 @@ def cpu_figures(windows: list[dict[str, Any]]) -> dict[str, Any]:
         "end_wait": _per_step(summaries, "thread_end_wait", steps),
         "issue": _per_step(summaries, "thread_issue", steps),
         "hooks": sum(s["controller_cpu_ms"]["hooks"] or 0.0 for s in summaries) / steps,
-        "energy": sum(1e3 * (s["energy_thread_cpu_s"] or 0.0) for s in summaries) / steps,
+        "energy": sum(1e3 * ((s.get("energy_counter") or {}).get("thread_cpu_s") or 0.0) for s in summaries) / steps,
         "online": sum(s["online"]["cpu_ms"] for s in summaries if s.get("online")) / steps},
         "controlled_share": sum(s["controlled_steps"] for s in summaries) / steps}
 

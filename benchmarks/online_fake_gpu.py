@@ -100,7 +100,7 @@ def run(case: Case, method: str, seed: int, seconds: float, anchors: int = ANCHO
     with tempfile.TemporaryDirectory() as tmp:
         log = Path(tmp) / "run.jsonl"
         controller = Controller(str(source), str(case.trace), device=gpu, timeline=timeline, clock=clock,
-                                budget=BUDGET, energy_poll_s=0.0, ab_seed=seed, online=method == "online",
+                                budget=BUDGET, energy_read_every_s=0.0, ab_seed=seed, online=method == "online",
                                 log=str(log))
         with controller:
             while clock.now_s() < seconds:

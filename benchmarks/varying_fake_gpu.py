@@ -2,6 +2,8 @@
 
     python benchmarks/varying_fake_gpu.py [--steps 600] [--seeds 3] [--jobs 2]
     # writes benchmarks/results/varying_fake_gpu.{json,md}
+    python benchmarks/varying_fake_gpu.py --dry-runs 40 [--steps 300]
+    # writes benchmarks/results/varying_fake_gpu_dry.{json,md}: the A/B estimate's coverage at truth 0
 
 The run is the dynamic-padding SFT of ``examples/hf_sft.py`` (12-layer Llama, batch 8, sample lengths uniform
 in 64-1024, each batch padded to its longest sample) on a fake H200 (:class:`FakeGpu`: the cost model, a
@@ -11,6 +13,12 @@ the truth, is the step model fitted on all eight real H200 captures of the Llama
 three captured shapes (batch 8 at 256, 512 and 1024 tokens per sequence), from which it fits its own step
 model and plans every shape bucket before training (latency-optimal, 1% budget) and reads each step's shape
 when the step starts; A/B windows (a quarter at auto) measure the run, the guard backs off above budget.
+
+``--dry-runs N``: N seeded dry runs (both arms at auto: the true saving and slowdown are 0) with sample lengths
+log-normal (median 256, clipped to 64-1024) and the H200's drift and window noise
+(:class:`~kdvfs.envs.model.drift.DriftModel`); per run the summary's measured saving and slowdown (the
+adjusted estimate, :func:`~kdvfs.runtime.controller.measurement.estimator.adjusted`) and, from the same
+windows, the pairs' mean the controller used before: how often each 95% interval holds 0, and its half-width.
 
 Per seed: the measured slowdown and saving (B against A windows, 95% intervals), the share of steps with a
 plan and controlled, and the truth over the controlled steps of the B windows: their cost-model energy and
@@ -26,6 +34,7 @@ import json
 import math
 import tempfile
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
@@ -33,16 +42,20 @@ from typing import Any
 import numpy as np
 from provenance import provenance, provenance_lines, write_results
 
-from kdvfs.agents.common.problem import Problem, score
+from kdvfs.agents.common.problem import Planner, Problem, score
 from kdvfs.agents.planners.registry import make_planner
 from kdvfs.envs.common.paths import DATA_DIR
 from kdvfs.envs.gpu.profiles import load_profile
+from kdvfs.envs.model.drift import DriftModel
+from kdvfs.envs.model.schedule import ActionCosts
 from kdvfs.envs.model.step_model import StepModel
 from kdvfs.envs.trace.format import load_trace, save_trace
 from kdvfs.envs.trace.shape import StepShape
 from kdvfs.envs.trace.trace import Trace
 from kdvfs.runtime.cli.offline.plan import schedule_json
 from kdvfs.runtime.controller import Controller
+from kdvfs.runtime.controller.measurement.estimator import Paired
+from kdvfs.runtime.controller.shapes.plans import ShapeBook
 from kdvfs.runtime.controller.shapes.steps import VaryingSteps
 from kdvfs.runtime.testing.fake_gpu import FakeGpu, FakeStepTimeline, VirtualClock
 
@@ -59,10 +72,15 @@ def shape(seq: int) -> StepShape:
     return StepShape.of([(BATCH, seq)] * 3)
 
 
-def step_seqs(steps: int, seed: int) -> list[int]:
-    """Each step's padded length: the longest of its batch's ``BATCH`` sample lengths (uniform, seeded)."""
-    lengths = np.random.default_rng(seed).integers(MIN_LEN, MAX_LEN + 1, (steps, BATCH))
-    return [int(x) for x in lengths.max(axis=1)]
+def step_seqs(steps: int, seed: int, median_len: int | None = None) -> list[int]:
+    """Each step's padded length: the longest of its batch's ``BATCH`` sample lengths (uniform, seeded; or
+    log-normal with median ``median_len``, sigma 0.7, clipped to the range), rounded up to 8."""
+    rng = np.random.default_rng(seed)
+    if median_len is None:
+        lengths = rng.integers(MIN_LEN, MAX_LEN + 1, (steps, BATCH))
+        return [int(x) for x in lengths.max(axis=1)]
+    lengths = np.clip(np.round(median_len * np.exp(0.7 * rng.standard_normal((steps, BATCH)))), MIN_LEN, MAX_LEN)
+    return [min(MAX_LEN, int(-(-x // 8) * 8)) for x in lengths.max(axis=1)]
 
 
 def models() -> tuple[StepModel, StepModel]:
@@ -73,6 +91,8 @@ def models() -> tuple[StepModel, StepModel]:
 
 
 _TRUTH: dict[int, Trace] = {}
+_COSTS: dict[int, ActionCosts] = {}
+"""The executed steps' costs, by padded length (shared by the dry runs' seeds)."""
 
 
 def _oracle(seq: int) -> tuple[int, float, float, float, float]:
@@ -113,7 +133,7 @@ def run(seed: int, steps: int, truth: StepModel, known: StepModel,
         save_trace(reference.trace, trace_path)
         plan_path.write_text(json.dumps(schedule_json(reference, make_planner("latency-optimal").plan(reference))))
         controller = Controller(str(plan_path), str(trace_path), device=gpu, timeline=timeline, clock=clock,
-                                varying=varying, budget=BUDGET, energy_poll_s=0.0, ab_seed=seed, log=str(log))
+                                varying=varying, budget=BUDGET, energy_read_every_s=0.0, ab_seed=seed, log=str(log))
         with controller:
             for _ in range(steps):
                 controller.step()
@@ -144,6 +164,105 @@ def truth_over_b_windows(gpu: FakeGpu, windows: list[dict[str, Any]], seqs: list
             "oracle_slowdown_pct": 100 * (oracle_s / auto_s - 1)}
 
 
+@dataclass(frozen=True)
+class PlannedOnce(VaryingSteps):
+    """The run's varying steps with the book planned once for every seed (planning does not depend on it)."""
+
+    book: ShapeBook | None = None
+
+    def plan(self, problem: Problem, planner: Planner) -> ShapeBook:
+        assert self.book is not None
+        return self.book
+
+
+def dry_run(seed: int, steps: int, known: StepModel, book: ShapeBook, reference: Problem) -> dict[str, Any]:
+    """One seeded dry run (see the module docstring): the adjusted estimate and the pairs' mean at truth 0."""
+    seqs = step_seqs(steps + 1, seed, median_len=256)
+    clock = VirtualClock()
+    gpu = FakeGpu(reference.costs, reference.profile, reference.latency_s, reference.stall_s, clock,
+                  latency_std_s=reference.profile.switching.latency_std_s, duration_noise=DURATION_NOISE, seed=seed,
+                  drift=DriftModel(seed=seed))
+    timeline = FakeStepTimeline(gpu, clock)
+    for seq in set(seqs[:steps]) - set(_COSTS):
+        _COSTS[seq] = Problem.build(_TRUTH[seq], reference.profile, BUDGET).costs
+    for i, seq in enumerate(seqs):
+        timeline.shapes[i] = shape(seq)
+        if i < steps:
+            gpu.step_costs[i] = _COSTS[seq]
+    varying = PlannedOnce([shape(s) for s in CONTROLLER_SHAPES], lambda wanted: None, timeline.shape_of,
+                          kernel_time_s=known.kernel_time_s, book=book)
+    with tempfile.TemporaryDirectory() as folder:
+        trace_path, plan_path = Path(folder, "step.trace.json"), Path(folder, "plan.json")
+        save_trace(reference.trace, trace_path)
+        plan_path.write_text(json.dumps(schedule_json(reference, make_planner("latency-optimal").plan(reference))))
+        controller = Controller(str(plan_path), str(trace_path), device=gpu, timeline=timeline, clock=clock,
+                                varying=varying, budget=BUDGET, energy_poll_s=0.0, ab_seed=seed, dry_run=True)
+        with controller:
+            for _ in range(steps):
+                controller.step()
+                controller.flush()
+    summary = controller.summary
+    assert summary is not None
+    return {"seed": seed, "steps": summary["steps"], "adjusted": summary["measured"],
+            "paired_saving_ci95_pct": paired_interval(controller.windows), "auto_reasons": summary["auto_reasons"]}
+
+
+def paired_interval(windows: list[dict[str, Any]]) -> list[float] | None:
+    """The pairs' mean saving and its 95% interval over the run's A/B pairs (the estimate before adjustment)."""
+    by_pair: dict[int, dict[str, dict[str, Any]]] = {}
+    for window in windows:
+        if window["pair"] is not None and window["as_intended"] and window["energy_j_per_step"] is not None:
+            by_pair.setdefault(window["pair"], {})[window["arm"]] = window
+    paired = Paired()
+    for arms in by_pair.values():
+        if len(arms) == 2:
+            paired.add(100 * (1 - arms["B"]["energy_j_per_step"] / arms["A"]["energy_j_per_step"]))
+    interval = paired.interval()
+    return None if interval is None else [interval.lo_pct, interval.hi_pct]
+
+
+def dry_runs(seeds: int, steps: int, jobs: int) -> dict[str, Any]:
+    """``--dry-runs``: the coverage of both estimates at truth 0 over ``seeds`` runs."""
+    truth, known = models()
+    seqs = {seq for seed in range(seeds) for seq in step_seqs(steps + 1, seed, median_len=256)}
+    _TRUTH.update({seq: truth.predict(shape(seq)) for seq in seqs})
+    profile = load_profile("h200")
+    reference = Problem.build(known.predict(shape(1024)), profile, BUDGET)
+    book = ShapeBook.build([shape(s) for s in CONTROLLER_SHAPES],
+                           lambda wanted: known.predict(wanted) if known.covers(wanted) else None, profile, BUDGET,
+                           reference.latency_s, workers=jobs)
+    book.close()
+    runs = [dry_run(seed, steps, known, book, reference) for seed in range(seeds)]
+
+    def coverage(intervals: list[list[float] | None]) -> dict[str, Any]:
+        known_intervals = [i for i in intervals if i is not None]
+        widths = sorted((hi - lo) / 2 for lo, hi in known_intervals)
+        return {"runs": len(known_intervals), "hold_zero": sum(lo <= 0.0 <= hi for lo, hi in known_intervals),
+                "median_half_width_pct": widths[len(widths) // 2] if widths else None,
+                "max_half_width_pct": widths[-1] if widths else None}
+
+    return {"provenance": provenance(f"python benchmarks/varying_fake_gpu.py --dry-runs {seeds} --steps {steps} "
+                                     f"--jobs {jobs}"),
+            "runs": runs,
+            "summary": {"adjusted_saving": coverage([r["adjusted"]["energy_saved_ci95_pct"] for r in runs]),
+                        "adjusted_slowdown": coverage([r["adjusted"]["slowdown_ci95_pct"] for r in runs]),
+                        "paired_saving": coverage([r["paired_saving_ci95_pct"] for r in runs])}}
+
+
+def dry_markdown(result: dict[str, Any]) -> str:
+    lines = ["# The A/B estimate of steps that vary at truth 0: dry runs on the fake H200", "",
+             *provenance_lines(result["provenance"]), "",
+             "| estimate | runs with an interval | holding 0 | median half-width (points) | widest |",
+             "| --- | ---: | ---: | ---: | ---: |"]
+    for name, c in result["summary"].items():
+        lines.append(f"| {name.replace('_', ' ')} | {c['runs']} | {c['hold_zero']} | "
+                     f"{c['median_half_width_pct']:.2f} | {c['max_half_width_pct']:.2f} |")
+    lines += ["", "Adjusted: the controller's estimate for steps that vary (every window regressed on its arm, "
+              "expected kernel time, new shapes and time); paired: the pairs' mean it replaced. Target: 95% "
+              "nominal coverage, half-width <= 2 points."]
+    return "\n".join(lines) + "\n"
+
+
 def markdown(result: dict[str, Any]) -> str:
     lines = ["# Steps that vary on the fake H200: every step planned by its shape", "",
              *provenance_lines(result["provenance"]), "",
@@ -169,7 +288,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--dry-runs", type=int, default=0, help="seeds of dry runs for the estimate's coverage")
     args = parser.parse_args()
+    if args.dry_runs:
+        coverage = dry_runs(args.dry_runs, args.steps, args.jobs)
+        write_results("varying_fake_gpu_dry", coverage, dry_markdown(coverage))
+        print(dry_markdown(coverage))
+        return
     truth, known = models()
     seqs = {seq for seed in range(args.seeds) for seq in step_seqs(args.steps + 1, seed)}
     oracle = oracles(truth, seqs, args.jobs)

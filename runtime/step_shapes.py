@@ -2,8 +2,10 @@
 
 Shared by the capture (which keys every recorded step by its shape) and the runtime (which reads a step's
 shape at its start to pick the step's expected kernels). The shape is :func:`kdvfs.envs.trace.shape.call_shape`
-of the model root's first forward call after a step boundary: the shapes of its tensor arguments, positional
-first, keyword arguments by name (:mod:`kdvfs.envs.trace.shape`).
+of each of the model root's forward calls (with gradients) between two step boundaries, concatenated: the
+shapes of its tensor arguments, positional first, keyword arguments by name (:mod:`kdvfs.envs.trace.shape`).
+A step with gradient accumulation is keyed by all its micro-batches: its shape holds each micro-batch's inputs
+in turn, so two steps whose second micro-batches differ have different shapes.
 
 How it finds the model: :meth:`ShapeProbe.install` registers a global module forward pre-hook; the first module
 called with gradients enabled that owns parameters (itself or in its children) is the model root, normally the
@@ -41,17 +43,16 @@ class ShapeProbe:
         * Steps are numbered from 0 in the order they run. :meth:`mark_step` ends the step in progress (call it
           once per training step, at its end: ``kdvfs capture`` calls it from the optimizer-step hook) and
           returns that step's number; the next step gets the next number.
-        * The first forward call of the model root after a boundary with gradients enabled sets that step's
-          shape; later calls in the step (gradient accumulation micro-batches, a second model call) do not
-          change it. The call in which :meth:`install`'s discovery finds the root is not recorded (a global
-          hook is not passed keyword arguments), so that step, normally step 0, has no shape; with
-          :meth:`attach` every step has one.
-        * :meth:`shape_of` returns a step's shape, None for a step without a forward call (or before the root
-          was found) and for steps older than the last ``history`` steps. :attr:`current` is the shape of the
-          step in progress, None until its first forward call.
-        * ``on_shape(step, shape)``, when given, is called from the forward pre-hook on the training thread the
-          moment a step's shape is known, before that step launches any model kernel; it must be cheap and
-          must not raise.
+        * Each forward call of the model root with gradients enabled appends its inputs to the step's shape
+          (gradient accumulation: one call per micro-batch). The call in which :meth:`install`'s discovery finds
+          the root is not recorded (a global hook is not passed keyword arguments), so that step, normally
+          step 0, has no shape or a partial one; with :meth:`attach` every step has one.
+        * :meth:`shape_of` returns a step's shape so far (all its calls once the step ended), None for a step
+          without a forward call (or before the root was found) and for steps older than the last ``history``
+          steps. :attr:`current` is the shape of the step in progress, None until its first forward call.
+        * ``on_shape(step, shape)``, when given, is called from the forward pre-hook on the training thread at
+          each call with the step's shape so far, before that call launches any model kernel; it must be cheap
+          and must not raise.
         * Thread use: the hooks and :meth:`mark_step` run on the training thread; the other methods only read.
         * :meth:`remove` removes every hook (idempotent); recorded shapes stay readable.
 
@@ -97,9 +98,12 @@ class ShapeProbe:
 
     def _before_forward(self, module: nn.Module, args: Any, kwargs: Any) -> None:
         step = self.steps_marked
-        if step in self._shapes or not torch.is_grad_enabled() or torch.compiler.is_compiling():
+        if not torch.is_grad_enabled() or torch.compiler.is_compiling():
             return None
         shape = call_shape(args, kwargs or {})
+        earlier = self._shapes.get(step)
+        if earlier is not None:
+            shape = StepShape(earlier.inputs + shape.inputs)
         self._shapes[step] = shape
         while len(self._shapes) > self.history:
             self._shapes.popitem(last=False)

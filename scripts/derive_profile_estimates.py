@@ -8,7 +8,7 @@ from the measured H200, each with a source that says how and a range:
 * watts: the H200's watts scaled by the ratio of power limits, range +-30% (the ratio ignores differences
   of process, memory and board); the boost limit: 1.0 as measured on the H200, range 0.85-1.0.
 
-Each transferred parameter says so (``transferred_from``), and ``--uncertainty`` widens its range. The A100's
+Each transferred parameter says so (``transferred_from``), and the ranges' sample widens its range. The A100's
 voltage curve and static power are grounded in public A100 readings instead (:func:`a100_grounded`,
 ``docs/design/cost-model.md``).
 

@@ -19,7 +19,8 @@ from kdvfs import __version__
 from kdvfs.envs.common.paths import HOME_VARIABLE, REPO_ROOT
 
 SOURCES = ("pyproject.toml", "README.md", "kdvfs", "envs", "agents", "runtime", "configs", "data", "policies")
-SHIPPED = ("kdvfs/configs/gpus/h200.yaml", "kdvfs/configs/workloads/gpt2s.yaml", "kdvfs/configs/ppo/h200.yaml",
+SHIPPED = ("kdvfs/configs/gpus/h200.yaml", "kdvfs/configs/model_error.json", "kdvfs/configs/workloads/gpt2s.yaml",
+           "kdvfs/configs/ppo/h200.yaml",
            "kdvfs/data/traces/h200/gpt3xl-24layer-b4.trace.json", "kdvfs/policies/h200.kdvfs-policy.npz",
            "kdvfs/data/raw/h200/ncu_gpt3xl_1layer.csv.gz", "kdvfs/runtime/cli/__init__.py")
 
@@ -67,6 +68,7 @@ def test_installed_from_the_wheel_the_demo_runs_from_another_folder(wheel: Path,
     assert _run(python, "-c", "import kdvfs; print(kdvfs.__file__)", cwd=work).startswith(str(site))
     assert "h200/gpt3xl-24layer-b4" in _run(kdvfs, "trace", "list", cwd=work).split()
     assert "rtx3080ti" in _run(kdvfs, "gpus", cwd=work)
+    assert "30 kernels" in _run(kdvfs, "model", "validate", "--sweep", "gtx980", "--folds", "2", cwd=work)
     out = _run(kdvfs, "demo", "--trace", "h200/gpt3xl-1layer-b4", "--out", "demo", cwd=work)
     assert "GPU profile h200" in out and "latency-optimal" in out and "no shipped policy" not in out
     assert (work / "demo" / "pareto.png").is_file() and (work / "demo" / "run.json").is_file()

@@ -9,7 +9,7 @@ names the power limit its step runs under and where it comes from.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from io import BytesIO
 from pathlib import Path
 
@@ -29,13 +29,14 @@ SEARCHED = "searched"
 class Row:
     """One method at one budget: its score when executed, and as planned (no latency, no stalls); the power limit
     its step runs under (W) and where that comes from (``trace``, ``profile default``, ``requested`` or, for the
-    power-limit method, :data:`SEARCHED`), when known."""
+    power-limit method, :data:`SEARCHED`), when known; the schedule scored (None for the power-limit method)."""
 
     budget: float
     executed: Score
     planned: Score
     power_limit_w: float | None = None
     power_limit_source: str | None = None
+    schedule: Schedule | None = field(default=None, compare=False, repr=False)
 
     def as_json(self) -> dict[str, float | int | str]:
         limit: dict[str, float | int | str] = {} if self.power_limit_w is None or self.power_limit_source is None \
@@ -47,7 +48,7 @@ def scored_row(case: Problem, schedule: Schedule) -> Row:
     """A schedule's row at ``case``'s budget, under its priced power limit."""
     caps = case.power_limits
     return Row(case.budget, score(case, schedule), score(case, schedule, ideal=True), caps.priced_w,
-               caps.priced_source)
+               caps.priced_source, schedule)
 
 
 def power_limit_row(case: Problem) -> Row:

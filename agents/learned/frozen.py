@@ -191,7 +191,10 @@ def _read(path: Path) -> FrozenPolicy:
             policy = _from_parts(header, weights, biases, data["obs_mean"], data["obs_var"])
     except FileNotFoundError:
         raise PolicyFileError(f"{path}: no such policy file") from None
-    except (OSError, ValueError, KeyError, TypeError, ConfigError, zipfile.BadZipFile, json.JSONDecodeError) as error:
+    except IsADirectoryError:
+        raise PolicyFileError(f"{path} is a folder, expected a policy file (.kdvfs-policy.npz)") from None
+    except (OSError, EOFError, ValueError, KeyError, TypeError, ConfigError, zipfile.BadZipFile,
+            json.JSONDecodeError) as error:
         raise PolicyFileError(f"{path}: damaged or not a kdvfs policy file ({_reason(error)}); pass a "
                               "frozen policy (.kdvfs-policy.npz from `kdvfs train`) or a plan") from None
     return policy

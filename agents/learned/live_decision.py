@@ -1,8 +1,10 @@
 """A frozen policy's live decision in one compiled call: observation, policy run, pair, next proposal change.
 
 :meth:`~kdvfs.agents.learned.online.OnlinePolicy.decide` calls :func:`decide_bound` (:func:`decide_live` on the
-arrays a :class:`BoundDecision` holds) once per decision point. A decision point's Python runs slowest on a core
-that slept through the gap, so as little as possible stays in Python: the environment's part
+arrays a :class:`BoundDecision` holds) once per decision point, and ``first_change`` calls
+:func:`first_change_bound`: the standing order's proposal at each of a run of states ahead (where it depends
+on the budget, re-read as the step goes) until it names a pair to request. A decision point's Python runs
+slowest on a core that slept through the gap, so as little as possible stays in Python: the environment's part
 (:func:`~kdvfs.envs.env.live_tables.observe_at`, :func:`~kdvfs.envs.env.live_tables.target_pair_of`,
 :func:`~kdvfs.envs.env.live_tables.plan_of`, :func:`~kdvfs.envs.env.live_tables.next_change_in`: the functions
 the environment itself calls) and the policy's (:func:`~kdvfs.agents.learned.forward.act`) run in one call,
@@ -116,3 +118,24 @@ def decide_bound(bound: Any, budget: float, budget_plan: int, kernel: int, in_ef
                        b.inverse_std, b.clip, b.later, b.bounds, b.activation, b.products, b.offsets, budget,
                        budget_plan, kernel, in_effect, pending, pending_age_s, elapsed_s, auto_elapsed_s,
                        last_latency_ratio, drift_pct, model_elapsed_s, evaluate, b.action, b.picks)
+
+
+@numba.njit(cache=True)
+def first_change_bound(bound: Any, budget: float, budget_plan: int, kernels: Array, in_effect: int,
+                       elapsed_s: Array, auto_elapsed_s: Array, last_latency_ratio: float, drift_pct: float,
+                       model_elapsed_s: Array) -> int:
+    """The first of the states ahead (``kernels`` (n,) int64 and the times (n,) float64; no change pending,
+    ``in_effect`` in effect: :class:`~kdvfs.envs.env.live.LiveState`'s fields) at which the standing order
+    (``bound.action``) proposes a pair other than ``in_effect``; n if none (or it requests nothing). Writes the
+    observation and the advice at each (the environment's buffers, which every decision writes anew)."""
+    b, n = bound, kernels.shape[0]
+    if not b.action[0]:
+        return n
+    for j in range(n):
+        observe_at(b.obs, b.advice, b.static_rows, b.lay, b.advisor_index, b.cumulative_s, b.landings, b.plan_pairs,
+                   b.plan_rest, b.joinable, b.next_change, b.speeds_up, b.change_offsets, b.change_kernels, b.sizes,
+                   b.auto_time_s, b.latency_s, b.stall_s, budget, budget_plan, kernels[j], in_effect, -1, 0.0,
+                   elapsed_s[j], auto_elapsed_s[j], last_latency_ratio, drift_pct, model_elapsed_s[j])
+        if target_pair_of(b.action[1], b.advice, b.sizes) != in_effect:
+            return j
+    return n

@@ -12,7 +12,8 @@ latency before the step starts.
 
 Each decision says when the next one is needed: when the policy runs again, and the kernel where the
 standing order's proposal can next change (:meth:`~kdvfs.envs.env.dvfs_env.KernelDVFSEnv.next_proposal_change`;
-unknown for orders that depend on the budget: the fitting plan, window advisors). The observation is
+unknown for orders that depend on the budget: the fitting plan, window advisors, whose proposals a controller
+reads ahead at the states it expects with :meth:`OnlinePolicy.first_change`). The observation is
 computed without its static part (next kernels and windows: most of its entries), whose share of the
 first layer is computed for every kernel once (:meth:`~kdvfs.agents.learned.frozen.FrozenPolicy.first_products`),
 as is the share of the clocks in effect and pending (one-hots) for every pair, so that a decision multiplies
@@ -42,6 +43,7 @@ from kdvfs.agents.learned.live_decision import (
     O_PENDING_ROWS,
     BoundDecision,
     decide_bound,
+    first_change_bound,
 )
 from kdvfs.agents.learned.policy_planner import policy_env
 from kdvfs.envs.common.locked import index_right
@@ -54,6 +56,7 @@ from kdvfs.envs.env.measured import RESIDUAL_OBSERVATION_VERSION
 _decide: Callable[..., tuple[int, int, float, float]] = decide_bound
 """The compiled decision, called with its bound arrays, the budget and the state splatted (typed for that
 call)."""
+_first_change: Callable[..., int] = first_change_bound
 
 
 class OnlineDecision(NamedTuple):
@@ -135,12 +138,15 @@ class OnlinePolicy:
         """Compute now what the first decisions at each pair in effect would compute, and the arrays every
         decision reads (:meth:`~kdvfs.envs.env.dvfs_env.KernelDVFSEnv.live_tables`); whoever decides calls it
         once, before the first :meth:`begin` (else the first :meth:`begin` does; a controller that decides in a
-        child process needs only the rest). It also runs the first pair's policy and a throwaway decision, so
-        that their compiled code is compiled (or loaded from numba's cache) here, not in a controlled step."""
+        child process needs only the rest). It also runs the first pair's policy, a throwaway decision and a
+        look-ahead, so that their compiled code is compiled (or loaded from numba's cache) here, not in a
+        controlled step."""
         observation, _ = self.env.reset(seed=0)
         self._policy_action(observation[self._static_size:])
         self._bind()
         self.warm(LiveState(0, 0, NO_REQUEST, 0.0, 0.0, 0.0))
+        times_s = np.zeros(1)
+        self.first_change(np.zeros(1, dtype=np.int64), 0, times_s, times_s, 1.0, 0.0, times_s)
 
     def _bind(self) -> None:
         """Bind the decisions' arrays (the env's live tables for its step, the policy's)."""
@@ -173,6 +179,17 @@ class OnlinePolicy:
         if evaluated:
             self._hold_until_s = now_s + self._hold_s
         return self._decision(self._bound[0], self._action, state, evaluated)
+
+    def first_change(self, kernels: np.ndarray, in_effect: int, elapsed_s: np.ndarray, auto_elapsed_s: np.ndarray,
+                     last_latency_ratio: float, drift_pct: float, model_elapsed_s: np.ndarray) -> int:
+        """The first of the states ahead at which the standing order (its proposal depending on the budget) would
+        name a pair other than ``in_effect`` (n: none), in one compiled call
+        (:func:`~kdvfs.agents.learned.live_decision.first_change_bound`): ``kernels`` (n,) int64 and the times
+        (n,) (s, model timeline) of :class:`~kdvfs.envs.env.live.LiveState`, with no change pending; after
+        :meth:`begin`. The standing order and its hold are unchanged."""
+        assert self._bound is not None, "begin a step first"
+        return _first_change(self._bound[0], *self._budget, kernels, in_effect, elapsed_s, auto_elapsed_s,
+                             last_latency_ratio, drift_pct, model_elapsed_s)
 
     def warm(self, state: LiveState) -> None:
         """Run a decision at ``state`` (the observation, the policy, the decision's making) and drop its result:

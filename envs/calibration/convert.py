@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from kdvfs.envs.calibration.sweep import Sweep, SweepError
-from kdvfs.envs.common.files import read_text
+from kdvfs.envs.common.files import read_input, read_text
 from kdvfs.envs.trace.ncu import NcuKernel, read_ncu_csv
 
 WANG_CHU_BUS_BYTES = {"gtx980": 32, "gtx1080ti": 44}
@@ -54,7 +54,7 @@ def convert_wang_chu(path: Path, gpu: str) -> Sweep:
     """Convert one of Wang & Chu's ``*-dvfs-sweep.csv`` files (``gpu`` is ``gtx980`` or ``gtx1080ti``)."""
     if gpu not in WANG_CHU_BUS_BYTES:
         raise SweepError(f"{path}: unknown GPU {gpu!r} for this converter; use one of {sorted(WANG_CHU_BUS_BYTES)}")
-    rows = list(csv.DictReader(read_text(Path(path)).splitlines()))
+    rows = list(csv.DictReader(read_input(Path(path), SweepError).splitlines()))
     required = {"appName", "kernel", "argNo", "coreF", "memF", "time/ms", "power/W", "dram_read_throughput",
                 "dram_write_throughput"}
     if not rows or not required <= set(rows[0]):

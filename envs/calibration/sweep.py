@@ -28,9 +28,12 @@ import numpy as np
 
 from kdvfs.envs.common.errors import KdvfsError
 from kdvfs.envs.common.files import read_input
+from kdvfs.envs.common.paths import SWEEP_DIR
+from kdvfs.envs.common.resolve import resolve_shipped
 from kdvfs.envs.gpu.profiles import GpuProfile
 from kdvfs.envs.model.cost_model import Array, ClockLimits, KernelInputs
 
+SWEEP_SUFFIX = ".sweep.csv"
 REQUIRED_COLUMNS = ("kernel", "core_mhz", "mem_mhz", "time_s", "power_w", "sm_util", "dram_util")
 OPTIONAL_COLUMNS = ("tensor_util",)
 
@@ -150,8 +153,15 @@ def parse_sweep(text: str, source: str) -> Sweep:
                  table.get("tensor_util", np.zeros(len(values))))
 
 
-def load_sweep(path: Path) -> Sweep:
-    """Read a sweep CSV (``.csv`` or ``.csv.gz``)."""
+def sweep_path(name_or_path: str | Path) -> Path:
+    """A sweep file path, or the path of a bundled sweep named ``gtx980`` (``data/sweeps/<name>.sweep.csv`` of
+    the installation); neither is a :class:`SweepError` listing the bundled ones."""
+    return resolve_shipped(name_or_path, SWEEP_DIR, SWEEP_SUFFIX, "sweep", error=SweepError)
+
+
+def load_sweep(name_or_path: str | Path) -> Sweep:
+    """Read a sweep CSV (``.csv`` or ``.csv.gz``) or a bundled sweep by name (:func:`sweep_path`)."""
+    path = sweep_path(name_or_path)
     return parse_sweep(read_input(path, SweepError), str(path))
 
 

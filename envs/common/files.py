@@ -56,11 +56,13 @@ def read_text(path: Path) -> str:
 
 
 def read_input(path: Path, error: type[Exception], missing_hint: str = "check the path") -> str:
-    """Read a user-supplied text file (gzip allowed); a missing or unreadable file raises ``error`` with a
-    one-line message naming the file and the fix."""
+    """Read a user-supplied text file (gzip allowed); a missing, unreadable or damaged file, or a folder, raises
+    ``error`` with a one-line message naming the file and the fix."""
     try:
         return read_text(Path(path))
     except FileNotFoundError:
         raise error(f"{path}: no such file; {missing_hint}") from None
+    except IsADirectoryError:
+        raise error(f"{path} is a folder, expected a file; {missing_hint}") from None
     except (OSError, EOFError, UnicodeDecodeError) as reason:
         raise error(f"{path}: cannot be read ({reason}); the file is corrupt or truncated") from None

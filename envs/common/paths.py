@@ -1,4 +1,5 @@
-"""Locations of the files kdvfs ships: GPU profiles, workload presets, PPO configs, bundled traces, policies.
+"""Locations of the files kdvfs ships: GPU profiles, workload presets, PPO configs, bundled traces and sweeps,
+policies.
 
 They install with the package: ``kdvfs/configs``, ``kdvfs/data`` and ``kdvfs/policies`` are links to the
 repository's top-level folders, so the same paths hold in a clone (editable install) and in a wheel.
@@ -20,4 +21,5 @@ GPU_PROFILE_DIR = CONFIG_DIR / "gpus"
 DATA_DIR = DATA_ROOT / "data"
 BUNDLED_TRACE_DIR = DATA_DIR / "traces"
 RAW_DATA_DIR = DATA_DIR / "raw"
+SWEEP_DIR = DATA_DIR / "sweeps"
 POLICY_DIR = DATA_ROOT / "policies"

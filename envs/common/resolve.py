@@ -35,15 +35,23 @@ def _rank_files_hint(missing: Path) -> str:
     return f"; a torchrun job wrote one per rank: {shown}; pass a rank's file"
 
 
+def _folder_error(folder: Path, suffix: str, kind: str) -> str:
+    """Why a folder is no ``kind`` file, naming up to three such files it holds (what the user may have meant)."""
+    inside = sorted(str(path) for path in folder.glob(f"*{suffix}") if path.is_file())
+    held = f"; it holds {', '.join(inside[:3])}{', ...' if len(inside) > 3 else ''}" if inside else ""
+    return f"{folder} is a folder, expected a {kind} file or a bundled name{held}"
+
+
 def resolve_shipped(name_or_path: str | Path, folder: Path, suffix: str, kind: str, *, error: type[KdvfsError],
                     name_kind: str | None = None, hint: str = "", hidden: tuple[str, ...] = ()) -> Path:
     """An existing file ``name_or_path``, else the bundled ``folder/<name><suffix>``.
 
     Args:
         kind: what the file holds, e.g. ``"GPU profile"``; name_kind: what a bundled name names (default ``kind``).
-        error: the error raised when neither exists: a name with a file suffix (``x.yaml``) is a missing file,
-            any other name is unknown and the message lists the bundled ones (:class:`DataMissingError` where
-            none are bundled, ``hidden`` left out of the list); hint is appended to it.
+        error: the error raised when neither exists: a folder is named as one, a name with a file suffix
+            (``x.yaml``) is a missing file, any other name is unknown and the message lists the bundled ones
+            (:class:`DataMissingError` where none are bundled, ``hidden`` left out of the list); hint is
+            appended to it.
     """
     candidate = Path(name_or_path)
     if candidate.is_file():
@@ -51,6 +59,8 @@ def resolve_shipped(name_or_path: str | Path, folder: Path, suffix: str, kind: s
     bundled = folder / f"{name_or_path}{suffix}"
     if bundled.is_file():
         return bundled
+    if candidate.is_dir():
+        raise error(_folder_error(candidate, suffix, kind))
     if candidate.suffix:
         raise error(f"{candidate}: no such {kind} file{_rank_files_hint(candidate)}")
     names = shipped_names(folder, suffix)

@@ -79,3 +79,11 @@ class PredictedElapsed:
             self.seconds += self.stall_s
         self._kernel, self._pair = kernel, in_effect
         return self.seconds
+
+    def ahead(self, kernels: np.ndarray, in_effect: int) -> np.ndarray:
+        """What :meth:`at` would return at each of ``kernels`` ((n,), none before the last reading's) with
+        ``in_effect`` in effect, without reading them: (n,) s."""
+        pair = in_effect if self._pair < 0 else self._pair
+        stall_s = self.stall_s if self._pair >= 0 and in_effect != self._pair else 0.0
+        column = self.cumulative_s[:, pair]
+        return self.seconds + stall_s + column[np.maximum(kernels, self._kernel)] - column[self._kernel]

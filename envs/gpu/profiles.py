@@ -103,7 +103,7 @@ class Roofline:
 class Switching:
     """Latency from an NVML clock request to the new clock taking effect (seconds).
 
-    ``latency_range_s`` is the plausible range of the mean latency (``kdvfs compare --uncertainty``);
+    ``latency_range_s`` is the plausible range of the mean latency (sampled for a figure's range);
     without one, the mean plus or minus two standard deviations is used.
     """
 
@@ -138,9 +138,9 @@ class CostParam:
     """One cost-model parameter with its provenance.
 
     ``range`` is its plausible ``[low, high]`` (required for an ``estimate``), ``range_source`` where that
-    range comes from; ``kdvfs compare --uncertainty`` varies every parameter that has one.
+    range comes from; a figure's range samples every parameter that has one (:mod:`kdvfs.envs.model.ranges`).
     ``transferred_from`` names the GPU profile an estimate was copied or scaled from (``"h200"``): its range
-    describes that GPU, so ``--uncertainty`` widens it (``kdvfs.envs.model.uncertainty``).
+    describes that GPU, so the sample widens it (``kdvfs.envs.model.uncertainty``).
     """
 
     value: float

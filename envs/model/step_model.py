@@ -6,13 +6,17 @@ shape near them, so the controller and the planners can decide on it as on a cap
 
 How a shape is predicted:
 
-* **Template.** The kernel sequence is the nearest captured shape's (distance in log tokens and log sequence
-  length): its kernel names, kinds, categories, phases, launch configurations and ops.
+* **Variables.** What varies between the shapes (:class:`~kdvfs.envs.trace.shape.ShapeAxes`): the tokens of
+  each input whose length varies on its own (one variable, ``tokens``, for a decoder's steps; two for an
+  encoder-decoder's input and labels, or for the two micro-batches of a step with gradient accumulation).
+* **Template.** The kernel sequence is the nearest captured shape's (log distance of the variables and their
+  lengths): its kernel names, kinds, categories, phases, launch configurations and ops.
 * **Alignment.** Every other captured step is aligned to the template kernel by kernel
   (:mod:`kdvfs.envs.model.step.align`: by phase, category and op, so GEMMs whose kernel names change with the
   shape still pair; inserted or dropped kernels shift nothing).
 * **Fit per kernel.** Each template kernel's duration, idle gap before it, FLOPs and DRAM bytes are fitted over
-  the shapes where it has a partner, non-negative in ``1, tokens`` (and ``batch * seq^2`` for attention)
+  the shapes where it has a partner, non-negative in ``1`` and the variables (and their products with the
+  lengths, ``batch * seq^2``, for attention)
   (:mod:`kdvfs.envs.model.step.fit`). A kernel that only the template has is scaled as its category's fitted
   kernels are. Whole-step measurements (``step_time_s``, ``energy_j_per_step``, ...) are fitted the same way,
   so the cost model's measured-gap correction (:func:`~kdvfs.envs.trace.trace.with_measured_gaps`) holds.
@@ -22,7 +26,7 @@ How a shape is predicted:
   shape.
 
 Where it is not: shapes far outside the captured range (:meth:`StepModel.covers` is False beyond
-``COVER_FACTOR`` of the captured tokens, sequence lengths and batches, for another input structure, and for
+``COVER_FACTOR`` of the captured variables, lengths and batches, for another input structure, and for
 any shape but the captured one when only one was captured); kernels whose number depends on the data rather
 than the shape (MoE experts that receive no tokens) follow the template. Fitting is deterministic and takes a
 fraction of a second for a handful of 3,000-kernel steps; a prediction takes milliseconds, so the runtime refits
@@ -42,11 +46,11 @@ from kdvfs.envs.model.cost_model import Array
 from kdvfs.envs.model.estimate import split_work
 from kdvfs.envs.model.step.align import align, inverse, token_ids
 from kdvfs.envs.model.step.fit import basis, fit_nonnegative
-from kdvfs.envs.trace.shape import StepShape
+from kdvfs.envs.trace.shape import ShapeAxes, StepShape
 from kdvfs.envs.trace.trace import Category, Kernel, Phase, Trace
 
 COVER_FACTOR = 1.5
-"""How far beyond the captured range a shape is still covered: tokens, sequence length and batch within the
+"""How far beyond the captured range a shape is still covered: each variable, length and length class within the
 captured minimum / COVER_FACTOR and maximum x COVER_FACTOR."""
 MIN_DURATION_S = 1e-7
 """Shortest predicted kernel (s): a fitted duration never reaches zero."""
@@ -66,13 +70,15 @@ class Template:
 
     Attributes:
         trace: the captured step.
-        coefficients: (4, K, 3) per kernel, the non-negative coefficients of each of ``QUANTITIES`` on
-            ``1, tokens, batch * seq^2`` (scaled units of :func:`~kdvfs.envs.model.step.fit.basis`).
+        coefficients: (4, K, p) per kernel, the non-negative coefficients of each of ``QUANTITIES`` on the
+            quadratic basis of ``axes`` (:func:`~kdvfs.envs.model.step.fit.basis`: ``1, tokens, batch * seq^2``
+            for a step of one sequence length).
         observed: (4, K) on how many captured shapes each kernel's number was observed (1: the template's
             only: scaled with its category at prediction).
         categories: (K,) index of each kernel's category in ``CATEGORIES``.
         groups: (K,) index of each kernel's (phase, category) group.
         captured: (4, K) the template's own numbers (NaN where its work is unknown).
+        axes: the shape variables the fits are in.
     """
 
     trace: Trace
@@ -81,10 +87,11 @@ class Template:
     categories: Array
     groups: Array
     captured: Array
+    axes: ShapeAxes
 
     def values(self, shape: StepShape) -> Array:
         """(4, K) each quantity of each kernel at ``shape``; NaN where it has no FLOPs or bytes."""
-        x = basis([shape], quadratic=True)[0]
+        x = basis([shape], True, self.axes)[0]
         predicted = self.coefficients @ x
         lonely = self.observed <= 1
         ratio = _category_ratio(predicted, self.captured, lonely, self.categories)
@@ -99,9 +106,12 @@ class StepModel:
     Attributes:
         shapes: the captured shapes, sorted.
         templates: one per captured shape, in the same order.
-        measurements: (M, 3) coefficients of each whole-step measurement in ``measurement_keys``.
+        measurements: (M, p) coefficients of each whole-step measurement in ``measurement_keys`` (linear basis).
         measurement_keys: the measurements every captured step has.
-        groups: (PHASES x CATEGORIES, 3) coefficients of each (phase, category) group's kernel time (s).
+        groups: (PHASES x CATEGORIES, p) coefficients of each (phase, category) group's kernel time (s), on the
+            quadratic basis (zero beyond the linear columns but for attention groups).
+        axes: the shape variables (:class:`~kdvfs.envs.trace.shape.ShapeAxes`) of the captured shapes and of the
+            runs' shape distributions they carry.
     """
 
     shapes: tuple[StepShape, ...]
@@ -109,6 +119,7 @@ class StepModel:
     measurements: Array
     measurement_keys: tuple[str, ...]
     groups: Array
+    axes: ShapeAxes
 
     @classmethod
     def fit(cls, traces: Sequence[Trace]) -> StepModel:
@@ -120,15 +131,15 @@ class StepModel:
         """
         ordered = _checked(traces)
         shapes = tuple(t.meta.step_shape for t in ordered if t.meta.step_shape is not None)
+        axes = ShapeAxes.of([*shapes, *(s for t in ordered for s, _ in t.meta.shape_distribution)])
         tokens = token_ids(ordered)
         matches = _pairwise(tokens)
         values = [_quantities(t) for t in ordered]
-        templates = tuple(_template(ordered, shapes, values, matches, t) for t in range(len(ordered)))
+        templates = tuple(_template(ordered, shapes, values, matches, t, axes) for t in range(len(ordered)))
         keys = tuple(sorted(set.intersection(*(set(t.meta.measurements) for t in ordered))))
         y = np.array([[t.meta.measurements[k] for k in keys] for t in ordered]).reshape(len(ordered), len(keys))
-        x = basis(shapes, quadratic=False)
-        coefficients = fit_nonnegative(x, y, np.ones_like(y))
-        return cls(shapes, templates, np.pad(coefficients, ((0, 0), (0, 1))), keys, _group_fit(ordered, shapes))
+        coefficients = fit_nonnegative(basis(shapes, False, axes), y, np.ones_like(y))
+        return cls(shapes, templates, coefficients, keys, _group_fit(ordered, shapes, axes), axes)
 
     def covers(self, shape: StepShape) -> bool:
         """Whether ``shape`` lies near enough the captured shapes to be predicted (module docstring)."""
@@ -136,15 +147,23 @@ class StepModel:
             return True
         if len(self.shapes) < 2 or _structure(shape) != _structure(self.shapes[0]):
             return False
-        return all(min(values) / COVER_FACTOR <= getattr(shape, name) <= max(values) * COVER_FACTOR
-                   for name in ("tokens", "seq", "batch")
-                   for values in [[getattr(s, name) for s in self.shapes]])
+        here = _coordinates(self.axes, shape)
+        captured = [_coordinates(self.axes, s) for s in self.shapes]
+        return all(min(c[i] for c in captured) / COVER_FACTOR <= value <= max(c[i] for c in captured) * COVER_FACTOR
+                   for i, value in enumerate(here))
 
     def nearest(self, shape: StepShape) -> int:
-        """Index of the captured shape nearest ``shape`` (log tokens and log sequence length; ties: the first)."""
-        distances = [math.hypot(math.log(max(shape.tokens, 1) / max(s.tokens, 1)),
-                                math.log(max(shape.seq, 1) / max(s.seq, 1))) for s in self.shapes]
+        """Index of the captured shape nearest ``shape`` (log distance of its variables and lengths, ties: the
+        first)."""
+        here = np.log(np.maximum(_coordinates(self.axes, shape), 1))
+        distances = [float(np.linalg.norm(here - np.log(np.maximum(_coordinates(self.axes, s), 1))))
+                     for s in self.shapes]
         return int(np.argmin(distances))
+
+    def kernel_time_s(self, shape: StepShape) -> float:
+        """The expected kernel time of ``shape`` (s, at the captures' clocks): the sum of its (phase, category)
+        groups' fitted totals. Microseconds to compute, for a figure per step; :meth:`predict` is its kernels."""
+        return float(self.groups.sum(axis=0) @ basis([shape], True, self.axes)[0])
 
     def predict(self, shape: StepShape) -> Trace:
         """The expected step of ``shape``: the nearest captured shape's kernels with every number fitted at
@@ -156,10 +175,10 @@ class StepModel:
         if self.shapes[index] == shape:
             return template.trace
         duration, gap, flops, dram = template.values(shape)
-        duration = _scaled_to_groups(duration, template.groups, self.groups @ basis([shape], quadratic=True)[0])
+        duration = _scaled_to_groups(duration, template.groups, self.groups @ basis([shape], True, self.axes)[0])
         kernels = tuple(_kernel(k, float(duration[i]), float(gap[i]), float(flops[i]), float(dram[i]))
                         for i, k in enumerate(template.trace.kernels))
-        x = basis([shape], quadratic=True)[0]
+        x = basis([shape], False, self.axes)[0]
         measured = dict(zip(self.measurement_keys, (self.measurements @ x).tolist(), strict=True))
         captured = ", ".join(s.key for s in self.shapes)
         meta = replace(template.trace.meta, workload=f"{template.trace.meta.workload}~{shape.key}",
@@ -190,6 +209,12 @@ def _structure(shape: StepShape) -> tuple[int, ...]:
     return tuple(len(dims) for dims in shape.inputs)
 
 
+def _coordinates(axes: ShapeAxes, shape: StepShape) -> Array:
+    """Where ``shape`` lies for :meth:`StepModel.covers` and :meth:`StepModel.nearest`: its variables, their
+    lengths and its length classes."""
+    return np.array([*axes.values(shape), *axes.length_values(shape), *axes.class_values(shape)], dtype=np.float64)
+
+
 def _pairwise(tokens: list[Array]) -> list[list[Array | None]]:
     """matches[t][j]: for each kernel of trace t, its partner in trace j (-1: none); None on the diagonal."""
     n = len(tokens)
@@ -210,7 +235,7 @@ def _quantities(trace: Trace) -> Array:
 
 
 def _template(traces: list[Trace], shapes: tuple[StepShape, ...], values: list[Array],
-              matches: list[list[Array | None]], t: int) -> Template:
+              matches: list[list[Array | None]], t: int, axes: ShapeAxes) -> Template:
     """Trace ``t`` as a template: its kernels' partners in every trace and the fits over them."""
     kernels = len(traces[t])
     y = np.zeros((len(traces), 4, kernels))
@@ -221,13 +246,13 @@ def _template(traces: list[Trace], shapes: tuple[StepShape, ...], values: list[A
     weights = np.isfinite(y).astype(np.float64)
     categories = np.array([CATEGORIES.index(k.category) for k in traces[t].kernels])
     attention = categories == CATEGORIES.index(Category.ATTENTION)
-    coefficients = np.zeros((4, kernels, 3))
+    coefficients = np.zeros((4, kernels, basis(shapes, True, axes).shape[1]))
     for quadratic, columns in ((False, ~attention), (True, attention)):
-        x = basis(shapes, quadratic)
+        x = basis(shapes, quadratic, axes)
         for q in range(4):
             fitted = fit_nonnegative(x, y[:, q, columns], weights[:, q, columns])
             coefficients[q, np.flatnonzero(columns), : fitted.shape[1]] = fitted
-    return Template(traces[t], coefficients, weights.sum(axis=0), categories, _group_of(traces[t]), values[t])
+    return Template(traces[t], coefficients, weights.sum(axis=0), categories, _group_of(traces[t]), values[t], axes)
 
 
 def _group_of(trace: Trace) -> Array:
@@ -236,17 +261,17 @@ def _group_of(trace: Trace) -> Array:
                     dtype=np.int64)
 
 
-def _group_fit(traces: list[Trace], shapes: tuple[StepShape, ...]) -> Array:
-    """(PHASES x CATEGORIES, 3) each group's kernel time fitted over the captured steps (``batch * seq^2``
+def _group_fit(traces: list[Trace], shapes: tuple[StepShape, ...], axes: ShapeAxes) -> Array:
+    """(PHASES x CATEGORIES, p) each group's kernel time fitted over the captured steps (the quadratic columns
     for attention groups only)."""
     size = len(PHASES) * len(CATEGORIES)
     totals = np.array([np.bincount(_group_of(t), t.duration_s, minlength=size) for t in traces])
     attention = np.arange(size) % len(CATEGORIES) == CATEGORIES.index(Category.ATTENTION)
-    coefficients = np.zeros((size, 3))
-    coefficients[~attention, :2] = fit_nonnegative(basis(shapes, False), totals[:, ~attention],
-                                                   np.ones_like(totals[:, ~attention]))
-    coefficients[attention] = fit_nonnegative(basis(shapes, True), totals[:, attention],
-                                              np.ones_like(totals[:, attention]))
+    linear, quadratic = basis(shapes, False, axes), basis(shapes, True, axes)
+    coefficients = np.zeros((size, quadratic.shape[1]))
+    coefficients[~attention, : linear.shape[1]] = fit_nonnegative(linear, totals[:, ~attention],
+                                                                  np.ones_like(totals[:, ~attention]))
+    coefficients[attention] = fit_nonnegative(quadratic, totals[:, attention], np.ones_like(totals[:, attention]))
     return coefficients
 
 

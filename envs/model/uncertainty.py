@@ -2,8 +2,8 @@
 
 Every cost-model parameter with a ``range`` (required for an ``estimate``) and the switching latency
 (``switching.latency_range_s``, else mean +- 2 std) are varied together: a seeded Latin-hypercube sample of
-``samples`` points, uniform within each range, parameters independent. A figure's range is its minimum and
-maximum over the nominal profile and the sampled ones, so it always contains the nominal figure.
+``samples`` points, uniform within each range, parameters independent. A figure priced on each sampled profile
+is the parameters' part of its range (:mod:`kdvfs.envs.model.ranges`).
 
 An estimate transferred from another GPU (``transferred_from`` in the profile) has a range that describes the
 GPU it came from; the transfer adds its own error, so its range is widened by :data:`TRANSFER_WIDENING` about
@@ -12,7 +12,7 @@ the value, within the parameter's valid bounds (``COST_PARAM_RANGES``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -38,12 +38,6 @@ class UncertaintySpec:
     def __post_init__(self) -> None:
         if self.samples < 1:
             raise KdvfsError(f"--samples {self.samples} must be at least 1")
-
-    def as_json(self, profile: GpuProfile) -> dict[str, object]:
-        """The method, its size and seed, and the ranges varied (for JSON output)."""
-        ranges = ranged_parameters(profile, self.vary_latency)
-        return {"method": METHOD, "samples": self.samples, "seed": self.seed,
-                "ranges": {name: list(bounds) for name, bounds in ranges.items()}}
 
 
 def ranged_parameters(profile: GpuProfile, vary_latency: bool = True) -> dict[str, tuple[float, float]]:
@@ -95,12 +89,6 @@ def sampled_profiles(profile: GpuProfile, spec: UncertaintySpec) -> list[GpuProf
     high = np.array([bounds[1] for bounds in ranges.values()])
     points = low + unit * (high - low)
     return [with_values(profile, dict(zip(ranges, map(float, point), strict=True))) for point in points]
-
-
-def spread(values: Iterable[float]) -> list[float]:
-    """``[min, max]`` of a figure over the nominal and sampled profiles."""
-    collected = list(values)
-    return [min(collected), max(collected)]
 
 
 def over_samples(profile: GpuProfile, spec: UncertaintySpec, progress: Callable[[int, int], None] | None = None

@@ -94,3 +94,85 @@ def call_shape(args: Sequence[Any], kwargs: dict[str, Any]) -> StepShape:
     values = [*args, *(kwargs[name] for name in sorted(kwargs))]
     return StepShape(tuple(tuple(int(d) for d in value.shape) for value in values
                            if hasattr(value, "shape") and hasattr(value, "dtype")))
+
+
+Position = tuple[int, int]
+"""One dimension of a step shape: (input index, dimension index)."""
+
+
+@dataclass(frozen=True)
+class ShapeAxes:
+    """What varies between the steps of one model, found from a set of its step shapes: the shape's variables.
+
+    A *length class* is a set of dimensions (:data:`Position`) that vary across the shapes and are equal in
+    every one of them (a decoder's ``input_ids``, ``attention_mask`` and ``labels`` share their sequence length;
+    an encoder-decoder's labels have their own; each micro-batch of a step with gradient accumulation has its
+    own). A *variable* is one input holding a length class (the first such), and its value at a shape is that
+    input's number of elements (``batch x seq`` for token ids, the total tokens of a packed batch, the number
+    of sequences plus one for ``cu_seq_lens``); its *length* is the input's last varying dimension. A set whose
+    shapes all agree has one variable: the first input (its tokens), as a step of one shape is keyed.
+
+    Attributes:
+        structure: the number of dimensions of each input (what the shapes share).
+        classes: the length classes, each a sorted tuple of positions, in the order of their first position.
+        exact: for each class, whether it is a batch size (only first dimensions of inputs of two dimensions or
+            more): a bucket keeps it exact; other classes are rounded up.
+        variables: the input index of each variable, sorted.
+        lengths: for each variable, the dimension index of its length (-1: the input has one dimension).
+    """
+
+    structure: tuple[int, ...]
+    classes: tuple[tuple[Position, ...], ...]
+    exact: tuple[bool, ...]
+    variables: tuple[int, ...]
+    lengths: tuple[int, ...]
+
+    @classmethod
+    def of(cls, shapes: Sequence[StepShape]) -> ShapeAxes:
+        """The axes of ``shapes`` (one model's: the shapes of another structure than the first are ignored)."""
+        if not shapes:
+            return cls((), (), (), (), ())
+        structure = tuple(len(dims) for dims in shapes[0].inputs)
+        same = [s for s in shapes if tuple(len(dims) for dims in s.inputs) == structure]
+        positions = [(i, d) for i, rank in enumerate(structure) for d in range(rank)]
+        groups: dict[tuple[int, ...], list[Position]] = {}
+        for i, d in positions:
+            values = tuple(s.inputs[i][d] for s in same)
+            if len(set(values)) > 1:
+                groups.setdefault(values, []).append((i, d))
+        classes = tuple(sorted(tuple(sorted(group)) for group in groups.values()))
+        exact = tuple(all(d == 0 and structure[i] >= 2 for i, d in group) for group in classes)
+        holders = sorted({group[0][0] for group in classes}) or ([0] if structure else [])
+        lengths = []
+        for i in holders:
+            varying = [d for group in classes for j, d in group if j == i and d > 0]
+            lengths.append(max(varying) if varying and structure[i] >= 2 else (1 if structure[i] == 2 else -1))
+        return cls(structure, classes, exact, tuple(holders), tuple(lengths))
+
+    def fits(self, shape: StepShape) -> bool:
+        """Whether ``shape`` has this structure."""
+        return tuple(len(dims) for dims in shape.inputs) == self.structure
+
+    def values(self, shape: StepShape) -> tuple[int, ...]:
+        """Each variable's value at ``shape``: its input's number of elements."""
+        return tuple(math.prod(shape.inputs[i]) for i in self.variables)
+
+    def length_values(self, shape: StepShape) -> tuple[int, ...]:
+        """Each variable's length at ``shape`` (1 for an input of one dimension)."""
+        return tuple(shape.inputs[i][d] if d >= 0 else 1 for i, d in zip(self.variables, self.lengths, strict=True))
+
+    def size(self, shape: StepShape) -> int:
+        """The step's size: the sum of its variables (the tokens of a step of one sequence length)."""
+        return sum(self.values(shape))
+
+    def class_values(self, shape: StepShape) -> tuple[int, ...]:
+        """Each length class's value at ``shape`` (its first position's)."""
+        return tuple(shape.inputs[i][d] for (i, d), *_ in self.classes)
+
+    def with_classes(self, shape: StepShape, values: Sequence[int]) -> StepShape:
+        """``shape`` with each length class set to ``values`` at every one of its positions."""
+        dims = [list(d) for d in shape.inputs]
+        for group, value in zip(self.classes, values, strict=True):
+            for i, d in group:
+                dims[i][d] = int(value)
+        return StepShape.of(dims)

@@ -8,7 +8,7 @@ holds the same ``meta.shape_distribution``; :func:`load_trace_set` checks it, so
 capture is an error, not a silent member.
 
 The joules of a window of mixed steps are predicted shape by shape (:func:`window_prediction`): each step of
-the window counts the predicted joules of its own shape.
+the window counts the predicted joules of its own shape, and each shape's first step its host set-up.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 
 from kdvfs.envs.common.errors import TraceFormatError
 from kdvfs.envs.trace.format import load_trace
-from kdvfs.envs.trace.shape import StepShape
+from kdvfs.envs.trace.shape import ShapeAxes, StepShape
 from kdvfs.envs.trace.trace import Trace
 
 _SUFFIX = re.compile(r"(\.trace)?\.json(\.gz)?$")
@@ -94,30 +94,35 @@ def load_trace_set(paths: str | Path | Sequence[str | Path]) -> list[Trace]:
 
 
 def tokens_scaled(shape: StepShape, captured: Mapping[StepShape, float]) -> float:
-    """A per-step figure (joules, seconds) of ``shape`` from the captured shape nearest in tokens, scaled by the
-    ratio of tokens; the captured figure itself when ``shape`` was captured."""
+    """A per-step figure (joules, seconds) of ``shape`` from the captured shape nearest in size (the sum of the
+    shapes' variables, :meth:`ShapeAxes.size`: the tokens of a step of one sequence length), scaled by the ratio
+    of sizes; the captured figure itself when ``shape`` was captured."""
     if shape in captured:
         return captured[shape]
     if not captured:
         raise ValueError("no captured shape to predict from")
-    nearest = min(captured, key=lambda known: (abs(known.tokens - shape.tokens), known))
-    return captured[nearest] * shape.tokens / max(nearest.tokens, 1)
+    axes = ShapeAxes.of([shape, *captured])
+    nearest = min(captured, key=lambda known: (abs(axes.size(known) - axes.size(shape)), known))
+    return captured[nearest] * axes.size(shape) / max(axes.size(nearest), 1)
 
 
 def window_prediction(distribution: Sequence[tuple[StepShape, int]], captured: Mapping[StepShape, float],
-                      uncaptured: Callable[[StepShape], float] | None = None) -> dict[str, float]:
+                      uncaptured: Callable[[StepShape], float] | None = None,
+                      first_seen: float = 0.0) -> dict[str, float]:
     """The predicted total of a window of mixed steps: the sum over its steps of their own shape's prediction.
 
     Args:
         distribution: the window's shapes and step counts (``meta.shape_distribution``).
         captured: the predicted per-step figure (e.g. joules) of each captured shape.
         uncaptured: the figure of a shape not in ``captured``; default :func:`tokens_scaled` (the nearest captured
-            shape scaled by tokens). The hook for a step model that predicts unseen shapes.
+            shape scaled by size). The hook for a step model that predicts unseen shapes.
+        first_seen: what the first step of each shape costs on top (the capture's ``first_seen_energy_j``).
     Returns:
         ``{"total", "steps", "captured_steps"}``: the window's predicted total, its steps, and how many of
         them had a captured shape (the rest are predicted by ``uncaptured``).
     """
     predict = uncaptured or (lambda shape: tokens_scaled(shape, captured))
-    total = sum(steps * (captured[shape] if shape in captured else predict(shape)) for shape, steps in distribution)
+    total = sum(steps * (captured[shape] if shape in captured else predict(shape)) + first_seen
+                for shape, steps in distribution)
     return {"total": float(total), "steps": float(sum(steps for _, steps in distribution)),
             "captured_steps": float(sum(steps for shape, steps in distribution if shape in captured))}

@@ -47,7 +47,7 @@ class CaptureConfig:
     keep_profile: str | None = None
     report_path: str | None = None
     mark_only: bool = False
-    shapes: int = 4
+    shapes: int = 6
     max_profiled_steps: int = 64
 
     def __post_init__(self) -> None:

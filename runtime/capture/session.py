@@ -50,6 +50,7 @@ from kdvfs.runtime.capture.errors import CaptureError
 from kdvfs.runtime.capture.recording import CaptureReport, StepTiming, build_trace, write_capture
 from kdvfs.runtime.capture.shape_set import write_shape_set
 from kdvfs.runtime.device.energy import WindowReading, WindowSampler
+from kdvfs.runtime.device.errors import NvmlUnavailableError
 from kdvfs.runtime.device.nvml import BoardPowerLimits, GpuReader, import_nvml
 from kdvfs.runtime.device.visible import rank_gpu_index
 from kdvfs.runtime.job import JobGroup, Rank, rank_path
@@ -59,6 +60,11 @@ MIN_WINDOW_STEPS = 3
 NO_CUDA = ("no CUDA kernels recorded: the script ran on the CPU (PyTorch had not initialised CUDA by the end of "
            "its first training step); move the model and data to the GPU (e.g. --device cuda), or try the "
            "capture on the CPU with --cpu-test-mode")
+OFF_GPU_HINTS = {
+    False: "off a GPU, try the CPU test mode: --cpu-test-mode --nvml-module kdvfs.runtime.testing.nvml (a fake "
+           "NVML; for tests and dry runs, its figures are not a GPU's)",
+    True: "in CPU test mode off a GPU, use the fake NVML (--nvml-module kdvfs.runtime.testing.nvml) or --no-energy"}
+"""What a capture without NVML (no NVIDIA driver) tells the user to try, by whether it is in CPU test mode."""
 
 
 class Stage(StrEnum):
@@ -119,9 +125,12 @@ class Capture:
     def __enter__(self) -> Capture:
         self._folder = Path(self._stack.enter_context(tempfile.TemporaryDirectory(prefix="kdvfs-capture-")))
         if self.config.measure_energy:
-            nvml = self._nvml or import_nvml(self.config.nvml_module)
-            index = rank_gpu_index(nvml) if self.config.gpu_index is None else self.config.gpu_index
-            self._reader = self._stack.enter_context(GpuReader(index, nvml))
+            try:
+                nvml = self._nvml or import_nvml(self.config.nvml_module)
+                index = rank_gpu_index(nvml) if self.config.gpu_index is None else self.config.gpu_index
+                self._reader = self._stack.enter_context(GpuReader(index, nvml))
+            except NvmlUnavailableError as error:
+                raise NvmlUnavailableError(f"{error}; {OFF_GPU_HINTS[self.config.cpu_test_mode]}") from None
             self._sampler = WindowSampler(self._reader)
         if self.rank.distributed:
             self._job = JobGroup(self.rank)

@@ -1,22 +1,24 @@
 """Capture of a run whose steps vary: the window's step shapes, the shapes to profile, and the profiling rounds.
 
-A :class:`~kdvfs.runtime.step_shapes.ShapeProbe` keys every step by the shapes of the model's first forward
-call (known when the step starts). The unprofiled window records each step's shape and time
-(:class:`StepClock`: CUDA events, read after the window's closing synchronisation, or the capture's clock).
-When the window saw more than one shape, :func:`choose_targets` picks up to ``shapes`` of them: the most
-frequent, the smallest and the largest in tokens, then the next most frequent. :class:`ShapeRounds` then
-profiles rounds of :data:`ROUND_STEPS` steps (one profiler warm-up step before each), and keeps the
-recording and position of the first profiled step of each target shape, until every target was recorded
-or ``max_profiled_steps`` steps were profiled; a target not seen by then is replaced by the profiled step
-nearest it in tokens (:meth:`ShapeRounds.stand_in`: dynamic padding rarely repeats a shape), else reported as
-missed.
+A :class:`~kdvfs.runtime.step_shapes.ShapeProbe` keys every step by the shapes of the model's forward calls
+(every micro-batch's). The unprofiled window records each step's shape and time (:class:`StepClock`: CUDA
+events, read after the window's closing synchronisation, or the capture's clock). When the window saw more
+than one shape, :func:`choose_targets` picks up to ``shapes`` of them: the most frequent, the smallest and the
+largest in each of the shapes' variables, then the next most frequent. :class:`ShapeRounds` then profiles
+rounds of :data:`ROUND_STEPS` steps (one profiler warm-up step before each), and keeps the recording and
+position of the first profiled step of each target shape, until every target was recorded or
+``max_profiled_steps`` steps were profiled; a target not seen by then is replaced by the profiled step
+nearest it in its variables (:meth:`ShapeRounds.stand_in`: dynamic padding rarely repeats a shape), else
+reported as missed.
 
-Each captured shape's trace measures its own shape: its ``step_time_s`` is the mean unprofiled time of that
-shape's steps in the window (with fewer than :data:`MIN_SHAPE_STEPS` of them, the window's line of step time
-in tokens at its tokens) and its ``energy_j_per_step`` that time at the window's average power (the NVML
-counter updates a few times a second, too seldom to split the energy between steps; both are left out when
-neither is known). ``window_energy_j`` is the whole
-window's measured joules, to be compared with the sum over its steps of their own shape's prediction
+Each captured shape's trace measures its own shape: its ``step_time_s`` is the warm time of a step of that shape
+(:meth:`WindowShapes.step_time_s`: the window's step time fitted non-negatively in the shapes' variables with
+a first-seen term apart, so a longer step never gets a shorter time; the mean of the shape's steps when the
+window saw one shape) and its ``energy_j_per_step`` that time at the window's average power (the NVML counter
+updates a few times a second, too seldom to split the energy between steps; both are left out when neither is
+known); ``first_seen_step_s`` and ``first_seen_energy_j`` are what a step of a shape new to the window costs
+on top. ``window_energy_j`` is the whole window's measured joules, to be compared with the sum over its steps of
+their own shape's prediction plus the first-seen joules of each of its shapes
 (:func:`kdvfs.envs.trace.trace_set.window_prediction`).
 """
 
@@ -31,10 +33,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch.profiler import ProfilerActivity, profile, schedule
 
-from kdvfs.envs.trace.shape import StepShape
+from kdvfs.envs.model.cost_model import Array
+from kdvfs.envs.model.step.fit import basis, fit_nonnegative
+from kdvfs.envs.trace.shape import ShapeAxes, StepShape
 from kdvfs.envs.trace.trace import Trace
 from kdvfs.envs.trace.trace_set import shape_path
 from kdvfs.runtime.step_shapes import ShapeProbe
@@ -54,15 +59,20 @@ def synchronize() -> None:
 
 
 def choose_targets(counts: Counter[StepShape], shapes: int) -> list[StepShape]:
-    """Up to ``shapes`` shapes to profile: the most frequent, the smallest and largest in tokens, then by
-    frequency (ties: the smaller shape first). The first is the one the main trace keeps."""
+    """Up to ``shapes`` shapes to profile: the most frequent, the smallest and largest in each variable of the
+    shapes (:class:`~kdvfs.envs.trace.shape.ShapeAxes`: the tokens, or an encoder-decoder's input and label
+    tokens, ...), then by frequency (ties: the smaller shape first). The first is the one the main trace keeps."""
     by_count = sorted(counts, key=lambda s: (-counts[s], s))
     if not by_count:
         return []
-    smallest = min(counts, key=lambda s: (s.tokens, -counts[s], s))
-    largest = max(counts, key=lambda s: (s.tokens, counts[s], s))
+    axes = ShapeAxes.of(by_count)
+    layout = [s for s in counts if axes.fits(s)]
+    extremes = []
+    for k in range(len(axes.variables)):
+        extremes += [min(layout, key=lambda s: (axes.values(s)[k], axes.size(s), -counts[s], s)),
+                     max(layout, key=lambda s: (axes.values(s)[k], axes.size(s), counts[s], s))]
     chosen: list[StepShape] = []
-    for shape in (by_count[0], smallest, largest, *by_count[1:]):
+    for shape in (by_count[0], *extremes, *by_count[1:]):
         if shape not in chosen and len(chosen) < shapes:
             chosen.append(shape)
     return chosen
@@ -112,23 +122,49 @@ class WindowShapes:
         counts = self.counts
         return tuple((s, counts[s]) for s in sorted(counts, key=lambda s: (-counts[s], s)))
 
-    def step_time_s(self, shape: StepShape) -> float | None:
-        """Mean time of the shape's steps; below :data:`MIN_SHAPE_STEPS` of them, the window's straight-line fit
-        of step time in tokens at the shape's tokens (:meth:`fitted_time_s`)."""
-        times = [t for s, t in zip(self.shapes, self.times_s, strict=True) if s == shape]
-        return statistics.fmean(times) if len(times) >= MIN_SHAPE_STEPS else self.fitted_time_s(shape)
+    @property
+    def first_seen(self) -> tuple[bool, ...]:
+        """For each step, whether it is its shape's first in the window (a new shape pays host set-up)."""
+        seen: set[StepShape | None] = set()
+        flags = []
+        for shape in self.shapes:
+            flags.append(shape is not None and shape not in seen)
+            seen.add(shape)
+        return tuple(flags)
 
-    def fitted_time_s(self, shape: StepShape) -> float | None:
-        """The least-squares line of step time in tokens over the window's steps of ``shape``'s input layout, at
-        ``shape``'s tokens (at least the window's shortest step time); None with fewer than
-        :data:`MIN_SHAPE_STEPS` such steps or a single token count. Dynamic padding gives each step its own
-        shape, so this is how a captured shape's unprofiled time is known there."""
-        pairs = [(float(s.tokens), t) for s, t in zip(self.shapes, self.times_s, strict=True)
-                 if s is not None and len(s.inputs) == len(shape.inputs)]
-        if len(pairs) < MIN_SHAPE_STEPS or len({x for x, _ in pairs}) < 2:
+    def step_time_s(self, shape: StepShape) -> float | None:
+        """The warm time of a step of ``shape`` (s): in a window of several shapes the fit of :meth:`warm_fit` at
+        ``shape`` (a longer step never gets a shorter time), else the mean of the shape's steps (None with
+        fewer than :data:`MIN_SHAPE_STEPS` of them)."""
+        fit = self.warm_fit() if self.varies else None
+        if fit is not None:
+            axes, coefficients, _ = fit
+            return float(basis([shape], False, axes)[0] @ coefficients) if axes.fits(shape) else None
+        times = [t for s, t in zip(self.shapes, self.times_s, strict=True) if s == shape]
+        return statistics.fmean(times) if len(times) >= MIN_SHAPE_STEPS else None
+
+    def warm_fit(self) -> tuple[ShapeAxes, Array, float] | None:
+        """The window's step time as a non-negative line in its shapes' variables plus a first-seen term,
+        fitted over the steps of the most frequent input structure: the variables' axes, their coefficients
+        (without the first-seen term) and the first-seen step's extra seconds. None with fewer steps than
+        :data:`MIN_SHAPE_STEPS` above the columns, or a single shape. In a window early in the run most shapes
+        come for the first time and pay host set-up (allocations, kernel selection) while the most frequent
+        repeat warm: a mean per shape would give a longer step a shorter time; the fit keeps set-up apart."""
+        structures = Counter(len(s.inputs) for s in self.shapes if s is not None)
+        if not structures:
             return None
-        slope, intercept = statistics.linear_regression([x for x, _ in pairs], [t for _, t in pairs])
-        return max(intercept + slope * shape.tokens, min(t for _, t in pairs))
+        inputs = structures.most_common(1)[0][0]
+        steps = [(s, t, first) for s, t, first in zip(self.shapes, self.times_s, self.first_seen, strict=True)
+                 if s is not None and len(s.inputs) == inputs]
+        axes = ShapeAxes.of([s for s, _, _ in steps])
+        if not axes.classes:
+            return None
+        x = np.column_stack([basis([s for s, _, _ in steps], False, axes), [float(f) for _, _, f in steps]])
+        if len(steps) < x.shape[1] + MIN_SHAPE_STEPS:
+            return None
+        y = np.array([[t] for _, t, _ in steps])
+        coefficients = fit_nonnegative(x, y, np.ones_like(y))[0]
+        return axes, coefficients[:-1], float(coefficients[-1])
 
     def time_cv(self) -> float | None:
         """Coefficient of variation of the step times (None below two steps)."""
@@ -212,7 +248,7 @@ class ShapeRounds:
                 self.captured[shape] = (recording, position - len(steps))
 
     def stand_in(self) -> None:
-        """Give each target still missing the profiled step nearest it in tokens (same input layout, not captured
+        """Give each target still missing the profiled step nearest it in its variables (same input layout, not captured
         yet) in its place: in a run whose shapes rarely repeat (dynamic padding) the window's exact shapes do
         not come up again, and a step near each of them covers the run's range as well. The replaced targets
         are kept in :attr:`stood_in`."""
@@ -223,7 +259,7 @@ class ShapeRounds:
                     and len(shape.inputs) == len(target.inputs) and shape.batch == target.batch]
             if not free:
                 continue
-            nearest = min(free, key=lambda shape: (abs(math.log(max(shape.tokens, 1) / max(target.tokens, 1))), shape))
+            nearest = _nearest(target, free)
             self.targets[index] = nearest
             self.captured[nearest] = self.profiled[nearest]
             self.stood_in[nearest] = target
@@ -238,6 +274,17 @@ class ShapeRounds:
             with contextlib.suppress(RuntimeError):
                 self._profiler.stop()
             self._profiler = None
+
+
+def _nearest(target: StepShape, shapes: list[StepShape]) -> StepShape:
+    """Of ``shapes``, the nearest ``target``: the least sum of their variables' absolute log ratios."""
+    axes = ShapeAxes.of([target, *shapes])
+
+    def distance(shape: StepShape) -> tuple[float, StepShape]:
+        return math.fsum(abs(math.log(max(a, 1) / max(b, 1)))
+                         for a, b in zip(axes.values(shape), axes.values(target), strict=True)), shape
+
+    return min(shapes, key=distance)
 
 
 def shape_measurements(trace: Trace, window: WindowShapes, window_s: float, avg_power_w: float | None,
@@ -255,6 +302,11 @@ def shape_measurements(trace: Trace, window: WindowShapes, window_s: float, avg_
         values.update(step_time_s=own_s, job_step_time_s=own_s)
         if avg_power_w is not None:
             values["energy_j_per_step"] = avg_power_w * own_s
+    fit = window.warm_fit() if window.varies else None
+    if fit is not None:
+        values["first_seen_step_s"] = fit[2]
+        if avg_power_w is not None:
+            values["first_seen_energy_j"] = avg_power_w * fit[2]
     if avg_power_w is not None:
         values["window_energy_j"] = avg_power_w * window_s
     return values

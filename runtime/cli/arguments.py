@@ -122,12 +122,15 @@ def _same_file(source: Path, path: Path) -> bool:
 
 def resolved(name: str | None, resolve: Callable[[str], Path]) -> Path | str | None:
     """An input as the file it names (a bundled name resolved by ``resolve``), or as given where it names none
-    (the error comes when it is read)."""
+    (the error comes when it is read: under torchrun a rank's own file may stand in for it); a folder that
+    names no bundled file is refused at once (``resolve``'s error)."""
     if name is None:
         return None
     try:
         return resolve(name)
     except KdvfsError:
+        if Path(name).is_dir():
+            raise
         return name
 
 

@@ -16,13 +16,15 @@ from rich.progress import Progress
 from rich.table import Table
 
 from kdvfs.envs.gpu.profiles import GpuProfile
-from kdvfs.envs.model.uncertainty import DEFAULT_SAMPLES, METHOD
+from kdvfs.envs.model.model_error import RangeBasis
+from kdvfs.envs.model.ranges import COVERAGE
+from kdvfs.envs.model.uncertainty import DEFAULT_SAMPLES, METHOD, UncertaintySpec
 from kdvfs.runtime.cli.arguments import sample_count
 
 if TYPE_CHECKING:
     from kdvfs.agents.common.problem import Problem
     from kdvfs.agents.evaluation.compare import Row
-    from kdvfs.agents.evaluation.uncertainty import RowRange
+    from kdvfs.agents.evaluation.ranges import ChangeRange
     from kdvfs.agents.learned.noisy_evaluation import NoisyRow
 
 console = Console(width=None if sys.stdout.isatty() else 120, soft_wrap=True)
@@ -40,13 +42,31 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.3f}"
 
 
-def add_uncertainty_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--uncertainty``, ``--samples`` and ``--seed`` (shared by ``predict`` and ``compare``)."""
-    parser.add_argument("--uncertainty", action="store_true", help="also report each figure's range over the "
-                        f"profile's parameter ranges ({METHOD} sample)")
+def add_range_arguments(parser: argparse.ArgumentParser, seed: bool = True) -> None:
+    """``--samples`` and (with ``seed``) ``--seed``: the sampled profiles of every figure's range (shared by
+    ``predict``, ``plan``, ``compare`` and ``evaluate``, whose own ``--seed`` seeds the sample too)."""
     parser.add_argument("--samples", type=sample_count, default=DEFAULT_SAMPLES,
-                        help=f"sampled profiles for --uncertainty (default {DEFAULT_SAMPLES}; 0: none)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the --uncertainty sample (default 0)")
+                        help=f"profiles drawn over the GPU profile's parameter ranges ({METHOD}) for each figure's "
+                        f"{100 * COVERAGE:.0f}%% range, with the model's validated error (default {DEFAULT_SAMPLES}; "
+                        "0: the validated error alone)")
+    parser.add_argument("--uncertainty", action="store_true",
+                        help="accepted for scripts written when ranges were optional; every figure has its range now")
+    if seed:
+        parser.add_argument("--seed", type=int, default=0, help="seed of the sampled profiles (default 0)")
+
+
+def spec_from_args(args: argparse.Namespace, vary_latency: bool = True) -> UncertaintySpec | None:
+    """The sample of :func:`add_range_arguments`' arguments; None for ``--samples 0``."""
+    return UncertaintySpec(args.samples, args.seed, vary_latency) if args.samples > 0 else None
+
+
+def basis_lines(basis: RangeBasis, samples: int) -> list[str]:
+    """What the ranges shown rest on, in one line, and the profile's note (no data of its own) when it has one."""
+    level, clocks = basis.level, basis.clocks
+    lines = [f"ranges ({COVERAGE:.0%}): the model's error on {level.count('energy_j')} measurements ({level.key}) "
+             f"and, where clocks move, on {clocks.count('energy_j')} ({clocks.key})"
+             + (f", and {samples} sampled profiles" if samples else "") + " (docs/guide/reading-results.md)"]
+    return lines + ([f"note: {basis.note}"] if basis.note else [])
 
 
 @contextmanager
@@ -69,11 +89,19 @@ def progress_bar(label: str) -> Iterator[Callable[[int, int], None]]:
         bar.stop()
 
 
-def with_range(text: str, bounds: Sequence[float] | None, fmt: str, suffix: str = "") -> str:
-    """``"2.18%"`` with its range: ``"2.18% (1.30-2.90%)"``."""
+def with_range(text: str, bounds: Sequence[float] | None, fmt: str) -> str:
+    """``"2.18%"`` with its range: ``"2.18% [1.30, 2.90]"``."""
     if bounds is None:
         return text
-    return f"{text} ({bounds[0]:{fmt}}-{bounds[1]:{fmt}}{suffix})"
+    return f"{text} [{bounds[0]:{fmt}}, {bounds[1]:{fmt}}]"
+
+
+def predicted_text(predicted: Mapping[str, Any], sign: str = "") -> str:
+    """A run summary's ``predicted`` saving and slowdown with their ranges where it has them (logs written
+    before ranges existed have none): ``"2.07% [0.61, 3.48] / 0.89% [0.20, 1.96]"``."""
+    spread = predicted.get("range") or {}
+    return " / ".join(with_range(f"{predicted[key]:{sign}.2f}%", spread.get(key), f"{sign}.2f")
+                      for key in ("energy_saved_pct", "slowdown_pct"))
 
 
 def trace_tables(summary: dict[str, Any]) -> list[Table]:
@@ -138,7 +166,7 @@ def breakdown_table(result: dict[str, Any], caption: str | None = None) -> Table
              ("energy (J)", "energy_j", 1.0, measured.get("energy_j_per_step")),
              ("average power (W)", "avg_power_w", 1.0, None)]
     for label, key, scale, observed in lines:
-        cells = [with_range(f"{row[key] * scale:.2f}", _scaled(row.get("uncertainty", {}).get(key), scale), ".2f")
+        cells = [with_range(f"{row[key] * scale:.2f}", _scaled(row.get("range", {}).get(key), scale), ".2f")
                  for row in predictions]
         if measured:
             cells.append("" if observed is None else f"{observed * scale:.2f}")
@@ -153,29 +181,27 @@ def _scaled(bounds: Sequence[float] | None, scale: float) -> list[float] | None:
     return None if bounds is None else [value * scale for value in bounds]
 
 
-def compare_table(rows: Sequence[Row], problem: Problem,
-                  ranges: Mapping[tuple[str, float], RowRange] | None = None) -> Table:
+def compare_table(rows: Sequence[Row], problem: Problem, ranges: Sequence[ChangeRange | None] | None = None
+                  ) -> Table:
     """``kdvfs compare`` output: one row per method and budget, executed with the problem's latency; with
-    ``ranges``, each figure's range over the profile's parameter ranges in brackets."""
+    ``ranges`` (one per row), each figure's range in brackets."""
     from kdvfs.agents.common.problem import within_budget  # the compare command has it loaded already
     from kdvfs.agents.evaluation.compare import SEARCHED
 
     over = {id(row) for row in rows if not within_budget(row.executed.slowdown_pct, row.budget)}
-    notes = ([f"(range over a {METHOD} sample of the profile's parameter ranges)"] if ranges is not None else []) + (
-        ["! over budget as executed (planned without the switching latency)"] if over else [])
+    notes = (["! over budget as executed (planned without the switching latency)"] if over else [])
     table = Table(title=f"{problem.trace.meta.workload} on {problem.profile.name}, "
                         f"{problem.latency_s * 1e3:g} ms switching latency, {problem.power_limits.describe()}",
                   caption=" ".join(notes) or None)
-    for column in ("budget", "method", "energy saved", "slowdown", "switches/step", "solve (s)",
-                   "as planned: saved / slowdown"):
-        table.add_column(column, justify="left" if column == "method" else "right")
-    for row in rows:
+    for column in ("budget", "method", "energy saved", "slowdown", "switches", "solve (s)", "as planned"):
+        table.add_column(column, justify="left" if column == "method" else "right", no_wrap=True)
+    for index, row in enumerate(rows):
         e, p = row.executed, row.planned
-        spread = (ranges or {}).get((e.method, row.budget))
+        spread = None if ranges is None else ranges[index]
         saved, slowdown = (None, None) if spread is None else (spread.energy_saved_pct, spread.slowdown_pct)
         method = e.method if row.power_limit_source != SEARCHED else f"{e.method} ({row.power_limit_w:g} W)"
-        table.add_row(f"{row.budget:.1%}", method, with_range(f"{e.energy_saved_pct:.2f}%", saved, ".2f", "%"),
-                      with_range(f"{e.slowdown_pct:.2f}%", slowdown, ".2f", "%") + (" !" if id(row) in over else ""),
+        table.add_row(f"{row.budget:.1%}", method, with_range(f"{e.energy_saved_pct:.2f}%", saved, ".2f"),
+                      with_range(f"{e.slowdown_pct:.2f}%", slowdown, ".2f") + (" !" if id(row) in over else ""),
                       str(e.switches), f"{e.solve_s:.2f}", f"{p.energy_saved_pct:.2f}% / {p.slowdown_pct:.2f}%")
     return table
 

@@ -31,8 +31,10 @@ class MeasurementConfig:
         window_steps, window_s: A/B windows last at least this many steps and seconds.
         ab_share: share of windows run at auto, in [0, 0.9]; 0 turns the A/B measurement off.
         ab_seed: seed of the A/B order.
-        energy_poll_s: how often the energy counter is read, on its own thread (0: only at window edges, on
-            the controller's thread: for counters that cost nothing, e.g. the fake GPU's).
+        energy_read_every_s: the energy counter is read on its own thread, just after its updates around each
+            window edge and, with nothing asked, one update at least this often (s); 0: only at window edges, on
+            the controller's thread: for counters that cost nothing, e.g. the fake GPU's
+            (:mod:`kdvfs.runtime.device.energy_trace`).
         guard_margin: allowed beyond the budget: the guard backs off when the lower end of the measured
             slowdown's 95% interval exceeds budget + margin.
         guard_min_pairs: A/B pairs the guard needs before it may back off.
@@ -45,7 +47,7 @@ class MeasurementConfig:
     window_s: float = 0.5
     ab_share: float = 0.25
     ab_seed: int = 0
-    energy_poll_s: float = 0.02
+    energy_read_every_s: float = 1.0
     guard_margin: float = 0.005
     guard_min_pairs: int = 3
     guard_retry_s: float = 60.0
@@ -57,8 +59,8 @@ class MeasurementConfig:
         if not 0 <= self.ab_share <= MAX_AB_SHARE:
             raise KdvfsError(f"--ab-share {self.ab_share} must be in [0, {MAX_AB_SHARE}] (the share of windows at "
                              "auto; 0 turns the measurement off)")
-        if min(self.window_s, self.energy_poll_s, self.guard_retry_s) < 0:
-            raise KdvfsError("window seconds, energy poll interval and guard retry must be >= 0")
+        if min(self.window_s, self.energy_read_every_s, self.guard_retry_s) < 0:
+            raise KdvfsError("window seconds, energy read interval and guard retry must be >= 0")
 
     def check_window(self, latency_s: float) -> None:
         """Raise unless a window outlasts the switching latency (the change must settle within it)."""
@@ -147,7 +149,7 @@ GROUPS: dict[str, type[Any]] = {"measurement": MeasurementConfig, "timing": Timi
 
 FLAT_OPTIONS: dict[str, tuple[str, str]] = {
     **{name: ("measurement", name) for name in (
-        "window_steps", "window_s", "ab_share", "ab_seed", "energy_poll_s", "guard_margin", "guard_min_pairs",
+        "window_steps", "window_s", "ab_share", "ab_seed", "energy_read_every_s", "guard_margin", "guard_min_pairs",
         "guard_retry_s")},
     "measure_energy": ("measurement", "energy"),
     **{name: ("timing", name) for name in (
@@ -236,6 +238,26 @@ class ControllerConfig:
             raise KdvfsError(f"--budget {self.budget} must be >= 0 (a fraction: 0.01 = 1%)")
         if self.latency_ms is not None and self.latency_ms < 0:
             raise KdvfsError(f"--latency-ms {self.latency_ms} must be >= 0")
+
+    def guard_off(self) -> str | None:
+        """Why the performance guard must not act in this run (its evidence is noise), or None."""
+        if self.cpu_test_mode:
+            return ("CPU test mode: step times are CPU times, which no clock changes, so a measured slowdown is "
+                    "noise; the guard does not back off on it")
+        return None
+
+    def not_measured_on_a_gpu(self, fake_nvml: bool) -> str | None:
+        """Why this run's measured figures (joules, saving, slowdown) are no GPU's measurement, or None;
+        ``fake_nvml``: the NVML binding is a fake (``kdvfs.runtime.testing.nvml``)."""
+        if self.cpu_test_mode and fake_nvml:
+            return ("CPU test mode on a fake NVML: step times are CPU times and joules the fake's, so the energy, "
+                    "saving and slowdown figures mean nothing")
+        if self.cpu_test_mode:
+            return ("CPU test mode: step times are CPU times, which no clock changes, so the saving and slowdown "
+                    "figures mean nothing")
+        if fake_nvml:
+            return "a fake NVML: joules are the fake's, not a GPU's, so the energy and saving figures mean nothing"
+        return None
 
     def for_rank(self, rank: Rank) -> ControllerConfig:
         """This config for rank ``rank.rank`` of a torchrun job: its own trace and plan or policy where they

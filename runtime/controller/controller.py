@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kdvfs.agents.common.problem import Problem, score
+from kdvfs.agents.evaluation.ranges import predicted_range
 from kdvfs.runtime.controller.config import ControllerConfig
 from kdvfs.runtime.controller.decisions.actuator import Actuator, parse_clocks
 from kdvfs.runtime.controller.decisions.issuer import Issuer, StepJudges
@@ -52,15 +53,17 @@ from kdvfs.runtime.controller.decisions.timeline import StepPlan
 from kdvfs.runtime.controller.event_log import EventLog
 from kdvfs.runtime.controller.measurement.accounting import Accounting
 from kdvfs.runtime.controller.measurement.guard import Guard
-from kdvfs.runtime.controller.shapes.plans import ShapeBook, kernel_time_s
+from kdvfs.runtime.controller.measurement.host_cost import host_cost
+from kdvfs.runtime.controller.shapes.plans import ShapeBook, ShapePlan, kernel_time_s
 from kdvfs.runtime.controller.shapes.steps import ShapeSteps, StepEntry, VaryingSteps
 from kdvfs.runtime.controller.timing.anchors import Anchors, TraceStructure
 from kdvfs.runtime.controller.timing.gpu_timeline import CudaStepTimeline, HostStepTimeline, StepTimeline
 from kdvfs.runtime.controller.timing.matching import StepMatcher
+from kdvfs.runtime.controller.training.ended import write_daemon_lease
 from kdvfs.runtime.controller.training.hooks import AnchorHooks
 from kdvfs.runtime.daemon.client import NVML_CONTROL, DaemonDevice, daemon_socket
 from kdvfs.runtime.device.errors import observe_only_reason
-from kdvfs.runtime.device.host_time import Clock, RealClock
+from kdvfs.runtime.device.host_time import Clock, CountingClock, RealClock
 from kdvfs.runtime.device.interface import Device, check_clocks_mhz
 from kdvfs.runtime.device.lease import GpuLease
 from kdvfs.runtime.device.nvml import NvmlDevice, import_nvml, require_clock_permission, terminate_on_sigterm
@@ -69,6 +72,7 @@ from kdvfs.runtime.device.watchdog import spawn_watchdog, stop_watchdog, watchdo
 from kdvfs.runtime.job import JobGroup, Rank, rank_path
 
 if TYPE_CHECKING:
+    from kdvfs.envs.trace.shape import StepShape
     from kdvfs.runtime.controller.shapes.varying import StepShapes
 
 STOP_TIMEOUT_S = 5.0
@@ -129,12 +133,15 @@ class Controller:
         self.rank = Rank.from_environment()
         self._job: JobGroup | None = None
         self._gpu_index: int | None = None
+        self._opened: Device | None = None
         self._varying = varying
         self.book: ShapeBook | None = None
         """The plans of the shape buckets of a run whose steps vary (None for a run of one shape)."""
         self._shapes: ShapeSteps | None = None
         self._step_shapes: StepShapes | None = None
         self._clock_control = NVML_CONTROL
+        self._thread_clock = CountingClock(self._clock)
+        self._fake_nvml = False
 
     def __enter__(self) -> Controller:
         try:
@@ -155,6 +162,7 @@ class Controller:
         if self._device is not None:
             return self._device
         nvml = import_nvml(self.config.nvml_module)
+        self._fake_nvml = bool(getattr(nvml, "FAKE_NVML", False))  # kdvfs.runtime.testing.nvml
         index = rank_gpu_index(nvml) if self.config.gpu_index is None else self.config.gpu_index
         self.config = replace(self.config, gpu_index=index, daemon=daemon_socket(self.config.daemon))
         energy = self.config.measurement.energy
@@ -164,7 +172,7 @@ class Controller:
 
     def _open(self) -> None:
         self.config = self.config.for_rank(self.rank)
-        device = self._open_device()
+        device = self._opened = self._open_device()
         self._gpu_index = device.index
         self._clock_control = clock_control_of(device)
         config = self.config
@@ -172,6 +180,8 @@ class Controller:
         check_device(self.plan, device)
         if not config.dry_run:
             require_clock_permission(needs=RUN_NEEDS, fix=RUN_FIX, allowed=device.has_clock_permission())
+            if isinstance(device, DaemonDevice) and config.report_path:  # for `kdvfs run`, should this process die
+                write_daemon_lease(self._report_path(), device.socket_path, device.index)
         problem = self.plan.problem
         config.measurement.check_window(problem.latency_s)
         self.step_plan = StepPlan.build(problem, self.plan.schedule, config.dry_run)
@@ -183,6 +193,7 @@ class Controller:
                 self._varying, self._step_shapes = found
         if self._varying is not None:
             self.book = self._varying.plan(problem, bucket_planner(self.plan, config))
+            self._stack.callback(self.book.close)
         if threading.current_thread() is threading.main_thread():
             self._stack.enter_context(terminate_on_sigterm())
         if not config.dry_run and isinstance(device, NvmlDevice):
@@ -208,7 +219,7 @@ class Controller:
         config, plan, clock = self.config, self.step_plan, self._clock
         assert plan is not None and self.plan is not None
         self._actuator = Actuator(device, config.dry_run, self.plan.problem.profile.clocks.default_memory_mhz,
-                                  self._log, clock)
+                                  self._log, clock, self.plan.problem.latency_s)
         self._stack.callback(self._actuator.close)
         settle_steps = 1 + int(self.plan.problem.latency_s // plan.auto_s)
         meter = device if config.measurement.energy else None
@@ -217,16 +228,21 @@ class Controller:
         hooks = (AnchorHooks(timeline.anchor, config.timing.anchor_every)
                  if config.timing.anchors and isinstance(timeline, CudaStepTimeline) else None)
         anchors = self._anchors(timeline, hooks)
-        context = ThreadContext(timeline, clock, self._log, self._actuator)
+        self._thread_clock = CountingClock(clock)
+        context = ThreadContext(timeline, self._thread_clock, self._log, self._actuator)
         self._source = self._step_source(device, anchors, context)
         self._shapes = None if self.book is None else self._shape_steps(timeline, hooks, context)
         matcher = (StepMatcher(plan.auto_s, config.step_match_tolerance, config.timing.confirm_steps)
                    if self._shapes is None else StepMatcher(self._shapes.reference_kernel_s, math.inf,
                                                              config.timing.confirm_steps))
+        accounting = self._accounting
+        if self._shapes is not None:
+            accounting.covariates = self._shapes.covariates
         judges = StepJudges(matcher,
                             Guard(config.budget, config.measurement.guard_margin, config.measurement.guard_min_pairs,
-                                  config.measurement.guard_retry_s),
-                            self._accounting)
+                                  config.measurement.guard_retry_s, accounting.slowdown.interval,
+                                  lambda: len(accounting.windows), config.guard_off()),
+                            accounting)
         self._issuer = Issuer(plan, context, anchors, self._source, judges, self._job, self._shapes)
         self._timeline = timeline
         self._issuer.start()
@@ -252,10 +268,12 @@ class Controller:
                        pace_from_auto=plan.online is not None and not config.dry_run, structure=structure)
 
     def _shape_steps(self, timeline: StepTimeline, hooks: AnchorHooks | None, context: ThreadContext) -> ShapeSteps:
-        """One entry per bucket of the book (its plan replayed on its own anchors) and the step-to-entry map."""
-        assert self.book is not None and self._varying is not None and self.step_plan is not None
-        entries = {}
-        for top, shape_plans in self.book.plans.items():
+        """One entry per bucket of the book (its plan replayed on its own anchors) and the step-to-entry map;
+        the buckets the book plans in the background join it as they come."""
+        book, varying = self.book, self._varying
+        assert book is not None and varying is not None and self.plan is not None
+
+        def entries(top: StepShape, shape_plans: tuple[ShapePlan, ...]) -> tuple[StepEntry, ...]:
             margins = []
             for shape_plan in shape_plans:
                 step_plan = StepPlan.build(shape_plan.problem, shape_plan.schedule, self.config.dry_run)
@@ -263,10 +281,12 @@ class Controller:
                 source = ReplayedSchedule(step_plan, anchors, context, shape_plan.problem.latency_s,
                                           self.config.timing.issue_early_ms / 1e3)
                 margins.append(StepEntry(step_plan, anchors, source, top.key, kernel_time_s(shape_plan.problem)))
-            entries[top] = tuple(margins)
-        assert self.plan is not None
-        return ShapeSteps(self.book, entries, self._varying.shape_of, kernel_time_s(self.plan.problem),
-                          100 * self.config.budget)
+            return tuple(margins)
+
+        shapes = ShapeSteps(book, {top: entries(top, plans) for top, plans in book.plans.items()}, varying.shape_of,
+                            kernel_time_s(self.plan.problem), 100 * self.config.budget, varying.kernel_time_s)
+        book.on_plan = lambda top, plans: shapes.add(top, entries(top, plans))
+        return shapes
 
     def _step_source(self, device: Device, anchors: Anchors, context: ThreadContext) -> StepSource:
         """What runs through the controlled steps (:mod:`kdvfs.runtime.controller.decisions.sources`): the
@@ -289,13 +309,15 @@ class Controller:
             sleep_lead_in=config.online.sleep_lead_in)
         return OnlineSteps(online, clocks, anchors, context, settings)
 
+    def _report_path(self) -> Path:
+        """This process's report for ``kdvfs run`` (``report_path`` is set)."""
+        assert self.config.report_path is not None
+        return rank_path(self.config.report_path, self.rank.rank) if self.rank.distributed \
+            else Path(self.config.report_path)
+
     def _watchdog_outcome(self) -> str | None:
         """The file the watchdog reports its state to, beside this process's report for ``kdvfs run``."""
-        if not self.config.report_path:
-            return None
-        report = rank_path(self.config.report_path, self.rank.rank) if self.rank.distributed \
-            else Path(self.config.report_path)
-        return str(watchdog_outcome_path(report))
+        return str(watchdog_outcome_path(self._report_path())) if self.config.report_path else None
 
     def _next_request_s(self) -> float:
         return math.inf if self._issuer is None else self._issuer.next_request_s
@@ -304,7 +326,7 @@ class Controller:
         """Mark the end of a training step (call it once per optimizer step)."""
         issuer = self._issuer
         if self._step_shapes is not None:
-            self._step_shapes.probe.mark_step()
+            self._step_shapes.mark_step()
         if issuer is not None and issuer.is_alive() and issuer.error is None:
             assert self._timeline is not None
             issuer.queue.put(self._timeline.mark())
@@ -354,11 +376,17 @@ class Controller:
         atexit.unregister(self.close)
         self._stack.close()
 
+    def _connection_error(self) -> str | None:
+        """The error that ended a daemon connection (a restore confirmed by a restarted daemon, say), or None."""
+        device = self._opened
+        return str(device.connection_error) if isinstance(device, DaemonDevice) and device.connection_error else None
+
     def _summary(self) -> dict[str, Any]:
         issuer, actuator, accounting, plan = self._issuer, self._actuator, self._accounting, self.plan
         assert issuer is not None and actuator is not None and accounting is not None and plan is not None
         predicted = score(plan.problem, plan.schedule)
         guard = issuer.guard.slowdown()
+        cuda = self._timeline if isinstance(self._timeline, CudaStepTimeline) else None
         return {
             "rank": self.rank.rank, "world_size": self.rank.world_size, "gpu_index": self._gpu_index,
             "source": plan.source, "gpu": plan.problem.profile.name, "trace": plan.problem.trace.meta.workload,
@@ -367,16 +395,23 @@ class Controller:
             "switches": actuator.switches, "mismatches": issuer.matcher.mismatches,
             "backed_off": issuer.guard.backoffs > 0, "backoff_reason": issuer.guard.reason,
             "guard_backoffs": issuer.guard.backoffs, "guard_slowdown_pct": None if guard is None else guard.mean_pct,
-            "error": None if issuer.error is None else str(issuer.error),
+            "guard_off": issuer.guard.off, "not_measured_on_a_gpu": self.config.not_measured_on_a_gpu(self._fake_nvml),
+            "error": str(issuer.error) if issuer.error is not None else self._connection_error(),
             "observe_only": observe_only_reason(issuer.error),
             "restore_error": None if actuator.restore_error is None else str(actuator.restore_error),
             "anchors": {**issuer.anchors.figures(), "blocks": None if self._hooks is None else self._hooks.blocks},
             **issuer.source.summary(),
             "shapes": None if self._shapes is None else self._shapes.figures(),
+            "auto_reasons": dict(sorted(issuer.auto_reasons.items())),
             "lead_in": issuer.lead_in_figures(),
             "controller_cpu_ms": {"thread": 1e3 * issuer.cpu_s, "thread_end_wait": 1e3 * issuer.end_wait_cpu_s,
-                                  "thread_issue": 1e3 * issuer.issue_cpu_s, "hooks": 1e3 * self._timeline.hook_s
-                                  if isinstance(self._timeline, CudaStepTimeline) else None},
+                                  "thread_issue": 1e3 * issuer.issue_cpu_s, "hooks": None if cuda is None
+                                  else 1e3 * cuda.hook_s},
+            "host_cost": host_cost(issuer.cpu_s, accounting.energy_thread_cpu_s, None if cuda is None else cuda.hook_s,
+                                   issuer.steps, issuer.step_interval_s(),
+                                   self._thread_clock.sleeps + (0 if cuda is None else cuda.sleeps)),
+            "requests": actuator.figures(),
             **accounting.figures(issuer.controlled_steps / issuer.steps if issuer.steps else 0.0),
-            "predicted": {k: v for k, v in asdict(predicted).items() if k != "method"},
+            "predicted": {**{k: v for k, v in asdict(predicted).items() if k != "method"},
+                          "range": predicted_range(plan.problem, plan.schedule).as_json()},
         }

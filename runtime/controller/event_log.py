@@ -1,4 +1,5 @@
-"""The controller's JSONL event log: every request, step, decision and measurement window of a run."""
+"""The controller's JSONL event log: every request, step, decision and measurement window of a run; written by
+:class:`EventLog`, read back by :func:`read_event_log` (``kdvfs report``, the summary of a killed run)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import json
 import threading
 from pathlib import Path
 from typing import IO, Any
+
+from kdvfs.envs.common.errors import KdvfsError
 
 
 class EventLog:
@@ -58,3 +61,42 @@ class EventLog:
             if self._file is not None:
                 self._file.close()
                 self._file = None
+
+
+class EventLogError(KdvfsError):
+    """A run's log cannot be read or holds a damaged record before its last line."""
+
+
+def read_event_log(path: Path) -> tuple[list[dict[str, Any]], bool]:
+    """The records of a log :class:`EventLog` wrote, and whether its last record was cut off.
+
+    A process killed while writing leaves a last line that is no complete JSON record and does not end in a
+    newline: that record is dropped (the second value is then True). Anything else that is not a JSON object
+    with an ``event`` is an :class:`EventLogError` naming the file and the line (1-based), as is a file that
+    cannot be read.
+    """
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except IsADirectoryError:
+        raise EventLogError(f"{path} is a folder, expected a run log file (`kdvfs run --log`)") from None
+    except FileNotFoundError:
+        raise EventLogError(f"{path}: no such file; pass the file of `kdvfs run --log`") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise EventLogError(f"{path}: not a readable kdvfs run log ({error}); pass the file of `kdvfs run --log`"
+                            ) from None
+    lines = text.split("\n")
+    records: list[dict[str, Any]] = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            if number == len(lines):  # the last line, without its newline: a record cut off by a kill
+                return records, True
+            raise EventLogError(f"{path}: line {number}, column {error.colno}: not a JSON record ({error.msg}); "
+                                "the log is damaged, or not a kdvfs run log") from None
+        if not isinstance(record, dict) or "event" not in record:
+            raise EventLogError(f"{path}: line {number}: not a kdvfs run log record (no \"event\")")
+        records.append(record)
+    return records, False

@@ -8,7 +8,8 @@ command line and the daemon), and records it in the state file (JSON, ``{"leased
 "uid", "since"}}}``, written atomically) until its clocks are back at the GPU's control. A dropped connection
 resets the clocks of every GPU it held, then releases them; a GPU whose reset failed stays in the state file.
 On start, :meth:`GpuTable.reset_left_locked` resets every GPU the state file names (a previous daemon that
-died with clients: SIGKILL, OOM kill, a crash) unless a live process holds its lease. Each GPU's NVML calls
+died with clients: SIGKILL, OOM kill, a crash), breaking a stale lease on it; a GPU leaves the state file only
+once reset (one a running process holds the lease of is reset before its next lease). Each GPU's NVML calls
 are serialised by its own lock; GPUs do not wait for each other.
 """
 
@@ -25,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from kdvfs.envs.common.files import write_text_atomic
-from kdvfs.runtime.daemon.protocol import DaemonRequestError
+from kdvfs.runtime.daemon.protocol import DaemonRequestError, shown
 from kdvfs.runtime.device.errors import DeviceError, DeviceIndexError
 from kdvfs.runtime.device.lease import GpuLease, LeaseHeldError, LeaseHolder
 from kdvfs.runtime.device.nvml import NvmlDevice
@@ -33,6 +34,8 @@ from kdvfs.runtime.device.nvml import NvmlDevice
 PEER_CREDENTIALS = struct.Struct("3i")
 """``struct ucred`` (pid, uid, gid) as ``SO_PEERCRED`` returns it."""
 COMMAND_SHOWN = 160
+MAX_STATE_BYTES = 1 << 20
+"""The most of a state file read (an entry is ~150 bytes); a longer one is corrupt."""
 
 
 def _now() -> str:
@@ -105,7 +108,7 @@ class GpuTable:
         """The served GPU ``index``; :class:`DeviceIndexError` naming the served ones otherwise."""
         if isinstance(index, bool) or not isinstance(index, int) or index not in self.gpus:
             raise DeviceIndexError(f"this kdvfs daemon serves GPU(s) {', '.join(map(str, sorted(self.gpus)))}, not "
-                                   f"{index!r}; pick one of them (its `--gpus` option lists what it serves)")
+                                   f"{shown(index)!r}; pick one of them (its `--gpus` option lists what it serves)")
         return self.gpus[index]
 
     def lease(self, connection: int, peer: Peer, index: object) -> dict[str, Any]:
@@ -118,11 +121,12 @@ class GpuTable:
                                      f"(`kill {gpu.holding.peer.pid}`)")
             if gpu.holding is None:
                 self._check_open()
-                record = LeaseHolder(peer.pid, f"through kdvfs daemon pid {os.getpid()}: {client_command(peer.pid)}",
-                                     _now(), socket.gethostname(), gpu.index)
+                command = f"through kdvfs daemon pid {os.getpid()}: {client_command(peer.pid)}"
+                record = LeaseHolder.this_process(gpu.index, pid=peer.pid, command=command)
                 lease = GpuLease(gpu.uuid, gpu.index, record=record).acquire()
                 try:
-                    gpu.device.restore()  # a previous holder's failed reset: retried before anyone locks
+                    if gpu.device.locked or str(gpu.index) in self._left:
+                        gpu.device.reset_clocks()  # a reset still owed (failed, or left at start): before any lock
                 except DeviceError:
                     lease.release()
                     raise
@@ -160,7 +164,12 @@ class GpuTable:
             return {"uuid": gpu.uuid, "name": gpu.name, "clocks_mhz": list(gpu.device.clocks_mhz()),
                     "power_w": gpu.device.power_w(), "locked_mhz": list(gpu.device.locked_mhz),
                     "holder": None if holding is None else {"pid": holding.peer.pid, "uid": holding.peer.uid,
-                                                            "since": holding.since}}
+                                                            "since": holding.since},
+                    "reset_pending": str(gpu.index) in self._left}
+
+    def holds(self, connection: int) -> bool:
+        """True while ``connection`` holds any GPU."""
+        return any(gpu.holding is not None and gpu.holding.connection == connection for gpu in self.gpus.values())
 
     def drop(self, connection: int) -> dict[int, str | None]:
         """Reset and release every GPU ``connection`` held (its client is gone); each GPU's reset error or None."""
@@ -182,23 +191,25 @@ class GpuTable:
         return outcomes
 
     def reset_left_locked(self) -> dict[int, str | None]:
-        """Reset each GPU the state file names (a previous daemon's); each one's error or None. A GPU whose
-        lease a live process holds is left to it; a GPU this daemon does not serve (or whose UUID changed) is
-        kept in the state file for a daemon that serves it."""
+        """Reset each GPU the state file names (a previous daemon's, which died with clients); each one's error
+        or None. Its lease is taken first, a stale one broken (a lock whose recorded holder is not running); a
+        GPU whose lease a running process holds is left to it and stays in the state file, reset before this
+        daemon next leases it. A GPU leaves the state file only once reset; one this daemon does not serve (or
+        whose UUID changed) is kept for a daemon that serves it."""
         outcomes: dict[int, str | None] = {}
         for key, entry in self._read_state().items():
             gpu = self.gpus.get(int(key))
+            self._left[key] = entry
             if gpu is None or gpu.uuid != entry.get("uuid"):
-                self._left[key] = entry
                 continue
             try:
-                with GpuLease(gpu.uuid, gpu.index, note=lambda text: None):
+                with GpuLease(gpu.uuid, gpu.index, break_stale=True, note=lambda text: None):
                     gpu.device.reset_clocks()
-                outcomes[gpu.index] = None
             except DeviceError as error:
-                outcomes[gpu.index] = str(error)
-                if not isinstance(error, LeaseHeldError):
-                    self._left[key] = entry
+                outcomes[gpu.index] = " ".join(str(error).split())
+                continue
+            outcomes[gpu.index] = None
+            del self._left[key]
         self._write_state()
         return outcomes
 
@@ -232,11 +243,14 @@ class GpuTable:
         return {"uuid": gpu.uuid, "pid": holding.peer.pid, "uid": holding.peer.uid, "since": holding.since}
 
     def _read_state(self) -> dict[str, dict[str, Any]]:
+        """The state file's GPUs (at most :data:`MAX_STATE_BYTES` read; unreadable or corrupt: none)."""
         try:
-            leased = json.loads(self.state_path.read_text(encoding="utf-8")).get("leased", {})
-        except (OSError, ValueError, AttributeError):
+            with open(self.state_path, "rb") as state:
+                data = state.read(MAX_STATE_BYTES + 1)
+            leased = json.loads(data).get("leased", {}) if len(data) <= MAX_STATE_BYTES else {}
+            return {str(key): dict(value) for key, value in leased.items() if str(key).isdigit()}
+        except (OSError, ValueError, AttributeError, TypeError, RecursionError):
             return {}
-        return {str(key): dict(value) for key, value in leased.items() if str(key).isdigit()}
 
     def _write_state(self) -> None:
         with self._state_lock:

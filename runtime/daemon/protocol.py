@@ -12,13 +12,15 @@ Requests (``gpu``: the NVML index; clocks in MHz):
 ``reset`` ``gpu``                                      ``locked_mhz`` ([null, null])
 ``state`` ``gpu``                                      ``uuid``, ``name``, ``clocks_mhz`` ([SM, memory]),
                                                        ``power_w``, ``locked_mhz``, ``holder`` (null or
-                                                       ``{"pid", "uid", "since"}``)
+                                                       ``{"pid", "uid", "since"}``), ``reset_pending``
+                                                       (a reset owed: failed, or left by a predecessor)
 ========= ============================================ ===============================================
 
 ``lock`` and ``reset`` need the GPU leased by the same connection; ``state`` needs no lease. A refused or
 failed request is answered ``{"ok": false, "kind": K, "error": "one line"}``, ``K`` naming the error class the
-client raises (:data:`ERROR_KINDS`); the connection stays usable. A line longer than :data:`MAX_LINE_BYTES` or
-not a JSON object is refused the same way.
+client raises (:data:`ERROR_KINDS`); the connection stays usable. A line that is not a JSON object (not UTF-8,
+nested too deep, a number too long...) is refused the same way; one longer than :data:`MAX_LINE_BYTES` is
+refused and ends the connection. A connection beyond the daemon's limits gets one refusal before it is closed.
 """
 
 from __future__ import annotations
@@ -69,12 +71,24 @@ def decode(line: bytes) -> dict[str, Any]:
         raise DaemonRequestError(f"a request line is at most {MAX_LINE_BYTES} bytes")
     try:
         message = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, not UTF-8, a number too long, nesting too deep
         raise DaemonRequestError("a request is one JSON object per line, e.g. {\"op\": \"state\", \"gpu\": 0}") \
             from None
     if not isinstance(message, dict):
         raise DaemonRequestError("a request is one JSON object per line, e.g. {\"op\": \"state\", \"gpu\": 0}")
     return message
+
+
+def shown(value: object) -> object:
+    """A request's field as a log record or a message shows it: None, a boolean, a number below 10**18 or a
+    string's first 40 characters as they are, anything else by its kind (a field may be nested thousands deep)."""
+    if value is None or isinstance(value, bool | float) or (isinstance(value, int) and abs(value) < 10 ** 18):
+        return value
+    if isinstance(value, int):
+        return "a huge number"
+    if isinstance(value, str):
+        return value[:40]
+    return f"a JSON {type(value).__name__}"
 
 
 def refusal(error: BaseException) -> dict[str, Any]:

@@ -10,7 +10,6 @@ both ends. Read-only: it only calls a :class:`Meter`'s getters (a
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -130,101 +129,3 @@ class WindowSampler:
             raise self._error
         self._samples.append(self._sample())
         return read_window(self._samples)
-
-
-READ_GUARD_S = 0.01
-"""A poll does not start a counter read this close before a clock request is due (a read takes ~4 ms on an
-H200): the reads never delay a request that is known in advance (a plan's)."""
-MAX_READ_GAP_S = 0.2
-"""...unless the last read is this old: an online policy's next request is never known in advance, and the
-A/B windows (0.5 s at least) need the counter read near their edges; such a read may delay one request
-by up to a read."""
-
-
-class EnergyTrace:
-    """A cumulative energy counter as a function of host time, from timed reads of ``read_j``.
-
-    With ``poll_s > 0`` a background thread reads the counter every ``poll_s`` (the controller's thread
-    never does), skipping reads that would start within :data:`READ_GUARD_S` of ``next_request_s()``;
-    a counter that only updates now and then (~10 times a second on an H200) is placed at its updates,
-    midway between the read that saw a new value and the one before. With ``poll_s == 0`` only
-    :meth:`read` reads it, on the caller's thread, and each value is placed at its read (a counter that is
-    always current and costs nothing, e.g. a simulated one). Each read's time is the middle of the call;
-    :meth:`energy_j` interpolates linearly between the placed values.
-    """
-
-    def __init__(self, read_j: Callable[[], float], now_s: Callable[[], float], poll_s: float,
-                 next_request_s: Callable[[], float] = lambda: float("inf")) -> None:
-        self._read_j, self._now_s, self._poll_s, self._next_request_s = read_j, now_s, poll_s, next_request_s
-        self._times_s: list[float] = []
-        self._energies_j: list[float] = []
-        self._last: tuple[float, float] | None = None
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self.error: BaseException | None = None
-        self.reads = 0
-        self.read_s = 0.0
-        self.thread_cpu_s = 0.0
-        """CPU time of the polling thread (s), once it stopped."""
-        self._last_read_s = -math.inf
-
-    def start(self) -> None:
-        """Take the first reading; start polling (``poll_s > 0``)."""
-        self.read()
-        if self._poll_s > 0:
-            self._thread = threading.Thread(target=self._poll, name="kdvfs-energy", daemon=True)
-            self._thread.start()
-
-    def _poll(self) -> None:
-        try:
-            while not self._stop.wait(self._poll_s):
-                now_s = self._now_s()
-                if self._next_request_s() - now_s > READ_GUARD_S or now_s - self._last_read_s > MAX_READ_GAP_S:
-                    self.read()
-        except BaseException as error:  # seen by the caller through .error
-            self.error = error
-        finally:
-            self.thread_cpu_s = time.thread_time()
-
-    def read(self) -> None:
-        """Read the counter once and record it with its time."""
-        before_s = self._now_s()
-        energy_j = self._read_j()
-        after_s = self._now_s()
-        time_s = (before_s + after_s) / 2
-        self._last_read_s = after_s
-        with self._lock:
-            self.reads += 1
-            self.read_s += after_s - before_s
-            if self._last is None or energy_j != self._last[1]:
-                polled = self._poll_s > 0 and self._last is not None
-                update_s = (self._last[0] + time_s) / 2 if polled and self._last else time_s
-                self._times_s.append(update_s)
-                self._energies_j.append(energy_j)
-            self._last = (time_s, energy_j)
-
-    def covers(self, time_s: float) -> bool:
-        """Whether the counter is known at ``time_s`` (an update at or after it has been seen)."""
-        with self._lock:
-            return bool(self._times_s) and self._times_s[0] <= time_s <= self._times_s[-1]
-
-    def energy_j(self, time_s: float) -> float | None:
-        """The counter's value at ``time_s`` (J), None unless :meth:`covers` it."""
-        if not self.covers(time_s):
-            return None
-        with self._lock:
-            return float(np.interp(time_s, self._times_s, self._energies_j))
-
-    def forget_before(self, time_s: float) -> None:
-        """Drop updates no longer needed: those before the last one at or before ``time_s``."""
-        with self._lock:
-            keep = max(0, int(np.searchsorted(self._times_s, time_s, side="right")) - 1)
-            del self._times_s[:keep], self._energies_j[:keep]
-
-    def stop(self) -> None:
-        """Stop polling."""
-        if self._thread is not None:
-            self._stop.set()
-            self._thread.join()
-            self._thread = None

@@ -16,6 +16,7 @@ It is only ever used when a caller constructs it: kdvfs never falls back to it.
 
 from __future__ import annotations
 
+import math
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -312,7 +313,7 @@ class FakeStepTimeline:
         self._marked += 1
         return extra_s, signature, self._marked - 1
 
-    def wait(self, token: tuple[float, int, int]) -> StepEnd:
+    def wait(self, token: tuple[float, int, int], expected_s: float = -math.inf) -> StepEnd:
         extra_s, signature, index = token
         self._sync()
         step = self.gpu.run_step(extra_s)

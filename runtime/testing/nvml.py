@@ -31,6 +31,8 @@ from kdvfs.runtime.testing.fake_nvml import EnergyFakeNvml, h200_from_probe
 
 LOG_VARIABLE = "KDVFS_FAKE_NVML_LOG"
 STATE_VARIABLE = "KDVFS_FAKE_NVML_STATE"
+FAKE_NVML = True
+"""Marks this binding as a fake: what kdvfs measures through it is no GPU's (``kdvfs run``'s summary says so)."""
 
 
 class FileLocks(MutableMapping[str, int]):

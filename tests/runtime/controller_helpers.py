@@ -52,7 +52,7 @@ def fake_controller(policy: Path, permission: bool = True, drift: DriftModel | N
     gpu = FakeGpu(problem.costs, problem.profile, problem.latency_s, problem.stall_s, clock, permission, drift)
     timeline = FakeStepTimeline(gpu, clock)
     settings: dict[str, Any] = {"latency_ms": LATENCY_MS, "budget": PLAN_BUDGET, "window_steps": 5,
-                                "window_s": 0.1, "energy_poll_s": 0.0, "issue_early_ms": 0.0, "ab_share": 0.0,
+                                "window_s": 0.1, "energy_read_every_s": 0.0, "issue_early_ms": 0.0, "ab_share": 0.0,
                                 **options}
     controller = Controller(str(policy), TRACE, device=gpu, timeline=timeline, clock=clock, **settings)
     return controller, gpu, timeline

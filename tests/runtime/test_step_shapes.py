@@ -1,5 +1,5 @@
-"""The step-shape probe: the model root found by the first module called, the first forward call of each step
-recorded (positional and keyword tensors), evaluation passes and later calls ignored, a compiled model."""
+"""The step-shape probe: the model root found by the first module called, every forward call of each step
+recorded (positional and keyword tensors; micro-batches in turn), evaluation passes ignored, a compiled model."""
 
 from __future__ import annotations
 
@@ -57,11 +57,13 @@ def test_positional_calls_later_calls_and_evaluation(probe: ShapeProbe) -> None:
     with torch.no_grad():
         model(torch.zeros(9, 4))  # an evaluation pass: not the step's shape
     model(torch.zeros(3, 4))
-    model(torch.zeros(5, 4))  # a second micro-batch: the step keeps its first shape
     assert probe.current == StepShape.of([(3, 4)])
+    model(torch.zeros(5, 4))  # a second micro-batch (gradient accumulation): the step is keyed by both
+    assert probe.current == StepShape.of([(3, 4), (5, 4)])
     assert probe.mark_step() == 1
     assert probe.current is None and probe.steps_marked == 2
-    assert probe.shape_of(1) == StepShape.of([(3, 4)]) and seen == [(1, StepShape.of([(3, 4)]))]
+    assert probe.shape_of(1) == StepShape.of([(3, 4), (5, 4)])
+    assert seen == [(1, StepShape.of([(3, 4)])), (1, StepShape.of([(3, 4), (5, 4)]))]
     assert probe.root is model
 
 

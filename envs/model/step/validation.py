@@ -18,7 +18,7 @@ import numpy as np
 
 from kdvfs.envs.model.step.align import align, token_ids
 from kdvfs.envs.model.step_model import StepModel
-from kdvfs.envs.trace.shape import StepShape
+from kdvfs.envs.trace.shape import ShapeAxes, StepShape
 from kdvfs.envs.trace.trace import Trace, with_measured_gaps
 
 
@@ -51,10 +51,15 @@ def weighted_duration_error(predicted: Trace, measured: Trace) -> float:
 
 
 def is_edge(shape: StepShape, others: Sequence[StepShape]) -> bool:
-    """Whether ``shape``'s tokens, sequence length or batch lie outside the range of ``others``'."""
-    return any(not min(getattr(s, name) for s in others) <= getattr(shape, name) <= max(getattr(s, name)
-                                                                                     for s in others)
-               for name in ("tokens", "seq", "batch"))
+    """Whether any of ``shape``'s variables, lengths or length classes (:class:`ShapeAxes` of all the shapes) lies
+    outside the range of ``others``'."""
+    axes = ShapeAxes.of([shape, *others])
+
+    def where(s: StepShape) -> tuple[int, ...]:
+        return (*axes.values(s), *axes.length_values(s), *axes.class_values(s))
+
+    here, there = where(shape), [where(s) for s in others]
+    return any(not min(t[i] for t in there) <= value <= max(t[i] for t in there) for i, value in enumerate(here))
 
 
 def leave_one_out(traces: Sequence[Trace]) -> list[ShapeError]:

@@ -31,10 +31,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--energy-window-s", type=float, default=5.0,
                         help="length of the unprofiled window that measures step time and energy (default 5 s; "
                              "the NVML energy counter updates ~10 times a second)")
-    parser.add_argument("--shapes", type=int, default=4,
+    parser.add_argument("--shapes", type=int, default=6,
                         help="when steps vary in shape (dynamic padding, bucketing), profile up to N shapes: the most "
-                             "frequent (written to -o) and the smallest and largest, each beside it as "
-                             "NAME.shape-K.trace.json (default 4; 1: one trace of the last profiled step)")
+                             "frequent (written to -o) and the smallest and largest in each varying length, each "
+                             "beside it as NAME.shape-K.trace.json (default 6; 1: one trace of the last profiled "
+                             "step)")
     parser.add_argument("--max-profiled-steps", type=int, default=64,
                         help="most steps profiled while looking for those shapes (default 64)")
     parser.add_argument("--workload", help="label stored in the trace (default: the script's name)")

@@ -1,4 +1,4 @@
-"""``kdvfs daemon --socket PATH [--group NAME] [--gpus IDX,...] [--nvml-module M]``: serve GPU clock control to
+"""``kdvfs daemon --socket PATH [--group NAME] [--gpus IDX,...] [limits] [--nvml-module M]``: serve GPU clock control to
 users without root (:mod:`kdvfs.runtime.daemon`), and the ``--daemon`` option of the commands that use it."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import IO
 
+from kdvfs.runtime.daemon.connections import ConnectionLimits
 from kdvfs.runtime.daemon.protocol import ENVIRONMENT_VARIABLE
 
 
@@ -33,7 +34,8 @@ def gpu_indices(text: str) -> list[int]:
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "daemon", help="serve GPU clock control to users without root over a Unix socket (run it as root)",
-        usage="kdvfs daemon --socket PATH [--group NAME] [--gpus IDX,...] [--nvml-module M]")
+        usage="kdvfs daemon --socket PATH [--group NAME] [--gpus IDX,...] [--max-connections N] "
+              "[--max-connections-per-uid N] [--idle-timeout-s S] [--nvml-module M]")
     parser.add_argument("--socket", required=True, type=Path, metavar="PATH",
                         help="the Unix socket to listen on (mode 0660)")
     parser.add_argument("--group", metavar="NAME",
@@ -48,6 +50,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--log", type=Path, metavar="FILE",
                         help="append the JSON-lines request log to FILE (default: standard output, the journal "
                              "under systemd)")
+    defaults = ConnectionLimits()
+    parser.add_argument("--max-connections", type=int, default=defaults.max_connections, metavar="N",
+                        help=f"serve at most N connections at once; more are refused in one line (default "
+                             f"{defaults.max_connections}, lowered to fit the descriptor limit)")
+    parser.add_argument("--max-connections-per-uid", type=int, default=defaults.max_per_uid, metavar="N",
+                        help=f"serve at most N connections of one user at once (default {defaults.max_per_uid})")
+    parser.add_argument("--idle-timeout-s", type=float, default=defaults.idle_timeout_s, metavar="S",
+                        help="close a connection that holds no GPU after S seconds without a request (default "
+                             f"{defaults.idle_timeout_s:g}; clients reconnect by themselves)")
     parser.set_defaults(func=run)
 
 
@@ -59,4 +70,5 @@ def run(args: argparse.Namespace) -> int:
         if args.log is not None:
             args.log.parent.mkdir(parents=True, exist_ok=True)
             log = stack.enter_context(open(args.log, "a", encoding="utf-8"))
-        return run_daemon(args.socket, args.group, args.gpus, args.nvml_module, args.state, log)
+        limits = ConnectionLimits(args.max_connections, args.max_connections_per_uid, args.idle_timeout_s)
+        return run_daemon(args.socket, args.group, args.gpus, args.nvml_module, args.state, log, limits)

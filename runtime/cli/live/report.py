@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -13,41 +13,70 @@ from rich.table import Table
 from kdvfs.envs.common.errors import KdvfsError
 from kdvfs.runtime.cli.arguments import check_output_file
 from kdvfs.runtime.cli.live.run import measured_text, no_measurement_reason
-from kdvfs.runtime.cli.render import console
+from kdvfs.runtime.cli.render import console, err_console, predicted_text, print_json
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     report = subparsers.add_parser("report", help="a `kdvfs run --log` file: A/B windows, measured saving, plot")
     report.add_argument("log", type=Path, help="the JSONL log of `kdvfs run --log` (or Controller(log=...))")
     report.add_argument("--plot", type=Path, metavar="PNG", help="also plot the windows and the estimate")
+    report.add_argument("--json", action="store_true", help="print JSON for scripts")
     report.set_defaults(func=report_command)
 
 
 def read_run(path: Path) -> dict[str, Any]:
-    """The windows (with their joules), the live estimates and the summary of a run's log."""
+    """The windows (with their joules), the live estimates and the summary of a run's log; ``cut_off``: its
+    last record was cut off (a killed run) and ignored."""
+    from kdvfs.runtime.controller.event_log import read_event_log  # loads the controller (torch): not at startup
+
+    records, cut_off = read_event_log(path)
     try:
-        records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    except (OSError, ValueError) as error:
-        raise KdvfsError(f"{path}: not a readable kdvfs run log ({error}); pass the file of `kdvfs run --log`"
-                         ) from error
-    joules = {r["last_step"]: r["energy_j_per_step"] for r in records if r["event"] == "window_energy"}
-    windows = [{**r, "energy_j_per_step": joules.get(r["last_step"])} for r in records if r["event"] == "window"]
-    estimates = [r for r in records if r["event"] in ("pair", "pair_energy")]
-    summary = next((r for r in reversed(records) if r["event"] == "summary"), None)
-    if not windows:
-        raise KdvfsError(f"{path}: no A/B windows in this log (a run too short, or not a kdvfs run log)")
-    measured = summary["measured"] if summary else estimates[-1]["measured"] if estimates else None
-    return {"windows": windows, "estimates": estimates, "summary": summary, "measured": measured}
+        joules = {r["last_step"]: r["energy_j_per_step"] for r in records if r["event"] == "window_energy"}
+        windows = [{**r, "energy_j_per_step": joules.get(r["last_step"])} for r in records if r["event"] == "window"]
+        estimates = [r for r in records if r["event"] in ("pair", "pair_energy")]
+        summary = next((r for r in reversed(records) if r["event"] == "summary"), None)
+        if not windows:
+            raise KdvfsError(f"{path}: no A/B windows in this log (a run too short, or not a kdvfs run log)")
+        measured = summary["measured"] if summary else estimates[-1]["measured"] if estimates else None
+        _arm_figures(windows)
+    except (KeyError, TypeError) as error:
+        raise KdvfsError(f"{path}: a record lacks {error} (not a log of this kdvfs version); pass the file of "
+                         "`kdvfs run --log`") from None
+    return {"windows": windows, "estimates": estimates, "summary": summary, "measured": measured,
+            "cut_off": cut_off}
+
+
+def _arm_figures(windows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per arm (``auto``, ``controlled``), the windows run wholly in it: their count, mean seconds and joules per
+    step (None without such windows, or without joules)."""
+    figures = {}
+    for arm, name in (("A", "auto"), ("B", "controlled")):
+        chosen = [w for w in windows if w["arm"] == arm and w["controlled_steps"] == (w["steps"] if arm == "B" else 0)]
+        joules = [w["energy_j_per_step"] for w in chosen if w["energy_j_per_step"] is not None]
+        figures[name] = {"windows": len(chosen),
+                         "step_time_s": float(np.mean([w["step_time_s"] for w in chosen])) if chosen else None,
+                         "energy_j_per_step": float(np.mean(joules)) if joules else None}
+    return figures
 
 
 def _arm_rows(windows: list[dict[str, Any]]) -> list[tuple[str, ...]]:
-    rows: list[tuple[str, ...]] = []
-    for arm, name in (("A", "auto (A)"), ("B", "controlled (B)")):
-        chosen = [w for w in windows if w["arm"] == arm and w["controlled_steps"] == (w["steps"] if arm == "B" else 0)]
-        joules = [w["energy_j_per_step"] for w in chosen if w["energy_j_per_step"] is not None]
-        rows.append((name, str(len(chosen)), f"{np.mean([w['step_time_s'] for w in chosen]) * 1e3:.2f}" if chosen
-                     else "-", f"{np.mean(joules):.2f}" if joules else "-"))
-    return rows
+    return [(f"{arm} ({letter})", str(row["windows"]),
+             "-" if row["step_time_s"] is None else f"{row['step_time_s'] * 1e3:.2f}",
+             "-" if row["energy_j_per_step"] is None else f"{row['energy_j_per_step']:.2f}")
+            for (arm, row), letter in zip(_arm_figures(windows).items(), "AB", strict=True)]
+
+
+def report_json(run: dict[str, Any], path: Path) -> dict[str, Any]:
+    """``kdvfs report --json``: the log, the windows per arm, the measured effect while controlling and over the
+    run, the cost model's prediction, why nothing was measured (or null) and whether the last record was cut
+    off."""
+    summary, measured = run["summary"], run["measured"]
+    reason = (no_measurement_reason(measured) if measured is not None else
+              f"no A/B pair completed in {len(run['windows'])} windows: run longer")
+    return {"log": str(path), "arms": _arm_figures(run["windows"]), "measured": measured,
+            "measured_net": None if summary is None else summary["measured_net"],
+            "predicted": None if summary is None else summary["predicted"], "no_measurement_reason": reason,
+            "last_record_cut_off": run["cut_off"]}
 
 
 def report_table(run: dict[str, Any]) -> Table:
@@ -69,8 +98,7 @@ def report_table(run: dict[str, Any]) -> Table:
     if summary is not None:
         table.add_row("over the run", measured_text(summary["measured_net"]), "", "")
         predicted = summary["predicted"]
-        table.add_row("predicted (cost model)", f"{predicted['energy_saved_pct']:+.2f}% / "
-                                                f"{predicted['slowdown_pct']:+.2f}%", "", "")
+        table.add_row("predicted (cost model)", predicted_text(predicted, "+"), "", "")
     return table
 
 
@@ -116,8 +144,14 @@ def plot_run(run: dict[str, Any], path: Path) -> None:
 def report_command(args: argparse.Namespace) -> int:
     check_output_file(args.plot, [args.log])
     run = read_run(args.log)
-    console.print(report_table(run))
+    if run["cut_off"]:
+        print(f"kdvfs report: {args.log}: last record cut off, ignored (the run was killed while writing it)",
+              file=sys.stderr)
+    if args.json:
+        print_json(report_json(run, args.log))
+    else:
+        console.print(report_table(run))
     if args.plot:
         plot_run(run, args.plot)
-        console.print(f"plot: {args.plot}")
+        (err_console if args.json else console).print(f"plot: {args.plot}")
     return 0

@@ -13,6 +13,7 @@ from typing import Any
 from rich.table import Table
 
 from kdvfs.envs.common.errors import KdvfsError
+from kdvfs.envs.model.ranges import COVERAGE
 from kdvfs.runtime.cli.arguments import (
     budget,
     check_output_file,
@@ -22,7 +23,7 @@ from kdvfs.runtime.cli.arguments import (
     resolved,
 )
 from kdvfs.runtime.cli.live.daemon import add_daemon_option
-from kdvfs.runtime.cli.render import console, print_json
+from kdvfs.runtime.cli.render import console, predicted_text, print_json
 from kdvfs.runtime.daemon.client import DaemonDevice, daemon_socket
 from kdvfs.runtime.device.errors import ClockRestoreError, DeviceIndexError
 from kdvfs.runtime.device.lease import reset_leased_gpu_clocks
@@ -67,7 +68,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     add_daemon_option(run, "lock clocks")
     run.add_argument("--json", action="store_true", help="print the summary as JSON (script output to stderr)")
     run.add_argument("command", nargs=argparse.REMAINDER, help="-- python train.py ARGS...")
-    run.set_defaults(func=run_command)
+    run.set_defaults(func=run_command, json_error={"gpu_restored": True})  # a refused run changed no clock
 
     reset = subparsers.add_parser("reset", help="return a GPU's SM and memory clocks to its own control (root, or "
                                                   "through kdvfs daemon)")
@@ -113,7 +114,10 @@ def summary_table(summary: dict[str, Any]) -> Table:
         mode = "clocks controlled until an error, then auto"
     table = Table(title=f"kdvfs run: {summary['source']} on {summary['gpu']}, {mode}", show_header=False)
     predicted = summary["predicted"]
+    caveat = summary.get("not_measured_on_a_gpu")
+    noise = " (not a GPU's: means nothing)" if caveat else ""
     rows = [
+        *([("! not a GPU measurement", caveat)] if caveat else []),
         ("clock control (nvml: this process; daemon:SOCKET)", str(summary.get("clock_control", "-"))),
         ("steps / controlled / mismatches", f"{summary['steps']} / {summary['controlled_steps']} / "
                                              f"{summary['mismatches']}"),
@@ -122,16 +126,17 @@ def summary_table(summary: dict[str, Any]) -> Table:
         ("energy per step (J, NVML)", _figure(summary["energy_j_per_step"])),
         ("energy per step auto / controlled (J)", f"{_figure(summary['energy_j_per_step_auto'])} / "
                                                   f"{_figure(summary['energy_j_per_step_controlled'])}"),
-        ("measured saving / slowdown while controlling (95% interval)", measured_text(summary["measured"])),
-        ("measured saving / slowdown over the run", measured_text(summary["measured_net"])),
-        ("predicted saving / slowdown (cost model)", f"{predicted['energy_saved_pct']:.2f}% / "
-                                                     f"{predicted['slowdown_pct']:.2f}%"),
+        ("measured saving / slowdown while controlling (95% interval)", measured_text(summary["measured"]) + noise),
+        ("measured saving / slowdown over the run", measured_text(summary["measured_net"]) + noise),
+        (f"predicted saving / slowdown (cost model, {COVERAGE:.0%} range)", predicted_text(predicted)),
     ]
     reason = no_measurement_reason(summary["measured"])
     if reason is not None:
         rows.append(("why no measured saving / slowdown", reason))
     if summary["backed_off"]:
         rows.append(("backed off", summary["backoff_reason"]))
+    if summary.get("guard_off"):
+        rows.append(("guard off", summary["guard_off"]))
     if summary.get("observe_only"):
         rows.append(("observe-only", summary["observe_only"]))
     elif summary["error"]:
@@ -155,7 +160,6 @@ def run_command(args: argparse.Namespace) -> int:
     from kdvfs.runtime.controller.config import ControllerConfig
     from kdvfs.runtime.controller.training.launch import run_controlled
 
-    args.json_error = {"gpu_restored": True}  # a refused run (exit 2) changed no clock
     inputs = [resolved(args.policy, policy_source_path), resolved(args.trace, trace_path),
               resolved(args.gpu, profile_path)]
     check_output_file(args.log, [*inputs, *command_paths(args.command)])

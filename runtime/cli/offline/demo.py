@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kdvfs.agents.evaluation.ranges import row_ranges
 from kdvfs.envs.common.files import write_text_atomic
 from kdvfs.envs.common.run_record import write_run_record
 from kdvfs.envs.gpu.profiles import GpuProfile, load_profile
@@ -17,8 +18,9 @@ from kdvfs.envs.trace.bundled import DEFAULT_TRACE, open_trace
 from kdvfs.envs.trace.summary import summarize
 from kdvfs.envs.trace.trace import Trace, with_measured_gaps
 from kdvfs.runtime.cli.arguments import add_output, check_output_folder, sample_count
-from kdvfs.runtime.cli.offline.plan import row_json, uncertainty_ranges
+from kdvfs.runtime.cli.offline.plan import row_json
 from kdvfs.runtime.cli.render import (
+    basis_lines,
     breakdown_table,
     compare_table,
     console,
@@ -42,8 +44,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     add_output(parser, "folder for the results (results.json), plot and run record (default runs/demo)", dest="out",
                default=Path("runs/demo"))
     parser.add_argument("--samples", type=sample_count, default=DEMO_SAMPLES,
-                        help="sampled profiles for the 1%% budget's ranges over the profile's parameter ranges "
-                        f"(default {DEMO_SAMPLES}; 0: none)")
+                        help="sampled profiles in each figure's 90%% range, with the model's validated error "
+                        f"(default {DEMO_SAMPLES}; 0: the validated error alone)")
     parser.set_defaults(func=run)
 
 
@@ -65,8 +67,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _compare(trace: Trace, profile: GpuProfile, out: Path, samples: int) -> None:
-    """Every method and the shipped policy at a 1% budget (the methods with their ranges over the profile's
-    parameter ranges), and the trade-off plot over DEMO_BUDGETS."""
+    """Every method and the shipped policy at a 1% budget with their 90% ranges, and the trade-off plot over
+    DEMO_BUDGETS."""
     from kdvfs.agents.common.problem import Problem
     from kdvfs.agents.evaluation.compare import EVALUATED, compare, plot_tradeoff
 
@@ -75,15 +77,16 @@ def _compare(trace: Trace, profile: GpuProfile, out: Path, samples: int) -> None
     with err_console.status("planning") as status:
         rows = compare(problem, DEMO_BUDGETS, EVALUATED, lambda text: status.update(f"planning: {text}"))
         rows += _shipped_policy_rows(problem)
-    at_budget = [r for r in rows if r.budget == 0.01]
-    methods = [r for r in at_budget if r.executed.method in EVALUATED]
-    if samples:
-        _stage(f"ranges over {samples} sampled profiles")
-    ranges = uncertainty_ranges(problem, methods, [0.01], None, UncertaintySpec(samples)) if samples else None
-    console.print(compare_table(at_budget, problem, ranges))
+    _stage(f"ranges with {samples} sampled profiles")
+    ranges = row_ranges(problem, rows, UncertaintySpec(samples) if samples else None)
+    at_budget = [index for index, row in enumerate(rows) if row.budget == 0.01]
+    console.print(compare_table([rows[i] for i in at_budget], problem, [ranges[i] for i in at_budget]))
+    for line in basis_lines(*next((r.basis, r.samples) for r in ranges if r is not None)):
+        console.print(line)
     plot, results = out / "pareto.png", out / "results.json"
     plot_tradeoff(rows, f"{trace.meta.workload} on {profile.name}, {problem.latency_s * 1e3:g} ms switching", plot)
-    write_text_atomic(results, json.dumps([row_json(row, ranges) for row in rows], indent=1) + "\n")
+    write_text_atomic(results, json.dumps([row_json(row, spread) for row, spread in zip(rows, ranges, strict=True)],
+                                          indent=1) + "\n")
     record = write_run_record(out, {"trace": trace.meta.workload, "gpu": profile.name, "budgets": DEMO_BUDGETS,
                                     "latency_s": problem.latency_s, "methods": (*EVALUATED, "policy")})
     console.print(f"wrote {plot}, {results} (every method at every budget, as `kdvfs compare --json`) and {record}")

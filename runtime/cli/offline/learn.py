@@ -14,12 +14,20 @@ from typing import TYPE_CHECKING
 from kdvfs.agents.learned.shipped import policy_source_path
 from kdvfs.envs.common.errors import KdvfsError
 from kdvfs.runtime.cli.arguments import add_output, add_power_limit, budget_list, check_output_folder, latency_ms
-from kdvfs.runtime.cli.offline.plan import latency_from_args, problem_from_args
-from kdvfs.runtime.cli.render import compare_table, console, noisy_table, print_json
+from kdvfs.runtime.cli.offline.plan import latency_from_args, problem_from_args, ranges_of, row_json
+from kdvfs.runtime.cli.render import (
+    add_range_arguments,
+    basis_lines,
+    compare_table,
+    console,
+    noisy_table,
+    print_json,
+)
 
 if TYPE_CHECKING:
     from kdvfs.agents.common.problem import Problem
     from kdvfs.agents.learned.policy_planner import PolicyPlanner
+    from kdvfs.envs.gpu.profiles import GpuProfile
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -30,6 +38,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                        "residual-<gpu>: the experimental residual design, which `kdvfs run` cannot run yet)")
     train.add_argument("--timesteps", type=int, help="environment steps to train for (default: the config's)")
     add_output(train, "run folder: logs, checkpoints, frozen policy", dest="out", required=True)
+    train.add_argument("--force", action="store_true", help="train into a run folder that already holds files "
+                       "(files of the same name are replaced)")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
     train.set_defaults(func=run_train)
 
@@ -49,13 +59,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     add_power_limit(evaluate)
     evaluate.add_argument("--episodes", type=_positive_int, help="N seeded episodes with the environment's "
                           "disturbances, every planner open-loop on the same draws (default: one, no disturbance)")
-    evaluate.add_argument("--seed", type=int, default=0, help="seed of the first episode (default 0)")
+    evaluate.add_argument("--seed", type=int, default=0, help="seed of the first episode and of the sampled "
+                          "profiles (default 0)")
+    add_range_arguments(evaluate, seed=False)
     evaluate.add_argument("--json", action="store_true", help="print JSON for scripts (as `kdvfs compare --json`)")
     evaluate.set_defaults(func=run_evaluate)
 
 
 def _positive_int(text: str) -> int:
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
     if value <= 0:
         raise argparse.ArgumentTypeError(f"{text} must be a positive integer")
     return value
@@ -69,6 +84,11 @@ def _stage_printer() -> Callable[[str], None]:
 
 def run_train(args: argparse.Namespace) -> int:
     check_output_folder(args.out)
+    held = sorted(path.name for path in args.out.iterdir()) if args.out.is_dir() else []
+    if held and not args.force:
+        shown = ", ".join(held[:3]) + (", ..." if len(held) > 3 else "")
+        raise KdvfsError(f"{args.out} holds files of another run ({shown}); give a new folder, or --force to train "
+                         "into it (files of the same name are replaced)")
     stage = _stage_printer()
     stage("loading PyTorch and stable-baselines3")
     from tqdm import TqdmExperimentalWarning
@@ -107,10 +127,13 @@ def run_evaluate(args: argparse.Namespace) -> int:
         rows = compare(problem, args.budget, EVALUATED, lambda text: status.update(f"planning: {text}"))
         status.update("policy")
         rows = sorted(rows + policy_rows(problem, planner, args.budget), key=lambda row: row.budget)
+    ranges = ranges_of(problem, rows, args)
     if args.json:
-        print_json([row.as_json() for row in rows])
+        print_json([row_json(row, spread) for row, spread in zip(rows, ranges, strict=True)])
     else:
-        console.print(compare_table(rows, problem))
+        console.print(compare_table(rows, problem, ranges))
+        for line in basis_lines(*next((r.basis, r.samples) for r in ranges if r is not None)):
+            console.print(line)
     return 0
 
 
@@ -148,7 +171,20 @@ def _evaluate_shapes(args: argparse.Namespace) -> int:
     if args.json:
         print_json(result)
     else:
+        console.print(_scored(args, profile) + "\n", highlight=False)
         for method, row in result["summary"].items():  # type: ignore[attr-defined]
             console.print(f"{method:15s} energy saved {row['energy_saved_pct']:6.2f}%  slowdown "
                           f"{row['slowdown_pct']:6.2f}%  within budget on {row['within_budget_share']:.0%} of steps")
     return 0
+
+
+def _scored(args: argparse.Namespace, profile: GpuProfile) -> str:
+    """``evaluate --reference``'s header: what it scored, on which GPU, at which budget and switching latency."""
+    latency_s = latency_from_args(args)
+    latency = (f"{profile.switching.latency_mean_s * 1e3:g} ms (the profile's)" if latency_s is None else
+               f"{latency_s * 1e3:g} ms (--latency-ms)")
+    episodes = "" if args.episodes is None else f", {args.episodes} disturbed episodes from seed {args.seed}"
+    steps, references = len(args.trace), len(args.reference)
+    return (f"policy {args.policy} on {steps} executed step{'s' * (steps > 1)} ({', '.join(args.trace)}), "
+            f"predicted from {references} reference{'s' * (references > 1)} ({', '.join(args.reference)}); "
+            f"GPU {profile.name}, budget {args.budget[0]:.1%}, switching latency {latency}{episodes}")

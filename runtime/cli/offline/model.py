@@ -6,13 +6,15 @@ import argparse
 from pathlib import Path
 
 from kdvfs.envs.calibration.convert import WANG_CHU_BUS_BYTES, convert_h200_default, convert_wang_chu
-from kdvfs.envs.calibration.sweep import load_sweep, sweep_to_csv
+from kdvfs.envs.calibration.sweep import load_sweep, sweep_path, sweep_to_csv
 from kdvfs.envs.common.errors import KdvfsError
 from kdvfs.envs.common.files import write_text_atomic
 from kdvfs.envs.gpu.profile_io import write_cost_model
 from kdvfs.envs.gpu.profiles import load_profile, profile_path
-from kdvfs.runtime.cli.arguments import add_output, check_output_file
+from kdvfs.runtime.cli.arguments import add_output, check_output_file, resolved
 from kdvfs.runtime.cli.render import console, print_json
+
+SWEEP_HELP = "sweep CSV (see docs/design/cost-model.md) or bundled sweep name (gtx980, gtx1080ti, h200-default)"
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -27,7 +29,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     convert.set_defaults(func=run_convert)
 
     fit = commands.add_parser("fit", help="fit a GPU profile's cost-model parameters to a sweep")
-    fit.add_argument("--sweep", type=Path, required=True, help="sweep CSV (see docs/design/cost-model.md)")
+    fit.add_argument("--sweep", required=True, help=SWEEP_HELP)
     fit.add_argument("--gpu", required=True, help="profile name or .yaml to start from")
     fit.add_argument("--fix", default="", help="comma-separated parameters to keep at the profile's values")
     destination = fit.add_mutually_exclusive_group()
@@ -36,7 +38,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     fit.set_defaults(func=run_fit)
 
     validate = commands.add_parser("validate", help="k-fold leave-kernels-out validation on a sweep")
-    validate.add_argument("--sweep", type=Path, required=True, help="sweep CSV (see docs/design/cost-model.md)")
+    validate.add_argument("--sweep", required=True, help=SWEEP_HELP)
     validate.add_argument("--folds", type=int, default=5, help="number of folds over kernels (default 5)")
     validate.add_argument("--seed", type=int, default=0, help="seed of the kernel shuffle (default 0)")
     validate.add_argument("--json", action="store_true", help="print JSON for scripts")
@@ -59,7 +61,7 @@ def run_convert(args: argparse.Namespace) -> int:
 def run_fit(args: argparse.Namespace) -> int:
     from kdvfs.envs.calibration.calibrate import calibrate
 
-    check_output_file(args.output, [args.sweep, profile_path(args.gpu)])
+    check_output_file(args.output, [resolved(args.sweep, sweep_path), profile_path(args.gpu)])
     profile = load_profile(args.gpu)
     result = calibrate(profile, load_sweep(args.sweep), [n for n in args.fix.split(",") if n])
     for name, entry in result.entries.items():

@@ -9,13 +9,12 @@ from typing import Any
 
 from kdvfs.agents.common.problem import Problem, outcome_of, rank_budget, rank_slack_s, within_budget
 from kdvfs.agents.evaluation.compare import EVALUATED, Row, compare, plot_tradeoff
-from kdvfs.agents.evaluation.uncertainty import RowRange, compare_ranges, range_of
+from kdvfs.agents.evaluation.ranges import ChangeRange, row_ranges, sampled_problems, schedule_range
 from kdvfs.agents.planners.registry import PLANNERS, make_planner
 from kdvfs.envs.common.errors import KdvfsError
 from kdvfs.envs.common.files import write_text_atomic
 from kdvfs.envs.gpu.profiles import load_profile, profile_path
 from kdvfs.envs.model.schedule import Schedule
-from kdvfs.envs.model.uncertainty import UncertaintySpec
 from kdvfs.envs.trace.bundled import open_trace, trace_path
 from kdvfs.runtime.cli.arguments import (
     add_output,
@@ -27,12 +26,14 @@ from kdvfs.runtime.cli.arguments import (
     resolved,
 )
 from kdvfs.runtime.cli.render import (
-    add_uncertainty_arguments,
+    add_range_arguments,
+    basis_lines,
     compare_table,
     console,
     err_console,
     print_json,
     progress_bar,
+    spec_from_args,
 )
 
 PLOT_BUDGETS = (0.0, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1)
@@ -56,7 +57,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                       "its own step, without its slack (the time it waits for the slowest rank)")
     add_output(plan, "write the schedule as JSON")
     plan.add_argument("--json", action="store_true", help="print the schedule and its summary as one JSON document "
-                      "(the written file's keys plus output, energy_saved_pct, slowdown_pct, over_budget)")
+                      "(the written file's keys plus output, energy_saved_pct, slowdown_pct, range, over_budget)")
+    add_range_arguments(plan)
     plan.set_defaults(func=run_plan)
 
     comparison = subparsers.add_parser("compare", help="every method on a step, at one or more budgets")
@@ -67,7 +69,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     comparison.add_argument("--json", action="store_true", help="print JSON for scripts")
     comparison.add_argument("--plot", type=Path, help=f"write the trade-off plot (budgets {100 * PLOT_BUDGETS[0]:g}%%-"
                             f"{100 * PLOT_BUDGETS[-1]:g}%%) to this PNG")
-    add_uncertainty_arguments(comparison)
+    add_range_arguments(comparison)
     comparison.set_defaults(func=run_compare)
 
 
@@ -89,14 +91,12 @@ def problem_from_args(args: argparse.Namespace, budget: float, with_slack: bool 
     return Problem.build(trace, load_profile(args.gpu), own, latency_from_args(args), power_limit_w)
 
 
-def uncertainty_ranges(problem: Problem, rows: list[Row], budgets: list[float], latency_s: float | None,
-                       spec: UncertaintySpec) -> dict[tuple[str, float], RowRange]:
-    """Each row's range over the profile's parameter ranges (the rows' methods planned anew on every sampled
-    profile, priced at the problem's power limit), with a progress bar once it runs 2 s."""
-    methods = tuple(dict.fromkeys(row.executed.method for row in rows))
+def ranges_of(problem: Problem, rows: list[Row], args: argparse.Namespace) -> list[ChangeRange | None]:
+    """Each row's range (:func:`~kdvfs.agents.evaluation.ranges.row_ranges`) with the sample of
+    :func:`add_range_arguments`' arguments, the latency varied unless ``--latency-ms`` fixes it; a progress bar
+    once it runs 2 s."""
     with progress_bar("parameter samples") as progress:
-        return compare_ranges(problem.trace, problem.profile, rows, budgets, latency_s, spec, methods, progress,
-                              problem.power_limit_w)
+        return row_ranges(problem, rows, spec_from_args(args, vary_latency=args.latency_ms is None), progress)
 
 
 def schedule_json(problem: Problem, schedule: Schedule) -> dict[str, Any]:
@@ -148,22 +148,28 @@ def run_plan(args: argparse.Namespace) -> int:
     saved_pct = 100 * (1 - executed["energy_j"] / auto["energy_j"])
     slowdown_pct = 100 * (executed["step_time_s"] / auto["step_time_s"] - 1)
     note = _over_budget(document)
+    spec = spec_from_args(args, vary_latency=args.latency_ms is None)
+    with progress_bar("parameter samples") as progress:
+        spread = schedule_range(problem, schedule, sampled_problems(problem, spec, progress),
+                                0 if spec is None else spec.seed)
     if args.json:
         print_json({**document, "output": None if args.output is None else str(args.output),
-                    "energy_saved_pct": saved_pct, "slowdown_pct": slowdown_pct, "over_budget": note or None})
+                    "energy_saved_pct": saved_pct, "slowdown_pct": slowdown_pct, "range": spread.as_json(),
+                    "over_budget": note or None})
         return 0
-    console.print(f"{args.method}: {len(document['segments'])} segments, energy saved {saved_pct / 100:.2%}, "
-                  f"slowdown {slowdown_pct / 100:.2%} (executed with {problem.latency_s * 1e3:g} ms switching), "
-                  f"solved in {schedule.solve_s:.2f} s")
-    if note:
-        console.print(note)
+    low, high = spread.energy_saved_pct
+    slow_low, slow_high = spread.slowdown_pct
+    console.print(f"{args.method}: {len(document['segments'])} segments, energy saved {saved_pct / 100:.2%} "
+                  f"[{low:.2f}, {high:.2f}], slowdown {slowdown_pct / 100:.2%} [{slow_low:.2f}, {slow_high:.2f}] "
+                  f"(executed with {problem.latency_s * 1e3:g} ms switching), solved in {schedule.solve_s:.2f} s")
+    for line in basis_lines(spread.basis, spread.samples) + ([note] if note else []):
+        console.print(line)
     return 0
 
 
-def row_json(row: Row, ranges: dict[tuple[str, float], RowRange] | None) -> dict[str, Any]:
-    """A row's JSON (the fields of ``Row.as_json``), plus ``uncertainty`` when ranges were computed."""
-    spread = range_of(ranges, row) if ranges is not None else None
-    return {**row.as_json(), **({"uncertainty": spread.as_json()} if spread is not None else {})}
+def row_json(row: Row, spread: ChangeRange | None) -> dict[str, Any]:
+    """A row's JSON (the fields of ``Row.as_json``) and its ``range`` (null for a row without one)."""
+    return {**row.as_json(), "range": None if spread is None else spread.as_json()}
 
 
 def run_compare(args: argparse.Namespace) -> int:
@@ -177,14 +183,13 @@ def run_compare(args: argparse.Namespace) -> int:
             title = (f"{problem.trace.meta.workload} on {problem.profile.name}, "
                      f"{problem.latency_s * 1e3:g} ms switching")
             plot_tradeoff(plotted, title, args.plot)
-    ranges = None
-    if args.uncertainty and args.samples > 0:
-        spec = UncertaintySpec(args.samples, args.seed, vary_latency=args.latency_ms is None)
-        ranges = uncertainty_ranges(problem, rows, args.budget, latency_from_args(args), spec)
+    ranges = ranges_of(problem, rows, args)
     if args.json:
-        print_json([row_json(row, ranges) for row in rows])
+        print_json([row_json(row, spread) for row, spread in zip(rows, ranges, strict=True)])
     else:
         console.print(compare_table(rows, problem, ranges))
+        for line in basis_lines(*next((r.basis, r.samples) for r in ranges if r is not None)):
+            console.print(line)
     if args.plot and not args.json:
         console.print(f"wrote {args.plot}")
     return 0

@@ -13,13 +13,23 @@ import numpy as np
 from kdvfs.envs.common.errors import KdvfsError
 from kdvfs.envs.gpu.profiles import GpuProfile, load_profile
 from kdvfs.envs.model.cost_tables import build_tables, step_breakdown
+from kdvfs.envs.model.model_error import RangeBasis, range_basis
 from kdvfs.envs.model.power_limits import power_limits
-from kdvfs.envs.model.uncertainty import UncertaintySpec, over_samples, spread
+from kdvfs.envs.model.ranges import level_range, log_deviations, moved_range, range_json
+from kdvfs.envs.model.uncertainty import UncertaintySpec, over_samples
 from kdvfs.envs.trace.bundled import open_trace
 from kdvfs.envs.trace.trace import Trace, with_measured_gaps
 from kdvfs.envs.trace.trace_set import load_trace_set, main_path, window_prediction
 from kdvfs.runtime.cli.arguments import add_power_limit
-from kdvfs.runtime.cli.render import add_uncertainty_arguments, breakdown_table, console, print_json, progress_bar
+from kdvfs.runtime.cli.render import (
+    add_range_arguments,
+    basis_lines,
+    breakdown_table,
+    console,
+    print_json,
+    progress_bar,
+    spec_from_args,
+)
 
 RANGED = ("step_time_s", "energy_j", "avg_power_w")
 
@@ -40,7 +50,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="also predict at this locked clock pair (repeatable)")
     add_power_limit(parser)
     parser.add_argument("--json", action="store_true", help="print JSON for scripts")
-    add_uncertainty_arguments(parser)
+    add_range_arguments(parser)
     parser.set_defaults(func=run)
 
 
@@ -73,26 +83,40 @@ def predictions(trace: Trace, profile: GpuProfile, pairs: list[tuple[float, floa
 
 
 def with_ranges(rows: list[dict[str, Any]], trace: Trace, profile: GpuProfile, pairs: list[tuple[float, float]],
-                spec: UncertaintySpec, power_limit_w: float | None = None) -> None:
-    """Add to each row ``uncertainty``: the range of each step total over the profile's parameter ranges."""
-    samples: list[list[dict[str, Any]]] = [rows]
-    with progress_bar("parameter samples") as progress:
-        samples += [predictions(trace, sample, pairs, power_limit_w)
-                    for sample in over_samples(profile, spec, progress)]
+                spec: UncertaintySpec | None, power_limit_w: float | None = None) -> RangeBasis:
+    """Add to each row ``range``: the 90% range of each step total (:mod:`kdvfs.envs.model.ranges`). Auto at the
+    recorded limit rests on the level evidence alone; every other row also on the clocks evidence and on its
+    spread over ``spec``'s sampled profiles (None: none sampled). Returns the evidence used."""
+    basis, limits = range_basis(profile), power_limits(trace, profile, power_limit_w)
+    recorded = limits.priced_w == limits.recorded_w
+    samples: list[list[dict[str, Any]]] = []
+    if spec is not None and (pairs or not recorded):
+        with progress_bar("parameter samples") as progress:
+            samples = [predictions(trace, sample, pairs, power_limit_w)
+                       for sample in over_samples(profile, spec, progress)]
     for index, row in enumerate(rows):
-        row["uncertainty"] = {key: spread(sample[index][key] for sample in samples) for key in RANGED}
+        if row["mode"] == "auto" and recorded:
+            figures = {key: level_range(row[key], key, basis) for key in RANGED}
+            row["range"] = range_json(figures, basis, 0, 0 if spec is None else spec.seed)
+            continue
+        figures = {key: moved_range(row[key], key, basis, log_deviations(row[key], [s[index][key] for s in samples]))
+                   for key in RANGED}
+        row["range"] = range_json(figures, basis, len(samples), 0 if spec is None else spec.seed)
+    return basis
 
 
 def window_check(path: str, trace: Trace, profile: GpuProfile) -> dict[str, float] | None:
     """For a capture whose steps vary: the measured joules of its unprofiled window against the sum over the
-    window's steps of the predicted auto-mode joules of each step's own shape (from the capture's trace set:
+    window's steps of the predicted auto-mode joules of each step's own shape, plus each shape's first-step set-up
+    (from the capture's trace set:
     :func:`kdvfs.envs.trace.trace_set.window_prediction`); None for other traces."""
     measured_j = trace.meta.measurements.get("window_energy_j")
     if len(trace.meta.shape_distribution) < 2 or measured_j is None or not Path(path).is_file():
         return None
     captured = {t.meta.step_shape: predictions(with_measured_gaps(t), profile, [])[0]["energy_j"]
                 for t in load_trace_set(main_path(path)) if t.meta.step_shape is not None}
-    predicted = window_prediction(trace.meta.shape_distribution, captured)
+    predicted = window_prediction(trace.meta.shape_distribution, captured,
+                                  first_seen=trace.meta.measurements.get("first_seen_energy_j", 0.0))
     return {"measured_j": measured_j, "predicted_j": predicted["total"], "steps": predicted["steps"],
             "captured_steps": predicted["captured_steps"], "error": predicted["total"] / measured_j - 1}
 
@@ -106,18 +130,18 @@ def run(args: argparse.Namespace) -> int:
     window = window_check(args.trace, trace, profile)
     if window is not None:
         result["window"] = window
-    if args.uncertainty and args.samples > 0:
-        spec = UncertaintySpec(args.samples, args.seed, vary_latency=False)
-        with_ranges(rows, trace, profile, args.pair, spec, args.power_limit_w)
-        result["uncertainty"] = spec.as_json(profile)
+    basis = with_ranges(rows, trace, profile, args.pair, spec_from_args(args, vary_latency=False),
+                        args.power_limit_w)
     note = _measured_elsewhere(trace, profile)
     if args.json:
         print_json(result)
     else:
         console.print(breakdown_table(result, caption=limits.describe()))
+        for line in basis_lines(basis, samples=max(row["range"]["parameter_samples"] for row in rows)):
+            console.print(line)
         if window is not None:
             console.print(f"window of {window['steps']:.0f} steps of mixed shapes ({window['captured_steps']:.0f} of a "
-                          f"captured shape, the others scaled from the nearest by tokens): measured "
+                          f"captured shape, the others scaled from the nearest by size): measured "
                           f"{window['measured_j']:.1f} J, predicted {window['predicted_j']:.1f} J "
                           f"({window['error']:+.1%})")
     if note:

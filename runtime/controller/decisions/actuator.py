@@ -5,10 +5,14 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from kdvfs.runtime.controller.decisions.decision_records import quantiles
 from kdvfs.runtime.controller.event_log import EventLog
 from kdvfs.runtime.device.errors import DeviceError
 from kdvfs.runtime.device.host_time import Clock
 from kdvfs.runtime.device.interface import Device
+
+LATE_TOLERANCE_S = 1e-6
+"""A request that went out this little less than a latency ahead of its change is on time (float rounding)."""
 
 
 def parse_clocks(label: str) -> tuple[int | None, int]:
@@ -24,10 +28,14 @@ class Actuator:
     memory clock. After :meth:`close` every request is ignored, so a late request of the controller's thread
     cannot follow the final restore. A restore that fails is kept in ``restore_error`` (``restored`` stays
     False), not raised: whoever closes goes on with the rest of the shutdown.
+
+    Timeliness (:meth:`figures`): a request planned ahead of its change (its record's ``due_s`` after its
+    ``request_s``) is late when it went out less than ``latency_s`` before ``due_s`` (the change then lands
+    after it); its lateness is by how much.
     """
 
     def __init__(self, device: Device | None, dry_run: bool, default_mem_mhz: int, log: EventLog,
-                 clock: Clock) -> None:
+                 clock: Clock, latency_s: float = 0.0) -> None:
         self.device, self.dry_run, self.log, self.clock = device, dry_run, log, clock
         self.auto = f"auto:{default_mem_mhz}"
         self.default_mem_mhz = default_mem_mhz
@@ -39,6 +47,11 @@ class Actuator:
         self.restore_error: DeviceError | None = None
         self._closed = False
         self._lock = threading.Lock()
+        self.latency_s = latency_s
+        self.planned = 0
+        """Requests planned ahead of their change."""
+        self.late_ms: list[float] = []
+        """Of them, how late each late one went out (ms)."""
 
     def _apply(self, clocks: str) -> None:
         if self.dry_run or self.device is None:
@@ -61,8 +74,20 @@ class Actuator:
             self._apply(clocks)
             self.current, self.issued_s = clocks, issued_s
             self.switches += 1
+        due_s, request_s = record.get("due_s"), record.get("request_s")
+        if due_s is not None and request_s is not None and due_s > request_s:
+            self.planned += 1
+            if due_s - issued_s < self.latency_s - LATE_TOLERANCE_S:
+                self.late_ms.append(1e3 * (self.latency_s - (due_s - issued_s)))
         self.log.append("request", clocks=clocks, issued_s=issued_s, dry_run=self.dry_run, **record)
         return True
+
+    def figures(self) -> dict[str, Any]:
+        """For the summary: the requests planned ahead of their change, the late ones among them, their share
+        and their lateness (ms quantiles)."""
+        return {"planned": self.planned, "late": len(self.late_ms),
+                "late_share": len(self.late_ms) / self.planned if self.planned else None,
+                "late_ms": quantiles(self.late_ms)}
 
     def close(self) -> None:
         """Return the clocks to the GPU (when anything was changed) and ignore every later request."""

@@ -1,7 +1,9 @@
 """The controller's background thread: follows the GPU step by step and runs the step source in controlled steps.
 
 For every step boundary marked by the training thread it waits until the GPU has finished that step
-(:meth:`StepTimeline.wait`: the step end on the host's time base and the step's GPU time), feeds the step
+(:meth:`StepTimeline.wait`: the step end on the host's time base and the step's GPU time; told when the step is
+expected to end, the last one's end and its expected time at the scale below, so that it sleeps towards that
+instead of looking every millisecond), feeds the step
 to the matcher, the guard and the accounting, and then decides the next step:
 
 * matching, in a B window of the A/B schedule (:mod:`kdvfs.runtime.controller.measurement.accounting`) and the
@@ -35,12 +37,13 @@ summary; training continues.
 
 from __future__ import annotations
 
+import math
 import queue
 import statistics
 import sys
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,6 +95,8 @@ class Issuer(threading.Thread):
                                                               context.actuator)
         self.matcher, self.guard, self.accounting = judges.matcher, judges.guard, judges.accounting
         self._first_end_s = 0.0
+        self.last_end_s: float | None = None
+        """The last step's end (host s; None before the first)."""
         self.queue: queue.Queue[Any] = queue.Queue()
         self.stop_event = threading.Event()
         self.steps = 0
@@ -104,6 +109,8 @@ class Issuer(threading.Thread):
         """Of it: waiting for the GPU to end each step (:meth:`StepTimeline.wait`), and running the source
         through the controlled steps (s)."""
         self._ratios: deque[float] = deque(maxlen=SCALE_STEPS)
+        self.auto_reasons: Counter[str] = Counter()
+        """Steps decided to run at auto, by reason (:meth:`_auto_reason`)."""
         self.lead_ins = self.lead_ins_missed = 0
         self.lead_in_late_s: list[float] = []
         """Lead-ins slept through; of them, those whose first anchor was not recorded by the give-up time, and how
@@ -169,7 +176,7 @@ class Issuer(threading.Thread):
         elif job.duration_s is not None:
             slowdown_pct = self.accounting.step(index, job.duration_s, end.end_s, matched, was_controlled,
                                                 job.window_elapsed_s, weight)
-            if slowdown_pct is not None and self.guard.observe(slowdown_pct, now_s) == Guard.BACK_OFF:
+            if slowdown_pct is not None and self.guard.observe(now_s) == Guard.BACK_OFF:
                 self.log.write("backoff", step=index, reason=self.guard.reason)
             if slowdown_pct is not None:  # a new A/B pair: the run's slowdown moved
                 self.source.feedback(self.accounting.slowdown.interval())
@@ -181,8 +188,9 @@ class Issuer(threading.Thread):
 
     def _window(self, token: Any) -> None:
         began_cpu_s = time.thread_time()
-        end = self.timeline.wait(token)
+        end = self.timeline.wait(token, self._expected_end_s())
         self.end_wait_cpu_s += time.thread_time() - began_cpu_s
+        self.last_end_s = end.end_s
         index, was_controlled = self.steps, self._controlling
         ran = self._ran.pop(index, self._entry if self.shapes is None else None)  # the first step had no decision
         self.steps += 1
@@ -190,6 +198,8 @@ class Issuer(threading.Thread):
         matched = self._judge(index, end, was_controlled, ran)
         following = self._following(index + 1, end)
         self._controlling = following is not None and self._decide(end, matched, was_controlled, ran)
+        if not self._controlling:
+            self.auto_reasons[self._auto_reason(following, matched, ran)] += 1
         if self.source.sleeps_lead_in and self._controlling and was_controlled and following is ran:
             self._sleep_through_lead_in(index + 1, end)
         remapped = ran is not None and ran.anchors.learn(end, matched, was_controlled)
@@ -209,6 +219,13 @@ class Issuer(threading.Thread):
             self.issue_cpu_s += time.thread_time() - began_cpu_s
         else:
             self.actuator.request(self.actuator.auto, step=index + 1, kernel=0, request_s=end.end_s, due_s=end.end_s)
+
+    def _expected_end_s(self) -> float:
+        """When the step waited for next is expected to end (host s): the last one's end and its expected
+        time at the scale (none before the first end)."""
+        if self.last_end_s is None:
+            return -math.inf
+        return self.last_end_s + self.scale * (self.plan.expected_s if self._controlling else self.plan.auto_s)
 
     def _log_step(self, index: int, end: StepEnd, matched: bool, was_controlled: bool, remapped: bool) -> None:
         """The step's record (and the anchor map's, when it changed) in the event log."""
@@ -240,6 +257,12 @@ class Issuer(threading.Thread):
         elif passed_s > expected_s:
             self.lead_in_late_s.append(passed_s - expected_s)
 
+    def step_interval_s(self) -> float | None:
+        """The mean time from one step end to the next so far (host s; None before two)."""
+        if self.last_end_s is None or self.steps < 2:
+            return None
+        return (self.last_end_s - self._first_end_s) / (self.steps - 1)
+
     def lead_in_figures(self) -> dict[str, Any]:
         """For the summary: the lead-ins slept through, those whose first anchor came late (and by how much, ms),
         and those whose first anchor never came (see the module docstring)."""
@@ -257,6 +280,18 @@ class Issuer(threading.Thread):
         if following is None:
             self.log.write("off_script", step=step)
         return following
+
+    def _auto_reason(self, following: StepEntry | None, matched: bool, ran: StepEntry | None) -> str:
+        """Why the next step runs at auto: its shape has no plan (``no_plan``; ``no_shape``: not known in time),
+        the step before it had none (``after_off_script``: its pace is unknown), the step did not match
+        (``mismatch``), the guard backed off (``guard``), or an auto window of the A/B measurement (``ab_window``)."""
+        if following is None:
+            return self.shapes.last_miss if self.shapes is not None else "no_plan"
+        if ran is None:
+            return "after_off_script"
+        if not matched:
+            return "mismatch"
+        return "guard" if self.guard.backed_off else "ab_window"
 
     def _decide(self, end: StepEnd, matched: bool, was_controlled: bool, ran: StepEntry | None) -> bool:
         """Whether the next step is controlled, after this one (see the module docstring)."""

@@ -11,8 +11,14 @@ something can change (counted per reason in the summary's ``wakes``):
   change, where a request made then lands in time: the plan advice says where);
 * ``arrival``: a pending change is due to take effect (and, for a lock, is read until it has);
 * ``issue``: a held change's request is due (below);
-* ``poll``: orders whose proposal depends on the budget spent (the fitting plan, window advisors) are
-  re-read every environment decision interval, at least ``OnlineConfig.interval_ms``.
+* ``proposal``: an order whose proposal depends on the budget spent (the fitting plan, window advisors), as
+  the environment re-reads it every decision interval (at least ``OnlineConfig.interval_ms``), is read ahead
+  in one compiled call at each interval's point until the next wake of another reason, at the state expected
+  there (the kernel at the step's pace from the last anchor, the time, no change pending:
+  :meth:`~kdvfs.agents.learned.online.OnlinePolicy.first_change`); the thread wakes at the first point where
+  it names a pair to request, and sleeps through the others (read again only once the step, the anchor, the
+  clocks in effect or the standing order changed, at the next decision point). Nothing is read ahead while a
+  change is pending or held.
 
 * **progress**: the last anchor the GPU has passed in this step (:meth:`StepTimeline.passed_anchor`, a
   non-blocking event query) stands for its kernel (the learned anchor map); the kernel now is the one
@@ -95,6 +101,9 @@ MIN_GAP_S = 20e-6
 """Least time between decision points (s): a thread late for a change does not spin."""
 HOLD_MIN_S = 0.5e-3
 """A decided change whose request would go out less than this after the decision (host s) goes out at once."""
+MAX_AHEAD = 512
+"""Most decision intervals a budget-dependent order's proposals are read ahead at once (one more decision
+point then reads further)."""
 BUDGET_DECISIONS = 256
 """Decision points whose durations set the time a step's hand-over decision is made ahead of it."""
 
@@ -158,7 +167,9 @@ class OnlineSteps:
         self.budget = settings.budget
         """The policy's budget for the next steps (fraction): the settings' moved by the feedback."""
         self.next_request_s = math.inf
-        self.decisions = self.advisor_reads = self.requests = 0
+        self.decisions = self.advisor_reads = self.requests = self.lookaheads = self.lookahead_points = 0
+        self._ahead: tuple[tuple[Any, ...] | None, float, float] = (None, math.inf, -math.inf)
+        """The last look-ahead's version (what it was read from), what it found and how far it read (host s)."""
         self.progress: Counter[str] = Counter()
         self.wakes: Counter[str] = Counter()
         self.wall_us: list[float] = []
@@ -218,7 +229,7 @@ class OnlineSteps:
                                         else decision_time_s)
             if now_s >= last_s:
                 break
-            wake_s = max(self._decide(step, start_s, now_s, anchor), now_s + MIN_GAP_S)
+            wake_s = max(self._decide(step, start_s, now_s, anchor, last_s), now_s + MIN_GAP_S)
             self.next_request_s = min(wake_s, last_s)
             if wake_s < last_s and not self._warm_before(start_s, anchor, stop):  # a decision point is next
                 return
@@ -252,8 +263,9 @@ class OnlineSteps:
         ``BUDGET_DECISIONS`` decision points' (0 before any)."""
         return float(np.percentile(self._decision_s, 90)) if self._decision_s else 0.0
 
-    def _decide(self, step: int, start_s: float, now_s: float, anchor: PassedAnchor) -> float:
-        """One decision point; returns when the next is due (host s)."""
+    def _decide(self, step: int, start_s: float, now_s: float, anchor: PassedAnchor, until_s: float) -> float:
+        """One decision point; returns when the next is due (host s; ``until_s``: the step's last decision
+        point, as far as a budget-dependent order's proposals are read ahead)."""
         began_cpu = time.thread_time()  # a system call: read before the wall clock, outside the wall time
         began = time.perf_counter()
         self._release_held(anchor, now_s)
@@ -269,7 +281,7 @@ class OnlineSteps:
             if landing < self._kernels:  # else it lands after the step: the hand-over is next
                 self._place(HeldChange(decision.pair, step, landing), anchor, decided_s)
         wall_us = (time.perf_counter() - began) * 1e6  # the decision and its request, if any, are out
-        wake_s, reason = self._next_wake(decision, start_s, now_s, anchor, running)
+        wake_s, reason = self._next_wake(decision, start_s, now_s, anchor, running, until_s)
         self.wakes[reason] += 1
         self.wall_us.append((time.perf_counter() - began) * 1e6)
         self.cpu_us.append((time.thread_time() - began_cpu) * 1e6)
@@ -298,17 +310,50 @@ class OnlineSteps:
                          self._predicted.at(kernel, clocks.in_effect))
 
     def _next_wake(self, decision: OnlineDecision, start_s: float, now_s: float, anchor: PassedAnchor,
-                   running: int) -> tuple[float, str]:
+                   running: int, until_s: float) -> tuple[float, str]:
         """The next decision point (host s) and its reason (see the module docstring)."""
         wakes = {"policy": start_s + self.times.auto_scale * decision.policy_due_s,
                  "arrival": self.clocks.arrival_check_s(now_s, self.interval_s),
                  "issue": math.inf if self._held is None else self._issue_s(anchor, self._held.kernel)}
         if decision.next_change is None:
-            wakes["poll"] = now_s + self.interval_s
+            wakes["proposal"] = self._proposal_s(decision, start_s, now_s, anchor, min(until_s, *wakes.values()))
         elif decision.next_change < self._kernels:
             wakes["change"] = self.times.kernel_s(anchor, running, decision.next_change)
         reason = min(wakes, key=wakes.__getitem__)
         return wakes[reason], reason
+
+    def _proposal_s(self, decision: OnlineDecision, start_s: float, now_s: float, anchor: PassedAnchor,
+                    before_s: float) -> float:
+        """A budget-dependent order's next proposal change (host s; infinite: none before ``before_s``): its
+        proposal read ahead every decision interval from ``now_s`` at the state then expected (the kernel at the
+        step's pace from ``anchor``, nothing pending), the first point where it names a pair to request; none
+        while a change is pending or held (its arrival or issue wakes first). Read again only when what it was
+        read from changed (the step, the anchor, the clocks in effect, the standing order) or it reached less far
+        than ``before_s``."""
+        clocks = self.clocks
+        if not clocks.free:
+            return math.inf
+        version = (start_s, anchor[0], clocks.in_effect, decision.action)
+        last_version, last_s, reached_s = self._ahead
+        if version == last_version and now_s < last_s and (last_s < math.inf or reached_s >= before_s):
+            return last_s
+        points = math.ceil((before_s - now_s) / self.interval_s) - 1
+        found_s, reached_s = math.inf, before_s
+        if points > 0:
+            times_s = now_s + self.interval_s * np.arange(1, min(points, MAX_AHEAD) + 1)
+            scale = self.times.auto_scale
+            kernels = np.maximum(self.times.kernels_running(anchor, self._running, times_s), self._kernel)
+            index = self.online.first_change(
+                kernels, clocks.in_effect, (times_s - start_s) / scale, self.online.cumulative_s[kernels, 0],
+                clocks.last_latency_ratio, 100.0 * (scale - 1.0), self._predicted.ahead(kernels, clocks.in_effect))
+            self.lookahead_points += min(index + 1, len(times_s))
+            if index < len(times_s):
+                found_s = float(times_s[index])
+            elif points > MAX_AHEAD:
+                found_s = reached_s = float(times_s[-1])
+        self.lookaheads += 1
+        self._ahead = (version, found_s, reached_s)
+        return found_s
 
     @property
     def _running(self) -> int:
@@ -392,6 +437,7 @@ class OnlineSteps:
         """The decisions' counts, wakes, progress sources and times (us; totals in ms), the budget the policy
         was given last (``step_budget_pct``) and the decision interval (ms)."""
         return {"decisions": self.decisions, "advisor_reads": self.advisor_reads, "requests": self.requests,
+                "lookaheads": self.lookaheads, "lookahead_points": self.lookahead_points,
                 "progress": dict(self.progress), "took_effect": dict(self.clocks.took_effect),
                 "decision_us": quantiles(self.policy_wall_us), "decision_point_us": quantiles(self.wall_us),
                 "decision_point_cpu_us": quantiles(self.cpu_us), "cpu_ms": 1e-3 * sum(self.cpu_us),

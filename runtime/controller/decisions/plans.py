@@ -98,12 +98,16 @@ def _plan_schedule(path: Path, document: dict[str, Any], problem: Problem) -> Sc
         raise ScheduleSourceError(f"{path}: plan covers {document.get('kernels')} kernels, the trace "
                                   f"{problem.trace.meta.workload!r} has {costs.kernels}; plan this trace with "
                                   "`kdvfs plan --trace ...`")
-    segments = document.get("segments") or []
-    starts = [int(s["start_kernel"]) for s in segments]
+    try:
+        starts = [int(s["start_kernel"]) for s in document.get("segments") or []]
+        clocks = [str(s["clocks"]) for s in document.get("segments") or []]
+    except (KeyError, TypeError, ValueError) as error:
+        raise ScheduleSourceError(f"{path}: damaged segments ({type(error).__name__}: {error}); write the plan again "
+                                  "with `kdvfs plan ... -o plan.json`") from None
     if not starts or starts[0] != 0 or starts != sorted(set(starts)) or starts[-1] >= costs.kernels:
         raise ScheduleSourceError(f"{path}: segments must start at kernel 0 and increase within the step")
     try:
-        labels = [costs.index_of(str(s["clocks"])) for s in segments]
+        labels = [costs.index_of(text) for text in clocks]
     except ValueError as error:
         raise ScheduleSourceError(f"{path}: {error}; make the plan with this GPU's profile") from None
     lengths = np.diff([*starts, costs.kernels])

@@ -7,14 +7,17 @@ thread runs the window's steps at auto or under the policy accordingly (:attr:`A
 
 * **Seconds per step**: the mean GPU step time (CUDA events) of the window's steps.
 * **Joules per step**: the energy counter's rise between the window's edges (the host times its first
-  step started and its last step ended on the GPU), interpolated between timed counter reads
-  (:class:`~kdvfs.runtime.device.energy.EnergyTrace`: read on its own thread, never on the thread that
-  issues clock requests), over the window's steps. A window's joules are known once the counter has been
-  read past its end.
-* **Steps that vary** (a run whose steps change shape): each step counts for ``weight`` reference steps (its
-  shape's expected auto time over the reference shape's), passed with its duration, which is already divided
-  by it; a window's joules per step are then its joules over the weights of its steps, so that windows of
-  different shape mixes compare like with like. A run of one shape weights every step 1.
+  step started and its last step ended on the GPU), interpolated between timed counter values
+  (:class:`~kdvfs.runtime.device.energy_trace.EnergyTrace`: read on its own thread, never on the thread that
+  issues clock requests, just after the counter's updates around each edge, which is marked as the window
+  opens and closes), over the window's steps. A window's joules are known once the counter has been read
+  past its end.
+* **Steps that vary** (a run whose steps change shape, :attr:`Accounting.covariates` set): a window's seconds
+  and joules per step are its steps' own (the duration passed is divided by the step's ``weight``, which is
+  undone), and it records its steps' mean expected kernel time in reference steps and its share of steps of a
+  shape new to the process; the saving and slowdown are then the adjusted estimate over all windows
+  (:func:`~kdvfs.runtime.controller.measurement.estimator.adjusted`), not the pairs' mean: windows of different
+  shape mixes differ by their mix. A run of one shape weights every step 1 and is measured by its pairs.
 * **Settling**: a step whose clocks differ from the previous step's (auto after controlled, or the
   reverse) and the ``settle_steps - 1`` steps after it belong to no window: the change is still taking
   effect during them (the switching latency; the last request of the old mode). A step that does not
@@ -40,8 +43,9 @@ from typing import Any
 from kdvfs.runtime.controller.config import ControllerConfig
 from kdvfs.runtime.controller.event_log import EventLog
 from kdvfs.runtime.controller.measurement.ab import AUTO, CONTROLLED, AbSchedule, Slot
-from kdvfs.runtime.controller.measurement.estimator import Interval, Paired, measured, net
-from kdvfs.runtime.device.energy import EnergyTrace, Meter
+from kdvfs.runtime.controller.measurement.estimator import Interval, Paired, WindowRow, adjusted, measured, net
+from kdvfs.runtime.device.energy import Meter
+from kdvfs.runtime.device.energy_trace import EnergyTrace
 from kdvfs.runtime.device.errors import DeviceError
 from kdvfs.runtime.device.host_time import Clock
 
@@ -64,8 +68,10 @@ class Window:
     controlled_steps: int
     energy_j_per_step: float | None = None
     avg_power_w: float | None = None
-    weight: float | None = None
-    """The window's steps in reference steps (None: one per step, a run of one shape)."""
+    kernel_steps: float | None = None
+    """Its steps' mean expected kernel time in reference steps (None: a run of one shape)."""
+    new_shapes: float | None = None
+    """The share of its steps whose shape was new to the process (None: a run of one shape)."""
 
     @property
     def as_intended(self) -> bool:
@@ -81,17 +87,21 @@ class Accounting:
         self.windows: list[Window] = []
         self.schedule = AbSchedule(config.measurement.ab_share, config.measurement.ab_seed)
         self.slot: Slot = self.schedule.next()
-        self.saved, self.slowdown = Paired(), Paired()
+        self.saved, self.slowdown = Estimate(self, "energy"), Estimate(self, "time")
+        self.covariates: Callable[[int], tuple[float, float] | None] | None = None
+        """Each step's covariates for a run whose steps vary (see the module docstring); None: one shape."""
+        self.pairs: dict[str, list[tuple[int, float]]] = {"energy": [], "time": []}
+        """Each A/B pair's difference (%, a saving for energy, a slowdown for time) and its later window."""
         self._config, self._clock, self._settle_steps, self._log = config, clock, settle_steps, log
-        self._trace = None if meter is None else EnergyTrace(meter.energy_j, clock.now_s,
-                                                             config.measurement.energy_poll_s, next_request_s)
+        self._trace = None if meter is None else EnergyTrace(meter.energy_j, clock,
+                                                             config.measurement.energy_read_every_s, next_request_s)
         self._writer: Any = None
         if config.tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
             self._writer = SummaryWriter(config.tensorboard)
         self._durations: list[float] = []
-        self._weights: list[float] = []
+        self._steps_covariates: list[tuple[float, float]] = []
         self._first_step, self._open_s, self._settle = 0, 0.0, 0
         self._mode: bool | None = None
         self._unpaired: dict[int, int] = {}
@@ -127,10 +137,10 @@ class Accounting:
         self._restart(end_s)
 
     def _restart(self, edge_s: float) -> None:
-        self._durations, self._weights, self._open_s = [], [], edge_s
-        if self._trace is not None and self._config.measurement.energy_poll_s == 0:
+        self._durations, self._steps_covariates, self._open_s = [], [], edge_s
+        if self._trace is not None:
             try:
-                self._trace.read()
+                self._trace.mark(edge_s)
             except DeviceError as error:
                 self._energy_off(str(error))
 
@@ -152,8 +162,9 @@ class Accounting:
             return None
         if not self._durations:
             self._first_step = index
-        self._durations.append(duration_s)
-        self._weights.append(weight)
+        known = None if self.covariates is None else self.covariates(index)
+        self._durations.append(duration_s if self.covariates is None else duration_s * weight)
+        self._steps_covariates.append(known or (weight, 0.0))
         windows = self._config.measurement
         long_enough = (self.window_elapsed_s(end_s) if elapsed_s is None else elapsed_s) >= windows.window_s
         if len(self._durations) < windows.window_steps or not long_enough:
@@ -162,9 +173,11 @@ class Accounting:
 
     def _close(self, index: int, end_s: float) -> float | None:
         steps = len(self._durations)
+        varying = self.covariates is not None
         window = Window(self._first_step, index, self.slot.arm, self.slot.pair, steps,
                         math.fsum(self._durations) / steps, self._open_s, end_s, steps if self._mode else 0,
-                        weight=None if all(w == 1.0 for w in self._weights) else math.fsum(self._weights))
+                        kernel_steps=math.fsum(k for k, _ in self._steps_covariates) / steps if varying else None,
+                        new_shapes=math.fsum(n for _, n in self._steps_covariates) / steps if varying else None)
         self.windows.append(window)
         self._unmeasured.append(len(self.windows) - 1)
         self._log.write("window", **asdict(window))
@@ -185,7 +198,7 @@ class Accounting:
             return None
         auto, controlled = (other, here) if self.windows[other].arm == AUTO else (here, other)
         slowdown_pct = (self.windows[controlled].step_time_s / self.windows[auto].step_time_s - 1.0) * 100
-        self.slowdown.add(slowdown_pct)
+        self.pairs["time"].append((here, slowdown_pct))
         self._energy_pairs.append((auto, controlled))
         self._report("pair", window.last_step, slowdown_pct=slowdown_pct)
         return slowdown_pct
@@ -202,7 +215,7 @@ class Accounting:
             if start_j is None or end_j is None:
                 continue
             joules = end_j - start_j
-            per_step = window.steps if window.weight is None else window.weight
+            per_step = window.steps
             self.windows[index] = dataclasses.replace(window, energy_j_per_step=joules / per_step,
                                                       avg_power_w=joules / (window.end_s - window.start_s))
             self._log.write("window_energy", last_step=window.last_step, **{
@@ -212,10 +225,11 @@ class Accounting:
             trace.forget_before(window.end_s)
         while self._energy_pairs and self.windows[self._energy_pairs[0][1]].energy_j_per_step is not None \
                 and self.windows[self._energy_pairs[0][0]].energy_j_per_step is not None:
-            auto, controlled = (self.windows[i] for i in self._energy_pairs.pop(0))
+            indices = self._energy_pairs.pop(0)
+            auto, controlled = (self.windows[i] for i in indices)
             assert auto.energy_j_per_step is not None and controlled.energy_j_per_step is not None
             saved_pct = (1.0 - controlled.energy_j_per_step / auto.energy_j_per_step) * 100
-            self.saved.add(saved_pct)
+            self.pairs["energy"].append((max(indices), saved_pct))
             self._report("pair_energy", max(auto.last_step, controlled.last_step), saved_pct=saved_pct)
 
     def _report(self, event: str, step: int, **fields: float) -> None:
@@ -254,6 +268,12 @@ class Accounting:
             self._writer.close()
             self._writer = None
 
+    @property
+    def energy_thread_cpu_s(self) -> float | None:
+        """The energy counter's reading thread's CPU time (s; once stopped; None: no energy measurement, or it
+        was turned off)."""
+        return None if self._trace is None else self._trace.thread_cpu_s
+
     def figures(self, controlled_share: float) -> dict[str, Any]:
         """Whole-run figures: window steps, mean GPU step time (s), joules per step (all windows with energy,
         windows entirely at auto, entirely controlled), the measured effect while controlling (``measured``)
@@ -274,8 +294,33 @@ class Accounting:
             "measured": effect, "measured_net": net(effect, controlled_share),
             "ab_share": self.schedule.share, "energy_measured": self._trace is not None,
             "energy_reads": None if self._trace is None else self._trace.reads,
-            "energy_thread_cpu_s": None if self._trace is None else self._trace.thread_cpu_s,
+            "energy_counter": None if self._trace is None else self._trace.figures(),
         }
+
+
+class Estimate:
+    """The run's measured effect on ``kind`` (``energy``: the saving, ``time``: the slowdown), in %: the adjusted
+    estimate over the windows for a run whose steps vary, else the pairs' mean (see the module docstring)."""
+
+    def __init__(self, accounting: Accounting, kind: str) -> None:
+        self._accounting, self.kind = accounting, kind
+
+    def interval(self, since: int = 0) -> Interval | None:
+        """The estimate over the windows from number ``since`` on (and the pairs completed in them)."""
+        accounting = self._accounting
+        if accounting.covariates is None:
+            paired = Paired()
+            for later, difference_pct in accounting.pairs[self.kind]:
+                if later >= since:
+                    paired.add(difference_pct)
+            return paired.interval()
+        rows = []
+        for row in accounting.windows[since:]:
+            value = row.energy_j_per_step if self.kind == "energy" else row.step_time_s
+            if row.as_intended and value is not None and row.kernel_steps is not None:
+                rows.append(WindowRow(row.arm == CONTROLLED, value, row.kernel_steps, row.new_shapes or 0.0,
+                                      (row.start_s + row.end_s) / 2))
+        return adjusted(rows, -1.0 if self.kind == "energy" else 1.0)
 
 
 def _text(interval: Interval | None) -> str:

@@ -5,6 +5,11 @@ Each pair is one window at auto ("A") and the adjacent window under the policy (
 ``s_B / s_A - 1`` (seconds per step) are nearly free of the GPU's drift, which moves both windows alike;
 over the pairs the estimate is their mean with a Student-t interval, ``mean +- t(0.975, n - 1) * sd / sqrt(n)``.
 
+Steps that vary (:func:`adjusted`): two windows of different shape mixes differ by their mix, far more than by
+the clocks, so pairing them leaves that difference in; there every window of both arms goes into one regression
+on the arm and on what the shapes predict (expected kernel time, new shapes) and the time (drift), and the
+effect is the arm's coefficient (analysis of covariance, as CUPED does for online experiments).
+
 Why a t-interval and not a block bootstrap: pairing has already removed the slow drift, so the pairs are
 close to independent, and the t-interval is exact for normal differences and well calibrated from the
 first few pairs, where a bootstrap of 3-10 pairs under-covers; it is also closed-form, so the live
@@ -16,6 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 from scipy import stats
 
 MIN_PAIRS = 2
@@ -82,3 +88,53 @@ def net(figures: dict[str, object], controlled_share: float) -> dict[str, object
             "energy_saved_ci95_pct": scaled(figures["energy_saved_ci95_pct"]),
             "slowdown_pct": scaled(figures["slowdown_pct"]),
             "slowdown_ci95_pct": scaled(figures["slowdown_ci95_pct"]), "controlled_share": controlled_share}
+
+
+@dataclass(frozen=True)
+class WindowRow:
+    """One window for :func:`adjusted`: its arm, its per-step figure (seconds or joules per step) and what
+    explains that figure besides the arm: its steps' mean expected kernel time in reference steps, the share of
+    them whose shape was new to the process, and its middle (host s, for the drift)."""
+
+    controlled: bool
+    value: float
+    kernel_steps: float
+    new_shapes: float
+    mid_s: float
+
+
+def adjusted(rows: list[WindowRow], sign: float = 1.0) -> Interval | None:
+    """The arm's effect (%) on windows of mixed steps, adjusted for what differs between them (ANCOVA).
+
+    The per-step figure of every window of both arms is regressed (ordinary least squares) on the arm, the
+    window's expected kernel time per step, its share of new shapes and its time (the drift); covariates that do
+    not vary are left out. The effect is the arm's coefficient over the mean fitted figure at auto, times 100
+    (times ``sign``: -1 for a saving), with a Student-t 95% interval on ``n - p`` degrees of freedom. The
+    covariates are known before the window runs (the shapes), so the adjustment removes the shape mix from the
+    comparison without absorbing the arm's effect. ``n`` of the interval is the smaller arm's window count.
+    None with fewer than two windows of each arm or too few windows for the regression.
+    """
+    controlled = sum(r.controlled for r in rows)
+    if controlled < MIN_PAIRS or len(rows) - controlled < MIN_PAIRS:
+        return None
+    columns = [[1.0] * len(rows), [float(r.controlled) for r in rows]]
+    for name in ("kernel_steps", "new_shapes", "mid_s"):
+        values = [float(getattr(r, name)) for r in rows]
+        if max(values) - min(values) > 1e-12 * max(1.0, abs(max(values))):
+            centre = math.fsum(values) / len(values)
+            columns.append([v - centre for v in values])
+    x, y = np.array(columns).T, np.array([r.value for r in rows])
+    dof = len(rows) - x.shape[1]
+    if dof < 1 or np.linalg.matrix_rank(x) < x.shape[1]:
+        return None
+    inverse = np.linalg.inv(x.T @ x)
+    beta = inverse @ x.T @ y
+    residual = y - x @ beta
+    at_auto = float(np.mean(np.delete(x, 1, axis=1) @ np.delete(beta, 1)))
+    if at_auto <= 0:
+        return None
+    scale = 100.0 * sign / at_auto
+    standard_error = math.sqrt(float(residual @ residual) / dof * inverse[1, 1]) * abs(scale)
+    mean = float(beta[1]) * scale
+    half = float(stats.t.ppf(0.975, dof)) * standard_error
+    return Interval(mean, mean - half, mean + half, min(controlled, len(rows) - controlled), standard_error)

@@ -9,7 +9,7 @@ windows are the same steps in the same arms and pairs; only their joules differ.
 * joules per step (all windows, auto, controlled) summed over the ranks, step time the slowest rank's;
 * steps and controlled steps the fewest of any rank, clock requests summed, back-offs and mismatches the
   most of any rank, ``gpu_restored`` only when every rank's GPU is, the first rank's error;
-* ``predicted``: the slowest rank's slowdown, the ranks' mean saving (ranks of equal energy).
+* ``predicted``: the slowest rank's slowdown, the ranks' mean saving (ranks of equal energy), and their ranges alike.
 
 ``ranks`` lists each rank's own row: ``rank``, ``gpu_index`` and its figures.
 """
@@ -58,6 +58,15 @@ def _first(summaries: list[dict[str, Any]], key: str) -> Any:
     return next((f"rank {s['rank']}: {s[key]}" for s in summaries if s.get(key)), None)
 
 
+def _job_range(ranges: list[dict[str, Any]]) -> dict[str, Any]:
+    """The job's predicted range from its ranks' (one model, so their errors taken as moving together): the
+    saving's ends averaged as the saving is, the slowdown's the largest as the slowdown is."""
+    saved = [r["energy_saved_pct"] for r in ranges]
+    slowdown = [r["slowdown_pct"] for r in ranges]
+    return {**ranges[0], "energy_saved_pct": [sum(s[end] for s in saved) / len(saved) for end in (0, 1)],
+            "slowdown_pct": [max(s[end] for s in slowdown) for end in (0, 1)]}
+
+
 def job_summary(summaries: list[dict[str, Any]], windows: list[list[dict[str, Any]]]) -> dict[str, Any]:
     """The job's summary (see the module docstring); one rank's summary as it is, with its ``ranks`` row."""
     ranks = [{key: s.get(key) for key in RANK_FIELDS} for s in summaries]
@@ -84,6 +93,7 @@ def job_summary(summaries: list[dict[str, Any]], windows: list[list[dict[str, An
         "measured": effect, "measured_net": net(effect, share),
         "predicted": {**predicted[0], "slowdown_pct": max(p["slowdown_pct"] for p in predicted),
                       "energy_saved_pct": sum(p["energy_saved_pct"] for p in predicted) / len(predicted),
-                      "switches": sum(p["switches"] for p in predicted)},
+                      "switches": sum(p["switches"] for p in predicted),
+                      "range": _job_range([p["range"] for p in predicted])},
         "ranks": ranks,
     }

@@ -5,19 +5,25 @@ plan: a plan transferred to another shape overruns its budget. The controller th
 its :class:`~kdvfs.envs.trace.shape.StepShape` (read when the step starts) and looks up a :class:`ShapePlan`
 for it in a :class:`ShapeBook`:
 
-* **Buckets.** Shapes are grouped by batch and by sequence length rounded up to ``quantum`` tokens
+* **Buckets.** Shapes are grouped by their length classes (:class:`~kdvfs.envs.trace.shape.ShapeAxes`: an
+  encoder-decoder's input and label lengths, each micro-batch's length under gradient accumulation, a packed
+  batch's total tokens and sequence count), each rounded up to its own quantum (batch sizes stay exact)
   (:meth:`ShapeBook.bucket`); a bucket's plan is made for its top shape, the longest step it holds, so
   that a shorter step of the bucket runs the plan of a step at least as long (stretched to the step's
-  measured pace like any plan).
+  measured pace like any plan). The quanta keep the grid at most ``MAX_BUCKETS`` buckets for one class and
+  ``MAX_GRID`` in all for several.
 * **What a bucket's step is.** ``predict(shape)`` (the step model fitted on the captured shapes,
   :mod:`kdvfs.envs.model.step_model`) gives the expected trace of the bucket's top shape, or None for a shape
   it does not cover (far outside the captured range): such a bucket has no plan and its steps run at auto.
 * **Margins.** Each bucket is planned at the run's budget and at fractions of it (``MARGINS``): the live
   budget feedback (:meth:`~kdvfs.runtime.controller.shapes.steps.ShapeSteps.feedback`) moves the
   run to a smaller margin when the measured slowdown exceeds the budget, where a prediction was off.
-* **When plans are solved.** All of them before the first step, for every bucket the capture saw or that
-  lies within the captured range (:meth:`ShapeBook.build`, on a pool of forked processes: a solve takes
-  seconds, and nothing may stall a training step). A step whose bucket has no plan runs at auto and is logged.
+* **When plans are solved.** Before the first step, the buckets the capture saw (and, for one length class,
+  every bucket between them) (:meth:`ShapeBook.build`); a bucket met later for the first time is planned in
+  the background (:meth:`ShapeBook.request`), one bucket at a time on the same pool of worker processes,
+  forked when the book is built (a solve takes seconds, and nothing may stall a training step). Until its plan
+  is in, its steps run the plan of the smallest planned bucket at least as long in every class, at the
+  smallest margin (:meth:`ShapeBook.stand_in`); a step longer than every planned bucket runs at auto.
 
 The book's plans are one planner's at the run's budget and switching latency: the latency-optimal one for a
 plan file, the policy's noise-free rollout for a policy (replayed per bucket), each priced by the one cost
@@ -28,6 +34,8 @@ from __future__ import annotations
 
 import math
 import os
+import queue
+import threading
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
@@ -37,15 +45,20 @@ from kdvfs.agents.common.problem import Planner, Problem
 from kdvfs.agents.planners.registry import make_planner
 from kdvfs.envs.gpu.profiles import GpuProfile
 from kdvfs.envs.model.schedule import Schedule
-from kdvfs.envs.trace.shape import StepShape
+from kdvfs.envs.trace.shape import ShapeAxes, StepShape
 from kdvfs.envs.trace.trace import Trace
 
 MAX_BUCKETS = 24
-"""Most buckets per batch size: the quantum grows until the captured range fits."""
+"""Most buckets of a single rounded length class: the quantum grows until the captured range fits."""
 MIN_QUANTUM = 16
 """Smallest sequence quantum (tokens)."""
+MAX_GRID = 64
+"""Most buckets of a grid of several rounded length classes (each class gets an equal share of it)."""
 MARGINS = (1.0, 0.5)
 """The budgets each bucket is planned at, as fractions of the run's budget, largest first."""
+
+STOP_TIMEOUT_S = 5.0
+"""Longest wait for the background planning thread at :meth:`ShapeBook.close` (s)."""
 
 Predict = Callable[[StepShape], Trace | None]
 
@@ -67,13 +80,20 @@ class ShapePlan:
     margin: int = 0
 
 
-_JOBS: list[tuple[Problem, Planner]] = []
-"""The solves of the book being built, read by the forked workers (problems do not pickle)."""
+_CONTEXT: list[tuple[Predict, GpuProfile, float | None, Planner]] = []
+"""What the forked workers solve with (the step model's prediction and the planner do not pickle)."""
 
 
-def _solve(job: int) -> Schedule:
-    problem, planner = _JOBS[job]
-    return planner.plan(problem)
+def _solve(top: StepShape, budget: float) -> Schedule:
+    """The schedule of bucket ``top`` at ``budget`` (in a worker)."""
+    predict, profile, latency_s, planner = _CONTEXT[0]
+    trace = predict(top)
+    assert trace is not None
+    return planner.plan(Problem.build(trace, profile, budget, latency_s))
+
+
+def _ready() -> None:
+    """Nothing: submitted once so that the workers fork when the book is built."""
 
 
 def kernel_time_s(problem: Problem) -> float:
@@ -82,14 +102,14 @@ def kernel_time_s(problem: Problem) -> float:
     return float(costs.time_s[:, costs.auto_index].sum())
 
 
-def seq_quantum(seqs: Iterable[int]) -> int:
+def seq_quantum(seqs: Iterable[int], buckets: int = 0) -> int:
     """The sequence quantum (tokens): at least ``MIN_QUANTUM``, a power of two, and large enough that the
-    range of ``seqs`` spans at most ``MAX_BUCKETS`` buckets."""
+    range of ``seqs`` spans at most ``buckets`` (default ``MAX_BUCKETS``) buckets."""
     values = sorted(set(seqs))
     if not values:
         return MIN_QUANTUM
     quantum = MIN_QUANTUM
-    while math.ceil(values[-1] / quantum) - (values[0] - 1) // quantum > MAX_BUCKETS:
+    while math.ceil(values[-1] / quantum) - (values[0] - 1) // quantum > (buckets or MAX_BUCKETS):
         quantum *= 2
     return quantum
 
@@ -99,78 +119,176 @@ class ShapeBook:
 
     Args:
         plans: the plans of each bucket key (:meth:`bucket`), one per margin of ``MARGINS``, in its order.
-        quantum: the sequence quantum (tokens); 0: shapes are keyed exactly (images, no sequence).
+        axes: the length classes buckets are made of (:meth:`ShapeAxes.of` the run's shapes).
+        quanta: each class's quantum (0: exact).
     """
 
     margins = MARGINS
 
-    def __init__(self, plans: dict[StepShape, tuple[ShapePlan, ...]], quantum: int) -> None:
-        self.plans, self.quantum = plans, quantum
+    def __init__(self, plans: dict[StepShape, tuple[ShapePlan, ...]], axes: ShapeAxes,
+                 quanta: Sequence[int]) -> None:
+        self.plans, self.axes, self.quanta = plans, axes, tuple(quanta)
+        self.problems: dict[StepShape, Problem] = {}
+        self._pool: ProcessPoolExecutor | None = None
+        self._requests: queue.Queue[StepShape | None] = queue.Queue()
+        self._requested: set[StepShape] = set()
+        self._thread: threading.Thread | None = None
+        self._budget = 0.0
+        self.on_plan: Callable[[StepShape, tuple[ShapePlan, ...]], None] | None = None
+        """Called on the book's thread with each bucket planned in the background (set before any request)."""
+        self.planned_later = 0
+        self.plan_error: str | None = None
+
+    @property
+    def quantum(self) -> int:
+        """The first rounded class's quantum (0: none), for the summary."""
+        return next((q for q in self.quanta if q > 0), 0)
 
     def bucket(self, shape: StepShape) -> StepShape:
-        """The top shape of ``shape``'s bucket: every input's sequence dimension (its second, where it equals
-        ``shape.seq``) rounded up to the quantum; other dimensions unchanged."""
-        if self.quantum <= 0 or shape.seq <= 1:
+        """The top shape of ``shape``'s bucket: each length class rounded up to its quantum (batch sizes and
+        shapes of another structure unchanged)."""
+        if not self.axes.fits(shape) or not any(self.quanta):
             return shape
-        return _with_seq(shape, math.ceil(shape.seq / self.quantum) * self.quantum)
+        values = [v if q <= 0 else math.ceil(v / q) * q for v, q in zip(self.axes.class_values(shape),
+                                                                          self.quanta, strict=True)]
+        return self.axes.with_classes(shape, values)
 
     def plan_for(self, shape: StepShape, margin: int = 0) -> ShapePlan | None:
         """The plan of ``shape``'s bucket at margin ``margin``, None when it has none (the step runs at auto)."""
         plans = self.plans.get(self.bucket(shape))
         return None if plans is None else plans[margin]
 
+    def stand_in(self, top: StepShape, planned: Iterable[StepShape]) -> StepShape | None:
+        """Of the ``planned`` bucket tops, the one whose plan a step of bucket ``top`` may run until its own is
+        in: the smallest (in size) at least as long as ``top`` in every class and of equal batch sizes; None
+        when none is."""
+        if not self.axes.fits(top):
+            return None
+        want = self.axes.class_values(top)
+
+        def holds(other: StepShape) -> bool:
+            have = self.axes.class_values(other)
+            return self.axes.fits(other) and all(h == w if q <= 0 else h >= w for h, w, q in
+                                                 zip(have, want, self.quanta, strict=True))
+
+        found = [other for other in planned if holds(other)]
+        return min(found, key=lambda s: (self.axes.size(s), s)) if found else None
+
     @classmethod
     def build(cls, shapes: Sequence[StepShape], predict: Predict, profile: GpuProfile, budget: float,
               latency_s: float | None, planner: Planner | None = None, workers: int | None = None,
               progress: Callable[[int, int], None] | None = None) -> ShapeBook:
-        """Plan the buckets of ``shapes`` and of the range between them (per batch size): predict each
-        bucket's top shape and solve it with ``planner`` (default the latency-optimal one) at each margin of
-        ``budget`` (a fraction) and at ``latency_s`` (None: the profile's), on ``workers`` processes (default:
-        the CPUs, at most the solves); ``progress(done, total)`` after each solve."""
-        quantum = seq_quantum(shape.seq for shape in shapes)
-        book = cls({}, quantum if any(shape.seq > 1 for shape in shapes) else 0)
-        problems: dict[StepShape, Problem] = {}  # priced once per bucket: the margins change the budget only
+        """Plan the buckets of ``shapes`` (and, for one length class, of the range between them, per batch
+        size): predict each bucket's top shape and solve it with ``planner`` (default the latency-optimal one)
+        at each margin of ``budget`` (a fraction) and at ``latency_s`` (None: the profile's), on ``workers``
+        processes (default: the CPUs); ``progress(done, total)`` after each solve. The pool stays for the
+        buckets planned later (:meth:`request`) until :meth:`close`."""
+        axes = ShapeAxes.of(shapes)
+        rounded = sum(not exact for exact in axes.exact)
+        per_class = MAX_BUCKETS if rounded <= 1 else max(2, int(MAX_GRID ** (1 / rounded)))
+        quanta = [0 if exact else seq_quantum((v for s in shapes if axes.fits(s)
+                                               for v in [axes.class_values(s)[k]]), per_class)
+                  for k, exact in enumerate(axes.exact)]
+        book = cls({}, axes, quanta)
+        planner = planner or make_planner("latency-optimal")
         for top in book._tops(shapes):
             trace = predict(top)
             if trace is not None:
-                problems[top] = Problem.build(trace, profile, budget, latency_s)
-        planner = planner or make_planner("latency-optimal")
-        jobs = [(replace(problem, budget=budget * margin), planner) for problem in problems.values()
-                for margin in MARGINS]
-        if not jobs:
-            return book
-        _JOBS[:] = jobs
+                book.problems[top] = Problem.build(trace, profile, budget, latency_s)
+        book._budget = budget
+        _CONTEXT[:] = [(predict, profile, latency_s, planner)]
+        book._pool = ProcessPoolExecutor(max(1, workers or os.cpu_count() or 1), get_context("fork"))
+        book._pool.submit(_ready).result()
+        futures = [book._pool.submit(_solve, top, budget * margin) for top in book.problems for margin in MARGINS]
         schedules = []
-        try:
-            with ProcessPoolExecutor(min(workers or os.cpu_count() or 1, len(jobs)), get_context("fork")) as pool:
-                for schedule in pool.map(_solve, range(len(jobs))):
-                    schedules.append(schedule)
-                    if progress is not None:
-                        progress(len(schedules), len(jobs))
-        finally:
-            _JOBS.clear()
-        for i, top in enumerate(problems):  # jobs and schedules: each bucket's margins in a row
-            first = i * len(MARGINS)
-            book.plans[top] = tuple(ShapePlan(top, jobs[first + m][0], schedules[first + m], m)
-                                    for m in range(len(MARGINS)))
+        for future in futures:
+            schedules.append(future.result())
+            if progress is not None:
+                progress(len(schedules), len(futures))
+        for i, top in enumerate(book.problems):  # futures and schedules: each bucket's margins in a row
+            book.plans[top] = book._margins(top, schedules[i * len(MARGINS): (i + 1) * len(MARGINS)])
         return book
 
+    def _margins(self, top: StepShape, schedules: Sequence[Schedule]) -> tuple[ShapePlan, ...]:
+        problem = self.problems[top]
+        return tuple(ShapePlan(top, replace(problem, budget=self._budget * margin), schedule, m)
+                     for m, (margin, schedule) in enumerate(zip(MARGINS, schedules, strict=True)))
+
+    def request(self, top: StepShape) -> None:
+        """Plan bucket ``top`` in the background (once; nothing without a pool, for a planned bucket or one the
+        step model does not cover); :attr:`on_plan` gets its plans."""
+        if self._pool is None or top in self.plans or top in self._requested:
+            return
+        self._requested.add(top)
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._plan_requests, name="kdvfs-bucket-plans", daemon=True)
+            self._thread.start()
+        self._requests.put(top)
+
+    def _plan_requests(self) -> None:
+        while True:
+            top = self._requests.get()
+            try:
+                if top is None or not self._plan_one(top):
+                    return
+            finally:
+                self._requests.task_done()
+
+    def _plan_one(self, top: StepShape) -> bool:
+        """Plan bucket ``top`` on the pool (nothing for a shape the step model does not cover); False once
+        planning has ended (closed, or a broken pool: the run goes on with the plans it has)."""
+        predict, profile, latency_s, _ = _CONTEXT[0]
+        pool, trace = self._pool, predict(top)
+        if pool is None:
+            return False
+        if trace is None:
+            return True
+        try:
+            futures = [pool.submit(_solve, top, self._budget * margin) for margin in MARGINS]
+            self.problems[top] = Problem.build(trace, profile, self._budget, latency_s)
+            plans = self._margins(top, [future.result() for future in futures])
+        except Exception as error:
+            self.plan_error = f"{type(error).__name__}: {error}"
+            return False
+        self.plans[top] = plans
+        self.planned_later += 1
+        if self.on_plan is not None:
+            self.on_plan(top, plans)
+        return True
+
+    def settle(self) -> None:
+        """Block until every bucket requested so far is planned (or planning ended): for tests and benchmarks,
+        never the training thread."""
+        if self._thread is not None:
+            self._requests.join()
+
+    def close(self) -> None:
+        """Stop planning in the background and end the worker processes (idempotent)."""
+        pool, self._pool = self._pool, None
+        if self._thread is not None:
+            self._requests.put(None)
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
+        if self._thread is not None:
+            self._thread.join(STOP_TIMEOUT_S)
+            self._thread = None
+
     def _tops(self, shapes: Sequence[StepShape]) -> list[StepShape]:
-        """The top shapes of the buckets of ``shapes`` and, per batch and input layout, of every bucket between
-        the shortest and the longest, sorted."""
-        tops = {self.bucket(shape) for shape in shapes}
-        if self.quantum > 0:
-            by_layout: dict[tuple[int, ...], list[StepShape]] = {}
+        """The top shapes of the buckets of ``shapes`` and, for a single rounded length class, per value of the
+        other classes, of every bucket between the shortest and the longest, sorted."""
+        tops = {self.bucket(shape) for shape in shapes if self.axes.fits(shape)}
+        rounded = [k for k, q in enumerate(self.quanta) if q > 0]
+        if len(rounded) == 1:
+            k = rounded[0]
+            by_rest: dict[tuple[int, ...], list[StepShape]] = {}
             for top in tops:
-                by_layout.setdefault((top.batch, len(top.inputs)), []).append(top)
-            for group in by_layout.values():
-                low, high = min(group, key=lambda s: s.seq), max(group, key=lambda s: s.seq)
-                for seq in range(low.seq, high.seq, self.quantum):
-                    tops.add(self.bucket(_with_seq(low, seq)))
+                values = self.axes.class_values(top)
+                by_rest.setdefault(values[:k] + values[k + 1:], []).append(top)
+            for group in by_rest.values():
+                low = min(group, key=lambda s: self.axes.class_values(s)[k])
+                lengths = list(self.axes.class_values(low))
+                high = max(self.axes.class_values(s)[k] for s in group)
+                for value in range(lengths[k], high, self.quanta[k]):
+                    lengths[k] = value
+                    tops.add(self.bucket(self.axes.with_classes(low, lengths)))
         return sorted(tops)
-
-
-def _with_seq(shape: StepShape, seq: int) -> StepShape:
-    """``shape`` with its sequence dimension (where it equals ``shape.seq``) set to ``seq``."""
-    return StepShape(tuple((*dims[:1], seq, *dims[2:]) if len(dims) >= 2 and dims[1] == shape.seq else dims
-                           for dims in shape.inputs))

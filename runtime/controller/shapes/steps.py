@@ -4,11 +4,14 @@ A run of one shape has one :class:`StepEntry` (the captured step's plan, anchors
 controller's thread uses it for every step. A run whose steps vary has one per bucket of the
 :class:`~kdvfs.runtime.controller.shapes.plans.ShapeBook`, all built when the controller opens, and a
 :class:`ShapeSteps` that maps each step to its entry: it asks ``shape_of(step, deadline_s)`` for the step's
-:class:`~kdvfs.envs.trace.shape.StepShape` (recorded by a forward pre-hook on the model when the step's first
-forward starts; the thread waits for it until ``deadline_s``: a training thread that has not started the step
+:class:`~kdvfs.envs.trace.shape.StepShape` (recorded by a forward pre-hook on the model when the step's
+forward calls start; the thread waits for it until ``deadline_s``: a training thread that has not started the step
 yet has not launched its kernels either) and returns the entry of its bucket, or None (no shape by the
 deadline, or a shape whose bucket has no plan: an evaluation pass, a shape far outside the captured range),
-in which case the step runs at auto and the miss is counted by reason.
+in which case the step runs at auto and the miss is counted by reason. A bucket met for the first time is
+planned in the background (:meth:`ShapeBook.request`); until its plans are in (:meth:`ShapeSteps.add`), its
+steps run the entry of the smallest planned bucket at least as long, at the smallest margin (``stood_in``).
+The step's shape is complete once it holds as many inputs as the captured steps (all its micro-batches).
 
 Budget feedback: each bucket has one entry per margin of the book (its plan at the run's budget and at
 fractions of it, :data:`~kdvfs.runtime.controller.shapes.plans.MARGINS`); :meth:`ShapeSteps.feedback`,
@@ -16,10 +19,11 @@ after every A/B pair, moves the run one margin down when the measured slowdown's
 its 95% interval lies above zero (the predictions of its steps were off), and back up when the whole interval
 lies below the budget.
 
-Each entry's anchors learn only from the steps of its bucket. A step counts for its bucket's expected kernel
-time at auto over the captured step's (:meth:`ShapeSteps.weight`: kernel time, the part of a step the step
-model predicts well; the host's share, new shapes' allocations and launch gaps, is not predicted), so the
-A/B accounting sees durations in reference steps. A step's identity is its shape: its duration does not gate
+Each entry's anchors learn only from the steps that ran it. A step counts for its bucket's expected kernel
+time at auto over the captured step's (:meth:`ShapeSteps.weight`), and has two covariates for the A/B estimate
+(:meth:`ShapeSteps.covariates`): its own shape's expected kernel time (the step model's, the part of a step it
+predicts well) in reference steps, and whether its shape was new to the process (a new shape's step allocates
+and selects kernels on the host). A step's identity is its shape: its duration does not gate
 control (the matcher accepts any known duration), because in a run whose steps vary the host's share of a
 step varies far more than the GPU's work (a step of a shape the process has not run before allocates and
 selects kernels; a host that falls behind stretches the GPU's timeline, and the anchors place the plan's
@@ -55,15 +59,19 @@ class VaryingSteps:
         predict: the expected trace of a shape (the step model's), None where it does not cover it.
         shape_of: where each step's shape comes from (see :data:`ShapeOf`).
         progress: ``(done, total)`` after each bucket's solve (None: quiet).
+        kernel_time_s: the expected kernel time at auto of any shape (s; the step model's, cheap); None: each
+            step counts for its bucket's.
     """
 
     shapes: Sequence[StepShape]
     predict: Predict
     shape_of: ShapeOf
     progress: Callable[[int, int], None] | None = None
+    kernel_time_s: Callable[[StepShape], float] | None = None
 
     def plan(self, problem: Problem, planner: Planner) -> ShapeBook:
-        """The book of the buckets planned by ``planner``, at ``problem``'s GPU, budget and switching latency."""
+        """The book of the buckets planned by ``planner``, at ``problem``'s GPU, budget and switching latency
+        (its worker processes stay for the buckets planned later: :meth:`ShapeBook.close` them)."""
         return ShapeBook.build(self.shapes, self.predict, problem.profile, problem.budget, problem.latency_s,
                                planner, progress=self.progress)
 
@@ -94,27 +102,57 @@ class ShapeSteps:
     """
 
     def __init__(self, book: ShapeBook, entries: dict[StepShape, tuple[StepEntry, ...]], shape_of: ShapeOf,
-                 reference_kernel_s: float, budget_pct: float) -> None:
+                 reference_kernel_s: float, budget_pct: float,
+                 kernel_time_s: Callable[[StepShape], float] | None = None) -> None:
         self.book, self.entries, self.shape_of = book, entries, shape_of
         self.reference_kernel_s, self.budget_pct = reference_kernel_s, budget_pct
+        self.kernel_time_s = kernel_time_s
         self.margin = 0
         """The index of the margin the run plans at now."""
         self.margin_changes = 0
         self.misses: Counter[str] = Counter()
         self.steps: Counter[str] = Counter()
+        self.stood_in = 0
+        self.last_miss = ""
+        """Why the last step without an entry had none (``no_shape``, ``no_plan``)."""
+        self._seen: set[StepShape] = set()
+        self._covariates: dict[int, tuple[float, float]] = {}
+
+    def add(self, top: StepShape, entries: tuple[StepEntry, ...]) -> None:
+        """Bucket ``top``'s entries, planned in the background: its next steps run them."""
+        self.entries[top] = entries
 
     def entry(self, step: int, deadline_s: float) -> StepEntry | None:
         """Step ``step``'s entry, None when it has none (see the module docstring)."""
         shape = self.shape_of(step, deadline_s)
         if shape is None:
-            self.misses["no_shape"] += 1
+            self._miss("no_shape")
             return None
-        entries = self.entries.get(self.book.bucket(shape))
+        top = self.book.bucket(shape)
+        entries = self.entries.get(top)
+        margin = self.margin
         if entries is None:
-            self.misses["no_plan"] += 1
-            return None
+            self.book.request(top)
+            stand_in = self.book.stand_in(top, list(self.entries))
+            if stand_in is None:
+                self._miss("no_plan")
+                return None
+            entries, margin = self.entries[stand_in], len(self.book.margins) - 1
+            self.stood_in += 1
         self.steps[entries[0].key] += 1
-        return entries[self.margin]
+        kernel_s = entries[0].kernel_s if self.kernel_time_s is None else self.kernel_time_s(shape)
+        self._covariates[step] = (kernel_s / self.reference_kernel_s, float(shape not in self._seen))
+        self._seen.add(shape)
+        return entries[margin]
+
+    def _miss(self, reason: str) -> None:
+        self.misses[reason] += 1
+        self.last_miss = reason
+
+    def covariates(self, step: int) -> tuple[float, float] | None:
+        """Step ``step``'s expected kernel time in reference steps and 1.0 when its shape was new to the process
+        (0.0 else); None for a step without an entry. Each step's are read once (then forgotten)."""
+        return self._covariates.pop(step, None)
 
     def feedback(self, measured: Interval | None) -> None:
         """A new A/B pair: the run's measured slowdown (%) is now ``measured`` (see the module docstring)."""
@@ -135,6 +173,8 @@ class ShapeSteps:
     def figures(self) -> dict[str, Any]:
         """For the summary: the buckets planned, the steps that ran in each, and those without an entry by
         reason (``no_shape``: not known in time; ``no_plan``: a bucket without a plan)."""
-        return {"buckets": len(self.entries), "quantum_tokens": self.book.quantum, "margins": list(self.book.margins),
-                "margin": self.book.margins[self.margin], "margin_changes": self.margin_changes,
+        return {"buckets": len(self.entries), "quantum_tokens": self.book.quantum, "quanta": list(self.book.quanta),
+                "margins": list(self.book.margins), "margin": self.book.margins[self.margin],
+                "margin_changes": self.margin_changes, "planned_in_background": self.book.planned_later,
+                "plan_error": self.book.plan_error, "stood_in": self.stood_in,
                 "steps_by_bucket": dict(sorted(self.steps.items())), "misses": dict(self.misses)}

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import sys
 import threading
+from collections import Counter
 from pathlib import Path
 
 from kdvfs.envs.model.step_model import StepModel, StepModelError
@@ -23,16 +24,21 @@ from kdvfs.runtime.controller.shapes.steps import VaryingSteps
 from kdvfs.runtime.device.host_time import Clock
 from kdvfs.runtime.step_shapes import ShapeProbe
 
+PARTIAL_WAIT_S = 60.0
+"""Longest wait for the rest of a step whose first micro-batch has started (s): the step is running, so it ends."""
+
 
 class StepShapes:
     """Each step's shape as the training thread starts it, for the controller's thread to wait on.
 
-    The probe's ``on_shape`` (on the training thread, once per step: a lock and a notify) wakes a thread
-    waiting in :meth:`shape_of`. Step numbers are the controller's: :meth:`mark_step` at each of its steps.
+    The probe's ``on_shape`` (on the training thread, once per forward call: a lock and a notify) wakes a
+    thread waiting in :meth:`shape_of`. A step's shape is complete once it holds ``inputs`` inputs (the captured
+    steps': every micro-batch of a step with gradient accumulation), or once the step ended. Step numbers are
+    the controller's: :meth:`mark_step` at each of its steps.
     """
 
-    def __init__(self, clock: Clock) -> None:
-        self.clock = clock
+    def __init__(self, clock: Clock, inputs: int = 0) -> None:
+        self.clock, self.inputs = clock, inputs
         self._arrived = threading.Condition()
         self.probe = ShapeProbe(on_shape=self._on_shape)
 
@@ -40,14 +46,29 @@ class StepShapes:
         with self._arrived:
             self._arrived.notify_all()
 
+    def mark_step(self) -> None:
+        """The training thread ended a step (wakes a wait for a step's remaining micro-batches)."""
+        with self._arrived:
+            self.probe.mark_step()
+            self._arrived.notify_all()
+
     def shape_of(self, step: int, deadline_s: float) -> StepShape | None:
-        """Step ``step``'s shape, waiting for it until host time ``deadline_s`` (None: not known by then)."""
+        """Step ``step``'s complete shape, waiting for its first forward call until host time ``deadline_s`` (None:
+        none by then) and then for its other micro-batches until it ends (at most ``PARTIAL_WAIT_S`` more; a step
+        that ended with fewer inputs gives what it had)."""
         with self._arrived:
             while (shape := self.probe.shape_of(step)) is None:
                 remaining_s = deadline_s - self.clock.now_s()
                 if remaining_s <= 0:
                     return None
                 self._arrived.wait(remaining_s)
+            give_up_s = self.clock.now_s() + PARTIAL_WAIT_S
+            while len(shape.inputs) < self.inputs and self.probe.steps_marked <= step:
+                remaining_s = give_up_s - self.clock.now_s()
+                if remaining_s <= 0:
+                    break
+                self._arrived.wait(remaining_s)
+                shape = self.probe.shape_of(step) or shape
             return shape
 
 
@@ -75,7 +96,8 @@ def varying_steps(trace_path: str, clock: Clock) -> tuple[VaryingSteps, StepShap
         print(f"kdvfs: the capture's steps vary, but no step model fits its traces ({error}); only steps like "
               f"{trace_path} are controlled", file=sys.stderr)
         return None
-    source = StepShapes(clock)
+    inputs = Counter(len(t.meta.step_shape.inputs) for t in traces if t.meta.step_shape is not None)
+    source = StepShapes(clock, inputs.most_common(1)[0][0] if inputs else 0)
 
     def predict(shape: StepShape) -> Trace | None:
         return model.predict(shape) if model.covers(shape) else None
@@ -84,4 +106,4 @@ def varying_steps(trace_path: str, clock: Clock) -> tuple[VaryingSteps, StepShap
         if done == total:
             print(f"kdvfs: planned {total} step-shape buckets", file=sys.stderr)
 
-    return VaryingSteps(shapes, predict, source.shape_of, progress=progress), source
+    return VaryingSteps(shapes, predict, source.shape_of, progress=progress, kernel_time_s=model.kernel_time_s), source

@@ -1,7 +1,9 @@
 """Where the GPU is in the training steps: step ends on the host's time base, re-synchronised every step.
 
 At every step boundary the training thread calls :meth:`StepTimeline.mark` (cheap, no GPU sync); the
-controller's thread calls :meth:`StepTimeline.wait`, which returns once the GPU has finished that step.
+controller's thread calls :meth:`StepTimeline.wait`, which returns once the GPU has finished that step (given
+when it is expected to, it sleeps half the time left until then at each look, at least ``POLL_S``: a few
+looks a step, not one every ``POLL_S``).
 
 :class:`CudaStepTimeline` records a CUDA event per boundary. The GPU time of a step end is the event's
 time since the first one (``Event.elapsed_time``, microsecond resolution); it becomes host time through
@@ -20,6 +22,7 @@ of all of a finished step's anchors.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import deque
@@ -50,7 +53,9 @@ class StepEnd:
 class StepTimeline(Protocol):
     def mark(self) -> Any: ...
 
-    def wait(self, token: Any) -> StepEnd: ...
+    def wait(self, token: Any, expected_s: float = -math.inf) -> StepEnd:
+        """The step end of ``token`` (a :meth:`mark`), once the GPU has finished that step; ``expected_s``: when
+        it is expected to (host s), where the wait may sleep towards it."""
 
     def anchor_s(self, step: int, index: int, deadline_s: float) -> float | None:
         """Host time at which the GPU passed anchor ``index`` of step ``step`` (waiting for it), or None when
@@ -79,13 +84,17 @@ def current_stream() -> Any:
     return stream
 
 
-def wait_for(event: Any) -> None:
-    """Return once the GPU has passed ``event``: asked every ``POLL_S`` (``Event.query``: no sync, the interpreter
-    lock held for microseconds), sleeping in between. Not ``Event.synchronize``: a thread blocked in it on a
-    blocking-sync event slows a launch-bound training step (``docs/results.md``); a spinning sync costs a
-    core."""
+def wait_for(event: Any, expected_s: float = -math.inf, now_s: Callable[[], float] = time.perf_counter) -> int:
+    """Return once the GPU has passed ``event``, asked at each look (``Event.query``: no sync, the interpreter
+    lock held for microseconds); between looks it sleeps half the time left until ``expected_s`` (host s on
+    ``now_s``'s time base, when the event is expected), at least ``POLL_S``. Returns the sleeps. Not
+    ``Event.synchronize``: a thread blocked in it on a blocking-sync event slows a launch-bound training step
+    (``docs/results.md``); a spinning sync costs a core."""
+    sleeps = 0
     while not event.query():
-        time.sleep(POLL_S)
+        time.sleep(max(POLL_S, (expected_s - now_s()) / 2))
+        sleeps += 1
+    return sleeps
 
 
 def _allocations() -> int:
@@ -123,6 +132,8 @@ class CudaStepTimeline:
         self.hook_s = 0.0
         """Time spent in :meth:`mark` and :meth:`anchor`, on the threads that call them (wall s, which is their
         CPU: neither blocks; concurrent anchors from autograd's threads may drop an addition: a lower bound)."""
+        self.sleeps = 0
+        """Sleeps of the waiting thread (:func:`wait_for`) in :meth:`wait` and :meth:`anchor_s`."""
 
     def mark(self) -> tuple[Any, int | None, int]:
         import torch
@@ -164,9 +175,9 @@ class CudaStepTimeline:
     def _host_s(self, event: Any) -> float:
         return self._first.elapsed_time(event) / 1e3 + self._offset_s
 
-    def wait(self, token: tuple[Any, int | None, int]) -> StepEnd:
+    def wait(self, token: tuple[Any, int | None, int], expected_s: float = -math.inf) -> StepEnd:
         event, signature, step = token
-        wait_for(event)
+        self.sleeps += wait_for(event, expected_s, self._clock.now_s)
         wake_s = self._clock.now_s()
         gpu_s = self._first.elapsed_time(event) / 1e3
         self._offsets_s.append(wake_s - gpu_s)
@@ -187,11 +198,12 @@ class CudaStepTimeline:
                 if left_s <= 0:
                     break
                 self._changed.wait(min(left_s, POLL_S))
+                self.sleeps += 1
             events = self._events_of(step)
             if len(events) <= index or self._first is None or not self._offsets_s:
                 return None
             event = events[index]
-        wait_for(event)
+        self.sleeps += wait_for(event, now_s=self._clock.now_s)
         return self._host_s(event)
 
     def _events_of(self, step: int) -> list[Any]:
@@ -224,7 +236,7 @@ class HostStepTimeline:
     def mark(self) -> tuple[float, float]:
         return self._clock.now_s(), self._cpu_time_s()
 
-    def wait(self, token: tuple[float, float]) -> StepEnd:
+    def wait(self, token: tuple[float, float], expected_s: float = -math.inf) -> StepEnd:
         end_s, cpu_s = token
         duration_s = None if self._previous_s is None else cpu_s - self._previous_s
         self._previous_s = cpu_s

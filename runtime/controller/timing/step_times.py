@@ -40,6 +40,7 @@ class StepTimes:
         """Host seconds per model second of the auto step (median of the last matched auto steps; 1 before)."""
         self._scales: deque[float] = deque(maxlen=SCALE_STEPS)
         self._times_s: dict[int, list[float]] = {}
+        self._arrays_s: dict[int, np.ndarray] = {}
 
     def observe(self, end: StepEnd, matched: bool, controlled: bool) -> None:
         """Learn the auto scale from a finished step (matched and at auto); the kernels' host times are found
@@ -48,6 +49,7 @@ class StepTimes:
             self._scales.append(end.duration_s / self.auto_time_s)
             self.auto_scale = statistics.median(self._scales)
         self._times_s.clear()
+        self._arrays_s.clear()
 
     def at(self, pair: int) -> list[float]:
         """Host time from the step's start (s) at each kernel's start on ``pair``'s model timeline ((K+1,), the
@@ -75,6 +77,14 @@ class StepTimes:
         """The kernel expected to run at host time ``at_s`` (s), after ``anchor``, at ``pair``'s clocks (never one
         before the anchor's, nor past the last)."""
         return kernel_at(self.at(pair), anchor[2], at_s - anchor[1])
+
+    def kernels_running(self, anchor: PassedAnchor, pair: int, at_s: np.ndarray) -> np.ndarray:
+        """:meth:`kernel_running` at each of the host times ``at_s`` ((n,) s): (n,) int64."""
+        times_s = self._arrays_s.get(pair)
+        if times_s is None:
+            times_s = self._arrays_s[pair] = np.array(self.at(pair))
+        found = np.searchsorted(times_s, times_s[anchor[2]] + (at_s - anchor[1]), side="right") - 1
+        return np.clip(found, anchor[2], len(times_s) - 2).astype(np.int64)
 
     def end_s(self, anchor: PassedAnchor, start_s: float, step_s: float) -> float:
         """The step's expected end (host s) for a step that started at ``start_s`` and is expected to last

@@ -30,7 +30,13 @@ from kdvfs.envs.common.errors import KdvfsError
 from kdvfs.runtime.child import child_environment, split_command
 from kdvfs.runtime.controller.config import ControllerConfig
 from kdvfs.runtime.controller.measurement.job_summary import job_summary
-from kdvfs.runtime.controller.training.ended import ended_summary, restored, watchdog_states, with_missing_ranks
+from kdvfs.runtime.controller.training.ended import (
+    daemon_released,
+    ended_summary,
+    restored,
+    watchdog_states,
+    with_missing_ranks,
+)
 from kdvfs.runtime.daemon.client import clock_control, daemon_socket
 from kdvfs.runtime.device.lease import COMMAND_VARIABLE, command_line
 from kdvfs.runtime.job import rank_documents
@@ -119,6 +125,7 @@ def _summary(documents: list[dict[str, Any]], folder: Path, code: int, config: C
     reported = {d["summary"].get("rank") or 0 for d in finished}
     states = watchdog_states(folder)
     missing = {rank: restored(state) for rank, state in states.items() if rank not in reported}
+    missing.update(daemon_released(folder, skip=reported))
     ending = script_end(code)
     if not finished:
         return {**ended_summary(ending, missing or {0: True}, config.log, distributed),

@@ -172,3 +172,26 @@ def test_prepare_compiles_the_decision_before_any_step() -> None:
     done = subprocess.run([sys.executable, "-c", PREPARED_IN_A_FRESH_PROCESS], capture_output=True, text=True,
                           check=True, timeout=300)
     assert done.stdout.split("\n")[-2] == "(0, 0) (1, 1)"
+
+
+def test_reading_ahead_finds_the_first_state_at_which_a_re_read_would_request(
+        online: tuple[OnlinePolicy, Problem]) -> None:
+    """``first_change`` over a run of states ahead returns the first at which re-reading the standing order
+    (a decision that does not run the policy) would name a pair other than the one in effect: the states a
+    controller would have polled at, read in one call."""
+    policy, _ = online
+    found = []
+    for in_effect in (0, 3, 10):
+        for slow in (1.0, 1.02, 1.06):
+            policy.begin(0.01)
+            kernels = np.arange(2, len(policy.cumulative_s) - 1, 3, dtype=np.int64)
+            auto_s = policy.cumulative_s[kernels, 0]
+            model_s = policy.cumulative_s[kernels, in_effect]
+            elapsed_s = slow * model_s
+            states = [LiveState(int(k), in_effect, NO_REQUEST, 0.0, float(e), float(a), 1.0, 0.0, float(m))
+                      for k, e, a, m in zip(kernels, elapsed_s, auto_s, model_s, strict=True)]
+            polled = next((j for j, state in enumerate(states)
+                           if policy.decide(state, 0.0).pair not in (NO_REQUEST, in_effect)), len(states))
+            assert policy.first_change(kernels, in_effect, elapsed_s, auto_s, 1.0, 0.0, model_s) == polled
+            found.append(polled < len(states))
+    assert any(found)

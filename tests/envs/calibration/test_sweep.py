@@ -147,7 +147,7 @@ def test_bad_sweeps_fail_naming_file_place_and_fix(tmp_path: Path, text: str, ex
 
 
 def test_missing_and_unreadable_files(tmp_path: Path) -> None:
-    with pytest.raises(SweepError, match="no such file"):
+    with pytest.raises(SweepError, match=r"absent\.csv: no such sweep file"):
         load_sweep(tmp_path / "absent.csv")
     corrupt = tmp_path / "corrupt.csv.gz"
     corrupt.write_bytes(b"\x1f\x8b" + b"\x00" * 20)

@@ -52,3 +52,17 @@ def test_an_unknown_name_lists_the_bundled_ones(folder: Path) -> None:
         resolve_shipped("h300", folder, ".yaml", "GPU profile", error=ProfileError, name_kind="GPU", hint=" (or ask)")
     assert str(caught.value) == (f"unknown GPU 'h300'; known: a, b, h200/c (bundled: {folder}/<name>.yaml); "
                                  "or pass a GPU profile file (or ask)")
+
+
+def test_a_folder_is_named_as_one_with_the_files_it_holds(folder: Path, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    with pytest.raises(TraceFormatError, match=r"runs is a folder, expected a trace file or a bundled name$"):
+        resolve_shipped(runs, folder, ".json", "trace", error=TraceFormatError)
+    (runs / "step.json").write_text("{}")
+    with pytest.raises(TraceFormatError, match=r"; it holds .*runs/step\.json$"):
+        resolve_shipped(runs, folder, ".json", "trace", error=TraceFormatError)
+    (tmp_path / "a").mkdir()
+    monkeypatch.chdir(tmp_path)  # a folder named like a bundled file does not hide it
+    assert resolve_shipped("a", folder, ".yaml", "GPU profile", error=ProfileError) == folder / "a.yaml"

@@ -105,3 +105,28 @@ def test_leave_one_shape_out_error_is_bounded_on_recorded_steps(family: str) -> 
     assert max(e.weighted_duration_error_pct for e in errors) < 10.0
     interior = [e for e in errors if not e.edge]
     assert interior and max(abs(e.kernel_time_error_pct) for e in interior) < 3.0
+
+
+def _two_lengths(base: Trace, source: int, target: int) -> Trace:
+    """``base``'s first half of kernels linear in the input tokens, the second half in the label tokens (fixed
+    random coefficients): an encoder-decoder step, keyed like a T5's under the HF Trainer."""
+    rng = np.random.default_rng(3)
+    a, b = rng.uniform(1e-6, 5e-6, len(base)), rng.uniform(1e-9, 5e-9, len(base))
+    half = len(base) // 2
+    tokens = np.where(np.arange(len(base)) < half, BATCH * source, BATCH * target)
+    kernels = tuple(replace(k, duration_s=float(a[i] + b[i] * tokens[i])) for i, k in enumerate(base.kernels))
+    shape = StepShape.of([(BATCH, source), (BATCH, target), (BATCH, source), (BATCH, target), ()])
+    return Trace(replace(base.meta, step_shape=shape), kernels)
+
+
+def test_an_encoder_decoders_two_lengths_are_both_variables(base: Trace) -> None:
+    """Keyed on the first input alone, the label tokens' kernels could not be predicted: a step with the same
+    input length and another label length would get the captured one's kernel time."""
+    captured = [(128, 32), (256, 96), (512, 64), (384, 160), (192, 128), (448, 48)]
+    model = StepModel.fit([_two_lengths(base, s, t) for s, t in captured])
+    for source, target in ((256, 32), (300, 140), (512, 160)):
+        truth = _two_lengths(base, source, target)
+        assert truth.meta.step_shape is not None and model.covers(truth.meta.step_shape)
+        predicted = model.predict(truth.meta.step_shape)
+        np.testing.assert_allclose(predicted.duration_s, truth.duration_s, rtol=1e-6)
+        assert model.kernel_time_s(truth.meta.step_shape) == pytest.approx(truth.busy_s, rel=1e-6)

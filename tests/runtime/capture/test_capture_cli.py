@@ -97,6 +97,20 @@ def test_machine_without_nvml_is_a_one_line_error(capsys: pytest.CaptureFixture[
     assert sorted(p.name for p in tmp_path.iterdir()) == ["train.py"]
 
 
+@pytest.mark.parametrize(("options", "hint"), [
+    (FAKE, "off a GPU, try the CPU test mode: --cpu-test-mode --nvml-module kdvfs.runtime.testing.nvml"),
+    (["--cpu-test-mode", *FAKE], "in CPU test mode off a GPU, use the fake NVML (--nvml-module "
+                                 "kdvfs.runtime.testing.nvml) or --no-energy"),
+])
+def test_capture_off_a_gpu_points_at_the_cpu_test_mode(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch, options: list[str],
+                                                       hint: str) -> None:
+    monkeypatch.setenv("KDVFS_FAKE_NVML", json.dumps({"failures": {"nvmlInit": pynvml.NVML_ERROR_LIBRARY_NOT_FOUND}}))
+    code, _, err = run(capsys, "capture", *options, *FAST, "-o", str(tmp_path / "t.json"), "--",
+                       sys.executable, script(tmp_path, 20))
+    assert code == 2 and err.count("\n") == 1 and hint in err, err
+
+
 @pytest.mark.parametrize(("command", "message"), [
     ([], "no command to run"),
     (["bash", "train.sh"], "'bash' is not a Python interpreter"),

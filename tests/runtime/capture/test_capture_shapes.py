@@ -8,13 +8,14 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from kdvfs.envs.common.paths import REPO_ROOT
 from kdvfs.envs.trace.format import load_trace
 from kdvfs.envs.trace.shape import StepShape
 from kdvfs.envs.trace.trace_set import load_trace_set
-from kdvfs.runtime.capture.varying import MIN_VARYING_WINDOW_STEPS, choose_targets
+from kdvfs.runtime.capture.varying import MIN_VARYING_WINDOW_STEPS, WindowShapes, choose_targets
 from kdvfs.runtime.cli import main
 
 CAPTURE = ["capture", "--cpu-test-mode", "--nvml-module", "kdvfs.runtime.testing.nvml", "--warmup", "2",
@@ -143,3 +144,23 @@ def test_three_captured_shapes_carry_the_step_models_left_out_error() -> None:
     for trace, entry in zip(marked, report, strict=True):
         assert trace.meta.measurements["step_model_kernel_time_error_pct"] == entry["kernel_time_error_pct"]
     assert with_step_model_errors(traces[:2]) == (traces[:2], None)
+
+
+def test_a_longer_step_never_gets_a_shorter_time_when_new_shapes_pay_set_up() -> None:
+    """Early in a run most shapes come for the first time and pay host set-up while the frequent longest shape
+    repeats warm: the per-shape means fall with length; the warm fit does not, and prices set-up apart."""
+    rng = np.random.default_rng(0)
+    lengths = [1024 if rng.random() < 0.4 else int(rng.integers(100, 1000)) for _ in range(60)]
+    shapes = tuple(StepShape.of([(8, n)] * 3) for n in lengths)
+    first = [shape not in shapes[:i] for i, shape in enumerate(shapes)]
+    times = tuple(0.02 + 1e-4 * n + (0.08 if new else 0.0) + float(rng.normal(0, 1e-4))
+                  for n, new in zip(lengths, first, strict=True))
+    window = WindowShapes(shapes, times)
+    assert window.first_seen == tuple(first)
+    ordered = sorted(set(shapes), key=lambda s: s.tokens)
+    warm = [window.step_time_s(shape) for shape in ordered]
+    assert all(t is not None for t in warm) and warm == sorted(warm)  # type: ignore[type-var]
+    for shape, time_s in zip(ordered, warm, strict=True):
+        assert time_s == pytest.approx(0.02 + 1e-4 * shape.seq, rel=0.02)
+    fit = window.warm_fit()
+    assert fit is not None and fit[2] == pytest.approx(0.08, rel=0.05)

@@ -12,21 +12,25 @@ from kdvfs.agents.learned.policy_planner import shipped_policy_path
 from kdvfs.agents.learned.ppo import PPO_CONFIG_DIR
 from kdvfs.agents.learned.train import whole_rollouts
 from kdvfs.envs.common.config import to_plain
+from kdvfs.envs.common.paths import BUNDLED_TRACE_DIR
 from kdvfs.runtime.cli import main
 from tests.agents.conftest import tiny_config
 
 TRACE = "h200/gpt3xl-1layer-b4"
+BERT = str(BUNDLED_TRACE_DIR / "h200" / "workloads" / "bert-{}.trace.json.gz")
 
 
 def test_evaluate_json_has_the_compare_fields_plus_a_policy_row(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["evaluate", "--policy", str(shipped_policy_path("h200")), "--trace", TRACE, "--gpu", "h200",
-                 "--json"]) == 0
+                 "--json", "--samples", "2"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert {"policy", "latency-optimal", "auto", "power-limit"} <= {row["method"] for row in rows}
     for row in rows:
         assert set(row) == {"method", "energy_saved_pct", "slowdown_pct", "switches", "solve_s", "budget_pct",
-                            "power_limit_w", "power_limit_source"}
+                            "power_limit_w", "power_limit_source", "range"}
         assert row["budget_pct"] == pytest.approx(1.0)
+        low, high = row["range"]["slowdown_pct"]
+        assert low < row["slowdown_pct"] < high or low == row["slowdown_pct"] == high == 0
         searched = row["method"] == "power-limit"
         assert row["power_limit_source"] == ("searched" if searched else "profile default")
         assert (row["power_limit_w"] < 700.0) if searched else row["power_limit_w"] == 700.0
@@ -50,6 +54,20 @@ def test_train_refuses_a_config_for_another_gpu(tmp_path: Path, capsys: pytest.C
     assert main(["train", "--gpu", "h200", "--config", config, "--out", str(tmp_path)]) == 2
     assert "trains for 'rtx3080ti'" in capsys.readouterr().err
     assert main(["train", "--gpu", "h200", "--timesteps", "0", "--out", str(tmp_path)]) == 2
+
+
+def test_train_refuses_a_run_folder_that_holds_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "policy.kdvfs-policy.npz").write_bytes(b"an earlier run's policy")
+    assert main(["train", "--gpu", "h200", "--out", str(run), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{run} holds files of another run" in err and "--force" in err, err
+    assert [p.name for p in run.iterdir()] == ["policy.kdvfs-policy.npz"]
+    assert (run / "policy.kdvfs-policy.npz").read_bytes() == b"an earlier run's policy"
+    config = str(PPO_CONFIG_DIR / "rtx3080ti.yaml")  # with --force the folder is taken: the next check speaks
+    assert main(["train", "--gpu", "h200", "--config", config, "--out", str(run), "--force"]) == 2
+    assert "trains for 'rtx3080ti'" in capsys.readouterr().err
 
 
 def test_train_reports_its_stages_and_runs_with_the_default_progress_bar(tmp_path: Path,
@@ -99,3 +117,13 @@ def test_train_rounds_timesteps_up_to_whole_rollouts_and_says_so(tmp_path: Path,
     out = capsys.readouterr().out
     assert f"1 timesteps rounded up to {rollout}" in out and f"PPO for {rollout} timesteps" in out, out
     assert f"trained {rollout} timesteps" in out
+
+
+def test_evaluate_with_references_says_what_it_scored(capsys: pytest.CaptureFixture[str]) -> None:
+    references = [BERT.format(shape) for shape in ("b32-s128", "b32-s512", "b16-s384")]
+    assert main(["evaluate", "--policy", "h200", "--reference", *references, "--trace", BERT.format("b32-s256"),
+                 "--gpu", "h200", "--slowdown", "0.02"]) == 0
+    header = capsys.readouterr().out.split("\n\n")[0].replace("\n", " ")
+    assert header.startswith(f"policy h200 on 1 executed step ({BERT.format('b32-s256')}), predicted from 3 "
+                             f"references ({references[0]}, "), header
+    assert header.endswith("GPU h200, budget 2.0%, switching latency 6 ms (the profile's)"), header

@@ -39,11 +39,11 @@ def test_bad_values_are_one_line_exit_2(capsys: pytest.CaptureFixture[str], argv
     assert err.startswith(f"kdvfs {argv[0]}") and ": error: " in err
 
 
-def test_samples_0_means_no_ranges(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["predict", *PROBLEM, "--uncertainty", "--samples", "0", "--json"]) == 0
-    assert "uncertainty" not in json.loads(capsys.readouterr().out)
-    assert main(["compare", *PROBLEM, "--budget", "0.01", "--uncertainty", "--samples", "0", "--json"]) == 0
-    assert all("uncertainty" not in row for row in json.loads(capsys.readouterr().out))
+def test_samples_0_means_ranges_from_the_validated_error_alone(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["predict", *PROBLEM, "--pair", "1410:3201", "--samples", "0", "--json"]) == 0
+    assert all(row["range"]["parameter_samples"] == 0 for row in json.loads(capsys.readouterr().out)["predictions"])
+    assert main(["compare", *PROBLEM, "--budget", "0.01", "--samples", "0", "--json"]) == 0
+    assert all(row["range"]["parameter_samples"] == 0 for row in json.loads(capsys.readouterr().out))
 
 
 def test_gpus_local_takes_an_nvml_module(capsys: pytest.CaptureFixture[str]) -> None:

@@ -88,7 +88,18 @@ def test_validate_text_and_errors(capsys: pytest.CaptureFixture[str], tmp_path: 
     code, _, err = run(capsys, "model", "validate", "--sweep", str(sweep), "--folds", "7")
     assert code == 2 and err.count("\n") == 1 and "use fewer folds" in err
     code, _, err = run(capsys, "model", "validate", "--sweep", str(tmp_path / "absent.csv"))
-    assert code == 2 and err.count("\n") == 1 and "absent.csv: no such file" in err
+    assert code == 2 and err.count("\n") == 1 and "absent.csv: no such sweep file" in err
+
+
+def test_validate_and_fit_take_a_bundled_sweeps_name(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # no data/ here, as for a wheel: the name is the package's
+    code, out, _ = run(capsys, "model", "validate", "--sweep", "gtx980", "--folds", "2", "--json")
+    assert code == 0 and json.loads(out)["kernels"] == 30
+    code, out, _ = run(capsys, "model", "fit", "--sweep", "H200-default", "--gpu", "h200", "--fix", H200_FIXES)
+    assert code == 0 and "in-sample error" in out
+    code, _, err = run(capsys, "model", "validate", "--sweep", "gtx98")
+    assert code == 2 and "unknown sweep 'gtx98'; known: gtx1080ti, gtx980, h200-default" in err
 
 
 def test_validate_with_one_fold_is_a_clean_error(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -184,20 +195,36 @@ def test_predict_rejects_unsupported_and_malformed_pairs(capsys: pytest.CaptureF
     assert "CORE_MHZ:MEM_MHZ" in capsys.readouterr().err
 
 
-def test_predict_uncertainty_brackets_every_step_total(capsys: pytest.CaptureFixture[str]) -> None:
+def test_predict_ranges_bracket_every_step_total(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, "predict", "--trace", "h200/gpt2s-b16", "--gpu", "h200", "--json", "--pair",
-                       "1410:3201", "--uncertainty", "--samples", "3")
+                       "1410:3201", "--samples", "3", "--uncertainty")  # accepted, as before ranges were on
     result = json.loads(out)
-    assert code == 0 and result["uncertainty"]["samples"] == 3
-    assert "switching.latency_mean_s" not in result["uncertainty"]["ranges"]
+    assert code == 0
     for row in result["predictions"]:
+        spread = row["range"]
+        assert spread["coverage"] == 0.9 and spread["basis"]["own_data"] and spread["basis"]["note"] is None
         for key in ("step_time_s", "energy_j", "avg_power_w"):
-            low, high = row["uncertainty"][key]
-            assert low <= row[key] <= high
-    energy = result["predictions"][0]["uncertainty"]["energy_j"]
-    assert energy[0] < energy[1]
+            low, high = spread[key]
+            assert low < row[key] < high
+    auto, locked = result["predictions"]
+    assert auto["range"]["parameter_samples"] == 0 and locked["range"]["parameter_samples"] == 3
+    assert auto["range"]["basis"]["level"]["key"] == "h200" and locked["range"]["basis"]["clocks"]["key"] == "fitted"
     with pytest.raises(SystemExit):
         main(["predict", "--trace", "h200/gpt2s-b16", "--gpu", "h200", "--samples", "many"])
+
+
+@pytest.mark.parametrize("gpu", ["b200", "h100-sxm", "a100-sxm4"])
+def test_a_profile_without_data_of_its_own_says_so_in_every_prediction(capsys: pytest.CaptureFixture[str],
+                                                                        gpu: str) -> None:
+    own = run(capsys, "predict", "--trace", "h200/gpt2s-b16", "--gpu", "h200", "--json")[1]
+    code, out, _ = run(capsys, "predict", "--trace", "h200/gpt2s-b16", "--gpu", gpu, "--json")
+    spread, h200 = json.loads(out)["predictions"][0]["range"], json.loads(own)["predictions"][0]["range"]
+    assert code == 0 and not spread["basis"]["own_data"] and "no per-kernel data" in spread["basis"]["note"]
+    assert spread["basis"]["level"]["key"] == spread["basis"]["clocks"]["key"] == "transfer"
+    width, h200_width = (spread["energy_j"][1] / spread["energy_j"][0], h200["energy_j"][1] / h200["energy_j"][0])
+    assert width > 2 * h200_width - 1
+    code, text, _ = run(capsys, "predict", "--trace", "h200/gpt2s-b16", "--gpu", gpu)
+    assert code == 0 and "note: no per-kernel data" in text and "(transfer)" in text
 
 
 def test_predict_names_its_power_limit_and_prices_a_lower_one(capsys: pytest.CaptureFixture[str]) -> None:

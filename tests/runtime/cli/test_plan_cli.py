@@ -40,7 +40,7 @@ def test_compare_json_has_the_documented_fields(capsys: pytest.CaptureFixture[st
     code, text, _ = run(capsys, "compare", "--trace", SMALL, "--gpu", "h200", "--budget", "0.01,0.05",
                         "--latency-ms", "0", "--json", "--plot", str(plot))
     rows = json.loads(text)
-    assert code == 0 and {tuple(sorted(r)) for r in rows} == {tuple(sorted(FIELDS))}
+    assert code == 0 and {tuple(sorted(r)) for r in rows} == {tuple(sorted(FIELDS | {"range"}))}
     assert {r["budget_pct"] for r in rows} == {1.0, 5.0}
     ilp = {r["budget_pct"]: r for r in rows if r["method"] == "ilp"}
     assert ilp[5.0]["energy_saved_pct"] >= ilp[1.0]["energy_saved_pct"] - 1e-9
@@ -68,19 +68,32 @@ def test_a_plan_over_its_budget_says_so(capsys: pytest.CaptureFixture[str]) -> N
     assert code == 0 and "over budget" not in text
 
 
-def test_compare_uncertainty_adds_ranges_and_keeps_the_fields(capsys: pytest.CaptureFixture[str]) -> None:
+def test_compare_adds_a_two_sided_range_to_every_row(capsys: pytest.CaptureFixture[str]) -> None:
     code, text, _ = run(capsys, "compare", "--trace", SMALL, "--gpu", "h200", "--budget", "0.01", "--json",
-                        "--uncertainty", "--samples", "2", "--seed", "1")
+                        "--samples", "2", "--seed", "1")
     rows = json.loads(text)
-    assert code == 0 and all(set(r) >= FIELDS and set(r) - FIELDS == {"uncertainty"} for r in rows)
+    assert code == 0 and all(set(r) - FIELDS == {"range"} for r in rows)
     for row in rows:
-        spread = row["uncertainty"]
-        assert spread["method"] == "latin-hypercube" and spread["seed"] == 1
-        assert spread["energy_saved_pct"][0] <= row["energy_saved_pct"] <= spread["energy_saved_pct"][1]
-        assert spread["slowdown_pct"][0] <= row["slowdown_pct"] <= spread["slowdown_pct"][1]
+        spread = row["range"]
+        assert spread["parameter_samples"] == 2 and spread["seed"] == 1 and spread["coverage"] == 0.9
+        for key in ("energy_saved_pct", "slowdown_pct"):
+            low, high = spread[key]
+            if row["method"] in ("auto", "reactive"):
+                assert low == row[key] == high == 0  # auto against itself: exact
+            else:
+                assert low < row[key] < high
     code, text, _ = run(capsys, "compare", "--trace", SMALL, "--gpu", "h200", "--budget", "0.01",
-                        "--latency-ms", "0", "--uncertainty", "--samples", "1")
-    assert code == 0 and "latin-hypercube" in text and "% (" in text
+                        "--latency-ms", "0", "--samples", "1")
+    assert code == 0 and "ranges (90%)" in text and "% [" in text
+
+
+def test_plan_json_has_the_schedules_range(capsys: pytest.CaptureFixture[str]) -> None:
+    code, text, _ = run(capsys, "plan", "--trace", SMALL, "--gpu", "h200", "--method", "static", "--budget", "0.01",
+                        "--json", "--samples", "0")
+    document = json.loads(text)
+    assert code == 0 and document["range"]["parameter_samples"] == 0
+    low, high = document["range"]["energy_saved_pct"]
+    assert low < document["energy_saved_pct"] < high
 
 
 def test_compare_marks_the_rows_over_budget(capsys: pytest.CaptureFixture[str]) -> None:

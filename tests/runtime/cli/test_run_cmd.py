@@ -1,10 +1,15 @@
-"""How ``kdvfs run`` words the end of a script that did not exit 0."""
+"""How ``kdvfs run`` words the end of a script that did not exit 0, and a summary whose figures are no GPU's."""
 
 from __future__ import annotations
 
-import pytest
+import io
+from typing import Any
 
-from kdvfs.runtime.cli.live.run import script_end
+import pytest
+from rich.console import Console
+from rich.table import Table
+
+from kdvfs.runtime.cli.live.run import script_end, summary_table
 
 
 @pytest.mark.parametrize(("code", "words"), [
@@ -16,3 +21,32 @@ from kdvfs.runtime.cli.live.run import script_end
 ])
 def test_a_killed_script_is_named_as_killed(code: int, words: str) -> None:
     assert script_end(code) == words
+
+
+MEASURED = {"energy_saved_pct": 3.35, "energy_saved_ci95_pct": [-20.0, 26.0], "slowdown_pct": -5.37,
+            "slowdown_ci95_pct": [-15.0, 4.0], "windows_auto": 6, "windows_controlled": 18}
+
+
+def _summary(**fields: Any) -> dict[str, Any]:
+    return {"source": "plan plan.json (latency-optimal)", "gpu": "h200", "dry_run": True, "observe_only": None,
+            "error": None, "clock_control": "nvml", "steps": 2000, "controlled_steps": 1500, "mismatches": 1,
+            "switches": 12, "step_time_s": 0.03, "energy_j_per_step": 12.0, "energy_j_per_step_auto": 12.1,
+            "energy_j_per_step_controlled": 11.9, "measured": MEASURED, "measured_net": MEASURED,
+            "predicted": {"energy_saved_pct": 12.3, "slowdown_pct": 0.9}, "backed_off": False,
+            "backoff_reason": "", "ranks": [], **fields}
+
+
+def _text(table: Table) -> str:
+    console = Console(width=200, record=True, file=io.StringIO())
+    console.print(table)
+    return console.export_text()
+
+
+def test_a_cpu_test_mode_summary_says_its_figures_mean_nothing() -> None:
+    text = _text(summary_table(_summary(
+        not_measured_on_a_gpu="CPU test mode on a fake NVML: ... the energy, saving and slowdown figures mean nothing",
+        guard_off="CPU test mode: ... a measured slowdown is noise; the guard does not back off on it")))
+    assert "! not a GPU measurement" in text and "figures mean nothing" in text
+    assert text.count("(not a GPU's: means nothing)") == 2 and "guard off" in text, text
+    plain = _text(summary_table(_summary(not_measured_on_a_gpu=None, guard_off=None)))
+    assert "not a GPU" not in plain and "guard off" not in plain

@@ -149,8 +149,11 @@ def test_plan_files_that_do_not_fit_the_trace(tmp_path: Path, plan_file: Path) -
     document = json.loads(plan_file.read_text())
     (tmp_path / "short.json").write_text(json.dumps({**document, "kernels": 3}))
     (tmp_path / "foreign.json").write_text(json.dumps({"format": "something"}))
+    (tmp_path / "damaged.json").write_text(json.dumps({**document, "segments": [{"clocks": "1950:2201"}]}))
+    (tmp_path / "text.json").write_text(json.dumps({**document, "segments": "0:1950:2201"}))
     for name, message in (("short.json", "covers 3 kernels"), ("foreign.json", "not a kdvfs-schedule"),
-                          ("missing.json", "no such plan or policy file")):
+                          ("missing.json", "no such plan or policy file"),
+                          ("damaged.json", "damaged.json: damaged segments"), ("text.json", "text.json: damaged")):
         control, _, _ = fake_controller(tmp_path / name)
         with pytest.raises(ScheduleSourceError, match=message):
             control.__enter__()

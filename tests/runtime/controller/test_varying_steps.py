@@ -71,7 +71,7 @@ def varying_controller(tmp_path: Path, seqs: list[int], policy: str | None = Non
     varying = VaryingSteps([shape(s) for s in SEQS], predict, timeline.shape_of)
     controller = Controller(source, str(trace_path), device=gpu, timeline=timeline, clock=clock,
                             varying=varying, online=False, latency_ms=LATENCY_MS, budget=BUDGET, window_steps=5,
-                            window_s=0.1, energy_poll_s=0.0, issue_early_ms=0.0, ab_share=0.0)
+                            window_s=0.1, energy_read_every_s=0.0, issue_early_ms=0.0, ab_share=0.0)
     return controller, gpu
 
 
@@ -114,18 +114,37 @@ def test_every_step_runs_its_buckets_plan_and_keeps_the_budget(tmp_path: Path) -
     assert summary["gpu_restored"]
 
 
-@pytest.mark.parametrize("odd", [64, 700])
-def test_a_step_without_a_plan_runs_at_auto_and_is_counted(tmp_path: Path, odd: int) -> None:
-    """Below the captured range (the book plans only within it) and outside the step model's range."""
-    seqs = [256] * 6 + [odd] + [256] * 6
+def test_a_step_longer_than_every_plan_runs_at_auto_and_is_counted(tmp_path: Path) -> None:
+    """Outside the step model's range: no plan, none planned later, none at least as long to stand in."""
+    seqs = [256] * 6 + [700] + [256] * 6
     controller, gpu = varying_controller(tmp_path, seqs)
     run(controller, len(seqs) - 1)
     summary = controller.summary
     assert summary is not None and summary["shapes"]["misses"] == {"no_plan": 1}
+    assert summary["shapes"]["planned_in_background"] == 0
     odd_step = gpu.steps[6]
     to_auto = [call for call in gpu.set_calls if call.name == "reset_clocks" or call.args[0] is None]
     assert any(odd_step.start_s - 1e-9 <= call.time_s <= odd_step.end_s for call in to_auto)  # auto requested
     assert summary["controlled_steps"] >= len(seqs) - 7  # control resumes once the steps after it confirm
+    assert summary["auto_reasons"]["no_plan"] >= 1
+
+
+def test_a_new_bucket_runs_a_longer_plan_at_the_safety_margin_until_its_own_is_planned(tmp_path: Path) -> None:
+    """64 tokens lies below the planned range (128-256): its first step runs the 128 bucket's plan at the
+    smallest margin, and the book plans its bucket in the background for the steps after."""
+    seqs = [256] * 4 + [64] + [256] * 3 + [64] * 3
+    controller, _ = varying_controller(tmp_path, seqs)
+    with controller:
+        for i in range(len(seqs) - 1):
+            controller.step()
+            controller.flush()
+            if i == 4:  # the first 64-token step was decided: wait for its bucket's plans
+                assert controller.book is not None
+                controller.book.settle()
+    summary = controller.summary
+    assert summary is not None and summary["shapes"]["misses"] == {}
+    assert summary["shapes"]["stood_in"] >= 1 and summary["shapes"]["planned_in_background"] == 1
+    assert summary["shapes"]["steps_by_bucket"].get(shape(64).key, 0) >= 2  # its own plan, once in
 
 
 def test_a_policy_plans_every_bucket_by_its_rollout(tmp_path: Path) -> None:
@@ -162,3 +181,58 @@ def test_a_capture_of_several_shapes_makes_the_run_vary_and_one_shape_does_not(t
     images = replace(step(192), meta=replace(step(192).meta, step_shape=StepShape.of([(BATCH, 3, 32, 32)])))
     assert varying_steps(str(_capture_set(tmp_path, [step(128), images])), RealClock()) is None
     assert "no step model fits" in capsys.readouterr().err
+
+
+def two_lengths(source: int, target: int) -> StepShape:
+    return StepShape.of([(BATCH, source), (BATCH, target), (BATCH, source), (BATCH, target)])
+
+
+def test_two_lengths_are_bucketed_each_and_a_new_bucket_is_planned_in_the_background() -> None:
+    """An encoder-decoder's input and label lengths: each rounded to its own quantum; a bucket met first is
+    stood in for by the smallest planned one at least as long in both, then planned on the book's pool."""
+    def predict_two(wanted: StepShape) -> Trace | None:
+        source, target = wanted.inputs[0][1], wanted.inputs[1][1]
+        return step(source + target) if source + target <= 512 else None
+
+    seen = [two_lengths(s, t) for s, t in ((128, 32), (256, 96), (192, 64), (130, 100))]
+    book = ShapeBook.build(seen, predict_two, load_profile("h200"), BUDGET, LATENCY_MS / 1e3, workers=1)
+    try:
+        assert book.quanta == (32, 16) and book.bucket(two_lengths(129, 33)) == two_lengths(160, 48)
+        assert set(book.plans) == {book.bucket(s) for s in seen}  # two classes: no range filled in advance
+        new = book.bucket(two_lengths(150, 40))
+        assert new not in book.plans
+        assert book.stand_in(new, book.plans) == two_lengths(192, 64)  # the smallest at least as long in both
+        assert book.stand_in(book.bucket(two_lengths(300, 10)), book.plans) is None
+        planned: list[StepShape] = []
+        book.on_plan = lambda top, plans: planned.append(top)
+        book.request(new)
+        book.request(new)  # once
+        book.settle()
+        assert planned == [new] and book.planned_later == 1 and len(book.plans[new]) == len(book.margins)
+    finally:
+        book.close()
+
+
+def test_a_step_with_gradient_accumulation_is_decided_on_all_its_micro_batches() -> None:
+    """The controller's thread waits past the first micro-batch for the step's last one (or its end)."""
+    import threading
+
+    import torch
+
+    from kdvfs.runtime.controller.shapes.varying import StepShapes
+    from kdvfs.runtime.device.host_time import RealClock
+
+    model = torch.nn.Linear(4, 2)
+    shapes = StepShapes(RealClock(), inputs=2)
+    shapes.probe.attach(model)
+    got: list[StepShape | None] = []
+    waiter = threading.Thread(target=lambda: got.append(shapes.shape_of(0, RealClock().now_s() + 60.0)))
+    model(torch.zeros(3, 4))
+    waiter.start()
+    model(torch.zeros(5, 4))  # the second micro-batch completes the step's shape
+    waiter.join()
+    assert got == [StepShape.of([(3, 4), (5, 4)])]
+    shapes.mark_step()
+    model(torch.zeros(3, 4))
+    shapes.mark_step()  # a step that ended after one micro-batch gives what it had
+    assert shapes.shape_of(1, 0.0) == StepShape.of([(3, 4)])

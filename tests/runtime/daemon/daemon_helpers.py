@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -76,15 +77,47 @@ class RunningDaemon:
         return self.process.wait(30)
 
 
-def start_daemon(folder: Path, *options: str) -> RunningDaemon:
-    """``kdvfs daemon`` on ``folder``'s fake NVML, its socket ``folder/kdvfs.sock``, ready to answer."""
+def limit_open_files(count: int) -> Callable[[], None]:
+    """A ``preexec_fn`` that sets a process's descriptor limit (soft and hard) to ``count``."""
+    return lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (count, count))
+
+
+def start_daemon(folder: Path, *options: str, prefix: Sequence[str] = (),
+                 preexec_fn: Callable[[], None] | None = None) -> RunningDaemon:
+    """``kdvfs daemon`` on ``folder``'s fake NVML, its socket ``folder/kdvfs.sock``, ready to answer; ``prefix``:
+    a command that runs it (``setpriv ...``); ``preexec_fn``: run in its process before that."""
     socket, log = folder / "kdvfs.sock", folder / "daemon.log"
     started = log.read_text().count('"event": "start"') if log.is_file() else 0  # a log file is appended to
-    process = subprocess.Popen([*KDVFS, "daemon", "--socket", str(socket), "--nvml-module", NVML, "--log", str(log),
-                                *options], cwd=REPO_ROOT, env=fake_environment(folder), stdout=subprocess.DEVNULL,
-                               stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen([*prefix, *KDVFS, "daemon", "--socket", str(socket), "--nvml-module", NVML, "--log",
+                                str(log), *options], cwd=REPO_ROOT, env=fake_environment(folder),
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, preexec_fn=preexec_fn)
     daemon = RunningDaemon(process, socket, log, folder / "kdvfs.sock.state.json")
     if not wait_for(lambda: len(daemon.records("start")) > started or process.poll() is not None, 60):
         process.kill()
     assert process.poll() is None, process.communicate()[1][-2000:]
     return daemon
+
+
+HOLD = ("import sys, time\n"
+        "from kdvfs.runtime.daemon.client import DaemonConnection\n"
+        "connection = DaemonConnection(sys.argv[1])\n"
+        "connection.request('lease', gpu=0)\n"
+        "connection.request('lock', gpu=0, core_mhz=1095, mem_mhz=2201)\n"
+        "print('locked', flush=True)\ntime.sleep(120)\n")
+"""A client that leases fake GPU 0 through the daemon, locks it and waits to be killed."""
+
+
+def start_holder(daemon: RunningDaemon, script: str = HOLD) -> subprocess.Popen[str]:
+    """A client process running ``script`` (default :data:`HOLD`) with the daemon's socket as its argument, once
+    it printed ``locked``."""
+    process = subprocess.Popen([sys.executable, "-c", script, str(daemon.socket)], stdout=subprocess.PIPE, text=True,
+                               cwd=REPO_ROOT)
+    assert process.stdout is not None and process.stdout.readline().strip() == "locked"
+    return process
+
+
+def end(process: subprocess.Popen[Any]) -> None:
+    """SIGKILL ``process`` (if it still runs) and reap it."""
+    if process.poll() is None:
+        process.kill()
+    process.wait()

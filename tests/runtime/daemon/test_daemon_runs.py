@@ -141,3 +141,40 @@ def _watchdogs_of(pid: int) -> list[str]:
         if "kdvfs.runtime.device.watchdog" in words and str(pid) in words:
             found.append(" ".join(words))
     return found
+
+
+FORKING = ("import os, runpy, sys, time\n"
+           "if os.fork() == 0:  # a worker forked without exec, which outlives the trainer\n"
+           "    time.sleep(60)\n"
+           "    os._exit(0)\n"
+           "sys.argv = sys.argv[1:]\n"
+           "sys.path[0] = os.path.dirname(os.path.abspath(sys.argv[0]))\n"
+           "runpy.run_path(sys.argv[0], run_name='__main__')\n")
+"""A training script that forks a long-lived child, then runs the script its arguments name."""
+
+
+@pytest.mark.slow
+def test_a_killed_trainers_gpu_is_reset_though_its_forked_child_lives_and_the_summary_says_so(
+        captured: tuple[Path, Path], daemon: RunningDaemon, open_folder: Path) -> None:
+    script = open_folder / "forking.py"
+    script.write_text(FORKING)
+    argv = _run_argv(captured, open_folder, 100_000, daemon)
+    argv[argv.index("--") + 1:argv.index("--") + 2] = [sys.executable, str(script)]  # python forking.py gpt.py ...
+    run = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT,
+                           env=fake_environment(open_folder, permitted=False), start_new_session=True)
+    child = None
+    try:
+        assert wait_for(lambda: "core" in locks(open_folder), 120), "the run never locked a clock"
+        trainer = _trainer_pid(run.pid)
+        child = _trainer_pid(trainer)  # the trainer's forked child
+        os.kill(trainer, signal.SIGKILL)
+        assert wait_for(lambda: locks(open_folder) == {}), "the GPU stayed locked while the trainer's child lived"
+        assert Path(f"/proc/{child}").exists()
+        out, _ = run.communicate(timeout=60)
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+        if child is not None:
+            os.kill(child, signal.SIGKILL)
+    summary = json.loads(out)
+    assert run.returncode == 128 + signal.SIGKILL and summary["gpu_restored"] is True and summary["partial"], summary

@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 import subprocess
 import sys
+import tempfile
 import time
+import tracemalloc
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -19,8 +23,16 @@ from kdvfs.runtime.calibration.clock_sweep import measure_clock_sweep
 from kdvfs.runtime.cli import main
 from kdvfs.runtime.controller import Controller
 from kdvfs.runtime.device import lease as lease_module
+from kdvfs.runtime.device import lease_files
 from kdvfs.runtime.device import nvml as device_nvml
-from kdvfs.runtime.device.lease import GpuLease, LeaseHeldError, LeaseHolder, lease_directory, read_gpu_uuid
+from kdvfs.runtime.device.lease import (
+    GpuLease,
+    LeaseDirectoryError,
+    LeaseHeldError,
+    LeaseHolder,
+    lease_directory,
+    read_gpu_uuid,
+)
 from kdvfs.runtime.device.nvml import NvmlDevice
 from kdvfs.runtime.device.visible import cuda_device_nvml_index
 from kdvfs.runtime.testing.fake_nvml import READ_ONLY_CALL, EnergyFakeNvml, h200_from_probe
@@ -30,6 +42,7 @@ NVML = "kdvfs.runtime.testing.nvml"
 UUID0 = "GPU-00000000-0000-0000-0000-000000000000"
 HOLDER_COMMAND = "kdvfs run --policy plan.json --trace t.json -- python train.py"
 RESETS = ["nvmlDeviceResetGpuLockedClocks", "nvmlDeviceResetMemoryLockedClocks"]
+NOBODY = 65534
 HOLD = ("import sys, time\n"
         "from kdvfs.runtime.device.lease import GpuLease\n"
         "GpuLease(sys.argv[1], int(sys.argv[2])).acquire()\n"
@@ -108,19 +121,160 @@ def test_the_lease_is_keyed_by_uuid_whatever_cuda_visible_devices_says() -> None
         GpuLease("GPU-same", 3).acquire()  # one UUID seen under two indices
 
 
-def test_the_default_directory_is_shared_by_every_user(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_root_leases_live_in_a_directory_only_root_may_write(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.delenv(lease_module.LEASE_DIR_VARIABLE)
-    monkeypatch.setattr(lease_module, "RUN_DIRECTORY", tmp_path / "run" / "kdvfs")
-    (tmp_path / "run").mkdir()
-    assert lease_directory() == tmp_path / "run" / "kdvfs"
-    assert lease_directory({lease_module.LEASE_DIR_VARIABLE: "/elsewhere"}) == Path("/elsewhere")
+    assert lease_directory(euid=0) == lease_files.SYSTEM_DIRECTORY == Path("/run/kdvfs")
+    assert lease_directory({lease_module.LEASE_DIR_VARIABLE: "/elsewhere"}, euid=0) == Path("/elsewhere")
+    if os.geteuid() != 0:
+        pytest.skip("the system lease directory is root's")
+    monkeypatch.setattr(lease_files, "SYSTEM_DIRECTORY", tmp_path / "run" / "kdvfs")
     previous = os.umask(0o077)
     try:
         with GpuLease(UUID0, 0) as lease:
-            assert stat.S_IMODE(lease.directory.stat().st_mode) == 0o1777
-            assert stat.S_IMODE(lease.path.stat().st_mode) == 0o666
+            assert lease.directory == tmp_path / "run" / "kdvfs"
+            folder, file = lease.directory.stat(), lease.path.stat()
+            assert stat.S_IMODE(folder.st_mode) == 0o755 and folder.st_uid == 0
+            assert not stat.S_IMODE(file.st_mode) & ~0o640 and file.st_uid == 0  # 0640, or what the umask left
     finally:
         os.umask(previous)
+
+
+def test_a_user_without_root_gets_a_lease_directory_of_its_own(tmp_path: Path) -> None:
+    assert lease_directory({}, euid=1234) == Path("/tmp/kdvfs-1234")
+    runtime = tmp_path / "run-user"
+    runtime.mkdir()
+    assert lease_directory({"XDG_RUNTIME_DIR": str(runtime)}, euid=os.geteuid() or 1234) == \
+        (runtime / "kdvfs" if os.geteuid() else Path("/tmp/kdvfs-1234"))  # not its own: /tmp
+    if os.geteuid() == 0:
+        os.chown(runtime, NOBODY, -1)
+        assert lease_directory({"XDG_RUNTIME_DIR": str(runtime)}, euid=NOBODY) == runtime / "kdvfs"
+
+
+def test_a_lease_directory_of_another_user_or_writable_by_others_is_not_trusted(
+        lease_directory: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    lease_directory.chmod(0o1777)  # as an earlier kdvfs made it: narrowed, since it is ours
+    with GpuLease(UUID0, 0) as lease:
+        assert stat.S_IMODE(lease.directory.stat().st_mode) == 0o700
+    if os.geteuid() != 0:
+        pytest.skip("handing a directory to another user needs root")
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, NOBODY, NOBODY)
+    monkeypatch.setenv(lease_module.LEASE_DIR_VARIABLE, str(theirs))
+    with pytest.raises(LeaseDirectoryError, match=f"belongs to uid {NOBODY}, not to you .*its lease records could be "
+                                                  "anyone's"):
+        GpuLease(UUID0, 0).acquire()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="files of another user need root")
+def test_a_record_another_user_planted_is_discarded_not_trusted(lease_directory: Path) -> None:
+    """An earlier kdvfs made lease files 0666 in a 1777 directory: anyone could write a holder (pid 1, say)."""
+    planted = lease_directory / f"{UUID0}.lease"
+    planted.write_text(json.dumps({"pid": 1, "command": "planted", "since": "2026-01-01T00:00:00+00:00",
+                                   "host": "node1", "gpu_index": 0}))
+    os.chown(planted, NOBODY, NOBODY)
+    planted.chmod(0o666)
+    notes: list[str] = []
+    with GpuLease(UUID0, 0, note=notes.append) as lease:
+        assert lease.previous is None and notes == []  # not a stale holder to take over: no holder at all
+        found = lease.path.stat()
+        assert found.st_uid == 0 and stat.S_IMODE(found.st_mode) == 0o640 and lease.holder().pid == os.getpid()
+
+
+@pytest.fixture
+def open_parent() -> Iterator[Path]:
+    """A folder under /tmp every user may enter (so only the lease directory's own modes keep them out)."""
+    folder = Path(tempfile.mkdtemp(prefix="kdvfs-lease-test-"))
+    folder.chmod(0o755)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="acting as another user needs root")
+def test_a_user_outside_cannot_write_a_record_or_take_the_lock(monkeypatch: pytest.MonkeyPatch,
+                                                               open_parent: Path) -> None:
+    """``nobody`` (through /bin/sh and util-linux flock, which run as any user) against root's lease files."""
+    monkeypatch.setattr(lease_files, "SYSTEM_DIRECTORY", open_parent / "kdvfs")
+    monkeypatch.setenv(lease_module.LEASE_DIR_VARIABLE, str(open_parent / "kdvfs"))
+    with GpuLease(UUID0, 0) as lease:
+        record = lease.path.read_text()
+        for command in (f"echo '{{\"pid\": 1}}' > {lease.path}", f"flock -n {lease.path} true",
+                        f"touch {lease.directory}/{UUID0}.x", f"ln -s /etc/passwd {lease.directory}/x.lease"):
+            done = subprocess.run(["/bin/sh", "-c", command], user=NOBODY, group=NOBODY, extra_groups=[],
+                                  capture_output=True, text=True, check=False)
+            assert done.returncode != 0 and "ermission denied" in done.stderr, (command, done.stderr)
+        assert lease.path.read_text() == record
+
+
+def test_a_lock_held_under_a_record_of_no_running_process_is_stale_and_reset_breaks_it(
+        lease_directory: Path, shared_nvml: EnergyFakeNvml, capsys: pytest.CaptureFixture[str]) -> None:
+    """A stranger (here: a process holding the lock without a record of its own, as a forked child or a squatter
+    would) under a record naming pid 1, which runs but is not the recorded process (its start time differs)."""
+    path = lease_directory / f"{UUID0}.lease"
+    path.write_text(json.dumps({"pid": 1, "command": "planted", "since": "2026-01-01T00:00:00+00:00",
+                                "host": "node1", "gpu_index": 0, "lock_pid": 1, "lock_uid": 0,
+                                "lock_start_ticks": 123456789}))
+    squatter = subprocess.Popen(["flock", "-s", str(path), "sleep", "60"])
+    try:
+        assert _wait_locked(path)
+        with pytest.raises(LeaseHeldError, match=r"is leased by pid 1 \(`planted`\) .*; it looks stale \(the "
+                                                 r"process holding it, pid 1, is not running\); `sudo kdvfs reset "
+                                                 "--gpu-index 0` breaks it"):
+            GpuLease(UUID0, 0).acquire()
+        assert main(["reset", "--nvml-module", NVML]) == 0
+        captured = capsys.readouterr()
+        assert "breaking the stale lease of pid 1 (`planted`)" in captured.err
+        assert [c for c in shared_nvml.state.calls if c in RESETS] == RESETS
+        with GpuLease(UUID0, 0):  # the lease is free again after the reset, the squatter's lock on a file gone
+            assert squatter.poll() is None
+    finally:
+        squatter.kill()
+        squatter.wait()
+
+
+def _wait_locked(path: Path) -> bool:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if subprocess.run(["flock", "-n", str(path), "true"], check=False).returncode != 0:
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_a_pid_reused_by_another_process_is_not_the_holder() -> None:
+    this = LeaseHolder.this_process(0)
+    assert this.running() and this.lock_pid == os.getpid() and this.lock_uid == os.geteuid()
+    assert not replace(this, lock_start_ticks=(this.lock_start_ticks or 0) + 1).running()  # same pid, another process
+    assert not replace(this, lock_pid=_dead_pid()).running()
+    assert not replace(this, lock_uid=this.lock_uid + 1).running()
+    assert not LeaseHolder.parse(json.dumps({"pid": 1, "command": "c", "since": "s", "host": "h",
+                                             "gpu_index": 0})).running()  # no start time recorded: unverifiable
+
+
+def test_an_oversized_lease_file_is_corrupt_and_read_in_bounded_memory(lease_directory: Path) -> None:
+    path = lease_directory / f"{UUID0}.lease"
+    with open(path, "wb") as file:
+        file.truncate(256 << 20)  # sparse: 256 MiB of zeros, no disk used
+    notes: list[str] = []
+    tracemalloc.start()
+    try:
+        with GpuLease(UUID0, 0, note=notes.append) as lease:
+            peak = tracemalloc.get_traced_memory()[1]
+            assert lease.previous is None and lease.holder().pid == os.getpid()
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20, f"{peak} bytes allocated to read a lease file"
+    assert path.stat().st_size < 4096 and notes == []
+
+
+def test_a_symlinked_lease_file_is_refused_saying_so(lease_directory: Path, tmp_path: Path) -> None:
+    target = tmp_path / "elsewhere"
+    target.write_text("")
+    (lease_directory / f"{UUID0}.lease").symlink_to(target)
+    with pytest.raises(LeaseDirectoryError, match=r"is a symbolic link; kdvfs opens lease files only without "
+                                                  r"following links \(O_NOFOLLOW\): remove it"):
+        GpuLease(UUID0, 0).acquire()
+    assert target.read_text() == ""
 
 
 @pytest.fixture

@@ -347,7 +347,7 @@ def test_a_late_lead_in_is_waited_for_and_the_steps_changes_are_placed_from_its_
     assert any(not before[step]["controlled"] for step in checked)  # first controlled steps after an A window
     online = [r for r in log_records(log, "request") if r.get("online") and r["kernel"] > 0 and r["step"] in checked]
     errors_s = np.array([r["due_s"] - gpu.steps[r["step"]].kernel_start_s[r["kernel"]] for r in online])
-    assert len(checked) >= 5 and len(online) >= 10
+    assert len(checked) >= 5 and len(online) >= len(checked)
     assert np.abs(errors_s).max() < 1e-9
     assert min(k for step, k in passed if step in checked) >= anchors[0]
     assert controller.summary["lead_in"]["late"] >= len(checked)  # type: ignore[attr-defined]
@@ -395,3 +395,23 @@ def test_a_warm_up_precedes_each_decision_point_and_changes_no_decision(tmp_path
         (before, last), (warm, state), (after, then) = calls[i - 1:i + 2]
         assert (before, warm, after) == ("decide", "warm", "decide")
         assert last.elapsed_s < state.elapsed_s <= then.elapsed_s and last.kernel <= state.kernel
+
+
+def test_the_thread_wakes_for_its_work_not_for_the_time_that_passes(tmp_path: Path) -> None:
+    """A dry run whose standing orders depend on the budget (re-read every decision interval in the
+    environment): at an interval of 0.25 ms or of 2 ms the thread wakes about as often, at most twice per
+    decision point (a warm-up, then the point) and a few times per step (its end, its lead-in), not once per
+    interval; the summary's host cost adds up, and its requests were on time."""
+    wakes = {}
+    for interval_ms in (0.25, 2.0):
+        controller, _, _ = _online_run(tmp_path, dry_run=True, ab_share=0.25, online_interval_ms=interval_ms)
+        summary = controller.summary  # type: ignore[attr-defined]
+        cost, online = summary["host_cost"], summary["online"]
+        assert online["interval_ms"] == interval_ms and online["wakes"]["proposal"] > 0
+        assert online["lookahead_points"] > online["wakes"]["proposal"]  # read ahead, slept through
+        assert cost["wakes"] <= 2 * sum(online["wakes"].values()) + 2 * summary["steps"]
+        assert cost["total_ms"] == pytest.approx(cost["thread_ms"] + cost["energy_thread_ms"])
+        assert cost["per_step_ms"] == pytest.approx(cost["total_ms"] / summary["steps"])
+        assert summary["requests"]["planned"] > 0 and summary["requests"]["late"] == 0
+        wakes[interval_ms] = cost["wakes_per_step"]
+    assert wakes[0.25] < 1.25 * wakes[2.0]

@@ -24,7 +24,9 @@ def _summary(rank: int, energy_j: float) -> dict[str, Any]:
             "energy_j_per_step_auto": energy_j, "energy_j_per_step_controlled": energy_j, "measured": measured,
             "measured_net": {**measured, "controlled_share": 0.5 + rank / 10}, "backed_off": False,
             "guard_backoffs": 0, "backoff_reason": "", "error": None, "restore_error": None, "gpu_restored": True,
-            "predicted": {"energy_saved_pct": 2.0 + rank, "slowdown_pct": 0.5 + rank, "switches": 2, "solve_s": 0.1}}
+            "predicted": {"energy_saved_pct": 2.0 + rank, "slowdown_pct": 0.5 + rank, "switches": 2, "solve_s": 0.1,
+                          "range": {"energy_saved_pct": [1.0 + rank, 3.0 + 2 * rank],
+                                    "slowdown_pct": [0.2 + rank, 0.9 + 3 * rank], "coverage": 0.9}}}
 
 
 def test_the_job_sums_energy_and_takes_the_slowest_time() -> None:
@@ -39,6 +41,9 @@ def test_the_job_sums_energy_and_takes_the_slowest_time() -> None:
     assert summary["steps"] == 100 and summary["mismatches"] == 1
     assert summary["measured_net"]["controlled_share"] == 0.5
     assert summary["predicted"]["slowdown_pct"] == 1.5 and summary["predicted"]["energy_saved_pct"] == 2.5
+    spread = summary["predicted"]["range"]  # as the figures: the saving's ends averaged, the slowdown's the largest
+    assert spread["energy_saved_pct"] == [1.5, 4.0] and spread["slowdown_pct"] == [1.2, 3.9]
+    assert spread["coverage"] == 0.9
     assert [(r["rank"], r["gpu_index"]) for r in summary["ranks"]] == [(0, 3), (1, 2)]
 
 

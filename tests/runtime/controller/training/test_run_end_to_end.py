@@ -73,6 +73,7 @@ def test_a_cpu_test_mode_run_matches_its_own_capture(captured: tuple[Path, Path]
     summary = json.loads(done.stdout)
     assert summary["steps"] == 400 and summary["controlled_steps"] > 200, \
         {key: summary[key] for key in ("steps", "controlled_steps", "mismatches", "backed_off", "error")}
+    assert "CPU test mode on a fake NVML" in summary["not_measured_on_a_gpu"] and summary["guard_off"]
 
 
 def test_a_failing_reset_is_one_line_and_keeps_the_scripts_exit_code(captured: tuple[Path, Path],

@@ -1,0 +1,353 @@
+"""A GPU's cumulative energy counter as a function of host time, read at the counter's own pace.
+
+NVML's total-energy counter updates only now and then (a few times a second on an H200) and a read costs
+milliseconds of CPU there (in the driver, outside the interpreter lock). :class:`EnergyTrace` keeps timed
+values of it, ``(host s, J)`` points between which :meth:`EnergyTrace.energy_j` interpolates linearly.
+
+Paced (``read_every_s > 0``), a background thread reads it; the thread that issues clock requests never does.
+It sleeps between reads (woken early by a mark or the stop), never polls:
+
+* **The counter's update clock** (:class:`UpdateClock`) is learned first: the thread reads back to back until
+  the value has changed ``CALIBRATION_UPDATES`` times (at most ``CALIBRATION_S``); each change is measured
+  between the read that saw it and the one before, and the updates are taken to come every median gap. A
+  counter that changes at (nearly) every read, or not within ``CALIBRATION_S``, has no usable period: it is
+  then read at the times below and each value placed at its read.
+* **Reads just after expected updates**: the update that follows each time asked for with
+  :meth:`EnergyTrace.mark` (a window edge) and, where the update before it has not been read yet, a read
+  at once (the value then is that update's); with nothing asked, one update every ``read_every_s``. A
+  planned read starts the clock's uncertainty and ``MARGIN_S`` after its update; a read at once never runs
+  into an expected update (the value it gets would be ambiguous); no read starts, when it can wait, within
+  ``READ_GUARD_S`` before a clock request (``next_request_s``; NVML may serialise the two).
+* **Each new value is placed at its update**: the last expected one at or before its read, if after the
+  previous read (else between the two reads); without a clock, at its read.
+* **The clock is kept**: whenever its uncertainty reaches an eighth of its period (at least every
+  ``RELOCK_S``; put off by half a period if a clock request would come meanwhile), and whenever a planned
+  read finds the old value, the thread reads back to back from before an expected update (by the
+  uncertainty) until the value changes: a measured change, to which the clock is fitted again (least
+  squares over the last ``FIT_UPDATES``, each at its whole number of periods). The uncertainty is a read
+  (how closely a change is measured) and, per second since the last measured change, a read over the time
+  the measured changes span (the period's error) and ``DRIFT_S_PER_S``: measured changes come often at
+  first and every ``RELOCK_S`` once they span a few seconds.
+
+With ``read_every_s == 0`` only :meth:`EnergyTrace.read` reads it, on the caller's thread, and each value is
+placed at its read (a counter that is always current and costs nothing, e.g. a simulated one).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+
+import numpy as np
+
+from kdvfs.runtime.device.host_time import Clock
+
+CALIBRATION_UPDATES = 4
+"""Counter changes seen back to back before the update clock is taken."""
+CALIBRATION_S = 2.0
+"""Longest the thread reads back to back for them (s)."""
+FIT_UPDATES = 64
+"""Measured changes the clock is fitted over (the last)."""
+RELOCK_S = 5.0
+"""A change is measured again at least this often (s), and whenever the clock's uncertainty reaches an eighth of
+its period."""
+DRIFT_S_PER_S = 5e-4
+"""How far the counter's updates may drift from a fixed period, per second."""
+MIN_PERIOD_READS = 4
+"""A counter that changes within this many reads has no usable period."""
+MARGIN_S = 1e-3
+"""A planned read starts this long after its update's uncertainty (s)."""
+READ_GUARD_S = 0.01
+"""A read does not start this close before a clock request (s), unless it would then miss its update."""
+
+Read = tuple[float, float, float]
+"""One read: its start and end (host s) and the value (J)."""
+
+
+class UpdateClock:
+    """When a counter updates: at ``tick_s + n period_s`` for whole n, fitted to measured changes."""
+
+    def __init__(self, changes_s: list[float]) -> None:
+        """From the times of consecutive measured changes (s, at least two, increasing)."""
+        self.period_s = float(statistics.median(np.diff(changes_s)))
+        self.tick_s = changes_s[-1]
+        self._measured: deque[float] = deque(maxlen=FIT_UPDATES)
+        for change_s in changes_s:
+            self.measured(change_s)
+
+    def at_or_before(self, time_s: float) -> float:
+        """The last expected update at or before ``time_s`` (host s)."""
+        return self.tick_s + math.floor((time_s - self.tick_s) / self.period_s) * self.period_s
+
+    def after(self, time_s: float) -> float:
+        """The first expected update after ``time_s`` (host s)."""
+        return self.at_or_before(time_s) + self.period_s
+
+    def uncertainty_s(self, now_s: float, read_s: float) -> float:
+        """How far an expected update may be off at ``now_s`` (s): a read (``read_s``: how closely a change is
+        measured), and per second since the last measured change, the period's own (a read over the time the
+        measured changes span) and ``DRIFT_S_PER_S``."""
+        span_s = max(self._measured[-1] - self._measured[0], self.period_s)
+        return read_s + (now_s - self._measured[-1]) * (read_s / span_s + DRIFT_S_PER_S)
+
+    @property
+    def last_measured_s(self) -> float:
+        return self._measured[-1]
+
+    def measured(self, change_s: float) -> None:
+        """A change measured at ``change_s`` (host s, within about a read): fit the clock again."""
+        self._measured.append(change_s)
+        times_s = np.array(self._measured)
+        counts = np.round((times_s - change_s) / self.period_s)
+        self.tick_s = change_s
+        if len(np.unique(counts)) >= 2:
+            slope, intercept = np.polyfit(counts, times_s, 1)
+            if 0.5 * self.period_s < slope < 2.0 * self.period_s:
+                self.period_s, self.tick_s = float(slope), float(intercept)
+
+
+class EnergyTrace:
+    """See the module docstring.
+
+    Args:
+        read_j: reads the counter (J).
+        clock: the host time base the reads are timed and the thread sleeps on.
+        read_every_s: paced background reads at least this often with nothing asked (s); 0: caller's reads only.
+        next_request_s: when the next clock request is due (host s; infinite when none is known).
+    """
+
+    def __init__(self, read_j: Callable[[], float], clock: Clock, read_every_s: float,
+                 next_request_s: Callable[[], float] = lambda: math.inf) -> None:
+        self._read_j, self._clock, self.read_every_s, self._next_request_s = read_j, clock, read_every_s, next_request_s
+        self._times_s: list[float] = []
+        self._energies_j: list[float] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._woken = threading.Event()
+        self._marks: list[float] = []
+        self._thread: threading.Thread | None = None
+        self._last: Read | None = None
+        self._wanted: list[float] = []
+        """Expected updates to read just after (host s)."""
+        self._read_now = False
+        self._relock_after_s = -math.inf
+        self._durations_s: deque[float] = deque(maxlen=16)
+        self.updates: UpdateClock | None = None
+        """The counter's update clock once learned (None: not yet, or the counter has no usable period)."""
+        self.error: BaseException | None = None
+        self.reads = self.calibration_reads = self.relock_reads = 0
+        """Reads in all; of them, back to back to learn the clock, and to measure a change again."""
+        self.read_s = 0.0
+        """Wall time in reads (s)."""
+        self.thread_cpu_s = 0.0
+        """CPU time of the reading thread (s), once it stopped."""
+
+    def start(self) -> None:
+        """Paced: start the reading thread (it learns the clock first). Else: take the first reading."""
+        if self.read_every_s <= 0:
+            self.read()
+            return
+        self._thread = threading.Thread(target=self._run, name="kdvfs-energy", daemon=True)
+        self._thread.start()
+
+    def mark(self, time_s: float) -> None:
+        """The counter's value at ``time_s`` (host s, now or just past) is wanted: paced, read the updates
+        around it (see the module docstring); else read now."""
+        if self.read_every_s <= 0:
+            self.read()
+            return
+        with self._lock:
+            self._marks.append(time_s)
+        self._woken.set()
+
+    def read(self) -> Read:
+        """Read the counter once; record and return the read."""
+        before_s = self._clock.now_s()
+        energy_j = self._read_j()
+        after_s = self._clock.now_s()
+        self.reads += 1
+        self.read_s += after_s - before_s
+        self._durations_s.append(after_s - before_s)
+        previous, self._last = self._last, (before_s, after_s, energy_j)
+        if previous is None or energy_j != previous[2]:
+            time_s = (before_s + after_s) / 2
+            if previous is not None and self.updates is not None:
+                update_s = self.updates.at_or_before(after_s)
+                time_s = update_s if update_s > previous[0] else (previous[0] + previous[1] + before_s + after_s) / 4
+            with self._lock:
+                if self._times_s and time_s <= self._times_s[-1]:
+                    time_s = math.nextafter(self._times_s[-1], math.inf)
+                self._times_s.append(time_s)
+                self._energies_j.append(energy_j)
+        return self._last
+
+    @property
+    def _read_s(self) -> float:
+        """The longest of the recent reads (s)."""
+        return max(self._durations_s, default=0.0)
+
+    def _uncertainty_s(self) -> float:
+        assert self.updates is not None
+        return self.updates.uncertainty_s(self._clock.now_s(), self._read_s)
+
+    def _run(self) -> None:
+        try:
+            self._calibrate()
+            while not self._stop.is_set():
+                self._woken.clear()
+                due_s, deadline_s, action = self._next_read()
+                if self._clock.sleep_until(due_s, self._woken) and self._guard(deadline_s):
+                    action()
+        except BaseException as error:  # seen by the caller through .error
+            self.error = error
+        finally:
+            self.thread_cpu_s = time.thread_time()
+
+    def _back_to_back(self, until_s: float) -> float | None:
+        """Read back to back until the value changes or ``until_s`` (host s) passes; the change's time (None if
+        none: between the read that saw it and the one before)."""
+        previous = self.read()
+        while not self._stop.is_set() and self._clock.now_s() < until_s:
+            current = self.read()
+            if current[2] != previous[2]:
+                return (previous[0] + previous[1] + current[0] + current[1]) / 4
+            previous = current
+        return None
+
+    def _calibrate(self) -> None:
+        """Learn the update clock (see the module docstring)."""
+        changes_s: list[float] = []
+        until_s = self._clock.now_s() + CALIBRATION_S
+        previous = self.read()
+        while len(changes_s) < CALIBRATION_UPDATES and not self._stop.is_set() and self._clock.now_s() < until_s:
+            current = self.read()
+            self.calibration_reads += 1
+            if current[2] != previous[2]:
+                changes_s.append((previous[0] + previous[1] + current[0] + current[1]) / 4)
+            previous = current
+        if len(changes_s) >= 2 and statistics.median(np.diff(changes_s)) >= MIN_PERIOD_READS * self._read_s:
+            self.updates = UpdateClock(changes_s)
+
+    def _next_read(self) -> tuple[float, float, Callable[[], None]]:
+        """When the next read is due, the latest it may start and what it is (see the module docstring)."""
+        now_s, updates = self._clock.now_s(), self.updates
+        with self._lock:
+            marks, self._marks = self._marks, []
+        for mark_s in marks:
+            if updates is None:
+                self._read_now = True
+                continue
+            if self._last is None or self._last[0] < updates.at_or_before(mark_s) + self._uncertainty_s():
+                self._read_now = True  # the update before the mark is not surely read yet
+            self._wanted.append(updates.after(mark_s))
+        if self._read_now:
+            return now_s, now_s if updates is None else updates.after(now_s) - self._read_s, self._read_at_once
+        last_s = -math.inf if self._last is None else self._last[0]
+        if updates is None:
+            return last_s + self.read_every_s, last_s + self.read_every_s, self._read
+        relock_s = max(self._relock_after_s, min(updates.last_measured_s + RELOCK_S, self._unsure_from_s()))
+        update_s = min([updates.after(last_s + self.read_every_s - updates.period_s), *self._wanted])
+        if relock_s < update_s:
+            update_s = updates.after(relock_s)
+            return update_s - self._uncertainty_s() - self._read_s, update_s, self._relock
+        return update_s + self._uncertainty_s() + MARGIN_S, update_s + updates.period_s - self._read_s, self._read
+
+    def _unsure_from_s(self) -> float:
+        """When the clock's uncertainty reaches an eighth of its period (host s)."""
+        updates = self.updates
+        assert updates is not None
+        now_s = self._clock.now_s()
+        rate = self._uncertainty_s() - updates.uncertainty_s(now_s - 1.0, self._read_s)  # per second
+        return now_s + (updates.period_s / 8 - self._uncertainty_s()) / rate
+
+    def _guard(self, deadline_s: float) -> bool:
+        """Hold the read back while a clock request is due within ``READ_GUARD_S`` and the read can wait until
+        just after it (before ``deadline_s``); False when it waited (plan again)."""
+        now_s, request_s = self._clock.now_s(), self._next_request_s()
+        if not now_s < request_s <= now_s + READ_GUARD_S or request_s + MARGIN_S > deadline_s:
+            return True
+        self._clock.sleep_until(request_s + MARGIN_S, self._woken)
+        return False
+
+    def _read_at_once(self) -> None:
+        """A mark's read of the update before it: at once, unless an expected update is that close (then just
+        after it)."""
+        updates = self.updates
+        if updates is not None:
+            next_s = updates.after(self._clock.now_s() - self._uncertainty_s())
+            if next_s - self._uncertainty_s() - self._read_s < self._clock.now_s():
+                self._clock.sleep_until(next_s + self._uncertainty_s() + MARGIN_S, self._stop)
+        self._read_now = False
+        self.read()
+
+    def _read(self) -> None:
+        """A planned read just after an expected update; one that finds the old value measures the change."""
+        previous, updates = self._last, self.updates
+        current = self.read()
+        if updates is None:
+            return
+        update_s = updates.at_or_before(current[0])
+        self._wanted = [s for s in self._wanted if s > update_s + updates.period_s / 2]
+        if previous is not None and current[2] == previous[2] and previous[1] < update_s - self._uncertainty_s():
+            self._measure(update_s + updates.period_s / 2)
+
+    def _relock(self) -> None:
+        """Measure the change of the expected update ahead: back to back from before it until its uncertainty
+        past it, or (not seen there) for a period; put off by half a period when a clock request falls in
+        between."""
+        updates = self.updates
+        assert updates is not None
+        now_s, until_s = self._clock.now_s(), updates.after(self._clock.now_s()) + self._uncertainty_s() + self._read_s
+        if now_s < self._next_request_s() <= until_s + READ_GUARD_S:
+            self._relock_after_s = now_s + updates.period_s / 2
+            return
+        if not self._measure(until_s):
+            self._measure(self._clock.now_s() + updates.period_s + self._read_s)
+
+    def _measure(self, until_s: float) -> bool:
+        """Read back to back until a change (fitted to) or ``until_s`` (host s); whether one was measured."""
+        assert self.updates is not None
+        reads = self.reads
+        change_s = self._back_to_back(until_s)
+        self.relock_reads += self.reads - reads
+        if change_s is not None:
+            self.updates.measured(change_s)
+        return change_s is not None
+
+    def covers(self, time_s: float) -> bool:
+        """Whether the counter is known at ``time_s`` (an update at or after it has been seen)."""
+        with self._lock:
+            return bool(self._times_s) and self._times_s[0] <= time_s <= self._times_s[-1]
+
+    def energy_j(self, time_s: float) -> float | None:
+        """The counter's value at ``time_s`` (J), None unless :meth:`covers` it."""
+        if not self.covers(time_s):
+            return None
+        with self._lock:
+            return float(np.interp(time_s, self._times_s, self._energies_j))
+
+    def forget_before(self, time_s: float) -> None:
+        """Drop values no longer needed: those before the last one at or before ``time_s``."""
+        with self._lock:
+            keep = max(0, int(np.searchsorted(self._times_s, time_s, side="right")) - 1)
+            del self._times_s[:keep], self._energies_j[:keep]
+
+    def stop(self) -> None:
+        """Stop the reading thread."""
+        if self._thread is not None:
+            self._stop.set()
+            self._woken.set()
+            self._thread.join()
+            self._thread = None
+
+    def figures(self) -> dict[str, float | int | None]:
+        """For the summary: the reads (all; back to back to learn the clock and to measure a change again), the
+        median read (ms), the update period learned (ms; None: none) and the reading thread's CPU (s)."""
+        return {"reads": self.reads, "calibration_reads": self.calibration_reads, "relock_reads": self.relock_reads,
+                "read_ms": 1e3 * statistics.median(self._durations_s) if self._durations_s else None,
+                "update_period_ms": None if self.updates is None else 1e3 * self.updates.period_s,
+                "thread_cpu_s": self.thread_cpu_s}

@@ -1,0 +1,142 @@
+"""The energy counter read at its own pace (:mod:`kdvfs.runtime.device.energy_trace`), on a virtual clock."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import threading
+from collections.abc import Callable
+
+import pytest
+
+from kdvfs.runtime.device.energy_trace import CALIBRATION_UPDATES, READ_GUARD_S, EnergyTrace
+from kdvfs.runtime.testing.fake_gpu import VirtualClock
+
+POWER_W = 600.0
+
+
+class ScriptedClock(VirtualClock):
+    """A virtual clock moved only by the reading thread's sleeps and reads, which runs ``script`` actions as
+    their times pass (a mark wakes the sleeper as it would in real time) and parks the thread at ``end_s``."""
+
+    def __init__(self, end_s: float, script: list[tuple[float, Callable[[], None]]]) -> None:
+        super().__init__()
+        self.end_s, self.script = end_s, sorted(script, key=lambda item: item[0])
+        self.at_end = threading.Event()
+
+    def sleep_until(self, time_s: float, stop: threading.Event) -> bool:
+        while self.script and self.script[0][0] <= min(time_s, self.end_s):
+            at_s, action = self.script.pop(0)
+            self.advance_to(at_s)
+            action()
+            if stop.is_set():
+                return False
+        if time_s >= self.end_s:
+            self.advance_to(self.end_s)
+            self.at_end.set()
+            stop.wait()
+            return False
+        return super().sleep_until(time_s, stop)
+
+
+class Counter:
+    """A counter of ``POWER_W`` that publishes its total at updates every ``period_s`` (from ``phase_s``) and
+    takes ``read_s`` a read, on ``clock`` (``period_s`` 0: always current); it keeps each read's start."""
+
+    def __init__(self, clock: VirtualClock, period_s: float, read_s: float = 0.005, phase_s: float = 0.037) -> None:
+        self.clock, self.period_s, self.read_s, self.phase_s = clock, period_s, read_s, phase_s
+        self.starts_s: list[float] = []
+
+    def published_s(self, time_s: float) -> float:
+        """The time of the last update at or before ``time_s``."""
+        if self.period_s == 0:
+            return time_s
+        return self.phase_s + math.floor((time_s - self.phase_s) / self.period_s) * self.period_s
+
+    def __call__(self) -> float:
+        start_s = self.clock.now_s()
+        self.starts_s.append(start_s)
+        self.clock.advance_to(start_s + self.read_s / 2)
+        value = POWER_W * self.published_s(self.clock.now_s())
+        self.clock.advance_to(start_s + self.read_s)
+        return value
+
+
+def run(period_s: float, end_s: float, marks_s: list[float], read_every_s: float = 1.0,
+        next_request_s: Callable[[], float] = lambda: math.inf) -> tuple[EnergyTrace, Counter]:
+    """A paced trace of a :class:`Counter` until virtual ``end_s``, marked at ``marks_s``."""
+    box: list[EnergyTrace] = []
+    clock = ScriptedClock(end_s, [(mark_s, lambda mark_s=mark_s: box[0].mark(mark_s)) for mark_s in marks_s])
+    counter = Counter(clock, period_s)
+    trace = EnergyTrace(counter, clock, read_every_s, next_request_s)
+    box.append(trace)
+    trace.start()
+    assert clock.at_end.wait(30)
+    trace.stop()
+    return trace, counter
+
+
+def test_the_counter_is_read_just_after_the_updates_around_each_mark_and_not_in_between() -> None:
+    """The period is learned back to back; then each mark costs about two reads (the update before it, unless
+    already read, and the one after it) and the thread otherwise reads one update a second: the reads follow
+    the marks and the seconds, not the counter's updates; the energy between two marks is the counter's (within
+    4 ms of power: each update is placed within about half a read of its time, and a constant offset
+    cancels)."""
+    marks_s = [2.0 + 0.7 * i + 0.013 * (i % 5) for i in range(80)]
+    trace, _ = run(0.1, 60.0, marks_s)
+    assert trace.updates is not None and trace.updates.period_s == pytest.approx(0.1, rel=0.01)
+    paced = trace.reads - trace.calibration_reads - trace.relock_reads
+    assert paced <= 2 * len(marks_s) + 60 / 1.0
+    assert trace.relock_reads <= paced / 2  # a change is measured again now and then, in a few reads
+    assert trace.reads - trace.calibration_reads < (60 - 2) / 0.1 / 2  # fewer than one read per two updates
+    for start_s, end_s in itertools.pairwise(marks_s[:-1]):  # a window's energy, between two edges
+        joules = trace.energy_j(end_s) - trace.energy_j(start_s)  # type: ignore[operator]
+        assert joules == pytest.approx(POWER_W * (end_s - start_s), abs=POWER_W * 0.004)
+
+
+@pytest.mark.parametrize("period_s", [0.0997, 0.1003])
+def test_a_clock_that_drifts_from_the_learned_one_is_followed(period_s: float) -> None:
+    """The updates come 0.3% faster or slower than every 0.1 s (the back-to-back learning sees about 0.1 s):
+    the clock is measured again every few seconds and the energy between marks stays the counter's."""
+    marks_s = [2.0 + 0.53 * i for i in range(100)]
+    trace, _ = run(period_s, 58.0, marks_s)
+    assert trace.updates is not None and trace.updates.period_s == pytest.approx(period_s, rel=1e-3)
+    for start_s, end_s in itertools.pairwise(marks_s[20:-1]):
+        joules = trace.energy_j(end_s) - trace.energy_j(start_s)  # type: ignore[operator]
+        assert joules == pytest.approx(POWER_W * (end_s - start_s), abs=POWER_W * 0.004)
+
+
+def test_no_read_starts_just_before_an_update_or_a_clock_request() -> None:
+    """A read would be ambiguous across an update (it may see either value) and may hold up a clock request in
+    the driver: reads start neither within a read of an update (but those back to back that measure one) nor
+    within the guard of a request (requests every 0.25 s here, so a read can always wait until just after
+    one)."""
+    requests_s = [0.5 + 0.25 * i for i in range(200)]
+
+    def next_request(clock: list[VirtualClock]) -> float:
+        now_s = clock[0].now_s()
+        return next((r for r in requests_s if r > now_s), math.inf)
+
+    clocks: list[VirtualClock] = []
+    marks_s = [3.0 + 0.61 * i for i in range(40)]
+    box: list[EnergyTrace] = []
+    clock = ScriptedClock(30.0, [(m, lambda m=m: box[0].mark(m)) for m in marks_s])
+    clocks.append(clock)
+    counter = Counter(clock, 0.1)
+    box.append(EnergyTrace(counter, clock, 1.0, lambda: next_request(clocks)))
+    box[0].start()
+    assert clock.at_end.wait(30)
+    box[0].stop()
+    paced = counter.starts_s[box[0].calibration_reads + 1:]
+    assert len(paced) > 2 * len(marks_s) / 2
+    for start_s in paced:
+        assert not any(0 < r - start_s < READ_GUARD_S for r in requests_s)
+    straddling = [s for s in paced if counter.published_s(s + counter.read_s) > counter.published_s(s)]
+    assert len(straddling) <= box[0].relock_reads  # only reads back to back to measure a change run into one
+
+
+def test_a_counter_without_a_period_is_read_at_the_marks_and_each_value_placed_at_its_read() -> None:
+    trace, _ = run(0.0, 20.0, [1.0 + 0.5 * i for i in range(30)])
+    assert trace.updates is None and trace.calibration_reads >= CALIBRATION_UPDATES
+    assert trace.reads - trace.calibration_reads - 1 <= 30 + 20
+    assert trace.energy_j(10.0) == pytest.approx(POWER_W * 10.0, rel=1e-3)
