@@ -77,9 +77,12 @@ class EnvConfig:
             (:mod:`kdvfs.envs.env.measured`) and the action a residual over the fitting plan's pair and a margin
             on the slack, decided at segment boundaries and budget events; needs ``plan_budgets``.
         anchors_per_step: with ``residual_actions``, anchors a controller sees per step, evenly spread over its
-            kernels (the first at kernel 0): the position is extrapolated from the last one passed.
+            kernels (the first at kernel 0): the position is extrapolated from the last one passed through the
+            clocks seen in effect since, at the step's pace between anchors as measured (never past the next
+            anchor).
         drift_sd_pct: with ``residual_actions``, the error of the drift the A windows measure (%, sd; drawn
-            once per episode).
+            once per episode), and the relative error (the same number, in %) of each measured pace between
+            anchors.
         budget_events: with ``residual_actions``, the agent also decides each time the run's progress passes
             another 1 / budget_events of its auto time (0: only at segment boundaries).
         every_core_clock: the locked core levels are every core clock the profile supports (at its highest
