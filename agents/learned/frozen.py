@@ -24,6 +24,7 @@ from kdvfs.envs.common.errors import KdvfsError
 from kdvfs.envs.common.files import write_bytes_atomic
 from kdvfs.envs.env.clock_grid import ClockGrid
 from kdvfs.envs.env.config import EnvConfig
+from kdvfs.envs.env.measured import ResidualSpec, policy_spec
 from kdvfs.envs.env.observation import ObservationSpec
 from kdvfs.envs.gpu.profiles import GpuProfile
 from kdvfs.envs.model.cost_model import Array
@@ -99,9 +100,11 @@ class FrozenPolicy:
         """The clock grid of this policy on ``profile``."""
         return self.config.grid(profile)
 
-    def spec(self, profile: GpuProfile) -> ObservationSpec:
-        """The observation spec this policy expects on ``profile``."""
-        return self.config.observation_spec(self.grid(profile))
+    def spec(self, profile: GpuProfile) -> ObservationSpec | ResidualSpec:
+        """The observation spec this policy expects on ``profile`` (a residual policy's: its measured
+        observation, :mod:`kdvfs.envs.env.measured`)."""
+        spec = self.config.observation_spec(self.grid(profile))
+        return policy_spec(spec) if self.config.residual_actions else spec
 
     def act(self, observation: Array) -> Array:
         """The deterministic action (one int per action part) for one raw observation, as VecNormalize and
@@ -220,7 +223,7 @@ def _from_parts(header: dict[str, Any], weights: tuple[Array, ...], biases: tupl
 
 
 def freeze(model: Any, obs_mean: Array, obs_var: Array, obs_clip: float, obs_epsilon: float, gpu: str,
-           spec: ObservationSpec, env: EnvConfig, meta: dict[str, Any]) -> FrozenPolicy:
+           spec: ObservationSpec | ResidualSpec, env: EnvConfig, meta: dict[str, Any]) -> FrozenPolicy:
     """Export the actor of a trained SB3 ``PPO`` ``model`` (MLP policy, MultiDiscrete actions).
 
     Args:

@@ -84,7 +84,10 @@ def expert_action(env: KernelDVFSEnv, expert: str = "budget_plan") -> Array:
     """What the expert does at every decision: request the pair advisor ``expert`` (one of ``EXPERTS``)
     proposes. A standing order: the environment ignores it while a request is pending or when that pair is
     in effect, so the expert's action is the same all episode and the plan's changes happen when the
-    advisor proposes them."""
+    advisor proposes them. With residual actions (``KernelDVFSResidual-v0``) the expert is the fitting plan: the zero
+    action."""
+    if env.config.residual_actions:
+        return np.zeros(len(env.action_space.nvec), dtype=np.int64)  # type: ignore[attr-defined]
     return np.array([1, env.advisor_action(expert)])
 
 

@@ -34,7 +34,7 @@ from typing import NamedTuple
 import numpy as np
 
 from kdvfs.agents.common.problem import Problem
-from kdvfs.agents.learned.frozen import FrozenPolicy
+from kdvfs.agents.learned.frozen import FrozenPolicy, PolicyFileError
 from kdvfs.agents.learned.live_decision import (
     NO_REQUEST,
     O_BUDGET,
@@ -51,6 +51,7 @@ from kdvfs.envs.env.dvfs_env import KernelDVFSEnv
 from kdvfs.envs.env.dynamic_observation import clock_one_hots
 from kdvfs.envs.env.live import LiveState
 from kdvfs.envs.env.live_tables import DEPENDS_ON_BUDGET
+from kdvfs.envs.env.measured import RESIDUAL_OBSERVATION_VERSION
 
 _decide: Callable[..., tuple[int, int, float, float]] = decide_bound
 """The compiled decision, called with its bound arrays, the budget and the state splatted (typed for that
@@ -87,7 +88,16 @@ class OnlinePolicy:
 
     def __init__(self, policy: FrozenPolicy, problem: Problem, env: KernelDVFSEnv | None = None) -> None:
         """``env``: the policy's :func:`policy_env` of ``problem`` when already built (seconds for a
-        2,000-kernel step), else built here."""
+        2,000-kernel step), else built here.
+
+        Raises:
+            PolicyFileError: a residual policy (``KernelDVFSResidual-v0``): the controller does not run those online
+                yet.
+        """
+        if policy.config.residual_actions:
+            raise PolicyFileError("this policy sets residual clocks over the fitting plan (KernelDVFSResidual-v0, "
+                                  f"observation v{RESIDUAL_OBSERVATION_VERSION}); the controller runs only v5 policies "
+                                  "online so far: use a shipped policy (policies/) or a plan")
         self.policy = policy
         self.env = policy_env(policy, problem) if env is None else env
         step = self.env.steps[0]

@@ -15,6 +15,7 @@ from kdvfs.agents.evaluation.compare import Row, scored_row
 from kdvfs.agents.learned.frozen import FrozenPolicy, PolicyFileError
 from kdvfs.envs.common.paths import POLICY_DIR
 from kdvfs.envs.env.dvfs_env import KernelDVFSEnv
+from kdvfs.envs.env.residual_env import ResidualDVFSEnv
 from kdvfs.envs.env.step_data import StepData
 from kdvfs.envs.gpu.profiles import GpuProfile
 from kdvfs.envs.model.cost_model import Array
@@ -28,10 +29,10 @@ def shipped_policy_path(gpu: str) -> Path:
 
 def policy_env(policy: FrozenPolicy, problem: Problem, disturbed: bool = False, one_step: bool = False
                ) -> KernelDVFSEnv:
-    """The environment of ``problem`` as ``policy`` sees it: its settings with the problem's budget and
-    switching (the profile's spread scaled with the latency, as in the training regimes); one step and no
-    disturbance, or (``disturbed``) the policy's runs with every disturbance on (runs of one step if
-    ``one_step``)."""
+    """The environment of ``problem`` as ``policy`` sees it (``KernelDVFSResidual-v0`` for a residual policy): its
+    settings with the problem's budget and switching (the profile's spread scaled with the latency, as in the
+    training regimes); one step and no disturbance, or (``disturbed``) the policy's runs with every disturbance
+    on (runs of one step if ``one_step``)."""
     if problem.profile.name != policy.gpu:
         raise PolicyFileError(f"policy was trained for GPU {policy.gpu!r}, the problem is on {problem.profile.name!r}")
     step = StepData.from_costs(problem.trace.meta.workload, problem.trace, problem.costs, policy.grid(problem.profile))
@@ -40,8 +41,9 @@ def policy_env(policy: FrozenPolicy, problem: Problem, disturbed: bool = False, 
     config = config.replace(run_steps=1) if one_step else config
     mean_s, std_s = problem.profile.switching.latency_mean_s, problem.profile.switching.latency_std_s
     spread_s = std_s * problem.latency_s / mean_s if mean_s > 0 else 0.0
-    return KernelDVFSEnv([step], problem.profile, config, budgets=(problem.budget,), latency_s=problem.latency_s,
-                         latency_scales=(1.0,), latency_std_s=spread_s, stall_s=problem.stall_s)
+    kind = ResidualDVFSEnv if config.residual_actions else KernelDVFSEnv
+    return kind([step], problem.profile, config, budgets=(problem.budget,), latency_s=problem.latency_s,
+                latency_scales=(1.0,), latency_std_s=spread_s, stall_s=problem.stall_s)
 
 
 class Actor(Protocol):

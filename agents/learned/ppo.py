@@ -25,16 +25,25 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 from stable_baselines3.common.callbacks import BaseCallback
-from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecEnv, VecMonitor, VecNormalize
+from stable_baselines3.common.vec_env import (
+    DummyVecEnv,
+    SubprocVecEnv,
+    VecEnv,
+    VecEnvWrapper,
+    VecMonitor,
+    VecNormalize,
+)
 
 from kdvfs.agents.learned.anchored import AnchoredPPO
 from kdvfs.agents.learned.imitation import ImitationArgs
+from kdvfs.agents.learned.lagrange import BudgetMultipliers, ConstraintArgs, LagrangianReward
 from kdvfs.envs.common.config import ConfigError, from_mapping, load_yaml, merge_mappings
 from kdvfs.envs.common.paths import CONFIG_DIR
 from kdvfs.envs.common.resolve import resolve_shipped
 from kdvfs.envs.env.clock_grid import ClockGrid
 from kdvfs.envs.env.config import EnvConfig
 from kdvfs.envs.env.dvfs_env import ENV_ID
+from kdvfs.envs.env.residual_env import RESIDUAL_ENV_ID
 from kdvfs.envs.env.shape_pairs import ShapePair
 from kdvfs.envs.env.workloads import DataSplit, WorkloadSet
 from kdvfs.envs.gpu.profiles import GpuProfile
@@ -121,6 +130,8 @@ class TrainConfig:
         vec_normalize: observation normalisation.
         imitation: behaviour cloning of the latency-aware optimum before PPO.
         data: the train/held-out split.
+        constraint: with residual actions, the budget constraint (a Lagrange multiplier per budget,
+            :mod:`kdvfs.agents.learned.lagrange`); None: none (the environment's penalties only).
     """
 
     gpu: str
@@ -137,6 +148,7 @@ class TrainConfig:
     vec_normalize: VecNormalizeArgs
     imitation: ImitationArgs
     data: DataSplit
+    constraint: ConstraintArgs | None = None
 
     def __post_init__(self) -> None:
         if self.vec_env not in VEC_ENVS:
@@ -146,6 +158,8 @@ class TrainConfig:
                 raise ConfigError(f"{name} must be > 0")
         if not 0.0 < self.request_prior < 1.0:
             raise ConfigError(f"request_prior {self.request_prior} must be in (0, 1)")
+        if self.constraint is not None and not self.env.residual_actions:
+            raise ConfigError("constraint needs env.residual_actions (its episodes report their violations)")
 
 
 def train_config_path(gpu_or_path: str | Path) -> Path:
@@ -230,17 +244,31 @@ def build_pairs(workloads: WorkloadSet, profile: GpuProfile, grid: ClockGrid, pr
 
 def make_vec_env(config: TrainConfig, pairs: Sequence[ShapePair], profile: GpuProfile) -> VecNormalize:
     """``config.n_envs`` environments over ``pairs`` (each episode observes a pair's predicted step and executes
-    one of its variants), monitored, observations normalised (PPO seeds them)."""
+    one of its variants; ``KernelDVFSResidual-v0`` with residual actions), with the budget multipliers' rewards when
+    the config has a constraint (:attr:`constrained`), monitored, observations normalised (PPO seeds them)."""
     steps, executed = [p.predicted for p in pairs], [p.executed for p in pairs]
+    env_id = RESIDUAL_ENV_ID if config.env.residual_actions else ENV_ID
 
     def make() -> gym.Env:
-        return gym.make(ENV_ID, steps=steps, gpu=profile, config=config.env, executed=executed)
+        return gym.make(env_id, steps=steps, gpu=profile, config=config.env, executed=executed)
 
     makers = [make] * config.n_envs
     vec: VecEnv = SubprocVecEnv(makers) if config.vec_env == "subprocess" else DummyVecEnv(makers)
+    if config.constraint is not None:
+        vec = LagrangianReward(vec, BudgetMultipliers(config.env.budgets, config.constraint))
     norm = config.vec_normalize
     return VecNormalize(VecMonitor(vec), norm_obs=norm.norm_obs, norm_reward=False,
                         clip_obs=norm.clip_obs, gamma=config.ppo.gamma, epsilon=norm.epsilon)
+
+
+def constrained(env: VecNormalize) -> LagrangianReward | None:
+    """The budget multipliers' wrapper inside ``env`` (:func:`make_vec_env`), if any."""
+    inner = env.venv
+    while isinstance(inner, VecEnvWrapper):
+        if isinstance(inner, LagrangianReward):
+            return inner
+        inner = inner.venv
+    return None
 
 
 def make_model(config: TrainConfig, env: VecNormalize, tensorboard_dir: Path | None) -> AnchoredPPO:
@@ -252,6 +280,8 @@ def make_model(config: TrainConfig, env: VecNormalize, tensorboard_dir: Path | N
     model = AnchoredPPO("MlpPolicy", env, policy_kwargs=config.ppo.policy_kwargs.for_sb3(), seed=config.seed,
                         device="cpu", tensorboard_log=str(tensorboard_dir) if tensorboard_dir else None, verbose=0,
                         **args)
+    if config.env.residual_actions:
+        return model  # the clone of the zero action sets its first probabilities
     with torch.no_grad():  # the action head starts near zero weights: its biases set the first probabilities
         request_logit = math.log(config.request_prior / (1 - config.request_prior))
         bias = model.policy.action_net.bias

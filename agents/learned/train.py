@@ -1,16 +1,21 @@
 """Train a clock policy for one GPU with PPO, top to bottom: price the steps (with the steps they execute
 instead: :mod:`kdvfs.envs.env.shape_pairs`), build the envs and the model, clone the expert on every budget
-and latency, freeze the observation statistics, learn anchored to the clone (TensorBoard logs, checkpoints,
-held-out evaluations), then freeze the actor into one file: PPO's where it beats the clone on the validation
-steps (``data.validation``: steps neither trained on nor held out; the training steps if it is empty;
-paired episodes over every budget and latency, the 95% interval of the difference above 0), else the
-clone's.
+and latency, freeze the observation statistics, learn (anchored to the clone, and with residual actions under a
+Lagrange multiplier per budget: :mod:`kdvfs.agents.learned.lagrange`; TensorBoard logs, checkpoints), then
+freeze the actor into one file. Every choice is made on the validation steps (``data.validation``: steps
+neither trained on nor held out; the training steps if it is empty); nothing held out is priced or scored
+here (``benchmarks/learned_vs_plans.py`` does that, after training). PPO's policy ships where it beats on
+validation: with residual actions, the best fixed-margin fitting plan of each budget x latency cell
+(:mod:`kdvfs.agents.learned.margin_plans`: within budget in >= 95% of its episodes and saving more on the same
+episodes, the 95% interval above 0); else the clone (paired returns, the interval above 0). Otherwise the
+clone ships.
 
 Everything a run writes goes to ``out``: ``run.json`` (command, resolved config, git revision, seed), ``config.yaml``
 (the resolved config, its ``extends`` chain merged: a whole config by itself), ``tensorboard/``, ``checkpoints/``,
 ``model.zip`` and ``vecnormalize.pkl`` (SB3), ``policy.kdvfs-policy.npz`` (the frozen policy that ships),
 ``imitation.kdvfs-policy.npz`` and ``ppo.kdvfs-policy.npz`` (the clone before PPO and PPO's final policy) and
-``summary.json`` (wall time, held-out results).
+``summary.json`` (wall time, the selection's comparison, the multipliers). One git revision is read at the
+start and recorded in ``run.json``, the summary and every policy's metadata.
 """
 
 from __future__ import annotations
@@ -32,13 +37,23 @@ from stable_baselines3.common.vec_env import VecNormalize
 from kdvfs.agents.learned.anchored import AnchoredPPO
 from kdvfs.agents.learned.frozen import SUFFIX, FrozenPolicy, freeze
 from kdvfs.agents.learned.imitation import clone, demonstrations, record
+from kdvfs.agents.learned.lagrange import MultiplierCallback
+from kdvfs.agents.learned.margin_plans import COMPLIANCE, best_margins, chosen, episodes, margin_actors, within
 from kdvfs.agents.learned.policy_planner import rollout
-from kdvfs.agents.learned.ppo import EpisodeMetrics, TrainConfig, build_pairs, make_model, make_vec_env
+from kdvfs.agents.learned.ppo import (
+    EpisodeMetrics,
+    TrainConfig,
+    build_pairs,
+    constrained,
+    make_model,
+    make_vec_env,
+)
 from kdvfs.envs.common.config import to_plain
 from kdvfs.envs.common.files import write_text_atomic
 from kdvfs.envs.common.run_record import git_revision, write_run_record
 from kdvfs.envs.env.config import EnvConfig
 from kdvfs.envs.env.dvfs_env import KernelDVFSEnv
+from kdvfs.envs.env.residual_env import ResidualDVFSEnv
 from kdvfs.envs.env.shape_pairs import ShapePair
 from kdvfs.envs.gpu.profiles import GpuProfile, load_profile
 from kdvfs.envs.model.cost_model import Array
@@ -55,13 +70,15 @@ Z95 = 1.96
 
 @dataclass(frozen=True)
 class TrainResult:
-    """What a run produced: its folder, the frozen policy, wall time (s), timesteps, held-out results."""
+    """What a run produced: its folder, the frozen policy, wall time (s), timesteps, which candidate ships
+    (``ppo`` or ``imitation``) and the validation comparison it was chosen by."""
 
     out: Path
     policy_path: Path
     wall_s: float
     timesteps: int
-    held_out: dict[str, dict[str, Any]]
+    selected: str
+    comparison: dict[str, Any]
 
 
 def _silent(text: str) -> None:
@@ -88,55 +105,63 @@ def train(config: TrainConfig, out: Path, timesteps: int | None = None, progress
     torch.set_num_threads(config.torch_threads)
     torch.distributions.Distribution.set_default_validate_args(False)  # ~10% faster rollouts
     out.mkdir(parents=True, exist_ok=True)
-    write_run_record(out, to_plain(config), config.seed)
+    revision = git_revision()
+    write_run_record(out, to_plain(config), config.seed, revision)
     write_text_atomic(out / "config.yaml", yaml.safe_dump(to_plain(config), sort_keys=False))
 
-    stage(f"pricing every training and held-out step once on {config.gpu}")
+    stage(f"pricing every training and validation step once on {config.gpu}")
     profile = load_profile(config.gpu)
     grid = config.env.grid(profile)
     train_pairs = build_pairs(config.data.train, profile, grid, progress_bar, "pricing training steps")
-    held_out_pairs = build_pairs(config.data.held_out, profile, grid, progress_bar, "pricing held-out steps")
     validation_pairs = build_pairs(config.data.validation, profile, grid, progress_bar,
                                    "pricing validation steps") or train_pairs
 
-    # Environments and model; a head start by cloning the plan advisors' expert, the observation statistics
-    # frozen from then on (the clone's inputs stay what it was fitted on), then PPO anchored to the clone.
+    # Environments and model; a head start by cloning the expert, the observation statistics frozen from then
+    # on (the clone's inputs stay what it was fitted on), then PPO (anchored to the clone, constrained).
     env = make_vec_env(config, train_pairs, profile)
     model = make_model(config, env, out / "tensorboard")
     stage(f"imitation warm start on {len(train_pairs)} training steps, every budget and latency")
     imitation = imitate(model, env, config, profile, train_pairs)
     cloned = freeze_model(model, env, config, profile, {})
-    evaluate = HeldOutEvaluation(config, profile, held_out_pairs, config.eval_every)
     checkpoints = CheckpointCallback(max(1, config.checkpoint_every // config.n_envs), str(out / "checkpoints"),
                                      name_prefix="ppo", save_vecnormalize=True)
+    callbacks: list[BaseCallback] = [EpisodeMetrics(), checkpoints]
+    wrapper = constrained(env)
+    if wrapper is not None:
+        callbacks.append(MultiplierCallback(wrapper))
     stage(f"PPO for {config.total_timesteps} timesteps ({config.n_envs} environments)")
-    model.learn(config.total_timesteps, callback=CallbackList([EpisodeMetrics(), checkpoints, evaluate]),
-                progress_bar=progress_bar)
+    model.learn(config.total_timesteps, callback=CallbackList(callbacks), progress_bar=progress_bar)
 
-    # Save and freeze; keep PPO's policy only if it beats the clone on paired validation episodes.
-    stage(f"comparing PPO with its clone; scoring the policy on {len(held_out_pairs)} held-out steps")
+    # Save and freeze; keep PPO's policy only if it beats the bar on validation episodes.
+    stage(f"comparing PPO with the bar on {len(validation_pairs)} validation steps")
     model.save(out / "model.zip")
     env.save(str(out / "vecnormalize.pkl"))
     ppo = freeze_model(model, env, config, profile, {})
-    comparison = paired_comparison(ppo, cloned, validation_pairs, profile, config)
-    selected = "ppo" if comparison["ci95"][0] > 0 else "imitation"
+    if config.env.residual_actions:
+        comparison = margin_comparison(ppo, validation_pairs, profile, config)
+        selected = "ppo" if comparison["beats_margin_plans"] else "imitation"
+    else:
+        comparison = paired_comparison(ppo, cloned, validation_pairs, profile, config)
+        selected = "ppo" if comparison["ci95"][0] > 0 else "imitation"
+    multipliers = None if wrapper is None else dict(zip(map(str, wrapper.multipliers.budgets),
+                                                        wrapper.multipliers.values.tolist(), strict=True))
     meta = {"timesteps": int(model.num_timesteps), "train_wall_s": time.perf_counter() - start,
-            "git_revision": git_revision(), "seed": config.seed, "imitation": imitation,
-            "selection_comparison": comparison, "selected": selected}
+            "git_revision": revision, "seed": config.seed, "imitation": imitation,
+            "selection_comparison": comparison, "selected": selected, "multipliers": multipliers,
+            "infeasible_budgets": None if wrapper is None else wrapper.multipliers.capped()}
     policy = replace(ppo, meta={**meta, **ppo.meta}) if selected == "ppo" else replace(cloned, meta=meta)
     policy_path = out / POLICY_FILE
     policy.save(policy_path)
     replace(cloned, meta={**meta, "selected": "imitation"}).save(out / CLONE_FILE)
     replace(ppo, meta={**meta, "selected": "ppo", **ppo.meta}).save(out / PPO_FILE)
-    held_out = evaluate_steps(policy, held_out_pairs, profile, config)
     env.close()
     wall_s = time.perf_counter() - start
-    summary = {"wall_s": wall_s, "timesteps": int(model.num_timesteps), "imitation": imitation,
-               "selection_comparison": comparison, "selected": selected, "held_out": held_out,
-               "train_steps": [p.predicted.name for p in train_pairs],
+    summary = {"wall_s": wall_s, "timesteps": int(model.num_timesteps), "git_revision": revision,
+               "imitation": imitation, "selection_comparison": comparison, "selected": selected,
+               "multipliers": multipliers, "train_steps": [p.predicted.name for p in train_pairs],
                "validation_steps": [p.predicted.name for p in validation_pairs]}
     write_text_atomic(out / "summary.json", json.dumps(summary, indent=1) + "\n")
-    return TrainResult(out, policy_path, wall_s, int(model.num_timesteps), held_out)
+    return TrainResult(out, policy_path, wall_s, int(model.num_timesteps), selected, comparison)
 
 
 def imitate(model: AnchoredPPO, env: VecNormalize, config: TrainConfig, profile: GpuProfile,
@@ -161,30 +186,20 @@ def imitate(model: AnchoredPPO, env: VecNormalize, config: TrainConfig, profile:
 
 def pair_env(pairs: list[ShapePair], profile: GpuProfile, env_config: EnvConfig, **settings: Any) -> KernelDVFSEnv:
     """One environment over ``pairs``: each episode observes a pair's predicted step and executes one of its
-    variants; ``settings`` replace fields of ``env_config``."""
-    return KernelDVFSEnv([p.predicted for p in pairs], profile, env_config, executed=[p.executed for p in pairs],
-                         **settings)
+    variants (``KernelDVFSResidual-v0`` with residual actions); ``settings`` replace fields of ``env_config``."""
+    kind = ResidualDVFSEnv if env_config.residual_actions else KernelDVFSEnv
+    return kind([p.predicted for p in pairs], profile, env_config, executed=[p.executed for p in pairs], **settings)
 
 
 def freeze_model(model: Any, env: VecNormalize, config: TrainConfig, profile: GpuProfile,
                  meta: dict[str, Any]) -> FrozenPolicy:
     """The model's actor with the env's current observation statistics, as a :class:`FrozenPolicy`."""
-    spec = env.get_attr("observation_spec", [0])[0]
+    spec = env.get_attr("policy_spec" if config.env.residual_actions else "observation_spec", [0])[0]
     stats = env.obs_rms
     assert isinstance(stats, RunningMeanStd)
     mean, var = (stats.mean, stats.var) if config.vec_normalize.norm_obs else (np.zeros(spec.size), np.ones(spec.size))
     return freeze(model, mean, var, env.clip_obs, env.epsilon, profile.name, spec, config.env,
                   {**meta, "config": to_plain(config)})
-
-
-def evaluate_steps(policy: FrozenPolicy, pairs: list[ShapePair], profile: GpuProfile,
-                   config: TrainConfig) -> dict[str, dict[str, Any]]:
-    """Deterministic rollouts (one step, no disturbance, the first executed variant: the real step) at the
-    first training budget, per step name."""
-    env = pair_env([ShapePair(p.predicted, p.executed[:1]) for p in pairs], profile,
-                   config.env.without_disturbances().replace(run_steps=1, latency_scales=(1.0,)),
-                   budgets=config.env.budgets[:1])
-    return {pair.predicted.name: rollout(policy, env, {"step": i}) for i, pair in enumerate(pairs)}
 
 
 def paired_returns(policy: FrozenPolicy, pairs: list[ShapePair], profile: GpuProfile, config: TrainConfig) -> Array:
@@ -206,22 +221,22 @@ def paired_comparison(ppo: FrozenPolicy, cloned: FrozenPolicy, pairs: list[Shape
     return {"delta_return": mean, "ci95": [mean - half, mean + half], "pairs": len(delta)}
 
 
-class HeldOutEvaluation(BaseCallback):
-    """Every ``every`` timesteps, logs the deterministic policy's mean result on the held-out steps
-    (monitoring only: nothing is selected by it)."""
-
-    def __init__(self, config: TrainConfig, profile: GpuProfile, pairs: list[ShapePair], every: int) -> None:
-        super().__init__()
-        self.config, self.profile, self.pairs, self.every = config, profile, pairs, every
-        self._next = every
-
-    def _on_step(self) -> bool:
-        if self.num_timesteps >= self._next and self.pairs:
-            self._next += self.every
-            env = self.model.get_env()
-            assert isinstance(env, VecNormalize)
-            policy = freeze_model(self.model, env, self.config, self.profile, {})
-            results = evaluate_steps(policy, self.pairs, self.profile, self.config).values()
-            for key in ("energy_saved_pct", "slowdown_pct", "overrun_pct", "switches"):
-                self.logger.record(f"held_out/{key}", float(np.mean([r[key] for r in results])))
-        return True
+def margin_comparison(ppo: FrozenPolicy, pairs: list[ShapePair], profile: GpuProfile,
+                      config: TrainConfig) -> dict[str, Any]:
+    """PPO against the best fixed-margin fitting plan of each budget x latency cell on the validation ``pairs``
+    (:mod:`kdvfs.agents.learned.margin_plans`, ``SCORE_SEEDS`` seeds): PPO's share of episodes within budget,
+    its saving minus the plan's on the same episodes (mean, 95% interval over the pairs' means), the margins
+    chosen, and whether PPO beats them (within budget in >= 95% of every cell's episodes and the interval
+    above 0)."""
+    plans = episodes(margin_actors(), pairs, profile, config.env, SCORE_SEEDS)
+    margins = best_margins(plans)
+    bar = chosen(plans, margins)
+    mine = episodes({"ppo": ppo}, pairs, profile, config.env, SCORE_SEEDS)[0]
+    per_pair = (mine[..., 0] - bar[..., 0]).mean(axis=(1, 2, 3))
+    mean = float(per_pair.mean())
+    half = Z95 * float(per_pair.std(ddof=1)) / np.sqrt(len(per_pair)) if len(per_pair) > 1 else float("inf")
+    cells = within(mine).mean(axis=(0, 3))
+    return {"delta_saved_pct": mean, "ci95": [mean - half, mean + half], "pairs": len(per_pair),
+            "within_budget_ppo": float(within(mine).mean()), "within_budget_plans": float(within(bar).mean()),
+            "min_cell_within_budget_ppo": float(cells.min()), "margins": margins.tolist(),
+            "beats_margin_plans": bool(cells.min() >= COMPLIANCE and mean - half > 0)}

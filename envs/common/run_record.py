@@ -26,9 +26,12 @@ def git_revision() -> str:
     return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
-def write_run_record(folder: Path, config: dict[str, Any], seed: int | None = None) -> Path:
-    """Write ``folder/run.json`` describing this run; returns its path."""
-    record = {"command": sys.argv, "config": config, "seed": seed, "git_revision": git_revision(),
+def write_run_record(folder: Path, config: dict[str, Any], seed: int | None = None,
+                     revision: str | None = None) -> Path:
+    """Write ``folder/run.json`` describing this run (``revision``: the git revision the run records everywhere;
+    None: read now); returns its path."""
+    record = {"command": sys.argv, "config": config, "seed": seed,
+              "git_revision": git_revision() if revision is None else revision,
               "date_utc": datetime.now(UTC).isoformat(timespec="seconds"), "python": sys.version.split()[0],
               "machine": platform.node()}
     path = Path(folder) / "run.json"

@@ -72,6 +72,19 @@ class EnvConfig:
         plan_actions: the clocks part of each action names a plan advisor (each plan, the fitting plan, the
             budget's plan: which budget's latency-aware plan to follow from here), not a pair or a window
             advisor; needs ``plan_budgets``.
+        residual_actions: the honest, residual design (``KernelDVFSResidual-v0``,
+            :class:`kdvfs.envs.env.residual_env.ResidualDVFSEnv`): the observation is what a controller measures
+            (:mod:`kdvfs.envs.env.measured`) and the action a residual over the fitting plan's pair and a margin
+            on the slack, decided at segment boundaries and budget events; needs ``plan_budgets``.
+        anchors_per_step: with ``residual_actions``, anchors a controller sees per step, evenly spread over its
+            kernels (the first at kernel 0): the position is extrapolated from the last one passed through the
+            clocks seen in effect since, at the step's pace between anchors as measured (never past the next
+            anchor).
+        drift_sd_pct: with ``residual_actions``, the error of the drift the A windows measure (%, sd; drawn
+            once per episode), and the relative error (the same number, in %) of each measured pace between
+            anchors.
+        budget_events: with ``residual_actions``, the agent also decides each time the run's progress passes
+            another 1 / budget_events of its auto time (0: only at segment boundaries).
         every_core_clock: the locked core levels are every core clock the profile supports (at its highest
             memory clock) from the lowest to the highest of ``core_fractions``, so that no pair a planner can
             choose in that range is missing (on an H200: 54 levels from 1185 to 1980 MHz in 15 MHz steps).
@@ -101,6 +114,10 @@ class EnvConfig:
     memory_mhz: tuple[int, ...] | None = None
     every_core_clock: bool = False
     plan_actions: bool = False
+    residual_actions: bool = False
+    anchors_per_step: int = 9
+    drift_sd_pct: float = 0.15
+    budget_events: int = 8
 
     def __post_init__(self) -> None:
         # Sequences become tuples of floats (ints) so that equal settings give equal observation-spec hashes.
@@ -121,8 +138,12 @@ class EnvConfig:
                              "duration_noise >= 0")
         if not 0.0 <= self.decision_fraction < 1.0:
             raise KdvfsError(f"decision_fraction {self.decision_fraction} must be in [0, 1)")
-        if self.plan_actions and not self.plan_budgets:
-            raise KdvfsError("plan_actions needs plan_budgets (the plans to choose from)")
+        if (self.plan_actions or self.residual_actions) and not self.plan_budgets:
+            raise KdvfsError("plan_actions and residual_actions need plan_budgets (the plans to choose from)")
+        if self.plan_actions and self.residual_actions:
+            raise KdvfsError("plan_actions and residual_actions are two action designs; choose one")
+        if self.anchors_per_step < 1 or self.drift_sd_pct < 0 or self.budget_events < 0:
+            raise KdvfsError("need anchors_per_step >= 1, drift_sd_pct >= 0 and budget_events >= 0")
         if self.drift_pct < 0 or self.drift_s <= 0 or self.run_start_s < 0 or self.run_steps < 1:
             raise KdvfsError("need drift_pct >= 0, drift_s > 0, run_start_s >= 0 and run_steps >= 1")
 

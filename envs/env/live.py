@@ -56,10 +56,13 @@ class PredictedElapsed:
     Args:
         cumulative_s: (K + 1, G) the prediction's start time of each kernel at each grid pair (model s).
         stall_s: GPU stall per clock change (s).
+        factors: (G,) factor on each pair's kernel times (the measured drift where it slows them:
+            :func:`kdvfs.envs.env.measured.drift_factors`); None: 1.
     """
 
-    def __init__(self, cumulative_s: np.ndarray, stall_s: float) -> None:
+    def __init__(self, cumulative_s: np.ndarray, stall_s: float, factors: np.ndarray | None = None) -> None:
         self.cumulative_s, self.stall_s = cumulative_s, stall_s
+        self.factors = np.ones(cumulative_s.shape[1]) if factors is None else factors
         self.restart()
 
     def restart(self) -> None:
@@ -70,7 +73,8 @@ class PredictedElapsed:
         """The prediction's time before ``kernel`` (s), now that ``in_effect`` is the pair in effect."""
         kernel = min(max(kernel, self._kernel), len(self.cumulative_s) - 1)
         pair = in_effect if self._pair < 0 else self._pair
-        self.seconds += float(self.cumulative_s[kernel, pair] - self.cumulative_s[self._kernel, pair])
+        self.seconds += float(self.cumulative_s[kernel, pair] - self.cumulative_s[self._kernel, pair]) \
+            * float(self.factors[pair])
         if self._pair >= 0 and in_effect != self._pair:
             self.seconds += self.stall_s
         self._kernel, self._pair = kernel, in_effect

@@ -1,4 +1,5 @@
-"""A tiny PPO run shared by the PPO and frozen-policy tests (trained once per session, a few seconds)."""
+"""Tiny PPO runs shared by the PPO and frozen-policy tests (each trained once per session): the default design
+(``tiny_run``) and the experimental residual one (``tiny_residual_run``)."""
 
 from __future__ import annotations
 
@@ -9,20 +10,28 @@ import pytest
 
 from kdvfs.agents.learned.ppo import NetArch, PolicyKwargs, TrainConfig, load_train_config
 from kdvfs.agents.learned.train import TrainResult, train
+from kdvfs.envs.env.shape_pairs import ShapeSet
 from kdvfs.envs.env.workloads import WorkloadSet
 
 
-def tiny_config() -> TrainConfig:
-    """The H200 config cut down: one small training step, one held-out step, a 16x16 MLP, 256 timesteps."""
-    config = load_train_config("h200")
+def tiny_config(name: str = "h200") -> TrainConfig:
+    """The H200 config ``name`` cut down: one small training step, one held-out step, a 16x16 MLP, 256
+    timesteps."""
+    config = load_train_config(name)
     ppo = replace(config.ppo, n_steps=64, batch_size=64, n_epochs=1,
                   policy_kwargs=PolicyKwargs(NetArch((16, 16), (16, 16))))
     data = replace(config.data, train=WorkloadSet(bundled=("h200/gpt3xl-1layer-b4",)),
                    held_out=WorkloadSet(bundled=("h200/gpt2s-b16",)),
-                   validation=WorkloadSet(bundled=("h200/gpt3xl-24layer-b4",)))
+                   validation=WorkloadSet(shapes=ShapeSet(("gpt2m",), 4, (1.0,), (256, 512, 1024), references=2,
+                                                          variants=2)))
     return replace(config, total_timesteps=256, n_envs=2, checkpoint_every=128, eval_every=128, ppo=ppo, data=data)
 
 
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> TrainResult:
     return train(tiny_config(), Path(tmp_path_factory.mktemp("ppo")))
+
+
+@pytest.fixture(scope="session")
+def tiny_residual_run(tmp_path_factory: pytest.TempPathFactory) -> TrainResult:
+    return train(tiny_config("residual-h200"), Path(tmp_path_factory.mktemp("residual")))

@@ -4,6 +4,7 @@ policy next to every planner on a step."""
 from __future__ import annotations
 
 import argparse
+import json
 import time
 import warnings
 from collections.abc import Callable
@@ -33,7 +34,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     train = subparsers.add_parser("train", help="train a clock policy for a GPU with PPO")
     train.add_argument("--gpu", required=True, help="GPU profile name the policy is for")
     train.add_argument("--config", type=Path, help="PPO config YAML, whole or with `extends: <gpu>` and "
-                       "what differs (default: configs/ppo/<gpu>.yaml)")
+                       "what differs, or a bundled config's name (default: configs/ppo/<gpu>.yaml; "
+                       "residual-<gpu>: the experimental residual design, which `kdvfs run` cannot run yet)")
     train.add_argument("--timesteps", type=int, help="environment steps to train for (default: the config's)")
     add_output(train, "run folder: logs, checkpoints, frozen policy", dest="out", required=True)
     train.add_argument("--force", action="store_true", help="train into a run folder that already holds files "
@@ -102,11 +104,8 @@ def run_train(args: argparse.Namespace) -> int:
     if args.timesteps is not None and args.timesteps <= 0:
         raise KdvfsError(f"--timesteps {args.timesteps} must be > 0")
     result = train(config, args.out, args.timesteps, progress_bar=not args.no_progress, stage=stage)
-    console.print(f"trained {result.timesteps} timesteps in {result.wall_s / 60:.1f} min; held-out steps "
-                  f"(deterministic, {config.env.budgets[0]:.1%} budget):")
-    for name, outcome in result.held_out.items():
-        console.print(f"  {name}: energy saved {outcome['energy_saved_pct']:.2f}%, slowdown "
-                      f"{outcome['slowdown_pct']:.2f}%, {outcome['switches']} switches")
+    console.print(f"trained {result.timesteps} timesteps in {result.wall_s / 60:.1f} min; ships "
+                  f"{result.selected} (validation: {json.dumps(result.comparison)})")
     console.print(f"wrote {result.policy_path} (TensorBoard: {args.out / 'tensorboard'})")
     return 0
 

@@ -77,8 +77,8 @@ def test_train_reports_its_stages_and_runs_with_the_default_progress_bar(tmp_pat
     train = ["train", "--gpu", "h200", "--config", str(config)]
     assert main([*train, "--no-progress", "--out", str(tmp_path / "quiet")]) == 0
     out = capsys.readouterr().out
-    for stage in ("loading PyTorch", "pricing every training and held-out step once on h200",
-                  "imitation warm start on 1 training steps", "PPO for 256 timesteps", "comparing PPO with its clone"):
+    for stage in ("loading PyTorch", "pricing every training and validation step once on h200",
+                  "imitation warm start on 1 training steps", "PPO for 256 timesteps", "comparing PPO with the bar"):
         assert stage in out
     assert main([*train, "--out", str(tmp_path / "bar")]) == 0
     assert (tmp_path / "bar" / "policy.kdvfs-policy.npz").is_file()

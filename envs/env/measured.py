@@ -1,0 +1,332 @@
+"""What a controller measures of a running step, honestly, and the one observation a residual policy decides on.
+
+A controller inside real training knows the step it predicted (the step model's kernels and their cost at
+every clock pair), the host time since the step started, the clocks in effect and pending, the auto mode's
+drift as the A windows of its A/B measurement measure it, and where the GPU is as its anchors place it. From
+that alone (:class:`MeasuredState`) :func:`residual_observation` computes the policy's observation; the
+environment (:class:`~kdvfs.envs.env.residual_env.ResidualDVFSEnv`) builds the same state from its simulation
+through :class:`Measurement`, the way the runtime does:
+
+* **drift**: measured once per run with the error of the A windows (``drift_sd_pct``); applied only where clocks
+  drift: auto's kernels, and a locked core clock above what the power limiter now holds (:func:`drift_factors`),
+  never to a locked clock below it;
+* **position**: the kernel the last anchor passed stands for, extrapolated through the clocks the controller
+  saw in effect since (each stretch at the prediction's pace at its clocks, stretched by the measured drift, a
+  stall after each change; never back before the last estimate);
+* **prediction error**: the host time so far over the prediction's time up to the position at the clocks run
+  with the measured drift applied (fractions of kernels included: :class:`Measurement`);
+* **budget**: used = host time - the prediction's auto time up to the position x (1 + drift) x (1 + error):
+  the auto time a controller can know.
+
+The action (:func:`residual_pair`) is a residual over the fitting plan's pair for the coming segment (core
+clock up or down by a few of the grid's levels, memory clock up or down) and a margin (the share of the slack
+still affordable that the fitting plan must leave unspent); the zero action is the fitting plan itself.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+
+from kdvfs.envs.env.dynamic_observation import (
+    L_BUDGET_PLAN,
+    L_FITTING,
+    L_FITTING_SLOT,
+    L_LEVELS,
+    L_MEMORIES,
+    L_PLAN_SLOT,
+    L_PLANS,
+    L_PLANS_REST,
+    observe_dynamic,
+)
+from kdvfs.envs.env.live_tables import LiveTables
+from kdvfs.envs.env.observation import OBS_LIMIT, PLAN_ADVISOR_FEATURES, REMAINING_LATENCIES_CAP, ObservationSpec
+from kdvfs.envs.model.cost_model import Array
+
+RESIDUAL_OBSERVATION_VERSION = 7
+CORE_STEPS = (0, -1, 1, -2, 2, -4, 4)
+"""Core residuals, in grid levels (positive: a lower core clock); index 0 is none."""
+MEMORY_STEPS = (0, 1, -1)
+"""Memory residuals, in the grid's memory clocks (positive: a lower memory clock); index 0 is none."""
+MARGINS = (0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0)
+"""Shares of the remaining slack held back; index 0 is none."""
+TIME_TOLERANCE_S = 1e-12
+"""A kernel starting this close after the extrapolated instant counts as starting then (s)."""
+POSITION_TOLERANCE = 0.03
+"""The uncertainty of a position extrapolated from an anchor, as a share of the prediction's auto time since it
+(a kernel whose start lies within it counts as not started: a change requested then is for that kernel)."""
+ERROR_HISTORY = 3
+"""Prediction errors measured at the last decisions shown."""
+FEATURES = (
+    "budget_pct", "budget_used", "affordable_pct", "progress", "remaining_latencies",
+    "latency_ms", "drift_pct", "prediction_error_pct", *(f"error_{i + 1}_ago_pct" for i in range(ERROR_HISTORY)),
+    "last_latency_ratio", "margin_held",
+    "fitting_exists", "fitting_rest_saving_pct", "fitting_rest_slowdown_pct", "fitting_core", "fitting_auto",
+    "fitting_memory", "segment_latencies", "budget_plan_rest_slowdown_pct",
+    "core_in_effect", "auto_in_effect", "memory_in_effect", "pending",
+)
+"""The observation's fixed entries, in order; each plan's rest-of-step saving then slowdown follow (2 x P)."""
+
+
+class MeasuredState(NamedTuple):
+    """One decision point as a controller measures it (module docstring).
+
+    Attributes:
+        kernel: the kernel the GPU starts next, as the anchors place it (:meth:`Measurement.kernel`).
+        in_effect, pending: grid pair in effect; pair requested and not yet in effect (-1: none).
+        pending_age_s: host time since that request (s; 0 if none).
+        elapsed_s: host time since the step started (s).
+        model_elapsed_s: the prediction's time up to the position at the clocks run, the measured drift applied
+            where it slows them, stalls included (s; 0: none run yet).
+        auto_elapsed_s: the prediction's auto time up to the position (s, no drift).
+        drift_pct: auto's measured drift (%).
+        last_latency_ratio: the last change's measured latency over the mean (1 if none).
+    """
+
+    kernel: int
+    in_effect: int
+    pending: int
+    pending_age_s: float
+    elapsed_s: float
+    model_elapsed_s: float
+    auto_elapsed_s: float
+    drift_pct: float
+    last_latency_ratio: float = 1.0
+
+
+@dataclass(frozen=True)
+class ResidualSpec:
+    """The residual policy's observation layout: :data:`FEATURES`, then each plan's rest-of-step saving and
+    slowdown (``plans`` of each). Its hash goes into every frozen policy."""
+
+    plans: int
+    grid: dict[str, object]
+
+    @property
+    def size(self) -> int:
+        return len(FEATURES) + 2 * self.plans
+
+    def describe(self) -> dict[str, object]:
+        return {"version": RESIDUAL_OBSERVATION_VERSION, "features": list(FEATURES), "plans": self.plans,
+                "core_steps": list(CORE_STEPS), "memory_steps": list(MEMORY_STEPS), "margins": list(MARGINS),
+                "grid": self.grid}
+
+    def hash(self) -> str:
+        """sha256 (hex, first 16 characters) of :meth:`describe`."""
+        return hashlib.sha256(json.dumps(self.describe(), sort_keys=True).encode("utf-8")).hexdigest()[:16]
+
+
+def drift_factors(core_fraction: Array, memories: int, drift_pct: float) -> Array:
+    """(G,) factor on each grid pair's time under auto drift ``drift_pct``: 1 + drift at the auto levels (the
+    first ``memories`` pairs), and at a locked core clock of ``core_fraction`` of the maximum only what lies
+    above the limiter's clock (max(1, fraction x (1 + drift))), as :mod:`kdvfs.envs.env.dynamics` simulates."""
+    scale = 1.0 + drift_pct / 100.0
+    factors = np.maximum(1.0, core_fraction * scale)
+    factors[:memories] = scale
+    return factors
+
+
+def residual_pair(pair: int, core_step: int, memory_step: int, levels: int, memories: int) -> int:
+    """Grid pair ``pair`` moved ``core_step`` core levels (positive: lower clock; an auto core level stays
+    auto, a locked one stays locked) and ``memory_step`` memory clocks (positive: lower), clipped to the grid."""
+    level, memory = divmod(pair, memories)
+    if level > 0:
+        level = min(max(level + core_step, 1), levels - 1)
+    memory = min(max(memory + memory_step, 0), memories - 1)
+    return level * memories + memory
+
+
+class Measurement:
+    """A controller's measurements of one run's step, accumulated decision by decision (module docstring).
+
+    Positions are fractional kernels (kernel ``k`` plus the share of it run): a controller between anchors
+    knows the GPU is some way into a kernel, not that it stands on a kernel's start. The position runs from the
+    last anchor through the clocks seen in effect since (:meth:`landed`), each stretch at the prediction's pace
+    at its clocks stretched by the measured drift, a stall after each change; it never goes back. The
+    prediction's time at the clocks run counts each stretch between two landings at its clocks, fractions
+    included, so that a landing placed a hair past a kernel's start counts a hair of it at the old clocks, not
+    the whole kernel.
+
+    Args:
+        cumulative_s: (K + 1, G) the prediction's start of each kernel at each pair (s).
+        stall_s: GPU stall per clock change (s).
+        anchors: sorted kernels that carry an anchor (kernel 0 first: the step's start).
+        factors: (G,) :func:`drift_factors` of the measured drift.
+        paces: (anchors,) the step's measured pace from each anchor to the next (its auto time over the
+            prediction's, as the A windows' steps of the shape measure it); None: 1 (the prediction's pace).
+    """
+
+    def __init__(self, cumulative_s: Array, stall_s: float, anchors: Array, factors: Array,
+                 paces: Array | None = None) -> None:
+        self.cumulative_s, self.stall_s, self.anchors, self.factors = cumulative_s, stall_s, anchors, factors
+        self.paces = np.ones(len(anchors)) if paces is None else paces
+        self._position = 0.0
+        self._anchor = 0
+        self._landed_s: list[float] = []
+        self._landed_at: list[float] = []
+        self._pairs: list[int] = []
+        self._model_s: list[float] = []
+        self.errors = np.zeros(ERROR_HISTORY)
+
+    def landed(self, at_s: float, pair: int, position: float) -> None:
+        """A change to ``pair`` seen landing at host ``at_s`` at ``position`` (:meth:`position` then; the step's
+        first pair: at 0, 0); in time order."""
+        model_s = self.model_elapsed(position) + (self.stall_s if self._pairs else 0.0)
+        self._landed_s.append(at_s)
+        self._landed_at.append(position)
+        self._pairs.append(pair)
+        self._model_s.append(model_s)
+
+    def position(self, passed: int, passed_at_s: float, now_s: float) -> float:
+        """The GPU's (fractional) kernel position at host ``now_s``, from the last anchor before kernel
+        ``passed`` (started at host ``passed_at_s``) through the clocks seen in effect since, at the step's
+        measured pace after that anchor; short of the next anchor (not seen yet); never before the last
+        estimate."""
+        index = max(int(np.searchsorted(self.anchors, passed, side="left")) - 1, 0)
+        anchor, pace = int(self.anchors[index]), float(self.paces[index])
+        limit = float(self.anchors[index + 1]) if index + 1 < len(self.anchors) else len(self.cumulative_s) - 1.0
+        at = max(bisect.bisect_right(self._landed_s, passed_at_s), 1)
+        pair, position, from_s = self._pairs[at - 1], float(anchor), passed_at_s
+        for landed_s, landed in zip(self._landed_s[at:], self._pairs[at:], strict=True):
+            if landed_s >= now_s:
+                break
+            position = self._after(position, pair, (landed_s - from_s) / pace)
+            pair, from_s = landed, landed_s + self.stall_s
+        position = min(self._after(position, pair, (now_s - from_s) / pace), limit)
+        self._position = max(self._position, position)
+        self._anchor = anchor
+        return self._position
+
+    def kernel(self, position: float) -> int:
+        """The kernel the GPU starts next at ``position`` (of the last :meth:`position`): a kernel whose start
+        lies within the position's uncertainty before it (``POSITION_TOLERANCE`` of the prediction's auto time
+        since the anchor, plus ``TIME_TOLERANCE_S``) counts as not started yet."""
+        kernels = len(self.cumulative_s) - 1
+        whole = int(position)
+        times = self.cumulative_s[:, 0]
+        since_s = _time_at(times, position) - float(times[self._anchor])
+        if whole < kernels and _time_at(times, position) - float(times[whole]) \
+                <= TIME_TOLERANCE_S + POSITION_TOLERANCE * since_s:
+            return whole
+        return min(whole + 1, kernels - 1)
+
+    def model_elapsed(self, position: float) -> float:
+        """The prediction's time up to ``position`` at the clocks run, drift applied, stalls included (s)."""
+        if not self._pairs:
+            return 0.0
+        at = max(bisect.bisect_right(self._landed_at, position) - 1, 0)
+        pair, times = self._pairs[at], self.cumulative_s[:, self._pairs[at]]
+        run_s = _time_at(times, max(position, self._landed_at[at])) - _time_at(times, self._landed_at[at])
+        return self._model_s[at] + run_s * float(self.factors[pair])
+
+    def auto_elapsed(self, position: float) -> float:
+        """The prediction's auto time up to ``position`` (s, no drift)."""
+        return _time_at(self.cumulative_s[:, 0], position)
+
+    def _after(self, position: float, pair: int, host_s: float) -> float:
+        """The position ``host_s`` after ``position`` at ``pair``'s clocks."""
+        times = self.cumulative_s[:, pair]
+        return _position_at(times, _time_at(times, position) + max(host_s, 0.0) / float(self.factors[pair]))
+
+    def record_error(self, error_pct: float) -> None:
+        """Keep the prediction error measured at a decision (the newest first)."""
+        self.errors = np.roll(self.errors, 1)
+        self.errors[0] = error_pct
+
+
+def _time_at(times: Array, position: float) -> float:
+    """The prediction's time at fractional kernel ``position`` on ``times`` ((K + 1,) starts, s)."""
+    k = min(int(position), len(times) - 2)
+    return float(times[k] + (position - k) * (times[k + 1] - times[k]))
+
+
+def _position_at(times: Array, time_s: float) -> float:
+    """The fractional kernel position at the prediction's time ``time_s`` on ``times`` (clipped to the step)."""
+    kernels = len(times) - 1
+    k = min(max(int(np.searchsorted(times, time_s, side="right")) - 1, 0), kernels - 1)
+    length = float(times[k + 1] - times[k])
+    return float(min(k + (min(max((time_s - times[k]) / length, 0.0), 1.0) if length > 0 else 1.0), kernels))
+
+
+def budget_use(state: MeasuredState) -> tuple[float, float]:
+    """(budget used (s, host), prediction error (a factor - 1)) at ``state``: host time minus the prediction's
+    auto time up to the position (``auto_elapsed_s``) x (1 + drift) x (1 + error)."""
+    error = state.elapsed_s / state.model_elapsed_s - 1.0 if state.model_elapsed_s > 0 else 0.0
+    return state.elapsed_s - state.auto_elapsed_s * (1.0 + state.drift_pct / 100.0) * (1.0 + error), error
+
+
+def residual_observation(out: Array, tables: LiveTables, state: MeasuredState, budget: float, budget_plan: int,
+                         margin: float, errors: Array) -> int:
+    """Write the residual policy's observation at ``state`` into ``out`` ((spec size,) float32) and return the
+    fitting plan's pair (the expert's, with ``margin`` of the slack held back; auto if no plan fits).
+
+    Every entry is computed from the measured state, the prediction (``tables``) and ``errors`` (the prediction
+    errors of the last decisions, %): what a controller knows. The fitting plan is the advisors' own
+    (:func:`~kdvfs.envs.env.dynamic_observation.observe_dynamic`), fed on the prediction's timeline (host
+    seconds over the measured auto scale, the drift applied where it slows the clocks run)."""
+    sizes = tables.sizes
+    lay = tables.layout
+    kernels, plans = int(sizes[0]), int(lay[L_PLANS])
+    levels, memories = int(lay[L_LEVELS]), int(lay[L_MEMORIES])
+    k = min(max(state.kernel, 0), kernels - 1)
+    scale = 1.0 + state.drift_pct / 100.0
+    auto_s, step_s = state.auto_elapsed_s, tables.auto_time_s
+    used_s, error = budget_use(state)
+    used_model_s = used_s / (scale * (1.0 + error))
+    slack_s = max(budget * step_s - used_model_s, 0.0)
+    held_budget = budget - margin * slack_s / step_s
+    obs, advice = tables.obs, tables.advice
+    in_effect = state.in_effect
+    observe_dynamic(obs, advice, tables.static_rows[k], lay, tables.advisor_index, tables.cumulative_s,
+                    tables.landings[in_effect, 0], tables.landings[in_effect, 1], tables.plan_pairs, tables.plan_rest,
+                    tables.joinable, tables.next_change, tables.speeds_up, k, in_effect, state.pending,
+                    tables.latency_s - state.pending_age_s / scale, state.elapsed_s / scale, auto_s,
+                    state.model_elapsed_s / scale, state.last_latency_ratio, state.drift_pct, held_budget, step_s,
+                    tables.latency_s, tables.stall_s, budget_plan)
+    fitting_start, budget_start = int(lay[L_FITTING]), int(lay[L_BUDGET_PLAN])
+    fitting_pair = int(advice[int(lay[L_FITTING_SLOT])])
+    remaining_s = step_s - auto_s
+    affordable = 100.0 * (budget * step_s - used_model_s) / max(remaining_s, 1e-6 * step_s)
+    effect = int(tables.landings[in_effect, 0, k])
+    fitting_plan = _fitting_plan(advice, lay, fitting_pair, obs[fitting_start + PLAN_ADVISOR_FEATURES.index("exists")])
+    segment_end = int(tables.next_change[effect, fitting_plan]) if fitting_plan >= 0 else kernels
+    segment_s = float(tables.cumulative_s[segment_end, fitting_pair] - tables.cumulative_s[effect, fitting_pair])
+    latency_s = tables.latency_s
+    level, memory = divmod(fitting_pair, memories)
+    level_now, memory_now = divmod(in_effect, memories)
+    values = [
+        100.0 * budget, used_model_s / (max(budget, 1e-3) * step_s), affordable, auto_s / step_s,
+        min(remaining_s / latency_s if latency_s > 0 else REMAINING_LATENCIES_CAP, REMAINING_LATENCIES_CAP)
+        / REMAINING_LATENCIES_CAP,
+        1e3 * latency_s, state.drift_pct, 100.0 * error, *errors, state.last_latency_ratio, margin,
+        obs[fitting_start + 3], obs[fitting_start], obs[fitting_start + 1], level / max(levels - 1, 1),
+        float(level == 0), memory / max(memories - 1, 1),
+        min(segment_s / latency_s if latency_s > 0 else REMAINING_LATENCIES_CAP, REMAINING_LATENCIES_CAP)
+        / REMAINING_LATENCIES_CAP,
+        obs[budget_start + 1], level_now / max(levels - 1, 1), float(level_now == 0), memory_now / max(memories - 1, 1),
+        float(state.pending >= 0),
+    ]
+    out[:len(FEATURES)] = np.clip(values, -OBS_LIMIT, OBS_LIMIT)
+    rest = int(lay[L_PLANS_REST])
+    out[len(FEATURES):] = obs[rest:rest + 2 * plans]
+    return fitting_pair
+
+
+def _fitting_plan(advice: Array, lay: Array, pair: int, exists: float) -> int:
+    """Which plan the fitting advisor follows (-1: none fits), as far as its pair tells: the first plan proposing
+    it."""
+    if not exists:
+        return -1
+    start, plans = int(lay[L_PLAN_SLOT]), int(lay[L_PLANS])
+    found = np.flatnonzero(advice[start:start + plans] == pair)
+    return int(found[0]) if len(found) else -1
+
+
+def policy_spec(spec: ObservationSpec) -> ResidualSpec:
+    """The residual observation's spec beside the advisors' ``spec`` (same grid and plans)."""
+    return ResidualSpec(len(spec.plan_budgets), spec.grid.describe())
