@@ -101,7 +101,7 @@ def test_plan_actions_choose_among_the_plans_and_run_what_the_advisor_proposes()
         np.testing.assert_array_equal(plans_env.applied, pairs_env.applied)
     with pytest.raises(KdvfsError, match="only the plan advisors"):
         plans_env.advisor_action("windows")
-    with pytest.raises(KdvfsError, match="plan_actions needs plan_budgets"):
+    with pytest.raises(KdvfsError, match="plan_actions and residual_actions need plan_budgets"):
         KernelDVFSEnv(plan_actions=True)
 
 
