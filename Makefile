@@ -24,8 +24,10 @@ demo: setup
 	$(BIN)/kdvfs demo
 	@echo "kdvfs is installed in $(VENV): run \`source $(VENV)/bin/activate\` to put it on your PATH"
 
+# The fast suite on every core (pytest-xdist), a test file per worker at a time: a file's module fixtures (a
+# torchrun capture, a built wheel) are then made once.
 test: setup
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n auto --dist loadfile
 	$(BIN)/ruff check kdvfs envs agents runtime tests benchmarks scripts examples
 	$(BIN)/mypy
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import pickle
 from dataclasses import replace
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from kdvfs.agents.learned.ppo import NetArch, PolicyKwargs, TrainConfig, load_tr
 from kdvfs.agents.learned.train import TrainResult, train
 from kdvfs.envs.env.shape_pairs import ShapeSet
 from kdvfs.envs.env.workloads import WorkloadSet
+from tests.made_once import made_once
 
 
 def tiny_config(name: str = "h200") -> TrainConfig:
@@ -27,11 +29,28 @@ def tiny_config(name: str = "h200") -> TrainConfig:
     return replace(config, total_timesteps=256, n_envs=2, checkpoint_every=128, eval_every=128, ppo=ppo, data=data)
 
 
+def _train_tiny(folder: Path) -> None:
+    result = train(tiny_config(), folder / "run")
+    (folder / "result.pickle").write_bytes(pickle.dumps(result))
+
+
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> TrainResult:
-    return train(tiny_config(), Path(tmp_path_factory.mktemp("ppo")))
+    """The tiny run, trained once per session (all pytest-xdist workers); tests read its folder."""
+    result = pickle.loads((made_once(tmp_path_factory, "ppo", _train_tiny) / "result.pickle").read_bytes())
+    assert isinstance(result, TrainResult)
+    return result
+
+
+def _train_tiny_residual(folder: Path) -> None:
+    result = train(tiny_config("residual-h200"), folder / "run")
+    (folder / "result.pickle").write_bytes(pickle.dumps(result))
 
 
 @pytest.fixture(scope="session")
 def tiny_residual_run(tmp_path_factory: pytest.TempPathFactory) -> TrainResult:
-    return train(tiny_config("residual-h200"), Path(tmp_path_factory.mktemp("residual")))
+    """The tiny run of the experimental residual design, trained once per session (all pytest-xdist workers)."""
+    folder = made_once(tmp_path_factory, "residual", _train_tiny_residual)
+    result = pickle.loads((folder / "result.pickle").read_bytes())
+    assert isinstance(result, TrainResult)
+    return result

@@ -42,6 +42,8 @@ CASES = [
     ("void at::native::(anonymous namespace)::embedding_backward_feature_kernel<float>(long*)",
      "aten::embedding_dense_backward", Category.EMBEDDING),
     ("ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)", None, Category.COMMUNICATION),
+    ("gloo:all_reduce", None, Category.COMMUNICATION),  # DDP's gradients on the CPU (a CPU-test-mode capture)
+    ("gloo:all_gather", None, Category.COMMUNICATION),  # FSDP's unsharding on the CPU
     ("my_custom_kernel", None, Category.OTHER),
 ]
 

@@ -70,17 +70,12 @@ def test_train_refuses_a_run_folder_that_holds_files(tmp_path: Path, capsys: pyt
     assert "trains for 'rtx3080ti'" in capsys.readouterr().err
 
 
-def test_train_reports_its_stages_and_runs_with_the_default_progress_bar(tmp_path: Path,
-                                                                         capsys: pytest.CaptureFixture[str]) -> None:
+def test_train_runs_with_the_default_progress_bar(tmp_path: Path) -> None:
+    """Its stage lines: test_train_reports_its_stages_and_rounds_timesteps_up_to_whole_rollouts (``--no-progress``;
+    one tiny training each)."""
     config = tmp_path / "tiny.yaml"
     config.write_text(yaml.safe_dump(to_plain(tiny_config()), sort_keys=False))
-    train = ["train", "--gpu", "h200", "--config", str(config)]
-    assert main([*train, "--no-progress", "--out", str(tmp_path / "quiet")]) == 0
-    out = capsys.readouterr().out
-    for stage in ("loading PyTorch", "pricing every training and validation step once on h200",
-                  "imitation warm start on 1 training steps", "PPO for 256 timesteps", "comparing PPO with the bar"):
-        assert stage in out
-    assert main([*train, "--out", str(tmp_path / "bar")]) == 0
+    assert main(["train", "--gpu", "h200", "--config", str(config), "--out", str(tmp_path / "bar")]) == 0
     assert (tmp_path / "bar" / "policy.kdvfs-policy.npz").is_file()
 
 
@@ -104,8 +99,9 @@ def test_evaluate_episodes_adds_within_budget_and_is_seeded(capsys: pytest.Captu
     assert caught.value.code == 2 and "must be a positive integer" in capsys.readouterr().err
 
 
-def test_train_rounds_timesteps_up_to_whole_rollouts_and_says_so(tmp_path: Path,
-                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+def test_train_reports_its_stages_and_rounds_timesteps_up_to_whole_rollouts(tmp_path: Path,
+                                                                            capsys: pytest.CaptureFixture[str]
+                                                                            ) -> None:
     tiny = tiny_config()
     rollout = tiny.ppo.n_steps * tiny.n_envs
     assert whole_rollouts(1, tiny.ppo.n_steps, tiny.n_envs) == rollout
@@ -117,6 +113,9 @@ def test_train_rounds_timesteps_up_to_whole_rollouts_and_says_so(tmp_path: Path,
     out = capsys.readouterr().out
     assert f"1 timesteps rounded up to {rollout}" in out and f"PPO for {rollout} timesteps" in out, out
     assert f"trained {rollout} timesteps" in out
+    for stage in ("loading PyTorch", "pricing every training and validation step once on h200",
+                  "imitation warm start on 1 training steps", "comparing PPO with the bar"):
+        assert stage in out
 
 
 def test_evaluate_with_references_says_what_it_scored(capsys: pytest.CaptureFixture[str]) -> None:

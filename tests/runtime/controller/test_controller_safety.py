@@ -217,6 +217,10 @@ def test_kdvfs_reset_resets_both_clocks(shared_nvml: EnergyFakeNvml, monkeypatch
     assert "returned to the GPU's own control" in capsys.readouterr().out
 
 
+# Slow: test_run_end_to_end.py::test_a_cpu_test_mode_run_matches_its_own_capture is the fast suite's dry run of
+# `kdvfs run` end to end (summary, source, read-only NVML calls, the log's start), on a captured trace; the
+# controller opens a bundled trace name in this file's in-process tests (controller_helpers.TRACE).
+@pytest.mark.slow
 def test_kdvfs_run_dry_run_end_to_end(tmp_path: Path, plan_file: Path) -> None:
     log, calls = tmp_path / "run.jsonl", tmp_path / "nvml.log"
     done = subprocess.run(

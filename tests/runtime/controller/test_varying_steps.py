@@ -50,7 +50,9 @@ def predict(wanted: StepShape) -> Trace | None:
     return step(wanted.seq) if wanted.batch == BATCH and 64 <= wanted.seq <= 512 else None
 
 
+@cache
 def problem(seq: int) -> Problem:
+    """The step of ``seq`` tokens priced once (a frozen problem; the fake GPU only reads its costs)."""
     return Problem.build(step(seq), load_profile("h200"), BUDGET, LATENCY_MS / 1e3)
 
 

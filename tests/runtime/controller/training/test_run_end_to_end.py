@@ -74,6 +74,9 @@ def test_a_cpu_test_mode_run_matches_its_own_capture(captured: tuple[Path, Path]
     assert summary["steps"] == 400 and summary["controlled_steps"] > 200, \
         {key: summary[key] for key in ("steps", "controlled_steps", "mismatches", "backed_off", "error")}
     assert "CPU test mode on a fake NVML" in summary["not_measured_on_a_gpu"] and summary["guard_off"]
+    assert summary["dry_run"] and summary["source"] == "plan plan.json (static)"
+    assert all(READ_ONLY_CALL.fullmatch(name) for name in _calls(tmp_path))  # a dry run changes no clock
+    assert json.loads((tmp_path / "run.jsonl").read_text().splitlines()[0])["event"] == "start"
 
 
 def test_a_failing_reset_is_one_line_and_keeps_the_scripts_exit_code(captured: tuple[Path, Path],

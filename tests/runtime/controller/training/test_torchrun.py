@@ -3,7 +3,8 @@ CPU test mode, one fake GPU each (the fake NVML's lock state shared through file
 job's step time and communication, per-rank plans, a dry run and a non-dry run in lockstep with one job
 summary and per-rank rows, and a SIGKILL of one rank that leaves no GPU of the job locked. Then slack: a job
 whose rank 1 works more per step (``imbalanced_ddp.py``) plans the waiting rank slower within the job's
-budget; four ranks (slow) and FSDP end to end."""
+budget; FSDP (one rank; two ranks and four ranks are slow). ``kdvfs plan`` runs in this process: its own
+subprocess is the session capture's (``tests/runtime/conftest.py``)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from kdvfs.agents.common.problem import rank_slack_s
 from kdvfs.envs.common.paths import REPO_ROOT
 from kdvfs.envs.trace.format import load_trace
 from kdvfs.envs.trace.trace import Category, noncommunication_s
+from kdvfs.runtime.cli import main
 from tests.runtime.controller.training.test_run_end_to_end import KDVFS, NVML, PERMISSION_SHIM, _wait
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone"]
@@ -56,10 +58,8 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert done.returncode == 0, done.stderr[-3000:]
     (folder / "capture.json").write_text(done.stdout)
     for rank in RANKS:
-        planned = _kdvfs(["plan", "--trace", str(folder / f"step.rank{rank}.trace.json"), "--gpu", "h200",
-                          "--method", "static", "--slowdown", "0.01", "-o", str(folder / f"plan.rank{rank}.json")],
-                         dict(os.environ))
-        assert planned.returncode == 0, planned.stderr[-2000:]
+        assert main(["plan", "--trace", str(folder / f"step.rank{rank}.trace.json"), "--gpu", "h200", "--method",
+                     "static", "--slowdown", "0.01", "-o", str(folder / f"plan.rank{rank}.json")]) == 0
     return folder
 
 
@@ -94,16 +94,20 @@ def test_each_rank_captures_its_own_trace_with_the_jobs_step_time(job: Path) -> 
 
 
 def test_a_one_rank_torchrun_job_names_its_trace_as_without_torchrun(tmp_path: Path) -> None:
+    """With ``--fsdp``: the fast suite's run of the example's FSDP path (two ranks: the slow FSDP test below)."""
     one_rank = _torchrun(1)
+    fsdp = [*GPT_DDP[:-1], "--fsdp"]
     done = _kdvfs(["capture", "--cpu-test-mode", "--nvml-module", NVML, "--energy-window-s", "0.3", "-o",
-                   str(tmp_path / "step.trace.json"), "--", *one_rank, *GPT_DDP, "--steps", "600"],
+                   str(tmp_path / "step.trace.json"), "--", *one_rank, *fsdp, "--steps", "600"],
                   _environment(tmp_path))
     assert done.returncode == 0, done.stderr[-3000:]
     assert load_trace(tmp_path / "step.trace.json").meta.measurements["world_size"] == 1
     assert not list(tmp_path.glob("step.rank*"))
 
 
-@pytest.mark.parametrize("dry_run", [True, False], ids=["dry-run", "controlled"])
+# The dry run is slow: the fast suite has the controlled job (the ranks' path) and the dry runs of one process
+# (test_run_end_to_end.py::test_a_cpu_test_mode_run_matches_its_own_capture, read-only NVML calls included).
+@pytest.mark.parametrize("dry_run", [pytest.param(True, marks=pytest.mark.slow), False], ids=["dry-run", "controlled"])
 def test_every_rank_controls_its_own_gpu_in_lockstep(job: Path, dry_run: bool) -> None:
     done = subprocess.run(_run_argv(job, 300, dry_run), capture_output=True, text=True, cwd=REPO_ROOT,
                           env=_environment(job), check=False)
@@ -154,9 +158,8 @@ def _capture(folder: Path, script: list[str], ranks: int) -> dict[str, Any]:
 def _plan(folder: Path, rank: int, method: str, *flags: str) -> dict[str, Any]:
     """Rank ``rank``'s plan (``plan.rankR.json``, with its slack unless ``--no-slack``) as JSON."""
     out = folder / f"plan.rank{rank}{''.join(flags)}.json"
-    done = _kdvfs(["plan", "--trace", str(folder / f"step.rank{rank}.trace.json"), "--gpu", "h200", "--method", method,
-                   "--slowdown", str(BUDGET), "-o", str(out), *flags], dict(os.environ))
-    assert done.returncode == 0, done.stderr[-2000:]
+    assert main(["plan", "--trace", str(folder / f"step.rank{rank}.trace.json"), "--gpu", "h200", "--method", method,
+                 "--slowdown", str(BUDGET), "-o", str(out), *flags]) == 0
     return dict(json.loads(out.read_text()))
 
 
@@ -204,6 +207,10 @@ def test_four_ranks_capture_plan_with_their_slack_and_control_in_lockstep(tmp_pa
     assert all(decision == decisions[0] for decision in decisions)
 
 
+# Slow: the fast suite covers each part of it: the example's FSDP path (the one-rank test above), collectives
+# captured per rank and planned with the job's step (the ``job`` fixture, the waiting-rank test) and FSDP's
+# collectives named communication (tests/envs/trace/test_classify.py).
+@pytest.mark.slow
 def test_an_fsdp_job_captures_its_collectives_per_rank(tmp_path: Path) -> None:
     fsdp = [*GPT_DDP[:-1], "--fsdp", "--steps", "1000"]
     report = _capture(tmp_path, fsdp, 2)
