@@ -191,17 +191,17 @@ FORKS = ("import os, sys, time\n"
          "if os.fork() == 0:  # a DataLoader worker, say: forked, no exec\n"
          "    try:\n"
          "        os.fstat(fd)\n"
-         "        print('open', flush=True)\n"
+         "        os.write(1, b'open\\n')  # one write each: parent and child share the pipe\n"
          "    except OSError:\n"
-         "        print('closed', flush=True)\n"
+         "        os.write(1, b'closed\\n')\n"
          "    try:\n"
          "        connection.request('state', gpu=0)\n"
-         "        print('answered', flush=True)\n"
+         "        os.write(1, b'answered\\n')\n"
          "    except DaemonError:\n"
-         "        print('refused', flush=True)\n"
+         "        os.write(1, b'refused\\n')\n"
          "    time.sleep(60)\n"
          "    os._exit(0)\n"
-         "print('locked', flush=True)\ntime.sleep(120)\n")
+         "os.write(1, b'locked\\n')\ntime.sleep(120)\n")
 """A client that locks fake GPU 0 and forks a child, which reports whether it kept the connection."""
 
 PASSES = ("import subprocess, sys, time\n"
@@ -212,7 +212,7 @@ PASSES = ("import subprocess, sys, time\n"
           "fd = connection._socket.fileno()\n"
           "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], pass_fds=(fd,))\n"
           "print(child.pid, flush=True)\n"
-          "print('locked', flush=True)\ntime.sleep(120)\n")
+          "os.write(1, b'locked\\n')\ntime.sleep(120)\n")
 """A client that locks fake GPU 0 and hands its socket to a child it starts (which the fork hook cannot close)."""
 
 
