@@ -212,7 +212,7 @@ PASSES = ("import subprocess, sys, time\n"
           "fd = connection._socket.fileno()\n"
           "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], pass_fds=(fd,))\n"
           "print(child.pid, flush=True)\n"
-          "os.write(1, b'locked\\n')\ntime.sleep(120)\n")
+          "print('locked', flush=True)\ntime.sleep(120)\n")
 """A client that locks fake GPU 0 and hands its socket to a child it starts (which the fork hook cannot close)."""
 
 
