@@ -24,12 +24,15 @@ demo: setup
 	$(BIN)/kdvfs demo
 	@echo "kdvfs is installed in $(VENV): run \`source $(VENV)/bin/activate\` to put it on your PATH"
 
-# The fast suite on every core (pytest-xdist), a test file per worker at a time: a file's module fixtures (a
-# torchrun capture, a built wheel) are then made once.
+# The fast suite on every core (pytest-xdist), a test file per worker at a time (a file's module fixtures, such
+# as a torchrun capture or a built wheel, are then made once), with mypy beside it on the cores the tests leave
+# idle while they wait on their subprocesses; mypy's report follows the tests'. Fails if either fails.
 test: setup
-	$(BIN)/python -m pytest -q -n auto --dist loadfile
 	$(BIN)/ruff check kdvfs envs agents runtime tests benchmarks scripts examples
-	$(BIN)/mypy
+	@types_log=$$(mktemp); $(BIN)/mypy > $$types_log 2>&1 & types=$$!; \
+	$(BIN)/python -m pytest -q -n auto --dist loadfile; tests_code=$$?; \
+	wait $$types; types_code=$$?; cat $$types_log; rm -f $$types_log; \
+	test $$tests_code -eq 0 -a $$types_code -eq 0
 
 lint: setup
 	$(BIN)/ruff check kdvfs envs agents runtime tests benchmarks scripts examples
