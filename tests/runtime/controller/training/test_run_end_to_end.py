@@ -145,6 +145,13 @@ def test_cpu_test_mode_matches_steps_loosely_and_gpu_runs_keep_their_tolerance()
     assert ControllerConfig.from_options("p", "t").step_match_tolerance == 0.1
 
 
+# Slow (two runs at once, the longest test here): the fast suite refuses a controller on a leased GPU before any
+# clock call, naming the holder (test_lease.py::test_a_controller_is_refused_on_a_leased_gpu_before_any_clock_change,
+# ::test_a_second_claimant_is_refused_with_the_holder_named), refuses a second `kdvfs run` end to end in one line
+# (test_daemon_runs.py::test_a_sigkilled_run_through_the_daemon_has_its_gpu_reset_and_a_second_is_refused) and
+# forwards a signal to a running trainer that then restores and releases its lease
+# (test_run_ends.py::test_sigint_to_kdvfs_run_alone_reaches_the_trainer; SIGTERM takes the same handler).
+@pytest.mark.slow
 def test_a_second_run_on_a_leased_gpu_is_refused_and_leaves_the_first_alone(captured: tuple[Path, Path],
                                                                              tmp_path: Path) -> None:
     """Issue 44: a second non-dry ``kdvfs run`` on the GPU a first one controls exits 2 with one line naming the

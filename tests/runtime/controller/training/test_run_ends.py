@@ -101,6 +101,8 @@ def test_sigint_to_kdvfs_run_alone_reaches_the_trainer(captured: tuple[Path, Pat
     summary = json.loads(stdout)
     assert summary["gpu_restored"] is True and summary["steps"] < 100_000, stderr[-2000:]
     assert _locks(tmp_path) == {}
+    leases = list(Path(os.environ["KDVFS_LEASE_DIR"]).glob("*.lease"))
+    assert leases and all(path.read_text() == "" for path in leases)  # taken, then released
 
 
 def test_the_trainer_ends_when_kdvfs_run_is_killed(captured: tuple[Path, Path], tmp_path: Path) -> None:
