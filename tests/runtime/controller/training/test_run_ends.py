@@ -25,7 +25,7 @@ from tests.runtime.controller.training.test_run_end_to_end import (
     _wait,
 )
 
-ABORT_AT_STEP = 400
+ABORT_AT_STEP = 1500
 
 
 def _aborting_trainer(tmp_path: Path) -> list[str]:
