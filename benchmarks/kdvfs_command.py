@@ -28,3 +28,11 @@ def run_kdvfs(folder: Path, label: str, args: list[str], env: dict[str, str] | N
     (folder / f"{label}.out.json").write_text(done.stdout or "{}")
     print(json.dumps({k: v for k, v in record.items() if k != "stderr_tail"}), done.stderr[-tail_chars:], flush=True)
     return record
+
+
+def run_kdvfs_through(folder: Path, label: str, args: list[str], nvml: str) -> dict[str, Any]:
+    """:func:`run_kdvfs` of ``kdvfs ARGS`` (its options, ``--``, the script) with NVML through the module ``nvml``
+    (``benchmarks.nvml_guard`` on a GPU), recording its NVML calls in ``folder/LABEL.nvml.json``."""
+    split = args.index("--")
+    return run_kdvfs(folder, label, [*args[:split], "--nvml-module", nvml, *args[split:]],
+                     {"KDVFS_NVML_RECORD": str(folder / f"{label}.nvml.json")}, tail_chars=1200)

@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kdvfs_command import CLI, run_kdvfs
+from kdvfs_command import CLI, run_kdvfs_through
 from provenance import host, nvidia_smi, provenance, provenance_lines, utc_now, write_results
 
 from kdvfs.envs.common.paths import REPO_ROOT
@@ -34,13 +34,6 @@ SCRIPT = ["examples/hf_sft.py", "--model", "llama"]
 CPU_SCRIPT = [*SCRIPT, "--size", "tiny", "--device", "cpu", "--min-len", "16", "--max-len", "128", "--batch", "4"]
 RUNS = {"ab": [], "no-ab": ["--ab-share", "0"]}
 TARGET_CONTROLLED = 0.90
-
-
-def _kdvfs(folder: Path, label: str, args: list[str], nvml: str) -> dict[str, Any]:
-    """``kdvfs ARGS`` (its options, ``--``, the script) with NVML through ``nvml``, recording its NVML calls."""
-    split = args.index("--")
-    return run_kdvfs(folder, label, [*args[:split], "--nvml-module", nvml, *args[split:]],
-                     {"KDVFS_NVML_RECORD": str(folder / f"{label}.nvml.json")}, tail_chars=1200)
 
 
 def run(folder: Path, cpu_test: bool, only: list[str] | None = None) -> None:
@@ -53,8 +46,9 @@ def run(folder: Path, cpu_test: bool, only: list[str] | None = None) -> None:
     trace, plan = str(folder / "sft.trace.json"), str(folder / "plan.json")
     log: list[dict[str, Any]] = []
     if not (folder / "plan.json").is_file():  # a folder holding a capture and its plan runs them again
-        log.append(_kdvfs(folder, "capture", ["capture", *fake, "--energy-window-s", "1" if cpu_test else "4",
-                                              "-o", trace, "--json", "--", *script, "--steps", "400"], nvml))
+        log.append(run_kdvfs_through(
+            folder, "capture", ["capture", *fake, "--energy-window-s", "1" if cpu_test else "4", "-o", trace, "--json",
+                                "--", *script, "--steps", "400"], nvml))
         done = subprocess.run([sys.executable, "-c", CLI, "plan", "--trace", trace, "--gpu", "h200", "--method",
                                "latency-optimal", "--budget", "0.01", "-o", plan], cwd=REPO_ROOT,
                               capture_output=True, text=True)
@@ -62,9 +56,10 @@ def run(folder: Path, cpu_test: bool, only: list[str] | None = None) -> None:
     for label, options in RUNS.items():
         if only and label not in only:
             continue
-        log.append(_kdvfs(folder, label, ["run", "--dry-run", *fake, "--policy", plan, "--trace", trace, *options,
-                                          "--json", "--log", str(folder / f"{label}.jsonl"), "--", *script,
-                                          "--steps", "120" if cpu_test else "300"], nvml))
+        log.append(run_kdvfs_through(
+            folder, label, ["run", "--dry-run", *fake, "--policy", plan, "--trace", trace, *options, "--json",
+                            "--log", str(folder / f"{label}.jsonl"), "--", *script,
+                            "--steps", "120" if cpu_test else "300"], nvml))
     (folder / "run.json").write_text(json.dumps({**host(), "date_utc": utc_now(), "log": log,
                                                  "nvidia_smi": "" if cpu_test else nvidia_smi()}, indent=1))
 

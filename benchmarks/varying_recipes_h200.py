@@ -29,7 +29,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kdvfs_command import CLI, run_kdvfs
+from kdvfs_command import CLI, run_kdvfs_through
 from provenance import host, nvidia_smi, provenance, provenance_lines, utc_now, write_results
 
 from kdvfs.envs.common.paths import REPO_ROOT
@@ -42,13 +42,6 @@ RECIPES = {"encoder-decoder": ["--model", "t5"], "grad-accum": ["--model", "llam
 TARGET_CONTROLLED, TARGET_HALF_WIDTH_PCT, TARGET_KERNEL_ERROR_PCT = 0.90, 2.0, 5.0
 
 
-def _kdvfs(folder: Path, label: str, args: list[str], nvml: str) -> dict[str, Any]:
-    """``kdvfs ARGS`` (its options, ``--``, the script) with NVML through ``nvml``, recording its NVML calls."""
-    split = args.index("--")
-    return run_kdvfs(folder, label, [*args[:split], "--nvml-module", nvml, *args[split:]],
-                     {"KDVFS_NVML_RECORD": str(folder / f"{label}.nvml.json")}, tail_chars=1200)
-
-
 def run_recipe(folder: Path, recipe: str, cpu_test: bool) -> list[dict[str, Any]]:
     """Capture, plan and the dry run of ``recipe`` into ``folder`` (see the module docstring)."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -56,15 +49,17 @@ def run_recipe(folder: Path, recipe: str, cpu_test: bool) -> list[dict[str, Any]
     nvml = "kdvfs.runtime.testing.nvml" if cpu_test else "benchmarks.nvml_guard"
     fake = ["--cpu-test-mode"] if cpu_test else []
     trace, plan = str(folder / "run.trace.json"), str(folder / "plan.json")
-    log = [_kdvfs(folder, "capture", ["capture", *fake, "--energy-window-s", "1" if cpu_test else "4", "-o", trace,
-                                      "--json", "--", *script, "--steps", "160" if cpu_test else "220"], nvml)]
+    log = [run_kdvfs_through(
+        folder, "capture", ["capture", *fake, "--energy-window-s", "1" if cpu_test else "4", "-o", trace,
+                            "--json", "--", *script, "--steps", "160" if cpu_test else "220"], nvml)]
     done = subprocess.run([sys.executable, "-c", CLI, "plan", "--trace", trace, "--gpu", "h200", "--method",
                            "latency-optimal", "--budget", "0.01", "-o", plan], cwd=REPO_ROOT, capture_output=True,
                           text=True)
     log.append({"label": "plan", "exit_code": done.returncode, "stderr_tail": done.stderr[-2000:]})
-    log.append(_kdvfs(folder, "run", ["run", "--dry-run", *fake, "--policy", plan, "--trace", trace, "--json",
-                                      "--log", str(folder / "run.jsonl"), "--", *script,
-                                      "--steps", "120" if cpu_test else "300"], nvml))
+    log.append(run_kdvfs_through(
+        folder, "run", ["run", "--dry-run", *fake, "--policy", plan, "--trace", trace, "--json",
+                        "--log", str(folder / "run.jsonl"), "--", *script, "--steps", "120" if cpu_test else "300"],
+        nvml))
     return log
 
 

@@ -3,6 +3,7 @@ live in files, so the test reads what the daemon set) in a folder every user may
 
 from __future__ import annotations
 
+import grp
 import json
 import os
 import resource
@@ -114,6 +115,15 @@ def start_holder(daemon: RunningDaemon, script: str = HOLD) -> subprocess.Popen[
                                cwd=REPO_ROOT)
     assert process.stdout is not None and process.stdout.readline().strip() == "locked"
     return process
+
+
+def gid_exists(gid: int) -> bool:
+    """Whether this machine has a group of id ``gid``."""
+    try:
+        grp.getgrgid(gid)
+    except KeyError:
+        return False
+    return True
 
 
 def end(process: subprocess.Popen[Any]) -> None:

@@ -11,7 +11,6 @@ import signal
 import socket
 import stat
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -28,43 +27,22 @@ from tests.runtime.daemon.daemon_helpers import (
     UUID0,
     RunningDaemon,
     fake_environment,
+    gid_exists,
     locks,
     start_daemon,
+    start_holder,
     wait_for,
 )
 
-HOLD = ("import sys, time\n"
-        "from kdvfs.runtime.daemon.client import DaemonConnection\n"
-        "connection = DaemonConnection(sys.argv[1])\n"
-        "connection.request('lease', gpu=0)\n"
-        "connection.request('lock', gpu=0, core_mhz=1095, mem_mhz=2201)\n"
-        "print('locked', flush=True)\ntime.sleep(120)\n")
-"""A client that leases fake GPU 0 through the daemon, locks it and waits to be killed."""
-
-
-def _holder(daemon: RunningDaemon) -> subprocess.Popen[str]:
-    process = subprocess.Popen([sys.executable, "-c", HOLD, str(daemon.socket)], stdout=subprocess.PIPE, text=True,
-                               cwd=REPO_ROOT)
-    assert process.stdout is not None and process.stdout.readline().strip() == "locked"
-    return process
-
 
 def test_the_socket_is_mode_0660_in_the_named_group(open_folder: Path) -> None:
-    group = grp.getgrgid(os.getgid() if os.getgid() != 0 else 65534 if _has_gid(65534) else 0)
+    group = grp.getgrgid(os.getgid() if os.getgid() != 0 else 65534 if gid_exists(65534) else 0)
     daemon = start_daemon(open_folder, "--group", group.gr_name)
     try:
         mode = daemon.socket.stat()
         assert stat.S_ISSOCK(mode.st_mode) and stat.S_IMODE(mode.st_mode) == 0o660 and mode.st_gid == group.gr_gid
     finally:
         assert daemon.stop() == 0
-
-
-def _has_gid(gid: int) -> bool:
-    try:
-        grp.getgrgid(gid)
-    except KeyError:
-        return False
-    return True
 
 
 def test_a_lease_names_the_gpu_and_a_lock_sets_its_clocks_until_the_reset(daemon: RunningDaemon,
@@ -83,8 +61,8 @@ def test_a_lease_names_the_gpu_and_a_lock_sets_its_clocks_until_the_reset(daemon
         connection.close()
 
 
-def test_a_second_client_is_refused_naming_the_holder(daemon: RunningDaemon, open_folder: Path) -> None:
-    holder = _holder(daemon)
+def test_a_second_client_is_refused_naming_thestart_holder(daemon: RunningDaemon, open_folder: Path) -> None:
+    holder = start_holder(daemon)
     second = DaemonConnection(daemon.socket)
     try:
         with pytest.raises(LeaseHeldError) as refused:
@@ -145,7 +123,7 @@ def test_unknown_requests_are_refused_in_one_line_and_the_connection_goes_on(dae
 
 def test_a_sigkilled_client_has_its_gpu_reset_when_its_connection_drops(daemon: RunningDaemon,
                                                                         open_folder: Path) -> None:
-    holder = _holder(daemon)
+    holder = start_holder(daemon)
     assert locks(open_folder) == {"core": 1095, "mem": 2201}
     holder.send_signal(signal.SIGKILL)
     holder.wait()
@@ -160,7 +138,7 @@ def test_a_sigkilled_client_has_its_gpu_reset_when_its_connection_drops(daemon: 
 
 def test_a_restart_resets_what_the_previous_daemon_left_locked(open_folder: Path) -> None:
     first = start_daemon(open_folder)
-    holder = _holder(first)
+    holder = start_holder(first)
     try:
         assert '"0"' in first.state.read_text()
         first.process.send_signal(signal.SIGKILL)  # no chance to reset: the state file remembers
@@ -179,7 +157,7 @@ def test_a_restart_resets_what_the_previous_daemon_left_locked(open_folder: Path
 
 
 def test_sigterm_resets_every_gpu_removes_the_socket_and_exits_0(daemon: RunningDaemon, open_folder: Path) -> None:
-    holder = _holder(daemon)
+    holder = start_holder(daemon)
     try:
         assert daemon.stop() == 0
     finally:
@@ -191,7 +169,7 @@ def test_sigterm_resets_every_gpu_removes_the_socket_and_exits_0(daemon: Running
 
 
 def test_the_daemon_and_direct_users_share_the_gpu_lease(daemon: RunningDaemon) -> None:
-    holder = _holder(daemon)
+    holder = start_holder(daemon)
     try:
         with pytest.raises(LeaseHeldError, match=f"is leased by pid {holder.pid} \\(`through kdvfs daemon pid "
                                                  f"{daemon.process.pid}: .*python -c import sys, time from "):
@@ -225,7 +203,7 @@ def test_kdvfs_reset_through_the_daemon_and_its_refusals(daemon: RunningDaemon, 
                               capture_output=True, text=True, cwd=REPO_ROOT, env=fake_environment(open_folder),
                               check=False)
 
-    holder = _holder(daemon)
+    holder = start_holder(daemon)
     try:
         refused = reset()
         assert refused.returncode == 2 and f"leased through this kdvfs daemon by pid {holder.pid}" in refused.stderr

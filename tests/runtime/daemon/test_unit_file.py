@@ -18,7 +18,7 @@ import pytest
 
 from kdvfs.envs.common.paths import REPO_ROOT
 from kdvfs.runtime.daemon.client import DaemonConnection
-from tests.runtime.daemon.daemon_helpers import locks, start_daemon, wait_for
+from tests.runtime.daemon.daemon_helpers import gid_exists, locks, start_daemon, wait_for
 
 UNIT = REPO_ROOT / "deploy" / "kdvfs-daemon.service"
 OK_EXPOSURE = 4.9
@@ -78,7 +78,7 @@ def test_the_daemon_runs_with_only_the_units_capabilities_and_no_writable_execut
     if not _mdwe_works():
         pytest.skip("this kernel has no PR_SET_MDWE (Linux 6.3 and later)")
     caps = _directives()["CapabilityBoundingSet"][-1].lower().replace("cap_", "+").replace(" ", ",")  # +sys_admin,...
-    group = grp.getgrgid(65534 if _gid_exists(65534) else os.getgid())
+    group = grp.getgrgid(65534 if gid_exists(65534) else os.getgid())
     daemon = start_daemon(open_folder, "--group", group.gr_name, preexec_fn=_deny_write_execute,
                           prefix=["setpriv", "--nnp", "--bounding-set", f"-all,{caps}", "--inh-caps", "-all", "--"])
     try:
@@ -93,11 +93,3 @@ def test_the_daemon_runs_with_only_the_units_capabilities_and_no_writable_execut
         assert wait_for(lambda: locks(open_folder) == {})
     finally:
         assert daemon.stop() == 0
-
-
-def _gid_exists(gid: int) -> bool:
-    try:
-        grp.getgrgid(gid)
-    except KeyError:
-        return False
-    return True
