@@ -51,7 +51,7 @@ def run_recipe(folder: Path, recipe: str, cpu_test: bool) -> list[dict[str, Any]
     trace, plan = str(folder / "run.trace.json"), str(folder / "plan.json")
     log = [run_kdvfs_through(
         folder, "capture", ["capture", *fake, "--energy-window-s", "1" if cpu_test else "4", "-o", trace,
-                            "--json", "--", *script, "--steps", "160" if cpu_test else "220"], nvml)]
+                            "--json", "--", *script, "--steps", "400"], nvml)]
     done = subprocess.run([sys.executable, "-c", CLI, "plan", "--trace", trace, "--gpu", "h200", "--method",
                            "latency-optimal", "--budget", "0.01", "-o", plan], cwd=REPO_ROOT, capture_output=True,
                           text=True)
