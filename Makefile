@@ -28,14 +28,14 @@ demo: setup
 # as a torchrun capture or a built wheel, are then made once), with mypy beside it on the cores the tests leave
 # idle while they wait on their subprocesses; mypy's report follows the tests'. Fails if either fails.
 test: setup
-	$(BIN)/ruff check kdvfs envs agents runtime tests benchmarks scripts examples
+	$(BIN)/ruff check kdvfs common envs agents runtime tests benchmarks scripts examples
 	@types_log=$$(mktemp); $(BIN)/mypy > $$types_log 2>&1 & types=$$!; \
 	$(BIN)/python -m pytest -q -n auto --dist loadfile; tests_code=$$?; \
 	wait $$types; types_code=$$?; cat $$types_log; rm -f $$types_log; \
 	test $$tests_code -eq 0 -a $$types_code -eq 0
 
 lint: setup
-	$(BIN)/ruff check kdvfs envs agents runtime tests benchmarks scripts examples
+	$(BIN)/ruff check kdvfs common envs agents runtime tests benchmarks scripts examples
 	$(BIN)/mypy
 
 # Re-create the bundled kdvfs traces from the raw H200 recordings (see data/README.md).

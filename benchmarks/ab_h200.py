@@ -32,7 +32,7 @@ from typing import Any
 
 from provenance import host, nvidia_smi, provenance, provenance_lines, utc_now, write_results
 
-from kdvfs.envs.common.paths import REPO_ROOT
+from kdvfs.common.paths import REPO_ROOT
 from kdvfs.envs.trace.bundled import open_trace
 
 KDVFS = [sys.executable, "-c", "import sys; from kdvfs.runtime.cli import main; sys.exit(main(sys.argv[1:]))"]

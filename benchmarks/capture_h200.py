@@ -25,9 +25,9 @@ import numpy as np
 from kdvfs_command import run_kdvfs
 from provenance import host, nvidia_smi, utc_now, write_results
 
+from kdvfs.common.paths import DATA_DIR
 from kdvfs.envs.calibration.fit import predict_power_w
 from kdvfs.envs.calibration.sweep import load_sweep
-from kdvfs.envs.common.paths import DATA_DIR
 from kdvfs.envs.gpu.profiles import GpuProfile, load_profile
 from kdvfs.envs.model.cost_model import ClockLimits, CostParams
 from kdvfs.envs.model.cost_tables import build_tables, step_breakdown

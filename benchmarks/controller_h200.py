@@ -59,7 +59,7 @@ from controller_arms import arm_order
 from controller_windows import ORDER, PLANS, SETTLE_STEPS, WARMUP_STEPS, parse_options, plan_path
 from provenance import host, nvidia_smi, utc_now
 
-from kdvfs.envs.common.paths import REPO_ROOT
+from kdvfs.common.paths import REPO_ROOT
 
 CLI = "import sys; from kdvfs.runtime.cli import main; sys.exit(main(sys.argv[1:]))"
 GUARD = "benchmarks.nvml_guard"

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 from controller_windows import SETTLE_STEPS
 
-from kdvfs.envs.common.paths import REPO_ROOT
+from kdvfs.common.paths import REPO_ROOT
 from kdvfs.envs.trace.bundled import open_trace
 from kdvfs.envs.trace.importing import read_recording
 from kdvfs.runtime.capture.cpu_emulation import emulate_gpu_recording

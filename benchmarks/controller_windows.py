@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kdvfs.envs.common.paths import REPO_ROOT
+from kdvfs.common.paths import REPO_ROOT
 
 ORDER = (True, False, False, True, True, False, False, True)
 """Each window with (True) or without the controller: four ABBA pairs."""

@@ -19,9 +19,9 @@ from kdvfs.agents.common.problem import Problem
 from kdvfs.agents.evaluation.compare import compare
 from kdvfs.agents.evaluation.ranges import row_ranges
 from kdvfs.agents.planners.registry import COMPARED
+from kdvfs.common.paths import DATA_DIR
 from kdvfs.envs.calibration.fit import POWER_PARAMS, cross_validate, fit_params, predict_power_w
 from kdvfs.envs.calibration.sweep import Sweep, load_sweep
-from kdvfs.envs.common.paths import DATA_DIR
 from kdvfs.envs.gpu.profiles import load_profile
 from kdvfs.envs.model.cost_model import (
     ClockLimits,

@@ -27,7 +27,7 @@ from typing import Any
 
 from provenance import provenance, provenance_lines, write_results
 
-from kdvfs.envs.common.paths import REPO_ROOT
+from kdvfs.common.paths import REPO_ROOT
 from kdvfs.runtime.daemon.client import DaemonDevice
 from kdvfs.runtime.device.nvml import NvmlDevice, import_nvml
 

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kdvfs.envs.common.paths import REPO_ROOT
+from kdvfs.common.paths import REPO_ROOT
 
 CLI = "import sys; from kdvfs.runtime.cli import main; sys.exit(main(sys.argv[1:]))"
 """``python -c CLI ARGS`` is ``kdvfs ARGS`` where kdvfs is importable but not installed (the device machine)."""

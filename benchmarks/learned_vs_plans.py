@@ -43,7 +43,7 @@ from kdvfs.agents.learned.margin_plans import (
     within,
 )
 from kdvfs.agents.learned.ppo import build_pairs, load_train_config
-from kdvfs.envs.common.paths import REPO_ROOT
+from kdvfs.common.paths import REPO_ROOT
 from kdvfs.envs.env.measured import MARGINS
 from kdvfs.envs.gpu.profiles import load_profile
 

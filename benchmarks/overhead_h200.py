@@ -42,7 +42,7 @@ from typing import Any
 from kdvfs_command import CLI
 from provenance import host, nvidia_smi, utc_now
 
-from kdvfs.envs.common.paths import REPO_ROOT
+from kdvfs.common.paths import REPO_ROOT
 
 GUARD = "benchmarks.nvml_guard"
 POLICY = "policies/h200.kdvfs-policy.npz"

@@ -37,10 +37,10 @@ from provenance import provenance, write_results
 from kdvfs.agents.common.problem import Problem, score
 from kdvfs.agents.learned.frozen import FrozenPolicy
 from kdvfs.agents.learned.noisy_evaluation import COMPLIANCE, MARGIN_METHOD, closed_loop_row, noisy_rows
-from kdvfs.agents.learned.policy_planner import PolicyPlanner, policy_env, shipped_policy_path
+from kdvfs.agents.learned.policy_planner import PolicyPlanner, policy_env
 from kdvfs.agents.learned.ppo import load_train_config
 from kdvfs.agents.planners.registry import make_planner
-from kdvfs.envs.common.paths import REPO_ROOT
+from kdvfs.common.paths import REPO_ROOT, shipped_policy_path
 from kdvfs.envs.env.dvfs_env import KernelDVFSEnv
 from kdvfs.envs.env.step_data import StepData
 from kdvfs.envs.gpu.profiles import GpuProfile, load_profile

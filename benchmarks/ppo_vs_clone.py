@@ -38,7 +38,7 @@ from kdvfs.agents.learned.frozen import FrozenPolicy
 from kdvfs.agents.learned.imitation import Expert
 from kdvfs.agents.learned.policy_planner import Actor, rollout
 from kdvfs.agents.learned.ppo import load_train_config
-from kdvfs.envs.common.paths import REPO_ROOT
+from kdvfs.common.paths import REPO_ROOT
 from kdvfs.envs.env.config import EnvConfig
 from kdvfs.envs.env.dvfs_env import KernelDVFSEnv
 from kdvfs.envs.env.shape_pairs import Perturbation, ShapePair, shape_pairs

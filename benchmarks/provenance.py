@@ -16,8 +16,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from kdvfs.envs.common.paths import REPO_ROOT
-from kdvfs.envs.common.run_record import git_revision
+from kdvfs.common.paths import REPO_ROOT
+from kdvfs.common.run_record import git_revision
 
 RESULTS = REPO_ROOT / "benchmarks" / "results"
 PROVENANCE_KEYS = ("figure", "command", "machine", "python", "date_utc", "git_revision")

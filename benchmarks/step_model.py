@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from provenance import provenance, provenance_lines, write_results
 
-from kdvfs.envs.common.paths import REPO_ROOT
+from kdvfs.common.paths import REPO_ROOT
 from kdvfs.envs.model.step.validation import leave_one_out
 from kdvfs.envs.model.step_model import StepModel
 from kdvfs.envs.trace.format import load_trace

@@ -44,7 +44,7 @@ from provenance import provenance, provenance_lines, write_results
 
 from kdvfs.agents.common.problem import Planner, Problem, score
 from kdvfs.agents.planners.registry import make_planner
-from kdvfs.envs.common.paths import DATA_DIR
+from kdvfs.common.paths import DATA_DIR
 from kdvfs.envs.gpu.profiles import load_profile
 from kdvfs.envs.model.drift import DriftModel
 from kdvfs.envs.model.schedule import ActionCosts

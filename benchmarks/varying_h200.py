@@ -28,7 +28,7 @@ from typing import Any
 from kdvfs_command import CLI, run_kdvfs_through
 from provenance import host, nvidia_smi, provenance, provenance_lines, utc_now, write_results
 
-from kdvfs.envs.common.paths import REPO_ROOT
+from kdvfs.common.paths import REPO_ROOT
 
 SCRIPT = ["examples/hf_sft.py", "--model", "llama"]
 CPU_SCRIPT = [*SCRIPT, "--size", "tiny", "--device", "cpu", "--min-len", "16", "--max-len", "128", "--batch", "4"]

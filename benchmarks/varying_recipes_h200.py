@@ -32,7 +32,7 @@ from typing import Any
 from kdvfs_command import CLI, run_kdvfs_through
 from provenance import host, nvidia_smi, provenance, provenance_lines, utc_now, write_results
 
-from kdvfs.envs.common.paths import REPO_ROOT
+from kdvfs.common.paths import REPO_ROOT
 
 LENGTHS = ["--lengths", "lognormal", "--median-len", "256", "--min-len", "16", "--max-len", "1024", "--batch", "8"]
 CPU_LENGTHS = ["--size", "tiny", "--device", "cpu", "--lengths", "lognormal", "--median-len", "32", "--min-len", "8",

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 from provenance import provenance, provenance_lines, write_results
 
-from kdvfs.envs.common.paths import DATA_DIR
+from kdvfs.common.paths import DATA_DIR
 from kdvfs.envs.gpu.profiles import GpuProfile, load_profile
 from kdvfs.envs.model.cost_tables import build_tables
 from kdvfs.envs.model.estimate import estimate_features

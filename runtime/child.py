@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import kdvfs
-from kdvfs.envs.common.errors import KdvfsError
+from kdvfs.common.errors import KdvfsError
 
 _PYTHON = re.compile(r"python[\d.]*(\.exe)?")
 _TORCHRUN = re.compile(r"torchrun(\.exe)?")

@@ -15,15 +15,15 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kdvfs.common.files import split_suffix
+
 TIMEOUT_S = 300.0
 PREFIX = "kdvfs/"
-_TRACE_SUFFIX = re.compile(r"(\.trace)?\.json(\.gz)?$")
 
 
 @dataclass(frozen=True)
@@ -49,8 +49,7 @@ def rank_path(path: str | Path, rank: int) -> Path:
     """Rank ``rank``'s file for ``path``: ``.rankR`` before the suffix (``step.trace.json`` ->
     ``step.rank1.trace.json``, ``run.jsonl`` -> ``run.rank1.jsonl``, ``tb`` -> ``tb.rank1``)."""
     path = Path(path)
-    match = _TRACE_SUFFIX.search(path.name)
-    stem, suffix = (path.name[:match.start()], match.group()) if match else (path.stem, path.suffix)
+    stem, suffix = split_suffix(path.name)
     return path.with_name(f"{stem}.rank{rank}{suffix}")
 
 

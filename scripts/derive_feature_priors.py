@@ -13,8 +13,8 @@ import sys
 from dataclasses import asdict
 from datetime import UTC, datetime
 
-from kdvfs.envs.common.paths import REPO_ROOT
-from kdvfs.envs.common.run_record import git_revision
+from kdvfs.common.paths import REPO_ROOT
+from kdvfs.common.run_record import git_revision
 from kdvfs.envs.model.estimate import CategoryPrior, derive_priors
 from kdvfs.envs.trace.bundled import open_trace
 from kdvfs.envs.trace.trace import Category, Trace

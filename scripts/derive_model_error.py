@@ -15,8 +15,8 @@ from datetime import UTC, datetime
 
 import numpy as np
 
+from kdvfs.common.run_record import git_revision
 from kdvfs.envs.calibration.model_error import model_error_document
-from kdvfs.envs.common.run_record import git_revision
 from kdvfs.envs.gpu.profiles import load_profile
 from kdvfs.envs.model.model_error import FORMAT, MODEL_ERROR_PATH
 

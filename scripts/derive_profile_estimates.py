@@ -23,10 +23,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from kdvfs.common.config import load_yaml
+from kdvfs.common.paths import DATA_DIR
 from kdvfs.envs.calibration.fit import POWER_PARAMS, TIME_PARAMS, fit_params
 from kdvfs.envs.calibration.sweep import load_sweep
-from kdvfs.envs.common.config import load_yaml
-from kdvfs.envs.common.paths import DATA_DIR
 from kdvfs.envs.gpu.profile_io import write_cost_model
 from kdvfs.envs.gpu.profiles import CostParam, load_profile, profile_path
 from kdvfs.envs.model.cost_model import CostParams

@@ -19,10 +19,10 @@ from pathlib import Path
 
 from derive_profile_estimates import rtx3080ti_prior
 
+from kdvfs.common.config import load_yaml
 from kdvfs.envs.calibration.fit import param_bounds
 from kdvfs.envs.calibration.optimum_fit import Table1Fit, fit_published_multistart
 from kdvfs.envs.calibration.published_optimum import TABLE1_PATH, load_published_optimum, table1_step
-from kdvfs.envs.common.config import load_yaml
 from kdvfs.envs.gpu.profile_io import write_cost_model, write_profile_yaml
 from kdvfs.envs.gpu.profiles import CostParam, GpuProfile, profile_path
 from kdvfs.envs.model.cost_model import CostParams

@@ -4,14 +4,16 @@ and a docstring for every room (package)."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
 
-from kdvfs.envs.common.paths import REPO_ROOT
+from kdvfs.common.paths import REPO_ROOT
 
-PACKAGES = ("envs", "agents", "runtime")
-FORBIDDEN = {"envs": ("agents", "runtime"), "agents": ("runtime",), "runtime": ()}
+PACKAGES = ("common", "envs", "agents", "runtime")
+FORBIDDEN = {"common": ("envs", "agents", "runtime"), "envs": ("agents", "runtime"), "agents": ("runtime",),
+             "runtime": ()}
 
 
 def _module_name(path: Path) -> str:
@@ -95,3 +97,12 @@ def test_every_room_says_what_it_owns() -> None:
     silent = [name for name, path in SOURCES.items()
               if path.name == "__init__.py" and not ast.get_docstring(ast.parse(path.read_text()))]
     assert not silent
+
+
+@pytest.mark.parametrize("pattern", [r"^Array = ", r"^POLICY_SUFFIX = |= \"\.kdvfs-policy\.npz\"",
+                                     r"def shipped_policy_path\("])
+def test_shared_basics_defined_once(pattern: str) -> None:
+    """The array alias, the policy suffix and the shipped-policy path live in ``kdvfs.common`` alone."""
+    regex = re.compile(pattern, re.MULTILINE)
+    defining = [name for name, path in SOURCES.items() if regex.search(path.read_text())]
+    assert len(defining) == 1 and defining[0].startswith("kdvfs.common."), defining

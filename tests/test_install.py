@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from kdvfs.envs.common.paths import REPO_ROOT
+from kdvfs.common.paths import REPO_ROOT
 
 ACTIVATE = "source .venv/bin/activate"
 CPU_INDEX = "https://download.pytorch.org/whl/cpu"

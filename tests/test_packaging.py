@@ -16,13 +16,14 @@ from pathlib import Path
 import pytest
 
 from kdvfs import __version__
-from kdvfs.envs.common.paths import HOME_VARIABLE, REPO_ROOT
+from kdvfs.common.paths import HOME_VARIABLE, REPO_ROOT
 
-SOURCES = ("pyproject.toml", "README.md", "kdvfs", "envs", "agents", "runtime", "configs", "data", "policies")
+SOURCES = ("pyproject.toml", "README.md", "kdvfs", "common", "envs", "agents", "runtime", "configs", "data", "policies")
 SHIPPED = ("kdvfs/configs/gpus/h200.yaml", "kdvfs/configs/model_error.json", "kdvfs/configs/workloads/gpt2s.yaml",
            "kdvfs/configs/ppo/h200.yaml",
            "kdvfs/data/traces/h200/gpt3xl-24layer-b4.trace.json", "kdvfs/policies/h200.kdvfs-policy.npz",
-           "kdvfs/data/raw/h200/ncu_gpt3xl_1layer.csv.gz", "kdvfs/runtime/cli/__init__.py")
+           "kdvfs/data/raw/h200/ncu_gpt3xl_1layer.csv.gz", "kdvfs/runtime/cli/__init__.py",
+           "kdvfs/common/paths.py")
 
 
 def _run(*argv: str | Path, cwd: Path | None = None) -> str:

@@ -13,7 +13,7 @@ from typing import Protocol
 
 import numpy as np
 
-from kdvfs.envs.common.errors import KdvfsError
+from kdvfs.common.errors import KdvfsError
 from kdvfs.envs.gpu.profiles import GpuProfile
 from kdvfs.envs.model.cost_model import CostParams
 from kdvfs.envs.model.cost_tables import build_tables

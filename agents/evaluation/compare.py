@@ -16,7 +16,7 @@ from pathlib import Path
 from kdvfs.agents.common.problem import InfeasibleBudgetError, Problem, Score, score
 from kdvfs.agents.planners.power_limit import POWER_LIMIT, lowest_power_limit
 from kdvfs.agents.planners.registry import COMPARED, make_planner
-from kdvfs.envs.common.files import write_bytes_atomic
+from kdvfs.common.files import write_bytes_atomic
 from kdvfs.envs.model.schedule import Schedule
 
 EVALUATED = (*COMPARED[:2], POWER_LIMIT, *COMPARED[2:])

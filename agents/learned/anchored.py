@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from stable_baselines3 import PPO
 
-from kdvfs.envs.model.cost_model import Array
+from kdvfs.common.arrays import Array
 
 
 class AnchoredPPO(PPO):

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from kdvfs.envs.model.cost_model import Array
+from kdvfs.common.arrays import Array
 
 TANH, RELU = 0, 1
 """Activations, by the code the kernels take."""

@@ -3,7 +3,7 @@
 The file holds the actor MLP's weights, the observation normalisation, the environment's settings
 (:class:`~kdvfs.envs.env.config.EnvConfig`: they define the observation and the clock grid), the GPU
 profile it was trained for and the hash of its observation spec. :meth:`FrozenPolicy.load` refuses another
-profile, another observation layout, or a damaged file with a :class:`~kdvfs.envs.common.errors.KdvfsError`.
+profile, another observation layout, or a damaged file with a :class:`~kdvfs.common.errors.KdvfsError`.
 Neither stable-baselines3 nor torch is imported."""
 
 from __future__ import annotations
@@ -19,19 +19,18 @@ from typing import Any
 import numpy as np
 
 from kdvfs.agents.learned.forward import RELU, TANH, act
-from kdvfs.envs.common.config import ConfigError, from_mapping, to_plain
-from kdvfs.envs.common.errors import KdvfsError
-from kdvfs.envs.common.files import write_bytes_atomic
+from kdvfs.common.arrays import Array
+from kdvfs.common.config import ConfigError, from_mapping, to_plain
+from kdvfs.common.errors import KdvfsError
+from kdvfs.common.files import write_bytes_atomic
 from kdvfs.envs.env.clock_grid import ClockGrid
 from kdvfs.envs.env.config import EnvConfig
 from kdvfs.envs.env.measured import ResidualSpec, policy_spec
 from kdvfs.envs.env.observation import ObservationSpec
 from kdvfs.envs.gpu.profiles import GpuProfile
-from kdvfs.envs.model.cost_model import Array
 
 FORMAT = "kdvfs-policy"
 VERSION = 1
-SUFFIX = ".kdvfs-policy.npz"
 ACTIVATIONS = {"tanh": TANH, "relu": RELU}
 """Hidden-layer activations by name, as :mod:`kdvfs.agents.learned.forward` codes them."""
 

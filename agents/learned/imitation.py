@@ -20,9 +20,9 @@ import numpy as np
 import torch
 from stable_baselines3.common.policies import ActorCriticPolicy
 
-from kdvfs.envs.common.errors import KdvfsError
+from kdvfs.common.arrays import Array
+from kdvfs.common.errors import KdvfsError
 from kdvfs.envs.env.dvfs_env import KernelDVFSEnv
-from kdvfs.envs.model.cost_model import Array
 
 EXPERTS = ("budget_plan", "fitting_plan")
 """The advisors an expert may follow (groups of :data:`kdvfs.envs.env.observation.ADVISOR_GROUPS`)."""

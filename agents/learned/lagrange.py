@@ -23,8 +23,8 @@ import numpy as np
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.vec_env import VecEnv, VecEnvWrapper
 
-from kdvfs.envs.common.errors import KdvfsError
-from kdvfs.envs.model.cost_model import Array
+from kdvfs.common.arrays import Array
+from kdvfs.common.errors import KdvfsError
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from numba.core import types
 from numba.experimental import structref
 
 from kdvfs.agents.learned.forward import act
+from kdvfs.common.arrays import Array
 from kdvfs.envs.env.live_tables import (
     DEPENDS_ON_BUDGET,
     NO_PLAN,
@@ -32,7 +33,6 @@ from kdvfs.envs.env.live_tables import (
     target_pair_of,
 )
 from kdvfs.envs.env.observation import BUDGET_FEATURES
-from kdvfs.envs.model.cost_model import Array
 
 NO_REQUEST = -1
 """The pair of a decision that requests nothing."""

@@ -17,12 +17,12 @@ import numpy as np
 
 from kdvfs.agents.common.problem import within_budget
 from kdvfs.agents.learned.policy_planner import Actor, rollout
+from kdvfs.common.arrays import Array
 from kdvfs.envs.env.config import EnvConfig
 from kdvfs.envs.env.measured import MARGINS
 from kdvfs.envs.env.residual_env import ResidualDVFSEnv
 from kdvfs.envs.env.shape_pairs import ShapePair
 from kdvfs.envs.gpu.profiles import GpuProfile
-from kdvfs.envs.model.cost_model import Array
 
 COMPLIANCE = 0.95
 """The share of episodes within budget a method must reach (the promise)."""

@@ -46,7 +46,7 @@ from kdvfs.agents.learned.live_decision import (
     first_change_bound,
 )
 from kdvfs.agents.learned.policy_planner import policy_env
-from kdvfs.envs.common.locked import index_right
+from kdvfs.common.locked import index_right
 from kdvfs.envs.env.dvfs_env import KernelDVFSEnv
 from kdvfs.envs.env.dynamic_observation import clock_one_hots
 from kdvfs.envs.env.live import LiveState

@@ -13,18 +13,12 @@ from typing import Any, Protocol
 from kdvfs.agents.common.problem import Problem
 from kdvfs.agents.evaluation.compare import Row, scored_row
 from kdvfs.agents.learned.frozen import FrozenPolicy, PolicyFileError
-from kdvfs.envs.common.paths import POLICY_DIR
+from kdvfs.common.arrays import Array
 from kdvfs.envs.env.dvfs_env import KernelDVFSEnv
 from kdvfs.envs.env.residual_env import ResidualDVFSEnv
 from kdvfs.envs.env.step_data import StepData
 from kdvfs.envs.gpu.profiles import GpuProfile
-from kdvfs.envs.model.cost_model import Array
 from kdvfs.envs.model.schedule import Schedule
-
-
-def shipped_policy_path(gpu: str) -> Path:
-    """Where the policy shipped for ``gpu`` lives: ``policies/<gpu>.kdvfs-policy.npz``."""
-    return POLICY_DIR / f"{gpu}.kdvfs-policy.npz"
 
 
 def policy_env(policy: FrozenPolicy, problem: Problem, disturbed: bool = False, one_step: bool = False

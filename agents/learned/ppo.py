@@ -6,7 +6,7 @@ section holds arguments of ``stable_baselines3.PPO`` under SB3's own names, ``ve
 included), ``data`` the train/held-out split.
 
 Layering: a config file may name a base with ``extends: <base>``; it is then laid over the base's mapping by
-:func:`~kdvfs.envs.common.config.merge_mappings` (mappings merge key by key, recursively; any other value,
+:func:`~kdvfs.common.config.merge_mappings` (mappings merge key by key, recursively; any other value,
 lists and null included, replaces the base's whole) before the strict load. ``<base>`` is a bundled PPO config
 name (``default``) or, when it ends in ``.yaml``/``.yml``, a file path relative to the extending file's folder;
 bases may extend bases (a cycle is an error). ``configs/ppo/default.yaml`` holds what every GPU shares and
@@ -37,9 +37,9 @@ from stable_baselines3.common.vec_env import (
 from kdvfs.agents.learned.anchored import AnchoredPPO
 from kdvfs.agents.learned.imitation import ImitationArgs
 from kdvfs.agents.learned.lagrange import BudgetMultipliers, ConstraintArgs, LagrangianReward
-from kdvfs.envs.common.config import ConfigError, from_mapping, load_yaml, merge_mappings
-from kdvfs.envs.common.paths import CONFIG_DIR
-from kdvfs.envs.common.resolve import resolve_shipped
+from kdvfs.common.config import ConfigError, from_mapping, load_yaml, merge_mappings
+from kdvfs.common.paths import CONFIG_DIR
+from kdvfs.common.resolve import resolve_shipped
 from kdvfs.envs.env.clock_grid import ClockGrid
 from kdvfs.envs.env.config import EnvConfig
 from kdvfs.envs.env.dvfs_env import ENV_ID

@@ -32,7 +32,7 @@ from kdvfs.agents.learned.frozen import FrozenPolicy
 from kdvfs.agents.learned.imitation import Expert
 from kdvfs.agents.learned.policy_planner import Actor, policy_env, rollout
 from kdvfs.agents.planners.latency_optimal import LatencyOptimal
-from kdvfs.envs.common.errors import KdvfsError
+from kdvfs.common.errors import KdvfsError
 from kdvfs.envs.env.dvfs_env import KernelDVFSEnv
 from kdvfs.envs.env.dynamics import Disturbances, draw, execute_open_loop
 from kdvfs.envs.env.step_data import StepData

@@ -5,11 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kdvfs.envs.common.errors import KdvfsError
-from kdvfs.envs.common.paths import POLICY_DIR
-from kdvfs.envs.common.resolve import resolve_shipped, shipped_names
-
-POLICY_SUFFIX = ".kdvfs-policy.npz"
+from kdvfs.common.errors import KdvfsError
+from kdvfs.common.paths import POLICY_DIR, POLICY_SUFFIX
+from kdvfs.common.resolve import resolve_shipped, shipped_names
 
 
 class PolicySourceError(KdvfsError):

@@ -35,7 +35,7 @@ from stable_baselines3.common.running_mean_std import RunningMeanStd
 from stable_baselines3.common.vec_env import VecNormalize
 
 from kdvfs.agents.learned.anchored import AnchoredPPO
-from kdvfs.agents.learned.frozen import SUFFIX, FrozenPolicy, freeze
+from kdvfs.agents.learned.frozen import FrozenPolicy, freeze
 from kdvfs.agents.learned.imitation import clone, demonstrations, record
 from kdvfs.agents.learned.lagrange import MultiplierCallback
 from kdvfs.agents.learned.margin_plans import COMPLIANCE, best_margins, chosen, episodes, margin_actors, within
@@ -48,19 +48,20 @@ from kdvfs.agents.learned.ppo import (
     make_model,
     make_vec_env,
 )
-from kdvfs.envs.common.config import to_plain
-from kdvfs.envs.common.files import write_text_atomic
-from kdvfs.envs.common.run_record import git_revision, write_run_record
+from kdvfs.common.arrays import Array
+from kdvfs.common.config import to_plain
+from kdvfs.common.files import write_text_atomic
+from kdvfs.common.paths import POLICY_SUFFIX
+from kdvfs.common.run_record import git_revision, write_run_record
 from kdvfs.envs.env.config import EnvConfig
 from kdvfs.envs.env.dvfs_env import KernelDVFSEnv
 from kdvfs.envs.env.residual_env import ResidualDVFSEnv
 from kdvfs.envs.env.shape_pairs import ShapePair
 from kdvfs.envs.gpu.profiles import GpuProfile, load_profile
-from kdvfs.envs.model.cost_model import Array
 
-POLICY_FILE = f"policy{SUFFIX}"
-CLONE_FILE = f"imitation{SUFFIX}"
-PPO_FILE = f"ppo{SUFFIX}"
+POLICY_FILE = f"policy{POLICY_SUFFIX}"
+CLONE_FILE = f"imitation{POLICY_SUFFIX}"
+PPO_FILE = f"ppo{POLICY_SUFFIX}"
 """The clone before PPO and PPO's final policy, both kept whichever ships (``benchmarks/policies.py``)."""
 SCORE_SEEDS = 2
 """Noise seeds per validation step, budget and latency when the clone and PPO's policy are compared."""

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kdvfs.envs.common.native_output import native_stdout_to_stderr
-from kdvfs.envs.model.cost_model import Array
+from kdvfs.common.arrays import Array
+from kdvfs.common.native_output import native_stdout_to_stderr
 
 _BISECTIONS = 60
 MILP_TIME_LIMIT_S = 5.0

@@ -8,7 +8,7 @@ from kdvfs.agents.common.problem import Planner
 from kdvfs.agents.planners.latency_optimal import LatencyOptimal
 from kdvfs.agents.planners.reactive import ReactiveGovernor
 from kdvfs.agents.planners.static_plans import Auto, IlpGlobal, PerKernelBudget, PerPhase, StaticPair
-from kdvfs.envs.common.errors import KdvfsError
+from kdvfs.common.errors import KdvfsError
 
 PLANNERS: dict[str, Callable[[], Planner]] = {
     "auto": Auto,

@@ -10,7 +10,7 @@ import numpy as np
 
 from kdvfs.agents.common.problem import InfeasibleBudgetError, Problem
 from kdvfs.agents.planners.mckp import solve_mckp
-from kdvfs.envs.model.cost_model import Array
+from kdvfs.common.arrays import Array
 from kdvfs.envs.model.schedule import Schedule
 from kdvfs.envs.trace.trace import Phase
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kdvfs.common.errors import KdvfsError
 from kdvfs.envs.calibration.fit import (
     POWER_PARAMS,
     TIME_PARAMS,
@@ -20,7 +21,6 @@ from kdvfs.envs.calibration.fit import (
     predict_time_s,
 )
 from kdvfs.envs.calibration.sweep import Sweep
-from kdvfs.envs.common.errors import KdvfsError
 from kdvfs.envs.gpu.profiles import CostParam, GpuProfile
 from kdvfs.envs.model.cost_model import ClockLimits, CostParams
 

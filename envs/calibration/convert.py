@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from kdvfs.common.files import read_input, read_text
 from kdvfs.envs.calibration.sweep import Sweep, SweepError
-from kdvfs.envs.common.files import read_input, read_text
 from kdvfs.envs.trace.ncu import NcuKernel, read_ncu_csv
 
 WANG_CHU_BUS_BYTES = {"gtx980": 32, "gtx1080ti": 44}

@@ -14,8 +14,9 @@ from dataclasses import dataclass, replace
 import numpy as np
 from scipy.optimize import least_squares
 
+from kdvfs.common.arrays import Array
 from kdvfs.envs.calibration.sweep import Sweep, SweepError
-from kdvfs.envs.model.cost_model import Array, CostParams, kernel_power_w, kernel_time_s
+from kdvfs.envs.model.cost_model import CostParams, kernel_power_w, kernel_time_s
 
 TIME_PARAMS = ("fixed_fraction", "boundness_exponent", "latency_floor", "memory_core_knee")
 POWER_PARAMS = ("static_w", "leakage_w", "core_idle_w", "core_sm_w", "core_tensor_w", "voltage_min",

@@ -29,13 +29,14 @@ from typing import Any
 
 import numpy as np
 
+from kdvfs.common.arrays import Array
+from kdvfs.common.paths import BUNDLED_TRACE_DIR, DATA_DIR
 from kdvfs.envs.calibration.fit import POWER_PARAMS, fit_params, predict_power_w, predict_time_s
 from kdvfs.envs.calibration.optimum_fit import published_changes
 from kdvfs.envs.calibration.published_optimum import load_published_optimum, table1_step
 from kdvfs.envs.calibration.sweep import Sweep, load_sweep
-from kdvfs.envs.common.paths import BUNDLED_TRACE_DIR, DATA_DIR
 from kdvfs.envs.gpu.profiles import GpuProfile
-from kdvfs.envs.model.cost_model import Array, CostParams
+from kdvfs.envs.model.cost_model import CostParams
 from kdvfs.envs.model.cost_tables import build_tables, step_breakdown
 from kdvfs.envs.trace.format import load_trace
 from kdvfs.envs.trace.trace import Trace, with_measured_gaps

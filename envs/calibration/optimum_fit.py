@@ -19,10 +19,11 @@ import numpy as np
 from scipy.optimize import least_squares
 from scipy.stats import qmc
 
+from kdvfs.common.arrays import Array
 from kdvfs.envs.calibration.fit import POWER_PARAMS, TIME_PARAMS, param_bounds
 from kdvfs.envs.calibration.published_optimum import PublishedKernel
 from kdvfs.envs.gpu.profiles import GpuProfile
-from kdvfs.envs.model.cost_model import Array, CostParams
+from kdvfs.envs.model.cost_model import CostParams
 from kdvfs.envs.model.cost_tables import build_tables
 from kdvfs.envs.model.schedule import ActionCosts
 from kdvfs.envs.trace.trace import Trace

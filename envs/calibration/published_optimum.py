@@ -15,9 +15,9 @@ import csv
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from kdvfs.common.files import read_input
+from kdvfs.common.paths import RAW_DATA_DIR
 from kdvfs.envs.calibration.sweep import SweepError
-from kdvfs.envs.common.files import read_input
-from kdvfs.envs.common.paths import RAW_DATA_DIR
 from kdvfs.envs.gpu.profiles import GpuProfile
 from kdvfs.envs.synthetic.generator import TransformerConfig, generate_transformer_trace, load_workload
 from kdvfs.envs.trace.trace import Kernel, Trace, TraceMeta

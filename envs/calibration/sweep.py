@@ -26,12 +26,13 @@ from pathlib import Path
 
 import numpy as np
 
-from kdvfs.envs.common.errors import KdvfsError
-from kdvfs.envs.common.files import read_input
-from kdvfs.envs.common.paths import SWEEP_DIR
-from kdvfs.envs.common.resolve import resolve_shipped
+from kdvfs.common.arrays import Array
+from kdvfs.common.errors import KdvfsError
+from kdvfs.common.files import read_input
+from kdvfs.common.paths import SWEEP_DIR
+from kdvfs.common.resolve import resolve_shipped
 from kdvfs.envs.gpu.profiles import GpuProfile
-from kdvfs.envs.model.cost_model import Array, ClockLimits, KernelInputs
+from kdvfs.envs.model.cost_model import ClockLimits, KernelInputs
 
 SWEEP_SUFFIX = ".sweep.csv"
 REQUIRED_COLUMNS = ("kernel", "core_mhz", "mem_mhz", "time_s", "power_w", "sm_util", "dram_util")

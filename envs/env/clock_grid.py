@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from kdvfs.envs.common.errors import ProfileError
+from kdvfs.common.arrays import Array
+from kdvfs.common.errors import ProfileError
 from kdvfs.envs.gpu.profiles import GpuProfile
-from kdvfs.envs.model.cost_model import Array
 from kdvfs.envs.model.schedule import ActionCosts
 
 AUTO = "auto"

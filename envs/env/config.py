@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from kdvfs.envs.common.errors import KdvfsError
+from kdvfs.common.errors import KdvfsError
 from kdvfs.envs.env.clock_grid import DEFAULT_CORE_FRACTIONS, ClockGrid
 from kdvfs.envs.env.dynamics import MEASURED_DRIFT, DisturbanceSettings
 from kdvfs.envs.env.observation import ObservationSpec

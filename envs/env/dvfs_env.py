@@ -17,7 +17,8 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from kdvfs.envs.common.errors import KdvfsError
+from kdvfs.common.arrays import Array
+from kdvfs.common.errors import KdvfsError
 from kdvfs.envs.env.config import EnvConfig, settings_table
 from kdvfs.envs.env.dynamic_observation import layout, observe_dynamic
 from kdvfs.envs.env.dynamics import Disturbances, core_fractions, draw
@@ -39,7 +40,6 @@ from kdvfs.envs.env.step_data import StepData, step_index
 from kdvfs.envs.env.timing import decision_data, regime_index, timings
 from kdvfs.envs.env.workloads import default_step
 from kdvfs.envs.gpu.profiles import GpuProfile, load_profile
-from kdvfs.envs.model.cost_model import Array
 
 ENV_ID = "KernelDVFS-v0"
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from kdvfs.common.arrays import Array
 from kdvfs.envs.env.observation import (
     ADVISOR_FEATURES,
     OBS_LIMIT,
@@ -26,7 +27,6 @@ from kdvfs.envs.env.observation import (
     WINDOW_METRICS,
     ObservationSpec,
 )
-from kdvfs.envs.model.cost_model import Array
 
 (L_WINDOWS, L_WINDOW_COUNT, L_PAIRS, L_LEVELS, L_MEMORIES, L_KERNELS, L_PLANS, L_IN_EFFECT, L_PENDING,
  L_CONTROLLER, L_BUDGET, L_CONDITIONS, L_ADVISORS, L_PLANS_REST, L_PLANS_IN_EFFECT, L_FITTING, L_BUDGET_PLAN,

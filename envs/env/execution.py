@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from kdvfs.common.arrays import Array
 from kdvfs.envs.env.dynamics import Disturbances
 from kdvfs.envs.env.plan_advice import EPS
 from kdvfs.envs.env.reward import Totals
 from kdvfs.envs.env.step_data import StepData
-from kdvfs.envs.model.cost_model import Array
 
 
 class StepExecution:

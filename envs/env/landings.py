@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from kdvfs.common.arrays import Array
 from kdvfs.envs.env.plan_advice import PlanAdvice, landing_kernels
 from kdvfs.envs.env.step_data import StepData
-from kdvfs.envs.model.cost_model import Array
 
 
 class Landings:

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
+from kdvfs.common.arrays import Array
 from kdvfs.envs.env.dynamic_observation import observe_dynamic
-from kdvfs.envs.model.cost_model import Array
 
 DEPENDS_ON_BUDGET = -2
 """:func:`plan_of` (and a live decision's next change): the standing order's proposal depends on the budget."""

@@ -33,6 +33,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from kdvfs.common.arrays import Array
 from kdvfs.envs.env.dynamic_observation import (
     L_BUDGET_PLAN,
     L_FITTING,
@@ -46,7 +47,6 @@ from kdvfs.envs.env.dynamic_observation import (
 )
 from kdvfs.envs.env.live_tables import LiveTables
 from kdvfs.envs.env.observation import OBS_LIMIT, PLAN_ADVISOR_FEATURES, REMAINING_LATENCIES_CAP, ObservationSpec
-from kdvfs.envs.model.cost_model import Array
 
 RESIDUAL_OBSERVATION_VERSION = 7
 CORE_STEPS = (0, -1, 1, -2, 2, -4, 4)

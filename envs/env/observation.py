@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 
+from kdvfs.common.arrays import Array
 from kdvfs.envs.env.clock_grid import ClockGrid
 from kdvfs.envs.env.step_data import KERNEL_FEATURES, StepData
-from kdvfs.envs.model.cost_model import Array
 
 OBSERVATION_VERSION = 5
 WINDOW_METRICS = ("slowdown_pct", "saving_pct")

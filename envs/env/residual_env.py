@@ -31,7 +31,8 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from kdvfs.envs.common.errors import KdvfsError
+from kdvfs.common.arrays import Array
+from kdvfs.common.errors import KdvfsError
 from kdvfs.envs.env.config import EnvConfig
 from kdvfs.envs.env.dvfs_env import KernelDVFSEnv
 from kdvfs.envs.env.dynamics import core_fractions
@@ -51,7 +52,6 @@ from kdvfs.envs.env.observation import OBS_LIMIT
 from kdvfs.envs.env.plan_advice import EPS
 from kdvfs.envs.env.step_data import StepData
 from kdvfs.envs.gpu.profiles import GpuProfile
-from kdvfs.envs.model.cost_model import Array
 
 RESIDUAL_ENV_ID = "KernelDVFSResidual-v0"
 PACE_RANGE = (0.05, 20.0)

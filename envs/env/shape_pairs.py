@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from kdvfs.envs.common.config import ConfigError
+from kdvfs.common.config import ConfigError
 from kdvfs.envs.env.clock_grid import ClockGrid
 from kdvfs.envs.env.step_data import CATEGORIES, StepData, priced
 from kdvfs.envs.gpu.profiles import GpuProfile

@@ -13,10 +13,11 @@ from functools import cached_property
 
 import numpy as np
 
-from kdvfs.envs.common.errors import KdvfsError
+from kdvfs.common.arrays import Array
+from kdvfs.common.errors import KdvfsError
 from kdvfs.envs.env.clock_grid import ClockGrid
 from kdvfs.envs.gpu.profiles import GpuProfile
-from kdvfs.envs.model.cost_model import Array, CostParams
+from kdvfs.envs.model.cost_model import CostParams
 from kdvfs.envs.model.cost_tables import build_tables
 from kdvfs.envs.model.estimate import estimate_features
 from kdvfs.envs.model.schedule import ActionCosts

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from kdvfs.envs.common.config import ConfigError
+from kdvfs.common.config import ConfigError
 from kdvfs.envs.env.clock_grid import ClockGrid
 from kdvfs.envs.env.config import EnvConfig
 from kdvfs.envs.env.shape_pairs import ShapePair, ShapeSet

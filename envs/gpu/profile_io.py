@@ -9,9 +9,9 @@ from typing import Any
 
 import yaml
 
-from kdvfs.envs.common.config import load_yaml
-from kdvfs.envs.common.errors import KdvfsError, ProfileError
-from kdvfs.envs.common.files import write_text_atomic
+from kdvfs.common.config import load_yaml
+from kdvfs.common.errors import KdvfsError, ProfileError
+from kdvfs.common.files import write_text_atomic
 from kdvfs.envs.gpu.profiles import CostParam, GpuProfile, load_profile
 
 

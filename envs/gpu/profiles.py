@@ -3,7 +3,7 @@
 Profiles live in ``configs/gpus/<name>.yaml`` (schema in ``docs/design/gpu-profiles.md``) and load into the
 frozen :class:`GpuProfile`. Core clocks per memory clock are either an explicit list of MHz values or a
 range ``{min_mhz, max_mhz, step_mhz}``. Cost-model parameters carry a status; a placeholder is never
-handed out silently (:meth:`GpuProfile.cost_param` raises :class:`~kdvfs.envs.common.errors.UncalibratedError`).
+handed out silently (:meth:`GpuProfile.cost_param` raises :class:`~kdvfs.common.errors.UncalibratedError`).
 An installed GPU's profile is the shipped one whose ``nvml_names`` list its NVML device name
 (:func:`profile_for_nvml_name`).
 """
@@ -20,10 +20,10 @@ from typing import Any
 
 import numpy as np
 
-from kdvfs.envs.common.config import ConfigError, from_mapping, load_yaml
-from kdvfs.envs.common.errors import ProfileError, UncalibratedError, UnknownGpuError
-from kdvfs.envs.common.paths import GPU_PROFILE_DIR
-from kdvfs.envs.common.resolve import resolve_shipped, shipped_names
+from kdvfs.common.config import ConfigError, from_mapping, load_yaml
+from kdvfs.common.errors import ProfileError, UncalibratedError, UnknownGpuError
+from kdvfs.common.paths import GPU_PROFILE_DIR
+from kdvfs.common.resolve import resolve_shipped, shipped_names
 
 PARAM_STATUSES = ("placeholder", "estimate", "calibrated")
 _FRACTION = (0.0, 1.0)
@@ -253,7 +253,7 @@ def profile_path(name_or_path: str | Path) -> Path:
 def profile_for_nvml_name(nvml_name: str) -> GpuProfile:
     """The shipped profile whose ``nvml_names`` list ``nvml_name`` (an installed GPU's NVML device name).
 
-    Raises :class:`~kdvfs.envs.common.errors.UnknownGpuError` when no shipped profile lists it.
+    Raises :class:`~kdvfs.common.errors.UnknownGpuError` when no shipped profile lists it.
     """
     matches = [profile for profile in map(load_profile, available_profiles()) if profile.applies_to(nvml_name)]
     if len(matches) > 1:

@@ -44,9 +44,9 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
+from kdvfs.common.arrays import Array
 from kdvfs.envs.gpu.profiles import GpuProfile
 
-Array = np.ndarray
 BISECTION_STEPS = 40
 
 

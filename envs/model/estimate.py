@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from kdvfs.envs.common.errors import ProfileError, TraceFormatError
+from kdvfs.common.errors import ProfileError, TraceFormatError
 from kdvfs.envs.gpu.profiles import GpuProfile
 from kdvfs.envs.model.estimate_ops import TENSOR_LIST, OpWork, conv_output_sizes, is_matmul, op_work
 from kdvfs.envs.trace.trace import Category, Features, Kernel, Kind, Trace

@@ -27,10 +27,10 @@ from typing import Any
 
 import numpy as np
 
-from kdvfs.envs.common.errors import DataMissingError, KdvfsError
-from kdvfs.envs.common.paths import CONFIG_DIR
+from kdvfs.common.arrays import Array
+from kdvfs.common.errors import DataMissingError, KdvfsError
+from kdvfs.common.paths import CONFIG_DIR
 from kdvfs.envs.gpu.profiles import GpuProfile
-from kdvfs.envs.model.cost_model import Array
 
 MODEL_ERROR_PATH = CONFIG_DIR / "model_error.json"
 FORMAT = "kdvfs-model-error"

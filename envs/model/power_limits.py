@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from kdvfs.envs.common.errors import KdvfsError
+from kdvfs.common.errors import KdvfsError
 from kdvfs.envs.gpu.profiles import GpuProfile
 from kdvfs.envs.trace.trace import Trace
 

@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from kdvfs.envs.common.errors import KdvfsError
-from kdvfs.envs.model.cost_model import Array
+from kdvfs.common.arrays import Array
+from kdvfs.common.errors import KdvfsError
 from kdvfs.envs.model.model_error import RangeBasis
 from kdvfs.envs.model.schedule import ActionCosts
 

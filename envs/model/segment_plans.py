@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kdvfs.envs.model.cost_model import Array
+from kdvfs.common.arrays import Array
 from kdvfs.envs.model.schedule import ActionCosts, switch_points
 
 

@@ -41,8 +41,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from kdvfs.envs.common.errors import KdvfsError
-from kdvfs.envs.model.cost_model import Array
+from kdvfs.common.arrays import Array
+from kdvfs.common.errors import KdvfsError
 from kdvfs.envs.model.estimate import split_work
 from kdvfs.envs.model.step.align import align, inverse, token_ids
 from kdvfs.envs.model.step.fit import basis, fit_nonnegative

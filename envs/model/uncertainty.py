@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from kdvfs.envs.common.errors import KdvfsError
+from kdvfs.common.errors import KdvfsError
 from kdvfs.envs.gpu.profiles import COST_PARAM_RANGES, CostParam, GpuProfile
 
 LATENCY = "switching.latency_mean_s"

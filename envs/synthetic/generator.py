@@ -64,10 +64,10 @@ from types import MappingProxyType
 
 import numpy as np
 
-from kdvfs.envs.common.config import ConfigError, from_mapping, load_yaml
-from kdvfs.envs.common.errors import StepDetectionError
-from kdvfs.envs.common.paths import CONFIG_DIR
-from kdvfs.envs.common.resolve import resolve_shipped, shipped_names
+from kdvfs.common.config import ConfigError, from_mapping, load_yaml
+from kdvfs.common.errors import StepDetectionError
+from kdvfs.common.paths import CONFIG_DIR
+from kdvfs.common.resolve import resolve_shipped, shipped_names
 from kdvfs.envs.gpu.profiles import GpuProfile
 from kdvfs.envs.synthetic.kernel_builder import Eff, Spec
 from kdvfs.envs.synthetic.kernels import step_specs

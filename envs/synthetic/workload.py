@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kdvfs.envs.common.config import ConfigError
+from kdvfs.common.config import ConfigError
 
 PRECISIONS = ("bf16", "fp16", "fp32")
 

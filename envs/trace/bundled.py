@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kdvfs.envs.common.errors import TraceFormatError
-from kdvfs.envs.common.paths import BUNDLED_TRACE_DIR
-from kdvfs.envs.common.resolve import resolve_shipped, shipped_names
+from kdvfs.common.errors import TraceFormatError
+from kdvfs.common.paths import BUNDLED_TRACE_DIR
+from kdvfs.common.resolve import resolve_shipped, shipped_names
 from kdvfs.envs.trace.format import load_trace
 from kdvfs.envs.trace.trace import Trace
 

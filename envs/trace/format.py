@@ -29,8 +29,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from kdvfs.envs.common.errors import TraceFormatError
-from kdvfs.envs.common.files import read_input, write_text_atomic
+from kdvfs.common.errors import TraceFormatError
+from kdvfs.common.files import read_input, write_text_atomic
 from kdvfs.envs.trace.shape import StepShape
 from kdvfs.envs.trace.trace import Category, Features, Kernel, Kind, OpInfo, Phase, Trace, TraceMeta
 

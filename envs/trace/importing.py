@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from kdvfs.envs.common.errors import StepDetectionError, TraceFormatError
+from kdvfs.common.errors import StepDetectionError, TraceFormatError
 from kdvfs.envs.trace import importers
 from kdvfs.envs.trace.classify import classify
 from kdvfs.envs.trace.trace import Kernel, Kind, OpInfo, Phase, Trace, TraceMeta

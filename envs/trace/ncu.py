@@ -17,8 +17,8 @@ import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from kdvfs.envs.common.errors import TraceFormatError
-from kdvfs.envs.common.files import read_input
+from kdvfs.common.errors import TraceFormatError
+from kdvfs.common.files import read_input
 from kdvfs.envs.trace.trace import Features, Kind, Trace
 
 NAME_COLUMN = "Kernel Name"

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kdvfs.envs.common.errors import TraceFormatError
+from kdvfs.common.errors import TraceFormatError
 
 MAX_INPUTS = 64
 """Most tensor inputs a step shape records: a model's forward takes a handful."""

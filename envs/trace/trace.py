@@ -16,7 +16,7 @@ from types import MappingProxyType
 
 import numpy as np
 
-from kdvfs.envs.common.errors import TraceFormatError
+from kdvfs.common.errors import TraceFormatError
 from kdvfs.envs.trace.shape import StepShape
 
 MAX_ACTIVITY_S = 3600.0

@@ -18,18 +18,13 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from kdvfs.envs.common.errors import TraceFormatError
+from kdvfs.common.errors import TraceFormatError
+from kdvfs.common.files import split_suffix
 from kdvfs.envs.trace.format import load_trace
 from kdvfs.envs.trace.shape import ShapeAxes, StepShape
 from kdvfs.envs.trace.trace import Trace
 
-_SUFFIX = re.compile(r"(\.trace)?\.json(\.gz)?$")
 _SHAPE_NAME = re.compile(r"\.shape-(\d+)$")
-
-
-def _split(path: Path) -> tuple[str, str]:
-    match = _SUFFIX.search(path.name)
-    return (path.name[:match.start()], match.group()) if match else (path.stem, path.suffix)
 
 
 def shape_path(path: str | Path, number: int) -> Path:
@@ -38,7 +33,7 @@ def shape_path(path: str | Path, number: int) -> Path:
     path = Path(path)
     if number == 0:
         return path
-    stem, suffix = _split(path)
+    stem, suffix = split_suffix(path.name)
     return path.with_name(f"{stem}.shape-{number}{suffix}")
 
 
@@ -46,7 +41,7 @@ def main_path(path: str | Path) -> Path:
     """The main trace of a ``.shape-K`` file (``run.shape-2.trace.json`` -> ``run.trace.json``); ``path`` itself
     for any other file."""
     path = Path(path)
-    stem, suffix = _split(path)
+    stem, suffix = split_suffix(path.name)
     match = _SHAPE_NAME.search(stem)
     return path.with_name(f"{stem[:match.start()]}{suffix}") if match else path
 
@@ -55,10 +50,10 @@ def sibling_paths(path: str | Path) -> list[Path]:
     """The existing ``.shape-K`` files beside the trace ``path``, by K (K = 1, 2, ... with no gap: a file after a
     missing number belongs to no capture of ``path`` and is left out)."""
     path = Path(path)
-    stem, suffix = _split(path)
+    stem, suffix = split_suffix(path.name)
     numbers = set()
     for candidate in path.parent.glob(f"{glob.escape(stem)}.shape-*{glob.escape(suffix)}"):
-        name_stem, name_suffix = _split(candidate)
+        name_stem, name_suffix = split_suffix(candidate.name)
         match = _SHAPE_NAME.search(name_stem)
         if match and name_suffix == suffix and name_stem[:match.start()] == stem:
             numbers.add(int(match.group(1)))
@@ -82,7 +77,7 @@ def load_trace_set(paths: str | Path | Sequence[str | Path]) -> list[Trace]:
         main_path = Path(item)
         main = load_trace(main_path)
         traces.append(main)
-        if _SHAPE_NAME.search(_split(main_path)[0]):
+        if _SHAPE_NAME.search(split_suffix(main_path.name)[0]):
             continue
         for sibling_path in sibling_paths(main_path):
             sibling = load_trace(sibling_path)

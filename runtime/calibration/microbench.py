@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from kdvfs.common.paths import RAW_DATA_DIR
 from kdvfs.envs.calibration.convert import H200_FP32_GEMM_FEATURES, H200_NCU_MATCH
-from kdvfs.envs.common.paths import RAW_DATA_DIR
 from kdvfs.envs.trace.ncu import read_ncu_csv
 
 NCU_EXPORT = RAW_DATA_DIR / "h200" / "ncu_gpt3xl_1layer.csv.gz"

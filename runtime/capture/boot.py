@@ -19,7 +19,7 @@ from typing import Any
 
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from kdvfs.envs.common.errors import KdvfsError
+from kdvfs.common.errors import KdvfsError
 from kdvfs.runtime.capture.config import CaptureConfig
 from kdvfs.runtime.capture.errors import CaptureError, CaptureStop
 from kdvfs.runtime.capture.ncu_run import StepMarker

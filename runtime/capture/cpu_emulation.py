@@ -18,7 +18,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from kdvfs.envs.common.files import read_text, write_text_atomic
+from kdvfs.common.files import read_text, write_text_atomic
 
 TRANSPARENT_OPS = frozenset(f"aten::{name}" for name in (
     # views, metadata and allocations: no kernel on a GPU

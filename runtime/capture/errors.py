@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kdvfs.envs.common.errors import KdvfsError
+from kdvfs.common.errors import KdvfsError
 
 
 class CaptureError(KdvfsError):

@@ -16,7 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from kdvfs.envs.common.files import read_text, write_text_atomic
+from kdvfs.common.files import read_text, write_text_atomic
 from kdvfs.envs.trace.format import load_trace, save_trace
 from kdvfs.envs.trace.trace import Trace
 from kdvfs.envs.trace.trace_set import shape_path, sibling_paths

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from kdvfs.envs.common.files import read_text
+from kdvfs.common.files import read_text
 from kdvfs.envs.trace.ncu import CLOCK_COLUMN, DRAM_COLUMNS, SM_COLUMN, TENSOR_COLUMNS, enrich_with_ncu, parse_ncu_csv
 from kdvfs.envs.trace.trace import Trace
 from kdvfs.runtime.capture.errors import CaptureError

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from kdvfs.envs.common.files import read_text, write_text_atomic
+from kdvfs.common.files import read_text, write_text_atomic
 from kdvfs.envs.trace.format import save_trace
 from kdvfs.envs.trace.importing import import_trace
 from kdvfs.envs.trace.trace import Kind, Trace, noncommunication_s

@@ -37,7 +37,7 @@ import numpy as np
 import torch
 from torch.profiler import ProfilerActivity, profile, schedule
 
-from kdvfs.envs.model.cost_model import Array
+from kdvfs.common.arrays import Array
 from kdvfs.envs.model.step.fit import basis, fit_nonnegative
 from kdvfs.envs.trace.shape import ShapeAxes, StepShape
 from kdvfs.envs.trace.trace import Trace

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from kdvfs import __version__
-from kdvfs.envs.common.errors import KdvfsError
+from kdvfs.common.errors import KdvfsError
 from kdvfs.runtime.cli.live import calibrate, capture, daemon, report, run
 from kdvfs.runtime.cli.offline import demo, gpus, learn, model, plan, policy, predict, trace
 

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from kdvfs.envs.common.errors import KdvfsError
+from kdvfs.common.errors import KdvfsError
 
 MAX_BUDGET = 0.5
 """Budgets are fractions of the auto step time; above this one is most likely a percentage typed as a number."""

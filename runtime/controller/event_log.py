@@ -8,7 +8,7 @@ import threading
 from pathlib import Path
 from typing import IO, Any
 
-from kdvfs.envs.common.errors import KdvfsError
+from kdvfs.common.errors import KdvfsError
 
 
 class EventLog:

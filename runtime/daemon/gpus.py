@@ -25,7 +25,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from kdvfs.envs.common.files import write_text_atomic
+from kdvfs.common.files import write_text_atomic
 from kdvfs.runtime.daemon.protocol import DaemonRequestError, shown
 from kdvfs.runtime.device.errors import DeviceError, DeviceIndexError
 from kdvfs.runtime.device.lease import GpuLease, LeaseHeldError, LeaseHolder

@@ -38,7 +38,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import IO, Any, NoReturn
 
-from kdvfs.envs.common.errors import KdvfsError
+from kdvfs.common.errors import KdvfsError
 from kdvfs.runtime.daemon.connections import (
     CLOSED,
     TOO_LONG,

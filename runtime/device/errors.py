@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pynvml
 
-from kdvfs.envs.common.errors import KdvfsError
+from kdvfs.common.errors import KdvfsError
 
 
 class DeviceError(KdvfsError):

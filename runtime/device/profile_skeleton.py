@@ -12,8 +12,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from kdvfs.envs.common.config import to_plain
-from kdvfs.envs.common.errors import UnknownGpuError
+from kdvfs.common.config import to_plain
+from kdvfs.common.errors import UnknownGpuError
 from kdvfs.envs.gpu.profile_io import write_profile_yaml
 from kdvfs.envs.gpu.profiles import GpuProfile, load_profile, profile_for_nvml_name
 from kdvfs.runtime.device.nvml import LocalGpu

@@ -24,7 +24,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from kdvfs.envs.common.errors import KdvfsError
+from kdvfs.common.errors import KdvfsError
 from kdvfs.runtime.child import child_environment
 from kdvfs.runtime.device.nvml import import_nvml, reset_gpu_clocks
 

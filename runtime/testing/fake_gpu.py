@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from kdvfs.common.arrays import Array
 from kdvfs.envs.gpu.profiles import GpuProfile
-from kdvfs.envs.model.cost_model import Array
 from kdvfs.envs.model.drift import Drift, DriftModel
 from kdvfs.envs.model.schedule import ActionCosts
 from kdvfs.envs.trace.shape import StepShape

@@ -21,7 +21,7 @@ from typing import Any
 
 import pynvml
 
-from kdvfs.envs.common.paths import RAW_DATA_DIR
+from kdvfs.common.paths import RAW_DATA_DIR
 
 READ_ONLY_CALL = re.compile(r"nvmlInit|nvmlShutdown|nvmlSystemGet\w+|nvmlDeviceGet\w+")
 

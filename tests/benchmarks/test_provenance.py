@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.provenance import PROVENANCE_KEYS, host, provenance, provenance_lines, utc_now, write_results
-from kdvfs.envs.common.run_record import git_revision
+from kdvfs.common.run_record import git_revision
 
 
 def test_provenance_has_the_keys_results_files_carry() -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kdvfs.envs.common.paths import REPO_ROOT
+from kdvfs.common.paths import REPO_ROOT
 from kdvfs.envs.trace.shape import ShapeAxes
 from kdvfs.envs.trace.trace_set import load_trace_set
 from kdvfs.runtime.cli import main

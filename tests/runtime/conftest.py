@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kdvfs.envs.common.paths import REPO_ROOT
+from kdvfs.common.paths import REPO_ROOT
 from kdvfs.runtime.testing import nvml as shared_fake_nvml
 from kdvfs.runtime.testing.fake_nvml import EnergyFakeNvml
 from tests.made_once import made_once

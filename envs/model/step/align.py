@@ -17,7 +17,7 @@ from collections.abc import Hashable, Sequence
 import numba
 import numpy as np
 
-from kdvfs.envs.model.cost_model import Array
+from kdvfs.common.arrays import Array
 from kdvfs.envs.trace.trace import Kernel, Trace
 
 TOKEN_MATCH = 2

@@ -20,7 +20,7 @@ from itertools import combinations
 
 import numpy as np
 
-from kdvfs.envs.model.cost_model import Array
+from kdvfs.common.arrays import Array
 from kdvfs.envs.trace.shape import ShapeAxes, StepShape
 
 TOKENS_UNIT = 1e3

@@ -13,8 +13,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from kdvfs.envs.common.errors import TraceFormatError
-from kdvfs.envs.common.files import read_input
+from kdvfs.common.errors import TraceFormatError
+from kdvfs.common.files import read_input
 from kdvfs.envs.trace.importing import Activity, Recording, register_importer
 from kdvfs.envs.trace.trace import Kind, OpInfo
 

@@ -16,8 +16,8 @@ import types
 from pathlib import Path
 from typing import Any
 
+from kdvfs.common.files import write_text_atomic
 from kdvfs.envs.calibration.sweep import sweep_to_csv
-from kdvfs.envs.common.files import write_text_atomic
 from kdvfs.runtime.cli.arguments import add_output, check_output_file
 from kdvfs.runtime.cli.live.daemon import add_daemon_option
 from kdvfs.runtime.cli.render import console, print_json

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kdvfs.envs.common.errors import KdvfsError
+from kdvfs.common.errors import KdvfsError
 from kdvfs.runtime.capture.config import CaptureConfig
 from kdvfs.runtime.capture.errors import ScriptExitError
 from kdvfs.runtime.capture.launch import run_capture, split_command

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 from rich.table import Table
 
-from kdvfs.envs.common.errors import KdvfsError
+from kdvfs.common.errors import KdvfsError
 from kdvfs.runtime.cli.arguments import check_output_file
 from kdvfs.runtime.cli.live.run import measured_text, no_measurement_reason
 from kdvfs.runtime.cli.render import console, err_console, predicted_text, print_json

@@ -12,7 +12,7 @@ from typing import Any
 
 from rich.table import Table
 
-from kdvfs.envs.common.errors import KdvfsError
+from kdvfs.common.errors import KdvfsError
 from kdvfs.envs.model.ranges import COVERAGE
 from kdvfs.runtime.cli.arguments import (
     budget,

@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kdvfs.agents.evaluation.ranges import row_ranges
-from kdvfs.envs.common.files import write_text_atomic
-from kdvfs.envs.common.run_record import write_run_record
+from kdvfs.common.files import write_text_atomic
+from kdvfs.common.run_record import write_run_record
 from kdvfs.envs.gpu.profiles import GpuProfile, load_profile
 from kdvfs.envs.model.cost_tables import build_tables, step_breakdown
 from kdvfs.envs.model.uncertainty import UncertaintySpec
@@ -100,7 +100,8 @@ def _stage(text: str) -> None:
 
 def _shipped_policy_rows(problem: Problem) -> list[Row]:
     """The GPU's shipped policy at a 1% budget (none if it has no shipped policy)."""
-    from kdvfs.agents.learned.policy_planner import PolicyPlanner, policy_rows, shipped_policy_path
+    from kdvfs.agents.learned.policy_planner import PolicyPlanner, policy_rows
+    from kdvfs.common.paths import shipped_policy_path
 
     path = shipped_policy_path(problem.profile.name)
     if not path.is_file():

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from rich.table import Table
 
-from kdvfs.envs.common.config import to_plain
+from kdvfs.common.config import to_plain
 from kdvfs.envs.gpu.profiles import available_profiles, load_profile, profile_path
 from kdvfs.runtime.cli.arguments import check_output_file
 from kdvfs.runtime.cli.render import console, print_json, profile_table

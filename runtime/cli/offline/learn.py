@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kdvfs.agents.learned.shipped import policy_source_path
-from kdvfs.envs.common.errors import KdvfsError
+from kdvfs.common.errors import KdvfsError
 from kdvfs.runtime.cli.arguments import add_output, add_power_limit, budget_list, check_output_folder, latency_ms
 from kdvfs.runtime.cli.offline.plan import latency_from_args, problem_from_args, ranges_of, row_json
 from kdvfs.runtime.cli.render import (

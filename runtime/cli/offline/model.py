@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from kdvfs.common.errors import KdvfsError
+from kdvfs.common.files import write_text_atomic
 from kdvfs.envs.calibration.convert import WANG_CHU_BUS_BYTES, convert_h200_default, convert_wang_chu
 from kdvfs.envs.calibration.sweep import load_sweep, sweep_path, sweep_to_csv
-from kdvfs.envs.common.errors import KdvfsError
-from kdvfs.envs.common.files import write_text_atomic
 from kdvfs.envs.gpu.profile_io import write_cost_model
 from kdvfs.envs.gpu.profiles import load_profile, profile_path
 from kdvfs.runtime.cli.arguments import add_output, check_output_file, resolved

@@ -11,8 +11,8 @@ from kdvfs.agents.common.problem import Problem, outcome_of, rank_budget, rank_s
 from kdvfs.agents.evaluation.compare import EVALUATED, Row, compare, plot_tradeoff
 from kdvfs.agents.evaluation.ranges import ChangeRange, row_ranges, sampled_problems, schedule_range
 from kdvfs.agents.planners.registry import PLANNERS, make_planner
-from kdvfs.envs.common.errors import KdvfsError
-from kdvfs.envs.common.files import write_text_atomic
+from kdvfs.common.errors import KdvfsError
+from kdvfs.common.files import write_text_atomic
 from kdvfs.envs.gpu.profiles import load_profile, profile_path
 from kdvfs.envs.model.schedule import Schedule
 from kdvfs.envs.trace.bundled import open_trace, trace_path

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from kdvfs.envs.common.errors import KdvfsError
+from kdvfs.common.errors import KdvfsError
 from kdvfs.envs.gpu.profiles import GpuProfile, load_profile
 from kdvfs.envs.model.cost_tables import build_tables, step_breakdown
 from kdvfs.envs.model.model_error import RangeBasis, range_basis

@@ -26,7 +26,7 @@ import numpy as np
 
 from kdvfs.agents.common.problem import Planner, Problem, rank_budget
 from kdvfs.agents.learned.shipped import policy_source_path
-from kdvfs.envs.common.errors import KdvfsError
+from kdvfs.common.errors import KdvfsError
 from kdvfs.envs.gpu.profiles import GpuProfile, load_profile, profile_for_nvml_name
 from kdvfs.envs.model.schedule import Schedule
 from kdvfs.envs.trace.bundled import open_trace

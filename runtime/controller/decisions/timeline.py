@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from kdvfs.agents.common.problem import Problem
-from kdvfs.envs.model.cost_model import Array
+from kdvfs.common.arrays import Array
 from kdvfs.envs.model.schedule import Schedule, execute, request_times
 from kdvfs.envs.trace.trace import with_measured_gaps
 

@@ -45,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from kdvfs.envs.model.cost_model import Array
+from kdvfs.common.arrays import Array
 from kdvfs.envs.trace.trace import Phase, Trace
 from kdvfs.runtime.controller.decisions.timeline import Request, StepPlan
 from kdvfs.runtime.controller.timing.gpu_timeline import StepEnd, StepTimeline

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 import numpy as np
 from numpy.typing import ArrayLike
 
-from kdvfs.envs.model.cost_model import Array
+from kdvfs.common.arrays import Array
 
 PACE_STEPS = 5
 

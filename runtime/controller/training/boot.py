@@ -19,7 +19,7 @@ from pathlib import Path
 
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from kdvfs.envs.common.errors import KdvfsError
+from kdvfs.common.errors import KdvfsError
 from kdvfs.runtime.child import run_target
 from kdvfs.runtime.controller.config import ControllerConfig
 from kdvfs.runtime.controller.controller import Controller

@@ -12,7 +12,8 @@ from kdvfs.agents.common.problem import Problem
 from kdvfs.agents.learned.frozen import FrozenPolicy
 from kdvfs.agents.learned.live_decision import NO_REQUEST
 from kdvfs.agents.learned.online import OnlinePolicy, kernel_at
-from kdvfs.agents.learned.policy_planner import PolicyPlanner, policy_env, shipped_policy_path
+from kdvfs.agents.learned.policy_planner import PolicyPlanner, policy_env
+from kdvfs.common.paths import shipped_policy_path
 from kdvfs.envs.env import landings
 from kdvfs.envs.env.live import LiveState
 from kdvfs.envs.env.plan_advice import PlanAdvice
@@ -154,7 +155,7 @@ from kdvfs.agents.common.problem import Problem
 from kdvfs.agents.learned import forward, live_decision
 from kdvfs.agents.learned.frozen import FrozenPolicy
 from kdvfs.agents.learned.online import OnlinePolicy
-from kdvfs.agents.learned.policy_planner import shipped_policy_path
+from kdvfs.common.paths import shipped_policy_path
 from kdvfs.envs.gpu.profiles import load_profile
 from kdvfs.envs.trace.bundled import open_trace
 profile = load_profile("h200")

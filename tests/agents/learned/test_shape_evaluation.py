@@ -10,9 +10,8 @@ import numpy as np
 import pytest
 
 from kdvfs.agents.learned.frozen import FrozenPolicy
-from kdvfs.agents.learned.policy_planner import shipped_policy_path
 from kdvfs.agents.learned.shape_evaluation import METHODS, controller_for, evaluate_shapes, evaluate_step
-from kdvfs.envs.common.paths import REPO_ROOT
+from kdvfs.common.paths import REPO_ROOT, shipped_policy_path
 from kdvfs.envs.gpu.profiles import load_profile
 from kdvfs.envs.model.step_model import StepModel
 from kdvfs.envs.trace.format import load_trace

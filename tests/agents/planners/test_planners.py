@@ -13,7 +13,7 @@ from kdvfs.agents.planners.latency_optimal import LatencyOptimal
 from kdvfs.agents.planners.mckp import solve_mckp
 from kdvfs.agents.planners.registry import COMPARED, make_planner
 from kdvfs.agents.planners.static_plans import IlpGlobal
-from kdvfs.envs.common.errors import KdvfsError
+from kdvfs.common.errors import KdvfsError
 from kdvfs.envs.gpu.profiles import load_profile
 from kdvfs.envs.model.schedule import ActionCosts, execute, replay
 from kdvfs.envs.model.segment_plans import plan_totals, segment_plans, segment_starts, segments_ok

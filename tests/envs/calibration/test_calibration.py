@@ -11,11 +11,11 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from kdvfs.common.errors import KdvfsError, ProfileError
+from kdvfs.common.paths import DATA_DIR, GPU_PROFILE_DIR
 from kdvfs.envs.calibration.calibrate import calibrate
 from kdvfs.envs.calibration.fit import POWER_PARAMS, TIME_PARAMS
 from kdvfs.envs.calibration.sweep import Sweep, SweepError, load_sweep, sweep_to_csv
-from kdvfs.envs.common.errors import KdvfsError, ProfileError
-from kdvfs.envs.common.paths import DATA_DIR, GPU_PROFILE_DIR
 from kdvfs.envs.gpu.profile_io import leading_comments, write_cost_model
 from kdvfs.envs.gpu.profiles import CostParam, GpuProfile, load_profile
 from kdvfs.envs.model.cost_model import ClockLimits, CostParams, KernelInputs, kernel_power_w, kernel_time_s

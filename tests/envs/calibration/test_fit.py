@@ -8,6 +8,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from kdvfs.common.paths import DATA_DIR
 from kdvfs.envs.calibration.fit import (
     POWER_PARAMS,
     TIME_PARAMS,
@@ -19,7 +20,6 @@ from kdvfs.envs.calibration.fit import (
     predict_time_s,
 )
 from kdvfs.envs.calibration.sweep import Sweep, SweepError, load_sweep
-from kdvfs.envs.common.paths import DATA_DIR
 from kdvfs.envs.gpu.profiles import load_profile
 from kdvfs.envs.model.cost_model import ClockLimits, CostParams, KernelInputs, kernel_power_w, kernel_time_s
 

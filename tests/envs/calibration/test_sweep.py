@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kdvfs.common.paths import DATA_DIR, RAW_DATA_DIR
 from kdvfs.envs.calibration.convert import convert_h200_default, convert_wang_chu
 from kdvfs.envs.calibration.sweep import REQUIRED_COLUMNS, Sweep, SweepError, load_sweep, parse_sweep, sweep_to_csv
-from kdvfs.envs.common.paths import DATA_DIR, RAW_DATA_DIR
 from kdvfs.envs.gpu.profiles import load_profile
 
 SWEEPS = DATA_DIR / "sweeps"

@@ -9,11 +9,10 @@ import pytest
 import yaml
 
 from kdvfs.agents.learned.frozen import FrozenPolicy
-from kdvfs.agents.learned.policy_planner import shipped_policy_path
 from kdvfs.agents.learned.ppo import load_train_config, train_config_mapping
-from kdvfs.envs.common.config import ConfigError
-from kdvfs.envs.common.errors import KdvfsError
-from kdvfs.envs.common.paths import REPO_ROOT
+from kdvfs.common.config import ConfigError
+from kdvfs.common.errors import KdvfsError
+from kdvfs.common.paths import REPO_ROOT, shipped_policy_path
 from kdvfs.envs.env.clock_grid import ClockGrid
 from kdvfs.envs.env.config import EnvConfig, Switching, settings_table
 from kdvfs.envs.env.dvfs_env import KernelDVFSEnv

@@ -12,7 +12,7 @@ from gymnasium.utils.env_checker import check_env as gymnasium_check_env
 from stable_baselines3.common.env_checker import check_env as sb3_check_env
 
 from kdvfs.agents.common.problem import Problem, score
-from kdvfs.envs.common.errors import KdvfsError
+from kdvfs.common.errors import KdvfsError
 from kdvfs.envs.env.clock_grid import DEFAULT_CORE_FRACTIONS, ClockGrid
 from kdvfs.envs.env.dvfs_env import ENV_ID, KernelDVFSEnv
 from kdvfs.envs.env.observation import ObservationSpec, static_observations

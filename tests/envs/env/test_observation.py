@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from kdvfs.agents.learned.ppo import load_train_config
-from kdvfs.envs.common.paths import REPO_ROOT
+from kdvfs.common.paths import REPO_ROOT
 from kdvfs.envs.env.dvfs_env import KernelDVFSEnv
 from kdvfs.envs.env.observation import (
     BLOCKS,

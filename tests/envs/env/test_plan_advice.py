@@ -7,7 +7,7 @@ import itertools
 import numpy as np
 import pytest
 
-from kdvfs.envs.common.errors import KdvfsError
+from kdvfs.common.errors import KdvfsError
 from kdvfs.envs.env.dvfs_env import KernelDVFSEnv
 from kdvfs.envs.env.plan_advice import EPS, landing_kernels, plan_advice
 from kdvfs.envs.env.workloads import default_step

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
 
-from kdvfs.envs.common.config import ConfigError
-from kdvfs.envs.common.errors import KdvfsError
+from kdvfs.common.config import ConfigError
+from kdvfs.common.errors import KdvfsError
 from kdvfs.envs.env.clock_grid import ClockGrid
 from kdvfs.envs.env.config import EnvConfig
 from kdvfs.envs.env.dvfs_env import KernelDVFSEnv

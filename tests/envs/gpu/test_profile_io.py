@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from kdvfs.envs.common.config import load_yaml, to_plain
-from kdvfs.envs.common.errors import ProfileError
-from kdvfs.envs.common.paths import GPU_PROFILE_DIR
+from kdvfs.common.config import load_yaml, to_plain
+from kdvfs.common.errors import ProfileError
+from kdvfs.common.paths import GPU_PROFILE_DIR
 from kdvfs.envs.gpu.profile_io import write_profile_yaml
 from kdvfs.envs.gpu.profiles import available_profiles, load_profile
 

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 import yaml
 
-from kdvfs.envs.common.config import ConfigError
-from kdvfs.envs.common.errors import KdvfsError, ProfileError, UncalibratedError, UnknownGpuError
-from kdvfs.envs.common.paths import GPU_PROFILE_DIR, RAW_DATA_DIR
+from kdvfs.common.config import ConfigError
+from kdvfs.common.errors import KdvfsError, ProfileError, UncalibratedError, UnknownGpuError
+from kdvfs.common.paths import GPU_PROFILE_DIR, RAW_DATA_DIR
 from kdvfs.envs.gpu.profiles import available_profiles, load_profile, profile_for_nvml_name
 
 

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kdvfs.envs.common.errors import ProfileError
-from kdvfs.envs.common.paths import DATA_DIR
+from kdvfs.common.errors import ProfileError
+from kdvfs.common.paths import DATA_DIR
 from kdvfs.envs.gpu.profiles import GpuProfile, load_profile
 from kdvfs.envs.model.estimate import (
     FEATURE_PRIORS,

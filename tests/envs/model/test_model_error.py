@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kdvfs.envs.common.errors import DataMissingError, KdvfsError
+from kdvfs.common.errors import DataMissingError, KdvfsError
 from kdvfs.envs.gpu.profiles import load_profile
 from kdvfs.envs.model.model_error import FIGURES, MODEL_ERROR_PATH, has_own_data, load_model_error, range_basis
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kdvfs.envs.common.paths import DATA_DIR
+from kdvfs.common.paths import DATA_DIR
 from kdvfs.envs.gpu.profiles import GpuProfile, load_profile
 from kdvfs.envs.model.cost_tables import build_tables, step_breakdown
 from kdvfs.envs.model.estimate import estimate_features, is_streaming

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kdvfs.envs.common.paths import REPO_ROOT
+from kdvfs.common.paths import REPO_ROOT
 from kdvfs.envs.gpu.profiles import load_profile
 from kdvfs.envs.model.step.align import align, token_ids
 from kdvfs.envs.model.step.validation import leave_one_out

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kdvfs.envs.common.errors import KdvfsError
+from kdvfs.common.errors import KdvfsError
 from kdvfs.envs.gpu.profiles import load_profile
 from kdvfs.envs.model.uncertainty import LATENCY, UncertaintySpec, ranged_parameters, sampled_profiles
 

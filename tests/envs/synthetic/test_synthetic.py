@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kdvfs.envs.common.config import ConfigError
-from kdvfs.envs.common.errors import KdvfsError, StepDetectionError
+from kdvfs.common.config import ConfigError
+from kdvfs.common.errors import KdvfsError, StepDetectionError
 from kdvfs.envs.gpu.profiles import GpuProfile, load_profile
 from kdvfs.envs.synthetic.generator import (
     NOISE_SIGMA,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kdvfs.envs.common.errors import TraceFormatError
+from kdvfs.common.errors import TraceFormatError
 from kdvfs.envs.trace import importers, importing
 from kdvfs.envs.trace.importing import import_trace, importer_formats, read_recording
 from kdvfs.envs.trace.trace import Phase

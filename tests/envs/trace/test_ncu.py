@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kdvfs.envs.common.errors import TraceFormatError
-from kdvfs.envs.common.paths import RAW_DATA_DIR
+from kdvfs.common.errors import TraceFormatError
+from kdvfs.common.paths import RAW_DATA_DIR
 from kdvfs.envs.trace.bundled import open_trace
 from kdvfs.envs.trace.importing import import_trace
 from kdvfs.envs.trace.ncu import (

@@ -10,7 +10,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kdvfs.envs.common.errors import TraceFormatError
+from kdvfs.common.errors import TraceFormatError
 from kdvfs.envs.trace.format import dumps_trace, loads_trace
 from kdvfs.envs.trace.shape import StepShape, call_shape
 from kdvfs.envs.trace.trace import Category, Kernel, Kind, Phase, Trace, TraceMeta

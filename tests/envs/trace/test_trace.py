@@ -7,7 +7,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from kdvfs.envs.common.errors import TraceFormatError
+from kdvfs.common.errors import TraceFormatError
 from kdvfs.envs.trace.trace import Category, Features, Kernel, Kind, Phase, Trace, TraceMeta
 
 

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kdvfs.envs.common.errors import TraceFormatError
+from kdvfs.common.errors import TraceFormatError
 from kdvfs.envs.trace.bundled import bundled_traces, open_trace, trace_path
 from kdvfs.envs.trace.format import COLUMNS, dumps_trace, load_trace, loads_trace, save_trace
 from kdvfs.envs.trace.trace import Category, Features, Kernel, Kind, OpInfo, Phase, Trace, TraceMeta

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kdvfs.envs.common.errors import TraceFormatError
+from kdvfs.common.errors import TraceFormatError
 from kdvfs.envs.trace.format import save_trace
 from kdvfs.envs.trace.shape import StepShape
 from kdvfs.envs.trace.trace import Category, Kernel, Kind, Phase, Trace, TraceMeta

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from examples import gpt, vision
-from kdvfs.envs.common.paths import RAW_DATA_DIR
+from kdvfs.common.paths import RAW_DATA_DIR
 from kdvfs.envs.trace.bundled import open_trace
 from kdvfs.envs.trace.trace import Category, Phase
 from kdvfs.runtime.capture.cpu_emulation import emulate_gpu_recording

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kdvfs.envs.common.paths import REPO_ROOT
+from kdvfs.common.paths import REPO_ROOT
 from kdvfs.envs.trace.format import load_trace
 from kdvfs.envs.trace.shape import StepShape
 from kdvfs.envs.trace.trace_set import load_trace_set
@@ -133,7 +133,7 @@ def test_script_that_ends_while_looking_for_shapes(capsys: pytest.CaptureFixture
 
 
 def test_three_captured_shapes_carry_the_step_models_left_out_error() -> None:
-    from kdvfs.envs.common.paths import DATA_DIR
+    from kdvfs.common.paths import DATA_DIR
     from kdvfs.envs.trace.format import load_trace
     from kdvfs.runtime.capture.shape_set import with_step_model_errors
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kdvfs.envs.common.errors import KdvfsError
+from kdvfs.common.errors import KdvfsError
 from kdvfs.runtime.cli import build_parser
 from kdvfs.runtime.cli.arguments import budget, budget_list, check_output_file, check_output_folder
 

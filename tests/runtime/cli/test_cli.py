@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kdvfs.envs.common.paths import RAW_DATA_DIR
+from kdvfs.common.paths import RAW_DATA_DIR
 from kdvfs.envs.trace.format import load_trace
 from kdvfs.runtime.cli import main
 

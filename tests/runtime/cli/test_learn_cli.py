@@ -8,11 +8,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kdvfs.agents.learned.policy_planner import shipped_policy_path
 from kdvfs.agents.learned.ppo import PPO_CONFIG_DIR
 from kdvfs.agents.learned.train import whole_rollouts
-from kdvfs.envs.common.config import to_plain
-from kdvfs.envs.common.paths import BUNDLED_TRACE_DIR
+from kdvfs.common.config import to_plain
+from kdvfs.common.paths import BUNDLED_TRACE_DIR, shipped_policy_path
 from kdvfs.runtime.cli import main
 from tests.agents.conftest import tiny_config
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from kdvfs.common.paths import DATA_DIR, GPU_PROFILE_DIR, RAW_DATA_DIR
 from kdvfs.envs.calibration.sweep import Sweep, sweep_to_csv
-from kdvfs.envs.common.paths import DATA_DIR, GPU_PROFILE_DIR, RAW_DATA_DIR
 from kdvfs.envs.gpu.profiles import load_profile
 from kdvfs.envs.model.cost_model import ClockLimits, CostParams, KernelInputs, kernel_power_w, kernel_time_s
 from kdvfs.runtime.cli import main

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from kdvfs.agents.learned.shipped import policy_source_path, shipped_policies
-from kdvfs.envs.common.errors import KdvfsError
-from kdvfs.envs.common.paths import POLICY_DIR
+from kdvfs.common.errors import KdvfsError
+from kdvfs.common.paths import POLICY_DIR
 from kdvfs.runtime.cli import main
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kdvfs.envs.common.paths import GPU_PROFILE_DIR, RAW_DATA_DIR
+from kdvfs.common.paths import GPU_PROFILE_DIR, RAW_DATA_DIR
 from kdvfs.runtime.cli import main
 from kdvfs.runtime.cli.offline import plan as plan_cmd
 

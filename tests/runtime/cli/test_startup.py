@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import kdvfs
-from kdvfs.envs.common.paths import GPU_PROFILE_DIR, HOME_VARIABLE
+from kdvfs.common.paths import GPU_PROFILE_DIR, HOME_VARIABLE
 
 HEAVY = ("torch", "stable_baselines3", "matplotlib", "gymnasium", "scipy", "tensorboard")
 SCRIPT = shutil.which("kdvfs", path=str(Path(sys.executable).parent))

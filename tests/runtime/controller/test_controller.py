@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from kdvfs.agents.common.problem import score
-from kdvfs.envs.common.errors import KdvfsError
+from kdvfs.common.errors import KdvfsError
 from kdvfs.envs.model.schedule import execute
 from kdvfs.runtime.controller.config import ControllerConfig
 from kdvfs.runtime.controller.decisions.plans import load_plan

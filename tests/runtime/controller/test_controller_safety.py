@@ -20,8 +20,8 @@ import pynvml
 import pytest
 
 from kdvfs.agents.learned.frozen import FrozenPolicy, PolicyFileError
-from kdvfs.envs.common.errors import UnknownGpuError
-from kdvfs.envs.common.paths import REPO_ROOT
+from kdvfs.common.errors import UnknownGpuError
+from kdvfs.common.paths import REPO_ROOT
 from kdvfs.envs.env.clock_grid import ClockGrid
 from kdvfs.envs.env.observation import ObservationSpec
 from kdvfs.envs.gpu.profiles import load_profile

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from kdvfs.envs.common.paths import REPO_ROOT
+from kdvfs.common.paths import REPO_ROOT
 from kdvfs.runtime.daemon.client import DaemonConnection, DaemonDevice
 from kdvfs.runtime.daemon.protocol import DaemonError, DaemonRequestError, decode
 from kdvfs.runtime.device.errors import DeviceIndexError, UnsupportedClockError

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from kdvfs.envs.common.paths import REPO_ROOT
+from kdvfs.common.paths import REPO_ROOT
 from kdvfs.runtime.controller.config import ControllerConfig
 from kdvfs.runtime.controller.training import ended
 from kdvfs.runtime.controller.training.launch import _summary

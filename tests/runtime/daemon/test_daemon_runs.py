@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from kdvfs.envs.common.paths import REPO_ROOT
+from kdvfs.common.paths import REPO_ROOT
 from tests.runtime.conftest import TINY_GPT
 from tests.runtime.daemon.daemon_helpers import (
     KDVFS,

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from kdvfs.envs.common.paths import REPO_ROOT
+from kdvfs.common.paths import REPO_ROOT
 from kdvfs.runtime.daemon.client import DaemonConnection
 from tests.runtime.daemon.daemon_helpers import gid_exists, locks, start_daemon, wait_for
 

@@ -16,9 +16,9 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from kdvfs.envs.common.config import load_yaml
-from kdvfs.envs.common.errors import KdvfsError
-from kdvfs.envs.common.paths import GPU_PROFILE_DIR, RAW_DATA_DIR
+from kdvfs.common.config import load_yaml
+from kdvfs.common.errors import KdvfsError
+from kdvfs.common.paths import GPU_PROFILE_DIR, RAW_DATA_DIR
 from kdvfs.envs.gpu.profiles import load_profile
 from kdvfs.runtime.cli import main
 from kdvfs.runtime.cli.offline import gpus as gpus_cmd

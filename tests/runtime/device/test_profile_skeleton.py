@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from kdvfs.envs.common.config import load_yaml
-from kdvfs.envs.common.errors import ProfileError
-from kdvfs.envs.common.paths import GPU_PROFILE_DIR, RAW_DATA_DIR
+from kdvfs.common.config import load_yaml
+from kdvfs.common.errors import ProfileError
+from kdvfs.common.paths import GPU_PROFILE_DIR, RAW_DATA_DIR
 from kdvfs.envs.gpu.profiles import load_profile
 from kdvfs.runtime.device.nvml import LocalGpu
 from kdvfs.runtime.device.profile_skeleton import (

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kdvfs.envs.common.paths import REPO_ROOT
+from kdvfs.common.paths import REPO_ROOT
 from kdvfs.runtime.device.nvml import import_nvml, read_local_gpus
 from kdvfs.runtime.testing import nvml as shared_fake_nvml
 from kdvfs.runtime.testing.fake_nvml import READ_ONLY_CALL, EnergyFakeNvml

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kdvfs.envs.common.errors import StepDetectionError, TraceFormatError
-from kdvfs.envs.common.paths import RAW_DATA_DIR
+from kdvfs.common.errors import StepDetectionError, TraceFormatError
+from kdvfs.common.paths import RAW_DATA_DIR
 from kdvfs.envs.trace.importing import import_trace, read_recording, split_steps
 from kdvfs.envs.trace.trace import Kind, Phase
 

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from kdvfs.agents.learned.policy_planner import shipped_policy_path
+from kdvfs.common.paths import shipped_policy_path
 from kdvfs.envs.model.drift import DriftModel
 from kdvfs.runtime.controller.decisions.actuator import Actuator
 from kdvfs.runtime.controller.decisions.live_clocks import LiveClocks

@@ -11,7 +11,7 @@ import pytest
 from controller_helpers import LATENCY_MS, TRACE, fake_controller, log_records, run_steps, write_plan
 from scipy import stats
 
-from kdvfs.envs.common.errors import KdvfsError
+from kdvfs.common.errors import KdvfsError
 from kdvfs.envs.model.drift import Drift, DriftModel
 from kdvfs.runtime.controller import Controller
 from kdvfs.runtime.controller.config import ControllerConfig

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from kdvfs.envs.common.paths import REPO_ROOT
+from kdvfs.common.paths import REPO_ROOT
 from kdvfs.runtime.controller.config import CPU_TEST_MATCH_TOLERANCE, ControllerConfig
 from kdvfs.runtime.testing.fake_nvml import READ_ONLY_CALL
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pynvml
 
-from kdvfs.envs.common.paths import REPO_ROOT
+from kdvfs.common.paths import REPO_ROOT
 from kdvfs.runtime.cli.live.run import summary_table
 from tests.runtime.controller.training.test_run_end_to_end import (
     GPT,

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from kdvfs.agents.common.problem import rank_slack_s
-from kdvfs.envs.common.paths import REPO_ROOT
+from kdvfs.common.paths import REPO_ROOT
 from kdvfs.envs.trace.format import load_trace
 from kdvfs.envs.trace.trace import Category, noncommunication_s
 from kdvfs.runtime.cli import main

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from kdvfs.envs.common.errors import DataMissingError, ProfileError, TraceFormatError
-from kdvfs.envs.common.resolve import resolve_shipped, shipped_names
+from kdvfs.common.errors import DataMissingError, ProfileError, TraceFormatError
+from kdvfs.common.resolve import resolve_shipped, shipped_names
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kdvfs.envs.common.files import read_text, write_text_atomic
+from kdvfs.common.files import read_text, write_text_atomic
 
 
 def test_write_and_read_plain_and_gzip(tmp_path: Path) -> None:

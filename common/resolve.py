@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from kdvfs.envs.common.errors import DataMissingError, KdvfsError
-from kdvfs.envs.common.paths import HOME_VARIABLE
+from kdvfs.common.errors import DataMissingError, KdvfsError
+from kdvfs.common.paths import HOME_VARIABLE
 
 
 def shipped_names(folder: Path, suffix: str) -> list[str]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[1]
 """The clone (``pip install -e .``) or, installed from a wheel, the ``kdvfs`` package folder."""
 HOME_VARIABLE = "KDVFS_HOME"
 DATA_ROOT = Path(os.environ.get(HOME_VARIABLE) or REPO_ROOT)
@@ -23,3 +23,10 @@ BUNDLED_TRACE_DIR = DATA_DIR / "traces"
 RAW_DATA_DIR = DATA_DIR / "raw"
 SWEEP_DIR = DATA_DIR / "sweeps"
 POLICY_DIR = DATA_ROOT / "policies"
+POLICY_SUFFIX = ".kdvfs-policy.npz"
+"""The suffix of a frozen policy file (``kdvfs train`` writes ``policy.kdvfs-policy.npz``)."""
+
+
+def shipped_policy_path(gpu: str) -> Path:
+    """Where the policy shipped for GPU profile ``gpu`` lives: ``policies/<gpu>.kdvfs-policy.npz``."""
+    return POLICY_DIR / f"{gpu}{POLICY_SUFFIX}"

@@ -11,8 +11,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from kdvfs.envs.common.files import write_text_atomic
-from kdvfs.envs.common.paths import REPO_ROOT
+from kdvfs.common.files import write_text_atomic
+from kdvfs.common.paths import REPO_ROOT
 
 
 def git_revision() -> str:

@@ -1,9 +1,10 @@
-"""File helpers shared by every writer and reader: atomic writes and transparent gzip."""
+"""File helpers shared by every writer and reader: atomic writes, transparent gzip and data-file names."""
 
 from __future__ import annotations
 
 import gzip
 import os
+import re
 import tempfile
 from pathlib import Path
 
@@ -66,3 +67,16 @@ def read_input(path: Path, error: type[Exception], missing_hint: str = "check th
         raise error(f"{path} is a folder, expected a file; {missing_hint}") from None
     except (OSError, EOFError, UnicodeDecodeError) as reason:
         raise error(f"{path}: cannot be read ({reason}); the file is corrupt or truncated") from None
+
+
+_DATA_SUFFIX = re.compile(r"(\.trace)?\.json(\.gz)?$")
+
+
+def split_suffix(name: str) -> tuple[str, str]:
+    """A file name split before its data suffix: ``step.trace.json.gz`` -> (``step``, ``.trace.json.gz``),
+    ``run.jsonl`` -> (``run``, ``.jsonl``), ``tb`` -> (``tb``, ``""``)."""
+    match = _DATA_SUFFIX.search(name)
+    if match:
+        return name[:match.start()], match.group()
+    path = Path(name)
+    return path.stem, path.suffix

@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kdvfs.envs.common.locked import index_right
+from kdvfs.common.locked import index_right
 
 
 @given(st.lists(st.floats(-10, 10), max_size=30).map(sorted), st.floats(-12, 12))

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 import yaml
 
-from kdvfs.envs.common.errors import KdvfsError
+from kdvfs.common.errors import KdvfsError
 
 T = TypeVar("T")
 
