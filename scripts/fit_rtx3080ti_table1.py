@@ -1,7 +1,7 @@
 """Fit the ``rtx3080ti`` profile's cost model to the RTX 3080 Ti's own measurements (arXiv 2601.08539, Table 1).
 
 Fitted on the embedding, forward and loss kernels (0-18) only; the backward and embedding-backward kernels
-(19-45) are held out (``python benchmarks/rtx3080ti_table1.py`` reports both). The prior and the starting
+(19-45) are held out (``python -m benchmarks.model.rtx3080ti_table1`` reports both). The prior and the starting
 point are the parameters transferred from the GTX 1080 Ti fit (``derive_profile_estimates.rtx3080ti_prior``),
 so the fit does not depend on what the profile held before. Each fitted parameter's +-2 standard
 errors of the fit (linearised, prior included) are stated in its source; the switch stall and the power

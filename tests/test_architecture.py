@@ -1,5 +1,5 @@
-"""The layout's laws, checked on the source: the dependency direction, no import cycles, no private imports,
-and a docstring for every room (package)."""
+"""The layout's laws, checked on the source: the dependency direction, no import cycles (benchmarks included), no
+private imports, a docstring for every room (package), benchmarks imported by package path."""
 
 from __future__ import annotations
 
@@ -27,7 +27,13 @@ def _sources() -> dict[str, Path]:
     return {_module_name(p): p for package in PACKAGES for p in sorted((REPO_ROOT / package).rglob("*.py"))}
 
 
+def _benchmark_sources() -> dict[str, Path]:
+    """The benchmarks' modules by their import name (``benchmarks.h200.overhead``)."""
+    return {_module_name(p).removeprefix("kdvfs."): p for p in sorted((REPO_ROOT / "benchmarks").rglob("*.py"))}
+
+
 SOURCES = _sources()
+BENCHMARKS = _benchmark_sources()
 
 
 def _imports(path: Path) -> list[tuple[str, list[str]]]:
@@ -41,19 +47,27 @@ def _imports(path: Path) -> list[tuple[str, list[str]]]:
     return found
 
 
-def _kdvfs_dependencies(path: Path) -> set[str]:
-    """The kdvfs modules a file imports (``from pkg import module`` counts as importing ``pkg.module``)."""
+def _dependencies(path: Path, prefix: str = "kdvfs.", known: dict[str, Path] = SOURCES) -> set[str]:
+    """The modules under ``prefix`` a file imports (``from pkg import module`` counts as importing ``pkg.module``)."""
     deps = set()
     for module, names in _imports(path):
-        if not module.startswith("kdvfs."):
+        if not module.startswith(prefix):
             continue
-        submodules = {f"{module}.{name}" for name in names if f"{module}.{name}" in SOURCES}
+        submodules = {f"{module}.{name}" for name in names if f"{module}.{name}" in known}
         deps |= submodules or {module}
     return deps
 
 
+def _kdvfs_dependencies(path: Path) -> set[str]:
+    return _dependencies(path)
+
+
+def _benchmark_dependencies(path: Path) -> set[str]:
+    return _dependencies(path, "benchmarks.", BENCHMARKS)
+
+
 def test_every_import_of_kdvfs_names_an_existing_module() -> None:
-    missing = {(name, dep) for name, path in SOURCES.items() for dep in _kdvfs_dependencies(path)
+    missing = {(name, dep) for name, path in {**SOURCES, **BENCHMARKS}.items() for dep in _kdvfs_dependencies(path)
                if dep not in SOURCES}
     assert not missing
 
@@ -66,8 +80,32 @@ def test_dependencies_flow_one_way(package: str) -> None:
     assert not wrong
 
 
+def test_no_package_imports_the_benchmarks() -> None:
+    importing = {name for name, path in SOURCES.items() for module, _ in _imports(path)
+                 if module.split(".")[0] == "benchmarks"}
+    assert not importing
+
+
+def test_benchmarks_import_each_other_by_package_path() -> None:
+    """Every import of a benchmark module names ``benchmarks.<room>.<module>``: no bare sibling (``import
+    provenance``, found only with the script's folder on ``sys.path``), no relative import, no room alone."""
+    bare = {p.stem for p in BENCHMARKS.values()} | {name.split(".")[1] for name in BENCHMARKS if "." in name}
+    wrong = set()
+    for name, path in BENCHMARKS.items():
+        tree = ast.parse(path.read_text())
+        wrong |= {(name, f"level {node.level}") for node in ast.walk(tree)
+                  if isinstance(node, ast.ImportFrom) and node.level}
+        for module, _ in _imports(path):
+            if module.split(".")[0] in bare:
+                wrong.add((name, module))
+        wrong |= {(name, dep) for dep in _benchmark_dependencies(path) if dep not in BENCHMARKS or dep.count(".") != 2}
+    assert not wrong
+
+
 def test_no_import_cycles() -> None:
     graph = {name: _kdvfs_dependencies(path) - {name} for name, path in SOURCES.items()}
+    graph |= {name: (_kdvfs_dependencies(path) | _benchmark_dependencies(path)) - {name}
+              for name, path in BENCHMARKS.items()}
     state: dict[str, int] = {}
     cycles: list[list[str]] = []
 

@@ -216,7 +216,7 @@ def transfer_level_residuals() -> Residuals:
 def table1_residuals(profile: GpuProfile) -> Residuals:
     """Clock residuals of the Table 1 kernels of arXiv 2601.08539 the ``rtx3080ti`` profile was not fitted on:
     each kernel's published time and energy change at its published pair against the model's (as
-    ``benchmarks/rtx3080ti_table1.py`` computes them)."""
+    ``benchmarks/model/rtx3080ti_table1.py`` computes them)."""
     every = load_published_optimum()
     time_pct, energy_pct = published_changes(CostParams.from_profile(profile), profile, table1_step(profile), every)
     held_out = np.array([not row.fitted for row in every])

@@ -1,0 +1,205 @@
+"""kdvfs's whole cost on a real GPU: the same training script with and without `kdvfs run --dry-run`.
+
+    python -m benchmarks.h200.overhead run RESULTS_DIR [--pairs 3] [--only LABEL ...]   # on the GPU machine
+    python -m benchmarks.h200.overhead report RESULTS_DIR [--name overhead_h200]         # anywhere
+
+``run`` never changes a clock: every controller is a dry run whose NVML binding is ``benchmarks.common.nvml_guard``
+(the real pynvml; any Set/Reset/Clear call is refused and counted). It
+
+1. probes the GPU's NVML reads (read-only, through the guard): how long a total-energy read takes on the wall
+   and on the reading thread's CPU, how often the counter updates, the same for a power read, and how much a
+   busy Python loop slows while another thread reads the counter (whether the read holds the interpreter lock);
+2. per workload (the Hugging Face Trainer examples, captured here first with ``kdvfs capture``, and GPT-3 XL
+   on its stored trace), runs ``--pairs`` pairs of processes in ABBA order (without, with; with, without; ...):
+   ``benchmarks/h200/step_clock.py`` around the script, alone or under ``kdvfs run --dry-run --policy
+   policies/h200.kdvfs-policy.npz`` (the shipped policy deciding online, default options), each for the
+   workload's steps.
+
+``report`` computes per workload: the whole-run overhead (mean step time after ``WARMUP_STEPS`` with over
+without kdvfs, per pair; their mean with a 95% t interval), the dry run's own slowdown of its controlled
+windows against its auto ones (the A/B pairs of every dry run pooled; truth 0: nothing changes clocks), the
+controller's host cost from the dry runs' summaries (CPU of its thread, the energy thread and the hooks, per
+step and as a share of the step; the thread's wakes), the processes' CPU per step with over without kdvfs,
+the online decisions' time and the requests' timeliness, each against its target (``TARGETS``).
+``--cpu-test`` runs all of it on a CPU with the tiny GPT, a CPU-captured trace and the fake NVML of the tests
+(its figures mean nothing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common.kdvfs_command import CLI
+from benchmarks.common.provenance import host, nvidia_smi, utc_now
+from kdvfs.common.paths import REPO_ROOT
+
+GUARD = "benchmarks.common.nvml_guard"
+POLICY = "policies/h200.kdvfs-policy.npz"
+WORKLOADS: dict[str, dict[str, Any]] = {
+    "hf-gpt2s-b8": {"script": ["examples/hf_trainer.py", "--size", "gpt2s", "--batch", "8"], "steps": 360,
+                    "trace": None},
+    "hf-gpt2s-b32": {"script": ["examples/hf_trainer.py", "--size", "gpt2s", "--batch", "32"], "steps": 140,
+                     "trace": None},
+    "gpt3xl-b4": {"script": ["examples/gpt.py", "--size", "gpt3xl", "--batch", "4"], "steps": 170,
+                  "trace": "h200/capture-gpt3xl-b4"},
+}
+"""Each workload's script, steps per process and trace (None: captured in the run)."""
+CPU_WORKLOADS: dict[str, dict[str, Any]] = {
+    "gpt-tiny": {"script": ["examples/gpt.py", "--size", "tiny", "--device", "cpu"], "steps": 400, "trace": None,
+                 "capture_steps": 600},
+}
+CAPTURE_STEPS = 120
+PROBE_S = 1.0
+"""How long each NVML read is probed (s)."""
+
+
+def _env(cpu_test: bool = False) -> dict[str, str]:
+    """The processes' environment: this checkout first on PYTHONPATH; in a CPU test one intra-op thread, as
+    ``kdvfs run --cpu-test-mode`` gives its child, in both arms."""
+    paths = [str(REPO_ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "PYTHONUNBUFFERED": "1",
+            **({"OMP_NUM_THREADS": "1"} if cpu_test else {})}
+
+
+def _kdvfs(args: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", CLI, *args], cwd=REPO_ROOT, text=True, env=_env(), **kwargs)
+
+
+def probe(nvml_module: str) -> dict[str, Any]:
+    """The NVML reads' cost and the energy counter's update period (see the module docstring, 1.)."""
+    import importlib
+
+    nvml = importlib.import_module(nvml_module)
+    nvml.nvmlInit()
+    handle = nvml.nvmlDeviceGetHandleByIndex(0)
+    result: dict[str, Any] = {}
+    for name, read, gap_s in (("energy", lambda: nvml.nvmlDeviceGetTotalEnergyConsumption(handle), 0.0),
+                              ("power", lambda: nvml.nvmlDeviceGetPowerUsage(handle), 1e-3)):
+        walls, cpus, changes, last = [], [], [], read()
+        end_s = time.perf_counter() + PROBE_S
+        while time.perf_counter() < end_s:
+            wall, cpu = time.perf_counter(), time.thread_time()
+            value = read()
+            walls.append(time.perf_counter() - wall)
+            cpus.append(time.thread_time() - cpu)
+            if value != last:
+                changes.append(wall)
+            last = value
+            time.sleep(gap_s)
+        gaps = [b - a for a, b in itertools.pairwise(changes)]
+        result[name] = {"reads": len(walls), "read_wall_ms": 1e3 * statistics.median(walls),
+                        "read_cpu_ms": 1e3 * statistics.median(cpus),
+                        "update_period_ms": 1e3 * statistics.median(gaps) if gaps else None}
+    result["gil"] = _gil_probe(lambda: nvml.nvmlDeviceGetTotalEnergyConsumption(handle))
+    nvml.nvmlShutdown()
+    return result
+
+
+def _gil_probe(read: Any, seconds: float = 1.0) -> dict[str, float]:
+    """Iterations of a pure-Python loop per second alone and while another thread reads back to back: their
+    ratio near 1 says a read does not hold the interpreter lock."""
+    def loop() -> float:
+        count, end = 0, time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            count += 1
+        return count / seconds
+
+    alone = loop()
+    stop = threading.Event()
+    reader = threading.Thread(target=lambda: [read() for _ in iter(stop.is_set, True)], daemon=True)
+    reader.start()
+    beside = loop()
+    stop.set()
+    reader.join()
+    return {"loop_per_s_alone": alone, "loop_per_s_beside_reads": beside, "ratio": beside / alone}
+
+
+def _capture(folder: Path, label: str, workload: dict[str, Any], fake: list[str]) -> str:
+    trace = folder / f"{label}.trace.json"
+    _kdvfs(["capture", *(fake or ["--nvml-module", GUARD]), "--energy-window-s", "2", "-o", str(trace), "--",
+            sys.executable, *workload["script"], "--steps", str(workload.get("capture_steps", CAPTURE_STEPS))],
+           check=True)
+    return str(trace)
+
+
+def _process(folder: Path, label: str, workload: dict[str, Any], pair: int, with_kdvfs: bool,
+             fake: list[str]) -> dict[str, Any]:
+    """One process of a pair: the script under ``benchmarks/h200/step_clock.py``, under ``kdvfs run --dry-run`` or
+    not."""
+    name = f"{label}.{pair}.{'with' if with_kdvfs else 'without'}"
+    clock = folder / f"{name}.steps.json"
+    target = [sys.executable, "benchmarks/h200/step_clock.py", str(clock), *workload["script"], "--steps",
+              str(workload["steps"])]
+    start_s = time.perf_counter()
+    if with_kdvfs:
+        log, record = folder / f"{name}.log.jsonl", folder / f"{name}.nvml.json"
+        done = subprocess.run([sys.executable, "-c", CLI, "run", "--dry-run", "--policy", POLICY, "--trace",
+                               workload["trace"], "--log", str(log), "--json", *(fake or ["--nvml-module", GUARD]),
+                               "--", *target], cwd=REPO_ROOT, text=True, stdout=subprocess.PIPE,
+                              env={**_env(), "KDVFS_NVML_RECORD": str(record)}, check=False)
+        records = [json.loads(line) for line in log.read_text().splitlines()] if log.is_file() else []
+        extra = {"exit_code": done.returncode, "summary": json.loads(done.stdout) if done.stdout.strip() else None,
+                 "pairs_slowdown_pct": [r["slowdown_pct"] for r in records if r["event"] == "pair"],
+                 "nvml": json.loads(record.read_text()) if record.is_file() else None}
+        log.unlink(missing_ok=True)
+    else:
+        extra = {"exit_code": subprocess.run(target, cwd=REPO_ROOT, text=True, env=_env(bool(fake)),
+                                             check=False).returncode}
+    steps = json.loads(clock.read_text()) if clock.is_file() else {"step_s": [], "cpu_s": []}
+    return {"label": label, "pair": pair, "with": with_kdvfs, "wall_s": time.perf_counter() - start_s, **steps,
+            **extra}
+
+
+def run(folder: Path, pairs: int, only: list[str] | None, cpu_test: bool) -> None:
+    """Every device-side measurement into ``folder/run.json`` (written after each process)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    fake = ["--cpu-test-mode", "--nvml-module", "kdvfs.runtime.testing.nvml"] if cpu_test else []
+    workloads = {label: dict(w) for label, w in (CPU_WORKLOADS if cpu_test else WORKLOADS).items()
+                 if not only or label in only}
+    log: dict[str, Any] = {**host(), "command": " ".join(["python", "-m", "benchmarks.h200.overhead", *sys.argv[1:]]),
+                           "started_utc": utc_now(), "nvidia_smi_before": nvidia_smi(header=False),
+                           "probe": None if cpu_test else probe(GUARD), "workloads": {}, "processes": []}
+    for label, workload in workloads.items():
+        if workload["trace"] is None:
+            workload["trace"] = _capture(folder, label, workload, fake)
+        log["workloads"][label] = workload
+        for pair in range(pairs):
+            for with_kdvfs in ((False, True) if pair % 2 == 0 else (True, False)):  # ABBA
+                log["processes"].append(_process(folder, label, workload, pair, with_kdvfs, fake))
+                (folder / "run.json").write_text(json.dumps(log))
+    log["nvidia_smi_after"], log["finished_utc"] = nvidia_smi(header=False), utc_now()
+    (folder / "run.json").write_text(json.dumps(log))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="what", required=True)
+    for name in ("run", "report"):
+        command = sub.add_parser(name)
+        command.add_argument("folder", type=Path)
+        command.add_argument("--cpu-test", action="store_true")
+    sub.choices["run"].add_argument("--pairs", type=int, default=3, help="ABBA process pairs per workload")
+    sub.choices["run"].add_argument("--only", nargs="+", metavar="LABEL", help="only these workloads")
+    sub.choices["report"].add_argument("--name", default="overhead_h200", help="results file stem")
+    args = parser.parse_args(argv)
+    if args.what == "run":
+        run(args.folder, args.pairs, args.only, args.cpu_test)
+    else:
+        from benchmarks.reports.overhead import report
+
+        report(args.folder, args.cpu_test, args.name)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,158 @@
+"""Steps that vary in more than one length on the H200 (dry runs): an encoder-decoder, gradient accumulation
+and sequence packing under the HF Trainer, each captured, planned and run for 300 steps.
+
+    python -m benchmarks.h200.varying_recipes run RESULTS_DIR [--cpu-test] [--only encoder-decoder,packing]
+    python -m benchmarks.h200.varying_recipes report RESULTS_DIR   # anywhere: benchmarks/results/varying_recipes_h200.*
+
+``run`` never changes a clock (NVML through ``benchmarks.common.nvml_guard``, which refuses every Set/Reset/Clear call).
+Each recipe is ``examples/hf_sft.py`` (bf16, batch 8, sample lengths log-normal with median 256 clipped to
+16-1024 tokens, each batch padded to its longest by the library collator) as a new user runs it:
+``encoder-decoder`` (``--model t5``: a T5 of 6 + 6 layers, each target's length drawn apart from its input's),
+``grad-accum`` (the 12-layer Llama, two micro-batches per optimizer step, each its own length) and ``packing``
+(the Llama, each batch's samples concatenated into one row, ``DataCollatorWithFlattening``). Per recipe:
+``kdvfs capture`` (several shapes, ``NAME.shape-K``), ``kdvfs plan --method latency-optimal --budget 0.01``,
+and ``kdvfs run --dry-run`` for 300 steps with the default A/B windows (a quarter at auto, the guard on).
+
+``report`` reads, per recipe: the share of the steps in B windows that were controlled (target >= 90%), the
+dry run's measured saving and slowdown with their 95% intervals (truth 0: the interval must hold 0 with a
+half-width of at most 2 points), the step model's leave-one-shape-out kernel-time error of each captured shape
+(target within 5%), the steps at auto by reason (``auto_reasons``), the buckets planned in the background and
+the refused NVML calls.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common.kdvfs_command import CLI, run_kdvfs_through
+from benchmarks.common.provenance import host, nvidia_smi, provenance, provenance_lines, utc_now, write_results
+from kdvfs.common.paths import REPO_ROOT
+
+LENGTHS = ["--lengths", "lognormal", "--median-len", "256", "--min-len", "16", "--max-len", "1024", "--batch", "8"]
+CPU_LENGTHS = ["--size", "tiny", "--device", "cpu", "--lengths", "lognormal", "--median-len", "32", "--min-len", "8",
+               "--max-len", "96", "--batch", "4"]
+RECIPES = {"encoder-decoder": ["--model", "t5"], "grad-accum": ["--model", "llama", "--grad-accum", "2"],
+           "packing": ["--model", "llama", "--packing"]}
+TARGET_CONTROLLED, TARGET_HALF_WIDTH_PCT, TARGET_KERNEL_ERROR_PCT = 0.90, 2.0, 5.0
+
+
+def run_recipe(folder: Path, recipe: str, cpu_test: bool) -> list[dict[str, Any]]:
+    """Capture, plan and the dry run of ``recipe`` into ``folder`` (see the module docstring)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    script = [sys.executable, "examples/hf_sft.py", *RECIPES[recipe], *(CPU_LENGTHS if cpu_test else LENGTHS)]
+    nvml = "kdvfs.runtime.testing.nvml" if cpu_test else "benchmarks.common.nvml_guard"
+    fake = ["--cpu-test-mode"] if cpu_test else []
+    trace, plan = str(folder / "run.trace.json"), str(folder / "plan.json")
+    log = [run_kdvfs_through(
+        folder, "capture", ["capture", *fake, "--energy-window-s", "1" if cpu_test else "4", "-o", trace,
+                            "--json", "--", *script, "--steps", "400"], nvml)]
+    done = subprocess.run([sys.executable, "-c", CLI, "plan", "--trace", trace, "--gpu", "h200", "--method",
+                           "latency-optimal", "--budget", "0.01", "-o", plan], cwd=REPO_ROOT, capture_output=True,
+                          text=True)
+    log.append({"label": "plan", "exit_code": done.returncode, "stderr_tail": done.stderr[-2000:]})
+    log.append(run_kdvfs_through(
+        folder, "run", ["run", "--dry-run", *fake, "--policy", plan, "--trace", trace, "--json",
+                        "--log", str(folder / "run.jsonl"), "--", *script, "--steps", "120" if cpu_test else "300"],
+        nvml))
+    return log
+
+
+def run(folder: Path, cpu_test: bool, only: list[str] | None) -> None:
+    log = [entry for recipe in RECIPES if not only or recipe in only
+           for entry in run_recipe(folder / recipe, recipe, cpu_test)]
+    (folder / "run.json").write_text(json.dumps({**host(), "date_utc": utc_now(), "log": log,
+                                                 "nvidia_smi": "" if cpu_test else nvidia_smi()}, indent=1))
+
+
+def _records(folder: Path, event: str) -> list[dict[str, Any]]:
+    path = folder / "run.jsonl"
+    return [r for r in map(json.loads, path.read_text().splitlines()) if r["event"] == event] \
+        if path.is_file() else []
+
+
+def figures(folder: Path) -> dict[str, Any]:
+    """One recipe's figures (see the module docstring)."""
+    capture = json.loads((folder / "capture.out.json").read_text())
+    summary = json.loads((folder / "run.out.json").read_text())
+    guard = folder / "run.nvml.json"
+    b_windows = [w for w in _records(folder, "window") if w["arm"] == "B"]
+    b_steps = sum(w["steps"] for w in b_windows)
+    errors = (capture.get("shapes") or {}).get("step_model") or []
+    measured = summary.get("measured") or {}
+    saving = measured.get("energy_saved_ci95_pct")
+    return {"steps": summary["steps"], "controlled_steps": summary["controlled_steps"],
+            "controlled_share_of_b_windows": sum(w["controlled_steps"] for w in b_windows) / b_steps if b_steps
+            else None,
+            "auto_reasons": summary.get("auto_reasons"), "shapes": summary.get("shapes"),
+            "measured": measured,
+            "saving_holds_zero": None if saving is None else saving[0] <= 0.0 <= saving[1],
+            "saving_half_width_pct": None if saving is None else (saving[1] - saving[0]) / 2,
+            "step_model": errors,
+            "kernel_error_max_pct": max((abs(e["kernel_time_error_pct"]) for e in errors), default=None),
+            "captured": [c["shape"] for c in (capture.get("shapes") or {}).get("captured", [])],
+            "capture_step_times_s": {c["shape"]: c["step_time_s"] for c in
+                                     (capture.get("shapes") or {}).get("captured", [])},
+            "guard_backoffs": summary["guard_backoffs"], "gpu_restored": summary["gpu_restored"],
+            "error": summary["error"],
+            "refused_nvml_calls": json.loads(guard.read_text()).get("refused", {}) if guard.is_file() else None}
+
+
+def report(folder: Path) -> dict[str, Any]:
+    device = json.loads((folder / "run.json").read_text())
+    recipes = [r for r in RECIPES if (folder / r / "run.out.json").is_file()]
+    result = {"provenance": provenance(f"python -m benchmarks.h200.varying_recipes run {folder} (on the GPU machine), "
+                                       f"then python -m benchmarks.h200.varying_recipes report {folder}"),
+              "device_run": {k: device[k] for k in ("machine", "python", "date_utc", "nvidia_smi") if k in device},
+              "recipes": {r: figures(folder / r) for r in recipes}}
+    write_results("varying_recipes_h200", result, markdown(result))
+    return result
+
+
+def _pct(value: float | None, fmt: str = ".1f") -> str:
+    return "-" if value is None else f"{value:{fmt}}"
+
+
+def markdown(result: dict[str, Any]) -> str:
+    lines = ["# Steps that vary in more than one length on the H200 (dry runs of 300 steps)", "",
+             *provenance_lines(result["provenance"]),
+             f"- device run: `{result['device_run'].get('machine')}`, {result['device_run'].get('date_utc')}", "",
+             "| recipe | steps | controlled | of B-window steps | dry-run saving % [95%] (truth 0) | half-width | "
+             "slowdown % [95%] | step model max kernel-time error % | auto reasons | background plans | refused |",
+             "| --- | ---: | ---: | ---: | --- | ---: | --- | ---: | --- | ---: | --- |"]
+    for name, r in result["recipes"].items():
+        m = r["measured"]
+        saving, slow = m.get("energy_saved_ci95_pct"), m.get("slowdown_ci95_pct")
+        share = r["controlled_share_of_b_windows"]
+        saving_text = "" if saving is None else f"[{saving[0]:+.2f}, {saving[1]:+.2f}]"
+        slow_text = "" if slow is None else f"[{slow[0]:+.2f}, {slow[1]:+.2f}]"
+        lines.append(
+            f"| {name} | {r['steps']} | {r['controlled_steps']} | {'-' if share is None else f'{share:.0%}'} | "
+            f"{_pct(m.get('energy_saved_pct'), '+.2f')} {saving_text} | {_pct(r['saving_half_width_pct'], '.2f')} | "
+            f"{_pct(m.get('slowdown_pct'), '+.2f')} {slow_text} | {_pct(r['kernel_error_max_pct'])} | "
+            f"{r['auto_reasons']} | {(r['shapes'] or {}).get('planned_in_background')} | {r['refused_nvml_calls']} |")
+    lines += ["", f"Targets: >= {TARGET_CONTROLLED:.0%} of the B-window steps controlled; the dry-run saving interval "
+              f"holds 0 with a half-width <= {TARGET_HALF_WIDTH_PCT:g} points; step-model kernel time within "
+              f"{TARGET_KERNEL_ERROR_PCT:g}% leave-one-shape-out; no refused NVML call."]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("stage", choices=("run", "report"))
+    parser.add_argument("folder", type=Path)
+    parser.add_argument("--cpu-test", action="store_true")
+    parser.add_argument("--only", type=lambda text: text.split(","), default=None, help="recipes, e.g. packing")
+    args = parser.parse_args()
+    if args.stage == "run":
+        run(args.folder, args.cpu_test, args.only)
+    else:
+        print(markdown(report(args.folder)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,188 @@
+"""Residual PPO against the best fixed-margin fitting plan on held-out steps: within budget and saving per cell.
+
+For each GPU with trained residual policies (``benchmarks/data/learned/<gpu>-s<seed>.kdvfs-policy.npz``, PPO's
+final policy of each training seed, ``kdvfs train`` on ``configs/ppo/residual-<gpu>.yaml``):
+
+1. **The bar, chosen on validation**: every fixed-margin fitting plan (:mod:`kdvfs.agents.learned.margin_plans`:
+   the residual environment's constant action, margins 0-100% of the slack) runs the validation pairs of the
+   GPU's training config (``data.validation``: the training families at shapes not trained on); per budget x
+   latency cell the margin saving the most among those within budget in >= 95% of the cell's episodes is
+   the cell's plan.
+2. **Held out, scored once**: the held-out pairs (``benchmarks/learned/ppo_vs_clone.py``'s: the held-out generated
+   families, and on the H200 the real Llama, Mixtral and BERT captures) under every cell (budget 0.5/1/2% x
+   latency 0, the profile's, twice it) and ``--seeds`` paired noise seeds (the same draws and executed variant
+   for every method): PPO of every training seed, each cell's plan, and the plain fitting plan (margin 0).
+
+Reported per cell: within-budget share (PPO pooled over the training seeds; the plan), mean saving, and PPO -
+plan saving with a 95% interval clustered by workload family and training seed (a two-way bootstrap over
+families and seeds of the (family, seed) means). Writes ``benchmarks/results/learned_vs_plans.json`` and ``.md``::
+
+    python -m benchmarks.learned.learned_vs_plans [--gpus h200] [--seeds 4] [--jobs 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from benchmarks.common.provenance import provenance, write_results
+from benchmarks.learned.ppo_vs_clone import held_out_pairs
+from kdvfs.agents.learned.frozen import FrozenPolicy
+from kdvfs.agents.learned.margin_plans import (
+    CELL_BUDGETS,
+    CELL_LATENCY_SCALES,
+    COMPLIANCE,
+    FixedMargin,
+    best_margins,
+    chosen,
+    episodes,
+    margin_actors,
+    within,
+)
+from kdvfs.agents.learned.ppo import build_pairs, load_train_config
+from kdvfs.common.paths import REPO_ROOT
+from kdvfs.envs.env.measured import MARGINS
+from kdvfs.envs.gpu.profiles import load_profile
+
+POLICIES = REPO_ROOT / "benchmarks" / "data" / "learned"
+VALIDATION_SEEDS = 2
+BOOTSTRAP = 2000
+
+
+def seed_policies(gpu: str) -> dict[int, FrozenPolicy]:
+    """PPO's policy of every training seed for ``gpu``, by seed."""
+    profile = load_profile(gpu)
+    found = sorted(POLICIES.glob(f"{gpu}-s*.kdvfs-policy.npz"))
+    return {int(path.name.split("-s")[-1].split(".")[0]): FrozenPolicy.load(path, profile) for path in found}
+
+
+def clustered_interval(delta: np.ndarray, rng: np.random.Generator) -> list[float]:
+    """95% interval of the mean of ``delta`` (families, seeds): a two-way bootstrap over families and seeds."""
+    families, seeds = delta.shape
+    means = [delta[np.ix_(rng.integers(families, size=families), rng.integers(seeds, size=seeds))].mean()
+             for _ in range(BOOTSTRAP)]
+    return [float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))]
+
+
+def run_gpu(gpu: str, seeds: int) -> dict[str, Any]:
+    """The comparison of the module docstring for one GPU."""
+    profile = load_profile(gpu)
+    policies = seed_policies(gpu)
+    config = next(iter(policies.values())).config if policies else load_train_config(f"residual-{gpu}").env
+    grid = config.grid(profile)
+    validation = build_pairs(load_train_config(f"residual-{gpu}").data.validation, profile, grid)
+    margins = best_margins(episodes(margin_actors(), validation, profile, config, VALIDATION_SEEDS))
+    labelled = held_out_pairs(gpu, profile, grid)
+    pairs = [pair for _, pair in labelled]
+    used = sorted({int(m) for m in margins.ravel()} | {0})
+    plans = episodes({f"margin-{i}": FixedMargin(i) for i in used}, pairs, profile, config, seeds)
+    full = np.zeros((len(MARGINS), *plans.shape[1:]))
+    full[used] = plans
+    bar, reference = chosen(full, margins), full[0]
+    if not policies:
+        return baseline_only(gpu, margins, bar, reference, len(pairs), seeds)
+    ppo = episodes({f"s{s}": p for s, p in policies.items()}, pairs, profile, config, seeds)
+    families = sorted({family for family, _ in labelled})
+    member = np.array([[family == f for family, _ in labelled] for f in families])
+    rng = np.random.default_rng(0)
+    cells = []
+    for b, budget in enumerate(CELL_BUDGETS):
+        for s, scale in enumerate(CELL_LATENCY_SCALES):
+            mine, plan, plain = ppo[:, :, b, s], bar[:, b, s], reference[:, b, s]
+            delta = np.array([[(mine[k][member[f]][..., 0] - plan[member[f]][..., 0]).mean()
+                               for k in range(len(policies))] for f in range(len(families))])
+            cells.append({
+                "budget_pct": 100 * budget, "latency_scale": scale, "margin_pct": 100 * MARGINS[margins[b, s]],
+                "within_budget_ppo": float(within(ppo[:, :, b:b + 1, s:s + 1], (budget,)).mean()),
+                "within_budget_ppo_by_seed":
+                    within(ppo[:, :, b:b + 1, s:s + 1], (budget,)).mean(axis=(1, 2, 3, 4)).tolist(),
+                "within_budget_plan": float(within(bar[:, b:b + 1, s:s + 1], (budget,)).mean()),
+                "within_budget_reference_plan": float(within(reference[:, b:b + 1, s:s + 1], (budget,)).mean()),
+                "saved_ppo_pct": float(mine[..., 0].mean()), "saved_plan_pct": float(plan[..., 0].mean()),
+                "saved_reference_plan_pct": float(plain[..., 0].mean()),
+                "ppo_minus_plan_pct": float(delta.mean()), "ci95": clustered_interval(delta, rng)})
+    delta_all = np.array([[(ppo[k][member[f]][..., 0] - bar[member[f]][..., 0]).mean()
+                           for k in range(len(policies))] for f in range(len(families))])
+    summary = {"trained": True, "seeds": sorted(policies), "families": families, "pairs": len(pairs),
+               "noise_seeds": seeds, "ppo_minus_plan_pct": float(delta_all.mean()),
+               "ci95": clustered_interval(delta_all, rng), "within_budget_ppo": float(within(ppo).mean()),
+               "within_budget_plan": float(within(bar).mean()),
+               "within_budget_reference_plan": float(within(reference).mean()),
+               "cells_ppo_within_95": sum(c["within_budget_ppo"] >= COMPLIANCE for c in cells),
+               "cells_plan_within_95": sum(c["within_budget_plan"] >= COMPLIANCE for c in cells),
+               "cells_ppo_saves_more_ci_above_0": sum(c["ci95"][0] > 0 for c in cells), "cells": cells,
+               "policy_revisions": sorted({str(p.meta.get("git_revision")) for p in policies.values()})}
+    return summary
+
+
+def baseline_only(gpu: str, margins: np.ndarray, bar: np.ndarray, reference: np.ndarray, pairs: int,
+                  seeds: int) -> dict[str, Any]:
+    """The bar's figures for a GPU without trained residual policies (``trained`` False)."""
+    cells = [{"budget_pct": 100 * budget, "latency_scale": scale, "margin_pct": 100 * MARGINS[margins[b, s]],
+              "within_budget_plan": float(within(bar[:, b:b + 1, s:s + 1], (budget,)).mean()),
+              "within_budget_reference_plan": float(within(reference[:, b:b + 1, s:s + 1], (budget,)).mean()),
+              "saved_plan_pct": float(bar[:, b, s, :, 0].mean()),
+              "saved_reference_plan_pct": float(reference[:, b, s, :, 0].mean())}
+             for b, budget in enumerate(CELL_BUDGETS) for s, scale in enumerate(CELL_LATENCY_SCALES)]
+    return {"trained": False, "gpu": gpu, "pairs": pairs, "noise_seeds": seeds,
+            "within_budget_plan": float(within(bar).mean()),
+            "within_budget_reference_plan": float(within(reference).mean()),
+            "cells_plan_within_95": sum(c["within_budget_plan"] >= COMPLIANCE for c in cells), "cells": cells}
+
+
+def _markdown(result: dict[str, Any]) -> str:
+    lines = ["# Residual PPO against the best fixed-margin fitting plan (held-out steps)", "",
+             *[f"- {k}: `{v}`" if k != "figure" else f"- figure: {v}" for k, v in result["provenance"].items()], ""]
+    for gpu, row in result["gpus"].items():
+        if not row["trained"]:
+            lines += [f"## {gpu} (the bar only: no residual policy trained)", "",
+                      f"{row['pairs']} held-out pairs, {row['noise_seeds']} noise seeds; within budget: best "
+                      f"fixed-margin plan {row['within_budget_plan']:.1%}, fitting plan (no margin) "
+                      f"{row['within_budget_reference_plan']:.1%}; cells >= 95%: {row['cells_plan_within_95']}/9.", "",
+                      "| budget | latency | margin (validation) | within plan / no margin "
+                      "| saved plan / no margin (%) |",
+                      "| --- | --- | --- | --- | --- |"]
+            lines += [f"| {c['budget_pct']:g}% | {c['latency_scale']:g}x | {c['margin_pct']:g}% | "
+                      f"{c['within_budget_plan']:.1%} / {c['within_budget_reference_plan']:.1%} | "
+                      f"{c['saved_plan_pct']:.2f} / {c['saved_reference_plan_pct']:.2f} |" for c in row["cells"]]
+            lines.append("")
+            continue
+        lo, hi = row["ci95"]
+        lines += [f"## {gpu}", "",
+                  f"Training seeds {row['seeds']}; {row['pairs']} held-out pairs of {', '.join(row['families'])}; "
+                  f"{row['noise_seeds']} noise seeds. PPO - plan saving {row['ppo_minus_plan_pct']:+.3f} points "
+                  f"[{lo:+.3f}, {hi:+.3f}] (family x seed clustered); within budget PPO "
+                  f"{row['within_budget_ppo']:.1%}, plan {row['within_budget_plan']:.1%}, fitting plan (no margin) "
+                  f"{row['within_budget_reference_plan']:.1%}; cells >= 95% within budget: PPO "
+                  f"{row['cells_ppo_within_95']}/9, plan {row['cells_plan_within_95']}/9.", "",
+                  "| budget | latency | plan margin | within PPO / plan / no margin | saved PPO / plan / no margin (%) "
+                  "| PPO - plan (95%, clustered) |", "| --- | --- | --- | --- | --- | --- |"]
+        for c in row["cells"]:
+            lo, hi = c["ci95"]
+            lines.append(f"| {c['budget_pct']:g}% | {c['latency_scale']:g}x | {c['margin_pct']:g}% | "
+                         f"{c['within_budget_ppo']:.1%} / {c['within_budget_plan']:.1%} / "
+                         f"{c['within_budget_reference_plan']:.1%} | {c['saved_ppo_pct']:.2f} / "
+                         f"{c['saved_plan_pct']:.2f} / {c['saved_reference_plan_pct']:.2f} | "
+                         f"{c['ppo_minus_plan_pct']:+.3f} [{lo:+.3f}, {hi:+.3f}] |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--gpus", nargs="+", default=["h200", "b200", "a100-sxm4"])
+    parser.add_argument("--seeds", type=int, default=4)
+    parser.add_argument("--jobs", type=int, default=2)
+    args = parser.parse_args()
+    with ProcessPoolExecutor(args.jobs) as pool:
+        runs = dict(zip(args.gpus, pool.map(run_gpu, args.gpus, [args.seeds] * len(args.gpus)), strict=True))
+    command = f"python -m benchmarks.learned.learned_vs_plans --gpus {' '.join(args.gpus)} --seeds {args.seeds}"
+    result = {"provenance": provenance(command), "gpus": runs}
+    write_results("learned_vs_plans", result, _markdown(result))
+
+
+if __name__ == "__main__":
+    main()

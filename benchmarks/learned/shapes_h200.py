@@ -1,0 +1,77 @@
+"""evaluate --reference on held-out H200 shapes of three families: savings and steps within a 1% budget.
+
+reference-plan, policy and oracle, at 0 ms and at the profile's switching latency.
+
+For each family (llama, mixtral, bert: ``data/traces/h200/workloads``) each captured shape in turn is the
+executed step and the family's other shapes are the references (the step model is fitted on them; the
+executed step is never shown to the controller side). The shipped ``policies/h200`` policy.
+
+    python -m benchmarks.learned.shapes_h200 [--episodes N]
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from benchmarks.common.provenance import provenance, provenance_lines, write_results
+from benchmarks.model.step_model import FAMILIES, WORKLOADS, family_traces
+from kdvfs.agents.learned.frozen import FrozenPolicy
+from kdvfs.agents.learned.shape_evaluation import METHODS, evaluate_shapes
+from kdvfs.agents.learned.shipped import policy_source_path
+from kdvfs.envs.gpu.profiles import load_profile
+
+BUDGET = 0.01
+
+
+def _family(family: str, policy: FrozenPolicy, latency_s: float | None, episodes: int | None) -> dict[str, Any]:
+    profile = load_profile("h200")
+    traces = family_traces(family)
+    names = sorted(path.name for path in WORKLOADS.glob(f"{family}-*.trace.json.gz"))
+    steps = []
+    for index, executed in enumerate(traces):
+        references = [t for i, t in enumerate(traces) if i != index]
+        steps += evaluate_shapes(policy, references, [(names[index], executed)], profile, BUDGET, latency_s,
+                                 episodes)["steps"]  # type: ignore[operator]
+    return {"family": family, "steps": steps}
+
+
+def _summary(steps: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    out = {}
+    for method in METHODS:
+        rows = [s["methods"][method] for s in steps]
+        out[method] = {"energy_saved_pct": sum(r["energy_saved_pct"] for r in rows) / len(rows),
+                       "slowdown_pct": sum(r["slowdown_pct"] for r in rows) / len(rows),
+                       "within_budget_share": sum(r["within_budget"] for r in rows) / len(rows)}
+    return out
+
+
+def _markdown(result: dict[str, Any]) -> str:
+    lines = ["# evaluate --reference on held-out shapes (H200, 1% budget)", "",
+             *provenance_lines(result["provenance"]), "",
+             "| latency | method | energy saved | slowdown | steps within budget |", "| --- | --- | --- | --- | --- |"]
+    for run in result["runs"]:
+        for method, row in run["summary"].items():
+            lines.append(f"| {run['latency']} | {method} | {row['energy_saved_pct']:.2f}% | {row['slowdown_pct']:.2f}% "
+                         f"| {row['within_budget_share']:.0%} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--episodes", type=int, help="disturbed episodes per step (default: one, undisturbed)")
+    args = parser.parse_args()
+    policy = FrozenPolicy.load(policy_source_path("h200"), load_profile("h200"))
+    runs = []
+    for label, latency_s in (("0 ms", 0.0), ("profile", None)):
+        families = [_family(family, policy, latency_s, args.episodes) for family in FAMILIES]
+        steps = [step for family in families for step in family["steps"]]
+        runs.append({"latency": label, "families": families, "summary": _summary(steps),
+                     "by_family": {f["family"]: _summary(f["steps"]) for f in families}})
+    command = "python -m benchmarks.learned.shapes_h200" + (f" --episodes {args.episodes}" if args.episodes else "")
+    result = {"provenance": provenance(command), "budget": BUDGET, "runs": runs}
+    write_results("shapes_h200", result, _markdown(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,182 @@
+"""Figures of ``benchmarks/h200/overhead.py run`` (see that module) and their Markdown."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common.provenance import RESULTS, provenance, provenance_lines, write_results
+from kdvfs.runtime.controller.measurement.estimator import Paired
+
+TARGETS = {"slowdown_points": 0.3, "overhead_pct": 0.5, "host_cpu_pct": 2.0, "decision_us": 50.0,
+           "late_ms": 0.2}
+"""The dry run's controlled-vs-auto slowdown within +-0.3 points with an interval holding 0; the whole-run
+overhead at most 0.5%; the controller's host CPU at most 2% of the step time; the decisions' median at most
+50 us; the late requests' median lateness at most 0.2 ms."""
+WARMUP_STEPS = 30
+"""Steps of each process left out of its mean step time and CPU (CUDA's and kdvfs's start)."""
+
+
+def _interval(values: list[float]) -> dict[str, Any]:
+    """Mean, 95% t interval and count of ``values`` (the A/B estimator's)."""
+    paired = Paired()
+    for value in values:
+        paired.add(value)
+    found = paired.interval()
+    return {"mean": statistics.mean(values) if values else None, "ci95": None if found is None else
+            [found.lo_pct, found.hi_pct], "n": len(values)}
+
+
+def _mean_step_s(process: dict[str, Any]) -> float:
+    return statistics.mean(process["step_s"][WARMUP_STEPS:])
+
+
+def _cpu_per_step_s(process: dict[str, Any]) -> float:
+    cpu_s = process["cpu_s"]
+    return (cpu_s[-1] - cpu_s[WARMUP_STEPS]) / (len(cpu_s) - 1 - WARMUP_STEPS)
+
+
+def _median(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
+
+
+def workload_figures(processes: list[dict[str, Any]]) -> dict[str, Any]:
+    """One workload's figures from its processes (see ``overhead_h200``'s docstring)."""
+    ran = [p for p in processes if p["exit_code"] == 0 and len(p["step_s"]) > WARMUP_STEPS + 1
+           and (not p["with"] or p["summary"] is not None)]
+    pairs = sorted({p["pair"] for p in ran})
+    arm = {(p["pair"], p["with"]): p for p in ran}
+    complete = [i for i in pairs if (i, True) in arm and (i, False) in arm]
+    overheads = [100 * (_mean_step_s(arm[i, True]) / _mean_step_s(arm[i, False]) - 1) for i in complete]
+    withs = [p for p in ran if p["with"]]
+    summaries = [p["summary"] for p in withs]
+    costs = [s["host_cost"] for s in summaries]
+    onlines = [s["online"] for s in summaries if s.get("online")]
+    requests = [s["requests"] for s in summaries]
+    steps = sum(s["steps"] for s in summaries)
+    cpu_pairs = [1e3 * (_cpu_per_step_s(arm[i, True]) - _cpu_per_step_s(arm[i, False])) for i in complete]
+    without_ms = statistics.mean(1e3 * _mean_step_s(arm[i, False]) for i in complete) if complete else None
+    return {
+        "step_ms_without": without_ms,
+        "step_ms_with": statistics.mean(1e3 * _mean_step_s(arm[i, True]) for i in complete) if complete else None,
+        "overhead_pct": {**_interval(overheads), "pairs": overheads},
+        "dry_run_slowdown_pct": {**_interval([x for p in withs for x in p["pairs_slowdown_pct"]]),
+                                 "per_process": [s["measured"] for s in summaries]},
+        "controlled_share": sum(s["controlled_steps"] for s in summaries) / steps if steps else None,
+        "host_cost": {key: statistics.mean(c[key] for c in costs) if costs and all(c[key] is not None for c in costs)
+                      else None for key in ("per_step_ms", "thread_per_step_ms", "step_share_pct",
+                                            "thread_step_share_pct", "wakes_per_step")},
+        "host_cost_parts_ms_per_step": {part: sum(c[part] or 0.0 for c in costs) / steps if steps else None
+                                        for part in ("thread_ms", "energy_thread_ms", "hooks_ms")},
+        "process_cpu_ms_per_step": {**_interval(cpu_pairs), "pairs": cpu_pairs},
+        "energy_counter": [s["energy_counter"] for s in summaries],
+        "decisions_us": {"median_of_processes": _median([o["decision_us"]["median"] for o in onlines]),
+                         "p99_max": max((o["decision_us"]["p99"] or 0.0 for o in onlines), default=None)},
+        "wakes_per_step": {reason: sum(o["wakes"].get(reason, 0) for o in onlines) / steps
+                           for reason in sorted({r for o in onlines for r in o["wakes"]})} if steps else {},
+        "requests": {"planned": sum(r["planned"] for r in requests), "late": sum(r["late"] for r in requests),
+                     "late_ms_median_of_processes": _median([r["late_ms"]["median"] for r in requests]),
+                     "late_ms_p99_max": max((r["late_ms"]["p99"] or 0.0 for r in requests), default=None)},
+        "nvml_refused": sum(sum((p.get("nvml") or {}).get("refused", {}).values()) for p in withs),
+        "failed_processes": len(processes) - len(ran),
+        "processes": [{k: v for k, v in p.items() if k not in ("step_s", "cpu_s")} for p in processes],
+    }
+
+
+def verdicts(figures: dict[str, Any]) -> dict[str, bool | None]:
+    """Each target of ``TARGETS`` met (True), missed (False) or not measured (None) by one workload's figures."""
+    slowdown, overhead = figures["dry_run_slowdown_pct"], figures["overhead_pct"]
+    share = figures["host_cost"]["step_share_pct"]
+    decision = figures["decisions_us"]["median_of_processes"]
+    late = figures["requests"]["late_ms_median_of_processes"]
+    return {
+        "slowdown_points": None if slowdown["ci95"] is None else
+        abs(slowdown["mean"]) <= TARGETS["slowdown_points"] and slowdown["ci95"][0] <= 0 <= slowdown["ci95"][1],
+        "overhead_pct": None if overhead["mean"] is None else overhead["mean"] <= TARGETS["overhead_pct"],
+        "host_cpu_pct": None if share is None else share <= TARGETS["host_cpu_pct"],
+        "decision_us": None if decision is None else decision <= TARGETS["decision_us"],
+        "late_ms": True if late is None else late <= TARGETS["late_ms"],
+    }
+
+
+def _pct(interval: dict[str, Any]) -> str:
+    if interval["mean"] is None:
+        return "-"
+    ci = "" if interval["ci95"] is None else f" [{interval['ci95'][0]:+.2f}, {interval['ci95'][1]:+.2f}]"
+    return f"{interval['mean']:+.2f}%{ci} (n={interval['n']})"
+
+
+def _num(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def markdown(result: dict[str, Any]) -> str:
+    """The results page."""
+    lines = ["# kdvfs's whole cost on an NVIDIA H200, dry runs only", "", *provenance_lines(result), "",
+             f"- run: `{result['run']['command']}` on `{result['run']['machine']}`, {result['run']['started_utc']}"
+             f" to {result['run'].get('finished_utc', 'cut short')}; GPU (nvidia-smi before): "
+             f"`{result['run']['nvidia_smi_before']}`", "",
+             "## Whole run and dry run (targets: overhead <= 0.5%; controlled-vs-auto slowdown within +-0.3 "
+             "points, interval holding 0; host CPU <= 2% of the step)", "",
+             "| workload | step without / with (ms) | overhead, mean of ABBA process pairs [95% CI] | dry run's "
+             "controlled vs auto windows, pooled A/B pairs [95% CI] | controller host CPU: ms/step (% of step); "
+             "of it thread / energy / hooks (ms/step) | process CPU with - without (ms/step) | steps controlled |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for label, f in result["workloads"].items():
+        cost, parts = f["host_cost"], f["host_cost_parts_ms_per_step"]
+        lines.append(f"| {label} | {_num(f['step_ms_without'])} / {_num(f['step_ms_with'])} | "
+                     f"{_pct(f['overhead_pct'])} | {_pct(f['dry_run_slowdown_pct'])} | "
+                     f"{_num(cost['per_step_ms'])} ({_num(cost['step_share_pct'])}%); "
+                     f"{_num(parts['thread_ms'])} / {_num(parts['energy_thread_ms'])} / {_num(parts['hooks_ms'])} | "
+                     f"{_pct(f['process_cpu_ms_per_step']).replace('%', '')} | "
+                     f"{_num(100 * f['controlled_share'], 0)}% |")
+    lines += ["", "## The controller's thread, decisions and requests (targets: decisions' median <= 50 us; late "
+              "requests' median lateness <= 0.2 ms)", "",
+              "| workload | wakes per step (by reason, decision points) | decisions median / worst p99 (us) | "
+              "requests planned ahead, late, lateness median / worst p99 (ms) | energy counter: reads, of them "
+              "learning / re-measuring, update period (ms), read (ms) | NVML calls refused |",
+              "| --- | --- | --- | --- | --- | --- |"]
+    for label, f in result["workloads"].items():
+        wakes = ", ".join(f"{r} {n:.1f}" for r, n in f["wakes_per_step"].items())
+        req, dec = f["requests"], f["decisions_us"]
+        energy = "; ".join(f"{e['reads']}, {e['calibration_reads']} / {e['relock_reads']}, "
+                           f"{_num(e['update_period_ms'], 1)}, {_num(e['read_ms'])}"
+                           for e in f["energy_counter"] if e)
+        lines.append(f"| {label} | {_num(f['host_cost']['wakes_per_step'], 1)} ({wakes}) | "
+                     f"{_num(dec['median_of_processes'], 1)} / {_num(dec['p99_max'], 1)} | "
+                     f"{req['planned']}, {req['late']}, "
+                     f"{_num(req['late_ms_median_of_processes'], 3)} / {_num(req['late_ms_p99_max'], 3)} | {energy} | "
+                     f"{f['nvml_refused']} |")
+    lines += ["", "## Targets", "", "| workload | " + " | ".join(TARGETS) + " |",
+              "| --- |" + " --- |" * len(TARGETS)]
+    for label, verdict in result["verdicts"].items():
+        lines.append(f"| {label} | " + " | ".join("-" if v is None else ("met" if v else "MISSED")
+                                                   for v in verdict.values()) + " |")
+    probe = result["run"].get("probe")
+    if probe:
+        lines += ["", "## NVML reads on this GPU (probe, through the guard)", "",
+                  f"- total-energy read: {probe['energy']['read_wall_ms']:.3f} ms wall, "
+                  f"{probe['energy']['read_cpu_ms']:.3f} ms of the reading thread's CPU (median of "
+                  f"{probe['energy']['reads']}); the counter updated every "
+                  f"{_num(probe['energy']['update_period_ms'], 1)} ms (median)",
+                  f"- power read: {probe['power']['read_wall_ms']:.4f} ms wall, {probe['power']['read_cpu_ms']:.4f} ms "
+                  f"CPU; updated every {_num(probe['power']['update_period_ms'], 1)} ms",
+                  f"- a pure-Python loop ran at {probe['gil']['ratio']:.3f} of its speed alone while another thread "
+                  "read the energy counter back to back (near 1: the read does not hold the interpreter lock)"]
+    return "\n".join(lines) + "\n"
+
+
+def report(folder: Path, cpu_test: bool, name: str = "overhead_h200") -> None:
+    """Write ``NAME.{md,json}`` (into ``folder`` for a CPU test, else ``benchmarks/results``)."""
+    run = json.loads((folder / "run.json").read_text())
+    workloads = {label: workload_figures([p for p in run["processes"] if p["label"] == label])
+                 for label in run["workloads"]}
+    result = {**provenance(f"{run['command']} (on the GPU machine), then python -m benchmarks.h200.overhead report "
+                           f"DIR --name {name}"),
+              "run": {k: v for k, v in run.items() if k != "processes"}, "targets": TARGETS,
+              "warmup_steps": WARMUP_STEPS, "workloads": workloads,
+              "verdicts": {label: verdicts(f) for label, f in workloads.items()}}
+    write_results(name, result, markdown(result), indent=1, folder=folder if cpu_test else RESULTS)

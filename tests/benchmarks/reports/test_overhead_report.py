@@ -1,0 +1,50 @@
+"""``benchmarks/reports/overhead.py``: kdvfs's whole cost from the processes of ``benchmarks/h200/overhead.py run``."""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+import benchmarks.reports.overhead
+
+
+@pytest.fixture(scope="module")
+def report() -> ModuleType:
+    return benchmarks.reports.overhead
+
+
+def _summary(share_pct: float) -> dict[str, Any]:
+    cost = {"thread_ms": 100.0, "energy_thread_ms": 20.0, "hooks_ms": 10.0, "total_ms": 130.0, "per_step_ms": 0.65,
+            "thread_per_step_ms": 0.5, "step_share_pct": share_pct, "thread_step_share_pct": share_pct / 2,
+            "wakes": 2000, "wakes_per_step": 10.0}
+    return {"steps": 200, "controlled_steps": 150, "host_cost": cost, "measured": {},
+            "online": {"decision_us": {"median": 30.0, "p99": 90.0}, "wakes": {"policy": 1200, "proposal": 300}},
+            "requests": {"planned": 40, "late": 2, "late_ms": {"median": 0.1, "p99": 0.3}},
+            "energy_counter": {"reads": 50, "calibration_reads": 30, "relock_reads": 4, "update_period_ms": 100.0,
+                               "read_ms": 4.0}}
+
+
+def _process(report: ModuleType, pair: int, with_kdvfs: bool, step_s: float, exit_code: int = 0) -> dict[str, Any]:
+    steps = report.WARMUP_STEPS + 100
+    return {"label": "w", "pair": pair, "with": with_kdvfs, "exit_code": exit_code, "step_s": [step_s] * steps,
+            "cpu_s": [0.01 * i for i in range(steps + 1)], "summary": _summary(1.0) if with_kdvfs else None,
+            "pairs_slowdown_pct": [0.1, -0.1, 0.05, -0.05] if with_kdvfs else []}
+
+
+def test_the_overhead_is_per_abba_pair_and_a_failed_process_leaves_its_pair_out(report: ModuleType) -> None:
+    processes = [_process(report, 0, False, 0.100), _process(report, 0, True, 0.1002),
+                 _process(report, 1, True, 0.1003), _process(report, 1, False, 0.100),
+                 _process(report, 2, False, 0.100), _process(report, 2, True, 0.2, exit_code=1)]
+    figures = report.workload_figures(processes)
+    assert figures["overhead_pct"]["pairs"] == pytest.approx([0.2, 0.3])
+    assert figures["failed_processes"] == 1 and figures["dry_run_slowdown_pct"]["n"] == 8
+    assert figures["host_cost_parts_ms_per_step"]["energy_thread_ms"] == pytest.approx(40.0 / 400)
+    assert figures["wakes_per_step"] == {"policy": 6.0, "proposal": 1.5}
+    verdicts = report.verdicts(figures)
+    assert verdicts == {"slowdown_points": True, "overhead_pct": True, "host_cpu_pct": True, "decision_us": True,
+                        "late_ms": True}
+    assert "| w |" in report.markdown({"run": {"command": "c", "machine": "m", "started_utc": "t",
+                                               "nvidia_smi_before": "-"}, "workloads": {"w": figures},
+                                       "verdicts": {"w": verdicts}})
