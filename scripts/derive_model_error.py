@@ -2,7 +2,7 @@
 
 Usage: ``python scripts/derive_model_error.py`` (about a minute on one core). Every prediction's range rests on
 this file (``kdvfs.envs.model.model_error``); what it holds and how it is measured:
-``kdvfs.envs.calibration.model_error`` and ``docs/design/cost-model.md`` (Uncertainty). Writes the file with the
+``kdvfs.envs.calibration.residuals`` and ``docs/design/cost-model.md`` (Uncertainty). Writes the file with the
 run's command, machine, Python, date and revision, and prints each body's residual quantiles.
 """
 
@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 import numpy as np
 
 from kdvfs.common.run_record import git_revision
-from kdvfs.envs.calibration.model_error import model_error_document
+from kdvfs.envs.calibration.residuals import model_error_document
 from kdvfs.envs.gpu.profiles import load_profile
 from kdvfs.envs.model.model_error import FORMAT, MODEL_ERROR_PATH
 

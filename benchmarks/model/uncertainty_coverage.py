@@ -24,7 +24,7 @@ from benchmarks.common.provenance import provenance, provenance_lines, write_res
 from kdvfs.agents.common.problem import Problem
 from kdvfs.agents.evaluation.compare import compare
 from kdvfs.agents.evaluation.ranges import row_ranges
-from kdvfs.envs.calibration.model_error import (
+from kdvfs.envs.calibration.residuals import (
     FIGURES,
     Residuals,
     auto_prediction,

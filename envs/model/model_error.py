@@ -1,7 +1,7 @@
 """The cost model's validated error that every prediction's range is built from (``configs/model_error.json``).
 
 The file is written by ``python scripts/derive_model_error.py`` from the repository's real measurements
-(:mod:`kdvfs.envs.calibration.model_error`); nothing is recomputed at run time. It holds *evidence*: log
+(:mod:`kdvfs.envs.calibration.residuals`); nothing is recomputed at run time. It holds *evidence*: log
 residuals ``log(measured / predicted)`` of each figure (``step_time_s``, ``energy_j``, ``avg_power_w``) from one
 body of measurements, under two headings:
 

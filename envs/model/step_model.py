@@ -17,7 +17,7 @@ How a shape is predicted:
 * **Fit per kernel.** Each template kernel's duration, idle gap before it, FLOPs and DRAM bytes are fitted over
   the shapes where it has a partner, non-negative in ``1`` and the variables (and their products with the
   lengths, ``batch * seq^2``, for attention)
-  (:mod:`kdvfs.envs.model.step.fit`). A kernel that only the template has is scaled as its category's fitted
+  (:mod:`kdvfs.envs.model.step.shape_fit`). A kernel that only the template has is scaled as its category's fitted
   kernels are. Whole-step measurements (``step_time_s``, ``energy_j_per_step``, ...) are fitted the same way,
   so the cost model's measured-gap correction (:func:`~kdvfs.envs.trace.trace.with_measured_gaps`) holds.
 * **Group totals.** The kernel time of each (phase, category) group is fitted over the captured steps as a
@@ -45,7 +45,7 @@ from kdvfs.common.arrays import Array
 from kdvfs.common.errors import KdvfsError
 from kdvfs.envs.model.estimate import split_work
 from kdvfs.envs.model.step.align import align, inverse, token_ids
-from kdvfs.envs.model.step.fit import basis, fit_nonnegative
+from kdvfs.envs.model.step.shape_fit import basis, fit_nonnegative
 from kdvfs.envs.trace.shape import ShapeAxes, StepShape
 from kdvfs.envs.trace.trace import Category, Kernel, Phase, Trace
 
@@ -71,7 +71,7 @@ class Template:
     Attributes:
         trace: the captured step.
         coefficients: (4, K, p) per kernel, the non-negative coefficients of each of ``QUANTITIES`` on the
-            quadratic basis of ``axes`` (:func:`~kdvfs.envs.model.step.fit.basis`: ``1, tokens, batch * seq^2``
+            quadratic basis of ``axes`` (:func:`~kdvfs.envs.model.step.shape_fit.basis`: ``1, tokens, batch * seq^2``
             for a step of one sequence length).
         observed: (4, K) on how many captured shapes each kernel's number was observed (1: the template's
             only: scaled with its category at prediction).

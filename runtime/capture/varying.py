@@ -38,7 +38,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile, schedule
 
 from kdvfs.common.arrays import Array
-from kdvfs.envs.model.step.fit import basis, fit_nonnegative
+from kdvfs.envs.model.step.shape_fit import basis, fit_nonnegative
 from kdvfs.envs.trace.shape import ShapeAxes, StepShape
 from kdvfs.envs.trace.trace import Trace
 from kdvfs.envs.trace.trace_set import shape_path

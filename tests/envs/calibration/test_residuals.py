@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from kdvfs.envs.calibration.model_error import FIGURES, capture_residuals, real_captures, unknown_share
+from kdvfs.envs.calibration.residuals import FIGURES, capture_residuals, real_captures, unknown_share
 from kdvfs.envs.gpu.profiles import load_profile
 from kdvfs.envs.model.model_error import MODEL_ERROR_PATH
 from kdvfs.envs.trace.bundled import open_trace
