@@ -28,7 +28,7 @@ from typing import Any
 from benchmarks.common.provenance import provenance, provenance_lines, write_results
 from kdvfs.common.paths import REPO_ROOT
 from kdvfs.runtime.daemon.client import DaemonDevice
-from kdvfs.runtime.device.nvml import NvmlDevice, import_nvml
+from kdvfs.runtime.device.nvml_device import NvmlDevice, import_nvml
 
 NVML = "kdvfs.runtime.testing.nvml"
 REQUESTS = 20_000
@@ -36,7 +36,7 @@ WARM_UP = 1_000
 DROPS = 30
 CLOCKS_MHZ = ((1095, 2201), (1110, 2201))
 KDVFS = [sys.executable, "-c", "import sys; from kdvfs.runtime.cli import main; sys.exit(main(sys.argv[1:]))"]
-PERMITTED = "import kdvfs.runtime.device.nvml as nvml\nnvml.has_clock_permission = lambda *args: True\n"
+PERMITTED = "import kdvfs.runtime.device.nvml_device as nvml\nnvml.has_clock_permission = lambda *args: True\n"
 HOLD = ("import sys, time\nfrom kdvfs.runtime.daemon.client import DaemonConnection\n"
         "c = DaemonConnection(sys.argv[1]); c.request('lease', gpu=0)\n"
         "c.request('lock', gpu=0, core_mhz=1095, mem_mhz=2201); print('locked', flush=True); time.sleep(60)\n")

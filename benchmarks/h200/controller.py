@@ -181,7 +181,7 @@ def child(args: argparse.Namespace) -> int:
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
     from kdvfs.runtime.child import run_target
-    from kdvfs.runtime.device.nvml import import_nvml
+    from kdvfs.runtime.device.nvml_device import import_nvml
 
     harness = Harness(args)
     register_optimizer_step_post_hook(lambda optimizer, a, k: harness.on_step())

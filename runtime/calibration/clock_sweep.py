@@ -3,7 +3,7 @@
 For every pair the SM and memory clocks are locked, the GPU settles, and the idle power and every
 microbenchmark are measured at the clocks the GPU then runs (a locked clock is an upper bound: the power
 cap may still lower it). The GPU's clocks are restored afterwards, also on an error or SIGTERM
-(:func:`kdvfs.runtime.device.nvml.locked_clocks`). Each pair's idle row is its own sweep kernel, so it
+(:func:`kdvfs.runtime.device.nvml_device.locked_clocks`). Each pair's idle row is its own sweep kernel, so it
 only informs the power fit. Through ``kdvfs daemon`` (a :class:`~kdvfs.runtime.daemon.client.DaemonDevice`)
 the daemon holds the GPU's lease and checks and sets each pair; the restore is the same.
 """
@@ -21,7 +21,7 @@ from kdvfs.runtime.calibration.measure import Measurement
 from kdvfs.runtime.calibration.profile_fit import nearest_clock
 from kdvfs.runtime.daemon.client import DaemonDevice
 from kdvfs.runtime.device.lease import GpuLease
-from kdvfs.runtime.device.nvml import NvmlDevice, locked_clocks, terminate_on_sigterm
+from kdvfs.runtime.device.nvml_device import NvmlDevice, locked_clocks, terminate_on_sigterm
 
 SETTLE_S = 0.5
 

@@ -25,7 +25,7 @@ from kdvfs.envs.calibration.sweep import Sweep
 from kdvfs.envs.gpu.profile_io import write_profile_yaml
 from kdvfs.envs.gpu.profiles import GpuProfile
 from kdvfs.runtime.calibration.measure import Measurement
-from kdvfs.runtime.device.nvml import LocalGpu
+from kdvfs.runtime.device.nvml_device import LocalGpu
 from kdvfs.runtime.device.profile_skeleton import reference_profile, skeleton_profile
 
 READ_ONLY_FIXED = ("voltage_min", "voltage_knee_fraction", "leakage_w", "traffic_core_share")

@@ -19,7 +19,7 @@ from kdvfs.envs.trace.trace import Kind, Trace, noncommunication_s
 from kdvfs.runtime.capture.config import CaptureConfig
 from kdvfs.runtime.capture.cpu_emulation import emulate_gpu_recording
 from kdvfs.runtime.device.energy import WindowReading
-from kdvfs.runtime.device.nvml import BoardPowerLimits
+from kdvfs.runtime.device.nvml_device import BoardPowerLimits
 from kdvfs.runtime.job import JobGroup, Rank
 
 CPU_TEST_GPU = "CPU (kdvfs capture --cpu-test-mode: leaf CPU ops stand in for kernels)"

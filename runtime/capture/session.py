@@ -51,7 +51,7 @@ from kdvfs.runtime.capture.recording import CaptureReport, StepTiming, build_tra
 from kdvfs.runtime.capture.shape_set import write_shape_set
 from kdvfs.runtime.device.energy import WindowReading, WindowSampler
 from kdvfs.runtime.device.errors import NvmlUnavailableError
-from kdvfs.runtime.device.nvml import BoardPowerLimits, GpuReader, import_nvml
+from kdvfs.runtime.device.nvml_device import BoardPowerLimits, GpuReader, import_nvml
 from kdvfs.runtime.device.visible import rank_gpu_index
 from kdvfs.runtime.job import JobGroup, Rank, rank_path
 from kdvfs.runtime.step_shapes import ShapeProbe

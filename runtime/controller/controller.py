@@ -66,7 +66,7 @@ from kdvfs.runtime.device.errors import observe_only_reason
 from kdvfs.runtime.device.host_time import Clock, CountingClock, RealClock
 from kdvfs.runtime.device.interface import Device, check_clocks_mhz
 from kdvfs.runtime.device.lease import GpuLease
-from kdvfs.runtime.device.nvml import NvmlDevice, import_nvml, require_clock_permission, terminate_on_sigterm
+from kdvfs.runtime.device.nvml_device import NvmlDevice, import_nvml, require_clock_permission, terminate_on_sigterm
 from kdvfs.runtime.device.visible import rank_gpu_index
 from kdvfs.runtime.device.watchdog import spawn_watchdog, stop_watchdog, watchdog_outcome_path
 from kdvfs.runtime.job import JobGroup, Rank, rank_path

@@ -6,7 +6,7 @@ uses NVML directly, as root. Nothing falls back from one to the other: a daemon 
 one-line :class:`~kdvfs.runtime.daemon.protocol.DaemonError` saying how to fix it.
 
 Readings (clocks, power, the energy counter, the supported clocks, the UUID) come from NVML directly, as
-:class:`~kdvfs.runtime.device.nvml.GpuReader` reads them: they need no privilege, and the energy thread's
+:class:`~kdvfs.runtime.device.nvml_device.GpuReader` reads them: they need no privilege, and the energy thread's
 millisecond reads then never wait in front of a clock request. Only the lease, the clock locks and the reset
 cross the socket. The daemon binds the GPU to this connection and resets it the moment the connection
 ends, or this process exits, however it ends (a SIGKILL included): a process using it needs no watchdog of
@@ -31,7 +31,7 @@ from typing import Any, Self
 
 from kdvfs.runtime.daemon.protocol import ENVIRONMENT_VARIABLE, DaemonError, decode, encode, raise_refusal
 from kdvfs.runtime.device.errors import DeviceError
-from kdvfs.runtime.device.nvml import GpuReader
+from kdvfs.runtime.device.nvml_device import GpuReader
 
 NVML_CONTROL = "nvml"
 """``clock_control`` of a process that sets clocks through NVML itself (as root)."""

@@ -1,6 +1,6 @@
 """The GPUs a daemon serves: who holds each one, its clock requests, and the state file that outlives a crash.
 
-:class:`GpuTable` opens one :class:`~kdvfs.runtime.device.nvml.NvmlDevice` per served GPU for the daemon's
+:class:`GpuTable` opens one :class:`~kdvfs.runtime.device.nvml_device.NvmlDevice` per served GPU for the daemon's
 lifetime (NVML stays initialised: a request costs its NVML calls only) and binds each GPU to at most one
 client connection at a time. Leasing a GPU takes its :class:`~kdvfs.runtime.device.lease.GpuLease` (so a
 direct ``kdvfs run`` as root and a daemon client cannot both change it; the lease file names the client, its
@@ -29,7 +29,7 @@ from kdvfs.common.files import write_text_atomic
 from kdvfs.runtime.daemon.protocol import DaemonRequestError, shown
 from kdvfs.runtime.device.errors import DeviceError, DeviceIndexError
 from kdvfs.runtime.device.lease import GpuLease, LeaseHeldError, LeaseHolder
-from kdvfs.runtime.device.nvml import NvmlDevice
+from kdvfs.runtime.device.nvml_device import NvmlDevice
 
 PEER_CREDENTIALS = struct.Struct("3i")
 """``struct ucred`` (pid, uid, gid) as ``SO_PEERCRED`` returns it."""

@@ -60,7 +60,7 @@ from kdvfs.runtime.daemon.protocol import (
 )
 from kdvfs.runtime.device.errors import DeviceError
 from kdvfs.runtime.device.lease_files import lease_directory, prepare_directory
-from kdvfs.runtime.device.nvml import NvmlDevice, gpu_count, import_nvml, require_clock_permission
+from kdvfs.runtime.device.nvml_device import NvmlDevice, gpu_count, import_nvml, require_clock_permission
 
 SOCKET_MODE = 0o660
 BACKLOG = 64

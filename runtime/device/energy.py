@@ -5,7 +5,7 @@ A :class:`WindowSampler` polls it (every 10 ms by default) together with the SM 
 background thread; the window's average power is the energy between the first and the last counter
 update seen inside the window over the time between those updates, which removes the quantisation at
 both ends. Read-only: it only calls a :class:`Meter`'s getters (a
-:class:`~kdvfs.runtime.device.nvml.GpuReader` on a real GPU).
+:class:`~kdvfs.runtime.device.nvml_device.GpuReader` on a real GPU).
 """
 
 from __future__ import annotations

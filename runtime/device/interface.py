@@ -1,6 +1,6 @@
 """The one interface kdvfs uses to a GPU: readings, clock locks and the permission check, units in the names.
 
-:class:`~kdvfs.runtime.device.nvml.NvmlDevice` implements it over NVML;
+:class:`~kdvfs.runtime.device.nvml_device.NvmlDevice` implements it over NVML;
 :class:`~kdvfs.runtime.testing.fake_gpu.FakeGpu` implements it on the cost model and a virtual clock, for tests.
 Code that changes clocks takes a :class:`Device` and is handed one explicitly: nothing swaps the real GPU for
 the fake on its own.

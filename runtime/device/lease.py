@@ -52,7 +52,7 @@ from kdvfs.runtime.device.lease_files import (
     read_record,
     read_record_at,
 )
-from kdvfs.runtime.device.nvml import GpuReader, reset_gpu_clocks
+from kdvfs.runtime.device.nvml_device import GpuReader, reset_gpu_clocks
 
 __all__ = ["COMMAND_VARIABLE", "LEASE_DIR_VARIABLE", "GpuLease", "LeaseDirectoryError", "LeaseHeldError",
            "LeaseHolder", "command_line", "lease_directory", "read_gpu_uuid", "reset_leased_gpu_clocks"]

@@ -16,7 +16,7 @@ from kdvfs.common.config import to_plain
 from kdvfs.common.errors import UnknownGpuError
 from kdvfs.envs.gpu.profile_io import write_profile_yaml
 from kdvfs.envs.gpu.profiles import GpuProfile, load_profile, profile_for_nvml_name
-from kdvfs.runtime.device.nvml import LocalGpu
+from kdvfs.runtime.device.nvml_device import LocalGpu
 
 DEFAULT_REFERENCE = "h200"
 _HEADER = "# GPU profile skeleton written by `kdvfs gpus local --write`; `sources` says what is measured.\n"

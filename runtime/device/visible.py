@@ -16,7 +16,7 @@ import types
 from collections.abc import Mapping, Sequence
 
 from kdvfs.runtime.device.errors import DeviceIndexError
-from kdvfs.runtime.device.nvml import read_gpu_uuids
+from kdvfs.runtime.device.nvml_device import read_gpu_uuids
 
 VISIBLE_VARIABLE = "CUDA_VISIBLE_DEVICES"
 MIG_REFUSED = ("{entry!r} in CUDA_VISIBLE_DEVICES is a MIG instance; kdvfs sets the clocks of a whole GPU, which "

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from kdvfs.common.errors import KdvfsError
 from kdvfs.runtime.child import child_environment
-from kdvfs.runtime.device.nvml import import_nvml, reset_gpu_clocks
+from kdvfs.runtime.device.nvml_device import import_nvml, reset_gpu_clocks
 
 POLL_S = 0.1
 STOP = b"stop\n"

@@ -4,7 +4,7 @@ READ-ONLY by default: the microbenchmarks run at the GPU's own default clocks an
 (energy counter, clocks); no clock, power-limit, persistence or application-clock setting is changed, no
 ``nvmlDeviceSet*`` or ``nvmlDeviceReset*`` function is called. ``--sweep`` (explicit, and only with root
 or CAP_SYS_ADMIN, or through ``kdvfs daemon`` with ``--daemon``/``KDVFS_DAEMON``) locks a grid of clock pairs
-through :mod:`kdvfs.runtime.device.nvml` (or the daemon), which restores the clocks afterwards. Without
+through :mod:`kdvfs.runtime.device.nvml_device` (or the daemon), which restores the clocks afterwards. Without
 ``--sweep`` the daemon is not used: nothing is changed.
 """
 
@@ -23,7 +23,7 @@ from kdvfs.runtime.cli.live.daemon import add_daemon_option
 from kdvfs.runtime.cli.render import console, print_json
 from kdvfs.runtime.daemon.client import DaemonDevice, clock_control, daemon_socket
 from kdvfs.runtime.device.errors import DeviceIndexError
-from kdvfs.runtime.device.nvml import (
+from kdvfs.runtime.device.nvml_device import (
     LocalGpu,
     NvmlDevice,
     import_nvml,

@@ -27,7 +27,7 @@ from kdvfs.runtime.cli.render import console, predicted_text, print_json
 from kdvfs.runtime.daemon.client import DaemonDevice, daemon_socket
 from kdvfs.runtime.device.errors import ClockRestoreError, DeviceIndexError
 from kdvfs.runtime.device.lease import reset_leased_gpu_clocks
-from kdvfs.runtime.device.nvml import (
+from kdvfs.runtime.device.nvml_device import (
     gpu_count,
     import_nvml,
     require_clock_permission,

@@ -13,7 +13,7 @@ from kdvfs.envs.gpu.profiles import available_profiles, load_profile, profile_pa
 from kdvfs.runtime.cli.arguments import check_output_file
 from kdvfs.runtime.cli.render import console, print_json, profile_table
 from kdvfs.runtime.device.errors import DeviceIndexError
-from kdvfs.runtime.device.nvml import LocalGpu, import_nvml, read_local_gpus
+from kdvfs.runtime.device.nvml_device import LocalGpu, import_nvml, read_local_gpus
 from kdvfs.runtime.device.profile_skeleton import skeleton_profile, write_skeleton_yaml
 
 

@@ -31,9 +31,9 @@ from kdvfs.runtime.capture import boot, cpu_emulation, launch, ncu_run, recordin
 from kdvfs.runtime.cli import main
 from kdvfs.runtime.cli.live import calibrate as calibrate_cmd
 from kdvfs.runtime.cli.live import capture as capture_cmd
-from kdvfs.runtime.device import nvml as device_nvml
+from kdvfs.runtime.device import nvml_device as device_nvml
 from kdvfs.runtime.device.errors import NvmlPermissionError
-from kdvfs.runtime.device.nvml import NvmlDevice, has_clock_permission, read_local_gpus, require_clock_permission
+from kdvfs.runtime.device.nvml_device import NvmlDevice, has_clock_permission, read_local_gpus, require_clock_permission
 from kdvfs.runtime.testing.fake_nvml import READ_ONLY_CALL, EnergyFakeNvml, h200_from_probe
 
 SETTERS = ("nvmlDeviceSetMemoryLockedClocks", "nvmlDeviceSetGpuLockedClocks", "nvmlDeviceResetGpuLockedClocks",

@@ -35,7 +35,7 @@ def test_microbenchmark_power_on_the_gpu() -> None:
 
     from kdvfs.runtime.calibration.measure import measure_benchmark
     from kdvfs.runtime.calibration.microbench import MICROBENCHMARKS
-    from kdvfs.runtime.device.nvml import GpuReader
+    from kdvfs.runtime.device.nvml_device import GpuReader
 
     bench = next(b for b in MICROBENCHMARKS if b.name == "add_fp32")
     with GpuReader(0) as reader:

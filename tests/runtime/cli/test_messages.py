@@ -9,7 +9,7 @@ from pathlib import Path
 import pynvml
 import pytest
 
-import kdvfs.runtime.device.nvml as device_nvml
+import kdvfs.runtime.device.nvml_device as device_nvml
 from kdvfs.runtime.cli import main
 from kdvfs.runtime.testing.fake_nvml import EnergyFakeNvml
 

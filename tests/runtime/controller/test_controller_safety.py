@@ -32,7 +32,7 @@ from kdvfs.runtime.controller.decisions.plans import ScheduleSourceError
 from kdvfs.runtime.controller.measurement import accounting
 from kdvfs.runtime.controller.timing import anchors, gpu_timeline
 from kdvfs.runtime.controller.training import boot, hooks, integrations, launch
-from kdvfs.runtime.device import nvml as device_nvml
+from kdvfs.runtime.device import nvml_device as device_nvml
 from kdvfs.runtime.device import watchdog
 from kdvfs.runtime.device.errors import NvmlPermissionError, NvmlUnavailableError, UnsupportedClockError
 from kdvfs.runtime.testing import fake_gpu

@@ -23,7 +23,7 @@ KDVFS = [sys.executable, "-c", "import sys; from kdvfs.runtime.cli import main; 
 UUID0 = "GPU-00000000-0000-0000-0000-000000000000"
 # A daemon may lock clocks, root or not (with ``False``: a process may not, even as root): the check is the only
 # thing this replaces (the fake NVML obeys anyone).
-PERMISSION_SHIM = ("import kdvfs.runtime.device.nvml as nvml\n"
+PERMISSION_SHIM = ("import kdvfs.runtime.device.nvml_device as nvml\n"
                    "nvml.has_clock_permission = lambda *args: {permitted}\n")
 DEADLINE_S = 10.0
 

@@ -230,7 +230,7 @@ def test_a_second_daemon_on_a_live_socket_and_a_missing_group_are_refused(daemon
 def test_the_controller_and_so_the_callbacks_use_the_daemon_kdvfs_daemon_names(
         daemon: RunningDaemon, monkeypatch: pytest.MonkeyPatch, shared_nvml: EnergyFakeNvml) -> None:
     from kdvfs.runtime.controller.controller import Controller, clock_control_of
-    from kdvfs.runtime.device.nvml import NvmlDevice
+    from kdvfs.runtime.device.nvml_device import NvmlDevice
 
     direct = Controller("plan.json", "step.trace.json", nvml_module=NVML, gpu_index=0)
     try:

@@ -30,7 +30,7 @@ from kdvfs.runtime.daemon.connections import CLIENT_EXITED, ClientProcess, Conne
 from kdvfs.runtime.daemon.gpus import GpuTable
 from kdvfs.runtime.daemon.protocol import DaemonError, decode
 from kdvfs.runtime.daemon.server import Daemon, RequestLog, Stop, listen
-from kdvfs.runtime.device.nvml import NvmlDevice
+from kdvfs.runtime.device.nvml_device import NvmlDevice
 from kdvfs.runtime.testing.fake_nvml import EnergyFakeNvml
 from tests.runtime.daemon.daemon_helpers import (
     KDVFS,

@@ -9,10 +9,10 @@ import time
 import pynvml
 import pytest
 
-from kdvfs.runtime.device import energy, nvml
+from kdvfs.runtime.device import energy, nvml_device
 from kdvfs.runtime.device.energy import Sample, WindowSampler, read_window
 from kdvfs.runtime.device.errors import DeviceError, NvmlNotSupportedError, NvmlUnavailableError
-from kdvfs.runtime.device.nvml import GpuReader, import_nvml
+from kdvfs.runtime.device.nvml_device import GpuReader, import_nvml
 from kdvfs.runtime.testing.fake_nvml import READ_ONLY_CALL, EnergyFakeNvml, h200_from_probe
 
 
@@ -100,7 +100,7 @@ def test_unknown_binding_is_unavailable() -> None:
         import_nvml("no_such_nvml")
 
 
-@pytest.mark.parametrize("module", [nvml.GpuReader, nvml.read_local_gpus, energy])
+@pytest.mark.parametrize("module", [nvml_device.GpuReader, nvml_device.read_local_gpus, energy])
 def test_readers_name_no_setter(module: object) -> None:
     tree = ast.parse(inspect.getsource(module))  # type: ignore[arg-type]
     names = {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute) and node.attr.startswith("nvml")}

@@ -24,7 +24,7 @@ from kdvfs.runtime.cli import main
 from kdvfs.runtime.controller import Controller
 from kdvfs.runtime.device import lease as lease_module
 from kdvfs.runtime.device import lease_files
-from kdvfs.runtime.device import nvml as device_nvml
+from kdvfs.runtime.device import nvml_device as device_nvml
 from kdvfs.runtime.device.lease import (
     GpuLease,
     LeaseDirectoryError,
@@ -33,7 +33,7 @@ from kdvfs.runtime.device.lease import (
     lease_directory,
     read_gpu_uuid,
 )
-from kdvfs.runtime.device.nvml import NvmlDevice
+from kdvfs.runtime.device.nvml_device import NvmlDevice
 from kdvfs.runtime.device.visible import cuda_device_nvml_index
 from kdvfs.runtime.testing.fake_nvml import READ_ONLY_CALL, EnergyFakeNvml, h200_from_probe
 from tests.runtime.controller_helpers import TRACE, write_plan

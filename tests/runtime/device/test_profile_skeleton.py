@@ -14,7 +14,7 @@ from kdvfs.common.config import load_yaml
 from kdvfs.common.errors import ProfileError
 from kdvfs.common.paths import GPU_PROFILE_DIR, RAW_DATA_DIR
 from kdvfs.envs.gpu.profiles import load_profile
-from kdvfs.runtime.device.nvml import LocalGpu
+from kdvfs.runtime.device.nvml_device import LocalGpu
 from kdvfs.runtime.device.profile_skeleton import (
     compress_clocks_mhz,
     reference_profile,

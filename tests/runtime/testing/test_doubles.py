@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from kdvfs.common.paths import REPO_ROOT
-from kdvfs.runtime.device.nvml import import_nvml, read_local_gpus
+from kdvfs.runtime.device.nvml_device import import_nvml, read_local_gpus
 from kdvfs.runtime.testing import nvml as shared_fake_nvml
 from kdvfs.runtime.testing.fake_nvml import READ_ONLY_CALL, EnergyFakeNvml
 

@@ -13,7 +13,7 @@ import pytest
 from kdvfs.runtime.controller.event_log import EventLog
 from kdvfs.runtime.controller.training.integrations import hf_callback
 from kdvfs.runtime.device.errors import ClockRestoreError
-from kdvfs.runtime.device.nvml import NvmlDevice, reset_gpu_clocks
+from kdvfs.runtime.device.nvml_device import NvmlDevice, reset_gpu_clocks
 from kdvfs.runtime.testing.fake_nvml import EnergyFakeNvml
 from tests.runtime.controller_helpers import fake_controller, run_steps, write_plan
 

@@ -27,7 +27,7 @@ ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 there, so how torch shares it among its threads cannot move a step's time from capture to run (a suite run
 matched only 134 of 400 steps once, on a 2-core machine; the assertion now shows the mismatches)."""
 # Every process of a test may lock clocks, root or not: the check is the only thing this replaces.
-PERMISSION_SHIM = ("import kdvfs.runtime.device.nvml as nvml\n"
+PERMISSION_SHIM = ("import kdvfs.runtime.device.nvml_device as nvml\n"
                    "nvml.has_clock_permission = lambda *args: True\n")
 
 

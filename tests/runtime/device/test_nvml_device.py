@@ -22,7 +22,7 @@ from kdvfs.common.paths import GPU_PROFILE_DIR, RAW_DATA_DIR
 from kdvfs.envs.gpu.profiles import load_profile
 from kdvfs.runtime.cli import main
 from kdvfs.runtime.cli.offline import gpus as gpus_cmd
-from kdvfs.runtime.device import nvml
+from kdvfs.runtime.device import nvml_device as nvml
 from kdvfs.runtime.device.errors import (
     DeviceError,
     DeviceIndexError,
@@ -32,7 +32,7 @@ from kdvfs.runtime.device.errors import (
     NvmlUnavailableError,
     translate_nvml_error,
 )
-from kdvfs.runtime.device.nvml import read_local_gpus
+from kdvfs.runtime.device.nvml_device import read_local_gpus
 from kdvfs.runtime.device.profile_skeleton import skeleton_profile, write_skeleton_yaml
 from kdvfs.runtime.testing.fake_nvml import READ_ONLY_CALL, FakeNvml, h200_from_probe
 
