@@ -1,6 +1,6 @@
 """``kdvfs daemon``: the service that owns GPU clock control on a machine, for clients without root.
 
-:func:`run_daemon` opens the served GPUs (:class:`~kdvfs.runtime.daemon.gpus.GpuTable`), resets what a
+:func:`run_daemon` opens the served GPUs (:class:`~kdvfs.runtime.daemon.gpu_table.GpuTable`), resets what a
 previous instance left locked, and listens on a Unix stream socket. The socket file gets mode ``0660`` and,
 with ``group``, that group: whoever may open it may change the served GPUs' clocks, nobody else (without
 ``group`` only root and the daemon's own group). Each connection is served by a thread of its own, so one
@@ -47,7 +47,7 @@ from kdvfs.runtime.daemon.connections import (
     ConnectionLimits,
     RequestLines,
 )
-from kdvfs.runtime.daemon.gpus import GpuTable, Peer
+from kdvfs.runtime.daemon.gpu_table import GpuTable, Peer
 from kdvfs.runtime.daemon.protocol import (
     MAX_LINE_BYTES,
     OPS,

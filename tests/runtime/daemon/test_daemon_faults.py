@@ -27,7 +27,7 @@ from kdvfs.runtime.controller.training import ended
 from kdvfs.runtime.controller.training.launch import _summary
 from kdvfs.runtime.daemon.client import DaemonConnection, DaemonDevice, DaemonGoneError, DaemonTimeoutError
 from kdvfs.runtime.daemon.connections import CLIENT_EXITED, ClientProcess, ConnectionLimits, RequestLines
-from kdvfs.runtime.daemon.gpus import GpuTable
+from kdvfs.runtime.daemon.gpu_table import GpuTable
 from kdvfs.runtime.daemon.protocol import DaemonError, decode
 from kdvfs.runtime.daemon.server import Daemon, RequestLog, Stop, listen
 from kdvfs.runtime.device.nvml_device import NvmlDevice
