@@ -18,7 +18,7 @@ from pathlib import Path
 from kdvfs.common.files import read_text
 from kdvfs.envs.trace.ncu import CLOCK_COLUMN, DRAM_COLUMNS, SM_COLUMN, TENSOR_COLUMNS, enrich_with_ncu, parse_ncu_csv
 from kdvfs.envs.trace.trace import Trace
-from kdvfs.runtime.capture.errors import CaptureError
+from kdvfs.runtime.capture.capture_errors import CaptureError
 
 NVTX_RANGE = "kdvfs_step"
 NCU_METRICS = (SM_COLUMN, DRAM_COLUMNS[0], TENSOR_COLUMNS[0], CLOCK_COLUMN)

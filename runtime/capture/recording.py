@@ -16,7 +16,7 @@ from kdvfs.common.files import read_text, write_text_atomic
 from kdvfs.envs.trace.format import save_trace
 from kdvfs.envs.trace.importing import import_trace
 from kdvfs.envs.trace.trace import Kind, Trace, noncommunication_s
-from kdvfs.runtime.capture.config import CaptureConfig
+from kdvfs.runtime.capture.capture_config import CaptureConfig
 from kdvfs.runtime.capture.cpu_emulation import emulate_gpu_recording
 from kdvfs.runtime.device.energy import WindowReading
 from kdvfs.runtime.device.nvml_device import BoardPowerLimits
@@ -93,7 +93,7 @@ class CaptureReport:
     job_step_time_s: float | None = None
     communication_s: float = 0.0
     shapes: dict[str, Any] = dataclasses.field(default_factory=dict)
-    """Steps that vary (:func:`kdvfs.runtime.capture.varying.shapes_report`): shapes seen, captured, missed."""
+    """Steps that vary (:func:`kdvfs.runtime.capture.shape_rounds.shapes_report`): shapes seen, captured, missed."""
     power_limit_w: float | None = None
 
     def as_json(self) -> dict[str, Any]:

@@ -19,7 +19,7 @@ becomes the trace, written atomically. The profiled steps' wall time against the
 capture overhead. Nothing is written unless every stage completed.
 A :class:`~kdvfs.runtime.step_shapes.ShapeProbe` (:attr:`Capture.probe`) keys each step by its input shapes;
 when the window saw several, the profiling becomes rounds that record up to ``shapes`` of them, one trace
-each (:mod:`kdvfs.runtime.capture.varying`, :mod:`kdvfs.runtime.capture.shape_set`); the window then lasts at
+each (:mod:`kdvfs.runtime.capture.shape_rounds`, :mod:`kdvfs.runtime.capture.shape_set`); the window then lasts at
 least ``MIN_VARYING_WINDOW_STEPS`` steps; under torchrun each rank records one trace, as with one shape. With
 ``cpu_test_mode`` steps are timed in the training thread's CPU time (``time.thread_time``: a busy machine's
 descheduling does not count), as ``kdvfs run --cpu-test-mode`` times them.
@@ -44,9 +44,9 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile, schedule
 
-from kdvfs.runtime.capture import varying
-from kdvfs.runtime.capture.config import CaptureConfig
-from kdvfs.runtime.capture.errors import CaptureError
+from kdvfs.runtime.capture import shape_rounds
+from kdvfs.runtime.capture.capture_config import CaptureConfig
+from kdvfs.runtime.capture.capture_errors import CaptureError
 from kdvfs.runtime.capture.recording import CaptureReport, StepTiming, build_trace, write_capture
 from kdvfs.runtime.capture.shape_set import write_shape_set
 from kdvfs.runtime.device.energy import WindowReading, WindowSampler
@@ -78,7 +78,7 @@ class Stage(StrEnum):
     DONE = "done"
 
 
-_synchronize = varying.synchronize
+_synchronize = shape_rounds.synchronize
 
 
 class Capture:
@@ -112,10 +112,10 @@ class Capture:
         self._power: BoardPowerLimits | None = None
         self._job_step_s = 0.0
         self.probe = ShapeProbe()
-        self._clock = varying.StepClock(self._now_s, cuda=False)
+        self._clock = shape_rounds.StepClock(self._now_s, cuda=False)
         self._window_steps: list[int] = []
-        self._shapes = varying.WindowShapes((), ())
-        self._rounds: varying.ShapeRounds | None = None
+        self._shapes = shape_rounds.WindowShapes((), ())
+        self._rounds: shape_rounds.ShapeRounds | None = None
 
     @classmethod
     def from_config(cls, config: CaptureConfig, nvml: types.ModuleType | None = None) -> Capture:
@@ -162,8 +162,8 @@ class Capture:
                     "with kdvfs.runtime.capture.session.Capture.step()")
         if self.stage is Stage.SHAPES:
             return (f"the script ended after {self.steps_seen} training steps, while profiling its step shapes (up "
-                    f"to {self.config.max_profiled_steps} steps, a warm-up step per {varying.ROUND_STEPS}): let the "
-                    "script run longer, or lower --max-profiled-steps or --shapes")
+                    f"to {self.config.max_profiled_steps} steps, a warm-up step per {shape_rounds.ROUND_STEPS}): let "
+                    "the script run longer, or lower --max-profiled-steps or --shapes")
         return (f"the script ended after {self.steps_seen} training steps, in the {self.stage.value} stage; the "
                 f"capture needs {needed}: let the script run longer (e.g. more --steps) or lower --warmup")
 
@@ -187,7 +187,7 @@ class Capture:
         if self._sampler is not None:
             self._sampler.start()
         cuda = torch.cuda.is_initialized() and not self.config.cpu_test_mode
-        self._clock = varying.StepClock(self._now_s, cuda)
+        self._clock = shape_rounds.StepClock(self._now_s, cuda)
         self._clock.mark()
         self._mark_s, self._counted, self.stage = self._now_s(), 0, Stage.WINDOW
 
@@ -200,7 +200,8 @@ class Capture:
         self._clock.mark()
         self._window_steps.append(ended)
         shapes = {self.probe.shape_of(step) for step in self._window_steps} - {None}
-        least = varying.MIN_VARYING_WINDOW_STEPS if len(shapes) > 1 and self._profiles_shapes() else MIN_WINDOW_STEPS
+        varying = len(shapes) > 1 and self._profiles_shapes()
+        least = shape_rounds.MIN_VARYING_WINDOW_STEPS if varying else MIN_WINDOW_STEPS
         done = self._now_s() - self._mark_s >= self.config.energy_window_s and self._counted >= least
         if self._job is not None:
             agreeing_s = self._now_s()
@@ -215,7 +216,7 @@ class Capture:
         self._window = (elapsed_s, self._counted, reading)
         step_s = elapsed_s / self._counted
         self._job_step_s = step_s if self._job is None else self._job.max([step_s])[0]
-        self._shapes = varying.WindowShapes(tuple(self.probe.shape_of(step) for step in self._window_steps),
+        self._shapes = shape_rounds.WindowShapes(tuple(self.probe.shape_of(step) for step in self._window_steps),
                                             tuple(self._clock.durations_s()))
         if self._shapes.varies and self._profiles_shapes():
             self._start_rounds()
@@ -228,8 +229,8 @@ class Capture:
         self.stage = Stage.PROFILER_WARMUP
 
     def _start_rounds(self) -> None:
-        targets = varying.choose_targets(self._shapes.counts, self.config.shapes)
-        self._rounds = varying.ShapeRounds(targets, self.probe, self._folder, self.config.max_profiled_steps,
+        targets = shape_rounds.choose_targets(self._shapes.counts, self.config.shapes)
+        self._rounds = shape_rounds.ShapeRounds(targets, self.probe, self._folder, self.config.max_profiled_steps,
                                            self._now_s, self.config.cpu_test_mode)
         self._rounds.start()
         self.stage = Stage.SHAPES
@@ -271,9 +272,9 @@ class Capture:
                             self.rank, self._power)
         recording = self._folder / "profile.json"
         trace = build_trace(recording, self.config, timing, self._reader.name if self._reader else "", self._job)
-        trace = varying.with_shapes(trace, self.probe.shape_of(ended), self._shapes)
+        trace = shape_rounds.with_shapes(trace, self.probe.shape_of(ended), self._shapes)
         report = write_capture(trace, recording, self.config, timing)
         known = [trace] if trace.meta.step_shape else []
-        shapes = varying.shapes_report(self._shapes, known, [report.output] * len(known), [], self.config.steps)
+        shapes = shape_rounds.shapes_report(self._shapes, known, [report.output] * len(known), [], self.config.steps)
         self.report = dataclasses.replace(report, shapes=shapes)
         self.stage = Stage.DONE

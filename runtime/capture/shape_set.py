@@ -1,7 +1,7 @@
 """Write the traces of a capture whose steps vary: one per captured shape, the most frequent at the output path.
 
-The traces come from :class:`kdvfs.runtime.capture.varying.ShapeRounds`' recordings; each gets its shape's own
-measurements (:func:`kdvfs.runtime.capture.varying.shape_measurements`), its ``meta.step_shape`` and the window's
+The traces come from :class:`kdvfs.runtime.capture.shape_rounds.ShapeRounds`' recordings; each gets its shape's own
+measurements (:func:`kdvfs.runtime.capture.shape_rounds.shape_measurements`), its ``meta.step_shape`` and the window's
 ``meta.shape_distribution``. They are all built before any is written, so a failure writes nothing. File
 names: :func:`kdvfs.envs.trace.trace_set.shape_path` (``run.trace.json``, ``run.shape-1.trace.json``, ...).
 """
@@ -17,15 +17,15 @@ from kdvfs.envs.trace.format import save_trace
 from kdvfs.envs.trace.shape import StepShape
 from kdvfs.envs.trace.trace import Trace
 from kdvfs.envs.trace.trace_set import tokens_scaled
-from kdvfs.runtime.capture import varying
-from kdvfs.runtime.capture.config import CaptureConfig
+from kdvfs.runtime.capture import shape_rounds
+from kdvfs.runtime.capture.capture_config import CaptureConfig
 from kdvfs.runtime.capture.recording import CaptureReport, StepTiming, build_trace, write_capture
 
 MIN_STEP_MODEL_SHAPES = 3
 """Fewest captured shapes for the step model's leave-one-out error (two are left to fit each one)."""
 
 
-def _shape_timing(timing: StepTiming, window: varying.WindowShapes, shape: StepShape) -> StepTiming:
+def _shape_timing(timing: StepTiming, window: shape_rounds.WindowShapes, shape: StepShape) -> StepTiming:
     """The timing that scales a CPU-test-mode trace of ``shape`` to its unprofiled step time: its own mean in the
     window, else the nearest measured shape's scaled by tokens, else the window's mean."""
     measured = {s: t for s in window.counts if (t := window.step_time_s(s)) is not None}
@@ -33,26 +33,26 @@ def _shape_timing(timing: StepTiming, window: varying.WindowShapes, shape: StepS
     return replace(timing, window_s=own_s, window_steps=1)
 
 
-def _build(rounds: varying.ShapeRounds, window: varying.WindowShapes, config: CaptureConfig, timing: StepTiming,
-           gpu_name: str, shape: StepShape) -> Trace:
+def _build(rounds: shape_rounds.ShapeRounds, window: shape_rounds.WindowShapes, config: CaptureConfig,
+           timing: StepTiming, gpu_name: str, shape: StepShape) -> Trace:
     recording, position = rounds.captured[shape]
     trace = build_trace(recording, config, _shape_timing(timing, window, shape), gpu_name, step=position)
     reading = timing.reading
-    measurements = varying.shape_measurements(trace, window, timing.window_s,
+    measurements = shape_rounds.shape_measurements(trace, window, timing.window_s,
                                               reading.avg_power_w if reading else None, shape)
     measurements["profiled_step_time_s"] = timing.profiled_step_time_s
     trace = replace(trace, meta=replace(trace.meta, measurements=measurements))
-    return varying.with_shapes(trace, shape, window)
+    return shape_rounds.with_shapes(trace, shape, window)
 
 
-def write_shape_set(rounds: varying.ShapeRounds, window: varying.WindowShapes, config: CaptureConfig,
+def write_shape_set(rounds: shape_rounds.ShapeRounds, window: shape_rounds.WindowShapes, config: CaptureConfig,
                     timing: StepTiming, gpu_name: str) -> CaptureReport:
     """Build every captured shape's trace, write them (the first captured target at ``config.output``, the
     others at its ``.shape-K`` paths) and return the report (the main trace's figures and ``shapes``)."""
     shapes = [s for s in rounds.targets if s in rounds.captured]
     traces, step_model = with_step_model_errors([_build(rounds, window, config, timing, gpu_name, shape)
                                                  for shape in shapes])
-    outputs = varying.output_paths(config.output, len(traces))
+    outputs = shape_rounds.output_paths(config.output, len(traces))
     main_recording = rounds.captured[shapes[0]][0]
     for trace, output in zip(traces[1:], outputs[1:], strict=True):
         save_trace(trace, Path(output))
@@ -60,7 +60,7 @@ def write_shape_set(rounds: varying.ShapeRounds, window: varying.WindowShapes, c
     measurements = traces[0].meta.measurements
     report = replace(report, step_time_s=measurements.get("step_time_s", timing.step_time_s),
                      energy_j_per_step=measurements.get("energy_j_per_step"))
-    summary = varying.shapes_report(window, traces, outputs, rounds.missing(), rounds.profiled_steps)
+    summary = shape_rounds.shapes_report(window, traces, outputs, rounds.missing(), rounds.profiled_steps)
     return dataclasses.replace(report, shapes={**summary, "step_model": step_model})
 
 

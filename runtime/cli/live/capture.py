@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from kdvfs.common.errors import KdvfsError
-from kdvfs.runtime.capture.config import CaptureConfig
-from kdvfs.runtime.capture.errors import ScriptExitError
-from kdvfs.runtime.capture.launch import run_capture, split_command
+from kdvfs.runtime.capture.capture_config import CaptureConfig
+from kdvfs.runtime.capture.capture_errors import ScriptExitError
+from kdvfs.runtime.capture.capture_launch import run_capture, split_command
 from kdvfs.runtime.capture.recording import CaptureReport
 from kdvfs.runtime.cli.arguments import add_output, check_output_file, command_paths
 from kdvfs.runtime.cli.render import console, print_json

@@ -27,7 +27,7 @@ from kdvfs.runtime.calibration.profile_fit import (
     measurements_to_sweep,
     starting_mapping,
 )
-from kdvfs.runtime.capture import boot, cpu_emulation, launch, ncu_run, recording, session
+from kdvfs.runtime.capture import capture_boot, capture_launch, cpu_emulation, ncu_run, recording, session
 from kdvfs.runtime.cli import main
 from kdvfs.runtime.cli.live import calibrate as calibrate_cmd
 from kdvfs.runtime.cli.live import capture as capture_cmd
@@ -114,8 +114,8 @@ def test_read_only_cli_end_to_end_calls_no_setter(shared_nvml: EnergyFakeNvml, t
     assert not shared_nvml.state.initialised
 
 
-@pytest.mark.parametrize("module", [measure, microbench, profile_fit, clock_sweep, calibrate_cmd, capture_cmd, boot,
-                                    cpu_emulation, launch, ncu_run, recording, session])
+@pytest.mark.parametrize("module", [measure, microbench, profile_fit, clock_sweep, calibrate_cmd, capture_cmd,
+                                    capture_boot, cpu_emulation, capture_launch, ncu_run, recording, session])
 def test_only_nvml_device_names_nvml_setters(module: types.ModuleType) -> None:
     tree = ast.parse(inspect.getsource(module))
     names = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and re.match(r"nvml[A-Z]", n.attr)}

@@ -16,8 +16,8 @@ from examples import gpt
 from kdvfs.envs.trace.format import load_trace
 from kdvfs.envs.trace.importing import read_recording, split_steps
 from kdvfs.envs.trace.trace import Category, Kind, Phase
+from kdvfs.runtime.capture.capture_errors import CaptureError
 from kdvfs.runtime.capture.cpu_emulation import emulate_gpu_recording
-from kdvfs.runtime.capture.errors import CaptureError
 from kdvfs.runtime.capture.session import Capture, Stage
 from kdvfs.runtime.device.errors import DeviceError
 from kdvfs.runtime.testing.fake_nvml import READ_ONLY_CALL, EnergyFakeNvml, h200_from_probe

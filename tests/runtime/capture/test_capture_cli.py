@@ -13,7 +13,7 @@ import pytest
 from kdvfs.common.paths import REPO_ROOT
 from kdvfs.envs.trace.format import load_trace
 from kdvfs.envs.trace.trace import Phase
-from kdvfs.runtime.capture.launch import split_command
+from kdvfs.runtime.capture.capture_launch import split_command
 from kdvfs.runtime.child import CommandError, UserCommand
 from kdvfs.runtime.cli import main
 
@@ -133,8 +133,8 @@ def test_torchrun_commands_put_the_bootstrap_in_every_worker(tmp_path: Path) -> 
     path = script(tmp_path, 1)
     user = split_command(["torchrun", "--nproc-per-node", "2", "--standalone", path, "--steps", "3"])
     assert user == UserCommand(("torchrun", "--nproc-per-node", "2", "--standalone"), (path, "--steps", "3"), True)
-    assert user.boot_argv("kdvfs.runtime.capture.boot", Path("c.json")) == [
-        "torchrun", "--nproc-per-node", "2", "--standalone", "-m", "kdvfs.runtime.capture.boot", "c.json", path,
+    assert user.boot_argv("kdvfs.runtime.capture.capture_boot", Path("c.json")) == [
+        "torchrun", "--nproc-per-node", "2", "--standalone", "-m", "kdvfs.runtime.capture.capture_boot", "c.json", path,
         "--steps", "3"]
     module = split_command(["python", "-m", "torch.distributed.run", "--nproc_per_node=4", "-m", "pkg.train", "-v"])
     assert module == UserCommand(("python", "-m", "torch.distributed.run", "--nproc_per_node=4"),

@@ -13,8 +13,8 @@ from examples import gpt, vision
 from kdvfs.common.paths import RAW_DATA_DIR
 from kdvfs.envs.trace.bundled import open_trace
 from kdvfs.envs.trace.trace import Category, Phase
+from kdvfs.runtime.capture.capture_errors import CaptureError
 from kdvfs.runtime.capture.cpu_emulation import emulate_gpu_recording
-from kdvfs.runtime.capture.errors import CaptureError
 from kdvfs.runtime.capture.ncu_run import NCU_METRICS, NVTX_RANGE, StepMarker, enrich, ncu_argv
 
 ORDER = [Phase.FORWARD, Phase.BACKWARD, Phase.OPTIMIZER, Phase.OTHER]
@@ -28,9 +28,10 @@ def test_step_marker_wraps_the_step_after_warmup() -> None:
 
 
 def test_ncu_command_profiles_only_the_marked_step(tmp_path: Path) -> None:
-    argv = ncu_argv("/opt/ncu", tmp_path / "log.csv", ["python", "-m", "kdvfs.runtime.capture.boot", "c.json", "t.py"])
+    child = ["python", "-m", "kdvfs.runtime.capture.capture_boot", "c.json", "t.py"]
+    argv = ncu_argv("/opt/ncu", tmp_path / "log.csv", child)
     assert argv[:3] == ["/opt/ncu", "--clock-control", "none"] and argv[-5:] == \
-        ["python", "-m", "kdvfs.runtime.capture.boot", "c.json", "t.py"]
+        ["python", "-m", "kdvfs.runtime.capture.capture_boot", "c.json", "t.py"]
     assert argv[argv.index("--nvtx-include") + 1] == NVTX_RANGE and ",".join(NCU_METRICS) in argv
     assert str(tmp_path / "log.csv") in argv
 

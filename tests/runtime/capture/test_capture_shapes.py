@@ -15,7 +15,7 @@ from kdvfs.common.paths import REPO_ROOT
 from kdvfs.envs.trace.format import load_trace
 from kdvfs.envs.trace.shape import StepShape
 from kdvfs.envs.trace.trace_set import load_trace_set
-from kdvfs.runtime.capture.varying import MIN_VARYING_WINDOW_STEPS, WindowShapes, choose_targets
+from kdvfs.runtime.capture.shape_rounds import MIN_VARYING_WINDOW_STEPS, WindowShapes, choose_targets
 from kdvfs.runtime.cli import main
 
 CAPTURE = ["capture", "--cpu-test-mode", "--nvml-module", "kdvfs.runtime.testing.nvml", "--warmup", "2",

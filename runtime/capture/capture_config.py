@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from kdvfs.runtime.capture.errors import CaptureError
+from kdvfs.runtime.capture.capture_errors import CaptureError
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,7 @@ class CaptureConfig:
         report_path: where the child process writes its report (set by ``kdvfs capture``).
         mark_only: mark one step after the warm-up with an NVTX range and record nothing (``--ncu`` runs).
         shapes: most step shapes to profile when the measurement window saw steps of several shapes (1: one
-            trace of the last profiled step, whatever its shape; :mod:`kdvfs.runtime.capture.varying`).
+            trace of the last profiled step, whatever its shape; :mod:`kdvfs.runtime.capture.shape_rounds`).
         max_profiled_steps: most steps profiled while looking for those shapes.
     """
 

@@ -1,4 +1,5 @@
-"""The process ``kdvfs capture`` runs the user's script in: ``python -m kdvfs.runtime.capture.boot CONFIG SCRIPT ARGS``.
+"""The process ``kdvfs capture`` runs the user's script in:
+``python -m kdvfs.runtime.capture.capture_boot CONFIG SCRIPT ARGS``.
 
 It installs a global ``torch.optim`` optimizer-step hook that calls :meth:`Capture.step` (or, for
 ``--ncu`` runs, :meth:`StepMarker.step`), runs the unmodified script as ``__main__`` (``SCRIPT ARGS`` or
@@ -20,8 +21,8 @@ from typing import Any
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from kdvfs.common.errors import KdvfsError
-from kdvfs.runtime.capture.config import CaptureConfig
-from kdvfs.runtime.capture.errors import CaptureError, CaptureStop
+from kdvfs.runtime.capture.capture_config import CaptureConfig
+from kdvfs.runtime.capture.capture_errors import CaptureError, CaptureStop
 from kdvfs.runtime.capture.ncu_run import StepMarker
 from kdvfs.runtime.capture.session import Capture
 from kdvfs.runtime.child import run_target

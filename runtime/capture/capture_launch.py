@@ -1,7 +1,7 @@
 """``kdvfs capture``'s parent side: run the user's command under the capture bootstrap and collect the result.
 
-The script runs unmodified in a child process of the user's Python (``python -m kdvfs.runtime.capture.boot``;
-under torchrun, each worker: ``torchrun OPTIONS -m kdvfs.runtime.capture.boot ...``), which writes the
+The script runs unmodified in a child process of the user's Python (``python -m kdvfs.runtime.capture.capture_boot``;
+under torchrun, each worker: ``torchrun OPTIONS -m kdvfs.runtime.capture.capture_boot ...``), which writes the
 trace and a report into a private temporary folder; only when everything succeeded are
 the trace (and the raw recording, ``--keep-profile``) copied atomically to where the user asked. A script
 that fails passes its exit code through; nothing is written then.
@@ -21,14 +21,14 @@ from kdvfs.envs.trace.format import load_trace, save_trace
 from kdvfs.envs.trace.trace import Trace
 from kdvfs.envs.trace.trace_set import shape_path, sibling_paths
 from kdvfs.runtime.capture import ncu_run
-from kdvfs.runtime.capture.config import CaptureConfig
-from kdvfs.runtime.capture.errors import CaptureError, ScriptExitError
+from kdvfs.runtime.capture.capture_config import CaptureConfig
+from kdvfs.runtime.capture.capture_errors import CaptureError, ScriptExitError
 from kdvfs.runtime.capture.recording import CaptureReport
 from kdvfs.runtime.child import UserCommand, child_environment
 from kdvfs.runtime.child import split_command as split_user_command
 from kdvfs.runtime.job import rank_documents, rank_path
 
-BOOT = "kdvfs.runtime.capture.boot"
+BOOT = "kdvfs.runtime.capture.capture_boot"
 
 
 def split_command(command: Sequence[str]) -> UserCommand:
