@@ -1,23 +1,14 @@
 """The cost model's error on real measurements: the residuals kdvfs's ranges are built from.
 
-A residual is ``log(measured / predicted)`` of one figure (natural log of a ratio, so 0.05 is ~5% under-predicted),
-keyed by the figure it is of: ``step_time_s``, ``energy_j``, ``avg_power_w``. Three bodies of evidence:
-
-* **level**: a whole training step at the clocks it was recorded at (auto mode), predicted by ``kdvfs predict``'s
-  auto row, against its NVML measurement: every trace bundled for the GPU that carries a measured step time and
-  joules per step (:func:`real_captures`, :func:`capture_residuals`).
-* **clocks, fitted**: a kernel at another clock pair, predicted from its reference row (its duration, utilisations
-  and power there), with the parameters fitted on the *other* kernels of the same GPU: 5-fold by kernel on the
-  public sweeps (:func:`sweep_clock_residuals` with ``transfer=False``). The model's form error when its
-  parameters fit the GPU; with each ratio measured against the kernel's own reference, it is the error of a
-  figure's change, not of its level.
-* **transfer**: the same with every parameter fitted on the *other* public sweep's GPU, watts scaled by the ratio
-  of the two boards' power (:data:`SWEEP_BOARD_POWER_W`), as the estimated profiles are derived from the H200:
-  at other clock pairs (``transfer=True``) and at the reference row with power from the utilisations alone
-  (:func:`transfer_level_residuals`).
-
-Where a GPU has per-kernel measurements of its own at other clocks, they replace the fitted sweep residuals: the
-RTX 3080 Ti's Table 1 kernels the profile was not fitted on (:func:`table1_residuals`).
+A residual is ``log(measured / predicted)`` of one figure (natural log of a ratio, so 0.05 is ~5%
+under-predicted), keyed by the figure: ``step_time_s``, ``energy_j``, ``avg_power_w``. Three bodies of evidence
+(``docs/design/cost-model.md``, Uncertainty): **level**, whole steps at their recorded clocks against NVML
+(:func:`real_captures`, :func:`capture_residuals`); **clocks, fitted**, kernels at other clock pairs with the
+parameters fitted 5-fold on the other kernels of the public sweeps (:func:`sweep_clock_residuals`); and
+**transfer**, the same with every parameter fitted on the other sweep's GPU, watts scaled by
+:data:`SWEEP_BOARD_POWER_W` (also at the reference row: :func:`transfer_level_residuals`). A GPU's own
+per-kernel measurements at other clocks replace the fitted sweep residuals (RTX 3080 Ti:
+:func:`table1_residuals`).
 """
 
 from __future__ import annotations

@@ -1,40 +1,16 @@
 """The DVFS cost model: time, power and energy of a kernel at any (core, memory) clock pair.
 
-Every number kdvfs reports is scored by this one model (equations and constants with their sources in
-``docs/design/cost-model.md``). All functions are vectorised: per-kernel arrays have shape ``(K,)`` and
-broadcast against clock arrays, e.g. ``(K, 1)`` against ``(N,)`` gives ``(K, N)`` tables.
+Every number kdvfs reports is scored by this one model; its equations, constants and their sources are in
+``docs/design/cost-model.md``. All functions are vectorised: per-kernel arrays have shape ``(K,)`` and
+broadcast against clock arrays, e.g. ``(K, 1)`` against ``(N,)`` gives ``(K, N)`` tables. Clocks in MHz,
+times in seconds, power in watts, energy in joules.
 
-Time. A kernel measured at reference clocks (f_c0, f_m0) for t0 seconds, with SM and DRAM utilisations
-u_s, u_d there, is a smooth roofline (p-norm of its compute, memory and latency demands) plus a fixed part:
-
-    r_c = F_c / f_c,   R_m = max(F_m / f_m, kappa * r_c)
-    S(f_c, f_m) = phi_0 + (1 - phi_0) * ((u_s r_c)^p + (u_d R_m)^p + (eps r_c)^p)^(1/p)
-    t(f_c, f_m) = t0 * S(f_c, f_m) / S(f_c0, f_m0)
-
-with F_c, F_m the profile's maximum clocks: memory traffic slows with the memory clock, and once the core
-clock falls below kappa * F_c the L2/crossbar (core clock domain) becomes the memory bottleneck; eps is the
-latency-bound floor that scales with the core clock; p -> infinity is the hard roofline max.
-
-Power. With v(f) the normalised voltage (flat at v_min below the knee, linear to 1 at F_c), the core
-work rate at the new clocks w = (t0 f_c0) / (t f_c) (1 at the reference), and DRAM traffic as a fraction
-of peak bandwidth a_d = u_d * (f_m0 / F_m) * t0 / t:
-
-    P = static_w + leakage_w * v + v^2 (f_c / F_c) (core_idle_w + A w)
-        + mem_background_w (f_m / F_m)^q + mem_traffic_w a_d ((1 - s) + s v^2)
-
-where the kernel's core activity A = core_sm_w u_s + core_tensor_w u_t, or, when the kernel's power P0
-at the reference clocks was measured, the value that reproduces P0 there; s is the share of data-movement
-power in the core voltage domain (energy per byte moved through L2 and the crossbar scales with v^2).
-
-Communication kernels (NCCL collectives; gloo ops in CPU test mode) are clock-free: their time is set by the
-interconnect and by waiting for the slowest rank, so t = t0 at every clock pair, and their core activity
-is per cycle (polling SMs), so their power falls as v^2 f_c with the core clock and with the memory
-background at a lower memory clock (an assumption without measurements: ``docs/design/cost-model.md``).
-
-Auto mode: the firmware's power limiter averages power over windows of ``power_window_s``; each window's
-kernels run at the highest core clock up to ``boost_limit_fraction * F_c`` whose average power over the
-window (idle gaps included) fits the cap, a continuous clock (the GPU dithers between clock bins). A kernel
-alone in its window (a steady loop of one kernel) gets its own capped clock.
+Time: a kernel measured at reference clocks for ``t0`` seconds scales by a smooth roofline of its compute,
+memory and latency demands (``t = t0`` at the reference clocks). Power: static, leakage, core dynamic power
+``v^2 f_c`` times the kernel's activity (or its measured power at the reference clocks), and memory
+background and traffic power. Communication kernels are clock-free in time. Auto mode: the firmware's power
+limiter, per ``power_window_s`` window, picks the highest core clock up to ``boost_limit_fraction * F_c``
+whose average power fits the cap.
 """
 
 from __future__ import annotations

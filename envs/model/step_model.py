@@ -2,35 +2,15 @@
 
 A run whose steps change shape (dynamic padding, bucketing, MoE routing) is captured at a few shapes
 (:class:`~kdvfs.envs.trace.shape.StepShape`); :meth:`StepModel.predict` gives the expected step of any other
-shape near them, so the controller and the planners can decide on it as on a captured step.
+shape near them, so the controller and the planners can decide on it as on a captured step. The kernel
+sequence is the nearest capture's; every other capture is aligned to it kernel by kernel
+(:mod:`kdvfs.envs.model.step.align`); each kernel's duration, gap, FLOPs and bytes, each (phase, category)
+group's total time and the whole-step measurements are fitted non-negative in the shape variables
+(:mod:`kdvfs.envs.model.step.shape_fit`). Times in seconds.
 
-How a shape is predicted:
-
-* **Variables.** What varies between the shapes (:class:`~kdvfs.envs.trace.shape.ShapeAxes`): the tokens of
-  each input whose length varies on its own (one variable, ``tokens``, for a decoder's steps; two for an
-  encoder-decoder's input and labels, or for the two micro-batches of a step with gradient accumulation).
-* **Template.** The kernel sequence is the nearest captured shape's (log distance of the variables and their
-  lengths): its kernel names, kinds, categories, phases, launch configurations and ops.
-* **Alignment.** Every other captured step is aligned to the template kernel by kernel
-  (:mod:`kdvfs.envs.model.step.align`: by phase, category and op, so GEMMs whose kernel names change with the
-  shape still pair; inserted or dropped kernels shift nothing).
-* **Fit per kernel.** Each template kernel's duration, idle gap before it, FLOPs and DRAM bytes are fitted over
-  the shapes where it has a partner, non-negative in ``1`` and the variables (and their products with the
-  lengths, ``batch * seq^2``, for attention)
-  (:mod:`kdvfs.envs.model.step.shape_fit`). A kernel that only the template has is scaled as its category's fitted
-  kernels are. Whole-step measurements (``step_time_s``, ``energy_j_per_step``, ...) are fitted the same way,
-  so the cost model's measured-gap correction (:func:`~kdvfs.envs.trace.trace.with_measured_gaps`) holds.
-* **Group totals.** The kernel time of each (phase, category) group is fitted over the captured steps as a
-  whole and the group's kernels scaled to it: one kernel's partner across shapes can be a different MoE
-  expert with a different load (routing follows the data, not the shape), but a group's total follows the
-  shape.
-
-Where it is not: shapes far outside the captured range (:meth:`StepModel.covers` is False beyond
-``COVER_FACTOR`` of the captured variables, lengths and batches, for another input structure, and for
-any shape but the captured one when only one was captured); kernels whose number depends on the data rather
-than the shape (MoE experts that receive no tokens) follow the template. Fitting is deterministic and takes a
-fraction of a second for a handful of 3,000-kernel steps; a prediction takes milliseconds, so the runtime refits
-at its start from the reference captures rather than storing the model.
+:meth:`StepModel.covers` is False beyond ``COVER_FACTOR`` of the captured variables, for another input
+structure, and for any other shape when only one was captured. Fitting is deterministic and cheap, so the
+runtime refits at its start rather than storing the model. How and why: ``docs/design/step-model.md``.
 """
 
 from __future__ import annotations

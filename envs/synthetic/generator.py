@@ -3,55 +3,14 @@
 A :class:`TransformerConfig` (presets in ``configs/workloads/*.yaml``) describes a pre-LN GPT (or BERT-like
 encoder) trained with AdamW under autocast; :func:`generate_transformer_trace` turns it into the
 :class:`~kdvfs.envs.trace.trace.Trace` PyTorch would record for one step on a
-:class:`~kdvfs.envs.gpu.profiles.GpuProfile`.
-The kernel sequence, FLOPs and bytes come from :mod:`kdvfs.envs.synthetic.kernels`. Each kernel lasts
+:class:`~kdvfs.envs.gpu.profiles.GpuProfile`, at default ("auto") clocks. The kernels, FLOPs and bytes come
+from :mod:`kdvfs.envs.synthetic.kernels`; each lasts ``floor + overhead[class] + max(flops / (peak *
+compute_eff[class]), bytes / (bandwidth * memory_eff[class]))`` (seconds; efficiencies are fractions of the
+roofline's peaks, ``EFFICIENCY``), preceded by ``GAP_S`` or, after a host sync, ``SYNC_GAP_S``.
 
-    duration = floor + overhead[class] + max(flops / (peak * compute_eff[class]),
-                                             dram_bytes / (bandwidth * memory_eff[class]))
-
-with ``peak = roofline.peak_flops[precision]`` for tensor-core work (GEMMs, flash attention in bf16/fp16),
-else ``peak_flops["fp32"]`` (CUDA cores), and ``bandwidth = roofline.dram_bandwidth_bytes_per_s``.
-``floor`` is KERNEL_FLOOR_S (1.3 us; memsets MEMSET_FLOOR_S, 1.0 us): the shortest kernels in the H200
-traces take 0.7-1.6 us. Every activity is preceded by GAP_S (1.5 us), the median idle gap between kernels in
-the H200 traces (the CPU runs ahead, so the gap is the GPU's launch-to-launch latency); after a host sync (a
-device-to-host copy the CPU waits for, as a mixture of experts' routing makes) the gap is SYNC_GAP_S (50 us), the
-median gap after such a copy in the captured H200 MoE steps (the CPU must launch again from an empty queue).
-
-Efficiency constants (fractions of the datasheet peak; ``overhead`` in seconds). They were read off
-per-kernel throughput in the bundled H200 trace ``h200/gpt3xl-24layer-b4`` (FLOPs or bytes of each kernel
-class over its measured duration, rounded), so they include the power-capped clocks the GPU runs GEMMs at
-(~1.6 GHz of 1.98 GHz). The gpt2s trace (other shapes, head dim 64) set none of them; it is the more
-independent check (docs/design/synthetic-traces.md says what else was chosen looking at it).
-
-=========== ======= ====== ========== ==================================================================
-class       compute memory overhead   kernels; evidence (H200 trace)
-=========== ======= ====== ========== ==================================================================
-gemm        0.77    0.80   5 us       cuBLAS nvjet GEMMs, 70-79 % of 989 TFLOP/s at 69-1690 GFLOP
-flash_fwd   0.45    0.80   0          cuDNN flash fprop, causal FLOPs; x sqrt(head_dim/128) below 128
-flash_bwd   0.41    0.80   0          cuDNN flash bprop (2.5x forward FLOPs); same head-dim factor
-attn_aux    0.50    0.55   0          dO.O row sums and dQ fp32->16-bit conversion around the bprop
-vector      0.50    0.92   0          vectorized casts to 16 bit, fills, cat, fp32 in-place adds: 4.1-4.7 TB/s
-cast_up     0.50    0.42   0          unrolled 16-bit -> fp32 gradient casts: ~2.0 TB/s
-mixed       0.50    0.55   0          residual add of fp32 + 16-bit (unrolled, mixed dtype): ~2.6 TB/s
-activation  0.50    0.60   0          GELU forward/backward: 2.7-3.0 TB/s
-norm        0.50    0.57   0          layer norm forward, input grad, gamma/beta grad: 2.5-2.9 TB/s
-softmax     0.50    0.85   0          log-softmax over vocab rows (4 passes over the logits)
-reduce      0.50    0.90   16 us      column sums for bias grads (two-stage, preceded by a memset)
-gather      0.50    0.70   0          embedding row gathers: ~3.3 TB/s
-segment     0.50    0.11   0          embedding backward segment sums / atomics: ~0.5 TB/s
-sort        0.50    0.50   5 us       CUB radix-sort passes (a few blocks, latency bound): 4-8 us
-serial      0.50    0.50   15 us      single-block NLL loss forward/backward: 13-20 us
-tiny        0.50    0.50   0          arange, scalar fills, step counters: ~1-2 us
-optimizer   0.50    0.72   0          multi_tensor_apply AdamW, 28 B/parameter: ~3.5 TB/s
-memset      0.50    0.92   0          cuBLAS/cuDNN/CUB workspace memsets: ~1 us
-=========== ======= ====== ========== ==================================================================
-
-The compute efficiency 0.50 of the CUDA-core classes is nominal: their FLOPs never set their duration.
-
-With ``rng_seed`` every duration is multiplied by ``exp(N(0, NOISE_SIGMA))``, NOISE_SIGMA = 0.02: the median
-coefficient of variation of identical kernels repeated within one H200 step. Features are derived from the
-(noisy) duration: ``sm_util`` = achieved FLOP/s over the peak used above, ``tensor_util`` the same for
-tensor-core kernels (0 otherwise), ``dram_util`` = achieved bytes/s over the bandwidth, all clipped to [0, 1].
+With ``rng_seed`` every duration is multiplied by ``exp(N(0, NOISE_SIGMA))``; ``None`` is deterministic.
+Features are the achieved fractions of the peaks the kernel was priced against, clipped to [0, 1]. Where each
+constant comes from (the H200 traces) and what it leaves out: ``docs/design/synthetic-traces.md``.
 """
 
 from __future__ import annotations

@@ -1,24 +1,10 @@
 """Save and load traces in the kdvfs trace format (JSON, one kernel per line, optionally gzipped).
 
-Format ``kdvfs-trace`` version 1 (documented in ``docs/design/trace-format.md``)::
-
-    {"format": "kdvfs-trace", "version": 1,
-     "meta": {"gpu": ..., "workload": ..., "source": ..., "ref_mem_mhz": ..., "ref_core_mhz": ...,
-              "observed_core_mhz": ..., "step_index": ..., "measurements": {...},
-              "step_shape": [[...]], "shape_distribution": [{"step_shape": [[...]], "steps": N}],
-              "power_limit_w": ..., "power_limit_range_w": [low, high]},
-     "names": [kernel names],  "ops": [{"name": ..., "dims": [[...]], "types": [...]}],
-     "sources": [feature sources],
-     "columns": [COLUMNS],
-     "kernels": [
-      [row], ...
-     ]}
-
-The two power-limit fields are optional: written only when known, so a trace without them reads and
-writes as before.
-
-Names, ops and feature sources are interned in tables and referenced by index, so rows stay short and a
-diff of two traces shows one changed kernel as one changed line. Times are in seconds.
+Format ``kdvfs-trace`` version 1, specified in ``docs/design/trace-format.md``: a header (``format``,
+``version``, ``meta`` with the GPU, workload, reference clocks, measurements, step shapes and the optional
+power-limit fields), tables of kernel names, ops and feature sources referenced by index, ``columns`` and one
+row per kernel, so a diff of two traces shows one changed kernel as one changed line. Times are in seconds.
+A file of another format or version, or malformed, is refused with a one-line ``TraceFormatError``.
 """
 
 from __future__ import annotations
