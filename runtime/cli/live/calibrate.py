@@ -80,10 +80,10 @@ def _measure(args: argparse.Namespace, nvml: types.ModuleType, mapping: dict[str
     """Every measurement row: at default clocks, or at each pair of the clock grid with ``--sweep``."""
     import torch
 
-    from kdvfs.runtime.calibration.clock_sweep import clock_grid, measure_clock_sweep
-    from kdvfs.runtime.calibration.measure import measure_at_default_clocks, measure_benchmark, measure_idle
-    from kdvfs.runtime.calibration.microbench import MICROBENCHMARKS
-    from kdvfs.runtime.calibration.profile_fit import load_mapping
+    from kdvfs.runtime.microbench.clock_sweep import clock_grid, measure_clock_sweep
+    from kdvfs.runtime.microbench.measure import measure_at_default_clocks, measure_benchmark, measure_idle
+    from kdvfs.runtime.microbench.microbench import MICROBENCHMARKS
+    from kdvfs.runtime.microbench.profile_fit import load_mapping
 
     device = torch.device(args.device)
     progress = _progress if not args.json else (lambda row: None)
@@ -115,7 +115,7 @@ def _print_result(path: Path, mapping: dict[str, Any], fitted: tuple[str, ...], 
 
 
 def run(args: argparse.Namespace) -> int:
-    from kdvfs.runtime.calibration.profile_fit import (
+    from kdvfs.runtime.microbench.profile_fit import (
         READ_ONLY_FIXED,
         fit_mapping,
         load_mapping,

@@ -33,9 +33,9 @@ def test_capture_on_the_gpu(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
 def test_microbenchmark_power_on_the_gpu() -> None:
     import torch
 
-    from kdvfs.runtime.calibration.measure import measure_benchmark
-    from kdvfs.runtime.calibration.microbench import MICROBENCHMARKS
     from kdvfs.runtime.device.nvml_device import GpuReader
+    from kdvfs.runtime.microbench.measure import measure_benchmark
+    from kdvfs.runtime.microbench.microbench import MICROBENCHMARKS
 
     bench = next(b for b in MICROBENCHMARKS if b.name == "add_fp32")
     with GpuReader(0) as reader:

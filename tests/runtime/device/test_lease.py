@@ -19,7 +19,6 @@ from pathlib import Path
 
 import pytest
 
-from kdvfs.runtime.calibration.clock_sweep import measure_clock_sweep
 from kdvfs.runtime.cli import main
 from kdvfs.runtime.controller import Controller
 from kdvfs.runtime.device import lease as lease_module
@@ -35,6 +34,7 @@ from kdvfs.runtime.device.lease import (
 )
 from kdvfs.runtime.device.nvml_device import NvmlDevice
 from kdvfs.runtime.device.visible import cuda_device_nvml_index
+from kdvfs.runtime.microbench.clock_sweep import measure_clock_sweep
 from kdvfs.runtime.testing.fake_nvml import READ_ONLY_CALL, EnergyFakeNvml, h200_from_probe
 from tests.runtime.controller_helpers import TRACE, write_plan
 

@@ -17,11 +17,11 @@ from collections.abc import Callable, Iterator, Sequence
 import numpy as np
 
 from kdvfs.envs.gpu.profiles import GpuProfile
-from kdvfs.runtime.calibration.measure import Measurement
-from kdvfs.runtime.calibration.profile_fit import nearest_clock
 from kdvfs.runtime.daemon.client import DaemonDevice
 from kdvfs.runtime.device.lease import GpuLease
 from kdvfs.runtime.device.nvml_device import NvmlDevice, locked_clocks, terminate_on_sigterm
+from kdvfs.runtime.microbench.measure import Measurement
+from kdvfs.runtime.microbench.profile_fit import nearest_clock
 
 SETTLE_S = 0.5
 

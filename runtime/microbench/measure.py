@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
-from kdvfs.runtime.calibration.microbench import Call, Features, Microbenchmark, microbenchmark_features
 from kdvfs.runtime.device.energy import Meter, WindowReading, WindowSampler
+from kdvfs.runtime.microbench.microbench import Call, Features, Microbenchmark, microbenchmark_features
 
 IDLE_FEATURES: Features = (0.0, 0.0, 0.0)
 

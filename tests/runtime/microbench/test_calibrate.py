@@ -16,17 +16,6 @@ import pytest
 
 from kdvfs.envs.gpu.profiles import load_profile
 from kdvfs.envs.model.cost_model import ClockLimits, CostParams, KernelInputs, self_referenced_power_w
-from kdvfs.runtime.calibration import clock_sweep, measure, microbench, profile_fit
-from kdvfs.runtime.calibration.clock_sweep import clock_grid, measure_clock_sweep
-from kdvfs.runtime.calibration.measure import Measurement
-from kdvfs.runtime.calibration.microbench import MICROBENCHMARKS, microbenchmark_features
-from kdvfs.runtime.calibration.profile_fit import (
-    READ_ONLY_FIXED,
-    fit_mapping,
-    load_mapping,
-    measurements_to_sweep,
-    starting_mapping,
-)
 from kdvfs.runtime.capture import capture_boot, capture_launch, cpu_emulation, ncu_run, recording, session
 from kdvfs.runtime.cli import main
 from kdvfs.runtime.cli.live import calibrate as calibrate_cmd
@@ -34,6 +23,17 @@ from kdvfs.runtime.cli.live import capture as capture_cmd
 from kdvfs.runtime.device import nvml_device as device_nvml
 from kdvfs.runtime.device.errors import NvmlPermissionError
 from kdvfs.runtime.device.nvml_device import NvmlDevice, has_clock_permission, read_local_gpus, require_clock_permission
+from kdvfs.runtime.microbench import clock_sweep, measure, microbench, profile_fit
+from kdvfs.runtime.microbench.clock_sweep import clock_grid, measure_clock_sweep
+from kdvfs.runtime.microbench.measure import Measurement
+from kdvfs.runtime.microbench.microbench import MICROBENCHMARKS, microbenchmark_features
+from kdvfs.runtime.microbench.profile_fit import (
+    READ_ONLY_FIXED,
+    fit_mapping,
+    load_mapping,
+    measurements_to_sweep,
+    starting_mapping,
+)
 from kdvfs.runtime.testing.fake_nvml import READ_ONLY_CALL, EnergyFakeNvml, h200_from_probe
 
 SETTERS = ("nvmlDeviceSetMemoryLockedClocks", "nvmlDeviceSetGpuLockedClocks", "nvmlDeviceResetGpuLockedClocks",

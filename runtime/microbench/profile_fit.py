@@ -24,9 +24,9 @@ from kdvfs.envs.calibration.calibrate import Calibration, calibrate
 from kdvfs.envs.calibration.sweep import Sweep
 from kdvfs.envs.gpu.profile_io import write_profile_yaml
 from kdvfs.envs.gpu.profiles import GpuProfile
-from kdvfs.runtime.calibration.measure import Measurement
 from kdvfs.runtime.device.nvml_device import LocalGpu
 from kdvfs.runtime.device.profile_skeleton import reference_profile, skeleton_profile
+from kdvfs.runtime.microbench.measure import Measurement
 
 READ_ONLY_FIXED = ("voltage_min", "voltage_knee_fraction", "leakage_w", "traffic_core_share")
 """Parameters default-clock data cannot separate (as in the shipped H200 fit, ``make calibrate``)."""
