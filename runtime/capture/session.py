@@ -1,9 +1,7 @@
 """Record training steps of the running process into a kdvfs trace: the capture's Python API.
 
 In the style of ``torch.profiler.profile``: call :meth:`Capture.step` once at the end of every training
-step (``kdvfs capture`` does it from a ``torch.optim`` optimizer-step hook)::
-
-    from kdvfs.runtime.capture.session import Capture
+step (``kdvfs capture`` does it from a ``torch.optim`` optimizer-step hook); it returns True when done::
 
     with Capture("step.trace.json", steps=2, warmup=5) as capture:
         for batch in loader:
@@ -11,23 +9,12 @@ step (``kdvfs capture`` does it from a ``torch.optim`` optimizer-step hook)::
             if capture.step():
                 break
 
-Stages, one after another: ``warmup`` steps run untouched; then a window of unprofiled steps lasting at
-least ``energy_window_s`` measures the step time and, through the NVML energy counter, the joules per step
-and the clocks, and reads the power limit the GPU enforces and the board's range; then the PyTorch profiler
-(CPU and CUDA activities, op shapes) records one warm-up step and ``steps`` steps; the last complete one
-becomes the trace, written atomically. The profiled steps' wall time against the unprofiled step time is the
-capture overhead. Nothing is written unless every stage completed.
-A :class:`~kdvfs.runtime.step_shapes.ShapeProbe` (:attr:`Capture.probe`) keys each step by its input shapes;
-when the window saw several, the profiling becomes rounds that record up to ``shapes`` of them, one trace
-each (:mod:`kdvfs.runtime.capture.shape_rounds`, :mod:`kdvfs.runtime.capture.shape_set`); the window then lasts at
-least ``MIN_VARYING_WINDOW_STEPS`` steps; under torchrun each rank records one trace, as with one shape. With
-``cpu_test_mode`` steps are timed in the training thread's CPU time (``time.thread_time``: a busy machine's
-descheduling does not count), as ``kdvfs run --cpu-test-mode`` times them.
-
-Under torchrun every rank captures its own step into ``output`` with ``.rankR`` before the suffix
-(:func:`kdvfs.runtime.job.rank_path`), on its own GPU (CUDA device ``LOCAL_RANK``); the ranks agree through
-:class:`kdvfs.runtime.job.JobGroup` on the step that ends the measurement window (so that they profile the
-same steps and stop together), and each trace records the job's step time, the slowest rank's.
+Stages: ``warmup`` steps untouched; a window of unprofiled steps (at least ``energy_window_s``) measures the
+step time (s), joules per step, clocks and power limits through NVML; the profiler then records a warm-up step
+and ``steps`` steps, the last complete one becoming the trace, written atomically and only if every stage
+completed. Steps of several shapes (:attr:`Capture.probe`) are profiled in rounds, one trace per shape
+(:mod:`kdvfs.runtime.capture.shape_rounds`). Under torchrun each rank writes its own ``.rankR`` trace, the
+ranks agreeing through :class:`kdvfs.runtime.job.JobGroup` on the window's end. How: ``docs/guide/capture.md``.
 """
 
 from __future__ import annotations

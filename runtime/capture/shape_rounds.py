@@ -1,25 +1,15 @@
 """Capture of a run whose steps vary: the window's step shapes, the shapes to profile, and the profiling rounds.
 
-A :class:`~kdvfs.runtime.step_shapes.ShapeProbe` keys every step by the shapes of the model's forward calls
-(every micro-batch's). The unprofiled window records each step's shape and time (:class:`StepClock`: CUDA
-events, read after the window's closing synchronisation, or the capture's clock). When the window saw more
-than one shape, :func:`choose_targets` picks up to ``shapes`` of them: the most frequent, the smallest and the
-largest in each of the shapes' variables, then the next most frequent. :class:`ShapeRounds` then profiles
-rounds of :data:`ROUND_STEPS` steps (one profiler warm-up step before each), and keeps the recording and
-position of the first profiled step of each target shape, until every target was recorded or
-``max_profiled_steps`` steps were profiled; a target not seen by then is replaced by the profiled step
-nearest it in its variables (:meth:`ShapeRounds.stand_in`: dynamic padding rarely repeats a shape), else
-reported as missed.
-
-Each captured shape's trace measures its own shape: its ``step_time_s`` is the warm time of a step of that shape
-(:meth:`WindowShapes.step_time_s`: the window's step time fitted non-negatively in the shapes' variables with
-a first-seen term apart, so a longer step never gets a shorter time; the mean of the shape's steps when the
-window saw one shape) and its ``energy_j_per_step`` that time at the window's average power (the NVML counter
-updates a few times a second, too seldom to split the energy between steps; both are left out when neither is
-known); ``first_seen_step_s`` and ``first_seen_energy_j`` are what a step of a shape new to the window costs
-on top. ``window_energy_j`` is the whole window's measured joules, to be compared with the sum over its steps of
-their own shape's prediction plus the first-seen joules of each of its shapes
-(:func:`kdvfs.envs.trace.trace_set.window_prediction`).
+A :class:`~kdvfs.runtime.step_shapes.ShapeProbe` keys every step by the shapes of the model's forward calls.
+The unprofiled window records each step's shape and time (:class:`StepClock`, seconds); with more than one
+shape, :func:`choose_targets` picks up to ``shapes`` of them (the most frequent, the extremes of each
+variable, then the next most frequent) and :class:`ShapeRounds` profiles rounds of :data:`ROUND_STEPS` steps
+until every target was recorded or ``max_profiled_steps`` steps were profiled; a target not seen is stood in
+for by the nearest profiled step (:meth:`ShapeRounds.stand_in`), else reported as missed. Each shape's trace
+carries its own ``step_time_s`` (:meth:`WindowShapes.step_time_s`, non-negative fit: a longer step never gets
+a shorter time), ``energy_j_per_step`` at the window's average power, the first-seen extras and the window's
+measured joules (compared by :func:`kdvfs.envs.trace.trace_set.window_prediction`). The user's view:
+``docs/guide/capture.md`` (Runs whose steps vary).
 """
 
 from __future__ import annotations

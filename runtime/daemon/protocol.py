@@ -1,26 +1,11 @@
 """The daemon's wire format: one JSON object per line over a Unix stream socket, one reply per request.
 
-Requests (``gpu``: the NVML index; clocks in MHz):
-
-========= ============================================ ===============================================
-``op``    fields                                       reply fields (besides ``"ok": true``)
-========= ============================================ ===============================================
-``lease`` ``gpu``                                      ``uuid``, ``name``, ``supported_mhz`` (memory
-                                                       clock as a string -> its SM clocks, ascending)
-``lock``  ``gpu``, ``core_mhz`` (null: the GPU picks),  ``locked_mhz`` ([core or null, memory])
-          ``mem_mhz``
-``reset`` ``gpu``                                      ``locked_mhz`` ([null, null])
-``state`` ``gpu``                                      ``uuid``, ``name``, ``clocks_mhz`` ([SM, memory]),
-                                                       ``power_w``, ``locked_mhz``, ``holder`` (null or
-                                                       ``{"pid", "uid", "since"}``), ``reset_pending``
-                                                       (a reset owed: failed, or left by a predecessor)
-========= ============================================ ===============================================
-
-``lock`` and ``reset`` need the GPU leased by the same connection; ``state`` needs no lease. A refused or
-failed request is answered ``{"ok": false, "kind": K, "error": "one line"}``, ``K`` naming the error class the
-client raises (:data:`ERROR_KINDS`); the connection stays usable. A line that is not a JSON object (not UTF-8,
-nested too deep, a number too long...) is refused the same way; one longer than :data:`MAX_LINE_BYTES` is
-refused and ends the connection. A connection beyond the daemon's limits gets one refusal before it is closed.
+Requests name an ``op`` (``lease``, ``lock``, ``reset``, ``state``) and a ``gpu`` (the NVML index); clocks
+are in MHz. ``lock`` and ``reset`` need the GPU leased by the same connection. A refused or failed request
+is answered ``{"ok": false, "kind": K, "error": "one line"}``, ``K`` naming the error class the client
+raises (:data:`ERROR_KINDS`), and the connection stays usable; a line that is not a JSON object is refused
+the same way; one longer than :data:`MAX_LINE_BYTES` is refused and ends the connection. Every request's
+fields and reply: ``docs/design/device-safety.md`` (Wire format).
 """
 
 from __future__ import annotations

@@ -1,36 +1,13 @@
 """A GPU's cumulative energy counter as a function of host time, read at the counter's own pace.
 
-NVML's total-energy counter updates only now and then (a few times a second on an H200) and a read costs
-milliseconds of CPU there (in the driver, outside the interpreter lock). :class:`EnergyTrace` keeps timed
-values of it, ``(host s, J)`` points between which :meth:`EnergyTrace.energy_j` interpolates linearly.
-
-Paced (``read_every_s > 0``), a background thread reads it; the thread that issues clock requests never does.
-It sleeps between reads (woken early by a mark or the stop), never polls:
-
-* **The counter's update clock** (:class:`UpdateClock`) is learned first: the thread reads back to back until
-  the value has changed ``CALIBRATION_UPDATES`` times (at most ``CALIBRATION_S``); each change is measured
-  between the read that saw it and the one before, and the updates are taken to come every median gap. A
-  counter that changes at (nearly) every read, or not within ``CALIBRATION_S``, has no usable period: it is
-  then read at the times below and each value placed at its read.
-* **Reads just after expected updates**: the update that follows each time asked for with
-  :meth:`EnergyTrace.mark` (a window edge) and, where the update before it has not been read yet, a read
-  at once (the value then is that update's); with nothing asked, one update every ``read_every_s``. A
-  planned read starts the clock's uncertainty and ``MARGIN_S`` after its update; a read at once never runs
-  into an expected update (the value it gets would be ambiguous); no read starts, when it can wait, within
-  ``READ_GUARD_S`` before a clock request (``next_request_s``; NVML may serialise the two).
-* **Each new value is placed at its update**: the last expected one at or before its read, if after the
-  previous read (else between the two reads); without a clock, at its read.
-* **The clock is kept**: whenever its uncertainty reaches an eighth of its period (at least every
-  ``RELOCK_S``; put off by half a period if a clock request would come meanwhile), and whenever a planned
-  read finds the old value, the thread reads back to back from before an expected update (by the
-  uncertainty) until the value changes: a measured change, to which the clock is fitted again (least
-  squares over the last ``FIT_UPDATES``, each at its whole number of periods). The uncertainty is a read
-  (how closely a change is measured) and, per second since the last measured change, a read over the time
-  the measured changes span (the period's error) and ``DRIFT_S_PER_S``: measured changes come often at
-  first and every ``RELOCK_S`` once they span a few seconds.
-
-With ``read_every_s == 0`` only :meth:`EnergyTrace.read` reads it, on the caller's thread, and each value is
-placed at its read (a counter that is always current and costs nothing, e.g. a simulated one).
+NVML's total-energy counter updates only a few times a second on an H200 and a read costs milliseconds of CPU.
+:class:`EnergyTrace` keeps timed values of it, ``(host s, J)`` points between which
+:meth:`EnergyTrace.energy_j` interpolates linearly. Paced (``read_every_s > 0``), a background thread reads
+it: it learns the counter's update clock (:class:`UpdateClock`), reads just after the expected updates (those
+after each :meth:`EnergyTrace.mark` first), places each value at its update, keeps the clock fitted, and never
+starts a read within ``READ_GUARD_S`` before a clock request; the thread that issues clock requests never reads
+it. A counter with no usable period has each value placed at its read. With ``read_every_s == 0`` only
+:meth:`EnergyTrace.read` reads it, on the caller's thread. The algorithm: ``docs/design/device-safety.md``.
 """
 
 from __future__ import annotations

@@ -1,24 +1,15 @@
 """One owner per GPU: the exclusive lease a kdvfs process takes before it changes a GPU's clocks.
 
-Two kdvfs processes changing one GPU's clocks undo each other's locks (one's reset clears the other's clocks
-mid-run) and contaminate each other's measurements. So every process that may change clocks (the clock
-controller of ``kdvfs run`` in each training process, ``kdvfs calibrate --sweep``, ``kdvfs reset``, the
-daemon for its clients) first takes the GPU's lease, :class:`GpuLease`; a second claimant gets
-:class:`LeaseHeldError` naming the holder and changes nothing. Dry runs and read-only commands take none.
-
-The lease is keyed by the GPU's NVML UUID (never by an index, which ``CUDA_VISIBLE_DEVICES`` renumbers) and
-held by ``flock(LOCK_EX | LOCK_NB)`` on the file ``<lease directory>/<UUID>.lease``
-(:mod:`~kdvfs.runtime.device.lease_files`: where, and who may write there): the kernel drops the lock when
-the last descriptor of it closes, so a holder killed by SIGKILL frees it without clean-up. The file records
-the holder (pid, command line, start time, host) and the process whose descriptor holds the lock (pid, uid,
-start time in clock ticks: the daemon, for a client it holds the lease for). A clean release empties it, so a
-record found under a free lock is a stale lease from a holder that died, taken over with a note. A lock held
-while the record names no running process (its pid gone, or reused by another process: the start time
-differs; an empty, corrupt or over-long record) is a stale lease too, held by a child or a stranger:
-refused to an ordinary claimant, broken by one that may (``kdvfs reset``, a restarting daemon), which
-replaces the file. A child started with the lease's descriptor (the controller's watchdog) holds the lock
-with its parent until it exits: a watchdog resetting the clocks of a dead training process keeps the GPU's
-lease until its reset is done.
+Every process that may change clocks (the controller of ``kdvfs run`` in each training process, ``kdvfs
+calibrate --sweep``, ``kdvfs reset``, the daemon for its clients) first takes the GPU's :class:`GpuLease`;
+a second claimant gets :class:`LeaseHeldError` naming the holder and changes nothing. Dry runs and read-only
+commands take none. The lease is keyed by the GPU's NVML UUID and held by ``flock(LOCK_EX | LOCK_NB)`` on
+``<lease directory>/<UUID>.lease`` (:mod:`~kdvfs.runtime.device.lease_files`), so a holder killed by SIGKILL
+frees it; the file records the holder and the process whose descriptor holds the lock. A record under a free
+lock, or a held lock whose record names no running process, is stale: taken over with a note, or refused to
+an ordinary claimant and broken only by one that may (``kdvfs reset``, a restarting daemon). A child started
+with the lease's descriptor (the controller's watchdog) keeps the lease until it exits. Why and how:
+``docs/design/device-safety.md`` (One owner per GPU).
 """
 
 from __future__ import annotations
