@@ -1,30 +1,17 @@
 """Supervised fine-tuning under the Hugging Face ``Trainer`` with dynamic padding: every step has its own shape.
 
-    python examples/hf_sft.py [--model llama|mixtral|bert|t5] [--size small|tiny] [--batch 8]
-                              [--min-len 64] [--max-len 1024 (tiny: 128)] [--lengths uniform|lognormal]
-                              [--median-len 256] [--pad-to-multiple-of N] [--grad-accum N] [--packing]
-                              [--steps 300] [--device cpu]
+    python examples/hf_sft.py [--model llama|mixtral|bert|t5] [--size small|tiny] [--steps 300] ...  # --help
     kdvfs capture -o sft.trace.json -- python examples/hf_sft.py --steps 120
     kdvfs run --dry-run --policy policies/h200.kdvfs-policy.npz --trace sft.trace.json -- python examples/hf_sft.py
 
-The usual recipe: samples of varying length (here random token ids, seeded, lengths uniform in
-``[--min-len, --max-len]``, or log-normal with median ``--median-len`` clipped to that range), batched by the
-library's collator, which pads each batch to its longest sample (``DataCollatorForLanguageModeling(mlm=False)``
-for the causal LMs, ``DataCollatorWithPadding`` for the encoder's sequence classification,
-``DataCollatorForSeq2Seq`` for the encoder-decoder, whose labels are padded to their own longest), optionally
-to a multiple of ``--pad-to-multiple-of``. So the step's sequence lengths, its kernels and its time change from
-step to step. ``--min-len`` equal to ``--max-len`` gives fixed-shape steps. ``--grad-accum N`` accumulates N
-micro-batches per optimizer step (each with its own length); ``--packing`` (decoders) concatenates each
-batch's samples into one row without padding (``DataCollatorWithFlattening``: the step's shape is its total
-tokens and its number of sequences).
-
-Models, built from their configs with random weights (no download): ``llama`` (a decoder), ``mixtral`` (a
-mixture of experts: 8 experts, top-2 routing), ``bert`` (an encoder with a classification head), ``t5`` (an
-encoder-decoder; each sample's target has its own length, drawn independently of its input's). ``small`` has
-a 32,000-word vocabulary and samples up to 1024 tokens; ``tiny`` (for the CPU: a step of a fraction of a second)
-1024 words and up to 128 tokens. Nothing here
-knows kdvfs: capture and control attach from outside (``docs/guide/capture.md``). Needs ``transformers`` and
-``tokenizers`` (not kdvfs dependencies). bf16 on a GPU, fp32 on a CPU.
+Samples of random token ids (seeded) with lengths uniform in ``[--min-len, --max-len]`` or log-normal around
+``--median-len``, batched by the library's collator, which pads each batch to its longest sample (optionally
+to a multiple of ``--pad-to-multiple-of``): the step's lengths, kernels and time change from step to step.
+``--grad-accum N`` accumulates N micro-batches per step; ``--packing`` (decoders) concatenates a batch's
+samples into one row. Models are built from their configs with random weights (no download): ``llama`` (a
+decoder), ``mixtral`` (8 experts, top-2), ``bert`` (an encoder classifier), ``t5`` (an encoder-decoder whose
+targets have their own lengths); ``tiny`` is for the CPU. Nothing here knows kdvfs: capture and control attach
+from outside (``docs/guide/capture.md``). Needs ``transformers`` and ``tokenizers``. bf16 on a GPU, fp32 on a CPU.
 """
 
 from __future__ import annotations

@@ -4,23 +4,12 @@
         [--methods online replayed latency-optimal] [--anchors N]
     # writes benchmarks/results/online_fake_gpu.{json,md} (or NAME.{json,md})
 
-Per GPU profile (H200, B200), per held-out workload of its policy (two each) and per seed, three runs of
-``--seconds`` simulated seconds under the same disturbances (the fake GPU's seeded streams: each request's
-switching latency drawn from the profile's spread, each kernel's duration with 2% lognormal noise, the
-drift model's +2.1% over 120 s and per-step jitter), with the default controller (A/B windows, guard) at a
-1% budget:
-
-* ``online``: the shipped policy deciding inside every step on what it measures
-  (:mod:`kdvfs.runtime.controller.decisions.online`);
-* ``replayed``: the same policy's noise-free rollout replayed as a fixed schedule (``online=False``), compared
-  seed by seed with ``online``;
-* ``latency-optimal``: the latency-aware optimum at 1% (``kdvfs plan --method latency-optimal``).
-
-Each run's result is what the controller measured (B against A windows, its summary's ``measured``) and
-the truth (the counted steps' cost-model time and energy, :func:`kdvfs.runtime.testing.ab_truth.true_effect`).
-A run is within budget when its measured slowdown is. The issue's targets: the online policy within
-budget in >= 95% of runs, and its mean measured saving over the runs within budget >= that of the
-replayed schedule and of the latency-optimal plan over theirs.
+Per GPU profile (H200, B200), held-out workload and seed, three runs under the same seeded disturbances with
+the default controller at a 1% budget: ``online`` (the shipped policy deciding inside every step),
+``replayed`` (its noise-free rollout as a fixed schedule) and ``latency-optimal``. Each run's result is what
+the controller measured and the truth (:func:`kdvfs.runtime.testing.ab_truth.true_effect`). Targets: online
+within budget in >= 95% of runs, and its mean measured saving within budget >= the other two's. Method:
+``docs/design/benchmarks.md``.
 """
 
 from __future__ import annotations

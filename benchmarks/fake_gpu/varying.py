@@ -5,26 +5,12 @@
     python -m benchmarks.fake_gpu.varying --dry-runs 40 [--steps 300]
     # writes benchmarks/results/varying_fake_gpu_dry.{json,md}: the A/B estimate's coverage at truth 0
 
-The run is the dynamic-padding SFT of ``examples/hf_sft.py`` (12-layer Llama, batch 8, sample lengths uniform
-in 64-1024, each batch padded to its longest sample) on a fake H200 (:class:`FakeGpu`: the cost model, a
-virtual clock, 2% lognormal noise on every kernel and the profile's switching latency). What each step runs,
-the truth, is the step model fitted on all eight real H200 captures of the Llama (``data/traces/h200/workloads``,
-``llama-*``) evaluated at the step's shape. The controller knows only what a capture of the run gives it:
-three captured shapes (batch 8 at 256, 512 and 1024 tokens per sequence), from which it fits its own step
-model and plans every shape bucket before training (latency-optimal, 1% budget) and reads each step's shape
-when the step starts; A/B windows (a quarter at auto) measure the run, the guard backs off above budget.
-
-``--dry-runs N``: N seeded dry runs (both arms at auto: the true saving and slowdown are 0) with sample lengths
-log-normal (median 256, clipped to 64-1024) and the H200's drift and window noise
-(:class:`~kdvfs.envs.model.drift.DriftModel`); per run the summary's measured saving and slowdown (the
-adjusted estimate, :func:`~kdvfs.runtime.controller.measurement.estimator.adjusted`) and, from the same
-windows, the pairs' mean the controller used before: how often each 95% interval holds 0, and its half-width.
-
-Per seed: the measured slowdown and saving (B against A windows, 95% intervals), the share of steps with a
-plan and controlled, and the truth over the controlled steps of the B windows: their cost-model energy and
-time against the same steps at auto, and against the oracle, the latency-optimal plan re-solved on each
-executed step (which the controller never sees). Targets (issue 41): measured slowdown within the budget;
-truth saving >= 80% of the oracle's.
+The dynamic-padding SFT of ``examples/hf_sft.py`` on the fake H200, whose truth is the step model of all eight
+Llama captures; the controller knows three captured shapes, plans every shape bucket (latency-optimal, 1%) and
+measures with A/B windows. Per seed: the measured slowdown and saving (95% intervals), the share of steps
+controlled, and the truth against auto and against the oracle (the plan re-solved on each executed step).
+Targets: measured slowdown within the budget; truth saving >= 80% of the oracle's. ``--dry-runs``: how often
+the dry runs' intervals hold 0, and their half-width. Method: ``docs/design/benchmarks.md``.
 """
 
 from __future__ import annotations

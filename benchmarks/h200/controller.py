@@ -5,41 +5,14 @@ online decisions' time.
     python -m benchmarks.h200.controller run RESULTS_DIR [--policy P]   # on the GPU machine: dry runs only
     python -m benchmarks.h200.controller report RESULTS_DIR [--name NAME]   # anywhere: benchmarks/results/NAME.*
 
-``--policy P`` applies a plan or frozen policy (``policies/h200.kdvfs-policy.npz``: it decides online
-inside each step) to every workload instead of the latency-optimal plans (``benchmarks/data/controller_h200``);
-``--hf`` adds the Hugging Face ``Trainer`` workloads (``examples/hf_trainer.py``, captured first);
-``--only LABEL ...`` keeps those workloads and their variants (a variant's label, ``LABEL[NAME=VALUE]``,
-keeps that variant alone); ``--variant LABEL:NAME=VALUE,...`` runs workload LABEL again with those controller
-options (``online=false``: the policy replayed; ``online_warm_up=false``, ``sleep_lead_in=false``: a default
-turned off), for its overhead; ``--within`` runs the variants as arms of their workload's own process instead,
-in blocks of ABBA windows interleaved round by round (``benchmarks.reports.controller_arms.arm_order``), so
-that they are compared without the spread between processes (the report compares each arm with the process's
-own, pair by pair);
-``--no-end-to-end`` skips step 1 below; ``--repeat N`` runs each workload's windows N times (N x 4 ABBA pairs:
-the overhead's interval narrows); ``report --name NAME`` writes the figures under another name. On the device
-machine (no package registry) the missing packages travel as wheels (``docs/results.md``, "Running the H200
-benchmarks").
-
-``run`` never changes a clock: every controller there is a dry run whose NVML binding is
-``benchmarks.common.nvml_guard`` (the real pynvml; any Set/Reset/Clear call is refused and counted). It runs
-
-1. ``kdvfs run --dry-run`` of ``examples/gpt.py`` (GPT-3 XL, batch 4) with the plan, end to end;
-2. per workload, one process (``child``) that trains the workload's script and alternates windows of steps
-   with and without the controller (``controller_windows.ORDER``: ABBA...), each window timed between
-   ``torch.cuda.synchronize`` calls, with the host time at each step's hook (where the overhead shows: in every
-   step, or in a few long ones); where the workload says so it then profiles controlled steps with
-   ``torch.profiler``, CUDA activities only (recording CPU ops slows the launches enough to change the GPU
-   timeline being measured).
-
-``report`` computes the overhead (step time with over without the controller) and the timing error: each planned
-switch instant (from the controller's log: placed on an anchor inside the step where one was early enough) minus the
-profiled start of the kernel it was planned for, and the same for every kernel's predicted start, from the step's
-start and re-placed on the logged anchors as the controller would have
-(``benchmarks/reports/controller_timing.py``). The profiler's clock is mapped to the host clock by one constant
-offset: the median over the profiled steps of (end of a step's last kernel in the profile) minus (the controller's
-host time for that step end); so a constant lag of the controller's step-end estimate is not seen, but its
-step-to-step jitter is. ``--cpu-test`` runs all of it on a CPU with a tiny model, a CPU-captured trace and the fake
-NVML of the tests (a dry run of the script; its figures mean nothing).
+``run`` never changes a clock: every controller is a dry run whose NVML binding is
+``benchmarks.common.nvml_guard`` (any Set/Reset/Clear call is refused and counted). It runs ``kdvfs run
+--dry-run`` end to end (unless ``--no-end-to-end``), then per workload one ``child`` process alternating
+windows with and without the controller (ABBA; ``--variant``/``--within``: other controller options, as
+separate processes or as arms of one), optionally profiling controlled steps. ``report`` computes the
+overhead (step time with over without), the timing error of planned switch instants and kernel starts against
+the profile, and the online decisions' time. ``--cpu-test``: all of it on a CPU with the fake NVML (figures
+mean nothing). Options and method: ``docs/design/benchmarks.md``.
 """
 
 from __future__ import annotations

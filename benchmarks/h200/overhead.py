@@ -3,26 +3,13 @@
     python -m benchmarks.h200.overhead run RESULTS_DIR [--pairs 3] [--only LABEL ...]   # on the GPU machine
     python -m benchmarks.h200.overhead report RESULTS_DIR [--name overhead_h200]         # anywhere
 
-``run`` never changes a clock: every controller is a dry run whose NVML binding is ``benchmarks.common.nvml_guard``
-(the real pynvml; any Set/Reset/Clear call is refused and counted). It
-
-1. probes the GPU's NVML reads (read-only, through the guard): how long a total-energy read takes on the wall
-   and on the reading thread's CPU, how often the counter updates, the same for a power read, and how much a
-   busy Python loop slows while another thread reads the counter (whether the read holds the interpreter lock);
-2. per workload (the Hugging Face Trainer examples, captured here first with ``kdvfs capture``, and GPT-3 XL
-   on its stored trace), runs ``--pairs`` pairs of processes in ABBA order (without, with; with, without; ...):
-   ``benchmarks/h200/step_clock.py`` around the script, alone or under ``kdvfs run --dry-run --policy
-   policies/h200.kdvfs-policy.npz`` (the shipped policy deciding online, default options), each for the
-   workload's steps.
-
-``report`` computes per workload: the whole-run overhead (mean step time after ``WARMUP_STEPS`` with over
-without kdvfs, per pair; their mean with a 95% t interval), the dry run's own slowdown of its controlled
-windows against its auto ones (the A/B pairs of every dry run pooled; truth 0: nothing changes clocks), the
-controller's host cost from the dry runs' summaries (CPU of its thread, the energy thread and the hooks, per
-step and as a share of the step; the thread's wakes), the processes' CPU per step with over without kdvfs,
-the online decisions' time and the requests' timeliness, each against its target (``TARGETS``).
-``--cpu-test`` runs all of it on a CPU with the tiny GPT, a CPU-captured trace and the fake NVML of the tests
-(its figures mean nothing).
+``run`` never changes a clock (NVML through ``benchmarks.common.nvml_guard``). It probes the NVML reads'
+cost, then per workload runs ``--pairs`` ABBA pairs of processes: the script under
+``benchmarks/h200/step_clock.py``, alone or under ``kdvfs run --dry-run`` with the shipped policy. ``report``
+gives per workload the whole-run overhead (mean step time after ``WARMUP_STEPS``, with over without, 95% t
+interval), the dry run's own A/B slowdown (truth 0), the controller's host cost, the online decisions' time
+and the requests' timeliness, each against ``TARGETS``. ``--cpu-test``: all of it on a CPU with the fake NVML
+(figures mean nothing). Method: ``docs/design/benchmarks.md``.
 """
 
 from __future__ import annotations

@@ -2,22 +2,14 @@
 and sequence packing under the HF Trainer, each captured, planned and run for 300 steps.
 
     python -m benchmarks.h200.varying_recipes run RESULTS_DIR [--cpu-test] [--only encoder-decoder,packing]
-    python -m benchmarks.h200.varying_recipes report RESULTS_DIR   # anywhere: benchmarks/results/varying_recipes_h200.*
+    python -m benchmarks.h200.varying_recipes report RESULTS_DIR   # benchmarks/results/varying_recipes_h200.*
 
-``run`` never changes a clock (NVML through ``benchmarks.common.nvml_guard``, which refuses every Set/Reset/Clear call).
-Each recipe is ``examples/hf_sft.py`` (bf16, batch 8, sample lengths log-normal with median 256 clipped to
-16-1024 tokens, each batch padded to its longest by the library collator) as a new user runs it:
-``encoder-decoder`` (``--model t5``: a T5 of 6 + 6 layers, each target's length drawn apart from its input's),
-``grad-accum`` (the 12-layer Llama, two micro-batches per optimizer step, each its own length) and ``packing``
-(the Llama, each batch's samples concatenated into one row, ``DataCollatorWithFlattening``). Per recipe:
-``kdvfs capture`` (several shapes, ``NAME.shape-K``), ``kdvfs plan --method latency-optimal --budget 0.01``,
-and ``kdvfs run --dry-run`` for 300 steps with the default A/B windows (a quarter at auto, the guard on).
-
-``report`` reads, per recipe: the share of the steps in B windows that were controlled (target >= 90%), the
-dry run's measured saving and slowdown with their 95% intervals (truth 0: the interval must hold 0 with a
-half-width of at most 2 points), the step model's leave-one-shape-out kernel-time error of each captured shape
-(target within 5%), the steps at auto by reason (``auto_reasons``), the buckets planned in the background and
-the refused NVML calls.
+``run`` never changes a clock (NVML through ``benchmarks.common.nvml_guard``). Each recipe is
+``examples/hf_sft.py`` as a new user runs it: ``kdvfs capture``, ``kdvfs plan --method latency-optimal
+--budget 0.01``, ``kdvfs run --dry-run`` with the default A/B windows. ``report`` reads per recipe the share of
+B-window steps controlled (target >= 90%), the dry run's saving and slowdown intervals (truth 0, half-width <= 2
+points), the step model's leave-one-shape-out kernel-time error (target within 5%), the steps at auto by reason
+and the refused NVML calls. Recipes and method: ``docs/design/benchmarks.md``.
 """
 
 from __future__ import annotations

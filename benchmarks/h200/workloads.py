@@ -3,22 +3,13 @@
     python -m benchmarks.h200.workloads run RESULTS_DIR [--only LABEL,...]   # on the GPU machine
     python -m benchmarks.h200.workloads report [RESULTS_DIR]                 # anywhere
 
-``run`` captures each workload of ``WORKLOADS`` with ``kdvfs capture`` (read-only NVML: the energy counter and
-clocks; the PyTorch profiler), one fixed shape per capture: a dense decoder (Llama, Hugging Face ``Trainer``) at
-several sequence lengths and batches, the short ones launch-bound; a mixture of experts (Mixtral-style, 8
-experts, top-2); an encoder (BERT-style sequence classification); a ViT-B/16; a ``torch.compile``'d GPT-2
-step. Each trace is stamped with the step shape its command fixes. The traces are also the recorded shapes
-the step model is fitted and checked on (``benchmarks/model/step_model.py``). ``--cpu-test`` runs tiny versions on
-a CPU with the tests' fake NVML (a dry run of this script).
-
-``report`` predicts every captured trace of RESULTS_DIR (default: the committed captures in
-``data/traces/h200/workloads``) and the bundled H200 steps at auto with the shipped H200 profile (what
-``kdvfs predict`` prints first) against the joules per step NVML measured over the unprofiled window, and
-writes ``benchmarks/results/workloads_h200.{json,md}``: the error per workload (target: within ``TARGET``), the
-split of the predicted energy into tensor-core GEMMs, GEMMs off the tensor cores, other kernels and idle gaps,
-and the idle gaps' share of each step with the gap power the measurement implies. No parameter is fitted on
-these measurements (:mod:`kdvfs.envs.model.estimate` says where its constants come from), so every workload
-is held out.
+``run`` captures each workload of ``WORKLOADS`` with ``kdvfs capture`` (read-only NVML), one fixed shape per
+capture, each trace stamped with its step shape (``--cpu-test``: tiny versions on a CPU with the fake NVML).
+``report`` predicts every captured trace (default: ``data/traces/h200/workloads``) and the bundled H200 steps
+at auto with the shipped profile against the joules per step NVML measured, and writes
+``benchmarks/results/workloads_h200.{json,md}``: the error per workload (target: within ``TARGET``) and the
+split of the predicted energy. No parameter is fitted on these measurements. Method:
+``docs/design/benchmarks.md``.
 """
 
 from __future__ import annotations

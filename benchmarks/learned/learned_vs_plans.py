@@ -1,23 +1,13 @@
 """Residual PPO against the best fixed-margin fitting plan on held-out steps: within budget and saving per cell.
 
-For each GPU with trained residual policies (``benchmarks/data/learned/<gpu>-s<seed>.kdvfs-policy.npz``, PPO's
-final policy of each training seed, ``kdvfs train`` on ``configs/ppo/residual-<gpu>.yaml``):
-
-1. **The bar, chosen on validation**: every fixed-margin fitting plan (:mod:`kdvfs.agents.learned.margin_plans`:
-   the residual environment's constant action, margins 0-100% of the slack) runs the validation pairs of the
-   GPU's training config (``data.validation``: the training families at shapes not trained on); per budget x
-   latency cell the margin saving the most among those within budget in >= 95% of the cell's episodes is
-   the cell's plan.
-2. **Held out, scored once**: the held-out pairs (``benchmarks/learned/ppo_vs_clone.py``'s: the held-out generated
-   families, and on the H200 the real Llama, Mixtral and BERT captures) under every cell (budget 0.5/1/2% x
-   latency 0, the profile's, twice it) and ``--seeds`` paired noise seeds (the same draws and executed variant
-   for every method): PPO of every training seed, each cell's plan, and the plain fitting plan (margin 0).
-
-Reported per cell: within-budget share (PPO pooled over the training seeds; the plan), mean saving, and PPO -
-plan saving with a 95% interval clustered by workload family and training seed (a two-way bootstrap over
-families and seeds of the (family, seed) means). Writes ``benchmarks/results/learned_vs_plans.json`` and ``.md``::
-
     python -m benchmarks.learned.learned_vs_plans [--gpus h200] [--seeds 4] [--jobs 2]
+
+For each GPU with trained residual policies (``benchmarks/data/learned/<gpu>-s<seed>.kdvfs-policy.npz``): per
+budget x latency cell, the fixed-margin fitting plan that saves most within budget on the validation pairs is
+the bar; then the held-out pairs of ``benchmarks/learned/ppo_vs_clone.py`` are scored once for PPO of every
+training seed, each cell's plan and the plain fitting plan. Reported per cell: within-budget share, mean saving,
+and PPO - plan saving with a 95% interval clustered by family and training seed (two-way bootstrap). Writes
+``benchmarks/results/learned_vs_plans.{json,md}``. Method: ``docs/design/benchmarks.md``.
 """
 
 from __future__ import annotations

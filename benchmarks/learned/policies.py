@@ -1,23 +1,14 @@
 """Learned policies against the planners on held-out workloads under disturbances: the targets of issue 15.
 
-For each GPU with a shipped policy (``policies/<gpu>.kdvfs-policy.npz``), every held-out step of its
-training config, budgets 0.5/1/2% and switching latencies 0, the profile's and twice it: ``--episodes``
-seeded episodes with every disturbance of the environment on (latency spread, duration noise, drift of the
-auto clock, step jitter), scored like ``kdvfs evaluate --episodes`` (the same draws for every method):
-
-* ``policy`` (the shipped one: PPO's unless the clone scored higher on the training steps), ``imitation``
-  (the clone before PPO) and ``ppo`` (PPO's final policy), from ``--candidates``, closed-loop through
-  ``KernelDVFS-v0``;
-* ``fitting-plan``, the closed-loop rule; ``latency-optimal`` executed open-loop; ``latency-optimal+margin``,
-  the optimum planned for the best multiple of the budget that stays within it in >= 95% of the episodes;
-* the noise-free latency-aware optimum (the "90% of the optimum" target).
-
-Per case it checks the targets (within budget in >= 95% of episodes; saving >= the margin-tuned optimum's;
->= 90% of the noise-free optimum), and per GPU the grid coverage (every pair the static and latency-aware
-planners choose on the held-out steps is on the policy's grid), the environment's decisions per second and
-the frozen decision time. Writes ``benchmarks/results/policies.json`` and ``.md``::
-
     python -m benchmarks.learned.policies [--gpus h200 b200] [--episodes 8] [--jobs 2]
+
+For each GPU with a shipped policy, every held-out step of its training config, budgets 0.5/1/2% and
+switching latencies 0, the profile's and twice it: ``--episodes`` seeded episodes with every disturbance on,
+scored like ``kdvfs evaluate --episodes`` (the same draws for every method): the shipped policy, the clone and
+PPO's final policy, the fitting plan, the latency-aware optimum open-loop and margin-tuned, and the noise-free
+optimum. Targets per case: within budget in >= 95% of episodes; saving >= the margin-tuned optimum's; >= 90% of
+the noise-free optimum; per GPU the grid coverage and the decision speed. Writes
+``benchmarks/results/policies.{json,md}``. Method: ``docs/design/benchmarks.md``.
 """
 
 from __future__ import annotations

@@ -1,25 +1,13 @@
 """PPO against its clone on held-out steps of shapes never captured: which one ships, with its interval.
 
-For every GPU with both candidates of one training run (``benchmarks/data/{ppo,imitation}/<gpu>.kdvfs-policy.npz``),
-the held-out pairs (:mod:`kdvfs.envs.env.shape_pairs`): the held-out shape families of the GPU's training
-config (generated; the step model fitted on 3 of 12 shapes per family; the real step and a perturbed copy
-executed), and on the H200 also its real captures of three families (llama, mixtral, bert:
-``data/traces/h200/workloads``; each shape predicted from the family's other shapes, executed as captured).
-None of these families is in training. Each case (pair x budget 0.5/1/2% x switching latency 0, the
-profile's, twice it) runs ``--seeds`` paired seeds: the same disturbances (latency spread, duration noise,
-drift, step jitter) and executed variant for every method:
-
-* ``ppo`` and ``clone`` (the imitation clone PPO started from), closed-loop on the prediction's observations;
-* ``reference-plan``: the fitting plan on the prediction (the best that can be had without seeing the step);
-* ``oracle``: the budget's latency-aware plan solved on the executed step, followed through the same draws;
-* ``ppo`` and ``clone`` again with the drift model off (a gain that exists only with drift is not PPO's).
-
-Intervals are over seeds: each seed's mean over every case is one paired sample (a t interval of ``--seeds``
-values). Writes ``benchmarks/results/ppo_vs_clone.json`` (``{"gpus": {GPU: {"delta_saved_pct", "ci95", "pairs",
-"within_budget_ppo", "within_budget_clone", "drift_off_delta_saved_pct"}}}``, plus per-GPU details under
-``detail``) and ``.md``::
-
     python -m benchmarks.learned.ppo_vs_clone [--gpus h200 b200] [--seeds 16] [--jobs 2]
+
+For every GPU with both candidates of one training run (``benchmarks/data/{ppo,imitation}/<gpu>.kdvfs-policy.npz``),
+the held-out pairs (:mod:`kdvfs.envs.env.shape_pairs`; on the H200 also its real captures of three families),
+none in training, at budgets 0.5/1/2% and three switching latencies, ``--seeds`` paired seeds: ``ppo``,
+``clone``, the reference plan, the oracle, and both policies with drift off. Intervals are t intervals over
+seeds. Writes ``benchmarks/results/ppo_vs_clone.{json,md}`` (``{"gpus": {GPU: {"delta_saved_pct", "ci95",
+...}}}``). Method: ``docs/design/benchmarks.md``.
 """
 
 from __future__ import annotations
