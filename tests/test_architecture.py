@@ -144,3 +144,22 @@ def test_shared_basics_defined_once(pattern: str) -> None:
     regex = re.compile(pattern, re.MULTILINE)
     defining = [name for name, path in SOURCES.items() if regex.search(path.read_text())]
     assert len(defining) == 1 and defining[0].startswith("kdvfs.common."), defining
+
+
+DOCSTRING_ROOTS = ("common", "envs", "agents", "runtime", "benchmarks", "scripts", "examples")
+MAX_MODULE_DOCSTRING_LINES = 20
+
+
+def test_module_docstrings_are_contracts_not_essays() -> None:
+    """A module docstring (the lines its literal spans) says what the unit owns, its units, invariants and
+    failure modes in at most ``MAX_MODULE_DOCSTRING_LINES``; design reasoning goes to ``docs/design/``."""
+    long = {}
+    for root in DOCSTRING_ROOTS:
+        for path in sorted((REPO_ROOT / root).rglob("*.py")):
+            body = ast.parse(path.read_text()).body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+                    and isinstance(body[0].value.value, str):
+                lines = (body[0].end_lineno or body[0].lineno) - body[0].lineno + 1
+                if lines > MAX_MODULE_DOCSTRING_LINES:
+                    long[str(path.relative_to(REPO_ROOT))] = lines
+    assert not long
