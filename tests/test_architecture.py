@@ -132,7 +132,7 @@ def test_no_private_names_imported_from_another_module() -> None:
 
 
 def test_every_room_says_what_it_owns() -> None:
-    silent = [name for name, path in SOURCES.items()
+    silent = [name for name, path in {**SOURCES, **BENCHMARKS}.items()
               if path.name == "__init__.py" and not ast.get_docstring(ast.parse(path.read_text()))]
     assert not silent
 
@@ -163,3 +163,19 @@ def test_module_docstrings_are_contracts_not_essays() -> None:
                 if lines > MAX_MODULE_DOCSTRING_LINES:
                     long[str(path.relative_to(REPO_ROOT))] = lines
     assert not long
+
+
+PARALLEL_BASENAMES: dict[str, set[str]] = {}
+"""Basenames allowed to repeat inside one package: the same concept in parallel rooms (package -> basenames)."""
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_no_two_modules_of_a_package_share_a_basename(package: str) -> None:
+    """A module is named for what it holds, so a name found in a traceback or an import names one module."""
+    by_name: dict[str, list[str]] = {}
+    for name, path in SOURCES.items():
+        if name.startswith(f"kdvfs.{package}.") and path.name != "__init__.py":
+            by_name.setdefault(path.stem, []).append(name)
+    repeated = {stem: names for stem, names in by_name.items()
+                if len(names) > 1 and stem not in PARALLEL_BASENAMES.get(package, set())}
+    assert not repeated
