@@ -1,22 +1,14 @@
 """Write estimated cost-model parameters, with plausible ranges, into the profiles without measurements.
 
-No clock sweep exists for the H100, A100 or B200 profiles, so their parameters are estimates transferred
-from the measured H200, each with a source that says how and a range:
+    python scripts/derive_profile_estimates.py   # from the repository root, after `kdvfs model fit --gpu h200 --write`
 
-* time parameters (how kernels slow with clocks), voltage curve, power window, switch stall, memory
-  background exponent and the core-domain share of data-movement power: the H200's values and ranges;
-* watts: the H200's watts scaled by the ratio of power limits, range +-30% (the ratio ignores differences
-  of process, memory and board); the boost limit: 1.0 as measured on the H200, range 0.85-1.0.
-
-Each transferred parameter says so (``transferred_from``), and the ranges' sample widens its range. The A100's
-voltage curve and static power are grounded in public A100 readings instead (:func:`a100_grounded`,
-``docs/design/cost-model.md``).
-
-The RTX 3080 Ti prior of ``scripts/fit_rtx3080ti_table1.py`` is made the same way from the GTX 1080 Ti
-fit (the consumer part of the public sweeps, memory background linear in the clock), watts +-50%. Run
-from the repository root after `kdvfs model fit ... --gpu h200 --write`:
-
-    python scripts/derive_profile_estimates.py
+The H100, A100 and B200 profiles have no clock sweep: their time parameters, voltage curve, power window,
+switch stall, memory background exponent and core-domain share of data-movement power are the H200's values
+and ranges; their watts are the H200's scaled by the ratio of power limits (range +-30%); the boost limit 1.0
+(range 0.85-1.0). Each says so (``transferred_from``), which widens its range in the ranges' sample. The
+A100's voltage curve and static power come from public A100 readings instead (:func:`a100_grounded`). The
+RTX 3080 Ti prior of ``scripts/fit_rtx3080ti_table1.py`` is made the same way from the GTX 1080 Ti fit, watts
++-50%. Why: ``docs/design/cost-model.md``.
 """
 
 from __future__ import annotations

@@ -1,22 +1,13 @@
 """Two-sided ranges with a stated coverage on every predicted figure.
 
-A figure's error is taken on the log scale as a sum of independent parts, and its range is a pair of quantiles
-of that sum's distribution:
-
-* the parameters' own uncertainty: the log deviations ``d_i = log(x_i / x_0)`` of the figure (or of its ratio to
-  auto) over sampled profiles (:mod:`kdvfs.envs.model.uncertainty`), ``x_0`` the nominal figure;
-* the model's validated error (:mod:`kdvfs.envs.model.model_error`): its empirical log residuals, each body
-  weighted by how much of the figure it applies to.
-
-The sum's distribution is the set of every combination ``d_i + w_1 r_1j + w_2 r_2k + ...``, and the range is its
-quantiles at the finite-sample (split conformal) levels of the scarcest body of ``n`` residuals: the
-``floor((n + 1) a / 2)``-th and ``ceil((n + 1) (1 - a / 2))``-th of ``n`` for a miss rate ``a = 1 - coverage``
-(with fewer than ``2 / a - 1`` residuals these are the extremes, and the coverage is not guaranteed). So a figure
-with no parameter spread gets exactly the conformal interval of its residuals.
-
-Never one-sided: each end lies at least :data:`MIN_HALF_WIDTH` (log scale) from the figure, so the figure is
-strictly inside; only a figure exact by definition (auto against itself: nothing changed, no spread) has the
-range ``[x, x]``.
+A figure's error is taken on the log scale as the sum of independent parts: the parameters' own uncertainty
+(the log deviations ``d_i = log(x_i / x_0)`` over sampled profiles, :mod:`kdvfs.envs.model.uncertainty`) and
+the model's validated error (:mod:`kdvfs.envs.model.model_error`: empirical log residuals, each body weighted by
+how much of the figure it applies to). The range is a pair of quantiles of that sum at the split-conformal
+levels of the scarcest body of ``n`` residuals (below ``2 / (1 - coverage) - 1`` residuals, the extremes, and
+coverage is not guaranteed). Never one-sided: each end lies at least :data:`MIN_HALF_WIDTH` (log scale) from
+the figure; only a figure exact by definition (auto against itself) has the range ``[x, x]``. Derivation:
+``docs/design/cost-model.md`` (Uncertainty).
 """
 
 from __future__ import annotations
