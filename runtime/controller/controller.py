@@ -10,20 +10,20 @@
 
 On entry it opens the GPU (NVML; through ``kdvfs daemon`` when ``daemon`` or ``KDVFS_DAEMON`` names its socket,
 :class:`~kdvfs.runtime.daemon.client.DaemonDevice`; or the device it is given), computes the step's schedule
-once from the plan or policy file (:mod:`kdvfs.runtime.controller.decisions.plans`), checks that the profile is
+once from the plan or policy file (:mod:`kdvfs.runtime.controller.model.plan`), checks that the profile is
 this GPU's, that every clock of the schedule is supported and, unless ``dry_run``, that this process may lock
 clocks (through the daemon: that it leased the GPU) and takes the GPU's lease (:mod:`kdvfs.runtime.device.lease`:
 one owner per GPU; released after the clocks are restored);
 then it starts the watchdog process (not in a dry run, nor through the daemon, which holds the lease and resets
 the GPU when this process's connection ends; it shares the lease) and its background thread
-(:mod:`kdvfs.runtime.controller.decisions.issuer`), which runs the step source
+(:mod:`kdvfs.runtime.controller.control.issuer`), which runs the step source
 (:mod:`kdvfs.runtime.controller.decisions.sources`: the schedule replayed, or the online policy) through the
 controlled steps. Under torchrun each rank's controller opens its own GPU (CUDA device ``LOCAL_RANK``), its
 own trace and plan where they exist (:meth:`ControllerConfig.for_rank`) and its own watchdog, and joins the
 job's gloo group (:class:`kdvfs.runtime.job.JobGroup`) through which the steps are reduced for the accounting
 and guard. A check that fails raises before any clock changed. ``step()`` records a CUDA event and reads the
 caching allocator's counter (no GPU sync); with ``anchors`` (the default) hooks record CUDA events inside the
-step too (:mod:`kdvfs.runtime.controller.training.hooks`), on which the thread places the step's requests. On
+step too (:mod:`kdvfs.runtime.controller.timing.anchor_hooks`), on which the thread places the step's requests. On
 exit, on an exception, on SIGINT (as KeyboardInterrupt) and SIGTERM (as SystemExit) it stops the thread,
 returns the clocks to the GPU, stops the watchdog and builds :attr:`summary`.
 """
@@ -45,22 +45,22 @@ from typing import TYPE_CHECKING, Any
 from kdvfs.agents.common.problem import Problem, score
 from kdvfs.agents.evaluation.ranges import predicted_range
 from kdvfs.runtime.controller.config import ControllerConfig
+from kdvfs.runtime.controller.control.issuer import Issuer, StepJudges
 from kdvfs.runtime.controller.decisions.actuator import Actuator, parse_clocks
-from kdvfs.runtime.controller.decisions.issuer import Issuer, StepJudges
-from kdvfs.runtime.controller.decisions.plans import Plan, bucket_planner, load_plan
 from kdvfs.runtime.controller.decisions.sources import ReplayedSchedule, StepSource, ThreadContext
-from kdvfs.runtime.controller.decisions.timeline import StepPlan
 from kdvfs.runtime.controller.event_log import EventLog
 from kdvfs.runtime.controller.measurement.accounting import Accounting
 from kdvfs.runtime.controller.measurement.guard import Guard
 from kdvfs.runtime.controller.measurement.host_cost import host_cost
-from kdvfs.runtime.controller.shapes.plans import ShapeBook, ShapePlan, kernel_time_s
+from kdvfs.runtime.controller.model.plan import Plan, bucket_planner, load_plan
+from kdvfs.runtime.controller.model.step_plan import StepPlan
+from kdvfs.runtime.controller.shapes.book import ShapeBook, ShapePlan, kernel_time_s
 from kdvfs.runtime.controller.shapes.steps import ShapeSteps, StepEntry, VaryingSteps
+from kdvfs.runtime.controller.timing.anchor_hooks import AnchorHooks
 from kdvfs.runtime.controller.timing.anchors import Anchors, TraceStructure
 from kdvfs.runtime.controller.timing.gpu_timeline import CudaStepTimeline, HostStepTimeline, StepTimeline
 from kdvfs.runtime.controller.timing.matching import StepMatcher
 from kdvfs.runtime.controller.training.ended import write_daemon_lease
-from kdvfs.runtime.controller.training.hooks import AnchorHooks
 from kdvfs.runtime.daemon.client import NVML_CONTROL, DaemonDevice, daemon_socket
 from kdvfs.runtime.device.errors import observe_only_reason
 from kdvfs.runtime.device.host_time import Clock, CountingClock, RealClock

@@ -132,7 +132,7 @@ class OnlineSettings:
         warm_up: rehearse each decision right before each decision point the thread slept to
             (:mod:`kdvfs.runtime.controller.decisions.warm_up`).
         sleep_lead_in: the issuer sleeps through each controlled step's lead-in
-            (:mod:`kdvfs.runtime.controller.decisions.issuer`).
+            (:mod:`kdvfs.runtime.controller.control.issuer`).
     """
 
     expected_s: float

@@ -2,7 +2,7 @@
 
 A run of one shape has one :class:`StepEntry` (the captured step's plan, anchors and source) and the
 controller's thread uses it for every step. A run whose steps vary has one per bucket of the
-:class:`~kdvfs.runtime.controller.shapes.plans.ShapeBook`, all built when the controller opens, and a
+:class:`~kdvfs.runtime.controller.shapes.book.ShapeBook`, all built when the controller opens, and a
 :class:`ShapeSteps` that maps each step to its entry: it asks ``shape_of(step, deadline_s)`` for the step's
 :class:`~kdvfs.envs.trace.shape.StepShape` (recorded by a forward pre-hook on the model when the step's
 forward calls start; the thread waits for it until ``deadline_s``: a training thread that has not started the step
@@ -14,7 +14,7 @@ steps run the entry of the smallest planned bucket at least as long, at the smal
 The step's shape is complete once it holds as many inputs as the captured steps (all its micro-batches).
 
 Budget feedback: each bucket has one entry per margin of the book (its plan at the run's budget and at
-fractions of it, :data:`~kdvfs.runtime.controller.shapes.plans.MARGINS`); :meth:`ShapeSteps.feedback`,
+fractions of it, :data:`~kdvfs.runtime.controller.shapes.book.MARGINS`); :meth:`ShapeSteps.feedback`,
 after every A/B pair, moves the run one margin down when the measured slowdown's mean exceeds the budget and
 its 95% interval lies above zero (the predictions of its steps were off), and back up when the whole interval
 lies below the budget.
@@ -41,9 +41,9 @@ from typing import Any
 from kdvfs.agents.common.problem import Planner, Problem
 from kdvfs.envs.trace.shape import StepShape
 from kdvfs.runtime.controller.decisions.sources import StepSource
-from kdvfs.runtime.controller.decisions.timeline import StepPlan
 from kdvfs.runtime.controller.measurement.estimator import Interval
-from kdvfs.runtime.controller.shapes.plans import Predict, ShapeBook
+from kdvfs.runtime.controller.model.step_plan import StepPlan
+from kdvfs.runtime.controller.shapes.book import Predict, ShapeBook
 from kdvfs.runtime.controller.timing.anchors import Anchors
 
 ShapeOf = Callable[[int, float], StepShape | None]

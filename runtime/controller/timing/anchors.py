@@ -1,5 +1,5 @@
 """The anchors: CUDA events recorded inside each training step (by the hooks of
-:mod:`kdvfs.runtime.controller.training.hooks`), which the controller places its clock requests on.
+:mod:`kdvfs.runtime.controller.timing.anchor_hooks`), which the controller places its clock requests on.
 
 Structure (:class:`TraceStructure`). The hooks sit at the top-level blocks: one before each hooked block's
 forward, one where each hooked block's backward starts (in reverse order), one before the optimizer step. A
@@ -47,7 +47,7 @@ import numpy as np
 
 from kdvfs.common.arrays import Array
 from kdvfs.envs.trace.trace import Phase, Trace
-from kdvfs.runtime.controller.decisions.timeline import Request, StepPlan
+from kdvfs.runtime.controller.model.step_plan import Request, StepPlan
 from kdvfs.runtime.controller.timing.gpu_timeline import StepEnd, StepTimeline
 from kdvfs.runtime.controller.timing.pace import Pace, host_offsets_s
 from kdvfs.runtime.device.host_time import Clock

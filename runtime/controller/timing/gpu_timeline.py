@@ -11,7 +11,8 @@ the offset host-minus-GPU, estimated at every step as the smallest (a waiting th
 done late) of the last ``OFFSET_WINDOW`` observations. So a late wake-up (a busy interpreter lock)
 does not move the timeline, and clock drift is followed within a window.
 
-Anchors (:mod:`kdvfs.runtime.controller.training.hooks`) are events recorded inside a step. Those recorded after the
+Anchors (:mod:`kdvfs.runtime.controller.timing.anchor_hooks`) are events recorded inside a step. Those recorded
+after the
 boundary marked ``i - 1`` and before boundary ``i`` belong to step ``i`` (the step that ends at boundary
 ``i``, the ``i``-th token, 0-based). :meth:`StepTimeline.anchor_s` waits for anchor ``index`` of a step
 (first until the training thread has recorded it, at most until a deadline, then until the GPU has passed

@@ -153,7 +153,7 @@ def load_plan(config: ControllerConfig, device_name: str) -> Plan:
 
 def bucket_planner(plan: Plan, config: ControllerConfig) -> Planner:
     """What plans each shape bucket of a run whose steps vary
-    (:mod:`kdvfs.runtime.controller.shapes.plans`): the policy's noise-free rollout for a policy file,
+    (:mod:`kdvfs.runtime.controller.shapes.book`): the policy's noise-free rollout for a policy file,
     else the plan's own method where it is a planner's, else the latency-optimal planner."""
     from kdvfs.agents.planners.registry import PLANNERS, make_planner
 
