@@ -135,3 +135,11 @@ def test_the_controller_imports_downward_only() -> None:
               for dep in _kdvfs_dependencies(path) if dep.startswith(CONTROLLER)
               and _controller_layer(dep) > _controller_layer(name)}
     assert not upward
+
+
+def test_controller_module_docstrings_are_short() -> None:
+    """A controller module's docstring says what it owns, its units, invariants and failure modes, in at most 15
+    lines; the reasoning lives in docs/design/controller.md."""
+    long = {name: len(doc.splitlines()) for name, path in SOURCES.items() if name.startswith(CONTROLLER)
+            and (doc := ast.get_docstring(ast.parse(path.read_text()), clean=False)) and len(doc.splitlines()) > 15}
+    assert not long
