@@ -5,7 +5,7 @@ its expected end), judging it (matcher, accounting, guard; under torchrun reduce
 :func:`kdvfs.runtime.job.job_step`), and deciding the next step: controlled (matching, a B window, the guard
 not backed off: the source runs through it at ``scale``, the median measured over expected step time of the
 last ``SCALE_STEPS`` matching steps) or at auto, counted by reason. Times are host seconds
-(``time.perf_counter``). ``next_request_s``: the host time of the request it sleeps towards (inf: none).
+(the controller's clock). ``next_request_s``: the host time of the request it sleeps towards (inf: none).
 
 Invariants: a stopped thread requests nothing more; every step and request goes to the event log. Failure
 modes: an error on the thread (NVML, say) returns the GPU to auto, ends control for the run and is reported in
