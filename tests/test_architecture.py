@@ -106,3 +106,40 @@ def test_shared_basics_defined_once(pattern: str) -> None:
     regex = re.compile(pattern, re.MULTILINE)
     defining = [name for name, path in SOURCES.items() if regex.search(path.read_text())]
     assert len(defining) == 1 and defining[0].startswith("kdvfs.common."), defining
+
+
+CONTROLLER = "kdvfs.runtime.controller"
+CONTROLLER_LAYERS = (("config", "event_log"), ("model",), ("timing",), ("measurement",), ("decisions",),
+                     ("shapes",), ("control",), ("controller",), ("training",))
+"""The controller's rooms (and its top-level modules) from the bottom up: a module imports only from its own
+layer and those below it. The package itself (``kdvfs.runtime.controller``, the public API) stands above all."""
+
+
+def _controller_layer(module: str) -> int:
+    if module == CONTROLLER:
+        return len(CONTROLLER_LAYERS)
+    room = module.removeprefix(f"{CONTROLLER}.").split(".")[0]
+    return next(i for i, rooms in enumerate(CONTROLLER_LAYERS) if room in rooms)
+
+
+def test_every_controller_module_has_a_layer() -> None:
+    rooms = {room for layer in CONTROLLER_LAYERS for room in layer}
+    unplaced = {name for name in SOURCES if name.startswith(f"{CONTROLLER}.")
+                and name.removeprefix(f"{CONTROLLER}.").split(".")[0] not in rooms}
+    assert not unplaced
+
+
+def test_the_controller_imports_downward_only() -> None:
+    """No module of a controller room imports from a room above its own (:data:`CONTROLLER_LAYERS`)."""
+    upward = {(name, dep) for name, path in SOURCES.items() if name.startswith(f"{CONTROLLER}.")
+              for dep in _kdvfs_dependencies(path) if dep.startswith(CONTROLLER)
+              and _controller_layer(dep) > _controller_layer(name)}
+    assert not upward
+
+
+def test_controller_module_docstrings_are_short() -> None:
+    """A controller module's docstring says what it owns, its units, invariants and failure modes, in at most 15
+    lines; the reasoning lives in docs/design/controller.md."""
+    long = {name: len(doc.splitlines()) for name, path in SOURCES.items() if name.startswith(CONTROLLER)
+            and (doc := ast.get_docstring(ast.parse(path.read_text()), clean=False)) and len(doc.splitlines()) > 15}
+    assert not long
