@@ -146,6 +146,43 @@ def test_shared_basics_defined_once(pattern: str) -> None:
     assert len(defining) == 1 and defining[0].startswith("kdvfs.common."), defining
 
 
+CONTROLLER = "kdvfs.runtime.controller"
+CONTROLLER_LAYERS = (("config", "event_log"), ("model",), ("timing",), ("measurement",), ("decisions",),
+                     ("shapes",), ("control",), ("controller",), ("training",))
+"""The controller's rooms (and its top-level modules) from the bottom up: a module imports only from its own
+layer and those below it. The package itself (``kdvfs.runtime.controller``, the public API) stands above all."""
+
+
+def _controller_layer(module: str) -> int:
+    if module == CONTROLLER:
+        return len(CONTROLLER_LAYERS)
+    room = module.removeprefix(f"{CONTROLLER}.").split(".")[0]
+    return next(i for i, rooms in enumerate(CONTROLLER_LAYERS) if room in rooms)
+
+
+def test_every_controller_module_has_a_layer() -> None:
+    rooms = {room for layer in CONTROLLER_LAYERS for room in layer}
+    unplaced = {name for name in SOURCES if name.startswith(f"{CONTROLLER}.")
+                and name.removeprefix(f"{CONTROLLER}.").split(".")[0] not in rooms}
+    assert not unplaced
+
+
+def test_the_controller_imports_downward_only() -> None:
+    """No module of a controller room imports from a room above its own (:data:`CONTROLLER_LAYERS`)."""
+    upward = {(name, dep) for name, path in SOURCES.items() if name.startswith(f"{CONTROLLER}.")
+              for dep in _kdvfs_dependencies(path) if dep.startswith(CONTROLLER)
+              and _controller_layer(dep) > _controller_layer(name)}
+    assert not upward
+
+
+def test_controller_module_docstrings_are_short() -> None:
+    """A controller module's docstring says what it owns, its units, invariants and failure modes, in at most 15
+    lines; the reasoning lives in docs/design/controller.md."""
+    long = {name: len(doc.splitlines()) for name, path in SOURCES.items() if name.startswith(CONTROLLER)
+            and (doc := ast.get_docstring(ast.parse(path.read_text()), clean=False)) and len(doc.splitlines()) > 15}
+    assert not long
+
+
 DOCSTRING_ROOTS = ("common", "envs", "agents", "runtime", "benchmarks", "scripts", "examples")
 MAX_MODULE_DOCSTRING_LINES = 20
 
@@ -167,6 +204,9 @@ def test_module_docstrings_are_contracts_not_essays() -> None:
 
 PARALLEL_BASENAMES: dict[str, set[str]] = {}
 """Basenames allowed to repeat inside one package: the same concept in parallel rooms (package -> basenames)."""
+COMMAND_MODULES = "kdvfs.runtime.cli."
+"""The CLI's modules are named for the ``kdvfs`` command they implement (``cli/offline/plan.py``: ``kdvfs
+plan``), so they are left out: a command may share its name with what it makes."""
 
 
 @pytest.mark.parametrize("package", PACKAGES)
@@ -174,7 +214,8 @@ def test_no_two_modules_of_a_package_share_a_basename(package: str) -> None:
     """A module is named for what it holds, so a name found in a traceback or an import names one module."""
     by_name: dict[str, list[str]] = {}
     for name, path in SOURCES.items():
-        if name.startswith(f"kdvfs.{package}.") and path.name != "__init__.py":
+        if name.startswith(f"kdvfs.{package}.") and path.name != "__init__.py" \
+                and not name.startswith(COMMAND_MODULES):
             by_name.setdefault(path.stem, []).append(name)
     repeated = {stem: names for stem, names in by_name.items()
                 if len(names) > 1 and stem not in PARALLEL_BASENAMES.get(package, set())}

@@ -19,8 +19,8 @@ from kdvfs.envs.trace.bundled import open_trace
 from kdvfs.envs.trace.importing import read_recording
 from kdvfs.runtime.capture.cpu_emulation import emulate_gpu_recording
 from kdvfs.runtime.controller.config import ControllerConfig
-from kdvfs.runtime.controller.decisions.plans import load_plan
-from kdvfs.runtime.controller.decisions.timeline import StepPlan
+from kdvfs.runtime.controller.model.plan import load_plan
+from kdvfs.runtime.controller.model.step_plan import StepPlan
 from kdvfs.runtime.controller.timing.pace import host_offsets_s
 
 

@@ -1,11 +1,10 @@
 """The predictive clock controller: applies a plan or frozen policy to matching training steps, safely.
 
 The public API is :class:`Controller` (with its :class:`ControllerConfig`) and the training-loop callbacks
-:func:`hf_callback` and :func:`lightning_callback`. The controller's work is split in rooms, one concern each:
-``training`` (the training process's side: ``kdvfs run``'s launch, its bootstrap, the module hooks, the
-callbacks), ``timing`` (the GPU timeline, step matching, the step's pace and anchors), ``measurement`` (A/B
-windows, estimator, accounting, guard, budget feedback, job summary) and ``decisions`` (the plan or policy, the
-step sources, the issuer thread and the actuator).
+:func:`hf_callback` and :func:`lightning_callback`. The controller's rooms are layers, each importing only from
+those below it: ``config``/``event_log``, ``model`` (plans, step plans, requests), ``timing``, ``measurement``,
+``decisions``, ``shapes``, ``control`` (opening the GPU, the issuer thread, the summary), ``controller``,
+``training`` (``kdvfs run``'s launch and bootstrap, the callbacks); docs/design/controller.md.
 """
 
 from kdvfs.runtime.controller.config import ControllerConfig

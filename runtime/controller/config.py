@@ -130,7 +130,7 @@ class OnlineConfig:
             (:mod:`kdvfs.runtime.controller.decisions.warm_up`).
         sleep_lead_in: between two controlled steps the controller's thread sleeps through the next step's
             lead-in (to where its first anchor is expected at the step's pace) before its bookkeeping and
-            first decision (:mod:`kdvfs.runtime.controller.decisions.issuer`), so that it does not hold the
+            first decision (:mod:`kdvfs.runtime.controller.control.issuer`), so that it does not hold the
             interpreter lock while the training thread launches the step's first block.
     """
 

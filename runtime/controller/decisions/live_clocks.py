@@ -1,6 +1,6 @@
 """What is in effect on the GPU while the online policy decides (:class:`LiveClocks`): the clocks requested,
 a change pending, when it was decided and when requested, and when it took effect (see
-:mod:`kdvfs.runtime.controller.decisions.online`, "clocks in effect")."""
+docs/design/controller.md, "Online decisions", "clocks in effect")."""
 
 from __future__ import annotations
 

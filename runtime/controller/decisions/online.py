@@ -1,75 +1,16 @@
 """Online decisions: a frozen policy choosing the clocks inside every controlled step, on live measurements.
 
-With a frozen policy (and not ``--replay``) the controller's thread does not replay a schedule: through
-each controlled step it wakes at decision points, builds the policy's observation from what it measures
-(:class:`~kdvfs.envs.env.live.LiveState`, turned into the trained observation by
-:class:`~kdvfs.agents.learned.online.OnlinePolicy`) and requests the pair it names. It wakes only where
-something can change (counted per reason in the summary's ``wakes``):
+:class:`OnlineSteps` is the step source of a frozen policy (not ``--replay``): through each controlled step it
+wakes where something can change (``policy``, ``change``, ``arrival``, ``issue``, ``proposal``; counted in the
+summary's ``wakes``), builds the policy's observation from what it measures
+(:class:`~kdvfs.envs.env.live.LiveState`) and requests the pair the policy names, one latency (plus
+``issue_early_ms``) before the kernel it is for, placed from the latest anchor (held until then when that is
+more than ``HOLD_MIN_S`` away). Times are host seconds; the budget is a fraction; the run's budget is fed back
+from the measured slowdown (:mod:`~kdvfs.runtime.controller.measurement.budget_feedback`); a dry run keeps it.
 
-* ``policy``: the policy's standing order has held for ``decision_fraction`` of the step (as in training);
-* ``change``: the GPU reaches the kernel where the standing order's proposal can next differ (a plan's next
-  change, where a request made then lands in time: the plan advice says where);
-* ``arrival``: a pending change is due to take effect (and, for a lock, is read until it has);
-* ``issue``: a held change's request is due (below);
-* ``proposal``: an order whose proposal depends on the budget spent (the fitting plan, window advisors), as
-  the environment re-reads it every decision interval (at least ``OnlineConfig.interval_ms``), is read ahead
-  in one compiled call at each interval's point until the next wake of another reason, at the state expected
-  there (the kernel at the step's pace from the last anchor, the time, no change pending:
-  :meth:`~kdvfs.agents.learned.online.OnlinePolicy.first_change`); the thread wakes at the first point where
-  it names a pair to request, and sleeps through the others (read again only once the step, the anchor, the
-  clocks in effect or the standing order changed, at the next decision point). Nothing is read ahead while a
-  change is pending or held.
-
-* **progress**: the last anchor the GPU has passed in this step (:meth:`StepTimeline.passed_anchor`, a
-  non-blocking event query) stands for its kernel (the learned anchor map); the kernel now is the one
-  running that long after it, never one before the last decision's (a new anchor can put the GPU a little
-  behind the extrapolation; going back would flip the advisors' proposals). Without one (no anchor map yet,
-  a compiled model, CPU test mode) the step's start is the reference. Host time from either to a kernel is
-  at the step's pace between anchors once learned (:mod:`kdvfs.runtime.controller.timing.pace`: of the steps at
-  auto, or in a dry run of the controlled ones; each stretch scaled to the clocks running), else the
-  model's time at the clocks running stretched by the auto scale (:mod:`~kdvfs.runtime.controller.timing.step_times`);
-  a request's kernel and instant are found the same way. Counted per source.
-* **clocks in effect**: after a lock request, a clock read (NVML) shows when the locked
-  core and memory clocks are reached; the change then took effect and its latency over the mean is the
-  observation's ``last_latency_ratio``. Auto cannot be seen in a read (the firmware moves its clock) and a
-  dry run changes nothing: there the change counts as in effect one mean latency after the request
-  (``assumed``); a lock not seen after the latency plus 3 sd counts as in effect too (``timeout``).
-* **budget**: times are on the model's timeline, host seconds over the run's auto scale (the median of
-  the last matched auto steps' measured over model time: the A windows' and those before control), so
-  a GPU that drifts as a whole is drift, not budget. Within the step, the prediction error is the time so
-  far over the model's time for the kernels passed at the clocks they ran at
-  (:class:`~kdvfs.envs.env.live.PredictedElapsed`), and budget used is the time so far minus their model
-  auto time scaled by that error. Over the run, the A/B estimator's measured slowdown sets the policy's
-  budget for the next steps (:mod:`~kdvfs.runtime.controller.measurement.budget_feedback`: over at least
-  ``MIN_FEEDBACK_PAIRS`` pairs; clipped to [0, 2 x budget]): ``budget + FEEDBACK_GAIN x (job_budget - (mean
-  + se))`` while the measured mean plus one standard error is under the job's budget, ``budget + FEEDBACK_GAIN
-  x (job_budget - (mean - se))`` while the mean less one standard error is over it, the budget itself in
-  between.
-  So part of the budget a fixed plan leaves unused (its pairs are discrete) is spent by alternating between
-  the plans either side of it, a run shown over budget gets a tighter one, and a few noisy pairs early in a
-  run do not send it to the zero-budget plan. A dry run measures no effect of its own: there the budget stays
-  the run's.
-
-A decision takes time (its wall time, ``decision_us`` in the summary), and it is budgeted where requests go
-out: a request lands one latency after it leaves, so its change is planned for the kernel after the one
-running one latency after the decision was made, not after the decision point (none is requested that would
-land after the step's last kernel started: the hand-over comes next). Its request goes out one latency (plus
-``TimingConfig.issue_early_ms``) before that kernel's expected start, as a replayed plan's does, so that the
-change reaches the GPU where the model (the policy's environment, the fake GPU) puts it, not inside the kernel
-before, and
-its instant is planned from the latest anchor: at once if that is within ``HOLD_MIN_S`` of the decision, else
-the change is *held* until then. A held change is pending from its decision on (the observation's pending age
-counts from the decision, as the environment's does; its arrival from its request), and no other is requested
-meanwhile; at the ``issue`` wake its kernel is re-placed from the latest anchor (the next one that a request
-now still reaches, if the GPU is ahead; dropped if none in the step), and one whose request would go out after
-the hand-over's is dropped. A step's first pair is requested one latency (plus ``TimingConfig.issue_early_ms``)
-before the step is expected to end, at the end of the previous step's decisions (the policy's first decision of the next
-step, on the step budget of that moment). The step's last decision point is two decisions' time before that
-(the 90th percentile of the last ``BUDGET_DECISIONS`` decision points' durations, or the last one's if longer,
-each), so that it and the next step's first decision are made by then; the first controlled step's first pair
-is requested at once. Once an anchor has passed, the step's end is expected where the anchor puts it (the
-expected step time's share after the anchor's kernel, at auto's proportions on the step's pace) instead of at
-its start plus the expected step time.
+Invariants: at most one change pending or held at a time; no request lands after the step's last kernel
+started; a step's first pair is requested during the previous step (at once in the first controlled step).
+The wake reasons, progress, clocks in effect, budget and decision timing in full: docs/design/controller.md.
 """
 
 from __future__ import annotations
@@ -109,7 +50,7 @@ BUDGET_DECISIONS = 256
 
 
 class HeldChange(NamedTuple):
-    """A decided change whose request goes out one latency before its kernel (see the module docstring)."""
+    """A decided change whose request goes out one latency before its kernel (docs/design/controller.md)."""
 
     pair: int
     step: int
@@ -132,7 +73,7 @@ class OnlineSettings:
         warm_up: rehearse each decision right before each decision point the thread slept to
             (:mod:`kdvfs.runtime.controller.decisions.warm_up`).
         sleep_lead_in: the issuer sleeps through each controlled step's lead-in
-            (:mod:`kdvfs.runtime.controller.decisions.issuer`).
+            (:mod:`kdvfs.runtime.controller.control.issuer`).
     """
 
     expected_s: float
@@ -146,7 +87,7 @@ class OnlineSettings:
 
 
 class OnlineSteps:
-    """Decides through each controlled step (see the module docstring); run on the controller's thread. A
+    """Decides through each controlled step (docs/design/controller.md); run on the controller's thread. A
     :class:`~kdvfs.runtime.controller.decisions.sources.StepSource`.
 
     Args:
@@ -300,7 +241,7 @@ class OnlineSteps:
     def _live_state(self, start_s: float, now_s: float, anchor: PassedAnchor) -> LiveState:
         """What the policy observes at ``now_s`` (host s) of the step that started at ``start_s``: the kernel the
         GPU is at (from ``anchor`` at the step's pace, never one before the last decision's), the clocks in
-        effect and pending, and the times, on the model's timeline (see the module docstring)."""
+        effect and pending, and the times, on the model's timeline (docs/design/controller.md)."""
         scale, clocks = self.times.auto_scale, self.clocks
         kernel = max(self._kernel, self.times.kernel_running(anchor, self._running, now_s))
         return LiveState(kernel, clocks.in_effect, clocks.pending,
@@ -311,7 +252,7 @@ class OnlineSteps:
 
     def _next_wake(self, decision: OnlineDecision, start_s: float, now_s: float, anchor: PassedAnchor,
                    running: int, until_s: float) -> tuple[float, str]:
-        """The next decision point (host s) and its reason (see the module docstring)."""
+        """The next decision point (host s) and its reason (docs/design/controller.md)."""
         wakes = {"policy": start_s + self.times.auto_scale * decision.policy_due_s,
                  "arrival": self.clocks.arrival_check_s(now_s, self.interval_s),
                  "issue": math.inf if self._held is None else self._issue_s(anchor, self._held.kernel)}

@@ -1,6 +1,6 @@
 """Step sources: what the controller's thread runs through each controlled step.
 
-The issuer (:mod:`kdvfs.runtime.controller.decisions.issuer`) decides which steps are controlled; a
+The issuer (:mod:`kdvfs.runtime.controller.control.issuer`) decides which steps are controlled; a
 :class:`StepSource` decides what the GPU's clocks do inside them. Two implement it:
 
 * :class:`ReplayedSchedule`: a fixed schedule (a plan, or a frozen policy's noise-free rollout with
@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from kdvfs.runtime.controller.decisions.actuator import Actuator
-from kdvfs.runtime.controller.decisions.timeline import StepPlan
 from kdvfs.runtime.controller.event_log import EventLog
 from kdvfs.runtime.controller.measurement.estimator import Interval
+from kdvfs.runtime.controller.model.step_plan import StepPlan
 from kdvfs.runtime.controller.timing.anchors import Anchors
 from kdvfs.runtime.controller.timing.gpu_timeline import StepEnd, StepTimeline
 from kdvfs.runtime.device.host_time import Clock

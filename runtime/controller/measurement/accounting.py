@@ -1,33 +1,16 @@
 """Windows of steps at auto ("A") and under the policy ("B"), their seconds and joules per step, and the
 paired estimate of the saving and slowdown (:mod:`kdvfs.runtime.controller.measurement.estimator`).
 
-Matching steps are grouped into windows of at least ``window_steps`` steps and ``window_s`` seconds; the
-arm of each window comes from :class:`~kdvfs.runtime.controller.measurement.ab.AbSchedule`, and the controller's
-thread runs the window's steps at auto or under the policy accordingly (:attr:`Accounting.next_controlled`).
+Owns: grouping matching steps into windows of at least ``window_steps`` steps and ``window_s`` seconds, each
+window's arm (:class:`~kdvfs.runtime.controller.measurement.ab.AbSchedule`, read by the thread through
+:attr:`Accounting.next_controlled`), its mean GPU step time (s) and its energy (J, the counter's rise between
+the window's edges, read on the energy trace's own thread), the log's ``window`` and ``pair`` records and the
+TensorBoard scalars. Steps that vary: durations in reference steps and the adjusted estimate.
 
-* **Seconds per step**: the mean GPU step time (CUDA events) of the window's steps.
-* **Joules per step**: the energy counter's rise between the window's edges (the host times its first
-  step started and its last step ended on the GPU), interpolated between timed counter values
-  (:class:`~kdvfs.runtime.device.energy_trace.EnergyTrace`: read on its own thread, never on the thread that
-  issues clock requests, just after the counter's updates around each edge, which is marked as the window
-  opens and closes), over the window's steps. A window's joules are known once the counter has been read
-  past its end.
-* **Steps that vary** (a run whose steps change shape, :attr:`Accounting.covariates` set): a window's seconds
-  and joules per step are its steps' own (the duration passed is divided by the step's ``weight``, which is
-  undone), and it records its steps' mean expected kernel time in reference steps and its share of steps of a
-  shape new to the process; the saving and slowdown are then the adjusted estimate over all windows
-  (:func:`~kdvfs.runtime.controller.measurement.estimator.adjusted`), not the pairs' mean: windows of different
-  shape mixes differ by their mix. A run of one shape weights every step 1 and is measured by its pairs.
-* **Settling**: a step whose clocks differ from the previous step's (auto after controlled, or the
-  reverse) and the ``settle_steps - 1`` steps after it belong to no window: the change is still taking
-  effect during them (the switching latency; the last request of the old mode). A step that does not
-  match, or a change of mode inside a window, discards the window so far, and the same window starts again
-  after settling.
-
-Each window and each A/B pair goes to the log (``window``, ``pair`` with the live estimate) and, with
-``tensorboard``, to TensorBoard (``kdvfs/step_time_s``, ``kdvfs/energy_j_per_step``, ``kdvfs/avg_power_w``,
-``kdvfs/controlled_fraction``, ``kdvfs/measured_energy_saved_pct``, ``kdvfs/measured_slowdown_pct`` and
-their ``_lo``/``_hi`` 95% bounds). The last, partial window of a run is not counted.
+Invariants: a step that changes mode and the ``settle_steps - 1`` after it belong to no window; a step that
+does not match, or a mode change inside a window, discards the window so far; the last, partial window is
+not counted; a window's joules are known once the counter was read past its end. Details:
+docs/design/controller.md.
 """
 
 from __future__ import annotations
@@ -80,7 +63,7 @@ class Window:
 
 
 class Accounting:
-    """See the module docstring. ``meter``: the energy counter (None: no energy measurement)."""
+    """See docs/design/controller.md. ``meter``: the energy counter (None: no energy measurement)."""
 
     def __init__(self, meter: Meter | None, clock: Clock, config: ControllerConfig, settle_steps: int,
                  log: EventLog, next_request_s: Callable[[], float] = lambda: math.inf) -> None:
@@ -89,7 +72,7 @@ class Accounting:
         self.slot: Slot = self.schedule.next()
         self.saved, self.slowdown = Estimate(self, "energy"), Estimate(self, "time")
         self.covariates: Callable[[int], tuple[float, float] | None] | None = None
-        """Each step's covariates for a run whose steps vary (see the module docstring); None: one shape."""
+        """Each step's covariates for a run whose steps vary (docs/design/controller.md); None: one shape."""
         self.pairs: dict[str, list[tuple[int, float]]] = {"energy": [], "time": []}
         """Each A/B pair's difference (%, a saving for energy, a slowdown for time) and its later window."""
         self._config, self._clock, self._settle_steps, self._log = config, clock, settle_steps, log
@@ -152,7 +135,7 @@ class Accounting:
              elapsed_s: float | None = None, weight: float = 1.0) -> float | None:
         """One finished step (its GPU time, its end on the host clock; ``elapsed_s``: the open window's
         length, the job's under torchrun, default ``end_s`` minus its start); the slowdown (%) of an A/B pair
-        this step completes, else None. ``weight``: the step's reference steps (see the module docstring)."""
+        this step completes, else None. ``weight``: the step's reference steps (docs/design/controller.md)."""
         changed = self._mode is not None and controlled != self._mode
         self._mode = controlled
         self._settle = self._settle_steps if changed else self._settle
@@ -300,7 +283,7 @@ class Accounting:
 
 class Estimate:
     """The run's measured effect on ``kind`` (``energy``: the saving, ``time``: the slowdown), in %: the adjusted
-    estimate over the windows for a run whose steps vary, else the pairs' mean (see the module docstring)."""
+    estimate over the windows for a run whose steps vary, else the pairs' mean (docs/design/controller.md)."""
 
     def __init__(self, accounting: Accounting, kind: str) -> None:
         self._accounting, self.kind = accounting, kind

@@ -1,5 +1,5 @@
 """The online policy's budget from the run's measured slowdown (:func:`fed_back_budget`; see
-:mod:`kdvfs.runtime.controller.decisions.online`, "budget")."""
+docs/design/controller.md, "Online decisions", "budget")."""
 
 from __future__ import annotations
 

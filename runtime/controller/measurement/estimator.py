@@ -2,18 +2,11 @@
 
 Each pair is one window at auto ("A") and the adjacent window under the policy ("B"), in a random order
 (:mod:`kdvfs.runtime.controller.measurement.ab`). Its differences ``1 - J_B / J_A`` (joules per step) and
-``s_B / s_A - 1`` (seconds per step) are nearly free of the GPU's drift, which moves both windows alike;
-over the pairs the estimate is their mean with a Student-t interval, ``mean +- t(0.975, n - 1) * sd / sqrt(n)``.
-
-Steps that vary (:func:`adjusted`): two windows of different shape mixes differ by their mix, far more than by
-the clocks, so pairing them leaves that difference in; there every window of both arms goes into one regression
-on the arm and on what the shapes predict (expected kernel time, new shapes) and the time (drift), and the
-effect is the arm's coefficient (analysis of covariance, as CUPED does for online experiments).
-
-Why a t-interval and not a block bootstrap: pairing has already removed the slow drift, so the pairs are
-close to independent, and the t-interval is exact for normal differences and well calibrated from the
-first few pairs, where a bootstrap of 3-10 pairs under-covers; it is also closed-form, so the live
-estimate costs nothing per window.
+``s_B / s_A - 1`` (seconds per step) are nearly free of the GPU's drift; over the pairs the estimate is their
+mean with a Student-t interval, ``mean +- t(0.975, n - 1) * sd / sqrt(n)``. Steps that vary
+(:func:`adjusted`): one regression over every window on the arm, the shapes' covariates and the time, the
+effect the arm's coefficient. Fewer than ``MIN_PAIRS`` pairs give no interval (None). Why a t-interval and
+not a bootstrap: docs/design/controller.md.
 """
 
 from __future__ import annotations

@@ -1,34 +1,16 @@
 """Which expected step each training step is: one entry per shape bucket, picked when the step starts.
 
-A run of one shape has one :class:`StepEntry` (the captured step's plan, anchors and source) and the
-controller's thread uses it for every step. A run whose steps vary has one per bucket of the
-:class:`~kdvfs.runtime.controller.shapes.plans.ShapeBook`, all built when the controller opens, and a
-:class:`ShapeSteps` that maps each step to its entry: it asks ``shape_of(step, deadline_s)`` for the step's
-:class:`~kdvfs.envs.trace.shape.StepShape` (recorded by a forward pre-hook on the model when the step's
-forward calls start; the thread waits for it until ``deadline_s``: a training thread that has not started the step
-yet has not launched its kernels either) and returns the entry of its bucket, or None (no shape by the
-deadline, or a shape whose bucket has no plan: an evaluation pass, a shape far outside the captured range),
-in which case the step runs at auto and the miss is counted by reason. A bucket met for the first time is
-planned in the background (:meth:`ShapeBook.request`); until its plans are in (:meth:`ShapeSteps.add`), its
-steps run the entry of the smallest planned bucket at least as long, at the smallest margin (``stood_in``).
-The step's shape is complete once it holds as many inputs as the captured steps (all its micro-batches).
+A run of one shape has one :class:`StepEntry` (the captured step's plan, anchors and source). A run whose steps
+vary has one per bucket and margin of the :class:`~kdvfs.runtime.controller.shapes.book.ShapeBook` and a
+:class:`ShapeSteps` that maps each step to its entry: the step's shape (``shape_of``, waited for until a
+deadline), its bucket, the entry at the run's margin; a bucket not yet planned stands in the smallest planned
+one at least as long (``stood_in``); no shape or no plan: no entry, the step runs at auto (``misses``).
+:meth:`ShapeSteps.feedback` moves the margin after each A/B pair; a step counts for its bucket's expected
+kernel time over the captured step's (:meth:`ShapeSteps.weight`, s over s) and has two covariates for the
+A/B estimate (:meth:`ShapeSteps.covariates`).
 
-Budget feedback: each bucket has one entry per margin of the book (its plan at the run's budget and at
-fractions of it, :data:`~kdvfs.runtime.controller.shapes.plans.MARGINS`); :meth:`ShapeSteps.feedback`,
-after every A/B pair, moves the run one margin down when the measured slowdown's mean exceeds the budget and
-its 95% interval lies above zero (the predictions of its steps were off), and back up when the whole interval
-lies below the budget.
-
-Each entry's anchors learn only from the steps that ran it. A step counts for its bucket's expected kernel
-time at auto over the captured step's (:meth:`ShapeSteps.weight`), and has two covariates for the A/B estimate
-(:meth:`ShapeSteps.covariates`): its own shape's expected kernel time (the step model's, the part of a step it
-predicts well) in reference steps, and whether its shape was new to the process (a new shape's step allocates
-and selects kernels on the host). A step's identity is its shape: its duration does not gate
-control (the matcher accepts any known duration), because in a run whose steps vary the host's share of a
-step varies far more than the GPU's work (a step of a shape the process has not run before allocates and
-selects kernels; a host that falls behind stretches the GPU's timeline, and the anchors place the plan's
-requests on it). Off-script steps are those without a shape or a plan; the A/B windows and the guard measure
-what control does to the others.
+Invariants: each entry's anchors learn only from the steps that ran it; a step's duration does not gate
+control (its shape is its identity). Why: docs/design/controller.md.
 """
 
 from __future__ import annotations
@@ -41,9 +23,9 @@ from typing import Any
 from kdvfs.agents.common.problem import Planner, Problem
 from kdvfs.envs.trace.shape import StepShape
 from kdvfs.runtime.controller.decisions.sources import StepSource
-from kdvfs.runtime.controller.decisions.timeline import StepPlan
 from kdvfs.runtime.controller.measurement.estimator import Interval
-from kdvfs.runtime.controller.shapes.plans import Predict, ShapeBook
+from kdvfs.runtime.controller.model.step_plan import StepPlan
+from kdvfs.runtime.controller.shapes.book import Predict, ShapeBook
 from kdvfs.runtime.controller.timing.anchors import Anchors
 
 ShapeOf = Callable[[int, float], StepShape | None]
@@ -91,7 +73,7 @@ class StepEntry:
 
 
 class ShapeSteps:
-    """The entry of each step of a run whose steps vary (see the module docstring).
+    """The entry of each step of a run whose steps vary (docs/design/controller.md).
 
     Args:
         book: the plans of the run's buckets.
@@ -123,7 +105,7 @@ class ShapeSteps:
         self.entries[top] = entries
 
     def entry(self, step: int, deadline_s: float) -> StepEntry | None:
-        """Step ``step``'s entry, None when it has none (see the module docstring)."""
+        """Step ``step``'s entry, None when it has none (docs/design/controller.md)."""
         shape = self.shape_of(step, deadline_s)
         if shape is None:
             self._miss("no_shape")
@@ -155,7 +137,7 @@ class ShapeSteps:
         return self._covariates.pop(step, None)
 
     def feedback(self, measured: Interval | None) -> None:
-        """A new A/B pair: the run's measured slowdown (%) is now ``measured`` (see the module docstring)."""
+        """A new A/B pair: the run's measured slowdown (%) is now ``measured`` (docs/design/controller.md)."""
         if measured is None:
             return
         margin = self.margin

@@ -1,38 +1,17 @@
-"""The anchors: CUDA events recorded inside each training step (by the hooks of
-:mod:`kdvfs.runtime.controller.training.hooks`), which the controller places its clock requests on.
+"""The anchors: CUDA events recorded inside each training step (by
+:mod:`kdvfs.runtime.controller.timing.anchor_hooks`), which the controller places its clock requests on.
 
-Structure (:class:`TraceStructure`). The hooks sit at the top-level blocks: one before each hooked block's
-forward, one where each hooked block's backward starts (in reverse order), one before the optimizer step. A
-transformer's (or a ResNet stage's) blocks launch the same kernels, so in the captured trace each phase holds
-one pattern of kernel names repeated once per block. :func:`periodic_starts` finds where each repetition
-starts; the i-th anchor of a step then stands for the i-th hooked block's first kernel in its phase (the
-optimizer's: the first optimizer kernel). Mapping anchors by time instead (their live offsets from the step's
-start against the captured kernel starts, :func:`nearest_kernels`) picks the wrong block when the live step's
-idle gaps lie elsewhere than the capture's by about a block's time; where the structure does not fit the
-anchors seen (another count, no repeated pattern covering half a phase), the time mapping stays.
+Owns: which kernel each anchor stands for (:class:`TraceStructure`: the i-th hooked block's first kernel in its
+phase, found by :func:`periodic_starts`; else the kernel whose expected start is nearest,
+:func:`nearest_kernels`), the anchors' positions on the plan's timeline learned over ``LEARN_STEPS`` steps
+(:class:`AnchorMap`), and the placing of a request on the latest anchor at least ``margin_s`` before its issue
+instant (:class:`Anchors`), at the step's pace once learned. Times: seconds from the step's start, or host s.
 
-Learning (:class:`AnchorMap`). For each finished matching step that ran on the plan's timeline (every
-matching step in a dry run, the controlled ones otherwise), the anchors' offsets from the step's start,
-scaled by the step's expected over measured time, are positions on the plan's timeline. Once the last
-``LEARN_STEPS`` such steps had the same number of anchors, each in order, every anchor's position is the
-median of its positions, and it stands for the start of the kernel the trace's structure gives it
-(:class:`TraceStructure`: the i-th hooked block's first kernel in its phase), else,
-where the structure does not fit the anchors seen, for the kernel whose expected start is nearest. A step
-with another number of anchors drops the map at once and starts learning again; a step whose anchors are out
-of order or outside the step is ignored.
-
-Placing (:class:`Anchors`). A request due at ``due`` (on the window's timeline, stretched by ``scale``) must
-be issued at ``offset = due - latency``. It waits for the latest anchor whose position is at least ``margin``
-before ``offset`` (the thread wakes a little after the GPU passed the anchor and still has to issue one
-latency ahead) and puts the change at the anchor's host time plus the time from the anchor's kernel to the
-change; the request goes out one latency before that. Times from the step's start or an anchor are at the
-step's pace (:mod:`kdvfs.runtime.controller.timing.pace`) once it is learned, else the planned ones
-stretched by ``scale``. It keeps the step-level instants (the step's start plus the times to the change and its request)
-when no anchor is learned that early, when the anchor was not recorded by the request's step-level issue time,
-when it is earlier than an anchor already used in the window, or when it lies further than ``tolerance`` of
-the step time from where the step-level timeline expects it. (The order is checked among anchors only: the
-step's start was put on the host clock with the host-minus-GPU offset known then, which may have improved
-since.)
+Invariants: a step with another number of anchors drops the map; one with anchors out of order or outside
+the step is ignored. A request falls back to the step-level instant when no anchor is early enough, the
+anchor was not recorded in time, is earlier than one already used in the window, or lies further than
+``tolerance`` of the step time from where the step-level timeline expects it. Details:
+docs/design/controller.md.
 """
 
 from __future__ import annotations
@@ -47,7 +26,7 @@ import numpy as np
 
 from kdvfs.common.arrays import Array
 from kdvfs.envs.trace.trace import Phase, Trace
-from kdvfs.runtime.controller.decisions.timeline import Request, StepPlan
+from kdvfs.runtime.controller.model.step_plan import Request, StepPlan
 from kdvfs.runtime.controller.timing.gpu_timeline import StepEnd, StepTimeline
 from kdvfs.runtime.controller.timing.pace import Pace, host_offsets_s
 from kdvfs.runtime.device.host_time import Clock
@@ -76,7 +55,7 @@ def periodic_starts(names: Sequence[str], repetitions: int) -> list[int] | None:
 
 
 class TraceStructure:
-    """The anchors' kernels from ``trace``'s structure (see the module docstring).
+    """The anchors' kernels from ``trace``'s structure (docs/design/controller.md).
 
     Args:
         trace: the captured step.
@@ -148,7 +127,7 @@ def nearest_kernels(kernel_start_s: Array, positions_s: Array) -> Array:
 
 
 class AnchorMap:
-    """Where each anchor of a step sits on the plan's timeline (see the module docstring)."""
+    """Where each anchor of a step sits on the plan's timeline (docs/design/controller.md)."""
 
     def __init__(self, kernel_start_s: Array, expected_s: float, learn_steps: int = LEARN_STEPS,
                  structure: Callable[[int], Sequence[int] | None] | None = None) -> None:
@@ -218,7 +197,7 @@ class Placement:
 
 
 class Anchors:
-    """Learns the anchor map and places each window's requests (see the module docstring).
+    """Learns the anchor map and places each window's requests (docs/design/controller.md).
 
     Args:
         plan: the step's plan (its expected kernel starts and step time).
@@ -283,7 +262,7 @@ class Anchors:
 
     def _host_s(self, time_s: float) -> float:
         """Host time from the window's start (s) at ``time_s`` on the plan's timeline (past its end: into the
-        next step's), at the step's pace (see the module docstring)."""
+        next step's), at the step's pace (docs/design/controller.md)."""
         segments_s = self.pace.for_anchors(len(self.map.anchors))
         if segments_s is None:
             return self._scale * time_s

@@ -1,23 +1,15 @@
 """Where the GPU is in the training steps: step ends on the host's time base, re-synchronised every step.
 
-At every step boundary the training thread calls :meth:`StepTimeline.mark` (cheap, no GPU sync); the
-controller's thread calls :meth:`StepTimeline.wait`, which returns once the GPU has finished that step (given
-when it is expected to, it sleeps half the time left until then at each look, at least ``POLL_S``: a few
-looks a step, not one every ``POLL_S``).
-
-:class:`CudaStepTimeline` records a CUDA event per boundary. The GPU time of a step end is the event's
-time since the first one (``Event.elapsed_time``, microsecond resolution); it becomes host time through
-the offset host-minus-GPU, estimated at every step as the smallest (a waiting thread only ever sees an event
-done late) of the last ``OFFSET_WINDOW`` observations. So a late wake-up (a busy interpreter lock)
-does not move the timeline, and clock drift is followed within a window.
-
-Anchors (:mod:`kdvfs.runtime.controller.training.hooks`) are events recorded inside a step. Those recorded after the
-boundary marked ``i - 1`` and before boundary ``i`` belong to step ``i`` (the step that ends at boundary
-``i``, the ``i``-th token, 0-based). :meth:`StepTimeline.anchor_s` waits for anchor ``index`` of a step
-(first until the training thread has recorded it, at most until a deadline, then until the GPU has passed
-it) and returns its host time; :meth:`StepTimeline.passed_anchor` asks, without waiting, which anchor the GPU
-has passed last (an online policy's view of the step's progress); :class:`StepEnd` carries the host times
-of all of a finished step's anchors.
+The training thread calls :meth:`StepTimeline.mark` at each step boundary (cheap, no GPU sync); the
+controller's thread calls :meth:`StepTimeline.wait`, which returns once the GPU has finished that step
+(sleeping half the time left to its expected end at each look, at least ``POLL_S``).
+:class:`CudaStepTimeline` records a CUDA event per boundary and turns GPU times into host seconds through the
+host-minus-GPU offset, the smallest of the last ``OFFSET_WINDOW`` observations (a late wake-up does not move
+the timeline); :class:`HostStepTimeline` is the host's own, for ``cpu_test_mode``. Anchors
+(:mod:`kdvfs.runtime.controller.timing.anchor_hooks`) recorded after boundary ``i - 1`` and before boundary
+``i`` belong to step ``i`` (0-based): :meth:`StepTimeline.anchor_s` waits for one (until a deadline; None:
+not passed by then), :meth:`StepTimeline.passed_anchor` asks without waiting which the GPU passed last, and
+:class:`StepEnd` carries a finished step's anchors' host times.
 """
 
 from __future__ import annotations
@@ -105,7 +97,7 @@ def _allocations() -> int:
 
 
 class CudaStepTimeline:
-    """Step ends and anchors from CUDA events on the current stream (see the module docstring).
+    """Step ends and anchors from CUDA events on the current stream (docs/design/controller.md).
 
     :meth:`mark` is called on the training thread, :meth:`anchor` on the training thread or autograd's,
     :meth:`wait` and :meth:`anchor_s` on the controller's thread, which polls the events (:func:`wait_for`): it

@@ -1,19 +1,11 @@
 """Is the running step the expected one?
 
-Step matching is by two cheap signals taken at every step boundary (the optimizer-step hook):
-
-* the step's GPU time, from CUDA events recorded at consecutive boundaries, must be within
-  ``tolerance`` of the expected step time. An evaluation pass between two optimizer steps, a new batch or
-  sequence shape, a different model all change it;
-* the number of allocations the CUDA caching allocator served during the step (one counter read, no GPU
-  sync) must equal the count learned from the first matching steps. It is a structural fingerprint of the
-  launch sequence: the same ops on the same shapes allocate the same number of tensors, while an extra
-  forward pass, another shape bucket or a changed graph does not. A count that persists for
-  ``RELEARN_STEPS`` matching-time steps replaces the learned one (the first ones may have been transient).
-
-A kernel-by-kernel comparison would need the profiler or CUPTI callbacks on every launch, which costs far
-more than the 1% the controller may spend. The controller acts only after ``confirm_steps`` consecutive
-matches, and returns the GPU to auto at the first mismatch.
+:class:`StepMatcher` checks two cheap signals at every step boundary: the step's GPU time (s) must be within
+``tolerance`` of the expected step time, and the number of allocations the CUDA caching allocator served in
+the step must equal the count learned from the first matching steps (a structural fingerprint of the launch
+sequence; a count that persists for ``RELEARN_STEPS`` matching-time steps replaces it). The controller acts
+only after ``confirm_steps`` consecutive matches and returns the GPU to auto at the first mismatch. Why not a
+kernel-by-kernel comparison: docs/design/controller.md.
 """
 
 from __future__ import annotations
@@ -22,7 +14,7 @@ RELEARN_STEPS = 20
 
 
 class StepMatcher:
-    """Decides, step by step, whether the steps match the expected one (see the module docstring)."""
+    """Decides, step by step, whether the steps match the expected one (docs/design/controller.md)."""
 
     def __init__(self, expected_s: float, tolerance: float, confirm_steps: int) -> None:
         self.expected_s, self.tolerance, self.confirm_steps = expected_s, tolerance, confirm_steps

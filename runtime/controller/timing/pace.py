@@ -1,25 +1,14 @@
 """The step's pace: how long each stretch between its anchors takes live, learned from the last steps.
 
-A step does not run longer evenly: the stretches between anchors inside the step keep close to their captured
-time while the host-bound lead-in (the step's start to its first anchor) and the stretch after the last anchor
-vary far more. Stretched evenly by the step's scale, kernels would be placed early in one part of the step and
-late in another; placed at the pace, each stretch keeps its own live length (``docs/results.md``).
+:class:`Pace` keeps, for the last ``PACE_STEPS`` steps it learns from with the same number of anchors, each
+segment's live duration (s): the step's start to its first anchor, anchor to anchor, the last anchor to the
+step's end; their medians are the pace. :func:`host_offsets_s` puts a time on the step's timeline at its host
+time from the step's start (s): each segment lasts its live median, stretched by its time at other clocks over
+its time at the clocks it was measured at, and a time inside it is placed in proportion.
 
-:class:`Pace` keeps, for the last ``PACE_STEPS`` steps of those it learns from with the same number of
-anchors, each segment's live duration: the step's start to its first anchor, anchor to anchor, its last
-anchor to its end. Their medians (once it has that many steps) are the step's pace. :func:`host_offsets_s`
-puts a time on the step's timeline at its host time from the step's start: each segment of the timeline,
-between the kernels the anchors stand for, lasts its live median (stretched by its time at other clocks over
-its time at the clocks it was measured at), and a time inside it is placed in proportion. Steps with another
-number of anchors start the learning again; steps whose anchors are out of order or outside the step are
-ignored.
-
-Which steps it learns from is the controller's choice (:class:`~kdvfs.runtime.controller.timing.anchors.Anchors`):
-those that ran the timeline it is used on. A replayed plan's pace is learned from the controlled steps (they
-ran the plan); so is a dry run's (every step runs auto clocks, and the controlled ones carry the controller's
-own work, which lengthens a host-bound lead-in). Online decisions that set clocks use the pace of the steps at
-auto (the A windows'), on the model's auto timeline, stretched per segment to the clocks running: the
-controlled steps ran the policy's changing clocks, which no one timeline describes.
+Invariants: steps with another number of anchors start the learning again; steps whose anchors are out of
+order or outside the step are ignored. Which steps it learns from is the caller's
+(:class:`~kdvfs.runtime.controller.timing.anchors.Anchors`); why a pace and which steps: docs/design/controller.md.
 """
 
 from __future__ import annotations
@@ -36,7 +25,7 @@ PACE_STEPS = 5
 
 
 class Pace:
-    """Median live segment durations of the last steps (see the module docstring).
+    """Median live segment durations of the last steps (docs/design/controller.md).
 
     Attributes:
         segments_s: (A+1,) the median live durations (s) of the step's segments between its start, its A

@@ -1,6 +1,6 @@
 """Where a step's kernels fall in host time (:class:`StepTimes`): the model's timeline of the expected step,
 placed from the latest anchor the GPU passed and stretched to the run (see
-:mod:`kdvfs.runtime.controller.decisions.online`, "progress").
+docs/design/controller.md, "Online decisions", "progress").
 
 A passed anchor (:data:`PassedAnchor`) is ``(index, host s, kernel)``: the anchor's index in the anchor map
 (-1: none passed yet, the step's start stands for it), when the GPU passed it and the kernel it stands for."""

@@ -5,17 +5,17 @@ clock control, and what the run's log measured so far.
 Whether a GPU is restored comes from its watchdog's outcome file (:mod:`kdvfs.runtime.device.watchdog`): a
 process that never started its watchdog never changed a clock (True); a watchdog still watching after
 ``WATCHDOG_WAIT_S`` leaves it unknown (None). A process that leased its GPU through ``kdvfs daemon`` left a
-lease file instead (:func:`daemon_lease_path`): the daemon is asked, and it is True only once the daemon
-confirms that the dead process no longer holds the GPU and no reset of it is owed; False when it still holds
-it after ``WATCHDOG_WAIT_S`` (a child of it may keep the connection) or a reset is owed; None when no daemon
-answers. What was measured comes from the ``--log`` file, when there is one: the steps its windows cover,
-their count, and the last live estimate of the saving and slowdown.
+lease file instead (``report*.daemon``, :func:`~kdvfs.runtime.controller.control.opening.daemon_lease_path`):
+the daemon is asked, and it is True only once the daemon confirms that the dead process no longer holds the GPU
+and no reset of it is owed; False when it still holds it after ``WATCHDOG_WAIT_S`` (a child of it may keep the
+connection) or a reset is owed; None when no daemon answers. What was measured comes from the ``--log`` file,
+when there is one: the steps its windows cover, their count, and the last live estimate of the saving and
+slowdown.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -38,18 +38,6 @@ def watchdog_states(folder: Path) -> dict[int, str]:
         if WATCHING not in states.values() or time.monotonic() > deadline:
             return states
         time.sleep(_POLL_S)
-
-
-def daemon_lease_path(report: Path) -> Path:
-    """The file in which the training process whose report is ``report`` records the GPU it leased through the
-    daemon: ``{"socket", "gpu", "pid"}``."""
-    return report.with_name(report.name + ".daemon")
-
-
-def write_daemon_lease(report: Path, socket_path: str, gpu: int) -> None:
-    """Record (:func:`daemon_lease_path`) that this process leased GPU ``gpu`` through the daemon at ``socket_path``."""
-    daemon_lease_path(report).write_text(json.dumps({"socket": socket_path, "gpu": gpu, "pid": os.getpid()}),
-                                         encoding="utf-8")
 
 
 def daemon_released(folder: Path, skip: set[int]) -> dict[int, bool | None]:

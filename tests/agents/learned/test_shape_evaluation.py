@@ -3,7 +3,6 @@ CLI errors."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 
 import numpy as np
@@ -17,6 +16,7 @@ from kdvfs.envs.model.step_model import StepModel
 from kdvfs.envs.trace.format import load_trace
 from kdvfs.envs.trace.trace import Trace
 from kdvfs.runtime.cli import main
+from tests.schema_check import strict_loads, validate
 
 WORKLOADS = REPO_ROOT / "data" / "traces" / "h200" / "workloads"
 REFERENCES = [str(WORKLOADS / f"bert-{s}.trace.json.gz") for s in ("b32-s128", "b32-s512", "b16-s384")]
@@ -71,7 +71,8 @@ def test_the_controller_side_never_reads_the_executed_step(policy: FrozenPolicy)
 def test_cli_prints_the_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["evaluate", "--policy", "h200", "--reference", *REFERENCES, "--trace", EXECUTED, "--gpu", "h200",
                  "--slowdown", "0.01", "--latency-ms", "0", "--json"]) == 0
-    result = json.loads(capsys.readouterr().out)
+    result = strict_loads(capsys.readouterr().out)
+    validate(result, "evaluate")
     assert [step["trace"] for step in result["steps"]] == [EXECUTED]
 
 

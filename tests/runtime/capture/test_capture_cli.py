@@ -16,6 +16,7 @@ from kdvfs.envs.trace.trace import Phase
 from kdvfs.runtime.capture.capture_launch import split_command
 from kdvfs.runtime.child import CommandError, UserCommand
 from kdvfs.runtime.cli import main
+from tests.schema_check import strict_loads, validate
 
 FAKE = ["--nvml-module", "kdvfs.runtime.testing.nvml"]
 FAST = ["--steps", "1", "--warmup", "1", "--energy-window-s", "0.05"]
@@ -52,7 +53,8 @@ def test_captures_the_cpu_example(capsys: pytest.CaptureFixture[str], tmp_path: 
                          "--energy-window-s", "0.3", "-o", str(output), "--json", "--", sys.executable,
                          str(REPO_ROOT / "examples" / "gpt.py"), "--device", "cpu", "--steps", "300")
     assert code == 0, err
-    report = json.loads(out)
+    report = strict_loads(out)
+    validate(report, "capture")
     trace = load_trace(output)
     assert report["output"] == str(output) and report["workload"] == "gpt" == trace.meta.workload
     assert report["avg_power_w"] == pytest.approx(350.0, rel=0.02)

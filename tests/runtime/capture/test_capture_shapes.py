@@ -17,6 +17,7 @@ from kdvfs.envs.trace.shape import StepShape
 from kdvfs.envs.trace.trace_set import load_trace_set
 from kdvfs.runtime.capture.shape_rounds import MIN_VARYING_WINDOW_STEPS, WindowShapes, choose_targets
 from kdvfs.runtime.cli import main
+from tests.schema_check import strict_loads, validate
 
 CAPTURE = ["capture", "--cpu-test-mode", "--nvml-module", "kdvfs.runtime.testing.nvml", "--warmup", "2",
            "--energy-window-s", "0.05", "--json"]
@@ -39,7 +40,9 @@ def capture(capsys: pytest.CaptureFixture[str], folder: Path, batches: list[int]
     code = main([*CAPTURE, *options, "-o", str(folder / "run.trace.json"), "--", sys.executable, str(script)])
     out, err = capsys.readouterr()
     assert code == 0, err
-    return dict(json.loads(out))
+    report = strict_loads(out)
+    validate(report, "capture")
+    return dict(report)
 
 
 def test_steps_of_three_shapes_give_three_traces(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -71,6 +74,11 @@ def test_steps_of_three_shapes_give_three_traces(capsys: pytest.CaptureFixture[s
         str(tmp_path / name) for name in ("run.trace.json", "run.shape-1.trace.json", "run.shape-2.trace.json")]
     assert len(summary["seen"]) == 3 and summary["missed"] == [] and summary["tokens_range"] == [4 * 32, 64 * 32]
     assert report["step_time_s"] == traces[0].meta.measurements["step_time_s"]
+    assert main(["predict", "--trace", str(tmp_path / "run.trace.json"), "--gpu", "h200", "--samples", "0",
+                 "--json"]) == 0
+    predicted = strict_loads(capsys.readouterr().out)
+    validate(predicted, "predict")
+    assert predicted["window"]["steps"] == window_steps  # the window check of a capture whose steps vary
 
 
 def test_fixed_shape_steps_give_one_trace(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

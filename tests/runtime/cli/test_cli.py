@@ -13,6 +13,7 @@ import pytest
 from kdvfs.common.paths import RAW_DATA_DIR
 from kdvfs.envs.trace.format import load_trace
 from kdvfs.runtime.cli import main
+from tests.schema_check import strict_loads, validate
 
 RAW = RAW_DATA_DIR / "h200"
 
@@ -25,7 +26,8 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
 
 def test_trace_show_json(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, "trace", "show", "h200/gpt3xl-24layer-b4", "--json")
-    summary = json.loads(out)
+    summary = strict_loads(out)
+    validate(summary, "trace-show")
     assert code == 0
     assert summary["kernels_per_step"] == 1438 and summary["memsets_per_step"] == 421
     assert set(summary["by_phase"]) == {"forward", "backward", "optimizer"}
@@ -71,7 +73,8 @@ def test_gpus_list_and_show(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, "gpus")
     assert code == 0 and "rtx3080ti" in out and "b200" in out
     code, out, _ = run(capsys, "gpus", "show", "h200", "--json")
-    profile = json.loads(out)
+    profile = strict_loads(out)
+    validate(profile, "gpus-show")
     assert code == 0 and profile["clocks"]["memory_mhz"] == [3201, 2201]
     assert len(profile["clocks"]["core_mhz"]["3201"]) == 110
 
@@ -116,7 +119,8 @@ def test_trace_generate(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> N
 
 
 def test_predict_says_when_the_measurements_come_from_another_gpu(capsys: pytest.CaptureFixture[str]) -> None:
-    code, _, err = run(capsys, "predict", "--trace", "h200/gpt3xl-1layer-b4", "--gpu", "rtx3080ti", "--json")
+    code, out, err = run(capsys, "predict", "--trace", "h200/gpt3xl-1layer-b4", "--gpu", "rtx3080ti", "--json")
+    validate(strict_loads(out), "predict")
     assert code == 0 and "recorded on NVIDIA H200, not on NVIDIA GeForce RTX 3080 Ti" in err
     code, _, err = run(capsys, "predict", "--trace", "h200/gpt3xl-1layer-b4", "--gpu", "h200")
     assert code == 0 and err == ""

@@ -4,13 +4,12 @@ stays empty."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kdvfs.runtime.cli import main, wants_json
+from tests.schema_check import strict_loads, validate
 
 TRACE, GPU = ["--trace", "h200/gpt2s-b16"], ["--gpu", "h200"]
 VALID = {  # each command's valid options (the required ones first, then how many they are), in groups an option
@@ -60,7 +59,8 @@ def test_usage_errors_with_json_print_an_error_document(capsys: pytest.CaptureFi
         main(argv)
     assert caught.value.code == 2
     captured = capsys.readouterr()
-    document = json.loads(captured.out)
+    document = strict_loads(captured.out)
+    validate(document, "error")
     assert set(document) == ({"error", "gpu_restored"} if command == "run" else {"error"}), document
     assert document["error"].startswith(f"kdvfs {command}") or document["error"].startswith("kdvfs:"), document
     assert document.get("gpu_restored", True) is True
@@ -72,7 +72,7 @@ def test_usage_errors_with_json_print_an_error_document(capsys: pytest.CaptureFi
 def test_json_usage_errors_of_commands_without_options(capsys: pytest.CaptureFixture[str], argv: list[str]) -> None:
     with pytest.raises(SystemExit):
         main(argv)
-    assert "error" in json.loads(capsys.readouterr().out)
+    validate(strict_loads(capsys.readouterr().out), "error")
 
 
 def test_json_after_the_double_dash_is_the_scripts(capsys: pytest.CaptureFixture[str]) -> None:

@@ -14,6 +14,7 @@ from kdvfs.common.config import to_plain
 from kdvfs.common.paths import BUNDLED_TRACE_DIR, shipped_policy_path
 from kdvfs.runtime.cli import main
 from tests.agents.conftest import tiny_config
+from tests.schema_check import strict_loads, validate
 
 TRACE = "h200/gpt3xl-1layer-b4"
 BERT = str(BUNDLED_TRACE_DIR / "h200" / "workloads" / "bert-{}.trace.json.gz")
@@ -22,7 +23,8 @@ BERT = str(BUNDLED_TRACE_DIR / "h200" / "workloads" / "bert-{}.trace.json.gz")
 def test_evaluate_json_has_the_compare_fields_plus_a_policy_row(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["evaluate", "--policy", str(shipped_policy_path("h200")), "--trace", TRACE, "--gpu", "h200",
                  "--json", "--samples", "2"]) == 0
-    rows = json.loads(capsys.readouterr().out)
+    rows = strict_loads(capsys.readouterr().out)
+    validate(rows, "evaluate")
     assert {"policy", "latency-optimal", "auto", "power-limit"} <= {row["method"] for row in rows}
     for row in rows:
         assert set(row) == {"method", "energy_saved_pct", "slowdown_pct", "switches", "solve_s", "budget_pct",
@@ -82,7 +84,8 @@ def test_evaluate_episodes_adds_within_budget_and_is_seeded(capsys: pytest.Captu
     command = ["evaluate", "--policy", str(shipped_policy_path("h200")), "--trace", TRACE, "--gpu", "h200",
                "--budget", "0.01", "--latency-ms", "3", "--episodes", "2", "--seed", "4", "--json"]
     assert main(command) == 0
-    rows = json.loads(capsys.readouterr().out)
+    rows = strict_loads(capsys.readouterr().out)
+    validate(rows, "evaluate")
     assert {"policy", "latency-optimal", "static", "auto"} <= {row["method"] for row in rows}
     for row in rows:
         assert set(row) == {"method", "energy_saved_pct", "slowdown_pct", "switches", "solve_s", "budget_pct",

@@ -12,6 +12,7 @@ import pytest
 import kdvfs.runtime.device.nvml_device as device_nvml
 from kdvfs.runtime.cli import main
 from kdvfs.runtime.testing.fake_nvml import EnergyFakeNvml
+from tests.schema_check import strict_loads, validate
 
 PROBLEM = ["--trace", "h200/gpt3xl-1layer-b4", "--gpu", "h200"]
 
@@ -41,14 +42,20 @@ def test_bad_values_are_one_line_exit_2(capsys: pytest.CaptureFixture[str], argv
 
 def test_samples_0_means_ranges_from_the_validated_error_alone(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["predict", *PROBLEM, "--pair", "1410:3201", "--samples", "0", "--json"]) == 0
-    assert all(row["range"]["parameter_samples"] == 0 for row in json.loads(capsys.readouterr().out)["predictions"])
+    predicted = strict_loads(capsys.readouterr().out)
+    validate(predicted, "predict")
+    assert all(row["range"]["parameter_samples"] == 0 for row in predicted["predictions"])
     assert main(["compare", *PROBLEM, "--budget", "0.01", "--samples", "0", "--json"]) == 0
-    assert all(row["range"]["parameter_samples"] == 0 for row in json.loads(capsys.readouterr().out))
+    rows = strict_loads(capsys.readouterr().out)
+    validate(rows, "compare")
+    assert all(row["range"]["parameter_samples"] == 0 for row in rows)
 
 
 def test_gpus_local_takes_an_nvml_module(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["gpus", "local", "--nvml-module", "kdvfs.runtime.testing.nvml", "--json"]) == 0
-    assert "H200" in json.loads(capsys.readouterr().out)[0]["name"]
+    gpus = strict_loads(capsys.readouterr().out)
+    validate(gpus, "gpus-local")
+    assert "H200" in gpus[0]["name"]
 
 
 def test_reset_says_what_to_do_when_it_fails_itself(shared_nvml: EnergyFakeNvml, monkeypatch: pytest.MonkeyPatch,
@@ -84,6 +91,7 @@ def test_demo_off_a_terminal_shows_progress_on_stderr_and_writes_its_results(cap
     assert main(["demo", "--trace", "h200/gpt3xl-1layer-b4", "--samples", "0", "--out", str(tmp_path)]) == 0
     captured = capsys.readouterr()
     assert "kdvfs demo: planning" in captured.err, captured.err
-    rows = json.loads((tmp_path / "results.json").read_text())
+    rows = strict_loads((tmp_path / "results.json").read_text())
+    validate(rows, "compare")  # as `kdvfs compare --json`
     assert {row["method"] for row in rows} >= {"auto", "ilp"} and {row["budget_pct"] for row in rows} >= {0.0, 1.0}
     assert (tmp_path / "pareto.png").is_file() and "results.json" in captured.out

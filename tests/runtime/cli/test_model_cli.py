@@ -14,6 +14,7 @@ from kdvfs.envs.calibration.sweep import Sweep, sweep_to_csv
 from kdvfs.envs.gpu.profiles import load_profile
 from kdvfs.envs.model.cost_model import ClockLimits, CostParams, KernelInputs, kernel_power_w, kernel_time_s
 from kdvfs.runtime.cli import main
+from tests.schema_check import strict_loads, validate
 
 SWEEPS = DATA_DIR / "sweeps"
 H200_FIXES = "voltage_min,voltage_knee_fraction,leakage_w,traffic_core_share"
@@ -73,7 +74,8 @@ def test_convert_h200_default(capsys: pytest.CaptureFixture[str], tmp_path: Path
 def test_validate_json_prints_the_four_documented_keys(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     sweep = small_sweep_file(tmp_path / "small.sweep.csv")
     code, out, _ = run(capsys, "model", "validate", "--sweep", str(sweep), "--folds", "3", "--json")
-    report = json.loads(out)
+    report = strict_loads(out)
+    validate(report, "model-validate")
     assert code == 0
     assert set(report) == {"time_mape", "power_mape", "kernels", "points"}
     assert report["kernels"] == 6 and report["points"] == 6 * 5
@@ -165,7 +167,8 @@ def test_fit_errors_exit_2_on_one_line(capsys: pytest.CaptureFixture[str], tmp_p
 def test_predict_auto_and_a_locked_pair(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, "predict", "--trace", "h200/gpt2s-b16", "--gpu", "h200", "--json")
     assert code == 0
-    result = json.loads(out)
+    result = strict_loads(out)
+    validate(result, "predict")
     assert result["gpu"] == "h200" and len(result["predictions"]) == 1
     auto = result["predictions"][0]
     assert auto["mode"] == "auto" and auto["core_mhz"] is None
@@ -178,6 +181,7 @@ def test_predict_auto_and_a_locked_pair(capsys: pytest.CaptureFixture[str]) -> N
     code, out, _ = run(capsys, "predict", "--trace", "h200/gpt2s-b16", "--gpu", "h200", "--json",
                        "--pair", "1980:2201")
     assert code == 0
+    validate(strict_loads(out), "predict")
     rows = json.loads(out)["predictions"]
     assert rows[0] == auto and len(rows) == 2
     locked = rows[1]
@@ -234,7 +238,8 @@ def test_predict_names_its_power_limit_and_prices_a_lower_one(capsys: pytest.Cap
     assert code == 0 and result["power_limit"]["priced_w"] == 700.0
     assert result["power_limit"]["recorded_source"] == result["power_limit"]["priced_source"] == "profile default"
     code, out, _ = run(capsys, *problem, "--json", "--power-limit-w", "400")
-    lowered = json.loads(out)
+    lowered = strict_loads(out)
+    validate(lowered, "predict")
     assert code == 0 and lowered["power_limit"]["priced_source"] == "requested"
     auto, capped = result["predictions"][0], lowered["predictions"][0]
     assert capped["step_time_s"] > auto["step_time_s"] and capped["avg_power_w"] < auto["avg_power_w"]

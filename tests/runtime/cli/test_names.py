@@ -12,6 +12,7 @@ from kdvfs.agents.learned.shipped import policy_source_path, shipped_policies
 from kdvfs.common.errors import KdvfsError
 from kdvfs.common.paths import POLICY_DIR
 from kdvfs.runtime.cli import main
+from tests.schema_check import strict_loads, validate
 
 
 def test_shipped_policies_have_short_names_and_a_list(capsys: pytest.CaptureFixture[str]) -> None:
@@ -21,7 +22,8 @@ def test_shipped_policies_have_short_names_and_a_list(capsys: pytest.CaptureFixt
     with pytest.raises(KdvfsError, match=r"unknown shipped policy 'nope'; known: .*h200"):
         policy_source_path("nope")
     assert main(["policy", "list", "--json"]) == 0
-    listed = json.loads(capsys.readouterr().out)
+    listed = strict_loads(capsys.readouterr().out)
+    validate(listed, "policy-list")
     assert {"name": "h200", "path": str(POLICY_DIR / "h200.kdvfs-policy.npz")} in listed
     assert main(["policy", "list"]) == 0
     assert "h200" in capsys.readouterr().out.split()
@@ -55,4 +57,7 @@ def test_a_file_that_is_no_policy_gets_no_unpickling_advice(capsys: pytest.Captu
 
 def test_evaluate_takes_a_shipped_policy_name(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["evaluate", "--policy", "h200", "--trace", "h200/gpt3xl-1layer-b4", "--gpu", "h200", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)
+    rows = strict_loads(capsys.readouterr().out)
+    validate(rows, "evaluate")
+    validate(rows, "compare")  # as `kdvfs compare --json`, the policy's rows added
+    assert "policy" in {row["method"] for row in rows}

@@ -12,6 +12,7 @@ from kdvfs.envs.trace.bundled import open_trace, trace_path
 from kdvfs.envs.trace.format import save_trace
 from kdvfs.runtime.cli import main
 from tests.agents.planners.test_slack import two_ranks
+from tests.schema_check import strict_loads, validate
 
 SMALL = "h200/gpt3xl-1layer-b4"
 FIELDS = {"method", "energy_saved_pct", "slowdown_pct", "switches", "solve_s", "budget_pct", "power_limit_w",
@@ -39,7 +40,8 @@ def test_compare_json_has_the_documented_fields(capsys: pytest.CaptureFixture[st
     plot = tmp_path / "pareto.png"
     code, text, _ = run(capsys, "compare", "--trace", SMALL, "--gpu", "h200", "--budget", "0.01,0.05",
                         "--latency-ms", "0", "--json", "--plot", str(plot))
-    rows = json.loads(text)
+    rows = strict_loads(text)
+    validate(rows, "compare")
     assert code == 0 and {tuple(sorted(r)) for r in rows} == {tuple(sorted(FIELDS | {"range"}))}
     assert {r["budget_pct"] for r in rows} == {1.0, 5.0}
     ilp = {r["budget_pct"]: r for r in rows if r["method"] == "ilp"}
@@ -71,7 +73,8 @@ def test_a_plan_over_its_budget_says_so(capsys: pytest.CaptureFixture[str]) -> N
 def test_compare_adds_a_two_sided_range_to_every_row(capsys: pytest.CaptureFixture[str]) -> None:
     code, text, _ = run(capsys, "compare", "--trace", SMALL, "--gpu", "h200", "--budget", "0.01", "--json",
                         "--samples", "2", "--seed", "1")
-    rows = json.loads(text)
+    rows = strict_loads(text)
+    validate(rows, "compare")
     assert code == 0 and all(set(r) - FIELDS == {"range"} for r in rows)
     for row in rows:
         spread = row["range"]
@@ -90,7 +93,8 @@ def test_compare_adds_a_two_sided_range_to_every_row(capsys: pytest.CaptureFixtu
 def test_plan_json_has_the_schedules_range(capsys: pytest.CaptureFixture[str]) -> None:
     code, text, _ = run(capsys, "plan", "--trace", SMALL, "--gpu", "h200", "--method", "static", "--budget", "0.01",
                         "--json", "--samples", "0")
-    document = json.loads(text)
+    document = strict_loads(text)
+    validate(document, "plan")
     assert code == 0 and document["range"]["parameter_samples"] == 0
     low, high = document["range"]["energy_saved_pct"]
     assert low < document["energy_saved_pct"] < high
@@ -124,7 +128,8 @@ def test_plan_of_a_waiting_rank_uses_its_slack_unless_told_not_to(capsys: pytest
 def test_compare_shows_the_power_limit_method_and_the_priced_limit(capsys: pytest.CaptureFixture[str]) -> None:
     code, text, _ = run(capsys, "compare", "--trace", SMALL, "--gpu", "h200", "--budget", "0.02", "--json",
                         "--power-limit-w", "600")
-    rows = json.loads(text)
+    rows = strict_loads(text)
+    validate(rows, "compare")
     searched = [row for row in rows if row["method"] == "power-limit"]
     assert code == 0 and len(searched) == 1 and searched[0]["power_limit_source"] == "searched"
     assert 200.0 <= searched[0]["power_limit_w"] <= 600.0 and searched[0]["slowdown_pct"] <= 2.0 + 1e-6

@@ -14,6 +14,7 @@ import pytest
 
 import kdvfs
 from kdvfs.common.paths import GPU_PROFILE_DIR, HOME_VARIABLE
+from tests.schema_check import strict_loads, validate
 
 HEAVY = ("torch", "stable_baselines3", "matplotlib", "gymnasium", "scipy", "tensorboard")
 SCRIPT = shutil.which("kdvfs", path=str(Path(sys.executable).parent))
@@ -42,11 +43,13 @@ def test_version() -> None:
 
 
 def test_list_commands_print_json() -> None:
-    traces = json.loads(kdvfs_cli("trace", "list", "--json").stdout)
+    traces = strict_loads(kdvfs_cli("trace", "list", "--json").stdout)
+    validate(traces, "trace-list")
     small = next(t for t in traces if t["name"] == "h200/gpt3xl-1layer-b4")
     assert Path(small["path"]).is_file() and small["path"].endswith("gpt3xl-1layer-b4.trace.json")
     for argv in (["gpus", "--json"], ["gpus", "list", "--json"]):
-        profiles = json.loads(kdvfs_cli(*argv).stdout)
+        profiles = strict_loads(kdvfs_cli(*argv).stdout)
+        validate(profiles, "gpus-list")
         h200 = next(p for p in profiles if p["name"] == "h200")
         assert h200["model"] == "NVIDIA H200" and h200["clock_pairs"] == 220 and h200["switching_latency_s"] == 0.006
     assert "clock pairs" in kdvfs_cli("gpus").stdout

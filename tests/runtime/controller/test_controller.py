@@ -14,8 +14,8 @@ from kdvfs.agents.common.problem import score
 from kdvfs.common.errors import KdvfsError
 from kdvfs.envs.model.schedule import execute
 from kdvfs.runtime.controller.config import ControllerConfig
-from kdvfs.runtime.controller.decisions.plans import load_plan
-from kdvfs.runtime.controller.decisions.timeline import StepPlan
+from kdvfs.runtime.controller.model.plan import load_plan
+from kdvfs.runtime.controller.model.step_plan import StepPlan
 from kdvfs.runtime.controller.timing.matching import StepMatcher
 from tests.runtime.controller_helpers import (
     LATENCY_MS,

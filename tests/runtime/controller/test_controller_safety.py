@@ -27,11 +27,13 @@ from kdvfs.envs.env.observation import ObservationSpec
 from kdvfs.envs.gpu.profiles import load_profile
 from kdvfs.runtime.cli import main
 from kdvfs.runtime.controller import controller, hf_callback, lightning_callback
-from kdvfs.runtime.controller.decisions import actuator, issuer, plans, sources, timeline
-from kdvfs.runtime.controller.decisions.plans import ScheduleSourceError
+from kdvfs.runtime.controller.control import issuer
+from kdvfs.runtime.controller.decisions import actuator, sources
 from kdvfs.runtime.controller.measurement import accounting
-from kdvfs.runtime.controller.timing import anchors, gpu_timeline
-from kdvfs.runtime.controller.training import boot, hooks, integrations, launch
+from kdvfs.runtime.controller.model import plan, step_plan
+from kdvfs.runtime.controller.model.plan import ScheduleSourceError
+from kdvfs.runtime.controller.timing import anchor_hooks, anchors, gpu_timeline
+from kdvfs.runtime.controller.training import boot, integrations, launch
 from kdvfs.runtime.device import nvml_device as device_nvml
 from kdvfs.runtime.device import watchdog
 from kdvfs.runtime.device.errors import NvmlPermissionError, NvmlUnavailableError, UnsupportedClockError
@@ -271,8 +273,8 @@ def test_the_real_callback_bases_when_installed(plan_file: Path) -> None:
     assert isinstance(hf_callback(control), transformers.TrainerCallback)
 
 
-@pytest.mark.parametrize("module", [accounting, actuator, anchors, hooks, boot, controller, gpu_timeline,
-                                    integrations, issuer, launch, plans, sources, timeline, watchdog,
+@pytest.mark.parametrize("module", [accounting, actuator, anchors, anchor_hooks, boot, controller,
+                                    gpu_timeline, integrations, issuer, launch, plan, sources, step_plan, watchdog,
                                     fake_gpu])
 def test_only_nvml_device_names_nvml_setters(module: types.ModuleType) -> None:
     tree = ast.parse(inspect.getsource(module))

@@ -23,7 +23,7 @@ from kdvfs.envs.trace.shape import StepShape
 from kdvfs.envs.trace.trace import Trace
 from kdvfs.runtime.cli.offline.plan import schedule_json
 from kdvfs.runtime.controller import Controller
-from kdvfs.runtime.controller.shapes.plans import ShapeBook, seq_quantum
+from kdvfs.runtime.controller.shapes.book import ShapeBook, seq_quantum
 from kdvfs.runtime.controller.shapes.steps import VaryingSteps
 from kdvfs.runtime.testing.fake_gpu import FakeGpu, FakeStepTimeline, VirtualClock
 

@@ -5,6 +5,7 @@ shared with direct users, the request log, and a daemon that cannot be reached."
 
 from __future__ import annotations
 
+import contextlib
 import grp
 import os
 import signal
@@ -229,24 +230,20 @@ def test_a_second_daemon_on_a_live_socket_and_a_missing_group_are_refused(daemon
 
 def test_the_controller_and_so_the_callbacks_use_the_daemon_kdvfs_daemon_names(
         daemon: RunningDaemon, monkeypatch: pytest.MonkeyPatch, shared_nvml: EnergyFakeNvml) -> None:
-    from kdvfs.runtime.controller.controller import Controller, clock_control_of
+    from kdvfs.runtime.controller.config import ControllerConfig
+    from kdvfs.runtime.controller.control.opening import clock_control_of, open_device
     from kdvfs.runtime.device.nvml_device import NvmlDevice
 
-    direct = Controller("plan.json", "step.trace.json", nvml_module=NVML, gpu_index=0)
-    try:
-        device = direct._open_device()
+    config = ControllerConfig.from_options("plan.json", "step.trace.json", nvml_module=NVML, gpu_index=0)
+    with contextlib.ExitStack() as stack:
+        device, _, _ = open_device(config, stack)
         assert isinstance(device, NvmlDevice) and clock_control_of(device) == "nvml"
-    finally:
-        direct.close()
     monkeypatch.setenv("KDVFS_DAEMON", str(daemon.socket))
-    controller = Controller("plan.json", "step.trace.json", nvml_module=NVML, gpu_index=0)
-    try:
-        device = controller._open_device()
-        assert isinstance(device, DaemonDevice) and controller.config.daemon == str(daemon.socket)
+    with contextlib.ExitStack() as stack:
+        device, opened_config, _ = open_device(config, stack)
+        assert isinstance(device, DaemonDevice) and opened_config.daemon == str(daemon.socket)
         assert clock_control_of(device) == f"daemon:{daemon.socket}"
         assert device.daemon_state()["holder"] is None  # opened, not leased: a dry run leases nothing
         assert device.has_clock_permission() and device.daemon_state()["holder"]["pid"] == os.getpid()
-    finally:
-        controller.close()
     assert wait_for(lambda: any(r["pid"] == os.getpid() and r["reset"] == {"0": "ok"}
                                 for r in daemon.records("drop")))

@@ -35,6 +35,7 @@ from kdvfs.runtime.microbench.profile_fit import (
     starting_mapping,
 )
 from kdvfs.runtime.testing.fake_nvml import READ_ONLY_CALL, EnergyFakeNvml, h200_from_probe
+from tests.schema_check import strict_loads, validate
 
 SETTERS = ("nvmlDeviceSetMemoryLockedClocks", "nvmlDeviceSetGpuLockedClocks", "nvmlDeviceResetGpuLockedClocks",
            "nvmlDeviceResetMemoryLockedClocks")
@@ -182,7 +183,11 @@ def test_sweep_cli_on_the_fake_device(shared_nvml: EnergyFakeNvml, tmp_path: Pat
     monkeypatch.setattr(microbench, "MICROBENCHMARKS", MICROBENCHMARKS[:2])
     monkeypatch.setattr(clock_sweep, "SETTLE_S", 0.0)
     code = main([*CPU_CALIBRATE, "--sweep", "--core-points", "2", "-o", str(tmp_path / "swept.yaml"), "--json"])
-    assert code == 0, capsys.readouterr().err
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    result = strict_loads(out)
+    validate(result, "calibrate")
+    assert result["clock_control"] == "nvml" and len(result["measurements"]) > 0
     locks = [c for c in shared_nvml.state.calls if c == "nvmlDeviceSetGpuLockedClocks"]
     assert len(locks) == 4 and shared_nvml.state.calls.count("nvmlDeviceResetGpuLockedClocks") == 1
     assert shared_nvml.locked == {}

@@ -186,7 +186,8 @@ def test_a_decided_change_is_requested_one_latency_before_its_kernel(tmp_path: P
 def test_the_measured_slowdown_moves_the_policys_budget(tmp_path: Path) -> None:
     controller, _, _ = fake_controller(POLICY, budget=0.01)
     with controller:
-        online = controller._source  # the controller's own part under test
+        assert controller._parts is not None
+        online = controller._parts.source  # the controller's own part under test
         assert isinstance(online, OnlineSteps)
         online.feedback(Interval(0.5, 0.3, 0.7, 2, 0.1 / 12.706))
         assert online.budget == 0.01  # too few pairs: the run's budget

@@ -15,10 +15,10 @@ import torch
 from torch import nn
 
 from kdvfs.runtime.controller.timing import anchors, gpu_timeline
+from kdvfs.runtime.controller.timing.anchor_hooks import AnchorHooks, find_blocks
 from kdvfs.runtime.controller.timing.anchors import AnchorMap, nearest_kernels
 from kdvfs.runtime.controller.timing.gpu_timeline import CudaStepTimeline
 from kdvfs.runtime.controller.timing.pace import host_offsets_s
-from kdvfs.runtime.controller.training.hooks import AnchorHooks, find_blocks
 from kdvfs.runtime.device.host_time import RealClock
 from tests.runtime.controller_helpers import LATENCY_MS, fake_controller, log_records, run_steps, write_plan
 

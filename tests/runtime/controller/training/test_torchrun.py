@@ -24,6 +24,7 @@ from kdvfs.envs.trace.format import load_trace
 from kdvfs.envs.trace.trace import Category, noncommunication_s
 from kdvfs.runtime.cli import main
 from tests.runtime.controller.training.test_run_end_to_end import KDVFS, NVML, PERMISSION_SHIM, _wait
+from tests.schema_check import strict_loads, validate
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone"]
 GPT_DDP = [str(REPO_ROOT / "examples" / "gpt.py"), "--size", "tiny", "--device", "cpu", "--ddp"]
@@ -80,7 +81,8 @@ def _records(folder: Path, rank: int, event: str) -> list[dict[str, Any]]:
 
 
 def test_each_rank_captures_its_own_trace_with_the_jobs_step_time(job: Path) -> None:
-    report = json.loads((job / "capture.json").read_text())
+    report = strict_loads((job / "capture.json").read_text())
+    validate(report, "capture")
     ranks = report["ranks"]
     assert [r["rank"] for r in ranks] == [0, 1] and {r["world_size"] for r in ranks} == {2}
     slowest = max(r["step_time_s"] for r in ranks)

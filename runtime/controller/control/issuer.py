@@ -1,38 +1,15 @@
 """The controller's background thread: follows the GPU step by step and runs the step source in controlled steps.
 
-For every step boundary marked by the training thread it waits until the GPU has finished that step
-(:meth:`StepTimeline.wait`: the step end on the host's time base and the step's GPU time; told when the step is
-expected to end, the last one's end and its expected time at the scale below, so that it sleeps towards that
-instead of looking every millisecond), feeds the step
-to the matcher, the guard and the accounting, and then decides the next step:
+Owns, per step end marked by the training thread: waiting until the GPU finished the step (sleeping towards
+its expected end), judging it (matcher, accounting, guard; under torchrun reduced over the ranks first,
+:func:`kdvfs.runtime.job.job_step`), and deciding the next step: controlled (matching, a B window, the guard
+not backed off: the source runs through it at ``scale``, the median measured over expected step time of the
+last ``SCALE_STEPS`` matching steps) or at auto, counted by reason. Times are host seconds
+(the controller's clock). ``next_request_s``: the host time of the request it sleeps towards (inf: none).
 
-* matching, in a B window of the A/B schedule (:mod:`kdvfs.runtime.controller.measurement.accounting`) and the
-  guard not backed off: controlled. The step source (:mod:`kdvfs.runtime.controller.decisions.sources`) runs
-  through it, from the host time the previous step ended, at ``scale`` (the median ratio of measured to
-  expected step time of the last ``SCALE_STEPS`` matching steps): a replayed schedule places its requests on
-  the step's anchors, the online policy decides through the step on what it measures;
-* otherwise (not matching yet, an evaluation pass or new shape, an A window, backed off): the GPU is
-  returned to auto.
-
-Lead-in: with a source that sleeps through it (the online policy's ``sleep_lead_in``), between two controlled
-steps, once the step's pace is learned, the thread sleeps through the next step's lead-in (its start to its
-first anchor, where the training thread's host work before the first block holds up the GPU) before the rest
-of its bookkeeping and the source's first decision (the first controlled step after others: once its first
-pair is requested): to the first anchor's expected time, and then, polling, until the GPU has passed it, at
-most the step match tolerance of the step time longer.
-
-Under torchrun (``job``: :class:`kdvfs.runtime.job.JobGroup`) each step is reduced over the ranks before
-the accounting and the guard see it (:func:`kdvfs.runtime.job.job_step`: the slowest rank's time, matched
-only when every rank matched, the job's window and guard times), so that every rank's windows, A/B arms,
-pairs and guard decisions are the job's and all ranks back off together; each rank's matcher and timeline
-stay its own. Each A/B pair's slowdown goes to the guard and to the source. ``next_request_s`` is the host
-time of the request the thread is sleeping towards (infinite when none): the energy counter's reader does not
-start a read just before it.
-
-Every step (with the pace the next one is placed at, ``pace_s``) and request goes to the event log. When the
-controller stops, the steps already marked are still waited for and counted, but nothing more is requested. An
-error on this thread (e.g. NVML) returns the GPU to auto, ends control for the run and is reported in the
-summary; training continues.
+Invariants: a stopped thread requests nothing more; every step and request goes to the event log. Failure
+modes: an error on the thread (NVML, say) returns the GPU to auto, ends control for the run and is reported in
+the summary; training continues. The lead-in sleep and more: docs/design/controller.md.
 """
 
 from __future__ import annotations
@@ -49,9 +26,9 @@ from typing import Any
 
 from kdvfs.runtime.controller.decisions.decision_records import quantiles
 from kdvfs.runtime.controller.decisions.sources import StepSource, ThreadContext
-from kdvfs.runtime.controller.decisions.timeline import StepPlan
 from kdvfs.runtime.controller.measurement.accounting import Accounting
 from kdvfs.runtime.controller.measurement.guard import Guard
+from kdvfs.runtime.controller.model.step_plan import StepPlan
 from kdvfs.runtime.controller.shapes.steps import ShapeSteps, StepEntry
 from kdvfs.runtime.controller.timing.anchors import Anchors
 from kdvfs.runtime.controller.timing.gpu_timeline import StepEnd
@@ -73,7 +50,7 @@ class StepJudges:
 
 
 class Issuer(threading.Thread):
-    """See the module docstring. Feed it with ``queue.put(token)``; ``queue.put(None)`` ends it.
+    """See docs/design/controller.md. Feed it with ``queue.put(token)``; ``queue.put(None)`` ends it.
 
     Args:
         plan: the step's expected timeline (its expected and auto step times).
@@ -241,7 +218,7 @@ class Issuer(threading.Thread):
 
     def _sleep_through_lead_in(self, step: int, end: StepEnd) -> None:
         """Sleep until the GPU is expected at step ``step``'s first anchor, if the pace is learned, then wait until
-        it has passed it (see the module docstring): the rest of the previous step's bookkeeping and the source's
+        it has passed it (docs/design/controller.md): the rest of the previous step's bookkeeping and the source's
         decisions wait until then."""
         segments_s = self.anchors.pace.for_anchors(len(self.anchors.map.anchors))
         if segments_s is None:
@@ -265,7 +242,7 @@ class Issuer(threading.Thread):
 
     def lead_in_figures(self) -> dict[str, Any]:
         """For the summary: the lead-ins slept through, those whose first anchor came late (and by how much, ms),
-        and those whose first anchor never came (see the module docstring)."""
+        and those whose first anchor never came (docs/design/controller.md)."""
         late_ms = [1e3 * late_s for late_s in self.lead_in_late_s]
         return {"waits": self.lead_ins, "late": len(late_ms), "missed": self.lead_ins_missed,
                 "late_ms": quantiles(late_ms)}
@@ -294,7 +271,7 @@ class Issuer(threading.Thread):
         return "guard" if self.guard.backed_off else "ab_window"
 
     def _decide(self, end: StepEnd, matched: bool, was_controlled: bool, ran: StepEntry | None) -> bool:
-        """Whether the next step is controlled, after this one (see the module docstring)."""
+        """Whether the next step is controlled, after this one (docs/design/controller.md)."""
         if not matched or end.duration_s is None or ran is None:
             if was_controlled:
                 self.log.write("mismatch", step=self.steps - 1, duration_s=end.duration_s, signature=end.signature)

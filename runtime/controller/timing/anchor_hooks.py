@@ -1,26 +1,14 @@
-"""Anchor points inside the training step: cheap places where the training code records a CUDA event.
+"""Anchor points inside the training step: torch hooks that record a CUDA event (``record``) at cheap places.
 
-Step boundaries alone leave the controller blind inside the step: it can only stretch the captured timeline
-by the recent step times, so any variation of this step's length accumulates along it. These hooks record,
-through ``record`` (:meth:`CudaStepTimeline.anchor`), a timestamp event on the current stream
+Owns :class:`AnchorHooks`: before each top-level block's forward, where each block's backward starts (a
+pre-hook on its output's ``grad_fn``), and before each optimizer step; with ``every`` N > 1 only every N-th
+block. Top-level blocks: the outermost ``nn.ModuleList`` / ``nn.Sequential`` of at least ``MIN_BLOCKS``
+modules under the first module called after :meth:`AnchorHooks.install`, looked for during the first
+``DISCOVERY_CALLS`` module calls.
 
-* before each top-level block's forward (a forward pre-hook on the block),
-* when the gradient of each block's output is ready, i.e. where the block's backward starts (a pre-hook on
-  the output's ``grad_fn``, registered by a forward hook; only when the output has one: it requires grad and
-  is not a leaf). Not ``Tensor.register_hook``, which adds the same pre-hook through a Python wrapper that
-  costs the training thread more CPU per block and step.
-* before each optimizer step (the global ``torch.optim`` pre-step hook): where the backward ends.
-
-With ``every`` N > 1 only every N-th block (the first, the N+1-th, ...) carries the two hooks.
-
-Top-level blocks are the elements of the outermost ``nn.ModuleList`` / ``nn.Sequential`` containers (of at
-least ``MIN_BLOCKS`` modules) under the first module called after :meth:`AnchorHooks.install`, normally the
-model itself (a transformer's layers, a ResNet's stages' blocks). A global module forward pre-hook looks for
-them at the first ``DISCOVERY_CALLS`` module calls and removes itself; after that only the blocks carry
-hooks (a few microseconds each per step). A compiled model (``torch.compile``) gets no anchors: an event
-record inside a compiled region would break its graph. Nothing here decides anything: anchors that do not
-fire, or fire in another order, are detected by the controller's thread, which then keeps the step-level
-timeline.
+Invariants: hooks decide nothing (anchors that do not fire, or fire out of order, are the controller thread's
+to detect); a compiled model (``torch.compile``) gets none; :meth:`AnchorHooks.remove` removes every hook. Why
+``grad_fn`` pre-hooks and not ``Tensor.register_hook``: docs/design/controller.md.
 """
 
 from __future__ import annotations

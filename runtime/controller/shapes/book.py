@@ -1,33 +1,17 @@
 """Plans for steps whose shape varies: one schedule per shape bucket, solved before training starts.
 
-A run whose steps change shape (dynamic padding, bucketing, MoE routing) cannot replay one captured step's
-plan: a plan transferred to another shape overruns its budget. The controller therefore keys every step by
-its :class:`~kdvfs.envs.trace.shape.StepShape` (read when the step starts) and looks up a :class:`ShapePlan`
-for it in a :class:`ShapeBook`:
+Owns the :class:`ShapeBook`: shapes grouped into buckets by their length classes, each rounded up to its own
+quantum (at most ``MAX_BUCKETS`` buckets for one class, ``MAX_GRID`` in all), each bucket planned for its top
+shape (the longest step it holds) at the run's budget and at each fraction of ``MARGINS``, from the step
+model's expected trace (``predict``; None: no plan, its steps run at auto). Buckets the capture saw are
+planned before the first step (:meth:`ShapeBook.build`); one met later is planned in the background on the
+book's worker processes (:meth:`ShapeBook.request`), and until then :meth:`ShapeBook.stand_in` names the
+smallest planned bucket at least as long. Times in seconds, budgets fractions.
 
-* **Buckets.** Shapes are grouped by their length classes (:class:`~kdvfs.envs.trace.shape.ShapeAxes`: an
-  encoder-decoder's input and label lengths, each micro-batch's length under gradient accumulation, a packed
-  batch's total tokens and sequence count), each rounded up to its own quantum (batch sizes stay exact)
-  (:meth:`ShapeBook.bucket`); a bucket's plan is made for its top shape, the longest step it holds, so
-  that a shorter step of the bucket runs the plan of a step at least as long (stretched to the step's
-  measured pace like any plan). The quanta keep the grid at most ``MAX_BUCKETS`` buckets for one class and
-  ``MAX_GRID`` in all for several.
-* **What a bucket's step is.** ``predict(shape)`` (the step model fitted on the captured shapes,
-  :mod:`kdvfs.envs.model.step_model`) gives the expected trace of the bucket's top shape, or None for a shape
-  it does not cover (far outside the captured range): such a bucket has no plan and its steps run at auto.
-* **Margins.** Each bucket is planned at the run's budget and at fractions of it (``MARGINS``): the live
-  budget feedback (:meth:`~kdvfs.runtime.controller.shapes.steps.ShapeSteps.feedback`) moves the
-  run to a smaller margin when the measured slowdown exceeds the budget, where a prediction was off.
-* **When plans are solved.** Before the first step, the buckets the capture saw (and, for one length class,
-  every bucket between them) (:meth:`ShapeBook.build`); a bucket met later for the first time is planned in
-  the background (:meth:`ShapeBook.request`), one bucket at a time on the same pool of worker processes,
-  forked when the book is built (a solve takes seconds, and nothing may stall a training step). Until its plan
-  is in, its steps run the plan of the smallest planned bucket at least as long in every class, at the
-  smallest margin (:meth:`ShapeBook.stand_in`); a step longer than every planned bucket runs at auto.
-
-The book's plans are one planner's at the run's budget and switching latency: the latency-optimal one for a
-plan file, the policy's noise-free rollout for a policy (replayed per bucket), each priced by the one cost
-model.
+Invariants: nothing here blocks a training step; the plans are one planner's, priced by the one cost model.
+Failure modes: a failed background solve ends background planning (``plan_error``); the run goes on with
+the plans it has. Why buckets
+and margins: docs/design/controller.md.
 """
 
 from __future__ import annotations
@@ -115,7 +99,7 @@ def seq_quantum(seqs: Iterable[int], buckets: int = 0) -> int:
 
 
 class ShapeBook:
-    """The plans of a run's step shapes (see the module docstring).
+    """The plans of a run's step shapes (docs/design/controller.md).
 
     Args:
         plans: the plans of each bucket key (:meth:`bucket`), one per margin of ``MARGINS``, in its order.

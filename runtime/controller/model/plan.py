@@ -1,19 +1,15 @@
 """The plan or policy file: the step's problem and the schedule it implies.
 
-Given the expected step (a kdvfs trace) and the GPU profile, :func:`load_plan` reads the file the controller
-was given and produces the step's :class:`~kdvfs.envs.model.schedule.Schedule`, one clock action per kernel:
+:func:`load_plan` reads the file the controller was given, for the expected step (a kdvfs trace) and the GPU
+profile, and returns a :class:`Plan`: the problem and its :class:`~kdvfs.envs.model.schedule.Schedule` (one
+clock action per kernel), from a plan file (``kdvfs plan -o``, format ``kdvfs-schedule`` version 1, checked
+against the profile and the trace's kernel count) or from a frozen policy's noise-free rollout
+(``.kdvfs-policy.npz``), which with ``OnlineConfig.enabled`` the plan also carries to run inside each step
+(:class:`~kdvfs.runtime.controller.decisions.online.OnlineSteps`).
 
-* a plan file written by ``kdvfs plan -o plan.json`` (format ``kdvfs-schedule`` version 1: segments of
-  consecutive kernels with their clocks), checked against the profile and the trace's kernel count;
-* a frozen policy (``.kdvfs-policy.npz``, :mod:`kdvfs.agents.learned.frozen`), rolled over the trace by
-  :class:`kdvfs.agents.learned.policy_planner.PolicyPlanner` (which checks that it was trained for the profile).
-
-A plan's schedule is computed once and replayed every step. A policy's noise-free rollout is the expected
-step (its timeline, the prediction) and, with ``OnlineConfig.enabled`` off (``--replay``), replayed the same
-way; with it on, the :class:`Plan` also carries the policy (:class:`kdvfs.agents.learned.online.OnlinePolicy`),
-and the controller runs it inside each step instead
-(:class:`~kdvfs.runtime.controller.decisions.online.OnlineSteps`, one of the step sources of
-:mod:`kdvfs.runtime.controller.decisions.sources`)."""
+Failure modes: a missing, unreadable or mismatched file raises :class:`ScheduleSourceError` (or the policy
+file's own ``KdvfsError``) before any clock changed.
+"""
 
 from __future__ import annotations
 
@@ -153,7 +149,7 @@ def load_plan(config: ControllerConfig, device_name: str) -> Plan:
 
 def bucket_planner(plan: Plan, config: ControllerConfig) -> Planner:
     """What plans each shape bucket of a run whose steps vary
-    (:mod:`kdvfs.runtime.controller.shapes.plans`): the policy's noise-free rollout for a policy file,
+    (:mod:`kdvfs.runtime.controller.shapes.book`): the policy's noise-free rollout for a policy file,
     else the plan's own method where it is a planner's, else the latency-optimal planner."""
     from kdvfs.agents.planners.registry import PLANNERS, make_planner
 

@@ -1,0 +1,2 @@
+"""The controller's data model, the bottom layer: the plan or policy it runs (``plan``) and the step's clock
+changes and requests on its expected timeline (``step_plan``). Imports no other room of the controller."""
