@@ -18,12 +18,12 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from kdvfs.agents.common.problem import Planner, Problem
 from kdvfs.envs.trace.shape import StepShape
 from kdvfs.runtime.controller.decisions.sources import StepSource
 from kdvfs.runtime.controller.measurement.estimator import Interval
+from kdvfs.runtime.controller.model.run_summary import ShapeFigures
 from kdvfs.runtime.controller.model.step_plan import StepPlan
 from kdvfs.runtime.controller.shapes.book import Predict, ShapeBook
 from kdvfs.runtime.controller.timing.anchors import Anchors
@@ -152,11 +152,11 @@ class ShapeSteps:
         """How many reference steps a step of ``entry`` counts for: its expected kernel time over the reference's."""
         return entry.kernel_s / self.reference_kernel_s
 
-    def figures(self) -> dict[str, Any]:
+    def figures(self) -> ShapeFigures:
         """For the summary: the buckets planned, the steps that ran in each, and those without an entry by
         reason (``no_shape``: not known in time; ``no_plan``: a bucket without a plan)."""
-        return {"buckets": len(self.entries), "quantum_tokens": self.book.quantum, "quanta": list(self.book.quanta),
-                "margins": list(self.book.margins), "margin": self.book.margins[self.margin],
-                "margin_changes": self.margin_changes, "planned_in_background": self.book.planned_later,
-                "plan_error": self.book.plan_error, "stood_in": self.stood_in,
-                "steps_by_bucket": dict(sorted(self.steps.items())), "misses": dict(self.misses)}
+        return ShapeFigures(
+            buckets=len(self.entries), quantum_tokens=self.book.quantum, quanta=list(self.book.quanta),
+            margins=list(self.book.margins), margin=self.book.margins[self.margin], margin_changes=self.margin_changes,
+            planned_in_background=self.book.planned_later, plan_error=self.book.plan_error, stood_in=self.stood_in,
+            steps_by_bucket=dict(sorted(self.steps.items())), misses=dict(self.misses))
