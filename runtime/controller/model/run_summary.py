@@ -73,7 +73,7 @@ class ShapeFigures(JsonRecord):
     planned_in_background: int
     plan_error: str | None
     stood_in: int
-    steps_by_bucket: dict[Any, int]
+    steps_by_bucket: dict[str, int]
     misses: dict[str, int]
 
 

@@ -185,7 +185,7 @@ def test_a_frozen_policy_drives_the_controller(tmp_path: Path) -> None:
         run_steps(control, 12)
     assert control.plan is not None and control.plan.source == "policy h200.kdvfs-policy.npz (online)"
     assert control.plan.schedule.reactive and gpu.calls[-1].name == "reset_clocks"
-    assert control.summary is not None and control.summary["online_decisions"] > 0
+    assert control.summary is not None and control.summary.online_decisions > 0
     other = _random_policy(tmp_path / "a100.kdvfs-policy.npz", "a100-sxm4")
     control, gpu, _ = fake_controller(other)
     with pytest.raises(PolicyFileError, match="trained for GPU 'a100-sxm4', not 'h200'"):
@@ -255,7 +255,7 @@ def test_training_loop_integrations_drive_the_controller(plan_file: Path) -> Non
         callback.on_step_end(None, None, None)
         control.flush()
     callback.on_train_end(None, None, None)
-    assert control.summary is not None and control.summary["steps"] == 10 and gpu.calls[-1].name == "reset_clocks"
+    assert control.summary is not None and control.summary.steps == 10 and gpu.calls[-1].name == "reset_clocks"
     control, gpu, _ = fake_controller(plan_file)
     callback = lightning_callback(control, base=object)
     trainer = types.SimpleNamespace(accumulate_grad_batches=2)
@@ -264,7 +264,7 @@ def test_training_loop_integrations_drive_the_controller(plan_file: Path) -> Non
         callback.on_train_batch_end(trainer, None, None, None, batch)
         control.flush()
     callback.on_exception(trainer, None, RuntimeError("stop"))
-    assert control.summary is not None and control.summary["steps"] == 10 and gpu.calls[-1].name == "reset_clocks"
+    assert control.summary is not None and control.summary.steps == 10 and gpu.calls[-1].name == "reset_clocks"
 
 
 def test_the_real_callback_bases_when_installed(plan_file: Path) -> None:
