@@ -3,6 +3,8 @@ overridden by keyword."""
 
 from __future__ import annotations
 
+import json
+import math
 from dataclasses import replace
 from typing import Any
 
@@ -10,14 +12,17 @@ from kdvfs.runtime.controller.model.run_summary import (
     AnchorFigures,
     ControllerCpu,
     HostCost,
+    JobSummary,
     LeadIn,
     Measured,
     NetEffect,
     Predicted,
     Quantiles,
+    RankRow,
     RequestFigures,
     RunSummary,
 )
+from tests.schema_check import strict_loads, validate
 
 NONE = Quantiles(None, None)
 MEASURED = Measured(None, None, None, None, 3, 3)
@@ -42,3 +47,22 @@ def run_summary(**fields: Any) -> RunSummary:
         measured_net=NetEffect(None, None, None, None, 0.5), ab_share=0.25, energy_measured=True, energy_reads=10,
         energy_counter=None, predicted=Predicted(2.0, 0.5, 2, 0.1, RANGE), gpu_restored=True)
     return replace(summary, **fields)
+
+
+def _close(a: Any, b: Any) -> bool:
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_close(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_close(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, float) and isinstance(b, float):
+        return math.isclose(a, b, rel_tol=1e-12, abs_tol=1e-15)
+    return bool(a == b)
+
+
+def checked(summary: RunSummary | None) -> RunSummary:
+    """``summary`` (a controller's), once ``kdvfs run``'s JSON of it met the schema and read back the same."""
+    assert summary is not None
+    document = strict_loads(json.dumps(JobSummary(summary, [RankRow.of(summary)]).to_json()))
+    validate(document, "run-summary")
+    assert _close(RunSummary.from_json(summary.to_json()).to_json(), summary.to_json())
+    return summary

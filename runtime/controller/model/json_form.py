@@ -62,17 +62,9 @@ def _read(kind: Any, value: Any, scale: float) -> Any:
     origin, arguments = typing.get_origin(kind), typing.get_args(kind)
     if value is None or kind is Any:
         return value
-    if origin in (typing.Union, types.UnionType):
-        records = [a for a in arguments if isinstance(a, type) and issubclass(a, JsonRecord)]
-        for record in records:
-            try:
-                return record.from_json(value, scale)
-            except (JsonFormError, TypeError, AttributeError):
-                continue
-        other = [a for a in arguments if a is not type(None) and a not in records]
-        if other:
-            return _read(other[0], value, scale)
-        raise JsonFormError(f"{value!r} is none of {', '.join(r.__name__ for r in records)}")
+    if origin in (typing.Union, types.UnionType):  # ``X | None`` (None is handled above)
+        (inner,) = (a for a in arguments if a is not type(None))
+        return _read(inner, value, scale)
     if isinstance(kind, type) and issubclass(kind, JsonRecord):
         return kind.from_json(value, scale)
     if origin is list:

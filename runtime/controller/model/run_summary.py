@@ -293,6 +293,15 @@ class JobSummary:
         return {**self.summary.to_json(), "ranks": [rank.to_json() for rank in self.ranks],
                 **({"partial": True} if self.partial else {})}
 
+    @classmethod
+    def from_json(cls, document: dict[str, Any]) -> JobSummary:
+        """The job summary ``kdvfs run --json`` printed (raises :class:`JsonFormError` as
+        :meth:`RunSummary.from_json`)."""
+        rest = {key: value for key, value in document.items() if key not in ("ranks", "partial")}
+        ranks = [EndedRank.from_json(row) if set(row) == {"rank", "gpu_restored"} else RankRow.from_json(row)
+                 for row in document.get("ranks", [])]
+        return cls(RunSummary.from_json(rest), ranks, bool(document.get("partial", False)))
+
 
 @dataclass(frozen=True)
 class EndedSummary(JsonRecord):

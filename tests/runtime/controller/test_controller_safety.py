@@ -40,6 +40,7 @@ from kdvfs.runtime.device.errors import NvmlPermissionError, NvmlUnavailableErro
 from kdvfs.runtime.testing import fake_gpu
 from kdvfs.runtime.testing.fake_nvml import READ_ONLY_CALL, EnergyFakeNvml
 from tests.runtime.controller_helpers import TRACE, fake_controller, run_steps, write_plan
+from tests.schema_check import strict_loads, validate
 
 RESETS = ["nvmlDeviceResetGpuLockedClocks", "nvmlDeviceResetMemoryLockedClocks"]
 
@@ -233,7 +234,8 @@ def test_kdvfs_run_dry_run_end_to_end(tmp_path: Path, plan_file: Path) -> None:
         capture_output=True, text=True, cwd=REPO_ROOT, env={**os.environ, "KDVFS_FAKE_NVML_LOG": str(calls)},
         check=False)
     assert done.returncode == 0, done.stderr[-2000:]
-    summary = json.loads(done.stdout)
+    summary = strict_loads(done.stdout)
+    validate(summary, "run-summary")
     assert summary["dry_run"] and summary["steps"] == 12 and summary["source"] == "plan plan.json (latency-optimal)"
     assert all(READ_ONLY_CALL.fullmatch(name) for name in calls.read_text().split())
     assert json.loads(log.read_text().splitlines()[0])["event"] == "start"

@@ -26,6 +26,7 @@ from kdvfs.runtime.controller import Controller
 from kdvfs.runtime.controller.shapes.book import ShapeBook, seq_quantum
 from kdvfs.runtime.controller.shapes.steps import VaryingSteps
 from kdvfs.runtime.testing.fake_gpu import FakeGpu, FakeStepTimeline, VirtualClock
+from tests.runtime.summaries import checked
 
 BATCH = 2
 SEQS = (128, 192, 256)
@@ -105,8 +106,8 @@ def test_every_step_runs_its_buckets_plan_and_keeps_the_budget(tmp_path: Path) -
     seqs = [int(s) for s in rng.choice(SEQS, 40)]
     controller, gpu = varying_controller(tmp_path, seqs)
     run(controller, len(seqs) - 1)
-    summary = controller.summary
-    assert summary is not None and summary.shapes.misses == {}
+    summary = checked(controller.summary)
+    assert summary.shapes is not None and summary.shapes.misses == {}
     assert summary.controlled_steps >= len(seqs) - 5  # all but the first steps, which confirm the match
     assert sum(summary.shapes.steps_by_bucket.values()) == len(seqs) - 1  # each decided step's entry
     for i, fake in enumerate(gpu.steps[4:], start=4):

@@ -20,6 +20,7 @@ from kdvfs.runtime.controller.measurement.estimator import Interval
 from kdvfs.runtime.controller.timing import anchors as anchors_module
 from kdvfs.runtime.testing.fake_gpu import FakeGpu, VirtualClock
 from tests.runtime.controller_helpers import fake_controller, log_records, run_steps, small_problem
+from tests.runtime.summaries import checked
 
 POLICY = shipped_policy_path("h200")
 ANCHOR_KERNELS = tuple(range(8, 112, 8))  # the small step has 115 kernels
@@ -36,7 +37,7 @@ def _online_run(tmp_path: Path, steps: int = 40, **options: object) -> tuple[obj
 
 def test_the_policy_decides_inside_each_controlled_step_and_the_gpu_is_restored(tmp_path: Path) -> None:
     controller, gpu, log = _online_run(tmp_path)
-    summary = controller.summary  # type: ignore[attr-defined]
+    summary = checked(controller.summary)  # type: ignore[attr-defined]
     assert summary.source == "policy h200.kdvfs-policy.npz (online)" and summary.controlled_steps > 20
     assert summary.online_decisions > 20 and summary.online.progress["anchor"] > 0
     decisions = log_records(log, "decision")
@@ -54,7 +55,7 @@ def test_the_policy_decides_inside_each_controlled_step_and_the_gpu_is_restored(
 
 def test_a_dry_run_decides_and_logs_but_changes_nothing(tmp_path: Path) -> None:
     controller, gpu, log = _online_run(tmp_path, dry_run=True)
-    summary = controller.summary  # type: ignore[attr-defined]
+    summary = checked(controller.summary)  # type: ignore[attr-defined]
     assert gpu.set_calls == [] and summary.online_decisions > 0 and log_records(log, "decision")
     assert summary.online.step_budget == pytest.approx(0.05)  # the run's budget: no feedback
     assert summary.online.took_effect.get("observed", 0) == 0  # nothing is read in a dry run
