@@ -41,6 +41,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -344,7 +345,7 @@ class EnergyTrace:
             self._thread.join()
             self._thread = None
 
-    def figures(self) -> dict[str, float | int | None]:
+    def figures(self) -> dict[str, Any]:
         """For the summary: the reads (all; back to back to learn the clock and to measure a change again), the
         median read (s), the update period learned (s; None: none) and the reading thread's CPU (s)."""
         return {"reads": self.reads, "calibration_reads": self.calibration_reads, "relock_reads": self.relock_reads,

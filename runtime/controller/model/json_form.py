@@ -12,7 +12,6 @@ import dataclasses
 import types
 import typing
 from collections.abc import Mapping
-from functools import cache
 from typing import Any, Self
 
 from kdvfs.common.errors import KdvfsError
@@ -76,11 +75,6 @@ def _read(kind: Any, value: Any, scale: float) -> Any:
     return value
 
 
-@cache
-def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
-
-
 class JsonRecord:
     """A frozen dataclass written and read as one JSON object (see the module docstring)."""
 
@@ -105,6 +99,6 @@ class JsonRecord:
             raise JsonFormError(f"{cls.__name__}: " + "; ".join(
                 part for part in (unknown and f"unknown key(s) {sorted(unknown)}",
                                   missing and f"missing key(s) {sorted(missing)}") if part))
-        hints = _hints(cls)
+        hints = typing.get_type_hints(cls)
         return cls(**{field.name: _read(hints[field.name], document[key], scale * factor)
                       for key, field in keys.items() for factor in [_key(field)[1]]})

@@ -239,7 +239,7 @@ class RunSummary(JsonRecord):
         return _versioned(super().to_json())
 
     @classmethod
-    def from_json(cls, document: Any, scale: float = 1.0) -> RunSummary:  # type: ignore[override]
+    def from_json(cls, document: Any, scale: float = 1.0) -> RunSummary:
         return super().from_json(_check_version(document, "a run summary"), scale)
 
 
