@@ -142,7 +142,7 @@ class Controller:
                         pid=os.getpid(), source=opened.plan.source, gpu=problem.profile.name,
                         trace=problem.trace.meta.workload, dry_run=config.dry_run, latency_s=problem.latency_s,
                         expected_s=step_plan.expected_s, auto_s=step_plan.auto_s,
-                        anchor_margin_s=config.timing.anchor_margin_ms / 1e3 if config.timing.anchors else None,
+                        anchor_margin_s=config.timing.anchor_margin_s if config.timing.anchors else None,
                         changes=len(step_plan.kernels))
 
     def _start(self, parts: ThreadParts) -> None:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
+from kdvfs.common.units import PCT_PER_FRACTION
 from kdvfs.runtime.controller.model.run_summary import Measured, NetEffect
 
 MIN_PAIRS = 2
@@ -35,6 +36,26 @@ class Interval:
     @property
     def half_width_pct(self) -> float:
         return (self.hi_pct - self.lo_pct) / 2
+
+    @property
+    def mean(self) -> float:
+        """The mean as a fraction, as budgets are (0.01 = 1%)."""
+        return self.mean_pct / PCT_PER_FRACTION
+
+    @property
+    def lo(self) -> float:
+        """The interval's low end as a fraction."""
+        return self.lo_pct / PCT_PER_FRACTION
+
+    @property
+    def hi(self) -> float:
+        """The interval's high end as a fraction."""
+        return self.hi_pct / PCT_PER_FRACTION
+
+    @property
+    def standard_error(self) -> float:
+        """The mean's standard error as a fraction."""
+        return self.standard_error_pct / PCT_PER_FRACTION
 
 
 class Paired:

@@ -15,9 +15,7 @@ from collections.abc import Mapping
 from typing import Any, Self
 
 from kdvfs.common.errors import KdvfsError
-
-MS_PER_S = 1e3
-PCT_PER_FRACTION = 100.0
+from kdvfs.common.units import MS_PER_S, PCT_PER_FRACTION
 
 
 class JsonFormError(KdvfsError):
