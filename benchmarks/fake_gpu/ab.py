@@ -34,6 +34,7 @@ from kdvfs.envs.model.drift import DriftModel
 from kdvfs.envs.trace.bundled import open_trace
 from kdvfs.runtime.cli.offline.plan import schedule_json
 from kdvfs.runtime.controller import Controller
+from kdvfs.runtime.controller.model.run_summary import RunSummary
 from kdvfs.runtime.testing.ab_truth import true_effect
 from kdvfs.runtime.testing.fake_gpu import FakeGpu, FakeStepTimeline, VirtualClock
 
@@ -49,7 +50,7 @@ def write_plan(folder: Path, budget: float) -> tuple[Path, Problem]:
 
 
 def run(plan: Path, problem: Problem, seed: int, seconds: float, log: Path, **options: Any
-        ) -> tuple[dict[str, Any], FakeGpu, list[dict[str, Any]]]:
+        ) -> tuple[RunSummary, FakeGpu, list[dict[str, Any]]]:
     """One controlled run on a drifting fake GPU; its summary, the GPU and the log's records."""
     clock = VirtualClock()
     gpu = FakeGpu(problem.costs, problem.profile, problem.latency_s, problem.stall_s, clock,
@@ -69,18 +70,18 @@ def coverage(plan: Path, problem: Problem, seed: int, folder: Path) -> dict[str,
     summary, gpu, records = run(plan, problem, seed, RUN_S, folder / f"cover-{seed}.jsonl", budget=0.01)
     truth = true_effect(gpu, [r for r in records if r["event"] == "window"])
     assert truth is not None
-    measured = summary["measured"]
-    (e_lo, e_hi), (t_lo, t_hi) = measured["energy_saved_ci95_pct"], measured["slowdown_ci95_pct"]
+    measured = summary.measured
+    (e_lo, e_hi), (t_lo, t_hi) = measured.energy_saved_ci95_pct, measured.slowdown_ci95_pct
     return {"seed": seed, "true_saved_pct": truth.energy_saved_pct, "true_slowdown_pct": truth.slowdown_pct,
-            "measured": measured, "saved_covered": bool(e_lo <= truth.energy_saved_pct <= e_hi),
+            "measured": measured.to_json(), "saved_covered": bool(e_lo <= truth.energy_saved_pct <= e_hi),
             "slowdown_covered": bool(t_lo <= truth.slowdown_pct <= t_hi), "saved_half_width_pct": (e_hi - e_lo) / 2,
-            "slowdown_half_width_pct": (t_hi - t_lo) / 2, "backed_off": summary["backed_off"]}
+            "slowdown_half_width_pct": (t_hi - t_lo) / 2, "backed_off": summary.backed_off}
 
 
 def dry(plan: Path, problem: Problem, seed: int, folder: Path) -> dict[str, Any]:
     summary, _, _ = run(plan, problem, seed, RUN_S, folder / f"dry-{seed}.jsonl", budget=0.01, dry_run=True)
-    lo, hi = summary["measured"]["slowdown_ci95_pct"]
-    return {"seed": seed, "backed_off": summary["backed_off"], "slowdown_ci95_pct": [lo, hi],
+    lo, hi = summary.measured.slowdown_ci95_pct
+    return {"seed": seed, "backed_off": summary.backed_off, "slowdown_ci95_pct": [lo, hi],
             "contains_0": bool(lo <= 0 <= hi)}
 
 

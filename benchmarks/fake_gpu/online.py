@@ -99,17 +99,16 @@ def run(case: Case, method: str, seed: int, seconds: float, anchors: int = ANCHO
         windows = [r for r in map(json.loads, log.read_text().splitlines()) if r["event"] == "window"]
     summary = controller.summary
     assert summary is not None
-    truth, measured = true_effect(gpu, windows), summary["measured"]
+    truth, measured = true_effect(gpu, windows), summary.measured
     return {"gpu": case.gpu, "step": case.step, "method": method, "seed": seed,
-            "measured_saved_pct": measured["energy_saved_pct"], "measured_slowdown_pct": measured["slowdown_pct"],
-            "slowdown_ci95_pct": measured["slowdown_ci95_pct"],
-            "within_budget": measured["slowdown_pct"] is not None
-            and within_budget(measured["slowdown_pct"], 100 * BUDGET),
+            "measured_saved_pct": measured.energy_saved_pct, "measured_slowdown_pct": measured.slowdown_pct,
+            "slowdown_ci95_pct": measured.slowdown_ci95_pct,
+            "within_budget": measured.slowdown_pct is not None and within_budget(measured.slowdown_pct, 100 * BUDGET),
             "true_saved_pct": None if truth is None else truth.energy_saved_pct,
             "true_slowdown_pct": None if truth is None else truth.slowdown_pct,
-            "steps": summary["steps"], "controlled_steps": summary["controlled_steps"],
-            "switches": summary["switches"], "backed_off": summary["backed_off"], "error": summary["error"],
-            "online": summary["online"]}
+            "steps": summary.steps, "controlled_steps": summary.controlled_steps, "switches": summary.switches,
+            "backed_off": summary.backed_off, "error": summary.error,
+            "online": None if summary.online is None else summary.online.to_json()}
 
 
 def _job(arguments: tuple[Case, str, int, float, int]) -> dict[str, Any]:

@@ -127,9 +127,10 @@ def run(seed: int, steps: int, truth: StepModel, known: StepModel,
         windows = [r for r in map(json.loads, log.read_text().splitlines()) if r["event"] == "window"]
     summary = controller.summary
     assert summary is not None
-    return {"seed": seed, "steps": summary["steps"], "controlled_steps": summary["controlled_steps"],
-            "planned_steps": sum(summary["shapes"]["steps_by_bucket"].values()), "shapes": summary["shapes"],
-            "measured": summary["measured"], "backed_off": summary["backed_off"], "error": summary["error"],
+    assert summary.shapes is not None
+    return {"seed": seed, "steps": summary.steps, "controlled_steps": summary.controlled_steps,
+            "planned_steps": sum(summary.shapes.steps_by_bucket.values()), "shapes": summary.shapes.to_json(),
+            "measured": summary.measured.to_json(), "backed_off": summary.backed_off, "error": summary.error,
             **truth_over_b_windows(gpu, windows, seqs, oracle)}
 
 
@@ -189,8 +190,8 @@ def dry_run(seed: int, steps: int, known: StepModel, book: ShapeBook, reference:
                 controller.flush()
     summary = controller.summary
     assert summary is not None
-    return {"seed": seed, "steps": summary["steps"], "adjusted": summary["measured"],
-            "paired_saving_ci95_pct": paired_interval(controller.windows), "auto_reasons": summary["auto_reasons"]}
+    return {"seed": seed, "steps": summary.steps, "adjusted": summary.measured.to_json(),
+            "paired_saving_ci95_pct": paired_interval(controller.windows), "auto_reasons": summary.auto_reasons}
 
 
 def paired_interval(windows: list[dict[str, Any]]) -> list[float] | None:

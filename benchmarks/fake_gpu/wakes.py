@@ -64,8 +64,9 @@ def run_case(trace: str, seconds: float) -> dict[str, Any]:
             for _ in range(10):
                 controller.step()
             controller.flush()
-    summary = controller.summary
-    assert summary is not None
+    assert controller.summary is not None
+    typed = hasattr(controller.summary, "to_json")  # this revision's typed summary, or an earlier one's dict
+    summary = controller.summary.to_json() if typed else controller.summary
     online, steps, controlled = summary["online"], summary["steps"], summary["controlled_steps"]
     points = sum(online["wakes"].values())
     return {"trace": trace, "kernels": problem.costs.kernels, "steps": steps, "controlled_steps": controlled,

@@ -115,7 +115,8 @@ class Harness:
             controller.close()
         self.windows.append({"controller": on, "arm": ",".join(options), "steps": steps, "elapsed_s": elapsed_s,
                              "step_s": [b - a for a, b in itertools.pairwise(hooks_s)],
-                             "summary": None if controller is None else controller.summary})
+                             "summary": None if controller is None or controller.summary is None
+                             else controller.summary.to_json()})
 
     def _schedule(self) -> Iterator[None]:
         for _ in range(WARMUP_STEPS):

@@ -11,40 +11,33 @@ from pathlib import Path
 from typing import Any
 
 from kdvfs.common.errors import KdvfsError
-
-MAX_BUDGET = 0.5
-"""Budgets are fractions of the auto step time; above this one is most likely a percentage typed as a number."""
+from kdvfs.common.units import UnitError, checked_budget, checked_latency_s
 
 
 def budget(text: str) -> float:
     """An argparse type: a budget (allowed step-time increase over auto) as a finite fraction in
-    [0, MAX_BUDGET] (0.01 = 1%)."""
+    [0, MAX_BUDGET] (0.01 = 1%; :func:`kdvfs.common.units.checked_budget`)."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number; budgets are fractions (0.01 = 1%)") from None
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"{text} must be a finite fraction >= 0 (0.01 = 1%)")
-    if value > MAX_BUDGET:
-        raise argparse.ArgumentTypeError(f"{text} means a {value:.0%} slowdown; budgets are fractions (0.01 = 1%), "
-                                         f"at most {MAX_BUDGET:g}: did you mean {value / 100:g}?")
-    return value
-
-
-MAX_LATENCY_MS = 10_000.0
-"""The longest switching latency accepted (10 s): clock switches take micro- to milliseconds; more is a typo
-or seconds typed as milliseconds' exponent."""
+    try:
+        return checked_budget(value)
+    except UnitError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def latency_ms(text: str) -> float:
-    """An argparse type: a switching latency in milliseconds, finite, in [0, MAX_LATENCY_MS]."""
+    """An argparse type: a switching latency in milliseconds, finite, in [0, MAX_LATENCY_MS]
+    (:func:`kdvfs.common.units.checked_latency_s`)."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of milliseconds") from None
-    if not math.isfinite(value) or not 0 <= value <= MAX_LATENCY_MS:
-        raise argparse.ArgumentTypeError(f"{text} ms is outside [0, {MAX_LATENCY_MS:g}] ms (switching latencies "
-                                         "are micro- to milliseconds)")
+    try:
+        checked_latency_s(value)
+    except UnitError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
     return value
 
 

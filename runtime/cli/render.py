@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from kdvfs.agents.evaluation.compare import Row
     from kdvfs.agents.evaluation.ranges import ChangeRange
     from kdvfs.agents.learned.noisy_evaluation import NoisyRow
+    from kdvfs.runtime.controller.model.run_summary import Predicted
 
 console = Console(width=None if sys.stdout.isatty() else 120, soft_wrap=True)
 err_console = Console(stderr=True, soft_wrap=True)
@@ -96,12 +97,12 @@ def with_range(text: str, bounds: Sequence[float] | None, fmt: str) -> str:
     return f"{text} [{bounds[0]:{fmt}}, {bounds[1]:{fmt}}]"
 
 
-def predicted_text(predicted: Mapping[str, Any], sign: str = "") -> str:
+def predicted_text(predicted: Predicted, sign: str = "") -> str:
     """A run summary's ``predicted`` saving and slowdown with their ranges where it has them (logs written
     before ranges existed have none): ``"2.07% [0.61, 3.48] / 0.89% [0.20, 1.96]"``."""
-    spread = predicted.get("range") or {}
-    return " / ".join(with_range(f"{predicted[key]:{sign}.2f}%", spread.get(key), f"{sign}.2f")
-                      for key in ("energy_saved_pct", "slowdown_pct"))
+    spread = predicted.range or {}
+    return " / ".join(with_range(f"{value:{sign}.2f}%", spread.get(key), f"{sign}.2f") for key, value in
+                      (("energy_saved_pct", predicted.energy_saved_pct), ("slowdown_pct", predicted.slowdown_pct)))
 
 
 def trace_tables(summary: dict[str, Any]) -> list[Table]:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from kdvfs.common.errors import KdvfsError
+from kdvfs.common.units import MS_PER_S, checked_budget, checked_latency_s
 from kdvfs.runtime.job import Rank, rank_path
 
 CPU_TEST_MATCH_TOLERANCE = 1.0
@@ -65,8 +66,8 @@ class MeasurementConfig:
     def check_window(self, latency_s: float) -> None:
         """Raise unless a window outlasts the switching latency (the change must settle within it)."""
         if self.window_s <= latency_s:
-            raise KdvfsError(f"A/B window of {self.window_s * 1e3:g} ms is not longer than the switching latency "
-                             f"({latency_s * 1e3:g} ms); use a longer window (--ab-window-s)")
+            raise KdvfsError(f"A/B window of {self.window_s * MS_PER_S:g} ms is not longer than the switching latency "
+                             f"({latency_s * MS_PER_S:g} ms); use a longer window (--ab-window-s)")
 
 
 @dataclass(frozen=True)
@@ -111,7 +112,12 @@ class TimingConfig:
     @property
     def anchor_margin_s(self) -> float:
         """The anchor margin (s); infinite without anchors (no request is placed on one)."""
-        return self.anchor_margin_ms / 1e3 if self.anchors else float("inf")
+        return self.anchor_margin_ms / MS_PER_S if self.anchors else float("inf")
+
+    @property
+    def issue_early_s(self) -> float:
+        """How much earlier than one latency before their change requests go out (s)."""
+        return self.issue_early_ms / MS_PER_S
 
 
 @dataclass(frozen=True)
@@ -142,6 +148,11 @@ class OnlineConfig:
     def __post_init__(self) -> None:
         if self.interval_ms <= 0:
             raise KdvfsError(f"online decision interval {self.interval_ms} ms must be > 0")
+
+    @property
+    def interval_s(self) -> float:
+        """The time between decision points while the standing order depends on the budget spent (s)."""
+        return self.interval_ms / MS_PER_S
 
 
 GROUPS: dict[str, type[Any]] = {"measurement": MeasurementConfig, "timing": TimingConfig, "online": OnlineConfig}
@@ -234,10 +245,14 @@ class ControllerConfig:
         return CPU_TEST_MATCH_TOLERANCE if self.cpu_test_mode else self.timing.match_tolerance
 
     def __post_init__(self) -> None:
-        if self.budget < 0:
-            raise KdvfsError(f"--budget {self.budget} must be >= 0 (a fraction: 0.01 = 1%)")
-        if self.latency_ms is not None and self.latency_ms < 0:
-            raise KdvfsError(f"--latency-ms {self.latency_ms} must be >= 0")
+        checked_budget(self.budget)
+        if self.latency_ms is not None:
+            checked_latency_s(self.latency_ms)
+
+    @property
+    def latency_s(self) -> float | None:
+        """The switching latency to issue requests ahead by (s; None: the profile's)."""
+        return None if self.latency_ms is None else checked_latency_s(self.latency_ms)
 
     def guard_off(self) -> str | None:
         """Why the performance guard must not act in this run (its evidence is noise), or None."""

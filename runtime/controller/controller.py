@@ -32,6 +32,7 @@ from kdvfs.runtime.controller.control.opening import Opened, lease_and_watch, op
 from kdvfs.runtime.controller.control.summary import run_summary, window_records
 from kdvfs.runtime.controller.event_log import EventLog
 from kdvfs.runtime.controller.model.plan import Plan
+from kdvfs.runtime.controller.model.run_summary import RunSummary
 from kdvfs.runtime.controller.model.step_plan import StepPlan
 from kdvfs.runtime.controller.shapes.book import ShapeBook
 from kdvfs.runtime.controller.shapes.steps import VaryingSteps
@@ -68,7 +69,8 @@ class Controller:
                 raise TypeError("Controller needs a policy (or plan) and the expected trace, or a config")
             config = ControllerConfig.from_options(str(policy), str(trace), **options)
         self.config = config
-        self.summary: dict[str, Any] | None = None
+        self.summary: RunSummary | None = None
+        """The run's summary, once closed (``summary.to_json()``: its JSON form)."""
         self.rank = Rank.from_environment()
         self.book: ShapeBook | None = None
         """The plans of the shape buckets of a run whose steps vary (None for a run of one shape)."""
@@ -140,7 +142,7 @@ class Controller:
                         pid=os.getpid(), source=opened.plan.source, gpu=problem.profile.name,
                         trace=problem.trace.meta.workload, dry_run=config.dry_run, latency_s=problem.latency_s,
                         expected_s=step_plan.expected_s, auto_s=step_plan.auto_s,
-                        anchor_margin_s=config.timing.anchor_margin_ms / 1e3 if config.timing.anchors else None,
+                        anchor_margin_s=config.timing.anchor_margin_s if config.timing.anchors else None,
                         changes=len(step_plan.kernels))
 
     def _start(self, parts: ThreadParts) -> None:
@@ -178,9 +180,9 @@ class Controller:
         restored = self._stop_watchdog()
         self._parts.accounting.close()
         self.summary = run_summary(self._opened, self._parts, self.rank, restored)
-        self._log.write("summary", **self.summary)
+        self._log.write("summary", **self.summary.to_json())
         if not restored:
-            print(f"kdvfs: {self.summary['restore_error']}", file=sys.stderr)
+            print(f"kdvfs: {self.summary.restore_error}", file=sys.stderr)
 
     def _stop_watchdog(self) -> bool:
         """Stop the watchdog, which resets the clocks itself when the actuator's restore failed (idempotent);

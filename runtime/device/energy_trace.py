@@ -18,6 +18,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -321,10 +322,10 @@ class EnergyTrace:
             self._thread.join()
             self._thread = None
 
-    def figures(self) -> dict[str, float | int | None]:
+    def figures(self) -> dict[str, Any]:
         """For the summary: the reads (all; back to back to learn the clock and to measure a change again), the
-        median read (ms), the update period learned (ms; None: none) and the reading thread's CPU (s)."""
+        median read (s), the update period learned (s; None: none) and the reading thread's CPU (s)."""
         return {"reads": self.reads, "calibration_reads": self.calibration_reads, "relock_reads": self.relock_reads,
-                "read_ms": 1e3 * statistics.median(self._durations_s) if self._durations_s else None,
-                "update_period_ms": None if self.updates is None else 1e3 * self.updates.period_s,
+                "read_s": statistics.median(self._durations_s) if self._durations_s else None,
+                "update_period_s": None if self.updates is None else self.updates.period_s,
                 "thread_cpu_s": self.thread_cpu_s}

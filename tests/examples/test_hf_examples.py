@@ -4,7 +4,6 @@ encoder-decoder, gradient accumulation and packing recipes go through ``kdvfs ca
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
 import sys
@@ -16,6 +15,7 @@ from kdvfs.common.paths import REPO_ROOT
 from kdvfs.envs.trace.shape import ShapeAxes
 from kdvfs.envs.trace.trace_set import load_trace_set
 from kdvfs.runtime.cli import main
+from tests.schema_check import strict_loads, validate
 
 pytest.importorskip("transformers")
 sys.path.insert(0, str(REPO_ROOT / "examples"))
@@ -63,7 +63,8 @@ def test_recipe_is_captured_and_run_dry_on_the_cpu(recipe: str, tmp_path: Path,
     capsys.readouterr()
     assert main(["run", "--dry-run", *CPU, "--policy", plan, "--trace", trace, "--json", "--", *script,
                  "--steps", "40"]) == 0
-    summary = json.loads(capsys.readouterr().out)
+    summary = strict_loads(capsys.readouterr().out)
+    validate(summary, "run-summary")  # a run whose steps vary: its shapes' figures
     assert summary["shapes"] is not None and summary["controlled_steps"] > 0 and summary["gpu_restored"]
     assert set(summary["auto_reasons"]) <= {"ab_window", "no_plan", "no_shape", "after_off_script", "mismatch",
                                             "guard"}

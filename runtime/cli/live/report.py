@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from rich.table import Table
@@ -14,6 +15,10 @@ from kdvfs.common.errors import KdvfsError
 from kdvfs.runtime.cli.arguments import check_output_file
 from kdvfs.runtime.cli.live.run import measured_text, no_measurement_reason
 from kdvfs.runtime.cli.render import console, err_console, predicted_text, print_json
+
+if TYPE_CHECKING:  # the controller loads torch: not at startup
+    from kdvfs.runtime.controller.model.json_form import JsonRecord
+    from kdvfs.runtime.controller.model.run_summary import Measured, NetEffect, Predicted
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -24,10 +29,29 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     report.set_defaults(func=report_command)
 
 
-def read_run(path: Path) -> dict[str, Any]:
-    """The windows (with their joules), the live estimates and the summary of a run's log; ``cut_off``: its
-    last record was cut off (a killed run) and ignored."""
+@dataclass(frozen=True)
+class LoggedRun:
+    """What ``kdvfs report`` reads of a run's log: the windows (with their joules), the live estimates, the
+    summary's measured effects and prediction (None: the run wrote no summary), the last measured effect while
+    controlling (None: none), and whether its last record was cut off (a killed run) and ignored."""
+
+    windows: list[dict[str, Any]]
+    estimates: list[dict[str, Any]]
+    measured: Measured | None
+    measured_net: NetEffect | None
+    predicted: Predicted | None
+    cut_off: bool
+
+
+def read_run(path: Path) -> LoggedRun:
+    """The run the log at ``path`` records (:class:`LoggedRun`).
+
+    Raises:
+        KdvfsError: the log has no A/B window, or a record lacks a key this kdvfs version writes.
+    """
     from kdvfs.runtime.controller.event_log import read_event_log  # loads the controller (torch): not at startup
+    from kdvfs.runtime.controller.model.json_form import JsonFormError
+    from kdvfs.runtime.controller.model.run_summary import Measured, NetEffect
 
     records, cut_off = read_event_log(path)
     try:
@@ -39,11 +63,19 @@ def read_run(path: Path) -> dict[str, Any]:
             raise KdvfsError(f"{path}: no A/B windows in this log (a run too short, or not a kdvfs run log)")
         measured = summary["measured"] if summary else estimates[-1]["measured"] if estimates else None
         _arm_figures(windows)
-    except (KeyError, TypeError) as error:
+        return LoggedRun(windows, estimates, None if measured is None else Measured.from_json(measured),
+                         None if summary is None else NetEffect.from_json(summary["measured_net"]),
+                         None if summary is None else _predicted(summary["predicted"]), cut_off)
+    except (KeyError, TypeError, JsonFormError) as error:
         raise KdvfsError(f"{path}: a record lacks {error} (not a log of this kdvfs version); pass the file of "
                          "`kdvfs run --log`") from None
-    return {"windows": windows, "estimates": estimates, "summary": summary, "measured": measured,
-            "cut_off": cut_off}
+
+
+def _predicted(logged: dict[str, Any]) -> Predicted:
+    """A summary's ``predicted`` (logs written before ranges existed have none)."""
+    from kdvfs.runtime.controller.model.run_summary import Predicted
+
+    return Predicted.from_json({"range": None, **logged})
 
 
 def _arm_figures(windows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -66,50 +98,51 @@ def _arm_rows(windows: list[dict[str, Any]]) -> list[tuple[str, ...]]:
             for (arm, row), letter in zip(_arm_figures(windows).items(), "AB", strict=True)]
 
 
-def report_json(run: dict[str, Any], path: Path) -> dict[str, Any]:
+def _no_measurement(run: LoggedRun) -> str | None:
+    if run.measured is None:
+        return f"no A/B pair completed in {len(run.windows)} windows: run longer"
+    return no_measurement_reason(run.measured)
+
+
+def report_json(run: LoggedRun, path: Path) -> dict[str, Any]:
     """``kdvfs report --json``: the log, the windows per arm, the measured effect while controlling and over the
     run, the cost model's prediction, why nothing was measured (or null) and whether the last record was cut
-    off."""
-    summary, measured = run["summary"], run["measured"]
-    reason = (no_measurement_reason(measured) if measured is not None else
-              f"no A/B pair completed in {len(run['windows'])} windows: run longer")
-    return {"log": str(path), "arms": _arm_figures(run["windows"]), "measured": measured,
-            "measured_net": None if summary is None else summary["measured_net"],
-            "predicted": None if summary is None else summary["predicted"], "no_measurement_reason": reason,
-            "last_record_cut_off": run["cut_off"]}
+    off (docs/schemas/report.schema.json)."""
+    def written(record: JsonRecord | None) -> dict[str, Any] | None:
+        return None if record is None else record.to_json()
+
+    return {"log": str(path), "arms": _arm_figures(run.windows), "measured": written(run.measured),
+            "measured_net": written(run.measured_net), "predicted": written(run.predicted),
+            "no_measurement_reason": _no_measurement(run), "last_record_cut_off": run.cut_off}
 
 
-def report_table(run: dict[str, Any]) -> Table:
+def report_table(run: LoggedRun) -> Table:
     """Windows per arm, the measured effect with its interval, and the cost model's prediction."""
     table = Table(title="kdvfs report: A/B windows")
     for column in ("", "windows", "ms per step", "J per step"):
         table.add_column(column)
-    for row in _arm_rows(run["windows"]):
+    for row in _arm_rows(run.windows):
         table.add_row(*row)
-    if run["measured"] is not None:
-        table.add_row("measured saving / slowdown (95%)", measured_text(run["measured"]), "", "")
-        reason = no_measurement_reason(run["measured"])
-        if reason is not None:
-            table.add_row("why no measurement", reason, "", "")
-    else:
-        table.add_row("why no measurement", f"no A/B pair completed in {len(run['windows'])} windows: run longer",
-                      "", "")
-    summary = run["summary"]
-    if summary is not None:
-        table.add_row("over the run", measured_text(summary["measured_net"]), "", "")
-        predicted = summary["predicted"]
-        table.add_row("predicted (cost model)", predicted_text(predicted, "+"), "", "")
+    if run.measured is not None:
+        table.add_row("measured saving / slowdown (95%)", measured_text(run.measured), "", "")
+    reason = _no_measurement(run)
+    if reason is not None:
+        table.add_row("why no measurement", reason, "", "")
+    if run.measured_net is not None:
+        table.add_row("over the run", measured_text(run.measured_net), "", "")
+    if run.predicted is not None:
+        table.add_row("predicted (cost model)", predicted_text(run.predicted, "+"), "", "")
     return table
 
 
-def plot_run(run: dict[str, Any], path: Path) -> None:
+def plot_run(run: LoggedRun, path: Path) -> None:
     """Joules and seconds per step of each window over time, and the estimate with its interval."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    windows, t0_s = run["windows"], run["windows"][0]["start_s"]
+    windows, t0_s = run.windows, run.windows[0]["start_s"]
     figure, axes = plt.subplots(3, 1, figsize=(9, 9), sharex=True)
     for arm, colour, label in (("A", "tab:grey", "auto (A)"), ("B", "tab:green", "controlled (B)")):
         chosen = [w for w in windows if w["arm"] == arm]
@@ -122,15 +155,15 @@ def plot_run(run: dict[str, Any], path: Path) -> None:
     end_by_step = {w["last_step"]: w["end_s"] - t0_s for w in windows}
     for key, colour, label in (("energy_saved", "tab:green", "energy saved"), ("slowdown", "tab:red", "slowdown")):
         points = [(end_by_step.get(e["step"], np.nan), e["measured"][f"{key}_pct"], e["measured"][f"{key}_ci95_pct"])
-                  for e in run["estimates"] if e["measured"][f"{key}_pct"] is not None]
+                  for e in run.estimates if e["measured"][f"{key}_pct"] is not None]
         if points:
             times = [p[0] for p in points]
             axes[2].plot(times, [p[1] for p in points], color=colour, label=f"measured {label}")
             axes[2].fill_between(times, [p[2][0] for p in points], [p[2][1] for p in points], color=colour,
                                  alpha=0.2)
-        if run["summary"] is not None:
-            axes[2].axhline(run["summary"]["predicted"][f"{key}_pct"], color=colour, ls="--",
-                            label=f"predicted {label}")
+        if run.predicted is not None:
+            predicted_pct = run.predicted.energy_saved_pct if key == "energy_saved" else run.predicted.slowdown_pct
+            axes[2].axhline(predicted_pct, color=colour, ls="--", label=f"predicted {label}")
     axes[2].axhline(0, color="black", lw=0.5)
     axes[2].set_ylabel("% (95% interval)")
     axes[2].set_xlabel("s since the first window")
@@ -144,7 +177,7 @@ def plot_run(run: dict[str, Any], path: Path) -> None:
 def report_command(args: argparse.Namespace) -> int:
     check_output_file(args.plot, [args.log])
     run = read_run(args.log)
-    if run["cut_off"]:
+    if run.cut_off:
         print(f"kdvfs report: {args.log}: last record cut off, ignored (the run was killed while writing it)",
               file=sys.stderr)
     if args.json:

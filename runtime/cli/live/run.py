@@ -8,7 +8,7 @@ import signal
 import sys
 import types
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 
@@ -34,6 +34,9 @@ from kdvfs.runtime.device.nvml_device import (
     reset_fix,
     restore_error,
 )
+
+if TYPE_CHECKING:  # the controller loads torch: not at startup
+    from kdvfs.runtime.controller.model.run_summary import EndedRank, JobSummary, Measured, NetEffect, RankRow
 
 STDERR_FD = 2
 
@@ -88,69 +91,77 @@ def _interval(value: float | None, bounds: list[float] | None) -> str:
     return "-" if value is None or bounds is None else f"{value:+.2f}% [{bounds[0]:+.2f}, {bounds[1]:+.2f}]"
 
 
-def measured_text(measured: dict[str, Any]) -> str:
+def measured_text(measured: Measured | NetEffect) -> str:
     """A measured effect as ``saving [lo, hi] / slowdown [lo, hi]``."""
-    return (f"{_interval(measured['energy_saved_pct'], measured['energy_saved_ci95_pct'])} / "
-            f"{_interval(measured['slowdown_pct'], measured['slowdown_ci95_pct'])}")
+    return (f"{_interval(measured.energy_saved_pct, measured.energy_saved_ci95_pct)} / "
+            f"{_interval(measured.slowdown_pct, measured.slowdown_ci95_pct)}")
 
 
-def no_measurement_reason(measured: dict[str, Any]) -> str | None:
+def no_measurement_reason(measured: Measured) -> str | None:
     """Why a run measured no effect (its figures read ``-``), or None when it did."""
-    if measured["slowdown_pct"] is not None:
+    if measured.slowdown_pct is not None:
         return None
     from kdvfs.runtime.controller.measurement.estimator import MIN_PAIRS
 
-    return (f"no A/B pair completed ({measured['windows_auto']} auto and {measured['windows_controlled']} "
+    return (f"no A/B pair completed ({measured.windows_auto} auto and {measured.windows_controlled} "
             f"controlled windows as intended; an interval needs {MIN_PAIRS} pairs, {2 * MIN_PAIRS} windows of at "
             "least --ab-window-s each): run longer, or with --ab-share above 0")
 
 
-def summary_table(summary: dict[str, Any]) -> Table:
+def summary_table(job: JobSummary) -> Table:
     """The controller's summary at exit."""
-    mode = "dry run (no clock changed)" if summary["dry_run"] else "clocks controlled"
-    if summary.get("observe_only"):
+    summary = job.summary
+    mode = "dry run (no clock changed)" if summary.dry_run else "clocks controlled"
+    if summary.observe_only:
         mode = "observe-only (the GPU refused clock setting: clocks at auto)"
-    elif summary["error"] and not summary["dry_run"]:
+    elif summary.error and not summary.dry_run:
         mode = "clocks controlled until an error, then auto"
-    table = Table(title=f"kdvfs run: {summary['source']} on {summary['gpu']}, {mode}", show_header=False)
-    predicted = summary["predicted"]
-    caveat = summary.get("not_measured_on_a_gpu")
+    table = Table(title=f"kdvfs run: {summary.source} on {summary.gpu}, {mode}", show_header=False)
+    caveat = summary.not_measured_on_a_gpu
     noise = " (not a GPU's: means nothing)" if caveat else ""
     rows = [
         *([("! not a GPU measurement", caveat)] if caveat else []),
-        ("clock control (nvml: this process; daemon:SOCKET)", str(summary.get("clock_control", "-"))),
-        ("steps / controlled / mismatches", f"{summary['steps']} / {summary['controlled_steps']} / "
-                                             f"{summary['mismatches']}"),
-        ("clock requests" + (" (would have made)" if summary["dry_run"] else ""), str(summary["switches"])),
-        ("step time (ms, GPU)", _figure(summary["step_time_s"], 1e3)),
-        ("energy per step (J, NVML)", _figure(summary["energy_j_per_step"])),
-        ("energy per step auto / controlled (J)", f"{_figure(summary['energy_j_per_step_auto'])} / "
-                                                  f"{_figure(summary['energy_j_per_step_controlled'])}"),
-        ("measured saving / slowdown while controlling (95% interval)", measured_text(summary["measured"]) + noise),
-        ("measured saving / slowdown over the run", measured_text(summary["measured_net"]) + noise),
-        (f"predicted saving / slowdown (cost model, {COVERAGE:.0%} range)", predicted_text(predicted)),
+        ("clock control (nvml: this process; daemon:SOCKET)", summary.clock_control),
+        ("steps / controlled / mismatches", f"{summary.steps} / {summary.controlled_steps} / {summary.mismatches}"),
+        ("clock requests" + (" (would have made)" if summary.dry_run else ""), str(summary.switches)),
+        ("step time (ms, GPU)", _figure(summary.step_time_s, 1e3)),
+        ("energy per step (J, NVML)", _figure(summary.energy_j_per_step)),
+        ("energy per step auto / controlled (J)", f"{_figure(summary.energy_j_per_step_auto)} / "
+                                                  f"{_figure(summary.energy_j_per_step_controlled)}"),
+        ("measured saving / slowdown while controlling (95% interval)", measured_text(summary.measured) + noise),
+        ("measured saving / slowdown over the run", measured_text(summary.measured_net) + noise),
+        (f"predicted saving / slowdown (cost model, {COVERAGE:.0%} range)", predicted_text(summary.predicted)),
     ]
-    reason = no_measurement_reason(summary["measured"])
+    reason = no_measurement_reason(summary.measured)
     if reason is not None:
         rows.append(("why no measured saving / slowdown", reason))
-    if summary["backed_off"]:
-        rows.append(("backed off", summary["backoff_reason"]))
-    if summary.get("guard_off"):
-        rows.append(("guard off", summary["guard_off"]))
-    if summary.get("observe_only"):
-        rows.append(("observe-only", summary["observe_only"]))
-    elif summary["error"]:
-        rows.append(("controller error (GPU returned to auto)", summary["error"]))
-    for rank in summary["ranks"] if len(summary["ranks"]) > 1 else []:
-        if "steps" not in rank:
-            rows.append((f"rank {rank['rank']}: ended without a summary, restored", str(rank["gpu_restored"])))
-            continue
-        rows.append((f"rank {rank['rank']} (GPU {rank['gpu_index']}): steps / controlled, J per step, restored",
-                     f"{rank['steps']} / {rank['controlled_steps']}, {_figure(rank['energy_j_per_step'])}, "
-                     f"{rank['gpu_restored']}"))
+    if summary.backed_off:
+        rows.append(("backed off", summary.backoff_reason))
+    if summary.guard_off:
+        rows.append(("guard off", summary.guard_off))
+    if summary.observe_only:
+        rows.append(("observe-only", summary.observe_only))
+    elif summary.error:
+        rows.append(("controller error (GPU returned to auto)", summary.error))
+    rows += _rank_rows(job.ranks) if len(job.ranks) > 1 else []
     for label, value in rows:
         table.add_row(label, value)
     return table
+
+
+def _rank_rows(ranks: list[RankRow | EndedRank]) -> list[tuple[str, str]]:
+    """Each rank's row of a job's summary table."""
+    from kdvfs.runtime.controller.model.run_summary import EndedRank
+
+    rows = []
+    for rank in ranks:
+        if isinstance(rank, EndedRank):
+            rows.append((f"rank {rank.rank}: ended without a summary, restored", str(rank.gpu_restored)))
+        else:
+            rows.append((f"rank {rank.rank} (GPU {rank.gpu_index}): steps / controlled, J per step, restored",
+                         f"{rank.steps} / {rank.controlled_steps}, {_figure(rank.energy_j_per_step)}, "
+                         f"{rank.gpu_restored}"))
+    return rows
 
 
 def run_command(args: argparse.Namespace) -> int:
@@ -158,6 +169,7 @@ def run_command(args: argparse.Namespace) -> int:
     from kdvfs.envs.gpu.profiles import profile_path
     from kdvfs.envs.trace.bundled import trace_path
     from kdvfs.runtime.controller.config import ControllerConfig
+    from kdvfs.runtime.controller.model.run_summary import EndedSummary
     from kdvfs.runtime.controller.training.launch import run_controlled
 
     inputs = [resolved(args.policy, policy_source_path), resolved(args.trace, trace_path),
@@ -173,10 +185,10 @@ def run_command(args: argparse.Namespace) -> int:
         window_s=args.ab_window_s, online=not args.replay)
     code, summary = run_controlled(args.command, config, script_stdout=STDERR_FD if args.json else None)
     if args.json:
-        print_json(summary)
-    elif "source" not in summary:  # no process wrote its summary: ended_summary's fields only
-        console.print(f"kdvfs run: {summary['error']}; GPU back at its own clock control: {summary['gpu_restored']}"
-                      f"; {summary['windows']} A/B windows logged")
+        print_json(summary.to_json())
+    elif isinstance(summary, EndedSummary):  # no process wrote its summary
+        console.print(f"kdvfs run: {summary.error}; GPU back at its own clock control: {summary.gpu_restored}"
+                      f"; {summary.windows} A/B windows logged")
     else:
         console.print(summary_table(summary))
     if code != 0:

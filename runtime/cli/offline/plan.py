@@ -11,8 +11,8 @@ from kdvfs.agents.common.problem import Problem, outcome_of, rank_budget, rank_s
 from kdvfs.agents.evaluation.compare import EVALUATED, Row, compare, plot_tradeoff
 from kdvfs.agents.evaluation.ranges import ChangeRange, row_ranges, sampled_problems, schedule_range
 from kdvfs.agents.planners.registry import PLANNERS, make_planner
-from kdvfs.common.errors import KdvfsError
 from kdvfs.common.files import write_text_atomic
+from kdvfs.common.units import checked_latency_s
 from kdvfs.envs.gpu.profiles import load_profile, profile_path
 from kdvfs.envs.model.schedule import Schedule
 from kdvfs.envs.trace.bundled import open_trace, trace_path
@@ -75,10 +75,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def latency_from_args(args: argparse.Namespace) -> float | None:
     """``--latency-ms`` in seconds (None: the profile's)."""
-    latency_s = None if args.latency_ms is None else args.latency_ms / 1e3
-    if latency_s is not None and latency_s < 0:
-        raise KdvfsError(f"--latency-ms {args.latency_ms} must be >= 0")
-    return latency_s
+    return None if args.latency_ms is None else checked_latency_s(args.latency_ms)
 
 
 def problem_from_args(args: argparse.Namespace, budget: float, with_slack: bool = False,

@@ -122,12 +122,12 @@ class ThreadBuilder:
                 step_plan = StepPlan.build(shape_plan.problem, shape_plan.schedule, config.dry_run)
                 anchors = self._anchors(timeline, hooks, (shape_plan.problem, step_plan))
                 source = ReplayedSchedule(step_plan, anchors, context, shape_plan.problem.latency_s,
-                                          config.timing.issue_early_ms / 1e3)
+                                          config.timing.issue_early_s)
                 margins.append(StepEntry(step_plan, anchors, source, top.key, kernel_time_s(shape_plan.problem)))
             return tuple(margins)
 
         shapes = ShapeSteps(book, {top: entries(top, plans) for top, plans in book.plans.items()}, varying.shape_of,
-                            kernel_time_s(self.opened.plan.problem), 100 * config.budget, varying.kernel_time_s)
+                            kernel_time_s(self.opened.plan.problem), config.budget, varying.kernel_time_s)
         book.on_plan = lambda top, plans: shapes.add(top, entries(top, plans))
         return shapes
 
@@ -137,7 +137,7 @@ class ThreadBuilder:
         plan, config, step_plan = self.opened.plan, self.opened.config, self.opened.step_plan
         if plan.online is None:
             return ReplayedSchedule(step_plan, anchors, context, plan.problem.latency_s,
-                                    config.timing.issue_early_ms / 1e3)
+                                    config.timing.issue_early_s)
         from kdvfs.runtime.controller.decisions.live_clocks import LiveClocks
         from kdvfs.runtime.controller.decisions.online import OnlineSettings, OnlineSteps
 
@@ -147,7 +147,7 @@ class ThreadBuilder:
         online.prepare()
         settings = OnlineSettings(
             expected_s=step_plan.expected_s, budget=problem.budget, job_budget=config.budget,
-            dry_run=config.dry_run, interval_s=max(online.decision_interval_s, config.online.interval_ms / 1e3),
-            early_s=config.timing.issue_early_ms / 1e3, warm_up=config.online.warm_up,
+            dry_run=config.dry_run, interval_s=max(online.decision_interval_s, config.online.interval_s),
+            early_s=config.timing.issue_early_s, warm_up=config.online.warm_up,
             sleep_lead_in=config.online.sleep_lead_in)
         return OnlineSteps(online, clocks, anchors, context, settings)

@@ -28,6 +28,7 @@ from kdvfs.runtime.controller.decisions.decision_records import quantiles
 from kdvfs.runtime.controller.decisions.sources import StepSource, ThreadContext
 from kdvfs.runtime.controller.measurement.accounting import Accounting
 from kdvfs.runtime.controller.measurement.guard import Guard
+from kdvfs.runtime.controller.model.run_summary import LeadIn
 from kdvfs.runtime.controller.model.step_plan import StepPlan
 from kdvfs.runtime.controller.shapes.steps import ShapeSteps, StepEntry
 from kdvfs.runtime.controller.timing.anchors import Anchors
@@ -240,12 +241,10 @@ class Issuer(threading.Thread):
             return None
         return (self.last_end_s - self._first_end_s) / (self.steps - 1)
 
-    def lead_in_figures(self) -> dict[str, Any]:
-        """For the summary: the lead-ins slept through, those whose first anchor came late (and by how much, ms),
+    def lead_in_figures(self) -> LeadIn:
+        """For the summary: the lead-ins slept through, those whose first anchor came late (and by how much, s),
         and those whose first anchor never came (docs/design/controller.md)."""
-        late_ms = [1e3 * late_s for late_s in self.lead_in_late_s]
-        return {"waits": self.lead_ins, "late": len(late_ms), "missed": self.lead_ins_missed,
-                "late_ms": quantiles(late_ms)}
+        return LeadIn(self.lead_ins, len(self.lead_in_late_s), self.lead_ins_missed, quantiles(self.lead_in_late_s))
 
     def _following(self, step: int, end: StepEnd) -> StepEntry | None:
         """The entry step ``step`` will run with: the one entry, or (steps that vary) its shape's, waiting for the

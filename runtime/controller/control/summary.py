@@ -1,7 +1,6 @@
-"""The run's summary, built once the controller's thread stopped: a dict of JSON values (steps, switches,
-what the guard did, the accounting's estimates, the anchors', source's and shapes' figures, the thread's CPU
-cost, the plan's predicted saving and slowdown). ``kdvfs run`` prints it and writes it to its report, the event
-log ends with it; CPU times are reported in ms (``controller_cpu_ms``), the rest in the units their keys name.
+"""The run's summary (:class:`~kdvfs.runtime.controller.model.run_summary.RunSummary`), built once the
+controller's thread stopped: steps, switches, what the guard did, the accounting's estimates, the anchors',
+source's and shapes' figures, the thread's CPU cost, the plan's predicted saving and slowdown.
 """
 
 from __future__ import annotations
@@ -15,54 +14,43 @@ from kdvfs.runtime.controller.control.assembly import ThreadParts
 from kdvfs.runtime.controller.control.opening import Opened, clock_control_of, connection_error
 from kdvfs.runtime.controller.measurement.accounting import Accounting
 from kdvfs.runtime.controller.measurement.host_cost import host_cost
+from kdvfs.runtime.controller.model.run_summary import ControllerCpu, Predicted, RunSummary
 from kdvfs.runtime.controller.timing.gpu_timeline import CudaStepTimeline
 from kdvfs.runtime.device.errors import observe_only_reason
 from kdvfs.runtime.job import Rank
 
 
-def run_summary(opened: Opened, parts: ThreadParts, rank: Rank, gpu_restored: bool) -> dict[str, Any]:
+def run_summary(opened: Opened, parts: ThreadParts, rank: Rank, gpu_restored: bool) -> RunSummary:
     """The summary of the run of ``opened`` by ``parts`` on ``rank``, whose GPU is back at its own control when
     ``gpu_restored``."""
-    issuer, actuator, accounting, plan, config = parts.issuer, parts.actuator, parts.accounting, opened.plan, \
-        opened.config
+    issuer, actuator, plan, config = parts.issuer, parts.actuator, opened.plan, opened.config
     guard = issuer.guard.slowdown()
-    return {
-        "rank": rank.rank, "world_size": rank.world_size, "gpu_index": opened.device.index,
-        "source": plan.source, "gpu": plan.problem.profile.name, "trace": plan.problem.trace.meta.workload,
-        "dry_run": config.dry_run, "clock_control": clock_control_of(opened.device), "steps": issuer.steps,
-        "controlled_steps": issuer.controlled_steps,
-        "switches": actuator.switches, "mismatches": issuer.matcher.mismatches,
-        "backed_off": issuer.guard.backoffs > 0, "backoff_reason": issuer.guard.reason,
-        "guard_backoffs": issuer.guard.backoffs, "guard_slowdown_pct": None if guard is None else guard.mean_pct,
-        "guard_off": issuer.guard.off, "not_measured_on_a_gpu": config.not_measured_on_a_gpu(opened.fake_nvml),
-        "error": str(issuer.error) if issuer.error is not None else connection_error(opened.device),
-        "observe_only": observe_only_reason(issuer.error),
-        "restore_error": None if actuator.restore_error is None else str(actuator.restore_error),
-        "anchors": {**issuer.anchors.figures(), "blocks": None if parts.hooks is None else parts.hooks.blocks},
-        **issuer.source.summary(),
-        "shapes": None if parts.shapes is None else parts.shapes.figures(),
-        "auto_reasons": dict(sorted(issuer.auto_reasons.items())),
-        "lead_in": issuer.lead_in_figures(),
-        **_cpu_figures(parts),
-        "requests": actuator.figures(),
-        **accounting.figures(issuer.controlled_steps / issuer.steps if issuer.steps else 0.0),
-        "predicted": {**{k: v for k, v in asdict(score(plan.problem, plan.schedule)).items() if k != "method"},
-                      "range": predicted_range(plan.problem, plan.schedule).as_json()},
-        "gpu_restored": gpu_restored,
-    }
-
-
-def _cpu_figures(parts: ThreadParts) -> dict[str, Any]:
-    """``controller_cpu_ms`` (the thread's CPU time and its parts, the hooks', ms) and ``host_cost``."""
-    issuer, cuda = parts.issuer, parts.timeline if isinstance(parts.timeline, CudaStepTimeline) else None
-    return {
-        "controller_cpu_ms": {"thread": 1e3 * issuer.cpu_s, "thread_end_wait": 1e3 * issuer.end_wait_cpu_s,
-                              "thread_issue": 1e3 * issuer.issue_cpu_s,
-                              "hooks": None if cuda is None else 1e3 * cuda.hook_s},
-        "host_cost": host_cost(issuer.cpu_s, parts.accounting.energy_thread_cpu_s,
-                               None if cuda is None else cuda.hook_s, issuer.steps, issuer.step_interval_s(),
-                               parts.thread_clock.sleeps + (0 if cuda is None else cuda.sleeps)),
-    }
+    online = issuer.source.figures()
+    cuda = parts.timeline if isinstance(parts.timeline, CudaStepTimeline) else None
+    hooks_s = None if cuda is None else cuda.hook_s
+    return RunSummary(
+        rank=rank.rank, world_size=rank.world_size, gpu_index=opened.device.index, source=plan.source,
+        gpu=plan.problem.profile.name, trace=plan.problem.trace.meta.workload, dry_run=config.dry_run,
+        clock_control=clock_control_of(opened.device), steps=issuer.steps, controlled_steps=issuer.controlled_steps,
+        switches=actuator.switches, mismatches=issuer.matcher.mismatches, backed_off=issuer.guard.backoffs > 0,
+        backoff_reason=issuer.guard.reason, guard_backoffs=issuer.guard.backoffs,
+        guard_slowdown_pct=None if guard is None else guard.mean_pct, guard_off=issuer.guard.off,
+        not_measured_on_a_gpu=config.not_measured_on_a_gpu(opened.fake_nvml),
+        error=str(issuer.error) if issuer.error is not None else connection_error(opened.device),
+        observe_only=observe_only_reason(issuer.error),
+        restore_error=None if actuator.restore_error is None else str(actuator.restore_error),
+        anchors=issuer.anchors.figures(None if parts.hooks is None else parts.hooks.blocks),
+        online_decisions=None if online is None else online.decisions, online=online,
+        shapes=None if parts.shapes is None else parts.shapes.figures(),
+        auto_reasons=dict(sorted(issuer.auto_reasons.items())), lead_in=issuer.lead_in_figures(),
+        controller_cpu=ControllerCpu(issuer.cpu_s, issuer.end_wait_cpu_s, issuer.issue_cpu_s, hooks_s),
+        host_cost=host_cost(issuer.cpu_s, parts.accounting.energy_thread_cpu_s, hooks_s, issuer.steps,
+                            issuer.step_interval_s(), parts.thread_clock.sleeps + (0 if cuda is None else cuda.sleeps)),
+        requests=actuator.figures(),
+        **parts.accounting.figures(issuer.controlled_steps / issuer.steps if issuer.steps else 0.0),
+        predicted=Predicted(**{k: v for k, v in asdict(score(plan.problem, plan.schedule)).items() if k != "method"},
+                            range=predicted_range(plan.problem, plan.schedule).as_json()),
+        gpu_restored=gpu_restored)
 
 
 def window_records(accounting: Accounting | None) -> list[dict[str, Any]]:

@@ -7,6 +7,7 @@ from typing import Any
 
 from kdvfs.runtime.controller.decisions.decision_records import quantiles
 from kdvfs.runtime.controller.event_log import EventLog
+from kdvfs.runtime.controller.model.run_summary import RequestFigures
 from kdvfs.runtime.device.errors import DeviceError
 from kdvfs.runtime.device.host_time import Clock
 from kdvfs.runtime.device.interface import Device
@@ -50,8 +51,8 @@ class Actuator:
         self.latency_s = latency_s
         self.planned = 0
         """Requests planned ahead of their change."""
-        self.late_ms: list[float] = []
-        """Of them, how late each late one went out (ms)."""
+        self.late_s: list[float] = []
+        """Of them, how late each late one went out (s)."""
 
     def _apply(self, clocks: str) -> None:
         if self.dry_run or self.device is None:
@@ -78,16 +79,15 @@ class Actuator:
         if due_s is not None and request_s is not None and due_s > request_s:
             self.planned += 1
             if due_s - issued_s < self.latency_s - LATE_TOLERANCE_S:
-                self.late_ms.append(1e3 * (self.latency_s - (due_s - issued_s)))
+                self.late_s.append(self.latency_s - (due_s - issued_s))
         self.log.append("request", clocks=clocks, issued_s=issued_s, dry_run=self.dry_run, **record)
         return True
 
-    def figures(self) -> dict[str, Any]:
+    def figures(self) -> RequestFigures:
         """For the summary: the requests planned ahead of their change, the late ones among them, their share
-        and their lateness (ms quantiles)."""
-        return {"planned": self.planned, "late": len(self.late_ms),
-                "late_share": len(self.late_ms) / self.planned if self.planned else None,
-                "late_ms": quantiles(self.late_ms)}
+        and their lateness (s quantiles)."""
+        return RequestFigures(self.planned, len(self.late_s), len(self.late_s) / self.planned if self.planned else None,
+                              quantiles(self.late_s))
 
     def close(self) -> None:
         """Return the clocks to the GPU (when anything was changed) and ignore every later request."""

@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from kdvfs.runtime.controller.model.run_summary import Quantiles
+
 
 class DecisionRecords:
     """Log lines of online decisions whose clocks are grid pairs named by ``labels`` (``"1410:3201"``)."""
@@ -58,8 +60,8 @@ class DecisionRecords:
         return encoded
 
 
-def quantiles(values: list[float]) -> dict[str, float | None]:
+def quantiles(values: list[float]) -> Quantiles:
     """Median and p99 of ``values`` (None for none)."""
     if not values:
-        return {"median": None, "p99": None}
-    return {"median": float(np.median(values)), "p99": float(np.percentile(values, 99))}
+        return Quantiles(None, None)
+    return Quantiles(float(np.median(values)), float(np.percentile(values, 99)))

@@ -34,6 +34,7 @@ from kdvfs.runtime.controller.decisions.sources import ThreadContext
 from kdvfs.runtime.controller.decisions.warm_up import WarmUp
 from kdvfs.runtime.controller.measurement.budget_feedback import fed_back_budget
 from kdvfs.runtime.controller.measurement.estimator import Interval
+from kdvfs.runtime.controller.model.run_summary import OnlineFigures
 from kdvfs.runtime.controller.timing.anchors import Anchors
 from kdvfs.runtime.controller.timing.gpu_timeline import StepEnd
 from kdvfs.runtime.controller.timing.step_times import PassedAnchor, StepTimes
@@ -370,19 +371,15 @@ class OnlineSteps:
         self.requests += 1
         return True
 
-    def summary(self) -> dict[str, Any]:
-        """For the summary: ``online_decisions`` (the policy's evaluations) and ``online`` (:meth:`figures`)."""
-        return {"online_decisions": self.decisions, "online": self.figures()}
-
-    def figures(self) -> dict[str, Any]:
-        """The decisions' counts, wakes, progress sources and times (us; totals in ms), the budget the policy
-        was given last (``step_budget_pct``) and the decision interval (ms)."""
-        return {"decisions": self.decisions, "advisor_reads": self.advisor_reads, "requests": self.requests,
-                "lookaheads": self.lookaheads, "lookahead_points": self.lookahead_points,
-                "progress": dict(self.progress), "took_effect": dict(self.clocks.took_effect),
-                "decision_us": quantiles(self.policy_wall_us), "decision_point_us": quantiles(self.wall_us),
-                "decision_point_cpu_us": quantiles(self.cpu_us), "cpu_ms": 1e-3 * sum(self.cpu_us),
-                **({"warm_us": None, "warm_ms": None} if self.warm_up is None else self.warm_up.figures()),
-                "wakes": dict(self.wakes),
-                "step_budget_pct": 100 * self.budget, "interval_ms": 1e3 * self.interval_s}
+    def figures(self) -> OnlineFigures:
+        """For the summary: the decisions' counts, wakes, progress sources and times (us; totals in ms), the
+        budget the policy was given last (fraction) and the decision interval (s)."""
+        warm_us, warm_ms = (None, None) if self.warm_up is None else self.warm_up.figures()
+        return OnlineFigures(
+            decisions=self.decisions, advisor_reads=self.advisor_reads, requests=self.requests,
+            lookaheads=self.lookaheads, lookahead_points=self.lookahead_points, progress=dict(self.progress),
+            took_effect=dict(self.clocks.took_effect), decision_us=quantiles(self.policy_wall_us),
+            decision_point_us=quantiles(self.wall_us), decision_point_cpu_us=quantiles(self.cpu_us),
+            cpu_ms=1e-3 * sum(self.cpu_us), warm_us=warm_us, warm_ms=warm_ms, wakes=dict(self.wakes),
+            step_budget=self.budget, interval_s=self.interval_s)
 

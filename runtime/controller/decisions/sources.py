@@ -18,11 +18,12 @@ import math
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from kdvfs.runtime.controller.decisions.actuator import Actuator
 from kdvfs.runtime.controller.event_log import EventLog
 from kdvfs.runtime.controller.measurement.estimator import Interval
+from kdvfs.runtime.controller.model.run_summary import OnlineFigures
 from kdvfs.runtime.controller.model.step_plan import StepPlan
 from kdvfs.runtime.controller.timing.anchors import Anchors
 from kdvfs.runtime.controller.timing.gpu_timeline import StepEnd, StepTimeline
@@ -69,8 +70,8 @@ class StepSource(Protocol):
         """Learn from a finished step, after the anchors have."""
         ...
 
-    def summary(self) -> dict[str, Any]:
-        """For the summary: ``online_decisions`` and ``online`` (both None for a replayed schedule)."""
+    def figures(self) -> OnlineFigures | None:
+        """For the summary: the online decisions' figures (None for a replayed schedule)."""
         ...
 
 
@@ -119,5 +120,5 @@ class ReplayedSchedule:
     def observe(self, end: StepEnd, matched: bool, controlled: bool) -> None:
         """A replayed schedule learns nothing beyond the anchors."""
 
-    def summary(self) -> dict[str, Any]:
-        return {"online_decisions": None, "online": None}
+    def figures(self) -> None:
+        return None

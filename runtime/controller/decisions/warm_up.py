@@ -17,9 +17,9 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any
 
 from kdvfs.runtime.controller.decisions.decision_records import quantiles
+from kdvfs.runtime.controller.model.run_summary import Quantiles
 
 WARM_UPS = 64
 """Warm-ups whose durations set the lead."""
@@ -45,6 +45,6 @@ class WarmUp:
         self._recent_s.append(took_s)
         self.durations_us.append(took_s * 1e6)
 
-    def figures(self) -> dict[str, Any]:
-        """For the summary: the warm-ups' durations (us) and their total (ms)."""
-        return {"warm_us": quantiles(self.durations_us), "warm_ms": 1e-3 * sum(self.durations_us)}
+    def figures(self) -> tuple[Quantiles, float]:
+        """For the summary: the warm-ups' durations (us quantiles) and their total (ms)."""
+        return quantiles(self.durations_us), 1e-3 * sum(self.durations_us)

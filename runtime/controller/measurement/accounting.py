@@ -27,6 +27,7 @@ from kdvfs.runtime.controller.config import ControllerConfig
 from kdvfs.runtime.controller.event_log import EventLog
 from kdvfs.runtime.controller.measurement.ab import AUTO, CONTROLLED, AbSchedule, Slot
 from kdvfs.runtime.controller.measurement.estimator import Interval, Paired, WindowRow, adjusted, measured, net
+from kdvfs.runtime.controller.model.run_summary import EnergyCounter
 from kdvfs.runtime.device.energy import Meter
 from kdvfs.runtime.device.energy_trace import EnergyTrace
 from kdvfs.runtime.device.errors import DeviceError
@@ -217,7 +218,7 @@ class Accounting:
 
     def _report(self, event: str, step: int, **fields: float) -> None:
         saved, slowdown = self.saved.interval(), self.slowdown.interval()
-        self._log.write(event, step=step, **fields, measured=measured(saved, slowdown, *self.window_counts()))
+        self._log.write(event, step=step, **fields, measured=measured(saved, slowdown, *self.window_counts()).to_json())
         for name, interval in (("energy_saved_pct", saved), ("slowdown_pct", slowdown)):
             if interval is not None:
                 self._scalars(step, **{f"measured_{name}": interval.mean_pct, f"measured_{name}_lo": interval.lo_pct,
@@ -260,7 +261,7 @@ class Accounting:
     def figures(self, controlled_share: float) -> dict[str, Any]:
         """Whole-run figures: window steps, mean GPU step time (s), joules per step (all windows with energy,
         windows entirely at auto, entirely controlled), the measured effect while controlling (``measured``)
-        and over the run (``measured_net``), and the counter reads."""
+        and over the run (``measured_net``), and the counter reads: :class:`RunSummary` fields by name."""
         def mean_energy(windows: list[Window]) -> float | None:
             known = [(w.energy_j_per_step, w.steps) for w in windows if w.energy_j_per_step is not None]
             steps = sum(n for _, n in known)
@@ -277,7 +278,7 @@ class Accounting:
             "measured": effect, "measured_net": net(effect, controlled_share),
             "ab_share": self.schedule.share, "energy_measured": self._trace is not None,
             "energy_reads": None if self._trace is None else self._trace.reads,
-            "energy_counter": None if self._trace is None else self._trace.figures(),
+            "energy_counter": None if self._trace is None else EnergyCounter(**self._trace.figures()),
         }
 
 

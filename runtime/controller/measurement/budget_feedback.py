@@ -22,7 +22,7 @@ def fed_back_budget(budget: float, job_budget: float, measured: Interval | None)
     within a standard error of the job's budget, or with fewer than ``MIN_FEEDBACK_PAIRS`` pairs (or none)."""
     if measured is None or measured.n < MIN_FEEDBACK_PAIRS:
         return budget
-    mean, spread = measured.mean_pct / 100, measured.standard_error_pct / 100
+    mean, spread = measured.mean, measured.standard_error
     if mean + spread < job_budget:  # under the budget by more than a standard error: spend more
         error = job_budget - (mean + spread)
     elif mean - spread > job_budget:  # over it by more than a standard error: spend less

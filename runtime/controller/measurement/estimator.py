@@ -17,6 +17,9 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
+from kdvfs.common.units import PCT_PER_FRACTION
+from kdvfs.runtime.controller.model.run_summary import Measured, NetEffect
+
 MIN_PAIRS = 2
 
 
@@ -33,6 +36,26 @@ class Interval:
     @property
     def half_width_pct(self) -> float:
         return (self.hi_pct - self.lo_pct) / 2
+
+    @property
+    def mean(self) -> float:
+        """The mean as a fraction, as budgets are (0.01 = 1%)."""
+        return self.mean_pct / PCT_PER_FRACTION
+
+    @property
+    def lo(self) -> float:
+        """The interval's low end as a fraction."""
+        return self.lo_pct / PCT_PER_FRACTION
+
+    @property
+    def hi(self) -> float:
+        """The interval's high end as a fraction."""
+        return self.hi_pct / PCT_PER_FRACTION
+
+    @property
+    def standard_error(self) -> float:
+        """The mean's standard error as a fraction."""
+        return self.standard_error_pct / PCT_PER_FRACTION
 
 
 class Paired:
@@ -57,30 +80,24 @@ class Paired:
         return Interval(self._mean, self._mean - half, self._mean + half, self.n, standard_error)
 
 
-def measured(saved: Interval | None, slow: Interval | None, windows_auto: int,
-             windows_controlled: int) -> dict[str, object]:
+def measured(saved: Interval | None, slow: Interval | None, windows_auto: int, windows_controlled: int) -> Measured:
     """The summary's ``measured`` figures: the effect while controlling."""
-    return {
-        "energy_saved_pct": None if saved is None else saved.mean_pct,
-        "energy_saved_ci95_pct": None if saved is None else [saved.lo_pct, saved.hi_pct],
-        "slowdown_pct": None if slow is None else slow.mean_pct,
-        "slowdown_ci95_pct": None if slow is None else [slow.lo_pct, slow.hi_pct],
-        "windows_auto": windows_auto, "windows_controlled": windows_controlled,
-    }
+    return Measured(None if saved is None else saved.mean_pct, None if saved is None else [saved.lo_pct, saved.hi_pct],
+                    None if slow is None else slow.mean_pct, None if slow is None else [slow.lo_pct, slow.hi_pct],
+                    windows_auto, windows_controlled)
 
 
-def net(figures: dict[str, object], controlled_share: float) -> dict[str, object]:
+def net(figures: Measured, controlled_share: float) -> NetEffect:
     """The effect over the whole run, against a run entirely at auto: the effect while controlling times the
     share of steps that were controlled (auto windows, uncontrolled and settling steps save nothing)."""
-    def scaled(value: object) -> object:
-        if isinstance(value, list):
-            return [v * controlled_share for v in value]
-        return None if value is None else float(value) * controlled_share  # type: ignore[arg-type]
+    def scaled(value: float | None) -> float | None:
+        return None if value is None else float(value) * controlled_share
 
-    return {"energy_saved_pct": scaled(figures["energy_saved_pct"]),
-            "energy_saved_ci95_pct": scaled(figures["energy_saved_ci95_pct"]),
-            "slowdown_pct": scaled(figures["slowdown_pct"]),
-            "slowdown_ci95_pct": scaled(figures["slowdown_ci95_pct"]), "controlled_share": controlled_share}
+    def scaled_bounds(bounds: list[float] | None) -> list[float] | None:
+        return None if bounds is None else [v * controlled_share for v in bounds]
+
+    return NetEffect(scaled(figures.energy_saved_pct), scaled_bounds(figures.energy_saved_ci95_pct),
+                     scaled(figures.slowdown_pct), scaled_bounds(figures.slowdown_ci95_pct), controlled_share)
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,8 @@ class Guard:
 
     def __init__(self, budget: float, margin: float, min_pairs: int, retry_s: float, estimate: Estimate,
                  windows: Callable[[], int], off: str | None = None) -> None:
-        self.limit_pct = (budget + margin) * 100
+        self.limit = budget + margin
+        """The slowdown (fraction) the interval's low end must exceed for a back-off."""
         self.min_pairs, self.retry_s = min_pairs, retry_s
         self._estimate, self._windows = estimate, windows
         self._since = 0
@@ -48,13 +49,13 @@ class Guard:
         """A new A/B pair: ``OK`` or ``BACK_OFF`` (until :meth:`tick` says ``RESUME``)."""
         interval = self.slowdown()
         if self.off is not None or self.backed_off or interval is None or interval.n < self.min_pairs \
-                or interval.lo_pct <= self.limit_pct:
+                or interval.lo <= self.limit:
             return self.OK
         self.backed_off, self.backoffs = True, self.backoffs + 1
         self._resume_s = now_s + self.retry_s * 2 ** (self.backoffs - 1)
         self.reason = (f"measured slowdown {interval.mean_pct:+.2f}% (95% interval {interval.lo_pct:+.2f} to "
                        f"{interval.hi_pct:+.2f}%, {interval.n} A/B pairs) exceeds the budget "
-                       f"({self.limit_pct:.2f}% with noise margin)")
+                       f"({self.limit:.2%} with noise margin)")
         return self.BACK_OFF
 
     def tick(self, now_s: float) -> str:

@@ -17,19 +17,16 @@ windows are the same steps in the same arms and pairs; only their joules differ.
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import replace
 from typing import Any
 
 from kdvfs.runtime.controller.measurement.ab import AUTO
 from kdvfs.runtime.controller.measurement.estimator import Paired, measured, net
-
-RANK_FIELDS = ("rank", "gpu_index", "steps", "controlled_steps", "switches", "mismatches", "step_time_s",
-               "energy_j_per_step", "energy_j_per_step_auto", "energy_j_per_step_controlled", "measured",
-               "predicted", "backed_off", "error", "restore_error", "gpu_restored", "observe_only")
-SUMMED = ("energy_j_per_step", "energy_j_per_step_auto", "energy_j_per_step_controlled", "switches")
+from kdvfs.runtime.controller.model.run_summary import JobSummary, Predicted, RankRow, RunSummary
 
 
-def _total(values: list[Any]) -> float | None:
-    return None if any(v is None for v in values) else float(sum(values))
+def _total(values: list[float | None]) -> float | None:
+    return None if any(v is None for v in values) else float(sum(v for v in values if v is not None))
 
 
 def _pairs(windows: list[list[dict[str, Any]]]) -> tuple[Paired, Paired, int, int]:
@@ -54,46 +51,51 @@ def _pairs(windows: list[list[dict[str, Any]]]) -> tuple[Paired, Paired, int, in
     return saved, slowdown, auto_windows, sum(w["controlled_steps"] == w["steps"] for w in first)
 
 
-def _first(summaries: list[dict[str, Any]], key: str) -> Any:
-    return next((f"rank {s['rank']}: {s[key]}" for s in summaries if s.get(key)), None)
+def _first(summaries: list[RunSummary], texts: list[str | None]) -> str | None:
+    return next((f"rank {s.rank}: {text}" for s, text in zip(summaries, texts, strict=True) if text), None)
 
 
-def _job_range(ranges: list[dict[str, Any]]) -> dict[str, Any]:
+def _job_range(ranges: list[dict[str, Any] | None]) -> dict[str, Any] | None:
     """The job's predicted range from its ranks' (one model, so their errors taken as moving together): the
     saving's ends averaged as the saving is, the slowdown's the largest as the slowdown is."""
-    saved = [r["energy_saved_pct"] for r in ranges]
-    slowdown = [r["slowdown_pct"] for r in ranges]
-    return {**ranges[0], "energy_saved_pct": [sum(s[end] for s in saved) / len(saved) for end in (0, 1)],
+    known = [r for r in ranges if r is not None]
+    if len(known) < len(ranges) or not known:
+        return None
+    saved = [r["energy_saved_pct"] for r in known]
+    slowdown = [r["slowdown_pct"] for r in known]
+    return {**known[0], "energy_saved_pct": [sum(s[end] for s in saved) / len(saved) for end in (0, 1)],
             "slowdown_pct": [max(s[end] for s in slowdown) for end in (0, 1)]}
 
 
-def job_summary(summaries: list[dict[str, Any]], windows: list[list[dict[str, Any]]]) -> dict[str, Any]:
+def _job_predicted(predicted: list[Predicted]) -> Predicted:
+    return replace(predicted[0], slowdown_pct=max(p.slowdown_pct for p in predicted),
+                   energy_saved_pct=sum(p.energy_saved_pct for p in predicted) / len(predicted),
+                   switches=sum(p.switches for p in predicted), range=_job_range([p.range for p in predicted]))
+
+
+def job_summary(summaries: list[RunSummary], windows: list[list[dict[str, Any]]]) -> JobSummary:
     """The job's summary (see the module docstring); one rank's summary as it is, with its ``ranks`` row."""
-    ranks = [{key: s.get(key) for key in RANK_FIELDS} for s in summaries]
+    ranks: list[RankRow] = [RankRow.of(s) for s in summaries]
     if len(summaries) == 1:
-        return {**summaries[0], "ranks": ranks}
+        return JobSummary(summaries[0], list(ranks))
     saved, slowdown, auto_windows, controlled_windows = _pairs(windows)
     effect = measured(saved.interval(), slowdown.interval(), auto_windows, controlled_windows)
-    share = min(s["measured_net"]["controlled_share"] for s in summaries)
-    step_times = [s["step_time_s"] for s in summaries]
-    predicted = [s["predicted"] for s in summaries]
-    return {
-        **summaries[0], **{key: _total([s[key] for s in summaries]) for key in SUMMED},
-        "rank": None, "gpu_index": None,
-        "steps": min(s["steps"] for s in summaries),
-        "controlled_steps": min(s["controlled_steps"] for s in summaries),
-        "mismatches": max(s["mismatches"] for s in summaries),
-        "backed_off": any(s["backed_off"] for s in summaries),
-        "guard_backoffs": max(s["guard_backoffs"] for s in summaries),
-        "backoff_reason": _first(summaries, "backoff_reason") or "",
-        "error": _first(summaries, "error"), "restore_error": _first(summaries, "restore_error"),
-        "observe_only": _first(summaries, "observe_only"),
-        "gpu_restored": all(s["gpu_restored"] for s in summaries),
-        "step_time_s": None if None in step_times else max(step_times),
-        "measured": effect, "measured_net": net(effect, share),
-        "predicted": {**predicted[0], "slowdown_pct": max(p["slowdown_pct"] for p in predicted),
-                      "energy_saved_pct": sum(p["energy_saved_pct"] for p in predicted) / len(predicted),
-                      "switches": sum(p["switches"] for p in predicted),
-                      "range": _job_range([p["range"] for p in predicted])},
-        "ranks": ranks,
-    }
+    share = min(s.measured_net.controlled_share for s in summaries)
+    step_times = [s.step_time_s for s in summaries]
+    job = replace(
+        summaries[0], rank=None, gpu_index=None,
+        energy_j_per_step=_total([s.energy_j_per_step for s in summaries]),
+        energy_j_per_step_auto=_total([s.energy_j_per_step_auto for s in summaries]),
+        energy_j_per_step_controlled=_total([s.energy_j_per_step_controlled for s in summaries]),
+        switches=sum(s.switches for s in summaries),
+        steps=min(s.steps for s in summaries), controlled_steps=min(s.controlled_steps for s in summaries),
+        mismatches=max(s.mismatches for s in summaries), backed_off=any(s.backed_off for s in summaries),
+        guard_backoffs=max(s.guard_backoffs for s in summaries),
+        backoff_reason=_first(summaries, [s.backoff_reason for s in summaries]) or "",
+        error=_first(summaries, [s.error for s in summaries]),
+        restore_error=_first(summaries, [s.restore_error for s in summaries]),
+        observe_only=_first(summaries, [s.observe_only for s in summaries]),
+        gpu_restored=all(s.gpu_restored for s in summaries),
+        step_time_s=None if None in step_times else max(t for t in step_times if t is not None),
+        measured=effect, measured_net=net(effect, share), predicted=_job_predicted([s.predicted for s in summaries]))
+    return JobSummary(job, list(ranks))

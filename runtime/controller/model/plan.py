@@ -139,9 +139,8 @@ def load_plan(config: ControllerConfig, device_name: str) -> Plan:
         raise ScheduleSourceError(f"the {what} is for GPU profile {profile.name!r} ({profile.model}), but the GPU is "
                                   f"an {device_name}; use a plan or policy made for this GPU's profile (`kdvfs gpus "
                                   "local --write`, then `kdvfs plan --gpu ...`)")
-    latency_s = None if config.latency_ms is None else config.latency_ms / 1e3
     trace = open_trace(config.trace)
-    problem = Problem.build(trace, profile, rank_budget(trace, config.budget), latency_s)
+    problem = Problem.build(trace, profile, rank_budget(trace, config.budget), config.latency_s)
     if document is None:
         return _policy_plan(path, problem, config.online.enabled)
     return Plan(problem, _plan_schedule(path, document, problem), f"plan {path.name} ({document.get('method')})")

@@ -18,12 +18,12 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from kdvfs.agents.common.problem import Planner, Problem
 from kdvfs.envs.trace.shape import StepShape
 from kdvfs.runtime.controller.decisions.sources import StepSource
 from kdvfs.runtime.controller.measurement.estimator import Interval
+from kdvfs.runtime.controller.model.run_summary import ShapeFigures
 from kdvfs.runtime.controller.model.step_plan import StepPlan
 from kdvfs.runtime.controller.shapes.book import Predict, ShapeBook
 from kdvfs.runtime.controller.timing.anchors import Anchors
@@ -80,14 +80,14 @@ class ShapeSteps:
         entries: the entries of each bucket, keyed like ``book.plans``, one per margin in the book's order.
         shape_of: the step's shape, waiting until a deadline.
         reference_kernel_s: the kernel time at auto that weights 1 (s): the captured step's.
-        budget_pct: the run's budget (%), which the feedback compares the measured slowdown with.
+        budget: the run's budget (fraction), which the feedback compares the measured slowdown with.
     """
 
     def __init__(self, book: ShapeBook, entries: dict[StepShape, tuple[StepEntry, ...]], shape_of: ShapeOf,
-                 reference_kernel_s: float, budget_pct: float,
+                 reference_kernel_s: float, budget: float,
                  kernel_time_s: Callable[[StepShape], float] | None = None) -> None:
         self.book, self.entries, self.shape_of = book, entries, shape_of
-        self.reference_kernel_s, self.budget_pct = reference_kernel_s, budget_pct
+        self.reference_kernel_s, self.budget = reference_kernel_s, budget
         self.kernel_time_s = kernel_time_s
         self.margin = 0
         """The index of the margin the run plans at now."""
@@ -141,9 +141,9 @@ class ShapeSteps:
         if measured is None:
             return
         margin = self.margin
-        if measured.mean_pct > self.budget_pct and measured.lo_pct > 0:
+        if measured.mean > self.budget and measured.lo > 0:
             margin = min(margin + 1, len(self.book.margins) - 1)
-        elif measured.hi_pct < self.budget_pct:
+        elif measured.hi < self.budget:
             margin = max(margin - 1, 0)
         self.margin_changes += margin != self.margin
         self.margin = margin
@@ -152,11 +152,11 @@ class ShapeSteps:
         """How many reference steps a step of ``entry`` counts for: its expected kernel time over the reference's."""
         return entry.kernel_s / self.reference_kernel_s
 
-    def figures(self) -> dict[str, Any]:
+    def figures(self) -> ShapeFigures:
         """For the summary: the buckets planned, the steps that ran in each, and those without an entry by
         reason (``no_shape``: not known in time; ``no_plan``: a bucket without a plan)."""
-        return {"buckets": len(self.entries), "quantum_tokens": self.book.quantum, "quanta": list(self.book.quanta),
-                "margins": list(self.book.margins), "margin": self.book.margins[self.margin],
-                "margin_changes": self.margin_changes, "planned_in_background": self.book.planned_later,
-                "plan_error": self.book.plan_error, "stood_in": self.stood_in,
-                "steps_by_bucket": dict(sorted(self.steps.items())), "misses": dict(self.misses)}
+        return ShapeFigures(
+            buckets=len(self.entries), quantum_tokens=self.book.quantum, quanta=list(self.book.quanta),
+            margins=list(self.book.margins), margin=self.book.margins[self.margin], margin_changes=self.margin_changes,
+            planned_in_background=self.book.planned_later, plan_error=self.book.plan_error, stood_in=self.stood_in,
+            steps_by_bucket=dict(sorted(self.steps.items())), misses=dict(self.misses))

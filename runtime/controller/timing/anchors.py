@@ -26,6 +26,7 @@ import numpy as np
 
 from kdvfs.common.arrays import Array
 from kdvfs.envs.trace.trace import Phase, Trace
+from kdvfs.runtime.controller.model.run_summary import AnchorFigures
 from kdvfs.runtime.controller.model.step_plan import Request, StepPlan
 from kdvfs.runtime.controller.timing.gpu_timeline import StepEnd, StepTimeline
 from kdvfs.runtime.controller.timing.pace import Pace, host_offsets_s
@@ -272,9 +273,8 @@ class Anchors:
         step_s, later_s = host_offsets_s(segments_s, knots_s, [self.plan.expected_s, time_s - self.plan.expected_s])
         return float(step_s + later_s)
 
-    def figures(self) -> dict[str, Any]:
+    def figures(self, blocks: int | None) -> AnchorFigures:
         """For the summary: requests placed on anchors, on the step-level timeline (no anchor early enough),
-        and fallbacks (anchor missing or rejected); the learned anchors."""
-        return {"anchored": self.counts["anchored"], "step_level": self.counts["step_level"],
-                "missing": self.counts["missing"], "rejected": self.counts["rejected"],
-                "learned": len(self.map.anchors), "mapped_by": self.map.mapped_by}
+        and fallbacks (anchor missing or rejected); the learned anchors; ``blocks``: the blocks hooked."""
+        return AnchorFigures(self.counts["anchored"], self.counts["step_level"], self.counts["missing"],
+                             self.counts["rejected"], len(self.map.anchors), self.map.mapped_by, blocks)

@@ -50,8 +50,8 @@ def main(argv: Sequence[str]) -> int:
             run_target(argv[1:])
     finally:
         controller.close()
-        write_rank_report(config.report_path,
-                          {"status": "ok", "summary": controller.summary, "windows": controller.windows})
+        summary = None if controller.summary is None else controller.summary.to_json()
+        write_rank_report(config.report_path, {"status": "ok", "summary": summary, "windows": controller.windows})
     return 0
 
 

@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 from kdvfs.runtime.controller.event_log import EventLogError, read_event_log
+from kdvfs.runtime.controller.model.json_form import JsonFormError
+from kdvfs.runtime.controller.model.run_summary import EndedRank, EndedSummary, JobSummary, Measured
 from kdvfs.runtime.daemon.client import released
 from kdvfs.runtime.device.watchdog import FAILED, RESTORED, STOPPED, WATCHING
 from kdvfs.runtime.job import path_rank, rank_path
@@ -68,9 +70,19 @@ def all_restored(values: list[bool | None]) -> bool | None:
     return False if False in values else None if None in values else True
 
 
-def measured_so_far(log: str | None, ranks: list[int], distributed: bool) -> dict[str, Any]:
+@dataclass(frozen=True)
+class SoFar:
+    """What a run's log measured: the last step its windows cover (None: none), their count, and the last live
+    estimate (None: none)."""
+
+    steps: int | None
+    windows: int
+    measured: Measured | None
+
+
+def measured_so_far(log: str | None, ranks: list[int], distributed: bool) -> SoFar:
     """Steps, windows and the last live estimate in the run's log (rank ``ranks[0]``'s under torchrun)."""
-    empty: dict[str, Any] = {"steps": None, "windows": 0, "measured": None}
+    empty = SoFar(None, 0, None)
     if not log or not ranks:
         return empty
     path = rank_path(log, ranks[0]) if distributed else Path(log)
@@ -80,24 +92,30 @@ def measured_so_far(log: str | None, ranks: list[int], distributed: bool) -> dic
         return empty
     windows = [r for r in records if r.get("event") == "window"]
     estimates = [r["measured"] for r in records if r.get("event") in ("pair", "pair_energy")]
-    return {"steps": max((w["last_step"] for w in windows), default=None), "windows": len(windows),
-            "measured": estimates[-1] if estimates else None}
+    try:
+        last = Measured.from_json(estimates[-1]) if estimates else None
+    except JsonFormError:
+        last = None
+    return SoFar(max((w["last_step"] for w in windows), default=None), len(windows), last)
 
 
-def ended_summary(ending: str, missing: dict[int, bool | None], log: str | None, distributed: bool
-                  ) -> dict[str, Any]:
+def ended_summary(ending: str, missing: dict[int, bool | None], log: str | None, distributed: bool,
+                  clock_control: str) -> EndedSummary:
     """The summary of a run none of whose processes wrote one; ``missing``: each rank's ``gpu_restored``."""
-    return {"error": f"{ending} before the controller wrote its summary",
-            "gpu_restored": all_restored(list(missing.values())),
-            "partial": True, **measured_so_far(log, sorted(missing), distributed),
-            "ranks": [{"rank": rank, "gpu_restored": value} for rank, value in sorted(missing.items())]}
+    so_far = measured_so_far(log, sorted(missing), distributed)
+    return EndedSummary(f"{ending} before the controller wrote its summary", all_restored(list(missing.values())),
+                        True, so_far.steps, so_far.windows, so_far.measured, _ended_ranks(missing), clock_control)
 
 
-def with_missing_ranks(summary: dict[str, Any], ending: str, missing: dict[int, bool | None]) -> dict[str, Any]:
+def _ended_ranks(missing: dict[int, bool | None]) -> list[EndedRank]:
+    return [EndedRank(rank, value) for rank, value in sorted(missing.items())]
+
+
+def with_missing_ranks(job: JobSummary, ending: str, missing: dict[int, bool | None]) -> JobSummary:
     """A job summary of the ranks that wrote one, marked with the ranks that did not."""
     if not missing:
-        return summary
+        return job
     note = f"rank(s) {', '.join(map(str, sorted(missing)))} ended without a summary ({ending})"
-    return {**summary, "error": f"{summary['error']}; {note}" if summary.get("error") else note,
-            "gpu_restored": all_restored([summary.get("gpu_restored"), *missing.values()]), "partial": True,
-            "ranks": [*summary.get("ranks", []), *({"rank": r, "gpu_restored": v} for r, v in sorted(missing.items()))]}
+    summary = replace(job.summary, error=f"{job.summary.error}; {note}" if job.summary.error else note,
+                      gpu_restored=all_restored([job.summary.gpu_restored, *missing.values()]))
+    return JobSummary(summary, [*job.ranks, *_ended_ranks(missing)], partial=True)

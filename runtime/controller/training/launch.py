@@ -30,6 +30,7 @@ from kdvfs.common.errors import KdvfsError
 from kdvfs.runtime.child import child_environment, split_command
 from kdvfs.runtime.controller.config import ControllerConfig
 from kdvfs.runtime.controller.measurement.job_summary import job_summary
+from kdvfs.runtime.controller.model.run_summary import EndedSummary, JobSummary, RunSummary
 from kdvfs.runtime.controller.training.ended import (
     daemon_released,
     ended_summary,
@@ -91,7 +92,7 @@ def _forwarding_signals(process: subprocess.Popen[bytes]) -> Iterator[None]:
 
 
 def run_controlled(command: Sequence[str], config: ControllerConfig, script_stdout: int | None = None
-                   ) -> tuple[int, dict[str, Any]]:
+                   ) -> tuple[int, JobSummary | EndedSummary]:
     """Run ``command`` (``python train.py ARGS``) under the controller; its exit code and the summary.
 
     Raises:
@@ -119,19 +120,20 @@ def run_controlled(command: Sequence[str], config: ControllerConfig, script_stdo
 
 
 def _summary(documents: list[dict[str, Any]], folder: Path, code: int, config: ControllerConfig,
-             distributed: bool) -> dict[str, Any]:
+             distributed: bool) -> JobSummary | EndedSummary:
     """The job's summary; for processes that wrote none, :mod:`~kdvfs.runtime.controller.training.ended`'s."""
     finished = [d for d in documents if d.get("summary") is not None]
-    reported = {d["summary"].get("rank") or 0 for d in finished}
+    summaries = [RunSummary.from_json(d["summary"]) for d in finished]
+    reported = {s.rank or 0 for s in summaries}
     states = watchdog_states(folder)
     missing = {rank: restored(state) for rank, state in states.items() if rank not in reported}
     missing.update(daemon_released(folder, skip=reported))
     ending = script_end(code)
     if not finished:
-        return {**ended_summary(ending, missing or {0: True}, config.log, distributed),
-                "clock_control": clock_control(daemon_socket(config.daemon))}
-    summary = job_summary([d["summary"] for d in finished], [d.get("windows", []) for d in finished])
-    return with_missing_ranks(summary, ending, missing)
+        return ended_summary(ending, missing or {0: True}, config.log, distributed,
+                             clock_control(daemon_socket(config.daemon)))
+    job = job_summary(summaries, [d.get("windows", []) for d in finished])
+    return with_missing_ranks(job, ending, missing)
 
 
 def script_end(code: int) -> str:

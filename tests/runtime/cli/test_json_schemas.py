@@ -64,7 +64,6 @@ def test_every_json_option_has_its_schema_in_the_table() -> None:
 
 @pytest.mark.parametrize("name", sorted({*SCHEMAS.values(), *SHARED}))
 def test_every_schema_of_the_table_is_published(name: str) -> None:
-    # run-summary and report come with the typed run summary (issue 54); until then this fails for those two
     assert name in SCHEMA_FILES, f"docs/schemas/{name}.schema.json is missing"
 
 

@@ -10,7 +10,9 @@ from typing import Any
 import pytest
 
 from kdvfs.runtime.cli import main
-from kdvfs.runtime.controller.training.ended import measured_so_far
+from kdvfs.runtime.controller.model.run_summary import Measured
+from kdvfs.runtime.controller.training.ended import SoFar, measured_so_far
+from tests.schema_check import strict_loads, validate
 
 MEASURED = {"energy_saved_pct": 2.0, "energy_saved_ci95_pct": [1.0, 3.0], "slowdown_pct": 0.5,
             "slowdown_ci95_pct": [0.1, 0.9], "windows_auto": 2, "windows_controlled": 2}
@@ -66,7 +68,8 @@ def test_report_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
     log = _log(tmp_path, CUT)
     assert main(["report", str(log), "--json"]) == 0
     captured = capsys.readouterr()
-    report = json.loads(captured.out)
+    report = strict_loads(captured.out)
+    validate(report, "report")
     assert report["log"] == str(log) and report["last_record_cut_off"] is True
     assert report["arms"]["auto"] == {"windows": 2, "step_time_s": pytest.approx(0.1), "energy_j_per_step": None}
     assert report["arms"]["controlled"]["windows"] == 2 and report["measured"] == MEASURED
@@ -78,4 +81,4 @@ def test_report_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
 
 def test_a_killed_runs_summary_counts_the_windows_before_the_cut(tmp_path: Path) -> None:
     log = _log(tmp_path, CUT)
-    assert measured_so_far(str(log), [0], distributed=False) == {"steps": 39, "windows": 4, "measured": MEASURED}
+    assert measured_so_far(str(log), [0], distributed=False) == SoFar(39, 4, Measured.from_json(MEASURED))

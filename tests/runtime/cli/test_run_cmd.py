@@ -10,6 +10,8 @@ from rich.console import Console
 from rich.table import Table
 
 from kdvfs.runtime.cli.live.run import script_end, summary_table
+from kdvfs.runtime.controller.model.run_summary import JobSummary, Measured, NetEffect, Predicted
+from tests.runtime.summaries import run_summary
 
 
 @pytest.mark.parametrize(("code", "words"), [
@@ -23,17 +25,16 @@ def test_a_killed_script_is_named_as_killed(code: int, words: str) -> None:
     assert script_end(code) == words
 
 
-MEASURED = {"energy_saved_pct": 3.35, "energy_saved_ci95_pct": [-20.0, 26.0], "slowdown_pct": -5.37,
-            "slowdown_ci95_pct": [-15.0, 4.0], "windows_auto": 6, "windows_controlled": 18}
+MEASURED = Measured(3.35, [-20.0, 26.0], -5.37, [-15.0, 4.0], 6, 18)
 
 
-def _summary(**fields: Any) -> dict[str, Any]:
-    return {"source": "plan plan.json (latency-optimal)", "gpu": "h200", "dry_run": True, "observe_only": None,
-            "error": None, "clock_control": "nvml", "steps": 2000, "controlled_steps": 1500, "mismatches": 1,
-            "switches": 12, "step_time_s": 0.03, "energy_j_per_step": 12.0, "energy_j_per_step_auto": 12.1,
-            "energy_j_per_step_controlled": 11.9, "measured": MEASURED, "measured_net": MEASURED,
-            "predicted": {"energy_saved_pct": 12.3, "slowdown_pct": 0.9}, "backed_off": False,
-            "backoff_reason": "", "ranks": [], **fields}
+def _summary(**fields: Any) -> JobSummary:
+    summary = run_summary(dry_run=True, steps=2000, controlled_steps=1500, mismatches=1, switches=12,
+                          step_time_s=0.03, energy_j_per_step=12.0, energy_j_per_step_auto=12.1,
+                          energy_j_per_step_controlled=11.9, measured=MEASURED,
+                          measured_net=NetEffect(3.35, [-20.0, 26.0], -5.37, [-15.0, 4.0], 0.75),
+                          predicted=Predicted(12.3, 0.9, 3, 0.1, None), **fields)
+    return JobSummary(summary, [])
 
 
 def _text(table: Table) -> str:

@@ -54,7 +54,7 @@ def test_controlled_steps_run_the_planned_clocks(plan_file: Path) -> None:
     assert all(np.all(step.applied == problem.costs.auto_index) for step in gpu.steps[:first_controlled])
     for step in gpu.steps[first_controlled + 1:]:
         assert np.mean(step.applied == expected) > 0.97
-    assert controller.summary is not None and controller.summary["controlled_steps"] == 20 - first_controlled
+    assert controller.summary is not None and controller.summary.controlled_steps == 20 - first_controlled
 
 
 def test_the_summary_splits_the_controller_threads_cpu(plan_file: Path) -> None:
@@ -63,9 +63,9 @@ def test_the_summary_splits_the_controller_threads_cpu(plan_file: Path) -> None:
     with controller:
         run_steps(controller, 20)
     assert controller.summary is not None
-    cpu_ms = controller.summary["controller_cpu_ms"]
-    assert cpu_ms["thread_end_wait"] > 0 and cpu_ms["thread_issue"] > 0
-    assert cpu_ms["thread_end_wait"] + cpu_ms["thread_issue"] < cpu_ms["thread"]
+    cpu = controller.summary.controller_cpu
+    assert cpu.thread_end_wait_s > 0 and cpu.thread_issue_s > 0
+    assert cpu.thread_end_wait_s + cpu.thread_issue_s < cpu.thread_s
 
 
 def test_requests_are_issued_one_latency_before_they_are_due(plan_file: Path, tmp_path: Path) -> None:
@@ -104,7 +104,7 @@ def test_a_step_that_does_not_match_returns_the_gpu_to_auto(plan_file: Path, tmp
     with controller:
         run_steps(controller, 22)
     summary = controller.summary
-    assert summary is not None and summary["mismatches"] == 1 and not summary["backed_off"]
+    assert summary is not None and summary.mismatches == 1 and not summary.backed_off
     auto = gpu.costs.auto_index
     assert not np.all(gpu.steps[12].applied == auto)
     assert np.all(gpu.steps[14].applied == auto)  # 13 and 14 confirm the match, 15 is controlled again
@@ -122,12 +122,12 @@ def test_dry_run_changes_nothing_and_predicts_the_saving(plan_file: Path, tmp_pa
     assert requests and all(r["dry_run"] for r in requests)
     assert controller.plan is not None and controller.summary is not None
     expected = score(controller.plan.problem, controller.plan.schedule)
-    predicted = controller.summary["predicted"]
-    assert predicted["energy_saved_pct"] == pytest.approx(expected.energy_saved_pct)
-    spread = predicted["range"]  # as `kdvfs compare` gives the same schedule
-    assert spread["energy_saved_pct"][0] < predicted["energy_saved_pct"] < spread["energy_saved_pct"][1]
+    predicted = controller.summary.predicted
+    assert predicted.energy_saved_pct == pytest.approx(expected.energy_saved_pct)
+    spread = predicted.range  # as `kdvfs compare` gives the same schedule
+    assert spread["energy_saved_pct"][0] < predicted.energy_saved_pct < spread["energy_saved_pct"][1]
     assert spread["parameter_samples"] > 0 and spread["coverage"] == 0.9
-    assert controller.summary["switches"] == len(requests)
+    assert controller.summary.switches == len(requests)
 
 
 def test_energy_and_time_per_step_from_the_counter(plan_file: Path) -> None:
@@ -135,11 +135,11 @@ def test_energy_and_time_per_step_from_the_counter(plan_file: Path) -> None:
     with controller:
         run_steps(controller, 30)
     summary = controller.summary
-    assert summary is not None and summary["windows"] >= 4
+    assert summary is not None and summary.windows >= 4
     per_step_j = np.mean([s.energy_j for s in gpu.steps[1:]])
     per_step_s = np.mean([s.end_s - s.start_s for s in gpu.steps[1:]])
-    assert summary["energy_j_per_step"] == pytest.approx(per_step_j, rel=0.02)
-    assert summary["step_time_s"] == pytest.approx(per_step_s, rel=1e-6)
+    assert summary.energy_j_per_step == pytest.approx(per_step_j, rel=0.02)
+    assert summary.step_time_s == pytest.approx(per_step_s, rel=1e-6)
 
 
 def test_request_windows_wrap_early_changes_into_the_previous_step() -> None:

@@ -40,6 +40,7 @@ from kdvfs.runtime.device.errors import NvmlPermissionError, NvmlUnavailableErro
 from kdvfs.runtime.testing import fake_gpu
 from kdvfs.runtime.testing.fake_nvml import READ_ONLY_CALL, EnergyFakeNvml
 from tests.runtime.controller_helpers import TRACE, fake_controller, run_steps, write_plan
+from tests.schema_check import strict_loads, validate
 
 RESETS = ["nvmlDeviceResetGpuLockedClocks", "nvmlDeviceResetMemoryLockedClocks"]
 
@@ -185,7 +186,7 @@ def test_a_frozen_policy_drives_the_controller(tmp_path: Path) -> None:
         run_steps(control, 12)
     assert control.plan is not None and control.plan.source == "policy h200.kdvfs-policy.npz (online)"
     assert control.plan.schedule.reactive and gpu.calls[-1].name == "reset_clocks"
-    assert control.summary is not None and control.summary["online_decisions"] > 0
+    assert control.summary is not None and control.summary.online_decisions > 0
     other = _random_policy(tmp_path / "a100.kdvfs-policy.npz", "a100-sxm4")
     control, gpu, _ = fake_controller(other)
     with pytest.raises(PolicyFileError, match="trained for GPU 'a100-sxm4', not 'h200'"):
@@ -233,7 +234,8 @@ def test_kdvfs_run_dry_run_end_to_end(tmp_path: Path, plan_file: Path) -> None:
         capture_output=True, text=True, cwd=REPO_ROOT, env={**os.environ, "KDVFS_FAKE_NVML_LOG": str(calls)},
         check=False)
     assert done.returncode == 0, done.stderr[-2000:]
-    summary = json.loads(done.stdout)
+    summary = strict_loads(done.stdout)
+    validate(summary, "run-summary")
     assert summary["dry_run"] and summary["steps"] == 12 and summary["source"] == "plan plan.json (latency-optimal)"
     assert all(READ_ONLY_CALL.fullmatch(name) for name in calls.read_text().split())
     assert json.loads(log.read_text().splitlines()[0])["event"] == "start"
@@ -255,7 +257,7 @@ def test_training_loop_integrations_drive_the_controller(plan_file: Path) -> Non
         callback.on_step_end(None, None, None)
         control.flush()
     callback.on_train_end(None, None, None)
-    assert control.summary is not None and control.summary["steps"] == 10 and gpu.calls[-1].name == "reset_clocks"
+    assert control.summary is not None and control.summary.steps == 10 and gpu.calls[-1].name == "reset_clocks"
     control, gpu, _ = fake_controller(plan_file)
     callback = lightning_callback(control, base=object)
     trainer = types.SimpleNamespace(accumulate_grad_batches=2)
@@ -264,7 +266,7 @@ def test_training_loop_integrations_drive_the_controller(plan_file: Path) -> Non
         callback.on_train_batch_end(trainer, None, None, None, batch)
         control.flush()
     callback.on_exception(trainer, None, RuntimeError("stop"))
-    assert control.summary is not None and control.summary["steps"] == 10 and gpu.calls[-1].name == "reset_clocks"
+    assert control.summary is not None and control.summary.steps == 10 and gpu.calls[-1].name == "reset_clocks"
 
 
 def test_the_real_callback_bases_when_installed(plan_file: Path) -> None:

@@ -26,6 +26,7 @@ from kdvfs.runtime.controller import Controller
 from kdvfs.runtime.controller.shapes.book import ShapeBook, seq_quantum
 from kdvfs.runtime.controller.shapes.steps import VaryingSteps
 from kdvfs.runtime.testing.fake_gpu import FakeGpu, FakeStepTimeline, VirtualClock
+from tests.runtime.summaries import checked
 
 BATCH = 2
 SEQS = (128, 192, 256)
@@ -105,15 +106,15 @@ def test_every_step_runs_its_buckets_plan_and_keeps_the_budget(tmp_path: Path) -
     seqs = [int(s) for s in rng.choice(SEQS, 40)]
     controller, gpu = varying_controller(tmp_path, seqs)
     run(controller, len(seqs) - 1)
-    summary = controller.summary
-    assert summary is not None and summary["shapes"]["misses"] == {}
-    assert summary["controlled_steps"] >= len(seqs) - 5  # all but the first steps, which confirm the match
-    assert sum(summary["shapes"]["steps_by_bucket"].values()) == len(seqs) - 1  # each decided step's entry
+    summary = checked(controller.summary)
+    assert summary.shapes is not None and summary.shapes.misses == {}
+    assert summary.controlled_steps >= len(seqs) - 5  # all but the first steps, which confirm the match
+    assert sum(summary.shapes.steps_by_bucket.values()) == len(seqs) - 1  # each decided step's entry
     for i, fake in enumerate(gpu.steps[4:], start=4):
         auto = problem(seqs[i]).costs
         auto_s = float(auto.time_s[:, auto.auto_index].sum())
         assert fake.model_time_s <= auto_s * (1 + BUDGET) + 2 * gpu.stall_s + 1e-9  # each step within budget
-    assert summary["gpu_restored"]
+    assert summary.gpu_restored
 
 
 def test_a_step_longer_than_every_plan_runs_at_auto_and_is_counted(tmp_path: Path) -> None:
@@ -122,13 +123,13 @@ def test_a_step_longer_than_every_plan_runs_at_auto_and_is_counted(tmp_path: Pat
     controller, gpu = varying_controller(tmp_path, seqs)
     run(controller, len(seqs) - 1)
     summary = controller.summary
-    assert summary is not None and summary["shapes"]["misses"] == {"no_plan": 1}
-    assert summary["shapes"]["planned_in_background"] == 0
+    assert summary is not None and summary.shapes.misses == {"no_plan": 1}
+    assert summary.shapes.planned_in_background == 0
     odd_step = gpu.steps[6]
     to_auto = [call for call in gpu.set_calls if call.name == "reset_clocks" or call.args[0] is None]
     assert any(odd_step.start_s - 1e-9 <= call.time_s <= odd_step.end_s for call in to_auto)  # auto requested
-    assert summary["controlled_steps"] >= len(seqs) - 7  # control resumes once the steps after it confirm
-    assert summary["auto_reasons"]["no_plan"] >= 1
+    assert summary.controlled_steps >= len(seqs) - 7  # control resumes once the steps after it confirm
+    assert summary.auto_reasons["no_plan"] >= 1
 
 
 def test_a_new_bucket_runs_a_longer_plan_at_the_safety_margin_until_its_own_is_planned(tmp_path: Path) -> None:
@@ -144,16 +145,16 @@ def test_a_new_bucket_runs_a_longer_plan_at_the_safety_margin_until_its_own_is_p
                 assert controller.book is not None
                 controller.book.settle()
     summary = controller.summary
-    assert summary is not None and summary["shapes"]["misses"] == {}
-    assert summary["shapes"]["stood_in"] >= 1 and summary["shapes"]["planned_in_background"] == 1
-    assert summary["shapes"]["steps_by_bucket"].get(shape(64).key, 0) >= 2  # its own plan, once in
+    assert summary is not None and summary.shapes.misses == {}
+    assert summary.shapes.stood_in >= 1 and summary.shapes.planned_in_background == 1
+    assert summary.shapes.steps_by_bucket.get(shape(64).key, 0) >= 2  # its own plan, once in
 
 
 def test_a_policy_plans_every_bucket_by_its_rollout(tmp_path: Path) -> None:
     controller, _ = varying_controller(tmp_path, [128, 256, 192] * 4, policy="h200")
     run(controller, 11)
     summary = controller.summary
-    assert summary is not None and summary["shapes"]["buckets"] == 9 and summary["controlled_steps"] > 0
+    assert summary is not None and summary.shapes.buckets == 9 and summary.controlled_steps > 0
     assert controller.book is not None  # its schedules are the policy's rollouts
     assert {plan.schedule.method for plans in controller.book.plans.values() for plan in plans} == {"policy"}
 

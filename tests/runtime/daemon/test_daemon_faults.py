@@ -335,14 +335,14 @@ def test_a_live_run_whose_daemon_fails_reports_it_and_claims_only_a_confirmed_re
                 daemon = start_daemon(open_folder)  # as systemd restarts it: it resets what the first left locked
             _steps(controller, 10)
     summary = controller.summary
-    assert summary is not None and summary["error"], summary
+    assert summary is not None and summary.error, summary
     try:
         if fault == "stopped":
-            assert "within 0.5 s" in summary["error"] and summary["gpu_restored"] is False
-            assert "no daemon confirmed a reset" in summary["restore_error"] and locks(open_folder)
+            assert "within 0.5 s" in summary.error and summary.gpu_restored is False
+            assert "no daemon confirmed a reset" in summary.restore_error and locks(open_folder)
         else:
-            assert "did not answer a" in summary["error"] and "may still be at locked clocks" in summary["error"]
-            assert summary["gpu_restored"] is True and summary["restore_error"] is None and locks(open_folder) == {}
+            assert "did not answer a" in summary.error and "may still be at locked clocks" in summary.error
+            assert summary.gpu_restored is True and summary.restore_error is None and locks(open_folder) == {}
     finally:
         daemon.process.send_signal(signal.SIGCONT)
     assert wait_for(lambda: locks(open_folder) == {})  # the stopped daemon, resumed, resets the dropped connection
@@ -360,15 +360,15 @@ def test_a_dead_trainers_gpu_is_restored_in_the_summary_only_once_the_daemon_con
     try:
         (tmp_path / "report.json.daemon").write_text(json.dumps({"socket": str(daemon.socket), "gpu": 0,
                                                                   "pid": holder.pid}))
-        assert _summary([], tmp_path, 137, config, False)["gpu_restored"] is False
+        assert _summary([], tmp_path, 137, config, False).gpu_restored is False
         daemon.process.send_signal(signal.SIGSTOP)
         monkeypatch.setenv("KDVFS_DAEMON_TIMEOUT_S", "0.2")
-        assert _summary([], tmp_path, 137, config, False)["gpu_restored"] is None
+        assert _summary([], tmp_path, 137, config, False).gpu_restored is None
         daemon.process.send_signal(signal.SIGCONT)
     finally:
         end(holder)
-    assert wait_for(lambda: _summary([], tmp_path, 137, config, False)["gpu_restored"] is True)
-    assert _summary([], tmp_path, 137, config, False)["error"].startswith("the script was killed by SIGKILL")
+    assert wait_for(lambda: _summary([], tmp_path, 137, config, False).gpu_restored is True)
+    assert _summary([], tmp_path, 137, config, False).error.startswith("the script was killed by SIGKILL")
 
 
 def test_the_message_of_a_dead_daemon_does_not_promise_a_reset(daemon: RunningDaemon) -> None:

@@ -27,6 +27,7 @@ from tests.runtime.daemon.daemon_helpers import (
     start_daemon,
     wait_for,
 )
+from tests.schema_check import strict_loads, validate
 
 NOBODY = 65534
 
@@ -81,7 +82,8 @@ def test_an_unprivileged_run_through_the_daemon_sets_and_restores_its_clocks(how
         done = subprocess.run(_run_argv(captured, open_folder, 300, daemon), capture_output=True, text=True,
                               cwd=REPO_ROOT, check=False, timeout=300, **client)
         assert done.returncode == 0, done.stderr[-2000:]
-        summary = json.loads(done.stdout)
+        summary = strict_loads(done.stdout)
+        validate(summary, "run-summary")
         assert summary["clock_control"] == f"daemon:{daemon.socket}" and summary["gpu_restored"], summary
         assert summary["switches"] > 0 and summary["controlled_steps"] > 0 and summary["error"] is None, summary
         locked = [r for r in daemon.records("request") if r["op"] == "lock" and r["outcome"] == "ok"]

@@ -303,7 +303,7 @@ def test_a_dry_run_takes_no_lease_and_runs_beside_the_owner(plan_file: Path, hol
     with _controller(plan_file, dry_run=True) as control:
         control.step()
         control.step()
-    assert control.summary is not None and control.summary["dry_run"]
+    assert control.summary is not None and control.summary.dry_run
     assert all(READ_ONLY_CALL.fullmatch(name) for name in shared_nvml.state.calls)
 
 

@@ -20,6 +20,7 @@ from kdvfs.runtime.controller.measurement.estimator import Interval
 from kdvfs.runtime.controller.timing import anchors as anchors_module
 from kdvfs.runtime.testing.fake_gpu import FakeGpu, VirtualClock
 from tests.runtime.controller_helpers import fake_controller, log_records, run_steps, small_problem
+from tests.runtime.summaries import checked
 
 POLICY = shipped_policy_path("h200")
 ANCHOR_KERNELS = tuple(range(8, 112, 8))  # the small step has 115 kernels
@@ -36,11 +37,11 @@ def _online_run(tmp_path: Path, steps: int = 40, **options: object) -> tuple[obj
 
 def test_the_policy_decides_inside_each_controlled_step_and_the_gpu_is_restored(tmp_path: Path) -> None:
     controller, gpu, log = _online_run(tmp_path)
-    summary = controller.summary  # type: ignore[attr-defined]
-    assert summary["source"] == "policy h200.kdvfs-policy.npz (online)" and summary["controlled_steps"] > 20
-    assert summary["online_decisions"] > 20 and summary["online"]["progress"]["anchor"] > 0
+    summary = checked(controller.summary)  # type: ignore[attr-defined]
+    assert summary.source == "policy h200.kdvfs-policy.npz (online)" and summary.controlled_steps > 20
+    assert summary.online_decisions > 20 and summary.online.progress["anchor"] > 0
     decisions = log_records(log, "decision")
-    assert len(decisions) == summary["online_decisions"]
+    assert len(decisions) == summary.online_decisions
     assert {"step", "kernel", "source", "in_effect", "pending", "budget_pct", "budget_used", "affordable_pct",
             "action", "clocks", "wall_us"} <= set(decisions[0])
     assert {d["source"] for d in decisions} == {"anchor", "expected"}
@@ -49,22 +50,22 @@ def test_the_policy_decides_inside_each_controlled_step_and_the_gpu_is_restored(
         assert kernels == sorted(kernels)  # the position never goes back within a step
     online_requests = [r for r in log_records(log, "request") if r.get("online")]
     assert online_requests and all(r["due_s"] >= r["request_s"] for r in online_requests)
-    assert gpu.set_calls[-1].name == "reset_clocks" and summary["gpu_restored"]
+    assert gpu.set_calls[-1].name == "reset_clocks" and summary.gpu_restored
 
 
 def test_a_dry_run_decides_and_logs_but_changes_nothing(tmp_path: Path) -> None:
     controller, gpu, log = _online_run(tmp_path, dry_run=True)
-    summary = controller.summary  # type: ignore[attr-defined]
-    assert gpu.set_calls == [] and summary["online_decisions"] > 0 and log_records(log, "decision")
-    assert summary["online"]["step_budget_pct"] == pytest.approx(5.0)  # the run's budget: no feedback
-    assert summary["online"]["took_effect"].get("observed", 0) == 0  # nothing is read in a dry run
+    summary = checked(controller.summary)  # type: ignore[attr-defined]
+    assert gpu.set_calls == [] and summary.online_decisions > 0 and log_records(log, "decision")
+    assert summary.online.step_budget == pytest.approx(0.05)  # the run's budget: no feedback
+    assert summary.online.took_effect.get("observed", 0) == 0  # nothing is read in a dry run
 
 
 def test_replay_applies_the_noise_free_rollout_and_decides_nothing(tmp_path: Path) -> None:
     controller, _, log = _online_run(tmp_path, online=False)
     summary = controller.summary  # type: ignore[attr-defined]
-    assert summary["source"].endswith("(replayed)") and summary["online"] is None
-    assert not log_records(log, "decision") and summary["switches"] > 0
+    assert summary.source.endswith("(replayed)") and summary.online is None
+    assert not log_records(log, "decision") and summary.switches > 0
 
 
 def test_an_exception_in_training_returns_the_gpu_to_auto(tmp_path: Path) -> None:
@@ -180,7 +181,7 @@ def test_a_decided_change_is_requested_one_latency_before_its_kernel(tmp_path: P
     leads_s = np.array([r["due_s"] - r["issued_s"] for r in online])
     assert len(online) > 50 and leads_s.min() >= latency_s - 1e-9
     assert np.median(leads_s) < latency_s + HOLD_MIN_S  # issue-early is 0 here
-    assert controller.summary["online"]["wakes"]["issue"] > 0  # type: ignore[attr-defined]
+    assert controller.summary.online.wakes["issue"] > 0  # type: ignore[attr-defined]
 
 
 def test_the_measured_slowdown_moves_the_policys_budget(tmp_path: Path) -> None:
@@ -351,7 +352,7 @@ def test_a_late_lead_in_is_waited_for_and_the_steps_changes_are_placed_from_its_
     assert len(checked) >= 5 and len(online) >= len(checked)
     assert np.abs(errors_s).max() < 1e-9
     assert min(k for step, k in passed if step in checked) >= anchors[0]
-    assert controller.summary["lead_in"]["late"] >= len(checked)  # type: ignore[attr-defined]
+    assert controller.summary.lead_in.late >= len(checked)  # type: ignore[attr-defined]
 
 
 def _decisions_and_warm_ups(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **options: Any) -> tuple[list, list]:
@@ -407,12 +408,12 @@ def test_the_thread_wakes_for_its_work_not_for_the_time_that_passes(tmp_path: Pa
     for interval_ms in (0.25, 2.0):
         controller, _, _ = _online_run(tmp_path, dry_run=True, ab_share=0.25, online_interval_ms=interval_ms)
         summary = controller.summary  # type: ignore[attr-defined]
-        cost, online = summary["host_cost"], summary["online"]
-        assert online["interval_ms"] == interval_ms and online["wakes"]["proposal"] > 0
-        assert online["lookahead_points"] > online["wakes"]["proposal"]  # read ahead, slept through
-        assert cost["wakes"] <= 2 * sum(online["wakes"].values()) + 2 * summary["steps"]
-        assert cost["total_ms"] == pytest.approx(cost["thread_ms"] + cost["energy_thread_ms"])
-        assert cost["per_step_ms"] == pytest.approx(cost["total_ms"] / summary["steps"])
-        assert summary["requests"]["planned"] > 0 and summary["requests"]["late"] == 0
-        wakes[interval_ms] = cost["wakes_per_step"]
+        cost, online = summary.host_cost, summary.online
+        assert online.interval_s == pytest.approx(interval_ms / 1e3) and online.wakes["proposal"] > 0
+        assert online.lookahead_points > online.wakes["proposal"]  # read ahead, slept through
+        assert cost.wakes <= 2 * sum(online.wakes.values()) + 2 * summary.steps
+        assert cost.total_s == pytest.approx(cost.thread_s + cost.energy_thread_s)
+        assert cost.per_step_s == pytest.approx(cost.total_s / summary.steps)
+        assert summary.requests.planned > 0 and summary.requests.late == 0
+        wakes[interval_ms] = cost.wakes_per_step
     assert wakes[0.25] < 1.25 * wakes[2.0]

@@ -20,6 +20,7 @@ from kdvfs.runtime.controller.measurement.estimator import Interval, Paired
 from kdvfs.runtime.controller.measurement.guard import Guard
 from kdvfs.runtime.device.errors import DeviceError
 from kdvfs.runtime.testing.ab_truth import true_effect
+from tests.runtime.summaries import checked
 
 AB = {"ab_share": 0.25, "window_steps": 10, "window_s": 0.5}
 
@@ -83,37 +84,35 @@ def test_measured_interval_covers_the_true_effect_under_drift(plan_file: Path, t
     covered = []
     for seed in range(4):
         controller, gpu, log = _run(plan_file, tmp_path, 60.0, seed)
-        measured = controller.summary["measured"]
+        measured = controller.summary.measured
         truth = true_effect(gpu, log_records(log, "window"))
-        assert truth is not None and measured["windows_auto"] >= 20
-        (e_lo, e_hi), (t_lo, t_hi) = measured["energy_saved_ci95_pct"], measured["slowdown_ci95_pct"]
+        assert truth is not None and measured.windows_auto >= 20
+        (e_lo, e_hi), (t_lo, t_hi) = measured.energy_saved_ci95_pct, measured.slowdown_ci95_pct
         assert e_hi - e_lo < 1.0 and t_hi - t_lo < 1.0
         # wide tolerance on a handful of seeds: within one half-width beyond the interval
         assert e_lo - (e_hi - e_lo) / 2 <= truth.energy_saved_pct <= e_hi + (e_hi - e_lo) / 2
         assert t_lo - (t_hi - t_lo) / 2 <= truth.slowdown_pct <= t_hi + (t_hi - t_lo) / 2
         covered.append(e_lo <= truth.energy_saved_pct <= e_hi and t_lo <= truth.slowdown_pct <= t_hi)
-        assert not controller.summary["backed_off"]
+        assert not controller.summary.backed_off
     assert sum(covered) >= 2
 
 
 def test_summary_has_the_measured_figures_and_the_net_effect(plan_file: Path, tmp_path: Path) -> None:
     controller, _, log = _run(plan_file, tmp_path, 20.0)
-    summary = controller.summary
-    assert set(summary["measured"]) == {"energy_saved_pct", "energy_saved_ci95_pct", "slowdown_pct",
-                                        "slowdown_ci95_pct", "windows_auto", "windows_controlled"}
-    share = summary["controlled_steps"] / summary["steps"]
+    summary = checked(controller.summary)  # the measured figures' keys: the schema's
+    share = summary.controlled_steps / summary.steps
     assert 0.5 < share < 0.8
-    assert summary["measured_net"]["energy_saved_pct"] == pytest.approx(summary["measured"]["energy_saved_pct"] * share)
+    assert summary.measured_net.energy_saved_pct == pytest.approx(summary.measured.energy_saved_pct * share)
     pairs = log_records(log, "pair")
-    assert pairs and pairs[-1]["measured"]["slowdown_pct"] == pytest.approx(summary["measured"]["slowdown_pct"])
+    assert pairs and pairs[-1]["measured"]["slowdown_pct"] == pytest.approx(summary.measured.slowdown_pct)
 
 
 def test_dry_run_with_drift_measures_nothing_and_the_guard_stays(plan_file: Path, tmp_path: Path) -> None:
     for seed in range(3):
         controller, gpu, log = _run(plan_file, tmp_path, 60.0, seed, dry_run=True, budget=0.01)
         summary = controller.summary
-        assert not summary["backed_off"] and not gpu.set_calls
-        lo, hi = summary["measured"]["slowdown_ci95_pct"]
+        assert not summary.backed_off and not gpu.set_calls
+        lo, hi = summary.measured.slowdown_ci95_pct
         assert lo - 0.1 <= 0.0 <= hi + 0.1 and hi - lo < 0.5
         assert not log_records(log, "backoff")
 
@@ -123,10 +122,10 @@ def test_guard_catches_a_plan_over_its_budget_and_resumes_later(plan_file: Path,
     controller, gpu, log = _run(plan_file, tmp_path, 100.0, budget=0.025, guard_margin=0.005, guard_retry_s=30.0)
     backoffs = log_records(log, "backoff")
     assert backoffs and gpu.steps[backoffs[0]["step"]].end_s < 60.0
-    assert "exceeds the budget" in controller.summary["backoff_reason"]
+    assert "exceeds the budget" in controller.summary.backoff_reason
     step = backoffs[0]["step"]
     assert all(np.all(s.applied == gpu.costs.auto_index) for s in gpu.steps[step + 2:step + 100])
-    assert log_records(log, "resume") and controller.summary["guard_backoffs"] >= 2
+    assert log_records(log, "resume") and controller.summary.guard_backoffs >= 2
 
 
 class Evidence:
@@ -150,11 +149,11 @@ def test_in_cpu_test_mode_the_guard_stays_off_and_the_summary_says_why(plan_file
     # the overrun above, but in CPU test mode, where step times are CPU times no clock moves: noise to the guard
     controller, _, log = _run(plan_file, tmp_path, 40.0, budget=0.025, guard_margin=0.005, cpu_test_mode=True)
     summary = controller.summary
-    assert not log_records(log, "backoff") and not summary["backed_off"] and summary["guard_slowdown_pct"] > 1.0
-    assert "CPU test mode" in summary["guard_off"] and "noise" in summary["guard_off"]
-    assert "mean nothing" in summary["not_measured_on_a_gpu"]
+    assert not log_records(log, "backoff") and not summary.backed_off and summary.guard_slowdown_pct > 1.0
+    assert "CPU test mode" in summary.guard_off and "noise" in summary.guard_off
+    assert "mean nothing" in summary.not_measured_on_a_gpu
     plain, _, _ = _run(plan_file, tmp_path, 1.0)
-    assert plain.summary["guard_off"] is None and plain.summary["not_measured_on_a_gpu"] is None
+    assert plain.summary.guard_off is None and plain.summary.not_measured_on_a_gpu is None
 
 
 def test_guard_off_observes_but_never_backs_off() -> None:
@@ -178,8 +177,8 @@ def test_guard_backs_off_only_on_confident_evidence() -> None:
 def test_share_zero_turns_measurement_off_and_says_so(plan_file: Path, tmp_path: Path,
                                                       capsys: pytest.CaptureFixture[str]) -> None:
     controller, _, log = _run(plan_file, tmp_path, 5.0, ab_share=0.0)
-    measured = controller.summary["measured"]
-    assert measured["windows_auto"] == 0 and measured["slowdown_pct"] is None
+    measured = controller.summary.measured
+    assert measured.windows_auto == 0 and measured.slowdown_pct is None
     assert len(log_records(log, "measurement")) == 1 and "A/B measurement off" in capsys.readouterr().err
 
 
@@ -205,8 +204,8 @@ def test_no_energy_counter_measures_time_only_and_says_so_once(plan_file: Path, 
         while gpu.clock.now_s() < 15.0:
             run_steps(controller, 20)
     summary = controller.summary
-    assert summary["measured"]["energy_saved_pct"] is None and summary["measured"]["slowdown_pct"] is not None
-    assert not summary["energy_measured"] and capsys.readouterr().err.count("energy measurement off") == 1
+    assert summary.measured.energy_saved_pct is None and summary.measured.slowdown_pct is not None
+    assert not summary.energy_measured and capsys.readouterr().err.count("energy measurement off") == 1
     assert gpu.calls[-1].name == "reset_clocks"
 
 

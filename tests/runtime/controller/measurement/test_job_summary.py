@@ -3,12 +3,16 @@ per-rank rows, and the job's step reduction (:func:`kdvfs.runtime.job.job_step`)
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 
 from kdvfs.runtime.controller.measurement.job_summary import job_summary
+from kdvfs.runtime.controller.model.run_summary import NetEffect, Predicted, RunSummary
 from kdvfs.runtime.job import JobStep, job_step, rank_path
+from tests.runtime.summaries import RANGE, run_summary
+from tests.schema_check import strict_loads, validate
 
 
 def _window(pair: int, arm: str, step_time_s: float, joules: float | None) -> dict[str, Any]:
@@ -16,17 +20,14 @@ def _window(pair: int, arm: str, step_time_s: float, joules: float | None) -> di
             "step_time_s": step_time_s, "energy_j_per_step": joules}
 
 
-def _summary(rank: int, energy_j: float) -> dict[str, Any]:
-    measured = {"energy_saved_pct": None, "energy_saved_ci95_pct": None, "slowdown_pct": None,
-                "slowdown_ci95_pct": None, "windows_auto": 3, "windows_controlled": 3}
-    return {"rank": rank, "gpu_index": 3 - rank, "steps": 100 + rank, "controlled_steps": 60, "switches": 4,
-            "mismatches": rank, "step_time_s": 0.1 + rank / 100, "energy_j_per_step": energy_j,
-            "energy_j_per_step_auto": energy_j, "energy_j_per_step_controlled": energy_j, "measured": measured,
-            "measured_net": {**measured, "controlled_share": 0.5 + rank / 10}, "backed_off": False,
-            "guard_backoffs": 0, "backoff_reason": "", "error": None, "restore_error": None, "gpu_restored": True,
-            "predicted": {"energy_saved_pct": 2.0 + rank, "slowdown_pct": 0.5 + rank, "switches": 2, "solve_s": 0.1,
-                          "range": {"energy_saved_pct": [1.0 + rank, 3.0 + 2 * rank],
-                                    "slowdown_pct": [0.2 + rank, 0.9 + 3 * rank], "coverage": 0.9}}}
+def _summary(rank: int, energy_j: float) -> RunSummary:
+    return run_summary(rank=rank, gpu_index=3 - rank, steps=100 + rank, mismatches=rank, step_time_s=0.1 + rank / 100,
+                       energy_j_per_step=energy_j, energy_j_per_step_auto=energy_j,
+                       energy_j_per_step_controlled=energy_j,
+                       measured_net=NetEffect(None, None, None, None, 0.5 + rank / 10),
+                       predicted=Predicted(2.0 + rank, 0.5 + rank, 2, 0.1,
+                                           {**RANGE, "energy_saved_pct": [1.0 + rank, 3.0 + 2 * rank],
+                                            "slowdown_pct": [0.2 + rank, 0.9 + 3 * rank]}))
 
 
 def test_the_job_sums_energy_and_takes_the_slowest_time() -> None:
@@ -34,29 +35,31 @@ def test_the_job_sums_energy_and_takes_the_slowest_time() -> None:
     windows = [[_window(p, "A", 0.100, 100.0) for p in range(3)] + [_window(p, "B", 0.101, 90.0) for p in range(3)],
                [_window(p, "A", 0.100, 300.0) for p in range(3)] + [_window(p, "B", 0.102, 300.0) for p in range(3)]]
     windows[1][3]["step_time_s"] = 0.100  # noise in pair 0 on rank 1 gives the interval its width
-    summary = job_summary([_summary(0, 95.0), _summary(1, 300.0)], windows)
-    assert summary["measured"]["energy_saved_pct"] == pytest.approx(2.5)
-    assert summary["measured"]["slowdown_pct"] == pytest.approx((1.0 + 2.0 + 2.0) / 3)
-    assert summary["energy_j_per_step"] == 395.0 and summary["step_time_s"] == 0.11 and summary["switches"] == 8
-    assert summary["steps"] == 100 and summary["mismatches"] == 1
-    assert summary["measured_net"]["controlled_share"] == 0.5
-    assert summary["predicted"]["slowdown_pct"] == 1.5 and summary["predicted"]["energy_saved_pct"] == 2.5
-    spread = summary["predicted"]["range"]  # as the figures: the saving's ends averaged, the slowdown's the largest
-    assert spread["energy_saved_pct"] == [1.5, 4.0] and spread["slowdown_pct"] == [1.2, 3.9]
+    job = job_summary([_summary(0, 95.0), _summary(1, 300.0)], windows)
+    summary = job.summary
+    assert summary.measured.energy_saved_pct == pytest.approx(2.5)
+    assert summary.measured.slowdown_pct == pytest.approx((1.0 + 2.0 + 2.0) / 3)
+    assert summary.energy_j_per_step == 395.0 and summary.step_time_s == 0.11 and summary.switches == 8
+    assert summary.steps == 100 and summary.mismatches == 1
+    assert summary.measured_net.controlled_share == 0.5
+    assert summary.predicted.slowdown_pct == 1.5 and summary.predicted.energy_saved_pct == 2.5
+    spread = summary.predicted.range  # as the figures: the saving's ends averaged, the slowdown's the largest
+    assert spread is not None and spread["energy_saved_pct"] == [1.5, 4.0] and spread["slowdown_pct"] == [1.2, 3.9]
     assert spread["coverage"] == 0.9
-    assert [(r["rank"], r["gpu_index"]) for r in summary["ranks"]] == [(0, 3), (1, 2)]
+    assert [(r.rank, r.gpu_index) for r in job.ranks] == [(0, 3), (1, 2)]
+    validate(strict_loads(json.dumps(job.to_json())), "run-summary")
 
 
 def test_a_pair_counts_for_energy_only_when_every_rank_measured_it() -> None:
     windows = [[_window(0, "A", 0.1, 100.0), _window(0, "B", 0.1, 90.0)],
                [_window(0, "A", 0.1, None), _window(0, "B", 0.1, 90.0)]]
-    summary = job_summary([_summary(0, 95.0), _summary(1, 95.0)], windows)
-    assert summary["measured"]["energy_saved_pct"] is None and summary["energy_j_per_step"] == 190.0
+    summary = job_summary([_summary(0, 95.0), _summary(1, 95.0)], windows).summary
+    assert summary.measured.energy_saved_pct is None and summary.energy_j_per_step == 190.0
 
 
 def test_one_rank_is_its_own_summary_with_its_row() -> None:
-    summary = job_summary([_summary(0, 95.0)], [[]])
-    assert summary["rank"] == 0 and summary["ranks"][0]["gpu_index"] == 3
+    job = job_summary([_summary(0, 95.0)], [[]])
+    assert job.summary.rank == 0 and job.ranks[0].gpu_index == 3
 
 
 def test_outside_torchrun_a_step_is_its_own_job_step_and_files_are_named_per_rank() -> None:

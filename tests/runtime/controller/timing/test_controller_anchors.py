@@ -248,7 +248,7 @@ def _paced_s(plan: Any, pace_s: list[float] | None, times_s: list[float]) -> np.
 def test_requests_are_placed_on_anchors_one_latency_ahead(plan_file: Path, tmp_path: Path) -> None:
     controller, _, requests = _anchored_run(plan_file, tmp_path, 16)
     anchored = [r for r in requests if r["anchor"] is not None]
-    assert len(anchored) >= 10 and controller.summary["anchors"]["learned"] == len(ANCHOR_KERNELS)
+    assert len(anchored) >= 10 and controller.summary.anchors.learned == len(ANCHOR_KERNELS)
     plan = controller.step_plan
     starts, paces = _starts_and_paces(tmp_path)
     assert sum(paces[r["step"]] is not None for r in anchored) >= 5
@@ -314,8 +314,8 @@ def test_missing_disordered_or_misplaced_anchors_fall_back_to_the_step(plan_file
         due_s = _paced_s(plan, paces[record["step"]], [plan.due_s[change]])[0]
         assert record["due_s"] == pytest.approx(starts[record["step"]] + due_s, abs=1e-9)
     assert paces[12] is not None and paces[14] is None  # learned again with the map
-    figures = controller.summary["anchors"]
-    assert figures["rejected"] == 2 * 2 and figures["missing"] == 2 and figures["step_level"] >= 2 * 5
+    figures = controller.summary.anchors
+    assert figures.rejected == 2 * 2 and figures.missing == 2 and figures.step_level >= 2 * 5
     assert [r["anchor"] is not None for r in requests if r["step"] in (10, 19)] == [True] * 4
 
 
@@ -326,7 +326,7 @@ def test_mismatch_still_returns_to_auto_with_anchors(plan_file: Path, tmp_path: 
     with controller:
         run_steps(controller, 22)
     summary = controller.summary
-    assert summary is not None and summary["mismatches"] == 1 and summary["anchors"]["anchored"] > 0
+    assert summary is not None and summary.mismatches == 1 and summary.anchors.anchored > 0
     assert np.all(gpu.steps[14].applied == gpu.costs.auto_index)
     assert not np.all(gpu.steps[16].applied == gpu.costs.auto_index)
 
@@ -334,7 +334,7 @@ def test_mismatch_still_returns_to_auto_with_anchors(plan_file: Path, tmp_path: 
 def test_anchors_off_keeps_the_step_level_timeline(plan_file: Path, tmp_path: Path) -> None:
     controller, _, requests = _anchored_run(plan_file, tmp_path, 12, anchors=False)
     assert requests and all(r["anchor"] is None for r in requests)
-    assert controller.summary["anchors"]["anchored"] == 0
+    assert controller.summary.anchors.anchored == 0
 
 
 def test_requests_go_out_early_by_the_wake_up_allowance(plan_file: Path, tmp_path: Path) -> None:

@@ -61,8 +61,8 @@ def test_a_failed_restore_is_one_line_and_the_summary_is_still_built(
     restore_lines = [line for line in err.splitlines() if "locked clocks" in line]
     assert len(restore_lines) == 1 and "sudo kdvfs reset --gpu-index 0" in restore_lines[0]
     assert "Traceback" not in err
-    assert control.summary is not None and control.summary["steps"] == 10
-    assert not control.summary["gpu_restored"] and "locked clocks" in control.summary["restore_error"]
+    assert control.summary is not None and control.summary.steps == 10
+    assert not control.summary.gpu_restored and "locked clocks" in control.summary.restore_error
     events = [json.loads(line)["event"] for line in (tmp_path / "run.jsonl").read_text().splitlines()]
     assert "restore_error" in events and events[-1] == "summary"
 
@@ -107,4 +107,4 @@ def test_the_hf_callback_closes_the_controller_when_training_fails(plan_file: Pa
     with pytest.raises(RuntimeError, match="out of memory"), hf_callback(control, base=TrainerCallback) as callback:
         Trainer([callback], 10, control.flush).train()
     assert gpu.set_calls and gpu.calls[-1].name == "reset_clocks"
-    assert control.summary is not None and control.summary["steps"] == 10
+    assert control.summary is not None and control.summary.steps == 10

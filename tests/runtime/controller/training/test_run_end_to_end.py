@@ -18,6 +18,7 @@ import pytest
 from kdvfs.common.paths import REPO_ROOT
 from kdvfs.runtime.controller.config import CPU_TEST_MATCH_TOLERANCE, ControllerConfig
 from kdvfs.runtime.testing.fake_nvml import READ_ONLY_CALL
+from tests.schema_check import strict_loads, validate
 
 NVML = "kdvfs.runtime.testing.nvml"
 GPT = [sys.executable, str(REPO_ROOT / "examples" / "gpt.py"), "--size", "tiny", "--device", "cpu"]
@@ -70,7 +71,8 @@ def test_a_cpu_test_mode_run_matches_its_own_capture(captured: tuple[Path, Path]
     done = subprocess.run(_run_argv(captured, tmp_path, 400, dry_run=True, ab_share=0), capture_output=True, text=True,
                           cwd=REPO_ROOT, env=_environment(tmp_path), check=False)
     assert done.returncode == 0, done.stderr[-2000:]
-    summary = json.loads(done.stdout)
+    summary = strict_loads(done.stdout)
+    validate(summary, "run-summary")
     assert summary["steps"] == 400 and summary["controlled_steps"] > 200, \
         {key: summary[key] for key in ("steps", "controlled_steps", "mismatches", "backed_off", "error")}
     assert "CPU test mode on a fake NVML" in summary["not_measured_on_a_gpu"] and summary["guard_off"]
@@ -88,7 +90,8 @@ def test_a_failing_reset_is_one_line_and_keeps_the_scripts_exit_code(captured: t
     kdvfs_lines = [line for line in done.stderr.splitlines() if line.startswith("kdvfs")]
     assert len(kdvfs_lines) == 1 and "`sudo kdvfs reset --gpu-index 0`" in kdvfs_lines[0], done.stderr[-2000:]
     assert "Traceback" not in done.stderr
-    summary = json.loads(done.stdout)
+    summary = strict_loads(done.stdout)
+    validate(summary, "run-summary")
     assert summary["controlled_steps"] > 0 and not summary["gpu_restored"] and summary["restore_error"]
     assert _calls(tmp_path).count("nvmlDeviceResetMemoryLockedClocks") >= 2  # the trainer, then the watchdog
     assert "mem" not in _locks(tmp_path)
@@ -100,7 +103,8 @@ def test_a_failing_set_mid_run_returns_to_auto_and_training_continues(captured: 
     done = subprocess.run(_run_argv(captured, tmp_path, 150), capture_output=True, text=True, cwd=REPO_ROOT,
                           env=env, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
-    summary = json.loads(done.stdout)
+    summary = strict_loads(done.stdout)
+    validate(summary, "run-summary")
     assert "cannot lock the SM clock" in summary["error"] and summary["gpu_restored"]
     assert "gpt tiny: 150 steps" in done.stderr  # the script's own last line: training went on
     assert "nvmlDeviceSetMemoryLockedClocks" in _calls(tmp_path) and _locks(tmp_path) == {}

@@ -15,6 +15,7 @@ import pynvml
 
 from kdvfs.common.paths import REPO_ROOT
 from kdvfs.runtime.cli.live.run import summary_table
+from kdvfs.runtime.controller.model.run_summary import JobSummary
 from tests.runtime.controller.training.test_run_end_to_end import (
     GPT,
     _environment,
@@ -24,6 +25,7 @@ from tests.runtime.controller.training.test_run_end_to_end import (
     _trainer_pid,
     _wait,
 )
+from tests.schema_check import strict_loads, validate
 
 ABORT_AT_STEP = 1500
 
@@ -52,7 +54,8 @@ def test_json_summary_after_the_trainer_aborts(captured: tuple[Path, Path], tmp_
     done = subprocess.run(argv, capture_output=True, text=True, cwd=REPO_ROOT, env=_environment(tmp_path),
                           check=False, timeout=120)
     assert done.returncode == 128 + signal.SIGABRT, done.stderr[-2000:]
-    summary = json.loads(done.stdout)
+    summary = strict_loads(done.stdout)
+    validate(summary, "run-summary")  # the ended form: what the log measured so far
     assert "SIGABRT" in summary["error"] and summary["gpu_restored"] is True, summary
     assert summary["partial"] and summary["windows"] > 0 and summary["steps"] >= ABORT_AT_STEP // 2, summary
     assert _locks(tmp_path) == {}
@@ -65,7 +68,8 @@ def test_json_error_when_the_run_is_refused(tmp_path: Path) -> None:
                            "--json", "--cpu-test-mode", "--", sys.executable, "-c", "pass"],
                           capture_output=True, text=True, cwd=REPO_ROOT, check=False)
     assert done.returncode == 2
-    document = json.loads(done.stdout)
+    document = strict_loads(done.stdout)
+    validate(document, "error")
     assert document["error"] and document["gpu_restored"] is True
 
 
@@ -125,10 +129,11 @@ def test_a_refused_clock_setting_mid_run_is_observe_only(captured: tuple[Path, P
     done = subprocess.run(_run_argv(captured, tmp_path, 150), capture_output=True, text=True, cwd=REPO_ROOT,
                           env=env, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
-    summary = json.loads(done.stdout)
+    summary = strict_loads(done.stdout)
+    validate(summary, "run-summary")
     assert summary["observe_only"] and summary["observe_only"] == summary["error"] and summary["gpu_restored"]
     assert done.stderr.count("kdvfs: observe-only: ") == 1, done.stderr[-2000:]
-    assert "observe-only" in summary_table(summary).title  # type: ignore[operator]
+    assert "observe-only" in summary_table(JobSummary.from_json(summary)).title  # type: ignore[operator]
 
 
 def test_no_energy_runs_time_only_where_the_energy_counter_fails(captured: tuple[Path, Path],

@@ -114,7 +114,8 @@ def test_every_rank_controls_its_own_gpu_in_lockstep(job: Path, dry_run: bool) -
     done = subprocess.run(_run_argv(job, 300, dry_run), capture_output=True, text=True, cwd=REPO_ROOT,
                           env=_environment(job), check=False)
     assert done.returncode == 0, done.stderr[-3000:]
-    summary = json.loads(done.stdout)
+    summary = strict_loads(done.stdout)
+    validate(summary, "run-summary")  # the job's summary with each rank's row
     assert summary["dry_run"] is dry_run and summary["gpu_restored"] is True and summary["error"] is None
     assert [(r["rank"], r["gpu_index"]) for r in summary["ranks"]] == [(0, 0), (1, 1)]
     assert summary["steps"] == 300 and summary["controlled_steps"] > 0
@@ -144,7 +145,8 @@ def test_killing_one_rank_leaves_no_gpu_of_the_job_locked(job: Path) -> None:
             process.kill()
             process.wait()
     assert process.returncode != 0
-    summary = json.loads(stdout)  # --json: one summary also when a rank wrote none (issue 40)
+    summary = strict_loads(stdout)  # --json: one summary also when a rank wrote none (issue 40)
+    validate(summary, "run-summary")
     assert summary["partial"] and summary["error"] and summary["gpu_restored"] is True, summary
     assert 1 in [rank["rank"] for rank in summary["ranks"]], summary
 
