@@ -33,6 +33,9 @@ FORMAT = "kdvfs-policy"
 VERSION = 1
 ACTIVATIONS = {"tanh": TANH, "relu": RELU}
 """Hidden-layer activations by name, as :mod:`kdvfs.agents.learned.forward` codes them."""
+REMOVED_SETTINGS = {"plan_actions": True}
+"""Environment settings that policy files of earlier versions store and this version no longer has, with the only
+value it runs (``plan_actions``: the action picks a plan; its alternative, a clock pair or a window advisor, left)."""
 
 
 class PolicyFileError(KdvfsError):
@@ -82,7 +85,12 @@ class FrozenPolicy:
                                                                                        compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "config", from_mapping(EnvConfig, self.env, "the policy's environment settings"))
+        settings = {key: value for key, value in self.env.items() if key not in REMOVED_SETTINGS}
+        for key, value in REMOVED_SETTINGS.items():
+            if self.env.get(key, value) != value:
+                raise PolicyFileError(f"the policy was trained with {key}={self.env[key]!r}, an action design this "
+                                      f"version no longer has (only {key}={value!r}); retrain it with `kdvfs train`")
+        object.__setattr__(self, "config", from_mapping(EnvConfig, settings, "the policy's environment settings"))
         object.__setattr__(self, "_mean32", self.obs_mean.astype(np.float32))
         object.__setattr__(self, "_inverse_std32", (1.0 / np.sqrt(self.obs_var + self.obs_epsilon)).astype(np.float32))
         object.__setattr__(self, "_bounds", np.cumsum([0, *self.nvec]).astype(np.int64))

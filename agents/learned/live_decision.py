@@ -65,9 +65,9 @@ def decide_live(obs: Array, advice: Array, static_rows: Array, lay: Array, advis
     (fraction) and budget plan, the state, ``evaluate``, ``action``, and ``picks`` (3,) int64 scratch.
     """
     k = observe_at(obs, advice, static_rows, lay, advisor_index, cumulative_s, landings, plan_pairs, plan_rest,
-                   joinable, next_change, speeds_up, change_offsets, change_kernels, sizes, auto_time_s, latency_s,
-                   stall_s, budget, budget_plan, kernel, in_effect, pending, pending_age_s, elapsed_s, auto_elapsed_s,
-                   last_latency_ratio, drift_pct, model_elapsed_s)
+                   joinable, next_change, speeds_up, sizes, auto_time_s, latency_s, stall_s, budget, budget_plan,
+                   kernel, in_effect, pending, pending_age_s, elapsed_s, auto_elapsed_s, last_latency_ratio,
+                   drift_pct, model_elapsed_s)
     if evaluate:
         picks[0], picks[1], picks[2] = k, offsets[O_IN_EFFECT_ROWS] + in_effect, offsets[O_PENDING_ROWS] + pending
         action[:] = act(first, obs[offsets[O_ENTRIES]:], mean, inverse_std, clip, products, picks, later, bounds,
@@ -133,9 +133,9 @@ def first_change_bound(bound: Any, budget: float, budget_plan: int, kernels: Arr
         return n
     for j in range(n):
         observe_at(b.obs, b.advice, b.static_rows, b.lay, b.advisor_index, b.cumulative_s, b.landings, b.plan_pairs,
-                   b.plan_rest, b.joinable, b.next_change, b.speeds_up, b.change_offsets, b.change_kernels, b.sizes,
-                   b.auto_time_s, b.latency_s, b.stall_s, budget, budget_plan, kernels[j], in_effect, -1, 0.0,
-                   elapsed_s[j], auto_elapsed_s[j], last_latency_ratio, drift_pct, model_elapsed_s[j])
+                   b.plan_rest, b.joinable, b.next_change, b.speeds_up, b.sizes, b.auto_time_s, b.latency_s,
+                   b.stall_s, budget, budget_plan, kernels[j], in_effect, -1, 0.0, elapsed_s[j], auto_elapsed_s[j],
+                   last_latency_ratio, drift_pct, model_elapsed_s[j])
         if target_pair_of(b.action[1], b.advice, b.sizes) != in_effect:
             return j
     return n

@@ -1,28 +1,15 @@
 """A frozen policy deciding online, inside a running step, on what a controller measured.
 
-:class:`OnlinePolicy` holds the policy's environment for the problem's step (:func:`policy_env`: the same
-observation spec, advisors and plan advice the policy was trained on) and, at each live decision point,
-turns the measured :class:`~kdvfs.envs.env.live.LiveState` into its observation
-(:meth:`~kdvfs.envs.env.dvfs_env.KernelDVFSEnv.observe_live`) and the pair to request. As in the
-environment, the policy runs when its last choice has held for ``decision_fraction`` of the step's auto
-time (a standing order: "follow plan p"); in between, the standing order's advisor is re-read at every
-decision point, so the pair follows where a request made now would land. A step's first pair is the
-policy's choice at the step's first decision (kernel 0, auto in effect, nothing spent), requested one
-latency before the step starts.
-
-Each decision says when the next one is needed: when the policy runs again, and the kernel where the
-standing order's proposal can next change (:meth:`~kdvfs.envs.env.dvfs_env.KernelDVFSEnv.next_proposal_change`;
-unknown for orders that depend on the budget: the fitting plan, window advisors, whose proposals a controller
-reads ahead at the states it expects with :meth:`OnlinePolicy.first_change`). The observation is
-computed without its static part (next kernels and windows: most of its entries), whose share of the
-first layer is computed for every kernel once (:meth:`~kdvfs.agents.learned.frozen.FrozenPolicy.first_products`),
-as is the share of the clocks in effect and pending (one-hots) for every pair, so that a decision multiplies
-only the remaining entries by the first layer's weights and reads a small part of them. A decision is one
-compiled call on arrays bound once (:mod:`kdvfs.agents.learned.live_decision`: the observation, the policy
-run, the pair and the next change) that keeps the interpreter lock for its few microseconds (a controller
-thread beside a busy training loop does not wait to get it back). What the environment computes once per
-pair in effect (where requests land, the plans' proposal changes) is computed for every pair by
-:meth:`OnlinePolicy.prepare` before deciding starts, not at the first decision that needs it.
+:class:`OnlinePolicy` holds the policy's environment for the problem's step (:func:`policy_env`) and, at each
+live decision point, turns the measured :class:`~kdvfs.envs.env.live.LiveState` into the observation
+(:func:`~kdvfs.envs.env.live_tables.observe_at`, the environment's own) and the pair to request, in one
+compiled call (:mod:`kdvfs.agents.learned.live_decision`). As in the environment the policy runs when its
+last choice has held for ``decision_fraction`` of the step's auto time; in between its standing order ("follow
+plan p") is re-read. Each decision says when the next is needed: when the policy runs again and the kernel
+where the order's proposal can next change (unknown for the fitting plan, which depends on the budget: a
+controller reads it ahead with :meth:`OnlinePolicy.first_change`). Times are on the model timeline (s).
+Not for concurrent use; :meth:`OnlinePolicy.prepare` computes every table before the first step. Why a
+decision is split this way: ``docs/learning.md`` (online decisions).
 """
 
 from __future__ import annotations

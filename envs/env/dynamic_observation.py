@@ -2,9 +2,9 @@
 
 Everything of the observation that depends on where the run stands (clocks in effect and pending, the budget
 and conditions, the window and plan advisors' picks) is written by :func:`observe_dynamic`, a numba function
-compiled once (cached beside this file). The environment calls it at every observation and a controller's live
-decisions call it through :meth:`~kdvfs.envs.env.dvfs_env.KernelDVFSEnv.observe_live_dynamic`: one
-implementation for both, in a few microseconds. It keeps the interpreter lock throughout, as
+compiled once (cached beside this file), through :func:`~kdvfs.envs.env.live_tables.observe_at`: the
+observation the environment and a controller's live decisions both make, in a few microseconds. It keeps the
+interpreter lock throughout, as
 :mod:`kdvfs.agents.learned.forward` does: letting go of it beside a busy training thread risks waiting up to
 the switch interval (5 ms) to get it back. The arithmetic is
 the environment's (float64 where Python computed in floats; comparisons with float32 entries in float32, as

@@ -2,8 +2,9 @@
 prediction's time for what it has run (:class:`PredictedElapsed`).
 
 A controller running a frozen policy inside real training cannot simulate the step: it measures where the
-GPU is and what it spent, and :meth:`kdvfs.envs.env.dvfs_env.KernelDVFSEnv.observe_live` turns that into the
-observation the policy was trained on (the same observation spec, the same advisors). Times are on the
+GPU is and what it spent, and :func:`~kdvfs.envs.env.live_tables.observe_at` turns that into the observation
+the policy was trained on; the environment observes its own simulated state in the same terms
+(:meth:`~kdvfs.envs.env.dvfs_env.KernelDVFSEnv.live_state`) through the same function. Times are on the
 step's model timeline: host seconds divided by the run's measured scale of the auto step (the A windows'
 seconds per step over the model's auto step time), so that a GPU drifting as a whole shows as drift, not
 as budget used. A controller does not know what the executed step would take at auto, only what the

@@ -56,20 +56,25 @@ from kdvfs.envs.gpu.profiles import GpuProfile
 RESIDUAL_ENV_ID = "KernelDVFSResidual-v0"
 PACE_RANGE = (0.05, 20.0)
 """The measured pace between anchors is held within this range (an interval of kernels that did not run reads 0)."""
+RESIDUAL_SETTINGS = {"residual_actions": True, "overrun_penalty": 2.0, "violation_penalty": 0.0,
+                     "decision_fraction": 0.0}
+"""What ``KernelDVFSResidual-v0``'s default settings change of :class:`EnvConfig`'s (the residual design: a small
+linear overrun price, violations priced by a constraint, decisions at segment boundaries and budget events)."""
 ZERO_ACTION = np.zeros(3, dtype=np.int64)
 """The action that follows the fitting plan exactly (no residual, no margin)."""
 
 
 class ResidualDVFSEnv(KernelDVFSEnv):
     """See the module docstring; arguments as :class:`~kdvfs.envs.env.dvfs_env.KernelDVFSEnv`'s (the config
-    must set ``residual_actions`` and ``plan_budgets``)."""
+    must set ``residual_actions``; None: :class:`EnvConfig` with ``RESIDUAL_SETTINGS``)."""
 
     def __init__(self, steps: Sequence[StepData] | None = None, gpu: GpuProfile | str = "h200",
                  config: EnvConfig | None = None, render_mode: str | None = None,
                  executed: Sequence[Sequence[StepData]] | None = None, **settings: Any) -> None:
+        config = EnvConfig(**RESIDUAL_SETTINGS) if config is None else config
         super().__init__(steps, gpu, config, render_mode, executed, **settings)
         if not self.config.residual_actions:
-            raise KdvfsError(f"{RESIDUAL_ENV_ID} needs residual_actions (and plan_budgets) in its settings")
+            raise KdvfsError(f"{RESIDUAL_ENV_ID} needs residual_actions in its settings")
         self.policy_spec = policy_spec(self.observation_spec)
         self.observation_space = spaces.Box(-OBS_LIMIT, OBS_LIMIT, (self.policy_spec.size,), np.float32)
         self.action_space = spaces.MultiDiscrete([len(CORE_STEPS), len(MEMORY_STEPS), len(MARGINS)])

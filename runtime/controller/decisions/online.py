@@ -11,7 +11,7 @@ something can change (counted per reason in the summary's ``wakes``):
   change, where a request made then lands in time: the plan advice says where);
 * ``arrival``: a pending change is due to take effect (and, for a lock, is read until it has);
 * ``issue``: a held change's request is due (below);
-* ``proposal``: an order whose proposal depends on the budget spent (the fitting plan, window advisors), as
+* ``proposal``: an order whose proposal depends on the budget spent (the fitting plan), as
   the environment re-reads it every decision interval (at least ``OnlineConfig.interval_ms``), is read ahead
   in one compiled call at each interval's point until the next wake of another reason, at the state expected
   there (the kernel at the step's pace from the last anchor, the time, no change pending:

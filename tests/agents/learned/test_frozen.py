@@ -112,7 +112,13 @@ def test_policy_planner_schedule_scores_as_its_rollout(tiny_run: TrainResult) ->
 @pytest.mark.parametrize("gpu", SHIPPED)
 def test_shipped_policies_load_for_their_gpu(gpu: str) -> None:
     policy = FrozenPolicy.load(shipped_policy_path(gpu), load_profile(gpu))
-    assert policy.gpu == gpu
+    assert policy.gpu == gpu and policy.env["plan_actions"] is True  # a removed setting, at its only value
+
+
+def test_a_policy_of_the_removed_action_design_is_refused_in_one_line() -> None:
+    policy = FrozenPolicy.load(shipped_policy_path("h200"), load_profile("h200"))
+    with pytest.raises(PolicyFileError, match=r"plan_actions=False.*retrain"):
+        replace(policy, env={**policy.env, "plan_actions": False})
 
 
 def _published_case(gpu: str, step: str, budget_pct: float, latency_ms: float) -> dict[str, Any]:

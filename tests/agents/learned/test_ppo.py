@@ -116,7 +116,7 @@ def test_the_default_config_trains_the_design_the_runtime_runs() -> None:
     online; the residual design is opt-in (``configs/ppo/residual-<gpu>.yaml``)."""
     for gpu in ("h200", "b200", "h100-sxm", "a100-sxm4", "rtx3080ti"):
         env = load_train_config(gpu).env
-        assert env.plan_actions and not env.residual_actions and load_train_config(gpu).constraint is None
+        assert not env.residual_actions and load_train_config(gpu).constraint is None
     for gpu in ("h200", "b200", "a100-sxm4"):
         residual = load_train_config(f"residual-{gpu}")
         assert residual.gpu == gpu and residual.env.residual_actions and residual.constraint is not None

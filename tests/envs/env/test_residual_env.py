@@ -38,7 +38,7 @@ def test_the_zero_action_is_the_fitting_plan_exactly(scale: float) -> None:
     quiet = SETTINGS.without_disturbances()
     residual = ResidualDVFSEnv(gpu="h200", config=quiet.replace(residual_actions=True, drift_sd_pct=0.0,
                                                                  anchors_per_step=100_000))
-    legacy = KernelDVFSEnv(gpu="h200", config=quiet.replace(plan_actions=True))
+    legacy = KernelDVFSEnv(gpu="h200", config=quiet)
     for budget in SETTINGS.budgets:
         options = {"budget": budget, "latency_scale": scale}
         mine = _episode(residual, lambda env: ZERO_ACTION, options)
