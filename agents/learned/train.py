@@ -1,21 +1,16 @@
-"""Train a clock policy for one GPU with PPO, top to bottom: price the steps (with the steps they execute
-instead: :mod:`kdvfs.envs.env.shape_pairs`), build the envs and the model, clone the expert on every budget
-and latency, freeze the observation statistics, learn (anchored to the clone, and with residual actions under a
-Lagrange multiplier per budget: :mod:`kdvfs.agents.learned.lagrange`; TensorBoard logs, checkpoints), then
-freeze the actor into one file. Every choice is made on the validation steps (``data.validation``: steps
-neither trained on nor held out; the training steps if it is empty); nothing held out is priced or scored
-here (``benchmarks/learned_vs_plans.py`` does that, after training). PPO's policy ships where it beats on
-validation: with residual actions, the best fixed-margin fitting plan of each budget x latency cell
-(:mod:`kdvfs.agents.learned.margin_plans`: within budget in >= 95% of its episodes and saving more on the same
-episodes, the 95% interval above 0); else the clone (paired returns, the interval above 0). Otherwise the
-clone ships.
+"""Train a clock policy for one GPU with PPO, top to bottom: price the steps (with the steps they execute instead:
+:mod:`kdvfs.envs.env.shape_pairs`), build the envs and the model, clone the expert on every budget and latency,
+freeze the observation statistics, learn (anchored to the clone; with residual actions under a Lagrange
+multiplier per budget, :mod:`kdvfs.agents.learned.lagrange`), then freeze the actor into one file. Every choice
+is made on the validation steps (``data.validation``; the training steps if empty); nothing held out is priced
+or scored here. PPO ships where it beats on validation (paired episodes, the 95% interval above 0) the best
+fixed-margin fitting plan of each cell with residual actions (:mod:`kdvfs.agents.learned.margin_plans`), else
+the clone; otherwise the clone ships.
 
-Everything a run writes goes to ``out``: ``run.json`` (command, resolved config, git revision, seed), ``config.yaml``
-(the resolved config, its ``extends`` chain merged: a whole config by itself), ``tensorboard/``, ``checkpoints/``,
-``model.zip`` and ``vecnormalize.pkl`` (SB3), ``policy.kdvfs-policy.npz`` (the frozen policy that ships),
-``imitation.kdvfs-policy.npz`` and ``ppo.kdvfs-policy.npz`` (the clone before PPO and PPO's final policy) and
-``summary.json`` (wall time, the selection's comparison, the multipliers). One git revision is read at the
-start and recorded in ``run.json``, the summary and every policy's metadata.
+``out`` receives ``run.json`` (command, resolved config, git revision, seed), ``config.yaml`` (the resolved
+config), ``tensorboard/``, ``checkpoints/``, ``model.zip`` and ``vecnormalize.pkl`` (SB3), the frozen policies
+``policy`` (ships), ``imitation`` and ``ppo`` (``.kdvfs-policy.npz``) and ``summary.json`` (wall time, the
+selection's comparison, the multipliers); one git revision, read at the start, is recorded in all of them.
 """
 
 from __future__ import annotations

@@ -1,26 +1,15 @@
 """What a controller measures of a running step, honestly, and the one observation a residual policy decides on.
 
-A controller inside real training knows the step it predicted (the step model's kernels and their cost at
-every clock pair), the host time since the step started, the clocks in effect and pending, the auto mode's
-drift as the A windows of its A/B measurement measure it, and where the GPU is as its anchors place it. From
-that alone (:class:`MeasuredState`) :func:`residual_observation` computes the policy's observation; the
-environment (:class:`~kdvfs.envs.env.residual_env.ResidualDVFSEnv`) builds the same state from its simulation
-through :class:`Measurement`, the way the runtime does:
-
-* **drift**: measured once per run with the error of the A windows (``drift_sd_pct``); applied only where clocks
-  drift: auto's kernels, and a locked core clock above what the power limiter now holds (:func:`drift_factors`),
-  never to a locked clock below it;
-* **position**: the kernel the last anchor passed stands for, extrapolated through the clocks the controller
-  saw in effect since (each stretch at the prediction's pace at its clocks, stretched by the measured drift, a
-  stall after each change; never back before the last estimate);
-* **prediction error**: the host time so far over the prediction's time up to the position at the clocks run
-  with the measured drift applied (fractions of kernels included: :class:`Measurement`);
-* **budget**: used = host time - the prediction's auto time up to the position x (1 + drift) x (1 + error):
-  the auto time a controller can know.
-
-The action (:func:`residual_pair`) is a residual over the fitting plan's pair for the coming segment (core
-clock up or down by a few of the grid's levels, memory clock up or down) and a margin (the share of the slack
-still affordable that the fitting plan must leave unspent); the zero action is the fitting plan itself.
+A controller knows the step it predicted (its kernels' cost at every clock pair), the host time since the step
+started, the clocks in effect and pending, the auto drift as its A windows measure it, and where the GPU is as
+its anchors place it (:class:`MeasuredState`); from that alone :func:`residual_observation` computes the
+residual policy's observation, and the environment (:class:`~kdvfs.envs.env.residual_env.ResidualDVFSEnv`)
+builds the same state from its simulation through :class:`Measurement`. Invariants: the drift applies only
+where clocks drift (:func:`drift_factors`); the position never goes back before the last estimate; budget
+used (host s) = host time - the prediction's auto time up to the position x (1 + drift) x (1 + error)
+(:func:`budget_use`). The action (:func:`residual_pair`) is a core/memory residual over the fitting plan's pair
+and a margin on the slack; the zero action is the fitting plan. Design and measurements: ``docs/learning.md``
+(the residual design).
 """
 
 from __future__ import annotations

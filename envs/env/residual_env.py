@@ -1,25 +1,16 @@
 """``KernelDVFSResidual-v0`` (experimental): set each kernel segment's clocks as a residual over the fitting plan,
 observing only what a controller measures.
 
-The run executes as in ``KernelDVFS-v0`` (:class:`~kdvfs.envs.env.dvfs_env.KernelDVFSEnv`: the same kernels,
-switching, disturbances and executed variants), but:
-
-* **Observation**: :func:`kdvfs.envs.env.measured.residual_observation` of the state a controller measures
-  (:class:`~kdvfs.envs.env.measured.Measurement`: the drift with the A windows' error and applied only where
-  clocks drift, the kernel as the last anchor places it, the prediction error, the budget against the auto time
-  a controller can know); the same function a controller calls.
-* **Action**: ``MultiDiscrete([len(CORE_STEPS), len(MEMORY_STEPS), len(MARGINS)])``: a core and a memory
-  residual on the fitting plan's pair, and the margin (the share of the slack still affordable the fitting plan
-  leaves unspent). The zero action is the fitting plan. It holds as a standing order: at each of the
-  environment's decision points the fitting plan (with the margin) is re-read and its pair, moved by the
-  residual, requested when the controller is free.
-* **Decisions**: the agent decides at the step's start, at every segment boundary a controller acts on (a
-  decision point where the standing order asks for another pair and the controller is free) and at each budget
-  event (the run's progress passing another ``1 / budget_events``).
-* **Reward**: energy saved (% of the executed step's auto energy), and at the run's end minus
-  ``overrun_penalty`` x the slowdown beyond the budget (%) and ``violation_penalty`` if it is over budget at all,
-  both against the auto time the GPU actually ran (drift and noise included); ``info["violation"]`` (0/1) and
-  ``info["budget"]`` let a constrained learner price violations per budget.
+It executes as ``KernelDVFS-v0`` (:class:`~kdvfs.envs.env.dvfs_env.KernelDVFSEnv`: kernels, switching,
+disturbances, executed variants) but observes :func:`~kdvfs.envs.env.measured.residual_observation` of the
+state a controller measures (:class:`~kdvfs.envs.env.measured.Measurement`); its action is
+``MultiDiscrete([len(CORE_STEPS), len(MEMORY_STEPS), len(MARGINS)])``, a core and a memory residual on the
+fitting plan's pair and a margin on the slack (the zero action is the fitting plan), held as a standing order
+and decided at the step's start, at segment boundaries a controller acts on and at each budget event (the run
+passing another ``1 / budget_events`` of its auto time). Reward: energy saved (% of the executed step's auto
+energy), at the run's end minus ``overrun_penalty`` x the slowdown beyond the budget (%) and
+``violation_penalty`` if over budget at all, against the auto time the GPU ran; ``info["violation"]`` and
+``info["budget"]`` let a constrained learner price violations per budget. Design: ``docs/learning.md``.
 """
 
 from __future__ import annotations
