@@ -159,6 +159,7 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray], StepExecution):
             self._sizes = np.array([self._data.kernels, self._plans.pairs.shape[1], self._plan_slots.start,
                                     self._plan_slots.stop, self._budget_slot], dtype=np.int64)
         plans = self._plans
+        assert self._landings is not None
         self._observation_tables = (
             self._obs, self._advice, self._static, self._layout, self._advisor_index, self._cumulative_s,
             self._landings.rows, plans.pairs, plans.rest_pct, plans.joinable, plans.next_change, plans.speeds_up,

@@ -47,8 +47,8 @@ from kdvfs.envs.gpu.profiles import GpuProfile
 RESIDUAL_ENV_ID = "KernelDVFSResidual-v0"
 PACE_RANGE = (0.05, 20.0)
 """The measured pace between anchors is held within this range (an interval of kernels that did not run reads 0)."""
-RESIDUAL_SETTINGS = {"residual_actions": True, "overrun_penalty": 2.0, "violation_penalty": 0.0,
-                     "decision_fraction": 0.0}
+RESIDUAL_SETTINGS: dict[str, Any] = {"residual_actions": True, "overrun_penalty": 2.0, "violation_penalty": 0.0,
+                                     "decision_fraction": 0.0}
 """What ``KernelDVFSResidual-v0``'s default settings change of :class:`EnvConfig`'s (the residual design: a small
 linear overrun price, violations priced by a constraint, decisions at segment boundaries and budget events)."""
 ZERO_ACTION = np.zeros(3, dtype=np.int64)
