@@ -3,11 +3,11 @@
 For each GPU with trained residual policies (``benchmarks/data/learned/<gpu>-s<seed>.kdvfs-policy.npz``, PPO's
 final policy of each training seed, ``kdvfs train`` on ``configs/ppo/residual-<gpu>.yaml``):
 
-1. **The bar, chosen on validation**: every fixed-margin fitting plan (:mod:`kdvfs.agents.learned.margin_plans`:
-   the residual environment's constant action, margins 0-100% of the slack) runs the validation pairs of the
-   GPU's training config (``data.validation``: the training families at shapes not trained on); per budget x
-   latency cell the margin saving the most among those within budget in >= 95% of the cell's episodes is
-   the cell's plan.
+1. **The bar, chosen on validation**: every fixed-margin fitting plan
+   (:mod:`kdvfs.agents.learned.training.margin_plans`: the residual environment's constant action, margins
+   0-100% of the slack) runs the validation pairs of the GPU's training config (``data.validation``: the
+   training families at shapes not trained on); per budget x latency cell the margin saving the most among
+   those within budget in >= 95% of the cell's episodes is the cell's plan.
 2. **Held out, scored once**: the held-out pairs (``benchmarks/ppo_vs_clone.py``'s: the held-out generated
    families, and on the H200 the real Llama, Mixtral and BERT captures) under every cell (budget 0.5/1/2% x
    latency 0, the profile's, twice it) and ``--seeds`` paired noise seeds (the same draws and executed variant
@@ -30,8 +30,8 @@ import numpy as np
 from ppo_vs_clone import held_out_pairs
 from provenance import provenance, write_results
 
-from kdvfs.agents.learned.frozen import FrozenPolicy
-from kdvfs.agents.learned.margin_plans import (
+from kdvfs.agents.learned.policy.frozen import FrozenPolicy
+from kdvfs.agents.learned.training.margin_plans import (
     CELL_BUDGETS,
     CELL_LATENCY_SCALES,
     COMPLIANCE,
@@ -42,9 +42,9 @@ from kdvfs.agents.learned.margin_plans import (
     margin_actors,
     within,
 )
-from kdvfs.agents.learned.ppo import build_pairs, load_train_config
+from kdvfs.agents.learned.training.ppo import build_pairs, load_train_config
 from kdvfs.common.paths import REPO_ROOT
-from kdvfs.envs.env.measured import MARGINS
+from kdvfs.envs.env.observing.measured import MARGINS
 from kdvfs.envs.gpu.profiles import load_profile
 
 POLICIES = REPO_ROOT / "benchmarks" / "data" / "learned"

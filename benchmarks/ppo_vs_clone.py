@@ -1,7 +1,7 @@
 """PPO against its clone on held-out steps of shapes never captured: which one ships, with its interval.
 
 For every GPU with both candidates of one training run (``benchmarks/data/{ppo,imitation}/<gpu>.kdvfs-policy.npz``),
-the held-out pairs (:mod:`kdvfs.envs.env.shape_pairs`): the held-out shape families of the GPU's training
+the held-out pairs (:mod:`kdvfs.envs.env.steps.shape_pairs`): the held-out shape families of the GPU's training
 config (generated; the step model fitted on 3 of 12 shapes per family; the real step and a perturbed copy
 executed), and on the H200 also its real captures of three families (llama, mixtral, bert:
 ``data/traces/h200/workloads``; each shape predicted from the family's other shapes, executed as captured).
@@ -34,14 +34,14 @@ from scipy import stats
 from step_model import FAMILIES, family_traces
 
 from kdvfs.agents.common.problem import within_budget
-from kdvfs.agents.learned.frozen import FrozenPolicy
-from kdvfs.agents.learned.imitation import Expert
-from kdvfs.agents.learned.policy_planner import Actor, rollout
-from kdvfs.agents.learned.ppo import load_train_config
+from kdvfs.agents.learned.policy.frozen import FrozenPolicy
+from kdvfs.agents.learned.policy.policy_planner import Actor, rollout
+from kdvfs.agents.learned.training.imitation import Expert
+from kdvfs.agents.learned.training.ppo import load_train_config
 from kdvfs.common.paths import REPO_ROOT
 from kdvfs.envs.env.config import EnvConfig
 from kdvfs.envs.env.dvfs_env import KernelDVFSEnv
-from kdvfs.envs.env.shape_pairs import Perturbation, ShapePair, shape_pairs
+from kdvfs.envs.env.steps.shape_pairs import Perturbation, ShapePair, shape_pairs
 from kdvfs.envs.gpu.profiles import GpuProfile, load_profile
 
 GPUS = ("h200", "b200", "a100-sxm4", "h100-sxm", "rtx3080ti")

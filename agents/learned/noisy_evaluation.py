@@ -8,7 +8,7 @@ both are scored against auto under the same draws. Two more rows: ``latency-opti
 optimum planned for each of ``MARGINS`` x the budget and executed on the same draws, the one saving the most
 among those within budget in at least ``COMPLIANCE`` of the episodes (chosen on the evaluation's own draws,
 which flatters it; ``planned_budget_pct`` says which); and ``fitting-plan``, the closed-loop rule the policy
-can follow, run through the environment like the policy (:mod:`kdvfs.agents.learned.imitation`'s
+can follow, run through the environment like the policy (:mod:`kdvfs.agents.learned.training.imitation`'s
 ``fitting_plan`` expert).
 """
 
@@ -22,8 +22,8 @@ import numpy as np
 
 from kdvfs.agents.common.problem import Problem, within_budget
 from kdvfs.agents.evaluation.compare import plan_methods
-from kdvfs.agents.learned.imitation import Expert
-from kdvfs.agents.learned.policy_planner import Actor, PolicyPlanner, policy_env, rollout
+from kdvfs.agents.learned.policy.policy_planner import Actor, PolicyPlanner, policy_env, rollout
+from kdvfs.agents.learned.training.imitation import Expert
 from kdvfs.agents.planners.registry import COMPARED
 from kdvfs.envs.env.dvfs_env import KernelDVFSEnv
 from kdvfs.envs.env.dynamics import Disturbances, execute_open_loop

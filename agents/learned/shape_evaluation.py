@@ -20,14 +20,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from kdvfs.agents.common.problem import Problem, within_budget
-from kdvfs.agents.learned.frozen import FrozenPolicy
-from kdvfs.agents.learned.imitation import Expert
-from kdvfs.agents.learned.policy_planner import Actor, policy_env, rollout
+from kdvfs.agents.learned.policy.frozen import FrozenPolicy
+from kdvfs.agents.learned.policy.policy_planner import Actor, policy_env, rollout
+from kdvfs.agents.learned.training.imitation import Expert
 from kdvfs.agents.planners.latency_optimal import LatencyOptimal
 from kdvfs.common.errors import KdvfsError
 from kdvfs.envs.env.dvfs_env import KernelDVFSEnv
 from kdvfs.envs.env.dynamics import Disturbances, draw, execute_open_loop
-from kdvfs.envs.env.step_data import StepData
+from kdvfs.envs.env.steps.step_data import StepData
 from kdvfs.envs.gpu.profiles import GpuProfile
 from kdvfs.envs.model.schedule import replay
 from kdvfs.envs.model.step_model import StepModel

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from kdvfs.common.errors import KdvfsError
-from kdvfs.envs.env.clock_grid import ClockGrid
 from kdvfs.envs.env.dynamics import MEASURED_DRIFT, DisturbanceSettings
-from kdvfs.envs.env.observation import ObservationSpec
+from kdvfs.envs.env.observing.observation import ObservationSpec
+from kdvfs.envs.env.steps.clock_grid import ClockGrid
 from kdvfs.envs.gpu.profiles import GpuProfile
 
 
@@ -65,16 +65,16 @@ class EnvConfig:
             times per run (0: at every decision point).
         next_kernels: how many coming kernels the observation shows individually (kernels).
         window_latencies: lengths of the look-ahead windows, in switching latencies.
-        plan_budgets: the budgets (fractions) of the plan advisors (:mod:`kdvfs.envs.env.plan_advice`), at least
+        plan_budgets: the budgets (fractions) of the plan advisors (:mod:`kdvfs.envs.env.advice.plan_advice`), at least
             one: the action picks which budget's latency-aware plan to follow from here (or the fitting plan, or
             the budget's plan).
         core_fractions: locked core levels of the clock grid, as fractions of the profile's maximum core clock
-            (:class:`kdvfs.envs.env.clock_grid.ClockGrid`; auto is always level 0).
+            (:class:`kdvfs.envs.env.steps.clock_grid.ClockGrid`; auto is always level 0).
         memory_mhz: memory clocks of the clock grid (MHz, descending); None: all of the profile's.
         residual_actions: the honest, residual design (``KernelDVFSResidual-v0``,
             :class:`kdvfs.envs.env.residual_env.ResidualDVFSEnv`): the observation is what a controller measures
-            (:mod:`kdvfs.envs.env.measured`) and the action a residual over the fitting plan's pair and a margin
-            on the slack, decided at segment boundaries and budget events.
+            (:mod:`kdvfs.envs.env.observing.measured`) and the action a residual over the fitting plan's pair and a
+            margin on the slack, decided at segment boundaries and budget events.
         anchors_per_step: with ``residual_actions``, anchors a controller sees per step, evenly spread over its
             kernels (the first at kernel 0): the position is extrapolated from the last one passed through the
             clocks seen in effect since, at the step's pace between anchors as measured (never past the next

@@ -19,19 +19,19 @@ from gymnasium import spaces
 
 from kdvfs.common.arrays import Array
 from kdvfs.common.errors import KdvfsError
+from kdvfs.envs.env.advice.landings import Landings
+from kdvfs.envs.env.advice.plan_advice import EPS, plan_for_budget
 from kdvfs.envs.env.config import EnvConfig, settings_table
-from kdvfs.envs.env.dynamic_observation import layout
 from kdvfs.envs.env.dynamics import Disturbances, core_fractions, draw
 from kdvfs.envs.env.execution import StepExecution
-from kdvfs.envs.env.landings import Landings
-from kdvfs.envs.env.live import LiveState
-from kdvfs.envs.env.live_tables import LiveTables, observe_at, target_pair_of
-from kdvfs.envs.env.observation import OBS_LIMIT, advisor_index, observation_table
-from kdvfs.envs.env.plan_advice import EPS, plan_for_budget
+from kdvfs.envs.env.observing.dynamic_observation import layout
+from kdvfs.envs.env.observing.live import LiveState
+from kdvfs.envs.env.observing.live_tables import LiveTables, observe_at, target_pair_of
+from kdvfs.envs.env.observing.observation import OBS_LIMIT, advisor_index, observation_table
 from kdvfs.envs.env.reward import Reference, overrun_pct, reward_fn
-from kdvfs.envs.env.step_data import StepData, step_index
+from kdvfs.envs.env.steps.step_data import StepData, step_index
+from kdvfs.envs.env.steps.workloads import default_step
 from kdvfs.envs.env.timing import decision_data, regime_index, timings
-from kdvfs.envs.env.workloads import default_step
 from kdvfs.envs.gpu.profiles import GpuProfile, load_profile
 
 ENV_ID = "KernelDVFS-v0"
@@ -55,17 +55,17 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray], StepExecution):
     ## Action Space
     ``MultiDiscrete([2, P + 2])``: (request?, plan): plan p of the P plan advisors (``plan_budgets``), the
     fitting plan or the budget's plan, i.e. which budget's latency-aware plan to follow from here; the pair
-    requested is the one that plan proposes now (:mod:`kdvfs.envs.env.plan_advice`; :meth:`advisor_action`
+    requested is the one that plan proposes now (:mod:`kdvfs.envs.env.advice.plan_advice`; :meth:`advisor_action`
     names the values). Pairs are grid actions ``g = level * M + memory`` of the clock grid
-    (:class:`kdvfs.envs.env.clock_grid.ClockGrid`: C core levels, level 0 "auto" where the firmware picks the
+    (:class:`kdvfs.envs.env.steps.clock_grid.ClockGrid`: C core levels, level 0 "auto" where the firmware picks the
     core clock, by M memory clocks, highest first; g = 0 is the default behaviour).
     With request = 0 the clocks are kept; with 1 the chosen pair is requested if the controller is free and
     differs from the pair in effect. A request at the first decision takes effect at once.
 
     ## Observation Space
     ``Box(-1000, 1000, (N,), float32)``, no kernel names or identities: the blocks of
-    :class:`kdvfs.envs.env.observation.ObservationSpec` in order (N is the sum of their sizes; the plans
-    are :mod:`kdvfs.envs.env.plan_advice`'s):
+    :class:`kdvfs.envs.env.observing.observation.ObservationSpec` in order (N is the sum of their sizes; the plans
+    are :mod:`kdvfs.envs.env.advice.plan_advice`'s):
 
     {observation_table}
 
@@ -85,7 +85,7 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray], StepExecution):
     {settings_table}
 
     ## Version History
-    * v0: initial version (observation layout version ``kdvfs.envs.env.observation.OBSERVATION_VERSION``).
+    * v0: initial version (observation layout version ``kdvfs.envs.env.observing.observation.OBSERVATION_VERSION``).
     """
 
     metadata = {"render_modes": []}  # noqa: RUF012 (Gymnasium's class attribute)
@@ -98,7 +98,7 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray], StepExecution):
             steps: the training steps episodes are drawn from, all built on the config's clock grid; None: one
                 small generated step on ``gpu`` (:func:`default_step`).
             executed: per step, the steps the GPU may execute instead (each on the step's kernels,
-                :meth:`StepData.executed_as`; :mod:`kdvfs.envs.env.shape_pairs`): each episode executes one
+                :meth:`StepData.executed_as`; :mod:`kdvfs.envs.env.steps.shape_pairs`): each episode executes one
                 drawn from its step's list (an empty list: the step itself); None: every step executes as
                 observed.
             gpu: the GPU profile (or its name) the steps were priced on; gives the switching defaults.
@@ -164,7 +164,8 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray], StepExecution):
             self._obs, self._advice, self._static, self._layout, self._advisor_index, self._cumulative_s,
             self._landings.rows, plans.pairs, plans.rest_pct, plans.joinable, plans.next_change, plans.speeds_up,
             self._sizes, self._data.auto_time_s, self.latency_s, self.stall_s)
-        """:func:`~kdvfs.envs.env.live_tables.observe_at`'s leading arguments for the episode's step and regime."""
+        """:func:`~kdvfs.envs.env.observing.live_tables.observe_at`'s leading arguments for the episode's step and
+        regime."""
         self._budget_plan = plan_for_budget(self.observation_spec.plan_budgets, budget)
         self._kernels = self._data.kernels
         self._auto_time_s, self._auto_energy_j = self._data.auto_time_s, self._data.auto_energy_j
@@ -288,7 +289,7 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray], StepExecution):
 
     def _refresh(self) -> None:
         """Write the observation (and the advisors' pairs) of the current decision point into the buffer: the
-        observation (:func:`~kdvfs.envs.env.live_tables.observe_at`) of :meth:`live_state`."""
+        observation (:func:`~kdvfs.envs.env.observing.live_tables.observe_at`) of :meth:`live_state`."""
         state = self.live_state()
         assert self._landings is not None
         self._landings.of(state.in_effect)  # the row of the pair in effect, computed on first use
@@ -296,7 +297,7 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray], StepExecution):
         self._obs[: self.observation_spec.static_size] = self._static[k]
 
     def live_state(self) -> LiveState:
-        """The env's decision point as a controller measures it (:class:`~kdvfs.envs.env.live.LiveState`): the
+        """The env's decision point as a controller measures it (:class:`~kdvfs.envs.env.observing.live.LiveState`): the
         kernel, the clocks in effect and pending, the request's age, the elapsed time over the drift's scale
         (model timeline), the prediction's auto time and its time at the clocks run for the kernels passed (not
         the executed step's, which no controller knows), the last change's latency ratio and the drift."""

@@ -2,8 +2,8 @@
 observing only what a controller measures.
 
 It executes as ``KernelDVFS-v0`` (:class:`~kdvfs.envs.env.dvfs_env.KernelDVFSEnv`: kernels, switching,
-disturbances, executed variants) but observes :func:`~kdvfs.envs.env.measured.residual_observation` of the
-state a controller measures (:class:`~kdvfs.envs.env.measured.Measurement`); its action is
+disturbances, executed variants) but observes :func:`~kdvfs.envs.env.observing.measured.residual_observation` of the
+state a controller measures (:class:`~kdvfs.envs.env.observing.measured.Measurement`); its action is
 ``MultiDiscrete([len(CORE_STEPS), len(MEMORY_STEPS), len(MARGINS)])``, a core and a memory residual on the
 fitting plan's pair and a margin on the slack (the zero action is the fitting plan), held as a standing order
 and decided at the step's start, at segment boundaries a controller acts on and at each budget event (the run
@@ -24,10 +24,11 @@ from gymnasium import spaces
 
 from kdvfs.common.arrays import Array
 from kdvfs.common.errors import KdvfsError
+from kdvfs.envs.env.advice.plan_advice import EPS
 from kdvfs.envs.env.config import EnvConfig
 from kdvfs.envs.env.dvfs_env import KernelDVFSEnv
 from kdvfs.envs.env.dynamics import core_fractions
-from kdvfs.envs.env.measured import (
+from kdvfs.envs.env.observing.measured import (
     CORE_STEPS,
     MARGINS,
     MEMORY_STEPS,
@@ -39,9 +40,8 @@ from kdvfs.envs.env.measured import (
     residual_observation,
     residual_pair,
 )
-from kdvfs.envs.env.observation import OBS_LIMIT
-from kdvfs.envs.env.plan_advice import EPS
-from kdvfs.envs.env.step_data import StepData
+from kdvfs.envs.env.observing.observation import OBS_LIMIT
+from kdvfs.envs.env.steps.step_data import StepData
 from kdvfs.envs.gpu.profiles import GpuProfile
 
 RESIDUAL_ENV_ID = "KernelDVFSResidual-v0"
@@ -124,7 +124,7 @@ class ResidualDVFSEnv(KernelDVFSEnv):
         self.measurement.landed(landed_s, self._in_effect, position)
 
     def measured_state(self) -> MeasuredState:
-        """The decision point as a controller measures it (:class:`~kdvfs.envs.env.measured.Measurement`)."""
+        """The decision point as a controller measures it (:class:`~kdvfs.envs.env.observing.measured.Measurement`)."""
         pending_age_s = self._now_s - self._requested_at_s if self._pending >= 0 else 0.0
         if self._k == 0:
             return MeasuredState(0, self._in_effect, self._pending, 0.0, 0.0, 0.0, 0.0, self._measured_drift_pct)
@@ -134,7 +134,7 @@ class ResidualDVFSEnv(KernelDVFSEnv):
                              self._measured_drift_pct, self._last_latency_ratio)
 
     def _position(self) -> float:
-        """Where the controller places the GPU now (:meth:`~kdvfs.envs.env.measured.Measurement.position`)."""
+        """Where the controller places the GPU now (:meth:`~kdvfs.envs.env.observing.measured.Measurement.position`)."""
         if self._k == 0:
             return 0.0
         return self.measurement.position(self._k, float(self._started_s[self._anchor_before(self._k)]),

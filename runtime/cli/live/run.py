@@ -154,7 +154,7 @@ def summary_table(summary: dict[str, Any]) -> Table:
 
 
 def run_command(args: argparse.Namespace) -> int:
-    from kdvfs.agents.learned.shipped import policy_source_path
+    from kdvfs.agents.learned.policy.shipped import policy_source_path
     from kdvfs.envs.gpu.profiles import profile_path
     from kdvfs.envs.trace.bundled import trace_path
     from kdvfs.runtime.controller.config import ControllerConfig

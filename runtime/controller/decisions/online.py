@@ -2,8 +2,8 @@
 
 With a frozen policy (and not ``--replay``) the controller's thread does not replay a schedule: through
 each controlled step it wakes at decision points, builds the policy's observation from what it measures
-(:class:`~kdvfs.envs.env.live.LiveState`, turned into the trained observation by
-:class:`~kdvfs.agents.learned.online.OnlinePolicy`) and requests the pair it names. It wakes only where
+(:class:`~kdvfs.envs.env.observing.live.LiveState`, turned into the trained observation by
+:class:`~kdvfs.agents.learned.policy.online.OnlinePolicy`) and requests the pair it names. It wakes only where
 something can change (counted per reason in the summary's ``wakes``):
 
 * ``policy``: the policy's standing order has held for ``decision_fraction`` of the step (as in training);
@@ -15,7 +15,7 @@ something can change (counted per reason in the summary's ``wakes``):
   the environment re-reads it every decision interval (at least ``OnlineConfig.interval_ms``), is read ahead
   in one compiled call at each interval's point until the next wake of another reason, at the state expected
   there (the kernel at the step's pace from the last anchor, the time, no change pending:
-  :meth:`~kdvfs.agents.learned.online.OnlinePolicy.first_change`); the thread wakes at the first point where
+  :meth:`~kdvfs.agents.learned.policy.online.OnlinePolicy.first_change`); the thread wakes at the first point where
   it names a pair to request, and sleeps through the others (read again only once the step, the anchor, the
   clocks in effect or the standing order changed, at the next decision point). Nothing is read ahead while a
   change is pending or held.
@@ -38,7 +38,7 @@ something can change (counted per reason in the summary's ``wakes``):
   the last matched auto steps' measured over model time: the A windows' and those before control), so
   a GPU that drifts as a whole is drift, not budget. Within the step, the prediction error is the time so
   far over the model's time for the kernels passed at the clocks they ran at
-  (:class:`~kdvfs.envs.env.live.PredictedElapsed`), and budget used is the time so far minus their model
+  (:class:`~kdvfs.envs.env.observing.live.PredictedElapsed`), and budget used is the time so far minus their model
   auto time scaled by that error. Over the run, the A/B estimator's measured slowdown sets the policy's
   budget for the next steps (:mod:`~kdvfs.runtime.controller.measurement.budget_feedback`: over at least
   ``MIN_FEEDBACK_PAIRS`` pairs; clipped to [0, 2 x budget]): ``budget + FEEDBACK_GAIN x (job_budget - (mean
@@ -84,9 +84,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from kdvfs.agents.learned.live_decision import NO_REQUEST
-from kdvfs.agents.learned.online import OnlineDecision, OnlinePolicy
-from kdvfs.envs.env.live import LiveState, PredictedElapsed
+from kdvfs.agents.learned.policy.live_decision import NO_REQUEST
+from kdvfs.agents.learned.policy.online import OnlineDecision, OnlinePolicy
+from kdvfs.envs.env.observing.live import LiveState, PredictedElapsed
 from kdvfs.runtime.controller.decisions.decision_records import DecisionRecords, quantiles
 from kdvfs.runtime.controller.decisions.live_clocks import LiveClocks
 from kdvfs.runtime.controller.decisions.sources import ThreadContext

@@ -6,8 +6,8 @@ import numpy as np
 import torch
 from stable_baselines3.common.vec_env import DummyVecEnv
 
-from kdvfs.agents.learned.anchored import AnchoredPPO
-from kdvfs.agents.learned.imitation import demonstrations
+from kdvfs.agents.learned.training.anchored import AnchoredPPO
+from kdvfs.agents.learned.training.imitation import demonstrations
 from kdvfs.envs.env.dvfs_env import KernelDVFSEnv
 
 

@@ -14,10 +14,10 @@ from stable_baselines3 import PPO
 from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 
 from kdvfs.agents.common.problem import Problem, score
-from kdvfs.agents.learned.frozen import FrozenPolicy, PolicyFileError
-from kdvfs.agents.learned.policy_planner import PolicyPlanner, policy_env, rollout
-from kdvfs.agents.learned.ppo import load_train_config
-from kdvfs.agents.learned.train import PPO_FILE, TrainResult
+from kdvfs.agents.learned.policy.frozen import FrozenPolicy, PolicyFileError
+from kdvfs.agents.learned.policy.policy_planner import PolicyPlanner, policy_env, rollout
+from kdvfs.agents.learned.training.ppo import load_train_config
+from kdvfs.agents.learned.training.train import PPO_FILE, TrainResult
 from kdvfs.common.paths import REPO_ROOT, shipped_policy_path
 from kdvfs.envs.gpu.profiles import load_profile
 from kdvfs.envs.trace.bundled import open_trace

@@ -9,16 +9,16 @@ import numpy as np
 import pytest
 
 from kdvfs.agents.common.problem import Problem
-from kdvfs.agents.learned.frozen import FrozenPolicy
-from kdvfs.agents.learned.live_decision import NO_REQUEST
-from kdvfs.agents.learned.online import OnlinePolicy, kernel_at
-from kdvfs.agents.learned.policy_planner import PolicyPlanner, policy_env
+from kdvfs.agents.learned.policy.frozen import FrozenPolicy
+from kdvfs.agents.learned.policy.live_decision import NO_REQUEST
+from kdvfs.agents.learned.policy.online import OnlinePolicy, kernel_at
+from kdvfs.agents.learned.policy.policy_planner import PolicyPlanner, policy_env
 from kdvfs.common.paths import shipped_policy_path
-from kdvfs.envs.env import landings
+from kdvfs.envs.env.advice import landings
+from kdvfs.envs.env.advice.plan_advice import PlanAdvice
 from kdvfs.envs.env.dvfs_env import KernelDVFSEnv
-from kdvfs.envs.env.live import LiveState
-from kdvfs.envs.env.live_tables import DEPENDS_ON_BUDGET, NO_PLAN, LiveTables, next_change_in, plan_of
-from kdvfs.envs.env.plan_advice import PlanAdvice
+from kdvfs.envs.env.observing.live import LiveState
+from kdvfs.envs.env.observing.live_tables import DEPENDS_ON_BUDGET, NO_PLAN, LiveTables, next_change_in, plan_of
 from kdvfs.envs.gpu.profiles import load_profile
 from kdvfs.envs.trace.bundled import open_trace
 from tests.agents.learned.near_ties import logit_pair
@@ -225,9 +225,9 @@ def test_its_action_is_the_policys_on_the_whole_live_observation(online: tuple[O
 
 PREPARED_IN_A_FRESH_PROCESS = """
 from kdvfs.agents.common.problem import Problem
-from kdvfs.agents.learned import forward, live_decision
-from kdvfs.agents.learned.frozen import FrozenPolicy
-from kdvfs.agents.learned.online import OnlinePolicy
+from kdvfs.agents.learned.policy import forward, live_decision
+from kdvfs.agents.learned.policy.frozen import FrozenPolicy
+from kdvfs.agents.learned.policy.online import OnlinePolicy
 from kdvfs.common.paths import shipped_policy_path
 from kdvfs.envs.gpu.profiles import load_profile
 from kdvfs.envs.trace.bundled import open_trace

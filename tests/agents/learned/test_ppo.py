@@ -9,12 +9,12 @@ import pytest
 import yaml
 
 from kdvfs.agents.common.problem import Problem
-from kdvfs.agents.learned.frozen import FrozenPolicy, PolicyFileError
-from kdvfs.agents.learned.online import OnlinePolicy
-from kdvfs.agents.learned.ppo import PPO_CONFIG_DIR, load_train_config, train_config_mapping
-from kdvfs.agents.learned.train import TrainResult
+from kdvfs.agents.learned.policy.frozen import FrozenPolicy, PolicyFileError
+from kdvfs.agents.learned.policy.online import OnlinePolicy
+from kdvfs.agents.learned.training.ppo import PPO_CONFIG_DIR, load_train_config, train_config_mapping
+from kdvfs.agents.learned.training.train import TrainResult
 from kdvfs.common.config import ConfigError, to_plain
-from kdvfs.envs.env.workloads import DataSplit, Variants, WorkloadSet
+from kdvfs.envs.env.steps.workloads import DataSplit, Variants, WorkloadSet
 from kdvfs.envs.gpu.profiles import load_profile
 from kdvfs.envs.trace.bundled import open_trace
 

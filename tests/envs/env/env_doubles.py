@@ -12,8 +12,8 @@ from gymnasium import spaces
 from kdvfs.common.arrays import Array
 from kdvfs.envs.env.config import EnvConfig
 from kdvfs.envs.env.dvfs_env import KernelDVFSEnv
-from kdvfs.envs.env.live import LiveState
-from kdvfs.envs.env.live_tables import observe_at
+from kdvfs.envs.env.observing.live import LiveState
+from kdvfs.envs.env.observing.live_tables import observe_at
 
 FINE_CORE_FRACTIONS = (1.0, 0.9925, 0.985, 0.9775, 0.97, 0.9625, 0.955, 0.9475, 0.94, 0.9325, 0.925, 0.9175, 0.91,
                        0.9025, 0.895, 0.8875, 0.88, 0.85, 0.8, 0.75, 0.7, 0.675, 0.65, 0.625, 0.6)
@@ -41,7 +41,7 @@ class PairEnv(KernelDVFSEnv):
 
 
 def observe_state(env: KernelDVFSEnv, state: LiveState) -> Array:
-    """The whole observation :func:`~kdvfs.envs.env.live_tables.observe_at` gives at ``state`` on ``env``'s
+    """The whole observation :func:`~kdvfs.envs.env.observing.live_tables.observe_at` gives at ``state`` on ``env``'s
     step, regime and budget (its last reset's), as a controller standing there observes it; the advisors'
     pairs are left in ``env.advice``."""
     tables = env.live_tables()

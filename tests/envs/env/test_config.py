@@ -9,22 +9,22 @@ import gymnasium as gym
 import pytest
 import yaml
 
-from kdvfs.agents.learned.frozen import FrozenPolicy
-from kdvfs.agents.learned.ppo import load_train_config, train_config_mapping
+from kdvfs.agents.learned.policy.frozen import FrozenPolicy
+from kdvfs.agents.learned.training.ppo import load_train_config, train_config_mapping
 from kdvfs.common.config import ConfigError
 from kdvfs.common.errors import KdvfsError
 from kdvfs.common.paths import REPO_ROOT, shipped_policy_path
-from kdvfs.envs.env.clock_grid import ClockGrid
 from kdvfs.envs.env.config import EnvConfig, Switching, settings_table
 from kdvfs.envs.env.dvfs_env import KernelDVFSEnv
-from kdvfs.envs.env.workloads import default_step
+from kdvfs.envs.env.steps.clock_grid import ClockGrid
+from kdvfs.envs.env.steps.workloads import default_step
 from kdvfs.envs.gpu.profiles import load_profile
 
 
 @pytest.mark.parametrize("gpu", ["h200", "b200", "h100-sxm", "a100-sxm4", "rtx3080ti"])
 def test_the_yaml_env_section_is_the_shipped_policys_config_or_a_v5_policy_still_ships(gpu: str) -> None:
-    """A residual policy ships only once it beats the fixed-margin plans on validation (``agents/learned/train.py``);
-    until then the v5 plan-choice policy stays, on the same clock grid."""
+    """A residual policy ships only once it beats the fixed-margin plans on validation
+    (``agents/learned/training/train.py``); until then the v5 plan-choice policy stays, on the same clock grid."""
     profile, config = load_profile(gpu), load_train_config(gpu)
     raw = train_config_mapping(gpu)["env"]
     assert isinstance(config.env, EnvConfig) and set(raw) <= set(EnvConfig.__dataclass_fields__)

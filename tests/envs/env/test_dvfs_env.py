@@ -13,10 +13,10 @@ from stable_baselines3.common.env_checker import check_env as sb3_check_env
 
 from kdvfs.agents.common.problem import Problem, score
 from kdvfs.common.errors import KdvfsError
-from kdvfs.envs.env.clock_grid import ClockGrid
 from kdvfs.envs.env.dvfs_env import ENV_ID, KernelDVFSEnv
-from kdvfs.envs.env.observation import ObservationSpec, static_observations
-from kdvfs.envs.env.step_data import StepData
+from kdvfs.envs.env.observing.observation import ObservationSpec, static_observations
+from kdvfs.envs.env.steps.clock_grid import ClockGrid
+from kdvfs.envs.env.steps.step_data import StepData
 from kdvfs.envs.gpu.profiles import load_profile
 from kdvfs.envs.model.schedule import Schedule, execute, replay
 from kdvfs.envs.trace.bundled import open_trace

@@ -9,19 +9,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kdvfs.agents.common.problem import Problem
-from kdvfs.envs.env.clock_grid import ClockGrid
+from kdvfs.envs.env.advice.plan_advice import PlanAdvice, landing_kernels, plan_for_budget
 from kdvfs.envs.env.dvfs_env import KernelDVFSEnv
-from kdvfs.envs.env.dynamic_observation import clock_one_hots, layout, observe_dynamic
-from kdvfs.envs.env.live import LiveState
-from kdvfs.envs.env.observation import (
+from kdvfs.envs.env.observing.dynamic_observation import clock_one_hots, layout, observe_dynamic
+from kdvfs.envs.env.observing.live import LiveState
+from kdvfs.envs.env.observing.observation import (
     ADVISOR_FEATURES,
     OBS_LIMIT,
     REMAINING_LATENCIES_CAP,
     ObservationSpec,
     advisor_index,
 )
-from kdvfs.envs.env.plan_advice import PlanAdvice, landing_kernels, plan_for_budget
-from kdvfs.envs.env.step_data import StepData
+from kdvfs.envs.env.steps.clock_grid import ClockGrid
+from kdvfs.envs.env.steps.step_data import StepData
 from kdvfs.envs.env.timing import decision_data
 from kdvfs.envs.gpu.profiles import load_profile
 from kdvfs.envs.trace.bundled import open_trace

@@ -14,11 +14,11 @@ from stable_baselines3.common.env_checker import check_env as sb3_check_env
 
 from kdvfs.agents.common.problem import Problem
 from kdvfs.common.errors import KdvfsError
-from kdvfs.envs.env.clock_grid import ClockGrid
 from kdvfs.envs.env.config import EnvConfig
 from kdvfs.envs.env.dvfs_env import ENV_ID, KernelDVFSEnv
 from kdvfs.envs.env.dynamics import Disturbances, execute_open_loop
-from kdvfs.envs.env.step_data import StepData
+from kdvfs.envs.env.steps.clock_grid import ClockGrid
+from kdvfs.envs.env.steps.step_data import StepData
 from kdvfs.envs.gpu.profiles import load_profile
 from kdvfs.envs.model.schedule import execute
 from kdvfs.envs.trace.bundled import open_trace

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from kdvfs.envs.env.advice.landings import Landings
+from kdvfs.envs.env.advice.plan_advice import landing_kernels
 from kdvfs.envs.env.config import EnvConfig
 from kdvfs.envs.env.dvfs_env import KernelDVFSEnv
-from kdvfs.envs.env.landings import Landings
-from kdvfs.envs.env.plan_advice import landing_kernels
 from kdvfs.envs.env.timing import decision_data
 
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from kdvfs.envs.env.dvfs_env import KernelDVFSEnv
-from kdvfs.envs.env.live import LiveState, PredictedElapsed
+from kdvfs.envs.env.observing.live import LiveState, PredictedElapsed
 from tests.envs.env.env_doubles import PREVIOUS, PairEnv, observe_state
 
 

@@ -9,10 +9,10 @@ import itertools
 import numpy as np
 import pytest
 
-from kdvfs.agents.learned.ppo import load_train_config
+from kdvfs.agents.learned.training.ppo import load_train_config
 from kdvfs.common.paths import REPO_ROOT
 from kdvfs.envs.env.dvfs_env import KernelDVFSEnv
-from kdvfs.envs.env.observation import (
+from kdvfs.envs.env.observing.observation import (
     BLOCKS,
     BUDGET_FEATURES,
     DIMENSIONS,
@@ -74,5 +74,5 @@ def test_the_observation_tables_are_rendered_from_the_spec(spec: ObservationSpec
     assert "| `window_slowdown_then_saving_pct` | 2 x 4 x 110 |" in observation_table(spec)
     assert table in (inspect.getdoc(KernelDVFSEnv) or "")
     assert table in (REPO_ROOT / "docs/design/environment.md").read_text(), \
-        ("docs/design/environment.md: paste kdvfs.envs.env.observation.observation_table() into the Observation "
-         "space section")
+        ("docs/design/environment.md: paste kdvfs.envs.env.observing.observation.observation_table() into the "
+         "Observation space section")

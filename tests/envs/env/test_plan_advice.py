@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from kdvfs.common.errors import KdvfsError
+from kdvfs.envs.env.advice.plan_advice import EPS, landing_kernels, plan_advice
 from kdvfs.envs.env.dvfs_env import KernelDVFSEnv
-from kdvfs.envs.env.plan_advice import EPS, landing_kernels, plan_advice
-from kdvfs.envs.env.workloads import default_step
+from kdvfs.envs.env.steps.workloads import default_step
 from kdvfs.envs.gpu.profiles import load_profile
 from kdvfs.envs.model.schedule import ActionCosts, replay
 from kdvfs.envs.model.segment_plans import cheapest_within, plan_totals, segment_starts, segments_ok

@@ -8,10 +8,10 @@ from gymnasium.utils.env_checker import check_env
 
 from kdvfs.common.config import ConfigError
 from kdvfs.common.errors import KdvfsError
-from kdvfs.envs.env.clock_grid import ClockGrid
 from kdvfs.envs.env.dvfs_env import KernelDVFSEnv
-from kdvfs.envs.env.shape_pairs import Perturbation, ShapePair, ShapeSet, expert_work
-from kdvfs.envs.env.step_data import StepData, priced
+from kdvfs.envs.env.steps.clock_grid import ClockGrid
+from kdvfs.envs.env.steps.shape_pairs import Perturbation, ShapePair, ShapeSet, expert_work
+from kdvfs.envs.env.steps.step_data import StepData, priced
 from kdvfs.envs.gpu.profiles import load_profile
 from kdvfs.envs.model.schedule import ActionCosts
 from kdvfs.envs.synthetic.generator import generate_transformer_trace, load_workload

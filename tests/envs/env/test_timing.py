@@ -8,7 +8,7 @@ import pytest
 
 from kdvfs.common.errors import KdvfsError
 from kdvfs.envs.env.dvfs_env import KernelDVFSEnv
-from kdvfs.envs.env.observation import BUDGET_FEATURES, CONDITION_FEATURES
+from kdvfs.envs.env.observing.observation import BUDGET_FEATURES, CONDITION_FEATURES
 from kdvfs.envs.gpu.profiles import load_profile
 from tests.envs.env.env_doubles import PREVIOUS, PairEnv
 

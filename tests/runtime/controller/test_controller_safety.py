@@ -19,11 +19,11 @@ import numpy as np
 import pynvml
 import pytest
 
-from kdvfs.agents.learned.frozen import FrozenPolicy, PolicyFileError
+from kdvfs.agents.learned.policy.frozen import FrozenPolicy, PolicyFileError
 from kdvfs.common.errors import UnknownGpuError
 from kdvfs.common.paths import REPO_ROOT
-from kdvfs.envs.env.clock_grid import ClockGrid
-from kdvfs.envs.env.observation import ObservationSpec
+from kdvfs.envs.env.observing.observation import ObservationSpec
+from kdvfs.envs.env.steps.clock_grid import ClockGrid
 from kdvfs.envs.gpu.profiles import load_profile
 from kdvfs.runtime.cli import main
 from kdvfs.runtime.controller import controller, hf_callback, lightning_callback

@@ -5,7 +5,7 @@ Every observation reads the landing kernels of the pair in effect (the plan advi
 where a request made now lands); a live decision also reads where the standing order's plan next proposes
 another pair. :class:`Landings` computes each on first use, per pair (and plan), into one array
 (:attr:`Landings.rows`) while episodes run the same step and regime, and all of them at once for a controller
-(:meth:`Landings.table`: the arrays of :class:`~kdvfs.envs.env.live_tables.LiveTables`), so that no live
+(:meth:`Landings.table`: the arrays of :class:`~kdvfs.envs.env.observing.live_tables.LiveTables`), so that no live
 decision computes one.
 """
 
@@ -14,8 +14,8 @@ from __future__ import annotations
 import numpy as np
 
 from kdvfs.common.arrays import Array
-from kdvfs.envs.env.plan_advice import PlanAdvice, landing_kernels
-from kdvfs.envs.env.step_data import StepData
+from kdvfs.envs.env.advice.plan_advice import PlanAdvice, landing_kernels
+from kdvfs.envs.env.steps.step_data import StepData
 
 
 class Landings:
@@ -36,7 +36,7 @@ class Landings:
         self._proposals: dict[tuple[int, int], Array] = {}
 
     def of(self, pair: int) -> tuple[Array, Array]:
-        """:func:`~kdvfs.envs.env.plan_advice.landing_kernels` on the timeline of ``pair`` in effect (mean
+        """:func:`~kdvfs.envs.env.advice.plan_advice.landing_kernels` on the timeline of ``pair`` in effect (mean
         times): (K + 1,) int64 each (views of :attr:`rows`)."""
         if not self._computed[pair]:
             self.rows[pair] = landing_kernels(self._data.cumulative_of(pair)[0], *self._timing)
@@ -44,7 +44,7 @@ class Landings:
         return self.rows[pair, 0], self.rows[pair, 1]
 
     def proposal_changes(self, pair: int, plan: int) -> Array:
-        """:meth:`~kdvfs.envs.env.plan_advice.PlanAdvice.proposal_changes` of ``plan`` with ``pair`` in effect
+        """:meth:`~kdvfs.envs.env.advice.plan_advice.PlanAdvice.proposal_changes` of ``plan`` with ``pair`` in effect
         (sorted kernels)."""
         key = (pair, plan)
         changes = self._proposals.get(key)

@@ -1,9 +1,9 @@
 """A frozen policy deciding online, inside a running step, on what a controller measured.
 
 :class:`OnlinePolicy` holds the policy's environment for the problem's step (:func:`policy_env`) and, at each
-live decision point, turns the measured :class:`~kdvfs.envs.env.live.LiveState` into the observation
-(:func:`~kdvfs.envs.env.live_tables.observe_at`, the environment's own) and the pair to request, in one
-compiled call (:mod:`kdvfs.agents.learned.live_decision`). As in the environment the policy runs when its
+live decision point, turns the measured :class:`~kdvfs.envs.env.observing.live.LiveState` into the observation
+(:func:`~kdvfs.envs.env.observing.live_tables.observe_at`, the environment's own) and the pair to request, in one
+compiled call (:mod:`kdvfs.agents.learned.policy.live_decision`). As in the environment the policy runs when its
 last choice has held for ``decision_fraction`` of the step's auto time; in between its standing order ("follow
 plan p") is re-read. Each decision says when the next is needed: when the policy runs again and the kernel
 where the order's proposal can next change (unknown for the fitting plan, which depends on the budget: a
@@ -21,8 +21,8 @@ from typing import NamedTuple
 import numpy as np
 
 from kdvfs.agents.common.problem import Problem
-from kdvfs.agents.learned.frozen import FrozenPolicy, PolicyFileError
-from kdvfs.agents.learned.live_decision import (
+from kdvfs.agents.learned.policy.frozen import FrozenPolicy, PolicyFileError
+from kdvfs.agents.learned.policy.live_decision import (
     NO_REQUEST,
     O_BUDGET,
     O_ENTRIES,
@@ -32,13 +32,13 @@ from kdvfs.agents.learned.live_decision import (
     decide_bound,
     first_change_bound,
 )
-from kdvfs.agents.learned.policy_planner import policy_env
+from kdvfs.agents.learned.policy.policy_planner import policy_env
 from kdvfs.common.locked import index_right
 from kdvfs.envs.env.dvfs_env import KernelDVFSEnv
-from kdvfs.envs.env.dynamic_observation import clock_one_hots
-from kdvfs.envs.env.live import LiveState
-from kdvfs.envs.env.live_tables import DEPENDS_ON_BUDGET
-from kdvfs.envs.env.measured import RESIDUAL_OBSERVATION_VERSION
+from kdvfs.envs.env.observing.dynamic_observation import clock_one_hots
+from kdvfs.envs.env.observing.live import LiveState
+from kdvfs.envs.env.observing.live_tables import DEPENDS_ON_BUDGET
+from kdvfs.envs.env.observing.measured import RESIDUAL_OBSERVATION_VERSION
 
 _decide: Callable[..., tuple[int, int, float, float]] = decide_bound
 """The compiled decision, called with its bound arrays, the budget and the state splatted (typed for that
@@ -160,7 +160,7 @@ class OnlinePolicy:
 
     def decide(self, state: LiveState, now_s: float) -> OnlineDecision:
         """The decision at ``state``, ``now_s`` after the step's start (s, model timeline), in one compiled call
-        (:func:`~kdvfs.agents.learned.live_decision.decide_bound`); after :meth:`begin`."""
+        (:func:`~kdvfs.agents.learned.policy.live_decision.decide_bound`); after :meth:`begin`."""
         assert self._begun and self._bound is not None, "begin a step first"
         evaluated = now_s >= self._hold_until_s
         if evaluated:
@@ -171,8 +171,8 @@ class OnlinePolicy:
                      last_latency_ratio: float, drift_pct: float, model_elapsed_s: np.ndarray) -> int:
         """The first of the states ahead at which the standing order (its proposal depending on the budget) would
         name a pair other than ``in_effect`` (n: none), in one compiled call
-        (:func:`~kdvfs.agents.learned.live_decision.first_change_bound`): ``kernels`` (n,) int64 and the times
-        (n,) (s, model timeline) of :class:`~kdvfs.envs.env.live.LiveState`, with no change pending; after
+        (:func:`~kdvfs.agents.learned.policy.live_decision.first_change_bound`): ``kernels`` (n,) int64 and the times
+        (n,) (s, model timeline) of :class:`~kdvfs.envs.env.observing.live.LiveState`, with no change pending; after
         :meth:`begin`. The standing order and its hold are unchanged."""
         assert self._bound is not None, "begin a step first"
         return _first_change(self._bound[0], *self._budget, kernels, in_effect, elapsed_s, auto_elapsed_s,

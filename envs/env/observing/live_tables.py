@@ -2,7 +2,7 @@
 environment, gathered once, with the compiled parts of that decision.
 
 :func:`observe_at` is the observation, of the state the environment simulates and of the state a controller
-measures alike. A live decision (:mod:`kdvfs.agents.learned.online`) runs in one compiled call: it writes the
+measures alike. A live decision (:mod:`kdvfs.agents.learned.policy.online`) runs in one compiled call: it writes the
 observation at the measured state (:func:`observe_at`), runs the policy and names the pair to request
 (:func:`target_pair_of`, which the environment's
 :meth:`~kdvfs.envs.env.dvfs_env.KernelDVFSEnv.target_pair` calls too) and where its standing order's proposal
@@ -21,7 +21,7 @@ import numba
 import numpy as np
 
 from kdvfs.common.arrays import Array
-from kdvfs.envs.env.dynamic_observation import observe_dynamic
+from kdvfs.envs.env.observing.dynamic_observation import observe_dynamic
 
 DEPENDS_ON_BUDGET = -2
 """:func:`plan_of` (and a live decision's next change): the standing order's proposal depends on the budget."""
@@ -38,7 +38,7 @@ class LiveTables:
     Attributes:
         obs, advice: the environment's observation (N,) float32 and advisors' pairs (A,) int64 buffers.
         static_rows: (K + 1, static size) float32 static part at each kernel.
-        layout: :func:`~kdvfs.envs.env.dynamic_observation.layout`; advisor_index: its advisor index.
+        layout: :func:`~kdvfs.envs.env.observing.dynamic_observation.layout`; advisor_index: its advisor index.
         cumulative_s: (K + 1, G) float64 kernel starts at each pair (model s).
         landings: (G, 2, K + 1) int64 landing kernels (earliest, next) on the timeline of each pair in effect.
         plan_pairs, plan_rest, joinable, next_change, speeds_up: the step's plan advice tables.
@@ -113,7 +113,7 @@ def observe_at(obs: Array, advice: Array, static_rows: Array, lay: Array, adviso
                pending_age_s: float, elapsed_s: float, auto_elapsed_s: float, last_latency_ratio: float,
                drift_pct: float, model_elapsed_s: float) -> int:
     """The observation: write its dynamic part into ``obs`` and each advisor's pair into ``advice`` at a state
-    (the arguments after ``budget_plan``: :class:`~kdvfs.envs.env.live.LiveState`'s fields), the one function
+    (the arguments after ``budget_plan``: :class:`~kdvfs.envs.env.observing.live.LiveState`'s fields), the one function
     both the environment (on the state it simulates, :meth:`~kdvfs.envs.env.dvfs_env.KernelDVFSEnv.live_state`)
     and a controller (on the state it measures) call. The static part is ``static_rows`` at the returned kernel
     (``kernel`` within [0, K]; K: the step is over). The leading arguments are :class:`LiveTables`' (through

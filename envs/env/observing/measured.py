@@ -23,7 +23,7 @@ from typing import NamedTuple
 import numpy as np
 
 from kdvfs.common.arrays import Array
-from kdvfs.envs.env.dynamic_observation import (
+from kdvfs.envs.env.observing.dynamic_observation import (
     L_BUDGET_PLAN,
     L_FITTING,
     L_FITTING_SLOT,
@@ -34,8 +34,13 @@ from kdvfs.envs.env.dynamic_observation import (
     L_PLANS_REST,
     observe_dynamic,
 )
-from kdvfs.envs.env.live_tables import LiveTables
-from kdvfs.envs.env.observation import OBS_LIMIT, PLAN_ADVISOR_FEATURES, REMAINING_LATENCIES_CAP, ObservationSpec
+from kdvfs.envs.env.observing.live_tables import LiveTables
+from kdvfs.envs.env.observing.observation import (
+    OBS_LIMIT,
+    PLAN_ADVISOR_FEATURES,
+    REMAINING_LATENCIES_CAP,
+    ObservationSpec,
+)
 
 RESIDUAL_OBSERVATION_VERSION = 7
 CORE_STEPS = (0, -1, 1, -2, 2, -4, 4)
@@ -256,7 +261,7 @@ def residual_observation(out: Array, tables: LiveTables, state: MeasuredState, b
 
     Every entry is computed from the measured state, the prediction (``tables``) and ``errors`` (the prediction
     errors of the last decisions, %): what a controller knows. The fitting plan is the advisors' own
-    (:func:`~kdvfs.envs.env.dynamic_observation.observe_dynamic`), fed on the prediction's timeline (host
+    (:func:`~kdvfs.envs.env.observing.dynamic_observation.observe_dynamic`), fed on the prediction's timeline (host
     seconds over the measured auto scale, the drift applied where it slows the clocks run)."""
     sizes = tables.sizes
     lay = tables.layout

@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 
 from kdvfs.common.arrays import Array
-from kdvfs.envs.env.clock_grid import ClockGrid
-from kdvfs.envs.env.step_data import KERNEL_FEATURES, StepData
+from kdvfs.envs.env.steps.clock_grid import ClockGrid
+from kdvfs.envs.env.steps.step_data import KERNEL_FEATURES, StepData
 
 OBSERVATION_VERSION = 5
 WINDOW_METRICS = ("slowdown_pct", "saving_pct")
@@ -77,7 +77,7 @@ BLOCKS = (
           "(first decision, or ideal switching)", "latencies, 0/1, 0/1"),
     Block("budget", (len(BUDGET_FEATURES),),
           "budget; share of it used so far ((elapsed - the prediction's auto time for the same kernels x (1 + "
-          "the prediction error), as a controller measures them: :class:`~kdvfs.envs.env.live.LiveState`) / "
+          "the prediction error), as a controller measures them: :class:`~kdvfs.envs.env.observing.live.LiveState`) / "
           "(budget x auto step time)); slowdown still affordable over the rest of the step; progress (auto "
           "time so far / auto step "
           f"time); remaining step in latencies (capped at {REMAINING_LATENCIES_CAP:g}, / {REMAINING_LATENCIES_CAP:g})",
@@ -121,7 +121,7 @@ class ObservationSpec:
         window_latencies: lengths of the look-ahead windows in switching latencies (e.g. 1, 2, 4); each
             starts where a request issued now would take effect. One more window runs from there to the
             step's end (the controller knows the whole step: training steps repeat).
-        plan_budgets: budgets (fractions) of the plan advisors (:mod:`kdvfs.envs.env.plan_advice`); empty:
+        plan_budgets: budgets (fractions) of the plan advisors (:mod:`kdvfs.envs.env.advice.plan_advice`); empty:
             no plan advisors.
     """
 

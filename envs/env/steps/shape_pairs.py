@@ -4,7 +4,7 @@ For the step about to run a controller knows its shape (:mod:`kdvfs.envs.trace.s
 model's prediction for it (:class:`~kdvfs.envs.model.step_model.StepModel`, fitted on a few captured
 references); the GPU executes the real step. A :class:`ShapePair` holds both sides, priced for
 ``KernelDVFS-v0``: ``predicted``, what the observations and plans are computed on; ``executed``, variants of
-the real step mapped onto the prediction's kernels (:meth:`~kdvfs.envs.env.step_data.StepData.executed_as`):
+the real step mapped onto the prediction's kernels (:meth:`~kdvfs.envs.env.steps.step_data.StepData.executed_as`):
 the step itself, then copies with :class:`Perturbation`'s disturbances (a kernel class slower or faster than
 fitted, launch gaps, duration noise, kernels dropped or inserted, a mixture of experts' token counts). The
 environment draws each episode's executed variant from its step's pair (``executed=`` of
@@ -20,8 +20,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from kdvfs.common.config import ConfigError
-from kdvfs.envs.env.clock_grid import ClockGrid
-from kdvfs.envs.env.step_data import CATEGORIES, StepData, priced
+from kdvfs.envs.env.steps.clock_grid import ClockGrid
+from kdvfs.envs.env.steps.step_data import CATEGORIES, StepData, priced
 from kdvfs.envs.gpu.profiles import GpuProfile
 from kdvfs.envs.model.step_model import StepModel
 from kdvfs.envs.synthetic.generator import generate_transformer_trace, load_workload
