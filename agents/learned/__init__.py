@@ -1,3 +1,4 @@
-"""Learned clock policies: PPO with stable-baselines3, the imitation warm start, training end to end,
-frozen numpy policies and a frozen policy behind the planner interface, and a frozen policy deciding online
-(``online``; its compiled decision: ``live_decision``)."""
+"""Learned clock policies, in rooms: ``training`` (PPO with stable-baselines3, the imitation warm start, the
+anchor, the budget multipliers, training end to end) and ``policy`` (frozen numpy policies, the planner
+interface, the shipped policies and a frozen policy deciding online); and their evaluation over disturbed
+episodes (``noisy_evaluation``) and on steps of other shapes (``shape_evaluation``)."""

@@ -1,21 +1,15 @@
 """A frozen policy and every planner over seeded episodes with the environment's disturbances, on the same
 draws (``kdvfs evaluate --episodes N --seed K``).
 
-Per budget and episode, the policy runs closed-loop through ``KernelDVFS-v0`` with its settings and every
-disturbance on (:meth:`kdvfs.envs.env.config.EnvConfig.with_disturbances`); each planner's fixed schedule,
-planned once on the mean costs, runs open-loop through that episode's draws
-(:func:`kdvfs.envs.env.dynamics.execute_open_loop`). Both are scored against auto under the same draws.
-
-Two more rows make the comparison fair to a plan computed in advance and to a hand-written controller:
-
-* ``latency-optimal+margin``: the latency-aware optimum planned for each budget of ``MARGINS`` x the
-  budget (below it: a safety margin; above it: slack the disturbances leave, e.g. the drift), every one
-  executed open-loop on the same draws; the row is the one saving the most among those within budget in at
-  least ``COMPLIANCE`` of the episodes (chosen on the evaluation's own draws, so it flatters the plan), and
-  its ``planned_budget_pct`` says which;
-* ``fitting-plan``: the closed-loop rule the policy can follow, run through the environment like the
-  policy: always request the plan advisor saving the most among the plans that fit what the run can still
-  afford as measured (:mod:`kdvfs.agents.learned.imitation`'s ``fitting_plan`` expert).
+Per budget and episode the policy runs closed-loop through ``KernelDVFS-v0`` with every disturbance on
+(:meth:`kdvfs.envs.env.config.EnvConfig.with_disturbances`); each planner's fixed schedule, planned once on the
+mean costs, runs open-loop through that episode's draws (:func:`kdvfs.envs.env.dynamics.execute_open_loop`);
+both are scored against auto under the same draws. Two more rows: ``latency-optimal+margin``, the latency-aware
+optimum planned for each of ``MARGINS`` x the budget and executed on the same draws, the one saving the most
+among those within budget in at least ``COMPLIANCE`` of the episodes (chosen on the evaluation's own draws,
+which flatters it; ``planned_budget_pct`` says which); and ``fitting-plan``, the closed-loop rule the policy
+can follow, run through the environment like the policy (:mod:`kdvfs.agents.learned.training.imitation`'s
+``fitting_plan`` expert).
 """
 
 from __future__ import annotations
@@ -28,8 +22,8 @@ import numpy as np
 
 from kdvfs.agents.common.problem import Problem, within_budget
 from kdvfs.agents.evaluation.compare import plan_methods
-from kdvfs.agents.learned.imitation import Expert
-from kdvfs.agents.learned.policy_planner import Actor, PolicyPlanner, policy_env, rollout
+from kdvfs.agents.learned.policy.policy_planner import Actor, PolicyPlanner, policy_env, rollout
+from kdvfs.agents.learned.training.imitation import Expert
 from kdvfs.agents.planners.registry import COMPARED
 from kdvfs.envs.env.dvfs_env import KernelDVFSEnv
 from kdvfs.envs.env.dynamics import Disturbances, execute_open_loop

@@ -1,23 +1,15 @@
 """A policy and the plans of predicted steps on executed steps of other shapes (``kdvfs evaluate --reference``).
 
-A run whose steps change shape is captured at a few shapes (the references); each executed step then has a
-shape the controller knows when it starts (``meta.step_shape``), and its kernels the controller does not know.
-Per executed step, each method's energy saving and slowdown against auto on that step:
-
-* ``auto``: the GPU's default behaviour (0 and 0);
-* ``reference-plan``: the latency-aware plans of the step model's prediction for the step's shape
-  (:mod:`kdvfs.envs.model.step_model`, fitted on the references; the plan advisors of ``KernelDVFS-v0``),
-  followed with live budget feedback (the ``fitting_plan`` rule: the plan saving the most among those that fit
-  what the run can still afford as measured);
-* ``policy``: the frozen policy deciding on the prediction's observations;
-* ``oracle``: the latency-aware optimum re-solved on the executed step.
-
-The controller side (``reference-plan``, ``policy``) sees only what the runtime would: the references, the
-step's shape, and, as the step runs, its progress and budget use; the environment executes the real step
-under it (``reset(options={"executed": ...})``, :meth:`~kdvfs.envs.env.step_data.StepData.executed_as`).
-Only ``oracle`` reads the executed step. A shape the step model does not cover runs at auto, as in the
-runtime. With ``episodes``, each method runs that many seeded episodes with the environment's disturbances
-(latency spread, duration noise, drift, step jitter); ``within_budget`` is the share of them within budget.
+A run captured at a few shapes (the references) executes steps of a shape the controller knows when they start
+(``meta.step_shape``) but of kernels it does not. Per executed step, each method's energy saving and slowdown
+against auto on that step (%): ``auto``; ``reference-plan``, the latency-aware plans of the step model's
+prediction for the shape (:mod:`kdvfs.envs.model.step_model`) followed with live budget feedback (the
+``fitting_plan`` rule); ``policy``, the frozen policy deciding on the prediction's observations; ``oracle``,
+the latency-aware optimum re-solved on the executed step. The controller side sees only what the runtime would
+(references, shape, progress, budget use) while the environment executes the real step under it
+(``reset(options={"executed": ...})``); only ``oracle`` reads the executed step. A shape the step model does
+not cover runs at auto. With ``episodes``, each method runs that many seeded episodes with the environment's
+disturbances; ``within_budget`` is the share of them within budget.
 """
 
 from __future__ import annotations
@@ -28,14 +20,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from kdvfs.agents.common.problem import Problem, within_budget
-from kdvfs.agents.learned.frozen import FrozenPolicy
-from kdvfs.agents.learned.imitation import Expert
-from kdvfs.agents.learned.policy_planner import Actor, policy_env, rollout
+from kdvfs.agents.learned.policy.frozen import FrozenPolicy
+from kdvfs.agents.learned.policy.policy_planner import Actor, policy_env, rollout
+from kdvfs.agents.learned.training.imitation import Expert
 from kdvfs.agents.planners.latency_optimal import LatencyOptimal
 from kdvfs.common.errors import KdvfsError
 from kdvfs.envs.env.dvfs_env import KernelDVFSEnv
 from kdvfs.envs.env.dynamics import Disturbances, draw, execute_open_loop
-from kdvfs.envs.env.step_data import StepData
+from kdvfs.envs.env.steps.step_data import StepData
 from kdvfs.envs.gpu.profiles import GpuProfile
 from kdvfs.envs.model.schedule import replay
 from kdvfs.envs.model.step_model import StepModel

@@ -28,7 +28,7 @@ import numpy as np
 
 from benchmarks.common.provenance import RESULTS, provenance, provenance_lines, write_results
 from kdvfs.agents.common.problem import Problem, within_budget
-from kdvfs.agents.learned.ppo import load_train_config
+from kdvfs.agents.learned.training.ppo import load_train_config
 from kdvfs.agents.planners.registry import make_planner
 from kdvfs.envs.gpu.profiles import load_profile
 from kdvfs.envs.model.drift import DriftModel

@@ -20,8 +20,8 @@ import numpy as np
 
 from benchmarks.common.provenance import provenance, write_results
 from benchmarks.learned.ppo_vs_clone import held_out_pairs
-from kdvfs.agents.learned.frozen import FrozenPolicy
-from kdvfs.agents.learned.margin_plans import (
+from kdvfs.agents.learned.policy.frozen import FrozenPolicy
+from kdvfs.agents.learned.training.margin_plans import (
     CELL_BUDGETS,
     CELL_LATENCY_SCALES,
     COMPLIANCE,
@@ -32,9 +32,9 @@ from kdvfs.agents.learned.margin_plans import (
     margin_actors,
     within,
 )
-from kdvfs.agents.learned.ppo import build_pairs, load_train_config
+from kdvfs.agents.learned.training.ppo import build_pairs, load_train_config
 from kdvfs.common.paths import REPO_ROOT
-from kdvfs.envs.env.measured import MARGINS
+from kdvfs.envs.env.observing.measured import MARGINS
 from kdvfs.envs.gpu.profiles import load_profile
 
 POLICIES = REPO_ROOT / "benchmarks" / "data" / "learned"

@@ -26,14 +26,14 @@ import numpy as np
 from benchmarks.common.provenance import provenance, write_results
 from benchmarks.reports.policies import markdown
 from kdvfs.agents.common.problem import Problem, score
-from kdvfs.agents.learned.frozen import FrozenPolicy
 from kdvfs.agents.learned.noisy_evaluation import COMPLIANCE, MARGIN_METHOD, closed_loop_row, noisy_rows
-from kdvfs.agents.learned.policy_planner import PolicyPlanner, policy_env
-from kdvfs.agents.learned.ppo import load_train_config
+from kdvfs.agents.learned.policy.frozen import FrozenPolicy
+from kdvfs.agents.learned.policy.policy_planner import PolicyPlanner, policy_env
+from kdvfs.agents.learned.training.ppo import load_train_config
 from kdvfs.agents.planners.registry import make_planner
 from kdvfs.common.paths import REPO_ROOT, shipped_policy_path
 from kdvfs.envs.env.dvfs_env import KernelDVFSEnv
-from kdvfs.envs.env.step_data import StepData
+from kdvfs.envs.env.steps.step_data import StepData
 from kdvfs.envs.gpu.profiles import GpuProfile, load_profile
 from kdvfs.envs.trace.trace import Trace
 

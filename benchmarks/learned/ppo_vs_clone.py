@@ -3,7 +3,7 @@
     python -m benchmarks.learned.ppo_vs_clone [--gpus h200 b200] [--seeds 16] [--jobs 2]
 
 For every GPU with both candidates of one training run (``benchmarks/data/{ppo,imitation}/<gpu>.kdvfs-policy.npz``),
-the held-out pairs (:mod:`kdvfs.envs.env.shape_pairs`; on the H200 also its real captures of three families),
+the held-out pairs (:mod:`kdvfs.envs.env.steps.shape_pairs`; on the H200 also its real captures of three families),
 none in training, at budgets 0.5/1/2% and three switching latencies, ``--seeds`` paired seeds: ``ppo``,
 ``clone``, the reference plan, the oracle, and both policies with drift off. Intervals are t intervals over
 seeds. Writes ``benchmarks/results/ppo_vs_clone.{json,md}`` (``{"gpus": {GPU: {"delta_saved_pct", "ci95",
@@ -22,14 +22,14 @@ from scipy import stats
 from benchmarks.common.provenance import provenance, write_results
 from benchmarks.model.step_model import FAMILIES, family_traces
 from kdvfs.agents.common.problem import within_budget
-from kdvfs.agents.learned.frozen import FrozenPolicy
-from kdvfs.agents.learned.imitation import Expert
-from kdvfs.agents.learned.policy_planner import Actor, rollout
-from kdvfs.agents.learned.ppo import load_train_config
+from kdvfs.agents.learned.policy.frozen import FrozenPolicy
+from kdvfs.agents.learned.policy.policy_planner import Actor, rollout
+from kdvfs.agents.learned.training.imitation import Expert
+from kdvfs.agents.learned.training.ppo import load_train_config
 from kdvfs.common.paths import REPO_ROOT
 from kdvfs.envs.env.config import EnvConfig
 from kdvfs.envs.env.dvfs_env import KernelDVFSEnv
-from kdvfs.envs.env.shape_pairs import Perturbation, ShapePair, shape_pairs
+from kdvfs.envs.env.steps.shape_pairs import Perturbation, ShapePair, shape_pairs
 from kdvfs.envs.gpu.profiles import GpuProfile, load_profile
 
 GPUS = ("h200", "b200", "a100-sxm4", "h100-sxm", "rtx3080ti")

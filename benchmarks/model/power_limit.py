@@ -17,7 +17,7 @@ from typing import Any
 from benchmarks.common.provenance import provenance, provenance_lines, write_results
 from kdvfs.agents.common.problem import Problem, within_budget
 from kdvfs.agents.evaluation.compare import Row, compare
-from kdvfs.agents.learned.policy_planner import PolicyPlanner, policy_rows
+from kdvfs.agents.learned.policy.policy_planner import PolicyPlanner, policy_rows
 from kdvfs.agents.planners.power_limit import POWER_LIMIT
 from kdvfs.common.paths import BUNDLED_TRACE_DIR, shipped_policy_path
 from kdvfs.envs.gpu.profiles import load_profile

@@ -1,7 +1,8 @@
-"""The Gymnasium environments ``KernelDVFS-v0`` and ``KernelDVFSResidual-v0`` (residual actions, measured observation):
-the policy's clock grid, one step's data prepared for stepping,
-the observation and its spec, the plan advisors and where requests land, the split of training and held-out
-workloads, and what a controller's live decision reads of it (``live``, ``live_tables``)."""
+"""The Gymnasium environments ``KernelDVFS-v0`` (:mod:`~kdvfs.envs.env.dvfs_env`) and ``KernelDVFSResidual-v0``
+(:mod:`~kdvfs.envs.env.residual_env`), their settings (``config``), execution, disturbances, reward and timing
+regimes; in rooms: ``steps`` (the clock grid, steps priced for stepping, shape pairs, the workload split),
+``advice`` (the plan advisors and where requests land) and ``observing`` (the observation, the one function that
+writes it at a state, and what a controller measures)."""
 
 from gymnasium.envs.registration import register
 

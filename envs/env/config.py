@@ -1,8 +1,9 @@
 """Every setting of ``KernelDVFS-v0`` in one place: :class:`EnvConfig`.
 
 The environment's constructor, PPO training (the ``env:`` section of ``configs/ppo/<gpu>.yaml`` loads into
-it), frozen policies (which store it) and policy evaluation all read their settings from it; its defaults
-are the environment's. Switching figures left as None come from the GPU profile (:meth:`EnvConfig.switching`).
+it), frozen policies (which store it) and policy evaluation all read their settings from it. Its defaults are
+``KernelDVFS-v0``'s and the shipped policies' (``configs/ppo/<gpu>.yaml`` overrides only what differs per GPU).
+Switching figures left as None come from the GPU profile (:meth:`EnvConfig.switching`).
 """
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from kdvfs.common.errors import KdvfsError
-from kdvfs.envs.env.clock_grid import DEFAULT_CORE_FRACTIONS, ClockGrid
 from kdvfs.envs.env.dynamics import MEASURED_DRIFT, DisturbanceSettings
-from kdvfs.envs.env.observation import ObservationSpec
+from kdvfs.envs.env.observing.observation import ObservationSpec
+from kdvfs.envs.env.steps.clock_grid import ClockGrid
 from kdvfs.envs.gpu.profiles import GpuProfile
 
 
@@ -64,18 +65,16 @@ class EnvConfig:
             times per run (0: at every decision point).
         next_kernels: how many coming kernels the observation shows individually (kernels).
         window_latencies: lengths of the look-ahead windows, in switching latencies.
-        plan_budgets: the budgets (fractions) of the plan advisors (:mod:`kdvfs.envs.env.plan_advice`);
-            empty: none.
+        plan_budgets: the budgets (fractions) of the plan advisors (:mod:`kdvfs.envs.env.advice.plan_advice`), at least
+            one: the action picks which budget's latency-aware plan to follow from here (or the fitting plan, or
+            the budget's plan).
         core_fractions: locked core levels of the clock grid, as fractions of the profile's maximum core clock
-            (:class:`kdvfs.envs.env.clock_grid.ClockGrid`; auto is always level 0).
+            (:class:`kdvfs.envs.env.steps.clock_grid.ClockGrid`; auto is always level 0).
         memory_mhz: memory clocks of the clock grid (MHz, descending); None: all of the profile's.
-        plan_actions: the clocks part of each action names a plan advisor (each plan, the fitting plan, the
-            budget's plan: which budget's latency-aware plan to follow from here), not a pair or a window
-            advisor; needs ``plan_budgets``.
         residual_actions: the honest, residual design (``KernelDVFSResidual-v0``,
             :class:`kdvfs.envs.env.residual_env.ResidualDVFSEnv`): the observation is what a controller measures
-            (:mod:`kdvfs.envs.env.measured`) and the action a residual over the fitting plan's pair and a margin
-            on the slack, decided at segment boundaries and budget events; needs ``plan_budgets``.
+            (:mod:`kdvfs.envs.env.observing.measured`) and the action a residual over the fitting plan's pair and a
+            margin on the slack, decided at segment boundaries and budget events.
         anchors_per_step: with ``residual_actions``, anchors a controller sees per step, evenly spread over its
             kernels (the first at kernel 0): the position is extrapolated from the last one passed through the
             clocks seen in effect since, at the step's pace between anchors as measured (never past the next
@@ -90,30 +89,30 @@ class EnvConfig:
             choose in that range is missing (on an H200: 54 levels from 1185 to 1980 MHz in 15 MHz steps).
     """
 
-    budgets: tuple[float, ...] = (0.01,)
+    budgets: tuple[float, ...] = (0.01, 0.0, 0.0025, 0.005, 0.0075, 0.0125, 0.015, 0.02, 0.03, 0.05)
     latency_s: float | None = None
-    latency_scales: tuple[float, ...] = (1.0,)
+    latency_scales: tuple[float, ...] = (0.0, 1.0, 2.0)
     latency_std_s: float | None = None
     stall_s: float | None = None
     latency_noise: bool = True
     duration_noise: float = 0.02
-    drift: bool = False
+    drift: bool = True
     drift_pct: float = MEASURED_DRIFT.time_drift_pct
     drift_s: float = MEASURED_DRIFT.drift_s
     run_start_s: float = MEASURED_DRIFT.drift_s
-    step_jitter: bool = False
+    step_jitter: bool = True
     run_steps: int = 1
-    overrun_penalty: float = 20.0
-    violation_penalty: float = 0.0
-    decision_latencies: float = 0.25
-    decision_fraction: float = 0.0
+    overrun_penalty: float = 10.0
+    violation_penalty: float = 2.5
+    decision_latencies: float = 0.1
+    decision_fraction: float = 0.125
     next_kernels: int = 2
     window_latencies: tuple[float, ...] = (1.0, 2.0, 4.0)
-    plan_budgets: tuple[float, ...] = ()
-    core_fractions: tuple[float, ...] = DEFAULT_CORE_FRACTIONS
+    plan_budgets: tuple[float, ...] = (0.0, 0.0025, 0.005, 0.0075, 0.01, 0.0125, 0.015, 0.0175, 0.02, 0.025, 0.03,
+                                       0.04, 0.05)
+    core_fractions: tuple[float, ...] = (1.0, 0.6)
     memory_mhz: tuple[int, ...] | None = None
-    every_core_clock: bool = False
-    plan_actions: bool = False
+    every_core_clock: bool = True
     residual_actions: bool = False
     anchors_per_step: int = 9
     drift_sd_pct: float = 0.15
@@ -125,9 +124,9 @@ class EnvConfig:
             object.__setattr__(self, name, tuple(float(value) for value in getattr(self, name)))
         if self.memory_mhz is not None:
             object.__setattr__(self, "memory_mhz", tuple(int(mhz) for mhz in self.memory_mhz))
-        if not self.budgets or min(self.budgets) < 0 or min(self.plan_budgets, default=0.0) < 0:
-            raise KdvfsError(f"budgets {list(self.budgets)} must be a non-empty list of fractions >= 0 (and "
-                             f"plan_budgets {list(self.plan_budgets)} fractions >= 0)")
+        if not self.budgets or min(self.budgets) < 0 or not self.plan_budgets or min(self.plan_budgets) < 0:
+            raise KdvfsError(f"budgets {list(self.budgets)} and plan_budgets {list(self.plan_budgets)} must be "
+                             "non-empty lists of fractions >= 0")
         if any(value is not None and value < 0 for value in (self.latency_s, self.latency_std_s, self.stall_s)):
             raise KdvfsError("latency_s, latency_std_s and stall_s must be >= 0 (or None: the profile's)")
         if not self.latency_scales or min(self.latency_scales) < 0:
@@ -138,10 +137,6 @@ class EnvConfig:
                              "duration_noise >= 0")
         if not 0.0 <= self.decision_fraction < 1.0:
             raise KdvfsError(f"decision_fraction {self.decision_fraction} must be in [0, 1)")
-        if (self.plan_actions or self.residual_actions) and not self.plan_budgets:
-            raise KdvfsError("plan_actions and residual_actions need plan_budgets (the plans to choose from)")
-        if self.plan_actions and self.residual_actions:
-            raise KdvfsError("plan_actions and residual_actions are two action designs; choose one")
         if self.anchors_per_step < 1 or self.drift_sd_pct < 0 or self.budget_events < 0:
             raise KdvfsError("need anchors_per_step >= 1, drift_sd_pct >= 0 and budget_events >= 0")
         if self.drift_pct < 0 or self.drift_s <= 0 or self.run_start_s < 0 or self.run_steps < 1:

@@ -19,26 +19,19 @@ from gymnasium import spaces
 
 from kdvfs.common.arrays import Array
 from kdvfs.common.errors import KdvfsError
+from kdvfs.envs.env.advice.landings import Landings
+from kdvfs.envs.env.advice.plan_advice import EPS, plan_for_budget
 from kdvfs.envs.env.config import EnvConfig, settings_table
-from kdvfs.envs.env.dynamic_observation import layout, observe_dynamic
 from kdvfs.envs.env.dynamics import Disturbances, core_fractions, draw
 from kdvfs.envs.env.execution import StepExecution
-from kdvfs.envs.env.landings import Landings
-from kdvfs.envs.env.live import LiveState
-from kdvfs.envs.env.live_tables import (
-    DEPENDS_ON_BUDGET,
-    NO_PLAN,
-    LiveTables,
-    next_change_in,
-    plan_of,
-    target_pair_of,
-)
-from kdvfs.envs.env.observation import OBS_LIMIT, advisor_index, observation_table
-from kdvfs.envs.env.plan_advice import EPS, plan_for_budget
+from kdvfs.envs.env.observing.dynamic_observation import layout
+from kdvfs.envs.env.observing.live import LiveState
+from kdvfs.envs.env.observing.live_tables import LiveTables, observe_at, target_pair_of
+from kdvfs.envs.env.observing.observation import OBS_LIMIT, advisor_index, observation_table
 from kdvfs.envs.env.reward import Reference, overrun_pct, reward_fn
-from kdvfs.envs.env.step_data import StepData, step_index
+from kdvfs.envs.env.steps.step_data import StepData, step_index
+from kdvfs.envs.env.steps.workloads import default_step
 from kdvfs.envs.env.timing import decision_data, regime_index, timings
-from kdvfs.envs.env.workloads import default_step
 from kdvfs.envs.gpu.profiles import GpuProfile, load_profile
 
 ENV_ID = "KernelDVFS-v0"
@@ -60,20 +53,19 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray], StepExecution):
     Details and the reasons for each choice: ``docs/design/environment.md``.
 
     ## Action Space
-    ``MultiDiscrete([2, G + W + 1 + P + 2])``: (request?, clocks). Clocks ``g < G`` are pair ``g = level * M
-    + memory`` of the clock grid (:class:`kdvfs.envs.env.clock_grid.ClockGrid`: C core levels, level 0 "auto"
-    where the firmware picks the core clock, by M memory clocks, highest first; g = 0 is the default
-    behaviour); ``G + w`` is the pair advisor w proposes now (the observation's W + 1 window advisors, P plans,
-    the fitting plan and the budget's plan; :meth:`advisor_action`). With ``plan_actions`` the clocks part
-    is ``MultiDiscrete([2, P + 2])`` instead: plan p, the fitting plan or the budget's plan (which budget's
-    latency-aware plan to follow from here).
+    ``MultiDiscrete([2, P + 2])``: (request?, plan): plan p of the P plan advisors (``plan_budgets``), the
+    fitting plan or the budget's plan, i.e. which budget's latency-aware plan to follow from here; the pair
+    requested is the one that plan proposes now (:mod:`kdvfs.envs.env.advice.plan_advice`; :meth:`advisor_action`
+    names the values). Pairs are grid actions ``g = level * M + memory`` of the clock grid
+    (:class:`kdvfs.envs.env.steps.clock_grid.ClockGrid`: C core levels, level 0 "auto" where the firmware picks the
+    core clock, by M memory clocks, highest first; g = 0 is the default behaviour).
     With request = 0 the clocks are kept; with 1 the chosen pair is requested if the controller is free and
     differs from the pair in effect. A request at the first decision takes effect at once.
 
     ## Observation Space
     ``Box(-1000, 1000, (N,), float32)``, no kernel names or identities: the blocks of
-    :class:`kdvfs.envs.env.observation.ObservationSpec` in order (N is the sum of their sizes; the plans
-    are :mod:`kdvfs.envs.env.plan_advice`'s):
+    :class:`kdvfs.envs.env.observing.observation.ObservationSpec` in order (N is the sum of their sizes; the plans
+    are :mod:`kdvfs.envs.env.advice.plan_advice`'s):
 
     {observation_table}
 
@@ -93,7 +85,7 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray], StepExecution):
     {settings_table}
 
     ## Version History
-    * v0: initial version (observation layout version ``kdvfs.envs.env.observation.OBSERVATION_VERSION``).
+    * v0: initial version (observation layout version ``kdvfs.envs.env.observing.observation.OBSERVATION_VERSION``).
     """
 
     metadata = {"render_modes": []}  # noqa: RUF012 (Gymnasium's class attribute)
@@ -106,7 +98,7 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray], StepExecution):
             steps: the training steps episodes are drawn from, all built on the config's clock grid; None: one
                 small generated step on ``gpu`` (:func:`default_step`).
             executed: per step, the steps the GPU may execute instead (each on the step's kernels,
-                :meth:`StepData.executed_as`; :mod:`kdvfs.envs.env.shape_pairs`): each episode executes one
+                :meth:`StepData.executed_as`; :mod:`kdvfs.envs.env.steps.shape_pairs`): each episode executes one
                 drawn from its step's list (an empty list: the step itself); None: every step executes as
                 observed.
             gpu: the GPU profile (or its name) the steps were priced on; gives the switching defaults.
@@ -122,7 +114,7 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray], StepExecution):
         self.steps = list(steps) if steps else [default_step(self.profile, self.grid)]
         if any(step.grid != self.grid for step in self.steps):
             raise KdvfsError("steps must be built with the same clock grid, the config's (core_fractions, memory_mhz)")
-        self._pairs, self._memories = self.grid.size, len(self.grid.memory_mhz)
+        self._memories = len(self.grid.memory_mhz)
         self._core_fraction = core_fractions(self.steps[0].action_costs.core_mhz)
         self.timings = timings(self.config, self.profile)
         self._runs = [step.repeated(self.config.run_steps) for step in self.steps]
@@ -132,9 +124,7 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray], StepExecution):
                           for runs, step in zip(executed or [[] for _ in self.steps], self.steps, strict=True)]
         self.observation_spec = self.config.observation_spec(self.grid)
         self.observation_space = spaces.Box(-OBS_LIMIT, OBS_LIMIT, (self.observation_spec.size,), np.float32)
-        choices = self.observation_spec.plan_actions if self.config.plan_actions else \
-            self.grid.size + self.observation_spec.advisors
-        self.action_space = spaces.MultiDiscrete([2, choices])
+        self.action_space = spaces.MultiDiscrete([2, self.observation_spec.plan_choices])
         self.render_mode = render_mode
         self._prepare()
         self._select(0, self.config.budgets[0], 0)
@@ -144,7 +134,6 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray], StepExecution):
         spec = self.observation_spec
         self._prepared = [[decision_data(run, spec, timing) for run in self._runs] for timing in self.timings]
         self._obs = np.zeros(spec.size, dtype=np.float32)
-        self._dynamic = self._obs[spec.static_size:]
         self._layouts = [layout(spec, run.kernels) for run in self._runs]
         self._landings: Landings | None = None
         self._landings_for: tuple[int, int] | None = None
@@ -167,9 +156,16 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray], StepExecution):
             self._landings = Landings(self._data, self._plans, self.latency_s, self.latency_std_s,
                                       self.decision_interval_s)
             self._landings_for = (index, regime)
-            self._sizes = np.array([self._data.kernels, self._plans.pairs.shape[1], self._pairs,
-                                    self.config.plan_actions, self._plan_slots.start, self._plan_slots.stop,
-                                    self._budget_slot], dtype=np.int64)
+            self._sizes = np.array([self._data.kernels, self._plans.pairs.shape[1], self._plan_slots.start,
+                                    self._plan_slots.stop, self._budget_slot], dtype=np.int64)
+        plans = self._plans
+        assert self._landings is not None
+        self._observation_tables = (
+            self._obs, self._advice, self._static, self._layout, self._advisor_index, self._cumulative_s,
+            self._landings.rows, plans.pairs, plans.rest_pct, plans.joinable, plans.next_change, plans.speeds_up,
+            self._sizes, self._data.auto_time_s, self.latency_s, self.stall_s)
+        """:func:`~kdvfs.envs.env.observing.live_tables.observe_at`'s leading arguments for the episode's step and
+        regime."""
         self._budget_plan = plan_for_budget(self.observation_spec.plan_budgets, budget)
         self._kernels = self._data.kernels
         self._auto_time_s, self._auto_energy_j = self._data.auto_time_s, self._data.auto_energy_j
@@ -179,9 +175,7 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray], StepExecution):
         self._k, self._in_effect, self._pending = 0, 0, -1
         self._requested_at_s = self._effective_at_s = 0.0
         self._last_latency_ratio = 1.0
-        self._live_drift_pct: float | None = None  # measured by a controller (observe_live), else simulated
         self._now_s = self._elapsed_s = self._auto_elapsed_s = self._model_elapsed_s = 0.0
-        self._times_measured = False  # the times are a controller's (observe_live) until the next step, else simulated
         self._energy_j = self._auto_energy_so_far_j = 0.0
         self._switches = self._requests = 0
         self.applied = np.zeros(self._kernels, dtype=np.int64)
@@ -224,7 +218,6 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray], StepExecution):
         """
         if self._k >= self._kernels:
             raise gym.error.ResetNeeded("the step is over; call reset()")
-        self._times_measured = False
         before = self._totals()
         hold_until_s = self._now_s + self.config.decision_fraction * self._auto_time_s
         while True:
@@ -257,72 +250,20 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray], StepExecution):
         """The grid pair ``action``'s clocks part names at this decision point (an advisor's proposal now)."""
         return int(target_pair_of(int(action[1]), self._advice, self._sizes))
 
-    def observe_live(self, state: LiveState) -> Array:
-        """The observation (and advisors' proposals: :meth:`target_pair`) at a decision point a controller
-        measured in a running step instead of simulating it (:mod:`kdvfs.envs.env.live`); the episode's step
-        and budget are the last :meth:`reset`'s, and the env then stands at ``state``."""
-        self._stand_at(state)
-        return self._observe()
-
-    def observe_live_dynamic(self, state: LiveState) -> Array:
-        """:meth:`observe_live` without the observation's static part (next kernels, windows: the row of
-        :attr:`static_rows` at the env's kernel): the entries after it, as a view valid until the env's next
-        observation (a controller adds the static part's share of the policy's first layer, computed once)."""
-        self._stand_at(state)
-        self._refresh_dynamic()
-        return self._dynamic
-
     @property
     def static_rows(self) -> Array:
         """(K + 1, ``observation_spec.static_size``) float32, read-only: the static part of the observation at
         each decision point of the episode's run."""
         return self._static
 
-    def next_proposal_change(self, action: Array) -> int | None:
-        """The first kernel after the env's where the pair ``action`` names (:meth:`target_pair`) can differ
-        from the one it names now while the clocks in effect stay: K if never (a fixed pair, auto, a plan
-        that no longer changes, no request); None where it also depends on the budget (window advisors, the
-        fitting plan)."""
-        plan = int(plan_of(int(action[0]), int(action[1]), self._budget_plan, self._sizes))
-        if plan == DEPENDS_ON_BUDGET:
-            return None
-        if plan == NO_PLAN:
-            return self._kernels
-        assert self._landings is not None
-        return int(next_change_in(self._landings.proposal_changes(self._in_effect, plan), self._k, self._kernels))
-
-    def _stand_at(self, state: LiveState) -> None:
-        """Stand at ``state``: from here :meth:`step` runs on as the model expects (a pending change lands one
-        mean latency after its request)."""
-        self._k = min(max(state.kernel, 0), self._kernels - 1)
-        self._in_effect, self._pending = state.in_effect, state.pending
-        self._now_s = state.elapsed_s
-        self._requested_at_s = self._now_s - state.pending_age_s
-        self._effective_at_s = self._requested_at_s + self.latency_s
-        self._elapsed_s, self._auto_elapsed_s = state.elapsed_s, state.auto_elapsed_s
-        self._model_elapsed_s, self._times_measured = state.model_elapsed_s, True
-        self._last_latency_ratio, self._live_drift_pct = state.last_latency_ratio, state.auto_drift_pct
-
     def advisor_action(self, group: str, index: int = 0) -> int:
-        """The clocks part of the action requesting advisor ``index`` of ``group`` in this env's layout."""
-        value = self.observation_spec.advisor_action(group, index)
-        if not self.config.plan_actions:
-            return value
-        if group == "windows":
-            raise KdvfsError("with plan_actions only the plan advisors are actions")
-        return value - self._pairs - self._plan_slots.start
-
-    @property
-    def now_s(self) -> float:
-        """The episode's time at the current decision point (s from the step's start, model timeline; the
-        standing order's hold is counted on it)."""
-        return self._now_s
-
-    @property
-    def model_elapsed_s(self) -> float:
-        """The prediction's time for the kernels run so far at the clocks they ran at, stalls included (s,
-        model timeline; :class:`~kdvfs.envs.env.live.LiveState`'s ``model_elapsed_s``)."""
-        return self._model_elapsed_s
+        """The plan part of the action following plan advisor ``index`` of ``group`` (``plans``,
+        ``fitting_plan`` or ``budget_plan``; the window advisors are observed, not actions: a
+        :class:`KdvfsError`)."""
+        if group == "windows" or group not in self.observation_spec.advisor_slots():
+            raise KdvfsError(f"advisor group {group!r} is not an action; the actions follow plans, the fitting "
+                             "plan or the budget's plan")
+        return self.observation_spec.advisor_slots()[group].start + index - self._plan_slots.start
 
     @property
     def clocks(self) -> tuple[int, int, int]:
@@ -347,36 +288,25 @@ class KernelDVFSEnv(gym.Env[np.ndarray, np.ndarray], StepExecution):
         return self._obs.copy()
 
     def _refresh(self) -> None:
-        """Write the observation (and the advisors' pairs) of the current decision point into the buffer."""
-        self._obs[: self.observation_spec.static_size] = self._static[self._k]
-        self._refresh_dynamic()
-
-    def _refresh_dynamic(self) -> None:
-        """Everything of :meth:`_refresh` but the static part (read from :attr:`static_rows` where needed)."""
-        observe_dynamic(*self.compiled_observation_args())
-
-    def compiled_observation_args(self) -> tuple[Any, ...]:
-        """The arguments of :func:`~kdvfs.envs.env.dynamic_observation.observe_dynamic` at the env's decision
-        point (it writes the observation buffer's dynamic blocks and the advisors' pairs)."""
-        k, plans = self._k, self._plans
+        """Write the observation (and the advisors' pairs) of the current decision point into the buffer: the
+        observation (:func:`~kdvfs.envs.env.observing.live_tables.observe_at`) of :meth:`live_state`."""
+        state = self.live_state()
         assert self._landings is not None
-        effect, next_effect = self._landings.of(self._in_effect)
-        drift_pct = self.disturbances.auto_drift_pct(min(k, self._kernels - 1)) if self._live_drift_pct is None \
-            else self._live_drift_pct
-        return (self._obs, self._advice, self._static[k], self._layout, self._advisor_index, self._cumulative_s,
-                effect, next_effect, plans.pairs, plans.rest_pct, plans.joinable, plans.next_change, plans.speeds_up,
-                k, self._in_effect, self._pending, self._requested_at_s + self.latency_s - self._now_s,
-                *self._measured_times(k, drift_pct), self._last_latency_ratio, drift_pct, self.budget,
-                self._auto_time_s, self.latency_s, self.stall_s, self._budget_plan)
+        self._landings.of(state.in_effect)  # the row of the pair in effect, computed on first use
+        k = observe_at(*self._observation_tables, self.budget, self._budget_plan, *state)
+        self._obs[: self.observation_spec.static_size] = self._static[k]
 
-    def _measured_times(self, k: int, drift_pct: float) -> tuple[float, float, float]:
-        """(elapsed, auto's, the prediction's at the clocks run) as a controller measures them
-        (:class:`~kdvfs.envs.env.live.LiveState`): a live state's own; else the simulated elapsed time over the
-        drift's scale, and the prediction's times, not the executed step's (which no controller knows)."""
-        if self._times_measured:
-            return self._elapsed_s, self._auto_elapsed_s, self._model_elapsed_s
-        return (self._elapsed_s / (1.0 + drift_pct / 100.0), float(self._cumulative_s[min(k, self._kernels), 0]),
-                self._model_elapsed_s)
+    def live_state(self) -> LiveState:
+        """The env's decision point as a controller measures it (:class:`~kdvfs.envs.env.observing.live.LiveState`): the
+        kernel, the clocks in effect and pending, the request's age, the elapsed time over the drift's scale
+        (model timeline), the prediction's auto time and its time at the clocks run for the kernels passed (not
+        the executed step's, which no controller knows), the last change's latency ratio and the drift."""
+        k, kernels = self._k, self._kernels
+        drift_pct = self.disturbances.auto_drift_pct(min(k, kernels - 1))
+        return LiveState(k, self._in_effect, self._pending,
+                         self._now_s - self._requested_at_s if self._pending >= 0 else 0.0,
+                         self._elapsed_s / (1.0 + drift_pct / 100.0), float(self._cumulative_s[min(k, kernels), 0]),
+                         self._last_latency_ratio, drift_pct, self._model_elapsed_s)
 
     def live_tables(self) -> LiveTables:
         """The arrays a live decision reads at the last :meth:`reset`'s step and regime, every pair's landings

@@ -1,22 +1,15 @@
 """The disturbances of one ``KernelDVFS-v0`` episode, drawn at reset, and a fixed schedule run through them.
 
-An episode is a *run* of ``run_steps`` consecutive repetitions of a training step. At reset, from the
-environment's ``np_random`` and in this order (a disturbance that is off draws nothing, so the others'
-draws are those of a configuration without it):
-
-* duration noise: each kernel's time and energy times exp(N(0, ``duration_noise``));
-* drift (``drift``): the run starts ``t0 ~ U(0, run_start_s)`` seconds into training; the power
-  limiter's thermal drift (:class:`kdvfs.envs.model.drift.DriftModel`: ``drift_pct`` reached at ``drift_s``,
-  levelling off) slows the *auto* core levels' kernels and raises every pair's energy; a locked core
-  clock f slows only where it lies above what the limiter now holds (f / f_max > 1 / (1 + drift)): it is
-  throttled to that, time x f / f_max x (1 + drift) (:meth:`Disturbances.locked_factors`);
-* step jitter (``step_jitter``): each step of the run gets one factor on its time and one on its energy,
-  with the per-step standard deviations of :data:`MEASURED_DRIFT` (``DriftModel.step_sd_pct``);
-* latency (``latency_noise`` and a spread > 0): the i-th request of the episode takes effect after
-  max(0, N(latency, spread)) seconds, drawn for as many requests as the run has kernels.
-
-:func:`execute_open_loop` runs a planner's fixed schedule through the same draws, so that a policy and the
-planners are scored on equal terms (``kdvfs evaluate --episodes``).
+An episode is a *run* of ``run_steps`` repetitions of a step. At reset, from the environment's ``np_random`` in
+this order (one that is off draws nothing, so the others' draws are those of a configuration without it):
+duration noise, each kernel's time and energy x exp(N(0, ``duration_noise``)); drift (``drift``), the run
+starting ``t0 ~ U(0, run_start_s)`` s into training, the limiter's thermal drift
+(:class:`kdvfs.envs.model.drift.DriftModel`) slowing the auto levels' kernels and raising every pair's energy,
+a locked core clock f slowing only above what the limiter holds (f / f_max > 1 / (1 + drift):
+:meth:`Disturbances.locked_factors`); step jitter (``step_jitter``), one time and one energy factor per step
+(:data:`MEASURED_DRIFT`'s spreads); latency (``latency_noise``), the i-th request taking max(0, N(latency,
+spread)) s. :func:`execute_open_loop` runs a planner's fixed schedule through the same draws, so that a policy
+and the planners are scored on equal terms (``kdvfs evaluate --episodes``).
 """
 
 from __future__ import annotations

@@ -12,10 +12,10 @@ from __future__ import annotations
 import numpy as np
 
 from kdvfs.common.arrays import Array
+from kdvfs.envs.env.advice.plan_advice import EPS
 from kdvfs.envs.env.dynamics import Disturbances
-from kdvfs.envs.env.plan_advice import EPS
 from kdvfs.envs.env.reward import Totals
-from kdvfs.envs.env.step_data import StepData
+from kdvfs.envs.env.steps.step_data import StepData
 
 
 class StepExecution:
@@ -25,7 +25,7 @@ class StepExecution:
         _data: the run (the drawn step repeated ``run_steps`` times), K kernels (``_kernels``): what the
             controller expects and observes.
         _executed: the run the GPU executes: ``_data`` itself, or another step mapped onto its K kernels
-            (:meth:`~kdvfs.envs.env.step_data.StepData.executed_as`: a step of another shape than predicted).
+            (:meth:`~kdvfs.envs.env.steps.step_data.StepData.executed_as`: a step of another shape than predicted).
         disturbances: the episode's draws; latency_s, stall_s: mean switching latency and stall per change (s).
         _memories: memory clocks of the grid (actions below it are auto core levels); _core_fraction: (G,) each
             grid action's core clock as a fraction of the maximum.

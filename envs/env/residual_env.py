@@ -1,25 +1,16 @@
 """``KernelDVFSResidual-v0`` (experimental): set each kernel segment's clocks as a residual over the fitting plan,
 observing only what a controller measures.
 
-The run executes as in ``KernelDVFS-v0`` (:class:`~kdvfs.envs.env.dvfs_env.KernelDVFSEnv`: the same kernels,
-switching, disturbances and executed variants), but:
-
-* **Observation**: :func:`kdvfs.envs.env.measured.residual_observation` of the state a controller measures
-  (:class:`~kdvfs.envs.env.measured.Measurement`: the drift with the A windows' error and applied only where
-  clocks drift, the kernel as the last anchor places it, the prediction error, the budget against the auto time
-  a controller can know); the same function a controller calls.
-* **Action**: ``MultiDiscrete([len(CORE_STEPS), len(MEMORY_STEPS), len(MARGINS)])``: a core and a memory
-  residual on the fitting plan's pair, and the margin (the share of the slack still affordable the fitting plan
-  leaves unspent). The zero action is the fitting plan. It holds as a standing order: at each of the
-  environment's decision points the fitting plan (with the margin) is re-read and its pair, moved by the
-  residual, requested when the controller is free.
-* **Decisions**: the agent decides at the step's start, at every segment boundary a controller acts on (a
-  decision point where the standing order asks for another pair and the controller is free) and at each budget
-  event (the run's progress passing another ``1 / budget_events``).
-* **Reward**: energy saved (% of the executed step's auto energy), and at the run's end minus
-  ``overrun_penalty`` x the slowdown beyond the budget (%) and ``violation_penalty`` if it is over budget at all,
-  both against the auto time the GPU actually ran (drift and noise included); ``info["violation"]`` (0/1) and
-  ``info["budget"]`` let a constrained learner price violations per budget.
+It executes as ``KernelDVFS-v0`` (:class:`~kdvfs.envs.env.dvfs_env.KernelDVFSEnv`: kernels, switching,
+disturbances, executed variants) but observes :func:`~kdvfs.envs.env.observing.measured.residual_observation` of the
+state a controller measures (:class:`~kdvfs.envs.env.observing.measured.Measurement`); its action is
+``MultiDiscrete([len(CORE_STEPS), len(MEMORY_STEPS), len(MARGINS)])``, a core and a memory residual on the
+fitting plan's pair and a margin on the slack (the zero action is the fitting plan), held as a standing order
+and decided at the step's start, at segment boundaries a controller acts on and at each budget event (the run
+passing another ``1 / budget_events`` of its auto time). Reward: energy saved (% of the executed step's auto
+energy), at the run's end minus ``overrun_penalty`` x the slowdown beyond the budget (%) and
+``violation_penalty`` if over budget at all, against the auto time the GPU ran; ``info["violation"]`` and
+``info["budget"]`` let a constrained learner price violations per budget. Design: ``docs/learning.md``.
 """
 
 from __future__ import annotations
@@ -33,10 +24,11 @@ from gymnasium import spaces
 
 from kdvfs.common.arrays import Array
 from kdvfs.common.errors import KdvfsError
+from kdvfs.envs.env.advice.plan_advice import EPS
 from kdvfs.envs.env.config import EnvConfig
 from kdvfs.envs.env.dvfs_env import KernelDVFSEnv
 from kdvfs.envs.env.dynamics import core_fractions
-from kdvfs.envs.env.measured import (
+from kdvfs.envs.env.observing.measured import (
     CORE_STEPS,
     MARGINS,
     MEMORY_STEPS,
@@ -48,28 +40,32 @@ from kdvfs.envs.env.measured import (
     residual_observation,
     residual_pair,
 )
-from kdvfs.envs.env.observation import OBS_LIMIT
-from kdvfs.envs.env.plan_advice import EPS
-from kdvfs.envs.env.step_data import StepData
+from kdvfs.envs.env.observing.observation import OBS_LIMIT
+from kdvfs.envs.env.steps.step_data import StepData
 from kdvfs.envs.gpu.profiles import GpuProfile
 
 RESIDUAL_ENV_ID = "KernelDVFSResidual-v0"
 PACE_RANGE = (0.05, 20.0)
 """The measured pace between anchors is held within this range (an interval of kernels that did not run reads 0)."""
+RESIDUAL_SETTINGS: dict[str, Any] = {"residual_actions": True, "overrun_penalty": 2.0, "violation_penalty": 0.0,
+                                     "decision_fraction": 0.0}
+"""What ``KernelDVFSResidual-v0``'s default settings change of :class:`EnvConfig`'s (the residual design: a small
+linear overrun price, violations priced by a constraint, decisions at segment boundaries and budget events)."""
 ZERO_ACTION = np.zeros(3, dtype=np.int64)
 """The action that follows the fitting plan exactly (no residual, no margin)."""
 
 
 class ResidualDVFSEnv(KernelDVFSEnv):
     """See the module docstring; arguments as :class:`~kdvfs.envs.env.dvfs_env.KernelDVFSEnv`'s (the config
-    must set ``residual_actions`` and ``plan_budgets``)."""
+    must set ``residual_actions``; None: :class:`EnvConfig` with ``RESIDUAL_SETTINGS``)."""
 
     def __init__(self, steps: Sequence[StepData] | None = None, gpu: GpuProfile | str = "h200",
                  config: EnvConfig | None = None, render_mode: str | None = None,
                  executed: Sequence[Sequence[StepData]] | None = None, **settings: Any) -> None:
+        config = EnvConfig(**RESIDUAL_SETTINGS) if config is None else config
         super().__init__(steps, gpu, config, render_mode, executed, **settings)
         if not self.config.residual_actions:
-            raise KdvfsError(f"{RESIDUAL_ENV_ID} needs residual_actions (and plan_budgets) in its settings")
+            raise KdvfsError(f"{RESIDUAL_ENV_ID} needs residual_actions in its settings")
         self.policy_spec = policy_spec(self.observation_spec)
         self.observation_space = spaces.Box(-OBS_LIMIT, OBS_LIMIT, (self.policy_spec.size,), np.float32)
         self.action_space = spaces.MultiDiscrete([len(CORE_STEPS), len(MEMORY_STEPS), len(MARGINS)])
@@ -128,7 +124,7 @@ class ResidualDVFSEnv(KernelDVFSEnv):
         self.measurement.landed(landed_s, self._in_effect, position)
 
     def measured_state(self) -> MeasuredState:
-        """The decision point as a controller measures it (:class:`~kdvfs.envs.env.measured.Measurement`)."""
+        """The decision point as a controller measures it (:class:`~kdvfs.envs.env.observing.measured.Measurement`)."""
         pending_age_s = self._now_s - self._requested_at_s if self._pending >= 0 else 0.0
         if self._k == 0:
             return MeasuredState(0, self._in_effect, self._pending, 0.0, 0.0, 0.0, 0.0, self._measured_drift_pct)
@@ -138,7 +134,7 @@ class ResidualDVFSEnv(KernelDVFSEnv):
                              self._measured_drift_pct, self._last_latency_ratio)
 
     def _position(self) -> float:
-        """Where the controller places the GPU now (:meth:`~kdvfs.envs.env.measured.Measurement.position`)."""
+        """Where the controller places the GPU now (:meth:`~kdvfs.envs.env.observing.measured.Measurement.position`)."""
         if self._k == 0:
             return 0.0
         return self.measurement.position(self._k, float(self._started_s[self._anchor_before(self._k)]),

@@ -17,11 +17,11 @@ import numpy as np
 
 from kdvfs.common.arrays import Array
 from kdvfs.common.errors import KdvfsError
+from kdvfs.envs.env.advice.plan_advice import PlanAdvice, plan_advice
 from kdvfs.envs.env.config import EnvConfig, Switching
 from kdvfs.envs.env.dynamics import DisturbanceSettings
-from kdvfs.envs.env.observation import ObservationSpec, static_observations, window_bounds
-from kdvfs.envs.env.plan_advice import PlanAdvice, plan_advice
-from kdvfs.envs.env.step_data import StepData
+from kdvfs.envs.env.observing.observation import ObservationSpec, static_observations, window_bounds
+from kdvfs.envs.env.steps.step_data import StepData
 from kdvfs.envs.gpu.profiles import GpuProfile
 
 _CACHE: weakref.WeakKeyDictionary[StepData, dict[tuple[ObservationSpec, Switching], tuple[Array, PlanAdvice]]] = \

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from kdvfs.agents.learned.ppo import NetArch, PolicyKwargs, TrainConfig, load_train_config
-from kdvfs.agents.learned.train import TrainResult, train
-from kdvfs.envs.env.shape_pairs import ShapeSet
-from kdvfs.envs.env.workloads import WorkloadSet
+from kdvfs.agents.learned.training.ppo import NetArch, PolicyKwargs, TrainConfig, load_train_config
+from kdvfs.agents.learned.training.train import TrainResult, train
+from kdvfs.envs.env.steps.shape_pairs import ShapeSet
+from kdvfs.envs.env.steps.workloads import WorkloadSet
 from tests.made_once import made_once
 
 

@@ -165,7 +165,7 @@ def _rank_rows(ranks: list[RankRow | EndedRank]) -> list[tuple[str, str]]:
 
 
 def run_command(args: argparse.Namespace) -> int:
-    from kdvfs.agents.learned.shipped import policy_source_path
+    from kdvfs.agents.learned.policy.shipped import policy_source_path
     from kdvfs.envs.gpu.profiles import profile_path
     from kdvfs.envs.trace.bundled import trace_path
     from kdvfs.runtime.controller.config import ControllerConfig

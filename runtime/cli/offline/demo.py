@@ -100,7 +100,7 @@ def _stage(text: str) -> None:
 
 def _shipped_policy_rows(problem: Problem) -> list[Row]:
     """The GPU's shipped policy at a 1% budget (none if it has no shipped policy)."""
-    from kdvfs.agents.learned.policy_planner import PolicyPlanner, policy_rows
+    from kdvfs.agents.learned.policy.policy_planner import PolicyPlanner, policy_rows
     from kdvfs.common.paths import shipped_policy_path
 
     path = shipped_policy_path(problem.profile.name)

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kdvfs.agents.learned.shipped import policy_source_path
+from kdvfs.agents.learned.policy.shipped import policy_source_path
 from kdvfs.common.errors import KdvfsError
 from kdvfs.runtime.cli.arguments import add_output, add_power_limit, budget_list, check_output_folder, latency_ms
 from kdvfs.runtime.cli.offline.plan import latency_from_args, problem_from_args, ranges_of, row_json
@@ -26,7 +26,7 @@ from kdvfs.runtime.cli.render import (
 
 if TYPE_CHECKING:
     from kdvfs.agents.common.problem import Problem
-    from kdvfs.agents.learned.policy_planner import PolicyPlanner
+    from kdvfs.agents.learned.policy.policy_planner import PolicyPlanner
     from kdvfs.envs.gpu.profiles import GpuProfile
 
 
@@ -93,8 +93,8 @@ def run_train(args: argparse.Namespace) -> int:
     stage("loading PyTorch and stable-baselines3")
     from tqdm import TqdmExperimentalWarning
 
-    from kdvfs.agents.learned.ppo import load_train_config
-    from kdvfs.agents.learned.train import train
+    from kdvfs.agents.learned.training.ppo import load_train_config
+    from kdvfs.agents.learned.training.train import train
 
     warnings.filterwarnings("ignore", category=TqdmExperimentalWarning)  # SB3's rich progress bar works
     config = load_train_config(args.config or args.gpu)
@@ -112,7 +112,7 @@ def run_train(args: argparse.Namespace) -> int:
 
 def run_evaluate(args: argparse.Namespace) -> int:
     from kdvfs.agents.evaluation.compare import EVALUATED, compare
-    from kdvfs.agents.learned.policy_planner import PolicyPlanner, policy_rows
+    from kdvfs.agents.learned.policy.policy_planner import PolicyPlanner, policy_rows
 
     if args.reference:
         return _evaluate_shapes(args)
@@ -152,7 +152,7 @@ def _evaluate_noisy(args: argparse.Namespace, problem: Problem, planner: PolicyP
 
 def _evaluate_shapes(args: argparse.Namespace) -> int:
     """``evaluate --reference``: every method on each executed step (:mod:`kdvfs.agents.learned.shape_evaluation`)."""
-    from kdvfs.agents.learned.frozen import FrozenPolicy
+    from kdvfs.agents.learned.policy.frozen import FrozenPolicy
     from kdvfs.agents.learned.shape_evaluation import evaluate_shapes
     from kdvfs.envs.gpu.profiles import load_profile
     from kdvfs.envs.trace.bundled import open_trace

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from kdvfs.agents.learned.shipped import policy_source_path, shipped_policies
+from kdvfs.agents.learned.policy.shipped import policy_source_path, shipped_policies
 from kdvfs.runtime.cli.render import print_names
 
 

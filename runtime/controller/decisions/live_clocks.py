@@ -8,8 +8,8 @@ import math
 from collections import Counter
 from dataclasses import dataclass, field
 
-from kdvfs.agents.learned.live_decision import NO_REQUEST
-from kdvfs.agents.learned.online import OnlinePolicy
+from kdvfs.agents.learned.policy.live_decision import NO_REQUEST
+from kdvfs.agents.learned.policy.online import OnlinePolicy
 from kdvfs.runtime.controller.decisions.actuator import Actuator, parse_clocks
 from kdvfs.runtime.device.interface import Device
 

@@ -3,7 +3,7 @@
 :class:`OnlineSteps` is the step source of a frozen policy (not ``--replay``): through each controlled step it
 wakes where something can change (``policy``, ``change``, ``arrival``, ``issue``, ``proposal``; counted in the
 summary's ``wakes``), builds the policy's observation from what it measures
-(:class:`~kdvfs.envs.env.live.LiveState`) and requests the pair the policy names, one latency (plus
+(:class:`~kdvfs.envs.env.observing.live.LiveState`) and requests the pair the policy names, one latency (plus
 ``issue_early_ms``) before the kernel it is for, placed from the latest anchor (held until then when that is
 more than ``HOLD_MIN_S`` away). Times are host seconds; the budget is a fraction; the run's budget is fed back
 from the measured slowdown (:mod:`~kdvfs.runtime.controller.measurement.budget_feedback`); a dry run keeps it.
@@ -25,9 +25,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from kdvfs.agents.learned.live_decision import NO_REQUEST
-from kdvfs.agents.learned.online import OnlineDecision, OnlinePolicy
-from kdvfs.envs.env.live import LiveState, PredictedElapsed
+from kdvfs.agents.learned.policy.live_decision import NO_REQUEST
+from kdvfs.agents.learned.policy.online import OnlineDecision, OnlinePolicy
+from kdvfs.envs.env.observing.live import LiveState, PredictedElapsed
 from kdvfs.runtime.controller.decisions.decision_records import DecisionRecords, quantiles
 from kdvfs.runtime.controller.decisions.live_clocks import LiveClocks
 from kdvfs.runtime.controller.decisions.sources import ThreadContext

@@ -4,7 +4,7 @@ Between decision points the controller's thread sleeps, and a core that slept ru
 code: numba's dispatch of the call, its compiled code and the interpreter's path to it (its arrays stay warm).
 So the thread wakes :meth:`WarmUp.lead_s` before the point and rehearses its decision: the live state at that
 moment (the same code as the point's, from the last anchor the loop saw) and a throwaway decision at it
-(:meth:`~kdvfs.agents.learned.online.OnlinePolicy.warm`, the same calls as a decision; its result is dropped
+(:meth:`~kdvfs.agents.learned.policy.online.OnlinePolicy.warm`, the same calls as a decision; its result is dropped
 and no later decision changes); then it goes on to the decision without sleeping in between, on a warm core
 (``docs/results.md``). The lead is the shortest of the last ``WARM_UPS`` warm-ups, so the decision point is
 early (and the thread sleeps the rest, cooling the core again) only after a warm-up shorter than all of those,

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from kdvfs.agents.common.problem import Planner, Problem, rank_budget
-from kdvfs.agents.learned.shipped import policy_source_path
+from kdvfs.agents.learned.policy.shipped import policy_source_path
 from kdvfs.common.errors import KdvfsError
 from kdvfs.envs.gpu.profiles import GpuProfile, load_profile, profile_for_nvml_name
 from kdvfs.envs.model.schedule import Schedule
@@ -29,7 +29,7 @@ from kdvfs.envs.trace.bundled import open_trace
 from kdvfs.runtime.controller.config import ControllerConfig
 
 if TYPE_CHECKING:
-    from kdvfs.agents.learned.online import OnlinePolicy
+    from kdvfs.agents.learned.policy.online import OnlinePolicy
 
 PLAN_FORMAT, PLAN_VERSION = "kdvfs-schedule", 1
 ZIP_MAGIC = b"PK\x03\x04"
@@ -114,9 +114,9 @@ def _plan_schedule(path: Path, document: dict[str, Any], problem: Problem) -> Sc
 def _policy_plan(path: Path, problem: Problem, online: bool) -> Plan:
     """The frozen policy's noise-free schedule over ``problem`` (through the planner interface) and, with
     ``online``, the policy to run inside each step."""
-    from kdvfs.agents.learned.frozen import FrozenPolicy
-    from kdvfs.agents.learned.online import OnlinePolicy
-    from kdvfs.agents.learned.policy_planner import PolicyPlanner, policy_env
+    from kdvfs.agents.learned.policy.frozen import FrozenPolicy
+    from kdvfs.agents.learned.policy.online import OnlinePolicy
+    from kdvfs.agents.learned.policy.policy_planner import PolicyPlanner, policy_env
 
     policy = FrozenPolicy.load(path, problem.profile)
     env = policy_env(policy, problem)  # built once: the rollout's and the online policy's
@@ -153,8 +153,8 @@ def bucket_planner(plan: Plan, config: ControllerConfig) -> Planner:
     from kdvfs.agents.planners.registry import PLANNERS, make_planner
 
     if plan.online is not None or plan.schedule.method == "policy":
-        from kdvfs.agents.learned.frozen import FrozenPolicy
-        from kdvfs.agents.learned.policy_planner import PolicyPlanner
+        from kdvfs.agents.learned.policy.frozen import FrozenPolicy
+        from kdvfs.agents.learned.policy.policy_planner import PolicyPlanner
 
         return PolicyPlanner(FrozenPolicy.load(policy_source_path(config.policy), plan.problem.profile))
     return make_planner(plan.schedule.method if plan.schedule.method in PLANNERS else "latency-optimal")

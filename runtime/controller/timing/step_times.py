@@ -12,7 +12,7 @@ from collections import deque
 
 import numpy as np
 
-from kdvfs.agents.learned.online import kernel_at
+from kdvfs.agents.learned.policy.online import kernel_at
 from kdvfs.runtime.controller.timing.anchors import AnchorMap
 from kdvfs.runtime.controller.timing.gpu_timeline import StepEnd
 from kdvfs.runtime.controller.timing.pace import Pace, host_offsets_s

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kdvfs.agents.learned.frozen import FrozenPolicy
+from kdvfs.agents.learned.policy.frozen import FrozenPolicy
 
 
 def logit_pair(policy: FrozenPolicy, observation: np.ndarray, a: np.ndarray, b: np.ndarray, part: int

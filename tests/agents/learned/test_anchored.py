@@ -6,13 +6,13 @@ import numpy as np
 import torch
 from stable_baselines3.common.vec_env import DummyVecEnv
 
-from kdvfs.agents.learned.anchored import AnchoredPPO
-from kdvfs.agents.learned.imitation import demonstrations
+from kdvfs.agents.learned.training.anchored import AnchoredPPO
+from kdvfs.agents.learned.training.imitation import demonstrations
 from kdvfs.envs.env.dvfs_env import KernelDVFSEnv
 
 
 def _model() -> tuple[AnchoredPPO, KernelDVFSEnv]:
-    env = KernelDVFSEnv(plan_budgets=(0.0, 0.01), plan_actions=True, budgets=(0.005, 0.01), latency_scales=(0.0, 1.0))
+    env = KernelDVFSEnv(plan_budgets=(0.0, 0.01), budgets=(0.005, 0.01), latency_scales=(0.0, 1.0))
     model = AnchoredPPO("MlpPolicy", DummyVecEnv([lambda: env]), n_steps=32, batch_size=32, n_epochs=1, seed=0,
                         device="cpu", policy_kwargs={"net_arch": [16]})
     return model, env

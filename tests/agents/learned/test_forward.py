@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kdvfs.agents.learned.forward import RELU, TANH, act, argmax_parts, dense, first_layer
+from kdvfs.agents.learned.policy.forward import RELU, TANH, act, argmax_parts, dense, first_layer
 
 ACTIVATIONS = {TANH: np.tanh, RELU: lambda x: np.maximum(x, 0.0)}
 CLIP = 5.0

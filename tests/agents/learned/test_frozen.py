@@ -14,10 +14,10 @@ from stable_baselines3 import PPO
 from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 
 from kdvfs.agents.common.problem import Problem, score
-from kdvfs.agents.learned.frozen import FrozenPolicy, PolicyFileError
-from kdvfs.agents.learned.policy_planner import PolicyPlanner, policy_env, rollout
-from kdvfs.agents.learned.ppo import load_train_config
-from kdvfs.agents.learned.train import PPO_FILE, TrainResult
+from kdvfs.agents.learned.policy.frozen import FrozenPolicy, PolicyFileError
+from kdvfs.agents.learned.policy.policy_planner import PolicyPlanner, policy_env, rollout
+from kdvfs.agents.learned.training.ppo import load_train_config
+from kdvfs.agents.learned.training.train import PPO_FILE, TrainResult
 from kdvfs.common.paths import REPO_ROOT, shipped_policy_path
 from kdvfs.envs.gpu.profiles import load_profile
 from kdvfs.envs.trace.bundled import open_trace
@@ -112,7 +112,13 @@ def test_policy_planner_schedule_scores_as_its_rollout(tiny_run: TrainResult) ->
 @pytest.mark.parametrize("gpu", SHIPPED)
 def test_shipped_policies_load_for_their_gpu(gpu: str) -> None:
     policy = FrozenPolicy.load(shipped_policy_path(gpu), load_profile(gpu))
-    assert policy.gpu == gpu
+    assert policy.gpu == gpu and policy.env["plan_actions"] is True  # a removed setting, at its only value
+
+
+def test_a_policy_of_the_removed_action_design_is_refused_in_one_line() -> None:
+    policy = FrozenPolicy.load(shipped_policy_path("h200"), load_profile("h200"))
+    with pytest.raises(PolicyFileError, match=r"plan_actions=False.*retrain"):
+        replace(policy, env={**policy.env, "plan_actions": False})
 
 
 def _published_case(gpu: str, step: str, budget_pct: float, latency_ms: float) -> dict[str, Any]:

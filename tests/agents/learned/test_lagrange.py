@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from stable_baselines3.common.vec_env import DummyVecEnv
 
-from kdvfs.agents.learned.lagrange import BudgetMultipliers, ConstraintArgs, LagrangianReward
+from kdvfs.agents.learned.training.lagrange import BudgetMultipliers, ConstraintArgs, LagrangianReward
 from kdvfs.envs.env.config import EnvConfig
 from kdvfs.envs.env.residual_env import ResidualDVFSEnv
 

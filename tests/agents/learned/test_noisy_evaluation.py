@@ -6,7 +6,7 @@ import pytest
 
 from kdvfs.agents.common.problem import Problem
 from kdvfs.agents.learned.noisy_evaluation import COMPLIANCE, MARGIN_METHOD, MARGINS, RULE_METHOD, noisy_rows, tiled
-from kdvfs.agents.learned.policy_planner import PolicyPlanner
+from kdvfs.agents.learned.policy.policy_planner import PolicyPlanner
 from kdvfs.common.paths import shipped_policy_path
 from kdvfs.envs.gpu.profiles import load_profile
 from kdvfs.envs.trace.bundled import open_trace

@@ -9,17 +9,20 @@ import numpy as np
 import pytest
 
 from kdvfs.agents.common.problem import Problem
-from kdvfs.agents.learned.frozen import FrozenPolicy
-from kdvfs.agents.learned.live_decision import NO_REQUEST
-from kdvfs.agents.learned.online import OnlinePolicy, kernel_at
-from kdvfs.agents.learned.policy_planner import PolicyPlanner, policy_env
+from kdvfs.agents.learned.policy.frozen import FrozenPolicy
+from kdvfs.agents.learned.policy.live_decision import NO_REQUEST
+from kdvfs.agents.learned.policy.online import OnlinePolicy, kernel_at
+from kdvfs.agents.learned.policy.policy_planner import PolicyPlanner, policy_env
 from kdvfs.common.paths import shipped_policy_path
-from kdvfs.envs.env import landings
-from kdvfs.envs.env.live import LiveState
-from kdvfs.envs.env.plan_advice import PlanAdvice
+from kdvfs.envs.env.advice import landings
+from kdvfs.envs.env.advice.plan_advice import PlanAdvice
+from kdvfs.envs.env.dvfs_env import KernelDVFSEnv
+from kdvfs.envs.env.observing.live import LiveState
+from kdvfs.envs.env.observing.live_tables import DEPENDS_ON_BUDGET, NO_PLAN, LiveTables, next_change_in, plan_of
 from kdvfs.envs.gpu.profiles import load_profile
 from kdvfs.envs.trace.bundled import open_trace
 from tests.agents.learned.near_ties import logit_pair
+from tests.envs.env.env_doubles import observe_state
 
 
 @pytest.fixture(scope="module")
@@ -90,22 +93,91 @@ def test_once_prepared_its_decisions_do_no_first_use_work_as_a_lazy_env(online: 
     lazy = policy_env(policy.policy, problem)
     lazy.reset(seed=0, options={"budget": 0.01})
     policy.begin(0.01)
-    plans = [np.array([1, lazy.advisor_action("plans", i)]) for i in range(len(policy.policy.config.plan_budgets))]
-    kernels = len(policy.cumulative_s) - 2
+    kernels, static = len(policy.cumulative_s) - 2, lazy.observation_spec.static_size
     states = [LiveState((29 * pair) % kernels, pair, -1, 0.0, float(policy.cumulative_s[(29 * pair) % kernels, 0]),
                         float(policy.cumulative_s[(29 * pair) % kernels, 0])) for pair in range(len(policy.labels))]
-    expected = [(lazy.observe_live_dynamic(state).copy(), [lazy.next_proposal_change(a) for a in plans])
-                for state in states]
+    expected = [observe_state(lazy, state)[static:] for state in states]
 
     def first_use(*args: object) -> None:
         raise AssertionError("computed on the decision path")
 
     monkeypatch.setattr(landings, "landing_kernels", first_use)
     monkeypatch.setattr(PlanAdvice, "proposal_changes", first_use)
-    for state, (observation, changes) in zip(states, expected, strict=True):
-        assert np.array_equal(policy.env.observe_live_dynamic(state), observation)
-        assert [policy.env.next_proposal_change(a) for a in plans] == changes
+    for state, observation in zip(states, expected, strict=True):
         policy.decide(state, 1e9)
+        assert np.array_equal(policy.env.live_tables().obs[static:], observation)
+
+
+def _next_change(env: KernelDVFSEnv, tables: LiveTables, action: np.ndarray, kernel: int, in_effect: int
+                 ) -> int | None:
+    """Where the pair an order names can next change with ``in_effect`` in effect, from the tables' proposal
+    changes (None: it depends on the budget; K: never)."""
+    plan, kernels = plan_of(action[0], action[1], env.budget_plan, tables.sizes), env.steps[0].kernels
+    if plan in (DEPENDS_ON_BUDGET, NO_PLAN):
+        return None if plan == DEPENDS_ON_BUDGET else kernels
+    at = in_effect * len(env.observation_spec.plan_budgets) + plan
+    return int(next_change_in(tables.change_kernels[tables.change_offsets[at]:tables.change_offsets[at + 1]],
+                              kernel, kernels))
+
+
+def test_a_plans_proposal_holds_until_the_next_change_the_tables_name(online: tuple[OnlinePolicy, Problem]) -> None:
+    """Brute force: the pair a plan order names, observed at every kernel with the clocks in effect unchanged,
+    differs from the one before exactly at the kernels the proposal changes name."""
+    policy, _ = online
+    policy.begin(0.01)
+    env, plans = policy.env, len(policy.policy.config.plan_budgets)
+    tables, kernels = env.live_tables(), env.steps[0].kernels
+    seen = 0
+    for in_effect in (0, 5):
+        for choice in (*range(plans), plans + 1):  # each plan, then the budget's plan
+            action = np.array([1, choice])
+
+            def proposal(kernel: int, action: np.ndarray = action, in_effect: int = in_effect) -> int:
+                auto_s = float(policy.cumulative_s[kernel, 0])
+                observe_state(env, LiveState(kernel, in_effect, -1, 0.0, auto_s, auto_s))
+                return env.target_pair(action)
+
+            pairs = [proposal(k) for k in range(kernels)]
+            changes = [k for k in range(1, kernels) if pairs[k] != pairs[k - 1]]
+            named, at = [], 0
+            while (change := _next_change(env, tables, action, at, in_effect)) is not None and change < kernels:
+                named.append(change)
+                at = change
+            assert named == changes
+            seen += len(changes)
+    assert seen > 0
+    assert _next_change(env, tables, np.array([1, plans]), 0, 0) is None  # the fitting plan: depends on the budget
+    assert _next_change(env, tables, np.array([0, 0]), 0, 0) == kernels  # no request
+
+
+def test_the_env_and_the_online_decision_observe_the_same_on_a_recorded_step(
+        online: tuple[OnlinePolicy, Problem]) -> None:
+    """One observation for environment and runtime: episodes of the shipped H200 policy on a bundled trace
+    (every disturbance on, deciding at every decision point), each decision point's state
+    (``KernelDVFSEnv.live_state``) fed to the online decision as a controller feeds the states it measures; its
+    observation (static rows and the dynamic part it writes) is the env's bit for bit, its action the policy's
+    on it, its pair the env's target."""
+    policy, problem = online
+    disturbed = policy_env(policy.policy, problem, disturbed=True, one_step=True)
+    simulated = KernelDVFSEnv(disturbed.steps, problem.profile, disturbed.config.replace(decision_fraction=0.0))
+    static, checked, pending = simulated.observation_spec.static_size, 0, 0  # the policy decides at every point
+    for seed in range(3):
+        observation, _ = simulated.reset(seed=seed, options={"budget": problem.budget})
+        policy.begin(problem.budget)
+        now_s, done = 1e9, False  # every decision runs the policy
+        while not done:
+            state = simulated.live_state()
+            decision = policy.decide(state, now_s)
+            online_observation = np.concatenate([policy.env.static_rows[state.kernel],
+                                                 policy.env.live_tables().obs[static:]])
+            assert np.array_equal(online_observation, observation), (seed, state)
+            action, whole = np.array(decision.action), policy.policy.act(observation)
+            assert decision.evaluated and all(action[part] == whole[part] or np.isclose(
+                *logit_pair(policy.policy, observation, action, whole, part), atol=1e-4) for part in range(len(action)))
+            assert decision.pair == (simulated.target_pair(action) if action[0] else NO_REQUEST)
+            observation, _, done, _, _ = simulated.step(action)
+            now_s, checked, pending = now_s + 1e9, checked + 1, pending + (state.pending >= 0)
+    assert checked > 40 and pending > 0
 
 
 def test_a_warm_up_leaves_no_trace_on_the_decisions(online: tuple[OnlinePolicy, Problem]) -> None:
@@ -127,7 +199,7 @@ def test_its_action_is_the_policys_on_the_whole_live_observation(online: tuple[O
     """The decision adds the first layer's rows computed ahead for the static part and the clock blocks (of the
     pairs in effect and pending, any of them) to the rest's product: the action is the policy's on the whole
     observation, or a logit near-tie (float32 sums in another order); the pair it names, its next proposal
-    change and its budget figures are the env's own at that state (its methods, its lazily computed tables)."""
+    change and its budget figures are the env's own at that state (its observation, its tables)."""
     policy, _ = online
     budget = policy.env.observation_spec.span("budget").start
     rng, pairs, kernels = np.random.default_rng(5), len(policy.labels), len(policy.cumulative_s) - 2
@@ -140,9 +212,10 @@ def test_its_action_is_the_policys_on_the_whole_live_observation(online: tuple[O
                           auto_s * float(rng.uniform(0.98, 1.04)), auto_s)
         decision = policy.decide(state, 1e3 * (n + 1))
         action = np.array(decision.action)
-        observation = policy.env.observe_live(state)
+        observation = observe_state(policy.env, state)
         assert decision.pair == (policy.env.target_pair(action) if action[0] else NO_REQUEST)
-        assert decision.next_change == policy.env.next_proposal_change(action)
+        assert decision.next_change == _next_change(policy.env, policy.env.live_tables(), action, kernel,
+                                                    state.in_effect)
         assert (decision.budget_used, decision.affordable_pct) == tuple(observation[budget + 1:budget + 3].tolist())
         whole = policy.policy.act(observation)
         for part in range(len(action)):
@@ -152,9 +225,9 @@ def test_its_action_is_the_policys_on_the_whole_live_observation(online: tuple[O
 
 PREPARED_IN_A_FRESH_PROCESS = """
 from kdvfs.agents.common.problem import Problem
-from kdvfs.agents.learned import forward, live_decision
-from kdvfs.agents.learned.frozen import FrozenPolicy
-from kdvfs.agents.learned.online import OnlinePolicy
+from kdvfs.agents.learned.policy import forward, live_decision
+from kdvfs.agents.learned.policy.frozen import FrozenPolicy
+from kdvfs.agents.learned.policy.online import OnlinePolicy
 from kdvfs.common.paths import shipped_policy_path
 from kdvfs.envs.gpu.profiles import load_profile
 from kdvfs.envs.trace.bundled import open_trace

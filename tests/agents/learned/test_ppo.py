@@ -9,12 +9,12 @@ import pytest
 import yaml
 
 from kdvfs.agents.common.problem import Problem
-from kdvfs.agents.learned.frozen import FrozenPolicy, PolicyFileError
-from kdvfs.agents.learned.online import OnlinePolicy
-from kdvfs.agents.learned.ppo import PPO_CONFIG_DIR, load_train_config, train_config_mapping
-from kdvfs.agents.learned.train import TrainResult
+from kdvfs.agents.learned.policy.frozen import FrozenPolicy, PolicyFileError
+from kdvfs.agents.learned.policy.online import OnlinePolicy
+from kdvfs.agents.learned.training.ppo import PPO_CONFIG_DIR, load_train_config, train_config_mapping
+from kdvfs.agents.learned.training.train import TrainResult
 from kdvfs.common.config import ConfigError, to_plain
-from kdvfs.envs.env.workloads import DataSplit, Variants, WorkloadSet
+from kdvfs.envs.env.steps.workloads import DataSplit, Variants, WorkloadSet
 from kdvfs.envs.gpu.profiles import load_profile
 from kdvfs.envs.trace.bundled import open_trace
 
@@ -116,7 +116,7 @@ def test_the_default_config_trains_the_design_the_runtime_runs() -> None:
     online; the residual design is opt-in (``configs/ppo/residual-<gpu>.yaml``)."""
     for gpu in ("h200", "b200", "h100-sxm", "a100-sxm4", "rtx3080ti"):
         env = load_train_config(gpu).env
-        assert env.plan_actions and not env.residual_actions and load_train_config(gpu).constraint is None
+        assert not env.residual_actions and load_train_config(gpu).constraint is None
     for gpu in ("h200", "b200", "a100-sxm4"):
         residual = load_train_config(f"residual-{gpu}")
         assert residual.gpu == gpu and residual.env.residual_actions and residual.constraint is not None

@@ -8,7 +8,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from kdvfs.agents.learned.frozen import FrozenPolicy
+from kdvfs.agents.learned.policy.frozen import FrozenPolicy
 from kdvfs.agents.learned.shape_evaluation import METHODS, controller_for, evaluate_shapes, evaluate_step
 from kdvfs.common.paths import REPO_ROOT, shipped_policy_path
 from kdvfs.envs.gpu.profiles import load_profile

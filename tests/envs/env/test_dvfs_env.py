@@ -13,13 +13,14 @@ from stable_baselines3.common.env_checker import check_env as sb3_check_env
 
 from kdvfs.agents.common.problem import Problem, score
 from kdvfs.common.errors import KdvfsError
-from kdvfs.envs.env.clock_grid import DEFAULT_CORE_FRACTIONS, ClockGrid
 from kdvfs.envs.env.dvfs_env import ENV_ID, KernelDVFSEnv
-from kdvfs.envs.env.observation import ObservationSpec, static_observations
-from kdvfs.envs.env.step_data import StepData
+from kdvfs.envs.env.observing.observation import ObservationSpec, static_observations
+from kdvfs.envs.env.steps.clock_grid import ClockGrid
+from kdvfs.envs.env.steps.step_data import StepData
 from kdvfs.envs.gpu.profiles import load_profile
 from kdvfs.envs.model.schedule import Schedule, execute, replay
 from kdvfs.envs.trace.bundled import open_trace
+from tests.envs.env.env_doubles import FINE_CORE_FRACTIONS, FINE_GRID, PREVIOUS, PairEnv
 
 TRACE = "h200/gpt3xl-1layer-b4"
 
@@ -31,14 +32,14 @@ def problem() -> Problem:
 
 @pytest.fixture(scope="module")
 def step(problem: Problem) -> StepData:
-    grid = ClockGrid.for_profile(problem.profile, DEFAULT_CORE_FRACTIONS)
+    grid = ClockGrid.for_profile(problem.profile, FINE_CORE_FRACTIONS)
     return StepData.from_costs("layer", problem.trace, problem.costs, grid)
 
 
 def exact_env(problem: Problem, step: StepData, **kwargs: object) -> KernelDVFSEnv:
-    """The env with the problem's latency and stall, no noise."""
-    return KernelDVFSEnv([step], problem.profile, budgets=(problem.budget,), latency_s=problem.latency_s,
-                         stall_s=problem.stall_s, latency_noise=False, duration_noise=0.0, **kwargs)  # type: ignore[arg-type]
+    """The env with the problem's latency and stall, no noise, its actions grid pairs (:class:`PairEnv`)."""
+    return PairEnv([step], problem.profile, PREVIOUS, budgets=(problem.budget,), latency_s=problem.latency_s,
+                   stall_s=problem.stall_s, latency_noise=False, duration_noise=0.0, **kwargs)  # type: ignore[arg-type]
 
 
 def run(env: KernelDVFSEnv, actions: list[np.ndarray] | None = None, seed: int = 0) -> tuple[float, dict]:
@@ -65,7 +66,7 @@ def test_passes_gymnasium_and_sb3_checkers_without_warnings(kwargs: dict[str, ob
 def test_seeded_rollouts_are_identical(step: StepData, problem: Problem) -> None:
     def rollout(seed: int) -> list[tuple]:
         env = KernelDVFSEnv([step, replace(step, name="other")], problem.profile, budgets=(0.01, 0.02),
-                            plan_budgets=(0.005, 0.01))
+                            plan_budgets=(0.005, 0.01), **FINE_GRID)  # type: ignore[arg-type]
         observation, _ = env.reset(seed=seed)
         env.action_space.seed(seed)
         history, done = [observation], False
@@ -79,8 +80,8 @@ def test_seeded_rollouts_are_identical(step: StepData, problem: Problem) -> None
 
 
 def test_all_auto_saves_nothing_even_with_noise(step: StepData, problem: Problem) -> None:
-    env = KernelDVFSEnv([step], problem.profile)
-    total, info = run(env, [np.array([1, 0])])
+    env = KernelDVFSEnv([step], problem.profile, **FINE_GRID)  # type: ignore[arg-type]
+    total, info = run(env, [np.array([0, 0])])  # never requests
     assert info["energy_saved_pct"] == pytest.approx(0.0, abs=1e-9)
     assert info["slowdown_pct"] == pytest.approx(0.0, abs=1e-9)
     assert total == pytest.approx(0.0, abs=1e-9) and info["switches"] == 0
@@ -160,9 +161,9 @@ def test_spec_hash_follows_the_layout(step: StepData) -> None:
 def test_bad_arguments_are_clear_errors(step: StepData, problem: Problem) -> None:
     other = StepData.from_costs("x", problem.trace, problem.costs, ClockGrid.for_profile(problem.profile, (1.0,)))
     with pytest.raises(KdvfsError, match="same clock grid"):
-        KernelDVFSEnv([step, other], problem.profile)
+        KernelDVFSEnv([step, other], problem.profile, **FINE_GRID)  # type: ignore[arg-type]
     with pytest.raises(KdvfsError, match="budgets"):
-        KernelDVFSEnv([step], problem.profile, budgets=())
-    env = KernelDVFSEnv([step], problem.profile)
+        KernelDVFSEnv([step], problem.profile, budgets=(), **FINE_GRID)  # type: ignore[arg-type]
+    env = KernelDVFSEnv([step], problem.profile, **FINE_GRID)  # type: ignore[arg-type]
     with pytest.raises(KdvfsError, match="no step named"):
         env.reset(options={"step": "missing"})

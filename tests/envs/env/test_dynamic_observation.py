@@ -9,22 +9,23 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kdvfs.agents.common.problem import Problem
-from kdvfs.envs.env.clock_grid import DEFAULT_CORE_FRACTIONS, ClockGrid
+from kdvfs.envs.env.advice.plan_advice import PlanAdvice, landing_kernels, plan_for_budget
 from kdvfs.envs.env.dvfs_env import KernelDVFSEnv
-from kdvfs.envs.env.dynamic_observation import clock_one_hots, layout, observe_dynamic
-from kdvfs.envs.env.live import LiveState
-from kdvfs.envs.env.observation import (
+from kdvfs.envs.env.observing.dynamic_observation import clock_one_hots, layout, observe_dynamic
+from kdvfs.envs.env.observing.live import LiveState
+from kdvfs.envs.env.observing.observation import (
     ADVISOR_FEATURES,
     OBS_LIMIT,
     REMAINING_LATENCIES_CAP,
     ObservationSpec,
     advisor_index,
 )
-from kdvfs.envs.env.plan_advice import PlanAdvice, landing_kernels, plan_for_budget
-from kdvfs.envs.env.step_data import StepData
+from kdvfs.envs.env.steps.clock_grid import ClockGrid
+from kdvfs.envs.env.steps.step_data import StepData
 from kdvfs.envs.env.timing import decision_data
 from kdvfs.envs.gpu.profiles import load_profile
 from kdvfs.envs.trace.bundled import open_trace
+from tests.envs.env.env_doubles import FINE_CORE_FRACTIONS, PREVIOUS, observe_state
 
 BUDGET, PLAN_BUDGETS = 0.01, (0.0, 0.005, 0.01, 0.02)
 
@@ -39,9 +40,9 @@ class Setting:
     def __init__(self) -> None:
         profile = load_profile("h200")
         problem = Problem.build(open_trace("h200/gpt3xl-1layer-b4"), profile, BUDGET)
-        grid = ClockGrid.for_profile(profile, DEFAULT_CORE_FRACTIONS)
+        grid = ClockGrid.for_profile(profile, FINE_CORE_FRACTIONS)
         step = StepData.from_costs("layer", problem.trace, problem.costs, grid)
-        self.env = KernelDVFSEnv([step], profile, budgets=(BUDGET,), plan_budgets=PLAN_BUDGETS)
+        self.env = KernelDVFSEnv([step], profile, PREVIOUS, budgets=(BUDGET,), plan_budgets=PLAN_BUDGETS)
         self.env.reset(seed=0, options={"budget": BUDGET})
         self.spec: ObservationSpec = self.env.observation_spec
         self.timing = self.env.timings[0]
@@ -153,11 +154,11 @@ def test_compiled_dynamic_observation_equals_the_reference_bit_for_bit(setting: 
     assert np.array_equal(compiled, expected) and np.array_equal(compiled_advice, expected_advice)
 
 
-def test_the_environment_observes_its_static_row_then_the_compiled_part(setting: Setting) -> None:
+def test_the_observation_is_the_static_row_then_the_compiled_part(setting: Setting) -> None:
     k = len(setting.cumulative_s) // 2
     auto_s = float(setting.cumulative_s[k, 0])
     state = LiveState(k, 3, -1, 0.0, auto_s * 1.004, auto_s)
-    observation = setting.env.observe_live(state)
+    observation = observe_state(setting.env, state)
     assert np.array_equal(observation[: setting.spec.static_size], setting.static[k])
     assert np.array_equal(observation[setting.spec.static_size:], setting.compiled(state)[0])
     assert np.array_equal(setting.env.advice, setting.compiled(state)[1])
@@ -168,6 +169,6 @@ def test_the_clock_blocks_of_every_pair_are_those_the_observation_carries(settin
     blocks = clock_one_hots(grid.levels, len(grid.memory_mhz))
     auto_s = float(setting.cumulative_s[5, 0])
     for pair in range(grid.size):
-        observation = setting.env.observe_live(LiveState(5, pair, pair - 1, 1e-3 if pair else 0.0, auto_s, auto_s))
+        observation = observe_state(setting.env, LiveState(5, pair, pair - 1, 1e-3 if pair else 0.0, auto_s, auto_s))
         assert np.array_equal(setting.spec.view(observation, "clocks_in_effect"), blocks[pair + 1])
         assert np.array_equal(setting.spec.view(observation, "clocks_pending"), blocks[pair])  # pair - 1 pending

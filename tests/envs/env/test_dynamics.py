@@ -14,14 +14,15 @@ from stable_baselines3.common.env_checker import check_env as sb3_check_env
 
 from kdvfs.agents.common.problem import Problem
 from kdvfs.common.errors import KdvfsError
-from kdvfs.envs.env.clock_grid import DEFAULT_CORE_FRACTIONS, ClockGrid
 from kdvfs.envs.env.config import EnvConfig
 from kdvfs.envs.env.dvfs_env import ENV_ID, KernelDVFSEnv
 from kdvfs.envs.env.dynamics import Disturbances, execute_open_loop
-from kdvfs.envs.env.step_data import StepData
+from kdvfs.envs.env.steps.clock_grid import ClockGrid
+from kdvfs.envs.env.steps.step_data import StepData
 from kdvfs.envs.gpu.profiles import load_profile
 from kdvfs.envs.model.schedule import execute
 from kdvfs.envs.trace.bundled import open_trace
+from tests.envs.env.env_doubles import FINE_CORE_FRACTIONS, PREVIOUS, PairEnv
 
 FAST_SWITCHING = {"latency_s": 0.0005, "latency_std_s": 0.0002, "stall_s": 1e-5}
 # Golden episodes of the environment with drift, step jitter and runs switched off (random actions, seeds
@@ -54,8 +55,8 @@ def _random_episode(env: KernelDVFSEnv, seed: int) -> tuple[float, int, str, str
 
 @pytest.mark.parametrize("fast", [False, True])
 def test_new_disturbances_off_give_the_previous_environment_exactly(fast: bool) -> None:
-    env = KernelDVFSEnv(plan_budgets=(0.005, 0.01, 0.02), budgets=(0.005, 0.01, 0.02),
-                        **(FAST_SWITCHING if fast else {}))  # type: ignore[arg-type]
+    env = PairEnv(config=PREVIOUS, plan_budgets=(0.005, 0.01, 0.02), budgets=(0.005, 0.01, 0.02),
+                  **(FAST_SWITCHING if fast else {}))  # type: ignore[arg-type]
     for seed, (total, switches, observations, applied) in enumerate(BEFORE[fast]):
         got = _random_episode(env, seed)
         assert got[0] == pytest.approx(total, rel=1e-12, abs=1e-12)
@@ -70,7 +71,7 @@ def problem() -> Problem:
 @pytest.fixture(scope="module")
 def step(problem: Problem) -> StepData:
     return StepData.from_costs("layer", problem.trace, problem.costs,
-                               ClockGrid.for_profile(problem.profile, DEFAULT_CORE_FRACTIONS))
+                               ClockGrid.for_profile(problem.profile, FINE_CORE_FRACTIONS))
 
 
 def _constant(env: KernelDVFSEnv, grid_action: int, seed: int) -> dict:
@@ -84,9 +85,9 @@ def _constant(env: KernelDVFSEnv, grid_action: int, seed: int) -> dict:
 @pytest.mark.parametrize("setting", ["drift", "step_jitter"])
 def test_each_disturbance_is_seeded_and_changes_the_outcome(problem: Problem, step: StepData,
                                                           setting: str) -> None:
-    base = EnvConfig(latency_noise=False, duration_noise=0.0, run_steps=3)
-    quiet = KernelDVFSEnv([step], problem.profile, base)
-    noisy = KernelDVFSEnv([step], problem.profile, base.replace(**{setting: True}))
+    base = PREVIOUS.replace(latency_noise=False, duration_noise=0.0, run_steps=3)
+    quiet = PairEnv([step], problem.profile, base)
+    noisy = PairEnv([step], problem.profile, base.replace(**{setting: True}))
     locked = (step.grid.levels - 1) * len(step.grid.memory_mhz)  # the lowest locked core level: overruns
     assert _constant(noisy, locked, 5) == _constant(noisy, locked, 5)
     assert _constant(noisy, locked, 5) != _constant(noisy, locked, 6)
@@ -98,8 +99,8 @@ def test_each_disturbance_is_seeded_and_changes_the_outcome(problem: Problem, st
 
 
 def test_a_run_holds_the_budget_over_its_steps(problem: Problem, step: StepData) -> None:
-    single = KernelDVFSEnv([step], problem.profile, EnvConfig().without_disturbances())
-    run = KernelDVFSEnv([step], problem.profile, EnvConfig(run_steps=4).without_disturbances())
+    single = PairEnv([step], problem.profile, PREVIOUS.without_disturbances())
+    run = PairEnv([step], problem.profile, PREVIOUS.replace(run_steps=4).without_disturbances())
     locked = 20 * len(step.grid.memory_mhz)
     one, four = _constant(single, locked, 0), _constant(run, locked, 0)
     assert len(run.applied) == 4 * step.kernels
@@ -109,9 +110,9 @@ def test_a_run_holds_the_budget_over_its_steps(problem: Problem, step: StepData)
 
 
 def test_slack_of_a_fast_step_pays_for_a_slow_one(problem: Problem, step: StepData) -> None:
-    config = EnvConfig(run_steps=2, latency_s=0.0, budgets=(0.01,)).without_disturbances()
-    env = KernelDVFSEnv([step], problem.profile, config)
-    one_step = KernelDVFSEnv([step], problem.profile, config.replace(run_steps=1))
+    config = PREVIOUS.replace(run_steps=2, latency_s=0.0, budgets=(0.01,)).without_disturbances()
+    env = PairEnv([step], problem.profile, config)
+    one_step = PairEnv([step], problem.profile, config.replace(run_steps=1))
     pairs = range(len(step.grid.memory_mhz), step.grid.size, len(step.grid.memory_mhz))
     slow = next(g for g in pairs if 1.2 < _constant(one_step, g, 0)["slowdown_pct"] < 2.0)
     alone = _constant(one_step, slow, 0)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from kdvfs.agents.common.problem import Problem
-from kdvfs.agents.learned.ppo import load_train_config
+from kdvfs.agents.learned.training.ppo import load_train_config
 from kdvfs.agents.planners.registry import make_planner
 from kdvfs.envs.gpu.profiles import load_profile
 from kdvfs.envs.synthetic.generator import generate_transformer_trace, load_workload

@@ -9,10 +9,10 @@ import itertools
 import numpy as np
 import pytest
 
-from kdvfs.agents.learned.ppo import load_train_config
+from kdvfs.agents.learned.training.ppo import load_train_config
 from kdvfs.common.paths import REPO_ROOT
 from kdvfs.envs.env.dvfs_env import KernelDVFSEnv
-from kdvfs.envs.env.observation import (
+from kdvfs.envs.env.observing.observation import (
     BLOCKS,
     BUDGET_FEATURES,
     DIMENSIONS,
@@ -21,6 +21,7 @@ from kdvfs.envs.env.observation import (
     static_observations,
 )
 from kdvfs.envs.gpu.profiles import load_profile
+from tests.envs.env.env_doubles import PREVIOUS, PairEnv
 
 
 @pytest.fixture(scope="module")
@@ -41,14 +42,15 @@ def test_blocks_tile_the_vector_in_order(spec: ObservationSpec) -> None:
     assert all(np.shares_memory(spec.view(buffer, block.name), buffer) for block in BLOCKS if spec.shape(block.name))
 
 
-def test_advisor_actions_are_named(spec: ObservationSpec) -> None:
-    pairs = spec.grid.size
-    assert spec.advisor_action("windows") == pairs and spec.advisor_action("plans", 2) == pairs + 4 + 2
-    assert spec.advisor_action("budget_plan") == pairs + spec.advisors - 1 == pairs + 4 + 13 + 1
+def test_the_advisors_are_grouped_in_order(spec: ObservationSpec) -> None:
+    slots = spec.advisor_slots()
+    assert [(slots[g].start, slots[g].stop) for g in ("windows", "plans", "fitting_plan", "budget_plan")] \
+        == [(0, 4), (4, 17), (17, 18), (18, 19)]
+    assert spec.advisors == 19 and spec.plan_choices == 13 + 2
 
 
 def test_the_env_writes_each_block_by_its_name() -> None:
-    env = KernelDVFSEnv(plan_budgets=(0.005, 0.01), latency_noise=False, duration_noise=0.0)
+    env = PairEnv(config=PREVIOUS, plan_budgets=(0.005, 0.01), latency_noise=False, duration_noise=0.0)
     spec, levels = env.observation_spec, env.grid.levels
     observation, _ = env.reset(seed=0, options={"budget": 0.01})
     target = 3 * len(env.grid.memory_mhz) + 1
@@ -72,5 +74,5 @@ def test_the_observation_tables_are_rendered_from_the_spec(spec: ObservationSpec
     assert "| `window_slowdown_then_saving_pct` | 2 x 4 x 110 |" in observation_table(spec)
     assert table in (inspect.getdoc(KernelDVFSEnv) or "")
     assert table in (REPO_ROOT / "docs/design/environment.md").read_text(), \
-        ("docs/design/environment.md: paste kdvfs.envs.env.observation.observation_table() into the Observation "
-         "space section")
+        ("docs/design/environment.md: paste kdvfs.envs.env.observing.observation.observation_table() into the "
+         "Observation space section")

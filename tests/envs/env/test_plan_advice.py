@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from kdvfs.common.errors import KdvfsError
+from kdvfs.envs.env.advice.plan_advice import EPS, landing_kernels, plan_advice
 from kdvfs.envs.env.dvfs_env import KernelDVFSEnv
-from kdvfs.envs.env.plan_advice import EPS, landing_kernels, plan_advice
-from kdvfs.envs.env.workloads import default_step
+from kdvfs.envs.env.steps.workloads import default_step
 from kdvfs.envs.gpu.profiles import load_profile
 from kdvfs.envs.model.schedule import ActionCosts, replay
 from kdvfs.envs.model.segment_plans import cheapest_within, plan_totals, segment_starts, segments_ok
@@ -77,7 +77,7 @@ def test_following_a_plan_advisor_at_zero_latency_runs_the_plan() -> None:
                         plan_budgets=(0.005, 0.01))
     env.reset(seed=0, options={"budget": 0.01})
     plan = env._plans.pairs[:-1, 1]
-    advisor = env.observation_spec.advisor_action("plans", 1)
+    advisor = env.advisor_action("plans", 1)
     done, info = False, {}
     while not done:
         _, _, done, _, info = env.step(np.array([1, advisor]))
@@ -88,21 +88,23 @@ def test_following_a_plan_advisor_at_zero_latency_runs_the_plan() -> None:
     assert info["slowdown_pct"] <= 1.0 + 1e-9
 
 
-def test_plan_actions_choose_among_the_plans_and_run_what_the_advisor_proposes() -> None:
-    settings = {"plan_budgets": (0.005, 0.01, 0.02), "drift": True, "step_jitter": True}
-    pairs_env, plans_env = KernelDVFSEnv(**settings), KernelDVFSEnv(plan_actions=True, **settings)
-    assert plans_env.action_space.nvec.tolist() == [2, 3 + 2]
+def test_actions_choose_among_the_plans_and_run_what_the_advisor_proposes() -> None:
+    env = KernelDVFSEnv(plan_budgets=(0.005, 0.01, 0.02), decision_fraction=0.0)
+    assert env.action_space.nvec.tolist() == [2, 3 + 2]
+    assert [env.advisor_action(*named) for named in (("plans", 0), ("plans", 2), ("fitting_plan",), ("budget_plan",))] \
+        == [0, 2, 3, 4]
     for group, index in (("budget_plan", 0), ("fitting_plan", 0), ("plans", 2)):
-        for env in (pairs_env, plans_env):
-            env.reset(seed=4, options={"budget": 0.01})
-            done, action = False, np.array([1, env.advisor_action(group, index)])
-            while not done:
-                done = env.step(action)[2]
-        np.testing.assert_array_equal(plans_env.applied, pairs_env.applied)
-    with pytest.raises(KdvfsError, match="only the plan advisors"):
-        plans_env.advisor_action("windows")
-    with pytest.raises(KdvfsError, match="plan_actions and residual_actions need plan_budgets"):
-        KernelDVFSEnv(plan_actions=True)
+        env.reset(seed=4, options={"budget": 0.01})
+        done, action, proposed = False, np.array([1, env.advisor_action(group, index)]), []
+        while not done:
+            proposed.append(int(env.advice[env.observation_spec.advisor_slots()[group].start + index]))
+            assert env.target_pair(action) == proposed[-1]
+            done = env.step(action)[2]
+        assert set(env.applied.tolist()) <= set(env.steps[0].actions[[0, *proposed]].tolist())
+    with pytest.raises(KdvfsError, match="not an action"):
+        env.advisor_action("windows")
+    with pytest.raises(KdvfsError, match="plan_budgets"):
+        KernelDVFSEnv(plan_budgets=())
 
 
 @pytest.mark.parametrize("seed", range(10))

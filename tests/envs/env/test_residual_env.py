@@ -7,10 +7,10 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 from stable_baselines3.common.env_checker import check_env as sb3_check_env
 
-from kdvfs.agents.learned.imitation import expert_action
+from kdvfs.agents.learned.training.imitation import expert_action
 from kdvfs.envs.env.config import EnvConfig
 from kdvfs.envs.env.dvfs_env import KernelDVFSEnv
-from kdvfs.envs.env.measured import Measurement, drift_factors, residual_observation, residual_pair
+from kdvfs.envs.env.observing.measured import Measurement, drift_factors, residual_observation, residual_pair
 from kdvfs.envs.env.residual_env import ZERO_ACTION, ResidualDVFSEnv
 
 SETTINGS = EnvConfig(plan_budgets=(0.0, 0.005, 0.01, 0.02), budgets=(0.005, 0.01, 0.02),
@@ -38,7 +38,7 @@ def test_the_zero_action_is_the_fitting_plan_exactly(scale: float) -> None:
     quiet = SETTINGS.without_disturbances()
     residual = ResidualDVFSEnv(gpu="h200", config=quiet.replace(residual_actions=True, drift_sd_pct=0.0,
                                                                  anchors_per_step=100_000))
-    legacy = KernelDVFSEnv(gpu="h200", config=quiet.replace(plan_actions=True))
+    legacy = KernelDVFSEnv(gpu="h200", config=quiet)
     for budget in SETTINGS.budgets:
         options = {"budget": budget, "latency_scale": scale}
         mine = _episode(residual, lambda env: ZERO_ACTION, options)

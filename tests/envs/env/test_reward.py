@@ -7,7 +7,7 @@ import itertools
 import numpy as np
 import pytest
 
-from kdvfs.agents.learned.policy_planner import rollout
+from kdvfs.agents.learned.policy.policy_planner import rollout
 from kdvfs.envs.env.config import EnvConfig
 from kdvfs.envs.env.dvfs_env import KernelDVFSEnv
 from kdvfs.envs.env.reward import Reference, Totals, overrun_pct, reward_fn

@@ -8,18 +8,18 @@ from gymnasium.utils.env_checker import check_env
 
 from kdvfs.common.config import ConfigError
 from kdvfs.common.errors import KdvfsError
-from kdvfs.envs.env.clock_grid import ClockGrid
-from kdvfs.envs.env.config import EnvConfig
 from kdvfs.envs.env.dvfs_env import KernelDVFSEnv
-from kdvfs.envs.env.shape_pairs import Perturbation, ShapePair, ShapeSet, expert_work
-from kdvfs.envs.env.step_data import StepData, priced
+from kdvfs.envs.env.steps.clock_grid import ClockGrid
+from kdvfs.envs.env.steps.shape_pairs import Perturbation, ShapePair, ShapeSet, expert_work
+from kdvfs.envs.env.steps.step_data import StepData, priced
 from kdvfs.envs.gpu.profiles import load_profile
 from kdvfs.envs.model.schedule import ActionCosts
 from kdvfs.envs.synthetic.generator import generate_transformer_trace, load_workload
 from kdvfs.envs.trace.trace import Trace
+from tests.envs.env.env_doubles import PREVIOUS
 
 PROFILE = load_profile("h200")
-CONFIG = EnvConfig(plan_budgets=(0.0, 0.01), plan_actions=True)
+CONFIG = PREVIOUS.replace(plan_budgets=(0.0, 0.01))
 GRID = CONFIG.grid(PROFILE)
 SHAPES = ShapeSet(("gpt2s",), layers=2, batch_scales=(0.5, 1.0), seqs=(256, 512, 1024), references=3, variants=3)
 

@@ -8,8 +8,9 @@ import pytest
 
 from kdvfs.common.errors import KdvfsError
 from kdvfs.envs.env.dvfs_env import KernelDVFSEnv
-from kdvfs.envs.env.observation import BUDGET_FEATURES, CONDITION_FEATURES
+from kdvfs.envs.env.observing.observation import BUDGET_FEATURES, CONDITION_FEATURES
 from kdvfs.envs.gpu.profiles import load_profile
+from tests.envs.env.env_doubles import PREVIOUS, PairEnv
 
 PROFILE = load_profile("h200")
 
@@ -19,7 +20,7 @@ def _conditions(env: KernelDVFSEnv, observation: np.ndarray) -> dict[str, float]
 
 
 def test_each_scale_runs_its_own_regime_and_the_observation_states_it() -> None:
-    env = KernelDVFSEnv(latency_scales=(0.0, 1.0, 2.0), plan_budgets=(0.01,))
+    env = KernelDVFSEnv(config=PREVIOUS, latency_scales=(0.0, 1.0, 2.0), plan_budgets=(0.01,))
     mean_s, spread_s = PROFILE.switching.latency_mean_s, PROFILE.switching.latency_std_s
     for scale in (0.0, 1.0, 2.0):
         observation, _ = env.reset(seed=0, options={"latency_scale": scale})
@@ -36,7 +37,7 @@ def test_each_scale_runs_its_own_regime_and_the_observation_states_it() -> None:
 
 
 def test_the_drift_is_observed_and_auto_runs_measure_no_budget_use() -> None:
-    env = KernelDVFSEnv(drift=True, duration_noise=0.0, run_steps=2)
+    env = KernelDVFSEnv(config=PREVIOUS, drift=True, duration_noise=0.0, run_steps=2)
     observation, _ = env.reset(seed=3)
     drawn = env.disturbances
     assert drawn.time_auto is not None and drawn.time_locked is not None
@@ -58,7 +59,7 @@ def test_the_drift_is_observed_and_auto_runs_measure_no_budget_use() -> None:
 def test_noise_the_prediction_does_not_know_is_prediction_error_not_budget_use() -> None:
     """A controller knows the prediction, not the executed step: at auto, the step's jitter and kernel noise
     are both its run slowdown and its prediction error, and the budget use (scaled by the error) stays 0."""
-    env = KernelDVFSEnv(step_jitter=True, duration_noise=0.02)
+    env = KernelDVFSEnv(config=PREVIOUS, step_jitter=True, duration_noise=0.02)
     observation, _ = env.reset(seed=4)
     done, errors = False, []
     while not done:
@@ -73,7 +74,7 @@ def test_noise_the_prediction_does_not_know_is_prediction_error_not_budget_use()
 
 def test_the_prediction_error_is_elapsed_over_the_predictions_time_at_the_clocks_run() -> None:
     """Locked clocks slow the step as predicted: no prediction error, while the run slowdown shows it."""
-    env = KernelDVFSEnv(duration_noise=0.0, latency_scales=(0.0,))
+    env = PairEnv(config=PREVIOUS, duration_noise=0.0, latency_scales=(0.0,))
     observation, _ = env.reset(seed=1)
     target = 12 * len(env.grid.memory_mhz)
     done = False
@@ -86,7 +87,7 @@ def test_the_prediction_error_is_elapsed_over_the_predictions_time_at_the_clocks
 
 
 def test_the_last_latency_is_what_happened() -> None:
-    env = KernelDVFSEnv(latency_noise=True, duration_noise=0.02)
+    env = PairEnv(config=PREVIOUS, latency_noise=True, duration_noise=0.02)
     observation, _ = env.reset(seed=1)
     assert _conditions(env, observation)["last_latency_ratio"] == 1.0
     target = 12 * len(env.grid.memory_mhz)
@@ -101,8 +102,9 @@ def test_the_last_latency_is_what_happened() -> None:
 
 
 def test_a_held_action_runs_the_clocks_of_issuing_it_at_every_decision_point() -> None:
-    settings = {"plan_budgets": (0.005, 0.01, 0.02), "plan_actions": True, "drift": True}
-    every, held = KernelDVFSEnv(**settings), KernelDVFSEnv(decision_fraction=0.2, **settings)  # type: ignore[arg-type]
+    settings = {"plan_budgets": (0.005, 0.01, 0.02), "drift": True}
+    every = KernelDVFSEnv(config=PREVIOUS, **settings)  # type: ignore[arg-type]
+    held = KernelDVFSEnv(config=PREVIOUS, decision_fraction=0.2, **settings)  # type: ignore[arg-type]
     counts = []
     for env in (every, held):
         env.reset(seed=5, options={"budget": 0.01})

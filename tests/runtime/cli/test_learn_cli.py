@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kdvfs.agents.learned.ppo import PPO_CONFIG_DIR
-from kdvfs.agents.learned.train import whole_rollouts
+from kdvfs.agents.learned.training.ppo import PPO_CONFIG_DIR
+from kdvfs.agents.learned.training.train import whole_rollouts
 from kdvfs.common.config import to_plain
 from kdvfs.common.paths import BUNDLED_TRACE_DIR, shipped_policy_path
 from kdvfs.runtime.cli import main

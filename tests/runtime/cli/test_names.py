@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kdvfs.agents.learned.shipped import policy_source_path, shipped_policies
+from kdvfs.agents.learned.policy.shipped import policy_source_path, shipped_policies
 from kdvfs.common.errors import KdvfsError
 from kdvfs.common.paths import POLICY_DIR
 from kdvfs.runtime.cli import main

@@ -19,11 +19,11 @@ import numpy as np
 import pynvml
 import pytest
 
-from kdvfs.agents.learned.frozen import FrozenPolicy, PolicyFileError
+from kdvfs.agents.learned.policy.frozen import FrozenPolicy, PolicyFileError
 from kdvfs.common.errors import UnknownGpuError
 from kdvfs.common.paths import REPO_ROOT
-from kdvfs.envs.env.clock_grid import ClockGrid
-from kdvfs.envs.env.observation import ObservationSpec
+from kdvfs.envs.env.observing.observation import ObservationSpec
+from kdvfs.envs.env.steps.clock_grid import ClockGrid
 from kdvfs.envs.gpu.profiles import load_profile
 from kdvfs.runtime.cli import main
 from kdvfs.runtime.controller import controller, hf_callback, lightning_callback
@@ -164,16 +164,18 @@ def test_plan_files_that_do_not_fit_the_trace(tmp_path: Path, plan_file: Path) -
 
 def _random_policy(path: Path, gpu: str) -> Path:
     """A frozen policy with random weights (the issue-5 file format), trained for ``gpu``."""
-    env = {"core_fractions": [0.6, 0.8], "memory_mhz": [3201, 2201], "next_kernels": 4, "window_latencies": [1.0],
-           "decision_latencies": 0.25}
+    env = {"core_fractions": [0.6, 0.8], "every_core_clock": False, "memory_mhz": [3201, 2201], "next_kernels": 4,
+           "window_latencies": [1.0], "plan_budgets": [0.01, 0.3], "decision_latencies": 0.25}
     grid = ClockGrid.for_profile(load_profile("h200"), env["core_fractions"], env["memory_mhz"])
-    spec = ObservationSpec(grid, 4, (1.0,))
-    nvec = (2, grid.levels, 2)
+    spec = ObservationSpec(grid, 4, (1.0,), (0.01, 0.3))
+    nvec = (2, spec.plan_choices)  # request, then plan 1% or 30%, the fitting plan or the budget's plan
     rng = np.random.default_rng(0)
     weights = (rng.normal(0, 0.3, (spec.size, 16)).astype(np.float32),
                rng.normal(0, 0.3, (16, sum(nvec))).astype(np.float32))
+    last = np.zeros(sum(nvec), np.float32)
+    last[[1, 3]] = 5.0  # requests, mostly the 30% plan (locked clocks)
     FrozenPolicy(gpu=gpu, spec_hash=spec.hash(), env=env, nvec=nvec, activation="tanh", weights=weights,
-                 biases=(np.zeros(16, np.float32), np.zeros(sum(nvec), np.float32)),
+                 biases=(np.zeros(16, np.float32), last),
                  obs_mean=np.zeros(spec.size, np.float32), obs_var=np.ones(spec.size, np.float32), obs_clip=10.0,
                  obs_epsilon=1e-8, meta={}).save(path)
     return path

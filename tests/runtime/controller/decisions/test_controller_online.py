@@ -77,8 +77,8 @@ def test_an_exception_in_training_returns_the_gpu_to_auto(tmp_path: Path) -> Non
 
 
 def _clocks(gpu: FakeGpu, clock: VirtualClock, spread_s: float) -> tuple[LiveClocks, Actuator, str]:
-    from kdvfs.agents.learned.frozen import FrozenPolicy
-    from kdvfs.agents.learned.online import OnlinePolicy
+    from kdvfs.agents.learned.policy.frozen import FrozenPolicy
+    from kdvfs.agents.learned.policy.online import OnlinePolicy
 
     problem = small_problem()
     online = OnlinePolicy(FrozenPolicy.load(POLICY, problem.profile), problem)
@@ -168,7 +168,7 @@ def test_a_decided_change_is_requested_one_latency_before_its_kernel(tmp_path: P
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """A policy that asks for another pair at every evaluation: its changes are held and requested one latency
     before the kernel they were planned for (not at once, up to a kernel's time earlier)."""
-    from kdvfs.agents.learned.online import OnlinePolicy
+    from kdvfs.agents.learned.policy.online import OnlinePolicy
 
     log = tmp_path / "run.jsonl"
     controller, _, timeline = fake_controller(POLICY, log=str(log))
@@ -210,7 +210,7 @@ def test_a_slow_decision_is_budgeted_where_its_request_goes_out(tmp_path: Path,
     """Decisions that take 1 ms of the (virtual) clock and ask for another pair each time: every online
     request's change is still planned at least one latency after the request left, the hand-over's included
     (the next step's first decision is made that much ahead)."""
-    from kdvfs.agents.learned.online import OnlinePolicy
+    from kdvfs.agents.learned.policy.online import OnlinePolicy
 
     log = tmp_path / "run.jsonl"
     controller, gpu, timeline = fake_controller(POLICY, log=str(log))
@@ -247,7 +247,7 @@ def test_online_changes_are_planned_at_the_pace_of_a_stretch_slow_in_every_step(
     """A dry run whose steps all idle 1 ms (2% of the step) before anchor 5: the online requests' changes
     before and after that stretch are planned where the GPU starts their kernels (with the step's time stretched
     evenly, up to 1 ms off); inside it, in proportion."""
-    from kdvfs.agents.learned.online import OnlinePolicy
+    from kdvfs.agents.learned.policy.online import OnlinePolicy
 
     monkeypatch.setattr(anchors_module, "nearest_kernels", lambda starts_s, positions_s: np.array(ANCHOR_KERNELS))
     _alternate_pairs(monkeypatch, OnlinePolicy)
@@ -287,7 +287,7 @@ def test_online_decisions_that_set_clocks_learn_the_pace_from_the_steps_at_auto(
 def _decision_points(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **options: Any) -> tuple[set[int], list]:
     """A dry run on anchors: the controlled steps that follow another once the pace is learned, and each decision
     point's step and the kernels the GPU had passed then."""
-    from kdvfs.agents.learned.online import OnlinePolicy
+    from kdvfs.agents.learned.policy.online import OnlinePolicy
 
     log = tmp_path / "run.jsonl"
     controller, gpu, timeline = fake_controller(POLICY, log=str(log), dry_run=True, **options)
@@ -328,7 +328,7 @@ def test_a_late_lead_in_is_waited_for_and_the_steps_changes_are_placed_from_its_
     is out), waits on until the GPU passed that anchor, so no decision of those steps comes before it and every
     change of theirs is planned where the GPU starts its kernel (decided at the anchor's expected time instead,
     changes were planned from the step's start, 2 ms early)."""
-    from kdvfs.agents.learned.online import OnlinePolicy
+    from kdvfs.agents.learned.policy.online import OnlinePolicy
 
     anchors = ANCHOR_KERNELS[5:]  # from kernel 48, where kernels are short: a change's request goes out at once
     monkeypatch.setattr(anchors_module, "nearest_kernels", lambda starts_s, positions_s: np.array(anchors))
@@ -358,7 +358,7 @@ def test_a_late_lead_in_is_waited_for_and_the_steps_changes_are_placed_from_its_
 def _decisions_and_warm_ups(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **options: Any) -> tuple[list, list]:
     """A dry run's decision records (less their wall times) and each call of the policy's, in order: ("warm", the
     state it warms at) or ("decide", the state it decides at)."""
-    from kdvfs.agents.learned.online import OnlinePolicy
+    from kdvfs.agents.learned.policy.online import OnlinePolicy
 
     log = tmp_path / "run.jsonl"
     controller, _, timeline = fake_controller(POLICY, log=str(log), dry_run=True, **options)

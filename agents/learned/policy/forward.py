@@ -1,6 +1,6 @@
 """A frozen policy's forward pass, compiled (numba): normalisation, the MLP and each action part's argmax.
 
-:class:`~kdvfs.agents.learned.frozen.FrozenPolicy` runs every action through :func:`act`, one compiled call
+:class:`~kdvfs.agents.learned.policy.frozen.FrozenPolicy` runs every action through :func:`act`, one compiled call
 (a controller's decision runs on a core that has often just woken: each further call through numba's
 dispatcher is more cold code and data on its path). A controller's live decision (``act_from``: the first
 layer's share of the observation's static part and of its clock one-hots computed ahead, as rows picked and

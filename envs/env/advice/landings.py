@@ -3,9 +3,10 @@ switching regime of ``KernelDVFS-v0``.
 
 Every observation reads the landing kernels of the pair in effect (the plan advisors' proposals are the pairs
 where a request made now lands); a live decision also reads where the standing order's plan next proposes
-another pair. :class:`Landings` computes each on first use, per pair (and plan), while episodes run the same
-step and regime, and all of them at once for a controller (:meth:`Landings.table`: the arrays of
-:class:`~kdvfs.envs.env.live_tables.LiveTables`), so that no live decision computes one.
+another pair. :class:`Landings` computes each on first use, per pair (and plan), into one array
+(:attr:`Landings.rows`) while episodes run the same step and regime, and all of them at once for a controller
+(:meth:`Landings.table`: the arrays of :class:`~kdvfs.envs.env.observing.live_tables.LiveTables`), so that no live
+decision computes one.
 """
 
 from __future__ import annotations
@@ -13,31 +14,37 @@ from __future__ import annotations
 import numpy as np
 
 from kdvfs.common.arrays import Array
-from kdvfs.envs.env.plan_advice import PlanAdvice, landing_kernels
-from kdvfs.envs.env.step_data import StepData
+from kdvfs.envs.env.advice.plan_advice import PlanAdvice, landing_kernels
+from kdvfs.envs.env.steps.step_data import StepData
 
 
 class Landings:
     """Landing kernels and proposal changes of one step's run (``data``, its plan advice ``plans``) under one
-    switching regime (mean latency, its spread, the decision interval; s)."""
+    switching regime (mean latency, its spread, the decision interval; s).
+
+    Attributes:
+        rows: (G, 2, K + 1) int64 landing kernels (earliest, next) on the timeline of each pair in effect; a
+            pair's row holds them once :meth:`of` (or :meth:`table`) computed them, and is undefined before.
+    """
 
     def __init__(self, data: StepData, plans: PlanAdvice, latency_s: float, latency_std_s: float,
                  decision_interval_s: float) -> None:
         self._data, self._plans = data, plans
         self._timing = (latency_s, latency_std_s, decision_interval_s)
-        self._landings: dict[int, tuple[Array, Array]] = {}
+        self.rows = np.empty((data.cumulative.shape[2], 2, data.kernels + 1), dtype=np.int64)
+        self._computed = np.zeros(data.cumulative.shape[2], dtype=bool)
         self._proposals: dict[tuple[int, int], Array] = {}
 
     def of(self, pair: int) -> tuple[Array, Array]:
-        """:func:`~kdvfs.envs.env.plan_advice.landing_kernels` on the timeline of ``pair`` in effect (mean
-        times): (K + 1,) int64 each."""
-        found = self._landings.get(pair)
-        if found is None:
-            found = self._landings[pair] = landing_kernels(self._data.cumulative_of(pair)[0], *self._timing)
-        return found
+        """:func:`~kdvfs.envs.env.advice.plan_advice.landing_kernels` on the timeline of ``pair`` in effect (mean
+        times): (K + 1,) int64 each (views of :attr:`rows`)."""
+        if not self._computed[pair]:
+            self.rows[pair] = landing_kernels(self._data.cumulative_of(pair)[0], *self._timing)
+            self._computed[pair] = True
+        return self.rows[pair, 0], self.rows[pair, 1]
 
     def proposal_changes(self, pair: int, plan: int) -> Array:
-        """:meth:`~kdvfs.envs.env.plan_advice.PlanAdvice.proposal_changes` of ``plan`` with ``pair`` in effect
+        """:meth:`~kdvfs.envs.env.advice.plan_advice.PlanAdvice.proposal_changes` of ``plan`` with ``pair`` in effect
         (sorted kernels)."""
         key = (pair, plan)
         changes = self._proposals.get(key)
@@ -50,8 +57,9 @@ class Landings:
         next) per pair in effect; (G * P + 1,) int64 offsets where (pair, plan)'s proposal changes start (at
         ``pair * P + plan``) in the third, their concatenation (empty without plans)."""
         pairs, plans = range(self._data.cumulative.shape[2]), range(self._plans.pairs.shape[1])
-        landings = np.array([self.of(pair) for pair in pairs], dtype=np.int64)
+        for pair in pairs:
+            self.of(pair)
         changes = [self.proposal_changes(pair, plan) for pair in pairs for plan in plans]
         offsets = np.zeros(len(changes) + 1, dtype=np.int64)
         offsets[1:] = np.cumsum([len(c) for c in changes])
-        return landings, offsets, np.concatenate([np.zeros(0, dtype=np.int64), *changes]).astype(np.int64)
+        return self.rows, offsets, np.concatenate([np.zeros(0, dtype=np.int64), *changes]).astype(np.int64)

@@ -1,28 +1,15 @@
 """A frozen policy deciding online, inside a running step, on what a controller measured.
 
-:class:`OnlinePolicy` holds the policy's environment for the problem's step (:func:`policy_env`: the same
-observation spec, advisors and plan advice the policy was trained on) and, at each live decision point,
-turns the measured :class:`~kdvfs.envs.env.live.LiveState` into its observation
-(:meth:`~kdvfs.envs.env.dvfs_env.KernelDVFSEnv.observe_live`) and the pair to request. As in the
-environment, the policy runs when its last choice has held for ``decision_fraction`` of the step's auto
-time (a standing order: "follow plan p"); in between, the standing order's advisor is re-read at every
-decision point, so the pair follows where a request made now would land. A step's first pair is the
-policy's choice at the step's first decision (kernel 0, auto in effect, nothing spent), requested one
-latency before the step starts.
-
-Each decision says when the next one is needed: when the policy runs again, and the kernel where the
-standing order's proposal can next change (:meth:`~kdvfs.envs.env.dvfs_env.KernelDVFSEnv.next_proposal_change`;
-unknown for orders that depend on the budget: the fitting plan, window advisors, whose proposals a controller
-reads ahead at the states it expects with :meth:`OnlinePolicy.first_change`). The observation is
-computed without its static part (next kernels and windows: most of its entries), whose share of the
-first layer is computed for every kernel once (:meth:`~kdvfs.agents.learned.frozen.FrozenPolicy.first_products`),
-as is the share of the clocks in effect and pending (one-hots) for every pair, so that a decision multiplies
-only the remaining entries by the first layer's weights and reads a small part of them. A decision is one
-compiled call on arrays bound once (:mod:`kdvfs.agents.learned.live_decision`: the observation, the policy
-run, the pair and the next change) that keeps the interpreter lock for its few microseconds (a controller
-thread beside a busy training loop does not wait to get it back). What the environment computes once per
-pair in effect (where requests land, the plans' proposal changes) is computed for every pair by
-:meth:`OnlinePolicy.prepare` before deciding starts, not at the first decision that needs it.
+:class:`OnlinePolicy` holds the policy's environment for the problem's step (:func:`policy_env`) and, at each
+live decision point, turns the measured :class:`~kdvfs.envs.env.observing.live.LiveState` into the observation
+(:func:`~kdvfs.envs.env.observing.live_tables.observe_at`, the environment's own) and the pair to request, in one
+compiled call (:mod:`kdvfs.agents.learned.policy.live_decision`). As in the environment the policy runs when its
+last choice has held for ``decision_fraction`` of the step's auto time; in between its standing order ("follow
+plan p") is re-read. Each decision says when the next is needed: when the policy runs again and the kernel
+where the order's proposal can next change (unknown for the fitting plan, which depends on the budget: a
+controller reads it ahead with :meth:`OnlinePolicy.first_change`). Times are on the model timeline (s).
+Not for concurrent use; :meth:`OnlinePolicy.prepare` computes every table before the first step. Why a
+decision is split this way: ``docs/learning.md`` (online decisions).
 """
 
 from __future__ import annotations
@@ -34,8 +21,8 @@ from typing import NamedTuple
 import numpy as np
 
 from kdvfs.agents.common.problem import Problem
-from kdvfs.agents.learned.frozen import FrozenPolicy, PolicyFileError
-from kdvfs.agents.learned.live_decision import (
+from kdvfs.agents.learned.policy.frozen import FrozenPolicy, PolicyFileError
+from kdvfs.agents.learned.policy.live_decision import (
     NO_REQUEST,
     O_BUDGET,
     O_ENTRIES,
@@ -45,13 +32,13 @@ from kdvfs.agents.learned.live_decision import (
     decide_bound,
     first_change_bound,
 )
-from kdvfs.agents.learned.policy_planner import policy_env
+from kdvfs.agents.learned.policy.policy_planner import policy_env
 from kdvfs.common.locked import index_right
 from kdvfs.envs.env.dvfs_env import KernelDVFSEnv
-from kdvfs.envs.env.dynamic_observation import clock_one_hots
-from kdvfs.envs.env.live import LiveState
-from kdvfs.envs.env.live_tables import DEPENDS_ON_BUDGET
-from kdvfs.envs.env.measured import RESIDUAL_OBSERVATION_VERSION
+from kdvfs.envs.env.observing.dynamic_observation import clock_one_hots
+from kdvfs.envs.env.observing.live import LiveState
+from kdvfs.envs.env.observing.live_tables import DEPENDS_ON_BUDGET
+from kdvfs.envs.env.observing.measured import RESIDUAL_OBSERVATION_VERSION
 
 _decide: Callable[..., tuple[int, int, float, float]] = decide_bound
 """The compiled decision, called with its bound arrays, the budget and the state splatted (typed for that
@@ -173,7 +160,7 @@ class OnlinePolicy:
 
     def decide(self, state: LiveState, now_s: float) -> OnlineDecision:
         """The decision at ``state``, ``now_s`` after the step's start (s, model timeline), in one compiled call
-        (:func:`~kdvfs.agents.learned.live_decision.decide_bound`); after :meth:`begin`."""
+        (:func:`~kdvfs.agents.learned.policy.live_decision.decide_bound`); after :meth:`begin`."""
         assert self._begun and self._bound is not None, "begin a step first"
         evaluated = now_s >= self._hold_until_s
         if evaluated:
@@ -184,8 +171,8 @@ class OnlinePolicy:
                      last_latency_ratio: float, drift_pct: float, model_elapsed_s: np.ndarray) -> int:
         """The first of the states ahead at which the standing order (its proposal depending on the budget) would
         name a pair other than ``in_effect`` (n: none), in one compiled call
-        (:func:`~kdvfs.agents.learned.live_decision.first_change_bound`): ``kernels`` (n,) int64 and the times
-        (n,) (s, model timeline) of :class:`~kdvfs.envs.env.live.LiveState`, with no change pending; after
+        (:func:`~kdvfs.agents.learned.policy.live_decision.first_change_bound`): ``kernels`` (n,) int64 and the times
+        (n,) (s, model timeline) of :class:`~kdvfs.envs.env.observing.live.LiveState`, with no change pending; after
         :meth:`begin`. The standing order and its hold are unchanged."""
         assert self._bound is not None, "begin a step first"
         return _first_change(self._bound[0], *self._budget, kernels, in_effect, elapsed_s, auto_elapsed_s,

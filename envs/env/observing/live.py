@@ -2,8 +2,9 @@
 prediction's time for what it has run (:class:`PredictedElapsed`).
 
 A controller running a frozen policy inside real training cannot simulate the step: it measures where the
-GPU is and what it spent, and :meth:`kdvfs.envs.env.dvfs_env.KernelDVFSEnv.observe_live` turns that into the
-observation the policy was trained on (the same observation spec, the same advisors). Times are on the
+GPU is and what it spent, and :func:`~kdvfs.envs.env.observing.live_tables.observe_at` turns that into the observation
+the policy was trained on; the environment observes its own simulated state in the same terms
+(:meth:`~kdvfs.envs.env.dvfs_env.KernelDVFSEnv.live_state`) through the same function. Times are on the
 step's model timeline: host seconds divided by the run's measured scale of the auto step (the A windows'
 seconds per step over the model's auto step time), so that a GPU drifting as a whole shows as drift, not
 as budget used. A controller does not know what the executed step would take at auto, only what the
@@ -57,7 +58,7 @@ class PredictedElapsed:
         cumulative_s: (K + 1, G) the prediction's start time of each kernel at each grid pair (model s).
         stall_s: GPU stall per clock change (s).
         factors: (G,) factor on each pair's kernel times (the measured drift where it slows them:
-            :func:`kdvfs.envs.env.measured.drift_factors`); None: 1.
+            :func:`kdvfs.envs.env.observing.measured.drift_factors`); None: 1.
     """
 
     def __init__(self, cumulative_s: np.ndarray, stall_s: float, factors: np.ndarray | None = None) -> None:

@@ -3,7 +3,7 @@
 A :class:`WorkloadSet` names bundled traces, workload presets generated as they are, seeded samples
 of variants of presets (layers, batch, sequence length, precision, fused or not), and families of steps at
 several shapes whose episodes execute other steps than the controller expects
-(:mod:`kdvfs.envs.env.shape_pairs`). A :class:`DataSplit` holds the training set and the held-out set and
+(:mod:`kdvfs.envs.env.steps.shape_pairs`). A :class:`DataSplit` holds the training set and the held-out set and
 refuses a split in which a held-out *family* (a preset, or the model of a bundled trace: ``h200/gpt2s-b16`` is
 family ``gpt2s``) also appears in training.
 """
@@ -17,10 +17,10 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from kdvfs.common.config import ConfigError
-from kdvfs.envs.env.clock_grid import ClockGrid
 from kdvfs.envs.env.config import EnvConfig
-from kdvfs.envs.env.shape_pairs import ShapePair, ShapeSet
-from kdvfs.envs.env.step_data import StepData
+from kdvfs.envs.env.steps.clock_grid import ClockGrid
+from kdvfs.envs.env.steps.shape_pairs import ShapePair, ShapeSet
+from kdvfs.envs.env.steps.step_data import StepData
 from kdvfs.envs.gpu.profiles import GpuProfile
 from kdvfs.envs.synthetic.generator import generate_transformer_trace, load_workload
 from kdvfs.envs.synthetic.workload import TransformerConfig

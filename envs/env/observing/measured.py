@@ -1,26 +1,15 @@
 """What a controller measures of a running step, honestly, and the one observation a residual policy decides on.
 
-A controller inside real training knows the step it predicted (the step model's kernels and their cost at
-every clock pair), the host time since the step started, the clocks in effect and pending, the auto mode's
-drift as the A windows of its A/B measurement measure it, and where the GPU is as its anchors place it. From
-that alone (:class:`MeasuredState`) :func:`residual_observation` computes the policy's observation; the
-environment (:class:`~kdvfs.envs.env.residual_env.ResidualDVFSEnv`) builds the same state from its simulation
-through :class:`Measurement`, the way the runtime does:
-
-* **drift**: measured once per run with the error of the A windows (``drift_sd_pct``); applied only where clocks
-  drift: auto's kernels, and a locked core clock above what the power limiter now holds (:func:`drift_factors`),
-  never to a locked clock below it;
-* **position**: the kernel the last anchor passed stands for, extrapolated through the clocks the controller
-  saw in effect since (each stretch at the prediction's pace at its clocks, stretched by the measured drift, a
-  stall after each change; never back before the last estimate);
-* **prediction error**: the host time so far over the prediction's time up to the position at the clocks run
-  with the measured drift applied (fractions of kernels included: :class:`Measurement`);
-* **budget**: used = host time - the prediction's auto time up to the position x (1 + drift) x (1 + error):
-  the auto time a controller can know.
-
-The action (:func:`residual_pair`) is a residual over the fitting plan's pair for the coming segment (core
-clock up or down by a few of the grid's levels, memory clock up or down) and a margin (the share of the slack
-still affordable that the fitting plan must leave unspent); the zero action is the fitting plan itself.
+A controller knows the step it predicted (its kernels' cost at every clock pair), the host time since the step
+started, the clocks in effect and pending, the auto drift as its A windows measure it, and where the GPU is as
+its anchors place it (:class:`MeasuredState`); from that alone :func:`residual_observation` computes the
+residual policy's observation, and the environment (:class:`~kdvfs.envs.env.residual_env.ResidualDVFSEnv`)
+builds the same state from its simulation through :class:`Measurement`. Invariants: the drift applies only
+where clocks drift (:func:`drift_factors`); the position never goes back before the last estimate; budget
+used (host s) = host time - the prediction's auto time up to the position x (1 + drift) x (1 + error)
+(:func:`budget_use`). The action (:func:`residual_pair`) is a core/memory residual over the fitting plan's pair
+and a margin on the slack; the zero action is the fitting plan. Design and measurements: ``docs/learning.md``
+(the residual design).
 """
 
 from __future__ import annotations
@@ -34,7 +23,7 @@ from typing import NamedTuple
 import numpy as np
 
 from kdvfs.common.arrays import Array
-from kdvfs.envs.env.dynamic_observation import (
+from kdvfs.envs.env.observing.dynamic_observation import (
     L_BUDGET_PLAN,
     L_FITTING,
     L_FITTING_SLOT,
@@ -45,8 +34,13 @@ from kdvfs.envs.env.dynamic_observation import (
     L_PLANS_REST,
     observe_dynamic,
 )
-from kdvfs.envs.env.live_tables import LiveTables
-from kdvfs.envs.env.observation import OBS_LIMIT, PLAN_ADVISOR_FEATURES, REMAINING_LATENCIES_CAP, ObservationSpec
+from kdvfs.envs.env.observing.live_tables import LiveTables
+from kdvfs.envs.env.observing.observation import (
+    OBS_LIMIT,
+    PLAN_ADVISOR_FEATURES,
+    REMAINING_LATENCIES_CAP,
+    ObservationSpec,
+)
 
 RESIDUAL_OBSERVATION_VERSION = 7
 CORE_STEPS = (0, -1, 1, -2, 2, -4, 4)
@@ -267,7 +261,7 @@ def residual_observation(out: Array, tables: LiveTables, state: MeasuredState, b
 
     Every entry is computed from the measured state, the prediction (``tables``) and ``errors`` (the prediction
     errors of the last decisions, %): what a controller knows. The fitting plan is the advisors' own
-    (:func:`~kdvfs.envs.env.dynamic_observation.observe_dynamic`), fed on the prediction's timeline (host
+    (:func:`~kdvfs.envs.env.observing.dynamic_observation.observe_dynamic`), fed on the prediction's timeline (host
     seconds over the measured auto scale, the drift applied where it slows the clocks run)."""
     sizes = tables.sizes
     lay = tables.layout

@@ -20,10 +20,6 @@ from kdvfs.envs.gpu.profiles import GpuProfile
 from kdvfs.envs.model.schedule import ActionCosts
 
 AUTO = "auto"
-DEFAULT_CORE_FRACTIONS = (1.0, 0.9925, 0.985, 0.9775, 0.97, 0.9625, 0.955, 0.9475, 0.94, 0.9325, 0.925, 0.9175, 0.91,
-                          0.9025, 0.895, 0.8875, 0.88, 0.85, 0.8, 0.75, 0.7, 0.675, 0.65, 0.625, 0.6)
-"""Fine steps (~15 MHz on an H200) near the maximum, where a 1% budget's best clocks lie, coarser below
-for memory-bound stretches."""
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """One training step prepared for the environment, built once so that stepping only indexes arrays.
 
-:class:`StepData` holds, for the grid actions of a :class:`~kdvfs.envs.env.clock_grid.ClockGrid`, each kernel's time
-and energy (idle gap before it included) from the cost model, their cumulative sums (look-ahead windows
+:class:`StepData` holds, for the grid actions of a :class:`~kdvfs.envs.env.steps.clock_grid.ClockGrid`, each
+kernel's time and energy (idle gap before it included) from the cost model, their cumulative sums (look-ahead windows
 are differences of two rows), and each kernel's observation features: log duration, SM, DRAM and tensor
 utilisation and its category, never its name.
 """
@@ -15,7 +15,7 @@ import numpy as np
 
 from kdvfs.common.arrays import Array
 from kdvfs.common.errors import KdvfsError
-from kdvfs.envs.env.clock_grid import ClockGrid
+from kdvfs.envs.env.steps.clock_grid import ClockGrid
 from kdvfs.envs.gpu.profiles import GpuProfile
 from kdvfs.envs.model.cost_model import CostParams
 from kdvfs.envs.model.cost_tables import build_tables

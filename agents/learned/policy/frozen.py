@@ -18,21 +18,24 @@ from typing import Any
 
 import numpy as np
 
-from kdvfs.agents.learned.forward import RELU, TANH, act
+from kdvfs.agents.learned.policy.forward import RELU, TANH, act
 from kdvfs.common.arrays import Array
 from kdvfs.common.config import ConfigError, from_mapping, to_plain
 from kdvfs.common.errors import KdvfsError
 from kdvfs.common.files import write_bytes_atomic
-from kdvfs.envs.env.clock_grid import ClockGrid
 from kdvfs.envs.env.config import EnvConfig
-from kdvfs.envs.env.measured import ResidualSpec, policy_spec
-from kdvfs.envs.env.observation import ObservationSpec
+from kdvfs.envs.env.observing.measured import ResidualSpec, policy_spec
+from kdvfs.envs.env.observing.observation import ObservationSpec
+from kdvfs.envs.env.steps.clock_grid import ClockGrid
 from kdvfs.envs.gpu.profiles import GpuProfile
 
 FORMAT = "kdvfs-policy"
 VERSION = 1
 ACTIVATIONS = {"tanh": TANH, "relu": RELU}
-"""Hidden-layer activations by name, as :mod:`kdvfs.agents.learned.forward` codes them."""
+"""Hidden-layer activations by name, as :mod:`kdvfs.agents.learned.policy.forward` codes them."""
+REMOVED_SETTINGS = {"plan_actions": True}
+"""Environment settings that policy files of earlier versions store and this version no longer has, with the only
+value it runs (``plan_actions``: the action picks a plan; its alternative, a clock pair or a window advisor, left)."""
 
 
 class PolicyFileError(KdvfsError):
@@ -45,7 +48,7 @@ class FrozenPolicy:
 
     Attributes:
         gpu: the GPU profile name it was trained for.
-        spec_hash: :meth:`kdvfs.envs.env.observation.ObservationSpec.hash` of its observations.
+        spec_hash: :meth:`kdvfs.envs.env.observing.observation.ObservationSpec.hash` of its observations.
         env: the environment settings it was trained with, as stored (:attr:`config` reads them;
             ``core_fractions``, ``memory_mhz``, ``next_kernels``, ``window_latencies`` and ``plan_budgets``
             define the observation).
@@ -82,7 +85,12 @@ class FrozenPolicy:
                                                                                        compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "config", from_mapping(EnvConfig, self.env, "the policy's environment settings"))
+        settings = {key: value for key, value in self.env.items() if key not in REMOVED_SETTINGS}
+        for key, value in REMOVED_SETTINGS.items():
+            if self.env.get(key, value) != value:
+                raise PolicyFileError(f"the policy was trained with {key}={self.env[key]!r}, an action design this "
+                                      f"version no longer has (only {key}={value!r}); retrain it with `kdvfs train`")
+        object.__setattr__(self, "config", from_mapping(EnvConfig, settings, "the policy's environment settings"))
         object.__setattr__(self, "_mean32", self.obs_mean.astype(np.float32))
         object.__setattr__(self, "_inverse_std32", (1.0 / np.sqrt(self.obs_var + self.obs_epsilon)).astype(np.float32))
         object.__setattr__(self, "_bounds", np.cumsum([0, *self.nvec]).astype(np.int64))
@@ -101,14 +109,14 @@ class FrozenPolicy:
 
     def spec(self, profile: GpuProfile) -> ObservationSpec | ResidualSpec:
         """The observation spec this policy expects on ``profile`` (a residual policy's: its measured
-        observation, :mod:`kdvfs.envs.env.measured`)."""
+        observation, :mod:`kdvfs.envs.env.observing.measured`)."""
         spec = self.config.observation_spec(self.grid(profile))
         return policy_spec(spec) if self.config.residual_actions else spec
 
     def act(self, observation: Array) -> Array:
         """The deterministic action (one int per action part) for one raw observation, as VecNormalize and
         SB3's ``predict(deterministic=True)`` compute it (here all in float32, compiled:
-        :mod:`kdvfs.agents.learned.forward`). Works in buffers of the policy: not for concurrent use from
+        :mod:`kdvfs.agents.learned.policy.forward`). Works in buffers of the policy: not for concurrent use from
         several threads."""
         return self.act_from(self._no_product, self._first_row, observation)
 
@@ -130,7 +138,7 @@ class FrozenPolicy:
                    self._activation_code)
 
     def forward_inputs(self, start: int) -> tuple[Any, ...]:
-        """What :func:`~kdvfs.agents.learned.forward.act` takes of this policy for an observation whose entries
+        """What :func:`~kdvfs.agents.learned.policy.forward.act` takes of this policy for an observation whose entries
         from ``start`` on are multiplied at each call: (first layer, mean, inverse std, clip, later layers,
         action bounds, activation code)."""
         first, mean, inverse_std = self._rest_input(start)

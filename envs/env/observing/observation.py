@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 
 from kdvfs.common.arrays import Array
-from kdvfs.envs.env.clock_grid import ClockGrid
-from kdvfs.envs.env.step_data import KERNEL_FEATURES, StepData
+from kdvfs.envs.env.steps.clock_grid import ClockGrid
+from kdvfs.envs.env.steps.step_data import KERNEL_FEATURES, StepData
 
 OBSERVATION_VERSION = 5
 WINDOW_METRICS = ("slowdown_pct", "saving_pct")
@@ -77,7 +77,7 @@ BLOCKS = (
           "(first decision, or ideal switching)", "latencies, 0/1, 0/1"),
     Block("budget", (len(BUDGET_FEATURES),),
           "budget; share of it used so far ((elapsed - the prediction's auto time for the same kernels x (1 + "
-          "the prediction error), as a controller measures them: :class:`~kdvfs.envs.env.live.LiveState`) / "
+          "the prediction error), as a controller measures them: :class:`~kdvfs.envs.env.observing.live.LiveState`) / "
           "(budget x auto step time)); slowdown still affordable over the rest of the step; progress (auto "
           "time so far / auto step "
           f"time); remaining step in latencies (capped at {REMAINING_LATENCIES_CAP:g}, / {REMAINING_LATENCIES_CAP:g})",
@@ -107,8 +107,8 @@ BLOCKS = (
 )
 """The observation's blocks, in order."""
 ADVISOR_GROUPS = ("windows", "plans", "fitting_plan", "budget_plan")
-"""The advisor actions after the grid's pairs, in order: one per window, one per plan, the fitting plan, the
-budget's plan."""
+"""The advisors, in order: one per window, one per plan, the fitting plan, the budget's plan (the action follows
+one of the last three groups)."""
 
 
 @dataclass(frozen=True)
@@ -121,7 +121,7 @@ class ObservationSpec:
         window_latencies: lengths of the look-ahead windows in switching latencies (e.g. 1, 2, 4); each
             starts where a request issued now would take effect. One more window runs from there to the
             step's end (the controller knows the whole step: training steps repeat).
-        plan_budgets: budgets (fractions) of the plan advisors (:mod:`kdvfs.envs.env.plan_advice`); empty:
+        plan_budgets: budgets (fractions) of the plan advisors (:mod:`kdvfs.envs.env.advice.plan_advice`); empty:
             no plan advisors.
     """
 
@@ -171,25 +171,19 @@ class ObservationSpec:
         return {name: start for name, (start, _) in self._layout.items()}
 
     def advisor_slots(self) -> dict[str, slice]:
-        """Where each of ``ADVISOR_GROUPS`` lies among the advisor actions (action G + i is advisor i)."""
+        """Where each of ``ADVISOR_GROUPS`` lies among the advisors (their proposals, in this order)."""
         sizes = (len(self.window_latencies) + 1, len(self.plan_budgets), 1, 1)
         ends = np.cumsum(sizes).tolist()
         return {group: slice(end - size, end) for group, size, end in zip(ADVISOR_GROUPS, sizes, ends, strict=True)}
 
-    def advisor_action(self, group: str, index: int = 0) -> int:
-        """The action value of advisor ``index`` of ``group`` (one of ``ADVISOR_GROUPS``)."""
-        return self.grid.size + self.advisor_slots()[group].start + index
-
     @property
-    def plan_actions(self) -> int:
-        """Choices of a plan-selecting action (``EnvConfig.plan_actions``): each plan, the fitting plan and the
-        budget's plan."""
+    def plan_choices(self) -> int:
+        """Choices of the action's plan part: each plan, the fitting plan and the budget's plan."""
         return self.advisor_slots()["budget_plan"].stop - self.advisor_slots()["plans"].start
 
     @property
     def advisors(self) -> int:
-        """Advisor actions after the grid's pairs: one per window, the rest of the step, each plan, the
-        fitting plan and the budget's plan."""
+        """Advisors: one per window, the rest of the step, each plan, the fitting plan and the budget's plan."""
         return self.advisor_slots()["budget_plan"].stop
 
     @property

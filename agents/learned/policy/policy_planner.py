@@ -12,11 +12,11 @@ from typing import Any, Protocol
 
 from kdvfs.agents.common.problem import Problem
 from kdvfs.agents.evaluation.compare import Row, scored_row
-from kdvfs.agents.learned.frozen import FrozenPolicy, PolicyFileError
+from kdvfs.agents.learned.policy.frozen import FrozenPolicy, PolicyFileError
 from kdvfs.common.arrays import Array
 from kdvfs.envs.env.dvfs_env import KernelDVFSEnv
 from kdvfs.envs.env.residual_env import ResidualDVFSEnv
-from kdvfs.envs.env.step_data import StepData
+from kdvfs.envs.env.steps.step_data import StepData
 from kdvfs.envs.gpu.profiles import GpuProfile
 from kdvfs.envs.model.schedule import Schedule
 

@@ -1,15 +1,16 @@
 """A frozen policy's live decision in one compiled call: observation, policy run, pair, next proposal change.
 
-:meth:`~kdvfs.agents.learned.online.OnlinePolicy.decide` calls :func:`decide_bound` (:func:`decide_live` on the
-arrays a :class:`BoundDecision` holds) once per decision point, and ``first_change`` calls
+:meth:`~kdvfs.agents.learned.policy.online.OnlinePolicy.decide` calls :func:`decide_bound` (:func:`decide_live` on
+the arrays a :class:`BoundDecision` holds) once per decision point, and ``first_change`` calls
 :func:`first_change_bound`: the standing order's proposal at each of a run of states ahead (where it depends
 on the budget, re-read as the step goes) until it names a pair to request. A decision point's Python runs
 slowest on a core that slept through the gap, so as little as possible stays in Python: the environment's part
-(:func:`~kdvfs.envs.env.live_tables.observe_at`, :func:`~kdvfs.envs.env.live_tables.target_pair_of`,
-:func:`~kdvfs.envs.env.live_tables.plan_of`, :func:`~kdvfs.envs.env.live_tables.next_change_in`: the functions
-the environment itself calls) and the policy's (:func:`~kdvfs.agents.learned.forward.act`) run in one call,
-on arrays bound once (:class:`BoundDecision`: one argument for numba's dispatch to walk, not ~47, since the
-dispatch's cost grows with the arguments). The timings behind this are in ``docs/results.md``.
+(:func:`~kdvfs.envs.env.observing.live_tables.observe_at`,
+:func:`~kdvfs.envs.env.observing.live_tables.target_pair_of`, :func:`~kdvfs.envs.env.observing.live_tables.plan_of`,
+:func:`~kdvfs.envs.env.observing.live_tables.next_change_in`: the functions the environment itself calls) and
+the policy's (:func:`~kdvfs.agents.learned.policy.forward.act`) run in one call, on arrays bound once
+(:class:`BoundDecision`: one argument for numba's dispatch to walk, not ~47, since the dispatch's cost grows with
+the arguments). The timings behind this are in ``docs/results.md``.
 """
 
 from __future__ import annotations
@@ -20,9 +21,9 @@ import numba
 from numba.core import types
 from numba.experimental import structref
 
-from kdvfs.agents.learned.forward import act
+from kdvfs.agents.learned.policy.forward import act
 from kdvfs.common.arrays import Array
-from kdvfs.envs.env.live_tables import (
+from kdvfs.envs.env.observing.live_tables import (
     DEPENDS_ON_BUDGET,
     NO_PLAN,
     S_KERNELS,
@@ -32,7 +33,7 @@ from kdvfs.envs.env.live_tables import (
     plan_of,
     target_pair_of,
 )
-from kdvfs.envs.env.observation import BUDGET_FEATURES
+from kdvfs.envs.env.observing.observation import BUDGET_FEATURES
 
 NO_REQUEST = -1
 """The pair of a decision that requests nothing."""
@@ -52,22 +53,22 @@ def decide_live(obs: Array, advice: Array, static_rows: Array, lay: Array, advis
                 in_effect: int, pending: int, pending_age_s: float, elapsed_s: float, auto_elapsed_s: float,
                 last_latency_ratio: float, drift_pct: float, model_elapsed_s: float, evaluate: bool, action: Array,
                 picks: Array) -> tuple[int, int, float, float]:
-    """The decision at a live state (``kernel`` to ``model_elapsed_s``: :class:`~kdvfs.envs.env.live.LiveState`'s
-    fields): writes the observation's dynamic part and the advice (the environment's buffers), runs the policy
-    into ``action`` (parts,) int64 if ``evaluate`` (else ``action`` is the standing order), and returns the pair
-    it names (``NO_REQUEST``: none), the kernel where its proposal can next change (K: never;
-    ``DEPENDS_ON_BUDGET``), and the observation's budget used and affordable slowdown (%).
+    """The decision at a live state (``kernel`` to ``model_elapsed_s``:
+    :class:`~kdvfs.envs.env.observing.live.LiveState`'s fields): writes the observation's dynamic part and the advice
+    (the environment's buffers), runs the policy into ``action`` (parts,) int64 if ``evaluate`` (else ``action`` is
+    the standing order), and returns the pair it names (``NO_REQUEST``: none), the kernel where its proposal can next
+    change (K: never; ``DEPENDS_ON_BUDGET``), and the observation's budget used and affordable slowdown (%).
 
-    The arguments: :meth:`~kdvfs.envs.env.live_tables.LiveTables.arrays`, then
-    :meth:`~kdvfs.agents.learned.frozen.FrozenPolicy.forward_inputs`, ``products`` (rows of the first layer's
+    The arguments: :meth:`~kdvfs.envs.env.observing.live_tables.LiveTables.arrays`, then
+    :meth:`~kdvfs.agents.learned.policy.frozen.FrozenPolicy.forward_inputs`, ``products`` (rows of the first layer's
     product with the static part at each kernel and with the clock blocks of each pair in effect and pending,
-    :meth:`~kdvfs.agents.learned.frozen.FrozenPolicy.first_products`), ``offsets`` (``O_*``), the step's budget
+    :meth:`~kdvfs.agents.learned.policy.frozen.FrozenPolicy.first_products`), ``offsets`` (``O_*``), the step's budget
     (fraction) and budget plan, the state, ``evaluate``, ``action``, and ``picks`` (3,) int64 scratch.
     """
     k = observe_at(obs, advice, static_rows, lay, advisor_index, cumulative_s, landings, plan_pairs, plan_rest,
-                   joinable, next_change, speeds_up, change_offsets, change_kernels, sizes, auto_time_s, latency_s,
-                   stall_s, budget, budget_plan, kernel, in_effect, pending, pending_age_s, elapsed_s, auto_elapsed_s,
-                   last_latency_ratio, drift_pct, model_elapsed_s)
+                   joinable, next_change, speeds_up, sizes, auto_time_s, latency_s, stall_s, budget, budget_plan,
+                   kernel, in_effect, pending, pending_age_s, elapsed_s, auto_elapsed_s, last_latency_ratio,
+                   drift_pct, model_elapsed_s)
     if evaluate:
         picks[0], picks[1], picks[2] = k, offsets[O_IN_EFFECT_ROWS] + in_effect, offsets[O_PENDING_ROWS] + pending
         action[:] = act(first, obs[offsets[O_ENTRIES]:], mean, inverse_std, clip, products, picks, later, bounds,
@@ -125,7 +126,7 @@ def first_change_bound(bound: Any, budget: float, budget_plan: int, kernels: Arr
                        elapsed_s: Array, auto_elapsed_s: Array, last_latency_ratio: float, drift_pct: float,
                        model_elapsed_s: Array) -> int:
     """The first of the states ahead (``kernels`` (n,) int64 and the times (n,) float64; no change pending,
-    ``in_effect`` in effect: :class:`~kdvfs.envs.env.live.LiveState`'s fields) at which the standing order
+    ``in_effect`` in effect: :class:`~kdvfs.envs.env.observing.live.LiveState`'s fields) at which the standing order
     (``bound.action``) proposes a pair other than ``in_effect``; n if none (or it requests nothing). Writes the
     observation and the advice at each (the environment's buffers, which every decision writes anew)."""
     b, n = bound, kernels.shape[0]
@@ -133,9 +134,9 @@ def first_change_bound(bound: Any, budget: float, budget_plan: int, kernels: Arr
         return n
     for j in range(n):
         observe_at(b.obs, b.advice, b.static_rows, b.lay, b.advisor_index, b.cumulative_s, b.landings, b.plan_pairs,
-                   b.plan_rest, b.joinable, b.next_change, b.speeds_up, b.change_offsets, b.change_kernels, b.sizes,
-                   b.auto_time_s, b.latency_s, b.stall_s, budget, budget_plan, kernels[j], in_effect, -1, 0.0,
-                   elapsed_s[j], auto_elapsed_s[j], last_latency_ratio, drift_pct, model_elapsed_s[j])
+                   b.plan_rest, b.joinable, b.next_change, b.speeds_up, b.sizes, b.auto_time_s, b.latency_s,
+                   b.stall_s, budget, budget_plan, kernels[j], in_effect, -1, 0.0, elapsed_s[j], auto_elapsed_s[j],
+                   last_latency_ratio, drift_pct, model_elapsed_s[j])
         if target_pair_of(b.action[1], b.advice, b.sizes) != in_effect:
             return j
     return n

@@ -1,7 +1,7 @@
 """The bar a residual policy must clear: the fitting plan with a fixed margin, scored on the same episodes.
 
 A fixed-margin plan is the residual environment's constant action (no residual, margin ``m``: the fitting plan
-leaves that share of the slack unspent, :mod:`kdvfs.envs.env.measured`). :func:`episodes` runs any actor
+leaves that share of the slack unspent, :mod:`kdvfs.envs.env.observing.measured`). :func:`episodes` runs any actor
 closed-loop on every (pair, budget, switching latency, seed) case with every disturbance on (the seed picks
 the executed variant and the draws, the same for every method); :func:`best_margins` chooses, per budget x
 latency cell, the margin saving the most among those within budget in >= ``COMPLIANCE`` of the episodes (on
@@ -16,12 +16,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from kdvfs.agents.common.problem import within_budget
-from kdvfs.agents.learned.policy_planner import Actor, rollout
+from kdvfs.agents.learned.policy.policy_planner import Actor, rollout
 from kdvfs.common.arrays import Array
 from kdvfs.envs.env.config import EnvConfig
-from kdvfs.envs.env.measured import MARGINS
+from kdvfs.envs.env.observing.measured import MARGINS
 from kdvfs.envs.env.residual_env import ResidualDVFSEnv
-from kdvfs.envs.env.shape_pairs import ShapePair
+from kdvfs.envs.env.steps.shape_pairs import ShapePair
 from kdvfs.envs.gpu.profiles import GpuProfile
 
 COMPLIANCE = 0.95

@@ -34,18 +34,18 @@ from stable_baselines3.common.vec_env import (
     VecNormalize,
 )
 
-from kdvfs.agents.learned.anchored import AnchoredPPO
-from kdvfs.agents.learned.imitation import ImitationArgs
-from kdvfs.agents.learned.lagrange import BudgetMultipliers, ConstraintArgs, LagrangianReward
+from kdvfs.agents.learned.training.anchored import AnchoredPPO
+from kdvfs.agents.learned.training.imitation import ImitationArgs
+from kdvfs.agents.learned.training.lagrange import BudgetMultipliers, ConstraintArgs, LagrangianReward
 from kdvfs.common.config import ConfigError, from_mapping, load_yaml, merge_mappings
 from kdvfs.common.paths import CONFIG_DIR
 from kdvfs.common.resolve import resolve_shipped
-from kdvfs.envs.env.clock_grid import ClockGrid
 from kdvfs.envs.env.config import EnvConfig
 from kdvfs.envs.env.dvfs_env import ENV_ID
 from kdvfs.envs.env.residual_env import RESIDUAL_ENV_ID
-from kdvfs.envs.env.shape_pairs import ShapePair
-from kdvfs.envs.env.workloads import DataSplit, WorkloadSet
+from kdvfs.envs.env.steps.clock_grid import ClockGrid
+from kdvfs.envs.env.steps.shape_pairs import ShapePair
+from kdvfs.envs.env.steps.workloads import DataSplit, WorkloadSet
 from kdvfs.envs.gpu.profiles import GpuProfile
 
 PPO_CONFIG_DIR = CONFIG_DIR / "ppo"
@@ -131,7 +131,7 @@ class TrainConfig:
         imitation: behaviour cloning of the latency-aware optimum before PPO.
         data: the train/held-out split.
         constraint: with residual actions, the budget constraint (a Lagrange multiplier per budget,
-            :mod:`kdvfs.agents.learned.lagrange`); None: none (the environment's penalties only).
+            :mod:`kdvfs.agents.learned.training.lagrange`); None: none (the environment's penalties only).
     """
 
     gpu: str

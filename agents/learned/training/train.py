@@ -1,21 +1,16 @@
-"""Train a clock policy for one GPU with PPO, top to bottom: price the steps (with the steps they execute
-instead: :mod:`kdvfs.envs.env.shape_pairs`), build the envs and the model, clone the expert on every budget
-and latency, freeze the observation statistics, learn (anchored to the clone, and with residual actions under a
-Lagrange multiplier per budget: :mod:`kdvfs.agents.learned.lagrange`; TensorBoard logs, checkpoints), then
-freeze the actor into one file. Every choice is made on the validation steps (``data.validation``: steps
-neither trained on nor held out; the training steps if it is empty); nothing held out is priced or scored
-here (``benchmarks/learned_vs_plans.py`` does that, after training). PPO's policy ships where it beats on
-validation: with residual actions, the best fixed-margin fitting plan of each budget x latency cell
-(:mod:`kdvfs.agents.learned.margin_plans`: within budget in >= 95% of its episodes and saving more on the same
-episodes, the 95% interval above 0); else the clone (paired returns, the interval above 0). Otherwise the
-clone ships.
+"""Train a clock policy for one GPU with PPO, top to bottom: price the steps (with the steps they execute instead:
+:mod:`kdvfs.envs.env.steps.shape_pairs`), build the envs and the model, clone the expert on every budget and latency,
+freeze the observation statistics, learn (anchored to the clone; with residual actions under a Lagrange
+multiplier per budget, :mod:`kdvfs.agents.learned.training.lagrange`), then freeze the actor into one file. Every choice
+is made on the validation steps (``data.validation``; the training steps if empty); nothing held out is priced
+or scored here. PPO ships where it beats on validation (paired episodes, the 95% interval above 0) the best
+fixed-margin fitting plan of each cell with residual actions (:mod:`kdvfs.agents.learned.training.margin_plans`), else
+the clone; otherwise the clone ships.
 
-Everything a run writes goes to ``out``: ``run.json`` (command, resolved config, git revision, seed), ``config.yaml``
-(the resolved config, its ``extends`` chain merged: a whole config by itself), ``tensorboard/``, ``checkpoints/``,
-``model.zip`` and ``vecnormalize.pkl`` (SB3), ``policy.kdvfs-policy.npz`` (the frozen policy that ships),
-``imitation.kdvfs-policy.npz`` and ``ppo.kdvfs-policy.npz`` (the clone before PPO and PPO's final policy) and
-``summary.json`` (wall time, the selection's comparison, the multipliers). One git revision is read at the
-start and recorded in ``run.json``, the summary and every policy's metadata.
+``out`` receives ``run.json`` (command, resolved config, git revision, seed), ``config.yaml`` (the resolved
+config), ``tensorboard/``, ``checkpoints/``, ``model.zip`` and ``vecnormalize.pkl`` (SB3), the frozen policies
+``policy`` (ships), ``imitation`` and ``ppo`` (``.kdvfs-policy.npz``) and ``summary.json`` (wall time, the
+selection's comparison, the multipliers); one git revision, read at the start, is recorded in all of them.
 """
 
 from __future__ import annotations
@@ -34,13 +29,13 @@ from stable_baselines3.common.callbacks import BaseCallback, CallbackList, Check
 from stable_baselines3.common.running_mean_std import RunningMeanStd
 from stable_baselines3.common.vec_env import VecNormalize
 
-from kdvfs.agents.learned.anchored import AnchoredPPO
-from kdvfs.agents.learned.frozen import FrozenPolicy, freeze
-from kdvfs.agents.learned.imitation import clone, demonstrations, record
-from kdvfs.agents.learned.lagrange import MultiplierCallback
-from kdvfs.agents.learned.margin_plans import COMPLIANCE, best_margins, chosen, episodes, margin_actors, within
-from kdvfs.agents.learned.policy_planner import rollout
-from kdvfs.agents.learned.ppo import (
+from kdvfs.agents.learned.policy.frozen import FrozenPolicy, freeze
+from kdvfs.agents.learned.policy.policy_planner import rollout
+from kdvfs.agents.learned.training.anchored import AnchoredPPO
+from kdvfs.agents.learned.training.imitation import clone, demonstrations, record
+from kdvfs.agents.learned.training.lagrange import MultiplierCallback
+from kdvfs.agents.learned.training.margin_plans import COMPLIANCE, best_margins, chosen, episodes, margin_actors, within
+from kdvfs.agents.learned.training.ppo import (
     EpisodeMetrics,
     TrainConfig,
     build_pairs,
@@ -56,7 +51,7 @@ from kdvfs.common.run_record import git_revision, write_run_record
 from kdvfs.envs.env.config import EnvConfig
 from kdvfs.envs.env.dvfs_env import KernelDVFSEnv
 from kdvfs.envs.env.residual_env import ResidualDVFSEnv
-from kdvfs.envs.env.shape_pairs import ShapePair
+from kdvfs.envs.env.steps.shape_pairs import ShapePair
 from kdvfs.envs.gpu.profiles import GpuProfile, load_profile
 
 POLICY_FILE = f"policy{POLICY_SUFFIX}"
@@ -167,8 +162,8 @@ def train(config: TrainConfig, out: Path, timesteps: int | None = None, progress
 
 def imitate(model: AnchoredPPO, env: VecNormalize, config: TrainConfig, profile: GpuProfile,
             pairs: list[ShapePair]) -> dict[str, float]:
-    """Clone the plan advisors' expert (:mod:`kdvfs.agents.learned.imitation`) into ``model``'s policy and critic
-    on every step, budget and latency scale; the recorded observations set the env's normalisation
+    """Clone the plan advisors' expert (:mod:`kdvfs.agents.learned.training.imitation`) into ``model``'s policy and
+    critic on every step, budget and latency scale; the recorded observations set the env's normalisation
     statistics, which stay frozen from then on, and anchor PPO (:class:`AnchoredPPO`) to the expert."""
     expert_env = pair_env(pairs, profile, config.env)
     observations, actions, returns = record(expert_env, demonstrations(expert_env),
@@ -225,7 +220,7 @@ def paired_comparison(ppo: FrozenPolicy, cloned: FrozenPolicy, pairs: list[Shape
 def margin_comparison(ppo: FrozenPolicy, pairs: list[ShapePair], profile: GpuProfile,
                       config: TrainConfig) -> dict[str, Any]:
     """PPO against the best fixed-margin fitting plan of each budget x latency cell on the validation ``pairs``
-    (:mod:`kdvfs.agents.learned.margin_plans`, ``SCORE_SEEDS`` seeds): PPO's share of episodes within budget,
+    (:mod:`kdvfs.agents.learned.training.margin_plans`, ``SCORE_SEEDS`` seeds): PPO's share of episodes within budget,
     its saving minus the plan's on the same episodes (mean, 95% interval over the pairs' means), the margins
     chosen, and whether PPO beats them (within budget in >= 95% of every cell's episodes and the interval
     above 0)."""

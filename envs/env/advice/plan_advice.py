@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from kdvfs.common.arrays import Array
-from kdvfs.envs.env.observation import OBS_LIMIT
-from kdvfs.envs.env.step_data import StepData
+from kdvfs.envs.env.observing.observation import OBS_LIMIT
+from kdvfs.envs.env.steps.step_data import StepData
 from kdvfs.envs.model.schedule import switch_points
 from kdvfs.envs.model.segment_plans import cheapest_within, segment_starts
 

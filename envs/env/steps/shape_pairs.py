@@ -1,20 +1,14 @@
 """Episodes from pairs: the step a controller expects for a shape, and the steps the GPU executes instead.
 
-A run whose steps change shape is controlled from a few captured shapes, the references. For the step about
-to run the controller knows its shape (:mod:`kdvfs.envs.trace.shape`) and takes the step model's prediction
-for it (:class:`~kdvfs.envs.model.step_model.StepModel`, fitted on the references); the GPU executes the real
-step. A :class:`ShapePair` holds both sides, priced for ``KernelDVFS-v0``:
-
-* ``predicted``: the prediction, what the controller's observations and plans are computed on;
-* ``executed``: variants of the real step of that shape, each mapped onto the prediction's kernels
-  (:meth:`~kdvfs.envs.env.step_data.StepData.executed_as`): the step itself, then copies with the
-  disturbances of :class:`Perturbation`: what a step model gets wrong on real steps (a kernel class running
-  slower or faster than fitted, the host's launch gaps), duration noise, kernels dropped or inserted, the
-  token counts of a mixture of experts.
-
-The environment draws each episode's executed variant from its step's pair (``executed=`` of
-:class:`~kdvfs.envs.env.dvfs_env.KernelDVFSEnv`). Where the prediction is the captured step itself (a
-reference shape), the variants are what differs between two steps of one shape.
+For the step about to run a controller knows its shape (:mod:`kdvfs.envs.trace.shape`) and takes the step
+model's prediction for it (:class:`~kdvfs.envs.model.step_model.StepModel`, fitted on a few captured
+references); the GPU executes the real step. A :class:`ShapePair` holds both sides, priced for
+``KernelDVFS-v0``: ``predicted``, what the observations and plans are computed on; ``executed``, variants of
+the real step mapped onto the prediction's kernels (:meth:`~kdvfs.envs.env.steps.step_data.StepData.executed_as`):
+the step itself, then copies with :class:`Perturbation`'s disturbances (a kernel class slower or faster than
+fitted, launch gaps, duration noise, kernels dropped or inserted, a mixture of experts' token counts). The
+environment draws each episode's executed variant from its step's pair (``executed=`` of
+:class:`~kdvfs.envs.env.dvfs_env.KernelDVFSEnv`).
 """
 
 from __future__ import annotations
@@ -26,8 +20,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from kdvfs.common.config import ConfigError
-from kdvfs.envs.env.clock_grid import ClockGrid
-from kdvfs.envs.env.step_data import CATEGORIES, StepData, priced
+from kdvfs.envs.env.steps.clock_grid import ClockGrid
+from kdvfs.envs.env.steps.step_data import CATEGORIES, StepData, priced
 from kdvfs.envs.gpu.profiles import GpuProfile
 from kdvfs.envs.model.step_model import StepModel
 from kdvfs.envs.synthetic.generator import generate_transformer_trace, load_workload

@@ -2,7 +2,7 @@
 
 Random clocks overrun a 1% budget by far more than any clock saves, so PPO from scratch learns to leave
 the GPU on auto and stops exploring. Instead the policy first imitates an expert: at each decision point,
-request the pair of one plan advisor (:mod:`kdvfs.envs.env.plan_advice`: the latency-aware optimum of the
+request the pair of one plan advisor (:mod:`kdvfs.envs.env.advice.plan_advice`: the latency-aware optimum of the
 step on the policy's clock grid for each budget), through the environment's own request semantics:
 ``budget_plan``, the plan with the largest budget within the episode's (open loop: the same plan whatever
 happens), or ``fitting_plan``, the plan saving the most among those whose slowdown fits what the run can
@@ -25,7 +25,7 @@ from kdvfs.common.errors import KdvfsError
 from kdvfs.envs.env.dvfs_env import KernelDVFSEnv
 
 EXPERTS = ("budget_plan", "fitting_plan")
-"""The advisors an expert may follow (groups of :data:`kdvfs.envs.env.observation.ADVISOR_GROUPS`)."""
+"""The advisors an expert may follow (groups of :data:`kdvfs.envs.env.observing.observation.ADVISOR_GROUPS`)."""
 
 
 @dataclass(frozen=True)
@@ -41,9 +41,10 @@ class ImitationArgs:
         entropy_coef: weight of the policy's entropy, subtracted from the cloning loss, so that the clone keeps
             some probability on other choices for PPO to explore from (a clone sure of every decision gives PPO
             nothing to compare); the deterministic clone still takes the expert's action.
-        anchor_coef: weight of the clone's anchor during PPO (:class:`kdvfs.agents.learned.anchored.AnchoredPPO`:
-            after each PPO update, gradient steps on this times the negative log-likelihood of the expert's
-            actions on the demonstrations); 0: PPO is only initialised from the clone.
+        anchor_coef: weight of the clone's anchor during PPO
+            (:class:`kdvfs.agents.learned.training.anchored.AnchoredPPO`: after each PPO update, gradient steps
+            on this times the negative log-likelihood of the expert's actions on the demonstrations); 0: PPO is
+            only initialised from the clone.
         anchor_batches: anchor gradient steps (of ``batch_size`` decisions) after each PPO update.
     """
 

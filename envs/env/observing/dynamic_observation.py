@@ -2,16 +2,16 @@
 
 Everything of the observation that depends on where the run stands (clocks in effect and pending, the budget
 and conditions, the window and plan advisors' picks) is written by :func:`observe_dynamic`, a numba function
-compiled once (cached beside this file). The environment calls it at every observation and a controller's live
-decisions call it through :meth:`~kdvfs.envs.env.dvfs_env.KernelDVFSEnv.observe_live_dynamic`: one
-implementation for both, in a few microseconds. It keeps the interpreter lock throughout, as
-:mod:`kdvfs.agents.learned.forward` does: letting go of it beside a busy training thread risks waiting up to
+compiled once (cached beside this file), through :func:`~kdvfs.envs.env.observing.live_tables.observe_at`: the
+observation the environment and a controller's live decisions both make, in a few microseconds. It keeps the
+interpreter lock throughout, as
+:mod:`kdvfs.agents.learned.policy.forward` does: letting go of it beside a busy training thread risks waiting up to
 the switch interval (5 ms) to get it back. The arithmetic is
 the environment's (float64 where Python computed in floats; comparisons with float32 entries in float32, as
 numpy compares a float32 array with a Python float), so observations are the same bit for bit.
 
 :func:`layout` packs the block offsets, sizes and advisor slots of an
-:class:`~kdvfs.envs.env.observation.ObservationSpec` into one int64 array, read by the ``L_*`` indices.
+:class:`~kdvfs.envs.env.observing.observation.ObservationSpec` into one int64 array, read by the ``L_*`` indices.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import numba
 import numpy as np
 
 from kdvfs.common.arrays import Array
-from kdvfs.envs.env.observation import (
+from kdvfs.envs.env.observing.observation import (
     ADVISOR_FEATURES,
     OBS_LIMIT,
     REMAINING_LATENCIES_CAP,
@@ -163,16 +163,16 @@ def observe_dynamic(obs: Array, advice: Array, row: Array, lay: Array, advisor_i
 
     Args:
         row: the step's static row at ``k`` ((static size,) float32: next kernels, windows).
-        lay: :func:`layout`; advisor_index: :func:`~kdvfs.envs.env.observation.advisor_index`.
+        lay: :func:`layout`; advisor_index: :func:`~kdvfs.envs.env.observing.observation.advisor_index`.
         cumulative_s: (K + 1, G) float64 kernel start times at each pair (model s).
         effect, next_effect: (K + 1,) int64 landing kernels on the timeline of the pair in effect
-            (:func:`~kdvfs.envs.env.plan_advice.landing_kernels`).
+            (:func:`~kdvfs.envs.env.advice.plan_advice.landing_kernels`).
         plan_pairs, plan_rest, joinable, next_change, speeds_up: the step's
-            :class:`~kdvfs.envs.env.plan_advice.PlanAdvice` tables.
+            :class:`~kdvfs.envs.env.advice.plan_advice.PlanAdvice` tables.
         k, in_effect, pending: the kernel, grid pair in effect, pair pending (-1: none).
         pending_left_s: time until the pending change is expected to take effect (s; may be negative).
         elapsed_s, auto_elapsed_s, model_elapsed_s: the step's time so far, the prediction's for the same
-            kernels at auto and at the clocks they ran at (s; :class:`~kdvfs.envs.env.live.LiveState`).
+            kernels at auto and at the clocks they ran at (s; :class:`~kdvfs.envs.env.observing.live.LiveState`).
         last_latency_ratio, drift_pct: the conditions' measured entries.
         budget: allowed step-time increase over auto (fraction); auto_time_s: the step's auto time (s);
             latency_s: mean switching latency (s); stall_s: GPU stall per clock change (s); budget_plan: the
