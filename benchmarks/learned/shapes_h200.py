@@ -17,6 +17,7 @@ from typing import Any
 from benchmarks.common.provenance import provenance, provenance_lines, write_results
 from benchmarks.model.step_model import FAMILIES, WORKLOADS, family_traces
 from kdvfs.agents.learned.policy.frozen import FrozenPolicy
+from kdvfs.agents.learned.policy.shipped import policy_source_path
 from kdvfs.agents.learned.shape_evaluation import METHODS, evaluate_shapes
 from kdvfs.envs.gpu.profiles import load_profile
 
