@@ -6,12 +6,13 @@ windows are the same steps in the same arms and pairs; only their joules differ.
 * per A/B pair, joules per step summed over the ranks (``1 - sum J_B / sum J_A``), seconds per step the
   slowest rank's (``max s_B / max s_A - 1``), with the same paired t-interval as one GPU's
   (:mod:`kdvfs.runtime.controller.measurement.estimator`); a pair counts when every rank measured its energy;
+  steps that vary (windows with ``kernel_steps``): the adjusted estimate over the job's windows, ranks' joules
+  summed against their kernel times summed, seconds the slowest rank's against the largest kernel time;
 * joules per step (all windows, auto, controlled) summed over the ranks, step time the slowest rank's;
 * steps and controlled steps the fewest of any rank, clock requests summed, back-offs and mismatches the
   most of any rank, ``gpu_restored`` only when every rank's GPU is, the first rank's error;
-* ``predicted``: the slowest rank's slowdown, the ranks' mean saving (ranks of equal energy), and their ranges alike.
-
-``ranks`` lists each rank's own row: ``rank``, ``gpu_index`` and its figures.
+* ``predicted``: the slowest rank's slowdown, the ranks' mean saving (ranks of equal energy), their ranges alike;
+  ``ranks``: each rank's own row (``rank``, ``gpu_index`` and its figures).
 """
 
 from __future__ import annotations
@@ -21,12 +22,34 @@ from dataclasses import replace
 from typing import Any
 
 from kdvfs.runtime.controller.measurement.ab import AUTO
-from kdvfs.runtime.controller.measurement.estimator import Paired, measured, net
+from kdvfs.runtime.controller.measurement.estimator import Interval, Paired, WindowRow, adjusted, measured, net
 from kdvfs.runtime.controller.model.run_summary import JobSummary, Predicted, RankRow, RunSummary
 
 
 def _total(values: list[float | None]) -> float | None:
     return None if any(v is None for v in values) else float(sum(v for v in values if v is not None))
+
+
+def _adjusted(windows: list[list[dict[str, Any]]]) -> tuple[Interval | None, Interval | None]:
+    """The job's adjusted saving and slowdown over the windows every rank ran as intended (steps that vary)."""
+    by_steps: dict[tuple[int, int], list[dict[str, Any]]] = defaultdict(list)
+    for rank_windows in windows:
+        for window in rank_windows:
+            by_steps[(window["first_step"], window["last_step"])].append(window)
+    energy_rows, time_rows = [], []
+    for job_windows in by_steps.values():
+        if len(job_windows) != len(windows) or not all(w["as_intended"] for w in job_windows):
+            continue
+        first = job_windows[0]
+        controlled, mid_s = first["arm"] != AUTO, (first["start_s"] + first["end_s"]) / 2
+        new_shapes = sum(w["new_shapes"] or 0.0 for w in job_windows) / len(job_windows)
+        time_rows.append(WindowRow(controlled, max(w["step_time_s"] for w in job_windows),
+                                   max(w["kernel_steps"] for w in job_windows), new_shapes, mid_s))
+        energy_j = _total([w["energy_j_per_step"] for w in job_windows])
+        if energy_j is not None:
+            energy_rows.append(WindowRow(controlled, energy_j, sum(w["kernel_steps"] for w in job_windows),
+                                         new_shapes, mid_s))
+    return adjusted(energy_rows, -1.0), adjusted(time_rows, 1.0)
 
 
 def _pairs(windows: list[list[dict[str, Any]]]) -> tuple[Paired, Paired, int, int]:
@@ -79,7 +102,9 @@ def job_summary(summaries: list[RunSummary], windows: list[list[dict[str, Any]]]
     if len(summaries) == 1:
         return JobSummary(summaries[0], list(ranks))
     saved, slowdown, auto_windows, controlled_windows = _pairs(windows)
-    effect = measured(saved.interval(), slowdown.interval(), auto_windows, controlled_windows)
+    varying = any(w.get("kernel_steps") is not None for rank_windows in windows for w in rank_windows)
+    saved_interval, slowdown_interval = _adjusted(windows) if varying else (saved.interval(), slowdown.interval())
+    effect = measured(saved_interval, slowdown_interval, auto_windows, controlled_windows)
     share = min(s.measured_net.controlled_share for s in summaries)
     step_times = [s.step_time_s for s in summaries]
     job = replace(

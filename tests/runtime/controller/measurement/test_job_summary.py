@@ -67,3 +67,31 @@ def test_outside_torchrun_a_step_is_its_own_job_step_and_files_are_named_per_ran
     assert job_step(None, step) is step
     assert rank_path("a/step.trace.json.gz", 1).name == "step.rank1.trace.json.gz"
     assert rank_path("run.jsonl", 0).name == "run.rank0.jsonl" and rank_path("tb", 2).name == "tb.rank2"
+
+
+def _varying_window(index: int, arm: str, kernel_s: float, rank: int) -> dict[str, Any]:
+    """A window whose steps' mean kernel time is ``kernel_s``: joules follow it (rank 1 at twice rank 0's power),
+    seconds too; the controlled arm saves 5% of the joules and slows by 1%, plus a little noise."""
+    noise = 1 + 0.001 * ((index * 7 + rank * 3) % 5 - 2)
+    controlled = arm == "B"
+    return {**_window(index // 2, arm, kernel_s * 1.2 * (1.01 if controlled else 1.0) * noise,
+                      kernel_s * 700.0 * (1 + rank) * (0.95 if controlled else 1.0) * noise),
+            "first_step": 10 * index, "last_step": 10 * index + 9, "kernel_steps": kernel_s, "new_shapes": 0.0,
+            "start_s": float(index), "end_s": index + 1.0}
+
+
+def test_a_job_whose_steps_vary_is_measured_by_the_adjusted_estimate() -> None:
+    # the controlled windows get longer steps on average: the pairs' mean would read their length as a cost
+    kernel_s = [0.10 + 0.02 * ((i // 2) % 4) + (0.02 if i % 2 else 0.0) for i in range(24)]
+    windows = [[_varying_window(i, "A" if i % 2 == 0 else "B", k, rank) for i, k in enumerate(kernel_s)]
+               for rank in range(2)]
+    summary = job_summary([_summary(0, 95.0), _summary(1, 300.0)], windows).summary
+    saved, slowdown = summary.measured.energy_saved_pct, summary.measured.slowdown_pct
+    assert saved == pytest.approx(5.0, abs=0.3) and slowdown == pytest.approx(1.0, abs=0.3)
+    bounds = summary.measured.energy_saved_ci95_pct
+    assert bounds is not None and bounds[0] < 5.0 < bounds[1]
+    for rank_windows in windows:  # one shape: the pairs' mean, which the shape mix biases here
+        for window in rank_windows:
+            window["kernel_steps"] = None
+    biased = job_summary([_summary(0, 95.0), _summary(1, 300.0)], windows).summary.measured.energy_saved_pct
+    assert biased is not None and biased < 0
