@@ -11,7 +11,7 @@ from typing import Any
 
 from kdvfs.runtime.controller.model.json_form import JsonFormError, JsonRecord, in_ms, in_pct, named
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 @dataclass(frozen=True)

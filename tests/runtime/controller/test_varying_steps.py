@@ -57,9 +57,11 @@ def problem(seq: int) -> Problem:
     return Problem.build(step(seq), load_profile("h200"), BUDGET, LATENCY_MS / 1e3)
 
 
-def varying_controller(tmp_path: Path, seqs: list[int], policy: str | None = None) -> tuple[Controller, FakeGpu]:
+def varying_controller(tmp_path: Path, seqs: list[int], policy: str | None = None, online: bool = False
+                       ) -> tuple[Controller, FakeGpu]:
     """A controller on a fake H200 whose step ``i`` has ``seqs[i]`` tokens per sequence; its trace is the
-    256-token step's, its plan that step's latency-optimal plan, or ``policy``."""
+    256-token step's, its plan that step's latency-optimal plan, or ``policy`` (deciding online with ``online``,
+    else its rollouts replayed)."""
     reference = problem(256)
     trace_path = tmp_path / "step.trace.json"
     save_trace(reference.trace, trace_path)
@@ -73,7 +75,7 @@ def varying_controller(tmp_path: Path, seqs: list[int], policy: str | None = Non
         gpu.step_costs[i], timeline.shapes[i] = problem(seq).costs, shape(seq)
     varying = VaryingSteps([shape(s) for s in SEQS], predict, timeline.shape_of)
     controller = Controller(source, str(trace_path), device=gpu, timeline=timeline, clock=clock,
-                            varying=varying, online=False, latency_ms=LATENCY_MS, budget=BUDGET, window_steps=5,
+                            varying=varying, online=online, latency_ms=LATENCY_MS, budget=BUDGET, window_steps=5,
                             window_s=0.1, energy_read_every_s=0.0, issue_early_ms=0.0, ab_share=0.0)
     return controller, gpu
 
@@ -157,6 +159,27 @@ def test_a_policy_plans_every_bucket_by_its_rollout(tmp_path: Path) -> None:
     assert summary is not None and summary.shapes.buckets == 9 and summary.controlled_steps > 0
     assert controller.book is not None  # its schedules are the policy's rollouts
     assert {plan.schedule.method for plans in controller.book.plans.values() for plan in plans} == {"policy"}
+    assert summary.source == "policy h200.kdvfs-policy.npz (replayed, 3 buckets)" and summary.online is None
+
+
+def test_a_policy_decides_online_in_the_steps_of_every_bucket(tmp_path: Path) -> None:
+    """With ``online`` each bucket's policy, prepared on the book's thread, decides through its steps (not its
+    rollout replayed), and the summary says so."""
+    seqs = [128, 256, 192] * 6
+    controller, gpu = varying_controller(tmp_path, seqs, policy="h200", online=True)
+    with controller:
+        assert controller.book is not None
+        controller.book.settle()  # every bucket's policy prepared before the first step
+        for _ in range(len(seqs) - 1):
+            controller.step()
+            controller.flush()
+    summary = checked(controller.summary)
+    assert summary.online is not None and summary.shapes is not None and summary.controlled_steps > 10
+    decided = summary.online.steps_by_bucket
+    assert set(decided) == {shape(s).key for s in SEQS} and sum(decided.values()) >= summary.controlled_steps
+    assert summary.shapes.replayed_steps_by_bucket == {} and summary.online.decisions > 0
+    assert summary.source == "policy h200.kdvfs-policy.npz (online, 3 buckets)"
+    assert summary.online.requests > 0 and gpu.set_calls  # the clocks it requested
 
 
 def _capture_set(folder: Path, traces: list[Trace]) -> Path:
