@@ -114,13 +114,12 @@ class OnlineSteps:
         self.wall_us: list[float] = []
         self.policy_wall_us: list[float] = []
         self.cpu_us: list[float] = []
-        self.steps_by_bucket: Counter[str] = Counter()
-        """Steps decided through, by shape bucket (a run whose steps vary)."""
+        self.steps_by_bucket: Counter[str] = Counter()  # steps decided through, by shape bucket
         self._decision_s: deque[float] = deque(maxlen=BUDGET_DECISIONS)
         self._kernel = 1
         self._held: HeldChange | None = None
         self._begun = -1
-        self._step = self._first = step
+        self._first = step
         self._take(step)
 
     def _take(self, step: OnlineStep) -> None:

@@ -262,3 +262,24 @@ def test_a_step_with_gradient_accumulation_is_decided_on_all_its_micro_batches()
     model(torch.zeros(3, 4))
     shapes.mark_step()  # a step that ended after one micro-batch gives what it had
     assert shapes.shape_of(1, 0.0) == StepShape.of([(3, 4)])
+
+
+def test_the_source_names_the_buckets_a_policy_decided_online_in_and_those_it_replayed() -> None:
+    from kdvfs.envs.model.schedule import Schedule
+    from kdvfs.runtime.controller.control.summary import source_that_ran
+    from kdvfs.runtime.controller.model.plan import Plan
+    from kdvfs.runtime.controller.model.run_summary import OnlineFigures, Quantiles, ShapeFigures
+
+    none = Quantiles(None, None)
+
+    def ran(online: dict[str, int] | None, replayed: dict[str, int]) -> str:
+        figures = None if online is None else OnlineFigures(0, 0, 0, 0, 0, {}, {}, none, none, none, 0.0, None, None,
+                                                            {}, 0.01, 0.001, online)
+        shapes = ShapeFigures(3, 16, [16], [1.0, 0.5], 1.0, 0, 0, None, 0, {}, replayed, {})
+        plan = Plan(problem(128), Schedule(np.zeros(3, dtype=np.int64), "policy", 0.0), "policy p.npz (replayed)",
+                    None, "p.npz")
+        return source_that_ran(plan, figures, shapes)
+
+    assert ran({"a": 4, "b": 1}, {"c": 2}) == "policy p.npz (online, 2 buckets; replayed, 1 bucket)"
+    assert ran(None, {"a": 1, "b": 2}) == "policy p.npz (replayed, 2 buckets)"
+    assert ran({}, {}) == "policy p.npz (replayed, 0 buckets)"  # nothing controlled: what it was set to run
