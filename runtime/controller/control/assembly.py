@@ -2,9 +2,9 @@
 opened: the actuator, the accounting, the GPU timeline (CUDA events; the host's in ``cpu_test_mode``), the
 anchor hooks (CUDA only, with ``anchors``), the anchors, the step source (the online policy where the plan
 carries one, else the schedule replayed), the shape entries of a run whose steps vary (with an online policy:
-each bucket's policy prepared on the book's thread, :mod:`kdvfs.runtime.controller.shapes.online`), and the
-matcher, guard and accounting that judge each step. Builds only: starting the thread and installing the hooks is the
-controller's, and so is closing them.
+each bucket's policy prepared on the book's thread: :mod:`kdvfs.runtime.controller.shapes.bucket_decisions`),
+and the matcher, guard and accounting that judge each step. Builds only: starting the thread and installing
+the hooks is the controller's, and so is closing them.
 """
 
 from __future__ import annotations
@@ -135,9 +135,9 @@ class ThreadBuilder:
 
     def _decide_buckets_online(self, shapes: ShapeSteps, source: StepSource) -> None:
         """With an online policy, each bucket's entries decide online once its policy is prepared on the book's
-        thread (:mod:`kdvfs.runtime.controller.shapes.online`), through ``source``."""
+        thread (:mod:`kdvfs.runtime.controller.shapes.bucket_decisions`), through ``source``."""
         from kdvfs.runtime.controller.decisions.online import OnlineSteps
-        from kdvfs.runtime.controller.shapes.online import bucket_policy, online_entries
+        from kdvfs.runtime.controller.shapes.bucket_decisions import bucket_policy, online_entries
 
         online, book = self.opened.plan.online, self.book
         if online is None or book is None or not isinstance(source, OnlineSteps):

@@ -2,8 +2,9 @@
 where its kernels fall in host time, and the budget share it runs at.
 
 A run of one shape has one; a run whose steps vary has one per shape bucket and margin
-(:mod:`kdvfs.runtime.controller.shapes.online`), and :class:`~kdvfs.runtime.controller.decisions.online.OnlineSteps`
-takes the step's at each step start (:meth:`~kdvfs.runtime.controller.decisions.online.OnlineSteps.take`).
+(:mod:`kdvfs.runtime.controller.shapes.bucket_decisions`), and
+:class:`~kdvfs.runtime.controller.decisions.online.OnlineSteps` takes the step's at each step start
+(:meth:`~kdvfs.runtime.controller.decisions.online.OnlineSteps.take`).
 Invariant: every step of one run has the same clock grid (one policy file, one GPU profile), so a pair index
 means the same clocks in each.
 """

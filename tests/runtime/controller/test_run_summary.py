@@ -42,5 +42,5 @@ def test_a_missing_or_unknown_key_or_another_version_is_refused() -> None:
         RunSummary.from_json({k: v for k, v in document.items() if k != "steps"})
     with pytest.raises(JsonFormError, match=r"unknown key.*'extra'"):
         RunSummary.from_json({**document, "extra": 1})
-    with pytest.raises(JsonFormError, match="schema version 0, not 1"):
+    with pytest.raises(JsonFormError, match="schema version 0, not 2"):
         RunSummary.from_json({**document, "schema_version": 0})
