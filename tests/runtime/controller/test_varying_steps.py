@@ -23,7 +23,7 @@ from kdvfs.envs.trace.shape import StepShape
 from kdvfs.envs.trace.trace import Trace
 from kdvfs.runtime.cli.offline.plan import schedule_json
 from kdvfs.runtime.controller import Controller
-from kdvfs.runtime.controller.shapes.book import ShapeBook, seq_quantum
+from kdvfs.runtime.controller.shapes.book import ShapeBook, ShapePlan, seq_quantum
 from kdvfs.runtime.controller.shapes.steps import VaryingSteps
 from kdvfs.runtime.testing.fake_gpu import FakeGpu, FakeStepTimeline, VirtualClock
 from tests.runtime.summaries import checked
@@ -235,6 +235,19 @@ def test_two_lengths_are_bucketed_each_and_a_new_bucket_is_planned_in_the_backgr
         book.request(new)  # once
         book.settle()
         assert planned == [new] and book.planned_later == 1 and len(book.plans[new]) == len(book.margins)
+        prepared: list[StepShape] = []
+
+        def prepare(top: StepShape, plans: tuple[ShapePlan, ...]) -> None:
+            if len(prepared) == 2:
+                raise RuntimeError("no policy")
+            prepared.append(top)
+
+        book.prepare_buckets(prepare)  # every planned bucket, on the book's thread, until one fails
+        book.settle()
+        assert len(prepared) == 2 and book.plan_error == "RuntimeError: no policy"
+        book.request(book.bucket(two_lengths(140, 20)))  # background work has ended: nothing more is planned
+        book.settle()
+        assert book.planned_later == 1
     finally:
         book.close()
 
