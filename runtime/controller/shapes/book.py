@@ -17,6 +17,7 @@ on with the plans (and preparations) it has. Why buckets and margins: docs/desig
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import queue
@@ -119,7 +120,7 @@ class ShapeBook:
         self.problems: dict[StepShape, Problem] = {}
         self._pool: ProcessPoolExecutor | None = None
         self._requests: queue.PriorityQueue[tuple[int, int, StepShape | None]] = queue.PriorityQueue()
-        self._queued = 0
+        self._order = itertools.count()
         self._ended = False
         self._requested: set[StepShape] = set()
         self._thread: threading.Thread | None = None
@@ -227,8 +228,7 @@ class ShapeBook:
         if self._thread is None:
             self._thread = threading.Thread(target=self._work, name="kdvfs-bucket-plans", daemon=True)
             self._thread.start()
-        self._queued += 1
-        self._requests.put((work, self._queued, top))
+        self._requests.put((work, next(self._order), top))
 
     def _work(self) -> None:
         while True:
