@@ -1,9 +1,10 @@
 """The controller's thread and its parts, wired from what :mod:`~kdvfs.runtime.controller.control.opening`
 opened: the actuator, the accounting, the GPU timeline (CUDA events; the host's in ``cpu_test_mode``), the
 anchor hooks (CUDA only, with ``anchors``), the anchors, the step source (the online policy where the plan
-carries one, else the schedule replayed), the shape entries of a run whose steps vary, and the matcher, guard
-and accounting that judge each step. Builds only: starting the thread and installing the hooks is the
-controller's, and so is closing them.
+carries one, else the schedule replayed), the shape entries of a run whose steps vary (with an online policy:
+each bucket's policy prepared on the book's thread: :mod:`kdvfs.runtime.controller.shapes.bucket_decisions`),
+and the matcher, guard and accounting that judge each step. Builds only: starting the thread and installing
+the hooks is the controller's, and so is closing them.
 """
 
 from __future__ import annotations
@@ -85,6 +86,7 @@ class ThreadBuilder:
         shapes = None if self.book is None else self._shape_steps(timeline, hooks, context)
         if shapes is not None:
             accounting.covariates = shapes.covariates
+            self._decide_buckets_online(shapes, source)
         issuers.append(Issuer(plan, context, anchors, source, self._judges(accounting, shapes), job, shapes))
         return ThreadParts(issuers[0], actuator, accounting, timeline, hooks, source, shapes, thread_clock)
 
@@ -131,6 +133,22 @@ class ThreadBuilder:
         book.on_plan = lambda top, plans: shapes.add(top, entries(top, plans))
         return shapes
 
+    def _decide_buckets_online(self, shapes: ShapeSteps, source: StepSource) -> None:
+        """With an online policy, each bucket's entries decide online once its policy is prepared on the book's
+        thread (:mod:`kdvfs.runtime.controller.shapes.bucket_decisions`), through ``source``."""
+        from kdvfs.runtime.controller.decisions.online import OnlineSteps
+        from kdvfs.runtime.controller.shapes.bucket_decisions import bucket_policy, online_entries
+
+        online, book = self.opened.plan.online, self.book
+        if online is None or book is None or not isinstance(source, OnlineSteps):
+            return
+
+        def prepare(top: StepShape, plans: tuple[ShapePlan, ...]) -> None:
+            policy = bucket_policy(online, plans[0].problem)
+            shapes.add(top, online_entries(source, policy, shapes.entries[top], book.margins))
+
+        book.prepare_buckets(prepare)
+
     def _step_source(self, anchors: Anchors, context: ThreadContext) -> StepSource:
         """What runs through the controlled steps (:mod:`kdvfs.runtime.controller.decisions.sources`): the
         online policy, where the plan carries one, else the plan's schedule replayed."""
@@ -140,14 +158,15 @@ class ThreadBuilder:
                                     config.timing.issue_early_s)
         from kdvfs.runtime.controller.decisions.live_clocks import LiveClocks
         from kdvfs.runtime.controller.decisions.online import OnlineSettings, OnlineSteps
+        from kdvfs.runtime.controller.decisions.online_step import OnlineStep
 
         online, problem = plan.online, plan.problem
         clocks = LiveClocks(online, context.actuator, self.opened.device, problem.latency_s, online.latency_std_s,
                             config.dry_run)
         online.prepare()
         settings = OnlineSettings(
-            expected_s=step_plan.expected_s, budget=problem.budget, job_budget=config.budget,
+            budget=problem.budget, job_budget=config.budget,
             dry_run=config.dry_run, interval_s=max(online.decision_interval_s, config.online.interval_s),
             early_s=config.timing.issue_early_s, warm_up=config.online.warm_up,
             sleep_lead_in=config.online.sleep_lead_in)
-        return OnlineSteps(online, clocks, anchors, context, settings)
+        return OnlineSteps(OnlineStep(online, anchors, step_plan.expected_s), clocks, context, settings)

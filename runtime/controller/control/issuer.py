@@ -173,6 +173,8 @@ class Issuer(threading.Thread):
         ran = self._ran.pop(index, self._entry if self.shapes is None else None)  # the first step had no decision
         self.steps += 1
         self.controlled_steps += was_controlled
+        if was_controlled and ran is not None and self.shapes is not None:
+            self.shapes.controlled(ran)
         matched = self._judge(index, end, was_controlled, ran)
         following = self._following(index + 1, end)
         self._controlling = following is not None and self._decide(end, matched, was_controlled, ran)

@@ -14,7 +14,14 @@ from kdvfs.runtime.controller.control.assembly import ThreadParts
 from kdvfs.runtime.controller.control.opening import Opened, clock_control_of, connection_error
 from kdvfs.runtime.controller.measurement.accounting import Accounting
 from kdvfs.runtime.controller.measurement.host_cost import host_cost
-from kdvfs.runtime.controller.model.run_summary import ControllerCpu, Predicted, RunSummary
+from kdvfs.runtime.controller.model.plan import Plan
+from kdvfs.runtime.controller.model.run_summary import (
+    ControllerCpu,
+    OnlineFigures,
+    Predicted,
+    RunSummary,
+    ShapeFigures,
+)
 from kdvfs.runtime.controller.timing.gpu_timeline import CudaStepTimeline
 from kdvfs.runtime.device.errors import observe_only_reason
 from kdvfs.runtime.job import Rank
@@ -25,11 +32,13 @@ def run_summary(opened: Opened, parts: ThreadParts, rank: Rank, gpu_restored: bo
     ``gpu_restored``."""
     issuer, actuator, plan, config = parts.issuer, parts.actuator, opened.plan, opened.config
     guard = issuer.guard.slowdown()
-    online = issuer.source.figures()
+    online = parts.source.figures()
+    shapes = None if parts.shapes is None else parts.shapes.figures()
     cuda = parts.timeline if isinstance(parts.timeline, CudaStepTimeline) else None
     hooks_s = None if cuda is None else cuda.hook_s
     return RunSummary(
-        rank=rank.rank, world_size=rank.world_size, gpu_index=opened.device.index, source=plan.source,
+        rank=rank.rank, world_size=rank.world_size, gpu_index=opened.device.index,
+        source=source_that_ran(plan, online, shapes),
         gpu=plan.problem.profile.name, trace=plan.problem.trace.meta.workload, dry_run=config.dry_run,
         clock_control=clock_control_of(opened.device), steps=issuer.steps, controlled_steps=issuer.controlled_steps,
         switches=actuator.switches, mismatches=issuer.matcher.mismatches, backed_off=issuer.guard.backoffs > 0,
@@ -41,7 +50,7 @@ def run_summary(opened: Opened, parts: ThreadParts, rank: Rank, gpu_restored: bo
         restore_error=None if actuator.restore_error is None else str(actuator.restore_error),
         anchors=issuer.anchors.figures(None if parts.hooks is None else parts.hooks.blocks),
         online_decisions=None if online is None else online.decisions, online=online,
-        shapes=None if parts.shapes is None else parts.shapes.figures(),
+        shapes=shapes,
         auto_reasons=dict(sorted(issuer.auto_reasons.items())), lead_in=issuer.lead_in_figures(),
         controller_cpu=ControllerCpu(issuer.cpu_s, issuer.end_wait_cpu_s, issuer.issue_cpu_s, hooks_s),
         host_cost=host_cost(issuer.cpu_s, parts.accounting.energy_thread_cpu_s, hooks_s, issuer.steps,
@@ -51,6 +60,18 @@ def run_summary(opened: Opened, parts: ThreadParts, rank: Rank, gpu_restored: bo
         predicted=Predicted(**{k: v for k, v in asdict(score(plan.problem, plan.schedule)).items() if k != "method"},
                             range=predicted_range(plan.problem, plan.schedule).as_json()),
         gpu_restored=gpu_restored)
+
+
+def source_that_ran(plan: Plan, online: OnlineFigures | None, shapes: ShapeFigures | None) -> str:
+    """What ran through the controlled steps: the plan's source; for a frozen policy in a run whose steps vary,
+    in how many buckets it decided online and in how many its rollout was replayed (``policy NAME (online, 3
+    buckets; replayed, 1 bucket)``; no controlled step: ``(online, 0 buckets)``, or ``replayed``)."""
+    if shapes is None or plan.policy_name is None:
+        return plan.source
+    counts = (("online", 0 if online is None else len(online.steps_by_bucket)),
+              ("replayed", len(shapes.replayed_steps_by_bucket)))
+    ran = [(how, n) for how, n in counts if n] or [("online" if plan.online is not None else "replayed", 0)]
+    return f"policy {plan.policy_name} ({'; '.join(f'{how}, {n} bucket' + 's' * (n != 1) for how, n in ran)})"
 
 
 def window_records(accounting: Accounting | None) -> list[dict[str, Any]]:

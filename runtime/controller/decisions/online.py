@@ -26,18 +26,18 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from kdvfs.agents.learned.policy.live_decision import NO_REQUEST
-from kdvfs.agents.learned.policy.online import OnlineDecision, OnlinePolicy
-from kdvfs.envs.env.observing.live import LiveState, PredictedElapsed
-from kdvfs.runtime.controller.decisions.decision_records import DecisionRecords, quantiles
+from kdvfs.agents.learned.policy.online import OnlineDecision
+from kdvfs.envs.env.observing.live import LiveState
+from kdvfs.runtime.controller.decisions.decision_records import quantiles
 from kdvfs.runtime.controller.decisions.live_clocks import LiveClocks
+from kdvfs.runtime.controller.decisions.online_step import OnlineStep
 from kdvfs.runtime.controller.decisions.sources import ThreadContext
 from kdvfs.runtime.controller.decisions.warm_up import WarmUp
 from kdvfs.runtime.controller.measurement.budget_feedback import fed_back_budget
 from kdvfs.runtime.controller.measurement.estimator import Interval
 from kdvfs.runtime.controller.model.run_summary import OnlineFigures
-from kdvfs.runtime.controller.timing.anchors import Anchors
 from kdvfs.runtime.controller.timing.gpu_timeline import StepEnd
-from kdvfs.runtime.controller.timing.step_times import PassedAnchor, StepTimes
+from kdvfs.runtime.controller.timing.step_times import PassedAnchor
 
 MIN_GAP_S = 20e-6
 """Least time between decision points (s): a thread late for a change does not spin."""
@@ -63,7 +63,6 @@ class OnlineSettings:
     """How the online policy runs through the steps.
 
     Attributes:
-        expected_s: the expected step time on the plan's timeline (s; scaled by the issuer's ``scale``).
         budget: the step's budget (fraction of auto's step time; a torchrun rank's includes its slack), which
             the feedback moves.
         job_budget: the run's (the job's) budget, to which the measured slowdown is held.
@@ -77,7 +76,6 @@ class OnlineSettings:
             (:mod:`kdvfs.runtime.controller.control.issuer`).
     """
 
-    expected_s: float
     budget: float
     job_budget: float
     dry_run: bool
@@ -89,21 +87,20 @@ class OnlineSettings:
 
 class OnlineSteps:
     """Decides through each controlled step (docs/design/controller.md); run on the controller's thread. A
-    :class:`~kdvfs.runtime.controller.decisions.sources.StepSource`.
+    :class:`~kdvfs.runtime.controller.decisions.sources.StepSource` of its first expected step; a run whose steps
+    vary gives it each step's at the step's start (:meth:`take`).
 
     Args:
-        online: the policy and its environment for the expected step.
+        step: the expected step (the policy over its problem, its anchors, expected time and budget share).
         clocks: what is in effect.
-        anchors: the step's anchor map (which kernel each anchor stands for) and pace between anchors.
         context: the thread's timeline (where the anchors are asked for), host clock and event log.
         settings: budgets, timing and options (:class:`OnlineSettings`).
     """
 
-    def __init__(self, online: OnlinePolicy, clocks: LiveClocks, anchors: Anchors, context: ThreadContext,
+    def __init__(self, step: OnlineStep, clocks: LiveClocks, context: ThreadContext,
                  settings: OnlineSettings) -> None:
-        self.online, self.clocks, self.settings = online, clocks, settings
+        self.clocks, self.settings = clocks, settings
         self.timeline, self.clock, self.log = context.timeline, context.clock, context.log
-        self.anchor_map = anchors.map
         self.dry_run, self.interval_s, self.early_s = settings.dry_run, settings.interval_s, settings.early_s
         self.warm_up = WarmUp() if settings.warm_up else None
         self.budget = settings.budget
@@ -117,14 +114,27 @@ class OnlineSteps:
         self.wall_us: list[float] = []
         self.policy_wall_us: list[float] = []
         self.cpu_us: list[float] = []
-        self.times = StepTimes(online.cumulative_s, online.auto_time_s, anchors.map, anchors.pace)
-        self._predicted = PredictedElapsed(online.cumulative_s, online.env.stall_s)
+        self.steps_by_bucket: Counter[str] = Counter()  # steps decided through, by shape bucket
         self._decision_s: deque[float] = deque(maxlen=BUDGET_DECISIONS)
         self._kernel = 1
         self._held: HeldChange | None = None
         self._begun = -1
-        self._kernels = len(self.online.cumulative_s) - 1
-        self._records = DecisionRecords(self.online.labels)
+        self._first = step
+        self._take(step)
+
+    def _take(self, step: OnlineStep) -> None:
+        self._step, self.online, self.times, self.anchor_map = step, step.online, step.times, step.anchor_map
+        self._predicted, self._kernels, self._records = step.predicted, step.kernels, step.records
+
+    def take(self, step: OnlineStep) -> None:
+        """Decide the next step over ``step`` (a run whose steps vary, at each step's start, before :meth:`run`): a
+        step other than the last one's begins its own policy in :meth:`run` (the first pair the last one handed
+        over is replaced at once: the issuer's ``first``)."""
+        if step is not self._step:
+            assert step.online.labels == self.online.labels, "one clock grid for every step of a run"
+            self._drop_held()
+            self._take(step)
+            self._begun, self._ahead = -1, (None, math.inf, -math.inf)
 
     @property
     def sleeps_lead_in(self) -> bool:
@@ -132,8 +142,8 @@ class OnlineSteps:
         return self.settings.sleep_lead_in
 
     def observe(self, end: StepEnd, matched: bool, controlled: bool) -> None:
-        """Learn from a finished step (:meth:`StepTimes.observe`)."""
-        self.times.observe(end, matched, controlled)
+        """Learn from a finished step of the first expected step (:meth:`OnlineStep.observe`)."""
+        self._first.observe(end, matched, controlled)
 
     def feedback(self, measured: Interval | None) -> None:
         """Set the next steps' budget from the run's measured slowdown (:func:`fed_back_budget`; a dry run
@@ -148,10 +158,12 @@ class OnlineSteps:
         times the expected step time; hands over (requests step ``step + 1``'s first pair) a latency before its
         expected end. ``first``: the first controlled step after others, whose first pair is requested at once;
         ``lead_in``: called before the step's first decision (the issuer's sleep through the lead-in)."""
-        step_s = scale * self.settings.expected_s
+        step_s = scale * self._step.expected_s
         self._drop_held()
+        if self._step.key:
+            self.steps_by_bucket[self._step.key] += 1
         if self._begun != step:
-            first_pair = self.online.begin(self.budget)
+            first_pair = self.online.begin(self.budget * self._step.budget_share)
             if first:
                 self._request(first_pair, step, 0, start_s, start_s)
         if lead_in is not None:
@@ -179,7 +191,7 @@ class OnlineSteps:
                 return
         self._begun = step + 1
         self.next_request_s = hand_over_s
-        first_pair = self.online.begin(self.budget)
+        first_pair = self.online.begin(self.budget * self._step.budget_share)
         if not (self._release_before(anchor, hand_over_s, stop) and self.clock.sleep_until(hand_over_s, stop)):
             return
         self.next_request_s = math.inf
@@ -232,7 +244,8 @@ class OnlineSteps:
             self.policy_wall_us.append(wall_us)
             self.log.append_line(self._records.line(
                 step, kernel, "anchor" if anchor[0] >= 0 else "expected", self.clocks.in_effect,
-                None if self.clocks.free else self.clocks.pending, 100 * self.budget, decision.budget_used,
+                None if self.clocks.free else self.clocks.pending, 100 * self.budget * self._step.budget_share,
+                decision.budget_used,
                 decision.affordable_pct, decision.action, None if decision.pair == NO_REQUEST else decision.pair,
                 wall_us, reason))
         else:
@@ -373,7 +386,8 @@ class OnlineSteps:
 
     def figures(self) -> OnlineFigures:
         """For the summary: the decisions' counts, wakes, progress sources and times (us; totals in ms), the
-        budget the policy was given last (fraction) and the decision interval (s)."""
+        budget the policy was given last (fraction), the decision interval (s) and the steps decided through by
+        shape bucket."""
         warm_us, warm_ms = (None, None) if self.warm_up is None else self.warm_up.figures()
         return OnlineFigures(
             decisions=self.decisions, advisor_reads=self.advisor_reads, requests=self.requests,
@@ -381,5 +395,6 @@ class OnlineSteps:
             took_effect=dict(self.clocks.took_effect), decision_us=quantiles(self.policy_wall_us),
             decision_point_us=quantiles(self.wall_us), decision_point_cpu_us=quantiles(self.cpu_us),
             cpu_ms=1e-3 * sum(self.cpu_us), warm_us=warm_us, warm_ms=warm_ms, wakes=dict(self.wakes),
-            step_budget=self.budget, interval_s=self.interval_s)
+            step_budget=self.budget, interval_s=self.interval_s,
+            steps_by_bucket=dict(sorted(self.steps_by_bucket.items())))
 

@@ -42,12 +42,14 @@ class ScheduleSourceError(KdvfsError):
 @dataclass(frozen=True)
 class Plan:
     """The step's problem (trace, profile, budget, latency), the schedule to apply (or expect, when a policy
-    decides online), where it came from, and the online policy (None: the schedule is replayed)."""
+    decides online), where it came from and how it runs (``policy NAME (online)``, ``(replayed)``, ``plan NAME
+    (METHOD)``), the online policy (None: the schedule is replayed) and the policy file's name (None: a plan)."""
 
     problem: Problem
     schedule: Schedule
     source: str
     online: OnlinePolicy | None = None
+    policy_name: str | None = None
 
 
 def is_policy_file(path: Path) -> bool:
@@ -122,7 +124,7 @@ def _policy_plan(path: Path, problem: Problem, online: bool) -> Plan:
     env = policy_env(policy, problem)  # built once: the rollout's and the online policy's
     schedule = PolicyPlanner(policy).plan(problem, env)
     source = f"policy {path.name} ({'online' if online else 'replayed'})"
-    return Plan(problem, schedule, source, OnlinePolicy(policy, problem, env) if online else None)
+    return Plan(problem, schedule, source, OnlinePolicy(policy, problem, env) if online else None, path.name)
 
 
 def load_plan(config: ControllerConfig, device_name: str) -> Plan:

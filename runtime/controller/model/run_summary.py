@@ -11,7 +11,7 @@ from typing import Any
 
 from kdvfs.runtime.controller.model.json_form import JsonFormError, JsonRecord, in_ms, in_pct, named
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,8 @@ class AnchorFigures(JsonRecord):
 @dataclass(frozen=True)
 class OnlineFigures(JsonRecord):
     """A policy deciding online: its decisions' counts, wakes and progress sources, their times, the budget it
-    was given last (fraction) and the decision interval (s)."""
+    was given last (fraction), the decision interval (s) and, in a run whose steps vary, the steps it decided
+    through by shape bucket (empty in a run of one shape)."""
 
     decisions: int
     advisor_reads: int
@@ -57,12 +58,14 @@ class OnlineFigures(JsonRecord):
     wakes: dict[str, int]
     step_budget: float = field(metadata=in_pct("step_budget_pct"))
     interval_s: float = field(metadata=in_ms("interval_ms"))
+    steps_by_bucket: dict[str, int]
 
 
 @dataclass(frozen=True)
 class ShapeFigures(JsonRecord):
-    """A run whose steps vary: the buckets planned, the steps that ran in each (by bucket) and those without an
-    entry by reason (``no_shape``, ``no_plan``)."""
+    """A run whose steps vary: the buckets planned, the steps that ran in each (by bucket), the controlled ones
+    that replayed their bucket's schedule (by bucket; a frozen policy's until its bucket decides online) and
+    those without an entry by reason (``no_shape``, ``no_plan``)."""
 
     buckets: int
     quantum_tokens: int
@@ -74,6 +77,7 @@ class ShapeFigures(JsonRecord):
     plan_error: str | None
     stood_in: int
     steps_by_bucket: dict[str, int]
+    replayed_steps_by_bucket: dict[str, int]
     misses: dict[str, int]
 
 

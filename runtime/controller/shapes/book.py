@@ -6,16 +6,18 @@ shape (the longest step it holds) at the run's budget and at each fraction of ``
 model's expected trace (``predict``; None: no plan, its steps run at auto). Buckets the capture saw are
 planned before the first step (:meth:`ShapeBook.build`); one met later is planned in the background on the
 book's worker processes (:meth:`ShapeBook.request`), and until then :meth:`ShapeBook.stand_in` names the
-smallest planned bucket at least as long. Times in seconds, budgets fractions.
+smallest planned bucket at least as long. What else a bucket needs besides its plans (a frozen policy's
+online decisions over its problem) is prepared on the same thread (:meth:`ShapeBook.prepare_buckets`), each
+bucket once it is planned, after the buckets waiting to be planned. Times in seconds, budgets fractions.
 
 Invariants: nothing here blocks a training step; the plans are one planner's, priced by the one cost model.
-Failure modes: a failed background solve ends background planning (``plan_error``); the run goes on with
-the plans it has. Why buckets
-and margins: docs/design/controller.md.
+Failure modes: a failed background solve or preparation ends background work (``plan_error``); the run goes
+on with the plans (and preparations) it has. Why buckets and margins: docs/design/controller.md.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import queue
@@ -40,6 +42,9 @@ MAX_GRID = 64
 """Most buckets of a grid of several rounded length classes (each class gets an equal share of it)."""
 MARGINS = (1.0, 0.5)
 """The budgets each bucket is planned at, as fractions of the run's budget, largest first."""
+
+STOP, PLAN, PREPARE = 0, 1, 2
+"""The book thread's work, in the order it takes it: stop, plan a bucket, prepare a planned one."""
 
 STOP_TIMEOUT_S = 5.0
 """Longest wait for the background planning thread at :meth:`ShapeBook.close` (s)."""
@@ -114,12 +119,15 @@ class ShapeBook:
         self.plans, self.axes, self.quanta = plans, axes, tuple(quanta)
         self.problems: dict[StepShape, Problem] = {}
         self._pool: ProcessPoolExecutor | None = None
-        self._requests: queue.Queue[StepShape | None] = queue.Queue()
+        self._requests: queue.PriorityQueue[tuple[int, int, StepShape | None]] = queue.PriorityQueue()
+        self._order = itertools.count()
+        self._ended = False
         self._requested: set[StepShape] = set()
         self._thread: threading.Thread | None = None
         self._budget = 0.0
         self.on_plan: Callable[[StepShape, tuple[ShapePlan, ...]], None] | None = None
         """Called on the book's thread with each bucket planned in the background (set before any request)."""
+        self._prepare: Callable[[StepShape, tuple[ShapePlan, ...]], None] | None = None
         self.planned_later = 0
         self.plan_error: str | None = None
 
@@ -204,19 +212,49 @@ class ShapeBook:
         if self._pool is None or top in self.plans or top in self._requested:
             return
         self._requested.add(top)
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._plan_requests, name="kdvfs-bucket-plans", daemon=True)
-            self._thread.start()
-        self._requests.put(top)
+        self._put(PLAN, top)
 
-    def _plan_requests(self) -> None:
+    def prepare_buckets(self, prepare: Callable[[StepShape, tuple[ShapePlan, ...]], None]) -> None:
+        """Call ``prepare(top, plans)`` on the book's thread for every bucket planned, now and later (each after
+        the buckets waiting to be planned then; a failure ends background work: ``plan_error``)."""
+        self._prepare = prepare
+        for top in list(self.plans):
+            self._put(PREPARE, top)
+
+    def _put(self, work: int, top: StepShape | None) -> None:
+        """Queue ``work`` for bucket ``top`` on the book's thread (started at the first; nothing once ended)."""
+        if self._ended:
+            return
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._work, name="kdvfs-bucket-plans", daemon=True)
+            self._thread.start()
+        self._requests.put((work, next(self._order), top))
+
+    def _work(self) -> None:
         while True:
-            top = self._requests.get()
+            work, _, top = self._requests.get()
             try:
-                if top is None or not self._plan_one(top):
-                    return
+                if top is None or not (self._plan_one(top) if work == PLAN else self._prepare_one(top)):
+                    break
             finally:
                 self._requests.task_done()
+        self._ended = True
+        while True:  # what was queued will not be done: settle() does not wait for it
+            try:
+                self._requests.get_nowait()
+            except queue.Empty:
+                return
+            self._requests.task_done()
+
+    def _prepare_one(self, top: StepShape) -> bool:
+        """Prepare planned bucket ``top``; False once it failed (``plan_error``)."""
+        assert self._prepare is not None
+        try:
+            self._prepare(top, self.plans[top])
+        except Exception as error:
+            self.plan_error = f"{type(error).__name__}: {error}"
+            return False
+        return True
 
     def _plan_one(self, top: StepShape) -> bool:
         """Plan bucket ``top`` on the pool (nothing for a shape the step model does not cover); False once
@@ -238,11 +276,13 @@ class ShapeBook:
         self.planned_later += 1
         if self.on_plan is not None:
             self.on_plan(top, plans)
+        if self._prepare is not None:
+            self._put(PREPARE, top)
         return True
 
     def settle(self) -> None:
-        """Block until every bucket requested so far is planned (or planning ended): for tests and benchmarks,
-        never the training thread."""
+        """Block until every bucket requested so far is planned and prepared (or background work ended): for
+        tests and benchmarks, never the training thread."""
         if self._thread is not None:
             self._requests.join()
 
@@ -250,7 +290,7 @@ class ShapeBook:
         """Stop planning in the background and end the worker processes (idempotent)."""
         pool, self._pool = self._pool, None
         if self._thread is not None:
-            self._requests.put(None)
+            self._put(STOP, None)
         if pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)
         if self._thread is not None:

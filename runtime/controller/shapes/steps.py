@@ -70,6 +70,8 @@ class StepEntry:
     key: str = ""
     kernel_s: float = 0.0
     """The step's expected kernel time at auto (s; 0 for a run of one shape, which does not weight steps)."""
+    online: bool = False
+    """Its source is a frozen policy deciding online (else a schedule replayed)."""
 
 
 class ShapeSteps:
@@ -94,6 +96,7 @@ class ShapeSteps:
         self.margin_changes = 0
         self.misses: Counter[str] = Counter()
         self.steps: Counter[str] = Counter()
+        self.replayed: Counter[str] = Counter()
         self.stood_in = 0
         self.last_miss = ""
         """Why the last step without an entry had none (``no_shape``, ``no_plan``)."""
@@ -127,6 +130,11 @@ class ShapeSteps:
         self._seen.add(shape)
         return entries[margin]
 
+    def controlled(self, entry: StepEntry) -> None:
+        """A controlled step ran ``entry`` (counted by bucket where it replayed a schedule)."""
+        if not entry.online:
+            self.replayed[entry.key] += 1
+
     def _miss(self, reason: str) -> None:
         self.misses[reason] += 1
         self.last_miss = reason
@@ -153,10 +161,12 @@ class ShapeSteps:
         return entry.kernel_s / self.reference_kernel_s
 
     def figures(self) -> ShapeFigures:
-        """For the summary: the buckets planned, the steps that ran in each, and those without an entry by
-        reason (``no_shape``: not known in time; ``no_plan``: a bucket without a plan)."""
+        """For the summary: the buckets planned, the steps that ran in each, the controlled ones that replayed a
+        schedule, and those without an entry by reason (``no_shape``: not known in time; ``no_plan``: a bucket
+        without a plan)."""
         return ShapeFigures(
             buckets=len(self.entries), quantum_tokens=self.book.quantum, quanta=list(self.book.quanta),
             margins=list(self.book.margins), margin=self.book.margins[self.margin], margin_changes=self.margin_changes,
             planned_in_background=self.book.planned_later, plan_error=self.book.plan_error, stood_in=self.stood_in,
-            steps_by_bucket=dict(sorted(self.steps.items())), misses=dict(self.misses))
+            steps_by_bucket=dict(sorted(self.steps.items())),
+            replayed_steps_by_bucket=dict(sorted(self.replayed.items())), misses=dict(self.misses))

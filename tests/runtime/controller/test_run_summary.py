@@ -37,10 +37,10 @@ def test_a_nested_record_in_ms_is_written_in_ms() -> None:
 
 def test_a_missing_or_unknown_key_or_another_version_is_refused() -> None:
     document = run_summary().to_json()
-    assert document["schema_version"] == 1 and RunSummary.from_json(document).steps == 100
+    assert document["schema_version"] == 2 and RunSummary.from_json(document).steps == 100
     with pytest.raises(JsonFormError, match=r"missing key.*'steps'"):
         RunSummary.from_json({k: v for k, v in document.items() if k != "steps"})
     with pytest.raises(JsonFormError, match=r"unknown key.*'extra'"):
         RunSummary.from_json({**document, "extra": 1})
-    with pytest.raises(JsonFormError, match="schema version 0, not 1"):
+    with pytest.raises(JsonFormError, match="schema version 0, not 2"):
         RunSummary.from_json({**document, "schema_version": 0})

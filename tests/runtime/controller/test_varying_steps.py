@@ -23,7 +23,7 @@ from kdvfs.envs.trace.shape import StepShape
 from kdvfs.envs.trace.trace import Trace
 from kdvfs.runtime.cli.offline.plan import schedule_json
 from kdvfs.runtime.controller import Controller
-from kdvfs.runtime.controller.shapes.book import ShapeBook, seq_quantum
+from kdvfs.runtime.controller.shapes.book import ShapeBook, ShapePlan, seq_quantum
 from kdvfs.runtime.controller.shapes.steps import VaryingSteps
 from kdvfs.runtime.testing.fake_gpu import FakeGpu, FakeStepTimeline, VirtualClock
 from tests.runtime.summaries import checked
@@ -57,9 +57,11 @@ def problem(seq: int) -> Problem:
     return Problem.build(step(seq), load_profile("h200"), BUDGET, LATENCY_MS / 1e3)
 
 
-def varying_controller(tmp_path: Path, seqs: list[int], policy: str | None = None) -> tuple[Controller, FakeGpu]:
+def varying_controller(tmp_path: Path, seqs: list[int], policy: str | None = None, online: bool = False
+                       ) -> tuple[Controller, FakeGpu]:
     """A controller on a fake H200 whose step ``i`` has ``seqs[i]`` tokens per sequence; its trace is the
-    256-token step's, its plan that step's latency-optimal plan, or ``policy``."""
+    256-token step's, its plan that step's latency-optimal plan, or ``policy`` (deciding online with ``online``,
+    else its rollouts replayed)."""
     reference = problem(256)
     trace_path = tmp_path / "step.trace.json"
     save_trace(reference.trace, trace_path)
@@ -73,7 +75,7 @@ def varying_controller(tmp_path: Path, seqs: list[int], policy: str | None = Non
         gpu.step_costs[i], timeline.shapes[i] = problem(seq).costs, shape(seq)
     varying = VaryingSteps([shape(s) for s in SEQS], predict, timeline.shape_of)
     controller = Controller(source, str(trace_path), device=gpu, timeline=timeline, clock=clock,
-                            varying=varying, online=False, latency_ms=LATENCY_MS, budget=BUDGET, window_steps=5,
+                            varying=varying, online=online, latency_ms=LATENCY_MS, budget=BUDGET, window_steps=5,
                             window_s=0.1, energy_read_every_s=0.0, issue_early_ms=0.0, ab_share=0.0)
     return controller, gpu
 
@@ -157,6 +159,27 @@ def test_a_policy_plans_every_bucket_by_its_rollout(tmp_path: Path) -> None:
     assert summary is not None and summary.shapes.buckets == 9 and summary.controlled_steps > 0
     assert controller.book is not None  # its schedules are the policy's rollouts
     assert {plan.schedule.method for plans in controller.book.plans.values() for plan in plans} == {"policy"}
+    assert summary.source == "policy h200.kdvfs-policy.npz (replayed, 3 buckets)" and summary.online is None
+
+
+def test_a_policy_decides_online_in_the_steps_of_every_bucket(tmp_path: Path) -> None:
+    """With ``online`` each bucket's policy, prepared on the book's thread, decides through its steps (not its
+    rollout replayed), and the summary says so."""
+    seqs = [128, 256, 192] * 6
+    controller, gpu = varying_controller(tmp_path, seqs, policy="h200", online=True)
+    with controller:
+        assert controller.book is not None
+        controller.book.settle()  # every bucket's policy prepared before the first step
+        for _ in range(len(seqs) - 1):
+            controller.step()
+            controller.flush()
+    summary = checked(controller.summary)
+    assert summary.online is not None and summary.shapes is not None and summary.controlled_steps > 10
+    decided = summary.online.steps_by_bucket
+    assert set(decided) == {shape(s).key for s in SEQS} and sum(decided.values()) >= summary.controlled_steps
+    assert summary.shapes.replayed_steps_by_bucket == {} and summary.online.decisions > 0
+    assert summary.source == "policy h200.kdvfs-policy.npz (online, 3 buckets)"
+    assert summary.online.requests > 0 and gpu.set_calls  # the clocks it requested
 
 
 def _capture_set(folder: Path, traces: list[Trace]) -> Path:
@@ -212,6 +235,19 @@ def test_two_lengths_are_bucketed_each_and_a_new_bucket_is_planned_in_the_backgr
         book.request(new)  # once
         book.settle()
         assert planned == [new] and book.planned_later == 1 and len(book.plans[new]) == len(book.margins)
+        prepared: list[StepShape] = []
+
+        def prepare(top: StepShape, plans: tuple[ShapePlan, ...]) -> None:
+            if len(prepared) == 2:
+                raise RuntimeError("no policy")
+            prepared.append(top)
+
+        book.prepare_buckets(prepare)  # every planned bucket, on the book's thread, until one fails
+        book.settle()
+        assert len(prepared) == 2 and book.plan_error == "RuntimeError: no policy"
+        book.request(book.bucket(two_lengths(140, 20)))  # background work has ended: nothing more is planned
+        book.settle()
+        assert book.planned_later == 1
     finally:
         book.close()
 
@@ -239,3 +275,24 @@ def test_a_step_with_gradient_accumulation_is_decided_on_all_its_micro_batches()
     model(torch.zeros(3, 4))
     shapes.mark_step()  # a step that ended after one micro-batch gives what it had
     assert shapes.shape_of(1, 0.0) == StepShape.of([(3, 4)])
+
+
+def test_the_source_names_the_buckets_a_policy_decided_online_in_and_those_it_replayed() -> None:
+    from kdvfs.envs.model.schedule import Schedule
+    from kdvfs.runtime.controller.control.summary import source_that_ran
+    from kdvfs.runtime.controller.model.plan import Plan
+    from kdvfs.runtime.controller.model.run_summary import OnlineFigures, Quantiles, ShapeFigures
+
+    none = Quantiles(None, None)
+
+    def ran(online: dict[str, int] | None, replayed: dict[str, int]) -> str:
+        figures = None if online is None else OnlineFigures(0, 0, 0, 0, 0, {}, {}, none, none, none, 0.0, None, None,
+                                                            {}, 0.01, 0.001, online)
+        shapes = ShapeFigures(3, 16, [16], [1.0, 0.5], 1.0, 0, 0, None, 0, {}, replayed, {})
+        plan = Plan(problem(128), Schedule(np.zeros(3, dtype=np.int64), "policy", 0.0), "policy p.npz (replayed)",
+                    None, "p.npz")
+        return source_that_ran(plan, figures, shapes)
+
+    assert ran({"a": 4, "b": 1}, {"c": 2}) == "policy p.npz (online, 2 buckets; replayed, 1 bucket)"
+    assert ran(None, {"a": 1, "b": 2}) == "policy p.npz (replayed, 2 buckets)"
+    assert ran({}, {}) == "policy p.npz (replayed, 0 buckets)"  # nothing controlled: what it was set to run
