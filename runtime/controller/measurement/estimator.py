@@ -5,8 +5,8 @@ Each pair is one window at auto ("A") and the adjacent window under the policy (
 ``s_B / s_A - 1`` (seconds per step) are nearly free of the GPU's drift; over the pairs the estimate is their
 mean with a Student-t interval, ``mean +- t(0.975, n - 1) * sd / sqrt(n)``. Steps that vary
 (:func:`adjusted`): one regression over every window on the arm, the shapes' covariates and the time, the
-effect the arm's coefficient. Fewer than ``MIN_PAIRS`` pairs give no interval (None). Why a t-interval and
-not a bootstrap: docs/design/controller.md.
+effect the arm's coefficient, its interval robust to windows of unequal noise (HC3). Fewer than ``MIN_PAIRS``
+pairs give no interval (None). Why a t-interval and not a bootstrap: docs/design/controller.md.
 """
 
 from __future__ import annotations
@@ -119,10 +119,13 @@ def adjusted(rows: list[WindowRow], sign: float = 1.0) -> Interval | None:
     The per-step figure of every window of both arms is regressed (ordinary least squares) on the arm, the
     window's expected kernel time per step, its share of new shapes and its time (the drift); covariates that do
     not vary are left out. The effect is the arm's coefficient over the mean fitted figure at auto, times 100
-    (times ``sign``: -1 for a saving), with a Student-t 95% interval on ``n - p`` degrees of freedom. The
-    covariates are known before the window runs (the shapes), so the adjustment removes the shape mix from the
-    comparison without absorbing the arm's effect. ``n`` of the interval is the smaller arm's window count.
-    None with fewer than two windows of each arm or too few windows for the regression.
+    (times ``sign``: -1 for a saving), with a Student-t 95% interval on ``n - p`` degrees of freedom around the
+    heteroscedasticity-robust standard error HC3 (each window's residual over ``1 - leverage``): windows do not
+    share one noise (a window of new shapes or long steps is noisier, and it weighs more when it is rare), which
+    the pooled residual variance assumes. The covariates are known before the window runs (the shapes), so the
+    adjustment removes the shape mix from the comparison without absorbing the arm's effect. ``n`` of the
+    interval is the smaller arm's window count. None with fewer than two windows of each arm, too few windows
+    for the regression, or a window that alone fixes a coefficient (leverage 1).
     """
     controlled = sum(r.controlled for r in rows)
     if controlled < MIN_PAIRS or len(rows) - controlled < MIN_PAIRS:
@@ -139,12 +142,14 @@ def adjusted(rows: list[WindowRow], sign: float = 1.0) -> Interval | None:
         return None
     inverse = np.linalg.inv(x.T @ x)
     beta = inverse @ x.T @ y
-    residual = y - x @ beta
+    leverage = np.einsum("ij,jk,ik->i", x, inverse, x)
     at_auto = float(np.mean(np.delete(x, 1, axis=1) @ np.delete(beta, 1)))
-    if at_auto <= 0:
+    if at_auto <= 0 or float(leverage.max()) > 1 - 1e-9:
         return None
     scale = 100.0 * sign / at_auto
-    standard_error = math.sqrt(float(residual @ residual) / dof * inverse[1, 1]) * abs(scale)
+    arm_row = inverse[1] @ x.T  # the arm's coefficient is arm_row @ y
+    inflated = (y - x @ beta) / (1 - leverage)
+    standard_error = math.sqrt(float(np.sum((arm_row * inflated) ** 2))) * abs(scale)
     mean = float(beta[1]) * scale
     half = float(stats.t.ppf(0.975, dof)) * standard_error
     return Interval(mean, mean - half, mean + half, min(controlled, len(rows) - controlled), standard_error)

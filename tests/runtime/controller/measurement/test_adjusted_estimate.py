@@ -1,10 +1,11 @@
 """The A/B estimate of windows of mixed steps: adjusted for the shape mix, it holds the truth at the nominal
-rate with a narrow interval, where the pairs' mean is wide."""
+rate with a narrow interval, where the pairs' mean is wide, also when windows differ in noise."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from scipy import stats
 
 from kdvfs.runtime.controller.measurement.ab import CONTROLLED, AbSchedule
 from kdvfs.runtime.controller.measurement.estimator import Paired, WindowRow, adjusted
@@ -12,10 +13,11 @@ from kdvfs.runtime.controller.measurement.estimator import Paired, WindowRow, ad
 WINDOWS = 40
 
 
-def windows(seed: int, effect: float) -> list[WindowRow]:
+def windows(seed: int, effect: float, auto_noise: float = 0.003) -> list[WindowRow]:
     """``WINDOWS`` windows of the A/B schedule (a quarter at auto): each window's joules per step follow its
     steps' expected kernel time (the shape mix varies from window to window by +-30%), its share of new shapes
-    (set-up costs 3x a step) and a drift, with 0.3% noise; controlled windows are ``effect`` lower."""
+    (set-up costs 3x a step) and a drift, with 0.3% noise (``auto_noise`` at auto); controlled windows are
+    ``effect`` lower."""
     rng = np.random.default_rng(seed)
     schedule = AbSchedule(0.25, seed)
     rows = []
@@ -23,7 +25,8 @@ def windows(seed: int, effect: float) -> list[WindowRow]:
         kernel = rng.uniform(0.7, 1.3)
         new = rng.uniform(0.0, 0.3) * max(0.0, 1 - index / 20)  # new shapes thin out as the run goes on
         controlled = schedule.next().arm == CONTROLLED
-        value = (100.0 * kernel + 20.0 + 300.0 * new) * (1 + 0.0005 * index) * (1 + rng.normal(0, 0.003))
+        noise = rng.normal(0, 0.003 if controlled else auto_noise)
+        value = (100.0 * kernel + 20.0 + 300.0 * new) * (1 + 0.0005 * index) * (1 + noise)
         rows.append(WindowRow(controlled, value * (1 - effect if controlled else 1), kernel, new, float(index)))
     return rows
 
@@ -35,6 +38,29 @@ def test_the_adjusted_interval_holds_the_truth_at_the_nominal_rate() -> None:
         held = sum(e.lo_pct <= 100 * effect <= e.hi_pct for e in estimates if e is not None)
         assert 180 <= held <= 200  # 95% nominal: 190 expected
         assert max(e.half_width_pct for e in estimates if e is not None) < 2.0
+
+
+def pooled_interval_holds_zero(rows: list[WindowRow]) -> bool:
+    """The interval :func:`adjusted` had before HC3: one residual variance pooled over every window."""
+    x = np.array([[1.0, float(r.controlled), r.kernel_steps, r.new_shapes, r.mid_s] for r in rows])
+    y = np.array([r.value for r in rows])
+    inverse = np.linalg.inv(x.T @ x)
+    beta = inverse @ x.T @ y
+    residual = y - x @ beta
+    dof = len(rows) - x.shape[1]
+    half = stats.t.ppf(0.975, dof) * np.sqrt(residual @ residual / dof * inverse[1, 1])
+    return bool(abs(beta[1]) <= half)
+
+
+def test_the_interval_holds_when_windows_at_auto_are_noisier() -> None:
+    """Auto windows with 1% noise, controlled ones 0.3% (unequal noise, a quarter of the windows at auto):
+    the pooled residual variance under-covers, HC3 holds the nominal rate."""
+    runs = [windows(seed, 0.0, auto_noise=0.01) for seed in range(200)]
+    assert sum(pooled_interval_holds_zero(rows) for rows in runs) < 170
+    estimates = [adjusted(rows, sign=-1.0) for rows in runs]
+    assert all(e is not None for e in estimates)
+    assert 180 <= sum(e.lo_pct <= 0.0 <= e.hi_pct for e in estimates if e is not None) <= 200
+    assert max(e.half_width_pct for e in estimates if e is not None) < 2.0
 
 
 def test_the_pairs_mean_of_mixed_windows_is_far_wider() -> None:
