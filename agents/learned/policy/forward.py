@@ -13,21 +13,21 @@ within float32 rounding.
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 
 from kdvfs.common.arrays import Array
+from kdvfs.common.compiled import compiled
 
 TANH, RELU = 0, 1
 """Activations, by the code the kernels take."""
 
 
-@numba.njit(cache=True)
+@compiled
 def _activate(value: np.float32, activation: int) -> np.float32:
     return np.tanh(value) if activation == TANH else max(value, np.float32(0.0))
 
 
-@numba.njit(cache=True)
+@compiled
 def _affine(weight: Array, x: Array, out: Array) -> None:
     """``out`` (O,) = ``x`` (I,) @ ``weight`` (I, O), summed over I in order (the inner loop runs over O, so it
     vectorises without reordering any sum)."""
@@ -37,7 +37,7 @@ def _affine(weight: Array, x: Array, out: Array) -> None:
             out[o] += x[j] * weight[j, o]
 
 
-@numba.njit(cache=True)
+@compiled
 def first_layer(weight: Array, entries: Array, mean: Array, inverse_std: Array, clip: float, products: Array,
                 picks: Array, bias: Array, out: Array, activation: int) -> Array:
     """``out`` (H,) = activation(x @ ``weight`` (R, H) + the rows ``picks`` (n,) of ``products`` (P, H), in that
@@ -57,7 +57,7 @@ def first_layer(weight: Array, entries: Array, mean: Array, inverse_std: Array, 
     return out
 
 
-@numba.njit(cache=True)
+@compiled
 def dense(weight: Array, x: Array, bias: Array, out: Array, activation: int) -> Array:
     """``out`` (H,) = activation(``x`` (I,) @ ``weight`` (I, H) + ``bias``); returns ``out``."""
     _affine(weight, x, out)
@@ -66,7 +66,7 @@ def dense(weight: Array, x: Array, bias: Array, out: Array, activation: int) -> 
     return out
 
 
-@numba.njit(cache=True)
+@compiled
 def argmax_parts(weight: Array, x: Array, bias: Array, logits: Array, bounds: Array) -> Array:
     """The action: for each part ``bounds[i]:bounds[i + 1]`` of the logits ``x`` @ ``weight`` (I, L) + ``bias``
     (into ``logits`` (L,)), the index of its first maximum, as (parts,) int64."""
@@ -81,7 +81,7 @@ def argmax_parts(weight: Array, x: Array, bias: Array, logits: Array, bounds: Ar
     return action
 
 
-@numba.njit(cache=True)
+@compiled
 def act(first: tuple[Array, Array, Array], entries: Array, mean: Array, inverse_std: Array, clip: float,
         products: Array, picks: Array, rest: tuple[tuple[Array, Array, Array], ...], bounds: Array,
         activation: int) -> Array:

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import numba
 from numba.core import types
 from numba.experimental import structref
 
 from kdvfs.agents.learned.policy.forward import act
 from kdvfs.common.arrays import Array
+from kdvfs.common.compiled import compiled
 from kdvfs.envs.env.observing.live_tables import (
     DEPENDS_ON_BUDGET,
     NO_PLAN,
@@ -43,7 +43,7 @@ USED, AFFORDABLE = BUDGET_FEATURES.index("budget_used"), BUDGET_FEATURES.index("
 ``products`` for the pair in effect and pending (of pair -1: none), the budget block's start."""
 
 
-@numba.njit(cache=True)
+@compiled
 def decide_live(obs: Array, advice: Array, static_rows: Array, lay: Array, advisor_index: Array,
                 cumulative_s: Array, landings: Array, plan_pairs: Array, plan_rest: Array, joinable: Array,
                 next_change: Array, speeds_up: Array, change_offsets: Array, change_kernels: Array, sizes: Array,
@@ -107,7 +107,7 @@ class BoundDecision(structref.StructRefProxy):
 structref.define_proxy(BoundDecision, BoundDecisionType, list(BOUND_FIELDS))
 
 
-@numba.njit(cache=True)
+@compiled
 def decide_bound(bound: Any, budget: float, budget_plan: int, kernel: int, in_effect: int, pending: int,
                  pending_age_s: float, elapsed_s: float, auto_elapsed_s: float, last_latency_ratio: float,
                  drift_pct: float, model_elapsed_s: float, evaluate: bool) -> tuple[int, int, float, float]:
@@ -121,7 +121,7 @@ def decide_bound(bound: Any, budget: float, budget_plan: int, kernel: int, in_ef
                        last_latency_ratio, drift_pct, model_elapsed_s, evaluate, b.action, b.picks)
 
 
-@numba.njit(cache=True)
+@compiled
 def first_change_bound(bound: Any, budget: float, budget_plan: int, kernels: Array, in_effect: int,
                        elapsed_s: Array, auto_elapsed_s: Array, last_latency_ratio: float, drift_pct: float,
                        model_elapsed_s: Array) -> int:

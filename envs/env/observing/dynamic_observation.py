@@ -16,10 +16,10 @@ numpy compares a float32 array with a Python float), so observations are the sam
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 
 from kdvfs.common.arrays import Array
+from kdvfs.common.compiled import compiled
 from kdvfs.envs.env.observing.observation import (
     ADVISOR_FEATURES,
     OBS_LIMIT,
@@ -52,12 +52,12 @@ def layout(spec: ObservationSpec, kernels: int) -> Array:
         slots["plans"].start, slots["fitting_plan"].start, slots["budget_plan"].start], dtype=np.int64)
 
 
-@numba.njit(cache=True)
+@compiled
 def _clip(value: float) -> float:
     return min(OBS_LIMIT, max(-OBS_LIMIT, value))
 
 
-@numba.njit(cache=True)
+@compiled
 def _one_hot(obs: Array, start: int, action: int, memories: int, levels: int) -> None:
     """Grid action ``action``'s core level and memory clock one-hot at ``obs[start:]`` (C + M; zeros for -1)."""
     obs[start:start + levels + memories] = 0.0
@@ -75,7 +75,7 @@ def clock_one_hots(levels: int, memories: int) -> Array:
     return blocks
 
 
-@numba.njit(cache=True)
+@compiled
 def _window_advisors(obs: Array, advice: Array, row: Array, lay: Array, advisor_index: Array, in_effect: int,
                      affordable: float) -> None:
     """Each window advisor's pick (the pair saving the most over its window among those whose slowdown fits
@@ -94,7 +94,7 @@ def _window_advisors(obs: Array, advice: Array, row: Array, lay: Array, advisor_
         obs[lay[L_ADVISORS] + IN_EFFECT_FEATURE * windows + w] = 1.0 if best == in_effect else 0.0
 
 
-@numba.njit(cache=True)
+@compiled
 def _plan_advisor(obs: Array, advice: Array, lay: Array, start: int, slot: int, plan: int, in_effect: int) -> None:
     """Advisor ``slot`` proposes plan ``plan``'s pair (auto if -1); its features at ``obs[start:]`` (the plans'
     pairs already in ``advice``, their rest-of-step figures in the observation)."""
@@ -111,7 +111,7 @@ def _plan_advisor(obs: Array, advice: Array, lay: Array, start: int, slot: int, 
         obs[start + 3] = 1.0
 
 
-@numba.njit(cache=True)
+@compiled
 def _plan_advisors(obs: Array, advice: Array, lay: Array, cumulative_s: Array, effect: int, next_effect: int,
                    plan_pairs: Array, plan_rest: Array, joinable: Array, next_change: Array, speeds_up: Array,
                    k: int, in_effect: int, used_s: float, budget: float, auto_time_s: float,
@@ -151,7 +151,7 @@ def _plan_advisors(obs: Array, advice: Array, lay: Array, cumulative_s: Array, e
     _plan_advisor(obs, advice, lay, lay[L_BUDGET_PLAN], lay[L_BUDGET_SLOT], budget_plan, in_effect)
 
 
-@numba.njit(cache=True)
+@compiled
 def observe_dynamic(obs: Array, advice: Array, row: Array, lay: Array, advisor_index: Array, cumulative_s: Array,
                     effect: Array, next_effect: Array, plan_pairs: Array, plan_rest: Array, joinable: Array,
                     next_change: Array, speeds_up: Array, k: int, in_effect: int, pending: int,

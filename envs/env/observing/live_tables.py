@@ -17,10 +17,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numba
 import numpy as np
 
 from kdvfs.common.arrays import Array
+from kdvfs.common.compiled import compiled
 from kdvfs.envs.env.observing.dynamic_observation import observe_dynamic
 
 DEPENDS_ON_BUDGET = -2
@@ -76,13 +76,13 @@ class LiveTables:
                 self.change_offsets, self.change_kernels, self.sizes, self.auto_time_s, self.latency_s, self.stall_s)
 
 
-@numba.njit(cache=True)
+@compiled
 def target_pair_of(choice: int, advice: Array, sizes: Array) -> int:
     """The grid pair a plan choice names at this decision point (its advisor's proposal now)."""
     return advice[sizes[S_PLAN_START] + choice]
 
 
-@numba.njit(cache=True)
+@compiled
 def plan_of(request: int, choice: int, budget_plan: int, sizes: Array) -> int:
     """The plan whose proposals the action (``request``, ``choice``) follows; ``NO_PLAN`` where its pair
     cannot change (no request, no plan within the budget), ``DEPENDS_ON_BUDGET`` for the fitting plan."""
@@ -98,14 +98,14 @@ def plan_of(request: int, choice: int, budget_plan: int, sizes: Array) -> int:
     return max(plan, NO_PLAN)
 
 
-@numba.njit(cache=True)
+@compiled
 def next_change_in(changes: Array, k: int, kernels: int) -> int:
     """The first of the sorted ``changes`` after kernel ``k``; ``kernels`` if none."""
     after = np.searchsorted(changes, k, side="right")
     return changes[after] if after < changes.shape[0] else kernels
 
 
-@numba.njit(cache=True)
+@compiled
 def observe_at(obs: Array, advice: Array, static_rows: Array, lay: Array, advisor_index: Array,
                cumulative_s: Array, landings: Array, plan_pairs: Array, plan_rest: Array, joinable: Array,
                next_change: Array, speeds_up: Array, sizes: Array, auto_time_s: float, latency_s: float,

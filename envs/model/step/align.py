@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 
-import numba
 import numpy as np
 
 from kdvfs.common.arrays import Array
+from kdvfs.common.compiled import compiled
 from kdvfs.envs.trace.trace import Kernel, Trace
 
 TOKEN_MATCH = 2
@@ -50,12 +50,12 @@ def token_ids(traces: Sequence[Trace]) -> list[Array]:
                      dtype=np.int64).reshape(len(trace), 3) for trace in traces]
 
 
-@numba.njit(cache=True)
+@compiled
 def _pair_score(a: Array, b: Array, i: int, j: int) -> int:  # pragma: no cover - compiled
     return TOKEN_MATCH + (a[i, 1] == b[j, 1]) + (a[i, 2] == b[j, 2])
 
 
-@numba.njit(cache=True)
+@compiled
 def _lcs(a: Array, b: Array) -> Array:  # pragma: no cover - compiled
     n, m = len(a), len(b)
     score = np.zeros((n + 1, m + 1), dtype=np.int32)
