@@ -10,6 +10,7 @@ set, is the user's choice and is left alone. A folder that cannot be created lea
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 from collections.abc import Callable
@@ -47,11 +48,13 @@ def use_cache_for(folders: tuple[Path, ...]) -> Path | None:
     return folder
 
 
-_configured: list[Path | None] = []
+@functools.cache
+def _package_cache() -> Path | None:
+    """The cache folder of kdvfs's current sources, chosen once per process (:func:`use_cache_for`)."""
+    return use_cache_for(PACKAGES)
 
 
 def compiled(function: Callable[..., Any]) -> Any:
     """``numba.njit(cache=True)`` with the cache folder of kdvfs's current sources."""
-    if not _configured:
-        _configured.append(use_cache_for(PACKAGES))
+    _package_cache()
     return numba.njit(cache=True)(function)
