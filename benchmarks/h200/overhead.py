@@ -42,10 +42,10 @@ WORKLOADS: dict[str, dict[str, Any]] = {
 }
 """Each workload's script, steps per process and trace (None: captured in the run)."""
 CPU_WORKLOADS: dict[str, dict[str, Any]] = {
-    "gpt-tiny": {"script": ["examples/gpt.py", "--size", "tiny", "--device", "cpu"], "steps": 400, "trace": None,
-                 "capture_steps": 600},
+    "gpt-tiny": {"script": ["examples/gpt.py", "--size", "tiny", "--device", "cpu"], "steps": 2000, "trace": None,
+                 "capture_steps": 3000},
 }
-CAPTURE_STEPS = 120
+CAPTURE_STEPS = 200
 PROBE_S = 1.0
 """How long each NVML read is probed (s)."""
 
