@@ -55,10 +55,15 @@ def run_recipe(folder: Path, recipe: str, cpu_test: bool) -> list[dict[str, Any]
 
 
 def run(folder: Path, cpu_test: bool, only: list[str] | None) -> None:
-    log = [entry for recipe in RECIPES if not only or recipe in only
-           for entry in run_recipe(folder / recipe, recipe, cpu_test)]
-    (folder / "run.json").write_text(json.dumps({**host(), "date_utc": utc_now(), "log": log,
-                                                 "nvidia_smi": "" if cpu_test else nvidia_smi()}, indent=1))
+    """Every recipe of ``only`` (all by default) into ``folder``; ``folder/run.json`` written before the first and
+    after each (a run stopped by a time limit keeps its record)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    record: dict[str, Any] = {**host(), "date_utc": utc_now(), "log": [],
+                              "nvidia_smi": "" if cpu_test else nvidia_smi()}
+    for recipe in (r for r in RECIPES if not only or r in only):
+        (folder / "run.json").write_text(json.dumps(record, indent=1))
+        record["log"] += run_recipe(folder / recipe, recipe, cpu_test)
+    (folder / "run.json").write_text(json.dumps(record, indent=1))
 
 
 def _records(folder: Path, event: str) -> list[dict[str, Any]]:
@@ -70,6 +75,8 @@ def _records(folder: Path, event: str) -> list[dict[str, Any]]:
 def figures(folder: Path) -> dict[str, Any]:
     """One recipe's figures (see the module docstring)."""
     capture = json.loads((folder / "capture.out.json").read_text())
+    if not (folder / "run.out.json").is_file():
+        return _cut_short(folder, capture)
     summary = json.loads((folder / "run.out.json").read_text())
     guard = folder / "run.nvml.json"
     b_windows = [w for w in _records(folder, "window") if w["arm"] == "B"]
@@ -94,9 +101,25 @@ def figures(folder: Path) -> dict[str, Any]:
             "refused_nvml_calls": json.loads(guard.read_text()).get("refused", {}) if guard.is_file() else None}
 
 
+def _cut_short(folder: Path, capture: dict[str, Any]) -> dict[str, Any]:
+    """A recipe whose dry run was stopped before its summary (the device's time ran out): what its log holds."""
+    steps = _records(folder, "step")
+    b_windows = [w for w in _records(folder, "window") if w["arm"] == "B"]
+    b_steps = sum(w["steps"] for w in b_windows)
+    errors = (capture.get("shapes") or {}).get("step_model") or []
+    return {"cut_short": True, "steps": len(steps), "controlled_steps": sum(bool(s["controlled"]) for s in steps),
+            "controlled_share_of_b_windows": sum(w["controlled_steps"] for w in b_windows) / b_steps if b_steps
+            else None, "auto_reasons": None, "shapes": None, "measured": {}, "saving_holds_zero": None,
+            "saving_half_width_pct": None, "step_model": errors,
+            "kernel_error_max_pct": max((abs(e["kernel_time_error_pct"]) for e in errors), default=None),
+            "ab_pairs": len(_records(folder, "pair")), "error": "stopped before its summary",
+            "refused_nvml_calls": None}
+
+
 def report(folder: Path) -> dict[str, Any]:
-    device = json.loads((folder / "run.json").read_text())
-    recipes = [r for r in RECIPES if (folder / r / "run.out.json").is_file()]
+    record = folder / "run.json"
+    device = json.loads(record.read_text()) if record.is_file() else {"date_utc": "not recorded (run stopped)"}
+    recipes = [r for r in RECIPES if (folder / r / "run.out.json").is_file() or (folder / r / "run.jsonl").is_file()]
     result = {"provenance": provenance(f"python -m benchmarks.h200.varying_recipes run {folder} (on the GPU machine), "
                                        f"then python -m benchmarks.h200.varying_recipes report {folder}"),
               "device_run": {k: device[k] for k in ("machine", "python", "date_utc", "nvidia_smi") if k in device},
@@ -122,6 +145,11 @@ def markdown(result: dict[str, Any]) -> str:
         share = r["controlled_share_of_b_windows"]
         saving_text = "" if saving is None else f"[{saving[0]:+.2f}, {saving[1]:+.2f}]"
         slow_text = "" if slow is None else f"[{slow[0]:+.2f}, {slow[1]:+.2f}]"
+        if r.get("cut_short"):
+            lines.append(f"| {name} (stopped at step {r['steps']} of 300: no summary) | {r['steps']} | "
+                         f"{r['controlled_steps']} | {'-' if share is None else f'{share:.0%}'} | "
+                         f"- ({r['ab_pairs']} A/B pairs) | - | - | {_pct(r['kernel_error_max_pct'])} | - | - | - |")
+            continue
         lines.append(
             f"| {name} | {r['steps']} | {r['controlled_steps']} | {'-' if share is None else f'{share:.0%}'} | "
             f"{_pct(m.get('energy_saved_pct'), '+.2f')} {saving_text} | {_pct(r['saving_half_width_pct'], '.2f')} | "
