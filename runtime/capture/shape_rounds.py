@@ -38,6 +38,9 @@ ROUND_STEPS = 8
 """Profiled steps per round (after its one profiler warm-up step)."""
 MIN_SHAPE_STEPS = 3
 """Fewest window steps of a shape for its own step time and joules per step."""
+STALL_MADS = 4.0
+"""A window step slower than the warm fit by more than this many robust deviations (1.4826 x the median absolute
+deviation of its residuals) is a stall, left out of the fit."""
 MIN_VARYING_WINDOW_STEPS = 20
 """Fewest steps of a window that has seen more than one shape (so that its distribution means something)."""
 
@@ -139,7 +142,10 @@ class WindowShapes:
         (without the first-seen term) and the first-seen step's extra seconds. None with fewer steps than
         :data:`MIN_SHAPE_STEPS` above the columns, or a single shape. In a window early in the run most shapes
         come for the first time and pay host set-up (allocations, kernel selection) while the most frequent
-        repeat warm: a mean per shape would give a longer step a shorter time; the fit keeps set-up apart."""
+        repeat warm: a mean per shape would give a longer step a shorter time; the fit keeps set-up apart.
+        Where every step (or none) is its shape's first, set-up cannot be told apart: it stays in the line and
+        the extra is 0. Steps slower than the fit by more than :data:`STALL_MADS` robust deviations (a stall:
+        garbage collection, a checkpoint, the allocator growing) are left out and the line fitted again."""
         structures = Counter(len(s.inputs) for s in self.shapes if s is not None)
         if not structures:
             return None
@@ -149,11 +155,18 @@ class WindowShapes:
         axes = ShapeAxes.of([s for s, _, _ in steps])
         if not axes.classes:
             return None
-        x = np.column_stack([basis([s for s, _, _ in steps], False, axes), [float(f) for _, _, f in steps]])
+        separable = len({first for _, _, first in steps}) > 1
+        x = np.column_stack([basis([s for s, _, _ in steps], False, axes),
+                             [float(f and separable) for _, _, f in steps]])
         if len(steps) < x.shape[1] + MIN_SHAPE_STEPS:
             return None
         y = np.array([[t] for _, t, _ in steps])
         coefficients = fit_nonnegative(x, y, np.ones_like(y))[0]
+        residuals = y[:, 0] - x @ coefficients
+        spread = 1.4826 * float(np.median(np.abs(residuals - np.median(residuals))))
+        keep = residuals <= np.median(residuals) + STALL_MADS * spread
+        if spread > 0 and not keep.all() and keep.sum() >= x.shape[1] + MIN_SHAPE_STEPS:
+            coefficients = fit_nonnegative(x[keep], y[keep], np.ones_like(y[keep]))[0]
         return axes, coefficients[:-1], float(coefficients[-1])
 
     def time_cv(self) -> float | None:

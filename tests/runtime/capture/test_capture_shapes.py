@@ -172,3 +172,19 @@ def test_a_longer_step_never_gets_a_shorter_time_when_new_shapes_pay_set_up() ->
         assert time_s == pytest.approx(0.02 + 1e-4 * shape.seq, rel=0.02)
     fit = window.warm_fit()
     assert fit is not None and fit[2] == pytest.approx(0.08, rel=0.05)
+
+
+def test_a_window_of_new_shapes_with_a_stall_still_prices_each_shape_by_its_lengths() -> None:
+    """Seen on the H200 (an encoder-decoder, two independent lengths): every window step was its shape's first
+    and one stalled; the fit put everything in its constant and gave every shape the window's mean time."""
+    rng = np.random.default_rng(1)
+    pairs = [(int(rng.integers(300, 1024)), int(rng.integers(150, 512))) for _ in range(20)]
+    shapes = tuple(StepShape.of([(8, a), (8, b)]) for a, b in pairs)
+    times = [0.05 + 2e-4 * a + 1e-4 * b + float(rng.normal(0, 2e-3)) for a, b in pairs]
+    times[0] += 4.0  # a stall
+    window = WindowShapes(shapes, tuple(times))
+    assert all(window.first_seen)
+    fit = window.warm_fit()
+    assert fit is not None and fit[2] == 0.0
+    for (a, b), shape in zip(pairs[1:], shapes[1:], strict=True):
+        assert window.step_time_s(shape) == pytest.approx(0.05 + 2e-4 * a + 1e-4 * b, rel=0.05)
