@@ -4,9 +4,10 @@ NVML's total-energy counter updates only a few times a second on an H200 and a r
 :class:`EnergyTrace` keeps timed values of it, ``(host s, J)`` points between which
 :meth:`EnergyTrace.energy_j` interpolates linearly. Paced (``read_every_s > 0``), a background thread reads
 it: it learns the counter's update clock (:class:`UpdateClock`), reads just after the expected updates (those
-after each :meth:`EnergyTrace.mark` first), places each value at its update, keeps the clock fitted, and never
-starts a read within ``READ_GUARD_S`` before a clock request; the thread that issues clock requests never reads
-it. A counter with no usable period has each value placed at its read. With ``read_every_s == 0`` only
+around each :meth:`EnergyTrace.mark` first), about once per update it needs, places each value at its update,
+keeps the clock fitted (in a few reads back to back now and then, never a period of them), and never starts a
+read within ``READ_GUARD_S`` before a clock request; the thread that issues clock requests never reads it. A
+counter with no usable period has each value placed at its read. With ``read_every_s == 0`` only
 :meth:`EnergyTrace.read` reads it, on the caller's thread. The algorithm: ``docs/design/device-safety.md``.
 """
 
@@ -25,14 +26,16 @@ import numpy as np
 from kdvfs.runtime.device.host_time import Clock
 
 CALIBRATION_UPDATES = 4
-"""Counter changes seen back to back before the update clock is taken."""
+"""Counter changes measured in a row, back to back, before the update clock is taken."""
 CALIBRATION_S = 2.0
 """Longest the thread reads back to back for them (s)."""
 FIT_UPDATES = 64
 """Measured changes the clock is fitted over (the last)."""
-RELOCK_S = 5.0
+RELOCK_S = 20.0
 """A change is measured again at least this often (s), and whenever the clock's uncertainty reaches an eighth of
-its period."""
+its period or a read contradicts it."""
+NARROW_READS = 3.0
+"""Two reads around a change measure it when they span at most this many typical reads."""
 DRIFT_S_PER_S = 5e-4
 """How far the counter's updates may drift from a fixed period, per second."""
 MIN_PERIOD_READS = 4
@@ -49,10 +52,11 @@ Read = tuple[float, float, float]
 class UpdateClock:
     """When a counter updates: at ``tick_s + n period_s`` for whole n, fitted to measured changes."""
 
-    def __init__(self, changes_s: list[float]) -> None:
-        """From the times of consecutive measured changes (s, at least two, increasing)."""
-        self.period_s = float(statistics.median(np.diff(changes_s)))
-        self.tick_s = changes_s[-1]
+    def __init__(self, changes_s: list[float], period_s: float) -> None:
+        """From the times of measured changes (s, increasing, whole periods of about ``period_s`` apart)."""
+        self.period_s, self.tick_s = period_s, changes_s[-1]
+        self.slack_s = 0.0
+        """Added to the uncertainty after a change was not found where expected, until one is measured (s)."""
         self._measured: deque[float] = deque(maxlen=FIT_UPDATES)
         for change_s in changes_s:
             self.measured(change_s)
@@ -67,10 +71,10 @@ class UpdateClock:
 
     def uncertainty_s(self, now_s: float, read_s: float) -> float:
         """How far an expected update may be off at ``now_s`` (s): a read (``read_s``: how closely a change is
-        measured), and per second since the last measured change, the period's own (a read over the time the
-        measured changes span) and ``DRIFT_S_PER_S``."""
+        measured), per second since the last measured change the period's own (a read over the time the
+        measured changes span) and ``DRIFT_S_PER_S``, and ``slack_s``."""
         span_s = max(self._measured[-1] - self._measured[0], self.period_s)
-        return read_s + (now_s - self._measured[-1]) * (read_s / span_s + DRIFT_S_PER_S)
+        return read_s + self.slack_s + (now_s - self._measured[-1]) * (read_s / span_s + DRIFT_S_PER_S)
 
     @property
     def last_measured_s(self) -> float:
@@ -79,6 +83,7 @@ class UpdateClock:
     def measured(self, change_s: float) -> None:
         """A change measured at ``change_s`` (host s, within about a read): fit the clock again."""
         self._measured.append(change_s)
+        self.slack_s = 0.0
         times_s = np.array(self._measured)
         counts = np.round((times_s - change_s) / self.period_s)
         self.tick_s = change_s
@@ -111,7 +116,7 @@ class EnergyTrace:
         self._last: Read | None = None
         self._wanted: list[float] = []
         """Expected updates to read just after (host s)."""
-        self._read_now = False
+        self._read_now = self._doubt = self._lost = False
         self._relock_after_s = -math.inf
         self._durations_s: deque[float] = deque(maxlen=16)
         self.updates: UpdateClock | None = None
@@ -152,10 +157,9 @@ class EnergyTrace:
         self._durations_s.append(after_s - before_s)
         previous, self._last = self._last, (before_s, after_s, energy_j)
         if previous is None or energy_j != previous[2]:
-            time_s = (before_s + after_s) / 2
-            if previous is not None and self.updates is not None:
-                update_s = self.updates.at_or_before(after_s)
-                time_s = update_s if update_s > previous[0] else (previous[0] + previous[1] + before_s + after_s) / 4
+            time_s = self._place(previous, self._last)
+            if time_s is None:
+                return self._last
             with self._lock:
                 if self._times_s and time_s <= self._times_s[-1]:
                     time_s = math.nextafter(self._times_s[-1], math.inf)
@@ -163,10 +167,35 @@ class EnergyTrace:
                 self._energies_j.append(energy_j)
         return self._last
 
+    def _place(self, previous: Read | None, current: Read) -> float | None:
+        """Where a new value goes (host s; None: not kept, it may be either of two updates'). Two reads close
+        around its change measure it (the clock is fitted to it); a change where the clock expects none casts
+        doubt on the clock."""
+        updates = self.updates
+        if previous is None or updates is None:
+            return (current[0] + current[1]) / 2
+        between_s = sum(previous[:2] + current[:2]) / 4
+        with self._lock:
+            last_s = max(previous[0], self._times_s[-1] if self._times_s else -math.inf)
+        if current[1] - previous[0] <= NARROW_READS * self._read_s:
+            updates.measured(between_s)
+            self._doubt = False
+            update_s = updates.at_or_before(current[1])
+            return update_s if update_s > last_s else between_s
+        unsure_s = self._uncertainty_s()
+        update_s = updates.at_or_before(current[1])
+        if update_s > updates.at_or_before(current[0] + self._read_s) > previous[0] - unsure_s:
+            return None  # a slow read across an expected update, the one before it not read yet: either's value
+        if update_s > previous[0] - unsure_s:
+            return max(update_s, math.nextafter(last_s, math.inf))
+        self._doubt = True
+        return between_s
+
     @property
     def _read_s(self) -> float:
-        """The longest of the recent reads (s)."""
-        return max(self._durations_s, default=0.0)
+        """A typical recent read (s): the median of the last few, so that one slow read does not widen every
+        window."""
+        return statistics.median(self._durations_s) if self._durations_s else 0.0
 
     def _uncertainty_s(self) -> float:
         assert self.updates is not None
@@ -177,6 +206,8 @@ class EnergyTrace:
             self._calibrate()
             while not self._stop.is_set():
                 self._woken.clear()
+                if self._lost:
+                    self._calibrate()
                 due_s, deadline_s, action = self._next_read()
                 if self._clock.sleep_until(due_s, self._woken) and self._guard(deadline_s):
                     action()
@@ -185,30 +216,27 @@ class EnergyTrace:
         finally:
             self.thread_cpu_s = time.thread_time()
 
-    def _back_to_back(self, until_s: float) -> float | None:
-        """Read back to back until the value changes or ``until_s`` (host s) passes; the change's time (None if
-        none: between the read that saw it and the one before)."""
-        previous = self.read()
-        while not self._stop.is_set() and self._clock.now_s() < until_s:
-            current = self.read()
-            if current[2] != previous[2]:
-                return (previous[0] + previous[1] + current[0] + current[1]) / 4
-            previous = current
-        return None
-
     def _calibrate(self) -> None:
         """Learn the update clock (see the module docstring)."""
+        self._lost, self._doubt, self.updates = False, False, None
         changes_s: list[float] = []
+        gaps_s: list[float] = []
         until_s = self._clock.now_s() + CALIBRATION_S
         previous = self.read()
-        while len(changes_s) < CALIBRATION_UPDATES and not self._stop.is_set() and self._clock.now_s() < until_s:
+        in_row = False
+        while len(gaps_s) < CALIBRATION_UPDATES - 1 and not self._stop.is_set() and self._clock.now_s() < until_s:
             current = self.read()
             self.calibration_reads += 1
             if current[2] != previous[2]:
-                changes_s.append((previous[0] + previous[1] + current[0] + current[1]) / 4)
+                narrow = current[1] - previous[0] <= NARROW_READS * self._read_s
+                if narrow:
+                    changes_s.append(sum(previous[:2] + current[:2]) / 4)
+                    if in_row:
+                        gaps_s.append(changes_s[-1] - changes_s[-2])
+                in_row = narrow
             previous = current
-        if len(changes_s) >= 2 and statistics.median(np.diff(changes_s)) >= MIN_PERIOD_READS * self._read_s:
-            self.updates = UpdateClock(changes_s)
+        if gaps_s and statistics.median(gaps_s) >= MIN_PERIOD_READS * self._read_s:
+            self.updates = UpdateClock(changes_s, float(statistics.median(gaps_s)))
 
     def _next_read(self) -> tuple[float, float, Callable[[], None]]:
         """When the next read is due, the latest it may start and what it is (see the module docstring)."""
@@ -227,11 +255,13 @@ class EnergyTrace:
         last_s = -math.inf if self._last is None else self._last[0]
         if updates is None:
             return last_s + self.read_every_s, last_s + self.read_every_s, self._read
-        relock_s = max(self._relock_after_s, min(updates.last_measured_s + RELOCK_S, self._unsure_from_s()))
+        relock_s = now_s if self._doubt else min(updates.last_measured_s + RELOCK_S, self._unsure_from_s())
+        relock_s = max(self._relock_after_s, relock_s)
         update_s = min([updates.after(last_s + self.read_every_s - updates.period_s), *self._wanted])
-        if relock_s < update_s:
-            update_s = updates.after(relock_s)
-            return update_s - self._uncertainty_s() - self._read_s, update_s, self._relock
+        if relock_s <= update_s:  # measure a change: the planned read's, unless that overshoots by a quarter
+            if update_s - relock_s > (relock_s - updates.last_measured_s) / 4:
+                update_s = updates.after(relock_s)
+            return update_s - self._uncertainty_s() - MARGIN_S, update_s, self._relock
         return update_s + self._uncertainty_s() + MARGIN_S, update_s + updates.period_s - self._read_s, self._read
 
     def _unsure_from_s(self) -> float:
@@ -263,38 +293,55 @@ class EnergyTrace:
         self.read()
 
     def _read(self) -> None:
-        """A planned read just after an expected update; one that finds the old value measures the change."""
+        """A planned read just after an expected update; one that finds the old value measures the change, in a
+        few reads back to back."""
         previous, updates = self._last, self.updates
         current = self.read()
         if updates is None:
             return
         update_s = updates.at_or_before(current[0])
-        self._wanted = [s for s in self._wanted if s > update_s + updates.period_s / 2]
         if previous is not None and current[2] == previous[2] and previous[1] < update_s - self._uncertainty_s():
-            self._measure(update_s + updates.period_s / 2)
+            self._measure(self._clock.now_s() + self._uncertainty_s() + self._read_s)
+        self._served()
 
     def _relock(self) -> None:
-        """Measure the change of the expected update ahead: back to back from before it until its uncertainty
-        past it, or (not seen there) for a period; put off by half a period when a clock request falls in
+        """Measure the change of the expected update ahead (the next one if that is too close): back to back from
+        before it until its uncertainty past it; put off by half a period when a clock request falls in
         between."""
         updates = self.updates
         assert updates is not None
-        now_s, until_s = self._clock.now_s(), updates.after(self._clock.now_s()) + self._uncertainty_s() + self._read_s
+        unsure_s = self._uncertainty_s()
+        update_s = updates.after(self._clock.now_s() + unsure_s)
+        if not self._clock.sleep_until(update_s - unsure_s - MARGIN_S, self._stop):
+            return
+        now_s, until_s = self._clock.now_s(), update_s + unsure_s + self._read_s
         if now_s < self._next_request_s() <= until_s + READ_GUARD_S:
             self._relock_after_s = now_s + updates.period_s / 2
             return
-        if not self._measure(until_s):
-            self._measure(self._clock.now_s() + updates.period_s + self._read_s)
+        self.read()  # the value before the change
+        self.relock_reads += 1
+        self._measure(until_s)
+        self._served()
 
-    def _measure(self, until_s: float) -> bool:
-        """Read back to back until a change (fitted to) or ``until_s`` (host s); whether one was measured."""
-        assert self.updates is not None
-        reads = self.reads
-        change_s = self._back_to_back(until_s)
+    def _served(self) -> None:
+        """Forget the wanted updates the last read has read."""
+        if self.updates is not None and self._last is not None:
+            update_s = self.updates.at_or_before(self._last[0])
+            self._wanted = [s for s in self._wanted if s > update_s + self.updates.period_s / 2]
+
+    def _measure(self, until_s: float) -> None:
+        """Read back to back until the value changes from the last read's (the change is measured: see
+        :meth:`_place`) or ``until_s`` (host s); not found there, the clock is less sure (its slack grows by its
+        uncertainty) or, once unsure by half a period, lost (learned again)."""
+        assert self.updates is not None and self._last is not None
+        reads, before_j = self.reads, self._last[2]
+        while not self._stop.is_set() and self._clock.now_s() < until_s:
+            if self.read()[2] != before_j:
+                self.relock_reads += self.reads - reads
+                return
         self.relock_reads += self.reads - reads
-        if change_s is not None:
-            self.updates.measured(change_s)
-        return change_s is not None
+        self.updates.slack_s += self._uncertainty_s()
+        self._lost = self._uncertainty_s() >= self.updates.period_s / 2
 
     def covers(self, time_s: float) -> bool:
         """Whether the counter is known at ``time_s`` (an update at or after it has been seen)."""

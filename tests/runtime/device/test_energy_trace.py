@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import itertools
 import math
+import random
 import threading
 from collections.abc import Callable
 
+import numpy as np
 import pytest
 
 from kdvfs.runtime.device.energy_trace import CALIBRATION_UPDATES, READ_GUARD_S, EnergyTrace
@@ -140,3 +142,101 @@ def test_a_counter_without_a_period_is_read_at_the_marks_and_each_value_placed_a
     assert trace.updates is None and trace.calibration_reads >= CALIBRATION_UPDATES
     assert trace.reads - trace.calibration_reads - 1 <= 30 + 20
     assert trace.energy_j(10.0) == pytest.approx(POWER_W * 10.0, rel=1e-3)
+
+
+class H200Counter(Counter):
+    """An H200-like counter: updates about every 0.1 s (0.02% slower, wandering by up to half a millisecond
+    over 25 s, each one off by up to 0.3 ms), reads of 3.1-4.7 ms (one in 25 of 9 ms) that see the counter at
+    a random point inside them, and a power that changes at every mark (450 W and 620 W in turn)."""
+
+    def __init__(self, clock: VirtualClock, marks_s: list[float], end_s: float, slow_share: float = 0.04) -> None:
+        super().__init__(clock, 0.1)
+        self.slow_share, self.slow_s = slow_share, 0.009
+        self.rng = random.Random(51)
+        self.updates_s = np.array([0.037 + n * 0.10002 + 0.0005 * math.sin(2 * math.pi * n * 0.1 / 25)
+                                   + self.rng.uniform(-3e-4, 3e-4) for n in range(int(end_s / 0.1) + 2)])
+        edges_s = np.array([0.0, *marks_s, end_s + 1.0])
+        powers_w = np.where(np.arange(len(edges_s) - 1) % 2 == 0, 450.0, 620.0)
+        self.edges_s, self.edges_j = edges_s, np.concatenate([[0.0], np.cumsum(powers_w * np.diff(edges_s))])
+
+    def true_j(self, time_s: float) -> float:
+        """The GPU's energy used by ``time_s`` (J)."""
+        return float(np.interp(time_s, self.edges_s, self.edges_j))
+
+    def published_s(self, time_s: float) -> float:
+        return float(self.updates_s[np.searchsorted(self.updates_s, time_s, side="right") - 1])
+
+    def ideal_j(self, time_s: float) -> float:
+        """The value at ``time_s`` interpolated between the counter's updates around it (the best a reader can
+        place it)."""
+        return float(np.interp(time_s, self.updates_s, [self.true_j(s) for s in self.updates_s]))
+
+    def __call__(self) -> float:
+        start_s = self.clock.now_s()
+        self.starts_s.append(start_s)
+        read_s = self.slow_s if self.rng.random() < self.slow_share else self.rng.uniform(0.0031, 0.0047)
+        self.clock.advance_to(start_s + self.rng.uniform(0, read_s))
+        value = self.true_j(self.published_s(self.clock.now_s()))
+        self.clock.advance_to(start_s + read_s)
+        return value
+
+
+def longest_burst(counter: Counter, skip: int) -> int:
+    """The most reads in a row back to back (each starting as the one before ends), after the first ``skip``."""
+    runs, run_reads = [1], 1
+    for start_s, next_s in itertools.pairwise(counter.starts_s[skip:]):
+        run_reads = run_reads + 1 if next_s - start_s <= 0.0101 else 1
+        runs.append(run_reads)
+    return max(runs)
+
+
+def test_an_h200_like_counter_is_read_about_once_per_update_a_mark_needs() -> None:
+    """Marks at window edges every 0.35-1 s for 60 s on an H200-like counter (:class:`H200Counter`): each mark
+    needs the updates before and after it, and after the clock is learned the thread reads about once per such
+    update, its own measuring of the clock included (not in bursts of a period); it places each window's energy
+    (between two marks) within 4 ms of power of the best a reader can (the counter's updates around its edges,
+    interpolated), and each mark's value within 8 ms of power of it (a clock a little off shifts every value
+    alike)."""
+    rng = random.Random(7)
+    marks_s = list(itertools.accumulate([rng.uniform(0.35, 1.0) for _ in range(100)], initial=2.0))
+    marks_s = [m for m in marks_s if m < 62.0]
+    box: list[EnergyTrace] = []
+    clock = ScriptedClock(64.0, [(m, lambda m=m: box[0].mark(m)) for m in marks_s])
+    counter = H200Counter(clock, marks_s, 64.0)
+    box.append(EnergyTrace(counter, clock, 1.0))
+    box[0].start()
+    assert clock.at_end.wait(60)
+    box[0].stop()
+    trace = box[0]
+    reads = trace.reads - trace.calibration_reads
+    needs = len({counter.published_s(m) for m in marks_s} | {counter.published_s(m + 0.1) for m in marks_s})
+    per_s = reads / (64.0 - counter.starts_s[trace.calibration_reads])
+    print(f"{reads} reads after learning the clock ({per_s:.2f}/s, {reads / needs:.2f} a needed update, "
+          f"{trace.relock_reads} measuring changes, at most {longest_burst(counter, trace.calibration_reads)} in a "
+          f"row) for {len(marks_s)} marks")
+    assert trace.updates is not None and trace.updates.period_s == pytest.approx(0.10002, rel=1e-3)
+    assert reads <= 1.25 * needs and per_s <= 3.6
+    assert longest_burst(counter, trace.calibration_reads) <= 8
+    errors_j = [trace.energy_j(m) - counter.ideal_j(m) for m in marks_s[1:-1]]  # type: ignore[operator]
+    print(f"largest error at a mark {max(map(abs, errors_j)):.2f} J, in a window "
+          f"{max(abs(b - a) for a, b in itertools.pairwise(errors_j)):.2f} J")
+    assert max(map(abs, errors_j)) <= 620.0 * 0.008
+    assert all(abs(b - a) <= 620.0 * 0.004 for a, b in itertools.pairwise(errors_j))
+
+
+def test_slow_reads_neither_hide_the_period_nor_widen_every_window() -> None:
+    """One read in 20 takes 30 ms (the reading thread was descheduled), also while the clock is learned: the
+    period is still learned, and the clock is measured again in a few reads now and then, not at every read."""
+    marks_s = [2.0 + 0.6 * i for i in range(45)]
+    box: list[EnergyTrace] = []
+    clock = ScriptedClock(30.0, [(m, lambda m=m: box[0].mark(m)) for m in marks_s])
+    counter = H200Counter(clock, marks_s, 30.0, slow_share=0.05)
+    counter.slow_s = 0.03
+    box.append(EnergyTrace(counter, clock, 1.0))
+    box[0].start()
+    assert clock.at_end.wait(60)
+    box[0].stop()
+    trace = box[0]
+    assert trace.updates is not None and trace.updates.period_s == pytest.approx(0.10002, rel=1e-3)
+    assert trace.relock_reads <= 0.25 * (trace.reads - trace.calibration_reads)
+    assert longest_burst(counter, trace.calibration_reads) <= 8
