@@ -34,7 +34,7 @@ from kdvfs.agents.learned.training.margin_plans import (
 )
 from kdvfs.agents.learned.training.ppo import build_pairs, load_train_config
 from kdvfs.common.paths import REPO_ROOT
-from kdvfs.envs.env.observing.measured import MARGINS
+from kdvfs.envs.env.observing.measured import MARGIN_ACTIONS, margin_label
 from kdvfs.envs.gpu.profiles import load_profile
 
 POLICIES = REPO_ROOT / "benchmarks" / "data" / "learned"
@@ -69,7 +69,7 @@ def run_gpu(gpu: str, seeds: int) -> dict[str, Any]:
     pairs = [pair for _, pair in labelled]
     used = sorted({int(m) for m in margins.ravel()} | {0})
     plans = episodes({f"margin-{i}": FixedMargin(i) for i in used}, pairs, profile, config, seeds)
-    full = np.zeros((len(MARGINS), *plans.shape[1:]))
+    full = np.zeros((MARGIN_ACTIONS, *plans.shape[1:]))
     full[used] = plans
     bar, reference = chosen(full, margins), full[0]
     if not policies:
@@ -85,7 +85,7 @@ def run_gpu(gpu: str, seeds: int) -> dict[str, Any]:
             delta = np.array([[(mine[k][member[f]][..., 0] - plan[member[f]][..., 0]).mean()
                                for k in range(len(policies))] for f in range(len(families))])
             cells.append({
-                "budget_pct": 100 * budget, "latency_scale": scale, "margin_pct": 100 * MARGINS[margins[b, s]],
+                "budget_pct": 100 * budget, "latency_scale": scale, "margin": margin_label(int(margins[b, s])),
                 "within_budget_ppo": float(within(ppo[:, :, b:b + 1, s:s + 1], (budget,)).mean()),
                 "within_budget_ppo_by_seed":
                     within(ppo[:, :, b:b + 1, s:s + 1], (budget,)).mean(axis=(1, 2, 3, 4)).tolist(),
@@ -111,7 +111,7 @@ def run_gpu(gpu: str, seeds: int) -> dict[str, Any]:
 def baseline_only(gpu: str, margins: np.ndarray, bar: np.ndarray, reference: np.ndarray, pairs: int,
                   seeds: int) -> dict[str, Any]:
     """The bar's figures for a GPU without trained residual policies (``trained`` False)."""
-    cells = [{"budget_pct": 100 * budget, "latency_scale": scale, "margin_pct": 100 * MARGINS[margins[b, s]],
+    cells = [{"budget_pct": 100 * budget, "latency_scale": scale, "margin": margin_label(int(margins[b, s])),
               "within_budget_plan": float(within(bar[:, b:b + 1, s:s + 1], (budget,)).mean()),
               "within_budget_reference_plan": float(within(reference[:, b:b + 1, s:s + 1], (budget,)).mean()),
               "saved_plan_pct": float(bar[:, b, s, :, 0].mean()),
@@ -135,7 +135,7 @@ def _markdown(result: dict[str, Any]) -> str:
                       "| budget | latency | margin (validation) | within plan / no margin "
                       "| saved plan / no margin (%) |",
                       "| --- | --- | --- | --- | --- |"]
-            lines += [f"| {c['budget_pct']:g}% | {c['latency_scale']:g}x | {c['margin_pct']:g}% | "
+            lines += [f"| {c['budget_pct']:g}% | {c['latency_scale']:g}x | {c['margin']} | "
                       f"{c['within_budget_plan']:.1%} / {c['within_budget_reference_plan']:.1%} | "
                       f"{c['saved_plan_pct']:.2f} / {c['saved_reference_plan_pct']:.2f} |" for c in row["cells"]]
             lines.append("")
@@ -152,7 +152,7 @@ def _markdown(result: dict[str, Any]) -> str:
                   "| PPO - plan (95%, clustered) |", "| --- | --- | --- | --- | --- | --- |"]
         for c in row["cells"]:
             lo, hi = c["ci95"]
-            lines.append(f"| {c['budget_pct']:g}% | {c['latency_scale']:g}x | {c['margin_pct']:g}% | "
+            lines.append(f"| {c['budget_pct']:g}% | {c['latency_scale']:g}x | {c['margin']} | "
                          f"{c['within_budget_ppo']:.1%} / {c['within_budget_plan']:.1%} / "
                          f"{c['within_budget_reference_plan']:.1%} | {c['saved_ppo_pct']:.2f} / "
                          f"{c['saved_plan_pct']:.2f} / {c['saved_reference_plan_pct']:.2f} | "

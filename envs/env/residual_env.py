@@ -1,16 +1,18 @@
 """``KernelDVFSResidual-v0`` (experimental): set each kernel segment's clocks as a residual over the fitting plan,
 observing only what a controller measures.
 
-It executes as ``KernelDVFS-v0`` (:class:`~kdvfs.envs.env.dvfs_env.KernelDVFSEnv`: kernels, switching,
-disturbances, executed variants) but observes :func:`~kdvfs.envs.env.observing.measured.residual_observation` of the
-state a controller measures (:class:`~kdvfs.envs.env.observing.measured.Measurement`); its action is
-``MultiDiscrete([len(CORE_STEPS), len(MEMORY_STEPS), len(MARGINS)])``, a core and a memory residual on the
-fitting plan's pair and a margin on the slack (the zero action is the fitting plan), held as a standing order
-and decided at the step's start, at segment boundaries a controller acts on and at each budget event (the run
+It executes as ``KernelDVFS-v0`` (:class:`~kdvfs.envs.env.dvfs_env.KernelDVFSEnv`: kernels, switching, disturbances,
+executed variants) but observes :func:`~kdvfs.envs.env.observing.measured.residual_observation` of the state a
+controller measures (:class:`~kdvfs.envs.env.observing.measured.Measurement`); its action is
+``MultiDiscrete([len(CORE_STEPS), len(MEMORY_STEPS), MARGIN_ACTIONS])``, a core and a memory residual on the fitting
+plan's pair and a margin on the slack (the zero action is the fitting plan), or the release of the clocks to auto
+for the rest of the step (``RELEASE``: the run goes on to its end without another decision), held as a standing
+order and decided at the step's start, at segment boundaries a controller acts on and at each budget event (the run
 passing another ``1 / budget_events`` of its auto time). Reward: energy saved (% of the executed step's auto
-energy), at the run's end minus ``overrun_penalty`` x the slowdown beyond the budget (%) and
-``violation_penalty`` if over budget at all, against the auto time the GPU ran; ``info["violation"]`` and
-``info["budget"]`` let a constrained learner price violations per budget. Design: ``docs/learning.md``.
+energy), at the run's end minus ``overrun_penalty`` x the slowdown beyond the budget (%) and ``violation_penalty``
+if over budget at all, against the auto time the GPU ran; ``info["violation"]``, ``info["budget"]`` and
+``info["latency_scale"]`` let a constrained learner price violations per budget x latency cell. Design:
+``docs/learning.md``.
 """
 
 from __future__ import annotations
@@ -30,8 +32,10 @@ from kdvfs.envs.env.dvfs_env import KernelDVFSEnv
 from kdvfs.envs.env.dynamics import core_fractions
 from kdvfs.envs.env.observing.measured import (
     CORE_STEPS,
+    MARGIN_ACTIONS,
     MARGINS,
     MEMORY_STEPS,
+    RELEASE,
     MeasuredState,
     Measurement,
     budget_use,
@@ -68,7 +72,7 @@ class ResidualDVFSEnv(KernelDVFSEnv):
             raise KdvfsError(f"{RESIDUAL_ENV_ID} needs residual_actions in its settings")
         self.policy_spec = policy_spec(self.observation_spec)
         self.observation_space = spaces.Box(-OBS_LIMIT, OBS_LIMIT, (self.policy_spec.size,), np.float32)
-        self.action_space = spaces.MultiDiscrete([len(CORE_STEPS), len(MEMORY_STEPS), len(MARGINS)])
+        self.action_space = spaces.MultiDiscrete([len(CORE_STEPS), len(MEMORY_STEPS), MARGIN_ACTIONS])
         self._policy_obs = np.zeros(self.policy_spec.size, dtype=np.float32)
         self._tables: dict[tuple[int, int], Any] = {}
         self._start_measuring(0.0)
@@ -156,7 +160,7 @@ class ResidualDVFSEnv(KernelDVFSEnv):
     def _observe_policy(self) -> Array:
         """Measure, write the policy's observation and the standing order's pair at this decision point."""
         self._state = self.measured_state()
-        margin = MARGINS[int(self._action[2])]
+        margin = MARGINS[min(int(self._action[2]), len(MARGINS) - 1)]
         fitting = residual_observation(self._policy_obs, self.tables(), self._state, self.budget, self._budget_plan,
                                        margin, self.measurement.errors)
         levels, memories = self.grid.levels, self._memories
@@ -172,6 +176,10 @@ class ResidualDVFSEnv(KernelDVFSEnv):
         self._action = np.asarray(action, dtype=np.int64)
         _, error = budget_use(self._state)
         self.measurement.record_error(100.0 * error)
+        if int(self._action[2]) == RELEASE:
+            self._release()
+            reward, info = self._reward(before, True)
+            return self._policy_obs.copy(), reward, True, False, info
         self._observe_policy()  # the new standing order's pair here
         while True:
             self._request_pair(self._pair)
@@ -184,6 +192,13 @@ class ResidualDVFSEnv(KernelDVFSEnv):
         terminated = self._k == self._kernels
         reward, info = self._reward(before, terminated)
         return self._policy_obs.copy(), reward, terminated, False, info
+
+    def _release(self) -> None:
+        """Auto clocks requested as soon as the controller is free (at once at the step's start), then the run to
+        its end with no other request."""
+        while self._k < self._kernels:
+            self._request_pair(0)
+            self._advance(self._now_s + self.decision_interval_s)
 
     def _boundary(self) -> bool:
         """Whether the agent decides here: the order asks for another pair and the controller is free, or the
@@ -214,7 +229,8 @@ class ResidualDVFSEnv(KernelDVFSEnv):
         energy = 100.0 * ((after.auto_energy_j - before.auto_energy_j) - (after.energy_j - before.energy_j)) \
             / self._reference.step_auto_energy_j
         info: dict[str, Any] = {"reward_energy": energy, "reward_time": 0.0, "reward_violation": 0.0,
-                                "budget": self.budget, "violation": 0.0}
+                                "budget": self.budget, "latency_scale": self.config.latency_scales[self.selection[1]],
+                                "violation": 0.0}
         if terminated:
             summary = self.episode_summary()
             over_pct = max(0.0, summary["slowdown_pct"] - 100.0 * self.budget)
