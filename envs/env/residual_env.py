@@ -18,6 +18,7 @@ if over budget at all, against the auto time the GPU ran; ``info["violation"]``,
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import gymnasium as gym
@@ -30,6 +31,7 @@ from kdvfs.envs.env.advice.plan_advice import EPS
 from kdvfs.envs.env.config import EnvConfig
 from kdvfs.envs.env.dvfs_env import KernelDVFSEnv
 from kdvfs.envs.env.dynamics import core_fractions
+from kdvfs.envs.env.observing.live_tables import LiveTables
 from kdvfs.envs.env.observing.measured import (
     CORE_STEPS,
     MARGIN_ACTIONS,
@@ -57,6 +59,11 @@ RESIDUAL_SETTINGS: dict[str, Any] = {"residual_actions": True, "overrun_penalty"
 linear overrun price, violations priced by a constraint, decisions at segment boundaries and budget events)."""
 ZERO_ACTION = np.zeros(3, dtype=np.int64)
 """The action that follows the fitting plan exactly (no residual, no margin)."""
+_SHARED_TABLES: dict[tuple[int, float, float, float], tuple[object, LiveTables]] = {}
+"""The live tables of each step and regime, one copy per process: keyed by the identity of the step's plan advice
+(computed once per process, :func:`~kdvfs.envs.env.timing.decision_data`, kept in the value so that the identity
+stays its own) and the switching figures. Every environment over the same steps reads the same tables (each
+environment holding its own copy of every step's grew to 7 GB a process in training)."""
 
 
 class ResidualDVFSEnv(KernelDVFSEnv):
@@ -74,7 +81,8 @@ class ResidualDVFSEnv(KernelDVFSEnv):
         self.observation_space = spaces.Box(-OBS_LIMIT, OBS_LIMIT, (self.policy_spec.size,), np.float32)
         self.action_space = spaces.MultiDiscrete([len(CORE_STEPS), len(MEMORY_STEPS), MARGIN_ACTIONS])
         self._policy_obs = np.zeros(self.policy_spec.size, dtype=np.float32)
-        self._tables: dict[tuple[int, int], Any] = {}
+        self._tables_key: tuple[int, float, float, float] | None = None
+        self._tables: LiveTables | None = None
         self._start_measuring(0.0)
 
     def _start_measuring(self, drift_pct: float, pace_sd: float = 0.0) -> None:
@@ -149,13 +157,16 @@ class ResidualDVFSEnv(KernelDVFSEnv):
         anchors = self.measurement.anchors
         return int(anchors[max(int(np.searchsorted(anchors, kernel, side="left")) - 1, 0)])
 
-    def tables(self) -> Any:
-        """The live tables of the episode's step and regime (built once per step and regime)."""
-        key = self.selection
-        found = self._tables.get(key)
-        if found is None:
-            found = self._tables[key] = self.live_tables()
-        return found
+    def tables(self) -> LiveTables:
+        """The live tables of the episode's step and regime (built once per process, step and regime:
+        ``_SHARED_TABLES``), with this environment's own observation and advice buffers."""
+        key = (id(self._plans), self.latency_s, self.latency_std_s, self.decision_interval_s)
+        if self._tables is None or key != self._tables_key:
+            found = _SHARED_TABLES.get(key)
+            if found is None or found[0] is not self._plans:
+                found = _SHARED_TABLES[key] = (self._plans, self.live_tables())
+            self._tables_key, self._tables = key, replace(found[1], obs=self._obs, advice=self._advice)
+        return self._tables
 
     def _observe_policy(self) -> Array:
         """Measure, write the policy's observation and the standing order's pair at this decision point."""

@@ -146,3 +146,18 @@ def test_release_mid_step_requests_auto_once_and_nothing_after() -> None:
     _, _, done, _, info = env.step(np.array([0, 0, RELEASE]))
     assert done and env._requests == requests + 1 and env.applied[-1] == env._data.actions[0]
     assert info["energy_saved_pct"] > 0  # the stretch before the release saved
+
+
+def test_environments_over_the_same_steps_share_one_copy_of_each_steps_tables() -> None:
+    """The live tables (landings for every pair) are built once per process, step and regime, not once per
+    environment: each environment of a vectorised training run holding its own copy grew to 7 GB a process."""
+    config = SETTINGS.with_disturbances().replace(residual_actions=True, run_steps=2)
+    first = ResidualDVFSEnv(gpu="h200", config=config)
+    second = ResidualDVFSEnv(first.steps, gpu="h200", config=config)  # as a vectorised run's: the same steps
+    for env in (first, second):
+        env.reset(seed=0, options={"budget": 0.01, "latency_scale": 1.0})
+    mine, theirs = first.tables(), second.tables()
+    assert mine.landings is theirs.landings and mine.change_kernels is theirs.change_kernels
+    assert mine.obs is not theirs.obs and mine.advice is not theirs.advice  # each writes its own buffers
+    first.reset(seed=0, options={"budget": 0.01, "latency_scale": 2.0})
+    assert first.tables().landings is not mine.landings
