@@ -112,12 +112,13 @@ def run_gpu(gpu: str, seeds: int) -> dict[str, Any]:
 def baseline_only(gpu: str, margins: np.ndarray, bar: np.ndarray, reference: np.ndarray, pairs: int,
                   seeds: int) -> dict[str, Any]:
     """The bar's figures for a GPU without trained residual policies (``trained`` False)."""
-    cells = [{"budget_pct": 100 * budget, "latency_scale": scale, "margin": margin_label(int(margins[b, s])),
-              "within_budget_plan": float(within(bar[:, b:b + 1, s:s + 1], (budget,)).mean()),
-              "within_budget_reference_plan": float(within(reference[:, b:b + 1, s:s + 1], (budget,)).mean()),
-              "saved_plan_pct": float(bar[:, b, s, :, 0].mean()),
-              "saved_reference_plan_pct": float(reference[:, b, s, :, 0].mean())}
-             for b, budget in enumerate(CELL_BUDGETS) for s, scale in enumerate(CELL_LATENCY_SCALES)]
+    cells: list[dict[str, Any]] = [{"budget_pct": 100 * budget, "latency_scale": scale,
+                                    "margin": margin_label(int(margins[b, s])),
+                      "within_budget_plan": float(within(bar[:, b:b + 1, s:s + 1], (budget,)).mean()),
+                      "within_budget_reference_plan": float(within(reference[:, b:b + 1, s:s + 1], (budget,)).mean()),
+                      "saved_plan_pct": float(bar[:, b, s, :, 0].mean()),
+                      "saved_reference_plan_pct": float(reference[:, b, s, :, 0].mean())}
+                     for b, budget in enumerate(CELL_BUDGETS) for s, scale in enumerate(CELL_LATENCY_SCALES)]
     return {"trained": False, "gpu": gpu, "pairs": pairs, "noise_seeds": seeds,
             "within_budget_plan": float(within(bar).mean()),
             "within_budget_reference_plan": float(within(reference).mean()),
