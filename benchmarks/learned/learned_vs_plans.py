@@ -1,13 +1,14 @@
 """Residual PPO against the best fixed-margin fitting plan on held-out steps: within budget and saving per cell.
 
-    python -m benchmarks.learned.learned_vs_plans [--gpus h200] [--seeds 4] [--jobs 2]
+    python -m benchmarks.learned.learned_vs_plans [--gpus h200] [--seeds 4] [--jobs 2] [--results NAME]
 
 For each GPU with trained residual policies (``benchmarks/data/learned/<gpu>-s<seed>.kdvfs-policy.npz``): per
 budget x latency cell, the fixed-margin fitting plan that saves most within budget on the validation pairs is
 the bar; then the held-out pairs of ``benchmarks/learned/ppo_vs_clone.py`` are scored once for PPO of every
 training seed, each cell's plan and the plain fitting plan. Reported per cell: within-budget share, mean saving,
 and PPO - plan saving with a 95% interval clustered by family and training seed (two-way bootstrap). Writes
-``benchmarks/results/learned_vs_plans.{json,md}``. Method: ``docs/design/benchmarks.md``.
+``benchmarks/results/learned_vs_plans.{json,md}`` (``--results NAME``: ``NAME.{json,md}``, for GPUs scored at
+another time). Method: ``docs/design/benchmarks.md``.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from kdvfs.agents.learned.training.margin_plans import (
 )
 from kdvfs.agents.learned.training.ppo import build_pairs, load_train_config
 from kdvfs.common.paths import REPO_ROOT
-from kdvfs.envs.env.observing.measured import MARGINS
+from kdvfs.envs.env.observing.measured import MARGIN_ACTIONS, margin_label
 from kdvfs.envs.gpu.profiles import load_profile
 
 POLICIES = REPO_ROOT / "benchmarks" / "data" / "learned"
@@ -69,7 +70,7 @@ def run_gpu(gpu: str, seeds: int) -> dict[str, Any]:
     pairs = [pair for _, pair in labelled]
     used = sorted({int(m) for m in margins.ravel()} | {0})
     plans = episodes({f"margin-{i}": FixedMargin(i) for i in used}, pairs, profile, config, seeds)
-    full = np.zeros((len(MARGINS), *plans.shape[1:]))
+    full = np.zeros((MARGIN_ACTIONS, *plans.shape[1:]))
     full[used] = plans
     bar, reference = chosen(full, margins), full[0]
     if not policies:
@@ -85,7 +86,7 @@ def run_gpu(gpu: str, seeds: int) -> dict[str, Any]:
             delta = np.array([[(mine[k][member[f]][..., 0] - plan[member[f]][..., 0]).mean()
                                for k in range(len(policies))] for f in range(len(families))])
             cells.append({
-                "budget_pct": 100 * budget, "latency_scale": scale, "margin_pct": 100 * MARGINS[margins[b, s]],
+                "budget_pct": 100 * budget, "latency_scale": scale, "margin": margin_label(int(margins[b, s])),
                 "within_budget_ppo": float(within(ppo[:, :, b:b + 1, s:s + 1], (budget,)).mean()),
                 "within_budget_ppo_by_seed":
                     within(ppo[:, :, b:b + 1, s:s + 1], (budget,)).mean(axis=(1, 2, 3, 4)).tolist(),
@@ -111,12 +112,13 @@ def run_gpu(gpu: str, seeds: int) -> dict[str, Any]:
 def baseline_only(gpu: str, margins: np.ndarray, bar: np.ndarray, reference: np.ndarray, pairs: int,
                   seeds: int) -> dict[str, Any]:
     """The bar's figures for a GPU without trained residual policies (``trained`` False)."""
-    cells = [{"budget_pct": 100 * budget, "latency_scale": scale, "margin_pct": 100 * MARGINS[margins[b, s]],
-              "within_budget_plan": float(within(bar[:, b:b + 1, s:s + 1], (budget,)).mean()),
-              "within_budget_reference_plan": float(within(reference[:, b:b + 1, s:s + 1], (budget,)).mean()),
-              "saved_plan_pct": float(bar[:, b, s, :, 0].mean()),
-              "saved_reference_plan_pct": float(reference[:, b, s, :, 0].mean())}
-             for b, budget in enumerate(CELL_BUDGETS) for s, scale in enumerate(CELL_LATENCY_SCALES)]
+    cells: list[dict[str, Any]] = [{"budget_pct": 100 * budget, "latency_scale": scale,
+                                    "margin": margin_label(int(margins[b, s])),
+                      "within_budget_plan": float(within(bar[:, b:b + 1, s:s + 1], (budget,)).mean()),
+                      "within_budget_reference_plan": float(within(reference[:, b:b + 1, s:s + 1], (budget,)).mean()),
+                      "saved_plan_pct": float(bar[:, b, s, :, 0].mean()),
+                      "saved_reference_plan_pct": float(reference[:, b, s, :, 0].mean())}
+                     for b, budget in enumerate(CELL_BUDGETS) for s, scale in enumerate(CELL_LATENCY_SCALES)]
     return {"trained": False, "gpu": gpu, "pairs": pairs, "noise_seeds": seeds,
             "within_budget_plan": float(within(bar).mean()),
             "within_budget_reference_plan": float(within(reference).mean()),
@@ -135,7 +137,7 @@ def _markdown(result: dict[str, Any]) -> str:
                       "| budget | latency | margin (validation) | within plan / no margin "
                       "| saved plan / no margin (%) |",
                       "| --- | --- | --- | --- | --- |"]
-            lines += [f"| {c['budget_pct']:g}% | {c['latency_scale']:g}x | {c['margin_pct']:g}% | "
+            lines += [f"| {c['budget_pct']:g}% | {c['latency_scale']:g}x | {c['margin']} | "
                       f"{c['within_budget_plan']:.1%} / {c['within_budget_reference_plan']:.1%} | "
                       f"{c['saved_plan_pct']:.2f} / {c['saved_reference_plan_pct']:.2f} |" for c in row["cells"]]
             lines.append("")
@@ -152,7 +154,7 @@ def _markdown(result: dict[str, Any]) -> str:
                   "| PPO - plan (95%, clustered) |", "| --- | --- | --- | --- | --- | --- |"]
         for c in row["cells"]:
             lo, hi = c["ci95"]
-            lines.append(f"| {c['budget_pct']:g}% | {c['latency_scale']:g}x | {c['margin_pct']:g}% | "
+            lines.append(f"| {c['budget_pct']:g}% | {c['latency_scale']:g}x | {c['margin']} | "
                          f"{c['within_budget_ppo']:.1%} / {c['within_budget_plan']:.1%} / "
                          f"{c['within_budget_reference_plan']:.1%} | {c['saved_ppo_pct']:.2f} / "
                          f"{c['saved_plan_pct']:.2f} / {c['saved_reference_plan_pct']:.2f} | "
@@ -166,12 +168,15 @@ def main() -> None:
     parser.add_argument("--gpus", nargs="+", default=["h200", "b200", "a100-sxm4"])
     parser.add_argument("--seeds", type=int, default=4)
     parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--results", default="learned_vs_plans", help="result files' name (benchmarks/results/)")
     args = parser.parse_args()
     with ProcessPoolExecutor(args.jobs) as pool:
         runs = dict(zip(args.gpus, pool.map(run_gpu, args.gpus, [args.seeds] * len(args.gpus)), strict=True))
     command = f"python -m benchmarks.learned.learned_vs_plans --gpus {' '.join(args.gpus)} --seeds {args.seeds}"
+    if args.results != "learned_vs_plans":
+        command += f" --results {args.results}"
     result = {"provenance": provenance(command), "gpus": runs}
-    write_results("learned_vs_plans", result, _markdown(result))
+    write_results(args.results, result, _markdown(result))
 
 
 if __name__ == "__main__":

@@ -1,21 +1,24 @@
 """``KernelDVFSResidual-v0`` (experimental): set each kernel segment's clocks as a residual over the fitting plan,
 observing only what a controller measures.
 
-It executes as ``KernelDVFS-v0`` (:class:`~kdvfs.envs.env.dvfs_env.KernelDVFSEnv`: kernels, switching,
-disturbances, executed variants) but observes :func:`~kdvfs.envs.env.observing.measured.residual_observation` of the
-state a controller measures (:class:`~kdvfs.envs.env.observing.measured.Measurement`); its action is
-``MultiDiscrete([len(CORE_STEPS), len(MEMORY_STEPS), len(MARGINS)])``, a core and a memory residual on the
-fitting plan's pair and a margin on the slack (the zero action is the fitting plan), held as a standing order
-and decided at the step's start, at segment boundaries a controller acts on and at each budget event (the run
+It executes as ``KernelDVFS-v0`` (:class:`~kdvfs.envs.env.dvfs_env.KernelDVFSEnv`: kernels, switching, disturbances,
+executed variants) but observes :func:`~kdvfs.envs.env.observing.measured.residual_observation` of the state a
+controller measures (:class:`~kdvfs.envs.env.observing.measured.Measurement`); its action is
+``MultiDiscrete([len(CORE_STEPS), len(MEMORY_STEPS), MARGIN_ACTIONS])``, a core and a memory residual on the fitting
+plan's pair and a margin on the slack (the zero action is the fitting plan), or the release of the clocks to auto
+for the rest of the step (``RELEASE``: the run goes on to its end without another decision), held as a standing
+order and decided at the step's start, at segment boundaries a controller acts on and at each budget event (the run
 passing another ``1 / budget_events`` of its auto time). Reward: energy saved (% of the executed step's auto
-energy), at the run's end minus ``overrun_penalty`` x the slowdown beyond the budget (%) and
-``violation_penalty`` if over budget at all, against the auto time the GPU ran; ``info["violation"]`` and
-``info["budget"]`` let a constrained learner price violations per budget. Design: ``docs/learning.md``.
+energy), at the run's end minus ``overrun_penalty`` x the slowdown beyond the budget (%) and ``violation_penalty``
+if over budget at all, against the auto time the GPU ran; ``info["violation"]``, ``info["budget"]`` and
+``info["latency_scale"]`` let a constrained learner price violations per budget x latency cell. Design:
+``docs/learning.md``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import gymnasium as gym
@@ -28,10 +31,13 @@ from kdvfs.envs.env.advice.plan_advice import EPS
 from kdvfs.envs.env.config import EnvConfig
 from kdvfs.envs.env.dvfs_env import KernelDVFSEnv
 from kdvfs.envs.env.dynamics import core_fractions
+from kdvfs.envs.env.observing.live_tables import LiveTables
 from kdvfs.envs.env.observing.measured import (
     CORE_STEPS,
+    MARGIN_ACTIONS,
     MARGINS,
     MEMORY_STEPS,
+    RELEASE,
     MeasuredState,
     Measurement,
     budget_use,
@@ -53,6 +59,11 @@ RESIDUAL_SETTINGS: dict[str, Any] = {"residual_actions": True, "overrun_penalty"
 linear overrun price, violations priced by a constraint, decisions at segment boundaries and budget events)."""
 ZERO_ACTION = np.zeros(3, dtype=np.int64)
 """The action that follows the fitting plan exactly (no residual, no margin)."""
+_SHARED_TABLES: dict[tuple[int, float, float, float], tuple[object, LiveTables]] = {}
+"""The live tables of each step and regime, one copy per process: keyed by the identity of the step's plan advice
+(computed once per process, :func:`~kdvfs.envs.env.timing.decision_data`, kept in the value so that the identity
+stays its own) and the switching figures. Every environment over the same steps reads the same tables (each
+environment holding its own copy of every step's grew to 7 GB a process in training)."""
 
 
 class ResidualDVFSEnv(KernelDVFSEnv):
@@ -68,9 +79,10 @@ class ResidualDVFSEnv(KernelDVFSEnv):
             raise KdvfsError(f"{RESIDUAL_ENV_ID} needs residual_actions in its settings")
         self.policy_spec = policy_spec(self.observation_spec)
         self.observation_space = spaces.Box(-OBS_LIMIT, OBS_LIMIT, (self.policy_spec.size,), np.float32)
-        self.action_space = spaces.MultiDiscrete([len(CORE_STEPS), len(MEMORY_STEPS), len(MARGINS)])
+        self.action_space = spaces.MultiDiscrete([len(CORE_STEPS), len(MEMORY_STEPS), MARGIN_ACTIONS])
         self._policy_obs = np.zeros(self.policy_spec.size, dtype=np.float32)
-        self._tables: dict[tuple[int, int], Any] = {}
+        self._tables_key: tuple[int, float, float, float] | None = None
+        self._tables: LiveTables | None = None
         self._start_measuring(0.0)
 
     def _start_measuring(self, drift_pct: float, pace_sd: float = 0.0) -> None:
@@ -145,18 +157,21 @@ class ResidualDVFSEnv(KernelDVFSEnv):
         anchors = self.measurement.anchors
         return int(anchors[max(int(np.searchsorted(anchors, kernel, side="left")) - 1, 0)])
 
-    def tables(self) -> Any:
-        """The live tables of the episode's step and regime (built once per step and regime)."""
-        key = self.selection
-        found = self._tables.get(key)
-        if found is None:
-            found = self._tables[key] = self.live_tables()
-        return found
+    def tables(self) -> LiveTables:
+        """The live tables of the episode's step and regime (built once per process, step and regime:
+        ``_SHARED_TABLES``), with this environment's own observation and advice buffers."""
+        key = (id(self._plans), self.latency_s, self.latency_std_s, self.decision_interval_s)
+        if self._tables is None or key != self._tables_key:
+            found = _SHARED_TABLES.get(key)
+            if found is None or found[0] is not self._plans:
+                found = _SHARED_TABLES[key] = (self._plans, self.live_tables())
+            self._tables_key, self._tables = key, replace(found[1], obs=self._obs, advice=self._advice)
+        return self._tables
 
     def _observe_policy(self) -> Array:
         """Measure, write the policy's observation and the standing order's pair at this decision point."""
         self._state = self.measured_state()
-        margin = MARGINS[int(self._action[2])]
+        margin = MARGINS[min(int(self._action[2]), len(MARGINS) - 1)]
         fitting = residual_observation(self._policy_obs, self.tables(), self._state, self.budget, self._budget_plan,
                                        margin, self.measurement.errors)
         levels, memories = self.grid.levels, self._memories
@@ -172,6 +187,10 @@ class ResidualDVFSEnv(KernelDVFSEnv):
         self._action = np.asarray(action, dtype=np.int64)
         _, error = budget_use(self._state)
         self.measurement.record_error(100.0 * error)
+        if int(self._action[2]) == RELEASE:
+            self._release()
+            reward, info = self._reward(before, True)
+            return self._policy_obs.copy(), reward, True, False, info
         self._observe_policy()  # the new standing order's pair here
         while True:
             self._request_pair(self._pair)
@@ -184,6 +203,13 @@ class ResidualDVFSEnv(KernelDVFSEnv):
         terminated = self._k == self._kernels
         reward, info = self._reward(before, terminated)
         return self._policy_obs.copy(), reward, terminated, False, info
+
+    def _release(self) -> None:
+        """Auto clocks requested as soon as the controller is free (at once at the step's start), then the run to
+        its end with no other request."""
+        while self._k < self._kernels:
+            self._request_pair(0)
+            self._advance(self._now_s + self.decision_interval_s)
 
     def _boundary(self) -> bool:
         """Whether the agent decides here: the order asks for another pair and the controller is free, or the
@@ -214,7 +240,8 @@ class ResidualDVFSEnv(KernelDVFSEnv):
         energy = 100.0 * ((after.auto_energy_j - before.auto_energy_j) - (after.energy_j - before.energy_j)) \
             / self._reference.step_auto_energy_j
         info: dict[str, Any] = {"reward_energy": energy, "reward_time": 0.0, "reward_violation": 0.0,
-                                "budget": self.budget, "violation": 0.0}
+                                "budget": self.budget, "latency_scale": self.config.latency_scales[self.selection[1]],
+                                "violation": 0.0}
         if terminated:
             summary = self.episode_summary()
             over_pct = max(0.0, summary["slowdown_pct"] - 100.0 * self.budget)

@@ -1,18 +1,20 @@
-"""Constrained PPO: a Lagrange multiplier per budget holds the share of episodes over budget at a target.
+"""Constrained PPO: a Lagrange multiplier per budget x switching-latency cell holds the share of episodes over
+budget at a target in each cell.
 
-The environment reports, at each episode's end, its budget and whether it ended over it
-(``info["budget"]``, ``info["violation"]``: :class:`~kdvfs.envs.env.residual_env.ResidualDVFSEnv`).
-:class:`LagrangianReward` (a vectorised-env wrapper) subtracts ``lambda_b`` times that indicator from the
-episode's last reward, so PPO maximises saving - lambda_b x P(violation); :class:`MultiplierCallback` moves each
-multiplier by dual ascent after every rollout,
+The environment reports, at each episode's end, its budget, its latency scale and whether it ended over budget
+(``info["budget"]``, ``info["latency_scale"]``, ``info["violation"]``:
+:class:`~kdvfs.envs.env.residual_env.ResidualDVFSEnv`). :class:`LagrangianReward` (a vectorised-env wrapper)
+subtracts ``lambda_c`` times that indicator from the episode's last reward, so PPO maximises saving -
+lambda_c x P(violation) in every cell c; :class:`MultiplierCallback` moves each multiplier by dual ascent after
+every rollout,
 
-    lambda_b <- min(cap, max(0, lambda_b + learning_rate x (violation rate_b - target))),
+    lambda_c <- min(cap, max(0, lambda_c + learning_rate x (violation rate_c - target))),
 
-over the rollout's finished episodes of budget b: up while the budget is broken more often than the target,
-down (to 0) while less. The agent learns what margin the constraint needs instead of a hand-set penalty. A
-budget whose constraint no action meets (its episodes over budget at any margin) would drive its multiplier up
-without end and drown the saving in every other budget's gradient; it stops at ``cap`` and is reported as
-infeasible (:meth:`BudgetMultipliers.capped`), not hidden.
+over the rollout's finished episodes of cell c: up while the cell's budget is broken more often than the target,
+down (to 0) while less. One multiplier per budget would let a cell that keeps its budget easily hide one that
+does not. A cell whose constraint no action meets would drive its multiplier up without end and drown the saving
+in every other cell's gradient; it stops at ``cap`` and is reported as infeasible
+(:meth:`CellMultipliers.capped`), not hidden.
 """
 
 from __future__ import annotations
@@ -48,42 +50,48 @@ class ConstraintArgs:
             raise KdvfsError("constraint: need 0 <= target < 1, learning_rate >= 0 and 0 <= initial <= cap")
 
 
-class BudgetMultipliers:
-    """One Lagrange multiplier per budget, moved by dual ascent (module docstring)."""
+class CellMultipliers:
+    """One Lagrange multiplier per budget x latency-scale cell, moved by dual ascent (module docstring)."""
 
-    def __init__(self, budgets: tuple[float, ...], args: ConstraintArgs) -> None:
-        self.budgets, self.args = tuple(budgets), args
-        self.values = np.full(len(self.budgets), args.initial)
+    def __init__(self, budgets: tuple[float, ...], latency_scales: tuple[float, ...], args: ConstraintArgs) -> None:
+        self.budgets, self.latency_scales, self.args = tuple(budgets), tuple(latency_scales), args
+        self.values = np.full((len(self.budgets), len(self.latency_scales)), args.initial)
 
-    def index(self, budget: float) -> int:
-        """The multiplier of ``budget`` (the nearest of the budgets)."""
-        return int(np.argmin(np.abs(np.asarray(self.budgets) - budget)))
+    def index(self, budget: float, latency_scale: float) -> tuple[int, int]:
+        """The multiplier of the cell of ``budget`` and ``latency_scale`` (the nearest of each)."""
+        return (int(np.argmin(np.abs(np.asarray(self.budgets) - budget))),
+                int(np.argmin(np.abs(np.asarray(self.latency_scales) - latency_scale))))
 
-    def update(self, budgets: Array, violations: Array) -> Array:
-        """One ascent step from finished episodes' ``budgets`` and ``violations`` (0/1); budgets without an
-        episode keep their multiplier. Returns the multipliers."""
-        budgets, violations = np.asarray(budgets, dtype=float), np.asarray(violations, dtype=float)
-        for i, budget in enumerate(self.budgets):
-            mine = np.isclose(budgets, budget)
-            if mine.any():
-                rate = float(violations[mine].mean())
-                moved = self.values[i] + self.args.learning_rate * (rate - self.args.target)
-                self.values[i] = min(self.args.cap, max(0.0, moved))
+    def update(self, budgets: Array, latency_scales: Array, violations: Array) -> Array:
+        """One ascent step from finished episodes' ``budgets``, ``latency_scales`` and ``violations`` (0/1);
+        cells without an episode keep their multiplier. Returns the multipliers (budgets, latency scales)."""
+        cells = [self.index(float(b), float(s)) for b, s in zip(budgets, latency_scales, strict=True)]
+        violations = np.asarray(violations, dtype=float)
+        for cell in set(cells):
+            rate = float(violations[[c == cell for c in cells]].mean())
+            moved = self.values[cell] + self.args.learning_rate * (rate - self.args.target)
+            self.values[cell] = min(self.args.cap, max(0.0, moved))
         return self.values
 
-    def capped(self) -> list[float]:
-        """The budgets whose multiplier stands at the cap: their constraint is not met by anything learned."""
-        return [budget for budget, value in zip(self.budgets, self.values, strict=True) if value >= self.args.cap]
+    def by_cell(self) -> dict[str, float]:
+        """Each multiplier by its cell's name (``budget/latency scale``, e.g. ``0.01/2.0``)."""
+        return {f"{budget}/{scale}": float(self.values[b, s]) for b, budget in enumerate(self.budgets)
+                for s, scale in enumerate(self.latency_scales)}
+
+    def capped(self) -> list[str]:
+        """The cells (named as :meth:`by_cell`) whose multiplier stands at the cap: their constraint is not met
+        by anything learned."""
+        return [name for name, value in self.by_cell().items() if value >= self.args.cap]
 
 
 class LagrangianReward(VecEnvWrapper):
-    """Subtracts the episode's budget multiplier times its violation from its last reward, and keeps the
-    finished episodes' budgets and violations for :class:`MultiplierCallback`."""
+    """Subtracts the episode's cell multiplier times its violation from its last reward, and keeps the finished
+    episodes' budgets, latency scales and violations for :class:`MultiplierCallback`."""
 
-    def __init__(self, venv: VecEnv, multipliers: BudgetMultipliers) -> None:
+    def __init__(self, venv: VecEnv, multipliers: CellMultipliers) -> None:
         super().__init__(venv)
         self.multipliers = multipliers
-        self.finished: list[tuple[float, float]] = []
+        self.finished: list[tuple[float, float, float]] = []
 
     def reset(self) -> Array:
         return self.venv.reset()  # type: ignore[return-value]
@@ -93,9 +101,9 @@ class LagrangianReward(VecEnvWrapper):
         rewards = np.array(rewards, dtype=np.float32)
         for i, (done, info) in enumerate(zip(dones, infos, strict=True)):
             if done and "violation" in info:
-                budget, violation = float(info["budget"]), float(info["violation"])
-                rewards[i] -= self.multipliers.values[self.multipliers.index(budget)] * violation
-                self.finished.append((budget, violation))
+                budget, scale, violation = float(info["budget"]), float(info["latency_scale"]), float(info["violation"])
+                rewards[i] -= self.multipliers.values[self.multipliers.index(budget, scale)] * violation
+                self.finished.append((budget, scale, violation))
         return observations, rewards, dones, infos  # type: ignore[return-value]
 
 
@@ -113,8 +121,8 @@ class MultiplierCallback(BaseCallback):
         finished = self.wrapper.finished
         if not finished:
             return
-        budgets, violations = np.array(finished).T
-        values = self.wrapper.multipliers.update(budgets, violations)
+        budgets, scales, violations = np.array(finished).T
+        values = self.wrapper.multipliers.update(budgets, scales, violations)
         self.logger.record("constraint/violation_rate", float(violations.mean()))
         self.logger.record("constraint/multiplier_mean", float(values.mean()))
         self.logger.record("constraint/multiplier_max", float(values.max()))

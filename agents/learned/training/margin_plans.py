@@ -1,8 +1,9 @@
 """The bar a residual policy must clear: the fitting plan with a fixed margin, scored on the same episodes.
 
 A fixed-margin plan is the residual environment's constant action (no residual, margin ``m``: the fitting plan
-leaves that share of the slack unspent, :mod:`kdvfs.envs.env.observing.measured`). :func:`episodes` runs any actor
-closed-loop on every (pair, budget, switching latency, seed) case with every disturbance on (the seed picks
+leaves that share of the slack unspent, :mod:`kdvfs.envs.env.observing.measured`); the last, ``release``, runs
+the whole step at auto (no saving, never over budget): the bar of a cell no margin keeps. :func:`episodes` runs
+any actor closed-loop on every (pair, budget, switching latency, seed) case with every disturbance on (the seed picks
 the executed variant and the draws, the same for every method); :func:`best_margins` chooses, per budget x
 latency cell, the margin saving the most among those within budget in >= ``COMPLIANCE`` of the episodes (on
 validation pairs: the choice is never made on the episodes it is judged on).
@@ -19,7 +20,7 @@ from kdvfs.agents.common.problem import within_budget
 from kdvfs.agents.learned.policy.policy_planner import Actor, rollout
 from kdvfs.common.arrays import Array
 from kdvfs.envs.env.config import EnvConfig
-from kdvfs.envs.env.observing.measured import MARGINS
+from kdvfs.envs.env.observing.measured import MARGIN_ACTIONS, margin_label
 from kdvfs.envs.env.residual_env import ResidualDVFSEnv
 from kdvfs.envs.env.steps.shape_pairs import ShapePair
 from kdvfs.envs.gpu.profiles import GpuProfile
@@ -33,7 +34,8 @@ CELL_LATENCY_SCALES = (0.0, 1.0, 2.0)
 
 @dataclass(frozen=True)
 class FixedMargin:
-    """The fitting plan holding back ``MARGINS[index]`` of the slack, as an actor."""
+    """The margin action ``index`` held throughout (``MARGINS[index]`` of the slack held back, or ``RELEASE``),
+    as an actor."""
 
     index: int
 
@@ -77,12 +79,12 @@ def within(results: Array, cell_budgets: Sequence[float] = CELL_BUDGETS) -> Arra
 
 
 def margin_actors() -> dict[str, Actor]:
-    """Every fixed-margin plan, by name (``margin-15%``)."""
-    return {f"margin-{100 * m:g}%": FixedMargin(i) for i, m in enumerate(MARGINS)}
+    """Every fixed-margin plan, by name (``margin-15%``, ``margin-release``), in the margin action's order."""
+    return {f"margin-{margin_label(i)}": FixedMargin(i) for i in range(MARGIN_ACTIONS)}
 
 
 def best_margins(results: Array) -> Array:
-    """(budgets, latencies) int: per cell, the margin (index of ``MARGINS``; ``results`` (margins, pairs,
+    """(budgets, latencies) int: per cell, the margin action (``results`` (margin actions, pairs,
     budgets, latencies, seeds, 2), one row per margin) saving the most on average among those within budget
     in >= ``COMPLIANCE`` of the cell's episodes; the most compliant margin where none reaches it."""
     share = within(results).mean(axis=(1, 4))

@@ -36,7 +36,7 @@ from stable_baselines3.common.vec_env import (
 
 from kdvfs.agents.learned.training.anchored import AnchoredPPO
 from kdvfs.agents.learned.training.imitation import ImitationArgs
-from kdvfs.agents.learned.training.lagrange import BudgetMultipliers, ConstraintArgs, LagrangianReward
+from kdvfs.agents.learned.training.lagrange import CellMultipliers, ConstraintArgs, LagrangianReward
 from kdvfs.common.config import ConfigError, from_mapping, load_yaml, merge_mappings
 from kdvfs.common.paths import CONFIG_DIR
 from kdvfs.common.resolve import resolve_shipped
@@ -130,7 +130,7 @@ class TrainConfig:
         vec_normalize: observation normalisation.
         imitation: behaviour cloning of the latency-aware optimum before PPO.
         data: the train/held-out split.
-        constraint: with residual actions, the budget constraint (a Lagrange multiplier per budget,
+        constraint: with residual actions, the budget constraint (a Lagrange multiplier per budget x latency cell,
             :mod:`kdvfs.agents.learned.training.lagrange`); None: none (the environment's penalties only).
     """
 
@@ -255,7 +255,7 @@ def make_vec_env(config: TrainConfig, pairs: Sequence[ShapePair], profile: GpuPr
     makers = [make] * config.n_envs
     vec: VecEnv = SubprocVecEnv(makers) if config.vec_env == "subprocess" else DummyVecEnv(makers)
     if config.constraint is not None:
-        vec = LagrangianReward(vec, BudgetMultipliers(config.env.budgets, config.constraint))
+        vec = LagrangianReward(vec, CellMultipliers(config.env.budgets, config.env.latency_scales, config.constraint))
     norm = config.vec_normalize
     return VecNormalize(VecMonitor(vec), norm_obs=norm.norm_obs, norm_reward=False,
                         clip_obs=norm.clip_obs, gamma=config.ppo.gamma, epsilon=norm.epsilon)

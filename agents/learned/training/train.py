@@ -1,11 +1,11 @@
 """Train a clock policy for one GPU with PPO, top to bottom: price the steps (with the steps they execute instead:
-:mod:`kdvfs.envs.env.steps.shape_pairs`), build the envs and the model, clone the expert on every budget and latency,
-freeze the observation statistics, learn (anchored to the clone; with residual actions under a Lagrange
-multiplier per budget, :mod:`kdvfs.agents.learned.training.lagrange`), then freeze the actor into one file. Every choice
-is made on the validation steps (``data.validation``; the training steps if empty); nothing held out is priced
-or scored here. PPO ships where it beats on validation (paired episodes, the 95% interval above 0) the best
-fixed-margin fitting plan of each cell with residual actions (:mod:`kdvfs.agents.learned.training.margin_plans`), else
-the clone; otherwise the clone ships.
+:mod:`kdvfs.envs.env.steps.shape_pairs`), build the envs and the model, clone the expert on every budget and
+latency, freeze the observation statistics, learn (anchored to the clone; with residual actions under a Lagrange
+multiplier per budget x latency cell, :mod:`kdvfs.agents.learned.training.lagrange`), then freeze the actor into one
+file. Every choice is made on the validation steps (``data.validation``; the training steps if empty); nothing held
+out is priced or scored here. PPO ships where it beats on validation (paired episodes, the 95% interval above 0) the
+best fixed-margin fitting plan of each cell with residual actions
+(:mod:`kdvfs.agents.learned.training.margin_plans`), else the clone; otherwise the clone ships.
 
 ``out`` receives ``run.json`` (command, resolved config, git revision, seed), ``config.yaml`` (the resolved
 config), ``tensorboard/``, ``checkpoints/``, ``model.zip`` and ``vecnormalize.pkl`` (SB3), the frozen policies
@@ -139,12 +139,11 @@ def train(config: TrainConfig, out: Path, timesteps: int | None = None, progress
     else:
         comparison = paired_comparison(ppo, cloned, validation_pairs, profile, config)
         selected = "ppo" if comparison["ci95"][0] > 0 else "imitation"
-    multipliers = None if wrapper is None else dict(zip(map(str, wrapper.multipliers.budgets),
-                                                        wrapper.multipliers.values.tolist(), strict=True))
+    multipliers = None if wrapper is None else wrapper.multipliers.by_cell()
     meta = {"timesteps": int(model.num_timesteps), "train_wall_s": time.perf_counter() - start,
             "git_revision": revision, "seed": config.seed, "imitation": imitation,
             "selection_comparison": comparison, "selected": selected, "multipliers": multipliers,
-            "infeasible_budgets": None if wrapper is None else wrapper.multipliers.capped()}
+            "infeasible_cells": None if wrapper is None else wrapper.multipliers.capped()}
     policy = replace(ppo, meta={**meta, **ppo.meta}) if selected == "ppo" else replace(cloned, meta=meta)
     policy_path = out / POLICY_FILE
     policy.save(policy_path)

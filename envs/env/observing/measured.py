@@ -8,7 +8,8 @@ builds the same state from its simulation through :class:`Measurement`. Invarian
 where clocks drift (:func:`drift_factors`); the position never goes back before the last estimate; budget
 used (host s) = host time - the prediction's auto time up to the position x (1 + drift) x (1 + error)
 (:func:`budget_use`). The action (:func:`residual_pair`) is a core/memory residual over the fitting plan's pair
-and a margin on the slack; the zero action is the fitting plan. Design and measurements: ``docs/learning.md``
+and a margin on the slack, or the release of the clocks to auto for the rest of the step (:data:`RELEASE`); the
+zero action is the fitting plan. Design and measurements: ``docs/learning.md``
 (the residual design).
 """
 
@@ -42,13 +43,19 @@ from kdvfs.envs.env.observing.observation import (
     ObservationSpec,
 )
 
-RESIDUAL_OBSERVATION_VERSION = 7
+RESIDUAL_OBSERVATION_VERSION = 8
 CORE_STEPS = (0, -1, 1, -2, 2, -4, 4)
 """Core residuals, in grid levels (positive: a lower core clock); index 0 is none."""
 MEMORY_STEPS = (0, 1, -1)
 """Memory residuals, in the grid's memory clocks (positive: a lower memory clock); index 0 is none."""
 MARGINS = (0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0)
 """Shares of the remaining slack held back; index 0 is none."""
+RELEASE = len(MARGINS)
+"""The margin action's last index, after ``MARGINS``: release the clocks to auto (core and memory) and request
+nothing more this step, the residuals ignored; what a controller does by resetting the clocks once and going
+quiet. The one action that spends no more of the budget (beyond the change's own stall)."""
+MARGIN_ACTIONS = len(MARGINS) + 1
+"""Choices of the margin action: each of ``MARGINS``, then ``RELEASE``."""
 TIME_TOLERANCE_S = 1e-12
 """A kernel starting this close after the extrapolated instant counts as starting then (s)."""
 POSITION_TOLERANCE = 0.03
@@ -108,7 +115,7 @@ class ResidualSpec:
     def describe(self) -> dict[str, object]:
         return {"version": RESIDUAL_OBSERVATION_VERSION, "features": list(FEATURES), "plans": self.plans,
                 "core_steps": list(CORE_STEPS), "memory_steps": list(MEMORY_STEPS), "margins": list(MARGINS),
-                "grid": self.grid}
+                "release": RELEASE, "grid": self.grid}
 
     def hash(self) -> str:
         """sha256 (hex, first 16 characters) of :meth:`describe`."""
@@ -123,6 +130,11 @@ def drift_factors(core_fraction: Array, memories: int, drift_pct: float) -> Arra
     factors = np.maximum(1.0, core_fraction * scale)
     factors[:memories] = scale
     return factors
+
+
+def margin_label(index: int) -> str:
+    """The margin action ``index`` in words: ``15%`` (of the slack held back) or ``release`` (:data:`RELEASE`)."""
+    return "release" if index == RELEASE else f"{100 * MARGINS[index]:g}%"
 
 
 def residual_pair(pair: int, core_step: int, memory_step: int, levels: int, memories: int) -> int:

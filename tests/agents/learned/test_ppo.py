@@ -143,7 +143,8 @@ def test_residual_ppo_ships_only_when_it_beats_the_fixed_margin_plans_on_validat
         tiny_residual_run: TrainResult) -> None:
     tiny_run = tiny_residual_run
     summary = json.loads((tiny_run.out / "summary.json").read_text())
-    assert set(summary["multipliers"]) == {str(b) for b in load_train_config("residual-h200").env.budgets}
+    env = load_train_config("residual-h200").env
+    assert set(summary["multipliers"]) == {f"{b}/{s}" for b in env.budgets for s in env.latency_scales}
     comparison, selected = summary["selection_comparison"], summary["selected"]
     assert summary["validation_steps"] == [f"gpt2m-L4-b8-s{s}" for s in (256, 512, 1024)]  # not the training steps
     low, high = comparison["ci95"]

@@ -10,7 +10,13 @@ from stable_baselines3.common.env_checker import check_env as sb3_check_env
 from kdvfs.agents.learned.training.imitation import expert_action
 from kdvfs.envs.env.config import EnvConfig
 from kdvfs.envs.env.dvfs_env import KernelDVFSEnv
-from kdvfs.envs.env.observing.measured import Measurement, drift_factors, residual_observation, residual_pair
+from kdvfs.envs.env.observing.measured import (
+    RELEASE,
+    Measurement,
+    drift_factors,
+    residual_observation,
+    residual_pair,
+)
 from kdvfs.envs.env.residual_env import ZERO_ACTION, ResidualDVFSEnv
 
 SETTINGS = EnvConfig(plan_budgets=(0.0, 0.005, 0.01, 0.02), budgets=(0.005, 0.01, 0.02),
@@ -112,3 +118,46 @@ def test_a_drift_measured_with_its_error_keeps_the_fitting_plan_within_budget_at
             _, _, done, _, info = env.step(ZERO_ACTION)
         error_pct = abs(env._measured_drift_pct)  # the true drift is 0
         assert error_pct > 0.0 and info["slowdown_pct"] <= 1.0 + 1.1 * error_pct
+
+
+@pytest.mark.parametrize("scale", [0.0, 1.0])
+def test_release_runs_auto_from_the_step_start_and_is_never_over_budget(scale: float) -> None:
+    """The release, chosen first, runs the whole step at auto with every disturbance on: no saving, no
+    slowdown, within even a 0% budget, in one decision; the margin at index 0 on the same episode saves."""
+    config = SETTINGS.with_disturbances().replace(residual_actions=True, budgets=(0.0, 0.01))
+    env = ResidualDVFSEnv(gpu="h200", config=config)
+    for seed in range(3):
+        env.reset(seed=seed, options={"budget": 0.0, "latency_scale": scale})
+        _, _, done, _, info = env.step(np.array([3, 1, RELEASE]))  # residuals ignored under a release
+        assert done and (env.applied == env._data.actions[0]).all() and env._requests == 0
+        assert info["slowdown_pct"] == pytest.approx(0.0, abs=1e-9) and info["violation"] == 0.0
+        assert info["energy_saved_pct"] == pytest.approx(0.0, abs=1e-9)
+    planned = _episode(env, lambda e: ZERO_ACTION, {"budget": 0.01, "latency_scale": scale})
+    assert planned["energy_saved_pct"] > 0
+
+
+def test_release_mid_step_requests_auto_once_and_nothing_after() -> None:
+    """Released while the plan's locked clocks run: one request back to auto, then auto to the step's end."""
+    env = ResidualDVFSEnv(gpu="h200", config=SETTINGS.without_disturbances().replace(residual_actions=True))
+    env.reset(seed=0, options={"budget": 0.02, "latency_scale": 1.0})
+    env.step(ZERO_ACTION)
+    released_at, requests = env._k, env._requests
+    assert env._in_effect != 0 and env.applied[:released_at].any()
+    _, _, done, _, info = env.step(np.array([0, 0, RELEASE]))
+    assert done and env._requests == requests + 1 and env.applied[-1] == env._data.actions[0]
+    assert info["energy_saved_pct"] > 0  # the stretch before the release saved
+
+
+def test_environments_over_the_same_steps_share_one_copy_of_each_steps_tables() -> None:
+    """The live tables (landings for every pair) are built once per process, step and regime, not once per
+    environment: each environment of a vectorised training run holding its own copy grew to 7 GB a process."""
+    config = SETTINGS.with_disturbances().replace(residual_actions=True, run_steps=2)
+    first = ResidualDVFSEnv(gpu="h200", config=config)
+    second = ResidualDVFSEnv(first.steps, gpu="h200", config=config)  # as a vectorised run's: the same steps
+    for env in (first, second):
+        env.reset(seed=0, options={"budget": 0.01, "latency_scale": 1.0})
+    mine, theirs = first.tables(), second.tables()
+    assert mine.landings is theirs.landings and mine.change_kernels is theirs.change_kernels
+    assert mine.obs is not theirs.obs and mine.advice is not theirs.advice  # each writes its own buffers
+    first.reset(seed=0, options={"budget": 0.01, "latency_scale": 2.0})
+    assert first.tables().landings is not mine.landings
