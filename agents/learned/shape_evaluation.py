@@ -129,7 +129,7 @@ def evaluate_shapes(policy: FrozenPolicy, references: Sequence[Trace], executed:
                     seed: int = 0) -> dict[str, object]:
     """``kdvfs evaluate --reference``'s JSON: ``{"steps": [{"trace", "methods": {METHOD: {energy_saved_pct,
     slowdown_pct, within_budget}}}], "summary": {METHOD: {energy_saved_pct, slowdown_pct,
-    within_budget_share}}}``, the summary's figures means over the steps. ``executed``: (label, trace) pairs."""
+    within_budget}}}``, the summary's figures means over the steps. ``executed``: (label, trace) pairs."""
     model = StepModel.fit(references)
     steps = [{"trace": label, "methods": evaluate_step(model, trace, policy, profile, budget, latency_s, episodes,
                                                        seed)} for label, trace in executed]
@@ -138,5 +138,5 @@ def evaluate_shapes(policy: FrozenPolicy, references: Sequence[Trace], executed:
         rows = [step["methods"][method] for step in steps]  # type: ignore[index]
         summary[method] = {"energy_saved_pct": float(np.mean([r["energy_saved_pct"] for r in rows])),
                            "slowdown_pct": float(np.mean([r["slowdown_pct"] for r in rows])),
-                           "within_budget_share": float(np.mean([r["within_budget"] for r in rows]))}
+                           "within_budget": float(np.mean([r["within_budget"] for r in rows]))}
     return {"steps": steps, "summary": summary}

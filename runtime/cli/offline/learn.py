@@ -174,7 +174,7 @@ def _evaluate_shapes(args: argparse.Namespace) -> int:
         console.print(_scored(args, profile) + "\n", highlight=False)
         for method, row in result["summary"].items():  # type: ignore[attr-defined]
             console.print(f"{method:15s} energy saved {row['energy_saved_pct']:6.2f}%  slowdown "
-                          f"{row['slowdown_pct']:6.2f}%  within budget on {row['within_budget_share']:.0%} of steps")
+                          f"{row['slowdown_pct']:6.2f}%  within budget on {row['within_budget']:.0%} of steps")
     return 0
 
 

@@ -45,7 +45,7 @@ def test_json_has_every_method_per_step_and_a_summary(policy: FrozenPolicy) -> N
     for row in step["methods"].values():
         assert set(row) == {"energy_saved_pct", "slowdown_pct", "within_budget"}
     for row in result["summary"].values():  # type: ignore[attr-defined]
-        assert set(row) == {"energy_saved_pct", "slowdown_pct", "within_budget_share"}
+        assert set(row) == {"energy_saved_pct", "slowdown_pct", "within_budget"}
     assert step["methods"]["auto"] == {"energy_saved_pct": 0.0, "slowdown_pct": 0.0, "within_budget": 1.0}
     assert step["methods"]["oracle"]["within_budget"] == 1.0
 
