@@ -2,7 +2,8 @@
 
     python -m benchmarks.learned.learned_vs_plans [--gpus h200] [--seeds 4] [--jobs 2] [--results NAME]
 
-For each GPU with trained residual policies (``benchmarks/data/learned/<gpu>-s<seed>.kdvfs-policy.npz``): per
+For each GPU with trained residual policies (``benchmarks/data/learned/<gpu>-s<seed>.kdvfs-policy.npz``: the
+``ppo.kdvfs-policy.npz`` of ``kdvfs train --gpu G --config residual-G --seed S --timesteps 120000 --out DIR``): per
 budget x latency cell, the fixed-margin fitting plan that saves most within budget on the validation pairs is
 the bar; then the held-out pairs of ``benchmarks/learned/ppo_vs_clone.py`` are scored once for PPO of every
 training seed, each cell's plan and the plain fitting plan. Reported per cell: within-budget share, mean saving,

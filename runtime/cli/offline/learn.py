@@ -4,6 +4,7 @@ policy next to every planner on a step."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 import warnings
@@ -37,6 +38,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                        "what differs, or a bundled config's name (default: configs/ppo/<gpu>.yaml; "
                        "residual-<gpu>: the experimental residual design, which `kdvfs run` cannot run yet)")
     train.add_argument("--timesteps", type=int, help="environment steps to train for (default: the config's)")
+    train.add_argument("--seed", type=int, help="seed of PPO, the environments and the data (default: the config's; "
+                       "the run's resolved config records the one used)")
     add_output(train, "run folder: logs, checkpoints, frozen policy", dest="out", required=True)
     train.add_argument("--force", action="store_true", help="train into a run folder that already holds files "
                        "(files of the same name are replaced)")
@@ -103,6 +106,8 @@ def run_train(args: argparse.Namespace) -> int:
                          "--config")
     if args.timesteps is not None and args.timesteps <= 0:
         raise KdvfsError(f"--timesteps {args.timesteps} must be > 0")
+    if args.seed is not None:
+        config = dataclasses.replace(config, seed=args.seed)
     result = train(config, args.out, args.timesteps, progress_bar=not args.no_progress, stage=stage)
     console.print(f"trained {result.timesteps} timesteps in {result.wall_s / 60:.1f} min; ships "
                   f"{result.selected} (validation: {json.dumps(result.comparison)})")

@@ -110,8 +110,9 @@ def test_train_reports_its_stages_and_rounds_timesteps_up_to_whole_rollouts(tmp_
     assert whole_rollouts(rollout, tiny.ppo.n_steps, tiny.n_envs) == rollout
     config = tmp_path / "tiny.yaml"
     config.write_text(yaml.safe_dump(to_plain(tiny), sort_keys=False))
-    assert main(["train", "--gpu", "h200", "--config", str(config), "--timesteps", "1", "--no-progress", "--out",
-                 str(tmp_path / "run")]) == 0
+    assert main(["train", "--gpu", "h200", "--config", str(config), "--timesteps", "1", "--seed", "7",
+                 "--no-progress", "--out", str(tmp_path / "run")]) == 0
+    assert tiny.seed != 7 and yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["seed"] == 7
     out = capsys.readouterr().out
     assert f"1 timesteps rounded up to {rollout}" in out and f"PPO for {rollout} timesteps" in out, out
     assert f"trained {rollout} timesteps" in out
