@@ -18,6 +18,7 @@ import argparse
 import json
 import subprocess
 import sys
+from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -66,54 +67,46 @@ def run(folder: Path, cpu_test: bool, only: list[str] | None) -> None:
     (folder / "run.json").write_text(json.dumps(record, indent=1))
 
 
-def _records(folder: Path, event: str) -> list[dict[str, Any]]:
+def _log(folder: Path) -> dict[str, list[dict[str, Any]]]:
+    """The dry run's log records by event (none where it wrote no log)."""
+    by_event: dict[str, list[dict[str, Any]]] = defaultdict(list)
     path = folder / "run.jsonl"
-    return [r for r in map(json.loads, path.read_text().splitlines()) if r["event"] == event] \
-        if path.is_file() else []
+    for record in map(json.loads, path.read_text().splitlines() if path.is_file() else []):
+        by_event[record["event"]].append(record)
+    return by_event
 
 
 def figures(folder: Path) -> dict[str, Any]:
-    """One recipe's figures (see the module docstring)."""
+    """One recipe's figures (see the module docstring); of a dry run stopped before its summary (the device's
+    time ran out), what its log holds."""
     capture = json.loads((folder / "capture.out.json").read_text())
-    if not (folder / "run.out.json").is_file():
-        return _cut_short(folder, capture)
-    summary = json.loads((folder / "run.out.json").read_text())
-    guard = folder / "run.nvml.json"
-    b_windows = [w for w in _records(folder, "window") if w["arm"] == "B"]
+    log = _log(folder)
+    b_windows = [w for w in log["window"] if w["arm"] == "B"]
     b_steps = sum(w["steps"] for w in b_windows)
     errors = (capture.get("shapes") or {}).get("step_model") or []
+    both = {"controlled_share_of_b_windows": sum(w["controlled_steps"] for w in b_windows) / b_steps if b_steps
+            else None, "step_model": errors,
+            "kernel_error_max_pct": max((abs(e["kernel_time_error_pct"]) for e in errors), default=None)}
+    if not (folder / "run.out.json").is_file():
+        return {**both, "cut_short": True, "steps": len(log["step"]),
+                "controlled_steps": sum(bool(s["controlled"]) for s in log["step"]), "auto_reasons": None,
+                "shapes": None, "measured": {}, "saving_holds_zero": None, "saving_half_width_pct": None,
+                "ab_pairs": len(log["pair"]), "error": "stopped before its summary", "refused_nvml_calls": None}
+    summary = json.loads((folder / "run.out.json").read_text())
+    guard = folder / "run.nvml.json"
     measured = summary.get("measured") or {}
     saving = measured.get("energy_saved_ci95_pct")
-    return {"steps": summary["steps"], "controlled_steps": summary["controlled_steps"],
-            "controlled_share_of_b_windows": sum(w["controlled_steps"] for w in b_windows) / b_steps if b_steps
-            else None,
+    captured = (capture.get("shapes") or {}).get("captured", [])
+    return {**both, "steps": summary["steps"], "controlled_steps": summary["controlled_steps"],
             "auto_reasons": summary.get("auto_reasons"), "shapes": summary.get("shapes"),
             "measured": measured,
             "saving_holds_zero": None if saving is None else saving[0] <= 0.0 <= saving[1],
             "saving_half_width_pct": None if saving is None else (saving[1] - saving[0]) / 2,
-            "step_model": errors,
-            "kernel_error_max_pct": max((abs(e["kernel_time_error_pct"]) for e in errors), default=None),
-            "captured": [c["shape"] for c in (capture.get("shapes") or {}).get("captured", [])],
-            "capture_step_times_s": {c["shape"]: c["step_time_s"] for c in
-                                     (capture.get("shapes") or {}).get("captured", [])},
+            "captured": [c["shape"] for c in captured],
+            "capture_step_times_s": {c["shape"]: c["step_time_s"] for c in captured},
             "guard_backoffs": summary["guard_backoffs"], "gpu_restored": summary["gpu_restored"],
             "error": summary["error"],
             "refused_nvml_calls": json.loads(guard.read_text()).get("refused", {}) if guard.is_file() else None}
-
-
-def _cut_short(folder: Path, capture: dict[str, Any]) -> dict[str, Any]:
-    """A recipe whose dry run was stopped before its summary (the device's time ran out): what its log holds."""
-    steps = _records(folder, "step")
-    b_windows = [w for w in _records(folder, "window") if w["arm"] == "B"]
-    b_steps = sum(w["steps"] for w in b_windows)
-    errors = (capture.get("shapes") or {}).get("step_model") or []
-    return {"cut_short": True, "steps": len(steps), "controlled_steps": sum(bool(s["controlled"]) for s in steps),
-            "controlled_share_of_b_windows": sum(w["controlled_steps"] for w in b_windows) / b_steps if b_steps
-            else None, "auto_reasons": None, "shapes": None, "measured": {}, "saving_holds_zero": None,
-            "saving_half_width_pct": None, "step_model": errors,
-            "kernel_error_max_pct": max((abs(e["kernel_time_error_pct"]) for e in errors), default=None),
-            "ab_pairs": len(_records(folder, "pair")), "error": "stopped before its summary",
-            "refused_nvml_calls": None}
 
 
 def report(folder: Path) -> dict[str, Any]:
