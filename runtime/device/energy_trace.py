@@ -337,11 +337,11 @@ class EnergyTrace:
         reads, before_j = self.reads, self._last[2]
         while not self._stop.is_set() and self._clock.now_s() < until_s:
             if self.read()[2] != before_j:
-                self.relock_reads += self.reads - reads
-                return
+                break
+        else:
+            self.updates.slack_s += self._uncertainty_s()
+            self._lost = self._uncertainty_s() >= self.updates.period_s / 2
         self.relock_reads += self.reads - reads
-        self.updates.slack_s += self._uncertainty_s()
-        self._lost = self._uncertainty_s() >= self.updates.period_s / 2
 
     def covers(self, time_s: float) -> bool:
         """Whether the counter is known at ``time_s`` (an update at or after it has been seen)."""
