@@ -1,6 +1,6 @@
 """Residual PPO against the best fixed-margin fitting plan on held-out steps: within budget and saving per cell.
 
-    python -m benchmarks.learned.learned_vs_plans [--gpus h200] [--seeds 4] [--jobs 2] [--results NAME]
+    python -m benchmarks.learned.learned_vs_plans [--gpus h200] [--seeds 4] [--jobs 2]
 
 For each GPU with trained residual policies (``benchmarks/data/learned/<gpu>-s<seed>.kdvfs-policy.npz``: the
 ``ppo.kdvfs-policy.npz`` of ``kdvfs train --gpu G --config residual-G --seed S --timesteps 120000 --out DIR``): per
@@ -8,8 +8,8 @@ budget x latency cell, the fixed-margin fitting plan that saves most within budg
 the bar; then the held-out pairs of ``benchmarks/learned/ppo_vs_clone.py`` are scored once for PPO of every
 training seed, each cell's plan and the plain fitting plan. Reported per cell: within-budget share, mean saving,
 and PPO - plan saving with a 95% interval clustered by family and training seed (two-way bootstrap). Writes
-``benchmarks/results/learned_vs_plans.{json,md}`` (``--results NAME``: ``NAME.{json,md}``, for GPUs scored at
-another time). Method: ``docs/design/benchmarks.md``.
+``benchmarks/results/learned_vs_plans.{json,md}``, every GPU of ``--gpus`` in one. Method:
+``docs/design/benchmarks.md``.
 """
 
 from __future__ import annotations
@@ -169,15 +169,12 @@ def main() -> None:
     parser.add_argument("--gpus", nargs="+", default=["h200", "b200", "a100-sxm4"])
     parser.add_argument("--seeds", type=int, default=4)
     parser.add_argument("--jobs", type=int, default=2)
-    parser.add_argument("--results", default="learned_vs_plans", help="result files' name (benchmarks/results/)")
     args = parser.parse_args()
     with ProcessPoolExecutor(args.jobs) as pool:
         runs = dict(zip(args.gpus, pool.map(run_gpu, args.gpus, [args.seeds] * len(args.gpus)), strict=True))
     command = f"python -m benchmarks.learned.learned_vs_plans --gpus {' '.join(args.gpus)} --seeds {args.seeds}"
-    if args.results != "learned_vs_plans":
-        command += f" --results {args.results}"
     result = {"provenance": provenance(command), "gpus": runs}
-    write_results(args.results, result, _markdown(result))
+    write_results("learned_vs_plans", result, _markdown(result))
 
 
 if __name__ == "__main__":
