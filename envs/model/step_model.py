@@ -6,7 +6,10 @@ shape near them, so the controller and the planners can decide on it as on a cap
 sequence is the nearest capture's; every other capture is aligned to it kernel by kernel
 (:mod:`kdvfs.envs.model.step.align`); each kernel's duration, gap, FLOPs and bytes, each (phase, category)
 group's total time and the whole-step measurements are fitted non-negative in the shape variables
-(:mod:`kdvfs.envs.model.step.shape_fit`). Times in seconds.
+(:mod:`kdvfs.envs.model.step.shape_fit`), on the richest basis the captured shapes determine
+(:func:`~kdvfs.envs.model.step.shape_fit.choose_terms`, :attr:`StepModel.terms`): never an underdetermined one;
+fewer shapes than :func:`~kdvfs.envs.model.step.shape_fit.required_shapes` give a smaller basis, which
+:attr:`StepModel.basis_note` says. Times in seconds.
 
 :meth:`StepModel.covers` is False beyond ``COVER_FACTOR`` of the captured variables, for another input
 structure, and for any other shape when only one was captured. Fitting is deterministic and cheap, so the
@@ -25,7 +28,7 @@ from kdvfs.common.arrays import Array
 from kdvfs.common.errors import KdvfsError
 from kdvfs.envs.model.estimate import split_work
 from kdvfs.envs.model.step.align import align, inverse, token_ids
-from kdvfs.envs.model.step.shape_fit import basis, fit_nonnegative
+from kdvfs.envs.model.step.shape_fit import Terms, basis, choose_terms, columns, fit_nonnegative, required_shapes
 from kdvfs.envs.trace.shape import ShapeAxes, StepShape
 from kdvfs.envs.trace.trace import Category, Kernel, Phase, Trace
 
@@ -50,15 +53,16 @@ class Template:
 
     Attributes:
         trace: the captured step.
-        coefficients: (4, K, p) per kernel, the non-negative coefficients of each of ``QUANTITIES`` on the
-            quadratic basis of ``axes`` (:func:`~kdvfs.envs.model.step.shape_fit.basis`: ``1, tokens, batch * seq^2``
-            for a step of one sequence length).
+        coefficients: (4, K, p) per kernel, the non-negative coefficients of each of ``QUANTITIES`` on the basis
+            of ``axes`` and ``terms`` (:func:`~kdvfs.envs.model.step.shape_fit.basis`: ``1, tokens, batch * seq^2``
+            for a step of one sequence length; zero beyond a kernel's own columns).
         observed: (4, K) on how many captured shapes each kernel's number was observed (1: the template's
             only: scaled with its category at prediction).
         categories: (K,) index of each kernel's category in ``CATEGORIES``.
         groups: (K,) index of each kernel's (phase, category) group.
         captured: (4, K) the template's own numbers (NaN where its work is unknown).
         axes: the shape variables the fits are in.
+        terms: the basis the fits are on.
     """
 
     trace: Trace
@@ -68,10 +72,11 @@ class Template:
     groups: Array
     captured: Array
     axes: ShapeAxes
+    terms: Terms
 
     def values(self, shape: StepShape) -> Array:
         """(4, K) each quantity of each kernel at ``shape``; NaN where it has no FLOPs or bytes."""
-        x = basis([shape], True, self.axes)[0]
+        x = basis([shape], True, self.axes, self.terms)[0]
         predicted = self.coefficients @ x
         lonely = self.observed <= 1
         ratio = _category_ratio(predicted, self.captured, lonely, self.categories)
@@ -86,12 +91,14 @@ class StepModel:
     Attributes:
         shapes: the captured shapes, sorted.
         templates: one per captured shape, in the same order.
-        measurements: (M, p) coefficients of each whole-step measurement in ``measurement_keys`` (linear basis).
+        measurements: (M, p) coefficients of each whole-step measurement in ``measurement_keys`` (the basis of a
+            kernel other than attention).
         measurement_keys: the measurements every captured step has.
         groups: (PHASES x CATEGORIES, p) coefficients of each (phase, category) group's kernel time (s), on the
-            quadratic basis (zero beyond the linear columns but for attention groups).
+            basis of an attention kernel (zero beyond the other kernels' columns but for attention groups).
         axes: the shape variables (:class:`~kdvfs.envs.trace.shape.ShapeAxes`) of the captured shapes and of the
             runs' shape distributions they carry.
+        terms: the basis every fit is on (:func:`~kdvfs.envs.model.step.shape_fit.choose_terms` of the shapes).
     """
 
     shapes: tuple[StepShape, ...]
@@ -100,6 +107,7 @@ class StepModel:
     measurement_keys: tuple[str, ...]
     groups: Array
     axes: ShapeAxes
+    terms: Terms
 
     @classmethod
     def fit(cls, traces: Sequence[Trace]) -> StepModel:
@@ -112,14 +120,26 @@ class StepModel:
         ordered = _checked(traces)
         shapes = tuple(t.meta.step_shape for t in ordered if t.meta.step_shape is not None)
         axes = ShapeAxes.of([*shapes, *(s for t in ordered for s, _ in t.meta.shape_distribution)])
+        terms = choose_terms(shapes, axes)
         tokens = token_ids(ordered)
         matches = _pairwise(tokens)
         values = [_quantities(t) for t in ordered]
-        templates = tuple(_template(ordered, shapes, values, matches, t, axes) for t in range(len(ordered)))
+        templates = tuple(_template(ordered, shapes, values, matches, t, axes, terms) for t in range(len(ordered)))
         keys = tuple(sorted(set.intersection(*(set(t.meta.measurements) for t in ordered))))
         y = np.array([[t.meta.measurements[k] for k in keys] for t in ordered]).reshape(len(ordered), len(keys))
-        coefficients = fit_nonnegative(basis(shapes, False, axes), y, np.ones_like(y))
-        return cls(shapes, templates, coefficients, keys, _group_fit(ordered, shapes, axes), axes)
+        coefficients = fit_nonnegative(basis(shapes, False, axes, terms), y, np.ones_like(y))
+        return cls(shapes, templates, coefficients, keys, _group_fit(ordered, shapes, axes, terms), axes, terms)
+
+    @property
+    def basis_note(self) -> str | None:
+        """Why the fits are on a smaller basis than the quadratic one, with what a capture needs for it (one
+        line); None on the quadratic basis."""
+        if self.terms is Terms.QUADRATIC:
+            return None
+        return (f"{len(self.shapes)} captured shapes determine the {self.terms.value} basis only: every kernel on the "
+                f"quadratic one ({columns(self.axes, Terms.QUADRATIC)} columns in {len(self.axes.variables)} "
+                f"varying length(s)) needs {required_shapes(self.axes) - 1}; capture "
+                f"--shapes {required_shapes(self.axes)} for a leave-one-out check on it")
 
     def covers(self, shape: StepShape) -> bool:
         """Whether ``shape`` lies near enough the captured shapes to be predicted (module docstring)."""
@@ -143,7 +163,7 @@ class StepModel:
     def kernel_time_s(self, shape: StepShape) -> float:
         """The expected kernel time of ``shape`` (s, at the captures' clocks): the sum of its (phase, category)
         groups' fitted totals. Microseconds to compute, for a figure per step; :meth:`predict` is its kernels."""
-        return float(self.groups.sum(axis=0) @ basis([shape], True, self.axes)[0])
+        return float(self.groups.sum(axis=0) @ basis([shape], True, self.axes, self.terms)[0])
 
     def predict(self, shape: StepShape) -> Trace:
         """The expected step of ``shape``: the nearest captured shape's kernels with every number fitted at
@@ -155,10 +175,11 @@ class StepModel:
         if self.shapes[index] == shape:
             return template.trace
         duration, gap, flops, dram = template.values(shape)
-        duration = _scaled_to_groups(duration, template.groups, self.groups @ basis([shape], True, self.axes)[0])
+        duration = _scaled_to_groups(duration, template.groups,
+                                     self.groups @ basis([shape], True, self.axes, self.terms)[0])
         kernels = tuple(_kernel(k, float(duration[i]), float(gap[i]), float(flops[i]), float(dram[i]))
                         for i, k in enumerate(template.trace.kernels))
-        x = basis([shape], False, self.axes)[0]
+        x = basis([shape], False, self.axes, self.terms)[0]
         measured = dict(zip(self.measurement_keys, (self.measurements @ x).tolist(), strict=True))
         captured = ", ".join(s.key for s in self.shapes)
         meta = replace(template.trace.meta, workload=f"{template.trace.meta.workload}~{shape.key}",
@@ -215,7 +236,7 @@ def _quantities(trace: Trace) -> Array:
 
 
 def _template(traces: list[Trace], shapes: tuple[StepShape, ...], values: list[Array],
-              matches: list[list[Array | None]], t: int, axes: ShapeAxes) -> Template:
+              matches: list[list[Array | None]], t: int, axes: ShapeAxes, terms: Terms) -> Template:
     """Trace ``t`` as a template: its kernels' partners in every trace and the fits over them."""
     kernels = len(traces[t])
     y = np.zeros((len(traces), 4, kernels))
@@ -226,13 +247,14 @@ def _template(traces: list[Trace], shapes: tuple[StepShape, ...], values: list[A
     weights = np.isfinite(y).astype(np.float64)
     categories = np.array([CATEGORIES.index(k.category) for k in traces[t].kernels])
     attention = categories == CATEGORIES.index(Category.ATTENTION)
-    coefficients = np.zeros((4, kernels, basis(shapes, True, axes).shape[1]))
-    for quadratic, columns in ((False, ~attention), (True, attention)):
-        x = basis(shapes, quadratic, axes)
+    coefficients = np.zeros((4, kernels, columns(axes, terms)))
+    for is_attention, slots in ((False, ~attention), (True, attention)):
+        x = basis(shapes, is_attention, axes, terms)
         for q in range(4):
-            fitted = fit_nonnegative(x, y[:, q, columns], weights[:, q, columns])
-            coefficients[q, np.flatnonzero(columns), : fitted.shape[1]] = fitted
-    return Template(traces[t], coefficients, weights.sum(axis=0), categories, _group_of(traces[t]), values[t], axes)
+            fitted = fit_nonnegative(x, y[:, q, slots], weights[:, q, slots])
+            coefficients[q, np.flatnonzero(slots), : fitted.shape[1]] = fitted
+    return Template(traces[t], coefficients, weights.sum(axis=0), categories, _group_of(traces[t]), values[t], axes,
+                    terms)
 
 
 def _group_of(trace: Trace) -> Array:
@@ -241,13 +263,13 @@ def _group_of(trace: Trace) -> Array:
                     dtype=np.int64)
 
 
-def _group_fit(traces: list[Trace], shapes: tuple[StepShape, ...], axes: ShapeAxes) -> Array:
-    """(PHASES x CATEGORIES, p) each group's kernel time fitted over the captured steps (the quadratic columns
-    for attention groups only)."""
+def _group_fit(traces: list[Trace], shapes: tuple[StepShape, ...], axes: ShapeAxes, terms: Terms) -> Array:
+    """(PHASES x CATEGORIES, p) each group's kernel time fitted over the captured steps (on ``terms``' columns
+    for an attention kernel, or any other)."""
     size = len(PHASES) * len(CATEGORIES)
     totals = np.array([np.bincount(_group_of(t), t.duration_s, minlength=size) for t in traces])
     attention = np.arange(size) % len(CATEGORIES) == CATEGORIES.index(Category.ATTENTION)
-    linear, quadratic = basis(shapes, False, axes), basis(shapes, True, axes)
+    linear, quadratic = basis(shapes, False, axes, terms), basis(shapes, True, axes, terms)
     coefficients = np.zeros((size, quadratic.shape[1]))
     coefficients[~attention, : linear.shape[1]] = fit_nonnegative(linear, totals[:, ~attention],
                                                                   np.ones_like(totals[:, ~attention]))

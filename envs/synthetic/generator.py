@@ -29,7 +29,7 @@ from kdvfs.common.paths import CONFIG_DIR
 from kdvfs.common.resolve import resolve_shipped, shipped_names
 from kdvfs.envs.gpu.profiles import GpuProfile
 from kdvfs.envs.synthetic.kernel_builder import Eff, Spec
-from kdvfs.envs.synthetic.kernels import step_specs
+from kdvfs.envs.synthetic.kernels import encoder_decoder_specs, step_specs
 from kdvfs.envs.synthetic.workload import TransformerConfig
 from kdvfs.envs.trace.shape import StepShape
 from kdvfs.envs.trace.trace import Features, Kernel, Kind, Phase, Trace, TraceMeta
@@ -110,7 +110,31 @@ def generate_transformer_trace(config: TransformerConfig, profile: GpuProfile, r
     Raises:
         ConfigError: the profile has no peak FLOP/s for the workload's precision.
     """
-    specs = step_specs(config)
+    meta = TraceMeta(gpu=profile.model, workload=config.name, source=f"synthetic:{config.summary()} seed={rng_seed}",
+                     ref_mem_mhz=float(profile.clocks.default_memory_mhz), ref_core_mhz=None,
+                     step_shape=StepShape.of([(config.batch, config.seq)]))
+    return _priced(step_specs(config), config, profile, rng_seed, meta)
+
+
+def generate_encoder_decoder_trace(encoder: TransformerConfig, decoder: TransformerConfig, profile: GpuProfile,
+                                   rng_seed: int | None = None) -> Trace:
+    """The kernel trace of one encoder-decoder training step
+    (:func:`~kdvfs.envs.synthetic.kernels.encoder_decoder_specs`: ``encoder.seq`` input tokens, ``decoder.seq``
+    label tokens per sequence), priced and seeded as :func:`generate_transformer_trace`'s. Its step shape is keyed
+    like a T5's under the HF Trainer: ``attention_mask``, ``decoder_input_ids``, ``input_ids``, ``labels`` and the
+    scalar item count. Raises :class:`ConfigError` as that function does, and for stacks of different batch or
+    precision."""
+    batch, source, target = encoder.batch, encoder.seq, decoder.seq
+    shape = StepShape.of([(batch, source), (batch, target), (batch, source), (batch, target), ()])
+    meta = TraceMeta(gpu=profile.model, workload=f"{encoder.name}+{decoder.name}",
+                     source=f"synthetic:{encoder.summary()} + {decoder.summary()} seed={rng_seed}",
+                     ref_mem_mhz=float(profile.clocks.default_memory_mhz), ref_core_mhz=None, step_shape=shape)
+    return _priced(encoder_decoder_specs(encoder, decoder), decoder, profile, rng_seed, meta)
+
+
+def _priced(specs: list[Spec], config: TransformerConfig, profile: GpuProfile, rng_seed: int | None,
+            meta: TraceMeta) -> Trace:
+    """``specs`` as kernels priced on ``profile`` (``config``'s precision and head size; module docstring)."""
     durations, peak = _durations(specs, config, profile)
     if rng_seed is not None:
         durations = durations * np.exp(np.random.default_rng(rng_seed).normal(0.0, NOISE_SIGMA, len(specs)))
@@ -124,10 +148,6 @@ def generate_transformer_trace(config: TransformerConfig, profile: GpuProfile, r
                features=Features(sm_util=float(c), dram_util=float(m), tensor_util=float(c) if s.tensor else 0.0,
                                  clock_mhz=None, source="synthetic"))
         for s, duration, gap, c, m in zip(specs, durations, gaps, compute, dram, strict=True))
-    meta = TraceMeta(gpu=profile.model, workload=config.name,
-                     source=f"synthetic:{config.summary()} seed={rng_seed}",
-                     ref_mem_mhz=float(profile.clocks.default_memory_mhz), ref_core_mhz=None,
-                     step_shape=StepShape.of([(config.batch, config.seq)]))
     return Trace(meta=meta, kernels=kernels)
 
 

@@ -13,6 +13,7 @@ traffic (each operand read or written once, except where a kernel is known to ma
 
 from __future__ import annotations
 
+from kdvfs.common.config import ConfigError
 from kdvfs.envs.synthetic.kernel_builder import (
     Eff,
     KernelBuilder,
@@ -277,6 +278,66 @@ def _optimizer(b: KernelBuilder) -> None:
                       flops * n, nbytes * n)
     if c.precision == "fp16":
         b.add("amp_update_scale", "_amp_update_scale_", (), Category.OPTIMIZER, Eff.TINY, 4, 16)
+
+
+def _cross_attention(b: KernelBuilder, source_seq: int, backward: bool) -> None:
+    """A decoder layer's cross-attention over ``source_seq`` encoder positions (fused, like the self-attention's):
+    the key/value projection of the encoder states (linear in the encoder's tokens) and the attention kernels
+    (``batch * heads * seq * source_seq`` scores), forward or backward."""
+    c = b.config
+    dh, a, source = c.d_model // c.heads, b.act, c.batch * source_seq
+    kv, q = (c.batch, c.heads, source_seq, dh), (c.batch, c.heads, c.seq, dh)
+    flops = 4.0 * c.batch * c.heads * c.seq * source_seq * dh
+    nbytes = (2 * b.tokens + 2 * source) * c.d_model * a
+    op = f"_efficient_attention_{'backward' if backward else 'forward'}"
+    if not backward:
+        b.gemm("cross_kv_fwd", "addmm", ((2 * c.d_model,), (source, c.d_model), (c.d_model, 2 * c.d_model)),
+               (source, 2 * c.d_model, c.d_model), bias=True)
+        b.add("cross_attention_fwd", op, (q, kv, kv), Category.ATTENTION, Eff.FLASH_FWD, flops, nbytes, b.autocast)
+        return
+    b.add("cross_attention_bwd", op, (q, kv, kv, q), Category.ATTENTION, Eff.FLASH_BWD, 2.5 * flops, 2 * nbytes,
+          b.autocast)
+    b.gemm("cross_kv_dgrad", "mm", ((source, 2 * c.d_model), (2 * c.d_model, c.d_model)),
+           (source, c.d_model, 2 * c.d_model))
+    b.gemm("cross_kv_wgrad", "mm", ((2 * c.d_model, source), (source, c.d_model)), (2 * c.d_model, c.d_model, source),
+           wgrad=True)
+
+
+def encoder_decoder_specs(encoder: TransformerConfig, decoder: TransformerConfig) -> list[Spec]:
+    """Every activity of one encoder-decoder training step, in launch order: the encoder's forward (``encoder``:
+    its embedding and blocks, bidirectional), the decoder's (``decoder``: blocks each followed by a
+    cross-attention over the encoder's ``encoder.seq`` positions, then the head and loss), the backward in
+    reverse, and AdamW over both stacks. Kernels follow the encoder's tokens (and their square in attention),
+    the decoder's, and their product in cross-attention. Both configs must share ``batch`` and ``precision``."""
+    if (encoder.batch, encoder.precision) != (decoder.batch, decoder.precision):
+        raise ConfigError(f"encoder {encoder.name!r} and decoder {decoder.name!r}: an encoder-decoder's two stacks "
+                          "share batch and precision")
+    enc, dec = KernelBuilder(encoder), KernelBuilder(decoder)
+    _embedding_fwd(enc)
+    for _ in range(encoder.layers):
+        _layer_fwd(enc)
+    _embedding_fwd(dec)
+    for _ in range(decoder.layers):
+        _layer_fwd(dec)
+        _cross_attention(dec, encoder.seq, backward=False)
+    _head_fwd(dec)
+    enc.phase = dec.phase = Phase.BACKWARD
+    _head_bwd(dec)
+    for _ in range(decoder.layers):
+        _cross_attention(dec, encoder.seq, backward=True)
+        _layer_bwd(dec)
+    _embedding_bwd(dec)
+    for _ in range(encoder.layers):
+        _layer_bwd(enc)
+    _embedding_bwd(enc)
+    enc.phase = dec.phase = Phase.OPTIMIZER
+    _optimizer(enc)
+    _optimizer(dec)
+    def of(builder: KernelBuilder, phase: Phase) -> list[Spec]:
+        return [s for s in builder.specs if s.phase is phase]
+
+    return [*of(enc, Phase.FORWARD), *of(dec, Phase.FORWARD), *of(dec, Phase.BACKWARD), *of(enc, Phase.BACKWARD),
+            *of(enc, Phase.OPTIMIZER), *of(dec, Phase.OPTIMIZER)]
 
 
 def step_specs(config: TransformerConfig) -> list[Spec]:

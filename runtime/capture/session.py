@@ -180,7 +180,7 @@ class Capture:
 
     def _profiles_shapes(self) -> bool:
         """Whether the capture profiles several shapes (``shapes`` > 1, outside torchrun)."""
-        return self.config.shapes > 1 and not self.rank.distributed
+        return (self.config.shapes is None or self.config.shapes > 1) and not self.rank.distributed
 
     def _window_step(self, ended: int) -> None:
         self._counted += 1
@@ -216,7 +216,8 @@ class Capture:
         self.stage = Stage.PROFILER_WARMUP
 
     def _start_rounds(self) -> None:
-        targets = shape_rounds.choose_targets(self._shapes.counts, self.config.shapes)
+        counts = self._shapes.counts
+        targets = shape_rounds.choose_targets(counts, self.config.shapes_for(shape_rounds.window_axes(counts)))
         self._rounds = shape_rounds.ShapeRounds(targets, self.probe, self._folder, self.config.max_profiled_steps,
                                            self._now_s, self.config.cpu_test_mode)
         self._rounds.start()

@@ -51,6 +51,11 @@ def synchronize() -> None:
         torch.cuda.synchronize()
 
 
+def window_axes(counts: Counter[StepShape]) -> ShapeAxes:
+    """The variables of a window's shapes (those of the most frequent shape's input structure)."""
+    return ShapeAxes.of(sorted(counts, key=lambda s: (-counts[s], s)))
+
+
 def choose_targets(counts: Counter[StepShape], shapes: int) -> list[StepShape]:
     """Up to ``shapes`` shapes to profile: the most frequent, the smallest and largest in each variable of the
     shapes (:class:`~kdvfs.envs.trace.shape.ShapeAxes`: the tokens, or an encoder-decoder's input and label
@@ -58,7 +63,7 @@ def choose_targets(counts: Counter[StepShape], shapes: int) -> list[StepShape]:
     by_count = sorted(counts, key=lambda s: (-counts[s], s))
     if not by_count:
         return []
-    axes = ShapeAxes.of(by_count)
+    axes = window_axes(counts)
     layout = [s for s in counts if axes.fits(s)]
     extremes = []
     for k in range(len(axes.variables)):

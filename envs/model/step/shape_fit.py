@@ -3,19 +3,28 @@ bytes) as a non-negative combination of basis functions of the step shape.
 
 Bases (:func:`basis`), in the variables of the shapes (:class:`~kdvfs.envs.trace.shape.ShapeAxes`: the tokens
 of each input whose length varies on its own, e.g. an encoder-decoder's input and label tokens, or each
-micro-batch's tokens of a step with gradient accumulation): ``1`` and each variable for every kernel (GEMMs,
-elementwise and norm kernels, optimizer and embedding kernels: their work grows with the tokens, or not at
-all); attention kernels add each variable times each variable's length (``batch * seq^2``, the score matrix;
-with two variables also the cross terms, ``batch * seq_dec * seq_enc`` of cross-attention). A step of one
-sequence length has one variable, ``tokens`` (``batch * seq``); images have seq 1, so tokens is the batch. With
-non-negative coefficients a slot's number never falls as the step grows and never goes below zero: extrapolation stays
-sane. The non-negative least squares is solved exactly for every slot at once by enumerating the supports
-(at most 2^p - 1 of them for p columns): the optimum is the least-squares solution on the best feasible support.
+micro-batch's tokens of a step with gradient accumulation), by :class:`Terms`. Linear columns: ``1`` and each
+variable (GEMMs, elementwise and norm kernels, optimizer and embedding kernels: their work grows with the
+tokens, or not at all). Quadratic columns add each variable times its own length (``batch * seq^2``, the score
+matrix) and, with two variables, one cross term (``batch * seq_enc * seq_dec`` of cross-attention). A step of one
+sequence length has one variable, ``tokens`` (``batch * seq``); images have seq 1, so tokens is the batch.
+
+Which kernels get the quadratic columns follows the number of captured shapes (:func:`choose_terms`): with
+:data:`SPARE_SHAPES` shapes beyond the quadratic columns every kernel does (score-sized work also runs outside
+fused attention kernels: eager attention's GEMMs and softmax, a relative position bias, its mask); with fewer,
+attention kernels only; below the quadratic columns none; then the step's size alone, then a constant. A fit is
+never underdetermined: each level needs as many shapes as it has columns, and independent columns at them.
+:func:`required_shapes` is what a capture takes so that a fit with one shape left out still has the richest
+basis. With non-negative coefficients a slot's number never falls as the step grows and never goes below zero:
+extrapolation stays sane. The non-negative least squares is solved exactly for every slot at once by enumerating
+the supports (at most 2^p - 1 of them for p columns): the optimum is the least-squares solution on the best
+feasible support.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from enum import StrEnum
 from itertools import combinations
 
 import numpy as np
@@ -28,28 +37,88 @@ TOKENS_UNIT = 1e3
 SCORES_UNIT = 1e6
 """Scale of the batch x seq^2 column (conditioning only)."""
 MAX_CROSS_VARIABLES = 2
-"""Most variables whose cross terms (each variable times another's length) attention kernels are fitted on."""
+"""Most variables whose cross terms (each variable times another's length) the quadratic columns hold."""
+SPARE_SHAPES = 2
+"""Shapes beyond its columns the quadratic basis needs before every kernel is fitted on it: a fit with a residual
+to spare, not an interpolation of the captures' noise."""
 TIE = 1e-9
 """Relative residual improvement a larger support needs to replace a smaller one."""
 
 
-def basis(shapes: Sequence[StepShape], quadratic: bool, axes: ShapeAxes | None = None) -> Array:
-    """(n, p) columns ``1`` and each variable of ``axes`` (default: the axes of ``shapes``), and with
-    ``quadratic`` each variable times each variable's length (own lengths only beyond
-    ``MAX_CROSS_VARIABLES`` variables), in scaled units."""
+class Terms(StrEnum):
+    """Which columns a step model's kernels are fitted on (module docstring), richest first."""
+
+    QUADRATIC = "quadratic"
+    """Every kernel: linear and quadratic columns."""
+    ATTENTION = "attention"
+    """Attention kernels: linear and quadratic columns; every other kernel: linear columns."""
+    LINEAR = "linear"
+    """Every kernel: ``1`` and each variable."""
+    SIZE = "size"
+    """Every kernel: ``1`` and the step's size (the sum of its variables)."""
+    CONSTANT = "constant"
+    """Every kernel: ``1`` (one captured shape)."""
+
+
+def basis(shapes: Sequence[StepShape], attention: bool, axes: ShapeAxes | None = None,
+          terms: Terms = Terms.ATTENTION) -> Array:
+    """(n, p) the columns of ``terms`` at ``shapes`` for an attention kernel (``attention``) or any other, in the
+    variables of ``axes`` (default: the axes of ``shapes``), in scaled units (module docstring)."""
     axes = axes or ShapeAxes.of(shapes)
-    m = len(axes.variables)
-    pairs = [(j, k) for j in range(m) for k in range(m) if j == k or m <= MAX_CROSS_VARIABLES]
+    quadratic = terms is Terms.QUADRATIC or (terms is Terms.ATTENTION and attention)
+    pairs = _pairs(axes) if quadratic else []
     rows = []
     for shape in shapes:
         values, lengths = axes.values(shape), axes.length_values(shape)
-        row = [1.0, *(v / TOKENS_UNIT for v in values)]
-        if quadratic:
-            row += [values[j] * lengths[k] / SCORES_UNIT for j, k in pairs
-                    if axes.lengths[k] >= 0 and axes.lengths[j] >= 0]
-        rows.append(row)
-    width = 1 + m + (sum(axes.lengths[k] >= 0 and axes.lengths[j] >= 0 for j, k in pairs) if quadratic else 0)
-    return np.array(rows, dtype=np.float64).reshape(len(shapes), width)
+        if terms is Terms.CONSTANT:
+            rows.append([1.0])
+            continue
+        if terms is Terms.SIZE:
+            rows.append([1.0, sum(values) / TOKENS_UNIT])
+            continue
+        rows.append([1.0, *(v / TOKENS_UNIT for v in values),
+                     *(values[j] * lengths[k] / SCORES_UNIT for j, k in pairs)])
+    return np.array(rows, dtype=np.float64).reshape(len(shapes), columns(axes, terms, attention))
+
+
+def _pairs(axes: ShapeAxes) -> list[tuple[int, int]]:
+    """The (variable, length) products of the quadratic columns: each variable's own length, and one cross term
+    per pair of variables (``values[j] * lengths[k]``, j < k) with up to ``MAX_CROSS_VARIABLES`` of them (with one
+    batch, ``values[k] * lengths[j]`` is the same column); variables of one-dimensional inputs have none."""
+    m = len(axes.variables)
+    return [(j, k) for j in range(m) for k in range(j, m) if (j == k or m <= MAX_CROSS_VARIABLES)
+            and axes.lengths[j] >= 0 and axes.lengths[k] >= 0]
+
+
+def columns(axes: ShapeAxes, terms: Terms, attention: bool = True) -> int:
+    """The number of columns of :func:`basis` for ``axes`` and ``terms`` (an attention kernel's with
+    ``attention``: the most a model of those terms fits)."""
+    if terms is Terms.CONSTANT:
+        return 1
+    if terms is Terms.SIZE:
+        return 2
+    quadratic = terms is Terms.QUADRATIC or (terms is Terms.ATTENTION and attention)
+    return 1 + len(axes.variables) + (len(_pairs(axes)) if quadratic else 0)
+
+
+def choose_terms(shapes: Sequence[StepShape], axes: ShapeAxes) -> Terms:
+    """The richest :class:`Terms` the captured ``shapes`` determine: :attr:`Terms.QUADRATIC` with
+    ``SPARE_SHAPES`` shapes beyond its columns, any other with at least its columns; in each case with columns
+    independent at ``shapes`` (rank)."""
+    distinct = list(dict.fromkeys(shapes))
+    for terms in Terms:
+        width = columns(axes, terms)
+        needed = width + (SPARE_SHAPES if terms is Terms.QUADRATIC else 0)
+        if len(distinct) >= needed and np.linalg.matrix_rank(basis(distinct, True, axes, terms)) == width:
+            return terms
+    return Terms.CONSTANT
+
+
+def required_shapes(axes: ShapeAxes) -> int:
+    """How many shapes a capture of steps with these ``axes`` takes: the quadratic basis's columns plus
+    ``SPARE_SHAPES``, plus one, so that the step model keeps that basis with any one shape left out (its
+    leave-one-out error measures the model the runtime fits). One varying length: 6; two: 9."""
+    return columns(axes, Terms.QUADRATIC) + SPARE_SHAPES + 1
 
 
 def fit_nonnegative(x: Array, y: Array, weights: Array) -> Array:

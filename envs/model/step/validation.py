@@ -6,7 +6,8 @@ step time as the cost model prices it (kernels plus idle gaps scaled to the meas
 :func:`~kdvfs.envs.trace.trace.with_measured_gaps`), and the kernel-time-weighted duration error (the sum over
 aligned kernels of |predicted - measured| duration, kernels without a partner counting whole, over the measured
 kernel time). A shape outside the range of the others (its tokens, sequence length or batch beyond theirs) is an
-*edge* shape: its prediction extrapolates.
+*edge* shape: its prediction extrapolates. Each error names the basis the others determined
+(:attr:`~kdvfs.envs.model.step_model.StepModel.terms`) and why it is smaller than the quadratic one, if it is.
 """
 
 from __future__ import annotations
@@ -24,18 +25,22 @@ from kdvfs.envs.trace.trace import Trace, with_measured_gaps
 
 @dataclass(frozen=True)
 class ShapeError:
-    """The prediction error of one held-out shape (percent; signed: predicted over measured, minus 1)."""
+    """The prediction error of one held-out shape (percent; signed: predicted over measured, minus 1), and the
+    basis of the model of the others (``basis_terms``; ``basis_note``: why it is smaller, None on the quadratic)."""
 
     shape: StepShape
     edge: bool
     kernel_time_error_pct: float
     step_time_error_pct: float
     weighted_duration_error_pct: float
+    basis_terms: str
+    basis_note: str | None
 
     def as_json(self) -> dict[str, object]:
         return {"shape": self.shape.key, "edge": self.edge, "kernel_time_error_pct": self.kernel_time_error_pct,
                 "step_time_error_pct": self.step_time_error_pct,
-                "weighted_duration_error_pct": self.weighted_duration_error_pct}
+                "weighted_duration_error_pct": self.weighted_duration_error_pct, "basis_terms": self.basis_terms,
+                "basis_note": self.basis_note}
 
 
 def weighted_duration_error(predicted: Trace, measured: Trace) -> float:
@@ -69,10 +74,12 @@ def leave_one_out(traces: Sequence[Trace]) -> list[ShapeError]:
         rest = [t for i, t in enumerate(traces) if i != index]
         shape = held.meta.step_shape
         assert shape is not None
-        predicted = StepModel.fit(rest).predict(shape)
+        model = StepModel.fit(rest)
+        predicted = model.predict(shape)
         step_s, measured_s = with_measured_gaps(predicted).step_time_s, with_measured_gaps(held).step_time_s
         others = [t.meta.step_shape for t in rest if t.meta.step_shape is not None]
         errors.append(ShapeError(shape, is_edge(shape, others), 100.0 * (predicted.busy_s / held.busy_s - 1.0),
                                  100.0 * (step_s / measured_s - 1.0),
-                                 100.0 * weighted_duration_error(predicted, held)))
+                                 100.0 * weighted_duration_error(predicted, held), model.terms.value,
+                                 model.basis_note))
     return errors

@@ -31,11 +31,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--energy-window-s", type=float, default=5.0,
                         help="length of the unprofiled window that measures step time and energy (default 5 s; "
                              "the NVML energy counter updates ~10 times a second)")
-    parser.add_argument("--shapes", type=int, default=6,
-                        help="when steps vary in shape (dynamic padding, bucketing), profile up to N shapes: the most "
-                             "frequent (written to -o) and the smallest and largest in each varying length, each "
-                             "beside it as NAME.shape-K.trace.json (default 6; 1: one trace of the last profiled "
-                             "step)")
+    parser.add_argument("--shapes", type=int, default=None,
+                        help="when steps vary in shape (dynamic padding, bucketing, an encoder-decoder's two lengths), "
+                             "profile up to N shapes: the most frequent (written to -o) and the smallest and largest "
+                             "in each varying length, each beside it as NAME.shape-K.trace.json (default: what the "
+                             "step model needs for the run's shapes, its basis's columns + 3: 6 for one varying "
+                             "length, 9 for two; fewer is an error that says how many; 1: one trace of the last "
+                             "profiled step)")
     parser.add_argument("--max-profiled-steps", type=int, default=64,
                         help="most steps profiled while looking for those shapes (default 64)")
     parser.add_argument("--workload", help="label stored in the trace (default: the script's name)")
@@ -102,11 +104,14 @@ def _print_shapes(shapes: dict[str, Any]) -> None:
         timing = f"{time_s * 1e3:.2f} ms/step" if time_s is not None else "too few window steps to time"
         console.print(f"  {entry['shape']}: {entry['window_steps']} window steps, {timing}, {entry['kernels']} "
                       f"activities -> {entry['output']}")
-    for error in shapes.get("step_model") or []:
+    errors = shapes.get("step_model") or []
+    for error in errors:
         edge = " (edge)" if error["edge"] else ""
         console.print(f"  step model, {error['shape']} left out: kernel time {error['kernel_time_error_pct']:+.1f}%, "
                       f"step time {error['step_time_error_pct']:+.1f}%, kernel durations "
-                      f"{error['weighted_duration_error_pct']:.1f}%{edge}")
+                      f"{error['weighted_duration_error_pct']:.1f}%{edge}, {error['basis_terms']} basis")
+    for note in dict.fromkeys(e["basis_note"] for e in errors if e.get("basis_note")):
+        console.print(f"  note: step model with one shape left out: {note}")
     for entry in shapes.get("missed", []):
         console.print(f"  note: {entry['shape']} ({entry['window_steps']} window steps) did not come up in the "
                       "profiled steps; raise --max-profiled-steps to capture it")

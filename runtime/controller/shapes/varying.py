@@ -83,7 +83,8 @@ def captured_shapes(traces: list[Trace]) -> list[StepShape]:
 def varying_steps(trace_path: str, clock: Clock) -> tuple[VaryingSteps, StepShapes] | None:
     """The run's varying steps and where their shapes come from, or None when the capture at ``trace_path`` has
     one shape (the controller then replays its one step, as before; so it does, with a note on stderr, when no
-    step model fits the captured traces). A bundled trace name has no siblings."""
+    step model fits the captured traces). A step model on a smaller basis than the quadratic one says so on stderr
+    (:attr:`~kdvfs.envs.model.step_model.StepModel.basis_note`). A bundled trace name has no siblings."""
     if not Path(trace_path).is_file():
         return None
     traces = load_trace_set(trace_path)
@@ -96,6 +97,8 @@ def varying_steps(trace_path: str, clock: Clock) -> tuple[VaryingSteps, StepShap
         print(f"kdvfs: the capture's steps vary, but no step model fits its traces ({error}); only steps like "
               f"{trace_path} are controlled", file=sys.stderr)
         return None
+    if model.basis_note is not None:
+        print(f"kdvfs: step model: {model.basis_note}", file=sys.stderr)
     inputs = Counter(len(t.meta.step_shape.inputs) for t in traces if t.meta.step_shape is not None)
     source = StepShapes(clock, inputs.most_common(1)[0][0] if inputs else 0)
 
