@@ -1,8 +1,8 @@
 """Step model, leave-one-shape-out on H200 captures of three families: kernel time, step time, duration errors.
 
 Each captured shape of a family (``data/traces/h200/workloads``: llama, a dense decoder; mixtral, an MoE;
-bert, an encoder) is predicted by the step model fitted on the family's other shapes and compared with its
-capture. Also the time to fit a family and to predict one step.
+bert, an encoder) is predicted by the step model fitted on the family's other shapes (on the basis they
+determine: ``basis_terms``) and compared with its capture. Also the time to fit a family and to predict one step.
 
     python -m benchmarks.model.step_model
 """
@@ -55,11 +55,13 @@ def _family(family: str) -> dict[str, Any]:
 
 def _markdown(result: dict[str, Any]) -> str:
     lines = ["# Step model: leave-one-shape-out (H200 captures)", "", *provenance_lines(result["provenance"]), "",
-             "| family | shape | edge | kernel time error | step time error | weighted duration error |",
-             "| --- | --- | --- | --- | --- | --- |"]
+             "| family | shape | edge | basis (others) | kernel time error | step time error "
+             "| weighted duration error |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
     for family in result["families"]:
         for row in family["shapes"]:
             lines.append(f"| {family['family']} | {row['shape']} | {'yes' if row['edge'] else 'no'} | "
+                         f"{row['basis_terms']} | "
                          f"{row['kernel_time_error_pct']:+.2f}% | {row['step_time_error_pct']:+.2f}% | "
                          f"{row['weighted_duration_error_pct']:.2f}% |")
     lines += ["", "| family | fit (s) | predict (ms) | kernels |", "| --- | --- | --- | --- |"]
