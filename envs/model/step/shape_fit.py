@@ -3,22 +3,18 @@ bytes) as a non-negative combination of basis functions of the step shape.
 
 Bases (:func:`basis`), in the variables of the shapes (:class:`~kdvfs.envs.trace.shape.ShapeAxes`: the tokens
 of each input whose length varies on its own, e.g. an encoder-decoder's input and label tokens, or each
-micro-batch's tokens of a step with gradient accumulation), by :class:`Terms`. Linear columns: ``1`` and each
-variable (GEMMs, elementwise and norm kernels, optimizer and embedding kernels: their work grows with the
-tokens, or not at all). Quadratic columns add each variable times its own length (``batch * seq^2``, the score
-matrix) and, with two variables, one cross term (``batch * seq_enc * seq_dec`` of cross-attention). A step of one
-sequence length has one variable, ``tokens`` (``batch * seq``); images have seq 1, so tokens is the batch.
+micro-batch's tokens under gradient accumulation), by :class:`Terms`. Linear columns: ``1`` and each variable.
+Quadratic columns add each variable times its own length (``batch * seq^2``, the score matrix) and, with two
+variables, one cross term (``batch * seq_enc * seq_dec``). Images have seq 1, so tokens is the batch.
 
-Which kernels get the quadratic columns follows the number of captured shapes (:func:`choose_terms`): with
-:data:`SPARE_SHAPES` shapes beyond the quadratic columns every kernel does (score-sized work also runs outside
-fused attention kernels: eager attention's GEMMs and softmax, a relative position bias, its mask); with fewer,
-attention kernels only; below the quadratic columns none; then the step's size alone, then a constant. A fit is
-never underdetermined: each level needs as many shapes as it has columns, and independent columns at them.
-:func:`required_shapes` is what a capture takes so that a fit with one shape left out still has the richest
-basis. With non-negative coefficients a slot's number never falls as the step grows and never goes below zero:
-extrapolation stays sane. The non-negative least squares is solved exactly for every slot at once by enumerating
-the supports (at most 2^p - 1 of them for p columns): the optimum is the least-squares solution on the best
-feasible support.
+:func:`choose_terms` picks the basis the captured shapes determine: with :data:`SPARE_SHAPES` beyond the quadratic
+columns every kernel gets them (score-sized work also runs outside fused attention kernels: eager attention's
+GEMMs and softmax, a position bias, a mask); with fewer, attention kernels only; below them none; then the
+step's size, then a constant. A fit is never underdetermined. :func:`required_shapes` is what a capture takes so
+that a fit with one shape left out keeps the richest basis. Non-negative coefficients: a slot's number never
+falls as the step grows nor goes below zero. The non-negative least squares is solved exactly for every slot at
+once by enumerating the supports (at most 2^p - 1 for p columns): the least-squares solution on the best feasible
+support. Design: ``docs/design/step-model.md``.
 """
 
 from __future__ import annotations
