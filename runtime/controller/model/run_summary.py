@@ -64,8 +64,10 @@ class OnlineFigures(JsonRecord):
 @dataclass(frozen=True)
 class ShapeFigures(JsonRecord):
     """A run whose steps vary: the buckets planned, the steps that ran in each (by bucket), the controlled ones
-    that replayed their bucket's schedule (by bucket; a frozen policy's until its bucket decides online) and
-    those without an entry by reason (``no_shape``, ``no_plan``)."""
+    that replayed their bucket's schedule (by bucket; a frozen policy's until its bucket decides online),
+    those without an entry by reason (``no_shape``, ``no_plan``) and the basis the step model's fits are on
+    (``quadratic``, ``attention``, ``linear``, ``size``, ``constant``: :class:`~kdvfs.envs.model.step.shape_fit.Terms`;
+    None where the shapes' steps do not come from a step model)."""
 
     buckets: int
     quantum_tokens: int
@@ -79,6 +81,7 @@ class ShapeFigures(JsonRecord):
     steps_by_bucket: dict[str, int]
     replayed_steps_by_bucket: dict[str, int]
     misses: dict[str, int]
+    step_model_basis: str | None
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,8 @@ class VaryingSteps:
         progress: ``(done, total)`` after each bucket's solve (None: quiet).
         kernel_time_s: the expected kernel time at auto of any shape (s; the step model's, cheap); None: each
             step counts for its bucket's.
+        step_model_basis: the basis the step model's fits are on (:class:`~kdvfs.envs.model.step.shape_fit.Terms`'
+            value); None: ``predict`` is not a step model's.
     """
 
     shapes: Sequence[StepShape]
@@ -50,6 +52,7 @@ class VaryingSteps:
     shape_of: ShapeOf
     progress: Callable[[int, int], None] | None = None
     kernel_time_s: Callable[[StepShape], float] | None = None
+    step_model_basis: str | None = None
 
     def plan(self, problem: Problem, planner: Planner) -> ShapeBook:
         """The book of the buckets planned by ``planner``, at ``problem``'s GPU, budget and switching latency
@@ -83,14 +86,16 @@ class ShapeSteps:
         shape_of: the step's shape, waiting until a deadline.
         reference_kernel_s: the kernel time at auto that weights 1 (s): the captured step's.
         budget: the run's budget (fraction), which the feedback compares the measured slowdown with.
+        kernel_time_s, step_model_basis: as :class:`VaryingSteps`'.
     """
 
     def __init__(self, book: ShapeBook, entries: dict[StepShape, tuple[StepEntry, ...]], shape_of: ShapeOf,
                  reference_kernel_s: float, budget: float,
-                 kernel_time_s: Callable[[StepShape], float] | None = None) -> None:
+                 kernel_time_s: Callable[[StepShape], float] | None = None,
+                 step_model_basis: str | None = None) -> None:
         self.book, self.entries, self.shape_of = book, entries, shape_of
         self.reference_kernel_s, self.budget = reference_kernel_s, budget
-        self.kernel_time_s = kernel_time_s
+        self.kernel_time_s, self.step_model_basis = kernel_time_s, step_model_basis
         self.margin = 0
         """The index of the margin the run plans at now."""
         self.margin_changes = 0
@@ -169,4 +174,5 @@ class ShapeSteps:
             margins=list(self.book.margins), margin=self.book.margins[self.margin], margin_changes=self.margin_changes,
             planned_in_background=self.book.planned_later, plan_error=self.book.plan_error, stood_in=self.stood_in,
             steps_by_bucket=dict(sorted(self.steps.items())),
-            replayed_steps_by_bucket=dict(sorted(self.replayed.items())), misses=dict(self.misses))
+            replayed_steps_by_bucket=dict(sorted(self.replayed.items())), misses=dict(self.misses),
+            step_model_basis=self.step_model_basis)

@@ -109,4 +109,5 @@ def varying_steps(trace_path: str, clock: Clock) -> tuple[VaryingSteps, StepShap
         if done == total:
             print(f"kdvfs: planned {total} step-shape buckets", file=sys.stderr)
 
-    return VaryingSteps(shapes, predict, source.shape_of, progress=progress, kernel_time_s=model.kernel_time_s), source
+    return VaryingSteps(shapes, predict, source.shape_of, progress=progress, kernel_time_s=model.kernel_time_s,
+                        step_model_basis=model.terms.value), source

@@ -204,6 +204,7 @@ def test_a_capture_of_several_shapes_makes_the_run_vary_and_one_shape_does_not(t
     found = varying_steps(str(_capture_set(tmp_path, [step(128), step(256), step(192)])), RealClock())
     assert found is not None and sorted(s.seq for s in found[0].shapes) == [128, 192, 256]
     assert found[0].predict(shape(160)) is not None and found[0].predict(shape(4096)) is None
+    assert found[0].step_model_basis == "attention"  # 3 shapes of one length: too few for the quadratic basis
     images = replace(step(192), meta=replace(step(192).meta, step_shape=StepShape.of([(BATCH, 3, 32, 32)])))
     assert varying_steps(str(_capture_set(tmp_path, [step(128), images])), RealClock()) is None
     assert "no step model fits" in capsys.readouterr().err
@@ -288,7 +289,7 @@ def test_the_source_names_the_buckets_a_policy_decided_online_in_and_those_it_re
     def ran(online: dict[str, int] | None, replayed: dict[str, int]) -> str:
         figures = None if online is None else OnlineFigures(0, 0, 0, 0, 0, {}, {}, none, none, none, 0.0, None, None,
                                                             {}, 0.01, 0.001, online)
-        shapes = ShapeFigures(3, 16, [16], [1.0, 0.5], 1.0, 0, 0, None, 0, {}, replayed, {})
+        shapes = ShapeFigures(3, 16, [16], [1.0, 0.5], 1.0, 0, 0, None, 0, {}, replayed, {}, "quadratic")
         plan = Plan(problem(128), Schedule(np.zeros(3, dtype=np.int64), "policy", 0.0), "policy p.npz (replayed)",
                     None, "p.npz")
         return source_that_ran(plan, figures, shapes)
