@@ -5,9 +5,13 @@
 
 ``run`` drives the default controller (the shipped H200 policy deciding online, A/B windows, a dry run) through
 ``--seconds`` simulated seconds of each workload of ``CASES`` on the fake H200 (virtual clock; about
-``ANCHORS_PER_STEP`` anchors a step), and counts per step the thread's sleeps on its clock (each a wake), its
-decision points by reason and the CPU time of their work (the thread's own, ``time.thread_time``: the fake
-GPU's simulation, which runs on the same thread while it waits, is outside them). Whichever kdvfs is first on
+``ANCHORS_PER_STEP`` anchors a step; its event log written), and counts per step the thread's sleeps on its
+clock (each a wake), its decision points by reason and the CPU time of their work, and the whole thread's CPU
+(``time.thread_time``: everything the thread does, its accounting, anchors, warm-ups and log included, but the
+fake GPU's simulation, which runs on the same thread when it looks at the GPU: :class:`FakeCpu`). A digest of
+each run's event log without its timings (:func:`log_digest`) shows whether two revisions stepped, decided and
+requested alike. Objects made before the steps are frozen out of the garbage collector (``gc.freeze``): a full
+collection costs the whole heap's objects, not the controller's work. Whichever kdvfs is first on
 ``PYTHONPATH`` runs, so the same script measures an earlier revision (``git archive REV | tar -x -C DIR``, then
 ``PYTHONPATH=DIR``) beside this one; ``report`` puts the runs side by side. The figures are this CPU's and the
 fake GPU's: what changes between revisions is the count of wakes and decision points, not a GPU's step time.
@@ -17,9 +21,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
+import hashlib
 import json
 import sys
+import tempfile
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,11 +39,48 @@ from kdvfs.envs.gpu.profiles import load_profile
 from kdvfs.envs.trace.bundled import open_trace
 from kdvfs.runtime.controller import Controller
 from kdvfs.runtime.controller.config import MeasurementConfig
+from kdvfs.runtime.controller.event_log import read_event_log
 from kdvfs.runtime.testing.fake_gpu import FakeGpu, FakeStepTimeline, VirtualClock
 
 CASES = ("h200/capture-gpt3xl-b4", "h200/gpt2s-b16")
 ANCHORS_PER_STEP = 48
 POLICY = "policies/h200.kdvfs-policy.npz"
+
+
+FAKE_METHODS: dict[type, tuple[str, ...]] = {
+    FakeGpu: ("clocks_mhz", "power_w", "energy_j", "lock_clocks_mhz", "reset_clocks", "kernel_start_s",
+              "passed_kernels", "run_step"),
+    FakeStepTimeline: ("mark", "wait", "shape_of", "anchor_s", "passed_anchor")}
+"""The fake GPU's and its timeline's methods: the GPU's simulation, which runs on the thread that calls them."""
+THREAD = "kdvfs-controller"
+
+
+class FakeCpu:
+    """The CPU time (s) the controller's thread (``THREAD``) spends inside the fake GPU and its timeline (their
+    simulation, no part of the controller's own work): the outermost call of each of ``FAKE_METHODS`` on that
+    thread, timed with ``time.thread_time``."""
+
+    def __init__(self) -> None:
+        self.cpu_s, self._depth = 0.0, threading.local()
+
+    def wrap(self, target: Any) -> None:
+        """Time ``target``'s methods of ``FAKE_METHODS`` (on the instance)."""
+        for method in FAKE_METHODS[type(target)]:
+            setattr(target, method, self._timed(getattr(target, method)))
+
+    def _timed(self, method: Callable[..., Any]) -> Callable[..., Any]:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            depth = getattr(self._depth, "n", 0)
+            if depth or threading.current_thread().name != THREAD:
+                return method(*args, **kwargs)
+            self._depth.n = 1
+            began_s = time.thread_time()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                self.cpu_s += time.thread_time() - began_s
+                self._depth.n = 0
+        return timed
 
 
 class CountingClock(VirtualClock):
@@ -48,18 +94,33 @@ class CountingClock(VirtualClock):
         return super().sleep_until(time_s, stop)
 
 
-def run_case(trace: str, seconds: float) -> dict[str, Any]:
-    """One dry run of ``trace`` on the fake H200; its per-step figures."""
+def log_digest(log: Path) -> str:
+    """A digest of an event log without what depends on this CPU's timing (the summary, the decisions' wall times,
+    the process id): two runs with equal digests stepped, decided, requested and measured alike."""
+    records, _ = read_event_log(log)
+    kept = [{k: v for k, v in record.items() if k not in ("wall_us", "pid")} for record in records
+            if record["event"] != "summary"]
+    return hashlib.sha256(json.dumps(kept).encode()).hexdigest()[:16]
+
+
+def run_case(trace: str, seconds: float, log: Path) -> dict[str, Any]:
+    """One dry run of ``trace`` on the fake H200, its event log written to ``log``; its per-step figures."""
     profile = load_profile("h200")
     problem = Problem.build(open_trace(trace), profile, 0.01)
     clock = CountingClock()
     gpu = FakeGpu(problem.costs, profile, problem.latency_s, problem.stall_s, clock)
     every = max(1, problem.costs.kernels // ANCHORS_PER_STEP)
     timeline = FakeStepTimeline(gpu, clock, tuple(range(every, problem.costs.kernels, every)))
+    fake = FakeCpu()
+    fake.wrap(gpu)
+    fake.wrap(timeline)
     energy = {"energy_read_every_s" if "energy_read_every_s" in {f.name for f in dataclasses.fields(
         MeasurementConfig)} else "energy_poll_s": 0.0}
-    controller = Controller(POLICY, trace, device=gpu, timeline=timeline, clock=clock, dry_run=True, **energy)
+    controller = Controller(POLICY, trace, device=gpu, timeline=timeline, clock=clock, dry_run=True, log=str(log),
+                            **energy)
     with controller:
+        gc.collect()
+        gc.freeze()  # a full collection costs the whole heap's objects: kept off whichever step it would land in
         while clock.now_s() < seconds:
             for _ in range(10):
                 controller.step()
@@ -69,8 +130,11 @@ def run_case(trace: str, seconds: float) -> dict[str, Any]:
     summary = controller.summary.to_json() if typed else controller.summary
     online, steps, controlled = summary["online"], summary["steps"], summary["controlled_steps"]
     points = sum(online["wakes"].values())
+    thread_ms = summary["controller_cpu_ms"]["thread"] - 1e3 * fake.cpu_s
     return {"trace": trace, "kernels": problem.costs.kernels, "steps": steps, "controlled_steps": controlled,
             "wakes_per_controlled_step": clock.sleeps / controlled,
+            "thread_cpu_ms_per_controlled_step": thread_ms / controlled, "thread_cpu_ms_per_step": thread_ms / steps,
+            "fake_gpu_cpu_ms_per_step": 1e3 * fake.cpu_s / steps,
             "decision_points_per_controlled_step": points / controlled,
             "by_reason_per_controlled_step": {r: n / controlled for r, n in online["wakes"].items()},
             "evaluations_per_controlled_step": online["decisions"] / controlled,
@@ -78,7 +142,7 @@ def run_case(trace: str, seconds: float) -> dict[str, Any]:
             "decision_point_cpu_ms_per_controlled_step": online["cpu_ms"] / controlled,
             "warm_ms_per_controlled_step": (online.get("warm_ms") or 0.0) / controlled,
             "decision_us": online["decision_us"], "lookahead_points_per_controlled_step":
-            online.get("lookahead_points", 0) / controlled}
+            online.get("lookahead_points", 0) / controlled, "log_digest": log_digest(log)}
 
 
 def markdown(document: dict[str, Any]) -> str:
@@ -117,7 +181,8 @@ def main(argv: list[str]) -> int:
     report.add_argument("--name", default="wakes_fake_gpu")
     args = parser.parse_args(argv)
     if args.what == "run":
-        cases = [run_case(trace, args.seconds) for trace in CASES]
+        with tempfile.TemporaryDirectory() as folder:
+            cases = [run_case(trace, args.seconds, Path(folder) / f"{i}.jsonl") for i, trace in enumerate(CASES)]
         args.out.write_text(json.dumps({"label": args.label, "code": args.code, "kdvfs": kdvfs.__file__,
                                         "seconds": args.seconds, "cases": cases}, indent=1))
         return 0
