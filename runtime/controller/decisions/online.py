@@ -30,6 +30,7 @@ from kdvfs.agents.learned.policy.online import OnlineDecision
 from kdvfs.envs.env.observing.live import LiveState
 from kdvfs.runtime.controller.decisions.decision_records import quantiles
 from kdvfs.runtime.controller.decisions.live_clocks import LiveClocks
+from kdvfs.runtime.controller.decisions.look_ahead import prepare_states_ahead, states_ahead
 from kdvfs.runtime.controller.decisions.online_step import OnlineStep
 from kdvfs.runtime.controller.decisions.sources import ThreadContext
 from kdvfs.runtime.controller.decisions.warm_up import WarmUp
@@ -121,6 +122,7 @@ class OnlineSteps:
         self._begun = -1
         self._first = step
         self._take(step)
+        prepare_states_ahead(step.online.cumulative_s)
 
     def _take(self, step: OnlineStep) -> None:
         self._step, self.online, self.times, self.anchor_map = step, step.online, step.times, step.anchor_map
@@ -295,17 +297,17 @@ class OnlineSteps:
         points = math.ceil((before_s - now_s) / self.interval_s) - 1
         found_s, reached_s = math.inf, before_s
         if points > 0:
-            times_s = now_s + self.interval_s * np.arange(1, min(points, MAX_AHEAD) + 1)
-            scale = self.times.auto_scale
-            kernels = np.maximum(self.times.kernels_running(anchor, self._running, times_s), self._kernel)
-            index = self.online.first_change(
-                kernels, clocks.in_effect, (times_s - start_s) / scale, self.online.cumulative_s[kernels, 0],
-                clocks.last_latency_ratio, 100.0 * (scale - 1.0), self._predicted.ahead(kernels, clocks.in_effect))
-            self.lookahead_points += min(index + 1, len(times_s))
-            if index < len(times_s):
-                found_s = float(times_s[index])
+            n, scale = min(points, MAX_AHEAD), self.times.auto_scale
+            kernels, elapsed_s, auto_elapsed_s, model_elapsed_s = states_ahead(
+                self.times.array_at(self._running), anchor[2], anchor[1], now_s, self.interval_s, n, self._kernel,
+                start_s, scale, self.online.cumulative_s, *self._predicted.reading(clocks.in_effect))
+            index = self.online.first_change(kernels, clocks.in_effect, elapsed_s, auto_elapsed_s,
+                                             clocks.last_latency_ratio, 100.0 * (scale - 1.0), model_elapsed_s)
+            self.lookahead_points += min(index + 1, n)
+            if index < n:
+                found_s = now_s + self.interval_s * (index + 1)
             elif points > MAX_AHEAD:
-                found_s = reached_s = float(times_s[-1])
+                found_s = reached_s = now_s + self.interval_s * n
         self.lookaheads += 1
         self._ahead = (version, found_s, reached_s)
         return found_s
