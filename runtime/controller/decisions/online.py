@@ -18,17 +18,15 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-import numpy as np
-
 from kdvfs.agents.learned.policy.live_decision import NO_REQUEST
 from kdvfs.agents.learned.policy.online import OnlineDecision
 from kdvfs.envs.env.observing.live import LiveState
-from kdvfs.runtime.controller.decisions.decision_records import quantiles
+from kdvfs.runtime.controller.decisions.decision_records import RecentDurations, quantiles
 from kdvfs.runtime.controller.decisions.live_clocks import LiveClocks
 from kdvfs.runtime.controller.decisions.look_ahead import prepare_states_ahead, states_ahead
 from kdvfs.runtime.controller.decisions.online_step import OnlineStep
@@ -116,7 +114,7 @@ class OnlineSteps:
         self.policy_wall_us: list[float] = []
         self.cpu_us: list[float] = []
         self.steps_by_bucket: Counter[str] = Counter()  # steps decided through, by shape bucket
-        self._decision_s: deque[float] = deque(maxlen=BUDGET_DECISIONS)
+        self._decision_s = RecentDurations(BUDGET_DECISIONS)
         self._kernel = 1
         self._held: HeldChange | None = None
         self._begun = -1
@@ -181,8 +179,8 @@ class OnlineSteps:
             hand_over_s = end_s - latency_s - self.early_s
             # A decision then, then the next step's first: both by then (at least as long as the last one took:
             # the first controlled step has no percentile yet).
-            last_s = hand_over_s - 2 * (max(decision_time_s, self._decision_s[-1]) if self._decision_s
-                                        else decision_time_s)
+            latest_s = self._decision_s.latest_s
+            last_s = hand_over_s - 2 * (decision_time_s if latest_s is None else max(decision_time_s, latest_s))
             if now_s >= last_s:
                 break
             wake_s = max(self._decide(step, start_s, now_s, anchor, last_s), now_s + MIN_GAP_S)
@@ -217,7 +215,7 @@ class OnlineSteps:
     def _decision_time_s(self) -> float:
         """How long a decision takes (host s, the controller's clock): the 90th percentile of the last
         ``BUDGET_DECISIONS`` decision points' (0 before any)."""
-        return float(np.percentile(self._decision_s, 90)) if self._decision_s else 0.0
+        return self._decision_s.percentile(90)
 
     def _decide(self, step: int, start_s: float, now_s: float, anchor: PassedAnchor, until_s: float) -> float:
         """One decision point; returns when the next is due (host s; ``until_s``: the step's last decision
