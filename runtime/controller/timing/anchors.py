@@ -29,7 +29,7 @@ from kdvfs.envs.trace.trace import Phase, Trace
 from kdvfs.runtime.controller.model.run_summary import AnchorFigures
 from kdvfs.runtime.controller.model.step_plan import Request, StepPlan
 from kdvfs.runtime.controller.timing.gpu_timeline import StepEnd, StepTimeline
-from kdvfs.runtime.controller.timing.pace import Pace, host_offsets_s
+from kdvfs.runtime.controller.timing.pace import Pace, host_offsets_s, medians
 from kdvfs.runtime.device.host_time import Clock
 
 LEARN_STEPS = 5
@@ -158,7 +158,7 @@ class AnchorMap:
             self._place(np.zeros(0, dtype=np.int64))
         self._history.append(offsets_s * self.expected_s / duration_s)
         if len(self._history) == self._history.maxlen and len(offsets_s):
-            median_s = np.median(np.stack(list(self._history)), axis=0)
+            median_s = medians(list(self._history))
             kernels = self._structural(len(median_s))
             self.mapped_by = "time" if kernels is None else "structure"
             self._place(nearest_kernels(self.kernel_start_s, median_s) if kernels is None else kernels)
