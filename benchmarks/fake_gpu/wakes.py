@@ -24,6 +24,7 @@ import dataclasses
 import gc
 import hashlib
 import json
+import statistics
 import sys
 import tempfile
 import threading
@@ -145,26 +146,50 @@ def run_case(trace: str, seconds: float, log: Path) -> dict[str, Any]:
             online.get("lookahead_points", 0) / controlled, "log_digest": log_digest(log)}
 
 
+def thread_table(runs: list[dict[str, Any]]) -> list[str]:
+    """The whole thread's CPU per controlled step by label and workload: median and range over the label's runs,
+    and whether all of each workload's runs logged alike (one digest)."""
+    labels = list(dict.fromkeys(run["label"] for run in runs))
+    counts = {label: sum(run["label"] == label for run in runs) for label in labels}
+    lines = ["| workload | " + " | ".join(f"{label}: thread CPU (ms), median [min, max] of {counts[label]} runs"
+                                        for label in labels) + " | event logs alike |",
+             "| --- |" + " ---: |" * len(labels) + " --- |"]
+    for trace in CASES:
+        cells, digests = [], set()
+        for label in labels:
+            cpu_ms = [c["thread_cpu_ms_per_controlled_step"] for r in runs if r["label"] == label
+                      for c in r["cases"] if c["trace"] == trace]
+            digests |= {c["log_digest"] for r in runs if r["label"] == label for c in r["cases"] if c["trace"] == trace}
+            cells.append(f"{statistics.median(cpu_ms):.2f} [{min(cpu_ms):.2f}, {max(cpu_ms):.2f}]")
+        lines.append(f"| {trace} | " + " | ".join(cells) + f" | {'yes' if len(digests) == 1 else 'no'} |")
+    return lines
+
+
 def markdown(document: dict[str, Any]) -> str:
-    lines = ["# The controller's thread on the fake H200: wakes and decision points per controlled step", "",
+    lines = ["# The controller's thread on the fake H200: its CPU, wakes and decision points per controlled step", "",
              *provenance_lines(document), "",
-             "Dry runs of the shipped H200 policy deciding online on the fake GPU (virtual clock); per controlled "
-             "step: the thread's wakes (sleeps on its clock), its decision points (by reason), the policy's "
-             "evaluations, requests, the CPU of the decision points' work and of the warm-ups before them (this "
-             "CPU), and the states read ahead.", "",
-             "| run | code | workload (kernels) | wakes | decision points (by reason) | evaluations | requests | "
-             "decision points' CPU (ms) | warm-ups' CPU (ms) | states read ahead | decision median (us) |",
-             "| --- | --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "Dry runs of the shipped H200 policy deciding online on the fake GPU (virtual clock), the event log "
+             "written; per controlled step, on this CPU: the whole controller thread's CPU (all it does but the fake "
+             "GPU's simulation), and whether every run's event log, timings aside, is the same.", "",
+             *thread_table(document["runs"]), "",
+             "Each run: the thread's CPU, its wakes (sleeps on its clock), its decision points (by reason), the "
+             "policy's evaluations, requests, the CPU of the decision points' work and of the warm-ups before them, "
+             "the states read ahead, and the event log's digest.", "",
+             "| run | code | workload (kernels) | thread CPU (ms) | wakes | decision points (by reason) | "
+             "evaluations | requests | decision points' CPU (ms) | warm-ups' CPU (ms) | states read ahead | "
+             "decision median (us) | log digest |",
+             "| --- | --- | --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     for run in document["runs"]:
         for c in run["cases"]:
             reasons = ", ".join(f"{r} {n:.1f}" for r, n in sorted(c["by_reason_per_controlled_step"].items()))
             lines.append(f"| {run['label']} | {run['code']} | {c['trace']} ({c['kernels']}) | "
+                         f"{c['thread_cpu_ms_per_controlled_step']:.2f} | "
                          f"{c['wakes_per_controlled_step']:.1f} | {c['decision_points_per_controlled_step']:.1f} "
                          f"({reasons}) | {c['evaluations_per_controlled_step']:.1f} | "
-                         f"{c['requests_per_controlled_step']:.1f} | "
+                         f"{c['requests_per_controlled_step']:.2f} | "
                          f"{c['decision_point_cpu_ms_per_controlled_step']:.2f} | "
                          f"{c['warm_ms_per_controlled_step']:.2f} | {c['lookahead_points_per_controlled_step']:.1f} | "
-                         f"{c['decision_us']['median']:.1f} |")
+                         f"{c['decision_us']['median']:.1f} | `{c['log_digest']}` |")
     return "\n".join(lines) + "\n"
 
 
