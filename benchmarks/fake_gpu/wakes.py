@@ -115,7 +115,7 @@ def run_case(trace: str, seconds: float, log: Path) -> dict[str, Any]:
     fake = FakeCpu()
     fake.wrap(gpu)
     fake.wrap(timeline)
-    energy = {"energy_read_every_s" if "energy_read_every_s" in {f.name for f in dataclasses.fields(
+    energy: dict[str, Any] = {"energy_read_every_s" if "energy_read_every_s" in {f.name for f in dataclasses.fields(
         MeasurementConfig)} else "energy_poll_s": 0.0}
     controller = Controller(POLICY, trace, device=gpu, timeline=timeline, clock=clock, dry_run=True, log=str(log),
                             **energy)
@@ -128,7 +128,7 @@ def run_case(trace: str, seconds: float, log: Path) -> dict[str, Any]:
             controller.flush()
     assert controller.summary is not None
     typed = hasattr(controller.summary, "to_json")  # this revision's typed summary, or an earlier one's dict
-    summary = controller.summary.to_json() if typed else controller.summary
+    summary: dict[str, Any] = controller.summary.to_json() if typed else controller.summary  # type: ignore[assignment]
     online, steps, controlled = summary["online"], summary["steps"], summary["controlled_steps"]
     points = sum(online["wakes"].values())
     thread_ms = summary["controller_cpu_ms"]["thread"] - 1e3 * fake.cpu_s

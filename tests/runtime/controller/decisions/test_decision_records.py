@@ -45,7 +45,7 @@ def test_lines_and_records_are_written_in_order(tmp_path: Path) -> None:
        size=st.integers(1, 16), q=st.floats(0.0, 100.0) | st.sampled_from([90, 50, 99]))
 def test_recent_durations_are_the_last_ones_with_numpys_percentiles(durations_s: list[float], size: int,
                                                                    q: float) -> None:
-    recent, last = RecentDurations(size), collections.deque(maxlen=size)
+    recent, last = RecentDurations(size), collections.deque[float](maxlen=size)
     for duration_s in durations_s:
         recent.append(duration_s)
         last.append(duration_s)
