@@ -1,4 +1,4 @@
-"""How often the controller's thread wakes and what its decision points cost, on the fake H200 (dry run).
+"""The controller thread's CPU, how often it wakes and what its decision points cost, on the fake H200 (dry run).
 
     python -m benchmarks.fake_gpu.wakes run OUT.json [--label NAME] [--seconds 30]   # with this checkout's kdvfs
     python -m benchmarks.fake_gpu.wakes report A.json B.json [--name wakes_fake_gpu]  # benchmarks/results/NAME.*
