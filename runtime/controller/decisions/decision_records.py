@@ -84,7 +84,7 @@ class RecentDurations:
     def percentile(self, q: float) -> float:
         """The ``q``-th percentile (0 to 100) of the last ``size`` durations (s; 0 before any): the value of
         ``np.percentile`` (its default, linear method: the sorted values interpolated at ``(n - 1) q / 100``, in
-        numpy's arithmetic), without its general path's tens of microseconds."""
+        numpy's arithmetic), without its general path, long for one percentile of a few hundred values."""
         count = min(self._count, len(self._values_s))
         if not count:
             return 0.0

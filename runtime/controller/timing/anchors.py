@@ -155,16 +155,16 @@ class AnchorMap:
         before = self.anchors
         if self._history and len(self._history[-1]) != len(offsets_s):
             self._history.clear()
-            self._place(np.zeros(0, dtype=np.int64))
+            self._set_kernels(np.zeros(0, dtype=np.int64))
         self._history.append(offsets_s * self.expected_s / duration_s)
         if len(self._history) == self._history.maxlen and len(offsets_s):
             median_s = medians(list(self._history))
             kernels = self._structural(len(median_s))
             self.mapped_by = "time" if kernels is None else "structure"
-            self._place(nearest_kernels(self.kernel_start_s, median_s) if kernels is None else kernels)
+            self._set_kernels(nearest_kernels(self.kernel_start_s, median_s) if kernels is None else kernels)
         return self.anchors is not before and [a.kernel for a in before] != [a.kernel for a in self.anchors]
 
-    def _place(self, kernels: Array) -> None:
+    def _set_kernels(self, kernels: Array) -> None:
         """The anchors at ``kernels`` (in order); kept as they are where those are their kernels already."""
         if not np.array_equal(kernels, self._kernels):
             self._kernels = kernels

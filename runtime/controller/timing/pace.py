@@ -43,8 +43,8 @@ def _column_medians(rows: Array) -> Array:
 
 
 def medians(history: Sequence[Array]) -> Array:
-    """The median of each position over ``history``'s (m,) arrays (as ``np.median(np.stack(history), axis=0)``,
-    compiled: a few microseconds instead of tens on the controller's thread)."""
+    """The median of each position over ``history``'s (m,) arrays: ``np.median(np.stack(history), axis=0)``'s
+    values, compiled (numpy's median takes a long Python path for a few values, on the controller's thread)."""
     return _column_medians(np.stack(history))
 
 
