@@ -120,6 +120,9 @@ class OnlinePolicy:
         """The env's step and regime whose arrays are bound."""
         self._budget = (0.0, -1)
         self._hold_until_s = -math.inf
+        self._began: tuple[float, np.ndarray, tuple[float, int], int] | None = None
+        """The last :meth:`begin`'s budget and what it found: the first action, the env's budget and budget plan,
+        and the first pair."""
 
     def prepare(self) -> None:
         """Compute now what the first decisions at each pair in effect would compute, and the arrays every
@@ -129,6 +132,7 @@ class OnlinePolicy:
         look-ahead, so that their compiled code is compiled (or loaded from numba's cache) here, not in a
         controlled step."""
         observation, _ = self.env.reset(seed=0)
+        self._began = None
         self._policy_action(observation[self._static_size:])
         self._bind()
         self.warm(LiveState(0, 0, NO_REQUEST, 0.0, 0.0, 0.0))
@@ -148,15 +152,20 @@ class OnlinePolicy:
 
     def begin(self, budget: float) -> int:
         """Start a step with ``budget`` (allowed step-time increase over auto, a fraction); returns its first
-        pair (at kernel 0)."""
-        observation, _ = self.env.reset(seed=0, options={"budget": max(0.0, budget)})
-        action = self._policy_action(observation[self._static_size:])
+        pair (at kernel 0). The env's first decision is a function of the budget alone (its reset is seeded, and
+        every decision writes the observation anew), so a step with the last step's budget reuses it."""
+        budget = max(0.0, budget)
+        if self._began is None or self._began[0] != budget:
+            observation, _ = self.env.reset(seed=0, options={"budget": budget})
+            action = self._policy_action(observation[self._static_size:])
+            pair = self.env.target_pair(action) if action[0] else 0
+            self._began = (budget, action.copy(), (self.env.budget, self.env.budget_plan), pair)
+            if self._bound_for != self.env.selection:  # not bound yet, or the env now runs another step or regime
+                self._bind()
+        _, action, self._budget, pair = self._began
         self._action[:] = action
         self._hold_until_s, self._begun = self._hold_s, True
-        self._budget = (self.env.budget, self.env.budget_plan)
-        if self._bound_for != self.env.selection:  # not bound yet, or the env now runs another step or regime
-            self._bind()
-        return self.env.target_pair(action) if action[0] else 0
+        return pair
 
     def decide(self, state: LiveState, now_s: float) -> OnlineDecision:
         """The decision at ``state``, ``now_s`` after the step's start (s, model timeline), in one compiled call

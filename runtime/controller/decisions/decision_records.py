@@ -65,3 +65,35 @@ def quantiles(values: list[float]) -> Quantiles:
     if not values:
         return Quantiles(None, None)
     return Quantiles(float(np.median(values)), float(np.percentile(values, 99)))
+
+
+class RecentDurations:
+    """The last ``size`` durations (s): the latest and their percentiles."""
+
+    def __init__(self, size: int) -> None:
+        self._values_s = np.zeros(size)
+        self._count = 0
+        self.latest_s: float | None = None
+        """The last duration added (None: none yet)."""
+
+    def append(self, duration_s: float) -> None:
+        self._values_s[self._count % len(self._values_s)] = duration_s
+        self._count += 1
+        self.latest_s = duration_s
+
+    def percentile(self, q: float) -> float:
+        """The ``q``-th percentile (0 to 100) of the last ``size`` durations (s; 0 before any): the value of
+        ``np.percentile`` (its default, linear method: the sorted values interpolated at ``(n - 1) q / 100``, in
+        numpy's arithmetic), without its general path, long for one percentile of a few hundred values."""
+        count = min(self._count, len(self._values_s))
+        if not count:
+            return 0.0
+        ordered = np.sort(self._values_s[:count])  # NaN last
+        if np.isnan(ordered[-1]):
+            return math.nan
+        position = (count - 1) * (q / 100)
+        below = math.floor(position)
+        gamma = position - below
+        below, above = (count - 1, count - 1) if position >= count - 1 else (below, below + 1)
+        low, high = float(ordered[below]), float(ordered[above])
+        return low + (high - low) * gamma if gamma < 0.5 else high - (high - low) * (1 - gamma)

@@ -18,18 +18,17 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-import numpy as np
-
 from kdvfs.agents.learned.policy.live_decision import NO_REQUEST
 from kdvfs.agents.learned.policy.online import OnlineDecision
 from kdvfs.envs.env.observing.live import LiveState
-from kdvfs.runtime.controller.decisions.decision_records import quantiles
+from kdvfs.runtime.controller.decisions.decision_records import RecentDurations, quantiles
 from kdvfs.runtime.controller.decisions.live_clocks import LiveClocks
+from kdvfs.runtime.controller.decisions.look_ahead import prepare_states_ahead, states_ahead
 from kdvfs.runtime.controller.decisions.online_step import OnlineStep
 from kdvfs.runtime.controller.decisions.sources import ThreadContext
 from kdvfs.runtime.controller.decisions.warm_up import WarmUp
@@ -115,12 +114,13 @@ class OnlineSteps:
         self.policy_wall_us: list[float] = []
         self.cpu_us: list[float] = []
         self.steps_by_bucket: Counter[str] = Counter()  # steps decided through, by shape bucket
-        self._decision_s: deque[float] = deque(maxlen=BUDGET_DECISIONS)
+        self._decision_s = RecentDurations(BUDGET_DECISIONS)
         self._kernel = 1
         self._held: HeldChange | None = None
         self._begun = -1
         self._first = step
         self._take(step)
+        prepare_states_ahead(step.online.cumulative_s)
 
     def _take(self, step: OnlineStep) -> None:
         self._step, self.online, self.times, self.anchor_map = step, step.online, step.times, step.anchor_map
@@ -179,8 +179,8 @@ class OnlineSteps:
             hand_over_s = end_s - latency_s - self.early_s
             # A decision then, then the next step's first: both by then (at least as long as the last one took:
             # the first controlled step has no percentile yet).
-            last_s = hand_over_s - 2 * (max(decision_time_s, self._decision_s[-1]) if self._decision_s
-                                        else decision_time_s)
+            latest_s = self._decision_s.latest_s
+            last_s = hand_over_s - 2 * (decision_time_s if latest_s is None else max(decision_time_s, latest_s))
             if now_s >= last_s:
                 break
             wake_s = max(self._decide(step, start_s, now_s, anchor, last_s), now_s + MIN_GAP_S)
@@ -215,7 +215,7 @@ class OnlineSteps:
     def _decision_time_s(self) -> float:
         """How long a decision takes (host s, the controller's clock): the 90th percentile of the last
         ``BUDGET_DECISIONS`` decision points' (0 before any)."""
-        return float(np.percentile(self._decision_s, 90)) if self._decision_s else 0.0
+        return self._decision_s.percentile(90)
 
     def _decide(self, step: int, start_s: float, now_s: float, anchor: PassedAnchor, until_s: float) -> float:
         """One decision point; returns when the next is due (host s; ``until_s``: the step's last decision
@@ -295,17 +295,17 @@ class OnlineSteps:
         points = math.ceil((before_s - now_s) / self.interval_s) - 1
         found_s, reached_s = math.inf, before_s
         if points > 0:
-            times_s = now_s + self.interval_s * np.arange(1, min(points, MAX_AHEAD) + 1)
-            scale = self.times.auto_scale
-            kernels = np.maximum(self.times.kernels_running(anchor, self._running, times_s), self._kernel)
-            index = self.online.first_change(
-                kernels, clocks.in_effect, (times_s - start_s) / scale, self.online.cumulative_s[kernels, 0],
-                clocks.last_latency_ratio, 100.0 * (scale - 1.0), self._predicted.ahead(kernels, clocks.in_effect))
-            self.lookahead_points += min(index + 1, len(times_s))
-            if index < len(times_s):
-                found_s = float(times_s[index])
+            n, scale = min(points, MAX_AHEAD), self.times.auto_scale
+            kernels, elapsed_s, auto_elapsed_s, model_elapsed_s = states_ahead(
+                self.times.array_at(self._running), anchor[2], anchor[1], now_s, self.interval_s, n, self._kernel,
+                start_s, scale, self.online.cumulative_s, *self._predicted.reading(clocks.in_effect))
+            index = self.online.first_change(kernels, clocks.in_effect, elapsed_s, auto_elapsed_s,
+                                             clocks.last_latency_ratio, 100.0 * (scale - 1.0), model_elapsed_s)
+            self.lookahead_points += min(index + 1, n)
+            if index < n:
+                found_s = now_s + self.interval_s * (index + 1)
             elif points > MAX_AHEAD:
-                found_s = reached_s = float(times_s[-1])
+                found_s = reached_s = now_s + self.interval_s * n
         self.lookaheads += 1
         self._ahead = (version, found_s, reached_s)
         return found_s

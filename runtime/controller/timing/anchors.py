@@ -29,7 +29,7 @@ from kdvfs.envs.trace.trace import Phase, Trace
 from kdvfs.runtime.controller.model.run_summary import AnchorFigures
 from kdvfs.runtime.controller.model.step_plan import Request, StepPlan
 from kdvfs.runtime.controller.timing.gpu_timeline import StepEnd, StepTimeline
-from kdvfs.runtime.controller.timing.pace import Pace, host_offsets_s
+from kdvfs.runtime.controller.timing.pace import Pace, host_offsets_s, medians
 from kdvfs.runtime.device.host_time import Clock
 
 LEARN_STEPS = 5
@@ -141,6 +141,8 @@ class AnchorMap:
         self.positions_s: list[float] = []
         """The anchors' positions (s from the step's start, plan timeline), in order."""
         self._history: deque[Array] = deque(maxlen=learn_steps)
+        self._kernels: Array = np.zeros(0, dtype=np.int64)
+        """The anchors' kernels."""
 
     def observe(self, start_s: float, end_s: float, anchors_s: Sequence[float]) -> bool:
         """Learn from one finished step (host times, s); True when the map changed."""
@@ -153,17 +155,21 @@ class AnchorMap:
         before = self.anchors
         if self._history and len(self._history[-1]) != len(offsets_s):
             self._history.clear()
-            self.anchors = ()
+            self._set_kernels(np.zeros(0, dtype=np.int64))
         self._history.append(offsets_s * self.expected_s / duration_s)
         if len(self._history) == self._history.maxlen and len(offsets_s):
-            median_s = np.median(np.stack(list(self._history)), axis=0)
+            median_s = medians(list(self._history))
             kernels = self._structural(len(median_s))
             self.mapped_by = "time" if kernels is None else "structure"
-            if kernels is None:
-                kernels = nearest_kernels(self.kernel_start_s, median_s)
+            self._set_kernels(nearest_kernels(self.kernel_start_s, median_s) if kernels is None else kernels)
+        return self.anchors is not before and [a.kernel for a in before] != [a.kernel for a in self.anchors]
+
+    def _set_kernels(self, kernels: Array) -> None:
+        """The anchors at ``kernels`` (in order); kept as they are where those are their kernels already."""
+        if not np.array_equal(kernels, self._kernels):
+            self._kernels = kernels
             self.anchors = tuple(Anchor(i, int(k), float(self.kernel_start_s[k])) for i, k in enumerate(kernels))
-        self.positions_s = [a.position_s for a in self.anchors]
-        return [a.kernel for a in before] != [a.kernel for a in self.anchors]
+            self.positions_s = [a.position_s for a in self.anchors]
 
     def _structural(self, anchors: int) -> Array | None:
         """The structure's kernels for ``anchors`` anchors, if it gives them in order and within the step."""

@@ -20,8 +20,32 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from kdvfs.common.arrays import Array
+from kdvfs.common.compiled import compiled
 
 PACE_STEPS = 5
+
+
+@compiled
+def _column_medians(rows: Array) -> Array:
+    """Each column's median over the (n, m) ``rows`` (n > 0), the value ``np.median(rows, axis=0)`` gives: the
+    middle of the sorted column (n odd) or the mean of its two middle values (n even); NaN where it has a NaN."""
+    n, m = rows.shape
+    medians = np.empty(m)
+    for j in range(m):
+        column = np.sort(rows[:, j])  # NaN last
+        if np.isnan(column[n - 1]):
+            medians[j] = np.nan
+        elif n % 2:
+            medians[j] = column[n // 2]
+        else:
+            medians[j] = (column[n // 2 - 1] + column[n // 2]) / 2.0
+    return medians
+
+
+def medians(history: Sequence[Array]) -> Array:
+    """The median of each position over ``history``'s (m,) arrays: ``np.median(np.stack(history), axis=0)``'s
+    values, compiled (numpy's median takes a long Python path for a few values, on the controller's thread)."""
+    return _column_medians(np.stack(history))
 
 
 class Pace:
@@ -35,6 +59,7 @@ class Pace:
     def __init__(self, steps: int = PACE_STEPS) -> None:
         self.segments_s: Array | None = None
         self._history: deque[Array] = deque(maxlen=steps)
+        medians([np.zeros(1)])  # compiled (or loaded from numba's cache) now, not in a step
 
     def observe(self, start_s: float, end_s: float, anchors_s: Sequence[float]) -> None:
         """Learn from one finished step (host times, s)."""
@@ -46,7 +71,7 @@ class Pace:
             self.segments_s = None
         self._history.append(segments_s)
         if len(self._history) == self._history.maxlen:
-            self.segments_s = np.median(np.stack(list(self._history)), axis=0)
+            self.segments_s = medians(list(self._history))
 
     def for_anchors(self, anchors: int) -> Array | None:
         """The learned segments (:attr:`segments_s`) if learned for steps with ``anchors`` (> 0) anchors, else None."""

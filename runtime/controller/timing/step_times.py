@@ -66,6 +66,7 @@ class StepTimes:
                 kernels = [0] + [a.kernel for a in self.anchor_map.anchors] + [len(column_s) - 1]
                 host_s = host_offsets_s(segments_s, column_s[kernels], column_s, self.cumulative_s[kernels, 0])
             times_s = self._times_s[pair] = host_s.tolist()
+            self._arrays_s[pair] = host_s
         return times_s
 
     def kernel_s(self, anchor: PassedAnchor, pair: int, kernel: int) -> float:
@@ -78,13 +79,10 @@ class StepTimes:
         before the anchor's, nor past the last)."""
         return kernel_at(self.at(pair), anchor[2], at_s - anchor[1])
 
-    def kernels_running(self, anchor: PassedAnchor, pair: int, at_s: np.ndarray) -> np.ndarray:
-        """:meth:`kernel_running` at each of the host times ``at_s`` ((n,) s): (n,) int64."""
-        times_s = self._arrays_s.get(pair)
-        if times_s is None:
-            times_s = self._arrays_s[pair] = np.array(self.at(pair))
-        found = np.searchsorted(times_s, times_s[anchor[2]] + (at_s - anchor[1]), side="right") - 1
-        return np.clip(found, anchor[2], len(times_s) - 2).astype(np.int64)
+    def array_at(self, pair: int) -> np.ndarray:
+        """:meth:`at` as a (K+1,) float64 array (for compiled code)."""
+        self.at(pair)
+        return self._arrays_s[pair]
 
     def end_s(self, anchor: PassedAnchor, start_s: float, step_s: float) -> float:
         """The step's expected end (host s) for a step that started at ``start_s`` and is expected to last

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import collections
 import json
+import math
 from pathlib import Path
 
 import numpy as np
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kdvfs.runtime.controller.decisions.decision_records import DecisionRecords
+from kdvfs.runtime.controller.decisions.decision_records import DecisionRecords, RecentDurations
 from kdvfs.runtime.controller.event_log import EventLog
 
 LABELS = ("auto:3201", "1980:3201", "1410:2201", 'odd "label"\\')
@@ -36,3 +38,19 @@ def test_lines_and_records_are_written_in_order(tmp_path: Path) -> None:
     events = [json.loads(line) for line in (tmp_path / "run.jsonl").read_text().splitlines()]
     assert [e["event"] for e in events] == ["request", "decision", "step"]
     assert events[1]["in_effect"] == "1980:3201" and events[1]["clocks"] == "1410:2201" and events[1]["pending"] is None
+
+
+@settings(max_examples=500)
+@given(durations_s=st.lists(st.floats(0.0, 1e-2) | st.floats(allow_nan=True, allow_infinity=True), max_size=40),
+       size=st.integers(1, 16), q=st.floats(0.0, 100.0) | st.sampled_from([90, 50, 99]))
+def test_recent_durations_are_the_last_ones_with_numpys_percentiles(durations_s: list[float], size: int,
+                                                                   q: float) -> None:
+    recent, last = RecentDurations(size), collections.deque[float](maxlen=size)
+    for duration_s in durations_s:
+        recent.append(duration_s)
+        last.append(duration_s)
+    assert recent.latest_s is (last[-1] if last else None)  # the very value added last
+    with np.errstate(invalid="ignore"):  # numpy's own inf - inf
+        expected = float(np.percentile(last, q)) if last else 0.0
+    found = recent.percentile(q)
+    assert found == expected or (math.isnan(found) and math.isnan(expected))

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kdvfs.runtime.controller.timing.pace import PACE_STEPS, Pace, host_offsets_s
+from kdvfs.runtime.controller.timing.pace import PACE_STEPS, Pace, host_offsets_s, medians
 
 
 def _direct_s(segments_s: list[float], knots_s: list[float], time_s: float, reference_s: list[float]) -> float:
@@ -61,3 +61,11 @@ def test_another_anchor_count_starts_again_and_disorder_is_ignored() -> None:
     assert before is not None and pace.segments_s is before
     pace.observe(10.0, 10.5, [10.2])
     assert pace.segments_s is None and pace.for_anchors(2) is None
+
+
+@given(rows=st.integers(1, 7).flatmap(lambda n: st.lists(st.lists(
+    st.floats(allow_nan=True, allow_infinity=True) | st.floats(-1.0, 1.0), min_size=n, max_size=n),
+    min_size=1, max_size=6)))
+def test_medians_are_numpys_median_of_each_position(rows: list[list[float]]) -> None:
+    history = [np.array(row) for row in zip(*rows, strict=True)]  # as many arrays as steps, one value a position
+    assert np.array_equal(medians(history), np.median(np.stack(history), axis=0), equal_nan=True)
