@@ -87,4 +87,5 @@ class PredictedElapsed:
         pair = in_effect if self._pair < 0 else self._pair
         stall_s = self.stall_s if self._pair >= 0 and in_effect != self._pair else 0.0
         column = self.cumulative_s[:, pair]
-        return self.seconds + stall_s + column[np.maximum(kernels, self._kernel)] - column[self._kernel]
+        return self.seconds + stall_s + (column[np.maximum(kernels, self._kernel)] - column[self._kernel]) \
+            * float(self.factors[pair])
