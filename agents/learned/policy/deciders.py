@@ -21,12 +21,15 @@ class OnlineDecider(Protocol):
     :class:`~kdvfs.agents.learned.policy.online.OnlinePolicy` documents, which the controller calls."""
 
     policy: FrozenPolicy
-    env: KernelDVFSEnv
     labels: tuple[str, ...]
     cumulative_s: np.ndarray
     auto_time_s: float
     decision_interval_s: float
     latency_std_s: float
+
+    @property
+    def env(self) -> KernelDVFSEnv:
+        """The policy's environment of the step (its ``stall_s``, tables)."""
 
     @property
     def elapsed_factors(self) -> np.ndarray | None:

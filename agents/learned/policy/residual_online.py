@@ -134,7 +134,8 @@ class ResidualOnlinePolicy:
         self._errors[:] = 0.0
         self._next_event, self._released = 1, False
         self._action[:] = 0
-        return self._evaluate(MeasuredState(0, 0, NO_REQUEST, 0.0, 0.0, 0.0, 0.0, self._drift_pct))
+        state = MeasuredState(0, 0, NO_REQUEST, 0.0, 0.0, 0.0, 0.0, self._drift_pct)
+        return self._evaluate(state, self.observe(state, self._obs))
 
     def decide(self, state: LiveState, now_s: float) -> OnlineDecision:
         """The decision at ``state``, ``now_s`` after the step's start; after :meth:`begin`. The policy runs at a
@@ -147,10 +148,11 @@ class ResidualOnlinePolicy:
         if self._released:
             pair = 0
         else:
-            pair = self._standing_pair(measured, self._obs)
+            fitting = self.observe(measured, self._obs)
+            pair = self._residual(fitting)
             evaluated = self._budget_event(measured) or (measured.pending < 0 and pair != measured.in_effect)
             if evaluated:
-                pair = self._evaluate(measured)
+                pair = self._evaluate(measured, fitting)
         return OnlineDecision(pair, evaluated, tuple(self._action.tolist()), float(self._obs[USED]),
                               float(self._obs[AFFORDABLE]), len(self.cumulative_s) - 1 if self._released else None,
                               math.inf)
@@ -190,14 +192,19 @@ class ResidualOnlinePolicy:
     def _standing_pair(self, state: MeasuredState, out: np.ndarray) -> int:
         """The standing order's pair at ``state`` (its residual over the fitting plan's pair), the observation
         written into ``out``."""
-        fitting = self.observe(state, out)
+        return self._residual(self.observe(state, out))
+
+    def _residual(self, fitting: int) -> int:
+        """The standing order's residual over the fitting plan's pair ``fitting``."""
         return residual_pair(fitting, CORE_STEPS[int(self._action[0])], MEMORY_STEPS[int(self._action[1])],
                              self._levels, self._memories)
 
-    def _evaluate(self, state: MeasuredState) -> int:
-        """Run the policy at ``state`` as the environment's step does: act on the observation, keep the
-        prediction error measured here, then the new order's pair (auto, released, for ``RELEASE``)."""
-        self.observe(state, self.acted_on)
+    def _evaluate(self, state: MeasuredState, fitting: int) -> int:
+        """Run the policy at ``state`` as the environment's step does, on the observation there under the standing
+        order (in ``_obs``; ``fitting`` its fitting pair): act, keep the prediction error measured here, then the
+        new order's pair (auto, released, for ``RELEASE``; the fitting pair anew only if the margin changed)."""
+        self.acted_on[:] = self._obs
+        margin = int(self._action[2])
         self._action[:] = self.policy.act(self.acted_on)
         _, error = budget_use(state)
         self._errors[1:] = self._errors[:-1]
@@ -205,7 +212,9 @@ class ResidualOnlinePolicy:
         if int(self._action[2]) == RELEASE:
             self._released = True
             return 0
-        return self._standing_pair(state, self._obs)
+        if int(self._action[2]) != margin:
+            fitting = self.observe(state, self._obs)
+        return self._residual(fitting)
 
     def _budget_event(self, state: MeasuredState) -> bool:
         """Whether the position passed the next budget event (then the one after is next)."""
