@@ -114,11 +114,6 @@ class ResidualOnlinePolicy:
         times_s = np.zeros(1)
         self.first_change(np.zeros(1, dtype=np.int64), 0, times_s, times_s, 1.0, 0.0, times_s)
 
-    @property
-    def standing_order(self) -> tuple[int, ...]:
-        """The action the policy last chose (core residual, memory residual, margin or ``RELEASE``)."""
-        return tuple(self._action.tolist())
-
     def pair_of(self, label: str) -> int:
         """The grid pair of clock label ``label``; ValueError if the grid has none."""
         return self.labels.index(label)
