@@ -1,14 +1,16 @@
 """The online policy against its replayed schedule and the latency-optimal plan, on the disturbed fake GPU.
 
     python -m benchmarks.fake_gpu.online [--seeds 20] [--seconds 60] [--jobs 2] [--name NAME]
-        [--methods online replayed latency-optimal] [--anchors N]
+        [--methods online replayed latency-optimal residual] [--anchors N] [--budget 0.01] [--gpus h200 b200]
     # writes benchmarks/results/online_fake_gpu.{json,md} (or NAME.{json,md})
 
-Per GPU profile (H200, B200), held-out workload and seed, three runs under the same seeded disturbances with
-the default controller at a 1% budget: ``online`` (the shipped policy deciding inside every step),
-``replayed`` (its noise-free rollout as a fixed schedule) and ``latency-optimal``. Each run's result is what
-the controller measured and the truth (:func:`kdvfs.runtime.testing.ab_truth.true_effect`). Targets: online
-within budget in >= 95% of runs, and its mean measured saving within budget >= the other two's. Method:
+Per GPU profile (H200, B200), held-out workload and seed, runs under the same seeded disturbances with the
+default controller at a 1% budget (``--budget``): ``online`` (the shipped policy deciding inside every step),
+``replayed`` (its noise-free rollout as a fixed schedule), ``latency-optimal``, and ``residual`` (a residual
+policy of ``KernelDVFSResidual-v0``, ``RESIDUAL_POLICY``, deciding inside every step; not a default method). Each
+run's result is what the controller measured and the truth (:func:`kdvfs.runtime.testing.ab_truth.true_effect`),
+and an online method's decision times on this CPU (the policy's evaluations, and every decision point). Targets:
+online within budget in >= 95% of runs, and its mean measured saving within budget >= the other two's. Method:
 ``docs/design/benchmarks.md``.
 """
 
@@ -43,35 +45,43 @@ from kdvfs.runtime.testing.fake_gpu import FakeGpu, FakeStepTimeline, VirtualClo
 BUDGET = 0.01
 DURATION_NOISE = 0.02
 ANCHORS_PER_STEP = 48
-METHODS = ("online", "replayed", "latency-optimal")
+METHODS = ("online", "replayed", "latency-optimal", "residual")
+ONLINE_METHODS = ("online", "residual")
+RESIDUAL_POLICY = "benchmarks/data/learned/{gpu}-s0.kdvfs-policy.npz"
+"""The residual policy of each GPU (constrained PPO, training seed 0; ``benchmarks/learned/learned_vs_plans.py``)."""
 CASES = {"h200": ("h200/gpt2s-b16", "h200/resnet50-b128"), "b200": ("gpt2s", "bert-base")}
 
 
 @dataclass(frozen=True)
 class Case:
-    """One workload on one GPU: its trace file, the shipped policy and the latency-optimal plan file."""
+    """One workload on one GPU: its trace file, the shipped policy, the latency-optimal plan file and the residual
+    policy."""
 
     gpu: str
     step: str
     trace: Path
     policy: Path
     plan: Path
+    residual: Path
+    budget: float = BUDGET
 
 
-def prepare(folder: Path) -> list[Case]:
-    """Each case's trace (held-out steps of the GPU's policy) and latency-optimal plan, written to ``folder``."""
+def prepare(folder: Path, budget: float = BUDGET, gpus: tuple[str, ...] = tuple(CASES)) -> list[Case]:
+    """Each case's trace (held-out steps of the GPU's policy) and latency-optimal plan at ``budget``, written to
+    ``folder``, for ``gpus``."""
     cases = []
-    for gpu, steps in CASES.items():
+    for gpu, steps in ((gpu, CASES[gpu]) for gpu in gpus):
         profile = load_profile(gpu)
         traces = dict(load_train_config(gpu).data.held_out.traces(profile))
         for step in steps:
             name = step.replace("/", "-")
             trace_path = folder / f"{gpu}-{name}.trace.json"
             save_trace(traces[step], trace_path)
-            problem = Problem.build(traces[step], profile, BUDGET)
+            problem = Problem.build(traces[step], profile, budget)
             plan_path = folder / f"{gpu}-{name}.plan.json"
             plan_path.write_text(json.dumps(schedule_json(problem, make_planner("latency-optimal").plan(problem))))
-            cases.append(Case(gpu, step, trace_path, Path(f"policies/{gpu}.kdvfs-policy.npz"), plan_path))
+            cases.append(Case(gpu, step, trace_path, Path(f"policies/{gpu}.kdvfs-policy.npz"), plan_path,
+                              Path(RESIDUAL_POLICY.format(gpu=gpu)), budget))
     return cases
 
 
@@ -79,17 +89,18 @@ def run(case: Case, method: str, seed: int, seconds: float, anchors: int = ANCHO
     """One controlled run; its measured and true effect and the controller's figures (``anchors``: about this many
     anchors per step)."""
     profile = load_profile(case.gpu)
-    problem = Problem.build(open_trace(str(case.trace)), profile, BUDGET)
+    problem = Problem.build(open_trace(str(case.trace)), profile, case.budget)
     clock = VirtualClock()
     gpu = FakeGpu(problem.costs, profile, problem.latency_s, problem.stall_s, clock, drift=DriftModel(seed=seed),
                   latency_std_s=profile.switching.latency_std_s, duration_noise=DURATION_NOISE, seed=seed)
     every = max(1, problem.costs.kernels // anchors)
     timeline = FakeStepTimeline(gpu, clock, tuple(range(every, problem.costs.kernels, every)))
-    source = case.plan if method == "latency-optimal" else case.policy
+    source = {"latency-optimal": case.plan, "residual": case.residual}.get(method, case.policy)
     with tempfile.TemporaryDirectory() as tmp:
         log = Path(tmp) / "run.jsonl"
         controller = Controller(str(source), str(case.trace), device=gpu, timeline=timeline, clock=clock,
-                                budget=BUDGET, energy_read_every_s=0.0, ab_seed=seed, online=method == "online",
+                                budget=case.budget, energy_read_every_s=0.0, ab_seed=seed,
+                                online=method in ONLINE_METHODS,
                                 log=str(log))
         with controller:
             while clock.now_s() < seconds:
@@ -103,7 +114,8 @@ def run(case: Case, method: str, seed: int, seconds: float, anchors: int = ANCHO
     return {"gpu": case.gpu, "step": case.step, "method": method, "seed": seed,
             "measured_saved_pct": measured.energy_saved_pct, "measured_slowdown_pct": measured.slowdown_pct,
             "slowdown_ci95_pct": measured.slowdown_ci95_pct,
-            "within_budget": measured.slowdown_pct is not None and within_budget(measured.slowdown_pct, 100 * BUDGET),
+            "within_budget": measured.slowdown_pct is not None
+            and within_budget(measured.slowdown_pct, 100 * case.budget), "source": summary.source,
             "true_saved_pct": None if truth is None else truth.energy_saved_pct,
             "true_slowdown_pct": None if truth is None else truth.slowdown_pct,
             "steps": summary.steps, "controlled_steps": summary.controlled_steps, "switches": summary.switches,
@@ -137,6 +149,13 @@ def figures(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                      "switches": mean([r["switches"] for r in group]),
                      "policy_wakes_per_step": mean([r["online"]["wakes"].get("policy", 0)
                                                     / max(r["controlled_steps"], 1) for r in group if r["online"]]),
+                     "decisions_per_step": mean([r["online"]["decisions"] / max(r["controlled_steps"], 1)
+                                                 for r in group if r["online"]]),
+                     "decision_us_median": mean([r["online"]["decision_us"]["median"] for r in group if r["online"]]),
+                     "decision_point_us_median": mean([r["online"]["decision_point_us"]["median"] for r in group
+                                                       if r["online"]]),
+                     "decision_point_us_p99": mean([r["online"]["decision_point_us"]["p99"] for r in group
+                                                    if r["online"]]),
                      "backed_off": sum(r["backed_off"] for r in group)})
     return rows
 
@@ -157,7 +176,7 @@ def verdicts(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-PAIRS = (("online", "replayed"),)
+PAIRS = (("online", "replayed"), ("residual", "online"))
 """The methods compared seed by seed (:func:`paired_gains`), where both ran."""
 
 
@@ -188,20 +207,26 @@ def markdown(document: dict[str, Any]) -> str:
     args = document["settings"]
     lines = ["# Online policy on the disturbed fake GPU", "", *provenance_lines(document["provenance"]), "",
              f"{args['seeds']} seeds x {args['seconds']:g} simulated s per run, "
-             f"{args.get('anchors', ANCHORS_PER_STEP)} anchors per step, 1% budget, default controller "
+             f"{args.get('anchors', ANCHORS_PER_STEP)} anchors per step, {100 * args.get('budget', BUDGET):g}% budget, "
+             "default controller "
              "(A/B windows of 10 steps and 0.5 s, `ab_share` 0.25, guard margin 0.5%); disturbances: latency "
              "drawn from the profile's spread per request, 2% lognormal duration noise per kernel, drift model "
              "(+2.1% over 120 s, per-step jitter). Savings and slowdowns are the controller's own measurement "
              "(B against A windows, %); `true` is the fake's truth. `within` = share of runs whose measured "
-             "slowdown is within the budget; `saved (within)` = mean measured saving over those runs.", "",
+             "slowdown is within the budget; `saved (within)` = mean measured saving over those runs. Online "
+             "methods: policy evaluations per controlled step, their median time, and every decision point's "
+             "median and p99 (us on this CPU, means over runs; decision points include the look-ahead).", "",
              "| GPU | step | method | within | saved | saved (within) | slowdown | true saved | true slowdown "
-             "| switches | back-offs | policy wakes per controlled step |",
-             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "| switches | back-offs | policy wakes per controlled step | decisions per step | decision median us "
+             "| decision point median / p99 us |",
+             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in document["figures"]:
         lines.append(f"| {r['gpu']} | {r['step']} | {r['method']} | {r['within_budget']:.0%} | "
                      f"{_cell(r['saved_pct'])} | {_cell(r['saved_within_pct'])} | {_cell(r['slowdown_pct'])} | "
                      f"{_cell(r['true_saved_pct'])} | {_cell(r['true_slowdown_pct'])} | {_cell(r['switches'], 1)} | "
-                     f"{r['backed_off']} | {_cell(r.get('policy_wakes_per_step'), 1)} |")
+                     f"{r['backed_off']} | {_cell(r.get('policy_wakes_per_step'), 1)} | "
+                     f"{_cell(r.get('decisions_per_step'), 1)} | {_cell(r.get('decision_us_median'), 1)} | "
+                     f"{_cell(r.get('decision_point_us_median'), 1)} / {_cell(r.get('decision_point_us_p99'), 0)} |")
     if document["verdicts"]:
         lines += ["", "| GPU | step | online within budget in >= 95% | saving >= replayed | saving >= "
                   "latency-optimal |", "| --- | --- | --- | --- | --- |"]
@@ -225,17 +250,20 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--seeds", type=int, default=20)
     parser.add_argument("--seconds", type=float, default=60.0, help="simulated seconds per run")
     parser.add_argument("--jobs", type=int, default=2, help="worker processes")
-    parser.add_argument("--methods", nargs="+", choices=METHODS, default=["online", "replayed", "latency-optimal"])
+    parser.add_argument("--methods", nargs="+", choices=METHODS, default=["online", "replayed", "latency-optimal"],
+                        help="residual: a residual policy (RESIDUAL_POLICY) deciding online")
     parser.add_argument("--anchors", type=int, default=ANCHORS_PER_STEP,
                         help="anchors per step, evenly spaced over its kernels (as hooks at every N-th block: "
                              "the controller's anchor_every)")
+    parser.add_argument("--budget", type=float, default=BUDGET, help="the run's budget (fraction)")
+    parser.add_argument("--gpus", nargs="+", choices=tuple(CASES), default=list(CASES))
     parser.add_argument("--name", default="online_fake_gpu", help="results file stem")
     args = parser.parse_args(argv)
     if args.anchors < 1:
         parser.error("--anchors N needs N >= 1")
     methods = [m for m in METHODS if m in args.methods]
     with tempfile.TemporaryDirectory() as tmp:
-        cases = prepare(Path(tmp))
+        cases = prepare(Path(tmp), args.budget, tuple(args.gpus))
         jobs = [(case, method, seed, args.seconds, args.anchors) for case in cases
                 for seed in range(args.seeds) for method in methods]
         runs = []

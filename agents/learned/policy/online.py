@@ -71,20 +71,23 @@ class OnlinePolicy:
         auto_time_s: the step's auto time on the model timeline (s).
         decision_interval_s: the environment's least time between decision points (s, model timeline).
         latency_std_s: the switching latency's spread the policy's environment assumes (s).
+        elapsed_factors: None: the controller's ``PredictedElapsed`` counts the prediction's times as they are.
     """
+
+    elapsed_factors: np.ndarray | None = None
 
     def __init__(self, policy: FrozenPolicy, problem: Problem, env: KernelDVFSEnv | None = None) -> None:
         """``env``: the policy's :func:`policy_env` of ``problem`` when already built (seconds for a
         2,000-kernel step), else built here.
 
         Raises:
-            PolicyFileError: a residual policy (``KernelDVFSResidual-v0``): the controller does not run those online
-                yet.
+            PolicyFileError: a residual policy (``KernelDVFSResidual-v0``), which
+                :class:`~kdvfs.agents.learned.policy.residual_online.ResidualOnlinePolicy` runs
+                (:func:`~kdvfs.agents.learned.policy.deciders.online_decider` picks).
         """
         if policy.config.residual_actions:
-            raise PolicyFileError("this policy sets residual clocks over the fitting plan (KernelDVFSResidual-v0, "
-                                  f"observation v{RESIDUAL_OBSERVATION_VERSION}); the controller runs only v5 policies "
-                                  "online so far: use a shipped policy (policies/) or a plan")
+            raise PolicyFileError(f"a residual policy (observation v{RESIDUAL_OBSERVATION_VERSION}) runs online in "
+                                  "ResidualOnlinePolicy, not OnlinePolicy")
         self.policy = policy
         self.env = policy_env(policy, problem) if env is None else env
         step = self.env.steps[0]

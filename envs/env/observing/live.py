@@ -81,11 +81,12 @@ class PredictedElapsed:
         self._kernel, self._pair = kernel, in_effect
         return self.seconds
 
-    def reading(self, in_effect: int) -> tuple[int, float, int]:
+    def reading(self, in_effect: int) -> tuple[int, float, int, float]:
         """What :meth:`at` would count from at a later kernel with ``in_effect`` in effect, without reading it: the
         pair whose times the kernels since the last reading run at, the time so far (s) with the stall of a change
-        to ``in_effect``, and the last reading's kernel. :meth:`at` at kernel k (none before that kernel; the
-        factor 1) is that time plus ``cumulative_s[k, pair]`` less ``cumulative_s[kernel, pair]`` (up to rounding)."""
+        to ``in_effect``, the last reading's kernel and the pair's factor. :meth:`at` at kernel k (none before that
+        kernel) is that time plus the factor times ``cumulative_s[k, pair]`` less ``cumulative_s[kernel, pair]``
+        (up to rounding)."""
         pair = in_effect if self._pair < 0 else self._pair
         stall_s = self.stall_s if self._pair >= 0 and in_effect != self._pair else 0.0
-        return pair, self.seconds + stall_s, self._kernel
+        return pair, self.seconds + stall_s, self._kernel, float(self.factors[pair])

@@ -261,8 +261,11 @@ def _position_at(times: Array, time_s: float) -> float:
 
 def budget_use(state: MeasuredState) -> tuple[float, float]:
     """(budget used (s, host), prediction error (a factor - 1)) at ``state``: host time minus the prediction's
-    auto time up to the position (``auto_elapsed_s``) x (1 + drift) x (1 + error)."""
-    error = state.elapsed_s / state.model_elapsed_s - 1.0 if state.model_elapsed_s > 0 else 0.0
+    auto time up to the position (``auto_elapsed_s``) x (1 + drift) x (1 + error); the error reads 0 until both
+    host and predicted time have begun (a controller's first reading of a step can place the GPU past kernel 0 at
+    host time 0)."""
+    error = state.elapsed_s / state.model_elapsed_s - 1.0 if state.model_elapsed_s > 0 and state.elapsed_s > 0 \
+        else 0.0
     return state.elapsed_s - state.auto_elapsed_s * (1.0 + state.drift_pct / 100.0) * (1.0 + error), error
 
 

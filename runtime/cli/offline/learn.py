@@ -36,7 +36,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     train.add_argument("--gpu", required=True, help="GPU profile name the policy is for")
     train.add_argument("--config", type=Path, help="PPO config YAML, whole or with `extends: <gpu>` and "
                        "what differs, or a bundled config's name (default: configs/ppo/<gpu>.yaml; "
-                       "residual-<gpu>: the experimental residual design, which `kdvfs run` cannot run yet)")
+                       "residual-<gpu>: the experimental residual design, which `kdvfs run` runs online too)")
     train.add_argument("--timesteps", type=int, help="environment steps to train for (default: the config's)")
     train.add_argument("--seed", type=int, help="seed of PPO, the environments and the data (default: the config's; "
                        "the run's resolved config records the one used)")

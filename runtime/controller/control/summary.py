@@ -71,7 +71,8 @@ def source_that_ran(plan: Plan, online: OnlineFigures | None, shapes: ShapeFigur
     counts = (("online", 0 if online is None else len(online.steps_by_bucket)),
               ("replayed", len(shapes.replayed_steps_by_bucket)))
     ran = [(how, n) for how, n in counts if n] or [("online" if plan.online is not None else "replayed", 0)]
-    return f"policy {plan.policy_name} ({'; '.join(f'{how}, {n} bucket' + 's' * (n != 1) for how, n in ran)})"
+    buckets = "; ".join(f"{how}, {n} bucket" + "s" * (n != 1) for how, n in ran)
+    return f"{plan.policy_kind} {plan.policy_name} ({buckets})"
 
 
 def window_records(accounting: Accounting | None) -> list[dict[str, Any]]:

@@ -8,8 +8,8 @@ import math
 from collections import Counter
 from dataclasses import dataclass, field
 
+from kdvfs.agents.learned.policy.deciders import OnlineDecider
 from kdvfs.agents.learned.policy.live_decision import NO_REQUEST
-from kdvfs.agents.learned.policy.online import OnlinePolicy
 from kdvfs.runtime.controller.decisions.actuator import Actuator, parse_clocks
 from kdvfs.runtime.device.interface import Device
 
@@ -22,7 +22,7 @@ TIMEOUT_SDS = 3.0
 class LiveClocks:
     """What is in effect on the GPU, from the actuator's requests and clock reads (see the module docstring)."""
 
-    online: OnlinePolicy
+    online: OnlineDecider
     actuator: Actuator
     device: Device | None
     latency_s: float

@@ -20,7 +20,7 @@ from kdvfs.common.compiled import compiled
 @compiled
 def states_ahead(host_s: Array, anchor_kernel: int, anchor_s: float, now_s: float, interval_s: float, n: int,
                  least_kernel: int, start_s: float, scale: float, cumulative_s: Array, predicted_pair: int,
-                 predicted_s: float, predicted_kernel: int) -> tuple[Array, Array, Array, Array]:
+                 predicted_s: float, predicted_kernel: int, predicted_factor: float) -> tuple[Array, Array, Array, Array]:
     """The ``n`` states ahead: (n,) int64 kernels and (n,) float64 elapsed, auto-elapsed and model-elapsed times
     (s, model timeline).
 
@@ -29,7 +29,8 @@ def states_ahead(host_s: Array, anchor_kernel: int, anchor_s: float, now_s: floa
     step's start ``host_s`` ((K+1,), increasing, the last the step's end), never before the anchor's nor past the
     last kernel, nor before ``least_kernel`` (the last decision's). Elapsed: since ``start_s`` (host s) over
     ``scale`` (host s per model s). Auto-elapsed: ``cumulative_s[kernel, 0]``. Model-elapsed: ``predicted_s``
-    plus ``cumulative_s``'s rise at ``predicted_pair`` from ``predicted_kernel`` to the kernel (none before it)."""
+    plus ``predicted_factor`` times ``cumulative_s``'s rise at ``predicted_pair`` from ``predicted_kernel`` to the
+    kernel (none before it): :meth:`~kdvfs.envs.env.observing.live.PredictedElapsed.reading`'s four values."""
     kernels = np.empty(n, dtype=np.int64)
     elapsed_s, auto_elapsed_s, model_elapsed_s = np.empty(n), np.empty(n), np.empty(n)
     last, base_s = host_s.shape[0] - 2, host_s[anchor_kernel]
@@ -47,12 +48,12 @@ def states_ahead(host_s: Array, anchor_kernel: int, anchor_s: float, now_s: floa
         kernels[j] = kernel
         elapsed_s[j] = (time_s - start_s) / scale
         auto_elapsed_s[j] = cumulative_s[kernel, 0]
-        model_elapsed_s[j] = (predicted_s + cumulative_s[max(kernel, predicted_kernel), predicted_pair]
-                              - cumulative_s[predicted_kernel, predicted_pair])
+        model_elapsed_s[j] = predicted_s + (cumulative_s[max(kernel, predicted_kernel), predicted_pair]
+                                            - cumulative_s[predicted_kernel, predicted_pair]) * predicted_factor
     return kernels, elapsed_s, auto_elapsed_s, model_elapsed_s
 
 
 def prepare_states_ahead(cumulative_s: Array) -> None:
     """Compile :func:`states_ahead` for a step's ``cumulative_s`` (or load it from numba's cache) now, not in a
     controlled step."""
-    states_ahead(np.zeros(2), 0, 0.0, 0.0, 1.0, 1, 0, 0.0, 1.0, cumulative_s, 0, 0.0, 0)
+    states_ahead(np.zeros(2), 0, 0.0, 0.0, 1.0, 1, 0, 0.0, 1.0, cumulative_s, 0, 0.0, 0, 1.0)

@@ -11,7 +11,7 @@ means the same clocks in each.
 
 from __future__ import annotations
 
-from kdvfs.agents.learned.policy.online import OnlinePolicy
+from kdvfs.agents.learned.policy.deciders import OnlineDecider
 from kdvfs.envs.env.observing.live import PredictedElapsed
 from kdvfs.runtime.controller.decisions.decision_records import DecisionRecords
 from kdvfs.runtime.controller.timing.anchors import Anchors
@@ -23,7 +23,7 @@ class OnlineStep:
     """One expected step of an online policy.
 
     Args:
-        online: the policy over the step's problem (prepared: :meth:`OnlinePolicy.prepare`).
+        online: the policy over the step's problem (prepared: ``prepare``).
         anchors: the step's anchors (the same the entry's requests are placed on; they learn from its steps).
         expected_s: the expected step time on the plan's timeline (s).
         budget_share: the share of the run's (fed-back) budget the policy is given in this step (the shape
@@ -31,12 +31,12 @@ class OnlineStep:
         key: the shape bucket's label (``""`` in a run of one shape).
     """
 
-    def __init__(self, online: OnlinePolicy, anchors: Anchors, expected_s: float, budget_share: float = 1.0,
+    def __init__(self, online: OnlineDecider, anchors: Anchors, expected_s: float, budget_share: float = 1.0,
                  key: str = "") -> None:
         self.online, self.anchor_map, self.expected_s = online, anchors.map, expected_s
         self.budget_share, self.key = budget_share, key
         self.times = StepTimes(online.cumulative_s, online.auto_time_s, anchors.map, anchors.pace)
-        self.predicted = PredictedElapsed(online.cumulative_s, online.env.stall_s)
+        self.predicted = PredictedElapsed(online.cumulative_s, online.env.stall_s, online.elapsed_factors)
         self.kernels = len(online.cumulative_s) - 1
         self.records = DecisionRecords(online.labels)
 

@@ -29,7 +29,7 @@ from kdvfs.envs.trace.bundled import open_trace
 from kdvfs.runtime.controller.config import ControllerConfig
 
 if TYPE_CHECKING:
-    from kdvfs.agents.learned.policy.online import OnlinePolicy
+    from kdvfs.agents.learned.policy.deciders import OnlineDecider
 
 PLAN_FORMAT, PLAN_VERSION = "kdvfs-schedule", 1
 ZIP_MAGIC = b"PK\x03\x04"
@@ -43,13 +43,15 @@ class ScheduleSourceError(KdvfsError):
 class Plan:
     """The step's problem (trace, profile, budget, latency), the schedule to apply (or expect, when a policy
     decides online), where it came from and how it runs (``policy NAME (online)``, ``(replayed)``, ``plan NAME
-    (METHOD)``), the online policy (None: the schedule is replayed) and the policy file's name (None: a plan)."""
+    (METHOD)``; a residual policy's ``residual policy NAME ...``), the online policy (None: the schedule is
+    replayed), the policy file's name (None: a plan) and the kind of policy (``policy``, ``residual policy``)."""
 
     problem: Problem
     schedule: Schedule
     source: str
-    online: OnlinePolicy | None = None
+    online: OnlineDecider | None = None
     policy_name: str | None = None
+    policy_kind: str = "policy"
 
 
 def is_policy_file(path: Path) -> bool:
@@ -116,15 +118,16 @@ def _plan_schedule(path: Path, document: dict[str, Any], problem: Problem) -> Sc
 def _policy_plan(path: Path, problem: Problem, online: bool) -> Plan:
     """The frozen policy's noise-free schedule over ``problem`` (through the planner interface) and, with
     ``online``, the policy to run inside each step."""
+    from kdvfs.agents.learned.policy.deciders import online_decider
     from kdvfs.agents.learned.policy.frozen import FrozenPolicy
-    from kdvfs.agents.learned.policy.online import OnlinePolicy
     from kdvfs.agents.learned.policy.policy_planner import PolicyPlanner, policy_env
 
     policy = FrozenPolicy.load(path, problem.profile)
     env = policy_env(policy, problem)  # built once: the rollout's and the online policy's
     schedule = PolicyPlanner(policy).plan(problem, env)
-    source = f"policy {path.name} ({'online' if online else 'replayed'})"
-    return Plan(problem, schedule, source, OnlinePolicy(policy, problem, env) if online else None, path.name)
+    kind = "residual policy" if policy.config.residual_actions else "policy"
+    source = f"{kind} {path.name} ({'online' if online else 'replayed'})"
+    return Plan(problem, schedule, source, online_decider(policy, problem, env) if online else None, path.name, kind)
 
 
 def load_plan(config: ControllerConfig, device_name: str) -> Plan:

@@ -1,6 +1,6 @@
 """A frozen policy deciding online in a run whose steps vary: one policy per shape bucket, one online path.
 
-Each bucket gets an :class:`~kdvfs.agents.learned.policy.online.OnlinePolicy` over its problem, prepared on the
+Each bucket gets an :class:`~kdvfs.agents.learned.policy.deciders.OnlineDecider` over its problem, prepared on the
 shape book's thread once the bucket is planned (:meth:`~kdvfs.runtime.controller.shapes.book.ShapeBook.
 prepare_buckets`; :func:`bucket_policy`); until then its steps run its schedule replayed, or a stand-in's, as
 before. Once prepared, the bucket's entries (one per margin, on the same plans and anchors) become
@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from kdvfs.agents.common.problem import Problem
-from kdvfs.agents.learned.policy.online import OnlinePolicy
+from kdvfs.agents.learned.policy.deciders import OnlineDecider, online_decider
 from kdvfs.runtime.controller.decisions.online import OnlineSteps
 from kdvfs.runtime.controller.decisions.online_step import OnlineStep
 from kdvfs.runtime.controller.measurement.estimator import Interval
@@ -57,15 +57,15 @@ class BucketDecisions:
         return self.steps.figures()
 
 
-def bucket_policy(online: OnlinePolicy, problem: Problem) -> OnlinePolicy:
+def bucket_policy(online: OnlineDecider, problem: Problem) -> OnlineDecider:
     """The policy of ``online`` over a bucket's ``problem``, prepared (:meth:`OnlinePolicy.prepare`), with its own
     buffers (a copy of the frozen policy: this runs beside the controller's thread deciding with another)."""
-    policy = OnlinePolicy(replace(online.policy), problem)
+    policy = online_decider(replace(online.policy), problem)
     policy.prepare()
     return policy
 
 
-def online_entries(steps: OnlineSteps, online: OnlinePolicy, entries: tuple[StepEntry, ...],
+def online_entries(steps: OnlineSteps, online: OnlineDecider, entries: tuple[StepEntry, ...],
                    margins: tuple[float, ...]) -> tuple[StepEntry, ...]:
     """A bucket's ``entries`` (one per margin of ``margins``) deciding online with its prepared policy
     ``online``: the same plans, anchors, key and kernel time, the policy given each margin's share of the

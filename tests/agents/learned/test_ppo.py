@@ -8,15 +8,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kdvfs.agents.common.problem import Problem
-from kdvfs.agents.learned.policy.frozen import FrozenPolicy, PolicyFileError
-from kdvfs.agents.learned.policy.online import OnlinePolicy
+from kdvfs.agents.learned.policy.frozen import FrozenPolicy
 from kdvfs.agents.learned.training.ppo import PPO_CONFIG_DIR, load_train_config, train_config_mapping
 from kdvfs.agents.learned.training.train import TrainResult
 from kdvfs.common.config import ConfigError, to_plain
 from kdvfs.envs.env.steps.workloads import DataSplit, Variants, WorkloadSet
 from kdvfs.envs.gpu.profiles import load_profile
-from kdvfs.envs.trace.bundled import open_trace
 
 
 @pytest.mark.parametrize("gpu", ["h200", "rtx3080ti"])
@@ -154,11 +151,3 @@ def test_residual_ppo_ships_only_when_it_beats_the_fixed_margin_plans_on_validat
     policy = FrozenPolicy.load(tiny_run.policy_path, load_profile("h200"))
     assert policy.meta["selected"] == selected and policy.meta["selection_comparison"] == comparison
 
-
-def test_the_runtime_refuses_a_residual_policy_with_one_line(tiny_residual_run: TrainResult) -> None:
-    """A residual policy is trained only on request and cannot be run online yet: the controller says so."""
-    profile = load_profile("h200")
-    policy = FrozenPolicy.load(tiny_residual_run.policy_path, profile)
-    with pytest.raises(PolicyFileError, match="runs only v5 policies online") as raised:
-        OnlinePolicy(policy, Problem.build(open_trace("h200/gpt3xl-1layer-b4"), profile, 0.01))
-    assert "\n" not in str(raised.value)

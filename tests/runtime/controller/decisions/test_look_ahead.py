@@ -18,9 +18,9 @@ def numpy_states(host_s: np.ndarray, anchor: tuple[int, float, int], now_s: floa
     times_s = now_s + interval_s * np.arange(1, n + 1)
     found = np.searchsorted(host_s, host_s[anchor[2]] + (times_s - anchor[1]), side="right") - 1
     kernels = np.maximum(np.clip(found, anchor[2], len(host_s) - 2).astype(np.int64), least_kernel)
-    pair, seconds_s, kernel = predicted.reading(in_effect)
+    pair, seconds_s, kernel, factor = predicted.reading(in_effect)
     column = cumulative_s[:, pair]
-    model_s = seconds_s + column[np.maximum(kernels, kernel)] - column[kernel]
+    model_s = seconds_s + (column[np.maximum(kernels, kernel)] - column[kernel]) * factor
     return kernels, (times_s - start_s) / scale, cumulative_s[kernels, 0], model_s
 
 
@@ -32,7 +32,7 @@ def test_states_ahead_are_the_numpy_states_to_the_last_bit(seed: int, kernels: i
     rng = np.random.default_rng(seed)
     host_s = np.concatenate([[0.0], np.cumsum(rng.uniform(1e-6, 2e-3, kernels))])
     cumulative_s = np.concatenate([np.zeros((1, 3)), np.cumsum(rng.uniform(1e-6, 2e-3, (kernels, 3)), axis=0)])
-    predicted = PredictedElapsed(cumulative_s, 3e-4)
+    predicted = PredictedElapsed(cumulative_s, 3e-4, rng.uniform(1.0, 1.1, 3) if seed % 2 else None)
     for _ in range(readings):
         predicted.at(int(rng.integers(kernels + 1)), int(rng.integers(3)))
     start_s = float(rng.uniform(0.0, 100.0))
@@ -51,9 +51,19 @@ def test_states_ahead_are_the_numpy_states_to_the_last_bit(seed: int, kernels: i
 
 def test_the_reading_counts_on_from_the_last_reading_at_its_pair_with_a_changes_stall() -> None:
     predicted = PredictedElapsed(np.array([[0.0, 0.0], [1.0, 2.0], [3.0, 5.0], [6.0, 9.0]]), 0.5)
-    assert predicted.reading(1) == (1, 0.0, 0)  # nothing read: the pair in effect from the start
+    assert predicted.reading(1) == (1, 0.0, 0, 1.0)  # nothing read: the pair in effect from the start
     predicted.at(2, 0)
-    assert predicted.reading(0) == (0, 3.0, 2)
-    assert predicted.reading(1) == (0, 3.5, 2)  # a change to pair 1 ahead: its stall, kernels still at pair 0
-    pair, seconds_s, kernel = predicted.reading(1)
-    assert seconds_s + predicted.cumulative_s[3, pair] - predicted.cumulative_s[kernel, pair] == predicted.at(3, 1)
+    assert predicted.reading(0) == (0, 3.0, 2, 1.0)
+    assert predicted.reading(1) == (0, 3.5, 2, 1.0)  # a change to pair 1 ahead: its stall, kernels still at pair 0
+    pair, seconds_s, kernel, factor = predicted.reading(1)
+    assert seconds_s + (predicted.cumulative_s[3, pair] - predicted.cumulative_s[kernel, pair]) * factor \
+        == predicted.at(3, 1)
+
+
+def test_the_reading_carries_the_drift_factor_of_its_pair() -> None:
+    predicted = PredictedElapsed(np.array([[0.0, 0.0], [1.0, 2.0], [3.0, 5.0]]), 0.0, np.array([1.0, 1.5]))
+    predicted.at(1, 1)
+    pair, seconds_s, kernel, factor = predicted.reading(1)
+    assert (pair, factor) == (1, 1.5)
+    assert seconds_s + (predicted.cumulative_s[2, pair] - predicted.cumulative_s[kernel, pair]) * factor \
+        == predicted.at(2, 1)

@@ -1,0 +1,227 @@
+"""A residual policy (``KernelDVFSResidual-v0``) deciding online, inside a running step, on what a controller measured.
+
+:class:`ResidualOnlinePolicy` has :class:`~kdvfs.agents.learned.policy.online.OnlinePolicy`'s interface
+(:class:`~kdvfs.agents.learned.policy.deciders.OnlineDecider`), so the controller runs it unchanged. At each
+decision point it turns the controller's :class:`~kdvfs.envs.env.observing.live.LiveState` into the
+:class:`~kdvfs.envs.env.observing.measured.MeasuredState` the residual environment builds from its simulation
+(:func:`measured_state`: host seconds, the prediction's time at the clocks run with the measured drift where it
+slows them) and computes the observation with the environment's own function,
+:func:`~kdvfs.envs.env.observing.measured.residual_observation`. It decides where
+:class:`~kdvfs.envs.env.residual_env.ResidualDVFSEnv` does: at the step's start (:meth:`begin`), where the
+standing order names another pair and no change is pending (a segment boundary the controller acts on), and
+where the run's position passes another ``1 / budget_events`` of its auto time (a budget event); elsewhere the
+standing order's pair is re-read. The release (``RELEASE``) names auto until it is in effect, then nothing for
+the rest of the step. Times are on the model timeline (s) unless named host. Not for concurrent use.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import cast
+
+import numpy as np
+
+from kdvfs.agents.common.problem import Problem
+from kdvfs.agents.learned.policy.frozen import FrozenPolicy, PolicyFileError
+from kdvfs.agents.learned.policy.live_decision import NO_REQUEST
+from kdvfs.agents.learned.policy.online import OnlineDecision
+from kdvfs.agents.learned.policy.policy_planner import policy_env
+from kdvfs.envs.env.advice.plan_advice import EPS, plan_for_budget
+from kdvfs.envs.env.dvfs_env import KernelDVFSEnv
+from kdvfs.envs.env.dynamics import core_fractions
+from kdvfs.envs.env.observing.live import LiveState
+from kdvfs.envs.env.observing.live_tables import LiveTables
+from kdvfs.envs.env.observing.measured import (
+    CORE_STEPS,
+    ERROR_HISTORY,
+    FEATURES,
+    MARGINS,
+    MEMORY_STEPS,
+    RELEASE,
+    MeasuredState,
+    budget_use,
+    drift_factors,
+    residual_observation,
+    residual_pair,
+)
+from kdvfs.envs.env.residual_env import ResidualDVFSEnv
+
+USED, AFFORDABLE = FEATURES.index("budget_used"), FEATURES.index("affordable_pct")
+
+
+def measured_state(state: LiveState) -> MeasuredState:
+    """The controller's ``state`` in the residual environment's terms: its times on the model timeline (host
+    over the measured auto scale, 1 + drift) back in host seconds; ``model_elapsed_s`` as measured (the controller
+    applies the drift factors, :attr:`ResidualOnlinePolicy.elapsed_factors`)."""
+    scale = 1.0 + state.auto_drift_pct / 100.0
+    return MeasuredState(state.kernel, state.in_effect, state.pending, state.pending_age_s * scale,
+                         state.elapsed_s * scale, state.model_elapsed_s, state.auto_elapsed_s, state.auto_drift_pct,
+                         state.last_latency_ratio)
+
+
+class ResidualOnlinePolicy:
+    """See the module docstring.
+
+    Attributes:
+        labels: each grid pair's clock label on the problem's costs (pair 0: auto).
+        cumulative_s: (K + 1, G) the prediction's start of each kernel at each pair (s).
+        auto_time_s: the step's auto time (s).
+        decision_interval_s: the environment's least time between decision points (s).
+        latency_std_s: the switching latency's spread the policy's environment assumes (s).
+        elapsed_factors: (G,) each pair's factor on the prediction's time at the measured drift
+            (:func:`~kdvfs.envs.env.observing.measured.drift_factors`), updated in place at each decision: the
+            controller's :class:`~kdvfs.envs.env.observing.live.PredictedElapsed` reads it.
+        acted_on: (the observation's size,) float32, the observation the policy last ran on.
+    """
+
+    def __init__(self, policy: FrozenPolicy, problem: Problem, env: KernelDVFSEnv | None = None) -> None:
+        """``env``: the policy's :func:`policy_env` of ``problem`` when already built, else built here.
+
+        Raises:
+            PolicyFileError: not a residual policy.
+        """
+        if not policy.config.residual_actions:
+            raise PolicyFileError("not a residual policy (KernelDVFSResidual-v0); OnlinePolicy runs it")
+        self.policy = policy
+        self.env = cast(ResidualDVFSEnv, policy_env(policy, problem) if env is None else env)
+        step = self.env.steps[0]
+        self.cumulative_s = step.cumulative[:, 0, :]
+        self.labels = tuple(problem.costs.label(int(a)) for a in step.actions)
+        self.auto_time_s = step.auto_time_s
+        self.decision_interval_s, self.latency_std_s = self.env.decision_interval_s, self.env.latency_std_s
+        self._levels, self._memories = self.env.grid.levels, len(self.env.grid.memory_mhz)
+        self._core_fractions = core_fractions(step.action_costs.core_mhz)
+        self._drift_pct = 0.0
+        self.elapsed_factors = drift_factors(self._core_fractions, self._memories, 0.0)
+        self._events = self.env.config.budget_events
+        self._obs = np.zeros(self.env.policy_spec.size, dtype=np.float32)
+        self.acted_on = np.zeros_like(self._obs)
+        self._scratch = np.zeros_like(self._obs)
+        """The observation of :meth:`warm` and :meth:`first_change`, dropped."""
+        self._errors = np.zeros(ERROR_HISTORY)
+        self._action = np.zeros(3, dtype=np.int64)
+        self._budget, self._budget_plan = 0.0, -1
+        self._next_event, self._released = 1, False
+        self._tables: LiveTables | None = None
+
+    def prepare(self) -> None:
+        """Build the live tables (every pair's landings and proposal changes) and run a throwaway step's first
+        decisions, so that nothing is computed or compiled for the first time in a controlled step."""
+        self.env.reset(seed=0)
+        self._tables = self.env.tables()
+        self.begin(0.0)
+        self.warm(LiveState(0, 0, NO_REQUEST, 0.0, 0.0, 0.0))
+        times_s = np.zeros(1)
+        self.first_change(np.zeros(1, dtype=np.int64), 0, times_s, times_s, 1.0, 0.0, times_s)
+
+    def pair_of(self, label: str) -> int:
+        """The grid pair of clock label ``label``; ValueError if the grid has none."""
+        return self.labels.index(label)
+
+    def begin(self, budget: float) -> int:
+        """Start a step with ``budget`` (allowed step-time increase over auto, a fraction): no errors measured,
+        the first budget event next, the policy's first decision at kernel 0 (auto in effect, the drift of the
+        last decision); returns its pair (pair 0, auto, for a release)."""
+        if self._tables is None:
+            self.prepare()
+        self._budget = max(0.0, budget)
+        self._budget_plan = plan_for_budget(self.env.observation_spec.plan_budgets, self._budget)
+        self._errors[:] = 0.0
+        self._next_event, self._released = 1, False
+        self._action[:] = 0
+        state = MeasuredState(0, 0, NO_REQUEST, 0.0, 0.0, 0.0, 0.0, self._drift_pct)
+        return self._evaluate(state, self.observe(state, self._obs))
+
+    def decide(self, state: LiveState, now_s: float) -> OnlineDecision:
+        """The decision at ``state``, ``now_s`` after the step's start; after :meth:`begin`. The policy runs at a
+        budget event or where the standing order names another pair with none pending; the next decision is
+        due where :meth:`first_change` finds one (``next_change`` None; ``policy_due_s`` never); a released step
+        names auto (the controller requests it once the clocks are free) and wakes for nothing more."""
+        measured = measured_state(state)
+        self.follow_drift(measured.drift_pct)
+        evaluated = False
+        if self._released:
+            pair = 0
+        else:
+            fitting = self.observe(measured, self._obs)
+            pair = self._residual(fitting)
+            evaluated = self._budget_event(measured) or (measured.pending < 0 and pair != measured.in_effect)
+            if evaluated:
+                pair = self._evaluate(measured, fitting)
+        return OnlineDecision(pair, evaluated, tuple(self._action.tolist()), float(self._obs[USED]),
+                              float(self._obs[AFFORDABLE]), len(self.cumulative_s) - 1 if self._released else None,
+                              math.inf)
+
+    def warm(self, state: LiveState) -> None:
+        """Run a decision's observation and policy at ``state`` and drop the result (nothing of the step's
+        decisions changes); after :meth:`begin`."""
+        self._standing_pair(measured_state(state), self._scratch)
+        self.policy.act(self._scratch)
+
+    def first_change(self, kernels: np.ndarray, in_effect: int, elapsed_s: np.ndarray, auto_elapsed_s: np.ndarray,
+                     last_latency_ratio: float, drift_pct: float, model_elapsed_s: np.ndarray) -> int:
+        """The first of the states ahead (``kernels`` (n,) and their times (n,), the fields of
+        :class:`~kdvfs.envs.env.observing.live.LiveState`, nothing pending) at which a decision is due: the
+        position passes the next budget event or the standing order names a pair other than ``in_effect`` (n:
+        none, or released); the step's decisions are unchanged."""
+        if self._released:
+            return len(kernels)
+        scale = 1.0 + drift_pct / 100.0
+        event_s = (self._next_event / self._events - EPS) * self.auto_time_s if self._events else math.inf
+        for j in range(len(kernels)):
+            if auto_elapsed_s[j] >= event_s:
+                return j
+            state = MeasuredState(int(kernels[j]), in_effect, NO_REQUEST, 0.0, float(elapsed_s[j]) * scale,
+                                  float(model_elapsed_s[j]), float(auto_elapsed_s[j]), drift_pct, last_latency_ratio)
+            if self._standing_pair(state, self._scratch) != in_effect:
+                return j
+        return len(kernels)
+
+    def observe(self, state: MeasuredState, out: np.ndarray) -> int:
+        """Write the observation at ``state`` under the standing order's margin into ``out`` (the policy's
+        observation size, float32) and return the fitting plan's pair; after :meth:`begin`."""
+        assert self._tables is not None, "begin a step first"
+        margin = MARGINS[min(int(self._action[2]), len(MARGINS) - 1)]
+        return residual_observation(out, self._tables, state, self._budget, self._budget_plan, margin, self._errors)
+
+    def _standing_pair(self, state: MeasuredState, out: np.ndarray) -> int:
+        """The standing order's pair at ``state`` (its residual over the fitting plan's pair), the observation
+        written into ``out``."""
+        return self._residual(self.observe(state, out))
+
+    def _residual(self, fitting: int) -> int:
+        """The standing order's residual over the fitting plan's pair ``fitting``."""
+        return residual_pair(fitting, CORE_STEPS[int(self._action[0])], MEMORY_STEPS[int(self._action[1])],
+                             self._levels, self._memories)
+
+    def _evaluate(self, state: MeasuredState, fitting: int) -> int:
+        """Run the policy at ``state`` as the environment's step does, on the observation there under the standing
+        order (in ``_obs``; ``fitting`` its fitting pair): act, keep the prediction error measured here, then the
+        new order's pair (auto, released, for ``RELEASE``; the fitting pair anew only if the margin changed)."""
+        self.acted_on[:] = self._obs
+        margin = int(self._action[2])
+        self._action[:] = self.policy.act(self.acted_on)
+        _, error = budget_use(state)
+        self._errors[1:] = self._errors[:-1]
+        self._errors[0] = 100.0 * error
+        if int(self._action[2]) == RELEASE:
+            self._released = True
+            return 0
+        if int(self._action[2]) != margin:
+            fitting = self.observe(state, self._obs)
+        return self._residual(fitting)
+
+    def _budget_event(self, state: MeasuredState) -> bool:
+        """Whether the position passed the next budget event (then the one after is next)."""
+        progress = state.auto_elapsed_s / self.auto_time_s
+        if not self._events or progress < self._next_event / self._events - EPS:
+            return False
+        self._next_event = int(progress * self._events) + 1
+        return True
+
+    def follow_drift(self, drift_pct: float) -> None:
+        """Take ``drift_pct`` (%) as auto's measured drift: :attr:`elapsed_factors` (in place) and the next
+        :meth:`begin`'s (each decision takes its state's)."""
+        if drift_pct != self._drift_pct:
+            self._drift_pct = drift_pct
+            self.elapsed_factors[:] = drift_factors(self._core_fractions, self._memories, drift_pct)
