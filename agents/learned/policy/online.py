@@ -46,6 +46,11 @@ call)."""
 _first_change: Callable[..., int] = first_change_bound
 
 
+DUE_TOLERANCE_S = 1e-6
+"""A decision whose due time is this close ahead counts as due (s): a controller that slept until the due time
+converts it to host time and back, and the rounding can land it a hair short of it (one microsecond is far
+below any decision interval)."""
+
 class OnlineDecision(NamedTuple):
     """One live decision: the grid pair to request (``NO_REQUEST``: keep the clocks), whether the policy ran
     (else its standing order was re-read), its action, and the observation's budget figures (used share of
@@ -174,7 +179,7 @@ class OnlinePolicy:
         """The decision at ``state``, ``now_s`` after the step's start (s, model timeline), in one compiled call
         (:func:`~kdvfs.agents.learned.policy.live_decision.decide_bound`); after :meth:`begin`."""
         assert self._begun and self._bound is not None, "begin a step first"
-        evaluated = now_s >= self._hold_until_s
+        evaluated = now_s >= self._hold_until_s - DUE_TOLERANCE_S
         if evaluated:
             self._hold_until_s = now_s + self._hold_s
         return self._decision(self._bound[0], self._action, state, evaluated)

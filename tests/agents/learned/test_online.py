@@ -50,6 +50,21 @@ def test_the_policy_runs_when_its_choice_has_held_long_enough(online: tuple[Onli
     assert not policy.decide(state, 1.5 * hold_s).evaluated
 
 
+def test_a_decision_a_rounding_short_of_its_due_time_runs(online: tuple[OnlinePolicy, Problem]) -> None:
+    """A controller that slept until the due time reads a clock a hair short of it (host <-> model time
+    rounding): the policy runs then, not at a later point."""
+    policy, _ = online
+    policy.begin(0.01)
+    state = LiveState(5, 0, -1, 0.0, float(policy.cumulative_s[5, 0]), float(policy.cumulative_s[5, 0]))
+    hold_s = policy.policy.config.decision_fraction * policy.auto_time_s
+    due_s = policy.decide(state, 0.0).policy_due_s
+    assert due_s == hold_s
+    start_s, scale = 12_345.678, 1.0137  # a host clock's start and the step's auto scale
+    woken_s = ((start_s + scale * due_s) - start_s) / scale  # host time of the due time, and back
+    assert policy.decide(state, min(woken_s, np.nextafter(due_s, 0.0))).evaluated
+    assert not policy.decide(state, due_s + 0.5 * hold_s).evaluated
+
+
 def test_a_step_running_late_shows_as_budget_used(online: tuple[OnlinePolicy, Problem]) -> None:
     policy, _ = online
     policy.begin(0.01)
