@@ -9,7 +9,8 @@ and sequence packing under the HF Trainer, each captured, planned and run for 30
 --budget 0.01``, ``kdvfs run --dry-run`` with the default A/B windows. ``report`` reads per recipe the share of
 B-window steps controlled (target >= 90%), the dry run's saving and slowdown intervals (truth 0, half-width <= 2
 points), the step model's leave-one-shape-out kernel-time error (target within 5%), the steps at auto by reason
-and the refused NVML calls. Recipes and method: ``docs/design/benchmarks.md``.
+and the refused NVML calls; the JSON keeps every A/B window's record (arm, steps, joules per step, expected
+kernel time, new shapes) for studying the estimator offline. Recipes and method: ``docs/design/benchmarks.md``.
 """
 
 from __future__ import annotations
@@ -85,7 +86,8 @@ def figures(folder: Path) -> dict[str, Any]:
     b_steps = sum(w["steps"] for w in b_windows)
     errors = (capture.get("shapes") or {}).get("step_model") or []
     both = {"controlled_share_of_b_windows": sum(w["controlled_steps"] for w in b_windows) / b_steps if b_steps
-            else None, "step_model": errors,
+            else None, "step_model": errors, "windows": [{k: v for k, v in w.items() if k != "event"}
+                                                        for w in log["window"]],
             "kernel_error_max_pct": max((abs(e["kernel_time_error_pct"]) for e in errors), default=None)}
     if not (folder / "run.out.json").is_file():
         return {**both, "cut_short": True, "steps": len(log["step"]),
