@@ -20,7 +20,8 @@ from kdvfs.common.compiled import compiled
 @compiled
 def states_ahead(host_s: Array, anchor_kernel: int, anchor_s: float, now_s: float, interval_s: float, n: int,
                  least_kernel: int, start_s: float, scale: float, cumulative_s: Array, predicted_pair: int,
-                 predicted_s: float, predicted_kernel: int, predicted_factor: float) -> tuple[Array, Array, Array, Array]:
+                 predicted_s: float, predicted_kernel: int, predicted_factor: float
+                 ) -> tuple[Array, Array, Array, Array]:
     """The ``n`` states ahead: (n,) int64 kernels and (n,) float64 elapsed, auto-elapsed and model-elapsed times
     (s, model timeline).
 
