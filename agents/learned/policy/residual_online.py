@@ -6,7 +6,9 @@ decision point it turns the controller's :class:`~kdvfs.envs.env.observing.live.
 :class:`~kdvfs.envs.env.observing.measured.MeasuredState` the residual environment builds from its simulation
 (:func:`measured_state`: host seconds, the prediction's time at the clocks run with the measured drift where it
 slows them) and computes the observation with the environment's own function,
-:func:`~kdvfs.envs.env.observing.measured.residual_observation`. It decides where
+:func:`~kdvfs.envs.env.observing.measured.residual_observation` (compiled: the decisions, their look-ahead and
+their policy runs are each one compiled call, :mod:`~kdvfs.agents.learned.policy.residual_decision`). It decides
+where
 :class:`~kdvfs.envs.env.residual_env.ResidualDVFSEnv` does: at the step's start (:meth:`begin`), where the
 standing order names another pair and no change is pending (a segment boundary the controller acts on), and
 where the run's position passes another ``1 / budget_events`` of its auto time (a budget event); elsewhere the
@@ -26,23 +28,26 @@ from kdvfs.agents.learned.policy.frozen import FrozenPolicy, PolicyFileError
 from kdvfs.agents.learned.policy.live_decision import NO_REQUEST
 from kdvfs.agents.learned.policy.online import OnlineDecision
 from kdvfs.agents.learned.policy.policy_planner import policy_env
-from kdvfs.envs.env.advice.plan_advice import EPS, plan_for_budget
+from kdvfs.agents.learned.policy.residual_decision import (
+    RELEASED,
+    BoundResidual,
+    begin_bound,
+    decide_residual,
+    first_change_residual,
+    warm_residual,
+)
+from kdvfs.envs.env.advice.plan_advice import plan_for_budget
 from kdvfs.envs.env.dvfs_env import KernelDVFSEnv
 from kdvfs.envs.env.dynamics import core_fractions
 from kdvfs.envs.env.observing.live import LiveState
-from kdvfs.envs.env.observing.live_tables import LiveTables
 from kdvfs.envs.env.observing.measured import (
     CORE_STEPS,
     ERROR_HISTORY,
     FEATURES,
     MARGINS,
     MEMORY_STEPS,
-    RELEASE,
     MeasuredState,
-    budget_use,
     drift_factors,
-    residual_observation,
-    residual_pair,
 )
 from kdvfs.envs.env.residual_env import ResidualDVFSEnv
 
@@ -89,26 +94,33 @@ class ResidualOnlinePolicy:
         self.labels = tuple(problem.costs.label(int(a)) for a in step.actions)
         self.auto_time_s = step.auto_time_s
         self.decision_interval_s, self.latency_std_s = self.env.decision_interval_s, self.env.latency_std_s
-        self._levels, self._memories = self.env.grid.levels, len(self.env.grid.memory_mhz)
         self._core_fractions = core_fractions(step.action_costs.core_mhz)
+        self._memories = len(self.env.grid.memory_mhz)
         self._drift_pct = 0.0
         self.elapsed_factors = drift_factors(self._core_fractions, self._memories, 0.0)
-        self._events = self.env.config.budget_events
         self._obs = np.zeros(self.env.policy_spec.size, dtype=np.float32)
         self.acted_on = np.zeros_like(self._obs)
-        self._scratch = np.zeros_like(self._obs)
-        """The observation of :meth:`warm` and :meth:`first_change`, dropped."""
-        self._errors = np.zeros(ERROR_HISTORY)
         self._action = np.zeros(3, dtype=np.int64)
+        self._counters = np.zeros(2, dtype=np.int64)
         self._budget, self._budget_plan = 0.0, -1
-        self._next_event, self._released = 1, False
-        self._tables: LiveTables | None = None
+        self._bound: BoundResidual | None = None
 
     def prepare(self) -> None:
-        """Build the live tables (every pair's landings and proposal changes) and run a throwaway step's first
-        decisions, so that nothing is computed or compiled for the first time in a controlled step."""
+        """Bind the decisions' arrays (the live tables: every pair's landings and proposal changes; the policy's)
+        and run a throwaway step's first decisions, so that nothing is computed or compiled for the first time in
+        a controlled step."""
         self.env.reset(seed=0)
-        self._tables = self.env.tables()
+        tables = self.env.tables()
+        first, mean, inverse_std, clip, later, bounds, activation = self.policy.forward_inputs(0)
+        self._bound = BoundResidual(
+            self._obs, self.acted_on, np.zeros_like(self._obs), np.zeros(ERROR_HISTORY), self._action, self._counters,
+            tables.obs, tables.advice, tables.static_rows, tables.layout, tables.advisor_index, tables.cumulative_s,
+            tables.landings, tables.plan_pairs, tables.plan_rest, tables.joinable, tables.next_change,
+            tables.speeds_up, tables.sizes, tables.auto_time_s, tables.latency_s, tables.stall_s,
+            np.array(MARGINS), np.array(CORE_STEPS, dtype=np.int64), np.array(MEMORY_STEPS, dtype=np.int64),
+            self.env.grid.levels, self._memories, self.env.config.budget_events, self.auto_time_s,
+            first, mean, inverse_std, clip, np.zeros((1, len(first[1])), dtype=np.float32),
+            np.zeros(1, dtype=np.int64), later, bounds, activation)
         self.begin(0.0)
         self.warm(LiveState(0, 0, NO_REQUEST, 0.0, 0.0, 0.0))
         times_s = np.zeros(1)
@@ -122,102 +134,38 @@ class ResidualOnlinePolicy:
         """Start a step with ``budget`` (allowed step-time increase over auto, a fraction): no errors measured,
         the first budget event next, the policy's first decision at kernel 0 (auto in effect, the drift of the
         last decision); returns its pair (pair 0, auto, for a release)."""
-        if self._tables is None:
+        if self._bound is None:
             self.prepare()
         self._budget = max(0.0, budget)
         self._budget_plan = plan_for_budget(self.env.observation_spec.plan_budgets, self._budget)
-        self._errors[:] = 0.0
-        self._next_event, self._released = 1, False
-        self._action[:] = 0
-        state = MeasuredState(0, 0, NO_REQUEST, 0.0, 0.0, 0.0, 0.0, self._drift_pct)
-        return self._evaluate(state, self.observe(state, self._obs))
+        return int(begin_bound(self._bound, self._budget, self._budget_plan, self._drift_pct))
 
     def decide(self, state: LiveState, now_s: float) -> OnlineDecision:
-        """The decision at ``state``, ``now_s`` after the step's start; after :meth:`begin`. The policy runs at a
-        budget event or where the standing order names another pair with none pending; the next decision is
-        due where :meth:`first_change` finds one (``next_change`` None; ``policy_due_s`` never); a released step
-        names auto (the controller requests it once the clocks are free) and wakes for nothing more."""
-        measured = measured_state(state)
-        self.follow_drift(measured.drift_pct)
-        evaluated = False
-        if self._released:
-            pair = 0
-        else:
-            fitting = self.observe(measured, self._obs)
-            pair = self._residual(fitting)
-            evaluated = self._budget_event(measured) or (measured.pending < 0 and pair != measured.in_effect)
-            if evaluated:
-                pair = self._evaluate(measured, fitting)
-        return OnlineDecision(pair, evaluated, tuple(self._action.tolist()), float(self._obs[USED]),
-                              float(self._obs[AFFORDABLE]), len(self.cumulative_s) - 1 if self._released else None,
-                              math.inf)
+        """The decision at ``state``, ``now_s`` after the step's start, in one compiled call
+        (:func:`~kdvfs.agents.learned.policy.residual_decision.decide_residual`); after :meth:`begin`. The policy
+        runs at a budget event or where the standing order names another pair with none pending; the next
+        decision is due where :meth:`first_change` finds one (``next_change`` None; ``policy_due_s`` never); a
+        released step names auto (the controller requests it once the clocks are free) and wakes for nothing
+        more."""
+        self.follow_drift(state.auto_drift_pct)
+        pair, evaluated = decide_residual(self._bound, self._budget, self._budget_plan, *state)
+        obs = self._obs
+        return OnlineDecision(pair, evaluated, tuple(self._action.tolist()), float(obs[USED]), float(obs[AFFORDABLE]),
+                              len(self.cumulative_s) - 1 if self._counters[RELEASED] else None, math.inf)
 
     def warm(self, state: LiveState) -> None:
         """Run a decision's observation and policy at ``state`` and drop the result (nothing of the step's
         decisions changes); after :meth:`begin`."""
-        self._standing_pair(measured_state(state), self._scratch)
-        self.policy.act(self._scratch)
+        warm_residual(self._bound, self._budget, self._budget_plan, *state)
 
     def first_change(self, kernels: np.ndarray, in_effect: int, elapsed_s: np.ndarray, auto_elapsed_s: np.ndarray,
                      last_latency_ratio: float, drift_pct: float, model_elapsed_s: np.ndarray) -> int:
         """The first of the states ahead (``kernels`` (n,) and their times (n,), the fields of
         :class:`~kdvfs.envs.env.observing.live.LiveState`, nothing pending) at which a decision is due: the
         position passes the next budget event or the standing order names a pair other than ``in_effect`` (n:
-        none, or released); the step's decisions are unchanged."""
-        if self._released:
-            return len(kernels)
-        scale = 1.0 + drift_pct / 100.0
-        event_s = (self._next_event / self._events - EPS) * self.auto_time_s if self._events else math.inf
-        for j in range(len(kernels)):
-            if auto_elapsed_s[j] >= event_s:
-                return j
-            state = MeasuredState(int(kernels[j]), in_effect, NO_REQUEST, 0.0, float(elapsed_s[j]) * scale,
-                                  float(model_elapsed_s[j]), float(auto_elapsed_s[j]), drift_pct, last_latency_ratio)
-            if self._standing_pair(state, self._scratch) != in_effect:
-                return j
-        return len(kernels)
-
-    def observe(self, state: MeasuredState, out: np.ndarray) -> int:
-        """Write the observation at ``state`` under the standing order's margin into ``out`` (the policy's
-        observation size, float32) and return the fitting plan's pair; after :meth:`begin`."""
-        assert self._tables is not None, "begin a step first"
-        margin = MARGINS[min(int(self._action[2]), len(MARGINS) - 1)]
-        return residual_observation(out, self._tables, state, self._budget, self._budget_plan, margin, self._errors)
-
-    def _standing_pair(self, state: MeasuredState, out: np.ndarray) -> int:
-        """The standing order's pair at ``state`` (its residual over the fitting plan's pair), the observation
-        written into ``out``."""
-        return self._residual(self.observe(state, out))
-
-    def _residual(self, fitting: int) -> int:
-        """The standing order's residual over the fitting plan's pair ``fitting``."""
-        return residual_pair(fitting, CORE_STEPS[int(self._action[0])], MEMORY_STEPS[int(self._action[1])],
-                             self._levels, self._memories)
-
-    def _evaluate(self, state: MeasuredState, fitting: int) -> int:
-        """Run the policy at ``state`` as the environment's step does, on the observation there under the standing
-        order (in ``_obs``; ``fitting`` its fitting pair): act, keep the prediction error measured here, then the
-        new order's pair (auto, released, for ``RELEASE``; the fitting pair anew only if the margin changed)."""
-        self.acted_on[:] = self._obs
-        margin = int(self._action[2])
-        self._action[:] = self.policy.act(self.acted_on)
-        _, error = budget_use(state)
-        self._errors[1:] = self._errors[:-1]
-        self._errors[0] = 100.0 * error
-        if int(self._action[2]) == RELEASE:
-            self._released = True
-            return 0
-        if int(self._action[2]) != margin:
-            fitting = self.observe(state, self._obs)
-        return self._residual(fitting)
-
-    def _budget_event(self, state: MeasuredState) -> bool:
-        """Whether the position passed the next budget event (then the one after is next)."""
-        progress = state.auto_elapsed_s / self.auto_time_s
-        if not self._events or progress < self._next_event / self._events - EPS:
-            return False
-        self._next_event = int(progress * self._events) + 1
-        return True
+        none, or released), in one compiled call; the step's decisions are unchanged."""
+        return int(first_change_residual(self._bound, self._budget, self._budget_plan, kernels, in_effect, elapsed_s,
+                                         auto_elapsed_s, last_latency_ratio, drift_pct, model_elapsed_s))
 
     def follow_drift(self, drift_pct: float) -> None:
         """Take ``drift_pct`` (%) as auto's measured drift: :attr:`elapsed_factors` (in place) and the next

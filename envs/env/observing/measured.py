@@ -24,24 +24,10 @@ from typing import NamedTuple
 import numpy as np
 
 from kdvfs.common.arrays import Array
-from kdvfs.envs.env.observing.dynamic_observation import (
-    L_BUDGET_PLAN,
-    L_FITTING,
-    L_FITTING_SLOT,
-    L_LEVELS,
-    L_MEMORIES,
-    L_PLAN_SLOT,
-    L_PLANS,
-    L_PLANS_REST,
-    observe_dynamic,
-)
 from kdvfs.envs.env.observing.live_tables import LiveTables
-from kdvfs.envs.env.observing.observation import (
-    OBS_LIMIT,
-    PLAN_ADVISOR_FEATURES,
-    REMAINING_LATENCIES_CAP,
-    ObservationSpec,
-)
+from kdvfs.envs.env.observing.observation import ObservationSpec
+from kdvfs.envs.env.observing.residual_kernel import budget_use_of, observe_residual
+from kdvfs.envs.env.observing.residual_kernel import residual_pair as residual_pair
 
 RESIDUAL_OBSERVATION_VERSION = 8
 CORE_STEPS = (0, -1, 1, -2, 2, -4, 4)
@@ -135,16 +121,6 @@ def drift_factors(core_fraction: Array, memories: int, drift_pct: float) -> Arra
 def margin_label(index: int) -> str:
     """The margin action ``index`` in words: ``15%`` (of the slack held back) or ``release`` (:data:`RELEASE`)."""
     return "release" if index == RELEASE else f"{100 * MARGINS[index]:g}%"
-
-
-def residual_pair(pair: int, core_step: int, memory_step: int, levels: int, memories: int) -> int:
-    """Grid pair ``pair`` moved ``core_step`` core levels (positive: lower clock; an auto core level stays
-    auto, a locked one stays locked) and ``memory_step`` memory clocks (positive: lower), clipped to the grid."""
-    level, memory = divmod(pair, memories)
-    if level > 0:
-        level = min(max(level + core_step, 1), levels - 1)
-    memory = min(max(memory + memory_step, 0), memories - 1)
-    return level * memories + memory
 
 
 class Measurement:
@@ -264,76 +240,26 @@ def budget_use(state: MeasuredState) -> tuple[float, float]:
     auto time up to the position (``auto_elapsed_s``) x (1 + drift) x (1 + error); the error reads 0 until both
     host and predicted time have begun (a controller's first reading of a step can place the GPU past kernel 0 at
     host time 0)."""
-    error = state.elapsed_s / state.model_elapsed_s - 1.0 if state.model_elapsed_s > 0 and state.elapsed_s > 0 \
-        else 0.0
-    return state.elapsed_s - state.auto_elapsed_s * (1.0 + state.drift_pct / 100.0) * (1.0 + error), error
+    return budget_use_of(state.elapsed_s, state.model_elapsed_s, state.auto_elapsed_s, state.drift_pct)
 
 
 def residual_observation(out: Array, tables: LiveTables, state: MeasuredState, budget: float, budget_plan: int,
                          margin: float, errors: Array) -> int:
     """Write the residual policy's observation at ``state`` into ``out`` ((spec size,) float32) and return the
-    fitting plan's pair (the expert's, with ``margin`` of the slack held back; auto if no plan fits).
+    fitting plan's pair (the expert's, with ``margin`` of the slack held back; auto if no plan fits): the compiled
+    :func:`~kdvfs.envs.env.observing.residual_kernel.observe_residual`, which a controller's compiled decisions
+    call with the same arguments.
 
     Every entry is computed from the measured state, the prediction (``tables``) and ``errors`` (the prediction
     errors of the last decisions, %): what a controller knows. The fitting plan is the advisors' own
     (:func:`~kdvfs.envs.env.observing.dynamic_observation.observe_dynamic`), fed on the prediction's timeline (host
     seconds over the measured auto scale, the drift applied where it slows the clocks run)."""
-    sizes = tables.sizes
-    lay = tables.layout
-    kernels, plans = int(sizes[0]), int(lay[L_PLANS])
-    levels, memories = int(lay[L_LEVELS]), int(lay[L_MEMORIES])
-    k = min(max(state.kernel, 0), kernels - 1)
-    scale = 1.0 + state.drift_pct / 100.0
-    auto_s, step_s = state.auto_elapsed_s, tables.auto_time_s
-    used_s, error = budget_use(state)
-    used_model_s = used_s / (scale * (1.0 + error))
-    slack_s = max(budget * step_s - used_model_s, 0.0)
-    held_budget = budget - margin * slack_s / step_s
-    obs, advice = tables.obs, tables.advice
-    in_effect = state.in_effect
-    observe_dynamic(obs, advice, tables.static_rows[k], lay, tables.advisor_index, tables.cumulative_s,
-                    tables.landings[in_effect, 0], tables.landings[in_effect, 1], tables.plan_pairs, tables.plan_rest,
-                    tables.joinable, tables.next_change, tables.speeds_up, k, in_effect, state.pending,
-                    tables.latency_s - state.pending_age_s / scale, state.elapsed_s / scale, auto_s,
-                    state.model_elapsed_s / scale, state.last_latency_ratio, state.drift_pct, held_budget, step_s,
-                    tables.latency_s, tables.stall_s, budget_plan)
-    fitting_start, budget_start = int(lay[L_FITTING]), int(lay[L_BUDGET_PLAN])
-    fitting_pair = int(advice[int(lay[L_FITTING_SLOT])])
-    remaining_s = step_s - auto_s
-    affordable = 100.0 * (budget * step_s - used_model_s) / max(remaining_s, 1e-6 * step_s)
-    effect = int(tables.landings[in_effect, 0, k])
-    fitting_plan = _fitting_plan(advice, lay, fitting_pair, obs[fitting_start + PLAN_ADVISOR_FEATURES.index("exists")])
-    segment_end = int(tables.next_change[effect, fitting_plan]) if fitting_plan >= 0 else kernels
-    segment_s = float(tables.cumulative_s[segment_end, fitting_pair] - tables.cumulative_s[effect, fitting_pair])
-    latency_s = tables.latency_s
-    level, memory = divmod(fitting_pair, memories)
-    level_now, memory_now = divmod(in_effect, memories)
-    values = [
-        100.0 * budget, used_model_s / (max(budget, 1e-3) * step_s), affordable, auto_s / step_s,
-        min(remaining_s / latency_s if latency_s > 0 else REMAINING_LATENCIES_CAP, REMAINING_LATENCIES_CAP)
-        / REMAINING_LATENCIES_CAP,
-        1e3 * latency_s, state.drift_pct, 100.0 * error, *errors, state.last_latency_ratio, margin,
-        obs[fitting_start + 3], obs[fitting_start], obs[fitting_start + 1], level / max(levels - 1, 1),
-        float(level == 0), memory / max(memories - 1, 1),
-        min(segment_s / latency_s if latency_s > 0 else REMAINING_LATENCIES_CAP, REMAINING_LATENCIES_CAP)
-        / REMAINING_LATENCIES_CAP,
-        obs[budget_start + 1], level_now / max(levels - 1, 1), float(level_now == 0), memory_now / max(memories - 1, 1),
-        float(state.pending >= 0),
-    ]
-    out[:len(FEATURES)] = np.clip(values, -OBS_LIMIT, OBS_LIMIT)
-    rest = int(lay[L_PLANS_REST])
-    out[len(FEATURES):] = obs[rest:rest + 2 * plans]
-    return fitting_pair
-
-
-def _fitting_plan(advice: Array, lay: Array, pair: int, exists: float) -> int:
-    """Which plan the fitting advisor follows (-1: none fits), as far as its pair tells: the first plan proposing
-    it."""
-    if not exists:
-        return -1
-    start, plans = int(lay[L_PLAN_SLOT]), int(lay[L_PLANS])
-    found = np.flatnonzero(advice[start:start + plans] == pair)
-    return int(found[0]) if len(found) else -1
+    return observe_residual(out, tables.obs, tables.advice, tables.static_rows, tables.layout, tables.advisor_index,
+                            tables.cumulative_s, tables.landings, tables.plan_pairs, tables.plan_rest,
+                            tables.joinable, tables.next_change, tables.speeds_up, tables.sizes, tables.auto_time_s,
+                            tables.latency_s, tables.stall_s, budget, budget_plan, margin, errors, state.kernel,
+                            state.in_effect, state.pending, state.pending_age_s, state.elapsed_s,
+                            state.model_elapsed_s, state.auto_elapsed_s, state.drift_pct, state.last_latency_ratio)
 
 
 def policy_spec(spec: ObservationSpec) -> ResidualSpec:

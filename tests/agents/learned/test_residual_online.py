@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -18,7 +17,7 @@ from kdvfs.agents.learned.policy.online import OnlinePolicy
 from kdvfs.agents.learned.policy.policy_planner import policy_env
 from kdvfs.agents.learned.policy.residual_online import ResidualOnlinePolicy, measured_state
 from kdvfs.envs.env.observing.live import LiveState
-from kdvfs.envs.env.observing.measured import RELEASE, MeasuredState
+from kdvfs.envs.env.observing.measured import FEATURES, RELEASE, MeasuredState
 from kdvfs.envs.env.residual_env import ResidualDVFSEnv
 from kdvfs.envs.gpu.profiles import load_profile
 from kdvfs.envs.trace.bundled import open_trace
@@ -88,18 +87,19 @@ def test_env_and_runtime_observe_and_decide_the_same_on_a_recorded_step(
     assert checked > 30
 
 
-class Scripted:
-    """A frozen policy whose actions follow a script (then its last action): duck-types what the decider asks."""
-
-    def __init__(self, policy: FrozenPolicy, actions: list[tuple[int, int, int]]) -> None:
-        self.policy, self.actions, self.calls = policy, actions, 0
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.policy, name)
-
-    def act(self, observation: np.ndarray) -> np.ndarray:
-        self.calls += 1
-        return np.array(self.actions[min(self.calls, len(self.actions)) - 1], dtype=np.int64)
+def releasing_past(policy: FrozenPolicy, progress: float) -> FrozenPolicy:
+    """``policy`` rewired to follow the fitting plan (the zero action) and to release the clocks at any decision
+    whose progress entry exceeds ``progress``: one hidden path carries tanh(tanh(entry - ``progress``)) (no
+    normalisation) to the release's logit, which beats the zero margin's small bias once it is positive."""
+    weights = [np.zeros_like(w) for w in policy.weights]
+    biases = [np.zeros_like(b) for b in policy.biases]
+    weights[0][FEATURES.index("progress"), 0], biases[0][0] = 1.0, -progress
+    weights[1][0, 0] = 1.0
+    core, memory, _ = policy.nvec
+    weights[2][0, core + memory + RELEASE] = 10.0
+    biases[2][[0, core, core + memory]] = (1.0, 1.0, 1e-3)
+    return replace(policy, weights=tuple(weights), biases=tuple(biases), obs_mean=np.zeros_like(policy.obs_mean),
+                   obs_var=np.ones_like(policy.obs_var))
 
 
 def test_the_release_names_auto_once_then_nothing_for_the_rest_of_the_step(
@@ -108,12 +108,11 @@ def test_the_release_names_auto_once_then_nothing_for_the_rest_of_the_step(
     requests it once the clocks are free: once), never runs the policy again in the step, wakes for nothing,
     and its look-ahead finds nothing; the next step decides afresh."""
     policy, problem = residual
-    script = Scripted(policy, [(0, 0, 0), (0, 0, RELEASE), (0, 0, 0)])
-    decider = ResidualOnlinePolicy(script, problem)  # type: ignore[arg-type]
+    decider = ResidualOnlinePolicy(releasing_past(policy, 0.0), problem)
     decider.prepare()
-    script.calls = 0
     first = decider.begin(0.01)
-    assert first != 0 and script.calls == 1  # the plan's first pair, locked
+    started_on = decider.acted_on.copy()
+    assert first != 0 and decider.policy.act(started_on).tolist() == [0, 0, 0]  # the plan's first pair, locked
     kernels = len(decider.cumulative_s) - 1
     event_s = decider.auto_time_s / decider.env.config.budget_events
     at = int(np.searchsorted(decider.cumulative_s[:, 0], event_s))  # past the first budget event: a decision
@@ -121,6 +120,7 @@ def test_the_release_names_auto_once_then_nothing_for_the_rest_of_the_step(
     released = decider.decide(LiveState(at, first, NO_REQUEST, 0.0, auto_s, auto_s, 1.0, 0.0, auto_s), auto_s)
     assert released.evaluated and released.pair == 0 and released.action[2] == RELEASE
     assert released.next_change == kernels and released.policy_due_s == np.inf
+    released_on = decider.acted_on.copy()
     for kernel, in_effect, pending in ((at + 1, first, 7), (at + 2, first, NO_REQUEST), (at + 5, 0, NO_REQUEST),
                                        (kernels - 1, 0, NO_REQUEST)):
         auto_s = float(decider.cumulative_s[kernel, 0])
@@ -128,8 +128,8 @@ def test_the_release_names_auto_once_then_nothing_for_the_rest_of_the_step(
         assert (later.pair, later.evaluated, later.next_change) == (0, False, kernels)
         times_s = np.full(3, auto_s)
         assert decider.first_change(np.full(3, kernel), in_effect, times_s, times_s, 1.0, 0.0, times_s) == 3
-    assert script.calls == 2
-    assert decider.begin(0.01) == first and script.calls == 3  # a new step decides afresh
+    assert np.array_equal(decider.acted_on, released_on)  # the policy ran on nothing since
+    assert decider.begin(0.01) == first and np.array_equal(decider.acted_on, started_on)  # a new step decides afresh
 
 
 def test_a_frozen_policy_copy_is_what_buckets_run(residual: tuple[FrozenPolicy, Problem]) -> None:

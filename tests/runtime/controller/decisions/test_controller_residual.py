@@ -7,22 +7,22 @@ import json
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
 from kdvfs.agents.learned.policy.frozen import FrozenPolicy
-from kdvfs.envs.env.observing.measured import FEATURES, RELEASE
+from kdvfs.envs.env.observing.measured import RELEASE
+from kdvfs.envs.gpu.profiles import load_profile
 from kdvfs.envs.model.drift import DriftModel
-from tests.agents.learned.test_residual_online import RESIDUAL_POLICY
+from tests.agents.learned.test_residual_online import RESIDUAL_POLICY, releasing_past
 from tests.runtime.controller_helpers import fake_controller, log_records, run_steps
 from tests.runtime.summaries import checked
 
 ANCHOR_KERNELS = tuple(range(8, 112, 8))  # the small step has 115 kernels
 
 
-def _run(tmp_path: Path, steps: int = 40, **options: object) -> tuple[Any, Any, Path]:
+def _run(tmp_path: Path, steps: int = 40, policy: Path = RESIDUAL_POLICY, **options: object) -> tuple[Any, Any, Path]:
     log = tmp_path / "run.jsonl"
-    controller, gpu, timeline = fake_controller(RESIDUAL_POLICY, drift=DriftModel(seed=1), log=str(log), **options)
+    controller, gpu, timeline = fake_controller(policy, drift=DriftModel(seed=1), log=str(log), **options)
     timeline.anchor_kernels = ANCHOR_KERNELS
     with controller:
         run_steps(controller, steps)
@@ -50,21 +50,13 @@ def test_a_residual_policy_decides_online_in_each_controlled_step(tmp_path: Path
         assert gpu.set_calls[-1].name == "reset_clocks" and summary.gpu_restored
 
 
-def test_a_release_returns_the_clocks_to_auto_once_and_the_step_goes_quiet(tmp_path: Path,
-                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    """The policy releases at its first decision past half the step: in every controlled step the controller
-    requests auto once (after the change pending then, if one was: it is in flight, as in the environment), then
-    nothing until the next step's first pair."""
-    act, progress = FrozenPolicy.act, FEATURES.index("progress")
-
-    def release_late(self: FrozenPolicy, observation: np.ndarray) -> np.ndarray:
-        action = act(self, observation).copy()
-        if observation[progress] >= 0.5:
-            action[2] = RELEASE
-        return action
-
-    monkeypatch.setattr(FrozenPolicy, "act", release_late)
-    controller, _, log = _run(tmp_path, steps=30)
+def test_a_release_returns_the_clocks_to_auto_once_and_the_step_goes_quiet(tmp_path: Path) -> None:
+    """A policy that follows the fitting plan and releases at its first decision past half the step: in every
+    controlled step the controller requests auto once (after the change pending then, if one was: it is in
+    flight, as in the environment), then nothing until the next step's first pair."""
+    policy = tmp_path / RESIDUAL_POLICY.name
+    releasing_past(FrozenPolicy.load(RESIDUAL_POLICY, load_profile("h200")), 0.5).save(policy)
+    controller, _, log = _run(tmp_path, steps=30, policy=policy)
     summary = checked(controller.summary)
     records = [r for r in map(json.loads, log.read_text().splitlines()) if r["event"] in ("decision", "request")]
     releases = [i for i, r in enumerate(records) if r["event"] == "decision" and r["action"][2] == RELEASE]
