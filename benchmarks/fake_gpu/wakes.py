@@ -97,11 +97,25 @@ class CountingClock(VirtualClock):
 
 def log_digest(log: Path) -> str:
     """A digest of an event log without what depends on this CPU's timing (the summary, the decisions' wall times,
-    the process id): two runs with equal digests stepped, decided, requested and measured alike."""
+    the process id): two runs with equal digests stepped, decided, requested and measured alike. A step record's
+    arrays of times count in whole nanoseconds, as a log writes them since they are ``*_ns`` (one written earlier,
+    ``*_s`` in seconds, is rounded so), so logs of either form compare."""
     records, _ = read_event_log(log)
-    kept = [{k: v for k, v in record.items() if k not in ("wall_us", "pid")} for record in records
-            if record["event"] != "summary"]
+    kept = [{_digest_key(k): _digest_value(k, v) for k, v in record.items() if k not in ("wall_us", "pid")}
+            for record in records if record["event"] != "summary"]
     return hashlib.sha256(json.dumps(kept).encode()).hexdigest()[:16]
+
+
+STEP_ARRAYS_S = ("anchors_s", "pace_s")
+"""A step record's arrays of times as logs held them in seconds (now ``anchors_ns``, ``pace_ns``)."""
+
+
+def _digest_key(key: str) -> str:
+    return key[:-2] + "_ns" if key in STEP_ARRAYS_S else key
+
+
+def _digest_value(key: str, value: Any) -> Any:
+    return [round(t * 1e9) for t in value] if key in STEP_ARRAYS_S and value is not None else value
 
 
 def run_case(trace: str, seconds: float, log: Path) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from kdvfs.envs.trace.bundled import open_trace
 from kdvfs.envs.trace.importing import read_recording
 from kdvfs.runtime.capture.cpu_emulation import emulate_gpu_recording
 from kdvfs.runtime.controller.config import ControllerConfig
+from kdvfs.runtime.controller.event_log import seconds
 from kdvfs.runtime.controller.model.plan import load_plan
 from kdvfs.runtime.controller.model.step_plan import StepPlan
 from kdvfs.runtime.controller.timing.pace import host_offsets_s
@@ -86,7 +87,7 @@ def anchored_starts_s(plan: StepPlan, log: list[dict[str, Any]], step: dict[str,
     on the timeline stretched by ``scale``."""
     start = next(r for r in log if r["event"] == "start")
     maps = [r for r in log if r["event"] == "anchor_map" and r["step"] < step["step"]]
-    anchors_s = np.asarray(step.get("anchors_s") or [])
+    anchors_s = np.asarray(seconds(step, "anchors") or [])
     positions_s = np.asarray(maps[-1]["positions_s"]) if maps else np.zeros(0)
     if pace_s is not None and len(pace_s) == len(positions_s) + 1 and len(positions_s):
         knots_s = np.concatenate([[0.0], positions_s, [plan.expected_s]])
@@ -134,10 +135,10 @@ def pace_figures(log: list[dict[str, Any]], plan: StepPlan) -> dict[str, Any]:
     knots_s = np.concatenate([[0.0], maps[-1]["positions_s"], [plan.expected_s]])
     records = [r for r in log if r["event"] == "step"]
     pairs = [(before, after) for before, after in itertools.pairwise(records)
-             if after["matched"] and len(after.get("anchors_s") or []) == len(knots_s) - 2]
+             if after["matched"] and len(seconds(after, "anchors") or []) == len(knots_s) - 2]
     if not pairs:
         return {"steps": 0}
-    stacked = np.stack([np.diff(np.concatenate([[before["end_s"]], after["anchors_s"], [after["end_s"]]]))
+    stacked = np.stack([np.diff(np.concatenate([[before["end_s"]], seconds(after, "anchors"), [after["end_s"]]]))
                         for before, after in pairs]) / np.diff(knots_s)
     controlled = np.array([after["controlled"] for _, after in pairs])
     lead_in = {key: float(np.median(stacked[rows, 0])) if rows.any() else None
@@ -177,7 +178,7 @@ def timing_figures(folder: Path, document: dict[str, Any], cpu_test: bool) -> di
         every += list((predicted_us - actual_us) / 1e3)
         if step in by_step:
             placed_s = anchored_starts_s(plan, document["log"], by_step[step], record["end_s"], record["scale"],
-                                         record.get("pace_s"))
+                                         seconds(record, "pace"))
             anchored += list((placed_s * 1e6 + offset_us - actual_us) / 1e3)
         jitter.append((record["end_s"] * 1e6 + offset_us - (acts[first - 1].start_us + acts[first - 1].dur_us)) / 1e3)
     return {"profiled_steps_with_trace_sequence": len(starts), "controlled_profiled_steps": len(steps),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -14,10 +15,14 @@ from kdvfs.common.errors import KdvfsError
 class EventLog:
     """JSON lines (``{"event": ..., ...}``) appended to ``path`` (nothing written when None); thread-safe.
 
+    Times are seconds on the controller's host clock (``time.perf_counter`` in a real run), named ``*_s``; a step
+    record's arrays of times (its anchors' host times, its pace) are integer nanoseconds, named ``*_ns``
+    (:func:`nanoseconds`; an integer's text costs a fraction of a float's shortest form, each step, on the
+    controller's thread), read back in seconds with :func:`seconds`.
+
     Every record is written and flushed to the operating system at once (:meth:`append`, for the clock requests
     and online decisions: with the next, at the latest the step's), so a killed process (SIGKILL) leaves every
-    record up to the last flushed one. Times are seconds
-    on the controller's host clock (``time.perf_counter`` in a real run), named ``*_s``.
+    record up to the last flushed one.
     """
 
     def __init__(self, path: str | Path | None) -> None:
@@ -61,6 +66,22 @@ class EventLog:
             if self._file is not None:
                 self._file.close()
                 self._file = None
+
+
+def nanoseconds(times_s: Sequence[float]) -> list[int]:
+    """``times_s`` (s) as whole nanoseconds, each rounded to the nearest (what a step record's ``*_ns`` arrays
+    hold: the host clock counts nanoseconds, so a real run's times lose nothing)."""
+    return [round(t * 1e9) for t in times_s]
+
+
+def seconds(record: dict[str, Any], name: str) -> list[float] | None:
+    """A step record's array ``name`` (e.g. ``anchors``, ``pace``) in seconds: its ``{name}_ns`` over 1e9, or
+    ``{name}_s`` as a log written before they were nanoseconds holds it; None where the record has null or
+    neither."""
+    if f"{name}_ns" in record:
+        times_ns = record[f"{name}_ns"]
+        return None if times_ns is None else [t / 1e9 for t in times_ns]
+    return record.get(f"{name}_s")
 
 
 class EventLogError(KdvfsError):

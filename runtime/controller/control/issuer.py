@@ -26,6 +26,7 @@ from typing import Any
 
 from kdvfs.runtime.controller.decisions.decision_records import quantiles
 from kdvfs.runtime.controller.decisions.sources import StepSource, ThreadContext
+from kdvfs.runtime.controller.event_log import nanoseconds
 from kdvfs.runtime.controller.measurement.accounting import Accounting
 from kdvfs.runtime.controller.measurement.guard import Guard
 from kdvfs.runtime.controller.model.run_summary import LeadIn
@@ -212,8 +213,8 @@ class Issuer(threading.Thread):
         pace = self.anchors.pace.segments_s
         self.log.write("step", step=index, end_s=end.end_s, duration_s=end.duration_s, signature=end.signature,
                        matched=matched, controlled=was_controlled, next_controlled=self._controlling, scale=self.scale,
-                       arm=self.accounting.slot.arm, anchors_s=end.anchors_s,
-                       pace_s=None if pace is None else pace.tolist())
+                       arm=self.accounting.slot.arm, anchors_ns=nanoseconds(end.anchors_s),
+                       pace_ns=None if pace is None else nanoseconds(pace.tolist()))
         if remapped:
             anchors = self.anchors.map.anchors
             self.log.write("anchor_map", step=index, kernels=[a.kernel for a in anchors],

@@ -20,32 +20,23 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from kdvfs.common.arrays import Array
-from kdvfs.common.compiled import compiled
 
 PACE_STEPS = 5
 
 
-@compiled
-def _column_medians(rows: Array) -> Array:
-    """Each column's median over the (n, m) ``rows`` (n > 0), the value ``np.median(rows, axis=0)`` gives: the
-    middle of the sorted column (n odd) or the mean of its two middle values (n even); NaN where it has a NaN."""
-    n, m = rows.shape
-    medians = np.empty(m)
-    for j in range(m):
-        column = np.sort(rows[:, j])  # NaN last
-        if np.isnan(column[n - 1]):
-            medians[j] = np.nan
-        elif n % 2:
-            medians[j] = column[n // 2]
-        else:
-            medians[j] = (column[n // 2 - 1] + column[n // 2]) / 2.0
-    return medians
-
-
 def medians(history: Sequence[Array]) -> Array:
-    """The median of each position over ``history``'s (m,) arrays: ``np.median(np.stack(history), axis=0)``'s
-    values, compiled (numpy's median takes a long Python path for a few values, on the controller's thread)."""
-    return _column_medians(np.stack(history))
+    """The median of each position over ``history``'s (m,) arrays (at least one), the values
+    ``np.median(np.stack(history), axis=0)`` gives: the middle of each sorted column (odd count) or the mean of its
+    two middle values (even count); NaN where the column has a NaN. One sort of the stacked columns: numpy's median
+    takes a long Python path for a few values, and a compiled function's call costs about as much, on the
+    controller's thread each step."""
+    rows = np.sort(np.stack(history), axis=0)  # NaN last
+    n = len(rows)
+    middle = rows[n // 2] if n % 2 else (rows[n // 2 - 1] + rows[n // 2]) / 2.0
+    missing = np.isnan(rows[n - 1])
+    if missing.any():
+        middle[missing] = np.nan
+    return middle
 
 
 class Pace:
@@ -59,12 +50,11 @@ class Pace:
     def __init__(self, steps: int = PACE_STEPS) -> None:
         self.segments_s: Array | None = None
         self._history: deque[Array] = deque(maxlen=steps)
-        medians([np.zeros(1)])  # compiled (or loaded from numba's cache) now, not in a step
 
     def observe(self, start_s: float, end_s: float, anchors_s: Sequence[float]) -> None:
         """Learn from one finished step (host times, s)."""
-        segments_s = np.diff(np.concatenate([[start_s], np.asarray(anchors_s, dtype=float), [end_s]]))
-        if len(segments_s) < 2 or bool(np.any(segments_s < 0)):
+        segments_s = np.diff(np.array((start_s, *anchors_s, end_s), dtype=float))
+        if len(segments_s) < 2 or bool((segments_s < 0).any()):
             return
         if self._history and len(self._history[-1]) != len(segments_s):
             self._history.clear()

@@ -14,7 +14,7 @@ from kdvfs.envs.model.drift import DriftModel
 from kdvfs.runtime.controller.decisions.actuator import Actuator
 from kdvfs.runtime.controller.decisions.live_clocks import LiveClocks
 from kdvfs.runtime.controller.decisions.online import HOLD_MIN_S, OnlineSteps
-from kdvfs.runtime.controller.event_log import EventLog
+from kdvfs.runtime.controller.event_log import EventLog, seconds
 from kdvfs.runtime.controller.measurement.budget_feedback import FEEDBACK_GAIN
 from kdvfs.runtime.controller.measurement.estimator import Interval
 from kdvfs.runtime.controller.timing import anchors as anchors_module
@@ -257,7 +257,7 @@ def test_online_changes_are_planned_at_the_pace_of_a_stretch_slow_in_every_step(
     timeline.late.update({step: (5, 1e-3) for step in range(41)})
     with controller:
         run_steps(controller, 40)
-    paces = {r["step"] + 1: r["pace_s"] for r in log_records(log, "step")}
+    paces = {r["step"] + 1: seconds(r, "pace") for r in log_records(log, "step")}
     online = [r for r in log_records(log, "request") if r.get("online") and r["kernel"] > 0
               and r["step"] < len(gpu.steps) and paces.get(r["step"]) is not None
               and not ANCHOR_KERNELS[4] <= r["kernel"] < ANCHOR_KERNELS[5]]
@@ -276,10 +276,10 @@ def test_online_decisions_that_set_clocks_learn_the_pace_from_the_steps_at_auto(
     seen: list[np.ndarray] = []
     checked = 0
     for before, after in itertools.pairwise(steps):
-        if after["matched"] and not after["controlled"] and after["anchors_s"]:
-            seen.append(np.diff(np.concatenate([[before["end_s"]], after["anchors_s"], [after["end_s"]]])))
-        if len(seen) >= 5:
-            assert after["pace_s"] == pytest.approx(np.median(seen[-5:], axis=0).tolist(), abs=1e-12)
+        if after["matched"] and not after["controlled"] and after["anchors_ns"]:
+            seen.append(np.diff(np.concatenate([[before["end_s"]], seconds(after, "anchors"), [after["end_s"]]])))
+        if len(seen) >= 5:  # the log's nanoseconds: each time within half of one
+            assert seconds(after, "pace") == pytest.approx(np.median(seen[-5:], axis=0).tolist(), abs=2e-9)
             checked += 1
     assert checked > 10 and any(r["controlled"] for r in steps)
 
@@ -303,7 +303,7 @@ def _decision_points(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **options:
         with controller:
             run_steps(controller, 40)
     steps = log_records(log, "step")
-    paced = {r["step"] + 1 for r in steps if r["pace_s"]}  # learned before the step's end
+    paced = {r["step"] + 1 for r in steps if r["pace_ns"]}  # learned before the step's end
     return {r["step"] + 1 for r in steps if r["controlled"] and r["next_controlled"] and r["step"] in paced}, points
 
 
@@ -344,7 +344,7 @@ def test_a_late_lead_in_is_waited_for_and_the_steps_changes_are_placed_from_its_
         passed.append((len(gpu.steps), gpu.passed_kernels())), decide(self, *args))[1])
     with controller:
         run_steps(controller, 40)
-    before = {r["step"] + 1: r for r in log_records(log, "step") if r["pace_s"] and r["next_controlled"]}
+    before = {r["step"] + 1: r for r in log_records(log, "step") if r["pace_ns"] and r["next_controlled"]}
     checked = late & set(before)
     assert any(not before[step]["controlled"] for step in checked)  # first controlled steps after an A window
     online = [r for r in log_records(log, "request") if r.get("online") and r["kernel"] > 0 and r["step"] in checked]

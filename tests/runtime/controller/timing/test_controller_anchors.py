@@ -14,6 +14,7 @@ import pytest
 import torch
 from torch import nn
 
+from kdvfs.runtime.controller.event_log import seconds
 from kdvfs.runtime.controller.timing import anchors, gpu_timeline
 from kdvfs.runtime.controller.timing.anchor_hooks import AnchorHooks, find_blocks
 from kdvfs.runtime.controller.timing.anchors import AnchorMap, nearest_kernels
@@ -233,7 +234,7 @@ def _anchored_run(plan_file: Path, tmp_path: Path, steps: int, **options: Any) -
 def _starts_and_paces(folder: Path) -> tuple[dict[int, float], dict[int, list[float] | None]]:
     """Each step's start (host s) and the pace its requests were placed at, from the log."""
     steps = log_records(folder / "log.jsonl", "step")
-    return {r["step"] + 1: r["end_s"] for r in steps}, {r["step"] + 1: r["pace_s"] for r in steps}
+    return {r["step"] + 1: r["end_s"] for r in steps}, {r["step"] + 1: seconds(r, "pace") for r in steps}
 
 
 def _paced_s(plan: Any, pace_s: list[float] | None, times_s: list[float]) -> np.ndarray:
