@@ -1,9 +1,10 @@
 """The controller thread's CPU, how often it wakes and what its decision points cost, on the fake H200 (dry run).
 
-    python -m benchmarks.fake_gpu.wakes run OUT.json [--label NAME] [--seconds 30]   # with this checkout's kdvfs
+    python -m benchmarks.fake_gpu.wakes run OUT.json [--label NAME] [--seconds 30] [--policy PATH]  # this kdvfs
     python -m benchmarks.fake_gpu.wakes report A.json B.json [--name wakes_fake_gpu]  # benchmarks/results/NAME.*
 
-``run`` drives the default controller (the shipped H200 policy deciding online, A/B windows, a dry run) through
+``run`` drives the default controller (the shipped H200 policy, or ``--policy``'s, deciding online, A/B windows, a
+dry run) through
 ``--seconds`` simulated seconds of each workload of ``CASES`` on the fake H200 (virtual clock; about
 ``ANCHORS_PER_STEP`` anchors a step; its event log written), and counts per step the thread's sleeps on its
 clock (each a wake), its decision points by reason and the CPU time of their work, and the whole thread's CPU
@@ -118,8 +119,9 @@ def _digest_value(key: str, value: Any) -> Any:
     return [round(t * 1e9) for t in value] if key in STEP_ARRAYS_S and value is not None else value
 
 
-def run_case(trace: str, seconds: float, log: Path) -> dict[str, Any]:
-    """One dry run of ``trace`` on the fake H200, its event log written to ``log``; its per-step figures."""
+def run_case(trace: str, seconds: float, log: Path, policy: str = POLICY) -> dict[str, Any]:
+    """One dry run of ``trace`` on the fake H200 with ``policy`` deciding online, its event log written to ``log``;
+    its per-step figures."""
     profile = load_profile("h200")
     problem = Problem.build(open_trace(trace), profile, 0.01)
     clock = CountingClock()
@@ -131,7 +133,7 @@ def run_case(trace: str, seconds: float, log: Path) -> dict[str, Any]:
     fake.wrap(timeline)
     energy: dict[str, Any] = {"energy_read_every_s" if "energy_read_every_s" in {f.name for f in dataclasses.fields(
         MeasurementConfig)} else "energy_poll_s": 0.0}
-    controller = Controller(POLICY, trace, device=gpu, timeline=timeline, clock=clock, dry_run=True, log=str(log),
+    controller = Controller(policy, trace, device=gpu, timeline=timeline, clock=clock, dry_run=True, log=str(log),
                             **energy)
     with controller:
         gc.collect()
@@ -215,19 +217,23 @@ def main(argv: list[str]) -> int:
     run.add_argument("--label", default="this checkout")
     run.add_argument("--code", default="", help="the revision of the kdvfs that runs (for the report)")
     run.add_argument("--seconds", type=float, default=30.0)
+    run.add_argument("--policy", default=POLICY, help=f"the frozen policy that decides online (default {POLICY})")
     report = sub.add_parser("report")
     report.add_argument("runs", type=Path, nargs="+")
     report.add_argument("--name", default="wakes_fake_gpu")
     args = parser.parse_args(argv)
     if args.what == "run":
         with tempfile.TemporaryDirectory() as folder:
-            cases = [run_case(trace, args.seconds, Path(folder) / f"{i}.jsonl") for i, trace in enumerate(CASES)]
+            cases = [run_case(trace, args.seconds, Path(folder) / f"{i}.jsonl", args.policy)
+                     for i, trace in enumerate(CASES)]
         args.out.write_text(json.dumps({"label": args.label, "code": args.code, "kdvfs": kdvfs.__file__,
-                                        "seconds": args.seconds, "cases": cases}, indent=1))
+                                        "seconds": args.seconds, "policy": args.policy, "cases": cases}, indent=1))
         return 0
     runs = [json.loads(path.read_text()) for path in args.runs]
     document = {**provenance(" ; ".join(f"python -m benchmarks.fake_gpu.wakes run {p.name} --label '{r['label']}' "
-                                        f"--code {r['code']} --seconds {r['seconds']:g}" for p, r in
+                                        f"--code {r['code']} --seconds {r['seconds']:g}"
+                                        + (f" --policy {r['policy']}" if r.get("policy", POLICY) != POLICY else "")
+                                        for p, r in
                                         zip(args.runs, runs, strict=True))
                              + f" ; python -m benchmarks.fake_gpu.wakes report ... --name {args.name}"),
                 "runs": runs}
