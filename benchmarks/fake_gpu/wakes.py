@@ -181,12 +181,17 @@ def thread_table(runs: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _us(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
 def markdown(document: dict[str, Any]) -> str:
     lines = ["# The controller's thread on the fake H200: its CPU, wakes and decision points per controlled step", "",
              *provenance_lines(document), "",
-             "Dry runs of the shipped H200 policy deciding online on the fake GPU (virtual clock), the event log "
-             "written; per controlled step, on this CPU: the whole controller thread's CPU (all it does but the fake "
-             "GPU's simulation), and whether every run's event log, timings aside, is the same.", "",
+             "Dry runs of a frozen H200 policy deciding online on the fake GPU (virtual clock; the shipped one, "
+             "or each run's `policy` in the JSON), the event log written; per controlled step, on this CPU: the "
+             "whole controller thread's CPU (all it does but the fake GPU's simulation), and whether every run's "
+             "event log, timings aside, is the same.", "",
              *thread_table(document["runs"]), "",
              "Each run: the thread's CPU, its wakes (sleeps on its clock), its decision points (by reason), the "
              "policy's evaluations, requests, the CPU of the decision points' work and of the warm-ups before them, "
@@ -205,7 +210,7 @@ def markdown(document: dict[str, Any]) -> str:
                          f"{c['requests_per_controlled_step']:.2f} | "
                          f"{c['decision_point_cpu_ms_per_controlled_step']:.2f} | "
                          f"{c['warm_ms_per_controlled_step']:.2f} | {c['lookahead_points_per_controlled_step']:.1f} | "
-                         f"{c['decision_us']['median']:.1f} | `{c['log_digest']}` |")
+                         f"{_us(c['decision_us']['median'])} | `{c['log_digest']}` |")
     return "\n".join(lines) + "\n"
 
 
