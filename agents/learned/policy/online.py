@@ -51,6 +51,7 @@ DUE_TOLERANCE_S = 1e-6
 converts it to host time and back, and the rounding can land it a hair short of it (one microsecond is far
 below any decision interval)."""
 
+
 class OnlineDecision(NamedTuple):
     """One live decision: the grid pair to request (``NO_REQUEST``: keep the clocks), whether the policy ran
     (else its standing order was re-read), its action, and the observation's budget figures (used share of

@@ -10,8 +10,8 @@ environment's :func:`~kdvfs.envs.env.observing.measured.residual_observation`, r
 keeps the step's state (the standing order, the prediction errors measured at the policy's decisions, the next
 budget event, the release) in the bound arrays. The states' times are
 :class:`~kdvfs.envs.env.observing.live.LiveState`'s (host over the measured auto scale); each is turned into the
-environment's measured state (host seconds) as ``measured_state`` does, operation for operation, so decisions
-are the environment's bit for bit. No Python runs between a decision's observation and its pair.
+environment's measured state (host seconds) by :func:`host_times`, so decisions are the environment's bit for
+bit. No Python runs between a decision's observation and its pair.
 """
 
 from __future__ import annotations
@@ -113,6 +113,15 @@ def _budget_event(b: Any, auto_elapsed_s: float) -> bool:
 
 
 @compiled
+def host_times(pending_age_s: float, elapsed_s: float, drift_pct: float) -> tuple[float, float]:
+    """A :class:`~kdvfs.envs.env.observing.live.LiveState`'s request age and elapsed time (host over the measured
+    auto scale) back in host seconds, as the environment's :class:`~kdvfs.envs.env.observing.measured.MeasuredState`
+    holds them (the other times are the same in both)."""
+    scale = 1.0 + drift_pct / 100.0
+    return pending_age_s * scale, elapsed_s * scale
+
+
+@compiled
 def begin_bound(b: Any, budget: float, budget_plan: int, drift_pct: float) -> int:
     """Start a step: no errors measured, the first budget event next, not released, the policy's first decision
     at kernel 0 (auto in effect, ``drift_pct`` measured); its pair (0, auto, for a release)."""
@@ -132,8 +141,7 @@ def decide_residual(b: Any, budget: float, budget_plan: int, kernel: int, in_eff
     ``in_effect`` with nothing pending); a released step names auto and runs nothing."""
     if b.counters[RELEASED]:
         return 0, False
-    scale = 1.0 + drift_pct / 100.0
-    pending_age_s, elapsed_s = pending_age_s * scale, elapsed_s * scale
+    pending_age_s, elapsed_s = host_times(pending_age_s, elapsed_s, drift_pct)
     fitting = _observe(b, b.out, budget, budget_plan, kernel, in_effect, pending, pending_age_s, elapsed_s,
                        model_elapsed_s, auto_elapsed_s, drift_pct, last_latency_ratio)
     pair = _standing(b, fitting)
@@ -150,8 +158,8 @@ def warm_residual(b: Any, budget: float, budget_plan: int, kernel: int, in_effec
                   drift_pct: float, model_elapsed_s: float) -> None:
     """A decision's observation (into ``scratch``) and policy run at a live state, dropped: nothing of the step's
     decisions changes."""
-    scale = 1.0 + drift_pct / 100.0
-    _observe(b, b.scratch, budget, budget_plan, kernel, in_effect, pending, pending_age_s * scale, elapsed_s * scale,
+    pending_age_s, elapsed_s = host_times(pending_age_s, elapsed_s, drift_pct)
+    _observe(b, b.scratch, budget, budget_plan, kernel, in_effect, pending, pending_age_s, elapsed_s,
              model_elapsed_s, auto_elapsed_s, drift_pct, last_latency_ratio)
     act(b.first, b.scratch, b.mean, b.inverse_std, b.clip, b.products, b.picks, b.later, b.bounds, b.activation)
 
@@ -166,12 +174,12 @@ def first_change_residual(b: Any, budget: float, budget_plan: int, kernels: Any,
     n = kernels.shape[0]
     if b.counters[RELEASED]:
         return n
-    scale = 1.0 + drift_pct / 100.0
     event_s = (b.counters[NEXT_EVENT] / b.events - EPS) * b.event_time_s if b.events else np.inf
     for j in range(n):
         if auto_elapsed_s[j] >= event_s:
             return j
-        fitting = _observe(b, b.scratch, budget, budget_plan, kernels[j], in_effect, -1, 0.0, elapsed_s[j] * scale,
+        _, host_elapsed_s = host_times(0.0, elapsed_s[j], drift_pct)
+        fitting = _observe(b, b.scratch, budget, budget_plan, kernels[j], in_effect, -1, 0.0, host_elapsed_s,
                            model_elapsed_s[j], auto_elapsed_s[j], drift_pct, last_latency_ratio)
         if _standing(b, fitting) != in_effect:
             return j

@@ -4,12 +4,12 @@
 (:class:`~kdvfs.agents.learned.policy.deciders.OnlineDecider`), so the controller runs it unchanged. At each
 decision point it turns the controller's :class:`~kdvfs.envs.env.observing.live.LiveState` into the
 :class:`~kdvfs.envs.env.observing.measured.MeasuredState` the residual environment builds from its simulation
-(:func:`measured_state`: host seconds, the prediction's time at the clocks run with the measured drift where it
-slows them) and computes the observation with the environment's own function,
+(:func:`~kdvfs.agents.learned.policy.residual_decision.host_times`: host seconds; the prediction's time at the
+clocks run with the measured drift where it slows them, which the controller counts with :attr:`elapsed_factors`)
+and computes the observation with the environment's own function,
 :func:`~kdvfs.envs.env.observing.measured.residual_observation` (compiled: the decisions, their look-ahead and
 their policy runs are each one compiled call, :mod:`~kdvfs.agents.learned.policy.residual_decision`). It decides
-where
-:class:`~kdvfs.envs.env.residual_env.ResidualDVFSEnv` does: at the step's start (:meth:`begin`), where the
+where :class:`~kdvfs.envs.env.residual_env.ResidualDVFSEnv` does: at the step's start (:meth:`begin`), where the
 standing order names another pair and no change is pending (a segment boundary the controller acts on), and
 where the run's position passes another ``1 / budget_events`` of its auto time (a budget event); elsewhere the
 standing order's pair is re-read. The release (``RELEASE``) names auto until it is in effect, then nothing for
@@ -46,22 +46,11 @@ from kdvfs.envs.env.observing.measured import (
     FEATURES,
     MARGINS,
     MEMORY_STEPS,
-    MeasuredState,
     drift_factors,
 )
 from kdvfs.envs.env.residual_env import ResidualDVFSEnv
 
 USED, AFFORDABLE = FEATURES.index("budget_used"), FEATURES.index("affordable_pct")
-
-
-def measured_state(state: LiveState) -> MeasuredState:
-    """The controller's ``state`` in the residual environment's terms: its times on the model timeline (host
-    over the measured auto scale, 1 + drift) back in host seconds; ``model_elapsed_s`` as measured (the controller
-    applies the drift factors, :attr:`ResidualOnlinePolicy.elapsed_factors`)."""
-    scale = 1.0 + state.auto_drift_pct / 100.0
-    return MeasuredState(state.kernel, state.in_effect, state.pending, state.pending_age_s * scale,
-                         state.elapsed_s * scale, state.model_elapsed_s, state.auto_elapsed_s, state.auto_drift_pct,
-                         state.last_latency_ratio)
 
 
 class ResidualOnlinePolicy:

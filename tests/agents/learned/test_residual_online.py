@@ -15,7 +15,8 @@ from kdvfs.agents.learned.policy.frozen import FrozenPolicy, PolicyFileError
 from kdvfs.agents.learned.policy.live_decision import NO_REQUEST
 from kdvfs.agents.learned.policy.online import OnlinePolicy
 from kdvfs.agents.learned.policy.policy_planner import policy_env
-from kdvfs.agents.learned.policy.residual_online import ResidualOnlinePolicy, measured_state
+from kdvfs.agents.learned.policy.residual_decision import host_times
+from kdvfs.agents.learned.policy.residual_online import ResidualOnlinePolicy
 from kdvfs.envs.env.observing.live import LiveState
 from kdvfs.envs.env.observing.measured import FEATURES, RELEASE, MeasuredState
 from kdvfs.envs.env.residual_env import ResidualDVFSEnv
@@ -50,7 +51,11 @@ def test_the_runtime_runs_each_design_in_its_own_decider(residual: tuple[FrozenP
 
 def test_the_controllers_state_is_the_environments_measured_state() -> None:
     state = MeasuredState(17, 3, 5, 2e-3, 0.0417, 0.0401, 0.0399, 1.7, 1.3)
-    assert measured_state(live_state(state)) == pytest.approx(state, rel=1e-12)
+    live = live_state(state)
+    pending_age_s, elapsed_s = host_times(live.pending_age_s, live.elapsed_s, live.auto_drift_pct)
+    measured = MeasuredState(live.kernel, live.in_effect, live.pending, pending_age_s, elapsed_s,
+                             live.model_elapsed_s, live.auto_elapsed_s, live.auto_drift_pct, live.last_latency_ratio)
+    assert measured == pytest.approx(state, rel=1e-12)
 
 
 def test_env_and_runtime_observe_and_decide_the_same_on_a_recorded_step(
