@@ -49,6 +49,9 @@ class Perturbation:
         inserted: share of kernels run twice (a kernel split in two, an extra launch).
         expert_sigma: sigma of a log-normal factor on each per-expert kernel of a mixture of experts,
             normalised to keep their total (routing sends each expert a different share of the tokens).
+        step_sigma: sigma of a log-normal factor on every kernel's duration (one draw per variant: the whole
+            step slower or faster than predicted, as when the libraries pick other kernels at a shape the
+            references did not have); 0 draws nothing.
     """
 
     category_sigma: float = 0.05
@@ -57,6 +60,7 @@ class Perturbation:
     dropped: float = 0.01
     inserted: float = 0.01
     expert_sigma: float = 0.3
+    step_sigma: float = 0.0
 
     def apply(self, trace: Trace, rng: np.random.Generator) -> Trace:
         """A copy of ``trace`` with this perturbation drawn from ``rng`` (the first kernel always runs)."""
@@ -64,6 +68,8 @@ class Perturbation:
         factor = np.exp(rng.normal(0.0, self.duration_sigma, len(kernels)))
         by_category = np.exp(rng.normal(0.0, self.category_sigma, len(CATEGORIES)))
         factor *= by_category[[CATEGORIES.index(k.category) for k in kernels]]
+        if self.step_sigma > 0:
+            factor *= float(np.exp(rng.normal(0.0, self.step_sigma)))
         gap = float(np.exp(rng.normal(0.0, self.gap_sigma)))
         experts = np.array([expert_work(k.name) for k in kernels])
         if experts.any():
