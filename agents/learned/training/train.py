@@ -64,10 +64,34 @@ Z95 = 1.96
 """The normal quantile of a two-sided 95% interval (the paired comparisons have hundreds of pairs)."""
 
 
+@dataclass
+class TrainingData:
+    """What every seed of one config trains and is chosen on, priced once: the GPU's profile, the training and
+    validation pairs, and (computed at the first use, then kept) the fixed-margin plans' validation episodes
+    (:func:`margin_comparison`: the same for every seed)."""
+
+    profile: GpuProfile
+    train_pairs: list[ShapePair]
+    validation_pairs: list[ShapePair]
+    plan_episodes: Array | None = None
+
+    @classmethod
+    def price(cls, config: TrainConfig, progress_bar: bool = False) -> TrainingData:
+        """Price ``config``'s training and validation steps on its GPU (the training steps validate when the
+        config has no validation steps)."""
+        profile = load_profile(config.gpu)
+        grid = config.env.grid(profile)
+        train_pairs = build_pairs(config.data.train, profile, grid, progress_bar, "pricing training steps")
+        validation_pairs = build_pairs(config.data.validation, profile, grid, progress_bar,
+                                       "pricing validation steps") or train_pairs
+        return cls(profile, train_pairs, validation_pairs)
+
+
 @dataclass(frozen=True)
 class TrainResult:
     """What a run produced: its folder, the frozen policy, wall time (s), timesteps, which candidate ships
-    (``ppo`` or ``imitation``) and the validation comparison it was chosen by."""
+    (``ppo`` or ``imitation``), the validation comparison it was chosen by, and the priced steps (for a run of
+    another seed)."""
 
     out: Path
     policy_path: Path
@@ -75,6 +99,7 @@ class TrainResult:
     timesteps: int
     selected: str
     comparison: dict[str, Any]
+    data: TrainingData
 
 
 def _silent(text: str) -> None:
@@ -89,9 +114,10 @@ def whole_rollouts(timesteps: int, n_steps: int, n_envs: int) -> int:
 
 
 def train(config: TrainConfig, out: Path, timesteps: int | None = None, progress_bar: bool = False,
-          stage: Callable[[str], None] = _silent) -> TrainResult:
+          stage: Callable[[str], None] = _silent, data: TrainingData | None = None) -> TrainResult:
     """Train ``config`` (for ``timesteps`` instead of ``config.total_timesteps`` if given) into ``out``;
-    ``stage`` is told, in a few words, each stage as it starts."""
+    ``stage`` is told, in a few words, each stage as it starts. ``data``: the config's steps already priced
+    (:meth:`TrainingData.price`, e.g. by the run of another seed); None: priced here."""
     start = time.perf_counter()
     requested = timesteps or config.total_timesteps
     config = replace(config, total_timesteps=whole_rollouts(requested, config.ppo.n_steps, config.n_envs))
@@ -105,12 +131,10 @@ def train(config: TrainConfig, out: Path, timesteps: int | None = None, progress
     write_run_record(out, to_plain(config), config.seed, revision)
     write_text_atomic(out / "config.yaml", yaml.safe_dump(to_plain(config), sort_keys=False))
 
-    stage(f"pricing every training and validation step once on {config.gpu}")
-    profile = load_profile(config.gpu)
-    grid = config.env.grid(profile)
-    train_pairs = build_pairs(config.data.train, profile, grid, progress_bar, "pricing training steps")
-    validation_pairs = build_pairs(config.data.validation, profile, grid, progress_bar,
-                                   "pricing validation steps") or train_pairs
+    if data is None:
+        stage(f"pricing every training and validation step once on {config.gpu}")
+        data = TrainingData.price(config, progress_bar)
+    profile, train_pairs, validation_pairs = data.profile, data.train_pairs, data.validation_pairs
 
     # Environments and model; a head start by cloning the expert, the observation statistics frozen from then
     # on (the clone's inputs stay what it was fitted on), then PPO (anchored to the clone, constrained).
@@ -134,7 +158,9 @@ def train(config: TrainConfig, out: Path, timesteps: int | None = None, progress
     env.save(str(out / "vecnormalize.pkl"))
     ppo = freeze_model(model, env, config, profile, {})
     if config.env.residual_actions:
-        comparison = margin_comparison(ppo, validation_pairs, profile, config)
+        if data.plan_episodes is None:
+            data.plan_episodes = episodes(margin_actors(), validation_pairs, profile, config.env, SCORE_SEEDS)
+        comparison = margin_comparison(ppo, validation_pairs, profile, config, data.plan_episodes)
         selected = "ppo" if comparison["beats_margin_plans"] else "imitation"
     else:
         comparison = paired_comparison(ppo, cloned, validation_pairs, profile, config)
@@ -156,7 +182,7 @@ def train(config: TrainConfig, out: Path, timesteps: int | None = None, progress
                "multipliers": multipliers, "train_steps": [p.predicted.name for p in train_pairs],
                "validation_steps": [p.predicted.name for p in validation_pairs]}
     write_text_atomic(out / "summary.json", json.dumps(summary, indent=1) + "\n")
-    return TrainResult(out, policy_path, wall_s, int(model.num_timesteps), selected, comparison)
+    return TrainResult(out, policy_path, wall_s, int(model.num_timesteps), selected, comparison, data)
 
 
 def imitate(model: AnchoredPPO, env: VecNormalize, config: TrainConfig, profile: GpuProfile,
@@ -216,14 +242,14 @@ def paired_comparison(ppo: FrozenPolicy, cloned: FrozenPolicy, pairs: list[Shape
     return {"delta_return": mean, "ci95": [mean - half, mean + half], "pairs": len(delta)}
 
 
-def margin_comparison(ppo: FrozenPolicy, pairs: list[ShapePair], profile: GpuProfile,
-                      config: TrainConfig) -> dict[str, Any]:
+def margin_comparison(ppo: FrozenPolicy, pairs: list[ShapePair], profile: GpuProfile, config: TrainConfig,
+                      plans: Array) -> dict[str, Any]:
     """PPO against the best fixed-margin fitting plan of each budget x latency cell on the validation ``pairs``
-    (:mod:`kdvfs.agents.learned.training.margin_plans`, ``SCORE_SEEDS`` seeds): PPO's share of episodes within budget,
+    (:mod:`kdvfs.agents.learned.training.margin_plans`, ``SCORE_SEEDS`` seeds; ``plans``: the plans' episodes there,
+    ``episodes(margin_actors(), pairs, profile, config.env, SCORE_SEEDS)``): PPO's share of episodes within budget,
     its saving minus the plan's on the same episodes (mean, 95% interval over the pairs' means), the margins
     chosen, and whether PPO beats them (within budget in >= 95% of every cell's episodes and the interval
     above 0)."""
-    plans = episodes(margin_actors(), pairs, profile, config.env, SCORE_SEEDS)
     margins = best_margins(plans)
     bar = chosen(plans, margins)
     mine = episodes({"ppo": ppo}, pairs, profile, config.env, SCORE_SEEDS)[0]

@@ -38,8 +38,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                        "what differs, or a bundled config's name (default: configs/ppo/<gpu>.yaml; "
                        "residual-<gpu>: the experimental residual design, which `kdvfs run` runs online too)")
     train.add_argument("--timesteps", type=int, help="environment steps to train for (default: the config's)")
-    train.add_argument("--seed", type=int, help="seed of PPO, the environments and the data (default: the config's; "
-                       "the run's resolved config records the one used)")
+    train.add_argument("--seed", type=int, nargs="+", help="seed of PPO and the environments (default: the "
+                       "config's; the run's resolved config records the one used); several: one run each, in "
+                       "OUT/seed-S, the steps priced once for all")
     add_output(train, "run folder: logs, checkpoints, frozen policy", dest="out", required=True)
     train.add_argument("--force", action="store_true", help="train into a run folder that already holds files "
                        "(files of the same name are replaced)")
@@ -86,12 +87,17 @@ def _stage_printer() -> Callable[[str], None]:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    check_output_folder(args.out)
-    held = sorted(path.name for path in args.out.iterdir()) if args.out.is_dir() else []
-    if held and not args.force:
-        shown = ", ".join(held[:3]) + (", ..." if len(held) > 3 else "")
-        raise KdvfsError(f"{args.out} holds files of another run ({shown}); give a new folder, or --force to train "
-                         "into it (files of the same name are replaced)")
+    seeds = args.seed or [None]
+    if len(set(seeds)) != len(seeds):
+        raise KdvfsError(f"--seed {' '.join(map(str, seeds))} names a seed twice")
+    outs = [args.out] if len(seeds) == 1 else [args.out / f"seed-{seed}" for seed in seeds]
+    for out in outs:
+        check_output_folder(out)
+        held = sorted(path.name for path in out.iterdir()) if out.is_dir() else []
+        if held and not args.force:
+            shown = ", ".join(held[:3]) + (", ..." if len(held) > 3 else "")
+            raise KdvfsError(f"{out} holds files of another run ({shown}); give a new folder, or --force to train "
+                             "into it (files of the same name are replaced)")
     stage = _stage_printer()
     stage("loading PyTorch and stable-baselines3")
     from tqdm import TqdmExperimentalWarning
@@ -106,12 +112,16 @@ def run_train(args: argparse.Namespace) -> int:
                          "--config")
     if args.timesteps is not None and args.timesteps <= 0:
         raise KdvfsError(f"--timesteps {args.timesteps} must be > 0")
-    if args.seed is not None:
-        config = dataclasses.replace(config, seed=args.seed)
-    result = train(config, args.out, args.timesteps, progress_bar=not args.no_progress, stage=stage)
-    console.print(f"trained {result.timesteps} timesteps in {result.wall_s / 60:.1f} min; ships "
-                  f"{result.selected} (validation: {json.dumps(result.comparison)})")
-    console.print(f"wrote {result.policy_path} (TensorBoard: {args.out / 'tensorboard'})")
+    data = None
+    for seed, out in zip(seeds, outs, strict=True):
+        seeded = config if seed is None else dataclasses.replace(config, seed=seed)
+        if len(seeds) > 1:
+            stage(f"seed {seed} into {out}")
+        result = train(seeded, out, args.timesteps, progress_bar=not args.no_progress, stage=stage, data=data)
+        data = result.data
+        console.print(f"trained {result.timesteps} timesteps in {result.wall_s / 60:.1f} min; ships "
+                      f"{result.selected} (validation: {json.dumps(result.comparison)})")
+        console.print(f"wrote {result.policy_path} (TensorBoard: {out / 'tensorboard'})")
     return 0
 
 

@@ -121,6 +121,24 @@ def test_train_reports_its_stages_and_rounds_timesteps_up_to_whole_rollouts(tmp_
         assert stage in out
 
 
+def test_train_several_seeds_prices_the_steps_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Each seed trains into its own folder with its seed recorded; the steps are priced for the first only."""
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump(to_plain(tiny_config("residual-h200")), sort_keys=False))
+    assert main(["train", "--gpu", "h200", "--config", str(config), "--timesteps", "1", "--seed", "3", "4",
+                 "--no-progress", "--out", str(tmp_path / "run")]) == 0
+    for seed in (3, 4):
+        assert yaml.safe_load((tmp_path / "run" / f"seed-{seed}" / "config.yaml").read_text())["seed"] == seed
+        assert (tmp_path / "run" / f"seed-{seed}" / "ppo.kdvfs-policy.npz").is_file()
+    out = capsys.readouterr().out
+    assert out.count("pricing every training and validation step") == 1 and out.count("trained ") == 2, out
+
+
+def test_train_refuses_a_seed_twice(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", "--gpu", "h200", "--seed", "1", "1", "--out", str(tmp_path / "run")]) == 2
+    assert "names a seed twice" in capsys.readouterr().err and not (tmp_path / "run").exists()
+
+
 def test_evaluate_with_references_says_what_it_scored(capsys: pytest.CaptureFixture[str]) -> None:
     references = [BERT.format(shape) for shape in ("b32-s128", "b32-s512", "b16-s384")]
     assert main(["evaluate", "--policy", "h200", "--reference", *references, "--trace", BERT.format("b32-s256"),
