@@ -4,14 +4,17 @@ reference-plan, policy and oracle, at 0 ms and at the profile's switching latenc
 
 For each family (llama, mixtral, bert: ``data/traces/h200/workloads``) each captured shape in turn is the
 executed step and the family's other shapes are the references (the step model is fitted on them; the
-executed step is never shown to the controller side). The shipped ``policies/h200`` policy.
+executed step is never shown to the controller side). The shipped ``policies/h200`` policy, or each policy of
+``--policy`` (a shipped name or a file, e.g. the residual seeds ``benchmarks/data/learned/h200-s*.kdvfs-policy.npz``,
+none trained on these families); ``of oracle``: the policy's mean saving over the oracle's.
 
-    python -m benchmarks.learned.shapes_h200 [--episodes N]
+    python -m benchmarks.learned.shapes_h200 [--episodes N] [--policy NAME_OR_PATH ...]
 """
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 from benchmarks.common.provenance import provenance, provenance_lines, write_results
@@ -49,26 +52,35 @@ def _summary(steps: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
 def _markdown(result: dict[str, Any]) -> str:
     lines = ["# evaluate --reference on held-out shapes (H200, 1% budget)", "",
              *provenance_lines(result["provenance"]), "",
-             "| latency | method | energy saved | slowdown | steps within budget |", "| --- | --- | --- | --- | --- |"]
+             "| policy | latency | method | energy saved | slowdown | steps within budget | of oracle |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
     for run in result["runs"]:
+        oracle = run["summary"]["oracle"]["energy_saved_pct"]
         for method, row in run["summary"].items():
-            lines.append(f"| {run['latency']} | {method} | {row['energy_saved_pct']:.2f}% | {row['slowdown_pct']:.2f}% "
-                         f"| {row['within_budget_share']:.0%} |")
+            share = f"{row['energy_saved_pct'] / oracle:.0%}" if oracle > 0 else "-"
+            lines.append(f"| {run['policy']} | {run['latency']} | {method} | {row['energy_saved_pct']:.2f}% | "
+                         f"{row['slowdown_pct']:.2f}% | {row['within_budget_share']:.0%} | {share} |")
     return "\n".join(lines) + "\n"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--episodes", type=int, help="disturbed episodes per step (default: one, undisturbed)")
+    parser.add_argument("--policy", nargs="+", default=["h200"], help="policies to score: shipped names or files "
+                        "(default: the shipped h200)")
     args = parser.parse_args()
-    policy = FrozenPolicy.load(policy_source_path("h200"), load_profile("h200"))
+    profile = load_profile("h200")
     runs = []
-    for label, latency_s in (("0 ms", 0.0), ("profile", None)):
-        families = [_family(family, policy, latency_s, args.episodes) for family in FAMILIES]
-        steps = [step for family in families for step in family["steps"]]
-        runs.append({"latency": label, "families": families, "summary": _summary(steps),
-                     "by_family": {f["family"]: _summary(f["steps"]) for f in families}})
-    command = "python -m benchmarks.learned.shapes_h200" + (f" --episodes {args.episodes}" if args.episodes else "")
+    for source in args.policy:
+        policy = FrozenPolicy.load(policy_source_path(source), profile)
+        name = Path(source).name.removesuffix(".kdvfs-policy.npz")
+        for label, latency_s in (("0 ms", 0.0), ("profile", None)):
+            families = [_family(family, policy, latency_s, args.episodes) for family in FAMILIES]
+            steps = [step for family in families for step in family["steps"]]
+            runs.append({"policy": name, "latency": label, "families": families, "summary": _summary(steps),
+                         "by_family": {f["family"]: _summary(f["steps"]) for f in families}})
+    command = ("python -m benchmarks.learned.shapes_h200" + (f" --episodes {args.episodes}" if args.episodes else "")
+               + (f" --policy {' '.join(args.policy)}" if args.policy != ["h200"] else ""))
     result = {"provenance": provenance(command), "budget": BUDGET, "runs": runs}
     write_results("shapes_h200", result, _markdown(result))
 
