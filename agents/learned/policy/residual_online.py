@@ -96,8 +96,9 @@ class ResidualOnlinePolicy:
 
     def prepare(self) -> None:
         """Bind the decisions' arrays (the live tables: every pair's landings and proposal changes; the policy's)
-        and run a throwaway step's first decisions, so that nothing is computed or compiled for the first time in
-        a controlled step."""
+        and run a throwaway step's first decisions (its start, a warm-up, a look-ahead and a decision), so that
+        nothing is computed or compiled (or loaded from numba's cache) for the first time in a controlled step;
+        the next :meth:`begin` starts the step's state afresh."""
         self.env.reset(seed=0)
         tables = self.env.tables()
         first, mean, inverse_std, clip, later, bounds, activation = self.policy.forward_inputs(0)
@@ -114,6 +115,7 @@ class ResidualOnlinePolicy:
         self.warm(LiveState(0, 0, NO_REQUEST, 0.0, 0.0, 0.0))
         times_s = np.zeros(1)
         self.first_change(np.zeros(1, dtype=np.int64), 0, times_s, times_s, 1.0, 0.0, times_s)
+        self.decide(LiveState(0, 0, NO_REQUEST, 0.0, 0.0, 0.0), 0.0)
 
     def pair_of(self, label: str) -> int:
         """The grid pair of clock label ``label``; ValueError if the grid has none."""
