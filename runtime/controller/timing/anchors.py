@@ -17,7 +17,7 @@ docs/design/controller.md.
 from __future__ import annotations
 
 import bisect
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -29,7 +29,7 @@ from kdvfs.envs.trace.trace import Phase, Trace
 from kdvfs.runtime.controller.model.run_summary import AnchorFigures
 from kdvfs.runtime.controller.model.step_plan import Request, StepPlan
 from kdvfs.runtime.controller.timing.gpu_timeline import StepEnd, StepTimeline
-from kdvfs.runtime.controller.timing.pace import Pace, host_offsets_s, medians
+from kdvfs.runtime.controller.timing.pace import Pace, RecentRows, host_offsets_s
 from kdvfs.runtime.device.host_time import Clock
 
 LEARN_STEPS = 5
@@ -118,11 +118,12 @@ class Anchor:
 
 
 def nearest_kernels(kernel_start_s: Array, positions_s: Array) -> Array:
-    """For each position (s from the step's start), the kernel whose expected start is nearest."""
+    """For each position (s from the step's start), the kernel whose expected start is nearest (the earlier one
+    at a tie)."""
     starts_s = np.asarray(kernel_start_s, dtype=float)
     if len(starts_s) < 2:
         return np.zeros(len(positions_s), dtype=np.int64)
-    right = np.clip(np.searchsorted(starts_s, positions_s), 1, len(starts_s) - 1)
+    right = np.minimum(np.maximum(np.searchsorted(starts_s, positions_s), 1), len(starts_s) - 1)  # np.clip's
     left = right - 1
     return np.where(positions_s - starts_s[left] <= starts_s[right] - positions_s, left, right)
 
@@ -140,33 +141,33 @@ class AnchorMap:
         self.anchors: tuple[Anchor, ...] = ()
         self.positions_s: list[float] = []
         """The anchors' positions (s from the step's start, plan timeline), in order."""
-        self._history: deque[Array] = deque(maxlen=learn_steps)
+        self._history = RecentRows(learn_steps)
         self._kernels: Array = np.zeros(0, dtype=np.int64)
         """The anchors' kernels."""
 
     def observe(self, start_s: float, end_s: float, anchors_s: Sequence[float]) -> bool:
         """Learn from one finished step (host times, s); True when the map changed."""
-        offsets_s = np.asarray(anchors_s, dtype=float) - start_s
+        offsets_s = np.array(anchors_s, dtype=float) - start_s
         duration_s = end_s - start_s
-        disordered = len(offsets_s) > 0 and bool(np.any(np.diff(offsets_s) < 0) or offsets_s[0] < 0
+        disordered = len(offsets_s) > 0 and bool((offsets_s[1:] - offsets_s[:-1] < 0).any() or offsets_s[0] < 0
                                                    or offsets_s[-1] > duration_s)
         if duration_s <= 0 or disordered:
             return False
         before = self.anchors
-        if self._history and len(self._history[-1]) != len(offsets_s):
+        if self._history.width not in (None, len(offsets_s)):
             self._history.clear()
             self._set_kernels(np.zeros(0, dtype=np.int64))
         self._history.append(offsets_s * self.expected_s / duration_s)
-        if len(self._history) == self._history.maxlen and len(offsets_s):
-            median_s = medians(list(self._history))
-            kernels = self._structural(len(median_s))
+        if self._history.full and len(offsets_s):
+            kernels = self._structural(len(offsets_s))  # the structure's needs no positions
             self.mapped_by = "time" if kernels is None else "structure"
-            self._set_kernels(nearest_kernels(self.kernel_start_s, median_s) if kernels is None else kernels)
+            self._set_kernels(nearest_kernels(self.kernel_start_s, self._history.medians()) if kernels is None
+                              else kernels)
         return self.anchors is not before and [a.kernel for a in before] != [a.kernel for a in self.anchors]
 
     def _set_kernels(self, kernels: Array) -> None:
         """The anchors at ``kernels`` (in order); kept as they are where those are their kernels already."""
-        if not np.array_equal(kernels, self._kernels):
+        if kernels.shape != self._kernels.shape or not bool((kernels == self._kernels).all()):  # np.array_equal's
             self._kernels = kernels
             self.anchors = tuple(Anchor(i, int(k), float(self.kernel_start_s[k])) for i, k in enumerate(kernels))
             self.positions_s = [a.position_s for a in self.anchors]

@@ -13,7 +13,6 @@ order or outside the step are ignored. Which steps it learns from is the caller'
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Sequence
 
 import numpy as np
@@ -24,19 +23,57 @@ from kdvfs.common.arrays import Array
 PACE_STEPS = 5
 
 
-def medians(history: Sequence[Array]) -> Array:
-    """The median of each position over ``history``'s (m,) arrays (at least one), the values
+def medians(history: ArrayLike) -> Array:
+    """The median of each position over ``history``'s rows ((n, m), n >= 1: an array, or n (m,) arrays), the values
     ``np.median(np.stack(history), axis=0)`` gives: the middle of each sorted column (odd count) or the mean of its
-    two middle values (even count); NaN where the column has a NaN. One sort of the stacked columns: numpy's median
+    two middle values (even count); NaN where the column has a NaN. One sort of the columns: numpy's median
     takes a long Python path for a few values, and a compiled function's call costs about as much, on the
     controller's thread each step."""
-    rows = np.sort(np.stack(history), axis=0)  # NaN last
+    rows = np.sort(history, axis=0)  # NaN last
     n = len(rows)
     middle = rows[n // 2] if n % 2 else (rows[n // 2 - 1] + rows[n // 2]) / 2.0
     missing = np.isnan(rows[n - 1])
     if missing.any():
         middle[missing] = np.nan
     return middle
+
+
+class RecentRows:
+    """The last ``size`` rows of one length, oldest first, held in one (``count``, m) array: each step's
+    :func:`medians` sorts it without stacking the rows anew. A row of another length starts again (it is the only
+    one then)."""
+
+    def __init__(self, size: int) -> None:
+        self.size, self.count = size, 0
+        self._rows = np.zeros((size, 0))
+
+    @property
+    def full(self) -> bool:
+        """Whether ``size`` rows are held."""
+        return self.count == self.size
+
+    @property
+    def width(self) -> int | None:
+        """The rows' length (None: no rows)."""
+        return self._rows.shape[1] if self.count else None
+
+    def clear(self) -> None:
+        self.count = 0
+
+    def append(self, row: Array) -> None:
+        """Add ``row`` (the oldest goes once ``size`` are held)."""
+        if len(row) != self._rows.shape[1]:
+            self._rows, self.count = np.zeros((self.size, len(row))), 0
+        if self.count == self.size:
+            self._rows[:-1] = self._rows[1:]
+            self._rows[-1] = row
+        else:
+            self._rows[self.count] = row
+            self.count += 1
+
+    def medians(self) -> Array:
+        """:func:`medians` of the rows held (at least one)."""
+        return medians(self._rows[:self.count])
 
 
 class Pace:
@@ -49,19 +86,20 @@ class Pace:
 
     def __init__(self, steps: int = PACE_STEPS) -> None:
         self.segments_s: Array | None = None
-        self._history: deque[Array] = deque(maxlen=steps)
+        self._history = RecentRows(steps)
 
     def observe(self, start_s: float, end_s: float, anchors_s: Sequence[float]) -> None:
         """Learn from one finished step (host times, s)."""
-        segments_s = np.diff(np.array((start_s, *anchors_s, end_s), dtype=float))
+        times_s = np.array((start_s, *anchors_s, end_s), dtype=float)
+        segments_s = times_s[1:] - times_s[:-1]  # np.diff's
         if len(segments_s) < 2 or bool((segments_s < 0).any()):
             return
-        if self._history and len(self._history[-1]) != len(segments_s):
+        if self._history.width not in (None, len(segments_s)):
             self._history.clear()
             self.segments_s = None
         self._history.append(segments_s)
-        if len(self._history) == self._history.maxlen:
-            self.segments_s = medians(list(self._history))
+        if self._history.full:
+            self.segments_s = self._history.medians()
 
     def for_anchors(self, anchors: int) -> Array | None:
         """The learned segments (:attr:`segments_s`) if learned for steps with ``anchors`` (> 0) anchors, else None."""
