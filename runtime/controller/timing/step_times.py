@@ -7,13 +7,15 @@ A passed anchor (:data:`PassedAnchor`) is ``(index, host s, kernel)``: the ancho
 
 from __future__ import annotations
 
+import array
 import statistics
 from collections import deque
+from collections.abc import Sequence
 
 import numpy as np
 
 from kdvfs.agents.learned.policy.online import kernel_at
-from kdvfs.runtime.controller.timing.anchors import AnchorMap
+from kdvfs.runtime.controller.timing.anchors import Anchor, AnchorMap
 from kdvfs.runtime.controller.timing.gpu_timeline import StepEnd
 from kdvfs.runtime.controller.timing.pace import Pace, host_offsets_s
 
@@ -39,8 +41,12 @@ class StepTimes:
         self.auto_scale = 1.0
         """Host seconds per model second of the auto step (median of the last matched auto steps; 1 before)."""
         self._scales: deque[float] = deque(maxlen=SCALE_STEPS)
-        self._times_s: dict[int, list[float]] = {}
+        self._times_s: dict[int, Sequence[float]] = {}
         self._arrays_s: dict[int, np.ndarray] = {}
+        self._columns_s: dict[int, np.ndarray] = {}
+        """Each pair's column of ``cumulative_s``, contiguous (what ``np.interp`` reads)."""
+        self._knots: tuple[tuple[Anchor, ...], np.ndarray] = ((), np.zeros(0, dtype=np.int64))
+        """The anchors the knots were found for, and the knots' kernels: 0, the anchors', the step's end."""
 
     def observe(self, end: StepEnd, matched: bool, controlled: bool) -> None:
         """Learn the auto scale from a finished step (matched and at auto); the kernels' host times are found
@@ -51,23 +57,33 @@ class StepTimes:
         self._times_s.clear()
         self._arrays_s.clear()
 
-    def at(self, pair: int) -> list[float]:
+    def at(self, pair: int) -> Sequence[float]:
         """Host time from the step's start (s) at each kernel's start on ``pair``'s model timeline ((K+1,), the
         last the step's end): at the step's pace once it is learned (measured on the auto timeline, or in a
         dry run at auto clocks: each segment stretched by its time at ``pair`` over auto's), else stretched by
-        the auto scale."""
+        the auto scale. Python floats in an ``array.array`` (a list's values, without a float object made for
+        each of thousands of kernels at every step)."""
         times_s = self._times_s.get(pair)
         if times_s is None:
-            column_s = self.cumulative_s[:, pair]
+            column_s = self._columns_s.get(pair)
+            if column_s is None:
+                column_s = self._columns_s[pair] = np.ascontiguousarray(self.cumulative_s[:, pair])
             segments_s = self.pace.for_anchors(len(self.anchor_map.anchors))
             if segments_s is None:
                 host_s = self.auto_scale * column_s
             else:
-                kernels = [0] + [a.kernel for a in self.anchor_map.anchors] + [len(column_s) - 1]
+                kernels = self._knot_kernels(len(column_s) - 1)
                 host_s = host_offsets_s(segments_s, column_s[kernels], column_s, self.cumulative_s[kernels, 0])
-            times_s = self._times_s[pair] = host_s.tolist()
+            times_s = self._times_s[pair] = array.array("d", host_s.tobytes())
             self._arrays_s[pair] = host_s
         return times_s
+
+    def _knot_kernels(self, end: int) -> np.ndarray:
+        """The kernels at the pace's knots: 0, each anchor's, ``end`` (the step's end)."""
+        anchors = self.anchor_map.anchors
+        if self._knots[0] is not anchors:
+            self._knots = anchors, np.array([0, *(a.kernel for a in anchors), end], dtype=np.int64)
+        return self._knots[1]
 
     def kernel_s(self, anchor: PassedAnchor, pair: int, kernel: int) -> float:
         """When ``kernel`` is expected to start (host s): after ``anchor``, at ``pair``'s clocks."""
