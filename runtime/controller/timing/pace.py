@@ -14,6 +14,7 @@ order or outside the step are ignored. Which steps it learns from is the caller'
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -107,19 +108,45 @@ class Pace:
         return self.segments_s if fits else None
 
 
-def host_offsets_s(segments_s: Array, knots_s: Array, times_s: ArrayLike, reference_s: Array | None = None) -> Array:
+class Knots(NamedTuple):
+    """A timeline's segment edges for :func:`host_offsets_s`, with what of them does not change from step to step.
+
+    Attributes:
+        knots_s: (A+2,) the edges: 0, where the A anchors' kernels start, the step's end (s).
+        lengths_s: (A+1,) the segments' lengths on this timeline (s), or None (the segments are the live ones).
+        reference_s: (A+1,) their lengths on the timeline the live segments were measured at (s, at least 1e-12).
+    """
+
+    knots_s: Array
+    lengths_s: Array | None = None
+    reference_s: Array | None = None
+
+    @classmethod
+    def of(cls, knots_s: ArrayLike, reference_s: ArrayLike | None = None) -> Knots:
+        """The knots ``knots_s``, stretched against ``reference_s`` (the same edges on the timeline the live
+        segments were measured at; None: that timeline)."""
+        knots_s = np.asarray(knots_s, dtype=float)
+        if reference_s is None:
+            return cls(knots_s)
+        return cls(knots_s, np.diff(knots_s), np.maximum(np.diff(reference_s), 1e-12))
+
+
+def host_offsets_s(segments_s: Array, knots_s: ArrayLike | Knots, times_s: ArrayLike,
+                   reference_s: Array | None = None) -> Array:
     """Host time from the step's start (s) at each of ``times_s`` (s on a timeline from the step's start).
 
     Args:
         segments_s: (A+1,) live segment durations (:attr:`Pace.segments_s`).
-        knots_s: (A+2,) the timeline's segment edges: 0, where the A anchors' kernels start, the step's end.
+        knots_s: (A+2,) the timeline's segment edges: 0, where the A anchors' kernels start, the step's end; or
+            :class:`Knots` (then ``reference_s`` is theirs).
         times_s: times on that timeline (s; a number or an array), at most its end (beyond it: the end's host
             time).
         reference_s: (A+2,) the same edges on the timeline the segments were measured at, if another: each
             segment then lasts its live duration times its time on ``knots_s``'s timeline over the reference's.
     """
+    knots = knots_s if isinstance(knots_s, Knots) else Knots.of(knots_s, reference_s)
     lengths_s = np.asarray(segments_s, dtype=float)
-    if reference_s is not None:
-        lengths_s = lengths_s * np.diff(knots_s) / np.maximum(np.diff(reference_s), 1e-12)
+    if knots.lengths_s is not None and knots.reference_s is not None:
+        lengths_s = lengths_s * knots.lengths_s / knots.reference_s
     host_knots_s = np.concatenate([[0.0], np.cumsum(lengths_s)])
-    return np.interp(np.asarray(times_s, dtype=float), np.asarray(knots_s, dtype=float), host_knots_s)
+    return np.interp(np.asarray(times_s, dtype=float), knots.knots_s, host_knots_s)

@@ -17,7 +17,7 @@ import numpy as np
 from kdvfs.agents.learned.policy.online import kernel_at
 from kdvfs.runtime.controller.timing.anchors import Anchor, AnchorMap
 from kdvfs.runtime.controller.timing.gpu_timeline import StepEnd
-from kdvfs.runtime.controller.timing.pace import Pace, host_offsets_s
+from kdvfs.runtime.controller.timing.pace import Knots, Pace, host_offsets_s
 
 SCALE_STEPS = 5
 """Matched steps at auto whose median sets the auto scale."""
@@ -45,8 +45,9 @@ class StepTimes:
         self._arrays_s: dict[int, np.ndarray] = {}
         self._columns_s: dict[int, np.ndarray] = {}
         """Each pair's column of ``cumulative_s``, contiguous (what ``np.interp`` reads)."""
-        self._knots: tuple[tuple[Anchor, ...], np.ndarray] = ((), np.zeros(0, dtype=np.int64))
-        """The anchors the knots were found for, and the knots' kernels: 0, the anchors', the step's end."""
+        self._knots: dict[int, Knots] = {}
+        self._knots_for: tuple[Anchor, ...] = ()
+        """Each pair's knots (:class:`Knots`: at 0, the anchors' kernels, the step's end), for these anchors."""
 
     def observe(self, end: StepEnd, matched: bool, controlled: bool) -> None:
         """Learn the auto scale from a finished step (matched and at auto); the kernels' host times are found
@@ -72,18 +73,22 @@ class StepTimes:
             if segments_s is None:
                 host_s = self.auto_scale * column_s
             else:
-                kernels = self._knot_kernels(len(column_s) - 1)
-                host_s = host_offsets_s(segments_s, column_s[kernels], column_s, self.cumulative_s[kernels, 0])
+                host_s = host_offsets_s(segments_s, self._pair_knots(pair, column_s), column_s)
             times_s = self._times_s[pair] = array.array("d", host_s.tobytes())
             self._arrays_s[pair] = host_s
         return times_s
 
-    def _knot_kernels(self, end: int) -> np.ndarray:
-        """The kernels at the pace's knots: 0, each anchor's, ``end`` (the step's end)."""
+    def _pair_knots(self, pair: int, column_s: np.ndarray) -> Knots:
+        """``pair``'s knots at 0, each anchor's kernel and the step's end (``column_s``: its timeline), stretched
+        against auto's; found again when the anchor map changed."""
         anchors = self.anchor_map.anchors
-        if self._knots[0] is not anchors:
-            self._knots = anchors, np.array([0, *(a.kernel for a in anchors), end], dtype=np.int64)
-        return self._knots[1]
+        if self._knots_for is not anchors:
+            self._knots, self._knots_for = {}, anchors
+        knots = self._knots.get(pair)
+        if knots is None:
+            kernels = [0] + [a.kernel for a in anchors] + [len(column_s) - 1]
+            knots = self._knots[pair] = Knots.of(column_s[kernels], self.cumulative_s[kernels, 0])
+        return knots
 
     def kernel_s(self, anchor: PassedAnchor, pair: int, kernel: int) -> float:
         """When ``kernel`` is expected to start (host s): after ``anchor``, at ``pair``'s clocks."""
