@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from kdvfs.common.arrays import Array
+from kdvfs.common.compiled import compiled
 from kdvfs.envs.trace.trace import Phase, Trace
 from kdvfs.runtime.controller.model.run_summary import AnchorFigures
 from kdvfs.runtime.controller.model.step_plan import Request, StepPlan
@@ -119,13 +120,32 @@ class Anchor:
 
 def nearest_kernels(kernel_start_s: Array, positions_s: Array) -> Array:
     """For each position (s from the step's start), the kernel whose expected start is nearest (the earlier one
-    at a tie)."""
-    starts_s = np.asarray(kernel_start_s, dtype=float)
-    if len(starts_s) < 2:
-        return np.zeros(len(positions_s), dtype=np.int64)
-    right = np.minimum(np.maximum(np.searchsorted(starts_s, positions_s), 1), len(starts_s) - 1)  # np.clip's
-    left = right - 1
-    return np.where(positions_s - starts_s[left] <= starts_s[right] - positions_s, left, right)
+    at a tie); ``kernel_start_s`` is sorted. One compiled call (:func:`nearest_starts`)."""
+    return nearest_starts(np.asarray(kernel_start_s, dtype=float), np.asarray(positions_s, dtype=float))
+
+
+@compiled
+def nearest_starts(starts_s: Array, positions_s: Array) -> Array:
+    """:func:`nearest_kernels` on float64 arrays: at each position, numpy's ``searchsorted`` (side "left", NaN
+    last) clipped to 1..K-1 gives the start on the right, and the nearer of it and the one before is taken, as
+    ``np.where(position - left <= right - position, left, right)`` takes it (the earlier at a tie)."""
+    count = starts_s.shape[0]
+    kernels = np.zeros(positions_s.shape[0], dtype=np.int64)
+    if count < 2:
+        return kernels
+    for i in range(positions_s.shape[0]):
+        position_s, low, high = positions_s[i], 0, count
+        while low < high:
+            middle = (low + high) >> 1
+            start_s = starts_s[middle]
+            if start_s < position_s or (np.isnan(position_s) and not np.isnan(start_s)):
+                low = middle + 1
+            else:
+                high = middle
+        right = min(max(low, 1), count - 1)
+        left = right - 1
+        kernels[i] = left if position_s - starts_s[left] <= starts_s[right] - position_s else right
+    return kernels
 
 
 class AnchorMap:
@@ -134,6 +154,7 @@ class AnchorMap:
     def __init__(self, kernel_start_s: Array, expected_s: float, learn_steps: int = LEARN_STEPS,
                  structure: Callable[[int], Sequence[int] | None] | None = None) -> None:
         self.kernel_start_s, self.expected_s = np.asarray(kernel_start_s, dtype=float), expected_s
+        nearest_kernels(self.kernel_start_s, np.zeros(1))  # compiled (or loaded from numba's cache) here, not in a step
         self.structure = structure
         """The kernels a step's N anchors stand for, from the trace's structure (None: it does not fit)."""
         self.mapped_by = "time"

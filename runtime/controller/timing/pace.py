@@ -20,6 +20,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from kdvfs.common.arrays import Array
+from kdvfs.common.compiled import compiled
 
 PACE_STEPS = 5
 
@@ -27,15 +28,31 @@ PACE_STEPS = 5
 def medians(history: ArrayLike) -> Array:
     """The median of each position over ``history``'s rows ((n, m), n >= 1: an array, or n (m,) arrays), the values
     ``np.median(np.stack(history), axis=0)`` gives: the middle of each sorted column (odd count) or the mean of its
-    two middle values (even count); NaN where the column has a NaN. One sort of the columns: numpy's median
-    takes a long Python path for a few values, and a compiled function's call costs about as much, on the
-    controller's thread each step."""
-    rows = np.sort(history, axis=0)  # NaN last
-    n = len(rows)
-    middle = rows[n // 2] if n % 2 else (rows[n // 2 - 1] + rows[n // 2]) / 2.0
-    missing = np.isnan(rows[n - 1])
-    if missing.any():
-        middle[missing] = np.nan
+    two middle values (even count); NaN where the column has a NaN. One compiled call (:func:`column_medians`):
+    numpy's median, or its sort, takes a long Python path for a few values, on the controller's thread each
+    step."""
+    return column_medians(np.asarray(history, dtype=float))
+
+
+@compiled
+def column_medians(rows: Array) -> Array:
+    """:func:`medians` of the (n, m) float64 ``rows`` (n >= 1): each column sorted (insertion sort, NaN last, as
+    numpy sorts), its middle value or the mean of its two middle values, NaN where it has a NaN."""
+    n, m = rows.shape
+    middle, column = np.empty(m), np.empty(n)
+    for j in range(m):
+        for i in range(n):
+            value, k = rows[i, j], i
+            while k > 0 and (column[k - 1] > value or (np.isnan(column[k - 1]) and not np.isnan(value))):
+                column[k] = column[k - 1]
+                k -= 1
+            column[k] = value
+        if np.isnan(column[n - 1]):
+            middle[j] = np.nan
+        elif n % 2:
+            middle[j] = column[n // 2]
+        else:
+            middle[j] = (column[n // 2 - 1] + column[n // 2]) / 2.0
     return middle
 
 
@@ -47,6 +64,7 @@ class RecentRows:
     def __init__(self, size: int) -> None:
         self.size, self.count = size, 0
         self._rows = np.zeros((size, 0))
+        column_medians(np.zeros((1, 1)))  # compiled (or loaded from numba's cache) here, not in a step
 
     @property
     def full(self) -> bool:

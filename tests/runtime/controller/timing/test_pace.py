@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kdvfs.runtime.controller.timing.pace import PACE_STEPS, Pace, RecentRows, host_offsets_s, medians
@@ -63,6 +63,7 @@ def test_another_anchor_count_starts_again_and_disorder_is_ignored() -> None:
     assert pace.segments_s is None and pace.for_anchors(2) is None
 
 
+@settings(deadline=None)  # the first call loads the compiled medians
 @given(rows=st.integers(1, 7).flatmap(lambda n: st.lists(st.lists(
     st.floats(allow_nan=True, allow_infinity=True) | st.floats(-1.0, 1.0), min_size=n, max_size=n),
     min_size=1, max_size=6)))
@@ -71,6 +72,7 @@ def test_medians_are_numpys_median_of_each_position(rows: list[list[float]]) -> 
     assert np.array_equal(medians(history), np.median(np.stack(history), axis=0), equal_nan=True)
 
 
+@settings(deadline=None)
 @given(st.lists(st.lists(st.floats(allow_nan=True, allow_infinity=True), min_size=1, max_size=3), min_size=1,
                 max_size=12), st.integers(1, 5))
 def test_recent_rows_hold_the_last_rows_of_one_length(rows: list[list[float]], size: int) -> None:
