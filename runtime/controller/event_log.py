@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import IO, Any
 
 from kdvfs.common.errors import KdvfsError
-from kdvfs.runtime.controller.measurement.ab import AUTO, CONTROLLED
 
 
 class EventLog:
@@ -92,20 +91,27 @@ def step_line(step: int, end_s: float, duration_s: float | None, signature: int 
                               "matched": matched, "controlled": controlled, "next_controlled": next_controlled,
                               "scale": scale, "arm": arm, "anchors_ns": anchors_ns, "pace_ns": pace_ns}
     if not (type(step) is int and _finite(end_s) and (duration_s is None or _finite(duration_s))
-            and (signature is None or type(signature) is int) and _finite(scale) and arm in _ARMS
+            and (signature is None or type(signature) is int) and _finite(scale) and type(arm) is str
             and type(anchors_ns) is list and (pace_ns is None or type(pace_ns) is list)):
         return json.dumps({"event": "step", **fields}) + "\n"
     return (f'{{"event": "step", "step": {step}, "end_s": {float(end_s)!r}, '
             f'"duration_s": {"null" if duration_s is None else repr(float(duration_s))}, '
             f'"signature": {"null" if signature is None else signature}, "matched": {_BOOLS[matched]}, '
             f'"controlled": {_BOOLS[controlled]}, "next_controlled": {_BOOLS[next_controlled]}, '
-            f'"scale": {float(scale)!r}, "arm": {_ARMS[arm]}, "anchors_ns": {_ints(anchors_ns)}, '
+            f'"scale": {float(scale)!r}, "arm": {_string(arm)}, "anchors_ns": {_ints(anchors_ns)}, '
             f'"pace_ns": {"null" if pace_ns is None else _ints(pace_ns)}}}\n')
 
 
 _BOOLS = {True: "true", False: "false"}
-_ARMS = {arm: json.dumps(arm) for arm in (AUTO, CONTROLLED)}
-"""The A/B windows' arms as JSON."""
+_STRINGS: dict[str, str] = {}
+"""Strings (the A/B windows' arms) as JSON, each encoded once."""
+
+
+def _string(text: str) -> str:
+    encoded = _STRINGS.get(text)
+    if encoded is None:
+        encoded = _STRINGS[text] = json.dumps(text)
+    return encoded
 
 
 def _finite(value: float) -> bool:
