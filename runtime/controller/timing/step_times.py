@@ -43,6 +43,9 @@ class StepTimes:
         self._scales: deque[float] = deque(maxlen=SCALE_STEPS)
         self._times_s: dict[int, Sequence[float]] = {}
         self._arrays_s: dict[int, np.ndarray] = {}
+        self._basis: tuple[np.ndarray | None, tuple[Anchor, ...], float] = (pace.segments_s, anchor_map.anchors,
+                                                                             self.auto_scale)
+        """The pace's segments, the anchors and the auto scale the host times were found from."""
         self._columns_s: dict[int, np.ndarray] = {}
         """Each pair's column of ``cumulative_s``, contiguous (what ``np.interp`` reads)."""
         self._knots: dict[int, Knots] = {}
@@ -51,12 +54,16 @@ class StepTimes:
 
     def observe(self, end: StepEnd, matched: bool, controlled: bool) -> None:
         """Learn the auto scale from a finished step (matched and at auto); the kernels' host times are found
-        again (the pace and the anchor map have just learned from the same step)."""
+        again where what they are found from changed: the pace or the anchor map (each learned from the same step
+        just before; each a new object when it changed) or the auto scale."""
         if matched and not controlled and end.duration_s is not None:
             self._scales.append(end.duration_s / self.auto_time_s)
             self.auto_scale = statistics.median(self._scales)
-        self._times_s.clear()
-        self._arrays_s.clear()
+        basis = (self.pace.segments_s, self.anchor_map.anchors, self.auto_scale)
+        if not (basis[0] is self._basis[0] and basis[1] is self._basis[1] and basis[2] == self._basis[2]):
+            self._basis = basis
+            self._times_s.clear()
+            self._arrays_s.clear()
 
     def at(self, pair: int) -> Sequence[float]:
         """Host time from the step's start (s) at each kernel's start on ``pair``'s model timeline ((K+1,), the

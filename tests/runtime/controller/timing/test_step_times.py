@@ -44,3 +44,22 @@ def test_after_an_anchor_times_and_the_end_count_from_it_at_the_steps_pace() -> 
     assert times.kernel_running(anchor, 0, 20.0 + 0.7e-3) == 3
     assert times.kernel_running(anchor, 0, 19.0) == 2  # never before the anchor's kernel
     assert times.end_s(anchor, 0.0, 4e-3) == pytest.approx(20.0 + 4e-3 * 1e-3 / 4e-3)
+
+
+def test_host_times_are_found_again_only_when_what_they_come_from_changed() -> None:
+    """A step after which the pace, the anchor map and the auto scale are as they were (a controlled step of a run
+    whose pace learns at auto) keeps the host times; a pace learned anew, or a new auto scale, finds them again."""
+    anchor_map, pace = AnchorMap(CUMULATIVE_S[:, 0], 4e-3), Pace()
+    for _ in range(5):
+        anchor_map.observe(0.0, 4e-3, [2e-3])
+        pace.observe(0.0, 4e-3, [3e-3])
+    times = StepTimes(CUMULATIVE_S, 4e-3, anchor_map, pace)
+    kept = times.at(0)
+    times.observe(StepEnd(5.0, 4e-3, None, (4.997,)), matched=True, controlled=True)
+    assert times.at(0) is kept
+    pace.observe(0.0, 4e-3, [2e-3])
+    times.observe(StepEnd(9.0, 4e-3, None, (8.997,)), matched=True, controlled=True)
+    assert times.at(0) is not kept and list(times.at(0)) == list(kept)  # the median of five steps held
+    kept = times.at(0)
+    times.observe(StepEnd(13.0, 4.4e-3, None, (12.997,)), matched=True, controlled=False)  # a new auto scale
+    assert times.at(0) is not kept
