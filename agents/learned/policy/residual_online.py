@@ -91,7 +91,8 @@ class ResidualOnlinePolicy:
         self.acted_on = np.zeros_like(self._obs)
         self._action = np.zeros(3, dtype=np.int64)
         self._counters = np.zeros(2, dtype=np.int64)
-        self._budget, self._budget_plan = 0.0, -1
+        self._budget, self._budget_plan = 0.0, -2
+        """The last step's budget and its plan (:func:`plan_for_budget`; -2: none yet)."""
         self._bound: BoundResidual | None = None
 
     def prepare(self) -> None:
@@ -127,8 +128,9 @@ class ResidualOnlinePolicy:
         last decision); returns its pair (pair 0, auto, for a release)."""
         if self._bound is None:
             self.prepare()
-        self._budget = max(0.0, budget)
-        self._budget_plan = plan_for_budget(self.env.observation_spec.plan_budgets, self._budget)
+        if max(0.0, budget) != self._budget or self._budget_plan < -1:  # the last step's budget: its plan
+            self._budget = max(0.0, budget)
+            self._budget_plan = plan_for_budget(self.env.observation_spec.plan_budgets, self._budget)
         return int(begin_bound(self._bound, self._budget, self._budget_plan, self._drift_pct))
 
     def decide(self, state: LiveState, now_s: float) -> OnlineDecision:

@@ -41,6 +41,9 @@ NANOSECONDS = st.lists(st.integers(-(10**19), 10**19), max_size=60)
        arm=st.sampled_from([AUTO, CONTROLLED]) | st.text(), anchors_ns=NANOSECONDS, pace_ns=st.none() | NANOSECONDS)
 def test_a_step_line_is_json_dumps_of_its_record(**fields: Any) -> None:
     assert step_line(**fields) == json.dumps({"event": "step", **fields}) + "\n"
+    pace_ns = fields["pace_ns"]
+    if pace_ns is not None:  # the pace's text kept from an earlier step
+        assert step_line(**fields, pace_json=str(pace_ns)) == json.dumps({"event": "step", **fields}) + "\n"
 
 
 def test_a_written_line_flushes_what_was_appended_before_it(tmp_path: Path) -> None:
