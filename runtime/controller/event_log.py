@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import math
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -31,9 +32,13 @@ class EventLog:
         self._pending: list[dict[str, Any] | str] = []
 
     def write(self, event: str, **fields: Any) -> None:
+        if self._file is not None:
+            self.write_line(json.dumps({"event": event, **fields}) + "\n")
+
+    def write_line(self, line: str) -> None:
+        """:meth:`write` of a record already encoded as its JSON line (with its newline)."""
         if self._file is None:
             return
-        line = json.dumps({"event": event, **fields}) + "\n"
         with self._lock:
             self._write_pending()
             if self._file is not None:
@@ -72,6 +77,52 @@ def nanoseconds(times_s: Sequence[float]) -> list[int]:
     """``times_s`` (s) as whole nanoseconds, each rounded to the nearest (what a step record's ``*_ns`` arrays
     hold: the host clock counts nanoseconds, so a real run's times lose nothing)."""
     return [round(t * 1e9) for t in times_s]
+
+
+def step_line(step: int, end_s: float, duration_s: float | None, signature: int | None, matched: bool,
+              controlled: bool, next_controlled: bool, scale: float, arm: str, anchors_ns: list[int],
+              pace_ns: list[int] | None, pace_json: str | None = None) -> str:
+    """A finished step's record (``{"event": "step", ...}``, these fields in this order) as the JSON line
+    ``json.dumps`` writes for it (with its newline; tested), with one f-string: the dict and the encoder's
+    general path take the controller's thread longer, each step. ``anchors_ns`` and ``pace_ns`` are
+    :func:`nanoseconds`' lists of ints; ``pace_json``: ``pace_ns``'s text (``str(pace_ns)``) where the caller
+    kept it from an earlier step with the same pace. A non-finite time or another field of another type is
+    encoded by ``json.dumps`` itself."""
+    if not (type(step) is int and _finite(end_s) and (duration_s is None or _finite(duration_s))
+            and (signature is None or type(signature) is int) and _finite(scale) and type(arm) is str
+            and type(anchors_ns) is list and (pace_ns is None or type(pace_ns) is list)):
+        return json.dumps({"event": "step", "step": step, "end_s": end_s, "duration_s": duration_s,
+                           "signature": signature, "matched": matched, "controlled": controlled,
+                           "next_controlled": next_controlled, "scale": scale, "arm": arm, "anchors_ns": anchors_ns,
+                           "pace_ns": pace_ns}) + "\n"
+    pace_text = "null" if pace_ns is None else _ints(pace_ns) if pace_json is None else pace_json
+    return (f'{{"event": "step", "step": {step}, "end_s": {float(end_s)!r}, '
+            f'"duration_s": {"null" if duration_s is None else repr(float(duration_s))}, '
+            f'"signature": {"null" if signature is None else signature}, "matched": {_BOOLS[matched]}, '
+            f'"controlled": {_BOOLS[controlled]}, "next_controlled": {_BOOLS[next_controlled]}, '
+            f'"scale": {float(scale)!r}, "arm": {_string(arm)}, "anchors_ns": {_ints(anchors_ns)}, '
+            f'"pace_ns": {pace_text}}}\n')
+
+
+_BOOLS = {True: "true", False: "false"}
+_STRINGS: dict[str, str] = {}
+"""Strings (the A/B windows' arms) as JSON, each encoded once."""
+
+
+def _string(text: str) -> str:
+    encoded = _STRINGS.get(text)
+    if encoded is None:
+        encoded = _STRINGS[text] = json.dumps(text)
+    return encoded
+
+
+def _finite(value: float) -> bool:
+    return isinstance(value, float) and math.isfinite(value)
+
+
+def _ints(values: list[int]) -> str:
+    """A list of ints (:func:`nanoseconds`') as JSON: Python's text of it is."""
+    return str(values)
 
 
 def seconds(record: dict[str, Any], name: str) -> list[float] | None:

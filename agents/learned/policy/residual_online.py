@@ -91,13 +91,15 @@ class ResidualOnlinePolicy:
         self.acted_on = np.zeros_like(self._obs)
         self._action = np.zeros(3, dtype=np.int64)
         self._counters = np.zeros(2, dtype=np.int64)
-        self._budget, self._budget_plan = 0.0, -1
+        self._budget, self._budget_plan = 0.0, -2
+        """The last step's budget and its plan (:func:`plan_for_budget`; -2: none yet)."""
         self._bound: BoundResidual | None = None
 
     def prepare(self) -> None:
         """Bind the decisions' arrays (the live tables: every pair's landings and proposal changes; the policy's)
-        and run a throwaway step's first decisions, so that nothing is computed or compiled for the first time in
-        a controlled step."""
+        and run a throwaway step's first decisions (its start, a warm-up, a look-ahead and a decision), so that
+        nothing is computed or compiled (or loaded from numba's cache) for the first time in a controlled step;
+        the next :meth:`begin` starts the step's state afresh."""
         self.env.reset(seed=0)
         tables = self.env.tables()
         first, mean, inverse_std, clip, later, bounds, activation = self.policy.forward_inputs(0)
@@ -114,6 +116,7 @@ class ResidualOnlinePolicy:
         self.warm(LiveState(0, 0, NO_REQUEST, 0.0, 0.0, 0.0))
         times_s = np.zeros(1)
         self.first_change(np.zeros(1, dtype=np.int64), 0, times_s, times_s, 1.0, 0.0, times_s)
+        self.decide(LiveState(0, 0, NO_REQUEST, 0.0, 0.0, 0.0), 0.0)
 
     def pair_of(self, label: str) -> int:
         """The grid pair of clock label ``label``; ValueError if the grid has none."""
@@ -125,8 +128,9 @@ class ResidualOnlinePolicy:
         last decision); returns its pair (pair 0, auto, for a release)."""
         if self._bound is None:
             self.prepare()
-        self._budget = max(0.0, budget)
-        self._budget_plan = plan_for_budget(self.env.observation_spec.plan_budgets, self._budget)
+        if max(0.0, budget) != self._budget or self._budget_plan < -1:  # the last step's budget: its plan
+            self._budget = max(0.0, budget)
+            self._budget_plan = plan_for_budget(self.env.observation_spec.plan_budgets, self._budget)
         return int(begin_bound(self._bound, self._budget, self._budget_plan, self._drift_pct))
 
     def decide(self, state: LiveState, now_s: float) -> OnlineDecision:

@@ -24,9 +24,10 @@ from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Any
 
+from kdvfs.common.arrays import Array
 from kdvfs.runtime.controller.decisions.decision_records import quantiles
 from kdvfs.runtime.controller.decisions.sources import StepSource, ThreadContext
-from kdvfs.runtime.controller.event_log import nanoseconds
+from kdvfs.runtime.controller.event_log import nanoseconds, step_line
 from kdvfs.runtime.controller.measurement.accounting import Accounting
 from kdvfs.runtime.controller.measurement.guard import Guard
 from kdvfs.runtime.controller.model.run_summary import LeadIn
@@ -88,6 +89,11 @@ class Issuer(threading.Thread):
         """Of it: waiting for the GPU to end each step (:meth:`StepTimeline.wait`), and running the source
         through the controlled steps (s)."""
         self._ratios: deque[float] = deque(maxlen=SCALE_STEPS)
+        self._scale = 1.0
+        """:attr:`scale`, found again when a ratio comes."""
+        self._pace_logged: tuple[Array | None, list[int] | None, str | None] = (None, None, None)
+        """The pace the last step record logged (the array), in nanoseconds and as JSON: kept while it is the
+        same array (a pace learned anew is a new one)."""
         self.auto_reasons: Counter[str] = Counter()
         """Steps decided to run at auto, by reason (:meth:`_auto_reason`)."""
         self.lead_ins = self.lead_ins_missed = 0
@@ -116,7 +122,7 @@ class Issuer(threading.Thread):
     @property
     def scale(self) -> float:
         """Measured over expected step time, median of the last matching steps (1 before any)."""
-        return statistics.median(self._ratios) if self._ratios else 1.0
+        return self._scale
 
     def run(self) -> None:
         """The thread: handle each step end queued by ``Controller.step`` until ``None``."""
@@ -211,10 +217,13 @@ class Issuer(threading.Thread):
     def _log_step(self, index: int, end: StepEnd, matched: bool, was_controlled: bool, remapped: bool) -> None:
         """The step's record (and the anchor map's, when it changed) in the event log."""
         pace = self.anchors.pace.segments_s
-        self.log.write("step", step=index, end_s=end.end_s, duration_s=end.duration_s, signature=end.signature,
-                       matched=matched, controlled=was_controlled, next_controlled=self._controlling, scale=self.scale,
-                       arm=self.accounting.slot.arm, anchors_ns=nanoseconds(end.anchors_s),
-                       pace_ns=None if pace is None else nanoseconds(pace.tolist()))
+        if pace is not self._pace_logged[0]:  # the pace learned anew (a new array), or another step's
+            pace_ns = None if pace is None else nanoseconds(pace.tolist())
+            self._pace_logged = (pace, pace_ns, None if pace_ns is None else str(pace_ns))
+        _, pace_ns, pace_json = self._pace_logged
+        self.log.write_line(step_line(index, end.end_s, end.duration_s, end.signature, matched, was_controlled,
+                                      self._controlling, self.scale, self.accounting.slot.arm,
+                                      nanoseconds(end.anchors_s), pace_ns, pace_json))
         if remapped:
             anchors = self.anchors.map.anchors
             self.log.write("anchor_map", step=index, kernels=[a.kernel for a in anchors],
@@ -279,4 +288,5 @@ class Issuer(threading.Thread):
                 self.log.write("mismatch", step=self.steps - 1, duration_s=end.duration_s, signature=end.signature)
             return False
         self._ratios.append(end.duration_s / (ran.plan.expected_s if was_controlled else ran.plan.auto_s))
+        self._scale = statistics.median(self._ratios)
         return self.accounting.next_controlled and not self.guard.backed_off

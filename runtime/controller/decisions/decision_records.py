@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from kdvfs.common.arrays import Array
+from kdvfs.common.compiled import compiled
 from kdvfs.runtime.controller.model.run_summary import Quantiles
 
 
@@ -75,6 +77,7 @@ class RecentDurations:
         self._count = 0
         self.latest_s: float | None = None
         """The last duration added (None: none yet)."""
+        linear_percentile(self._values_s[:1], 90.0)  # compiled (or loaded from numba's cache) here, not in a step
 
     def append(self, duration_s: float) -> None:
         self._values_s[self._count % len(self._values_s)] = duration_s
@@ -83,17 +86,26 @@ class RecentDurations:
 
     def percentile(self, q: float) -> float:
         """The ``q``-th percentile (0 to 100) of the last ``size`` durations (s; 0 before any): the value of
-        ``np.percentile`` (its default, linear method: the sorted values interpolated at ``(n - 1) q / 100``, in
-        numpy's arithmetic), without its general path, long for one percentile of a few hundred values."""
+        ``np.percentile`` (:func:`linear_percentile`)."""
         count = min(self._count, len(self._values_s))
-        if not count:
-            return 0.0
-        ordered = np.sort(self._values_s[:count])  # NaN last
-        if np.isnan(ordered[-1]):
-            return math.nan
-        position = (count - 1) * (q / 100)
-        below = math.floor(position)
-        gamma = position - below
-        below, above = (count - 1, count - 1) if position >= count - 1 else (below, below + 1)
-        low, high = float(ordered[below]), float(ordered[above])
-        return low + (high - low) * gamma if gamma < 0.5 else high - (high - low) * (1 - gamma)
+        return float(linear_percentile(self._values_s[:count], float(q))) if count else 0.0
+
+
+@compiled
+def linear_percentile(values: Array, q: float) -> float:
+    """The ``q``-th percentile (0 to 100) of ``values`` (at least one), the value of ``np.percentile`` (its
+    default, linear method: the sorted values interpolated at ``(n - 1) q / 100``, in numpy's arithmetic; NaN if
+    any is NaN) in one compiled call: numpy's general path is long for one percentile of a few hundred values,
+    once a controlled step on the controller's thread."""
+    count = values.shape[0]
+    ordered = np.sort(values)  # NaN last
+    if np.isnan(ordered[count - 1]):
+        return np.nan
+    position = (count - 1) * (q / 100)
+    below = math.floor(position)
+    gamma = position - below
+    above = below + 1
+    if position >= count - 1:
+        below = above = count - 1
+    low, high = ordered[below], ordered[above]
+    return low + (high - low) * gamma if gamma < 0.5 else high - (high - low) * (1 - gamma)

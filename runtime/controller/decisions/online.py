@@ -266,16 +266,25 @@ class OnlineSteps:
 
     def _next_wake(self, decision: OnlineDecision, start_s: float, now_s: float, anchor: PassedAnchor,
                    running: int, until_s: float) -> tuple[float, str]:
-        """The next decision point (host s) and its reason (docs/design/controller.md)."""
-        wakes = {"policy": start_s + self.times.auto_scale * decision.policy_due_s,
-                 "arrival": self.clocks.arrival_check_s(now_s, self.interval_s),
-                 "issue": math.inf if self._held is None else self._issue_s(anchor, self._held.kernel)}
+        """The next decision point (host s) and its reason (docs/design/controller.md): the earliest of the
+        reasons', the first named at a tie (``policy``, ``arrival``, ``issue``, then ``proposal`` or ``change``)."""
+        policy_s = start_s + self.times.auto_scale * decision.policy_due_s
+        arrival_s = self.clocks.arrival_check_s(now_s, self.interval_s)
+        issue_s = math.inf if self._held is None else self._issue_s(anchor, self._held.kernel)
+        wake_s, reason = policy_s, "policy"
+        if arrival_s < wake_s:
+            wake_s, reason = arrival_s, "arrival"
+        if issue_s < wake_s:
+            wake_s, reason = issue_s, "issue"
         if decision.next_change is None:
-            wakes["proposal"] = self._proposal_s(decision, start_s, now_s, anchor, min(until_s, *wakes.values()))
+            proposal_s = self._proposal_s(decision, start_s, now_s, anchor, min(until_s, policy_s, arrival_s, issue_s))
+            if proposal_s < wake_s:
+                wake_s, reason = proposal_s, "proposal"
         elif decision.next_change < self._kernels:
-            wakes["change"] = self.times.kernel_s(anchor, running, decision.next_change)
-        reason = min(wakes, key=wakes.__getitem__)
-        return wakes[reason], reason
+            change_s = self.times.kernel_s(anchor, running, decision.next_change)
+            if change_s < wake_s:
+                wake_s, reason = change_s, "change"
+        return wake_s, reason
 
     def _proposal_s(self, decision: OnlineDecision, start_s: float, now_s: float, anchor: PassedAnchor,
                     before_s: float) -> float:

@@ -20,7 +20,7 @@ import logging
 import math
 import sys
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from kdvfs.runtime.controller.config import ControllerConfig
@@ -61,6 +61,11 @@ class Window:
     def as_intended(self) -> bool:
         """Every step ran as the arm says (a B window during a back-off ran at auto)."""
         return self.controlled_steps == (self.steps if self.arm == CONTROLLED else 0)
+
+
+WINDOW_FIELDS = tuple(field.name for field in dataclasses.fields(Window))
+"""A window's fields in order (each a number, a string or None: its log record is ``asdict``'s without the
+deep copy)."""
 
 
 class Accounting:
@@ -164,7 +169,7 @@ class Accounting:
                         new_shapes=math.fsum(n for _, n in self._steps_covariates) / steps if varying else None)
         self.windows.append(window)
         self._unmeasured.append(len(self.windows) - 1)
-        self._log.write("window", **asdict(window))
+        self._log.write("window", **{name: getattr(window, name) for name in WINDOW_FIELDS})  # asdict's
         self._scalars(index, step_time_s=window.step_time_s, controlled_fraction=window.controlled_steps / steps)
         self.slot = self.schedule.next()
         self._restart(end_s)

@@ -15,12 +15,19 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats
+from scipy import special
 
 from kdvfs.common.units import PCT_PER_FRACTION
 from kdvfs.runtime.controller.model.run_summary import Measured, NetEffect
 
 MIN_PAIRS = 2
+
+
+def t_975(dof: int) -> float:
+    """Student's t 0.975 quantile on ``dof`` (>= 1) degrees of freedom: ``scipy.stats.t.ppf(0.975, dof)``'s value,
+    from the function it calls (``scipy.special.stdtrit``) without its general path (a new A/B pair computes it
+    on the controller's thread, holding the interpreter lock)."""
+    return float(special.stdtrit(dof, 0.975))
 
 
 @dataclass(frozen=True)
@@ -76,7 +83,7 @@ class Paired:
         if self.n < MIN_PAIRS:
             return None
         standard_error = math.sqrt(self._m2 / (self.n - 1) / self.n)
-        half = float(stats.t.ppf(0.975, self.n - 1)) * standard_error
+        half = t_975(self.n - 1) * standard_error
         return Interval(self._mean, self._mean - half, self._mean + half, self.n, standard_error)
 
 
@@ -151,5 +158,5 @@ def adjusted(rows: list[WindowRow], sign: float = 1.0) -> Interval | None:
     inflated = (y - x @ beta) / (1 - leverage)
     standard_error = math.sqrt(float(np.sum((arm_row * inflated) ** 2))) * abs(scale)
     mean = float(beta[1]) * scale
-    half = float(stats.t.ppf(0.975, dof)) * standard_error
+    half = t_975(dof) * standard_error
     return Interval(mean, mean - half, mean + half, min(controlled, len(rows) - controlled), standard_error)

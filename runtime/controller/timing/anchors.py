@@ -17,7 +17,7 @@ docs/design/controller.md.
 from __future__ import annotations
 
 import bisect
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -25,11 +25,12 @@ from typing import Any
 import numpy as np
 
 from kdvfs.common.arrays import Array
+from kdvfs.common.compiled import compiled
 from kdvfs.envs.trace.trace import Phase, Trace
 from kdvfs.runtime.controller.model.run_summary import AnchorFigures
 from kdvfs.runtime.controller.model.step_plan import Request, StepPlan
 from kdvfs.runtime.controller.timing.gpu_timeline import StepEnd, StepTimeline
-from kdvfs.runtime.controller.timing.pace import Pace, host_offsets_s, medians
+from kdvfs.runtime.controller.timing.pace import Pace, RecentRows, host_offsets_s
 from kdvfs.runtime.device.host_time import Clock
 
 LEARN_STEPS = 5
@@ -118,13 +119,33 @@ class Anchor:
 
 
 def nearest_kernels(kernel_start_s: Array, positions_s: Array) -> Array:
-    """For each position (s from the step's start), the kernel whose expected start is nearest."""
-    starts_s = np.asarray(kernel_start_s, dtype=float)
-    if len(starts_s) < 2:
-        return np.zeros(len(positions_s), dtype=np.int64)
-    right = np.clip(np.searchsorted(starts_s, positions_s), 1, len(starts_s) - 1)
-    left = right - 1
-    return np.where(positions_s - starts_s[left] <= starts_s[right] - positions_s, left, right)
+    """For each position (s from the step's start), the kernel whose expected start is nearest (the earlier one
+    at a tie); ``kernel_start_s`` is sorted. One compiled call (:func:`nearest_starts`)."""
+    return nearest_starts(np.asarray(kernel_start_s, dtype=float), np.asarray(positions_s, dtype=float))
+
+
+@compiled
+def nearest_starts(starts_s: Array, positions_s: Array) -> Array:
+    """:func:`nearest_kernels` on float64 arrays: at each position, numpy's ``searchsorted`` (side "left", NaN
+    last) clipped to 1..K-1 gives the start on the right, and the nearer of it and the one before is taken, as
+    ``np.where(position - left <= right - position, left, right)`` takes it (the earlier at a tie)."""
+    count = starts_s.shape[0]
+    kernels = np.zeros(positions_s.shape[0], dtype=np.int64)
+    if count < 2:
+        return kernels
+    for i in range(positions_s.shape[0]):
+        position_s, low, high = positions_s[i], 0, count
+        while low < high:
+            middle = (low + high) >> 1
+            start_s = starts_s[middle]
+            if start_s < position_s or (np.isnan(position_s) and not np.isnan(start_s)):
+                low = middle + 1
+            else:
+                high = middle
+        right = min(max(low, 1), count - 1)
+        left = right - 1
+        kernels[i] = left if position_s - starts_s[left] <= starts_s[right] - position_s else right
+    return kernels
 
 
 class AnchorMap:
@@ -133,6 +154,7 @@ class AnchorMap:
     def __init__(self, kernel_start_s: Array, expected_s: float, learn_steps: int = LEARN_STEPS,
                  structure: Callable[[int], Sequence[int] | None] | None = None) -> None:
         self.kernel_start_s, self.expected_s = np.asarray(kernel_start_s, dtype=float), expected_s
+        nearest_kernels(self.kernel_start_s, np.zeros(1))  # compiled (or loaded from numba's cache) here, not in a step
         self.structure = structure
         """The kernels a step's N anchors stand for, from the trace's structure (None: it does not fit)."""
         self.mapped_by = "time"
@@ -140,33 +162,33 @@ class AnchorMap:
         self.anchors: tuple[Anchor, ...] = ()
         self.positions_s: list[float] = []
         """The anchors' positions (s from the step's start, plan timeline), in order."""
-        self._history: deque[Array] = deque(maxlen=learn_steps)
+        self._history = RecentRows(learn_steps)
         self._kernels: Array = np.zeros(0, dtype=np.int64)
         """The anchors' kernels."""
 
     def observe(self, start_s: float, end_s: float, anchors_s: Sequence[float]) -> bool:
         """Learn from one finished step (host times, s); True when the map changed."""
-        offsets_s = np.asarray(anchors_s, dtype=float) - start_s
+        offsets_s = np.array(anchors_s, dtype=float) - start_s
         duration_s = end_s - start_s
-        disordered = len(offsets_s) > 0 and bool(np.any(np.diff(offsets_s) < 0) or offsets_s[0] < 0
+        disordered = len(offsets_s) > 0 and bool((offsets_s[1:] - offsets_s[:-1] < 0).any() or offsets_s[0] < 0
                                                    or offsets_s[-1] > duration_s)
         if duration_s <= 0 or disordered:
             return False
         before = self.anchors
-        if self._history and len(self._history[-1]) != len(offsets_s):
+        if self._history.width not in (None, len(offsets_s)):
             self._history.clear()
             self._set_kernels(np.zeros(0, dtype=np.int64))
         self._history.append(offsets_s * self.expected_s / duration_s)
-        if len(self._history) == self._history.maxlen and len(offsets_s):
-            median_s = medians(list(self._history))
-            kernels = self._structural(len(median_s))
+        if self._history.full and len(offsets_s):
+            kernels = self._structural(len(offsets_s))  # the structure's needs no positions
             self.mapped_by = "time" if kernels is None else "structure"
-            self._set_kernels(nearest_kernels(self.kernel_start_s, median_s) if kernels is None else kernels)
+            self._set_kernels(nearest_kernels(self.kernel_start_s, self._history.medians()) if kernels is None
+                              else kernels)
         return self.anchors is not before and [a.kernel for a in before] != [a.kernel for a in self.anchors]
 
     def _set_kernels(self, kernels: Array) -> None:
         """The anchors at ``kernels`` (in order); kept as they are where those are their kernels already."""
-        if not np.array_equal(kernels, self._kernels):
+        if kernels.shape != self._kernels.shape or not bool((kernels == self._kernels).all()):  # np.array_equal's
             self._kernels = kernels
             self.anchors = tuple(Anchor(i, int(k), float(self.kernel_start_s[k])) for i, k in enumerate(kernels))
             self.positions_s = [a.position_s for a in self.anchors]

@@ -140,3 +140,20 @@ def test_the_release_names_auto_once_then_nothing_for_the_rest_of_the_step(
 def test_a_frozen_policy_copy_is_what_buckets_run(residual: tuple[FrozenPolicy, Problem]) -> None:
     policy, problem = residual
     assert isinstance(online_decider(replace(policy), problem), ResidualOnlinePolicy)
+
+
+def test_prepare_runs_every_compiled_call_of_a_step(residual: tuple[FrozenPolicy, Problem],
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """``prepare`` calls each compiled function a step calls: none is compiled (or loaded from numba's cache) on
+    the controller's thread in a controlled step."""
+    import kdvfs.agents.learned.policy.residual_online as residual_online
+
+    policy, problem = residual
+    called: set[str] = set()
+    for name in ("begin_bound", "decide_residual", "warm_residual", "first_change_residual"):
+        function = getattr(residual_online, name)
+        monkeypatch.setattr(residual_online, name,
+                            lambda *args, _name=name, _function=function: called.add(_name) or _function(*args))
+    prepared = ResidualOnlinePolicy(policy, problem)
+    prepared.prepare()
+    assert called == {"begin_bound", "decide_residual", "warm_residual", "first_change_residual"}

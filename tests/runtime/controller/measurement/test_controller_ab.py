@@ -16,7 +16,7 @@ from kdvfs.envs.model.drift import Drift, DriftModel
 from kdvfs.runtime.controller import Controller
 from kdvfs.runtime.controller.config import ControllerConfig
 from kdvfs.runtime.controller.measurement.ab import AUTO, CONTROLLED, AbSchedule
-from kdvfs.runtime.controller.measurement.estimator import Interval, Paired
+from kdvfs.runtime.controller.measurement.estimator import Interval, Paired, t_975
 from kdvfs.runtime.controller.measurement.guard import Guard
 from kdvfs.runtime.device.errors import DeviceError
 from kdvfs.runtime.testing.ab_truth import true_effect
@@ -67,6 +67,10 @@ def test_paired_interval_is_the_student_t_interval() -> None:
     single = Paired()
     single.add(1.0)
     assert single.interval() is None
+
+
+def test_the_t_quantile_is_scipys_to_the_bit() -> None:
+    assert all(t_975(dof) == float(stats.t.ppf(0.975, dof)) for dof in [*range(1, 400), 1_000, 10_000, 1_000_000])
 
 
 def test_drift_model_has_the_measured_h200_figures() -> None:

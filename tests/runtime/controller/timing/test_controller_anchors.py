@@ -12,6 +12,8 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 
 from kdvfs.runtime.controller.event_log import seconds
@@ -206,6 +208,23 @@ def test_anchor_map_learns_positions_and_their_kernels() -> None:
     assert anchor_map.pick(0.05).kernel == 40 and anchor_map.pick(0.04).kernel == 40  # type: ignore[union-attr]
     assert anchor_map.pick(0.005) is None
     assert nearest_kernels(starts_s, np.array([0.0004, 0.0006, 0.2])).tolist() == [0, 1, 100]
+
+
+def _numpys_nearest(starts_s: np.ndarray, positions_s: np.ndarray) -> np.ndarray:
+    """The nearest kernels as numpy finds them (what the compiled search replaced)."""
+    if len(starts_s) < 2:
+        return np.zeros(len(positions_s), dtype=np.int64)
+    right = np.clip(np.searchsorted(starts_s, positions_s), 1, len(starts_s) - 1)
+    left = right - 1
+    return np.where(positions_s - starts_s[left] <= starts_s[right] - positions_s, left, right)
+
+
+@settings(deadline=None)  # the first call loads the compiled search
+@given(st.lists(st.floats(-1.0, 1.0), max_size=40), st.lists(
+    st.floats(allow_nan=True, allow_infinity=True) | st.floats(-1.1, 1.1), max_size=20))
+def test_nearest_kernels_are_numpys(starts: list[float], positions: list[float]) -> None:
+    starts_s, positions_s = np.sort(np.array(starts, dtype=float)), np.array(positions, dtype=float)
+    assert np.array_equal(nearest_kernels(starts_s, positions_s), _numpys_nearest(starts_s, positions_s))
 
 
 def test_anchor_map_drops_on_another_count_and_ignores_disorder() -> None:

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kdvfs.runtime.controller.timing.pace import PACE_STEPS, Pace, host_offsets_s, medians
+from kdvfs.runtime.controller.timing.pace import PACE_STEPS, Pace, RecentRows, host_offsets_s, medians
 
 
 def _direct_s(segments_s: list[float], knots_s: list[float], time_s: float, reference_s: list[float]) -> float:
@@ -63,9 +63,25 @@ def test_another_anchor_count_starts_again_and_disorder_is_ignored() -> None:
     assert pace.segments_s is None and pace.for_anchors(2) is None
 
 
+@settings(deadline=None)  # the first call loads the compiled medians
 @given(rows=st.integers(1, 7).flatmap(lambda n: st.lists(st.lists(
     st.floats(allow_nan=True, allow_infinity=True) | st.floats(-1.0, 1.0), min_size=n, max_size=n),
     min_size=1, max_size=6)))
 def test_medians_are_numpys_median_of_each_position(rows: list[list[float]]) -> None:
     history = [np.array(row) for row in zip(*rows, strict=True)]  # as many arrays as steps, one value a position
     assert np.array_equal(medians(history), np.median(np.stack(history), axis=0), equal_nan=True)
+
+
+@settings(deadline=None)
+@given(st.lists(st.lists(st.floats(allow_nan=True, allow_infinity=True), min_size=1, max_size=3), min_size=1,
+                max_size=12), st.integers(1, 5))
+def test_recent_rows_hold_the_last_rows_of_one_length(rows: list[list[float]], size: int) -> None:
+    """The medians of the last ``size`` rows since the last change of length, as a list of those rows gives."""
+    recent, kept = RecentRows(size), []
+    for row in rows:
+        kept = [*(kept if kept and len(kept[-1]) == len(row) else []), np.array(row)][-size:]
+        recent.append(np.array(row))
+        assert recent.width == len(row) and recent.count == len(kept) and recent.full == (len(kept) == size)
+        assert np.array_equal(recent.medians(), medians(kept), equal_nan=True)
+    recent.clear()
+    assert recent.width is None and recent.count == 0
