@@ -1,9 +1,10 @@
 """Residual PPO against the best fixed-margin fitting plan on held-out steps: within budget and saving per cell.
 
-    python -m benchmarks.learned.learned_vs_plans [--gpus h200] [--seeds 4] [--jobs 2]
+    python -m benchmarks.learned.learned_vs_plans [--gpus h200] [--seeds 4] [--jobs 2]  # GPUs in turn
 
 For each GPU with trained residual policies (``benchmarks/data/learned/<gpu>-s<seed>.kdvfs-policy.npz``: the
-``ppo.kdvfs-policy.npz`` of ``kdvfs train --gpu G --config residual-G --seed S --timesteps 120000 --out DIR``): per
+``ppo.kdvfs-policy.npz`` of each ``DIR/seed-S`` of ``kdvfs train --gpu G --config residual-G --seed 0 1 2 3 4 --out
+DIR``): per
 budget x latency cell, the fixed-margin fitting plan that saves most within budget on the validation pairs is
 the bar; then the held-out pairs of ``benchmarks/learned/ppo_vs_clone.py`` are scored once for PPO of every
 training seed and every fixed-margin plan. Two bounds are read off the held-out plans, never used for a choice:
@@ -19,7 +20,9 @@ clustered by family and training seed (two-way bootstrap). Writes
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -27,6 +30,7 @@ import numpy as np
 from benchmarks.common.provenance import provenance, write_results
 from benchmarks.learned.ppo_vs_clone import held_out_pairs
 from kdvfs.agents.learned.policy.frozen import FrozenPolicy
+from kdvfs.agents.learned.policy.policy_planner import Actor
 from kdvfs.agents.learned.training.margin_plans import (
     CELL_BUDGETS,
     CELL_LATENCY_SCALES,
@@ -39,7 +43,9 @@ from kdvfs.agents.learned.training.margin_plans import (
 )
 from kdvfs.agents.learned.training.ppo import build_pairs, load_train_config
 from kdvfs.common.paths import REPO_ROOT
+from kdvfs.envs.env.config import EnvConfig
 from kdvfs.envs.env.observing.measured import margin_label
+from kdvfs.envs.env.steps.shape_pairs import ShapePair
 from kdvfs.envs.gpu.profiles import load_profile
 
 POLICIES = REPO_ROOT / "benchmarks" / "data" / "learned"
@@ -62,24 +68,49 @@ def clustered_interval(delta: np.ndarray, rng: np.random.Generator) -> list[floa
     return [float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))]
 
 
-def run_gpu(gpu: str, seeds: int) -> dict[str, Any]:
-    """The comparison of the module docstring for one GPU."""
+def actors_of(gpu: str, kind: str) -> dict[str, Actor]:
+    """The fixed-margin plans (``kind`` "plans") or PPO of every training seed (``kind`` "ppo", by ``s<seed>``)."""
+    return margin_actors() if kind == "plans" else {f"s{s}": p for s, p in seed_policies(gpu).items()}
+
+
+def chunk_episodes(gpu: str, kind: str, pairs: list[ShapePair], config: EnvConfig, seeds: int) -> np.ndarray:
+    """:func:`episodes` of :func:`actors_of` ``(gpu, kind)`` on ``pairs`` (what one process of the pool runs)."""
+    return episodes(actors_of(gpu, kind), pairs, load_profile(gpu), config, seeds)
+
+
+def pooled_episodes(pool: ProcessPoolExecutor, jobs: int, gpu: str, kind: str, pairs: list[ShapePair],
+                    config: EnvConfig, seeds: int) -> np.ndarray:
+    """:func:`chunk_episodes` of ``pairs`` split into ``jobs`` runs on ``pool`` (each episode is seeded by its
+    case: the figures do not depend on the split)."""
+    chunks = [[pairs[i] for i in chunk] for chunk in np.array_split(np.arange(len(pairs)), jobs) if len(chunk)]
+    n = len(chunks)
+    parts = pool.map(chunk_episodes, [gpu] * n, [kind] * n, chunks, [config] * n, [seeds] * n)
+    return np.concatenate(list(parts), axis=1)
+
+
+def run_gpu(gpu: str, seeds: int, jobs: int) -> dict[str, Any]:
+    """The comparison of the module docstring for one GPU, its episodes run in ``jobs`` processes."""
+    with ProcessPoolExecutor(jobs) as pool:
+        return _run_gpu(gpu, seeds, partial(pooled_episodes, pool, jobs, gpu))
+
+
+def _run_gpu(gpu: str, seeds: int, run_episodes: Callable[..., np.ndarray]) -> dict[str, Any]:
     profile = load_profile(gpu)
     policies = seed_policies(gpu)
     config = next(iter(policies.values())).config if policies else load_train_config(f"residual-{gpu}").env
     grid = config.grid(profile)
     validation = build_pairs(load_train_config(f"residual-{gpu}").data.validation, profile, grid)
-    margins = best_margins(episodes(margin_actors(), validation, profile, config, VALIDATION_SEEDS))
+    margins = best_margins(run_episodes("plans", validation, config, VALIDATION_SEEDS))
     labelled = held_out_pairs(gpu, profile, grid)
     pairs = [pair for _, pair in labelled]
-    full = episodes(margin_actors(), pairs, profile, config, seeds)
+    full = run_episodes("plans", pairs, config, seeds)
     bar, reference = chosen(full, margins), full[0]
     hindsight = best_margins(full)
     strongest = chosen(full, hindsight)
     bound = np.where(within(full) > 0, full[..., 0], -np.inf).max(axis=0)  # each episode's best margin
     if not policies:
         return baseline_only(gpu, margins, bar, reference, len(pairs), seeds)
-    ppo = episodes({f"s{s}": p for s, p in policies.items()}, pairs, profile, config, seeds)
+    ppo = run_episodes("ppo", pairs, config, seeds)
     families = sorted({family for family, _ in labelled})
     member = np.array([[family == f for family, _ in labelled] for f in families])
     rng = np.random.default_rng(0)
@@ -198,10 +229,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gpus", nargs="+", default=["h200", "b200", "a100-sxm4"])
     parser.add_argument("--seeds", type=int, default=4)
-    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--jobs", type=int, default=2, help="processes running a GPU's episodes")
     args = parser.parse_args()
-    with ProcessPoolExecutor(args.jobs) as pool:
-        runs = dict(zip(args.gpus, pool.map(run_gpu, args.gpus, [args.seeds] * len(args.gpus)), strict=True))
+    runs = {gpu: run_gpu(gpu, args.seeds, args.jobs) for gpu in args.gpus}
     command = f"python -m benchmarks.learned.learned_vs_plans --gpus {' '.join(args.gpus)} --seeds {args.seeds}"
     result = {"provenance": provenance(command), "gpus": runs}
     write_results("learned_vs_plans", result, _markdown(result))

@@ -64,6 +64,10 @@ Z95 = 1.96
 """The normal quantile of a two-sided 95% interval (the paired comparisons have hundreds of pairs)."""
 
 
+def _silent(text: str) -> None:
+    """The default stage report: nothing."""
+
+
 @dataclass
 class TrainingData:
     """What every seed of one config trains and is chosen on, priced once: the GPU's profile, the training and
@@ -76,9 +80,11 @@ class TrainingData:
     plan_episodes: Array | None = None
 
     @classmethod
-    def price(cls, config: TrainConfig, progress_bar: bool = False) -> TrainingData:
+    def price(cls, config: TrainConfig, progress_bar: bool = False, stage: Callable[[str], None] = _silent
+              ) -> TrainingData:
         """Price ``config``'s training and validation steps on its GPU (the training steps validate when the
-        config has no validation steps)."""
+        config has no validation steps); ``stage`` is told."""
+        stage(f"pricing every training and validation step once on {config.gpu}")
         profile = load_profile(config.gpu)
         grid = config.env.grid(profile)
         train_pairs = build_pairs(config.data.train, profile, grid, progress_bar, "pricing training steps")
@@ -90,8 +96,7 @@ class TrainingData:
 @dataclass(frozen=True)
 class TrainResult:
     """What a run produced: its folder, the frozen policy, wall time (s), timesteps, which candidate ships
-    (``ppo`` or ``imitation``), the validation comparison it was chosen by, and the priced steps (for a run of
-    another seed)."""
+    (``ppo`` or ``imitation``) and the validation comparison it was chosen by."""
 
     out: Path
     policy_path: Path
@@ -99,11 +104,6 @@ class TrainResult:
     timesteps: int
     selected: str
     comparison: dict[str, Any]
-    data: TrainingData
-
-
-def _silent(text: str) -> None:
-    """The default stage report: nothing."""
 
 
 def whole_rollouts(timesteps: int, n_steps: int, n_envs: int) -> int:
@@ -131,9 +131,7 @@ def train(config: TrainConfig, out: Path, timesteps: int | None = None, progress
     write_run_record(out, to_plain(config), config.seed, revision)
     write_text_atomic(out / "config.yaml", yaml.safe_dump(to_plain(config), sort_keys=False))
 
-    if data is None:
-        stage(f"pricing every training and validation step once on {config.gpu}")
-        data = TrainingData.price(config, progress_bar)
+    data = data or TrainingData.price(config, progress_bar, stage)
     profile, train_pairs, validation_pairs = data.profile, data.train_pairs, data.validation_pairs
 
     # Environments and model; a head start by cloning the expert, the observation statistics frozen from then
@@ -182,7 +180,7 @@ def train(config: TrainConfig, out: Path, timesteps: int | None = None, progress
                "multipliers": multipliers, "train_steps": [p.predicted.name for p in train_pairs],
                "validation_steps": [p.predicted.name for p in validation_pairs]}
     write_text_atomic(out / "summary.json", json.dumps(summary, indent=1) + "\n")
-    return TrainResult(out, policy_path, wall_s, int(model.num_timesteps), selected, comparison, data)
+    return TrainResult(out, policy_path, wall_s, int(model.num_timesteps), selected, comparison)
 
 
 def imitate(model: AnchoredPPO, env: VecNormalize, config: TrainConfig, profile: GpuProfile,

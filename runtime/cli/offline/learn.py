@@ -103,7 +103,7 @@ def run_train(args: argparse.Namespace) -> int:
     from tqdm import TqdmExperimentalWarning
 
     from kdvfs.agents.learned.training.ppo import load_train_config
-    from kdvfs.agents.learned.training.train import train
+    from kdvfs.agents.learned.training.train import TrainingData, train
 
     warnings.filterwarnings("ignore", category=TqdmExperimentalWarning)  # SB3's rich progress bar works
     config = load_train_config(args.config or args.gpu)
@@ -112,13 +112,12 @@ def run_train(args: argparse.Namespace) -> int:
                          "--config")
     if args.timesteps is not None and args.timesteps <= 0:
         raise KdvfsError(f"--timesteps {args.timesteps} must be > 0")
-    data = None
+    data = TrainingData.price(config, not args.no_progress, stage) if len(seeds) > 1 else None
     for seed, out in zip(seeds, outs, strict=True):
         seeded = config if seed is None else dataclasses.replace(config, seed=seed)
         if len(seeds) > 1:
             stage(f"seed {seed} into {out}")
         result = train(seeded, out, args.timesteps, progress_bar=not args.no_progress, stage=stage, data=data)
-        data = result.data
         console.print(f"trained {result.timesteps} timesteps in {result.wall_s / 60:.1f} min; ships "
                       f"{result.selected} (validation: {json.dumps(result.comparison)})")
         console.print(f"wrote {result.policy_path} (TensorBoard: {out / 'tensorboard'})")
