@@ -71,12 +71,14 @@ def _silent(text: str) -> None:
 @dataclass
 class TrainingData:
     """What every seed of one config trains and is chosen on, priced once: the GPU's profile, the training and
-    validation pairs, and (computed at the first use, then kept) the fixed-margin plans' validation episodes
-    (:func:`margin_comparison`: the same for every seed)."""
+    validation pairs, the git revision of the code (read when priced: the code every seed of the process runs,
+    whatever the tree holds by the time a later seed starts), and (computed at the first use, then kept) the
+    fixed-margin plans' validation episodes (:func:`margin_comparison`: the same for every seed)."""
 
     profile: GpuProfile
     train_pairs: list[ShapePair]
     validation_pairs: list[ShapePair]
+    revision: str
     plan_episodes: Array | None = None
 
     @classmethod
@@ -85,12 +87,13 @@ class TrainingData:
         """Price ``config``'s training and validation steps on its GPU (the training steps validate when the
         config has no validation steps); ``stage`` is told."""
         stage(f"pricing every training and validation step once on {config.gpu}")
+        revision = git_revision()
         profile = load_profile(config.gpu)
         grid = config.env.grid(profile)
         train_pairs = build_pairs(config.data.train, profile, grid, progress_bar, "pricing training steps")
         validation_pairs = build_pairs(config.data.validation, profile, grid, progress_bar,
                                        "pricing validation steps") or train_pairs
-        return cls(profile, train_pairs, validation_pairs)
+        return cls(profile, train_pairs, validation_pairs, revision)
 
 
 @dataclass(frozen=True)
@@ -127,7 +130,7 @@ def train(config: TrainConfig, out: Path, timesteps: int | None = None, progress
     torch.set_num_threads(config.torch_threads)
     torch.distributions.Distribution.set_default_validate_args(False)  # ~10% faster rollouts
     out.mkdir(parents=True, exist_ok=True)
-    revision = git_revision()
+    revision = data.revision if data is not None else git_revision()
     write_run_record(out, to_plain(config), config.seed, revision)
     write_text_atomic(out / "config.yaml", yaml.safe_dump(to_plain(config), sort_keys=False))
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from kdvfs.agents.learned.training import train as training
 from kdvfs.agents.learned.training.ppo import PPO_CONFIG_DIR
 from kdvfs.agents.learned.training.train import whole_rollouts
 from kdvfs.common.config import to_plain
@@ -121,8 +122,12 @@ def test_train_reports_its_stages_and_rounds_timesteps_up_to_whole_rollouts(tmp_
         assert stage in out
 
 
-def test_train_several_seeds_prices_the_steps_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """Each seed trains into its own folder with its seed recorded; the steps are priced for the first only."""
+def test_train_several_seeds_prices_the_steps_once(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each seed trains into its own folder with its seed recorded; the steps are priced for the first only; every
+    seed records the revision read at the start (the code the process runs), though the tree moves on."""
+    revisions = iter(f"rev{i}" for i in range(100))
+    monkeypatch.setattr(training, "git_revision", lambda: next(revisions))
     config = tmp_path / "tiny.yaml"
     config.write_text(yaml.safe_dump(to_plain(tiny_config("residual-h200")), sort_keys=False))
     assert main(["train", "--gpu", "h200", "--config", str(config), "--timesteps", "1", "--seed", "3", "4",
@@ -130,6 +135,7 @@ def test_train_several_seeds_prices_the_steps_once(tmp_path: Path, capsys: pytes
     for seed in (3, 4):
         assert yaml.safe_load((tmp_path / "run" / f"seed-{seed}" / "config.yaml").read_text())["seed"] == seed
         assert (tmp_path / "run" / f"seed-{seed}" / "ppo.kdvfs-policy.npz").is_file()
+        assert json.loads((tmp_path / "run" / f"seed-{seed}" / "run.json").read_text())["git_revision"] == "rev0"
     out = capsys.readouterr().out
     assert out.count("pricing every training and validation step") == 1 and out.count("trained ") == 2, out
 
