@@ -115,7 +115,7 @@ def run(case: Case, method: str, seed: int, seconds: float, anchors: int = ANCHO
             "measured_saved_pct": measured.energy_saved_pct, "measured_slowdown_pct": measured.slowdown_pct,
             "slowdown_ci95_pct": measured.slowdown_ci95_pct,
             "within_budget": measured.slowdown_pct is not None
-            and within_budget(measured.slowdown_pct, 100 * case.budget), "source": summary.source,
+            and within_budget(measured.slowdown_pct, case.budget), "source": summary.source,
             "true_saved_pct": None if truth is None else truth.energy_saved_pct,
             "true_slowdown_pct": None if truth is None else truth.slowdown_pct,
             "steps": summary.steps, "controlled_steps": summary.controlled_steps, "switches": summary.switches,
