@@ -82,12 +82,13 @@ class TrainingData:
     plan_episodes: Array | None = None
 
     @classmethod
-    def price(cls, config: TrainConfig, progress_bar: bool = False, stage: Callable[[str], None] = _silent
-              ) -> TrainingData:
+    def price(cls, config: TrainConfig, progress_bar: bool = False, stage: Callable[[str], None] = _silent,
+              revision: str | None = None) -> TrainingData:
         """Price ``config``'s training and validation steps on its GPU (the training steps validate when the
-        config has no validation steps); ``stage`` is told."""
+        config has no validation steps); ``stage`` is told. ``revision``: the code's, read by the caller; None:
+        read now."""
         stage(f"pricing every training and validation step once on {config.gpu}")
-        revision = git_revision()
+        revision = git_revision() if revision is None else revision
         profile = load_profile(config.gpu)
         grid = config.env.grid(profile)
         train_pairs = build_pairs(config.data.train, profile, grid, progress_bar, "pricing training steps")
@@ -134,7 +135,7 @@ def train(config: TrainConfig, out: Path, timesteps: int | None = None, progress
     write_run_record(out, to_plain(config), config.seed, revision)
     write_text_atomic(out / "config.yaml", yaml.safe_dump(to_plain(config), sort_keys=False))
 
-    data = data or TrainingData.price(config, progress_bar, stage)
+    data = data or TrainingData.price(config, progress_bar, stage, revision)
     profile, train_pairs, validation_pairs = data.profile, data.train_pairs, data.validation_pairs
 
     # Environments and model; a head start by cloning the expert, the observation statistics frozen from then
