@@ -87,6 +87,19 @@ def nvidia_smi(header: bool = True) -> str:
     return out if header else out.strip()
 
 
+def local_profile(cpu_test: bool = False) -> str:
+    """The shipped GPU profile (name) of this machine's first GPU, by its NVML name as ``nvidia-smi`` prints it;
+    ``"h200"`` in a CPU test (the fake NVML is a recorded H200). Raises
+    :class:`~kdvfs.common.errors.UnknownGpuError` when no shipped profile lists the GPU."""
+    if cpu_test:
+        return "h200"
+    from kdvfs.envs.gpu.profiles import profile_for_nvml_name
+
+    name = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                          text=True, check=True).stdout.splitlines()[0].strip()
+    return profile_for_nvml_name(name).name
+
+
 def write_results(stem: str, result: Mapping[str, Any], markdown: str | None = None, *, indent: int = 2,
                   folder: Path = RESULTS) -> None:
     """Write ``folder/stem.json`` (``result`` as JSON with ``indent``) and, when given, ``folder/stem.md``."""

@@ -27,11 +27,12 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common.kdvfs_command import CLI
-from benchmarks.common.provenance import host, nvidia_smi, utc_now
+from benchmarks.common.provenance import host, local_profile, nvidia_smi, utc_now
 from kdvfs.common.paths import REPO_ROOT
 
 GUARD = "benchmarks.common.nvml_guard"
-POLICY = "policies/h200.kdvfs-policy.npz"
+POLICY = "policies/{profile}.kdvfs-policy.npz"
+"""The shipped policy of the local GPU's profile (the H200's where the workloads' recorded traces come from)."""
 WORKLOADS: dict[str, dict[str, Any]] = {
     "hf-gpt2s-b8": {"script": ["examples/hf_trainer.py", "--size", "gpt2s", "--batch", "8"], "steps": 360,
                     "trace": None},
@@ -40,7 +41,8 @@ WORKLOADS: dict[str, dict[str, Any]] = {
     "gpt3xl-b4": {"script": ["examples/gpt.py", "--size", "gpt3xl", "--batch", "4"], "steps": 170,
                   "trace": "h200/capture-gpt3xl-b4"},
 }
-"""Each workload's script, steps per process and trace (None: captured in the run)."""
+"""Each workload's script, steps per process and trace (None: captured in the run; a recorded H200 trace is
+captured anew on another GPU)."""
 CPU_WORKLOADS: dict[str, dict[str, Any]] = {
     "gpt-tiny": {"script": ["examples/gpt.py", "--size", "tiny", "--device", "cpu"], "steps": 2000, "trace": None,
                  "capture_steps": 3000},
@@ -120,7 +122,7 @@ def _capture(folder: Path, label: str, workload: dict[str, Any], fake: list[str]
 
 
 def _process(folder: Path, label: str, workload: dict[str, Any], pair: int, with_kdvfs: bool,
-             fake: list[str]) -> dict[str, Any]:
+             fake: list[str], policy: str) -> dict[str, Any]:
     """One process of a pair: the script under ``benchmarks/h200/step_clock.py``, under ``kdvfs run --dry-run`` or
     not."""
     name = f"{label}.{pair}.{'with' if with_kdvfs else 'without'}"
@@ -130,7 +132,7 @@ def _process(folder: Path, label: str, workload: dict[str, Any], pair: int, with
     start_s = time.perf_counter()
     if with_kdvfs:
         log, record = folder / f"{name}.log.jsonl", folder / f"{name}.nvml.json"
-        done = subprocess.run([sys.executable, "-c", CLI, "run", "--dry-run", "--policy", POLICY, "--trace",
+        done = subprocess.run([sys.executable, "-c", CLI, "run", "--dry-run", "--policy", policy, "--trace",
                                workload["trace"], "--log", str(log), "--json", *(fake or ["--nvml-module", GUARD]),
                                "--", *target], cwd=REPO_ROOT, text=True, stdout=subprocess.PIPE,
                               env={**_env(), "KDVFS_NVML_RECORD": str(record)}, check=False)
@@ -156,13 +158,15 @@ def run(folder: Path, pairs: int, only: list[str] | None, cpu_test: bool) -> Non
     log: dict[str, Any] = {**host(), "command": " ".join(["python", "-m", "benchmarks.h200.overhead", *sys.argv[1:]]),
                            "started_utc": utc_now(), "nvidia_smi_before": nvidia_smi(header=False),
                            "probe": None if cpu_test else probe(GUARD), "workloads": {}, "processes": []}
+    profile = log["profile"] = local_profile(cpu_test)
     for label, workload in workloads.items():
-        if workload["trace"] is None:
+        if workload["trace"] is None or (profile != "h200" and workload["trace"].startswith("h200/")):
             workload["trace"] = _capture(folder, label, workload, fake)
         log["workloads"][label] = workload
         for pair in range(pairs):
             for with_kdvfs in ((False, True) if pair % 2 == 0 else (True, False)):  # ABBA
-                log["processes"].append(_process(folder, label, workload, pair, with_kdvfs, fake))
+                log["processes"].append(_process(folder, label, workload, pair, with_kdvfs, fake,
+                                                 POLICY.format(profile=profile)))
                 (folder / "run.json").write_text(json.dumps(log))
     log["nvidia_smi_after"], log["finished_utc"] = nvidia_smi(header=False), utc_now()
     (folder / "run.json").write_text(json.dumps(log))

@@ -24,7 +24,15 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common.kdvfs_command import CLI, run_kdvfs_through
-from benchmarks.common.provenance import host, nvidia_smi, provenance, provenance_lines, utc_now, write_results
+from benchmarks.common.provenance import (
+    host,
+    local_profile,
+    nvidia_smi,
+    provenance,
+    provenance_lines,
+    utc_now,
+    write_results,
+)
 from kdvfs.common.paths import REPO_ROOT
 
 LENGTHS = ["--lengths", "lognormal", "--median-len", "256", "--min-len", "16", "--max-len", "1024", "--batch", "8"]
@@ -45,9 +53,9 @@ def run_recipe(folder: Path, recipe: str, cpu_test: bool) -> list[dict[str, Any]
     log = [run_kdvfs_through(
         folder, "capture", ["capture", *fake, "--energy-window-s", "1" if cpu_test else "4", "-o", trace,
                             "--json", "--", *script, "--steps", "400"], nvml)]
-    done = subprocess.run([sys.executable, "-c", CLI, "plan", "--trace", trace, "--gpu", "h200", "--method",
-                           "latency-optimal", "--budget", "0.01", "-o", plan], cwd=REPO_ROOT, capture_output=True,
-                          text=True)
+    command = ["plan", "--trace", trace, "--gpu", local_profile(cpu_test), "--method", "latency-optimal", "--budget",
+               "0.01", "-o", plan]
+    done = subprocess.run([sys.executable, "-c", CLI, *command], cwd=REPO_ROOT, capture_output=True, text=True)
     log.append({"label": "plan", "exit_code": done.returncode, "stderr_tail": done.stderr[-2000:]})
     log.append(run_kdvfs_through(
         folder, "run", ["run", "--dry-run", *fake, "--policy", plan, "--trace", trace, "--json",
