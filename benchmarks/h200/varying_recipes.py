@@ -2,7 +2,7 @@
 and sequence packing under the HF Trainer, each captured, planned and run for 300 steps.
 
     python -m benchmarks.h200.varying_recipes run RESULTS_DIR [--cpu-test] [--only encoder-decoder,packing]
-    python -m benchmarks.h200.varying_recipes report RESULTS_DIR   # benchmarks/results/varying_recipes_h200.*
+    python -m benchmarks.h200.varying_recipes report RESULTS_DIR [--name varying_recipes_h200]  # benchmarks/results/NAME.*
 
 ``run`` never changes a clock (NVML through ``benchmarks.common.nvml_guard``). Each recipe is
 ``examples/hf_sft.py`` as a new user runs it: ``kdvfs capture``, ``kdvfs plan --method latency-optimal
@@ -119,7 +119,8 @@ def figures(folder: Path) -> dict[str, Any]:
             "refused_nvml_calls": json.loads(guard.read_text()).get("refused", {}) if guard.is_file() else None}
 
 
-def report(folder: Path) -> dict[str, Any]:
+def report(folder: Path, name: str = "varying_recipes_h200") -> dict[str, Any]:
+    """The figures of every recipe run into ``folder``, written to ``benchmarks/results/<name>.*``."""
     record = folder / "run.json"
     device = json.loads(record.read_text()) if record.is_file() else {"date_utc": "not recorded (run stopped)"}
     recipes = [r for r in RECIPES if (folder / r / "run.out.json").is_file() or (folder / r / "run.jsonl").is_file()]
@@ -127,7 +128,7 @@ def report(folder: Path) -> dict[str, Any]:
                                        f"then python -m benchmarks.h200.varying_recipes report {folder}"),
               "device_run": {k: device[k] for k in ("machine", "python", "date_utc", "nvidia_smi") if k in device},
               "recipes": {r: figures(folder / r) for r in recipes}}
-    write_results("varying_recipes_h200", result, markdown(result))
+    write_results(name, result, markdown(result))
     return result
 
 
@@ -136,7 +137,9 @@ def _pct(value: float | None, fmt: str = ".1f") -> str:
 
 
 def markdown(result: dict[str, Any]) -> str:
-    lines = ["# Steps that vary in more than one length on the H200 (dry runs of 300 steps)", "",
+    smi = result["device_run"].get("nvidia_smi", "").splitlines()
+    gpu = smi[1].split(",")[0] if len(smi) > 1 else "H200"
+    lines = [f"# Steps that vary in more than one length on the {gpu} (dry runs of 300 steps)", "",
              *provenance_lines(result["provenance"]),
              f"- device run: `{result['device_run'].get('machine')}`, {result['device_run'].get('date_utc')}", "",
              "| recipe | steps | controlled | of B-window steps | dry-run saving % [95%] (truth 0) | half-width | "
@@ -170,11 +173,12 @@ def main() -> None:
     parser.add_argument("folder", type=Path)
     parser.add_argument("--cpu-test", action="store_true")
     parser.add_argument("--only", type=lambda text: text.split(","), default=None, help="recipes, e.g. packing")
+    parser.add_argument("--name", default="varying_recipes_h200", help="report: results file stem")
     args = parser.parse_args()
     if args.stage == "run":
         run(args.folder, args.cpu_test, args.only)
     else:
-        print(markdown(report(args.folder)))
+        print(markdown(report(args.folder, args.name)))
 
 
 if __name__ == "__main__":

@@ -115,7 +115,8 @@ def _num(value: float | None, digits: int = 2) -> str:
 
 def markdown(result: dict[str, Any]) -> str:
     """The results page."""
-    lines = ["# kdvfs's whole cost on an NVIDIA H200, dry runs only", "", *provenance_lines(result), "",
+    gpu = result["run"]["nvidia_smi_before"].split(",")[0] or "GPU"
+    lines = [f"# kdvfs's whole cost on an {gpu}, dry runs only", "", *provenance_lines(result), "",
              f"- run: `{result['run']['command']}` on `{result['run']['machine']}`, {result['run']['started_utc']}"
              f" to {result['run'].get('finished_utc', 'cut short')}; GPU (nvidia-smi before): "
              f"`{result['run']['nvidia_smi_before']}`", "",
