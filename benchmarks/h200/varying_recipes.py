@@ -1,4 +1,4 @@
-"""Steps that vary in more than one length on the H200 (dry runs): an encoder-decoder, gradient accumulation
+"""Steps that vary in more than one length on a real GPU (dry runs; the targets are the H200's): an encoder-decoder, gradient accumulation
 and sequence packing under the HF Trainer, each captured, planned and run for 300 steps.
 
     python -m benchmarks.h200.varying_recipes run RESULTS_DIR [--cpu-test] [--only encoder-decoder,packing]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import types
 from datetime import datetime
@@ -10,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
+import benchmarks.common.provenance as module
 from benchmarks.common.provenance import PROVENANCE_KEYS, host, provenance, provenance_lines, utc_now, write_results
+from kdvfs.common.errors import UnknownGpuError
 from kdvfs.common.run_record import git_revision
 
 
@@ -53,3 +56,19 @@ def test_write_results(tmp_path: Path) -> None:
     write_results("only_json", result, indent=1, folder=tmp_path)
     assert json.loads((tmp_path / "only_json.json").read_text()) == result
     assert not (tmp_path / "only_json.md").exists()
+
+
+@pytest.mark.parametrize(("smi_name", "profile"), [("NVIDIA H100 80GB HBM3", "h100-sxm"), ("NVIDIA H200", "h200")])
+def test_local_profile_is_the_shipped_profile_listing_the_gpu(monkeypatch: pytest.MonkeyPatch, smi_name: str,
+                                                              profile: str) -> None:
+    printed = subprocess.CompletedProcess([], 0, stdout=f"{smi_name}\n{smi_name}\n", stderr="")
+    monkeypatch.setattr(module.subprocess, "run", lambda *args, **kwargs: printed)
+    assert module.local_profile() == profile
+    assert module.local_profile(cpu_test=True) == "h200"
+
+
+def test_local_profile_of_an_unknown_gpu_says_how_to_make_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    printed = subprocess.CompletedProcess([], 0, stdout="NVIDIA Imaginary 1\n", stderr="")
+    monkeypatch.setattr(module.subprocess, "run", lambda *args, **kwargs: printed)
+    with pytest.raises(UnknownGpuError, match="kdvfs gpus local --write"):
+        module.local_profile()
