@@ -1,5 +1,5 @@
-"""Steps that vary in more than one length on a real GPU (dry runs; the targets are the H200's): an encoder-decoder, gradient accumulation
-and sequence packing under the HF Trainer, each captured, planned and run for 300 steps.
+"""Steps that vary in more than one length on a real GPU (dry runs): an encoder-decoder, gradient accumulation and
+sequence packing under the HF Trainer, each captured, planned (on the GPU's shipped profile) and run for 300 steps.
 
     python -m benchmarks.h200.varying_recipes run RESULTS_DIR [--cpu-test] [--only encoder-decoder,packing]
     python -m benchmarks.h200.varying_recipes report RESULTS_DIR [--name varying_recipes_h200]  # benchmarks/results/NAME.*
