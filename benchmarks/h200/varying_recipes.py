@@ -2,7 +2,7 @@
 sequence packing under the HF Trainer, each captured, planned (on the GPU's shipped profile) and run for 300 steps.
 
     python -m benchmarks.h200.varying_recipes run RESULTS_DIR [--cpu-test] [--only encoder-decoder,packing]
-    python -m benchmarks.h200.varying_recipes report RESULTS_DIR [--name varying_recipes_h200]  # benchmarks/results/NAME.*
+    python -m benchmarks.h200.varying_recipes report RESULTS_DIR [--name varying_recipes_h200]  # results/NAME.*
 
 ``run`` never changes a clock (NVML through ``benchmarks.common.nvml_guard``). Each recipe is
 ``examples/hf_sft.py`` as a new user runs it: ``kdvfs capture``, ``kdvfs plan --method latency-optimal
