@@ -78,20 +78,20 @@ def chunk_episodes(gpu: str, kind: str, pairs: list[ShapePair], config: EnvConfi
     return episodes(actors_of(gpu, kind), pairs, load_profile(gpu), config, seeds)
 
 
-def pooled_episodes(pool: ProcessPoolExecutor, jobs: int, gpu: str, kind: str, pairs: list[ShapePair],
-                    config: EnvConfig, seeds: int) -> np.ndarray:
-    """:func:`chunk_episodes` of ``pairs`` split into ``jobs`` runs on ``pool`` (each episode is seeded by its
-    case: the figures do not depend on the split)."""
-    chunks = [[pairs[i] for i in chunk] for chunk in np.array_split(np.arange(len(pairs)), jobs) if len(chunk)]
-    n = len(chunks)
-    parts = pool.map(chunk_episodes, [gpu] * n, [kind] * n, chunks, [config] * n, [seeds] * n)
+def pooled_episodes(pool: ProcessPoolExecutor, gpu: str, kind: str, pairs: list[ShapePair], config: EnvConfig,
+                    seeds: int) -> np.ndarray:
+    """:func:`chunk_episodes` of each pair on ``pool``, a pair a task, so that a free process takes the next (the
+    real captures cost several times a generated pair; contiguous chunks left one process with most of the work).
+    Each episode is seeded by its case: the figures do not depend on the split."""
+    n = len(pairs)
+    parts = pool.map(chunk_episodes, [gpu] * n, [kind] * n, [[pair] for pair in pairs], [config] * n, [seeds] * n)
     return np.concatenate(list(parts), axis=1)
 
 
 def run_gpu(gpu: str, seeds: int, jobs: int) -> dict[str, Any]:
     """The comparison of the module docstring for one GPU, its episodes run in ``jobs`` processes."""
     with ProcessPoolExecutor(jobs) as pool:
-        return _run_gpu(gpu, seeds, partial(pooled_episodes, pool, jobs, gpu))
+        return _run_gpu(gpu, seeds, partial(pooled_episodes, pool, gpu))
 
 
 def _run_gpu(gpu: str, seeds: int, run_episodes: Callable[..., np.ndarray]) -> dict[str, Any]:

@@ -20,5 +20,5 @@ def test_pooled_episodes_are_the_serial_ones() -> None:
         load_profile("h200"), config.grid(load_profile("h200")))
     serial = chunk_episodes("h200", "plans", pairs, config, 1)
     with ProcessPoolExecutor(2) as pool:
-        pooled = pooled_episodes(pool, 2, "h200", "plans", pairs, config, 1)
+        pooled = pooled_episodes(pool, "h200", "plans", pairs, config, 1)
     assert serial.shape[1] == len(pairs) and np.array_equal(serial, pooled)
