@@ -23,6 +23,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from benchmarks.common.kdvfs_command import CLI, run_kdvfs_through
 from benchmarks.common.provenance import (
     host,
@@ -85,6 +87,24 @@ def _log(folder: Path) -> dict[str, list[dict[str, Any]]]:
     return by_event
 
 
+def window_noise(windows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """What the A/B interval of a varying run is up against, from its windows' records: the range of their share of
+    steps of a shape new to the process, the correlation of a window's step time with its expected kernel time, and
+    the residual of its step time after the estimator's regression (arm, expected kernel time, new shapes, time;
+    ``kdvfs.runtime.controller.measurement.estimator.adjusted``), as a share of the mean (%). None under 6 windows."""
+    if len(windows) < 6:
+        return None
+    y = np.array([w["step_time_s"] for w in windows])
+    covariates = np.array([[w["kernel_steps"], w["new_shapes"], (w["start_s"] + w["end_s"]) / 2] for w in windows])
+    varying = covariates[:, np.ptp(covariates, axis=0) > 1e-12]
+    x = np.column_stack([np.ones(len(y)), [w["arm"] == "B" for w in windows], varying - varying.mean(axis=0)])
+    residual = y - x @ np.linalg.lstsq(x, y, rcond=None)[0]
+    new = [w["new_shapes"] for w in windows]
+    return {"new_shapes_share": [min(new), max(new)],
+            "step_time_vs_kernel_correlation": float(np.corrcoef(y, covariates[:, 0])[0, 1]),
+            "adjusted_residual_pct": float(100 * residual.std(ddof=x.shape[1]) / y.mean())}
+
+
 def figures(folder: Path) -> dict[str, Any]:
     """One recipe's figures (see the module docstring); of a dry run stopped before its summary (the device's
     time ran out), what its log holds."""
@@ -96,7 +116,8 @@ def figures(folder: Path) -> dict[str, Any]:
     both = {"controlled_share_of_b_windows": sum(w["controlled_steps"] for w in b_windows) / b_steps if b_steps
             else None, "step_model": errors, "windows": [{k: v for k, v in w.items() if k != "event"}
                                                         for w in log["window"]],
-            "kernel_error_max_pct": max((abs(e["kernel_time_error_pct"]) for e in errors), default=None)}
+            "kernel_error_max_pct": max((abs(e["kernel_time_error_pct"]) for e in errors), default=None),
+            "window_noise": window_noise(log["window"])}
     if not (folder / "run.out.json").is_file():
         return {**both, "cut_short": True, "steps": len(log["step"]),
                 "controlled_steps": sum(bool(s["controlled"]) for s in log["step"]), "auto_reasons": None,
@@ -161,6 +182,14 @@ def markdown(result: dict[str, Any]) -> str:
             f"{_pct(m.get('energy_saved_pct'), '+.2f')} {saving_text} | {_pct(r['saving_half_width_pct'], '.2f')} | "
             f"{_pct(m.get('slowdown_pct'), '+.2f')} {slow_text} | {_pct(r['kernel_error_max_pct'])} | "
             f"{r['auto_reasons']} | {(r['shapes'] or {}).get('planned_in_background')} | {r['refused_nvml_calls']} |")
+    lines += ["", "What the A/B interval is up against (windows' records; `window_noise`):", ""]
+    for name, r in result["recipes"].items():
+        noise = r.get("window_noise")
+        if noise:
+            lines.append(f"- {name}: steps of a shape new to the process {noise['new_shapes_share'][0]:.2f}-"
+                         f"{noise['new_shapes_share'][1]:.2f} of a window; window step time vs expected kernel time "
+                         f"correlation {noise['step_time_vs_kernel_correlation']:.2f}; adjusted residual "
+                         f"{noise['adjusted_residual_pct']:.1f}% of the mean step time")
     lines += ["", f"Targets: >= {TARGET_CONTROLLED:.0%} of the B-window steps controlled; the dry-run saving interval "
               f"holds 0 with a half-width <= {TARGET_HALF_WIDTH_PCT:g} points; step-model kernel time within "
               f"{TARGET_KERNEL_ERROR_PCT:g}% leave-one-shape-out; no refused NVML call."]

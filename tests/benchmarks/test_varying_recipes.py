@@ -1,0 +1,36 @@
+"""``benchmarks/h200/varying_recipes.py``'s window-noise figures, from windows' records."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from benchmarks.h200.varying_recipes import window_noise
+
+
+def _windows(noise: np.ndarray) -> list[dict[str, Any]]:
+    kernel = np.linspace(0.2, 0.4, len(noise))
+    return [{"step_time_s": 0.1 + 0.5 * k + n, "kernel_steps": k, "new_shapes": 1.0, "start_s": 4.0 * i,
+             "end_s": 4.0 * i + 3.0, "arm": "AB"[i % 2]} for i, (k, n) in enumerate(zip(kernel, noise, strict=True))]
+
+
+def test_a_step_time_the_covariates_explain_leaves_no_residual() -> None:
+    noise = window_noise(_windows(np.zeros(12)))
+    assert noise is not None
+    assert noise["new_shapes_share"] == [1.0, 1.0]
+    assert noise["step_time_vs_kernel_correlation"] == pytest.approx(1.0)
+    assert noise["adjusted_residual_pct"] == pytest.approx(0.0, abs=1e-9)
+
+
+def test_the_residual_is_the_noise_the_covariates_leave() -> None:
+    noise = np.random.default_rng(0).normal(0.0, 0.02, 400)
+    figures = window_noise(_windows(noise))
+    assert figures is not None
+    mean_s = float(np.mean([w["step_time_s"] for w in _windows(noise)]))
+    assert figures["adjusted_residual_pct"] == pytest.approx(100 * 0.02 / mean_s, rel=0.1)
+
+
+def test_too_few_windows_give_none() -> None:
+    assert window_noise(_windows(np.zeros(5))) is None
