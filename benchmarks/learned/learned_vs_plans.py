@@ -1,6 +1,6 @@
 """Residual PPO against the best fixed-margin fitting plan on held-out steps: within budget and saving per cell.
 
-    python -m benchmarks.learned.learned_vs_plans [--gpus h200] [--seeds 4] [--jobs 2]  # GPUs in turn
+    python -m benchmarks.learned.learned_vs_plans [--gpus h200] [--seeds 4] [--jobs 2] [--name STEM]  # GPUs in turn
 
 For each GPU with trained residual policies (``benchmarks/data/learned/<gpu>-s<seed>.kdvfs-policy.npz``: the
 ``ppo.kdvfs-policy.npz`` of each ``DIR/seed-S`` of ``kdvfs train --gpu G --config residual-G --seed 0 1 2 3 4 --out
@@ -13,7 +13,7 @@ the held-out episodes: the best any fixed margin could do, chosen in hindsight) 
 episode's best margin within budget: what a margin adapted to each step could reach at most). Reported per
 cell: within-budget share, mean saving, and PPO - plan and PPO - strongest plan saving with 95% intervals
 clustered by family and training seed (two-way bootstrap). Writes
-``benchmarks/results/learned_vs_plans.{json,md}``, every GPU of ``--gpus`` in one. Method:
+``benchmarks/results/learned_vs_plans.{json,md}`` (or ``--name``'s), every GPU of ``--gpus`` in one. Method:
 ``docs/design/benchmarks.md``.
 """
 
@@ -230,11 +230,13 @@ def main() -> None:
     parser.add_argument("--gpus", nargs="+", default=["h200", "b200", "a100-sxm4"])
     parser.add_argument("--seeds", type=int, default=4)
     parser.add_argument("--jobs", type=int, default=2, help="processes running a GPU's episodes")
+    parser.add_argument("--name", default="learned_vs_plans", help="results file stem (benchmarks/results/NAME.*)")
     args = parser.parse_args()
     runs = {gpu: run_gpu(gpu, args.seeds, args.jobs) for gpu in args.gpus}
-    command = f"python -m benchmarks.learned.learned_vs_plans --gpus {' '.join(args.gpus)} --seeds {args.seeds}"
+    command = (f"python -m benchmarks.learned.learned_vs_plans --gpus {' '.join(args.gpus)} --seeds {args.seeds}"
+               + ("" if args.name == "learned_vs_plans" else f" --name {args.name}"))
     result = {"provenance": provenance(command), "gpus": runs}
-    write_results("learned_vs_plans", result, _markdown(result))
+    write_results(args.name, result, _markdown(result))
 
 
 if __name__ == "__main__":
