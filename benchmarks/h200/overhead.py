@@ -41,8 +41,8 @@ WORKLOADS: dict[str, dict[str, Any]] = {
     "gpt3xl-b4": {"script": ["examples/gpt.py", "--size", "gpt3xl", "--batch", "4"], "steps": 170,
                   "trace": "h200/capture-gpt3xl-b4"},
 }
-"""Each workload's script, steps per process and trace (None: captured in the run; a recorded H200 trace is
-captured anew on another GPU)."""
+"""Each workload's script, steps per process and trace (None: captured in the run; a recorded trace, named by its
+GPU's profile, is captured anew on another GPU)."""
 CPU_WORKLOADS: dict[str, dict[str, Any]] = {
     "gpt-tiny": {"script": ["examples/gpt.py", "--size", "tiny", "--device", "cpu"], "steps": 2000, "trace": None,
                  "capture_steps": 3000},
@@ -159,14 +159,14 @@ def run(folder: Path, pairs: int, only: list[str] | None, cpu_test: bool) -> Non
                            "started_utc": utc_now(), "nvidia_smi_before": nvidia_smi(header=False),
                            "probe": None if cpu_test else probe(GUARD), "workloads": {}, "processes": []}
     profile = log["profile"] = local_profile(cpu_test)
+    policy = POLICY.format(profile=profile)
     for label, workload in workloads.items():
-        if workload["trace"] is None or (profile != "h200" and workload["trace"].startswith("h200/")):
+        if workload["trace"] is None or not workload["trace"].startswith(f"{profile}/"):
             workload["trace"] = _capture(folder, label, workload, fake)
         log["workloads"][label] = workload
         for pair in range(pairs):
             for with_kdvfs in ((False, True) if pair % 2 == 0 else (True, False)):  # ABBA
-                log["processes"].append(_process(folder, label, workload, pair, with_kdvfs, fake,
-                                                 POLICY.format(profile=profile)))
+                log["processes"].append(_process(folder, label, workload, pair, with_kdvfs, fake, policy))
                 (folder / "run.json").write_text(json.dumps(log))
     log["nvidia_smi_after"], log["finished_utc"] = nvidia_smi(header=False), utc_now()
     (folder / "run.json").write_text(json.dumps(log))

@@ -36,6 +36,7 @@ from benchmarks.common.provenance import (
     write_results,
 )
 from kdvfs.common.paths import REPO_ROOT
+from kdvfs.runtime.controller.measurement.estimator import WindowRow, design
 
 LENGTHS = ["--lengths", "lognormal", "--median-len", "256", "--min-len", "16", "--max-len", "1024", "--batch", "8"]
 CPU_LENGTHS = ["--size", "tiny", "--device", "cpu", "--lengths", "lognormal", "--median-len", "32", "--min-len", "8",
@@ -45,8 +46,9 @@ RECIPES = {"encoder-decoder": ["--model", "t5"], "grad-accum": ["--model", "llam
 TARGET_CONTROLLED, TARGET_HALF_WIDTH_PCT, TARGET_KERNEL_ERROR_PCT = 0.90, 2.0, 5.0
 
 
-def run_recipe(folder: Path, recipe: str, cpu_test: bool) -> list[dict[str, Any]]:
-    """Capture, plan and the dry run of ``recipe`` into ``folder`` (see the module docstring)."""
+def run_recipe(folder: Path, recipe: str, cpu_test: bool, profile: str) -> list[dict[str, Any]]:
+    """Capture, plan (on the GPU profile ``profile``) and the dry run of ``recipe`` into ``folder`` (see the module
+    docstring)."""
     folder.mkdir(parents=True, exist_ok=True)
     script = [sys.executable, "examples/hf_sft.py", *RECIPES[recipe], *(CPU_LENGTHS if cpu_test else LENGTHS)]
     nvml = "kdvfs.runtime.testing.nvml" if cpu_test else "benchmarks.common.nvml_guard"
@@ -55,7 +57,7 @@ def run_recipe(folder: Path, recipe: str, cpu_test: bool) -> list[dict[str, Any]
     log = [run_kdvfs_through(
         folder, "capture", ["capture", *fake, "--energy-window-s", "1" if cpu_test else "4", "-o", trace,
                             "--json", "--", *script, "--steps", "400"], nvml)]
-    command = ["plan", "--trace", trace, "--gpu", local_profile(cpu_test), "--method", "latency-optimal", "--budget",
+    command = ["plan", "--trace", trace, "--gpu", profile, "--method", "latency-optimal", "--budget",
                "0.01", "-o", plan]
     done = subprocess.run([sys.executable, "-c", CLI, *command], cwd=REPO_ROOT, capture_output=True, text=True)
     log.append({"label": "plan", "exit_code": done.returncode, "stderr_tail": done.stderr[-2000:]})
@@ -71,10 +73,11 @@ def run(folder: Path, cpu_test: bool, only: list[str] | None) -> None:
     after each (a run stopped by a time limit keeps its record)."""
     folder.mkdir(parents=True, exist_ok=True)
     record: dict[str, Any] = {**host(), "date_utc": utc_now(), "log": [],
-                              "nvidia_smi": "" if cpu_test else nvidia_smi()}
+                              "nvidia_smi": "" if cpu_test else nvidia_smi(), "profile": local_profile(cpu_test)}
+    profile = record["profile"]
     for recipe in (r for r in RECIPES if not only or r in only):
         (folder / "run.json").write_text(json.dumps(record, indent=1))
-        record["log"] += run_recipe(folder / recipe, recipe, cpu_test)
+        record["log"] += run_recipe(folder / recipe, recipe, cpu_test, profile)
     (folder / "run.json").write_text(json.dumps(record, indent=1))
 
 
@@ -90,18 +93,16 @@ def _log(folder: Path) -> dict[str, list[dict[str, Any]]]:
 def window_noise(windows: list[dict[str, Any]]) -> dict[str, Any] | None:
     """What the A/B interval of a varying run is up against, from its windows' records: the range of their share of
     steps of a shape new to the process, the correlation of a window's step time with its expected kernel time, and
-    the residual of its step time after the estimator's regression (arm, expected kernel time, new shapes, time;
-    ``kdvfs.runtime.controller.measurement.estimator.adjusted``), as a share of the mean (%). None under 6 windows."""
+    the residual of its step time after the A/B estimator's own regression (:func:`design`: arm, expected kernel
+    time, new shapes, time), as a share of the mean (%). None under 6 windows."""
     if len(windows) < 6:
         return None
-    y = np.array([w["step_time_s"] for w in windows])
-    covariates = np.array([[w["kernel_steps"], w["new_shapes"], (w["start_s"] + w["end_s"]) / 2] for w in windows])
-    varying = covariates[:, np.ptp(covariates, axis=0) > 1e-12]
-    x = np.column_stack([np.ones(len(y)), [w["arm"] == "B" for w in windows], varying - varying.mean(axis=0)])
+    rows = [WindowRow(w["arm"] == "B", w["step_time_s"], w["kernel_steps"], w["new_shapes"],
+                      (w["start_s"] + w["end_s"]) / 2) for w in windows]
+    x, y = design(rows)
     residual = y - x @ np.linalg.lstsq(x, y, rcond=None)[0]
-    new = [w["new_shapes"] for w in windows]
-    return {"new_shapes_share": [min(new), max(new)],
-            "step_time_vs_kernel_correlation": float(np.corrcoef(y, covariates[:, 0])[0, 1]),
+    return {"new_shapes_share": [min(r.new_shapes for r in rows), max(r.new_shapes for r in rows)],
+            "step_time_vs_kernel_correlation": float(np.corrcoef(y, [r.kernel_steps for r in rows])[0, 1]),
             "adjusted_residual_pct": float(100 * residual.std(ddof=x.shape[1]) / y.mean())}
 
 

@@ -120,6 +120,18 @@ class WindowRow:
     mid_s: float
 
 
+def design(rows: list[WindowRow]) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`adjusted`'s regression: the design matrix (a column of ones, the arm, then each of the expected kernel
+    time, the share of new shapes and the window's middle that varies over ``rows``, centred) and the figures."""
+    columns = [[1.0] * len(rows), [float(r.controlled) for r in rows]]
+    for name in ("kernel_steps", "new_shapes", "mid_s"):
+        values = [float(getattr(r, name)) for r in rows]
+        if max(values) - min(values) > 1e-12 * max(1.0, abs(max(values))):
+            centre = math.fsum(values) / len(values)
+            columns.append([v - centre for v in values])
+    return np.array(columns).T, np.array([r.value for r in rows])
+
+
 def adjusted(rows: list[WindowRow], sign: float = 1.0) -> Interval | None:
     """The arm's effect (%) on windows of mixed steps, adjusted for what differs between them (ANCOVA).
 
@@ -137,13 +149,7 @@ def adjusted(rows: list[WindowRow], sign: float = 1.0) -> Interval | None:
     controlled = sum(r.controlled for r in rows)
     if controlled < MIN_PAIRS or len(rows) - controlled < MIN_PAIRS:
         return None
-    columns = [[1.0] * len(rows), [float(r.controlled) for r in rows]]
-    for name in ("kernel_steps", "new_shapes", "mid_s"):
-        values = [float(getattr(r, name)) for r in rows]
-        if max(values) - min(values) > 1e-12 * max(1.0, abs(max(values))):
-            centre = math.fsum(values) / len(values)
-            columns.append([v - centre for v in values])
-    x, y = np.array(columns).T, np.array([r.value for r in rows])
+    x, y = design(rows)
     dof = len(rows) - x.shape[1]
     if dof < 1 or np.linalg.matrix_rank(x) < x.shape[1]:
         return None
