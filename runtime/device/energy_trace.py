@@ -3,7 +3,8 @@
 NVML's total-energy counter updates only a few times a second on an H200 and a read costs milliseconds of CPU.
 :class:`EnergyTrace` keeps timed values of it, ``(host s, J)`` points between which
 :meth:`EnergyTrace.energy_j` interpolates linearly. Paced (``read_every_s > 0``), a background thread reads
-it: it learns the counter's update clock (:class:`UpdateClock`), reads just after the expected updates (those
+it: it learns the counter's update clock (:class:`UpdateClock`, searched for in a few reads a period over about a
+dozen periods, :mod:`kdvfs.runtime.device.update_search`), reads just after the expected updates (those
 around each :meth:`EnergyTrace.mark` first), about once per update it needs, places each value at its update,
 keeps the clock fitted (in a few reads back to back now and then, never a period of them), and never starts a
 read within ``READ_GUARD_S`` before a clock request; the thread that issues clock requests never reads it. A
@@ -13,6 +14,7 @@ counter with no usable period has each value placed at its read. With ``read_eve
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 import threading
@@ -24,73 +26,15 @@ from typing import Any
 import numpy as np
 
 from kdvfs.runtime.device.host_time import Clock
+from kdvfs.runtime.device.update_clock import MARGIN_S, NARROW_READS, Read, UpdateClock, measured_s
+from kdvfs.runtime.device.update_search import search_clock
 
-CALIBRATION_UPDATES = 4
-"""Counter changes measured in a row, back to back, before the update clock is taken."""
-CALIBRATION_S = 2.0
-"""Longest the thread reads back to back for them (s)."""
-FIT_UPDATES = 64
-"""Measured changes the clock is fitted over (the last)."""
 RELOCK_S = 20.0
 """A change is measured again at least this often (s), and whenever the clock's uncertainty reaches an eighth of
 its period or a read contradicts it."""
-NARROW_READS = 3.0
-"""Two reads around a change measure it when they span at most this many typical reads."""
-DRIFT_S_PER_S = 5e-4
-"""How far the counter's updates may drift from a fixed period, per second."""
-MIN_PERIOD_READS = 4
-"""A counter that changes within this many reads has no usable period."""
-MARGIN_S = 1e-3
-"""A planned read starts this long after its update's uncertainty (s)."""
 READ_GUARD_S = 0.01
 """A read does not start this close before a clock request (s), unless it would then miss its update."""
 
-Read = tuple[float, float, float]
-"""One read: its start and end (host s) and the value (J)."""
-
-
-class UpdateClock:
-    """When a counter updates: at ``tick_s + n period_s`` for whole n, fitted to measured changes."""
-
-    def __init__(self, changes_s: list[float], period_s: float) -> None:
-        """From the times of measured changes (s, increasing, whole periods of about ``period_s`` apart)."""
-        self.period_s, self.tick_s = period_s, changes_s[-1]
-        self.slack_s = 0.0
-        """Added to the uncertainty after a change was not found where expected, until one is measured (s)."""
-        self._measured: deque[float] = deque(maxlen=FIT_UPDATES)
-        for change_s in changes_s:
-            self.measured(change_s)
-
-    def at_or_before(self, time_s: float) -> float:
-        """The last expected update at or before ``time_s`` (host s)."""
-        return self.tick_s + math.floor((time_s - self.tick_s) / self.period_s) * self.period_s
-
-    def after(self, time_s: float) -> float:
-        """The first expected update after ``time_s`` (host s)."""
-        return self.at_or_before(time_s) + self.period_s
-
-    def uncertainty_s(self, now_s: float, read_s: float) -> float:
-        """How far an expected update may be off at ``now_s`` (s): a read (``read_s``: how closely a change is
-        measured), per second since the last measured change the period's own (a read over the time the
-        measured changes span) and ``DRIFT_S_PER_S``, and ``slack_s``."""
-        span_s = max(self._measured[-1] - self._measured[0], self.period_s)
-        return read_s + self.slack_s + (now_s - self._measured[-1]) * (read_s / span_s + DRIFT_S_PER_S)
-
-    @property
-    def last_measured_s(self) -> float:
-        return self._measured[-1]
-
-    def measured(self, change_s: float) -> None:
-        """A change measured at ``change_s`` (host s, within about a read): fit the clock again."""
-        self._measured.append(change_s)
-        self.slack_s = 0.0
-        times_s = np.array(self._measured)
-        counts = np.round((times_s - change_s) / self.period_s)
-        self.tick_s = change_s
-        if len(np.unique(counts)) >= 2:
-            slope, intercept = np.polyfit(counts, times_s, 1)
-            if 0.5 * self.period_s < slope < 2.0 * self.period_s:
-                self.period_s, self.tick_s = float(slope), float(intercept)
 
 
 class EnergyTrace:
@@ -119,6 +63,8 @@ class EnergyTrace:
         self._read_now = self._doubt = self._lost = False
         self._relock_after_s = -math.inf
         self._durations_s: deque[float] = deque(maxlen=16)
+        self._searched: list[Read] | None = None
+        """The reads of the search for the update clock under way, kept until it is found (None: none)."""
         self.updates: UpdateClock | None = None
         """The counter's update clock once learned (None: not yet, or the counter has no usable period)."""
         self.error: BaseException | None = None
@@ -156,16 +102,23 @@ class EnergyTrace:
         self.read_s += after_s - before_s
         self._durations_s.append(after_s - before_s)
         previous, self._last = self._last, (before_s, after_s, energy_j)
-        if previous is None or energy_j != previous[2]:
-            time_s = self._place(previous, self._last)
+        if self._searched is not None:
+            self._searched.append(self._last)
+        else:
+            self._record(previous, self._last)
+        return self._last
+
+    def _record(self, previous: Read | None, current: Read) -> None:
+        """Keep the value ``current`` read, at its place (see :meth:`_place`), if new since ``previous``."""
+        if previous is None or current[2] != previous[2]:
+            time_s = self._place(previous, current)
             if time_s is None:
-                return self._last
+                return
             with self._lock:
                 if self._times_s and time_s <= self._times_s[-1]:
                     time_s = math.nextafter(self._times_s[-1], math.inf)
                 self._times_s.append(time_s)
-                self._energies_j.append(energy_j)
-        return self._last
+                self._energies_j.append(current[2])
 
     def _place(self, previous: Read | None, current: Read) -> float | None:
         """Where a new value goes (host s; None: not kept, it may be either of two updates'). Two reads close
@@ -174,7 +127,7 @@ class EnergyTrace:
         updates = self.updates
         if previous is None or updates is None:
             return (current[0] + current[1]) / 2
-        between_s = sum(previous[:2] + current[:2]) / 4
+        between_s = measured_s(previous, current)
         with self._lock:
             last_s = max(previous[0], self._times_s[-1] if self._times_s else -math.inf)
         if current[1] - previous[0] <= NARROW_READS * self._read_s:
@@ -217,26 +170,17 @@ class EnergyTrace:
             self.thread_cpu_s = time.thread_time()
 
     def _calibrate(self) -> None:
-        """Learn the update clock (see the module docstring)."""
+        """Learn the update clock (:func:`~kdvfs.runtime.device.update_search.search_clock`); then keep the values
+        its search read, each at its place."""
         self._lost, self._doubt, self.updates = False, False, None
-        changes_s: list[float] = []
-        gaps_s: list[float] = []
-        until_s = self._clock.now_s() + CALIBRATION_S
-        previous = self.read()
-        in_row = False
-        while len(gaps_s) < CALIBRATION_UPDATES - 1 and not self._stop.is_set() and self._clock.now_s() < until_s:
-            current = self.read()
-            self.calibration_reads += 1
-            if current[2] != previous[2]:
-                narrow = current[1] - previous[0] <= NARROW_READS * self._read_s
-                if narrow:
-                    changes_s.append(sum(previous[:2] + current[:2]) / 4)
-                    if in_row:
-                        gaps_s.append(changes_s[-1] - changes_s[-2])
-                in_row = narrow
-            previous = current
-        if gaps_s and statistics.median(gaps_s) >= MIN_PERIOD_READS * self._read_s:
-            self.updates = UpdateClock(changes_s, float(statistics.median(gaps_s)))
+        reads, self._searched = self.reads, []
+        try:
+            self.updates = search_clock(self.read, self._clock, self._stop, lambda: self._read_s)
+        finally:
+            searched, self._searched = self._searched, None
+            self.calibration_reads += self.reads - reads
+            for previous, current in itertools.pairwise([None, *searched]):
+                self._record(previous, current)  # type: ignore[arg-type]
 
     def _next_read(self) -> tuple[float, float, Callable[[], None]]:
         """When the next read is due, the latest it may start and what it is (see the module docstring)."""
@@ -376,3 +320,4 @@ class EnergyTrace:
                 "read_s": statistics.median(self._durations_s) if self._durations_s else None,
                 "update_period_s": None if self.updates is None else self.updates.period_s,
                 "thread_cpu_s": self.thread_cpu_s}
+
