@@ -50,6 +50,10 @@ CPU_WORKLOADS: dict[str, dict[str, Any]] = {
 CAPTURE_STEPS = 200
 PROBE_S = 1.0
 """How long each NVML read is probed (s)."""
+POWER_PROBE_S = 3.0
+"""How long the power fields are read beside the energy counter, under a load that changes (s)."""
+LOAD_PHASE_S = 0.25
+"""The probe's matrix-multiply load on the GPU runs this long, then pauses as long (s)."""
 
 
 def _env(cpu_test: bool = False) -> dict[str, str]:
@@ -90,8 +94,61 @@ def probe(nvml_module: str) -> dict[str, Any]:
                         "read_cpu_ms": 1e3 * statistics.median(cpus),
                         "update_period_ms": 1e3 * statistics.median(gaps) if gaps else None}
     result["gil"] = _gil_probe(lambda: nvml.nvmlDeviceGetTotalEnergyConsumption(handle))
+    try:  # a probe of what a later design may use: its failure must not cost the run
+        result["power_beside_energy"] = power_beside_energy(nvml, handle)
+    except Exception as error:  # recorded in the results
+        result["power_beside_energy"] = {"error": repr(error)}
     nvml.nvmlShutdown()
     return result
+
+
+def _field_w(nvml: Any, handle: Any, field: int) -> float | None:
+    """An NVML field value in W (None: the driver does not give it)."""
+    try:
+        value = nvml.nvmlDeviceGetFieldValues(handle, [field])[0]
+    except nvml.NVMLError:
+        return None
+    if value.nvmlReturn != nvml.NVML_SUCCESS:
+        return None
+    kinds = {nvml.NVML_VALUE_TYPE_DOUBLE: "dVal", nvml.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
+             nvml.NVML_VALUE_TYPE_UNSIGNED_LONG: "ulVal", nvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal",
+             nvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "sllVal"}
+    return float(getattr(value.value, kinds[value.valueType])) / 1e3
+
+
+def power_beside_energy(nvml: Any, handle: Any) -> dict[str, Any]:
+    """For ``POWER_PROBE_S``, the energy counter read back to back, each read followed by the power fields (the
+    power usage, and the instantaneous and averaged fields where the driver has them), while a matrix-multiply
+    load switches on and off every ``LOAD_PHASE_S``: whether a power read (microseconds) tells what an energy read
+    (milliseconds) does, the mean power of the counter's last update period (report: ``power_vs_energy``).
+    Rows: the energy read's start and end (host s), the counter (J), then each power field (W; None: not given)."""
+    import torch
+
+    stop = threading.Event()
+
+    def load() -> None:
+        a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+        while not stop.is_set():
+            end_s = time.perf_counter() + LOAD_PHASE_S
+            while time.perf_counter() < end_s:
+                torch.mm(a, a)
+                torch.cuda.synchronize()
+            stop.wait(LOAD_PHASE_S)
+
+    fields = {"usage": lambda: nvml.nvmlDeviceGetPowerUsage(handle) / 1e3,
+              "instant": lambda: _field_w(nvml, handle, nvml.NVML_FI_DEV_POWER_INSTANT),
+              "average": lambda: _field_w(nvml, handle, nvml.NVML_FI_DEV_POWER_AVERAGE)}
+    loader = threading.Thread(target=load, daemon=True)
+    loader.start()
+    rows: list[list[Any]] = []
+    end_s = time.perf_counter() + POWER_PROBE_S
+    while time.perf_counter() < end_s:
+        before_s = time.perf_counter()
+        energy_j = nvml.nvmlDeviceGetTotalEnergyConsumption(handle) / 1e3
+        rows.append([before_s, time.perf_counter(), energy_j, *(read() for read in fields.values())])
+    stop.set()
+    loader.join()
+    return {"fields": list(fields), "load_phase_s": LOAD_PHASE_S, "rows": rows}
 
 
 def _gil_probe(read: Any, seconds: float = 1.0) -> dict[str, float]:

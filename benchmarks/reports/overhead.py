@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import statistics
 from pathlib import Path
@@ -17,6 +18,38 @@ overhead at most 0.5%; the controller's host CPU at most 2% of the step time; th
 50 us; the late requests' median lateness at most 0.2 ms."""
 WARMUP_STEPS = 30
 """Steps of each process left out of its mean step time and CPU (CUDA's and kdvfs's start)."""
+
+
+LAGS = (-1, 0, 1)
+"""Update periods by which a power read is compared after the period whose mean power the counter gives."""
+
+
+def power_vs_energy(probe: dict[str, Any]) -> dict[str, dict[str, dict[str, float | int | None]]]:
+    """Each power field against the counter (``overhead.power_beside_energy``'s rows): the mean power of each update
+    period (the counter's increment over the period, the median time between its changes) against the field
+    read just after the period's end (lag 0), a period before (-1) or after (1): per field and lag the median
+    relative difference (%), the correlation and the periods compared."""
+    rows = probe["rows"]
+    changes = [i for i in range(1, len(rows)) if rows[i][2] != rows[i - 1][2]]
+    times_s = [(rows[i - 1][0] + rows[i - 1][1] + rows[i][0] + rows[i][1]) / 4 for i in changes]
+    gaps_s = [b - a for a, b in itertools.pairwise(times_s)]
+    if not gaps_s:
+        return {}
+    period_s = statistics.median(gaps_s)
+    means_w = {k: (rows[changes[k + 1]][2] - rows[changes[k]][2]) / period_s for k in range(len(gaps_s))
+               if 0.5 * period_s < gaps_s[k] < 1.5 * period_s}
+    result: dict[str, dict[str, dict[str, float | int | None]]] = {}
+    for column, field in enumerate(probe["fields"], start=3):
+        result[field] = {}
+        for lag in LAGS:
+            pairs = [(mean_w, rows[changes[k + 1 + lag]][column]) for k, mean_w in means_w.items()
+                     if 0 <= k + 1 + lag < len(changes) and rows[changes[k + 1 + lag]][column] is not None]
+            errors = [100 * (read_w / mean_w - 1) for mean_w, read_w in pairs if mean_w > 0]
+            correlation = (statistics.correlation(*zip(*pairs, strict=True))
+                           if len(pairs) > 2 and len({p[1] for p in pairs}) > 1 else None)
+            result[field][str(lag)] = {"median_abs_diff_pct": statistics.median(map(abs, errors)) if errors else None,
+                                       "correlation": correlation, "periods": len(pairs)}
+    return result
 
 
 def _interval(values: list[float]) -> dict[str, Any]:
@@ -167,7 +200,23 @@ def markdown(result: dict[str, Any]) -> str:
                   f"CPU; updated every {_num(probe['power']['update_period_ms'], 1)} ms",
                   f"- a pure-Python loop ran at {probe['gil']['ratio']:.3f} of its speed alone while another thread "
                   "read the energy counter back to back (near 1: the read does not hold the interpreter lock)"]
+        if "rows" in probe.get("power_beside_energy", {}):
+            beside = probe["power_beside_energy"]
+            lines += _power_lines(power_vs_energy(beside), beside["load_phase_s"])
     return "\n".join(lines) + "\n"
+
+
+def _power_lines(compared: dict[str, dict[str, dict[str, Any]]], load_phase_s: float) -> list[str]:
+    """The power fields against the counter's mean power of each update period, per lag (see
+    :func:`power_vs_energy`)."""
+    lines = [f"- power fields against the counter's mean power over each update period, under a load switching every "
+             f"{load_phase_s:g} s (median relative difference, correlation, periods; lag: the field read "
+             "that many periods after the period's end):"]
+    for field, lags in compared.items():
+        parts = [f"lag {lag}: {_num(f['median_abs_diff_pct'], 1)}%, r {_num(f['correlation'], 3)}, {f['periods']}"
+                 for lag, f in lags.items()]
+        lines.append(f"  - {field}: " + "; ".join(parts))
+    return lines
 
 
 def report(folder: Path, cpu_test: bool, name: str = "overhead_h200") -> None:

@@ -48,3 +48,21 @@ def test_the_overhead_is_per_abba_pair_and_a_failed_process_leaves_its_pair_out(
     assert "| w |" in report.markdown({"run": {"command": "c", "machine": "m", "started_utc": "t",
                                                "nvidia_smi_before": "-"}, "workloads": {"w": figures},
                                        "verdicts": {"w": verdicts}})
+
+
+def test_a_power_field_that_is_the_counters_last_period_mean_matches_it_at_lag_0(report: ModuleType) -> None:
+    """A counter updating every 100 ms with the energy of its last period, read every 4 ms; a power field that
+    gives that period's mean power, one that gives nothing."""
+    powers_w = [300.0 + 200.0 * ((k // 3) % 2) + 7.0 * (k % 5) for k in range(40)]
+    energies_j = [sum(powers_w[:k]) * 0.1 for k in range(len(powers_w) + 1)]
+    rows = []
+    for i in range(900):
+        start_s = 0.004 * i + 0.0013
+        k = int(start_s / 0.1)  # the updates done by then
+        rows.append([start_s, start_s + 0.003, energies_j[k], powers_w[k - 1] if k else 0.0, None])
+    compared = report.power_vs_energy({"fields": ["usage", "instant"], "rows": rows})
+    assert compared["usage"]["0"]["median_abs_diff_pct"] == pytest.approx(0.0, abs=1e-9)
+    assert compared["usage"]["0"]["correlation"] == pytest.approx(1.0)
+    assert compared["usage"]["1"]["median_abs_diff_pct"] > 1.0
+    assert compared["instant"]["0"] == {"median_abs_diff_pct": None, "correlation": None, "periods": 0}
+    assert compared["usage"]["0"]["periods"] >= 30
