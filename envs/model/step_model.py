@@ -85,6 +85,36 @@ class Template:
 
 
 @dataclass(frozen=True)
+class AlignedSteps:
+    """Captured steps of one model, sorted by shape, with what a step model of any of them reuses: each kernel's
+    numbers (``QUANTITIES``) and each pair's alignment (:mod:`kdvfs.envs.model.step.align`, the costly part:
+    O(K1 x K2) a pair), so that models of several subsets (a leave-one-out check) align each pair once.
+
+    Attributes:
+        traces: the steps, sorted by shape.
+        values: (4, K) each step's kernels' numbers.
+        matches: ``matches[t][j]``, for each kernel of step t its partner in step j (-1: none); None for j == t.
+    """
+
+    traces: tuple[Trace, ...]
+    values: tuple[Array, ...]
+    matches: tuple[tuple[Array | None, ...], ...]
+
+    @classmethod
+    def of(cls, traces: Sequence[Trace]) -> AlignedSteps:
+        """``traces`` checked (:meth:`StepModel.fit`'s errors), sorted and aligned pair by pair."""
+        ordered = _checked(traces)
+        matches = _pairwise(token_ids(ordered))
+        return cls(tuple(ordered), tuple(_quantities(t) for t in ordered), tuple(map(tuple, matches)))
+
+    def without(self, index: int) -> AlignedSteps:
+        """These steps but the one at ``index`` (of :attr:`traces`)."""
+        kept = [i for i in range(len(self.traces)) if i != index]
+        return AlignedSteps(tuple(self.traces[i] for i in kept), tuple(self.values[i] for i in kept),
+                            tuple(tuple(self.matches[i][j] for j in kept) for i in kept))
+
+
+@dataclass(frozen=True)
 class StepModel:
     """The expected step of each shape near the captured ones (see the module docstring). Immutable.
 
@@ -117,13 +147,15 @@ class StepModel:
             StepModelError: no traces, a trace without a shape, two traces of one shape, or shapes of
                 different input structures.
         """
-        ordered = _checked(traces)
+        return cls.of_aligned(AlignedSteps.of(traces))
+
+    @classmethod
+    def of_aligned(cls, steps: AlignedSteps) -> StepModel:
+        """The model of ``steps`` (:meth:`fit` without aligning them again)."""
+        ordered, values, matches = list(steps.traces), list(steps.values), steps.matches
         shapes = tuple(t.meta.step_shape for t in ordered if t.meta.step_shape is not None)
         axes = ShapeAxes.of([*shapes, *(s for t in ordered for s, _ in t.meta.shape_distribution)])
         terms = choose_terms(shapes, axes)
-        tokens = token_ids(ordered)
-        matches = _pairwise(tokens)
-        values = [_quantities(t) for t in ordered]
         templates = tuple(_template(ordered, shapes, values, matches, t, axes, terms) for t in range(len(ordered)))
         keys = tuple(sorted(set.intersection(*(set(t.meta.measurements) for t in ordered))))
         y = np.array([[t.meta.measurements[k] for k in keys] for t in ordered]).reshape(len(ordered), len(keys))
@@ -236,7 +268,7 @@ def _quantities(trace: Trace) -> Array:
 
 
 def _template(traces: list[Trace], shapes: tuple[StepShape, ...], values: list[Array],
-              matches: list[list[Array | None]], t: int, axes: ShapeAxes, terms: Terms) -> Template:
+              matches: tuple[tuple[Array | None, ...], ...], t: int, axes: ShapeAxes, terms: Terms) -> Template:
     """Trace ``t`` as a template: its kernels' partners in every trace and the fits over them."""
     kernels = len(traces[t])
     y = np.zeros((len(traces), 4, kernels))
@@ -250,9 +282,10 @@ def _template(traces: list[Trace], shapes: tuple[StepShape, ...], values: list[A
     coefficients = np.zeros((4, kernels, columns(axes, terms)))
     for is_attention, slots in ((False, ~attention), (True, attention)):
         x = basis(shapes, is_attention, axes, terms)
-        for q in range(4):
-            fitted = fit_nonnegative(x, y[:, q, slots], weights[:, q, slots])
-            coefficients[q, np.flatnonzero(slots), : fitted.shape[1]] = fitted
+        count = int(slots.sum())  # the four quantities' slots in one fit (each slot is fitted on its own)
+        fitted = fit_nonnegative(x, y[:, :, slots].reshape(len(traces), 4 * count),
+                                 weights[:, :, slots].reshape(len(traces), 4 * count))
+        coefficients[:, np.flatnonzero(slots), : fitted.shape[1]] = fitted.reshape(4, count, fitted.shape[1])
     return Template(traces[t], coefficients, weights.sum(axis=0), categories, _group_of(traces[t]), values[t], axes,
                     terms)
 

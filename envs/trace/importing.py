@@ -225,14 +225,22 @@ def import_trace(path: Path, format_name: str = DEFAULT_FORMAT, step: int = -1, 
         leading_step: keep the recording's first step even when its length differs from the second's (see
             :func:`split_steps`).
     """
-    path = Path(path)
-    recording = read_recording(path, format_name)
+    return step_trace(read_recording(Path(path), format_name), format_name, step, workload, measurements,
+                      ref_mem_mhz, observed_core_mhz, leading_step)
+
+
+def step_trace(recording: Recording, format_name: str = DEFAULT_FORMAT, step: int = -1, workload: str | None = None,
+               measurements: dict[str, float] | None = None, ref_mem_mhz: float | None = None,
+               observed_core_mhz: float | None = None, leading_step: bool = False) -> Trace:
+    """:func:`import_trace` of a recording already read (:func:`read_recording`): several steps of one recording
+    for the price of one read."""
     index, chosen = _chosen_step(recording, step, leading_step)
     acts = recording.activities
     kernels = []
     for i, phase in zip(chosen, label_phases(recording, chosen), strict=True):
         previous_end = acts[i - 1].start_us + acts[i - 1].dur_us if i > 0 else acts[i].start_us
         kernels.append(_kernel(acts[i], phase, max(0.0, acts[i].start_us - previous_end)))
+    path = recording.path
     meta = TraceMeta(gpu=recording.gpu_name, workload=workload or path.name.split(".")[0],
                      source=f"{format_name}:{path.name}", ref_mem_mhz=ref_mem_mhz, ref_core_mhz=None,
                      observed_core_mhz=observed_core_mhz, step_index=index, measurements=measurements or {})

@@ -14,7 +14,7 @@ from typing import Any
 
 from kdvfs.common.files import read_text, write_text_atomic
 from kdvfs.envs.trace.format import save_trace
-from kdvfs.envs.trace.importing import import_trace
+from kdvfs.envs.trace.importing import Recording, read_recording, step_trace
 from kdvfs.envs.trace.trace import Kind, Trace, noncommunication_s
 from kdvfs.runtime.capture.capture_config import CaptureConfig
 from kdvfs.runtime.capture.cpu_emulation import emulate_gpu_recording
@@ -100,12 +100,14 @@ class CaptureReport:
         return dataclasses.asdict(self)
 
 
-def _gpu_recording(profile: Path, config: CaptureConfig) -> Path:
+def read_gpu_recording(profile: Path, config: CaptureConfig) -> Recording:
+    """The profiler recording ``profile`` read (:func:`kdvfs.envs.trace.importing.read_recording`), in CPU test mode
+    its CPU ops standing in for kernels. Reading parses the whole file (every recorded step): read each once."""
     if not config.cpu_test_mode:
-        return profile
-    emulated = profile.with_name("emulated.json")
+        return read_recording(profile)
+    emulated = profile.with_name(f"{profile.stem}.emulated.json")
     emulate_gpu_recording(profile, emulated)
-    return emulated
+    return read_recording(emulated)
 
 
 def _scaled_to(trace: Trace, step_s: float) -> Trace:
@@ -116,14 +118,14 @@ def _scaled_to(trace: Trace, step_s: float) -> Trace:
                                         for k in trace.kernels))
 
 
-def build_trace(profile: Path, config: CaptureConfig, timing: StepTiming, gpu_name: str,
+def build_trace(recording: Recording, config: CaptureConfig, timing: StepTiming, gpu_name: str,
                 job: JobGroup | None = None, step: int = -1) -> Trace:
-    """Complete step ``step`` of the recording (default the last; a recording that starts at a step boundary,
-    its first step kept: :func:`kdvfs.envs.trace.importing.split_steps`), with the capture's measurements and
-    provenance; under torchrun (``job``) the longest time outside communication kernels over the ranks;
-    the GPU's enforced power limit and range when the capture read them (``timing.power``)."""
+    """Complete step ``step`` of the recording (:func:`read_gpu_recording`; default the last; a recording that
+    starts at a step boundary, its first step kept: :func:`kdvfs.envs.trace.importing.split_steps`), with the
+    capture's measurements and provenance; under torchrun (``job``) the longest time outside communication
+    kernels over the ranks; the GPU's enforced power limit and range when the capture read them (``timing.power``)."""
     reading = timing.reading
-    trace = import_trace(_gpu_recording(profile, config), step=step, leading_step=step != -1,
+    trace = step_trace(recording, step=step, leading_step=step != -1,
                          workload=config.workload,
                          measurements=timing.measurements(),
                          ref_mem_mhz=reading.mem_mhz if reading else None,

@@ -34,7 +34,7 @@ from torch.profiler import ProfilerActivity, profile, schedule
 from kdvfs.runtime.capture import shape_rounds
 from kdvfs.runtime.capture.capture_config import CaptureConfig
 from kdvfs.runtime.capture.capture_errors import CaptureError
-from kdvfs.runtime.capture.recording import CaptureReport, StepTiming, build_trace, write_capture
+from kdvfs.runtime.capture.recording import CaptureReport, StepTiming, build_trace, read_gpu_recording, write_capture
 from kdvfs.runtime.capture.shape_set import write_shape_set
 from kdvfs.runtime.device.energy import WindowReading, WindowSampler
 from kdvfs.runtime.device.errors import NvmlUnavailableError
@@ -259,7 +259,8 @@ class Capture:
         timing = StepTiming(window_s, window_steps, profiled_s, self.config.steps, reading, self._job_step_s,
                             self.rank, self._power)
         recording = self._folder / "profile.json"
-        trace = build_trace(recording, self.config, timing, self._reader.name if self._reader else "", self._job)
+        trace = build_trace(read_gpu_recording(recording, self.config), self.config, timing,
+                            self._reader.name if self._reader else "", self._job)
         trace = shape_rounds.with_shapes(trace, self.probe.shape_of(ended), self._shapes)
         report = write_capture(trace, recording, self.config, timing)
         known = [trace] if trace.meta.step_shape else []

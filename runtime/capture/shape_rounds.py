@@ -15,6 +15,7 @@ measured joules (compared by :func:`kdvfs.envs.trace.trace_set.window_prediction
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import statistics
 from collections import Counter
@@ -142,6 +143,11 @@ class WindowShapes:
         return statistics.fmean(times) if len(times) >= MIN_SHAPE_STEPS else None
 
     def warm_fit(self) -> tuple[ShapeAxes, Array, float] | None:
+        """:attr:`_warm_fit` (fitted once per window: every captured shape's time and measurements read it)."""
+        return self._warm_fit
+
+    @functools.cached_property
+    def _warm_fit(self) -> tuple[ShapeAxes, Array, float] | None:
         """The window's step time as a non-negative line in its shapes' variables plus a first-seen term,
         fitted over the steps of the most frequent input structure: the variables' axes, their coefficients
         (without the first-seen term) and the first-seen step's extra seconds. None with fewer steps than

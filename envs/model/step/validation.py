@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kdvfs.envs.model.step.align import align, token_ids
-from kdvfs.envs.model.step_model import StepModel
+from kdvfs.envs.model.step_model import AlignedSteps, StepModel
 from kdvfs.envs.trace.shape import ShapeAxes, StepShape
 from kdvfs.envs.trace.trace import Trace, with_measured_gaps
 
@@ -70,11 +70,12 @@ def is_edge(shape: StepShape, others: Sequence[StepShape]) -> bool:
 def leave_one_out(traces: Sequence[Trace]) -> list[ShapeError]:
     """Each trace (one model, at least three shapes) predicted by the step model of the others."""
     errors = []
-    for index, held in enumerate(traces):
-        rest = [t for i, t in enumerate(traces) if i != index]
+    steps = AlignedSteps.of(traces)  # each pair aligned once, not once per model of the others
+    for held in traces:
+        rest = [t for t in traces if t is not held]
         shape = held.meta.step_shape
         assert shape is not None
-        model = StepModel.fit(rest)
+        model = StepModel.of_aligned(steps.without(steps.traces.index(held)))
         predicted = model.predict(shape)
         step_s, measured_s = with_measured_gaps(predicted).step_time_s, with_measured_gaps(held).step_time_s
         others = [t.meta.step_shape for t in rest if t.meta.step_shape is not None]

@@ -107,6 +107,28 @@ def test_leave_one_shape_out_error_is_bounded_on_recorded_steps(family: str) -> 
     assert interior and max(abs(e.kernel_time_error_pct) for e in interior) < 3.0
 
 
+def test_leave_one_out_aligns_each_pair_of_steps_once(base: Trace, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A capture's check of its shapes refits the step model once per shape left out; aligning the kernels of two
+    steps is O(K1 x K2) (minutes in all for nine 4,000-kernel steps when each model aligned its pairs again)."""
+    from kdvfs.envs.model import step_model
+
+    traces = [_linear(base, seq, seed=seq) for seq in (128, 192, 256, 384, 512)]
+    calls: list[int] = []
+
+    def counted(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        calls.append(1)
+        return align(a, b)
+
+    monkeypatch.setattr(step_model, "align", counted)
+    errors = leave_one_out(traces)
+    assert len(calls) == len(traces) * (len(traces) - 1) // 2
+    for held, error in zip(traces, errors, strict=True):  # what a model fitted on the others alone predicts
+        shape = held.meta.step_shape
+        assert shape is not None
+        alone = StepModel.fit([t for t in traces if t is not held]).predict(shape)
+        assert error.kernel_time_error_pct == pytest.approx(100.0 * (alone.busy_s / held.busy_s - 1.0), rel=1e-9)
+
+
 def _two_lengths(base: Trace, source: int, target: int) -> Trace:
     """``base``'s first half of kernels linear in the input tokens, the second half in the label tokens (fixed
     random coefficients): an encoder-decoder step, keyed like a T5's under the HF Trainer."""

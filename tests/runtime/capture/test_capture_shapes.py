@@ -188,3 +188,36 @@ def test_a_window_of_new_shapes_with_a_stall_still_prices_each_shape_by_its_leng
     assert fit is not None and fit[2] == 0.0
     for (a, b), shape in zip(pairs[1:], shapes[1:], strict=True):
         assert window.step_time_s(shape) == pytest.approx(0.05 + 2e-4 * a + 1e-4 * b, rel=0.05)
+
+
+def test_each_rounds_recording_is_read_once_however_many_shapes_it_holds(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reading a round's recording parses all its steps (on a GPU, every kernel, launch and op of nine steps):
+    the traces of a capture whose steps vary took minutes on an H100 when each shape read its round again."""
+    import torch
+
+    from kdvfs.envs.trace.importers import kineto
+    from kdvfs.runtime.capture.session import Capture
+    from kdvfs.runtime.testing.fake_nvml import EnergyFakeNvml, h200_from_probe
+
+    reads: list[str] = []
+    read_input = kineto.read_input
+
+    def counted(path: Path, error: type[Exception]) -> str:
+        reads.append(Path(path).name)
+        return read_input(path, error)
+
+    monkeypatch.setattr(kineto, "read_input", counted)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    with Capture(tmp_path / "run.trace.json", EnergyFakeNvml([h200_from_probe()], power_w=250.0), warmup=2,
+                 energy_window_s=0.05, cpu_test_mode=True) as capture:
+        for step in range(400):
+            optimizer.zero_grad()
+            model(torch.randn((4, 16, 64)[step % 3], 32)).square().sum().backward()
+            optimizer.step()
+            if capture.step():
+                break
+    assert capture.report is not None and len(capture.report.shapes["captured"]) == 3
+    assert len(reads) == 1  # the three shapes come up in the first round
