@@ -1,5 +1,7 @@
-"""Steps that vary in more than one length on a real GPU (dry runs): an encoder-decoder, gradient accumulation and
-sequence packing under the HF Trainer, each captured, planned (on the GPU's shipped profile) and run for 300 steps.
+"""Steps that vary in more than one length on a real GPU (dry runs): encoder-decoder, grad accumulation, packing.
+
+An encoder-decoder, gradient accumulation and sequence packing under the HF Trainer, each captured, planned (on the
+GPU's shipped profile) and run for 300 steps.
 
     python -m benchmarks.h200.varying_recipes run RESULTS_DIR [--cpu-test] [--only encoder-decoder,packing]
     python -m benchmarks.h200.varying_recipes report RESULTS_DIR [--name varying_recipes_h200]  # results/NAME.*
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import subprocess
 import sys
 from collections import defaultdict
@@ -106,6 +109,16 @@ def window_noise(windows: list[dict[str, Any]]) -> dict[str, Any] | None:
             "adjusted_residual_pct": float(100 * residual.std(ddof=x.shape[1]) / y.mean())}
 
 
+def steps_for_half_width(steps: int, saving_ci95_pct: list[float] | None) -> int | None:
+    """The steps a run like this one would take for a saving interval of ``TARGET_HALF_WIDTH_PCT`` at the same noise
+    and A/B share: the half-width falls as one over the root of the windows. An upper estimate: the t quantile
+    shrinks too, and in a longer run fewer steps bring a shape new to the process."""
+    if saving_ci95_pct is None:
+        return None
+    half_width_pct = (saving_ci95_pct[1] - saving_ci95_pct[0]) / 2
+    return math.ceil(steps * (half_width_pct / TARGET_HALF_WIDTH_PCT) ** 2)
+
+
 def figures(folder: Path) -> dict[str, Any]:
     """One recipe's figures (see the module docstring); of a dry run stopped before its summary (the device's
     time ran out), what its log holds."""
@@ -134,6 +147,7 @@ def figures(folder: Path) -> dict[str, Any]:
             "measured": measured,
             "saving_holds_zero": None if saving is None else saving[0] <= 0.0 <= saving[1],
             "saving_half_width_pct": None if saving is None else (saving[1] - saving[0]) / 2,
+            "steps_for_target_half_width": steps_for_half_width(summary["steps"], saving),
             "captured": [c["shape"] for c in captured],
             "capture_step_times_s": {c["shape"]: c["step_time_s"] for c in captured},
             "guard_backoffs": summary["guard_backoffs"], "gpu_restored": summary["gpu_restored"],
@@ -190,7 +204,10 @@ def markdown(result: dict[str, Any]) -> str:
             lines.append(f"- {name}: steps of a shape new to the process {noise['new_shapes_share'][0]:.2f}-"
                          f"{noise['new_shapes_share'][1]:.2f} of a window; window step time vs expected kernel time "
                          f"correlation {noise['step_time_vs_kernel_correlation']:.2f}; adjusted residual "
-                         f"{noise['adjusted_residual_pct']:.1f}% of the mean step time")
+                         f"{noise['adjusted_residual_pct']:.1f}% of the mean step time; a half-width of "
+                         f"{TARGET_HALF_WIDTH_PCT:g} points would take about "
+                         f"{r.get('steps_for_target_half_width') or '-'} steps at this noise (an upper estimate: "
+                         "`steps_for_half_width`)")
     lines += ["", f"Targets: >= {TARGET_CONTROLLED:.0%} of the B-window steps controlled; the dry-run saving interval "
               f"holds 0 with a half-width <= {TARGET_HALF_WIDTH_PCT:g} points; step-model kernel time within "
               f"{TARGET_KERNEL_ERROR_PCT:g}% leave-one-shape-out; no refused NVML call."]
