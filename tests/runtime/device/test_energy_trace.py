@@ -190,6 +190,24 @@ def longest_burst(counter: Counter, skip: int) -> int:
     return max(runs)
 
 
+def run_h200(end_s: float, marks_s: list[float], slow_share: float = 0.04, slow_s: float | None = None,
+             seed: int | None = None) -> tuple[EnergyTrace, H200Counter]:
+    """A paced trace of an :class:`H200Counter` (``slow_share`` of its reads taking ``slow_s``; ``seed``: its
+    noise's) marked at ``marks_s``, run to ``end_s`` (virtual s)."""
+    box: list[EnergyTrace] = []
+    clock = ScriptedClock(end_s, [(m, lambda m=m: box[0].mark(m)) for m in marks_s])
+    counter = H200Counter(clock, marks_s, end_s, slow_share=slow_share)
+    if slow_s is not None:
+        counter.slow_s = slow_s
+    if seed is not None:
+        counter.rng = random.Random(seed)
+    box.append(EnergyTrace(counter, clock, 1.0))
+    box[0].start()
+    assert clock.at_end.wait(60)
+    box[0].stop()
+    return box[0], counter
+
+
 def test_an_h200_like_counter_is_read_about_once_per_update_a_mark_needs() -> None:
     """Marks at window edges every 0.35-1 s for 60 s on an H200-like counter (:class:`H200Counter`): each mark
     needs the updates before and after it, and after the clock is learned the thread reads about once per such
@@ -200,14 +218,7 @@ def test_an_h200_like_counter_is_read_about_once_per_update_a_mark_needs() -> No
     rng = random.Random(7)
     marks_s = list(itertools.accumulate([rng.uniform(0.35, 1.0) for _ in range(100)], initial=2.0))
     marks_s = [m for m in marks_s if m < 62.0]
-    box: list[EnergyTrace] = []
-    clock = ScriptedClock(64.0, [(m, lambda m=m: box[0].mark(m)) for m in marks_s])
-    counter = H200Counter(clock, marks_s, 64.0)
-    box.append(EnergyTrace(counter, clock, 1.0))
-    box[0].start()
-    assert clock.at_end.wait(60)
-    box[0].stop()
-    trace = box[0]
+    trace, counter = run_h200(64.0, marks_s)
     reads = trace.reads - trace.calibration_reads
     needs = len({counter.published_s(m) for m in marks_s} | {counter.published_s(m + 0.1) for m in marks_s})
     per_s = reads / (64.0 - counter.starts_s[trace.calibration_reads])
@@ -228,16 +239,7 @@ def test_an_h200_like_counter_is_read_about_once_per_update_a_mark_needs() -> No
 def test_slow_reads_neither_hide_the_period_nor_widen_every_window() -> None:
     """One read in 20 takes 30 ms (the reading thread was descheduled), also while the clock is learned: the
     period is still learned, and the clock is measured again in a few reads now and then, not at every read."""
-    marks_s = [2.0 + 0.6 * i for i in range(45)]
-    box: list[EnergyTrace] = []
-    clock = ScriptedClock(30.0, [(m, lambda m=m: box[0].mark(m)) for m in marks_s])
-    counter = H200Counter(clock, marks_s, 30.0, slow_share=0.05)
-    counter.slow_s = 0.03
-    box.append(EnergyTrace(counter, clock, 1.0))
-    box[0].start()
-    assert clock.at_end.wait(60)
-    box[0].stop()
-    trace = box[0]
+    trace, counter = run_h200(30.0, [2.0 + 0.6 * i for i in range(45)], slow_share=0.05, slow_s=0.03)
     assert trace.updates is not None and trace.updates.period_s == pytest.approx(0.10002, rel=1e-3)
     assert trace.relock_reads <= 0.25 * (trace.reads - trace.calibration_reads)
     assert longest_burst(counter, trace.calibration_reads) <= 8
@@ -248,14 +250,6 @@ def test_the_update_clock_is_learned_in_a_few_reads_a_period(seed: int) -> None:
     """An H200-like counter (:class:`H200Counter`, one read in five slow here): the clock is searched for with
     a few reads a period, not back to back (which takes a period's worth of reads for every change), and the
     period it finds is the counter's within 0.1%."""
-    box: list[EnergyTrace] = []
-    clock = ScriptedClock(6.0, [])
-    counter = H200Counter(clock, [], 6.0, slow_share=0.2)
-    counter.rng = random.Random(seed)
-    box.append(EnergyTrace(counter, clock, 1.0))
-    box[0].start()
-    assert clock.at_end.wait(60)
-    box[0].stop()
-    trace = box[0]
+    trace, _ = run_h200(6.0, [], slow_share=0.2, seed=seed)
     assert trace.updates is not None and trace.updates.period_s == pytest.approx(0.10002, rel=1e-3)
     assert trace.calibration_reads <= 40
