@@ -104,6 +104,7 @@ def workload_figures(processes: list[dict[str, Any]]) -> dict[str, Any]:
                                             "thread_step_share_pct", "wakes_per_step")},
         "host_cost_parts_ms_per_step": {part: sum(c[part] or 0.0 for c in costs) / steps if steps else None
                                         for part in ("thread_ms", "energy_thread_ms", "hooks_ms")},
+        "energy_learning_ms_per_step": _learning_ms_per_step(summaries, steps),
         "process_cpu_ms_per_step": {**_interval(cpu_pairs), "pairs": cpu_pairs},
         "energy_counter": [s["energy_counter"] for s in summaries],
         "decisions_us": {"median_of_processes": _median([o["decision_us"]["median"] for o in onlines]),
@@ -117,6 +118,15 @@ def workload_figures(processes: list[dict[str, Any]]) -> dict[str, Any]:
         "failed_processes": len(processes) - len(ran),
         "processes": [{k: v for k, v in p.items() if k not in ("step_s", "cpu_s")} for p in processes],
     }
+
+
+def _learning_ms_per_step(summaries: list[dict[str, Any]], steps: int) -> float | None:
+    """The energy thread's one-time learning of the counter's clock, per step (ms; None: not in every summary,
+    whose runs predate it, or no steps)."""
+    learned = [(s.get("energy_counter") or {}).get("calibration_cpu_s") for s in summaries]
+    if not steps or any(cpu_s is None for cpu_s in learned):
+        return None
+    return 1e3 * sum(learned) / steps
 
 
 def verdicts(figures: dict[str, Any]) -> dict[str, bool | None]:
@@ -157,14 +167,16 @@ def markdown(result: dict[str, Any]) -> str:
              "points, interval holding 0; host CPU <= 2% of the step)", "",
              "| workload | step without / with (ms) | overhead, mean of ABBA process pairs [95% CI] | dry run's "
              "controlled vs auto windows, pooled A/B pairs [95% CI] | controller host CPU: ms/step (% of step); "
-             "of it thread / energy / hooks (ms/step) | process CPU with - without (ms/step) | steps controlled |",
+             "of it thread / energy (its one-time clock learning) / hooks (ms/step) | "
+             "process CPU with - without (ms/step) | steps controlled |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
     for label, f in result["workloads"].items():
         cost, parts = f["host_cost"], f["host_cost_parts_ms_per_step"]
         lines.append(f"| {label} | {_num(f['step_ms_without'])} / {_num(f['step_ms_with'])} | "
                      f"{_pct(f['overhead_pct'])} | {_pct(f['dry_run_slowdown_pct'])} | "
                      f"{_num(cost['per_step_ms'])} ({_num(cost['step_share_pct'])}%); "
-                     f"{_num(parts['thread_ms'])} / {_num(parts['energy_thread_ms'])} / {_num(parts['hooks_ms'])} | "
+                     f"{_num(parts['thread_ms'])} / {_num(parts['energy_thread_ms'])} "
+                     f"({_num(f.get('energy_learning_ms_per_step'))}) / {_num(parts['hooks_ms'])} | "
                      f"{_pct(f['process_cpu_ms_per_step']).replace('%', '')} | "
                      f"{_num(100 * f['controlled_share'], 0)}% |")
     lines += ["", "## The controller's thread, decisions and requests (targets: decisions' median <= 50 us; late "

@@ -74,6 +74,8 @@ class EnergyTrace:
         """Wall time in reads (s)."""
         self.thread_cpu_s = 0.0
         """CPU time of the reading thread (s), once it stopped."""
+        self.calibration_cpu_s = 0.0
+        """Of it, learning the update clock (s): a one-time cost, again only if the clock is lost."""
 
     def start(self) -> None:
         """Paced: start the reading thread (it learns the clock first). Else: take the first reading."""
@@ -173,12 +175,13 @@ class EnergyTrace:
         """Learn the update clock (:func:`~kdvfs.runtime.device.update_search.search_clock`); then keep the values
         its search read, each at its place."""
         self._lost, self._doubt, self.updates = False, False, None
-        reads, self._searched = self.reads, []
+        reads, self._searched, began_cpu_s = self.reads, [], time.thread_time()
         try:
             self.updates = search_clock(self.read, self._clock, self._stop, lambda: self._read_s)
         finally:
             searched, self._searched = self._searched, None
             self.calibration_reads += self.reads - reads
+            self.calibration_cpu_s += time.thread_time() - began_cpu_s
             for previous, current in itertools.pairwise([None, *searched]):
                 self._record(previous, current)  # type: ignore[arg-type]
 
@@ -314,10 +317,10 @@ class EnergyTrace:
             self._thread = None
 
     def figures(self) -> dict[str, Any]:
-        """For the summary: the reads (all; back to back to learn the clock and to measure a change again), the
-        median read (s), the update period learned (s; None: none) and the reading thread's CPU (s)."""
+        """For the summary: the reads (all; to learn the clock and to measure a change again), the median read (s),
+        the update period learned (s; None: none) and the reading thread's CPU (s; of it, learning the clock)."""
         return {"reads": self.reads, "calibration_reads": self.calibration_reads, "relock_reads": self.relock_reads,
                 "read_s": statistics.median(self._durations_s) if self._durations_s else None,
                 "update_period_s": None if self.updates is None else self.updates.period_s,
-                "thread_cpu_s": self.thread_cpu_s}
+                "thread_cpu_s": self.thread_cpu_s, "calibration_cpu_s": self.calibration_cpu_s}
 

@@ -134,7 +134,8 @@ class RequestFigures(JsonRecord):
 @dataclass(frozen=True)
 class EnergyCounter(JsonRecord):
     """The energy counter's reads (all; to learn its clock; to measure a change again), the median read (s),
-    the update period learned (s; None: none) and the reading thread's CPU (s)."""
+    the update period learned (s; None: none) and the reading thread's CPU (s; of it, learning the clock: a
+    one-time cost, which weighs per step only in a short run; None in logs written before it)."""
 
     reads: int
     calibration_reads: int
@@ -142,6 +143,7 @@ class EnergyCounter(JsonRecord):
     read_s: float | None = field(metadata=in_ms("read_ms"))
     update_period_s: float | None = field(metadata=in_ms("update_period_ms"))
     thread_cpu_s: float | None
+    calibration_cpu_s: float | None = None
 
 
 @dataclass(frozen=True)

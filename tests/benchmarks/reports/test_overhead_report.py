@@ -23,7 +23,7 @@ def _summary(share_pct: float) -> dict[str, Any]:
             "online": {"decision_us": {"median": 30.0, "p99": 90.0}, "wakes": {"policy": 1200, "proposal": 300}},
             "requests": {"planned": 40, "late": 2, "late_ms": {"median": 0.1, "p99": 0.3}},
             "energy_counter": {"reads": 50, "calibration_reads": 30, "relock_reads": 4, "update_period_ms": 100.0,
-                               "read_ms": 4.0}}
+                               "read_ms": 4.0, "calibration_cpu_s": 0.12}}
 
 
 def _process(report: ModuleType, pair: int, with_kdvfs: bool, step_s: float, exit_code: int = 0) -> dict[str, Any]:
@@ -41,6 +41,7 @@ def test_the_overhead_is_per_abba_pair_and_a_failed_process_leaves_its_pair_out(
     assert figures["overhead_pct"]["pairs"] == pytest.approx([0.2, 0.3])
     assert figures["failed_processes"] == 1 and figures["dry_run_slowdown_pct"]["n"] == 8
     assert figures["host_cost_parts_ms_per_step"]["energy_thread_ms"] == pytest.approx(40.0 / 400)
+    assert figures["energy_learning_ms_per_step"] == pytest.approx(2 * 120.0 / 400)
     assert figures["wakes_per_step"] == {"policy": 6.0, "proposal": 1.5}
     verdicts = report.verdicts(figures)
     assert verdicts == {"slowdown_points": True, "overhead_pct": True, "host_cpu_pct": True, "decision_us": True,

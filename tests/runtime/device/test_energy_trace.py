@@ -253,3 +253,5 @@ def test_the_update_clock_is_learned_in_a_few_reads_a_period(seed: int) -> None:
     trace, _ = run_h200(6.0, [], slow_share=0.2, seed=seed)
     assert trace.updates is not None and trace.updates.period_s == pytest.approx(0.10002, rel=1e-3)
     assert trace.calibration_reads <= 40
+    figures = trace.figures()
+    assert 0.0 < figures["calibration_cpu_s"] <= figures["thread_cpu_s"]
