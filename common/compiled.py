@@ -58,3 +58,11 @@ def compiled(function: Callable[..., Any]) -> Any:
     """``numba.njit(cache=True)`` with the cache folder of kdvfs's current sources."""
     _package_cache()
     return numba.njit(cache=True)(function)
+
+
+def compiled_without_gil(function: Callable[..., Any]) -> Any:
+    """:func:`compiled`, releasing the interpreter lock while it runs (``nogil``): for long work on a background
+    thread, which then does not hold up the training loop. Not for the controller's decisions: a thread that
+    released the lock may wait a switch interval (5 ms) to take it back."""
+    _package_cache()
+    return numba.njit(cache=True, nogil=True)(function)

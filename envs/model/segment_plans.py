@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kdvfs.common.arrays import Array
+from kdvfs.common.compiled import compiled_without_gil
 from kdvfs.envs.model.schedule import ActionCosts, switch_points
 
 
@@ -51,43 +52,69 @@ def segment_plans(costs: ActionCosts, prices_j_per_s: Array, stall_s: float, sta
         starts: :func:`segment_starts` of ``costs.time_s`` for the switching latency.
         switchable: (K + 1,) bool, kernels where a change may take effect (None: all).
     """
-    time_s, energy_j, idle_power_w = costs.time_s, costs.energy_j, costs.idle_power_w
-    kernels, actions = time_s.shape
     prices = np.asarray(prices_j_per_s, dtype=float)
-    plans_count = len(prices)
-    # C[k, p, a]: prefix sums of energy + price * time per price and action; a change's cost (its stall).
-    cum_cost = np.zeros((kernels + 1, plans_count, actions))
-    np.cumsum(energy_j[:, None, :] + prices[None, :, None] * time_s[:, None, :], axis=0, out=cum_cost[1:])
-    switch = stall_s * (idle_power_w[None, :] + prices[:, None])
-    best = np.zeros((kernels + 1, plans_count))  # F[k]: cheapest schedule of kernels [0, k)
-    # prefix_min[j, p, a]: min over j' <= j of F[j'] - C[j', a] + switch(a) (entering action a at j'), with
-    # the j' that attains it; j' = 0 enters at no cost (the step's first clocks are free).
+    kernels = costs.time_s.shape[0]
+    switch = stall_s * (costs.idle_power_w[None, :] + prices[:, None])  # a change's cost (its stall)
+    totals, best, choice = _programme(costs.time_s, costs.energy_j, prices, switch, starts.astype(np.int64),
+                                      np.ones(kernels + 1, dtype=np.bool_) if switchable is None else switchable)
+    # Backtrack each price's segments, unless one action throughout is at least as cheap (no latency limit).
+    single = totals.argmin(axis=1)
+    plans = np.empty((len(prices), kernels), dtype=np.int64)
+    for p in range(len(prices)):
+        single_is_best = totals[p, single[p]] <= best[kernels, p]
+        plans[p] = single[p] if single_is_best else _backtrack(choice[:, p], kernels)
+    return plans
+
+
+@compiled_without_gil
+def _programme(time_s: Array, energy_j: Array, prices: Array, switch: Array, starts: Array, switchable: Array
+               ) -> tuple[Array, Array, Array]:
+    """The dynamic programme of the module docstring over every price at once. Compiled and without the
+    interpreter lock: a bucket prepared on a background thread does not hold up the training loop.
+
+    Args:
+        time_s, energy_j: (K, A) per kernel and action.
+        prices: (P,) prices of time (J/s).
+        switch: (P, A) the cost of entering each action (its stall).
+        starts: (K + 1, A) :func:`segment_starts`.
+        switchable: (K + 1,) bool, kernels where a change may take effect.
+
+    Returns:
+        (P, A) C[K]: each action's energy + price * time over the whole step; (K + 1, P) F[k]: the cheapest
+        schedule of kernels [0, k); (K + 1, P, 2) the last segment chosen at each k (its start, its action).
+    """
+    kernels, actions, plans_count = time_s.shape[0], time_s.shape[1], prices.shape[0]
+    # C[k, p, a], the prefix sums of energy + price * time, as a running row (each k reads only its own).
+    cum_cost = np.zeros((plans_count, actions))
+    best = np.zeros((kernels + 1, plans_count))
+    # prefix_min[j, p, a]: min over j' <= j of F[j'] - C[j', a] + switch(a) (entering action a at j'), with the
+    # j' that attains it; j' = 0 enters at no cost (the step's first clocks are free).
     prefix_min = np.full((kernels + 1, plans_count, actions), np.inf)
     prefix_arg = np.zeros((kernels + 1, plans_count, actions), dtype=np.int64)
     prefix_min[0] = 0.0
-    choice = np.zeros((kernels + 1, plans_count, 2), dtype=np.int64)  # (segment start, action) ending at k
-    plan_rows, columns = np.arange(plans_count), np.arange(actions)
+    choice = np.zeros((kernels + 1, plans_count, 2), dtype=np.int64)
     for k in range(1, kernels + 1):
-        # Best last segment [j, k) per action, its start at most J(k, a) (none where no start is long enough).
-        valid = starts[k] >= 0
-        j = np.where(valid, starts[k], 0)
-        candidates = np.where(valid, prefix_min[j, :, columns].T + cum_cost[k], np.inf)
-        chosen = candidates.argmin(axis=1)
-        best[k] = candidates[plan_rows, chosen]
-        choice[k, :, 0] = prefix_arg[j[chosen], plan_rows, chosen]
-        choice[k, :, 1] = chosen
-        # Extend the running minimum with a segment entered at k (only where a change may take effect).
-        entry = best[k][:, None] - cum_cost[k] + (switch if switchable is None or switchable[k] else np.inf)
-        better = entry < prefix_min[k - 1]
-        prefix_min[k] = np.where(better, entry, prefix_min[k - 1])
-        prefix_arg[k] = np.where(better, k, prefix_arg[k - 1])
-    # Backtrack each price's segments, unless one action throughout is at least as cheap (no latency limit).
-    single = cum_cost[kernels].argmin(axis=1)
-    plans = np.empty((plans_count, kernels), dtype=np.int64)
-    for p in range(plans_count):
-        single_is_best = cum_cost[kernels, p, single[p]] <= best[kernels, p]
-        plans[p] = single[p] if single_is_best else _backtrack(choice[:, p], kernels)
-    return plans
+        for p in range(plans_count):
+            for a in range(actions):
+                cum_cost[p, a] += energy_j[k - 1, a] + prices[p] * time_s[k - 1, a]
+            # The best last segment [j, k) over the actions, its start at most J(k, a) (the first at a tie).
+            chosen, cheapest = 0, np.inf
+            for a in range(actions):
+                if starts[k, a] >= 0:
+                    candidate = prefix_min[starts[k, a], p, a] + cum_cost[p, a]
+                    if candidate < cheapest:
+                        chosen, cheapest = a, candidate
+            best[k, p] = cheapest
+            choice[k, p, 0] = prefix_arg[max(starts[k, chosen], 0), p, chosen]
+            choice[k, p, 1] = chosen
+            # Extend the running minimum with a segment entered at k (only where a change may take effect).
+            for a in range(actions):
+                entry = cheapest - cum_cost[p, a] + (switch[p, a] if switchable[k] else np.inf)
+                if entry < prefix_min[k - 1, p, a]:
+                    prefix_min[k, p, a], prefix_arg[k, p, a] = entry, k
+                else:
+                    prefix_min[k, p, a], prefix_arg[k, p, a] = prefix_min[k - 1, p, a], prefix_arg[k - 1, p, a]
+    return cum_cost, best, choice
 
 
 def _backtrack(choice: Array, kernels: int) -> Array:

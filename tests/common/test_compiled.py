@@ -65,3 +65,15 @@ def test_the_folder_is_named_for_the_sources_and_a_user_choice_wins(tmp_path: Pa
     folder = use_cache_for(PACKAGES)
     assert folder == tmp_path / "xdg" / "kdvfs" / "numba" / source_digest(PACKAGES) and folder.is_dir()
     assert str(folder) == numba.config.CACHE_DIR
+
+
+def test_only_the_background_kind_releases_the_interpreter_lock() -> None:
+    """``compiled_without_gil`` runs without the lock (a background thread's long work); ``compiled`` keeps it (a
+    decision that released it may wait a switch interval to take it back)."""
+    from kdvfs.common.compiled import compiled, compiled_without_gil
+
+    def twice(x: float) -> float:
+        return 2.0 * x
+
+    assert compiled_without_gil(twice).targetoptions.get("nogil") is True
+    assert not compiled(twice).targetoptions.get("nogil", False)

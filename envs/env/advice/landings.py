@@ -58,7 +58,9 @@ class Landings:
         ``pair * P + plan``) in the third, their concatenation (empty without plans)."""
         pairs, plans = range(self._data.cumulative.shape[2]), range(self._plans.pairs.shape[1])
         for pair in pairs:
-            self.of(pair)
+            if any((pair, plan) not in self._proposals for plan in plans):  # every plan's in one pass
+                for plan, found in enumerate(self._plans.every_proposal_changes(*self.of(pair))):
+                    self._proposals.setdefault((pair, plan), found)
         changes = [self.proposal_changes(pair, plan) for pair in pairs for plan in plans]
         offsets = np.zeros(len(changes) + 1, dtype=np.int64)
         offsets[1:] = np.cumsum([len(c) for c in changes])

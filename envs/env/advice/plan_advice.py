@@ -64,8 +64,17 @@ class PlanAdvice:
         """Sorted kernels j (1 <= j <= K) where plan ``plan``'s advice (:meth:`advice_pairs`) differs from its
         advice a decision point earlier, with the landing kernels ``effect`` and ``next_effect`` ((K + 1,)
         each, :func:`landing_kernels`) of one timeline: between them, following the plan asks nothing new."""
-        pairs = self.advice_pairs(effect, next_effect)[:, plan]
-        return np.flatnonzero(pairs[1:] != pairs[:-1]) + 1
+        return _changes(self.advice_pairs(effect, next_effect)[:, plan])
+
+    def every_proposal_changes(self, effect: Array, next_effect: Array) -> list[Array]:
+        """:meth:`proposal_changes` of every plan, in order, from one :meth:`advice_pairs` of all plans."""
+        advice = self.advice_pairs(effect, next_effect)
+        return [_changes(advice[:, plan]) for plan in range(advice.shape[1])]
+
+
+def _changes(pairs: Array) -> Array:
+    """Sorted kernels j >= 1 where ``pairs`` (K + 1,) differs from the kernel before."""
+    return np.flatnonzero(pairs[1:] != pairs[:-1]) + 1
 
 
 def budget_plans(step: StepData, budgets: tuple[float, ...], effect: Array, latency_s: float,

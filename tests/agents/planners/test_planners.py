@@ -77,6 +77,26 @@ def test_latency_dp_is_exact_for_its_lagrangian(seed: int) -> None:
 
 
 @pytest.mark.parametrize("seed", SEEDS)
+def test_latency_dp_with_changes_only_at_some_kernels_is_exact(seed: int) -> None:
+    """Where a change may take effect only at some kernels (``switchable``), the programme's Lagrangian optimum is
+    the best of every valid schedule that changes only there."""
+    costs, rng = tiny(seed)
+    latency = 0.0 if seed % 3 == 0 else float(rng.uniform(0, 6))
+    switchable = rng.random(costs.kernels + 1) < 0.5
+    lam = float(rng.uniform(0, 2))
+    plan = segment_plans(costs, np.array([lam]), 0.05, segment_starts(costs.time_s, latency), switchable)[0]
+    time_s, energy_j = plan_totals(costs, plan[None, :], 0.05)
+    best = np.inf
+    for actions in itertools.product(range(costs.time_s.shape[1]), repeat=costs.kernels):
+        changes = np.flatnonzero(np.diff(actions)) + 1
+        if segments_ok(costs.time_s, np.array(actions), latency) and switchable[changes].all():
+            outcome = replay(costs, np.array(actions), 0.05)
+            best = min(best, outcome.energy_j + lam * outcome.time_s)
+    assert switchable[np.flatnonzero(np.diff(plan)) + 1].all()
+    assert energy_j[0] + lam * time_s[0] == pytest.approx(best, abs=1e-9)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
 def test_latency_optimum_is_feasible_and_within_its_certificate(seed: int) -> None:
     costs, rng = tiny(seed)
     problem = tiny_problem(costs, rng, float(rng.uniform(0, 6)))

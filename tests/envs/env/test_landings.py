@@ -32,7 +32,10 @@ def test_each_pair_lands_where_its_timeline_says() -> None:
 
 
 def test_the_table_packs_every_pairs_landings_and_every_plans_proposal_changes() -> None:
+    """The table's proposal changes (every plan's from one pass over a pair's advice) are those each plan's own
+    first use computes (another Landings, not tabled)."""
     found, env = _landings()
+    lazy, _ = _landings()
     table, offsets, kernels = found.table()
     pairs, plans = env.grid.size, len(env.observation_spec.plan_budgets)
     assert table.shape == (pairs, 2, env.steps[0].kernels * env.config.run_steps + 1)
@@ -41,6 +44,6 @@ def test_the_table_packs_every_pairs_landings_and_every_plans_proposal_changes()
         assert np.array_equal(table[pair], np.array(found.of(pair)))
         for plan in range(plans):
             changes = kernels[offsets[pair * plans + plan]:offsets[pair * plans + plan + 1]]
-            assert np.array_equal(changes, found.proposal_changes(pair, plan))
+            assert np.array_equal(changes, lazy.proposal_changes(pair, plan))
             assert np.all(np.diff(changes) > 0)
     assert len(kernels) > 0
