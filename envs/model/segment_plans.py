@@ -12,19 +12,20 @@ programme over segment ends:
 
 with C the prefix sums of (energy + lam * time) per action and J(k, a) the last segment start that keeps
 the segment [j, k) at least L long (and non-empty); a running prefix minimum over j makes it O(K * A) per
-lam. :func:`segment_plans` solves many prices at once (vectorised over them). The latency-aware optimum
-(``kdvfs.agents.planners.latency_optimal``) searches the price that meets a time budget; the environment shows the plans
-of a fixed grid of prices to the agent as advisors.
+lam. :func:`segment_plans` solves many prices at once (compiled, without the interpreter lock). The
+latency-aware optimum (``kdvfs.agents.planners.latency_optimal``) searches the price that meets a time budget; the
+environment shows the plans of a fixed grid of prices to the agent as advisors.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from kdvfs.common.arrays import Array
-from kdvfs.common.compiled import compiled_without_gil
 from kdvfs.envs.model.schedule import ActionCosts, switch_points
 
 
@@ -55,8 +56,9 @@ def segment_plans(costs: ActionCosts, prices_j_per_s: Array, stall_s: float, sta
     prices = np.asarray(prices_j_per_s, dtype=float)
     kernels = costs.time_s.shape[0]
     switch = stall_s * (costs.idle_power_w[None, :] + prices[:, None])  # a change's cost (its stall)
-    totals, best, choice = _programme(costs.time_s, costs.energy_j, prices, switch, starts.astype(np.int64),
-                                      np.ones(kernels + 1, dtype=np.bool_) if switchable is None else switchable)
+    totals, best, choice = _compiled_programme()(
+        costs.time_s, costs.energy_j, prices, switch, starts.astype(np.int64),
+        np.ones(kernels + 1, dtype=np.bool_) if switchable is None else switchable)
     # Backtrack each price's segments, unless one action throughout is at least as cheap (no latency limit).
     single = totals.argmin(axis=1)
     plans = np.empty((len(prices), kernels), dtype=np.int64)
@@ -66,11 +68,20 @@ def segment_plans(costs: ActionCosts, prices_j_per_s: Array, stall_s: float, sta
     return plans
 
 
-@compiled_without_gil
+@functools.cache
+def _compiled_programme() -> Any:
+    """:func:`_programme` compiled without the interpreter lock, on first use: importing this module loads no
+    compiler (light commands and the privileged daemon import it; a hardened process may forbid JIT memory)."""
+    from kdvfs.common.compiled import compiled_without_gil
+
+    return compiled_without_gil(_programme)
+
+
 def _programme(time_s: Array, energy_j: Array, prices: Array, switch: Array, starts: Array, switchable: Array
                ) -> tuple[Array, Array, Array]:
-    """The dynamic programme of the module docstring over every price at once. Compiled and without the
-    interpreter lock: a bucket prepared on a background thread does not hold up the training loop.
+    """The dynamic programme of the module docstring over every price at once, run compiled and without the
+    interpreter lock (:func:`_compiled_programme`): a bucket prepared on a background thread does not hold up
+    the training loop.
 
     Args:
         time_s, energy_j: (K, A) per kernel and action.
