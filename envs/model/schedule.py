@@ -19,6 +19,7 @@ switching semantics, shared by the planners, the environment and the fake GPU:
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -72,10 +73,18 @@ class ActionCosts:
 
     def index_of(self, label: str) -> int:
         """Inverse of :meth:`label`; raises ``ValueError`` for an action the GPU does not support."""
+        try:
+            return self._action_of_label[label]
+        except KeyError:
+            raise ValueError(f"clock action {label!r} is not supported by this GPU profile") from None
+
+    @functools.cached_property
+    def _action_of_label(self) -> dict[str, int]:
+        """Each :meth:`label`'s action (the first, were two alike), built on the first :meth:`index_of`."""
+        actions: dict[str, int] = {}
         for action in range(len(self.mem_mhz)):
-            if self.label(action) == label:
-                return action
-        raise ValueError(f"clock action {label!r} is not supported by this GPU profile")
+            actions.setdefault(self.label(action), action)
+        return actions
 
 
 @dataclass(frozen=True)

@@ -80,12 +80,10 @@ class ClockGrid:
 
     def indices(self, costs: ActionCosts) -> Array:
         """(G,) the index in ``costs`` of each grid action; ``costs`` must be of the same profile."""
-        index = {costs.label(action): action for action in range(len(costs.mem_mhz))}  # one pass, not one a label
-        missing = [self.label(g) for g in range(self.size) if self.label(g) not in index]
-        if missing:
-            raise ProfileError(f"clock grid does not match the step's GPU profile: clock action {missing[0]!r} is not "
-                               "supported by this GPU profile")
-        indices = np.array([index[self.label(g)] for g in range(self.size)], dtype=np.int64)
+        try:
+            indices = np.array([costs.index_of(self.label(g)) for g in range(self.size)], dtype=np.int64)
+        except ValueError as error:
+            raise ProfileError(f"clock grid does not match the step's GPU profile: {error}") from None
         if indices[0] != costs.auto_index:
             raise ProfileError(f"grid action 0 ({self.label(0)}) must be the default behaviour "
                                f"({costs.label(costs.auto_index)})")
