@@ -14,7 +14,6 @@ counter with no usable period has each value placed at its read. With ``read_eve
 
 from __future__ import annotations
 
-import itertools
 import math
 import statistics
 import threading
@@ -182,8 +181,10 @@ class EnergyTrace:
             searched, self._searched = self._searched, None
             self.calibration_reads += self.reads - reads
             self.calibration_cpu_s += time.thread_time() - began_cpu_s
-            for previous, current in itertools.pairwise([None, *searched]):
-                self._record(previous, current)  # type: ignore[arg-type]
+            previous: Read | None = None
+            for current in searched:
+                self._record(previous, current)
+                previous = current
 
     def _next_read(self) -> tuple[float, float, Callable[[], None]]:
         """When the next read is due, the latest it may start and what it is (see the module docstring)."""
@@ -323,4 +324,3 @@ class EnergyTrace:
                 "read_s": statistics.median(self._durations_s) if self._durations_s else None,
                 "update_period_s": None if self.updates is None else self.updates.period_s,
                 "thread_cpu_s": self.thread_cpu_s, "calibration_cpu_s": self.calibration_cpu_s}
-
