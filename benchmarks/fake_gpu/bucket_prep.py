@@ -102,9 +102,9 @@ def report(paths: list[Path], name: str) -> None:
     result = {"provenance": provenance(command), "rows": rows}
     lines = ["# What preparing a bucket's online policy costs the training process (fake H200, this CPU)", "",
              *provenance_lines(result["provenance"]), "",
-             "Medians over rounds, per bucket (a generated 12-layer GPT-2 small step, batch 2, of 192, 320 and 448 "
-             "tokens). Held up: the training-like loop's period beside the preparation over its period alone, "
-             "minus one, times the preparation's wall time.", "",
+             f"Medians over rounds, per bucket (a generated {LAYERS}-layer GPT-2 small step, batch {BATCH}, of "
+             f"{', '.join(map(str, SEQS))} tokens). Held up: the training-like loop's period beside the preparation "
+             "over its period alone, minus one, times the preparation's wall time.", "",
              "| code | prepare CPU (ms) | prepare wall (ms) | loop period alone / beside (us) | worst iteration "
              "alone / beside (ms) | loop held up (ms) |", "| --- | ---: | ---: | --- | --- | ---: |"]
     for row in rows:

@@ -109,13 +109,13 @@ def window_noise(windows: list[dict[str, Any]]) -> dict[str, Any] | None:
             "adjusted_residual_pct": float(100 * residual.std(ddof=x.shape[1]) / y.mean())}
 
 
-def steps_for_half_width(steps: int, saving_ci95_pct: list[float] | None) -> int | None:
-    """The steps a run like this one would take for a saving interval of ``TARGET_HALF_WIDTH_PCT`` at the same noise
-    and A/B share: the half-width falls as one over the root of the windows. An upper estimate: the t quantile
-    shrinks too, and in a longer run fewer steps bring a shape new to the process."""
-    if saving_ci95_pct is None:
+def steps_for_half_width(steps: int, half_width_pct: float | None) -> int | None:
+    """The steps a run like this one (``steps`` long, its saving interval ``half_width_pct`` points either side)
+    would take for a half-width of ``TARGET_HALF_WIDTH_PCT`` at the same noise and A/B share: the half-width falls
+    as one over the root of the windows. An upper estimate: the t quantile shrinks too, and in a longer run fewer
+    steps bring a shape new to the process."""
+    if half_width_pct is None:
         return None
-    half_width_pct = (saving_ci95_pct[1] - saving_ci95_pct[0]) / 2
     return math.ceil(steps * (half_width_pct / TARGET_HALF_WIDTH_PCT) ** 2)
 
 
@@ -142,12 +142,13 @@ def figures(folder: Path) -> dict[str, Any]:
     measured = summary.get("measured") or {}
     saving = measured.get("energy_saved_ci95_pct")
     captured = (capture.get("shapes") or {}).get("captured", [])
+    half_width_pct = None if saving is None else (saving[1] - saving[0]) / 2
     return {**both, "steps": summary["steps"], "controlled_steps": summary["controlled_steps"],
             "auto_reasons": summary.get("auto_reasons"), "shapes": summary.get("shapes"),
             "measured": measured,
             "saving_holds_zero": None if saving is None else saving[0] <= 0.0 <= saving[1],
-            "saving_half_width_pct": None if saving is None else (saving[1] - saving[0]) / 2,
-            "steps_for_target_half_width": steps_for_half_width(summary["steps"], saving),
+            "saving_half_width_pct": half_width_pct,
+            "steps_for_target_half_width": steps_for_half_width(summary["steps"], half_width_pct),
             "captured": [c["shape"] for c in captured],
             "capture_step_times_s": {c["shape"]: c["step_time_s"] for c in captured},
             "guard_backoffs": summary["guard_backoffs"], "gpu_restored": summary["gpu_restored"],

@@ -10,6 +10,7 @@ from typing import Any
 
 from benchmarks.common.provenance import RESULTS, provenance, provenance_lines, write_results
 from kdvfs.runtime.controller.measurement.estimator import Paired
+from kdvfs.runtime.device.update_clock import measured_s
 
 TARGETS = {"slowdown_points": 0.3, "overhead_pct": 0.5, "host_cpu_pct": 2.0, "decision_us": 50.0,
            "late_ms": 0.2}
@@ -31,7 +32,7 @@ def power_vs_energy(probe: dict[str, Any]) -> dict[str, dict[str, dict[str, floa
     relative difference (%), the correlation and the periods compared."""
     rows = probe["rows"]
     changes = [i for i in range(1, len(rows)) if rows[i][2] != rows[i - 1][2]]
-    times_s = [(rows[i - 1][0] + rows[i - 1][1] + rows[i][0] + rows[i][1]) / 4 for i in changes]
+    times_s = [measured_s(rows[i - 1], rows[i]) for i in changes]  # as the energy thread places a change
     gaps_s = [b - a for a, b in itertools.pairwise(times_s)]
     if not gaps_s:
         return {}

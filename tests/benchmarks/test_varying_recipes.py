@@ -39,6 +39,6 @@ def test_too_few_windows_give_none() -> None:
 def test_the_steps_for_the_target_half_width_grow_with_the_square_of_the_half_width() -> None:
     from benchmarks.h200.varying_recipes import TARGET_HALF_WIDTH_PCT, steps_for_half_width
 
-    assert steps_for_half_width(300, [-TARGET_HALF_WIDTH_PCT, TARGET_HALF_WIDTH_PCT]) == 300
-    assert steps_for_half_width(300, [-1.0, 3.0 * TARGET_HALF_WIDTH_PCT - 1.0]) == 300 * 9 // 4
+    assert steps_for_half_width(300, TARGET_HALF_WIDTH_PCT) == 300
+    assert steps_for_half_width(300, 1.5 * TARGET_HALF_WIDTH_PCT) == 300 * 9 // 4
     assert steps_for_half_width(300, None) is None
