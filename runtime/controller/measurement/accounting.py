@@ -92,6 +92,7 @@ class Accounting:
         self._durations: list[float] = []
         self._steps_covariates: list[tuple[float, float]] = []
         self._first_step, self._open_s, self._settle = 0, 0.0, 0
+        self._marked, self._last_matched = True, True
         self._mode: bool | None = None
         self._unpaired: dict[int, int] = {}
         self._unmeasured: list[int] = []
@@ -125,8 +126,17 @@ class Accounting:
                 self._energy_off(f"the GPU's energy counter cannot be read ({error})")
         self._restart(end_s)
 
-    def _restart(self, edge_s: float) -> None:
+    def _restart(self, edge_s: float, superseded: bool = False) -> None:
+        """Open a window at ``edge_s`` (host s), which closes none. ``superseded``: the next step opens it again (it
+        still settles, or most likely does not match either, as this one and the one before did), so a counter
+        whose marks cost reads (paced) is not marked now; should the window stand after all, its first counted step
+        marks its edge then, late."""
         self._durations, self._steps_covariates, self._open_s = [], [], edge_s
+        self._marked = not (superseded and self._trace is not None and self._trace.read_every_s > 0)
+        if self._marked:
+            self._mark(edge_s)
+
+    def _mark(self, edge_s: float) -> None:
         if self._trace is not None:
             try:
                 self._trace.mark(edge_s)
@@ -145,12 +155,16 @@ class Accounting:
         changed = self._mode is not None and controlled != self._mode
         self._mode = controlled
         self._settle = self._settle_steps if changed else self._settle
+        stretch, self._last_matched = not matched and not self._last_matched, matched
         if self._settle > 0 or not matched:
             self._settle = max(0, self._settle - 1)
-            self._restart(end_s)
+            self._restart(end_s, superseded=self._settle > 0 or stretch)
             return None
         if not self._durations:
             self._first_step = index
+            if not self._marked:
+                self._marked = True
+                self._mark(self._open_s)
         known = None if self.covariates is None else self.covariates(index)
         self._durations.append(duration_s if self.covariates is None else duration_s * weight)
         self._steps_covariates.append(known or (weight, 0.0))
