@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 import subprocess
 import sys
 from collections import defaultdict
@@ -47,6 +48,8 @@ CPU_LENGTHS = ["--size", "tiny", "--device", "cpu", "--lengths", "lognormal", "-
 RECIPES = {"encoder-decoder": ["--model", "t5"], "grad-accum": ["--model", "llama", "--grad-accum", "2"],
            "packing": ["--model", "llama", "--packing"]}
 TARGET_CONTROLLED, TARGET_HALF_WIDTH_PCT, TARGET_KERNEL_ERROR_PCT = 0.90, 2.0, 5.0
+LONG_STEP_FACTOR = 1.6
+"""A step whose GPU time exceeds this many times the run's median is a long step (report: ``long_steps``)."""
 
 
 def run_recipe(folder: Path, recipe: str, cpu_test: bool, profile: str) -> list[dict[str, Any]]:
@@ -109,6 +112,17 @@ def window_noise(windows: list[dict[str, Any]]) -> dict[str, Any] | None:
             "adjusted_residual_pct": float(100 * residual.std(ddof=x.shape[1]) / y.mean())}
 
 
+def long_steps(steps: list[dict[str, Any]]) -> dict[str, Any]:
+    """The steps of a dry run's log whose GPU time exceeds ``LONG_STEP_FACTOR`` times its median: how many, which,
+    and their median time against the run's (s); set beside the buckets planned in the background, whose
+    preparation could hold the training loop up."""
+    times = {s["step"]: s["duration_s"] for s in steps if s.get("duration_s") is not None}
+    median_s = statistics.median(times.values()) if times else None
+    long = {} if median_s is None else {i: t for i, t in times.items() if t > LONG_STEP_FACTOR * median_s}
+    return {"count": len(long), "steps": sorted(long), "median_s": median_s,
+            "long_median_s": statistics.median(long.values()) if long else None}
+
+
 def steps_for_half_width(steps: int, half_width_pct: float | None) -> int | None:
     """The steps a run like this one (``steps`` long, its saving interval ``half_width_pct`` points either side)
     would take for a half-width of ``TARGET_HALF_WIDTH_PCT`` at the same noise and A/B share: the half-width falls
@@ -131,7 +145,7 @@ def figures(folder: Path) -> dict[str, Any]:
             else None, "step_model": errors, "windows": [{k: v for k, v in w.items() if k != "event"}
                                                         for w in log["window"]],
             "kernel_error_max_pct": max((abs(e["kernel_time_error_pct"]) for e in errors), default=None),
-            "window_noise": window_noise(log["window"])}
+            "window_noise": window_noise(log["window"]), "long_steps": long_steps(log["step"])}
     if not (folder / "run.out.json").is_file():
         return {**both, "cut_short": True, "steps": len(log["step"]),
                 "controlled_steps": sum(bool(s["controlled"]) for s in log["step"]), "auto_reasons": None,
@@ -209,6 +223,12 @@ def markdown(result: dict[str, Any]) -> str:
                          f"{TARGET_HALF_WIDTH_PCT:g} points would take about "
                          f"{r.get('steps_for_target_half_width') or '-'} steps at this noise (an upper estimate: "
                          "`steps_for_half_width`)")
+        long = r.get("long_steps")
+        if long and long["count"]:
+            lines.append(f"  - long steps (over {LONG_STEP_FACTOR:g} x the median GPU step time, "
+                         f"{long['median_s']:.3f} s): {long['count']} (median {long['long_median_s']:.3f} s), at steps "
+                         f"{', '.join(map(str, long['steps']))}; buckets planned in the background: "
+                         f"{(r.get('shapes') or {}).get('planned_in_background')}")
     lines += ["", f"Targets: >= {TARGET_CONTROLLED:.0%} of the B-window steps controlled; the dry-run saving interval "
               f"holds 0 with a half-width <= {TARGET_HALF_WIDTH_PCT:g} points; step-model kernel time within "
               f"{TARGET_KERNEL_ERROR_PCT:g}% leave-one-shape-out; no refused NVML call."]

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from benchmarks.h200.varying_recipes import window_noise
+from benchmarks.h200.varying_recipes import LONG_STEP_FACTOR, long_steps, window_noise
 
 
 def _windows(noise: np.ndarray) -> list[dict[str, Any]]:
@@ -42,3 +42,12 @@ def test_the_steps_for_the_target_half_width_grow_with_the_square_of_the_half_wi
     assert steps_for_half_width(300, TARGET_HALF_WIDTH_PCT) == 300
     assert steps_for_half_width(300, 1.5 * TARGET_HALF_WIDTH_PCT) == 300 * 9 // 4
     assert steps_for_half_width(300, None) is None
+
+
+def test_long_steps_are_those_over_the_factor_times_the_median() -> None:
+    steps = [{"step": i, "duration_s": 0.2} for i in range(9)] + [
+        {"step": 9, "duration_s": 0.2 * LONG_STEP_FACTOR * 1.01}, {"step": 10, "duration_s": None},
+        {"step": 11, "duration_s": 0.2 * LONG_STEP_FACTOR}]
+    long = long_steps(steps)
+    assert long["count"] == 1 and long["steps"] == [9] and long["median_s"] == 0.2
+    assert long_steps([])["count"] == 0
