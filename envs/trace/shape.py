@@ -88,12 +88,30 @@ class StepShape:
         return cls(tuple(tuple(int(d) for d in dims) for dims in shapes))
 
 
+LENGTH_KEYWORDS = frozenset({"max_length_k", "max_length_q"})
+"""Keyword arguments that are plain integers the kernels follow, recorded as a one-row sequence ``(1, length)``:
+the longest sequence of a packed batch, which Hugging Face's ``DataCollatorWithFlattening(return_flash_attn_kwargs=
+True)`` passes beside the sequences' offsets (``cu_seq_lens_*``, tensors the host cannot read without a GPU sync).
+A packed row's attention work is the sum of its sequences' squared lengths, which the row's tokens and sequence
+count do not tell; tokens times the longest length bound it, and the step model's cross column of the two
+variables is that product (:mod:`kdvfs.envs.model.step.shape_fit`)."""
+
+
 def call_shape(args: Sequence[Any], kwargs: dict[str, Any]) -> StepShape:
     """The step shape of one forward call: the ``.shape`` of each argument that has one (a tensor), positional
-    arguments first, then keyword arguments sorted by name. Reads no tensor data (no GPU sync)."""
-    values = [*args, *(kwargs[name] for name in sorted(kwargs))]
-    return StepShape(tuple(tuple(int(d) for d in value.shape) for value in values
-                           if hasattr(value, "shape") and hasattr(value, "dtype")))
+    arguments first, then keyword arguments sorted by name, among them each integer of ``LENGTH_KEYWORDS`` as
+    ``(1, length)``. Reads no tensor data (no GPU sync)."""
+    named = [(None, value) for value in args] + [(name, kwargs[name]) for name in sorted(kwargs)]
+    return StepShape(tuple(dims for name, value in named if (dims := _dims(name, value)) is not None))
+
+
+def _dims(name: str | None, value: Any) -> tuple[int, ...] | None:
+    """An argument's dimensions in a step shape (None: not in it)."""
+    if hasattr(value, "shape") and hasattr(value, "dtype"):
+        return tuple(int(d) for d in value.shape)
+    if name in LENGTH_KEYWORDS and isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return (1, value)
+    return None
 
 
 Position = tuple[int, int]

@@ -24,9 +24,10 @@ import hf_vit
 
 RECIPES = {"encoder-decoder": ["--model", "t5"], "grad-accum": ["--grad-accum", "2"], "packing": ["--packing"]}
 """The recipes whose steps vary in more than one length or in a packed length."""
-VARIABLES = {"encoder-decoder": 2, "grad-accum": 2, "packing": 1}
+VARIABLES = {"encoder-decoder": 2, "grad-accum": 2, "packing": 2}
 """The variables each recipe's step shapes hold: input and label tokens; each micro-batch's tokens; a packed
-batch's total tokens (its sequence count, ``cu_seq_lens``, is in the shape too, constant at a fixed batch)."""
+batch's total tokens and its longest sequence (``max_length_q``; its sequence count, ``cu_seq_lens``, is in the
+shape too, constant at a fixed batch)."""
 TINY = ["--size", "tiny", "--device", "cpu", "--batch", "4", "--min-len", "8", "--max-len", "96", "--lengths",
         "lognormal", "--median-len", "32"]
 CPU = ["--cpu-test-mode", "--nvml-module", "kdvfs.runtime.testing.nvml"]

@@ -34,6 +34,16 @@ def test_call_shape_reads_tensors_positional_then_by_keyword_name() -> None:
     assert call_shape((), {"x": np.zeros((2, 3))}).inputs == ((2, 3),)
 
 
+def test_a_packed_batchs_longest_length_is_a_one_row_sequence() -> None:
+    """The flash-attention keywords of ``DataCollatorWithFlattening``: offsets (tensors) and the longest
+    sequence (a plain integer); other integers stay out."""
+    offsets, ids = torch.tensor([0, 3, 10]), torch.zeros(1, 10, dtype=torch.long)
+    shape = call_shape((), {"cu_seq_lens_q": offsets, "input_ids": ids, "max_length_q": 7, "max_length_k": 7,
+                            "num_items_in_batch": 10, "use_cache": False})
+    assert shape == StepShape.of([(3,), (1, 10), (1, 7), (1, 7)])
+    assert call_shape((), {"max_length_q": True}).inputs == ()
+
+
 @given(shapes)
 def test_json_round_trip(shape: StepShape) -> None:
     assert StepShape.from_json(shape.to_json()) == shape

@@ -6,6 +6,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
+from kdvfs.envs.model.step.shape_fit import SCORES_UNIT, Terms, basis
 from kdvfs.envs.trace.shape import ShapeAxes, StepShape
 
 
@@ -54,6 +55,19 @@ def test_a_packed_batch_has_its_tokens_and_its_sequence_count() -> None:
     axes = ShapeAxes.of([packed(8, 2000), packed(7, 1500), packed(8, 1800)])
     assert axes.variables == (0, 2) and axes.values(packed(5, 900)) == (6, 900) and axes.exact == (False, False)
     assert axes.length_values(packed(5, 900)) == (1, 900)
+
+
+def test_a_packed_batchs_longest_sequence_is_a_variable_of_its_own() -> None:
+    """Offsets at a fixed sequence count, tokens, the longest length (``max_length_k``, ``max_length_q``): the
+    quadratic basis crosses tokens with the longest length, the bound of the attention work."""
+    def packed(total: int, longest: int) -> StepShape:
+        return StepShape.of([(9,), (9,), (1, total), (1, longest), (1, longest), (1, total)])
+
+    shapes = [packed(2000, 700), packed(1500, 300), packed(1800, 900)]
+    axes = ShapeAxes.of(shapes)
+    assert axes.variables == (2, 3) and axes.values(packed(900, 200)) == (900, 200)
+    x = basis([packed(900, 200)], True, axes, Terms.QUADRATIC)[0]
+    assert 900 * 200 / SCORES_UNIT in x.tolist()
 
 
 @given(st.lists(st.tuples(st.integers(1, 2048), st.integers(1, 2048)), min_size=2, max_size=12))
