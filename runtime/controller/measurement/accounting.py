@@ -127,10 +127,10 @@ class Accounting:
         self._restart(end_s)
 
     def _restart(self, edge_s: float, superseded: bool = False) -> None:
-        """Open a window at ``edge_s`` (host s), which closes none. ``superseded``: the next step opens it again (it
-        still settles, or most likely does not match either, as this one and the one before did), so a counter
-        whose marks cost reads (paced) is not marked now; should the window stand after all, its first counted step
-        marks its edge then, late."""
+        """Open a window at ``edge_s`` (host s). ``superseded`` (never for an edge that closes a window, whose joules
+        need it): the next step opens it again (it still settles, or most likely does not match either, as this one
+        and the one before did), so a counter whose marks cost reads (paced) is not marked now; should the window
+        stand after all, its first counted step marks its edge then, late."""
         self._durations, self._steps_covariates, self._open_s = [], [], edge_s
         self._marked = not (superseded and self._trace is not None and self._trace.read_every_s > 0)
         if self._marked:
