@@ -132,22 +132,18 @@ class WindowShapes:
         return tuple(flags)
 
     def step_time_s(self, shape: StepShape) -> float | None:
-        """The warm time of a step of ``shape`` (s): in a window of several shapes the fit of :meth:`warm_fit` at
+        """The warm time of a step of ``shape`` (s): in a window of several shapes the fit of :attr:`warm_fit` at
         ``shape`` (a longer step never gets a shorter time), else the mean of the shape's steps (None with
         fewer than :data:`MIN_SHAPE_STEPS` of them)."""
-        fit = self.warm_fit() if self.varies else None
+        fit = self.warm_fit if self.varies else None
         if fit is not None:
             axes, coefficients, _ = fit
             return float(basis([shape], False, axes)[0] @ coefficients) if axes.fits(shape) else None
         times = [t for s, t in zip(self.shapes, self.times_s, strict=True) if s == shape]
         return statistics.fmean(times) if len(times) >= MIN_SHAPE_STEPS else None
 
-    def warm_fit(self) -> tuple[ShapeAxes, Array, float] | None:
-        """:attr:`_warm_fit` (fitted once per window: every captured shape's time and measurements read it)."""
-        return self._warm_fit
-
     @functools.cached_property
-    def _warm_fit(self) -> tuple[ShapeAxes, Array, float] | None:
+    def warm_fit(self) -> tuple[ShapeAxes, Array, float] | None:
         """The window's step time as a non-negative line in its shapes' variables plus a first-seen term,
         fitted over the steps of the most frequent input structure: the variables' axes, their coefficients
         (without the first-seen term) and the first-seen step's extra seconds. None with fewer steps than
@@ -156,7 +152,8 @@ class WindowShapes:
         repeat warm: a mean per shape would give a longer step a shorter time; the fit keeps set-up apart.
         Where every step (or none) is its shape's first, set-up cannot be told apart: it stays in the line and
         the extra is 0. Steps slower than the fit by more than :data:`STALL_MADS` robust deviations (a stall:
-        garbage collection, a checkpoint, the allocator growing) are left out and the line fitted again."""
+        garbage collection, a checkpoint, the allocator growing) are left out and the line fitted again. Fitted
+        once per window: every captured shape's time and measurements read it."""
         structures = Counter(len(s.inputs) for s in self.shapes if s is not None)
         if not structures:
             return None
@@ -316,7 +313,7 @@ def shape_measurements(trace: Trace, window: WindowShapes, window_s: float, avg_
         values.update(step_time_s=own_s, job_step_time_s=own_s)
         if avg_power_w is not None:
             values["energy_j_per_step"] = avg_power_w * own_s
-    fit = window.warm_fit() if window.varies else None
+    fit = window.warm_fit if window.varies else None
     if fit is not None:
         values["first_seen_step_s"] = fit[2]
         if avg_power_w is not None:

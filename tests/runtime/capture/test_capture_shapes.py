@@ -170,7 +170,7 @@ def test_a_longer_step_never_gets_a_shorter_time_when_new_shapes_pay_set_up() ->
     assert all(t is not None for t in warm) and warm == sorted(warm)  # type: ignore[type-var]
     for shape, time_s in zip(ordered, warm, strict=True):
         assert time_s == pytest.approx(0.02 + 1e-4 * shape.seq, rel=0.02)
-    fit = window.warm_fit()
+    fit = window.warm_fit
     assert fit is not None and fit[2] == pytest.approx(0.08, rel=0.05)
 
 
@@ -184,7 +184,7 @@ def test_a_window_of_new_shapes_with_a_stall_still_prices_each_shape_by_its_leng
     times[0] += 4.0  # a stall
     window = WindowShapes(shapes, tuple(times))
     assert all(window.first_seen)
-    fit = window.warm_fit()
+    fit = window.warm_fit
     assert fit is not None and fit[2] == 0.0
     for (a, b), shape in zip(pairs[1:], shapes[1:], strict=True):
         assert window.step_time_s(shape) == pytest.approx(0.05 + 2e-4 * a + 1e-4 * b, rel=0.05)
