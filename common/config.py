@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 import yaml
 
 from kdvfs.common.errors import KdvfsError
+from kdvfs.common.frozen import frozen
 
 T = TypeVar("T")
 
@@ -59,7 +60,7 @@ def _convert(value: Any, kind: Any, where: str, key: str) -> Any:
         if not isinstance(value, dict):
             _fail(where, key, f"expected a mapping, got {value!r}")
         key_type, value_type = args or (str, Any)
-        return types.MappingProxyType({
+        return frozen({
             _convert(k, key_type, where, f"{key}.{k}"): _convert(v, value_type, where, f"{key}.{k}")
             for k, v in value.items()
         })

@@ -12,11 +12,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from functools import cached_property
-from types import MappingProxyType
 
 import numpy as np
 
 from kdvfs.common.errors import TraceFormatError
+from kdvfs.common.frozen import frozen
 from kdvfs.envs.trace.shape import StepShape
 
 MAX_ACTIVITY_S = 3600.0
@@ -210,7 +210,7 @@ class TraceMeta:
             _check_clock(label, getattr(self, label))
         if any(steps < 0 for _, steps in self.shape_distribution):
             raise TraceFormatError("shape_distribution step counts must be non-negative")
-        object.__setattr__(self, "measurements", MappingProxyType(dict(self.measurements)))
+        object.__setattr__(self, "measurements", frozen(self.measurements))
         _check_power_limits(self.power_limit_w, self.power_limit_range_w)
         if self.power_limit_range_w is not None:
             object.__setattr__(self, "power_limit_range_w", tuple(self.power_limit_range_w))

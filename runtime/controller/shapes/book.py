@@ -4,13 +4,15 @@ Owns the :class:`ShapeBook`: shapes grouped into buckets by their length classes
 quantum (at most ``MAX_BUCKETS`` buckets for one class, ``MAX_GRID`` in all), each bucket planned for its top
 shape (the longest step it holds) at the run's budget and at each fraction of ``MARGINS``, from the step
 model's expected trace (``predict``; None: no plan, its steps run at auto). Buckets the capture saw are
-planned before the first step (:meth:`ShapeBook.build`); one met later is planned in the background on the
-book's worker processes (:meth:`ShapeBook.request`), and until then :meth:`ShapeBook.stand_in` names the
+planned before the first step (:meth:`ShapeBook.build`); one met later is planned in the background
+(:meth:`ShapeBook.request`), and until then :meth:`ShapeBook.stand_in` names the
 smallest planned bucket at least as long. What else a bucket needs besides its plans (a frozen policy's
-online decisions over its problem) is prepared on the same thread (:meth:`ShapeBook.prepare_buckets`), each
+online decisions over its problem) is prepared on the book's thread (:meth:`ShapeBook.prepare_buckets`), each
 bucket once it is planned, after the buckets waiting to be planned. Times in seconds, budgets fractions.
 
-Invariants: nothing here blocks a training step; the plans are one planner's, priced by the one cost model.
+Invariants: nothing here blocks a training step: a bucket is predicted, priced and solved on the book's worker
+processes (forked when the book is built), which send its problem and schedules back, so the training process
+holds its interpreter lock only to keep them; the plans are one planner's, priced by the one cost model.
 Failure modes: a failed background solve or preparation ends background work (``plan_error``); the run goes
 on with the plans (and preparations) it has. Why buckets and margins: docs/design/controller.md.
 """
@@ -73,12 +75,16 @@ _CONTEXT: list[tuple[Predict, GpuProfile, float | None, Planner]] = []
 """What the forked workers solve with (the step model's prediction and the planner do not pickle)."""
 
 
-def _solve(top: StepShape, budget: float) -> Schedule:
-    """The schedule of bucket ``top`` at ``budget`` (in a worker)."""
+def _solve(top: StepShape, budget: float) -> tuple[Problem, tuple[Schedule, ...]] | None:
+    """Bucket ``top`` priced at ``budget`` and its schedule at each fraction of ``MARGINS`` of it (in a worker:
+    the prediction, pricing and solves hold no lock of the training process); None where the step model does not
+    cover it."""
     predict, profile, latency_s, planner = _CONTEXT[0]
     trace = predict(top)
-    assert trace is not None
-    return planner.plan(Problem.build(trace, profile, budget, latency_s))
+    if trace is None:
+        return None
+    problem = Problem.build(trace, profile, budget, latency_s)
+    return problem, tuple(planner.plan(problem.with_budget(budget * margin)) for margin in MARGINS)
 
 
 def _ready() -> None:
@@ -173,7 +179,7 @@ class ShapeBook:
         """Plan the buckets of ``shapes`` (and, for one length class, of the range between them, per batch
         size): predict each bucket's top shape and solve it with ``planner`` (default the latency-optimal one)
         at each margin of ``budget`` (a fraction) and at ``latency_s`` (None: the profile's), on ``workers``
-        processes (default: the CPUs); ``progress(done, total)`` after each solve. The pool stays for the
+        processes (default: the CPUs); ``progress(done, total)`` after each bucket. The pool stays for the
         buckets planned later (:meth:`request`) until :meth:`close`."""
         axes = ShapeAxes.of(shapes)
         rounded = sum(not exact for exact in axes.exact)
@@ -182,24 +188,25 @@ class ShapeBook:
                                                for v in [axes.class_values(s)[k]]), per_class)
                   for k, exact in enumerate(axes.exact)]
         book = cls({}, axes, quanta)
-        planner = planner or make_planner("latency-optimal")
-        for top in book._tops(shapes):
-            trace = predict(top)
-            if trace is not None:
-                book.problems[top] = Problem.build(trace, profile, budget, latency_s)
         book._budget = budget
-        _CONTEXT[:] = [(predict, profile, latency_s, planner)]
+        _CONTEXT[:] = [(predict, profile, latency_s, planner or make_planner("latency-optimal"))]
         book._pool = ProcessPoolExecutor(max(1, workers or os.cpu_count() or 1), get_context("fork"))
         book._pool.submit(_ready).result()
-        futures = [book._pool.submit(_solve, top, budget * margin) for top in book.problems for margin in MARGINS]
-        schedules = []
-        for future in futures:
-            schedules.append(future.result())
+        futures = {top: book._pool.submit(_solve, top, budget) for top in book._tops(shapes)}
+        for done, (top, future) in enumerate(futures.items(), 1):
+            book._add(top, future.result())
             if progress is not None:
-                progress(len(schedules), len(futures))
-        for i, top in enumerate(book.problems):  # futures and schedules: each bucket's margins in a row
-            book.plans[top] = book._margins(top, schedules[i * len(MARGINS): (i + 1) * len(MARGINS)])
+                progress(done, len(futures))
         return book
+
+    def _add(self, top: StepShape, solved: tuple[Problem, tuple[Schedule, ...]] | None) -> bool:
+        """Keep bucket ``top``'s solve (:func:`_solve`); False for none."""
+        if solved is None:
+            return False
+        problem, schedules = solved
+        self.problems[top] = problem
+        self.plans[top] = self._margins(top, schedules)
+        return True
 
     def _margins(self, top: StepShape, schedules: Sequence[Schedule]) -> tuple[ShapePlan, ...]:
         problem = self.problems[top]
@@ -259,20 +266,16 @@ class ShapeBook:
     def _plan_one(self, top: StepShape) -> bool:
         """Plan bucket ``top`` on the pool (nothing for a shape the step model does not cover); False once
         planning has ended (closed, or a broken pool: the run goes on with the plans it has)."""
-        predict, profile, latency_s, _ = _CONTEXT[0]
-        pool, trace = self._pool, predict(top)
+        pool = self._pool
         if pool is None:
             return False
-        if trace is None:
-            return True
         try:
-            futures = [pool.submit(_solve, top, self._budget * margin) for margin in MARGINS]
-            self.problems[top] = Problem.build(trace, profile, self._budget, latency_s)
-            plans = self._margins(top, [future.result() for future in futures])
+            if not self._add(top, pool.submit(_solve, top, self._budget).result()):
+                return True
         except Exception as error:
             self.plan_error = f"{type(error).__name__}: {error}"
             return False
-        self.plans[top] = plans
+        plans = self.plans[top]
         self.planned_later += 1
         if self.on_plan is not None:
             self.on_plan(top, plans)

@@ -216,8 +216,12 @@ def two_lengths(source: int, target: int) -> StepShape:
 
 def test_two_lengths_are_bucketed_each_and_a_new_bucket_is_planned_in_the_background() -> None:
     """An encoder-decoder's input and label lengths: each rounded to its own quantum; a bucket met first is
-    stood in for by the smallest planned one at least as long in both, then planned on the book's pool."""
+    stood in for by the smallest planned one at least as long in both, then planned on the book's pool: predicted,
+    priced and solved in its worker processes, never in the training process."""
+    predicted_here: list[StepShape] = []  # the workers' appends stay in their own processes
+
     def predict_two(wanted: StepShape) -> Trace | None:
+        predicted_here.append(wanted)
         source, target = wanted.inputs[0][1], wanted.inputs[1][1]
         return step(source + target) if source + target <= 512 else None
 
@@ -236,6 +240,7 @@ def test_two_lengths_are_bucketed_each_and_a_new_bucket_is_planned_in_the_backgr
         book.request(new)  # once
         book.settle()
         assert planned == [new] and book.planned_later == 1 and len(book.plans[new]) == len(book.margins)
+        assert book.plans[new][1].problem.budget == BUDGET * book.margins[1] and predicted_here == []
         prepared: list[StepShape] = []
 
         def prepare(top: StepShape, plans: tuple[ShapePlan, ...]) -> None:
