@@ -122,14 +122,26 @@ class WindowRow:
 
 def design(rows: list[WindowRow]) -> tuple[np.ndarray, np.ndarray]:
     """:func:`adjusted`'s regression: the design matrix (a column of ones, the arm, then each of the expected kernel
-    time, the share of new shapes and the window's middle that varies over ``rows``, centred) and the figures."""
+    time, the share of new shapes and the window's middle, centred, in that order, where it varies over ``rows``
+    enough to be estimated) and the figures. A covariate is left out where it would leave the design short of
+    full rank or let one window alone fix a coefficient (leverage 1: say, a share of new shapes that differs in
+    one window only); the rule looks at the covariates only, never at the figures."""
     columns = [[1.0] * len(rows), [float(r.controlled) for r in rows]]
     for name in ("kernel_steps", "new_shapes", "mid_s"):
         values = [float(getattr(r, name)) for r in rows]
         if max(values) - min(values) > 1e-12 * max(1.0, abs(max(values))):
             centre = math.fsum(values) / len(values)
-            columns.append([v - centre for v in values])
+            candidate = [*columns, [v - centre for v in values]]
+            if _estimable(np.array(candidate).T):
+                columns = candidate
     return np.array(columns).T, np.array([r.value for r in rows])
+
+
+def _estimable(x: np.ndarray) -> bool:
+    """Whether design ``x`` has full column rank, a degree of freedom left and no window of leverage 1."""
+    if x.shape[0] <= x.shape[1] or np.linalg.matrix_rank(x) < x.shape[1]:
+        return False
+    return float(np.einsum("ij,jk,ik->i", x, np.linalg.inv(x.T @ x), x).max()) < 1 - 1e-9
 
 
 def adjusted(rows: list[WindowRow], sign: float = 1.0) -> Interval | None:
