@@ -185,6 +185,7 @@ class Issuer(threading.Thread):
         matched = self._judge(index, end, was_controlled, ran)
         following = self._following(index + 1, end)
         self._controlling = following is not None and self._decide(end, matched, was_controlled, ran)
+        self.accounting.next_step(self._controlling)  # before any sleep: a window edge held back is marked now
         if not self._controlling:
             self.auto_reasons[self._auto_reason(following, matched, ran)] += 1
         if self.source.sleeps_lead_in and self._controlling and was_controlled and following is ran:

@@ -92,7 +92,7 @@ class Accounting:
         self._durations: list[float] = []
         self._steps_covariates: list[tuple[float, float]] = []
         self._first_step, self._open_s, self._settle = 0, 0.0, 0
-        self._marked, self._last_matched = True, True
+        self._marked, self._last_matched, self._held = True, True, False
         self._mode: bool | None = None
         self._unpaired: dict[int, int] = {}
         self._unmeasured: list[int] = []
@@ -126,15 +126,32 @@ class Accounting:
                 self._energy_off(f"the GPU's energy counter cannot be read ({error})")
         self._restart(end_s)
 
-    def _restart(self, edge_s: float, superseded: bool = False) -> None:
+    def _restart(self, edge_s: float, superseded: bool = False, held: bool = False) -> None:
         """Open a window at ``edge_s`` (host s). ``superseded`` (never for an edge that closes a window, whose joules
         need it): the next step opens it again (it still settles, or most likely does not match either, as this one
         and the one before did), so a counter whose marks cost reads (paced) is not marked now; should the window
-        stand after all, its first counted step marks its edge then, late."""
+        stand after all, its first counted step marks its edge then, late. ``held`` (likewise never for a closing
+        edge): a paced counter's mark waits for the next step's mode (:meth:`next_step`)."""
         self._durations, self._steps_covariates, self._open_s = [], [], edge_s
-        self._marked = not (superseded and self._trace is not None and self._trace.read_every_s > 0)
-        if self._marked:
+        paced = self._trace is not None and self._trace.read_every_s > 0
+        self._marked = not (superseded and paced)
+        self._held = self._marked and held and paced
+        if self._marked and not self._held:
             self._mark(edge_s)
+        self._marked = self._marked and not self._held
+
+    def next_step(self, controlled: bool) -> None:
+        """The next step's mode, once decided (the issuer calls this after each step): the open window's edge held
+        back is marked now, unless that step changes mode; then it settles and opens the window again at its end,
+        and the edge would cost the paced counter reads for no window. Not called, the next :meth:`step` does this
+        (its edge's mark then comes a step late)."""
+        if not self._held:
+            return
+        self._held = False
+        if self._settle_steps > 0 and self._mode is not None and controlled != self._mode:
+            return  # the window is discarded; should it stand after all, its first counted step marks the edge
+        self._marked = True
+        self._mark(self._open_s)
 
     def _mark(self, edge_s: float) -> None:
         if self._trace is not None:
@@ -152,19 +169,19 @@ class Accounting:
         """One finished step (its GPU time, its end on the host clock; ``elapsed_s``: the open window's
         length, the job's under torchrun, default ``end_s`` minus its start); the slowdown (%) of an A/B pair
         this step completes, else None. ``weight``: the step's reference steps (docs/design/controller.md)."""
+        self.next_step(controlled)
         changed = self._mode is not None and controlled != self._mode
         self._mode = controlled
         self._settle = self._settle_steps if changed else self._settle
         stretch, self._last_matched = not matched and not self._last_matched, matched
         if self._settle > 0 or not matched:
             self._settle = max(0, self._settle - 1)
-            self._restart(end_s, superseded=self._settle > 0 or stretch)
+            self._restart(end_s, superseded=self._settle > 0 or stretch, held=True)
             return None
         if not self._durations:
             self._first_step = index
-            if not self._marked:
-                self._marked = True
-                self._mark(self._open_s)
+            if not self._marked and self._trace is not None:
+                self._held = True  # late: marked at the next step's mode, unless that discards the window
         known = None if self.covariates is None else self.covariates(index)
         self._durations.append(duration_s if self.covariates is None else duration_s * weight)
         self._steps_covariates.append(known or (weight, 0.0))
@@ -175,6 +192,9 @@ class Accounting:
         return self._close(index, end_s)
 
     def _close(self, index: int, end_s: float) -> float | None:
+        if self._held:  # a window of one step: its opening edge, held at that step, is needed now
+            self._held, self._marked = False, True
+            self._mark(self._open_s)
         steps = len(self._durations)
         varying = self.covariates is not None
         window = Window(self._first_step, index, self.slot.arm, self.slot.pair, steps,
