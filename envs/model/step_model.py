@@ -28,7 +28,15 @@ from kdvfs.common.arrays import Array
 from kdvfs.common.errors import KdvfsError
 from kdvfs.envs.model.estimate import split_work
 from kdvfs.envs.model.step.align import align, inverse, token_ids
-from kdvfs.envs.model.step.shape_fit import Terms, basis, choose_terms, columns, fit_nonnegative, required_shapes
+from kdvfs.envs.model.step.shape_fit import (
+    Terms,
+    basis,
+    choose_terms,
+    columns,
+    fit_nonnegative,
+    odd_lengths,
+    required_shapes,
+)
 from kdvfs.envs.trace.shape import ShapeAxes, StepShape
 from kdvfs.envs.trace.trace import Category, Kernel, Phase, Trace
 
@@ -63,6 +71,7 @@ class Template:
         captured: (4, K) the template's own numbers (NaN where its work is unknown).
         axes: the shape variables the fits are in.
         terms: the basis the fits are on.
+        odd: the variables with an odd-length column (:func:`~kdvfs.envs.model.step.shape_fit.odd_lengths`).
     """
 
     trace: Trace
@@ -73,10 +82,11 @@ class Template:
     captured: Array
     axes: ShapeAxes
     terms: Terms
+    odd: tuple[int, ...] = ()
 
     def values(self, shape: StepShape) -> Array:
         """(4, K) each quantity of each kernel at ``shape``; NaN where it has no FLOPs or bytes."""
-        x = basis([shape], True, self.axes, self.terms)[0]
+        x = basis([shape], True, self.axes, self.terms, self.odd)[0]
         predicted = self.coefficients @ x
         lonely = self.observed <= 1
         ratio = _category_ratio(predicted, self.captured, lonely, self.categories)
@@ -129,6 +139,8 @@ class StepModel:
         axes: the shape variables (:class:`~kdvfs.envs.trace.shape.ShapeAxes`) of the captured shapes and of the
             runs' shape distributions they carry.
         terms: the basis every fit is on (:func:`~kdvfs.envs.model.step.shape_fit.choose_terms` of the shapes).
+        odd: the variables whose attention kernels have an odd-length column
+            (:func:`~kdvfs.envs.model.step.shape_fit.odd_lengths` of the shapes).
     """
 
     shapes: tuple[StepShape, ...]
@@ -138,6 +150,7 @@ class StepModel:
     groups: Array
     axes: ShapeAxes
     terms: Terms
+    odd: tuple[int, ...] = ()
 
     @classmethod
     def fit(cls, traces: Sequence[Trace]) -> StepModel:
@@ -156,11 +169,14 @@ class StepModel:
         shapes = tuple(t.meta.step_shape for t in ordered if t.meta.step_shape is not None)
         axes = ShapeAxes.of([*shapes, *(s for t in ordered for s, _ in t.meta.shape_distribution)])
         terms = choose_terms(shapes, axes)
-        templates = tuple(_template(ordered, shapes, values, matches, t, axes, terms) for t in range(len(ordered)))
+        odd = odd_lengths(shapes, axes, terms)
+        templates = tuple(_template(ordered, shapes, values, matches, t, axes, terms, odd)
+                          for t in range(len(ordered)))
         keys = tuple(sorted(set.intersection(*(set(t.meta.measurements) for t in ordered))))
         y = np.array([[t.meta.measurements[k] for k in keys] for t in ordered]).reshape(len(ordered), len(keys))
         coefficients = fit_nonnegative(basis(shapes, False, axes, terms), y, np.ones_like(y))
-        return cls(shapes, templates, coefficients, keys, _group_fit(ordered, shapes, axes, terms), axes, terms)
+        return cls(shapes, templates, coefficients, keys, _group_fit(ordered, shapes, axes, terms, odd), axes, terms,
+                   odd)
 
     @property
     def basis_note(self) -> str | None:
@@ -195,7 +211,7 @@ class StepModel:
     def kernel_time_s(self, shape: StepShape) -> float:
         """The expected kernel time of ``shape`` (s, at the captures' clocks): the sum of its (phase, category)
         groups' fitted totals. Microseconds to compute, for a figure per step; :meth:`predict` is its kernels."""
-        return float(self.groups.sum(axis=0) @ basis([shape], True, self.axes, self.terms)[0])
+        return float(self.groups.sum(axis=0) @ basis([shape], True, self.axes, self.terms, self.odd)[0])
 
     def predict(self, shape: StepShape) -> Trace:
         """The expected step of ``shape``: the nearest captured shape's kernels with every number fitted at
@@ -208,7 +224,7 @@ class StepModel:
             return template.trace
         duration, gap, flops, dram = template.values(shape)
         duration = _scaled_to_groups(duration, template.groups,
-                                     self.groups @ basis([shape], True, self.axes, self.terms)[0])
+                                     self.groups @ basis([shape], True, self.axes, self.terms, self.odd)[0])
         kernels = tuple(_kernel(k, float(duration[i]), float(gap[i]), float(flops[i]), float(dram[i]))
                         for i, k in enumerate(template.trace.kernels))
         x = basis([shape], False, self.axes, self.terms)[0]
@@ -268,7 +284,8 @@ def _quantities(trace: Trace) -> Array:
 
 
 def _template(traces: list[Trace], shapes: tuple[StepShape, ...], values: list[Array],
-              matches: tuple[tuple[Array | None, ...], ...], t: int, axes: ShapeAxes, terms: Terms) -> Template:
+              matches: tuple[tuple[Array | None, ...], ...], t: int, axes: ShapeAxes, terms: Terms,
+              odd: tuple[int, ...] = ()) -> Template:
     """Trace ``t`` as a template: its kernels' partners in every trace and the fits over them."""
     kernels = len(traces[t])
     y = np.zeros((len(traces), 4, kernels))
@@ -279,15 +296,15 @@ def _template(traces: list[Trace], shapes: tuple[StepShape, ...], values: list[A
     weights = np.isfinite(y).astype(np.float64)
     categories = np.array([CATEGORIES.index(k.category) for k in traces[t].kernels])
     attention = categories == CATEGORIES.index(Category.ATTENTION)
-    coefficients = np.zeros((4, kernels, columns(axes, terms)))
+    coefficients = np.zeros((4, kernels, columns(axes, terms, True, odd)))
     for is_attention, slots in ((False, ~attention), (True, attention)):
-        x = basis(shapes, is_attention, axes, terms)
+        x = basis(shapes, is_attention, axes, terms, odd)
         count = int(slots.sum())  # the four quantities' slots in one fit (each slot is fitted on its own)
         fitted = fit_nonnegative(x, y[:, :, slots].reshape(len(traces), 4 * count),
                                  weights[:, :, slots].reshape(len(traces), 4 * count))
         coefficients[:, np.flatnonzero(slots), : fitted.shape[1]] = fitted.reshape(4, count, fitted.shape[1])
     return Template(traces[t], coefficients, weights.sum(axis=0), categories, _group_of(traces[t]), values[t], axes,
-                    terms)
+                    terms, odd)
 
 
 def _group_of(trace: Trace) -> Array:
@@ -296,13 +313,14 @@ def _group_of(trace: Trace) -> Array:
                     dtype=np.int64)
 
 
-def _group_fit(traces: list[Trace], shapes: tuple[StepShape, ...], axes: ShapeAxes, terms: Terms) -> Array:
+def _group_fit(traces: list[Trace], shapes: tuple[StepShape, ...], axes: ShapeAxes, terms: Terms,
+               odd: tuple[int, ...] = ()) -> Array:
     """(PHASES x CATEGORIES, p) each group's kernel time fitted over the captured steps (on ``terms``' columns
     for an attention kernel, or any other)."""
     size = len(PHASES) * len(CATEGORIES)
     totals = np.array([np.bincount(_group_of(t), t.duration_s, minlength=size) for t in traces])
     attention = np.arange(size) % len(CATEGORIES) == CATEGORIES.index(Category.ATTENTION)
-    linear, quadratic = basis(shapes, False, axes, terms), basis(shapes, True, axes, terms)
+    linear, quadratic = basis(shapes, False, axes, terms), basis(shapes, True, axes, terms, odd)
     coefficients = np.zeros((size, quadratic.shape[1]))
     coefficients[~attention, : linear.shape[1]] = fit_nonnegative(linear, totals[:, ~attention],
                                                                   np.ones_like(totals[:, ~attention]))

@@ -5,7 +5,8 @@ Bases (:func:`basis`), in the variables of the shapes (:class:`~kdvfs.envs.trace
 of each input whose length varies on its own, e.g. an encoder-decoder's input and label tokens, or each
 micro-batch's tokens under gradient accumulation), by :class:`Terms`. Linear columns: ``1`` and each variable.
 Quadratic columns add each variable times its own length (``batch * seq^2``, the score matrix) and, with two
-variables, one cross term (``batch * seq_enc * seq_dec``). Images have seq 1, so tokens is the batch.
+variables, one cross term (``batch * seq_enc * seq_dec``). Images have seq 1, so tokens is the batch. Attention
+kernels add an odd-length score column per variable of both parities in the captures (:func:`odd_lengths`).
 
 :func:`choose_terms` picks the basis the captured shapes determine: with :data:`SPARE_SHAPES` beyond the quadratic
 columns every kernel gets them (score-sized work also runs outside fused attention kernels: eager attention's
@@ -57,12 +58,15 @@ class Terms(StrEnum):
 
 
 def basis(shapes: Sequence[StepShape], attention: bool, axes: ShapeAxes | None = None,
-          terms: Terms = Terms.ATTENTION) -> Array:
+          terms: Terms = Terms.ATTENTION, odd: Sequence[int] = ()) -> Array:
     """(n, p) the columns of ``terms`` at ``shapes`` for an attention kernel (``attention``) or any other, in the
-    variables of ``axes`` (default: the axes of ``shapes``), in scaled units (module docstring)."""
+    variables of ``axes`` (default: the axes of ``shapes``), in scaled units (module docstring); an attention
+    kernel's quadratic columns end with the odd-length score column of each variable of ``odd``
+    (:func:`odd_lengths`)."""
     axes = axes or ShapeAxes.of(shapes)
     quadratic = terms is Terms.QUADRATIC or (terms is Terms.ATTENTION and attention)
     pairs = _pairs(axes) if quadratic else []
+    odd = odd if quadratic and attention else ()
     rows = []
     for shape in shapes:
         values, lengths = axes.values(shape), axes.length_values(shape)
@@ -73,8 +77,9 @@ def basis(shapes: Sequence[StepShape], attention: bool, axes: ShapeAxes | None =
             rows.append([1.0, sum(values) / TOKENS_UNIT])
             continue
         rows.append([1.0, *(v / TOKENS_UNIT for v in values),
-                     *(values[j] * lengths[k] / SCORES_UNIT for j, k in pairs)])
-    return np.array(rows, dtype=np.float64).reshape(len(shapes), columns(axes, terms, attention))
+                     *(values[j] * lengths[k] / SCORES_UNIT for j, k in pairs),
+                     *(values[j] * lengths[j] * (lengths[j] % 2) / SCORES_UNIT for j in odd)])
+    return np.array(rows, dtype=np.float64).reshape(len(shapes), columns(axes, terms, attention, odd))
 
 
 def _pairs(axes: ShapeAxes) -> list[tuple[int, int]]:
@@ -86,15 +91,35 @@ def _pairs(axes: ShapeAxes) -> list[tuple[int, int]]:
             and axes.lengths[j] >= 0 and axes.lengths[k] >= 0]
 
 
-def columns(axes: ShapeAxes, terms: Terms, attention: bool = True) -> int:
-    """The number of columns of :func:`basis` for ``axes`` and ``terms`` (an attention kernel's with
+def columns(axes: ShapeAxes, terms: Terms, attention: bool = True, odd: Sequence[int] = ()) -> int:
+    """The number of columns of :func:`basis` for ``axes``, ``terms`` and ``odd`` (an attention kernel's with
     ``attention``: the most a model of those terms fits)."""
     if terms is Terms.CONSTANT:
         return 1
     if terms is Terms.SIZE:
         return 2
     quadratic = terms is Terms.QUADRATIC or (terms is Terms.ATTENTION and attention)
-    return 1 + len(axes.variables) + (len(_pairs(axes)) if quadratic else 0)
+    return 1 + len(axes.variables) + ((len(_pairs(axes)) + len(odd if attention else ())) if quadratic else 0)
+
+
+def odd_lengths(shapes: Sequence[StepShape], axes: ShapeAxes, terms: Terms) -> tuple[int, ...]:
+    """The variables (indices into ``axes.variables``) whose attention kernels get an odd-length score column
+    (``values[j] * lengths[j]`` where the length is odd, 0 where even): those with a length that is odd at some
+    of the distinct ``shapes`` and even at others, on a basis with quadratic attention columns, when the shapes
+    determine the wider attention basis (at least its columns, independent). Why: cuDNN's fused attention with an
+    additive mask (Hugging Face's SDPA path for padded and packed batches) runs its forward about twice as long
+    per score on a row of odd length (a bf16 mask row not 4-byte aligned) as on an even one (H100 captures of the
+    padded and packed decoder recipes); a smooth column cannot follow that, an indicator of the length's parity
+    can. Empty otherwise."""
+    if terms not in (Terms.QUADRATIC, Terms.ATTENTION):
+        return ()
+    distinct = list(dict.fromkeys(shapes))
+    parities = [{axes.length_values(s)[j] % 2 for s in distinct} for j in range(len(axes.variables))]
+    odd = tuple(j for j, seen in enumerate(parities) if axes.lengths[j] >= 0 and seen == {0, 1})
+    width = columns(axes, terms, True, odd)
+    if odd and (len(distinct) < width or np.linalg.matrix_rank(basis(distinct, True, axes, terms, odd)) < width):
+        return ()
+    return odd
 
 
 def choose_terms(shapes: Sequence[StepShape], axes: ShapeAxes) -> Terms:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kdvfs.envs.model.step.shape_fit import SCORES_UNIT, Terms, basis
+from kdvfs.envs.model.step.shape_fit import SCORES_UNIT, Terms, basis, columns, odd_lengths
 from kdvfs.envs.trace.shape import ShapeAxes, StepShape
 
 
@@ -68,6 +68,22 @@ def test_a_packed_batchs_longest_sequence_is_a_variable_of_its_own() -> None:
     assert axes.variables == (2, 3) and axes.values(packed(900, 200)) == (900, 200)
     x = basis([packed(900, 200)], True, axes, Terms.QUADRATIC)[0]
     assert 900 * 200 / SCORES_UNIT in x.tolist()
+
+
+def test_attention_gets_an_odd_length_column_where_the_captures_have_both_parities() -> None:
+    """cuDNN's masked attention runs longer per score on odd lengths: a column that is the score where the
+    length is odd, only where the shapes show both parities and determine the wider basis."""
+    even = [decoder(s) for s in (128, 256, 512, 768, 1024)]
+    axes = ShapeAxes.of(even)
+    assert odd_lengths(even, axes, Terms.QUADRATIC) == ()  # one parity: nothing to tell apart
+    mixed = [*even, decoder(301)]
+    axes = ShapeAxes.of(mixed)
+    odd = odd_lengths(mixed, axes, Terms.QUADRATIC)
+    assert odd == (0,) and columns(axes, Terms.QUADRATIC, True, odd) == 4
+    assert columns(axes, Terms.QUADRATIC, False, odd) == 3  # other kernels: no odd column
+    assert basis([decoder(301)], True, axes, Terms.QUADRATIC, odd)[0, -1] == 8 * 301 * 301 / SCORES_UNIT
+    assert basis([decoder(300)], True, axes, Terms.QUADRATIC, odd)[0, -1] == 0.0
+    assert odd_lengths(mixed[-3:], ShapeAxes.of(mixed[-3:]), Terms.QUADRATIC) == ()  # 3 shapes, 4 columns
 
 
 @given(st.lists(st.tuples(st.integers(1, 2048), st.integers(1, 2048)), min_size=2, max_size=12))
