@@ -171,13 +171,15 @@ def figures(folder: Path) -> dict[str, Any]:
 
 
 def report(folder: Path, name: str = "varying_recipes_h200") -> dict[str, Any]:
-    """The figures of every recipe run into ``folder``, written to ``benchmarks/results/<name>.*``."""
+    """The figures of every recipe run into ``folder``, written to ``benchmarks/results/<name>.*``. Recipes run in
+    separate calls are joined by hand: their logs in one ``run.json``, whose ``runs`` maps each recipe to the
+    call's date and the revision the GPU machine ran."""
     record = folder / "run.json"
     device = json.loads(record.read_text()) if record.is_file() else {"date_utc": "not recorded (run stopped)"}
     recipes = [r for r in RECIPES if (folder / r / "run.out.json").is_file() or (folder / r / "run.jsonl").is_file()]
     result = {"provenance": provenance(f"python -m benchmarks.h200.varying_recipes run {folder} (on the GPU machine), "
                                        f"then python -m benchmarks.h200.varying_recipes report {folder}"),
-              "device_run": {k: device[k] for k in ("machine", "python", "date_utc", "nvidia_smi") if k in device},
+              "device_run": {k: device[k] for k in ("machine", "python", "date_utc", "nvidia_smi", "runs") if k in device},
               "recipes": {r: figures(folder / r) for r in recipes}}
     write_results(name, result, markdown(result))
     return result
@@ -192,7 +194,8 @@ def markdown(result: dict[str, Any]) -> str:
     gpu = smi[1].split(",")[0] if len(smi) > 1 else "H200"
     lines = [f"# Steps that vary in more than one length on the {gpu} (dry runs of 300 steps)", "",
              *provenance_lines(result["provenance"]),
-             f"- device run: `{result['device_run'].get('machine')}`, {result['device_run'].get('date_utc')}", "",
+             f"- device run: `{result['device_run'].get('machine')}`, {result['device_run'].get('date_utc')}",
+             *(f"  - {recipe}: {run}" for recipe, run in result["device_run"].get("runs", {}).items()), "",
              "| recipe | steps | controlled | of B-window steps | dry-run saving % [95%] (truth 0) | half-width | "
              "slowdown % [95%] | step model max kernel-time error % | auto reasons | background plans | refused |",
              "| --- | ---: | ---: | ---: | --- | ---: | --- | ---: | --- | ---: | --- |"]
