@@ -170,6 +170,10 @@ def figures(folder: Path) -> dict[str, Any]:
             "refused_nvml_calls": json.loads(guard.read_text()).get("refused", {}) if guard.is_file() else None}
 
 
+DEVICE_RUN_KEYS = ("machine", "python", "date_utc", "nvidia_smi", "runs")
+"""What the report keeps of the GPU machine's ``run.json`` (``runs``: each recipe's call, where joined by hand)."""
+
+
 def report(folder: Path, name: str = "varying_recipes_h200") -> dict[str, Any]:
     """The figures of every recipe run into ``folder``, written to ``benchmarks/results/<name>.*``. Recipes run in
     separate calls are joined by hand: their logs in one ``run.json``, whose ``runs`` maps each recipe to the
@@ -179,7 +183,7 @@ def report(folder: Path, name: str = "varying_recipes_h200") -> dict[str, Any]:
     recipes = [r for r in RECIPES if (folder / r / "run.out.json").is_file() or (folder / r / "run.jsonl").is_file()]
     result = {"provenance": provenance(f"python -m benchmarks.h200.varying_recipes run {folder} (on the GPU machine), "
                                        f"then python -m benchmarks.h200.varying_recipes report {folder}"),
-              "device_run": {k: device[k] for k in ("machine", "python", "date_utc", "nvidia_smi", "runs") if k in device},
+              "device_run": {k: device[k] for k in DEVICE_RUN_KEYS if k in device},
               "recipes": {r: figures(folder / r) for r in recipes}}
     write_results(name, result, markdown(result))
     return result
