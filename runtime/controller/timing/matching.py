@@ -6,11 +6,21 @@ the step must equal the count learned from the first matching steps (a structura
 sequence; a count that persists for ``RELEARN_STEPS`` matching-time steps replaces it). The controller acts
 only after ``confirm_steps`` consecutive matches and returns the GPU to auto at the first mismatch. Why not a
 kernel-by-kernel comparison: docs/design/controller.md.
+
+A step longer than the tolerance still matches when its allocation count is the learned one and the median
+time of the last ``RECENT_STEPS`` steps is within the tolerance: the same launches held up by the host (a
+launch-bound stretch slowed by a pause, a collection, another thread), not another step. A step with more work
+on the same allocations (larger shapes) moves the median within a few steps; a shorter step (less work) and a
+step whose time is unknown never match.
 """
 
 from __future__ import annotations
 
+import statistics
+from collections import deque
+
 RELEARN_STEPS = 20
+RECENT_STEPS = 5
 
 
 class StepMatcher:
@@ -22,6 +32,8 @@ class StepMatcher:
         self.streak = 0
         self.mismatches = 0
         self._candidate: tuple[int | None, int] = (None, 0)
+        self._recent: deque[float] = deque(maxlen=RECENT_STEPS)
+        """The last steps' times over the expected one (every step whose time is known, matching or not)."""
 
     def _learn(self, signature: int) -> None:
         candidate, count = self._candidate
@@ -33,7 +45,10 @@ class StepMatcher:
     def observe(self, duration_s: float | None, signature: int | None) -> bool:
         """Record one step (its GPU time, None when unknown, and its allocation count, None when not
         counted); True when it and the ``confirm_steps - 1`` steps before it matched."""
-        ok = duration_s is not None and abs(duration_s / self.expected_s - 1.0) <= self.tolerance
+        ratio = None if duration_s is None else duration_s / self.expected_s
+        if ratio is not None:
+            self._recent.append(ratio)
+        ok = ratio is not None and (abs(ratio - 1.0) <= self.tolerance or self._held_up(ratio, signature))
         if ok and signature is not None:
             self._learn(signature)
             ok = self.signature is None or signature == self.signature
@@ -43,3 +58,10 @@ class StepMatcher:
             self.mismatches += self.streak >= self.confirm_steps
             self.streak = 0
         return self.streak >= self.confirm_steps
+
+    def _held_up(self, ratio: float, signature: int | None) -> bool:
+        """Whether a step ``ratio`` times the expected one, out of tolerance, is the expected step held up on the
+        host: longer, with the learned allocation count, among recent steps whose median is within tolerance."""
+        return (ratio > 1.0 and signature is not None and signature == self.signature
+                and len(self._recent) == RECENT_STEPS
+                and abs(statistics.median(self._recent) - 1.0) <= self.tolerance)

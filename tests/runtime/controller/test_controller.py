@@ -160,6 +160,20 @@ def test_matcher_learns_the_allocation_count_and_rejects_others() -> None:
     assert [matcher.observe(0.1, 50), matcher.observe(0.1, 50)] == [False, True]
 
 
+def test_matcher_keeps_a_step_held_up_on_the_host_and_drops_another_step() -> None:
+    """A step longer than the tolerance with the learned allocation count, among steps of the expected time, is the
+    same step held up on the host (issue 51: 8-23% of a launch-bound HF Trainer run's steps); a shorter one, one
+    with another count, and a lasting change of time are not."""
+    matcher = StepMatcher(0.1, 0.1, confirm_steps=2)
+    assert [matcher.observe(0.1, 50) for _ in range(5)] == [False] + [True] * 4
+    assert matcher.observe(0.16, 50) and matcher.observe(0.1, 50) and matcher.mismatches == 0
+    assert not matcher.observe(0.16, 51) and matcher.mismatches == 1
+    assert [matcher.observe(0.1, 50) for _ in range(5)] == [False] + [True] * 4
+    assert not matcher.observe(0.085, 50) and matcher.mismatches == 2
+    assert [matcher.observe(0.1, 50) for _ in range(5)] == [False] + [True] * 4
+    assert [matcher.observe(0.13, 50) for _ in range(4)] == [True, True, False, False] and matcher.mismatches == 3
+
+
 def test_plan_source_follows_the_file(plan_file: Path) -> None:
     controller, gpu, _ = fake_controller(plan_file)
     plan = load_plan(controller.config, gpu.name)
