@@ -33,6 +33,7 @@ from kdvfs.envs.model.step.shape_fit import (
     basis,
     choose_terms,
     columns,
+    cross_columns,
     fit_nonnegative,
     odd_lengths,
     required_shapes,
@@ -174,7 +175,8 @@ class StepModel:
                           for t in range(len(ordered)))
         keys = tuple(sorted(set.intersection(*(set(t.meta.measurements) for t in ordered))))
         y = np.array([[t.meta.measurements[k] for k in keys] for t in ordered]).reshape(len(ordered), len(keys))
-        coefficients = fit_nonnegative(basis(shapes, False, axes, terms), y, np.ones_like(y))
+        coefficients = fit_nonnegative(basis(shapes, False, axes, terms), y, np.ones_like(y),
+                                       cross_columns(axes, terms, False))
         return cls(shapes, templates, coefficients, keys, _group_fit(ordered, shapes, axes, terms, odd), axes, terms,
                    odd)
 
@@ -301,7 +303,8 @@ def _template(traces: list[Trace], shapes: tuple[StepShape, ...], values: list[A
         x = basis(shapes, is_attention, axes, terms, odd)
         count = int(slots.sum())  # the four quantities' slots in one fit (each slot is fitted on its own)
         fitted = fit_nonnegative(x, y[:, :, slots].reshape(len(traces), 4 * count),
-                                 weights[:, :, slots].reshape(len(traces), 4 * count))
+                                 weights[:, :, slots].reshape(len(traces), 4 * count),
+                                 cross_columns(axes, terms, is_attention, odd))
         coefficients[:, np.flatnonzero(slots), : fitted.shape[1]] = fitted.reshape(4, count, fitted.shape[1])
     return Template(traces[t], coefficients, weights.sum(axis=0), categories, _group_of(traces[t]), values[t], axes,
                     terms, odd)
@@ -323,8 +326,10 @@ def _group_fit(traces: list[Trace], shapes: tuple[StepShape, ...], axes: ShapeAx
     linear, quadratic = basis(shapes, False, axes, terms), basis(shapes, True, axes, terms, odd)
     coefficients = np.zeros((size, quadratic.shape[1]))
     coefficients[~attention, : linear.shape[1]] = fit_nonnegative(linear, totals[:, ~attention],
-                                                                  np.ones_like(totals[:, ~attention]))
-    coefficients[attention] = fit_nonnegative(quadratic, totals[:, attention], np.ones_like(totals[:, attention]))
+                                                                  np.ones_like(totals[:, ~attention]),
+                                                                  cross_columns(axes, terms, False))
+    coefficients[attention] = fit_nonnegative(quadratic, totals[:, attention], np.ones_like(totals[:, attention]),
+                                              cross_columns(axes, terms, True, odd))
     return coefficients
 
 

@@ -15,7 +15,8 @@ step's size, then a constant. A fit is never underdetermined. :func:`required_sh
 that a fit with one shape left out keeps the richest basis. Non-negative coefficients: a slot's number never
 falls as the step grows nor goes below zero. The non-negative least squares is solved exactly for every slot at
 once by enumerating the supports (at most 2^p - 1 for p columns): the least-squares solution on the best feasible
-support. Design: ``docs/design/step-model.md``.
+support; a support with a cross term (one variable's tokens times another's length) only where it lowers the
+AICc (:func:`fit_nonnegative`). Design: ``docs/design/step-model.md``.
 """
 
 from __future__ import annotations
@@ -40,6 +41,9 @@ SPARE_SHAPES = 2
 to spare, not an interpolation of the captures' noise."""
 TIE = 1e-9
 """Relative residual improvement a larger support needs to replace a smaller one."""
+RESIDUAL_FLOOR = 1e-12
+"""Least residual, relative to the slot's sum of squares, that a support's AICc counts (:func:`fit_nonnegative`):
+an exact fit is not infinitely better than one within rounding."""
 
 
 class Terms(StrEnum):
@@ -89,6 +93,18 @@ def _pairs(axes: ShapeAxes) -> list[tuple[int, int]]:
     m = len(axes.variables)
     return [(j, k) for j in range(m) for k in range(j, m) if (j == k or m <= MAX_CROSS_VARIABLES)
             and axes.lengths[j] >= 0 and axes.lengths[k] >= 0]
+
+
+def cross_columns(axes: ShapeAxes, terms: Terms, attention: bool = True, odd: Sequence[int] = ()) -> tuple[bool, ...]:
+    """For each column of :func:`basis`, in its order, whether it is a cross term (``values[j] * lengths[k]``,
+    j != k: a column of two variables)."""
+    quadratic = terms in (Terms.QUADRATIC, Terms.ATTENTION) and (terms is Terms.QUADRATIC or attention)
+    width = columns(axes, terms, attention, odd)
+    if not quadratic:
+        return (False,) * width
+    m = len(axes.variables)
+    crossed = [j != k for j, k in _pairs(axes)]
+    return (False,) * (1 + m) + tuple(crossed) + (False,) * (width - 1 - m - len(crossed))
 
 
 def columns(axes: ShapeAxes, terms: Terms, attention: bool = True, odd: Sequence[int] = ()) -> int:
@@ -142,25 +158,40 @@ def required_shapes(axes: ShapeAxes) -> int:
     return columns(axes, Terms.QUADRATIC) + SPARE_SHAPES + 1
 
 
-def fit_nonnegative(x: Array, y: Array, weights: Array) -> Array:
+def fit_nonnegative(x: Array, y: Array, weights: Array, cross: Sequence[bool] = ()) -> Array:
     """Non-negative least squares of every slot at once.
+
+    Each slot's fit is the least-squares solution on its feasible support (columns with non-zero coefficients)
+    of least residual, but for one with a cross term (``cross``: :func:`cross_columns`): that is chosen only if
+    its AICc (:func:`aicc`) is lower than that of the least-residual support without one. A kernel of one
+    micro-batch (or one input) that follows its own variable alone otherwise takes a cross term for the part of
+    the captures' noise it fits, and a shape where both variables are large (the corner of the captured range)
+    extrapolates it (H100 gradient-accumulation capture, leave-one-shape-out: 8.3% at the corner; 4.0% with the
+    AICc). A fit with no cross column, e.g. of one variable, is the least-residual one.
 
     Args:
         x: (n, p) basis at the n observed shapes.
         y: (n, S) each slot's value at each shape (anything where its weight is 0).
         weights: (n, S) each observation's weight (0: the slot is missing at that shape).
+        cross: for each of the p columns, whether it is a cross term (empty: none is).
 
     Returns:
-        (S, p) coefficients >= 0 minimising sum weights * (y - x c)^2; a slot without observations gets 0.
+        (S, p) coefficients >= 0 of each slot's chosen support (minimising sum weights * (y - x c)^2 on it); a
+        slot without observations gets 0.
     """
     p = x.shape[1]
     slots = y.shape[1]
+    crossed = np.zeros(p, dtype=bool)
+    crossed[: len(cross)] = cross
     y = np.where(weights > 0, y, 0.0)
-    best = np.zeros((slots, p))
-    best_residual = np.full(slots, np.inf)
+    # index 0: the supports without a cross term; 1: those with one
+    best = np.zeros((2, slots, p))
+    best_residual = np.full((2, slots), np.inf)
+    best_size = np.zeros((2, slots), dtype=np.int64)
     scale = np.maximum((weights * y * y).sum(axis=0), 1e-300)
     for size in range(1, p + 1):
         for support in combinations(range(p), size):
+            kind = int(crossed[list(support)].any())
             columns = x[:, support]
             normal = np.einsum("nq,ns,nr->sqr", columns, weights, columns)
             rhs = np.einsum("nq,ns->sq", columns, weights * y)
@@ -169,9 +200,25 @@ def fit_nonnegative(x: Array, y: Array, weights: Array) -> Array:
             safe = np.where(solvable[:, None, None], normal, np.eye(size))
             coef = np.linalg.solve(safe, rhs[..., None])[..., 0]
             residual = (weights * (y - columns @ coef.T) ** 2).sum(axis=0)
-            better = solvable & (coef >= 0).all(axis=1) & (residual < best_residual - TIE * scale)
-            best[better] = 0.0
-            best[np.ix_(better, support)] = coef[better]
-            best_residual[better] = residual[better]
-    return best
+            better = solvable & (coef >= 0).all(axis=1) & (residual < best_residual[kind] - TIE * scale)
+            best[kind, better] = 0.0
+            best[kind][np.ix_(better, support)] = coef[better]
+            best_residual[kind, better] = residual[better]
+            best_size[kind, better] = size
+    if not crossed.any():
+        return best[0]
+    observed = (weights > 0).sum(axis=0)
+    plain, with_cross = (aicc(best_residual[k], scale, observed, best_size[k]) for k in (0, 1))
+    take = np.isfinite(best_residual[1]) & ((with_cross < plain) | ~np.isfinite(best_residual[0]))
+    return np.where(take[:, None], best[1], best[0])
 
+
+def aicc(residual: Array, scale: Array, n: Array, k: Array) -> Array:
+    """The corrected Akaike information criterion of least-squares fits with ``k`` coefficients to ``n``
+    observations: ``n log(RSS / n) + 2k + 2k(k + 1) / (n - k - 1)``, the residual ``RSS`` at least
+    ``RESIDUAL_FLOOR`` of ``scale`` (the sum of squares fitted); infinite where ``n <= k + 1`` or the residual is
+    (no fit)."""
+    fitted = np.isfinite(residual) & (n > k + 1)
+    rss = np.maximum(np.where(fitted, residual, 1.0), RESIDUAL_FLOOR * scale)
+    n, spare = np.maximum(n, 1), np.where(fitted, n - k - 1, 1)
+    return np.where(fitted, n * np.log(rss / n) + 2 * k + 2 * k * (k + 1) / spare, np.inf)
