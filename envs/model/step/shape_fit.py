@@ -123,10 +123,10 @@ def odd_lengths(shapes: Sequence[StepShape], axes: ShapeAxes, terms: Terms) -> t
     (``values[j] * lengths[j]`` where the length is odd, 0 where even): those with a length that is odd at some
     of the distinct ``shapes`` and even at others, on a basis with quadratic attention columns, when the shapes
     determine the wider attention basis (at least its columns, independent). Why: cuDNN's fused attention with an
-    additive mask (Hugging Face's SDPA path for padded and packed batches) runs its forward about twice as long
-    per score on a row of odd length (a bf16 mask row not 4-byte aligned) as on an even one (H100 captures of the
-    padded and packed decoder recipes); a smooth column cannot follow that, an indicator of the length's parity
-    can. Empty otherwise."""
+    additive mask (Hugging Face's SDPA path for padded and packed batches) runs its forward longer per score on a
+    row of odd length than on an even one (H100 captures of the padded and packed decoder recipes; a mask row
+    that is not 4-byte aligned is the guess, not checked); a smooth column cannot follow that, an indicator of the
+    length's parity can. Empty otherwise."""
     if terms not in (Terms.QUADRATIC, Terms.ATTENTION):
         return ()
     distinct = list(dict.fromkeys(shapes))
@@ -166,8 +166,8 @@ def fit_nonnegative(x: Array, y: Array, weights: Array, cross: Sequence[bool] = 
     its AICc (:func:`aicc`) is lower than that of the least-residual support without one. A kernel of one
     micro-batch (or one input) that follows its own variable alone otherwise takes a cross term for the part of
     the captures' noise it fits, and a shape where both variables are large (the corner of the captured range)
-    extrapolates it (H100 gradient-accumulation capture, leave-one-shape-out: 8.3% at the corner; 4.0% with the
-    AICc). A fit with no cross column, e.g. of one variable, is the least-residual one.
+    extrapolates it (measured: ``docs/design/step-model.md``). A fit with no cross column, e.g. of one variable, is
+    the least-residual one.
 
     Args:
         x: (n, p) basis at the n observed shapes.
