@@ -4,18 +4,15 @@ Owns the :class:`ShapeBook`: shapes grouped into buckets by their length classes
 quantum (at most ``MAX_BUCKETS`` buckets for one class, ``MAX_GRID`` in all), each bucket planned for its top
 shape (the longest step it holds) at the run's budget and at each fraction of ``MARGINS``, from the step
 model's expected trace (``predict``; None: no plan, its steps run at auto). Buckets the capture saw are
-planned before the first step (:meth:`ShapeBook.build`); one met later is planned in the background
-(:meth:`ShapeBook.request`), and until then :meth:`ShapeBook.stand_in` names the
-smallest planned bucket at least as long. What else a bucket needs besides its plans (a frozen policy's
-online decisions over its problem) is prepared on the book's thread (:meth:`ShapeBook.prepare_buckets`), each
-bucket once it is planned, after the buckets waiting to be planned. Times in seconds, budgets fractions.
+planned before the first step (:meth:`ShapeBook.build`); one met later in the background (:meth:`ShapeBook.request`),
+until then :meth:`ShapeBook.stand_in` names the smallest planned bucket at least as long. What else a bucket
+needs (a frozen policy's online decisions) is prepared on the book's thread (:meth:`ShapeBook.prepare_buckets`),
+each bucket once planned, after the buckets waiting to be planned. Times in seconds, budgets fractions.
 
-Invariants: nothing here blocks a training step: a bucket is predicted, priced and solved on the book's worker
-processes (forked when the book is built), which send its problem and schedules back, so the training process
-holds its interpreter lock only to keep them; the plans are one planner's, priced by the one cost model.
+Invariants: nothing here blocks a training step: the book's worker processes predict, price and solve a bucket,
+and the training process only keeps the result; the plans are one planner's, priced by the one cost model.
 Failure modes: a failed background solve or preparation ends background work (``plan_error``); the run goes
-on with the plans (and preparations) it has. Why buckets and margins: docs/design/controller.md.
-"""
+on with the plans (and preparations) it has. Why buckets and margins: docs/design/controller.md."""
 
 from __future__ import annotations
 
