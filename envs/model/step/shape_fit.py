@@ -68,7 +68,7 @@ def basis(shapes: Sequence[StepShape], attention: bool, axes: ShapeAxes | None =
     kernel's quadratic columns end with the odd-length score column of each variable of ``odd``
     (:func:`odd_lengths`)."""
     axes = axes or ShapeAxes.of(shapes)
-    quadratic = terms is Terms.QUADRATIC or (terms is Terms.ATTENTION and attention)
+    quadratic = _quadratic(terms, attention)
     pairs = _pairs(axes) if quadratic else []
     odd = odd if quadratic and attention else ()
     rows = []
@@ -86,6 +86,11 @@ def basis(shapes: Sequence[StepShape], attention: bool, axes: ShapeAxes | None =
     return np.array(rows, dtype=np.float64).reshape(len(shapes), columns(axes, terms, attention, odd))
 
 
+def _quadratic(terms: Terms, attention: bool) -> bool:
+    """Whether a kernel (an attention kernel: ``attention``) gets the quadratic columns on ``terms``."""
+    return terms is Terms.QUADRATIC or (terms is Terms.ATTENTION and attention)
+
+
 def _pairs(axes: ShapeAxes) -> list[tuple[int, int]]:
     """The (variable, length) products of the quadratic columns: each variable's own length, and one cross term
     per pair of variables (``values[j] * lengths[k]``, j < k) with up to ``MAX_CROSS_VARIABLES`` of them (with one
@@ -98,7 +103,7 @@ def _pairs(axes: ShapeAxes) -> list[tuple[int, int]]:
 def cross_columns(axes: ShapeAxes, terms: Terms, attention: bool = True, odd: Sequence[int] = ()) -> tuple[bool, ...]:
     """For each column of :func:`basis`, in its order, whether it is a cross term (``values[j] * lengths[k]``,
     j != k: a column of two variables)."""
-    quadratic = terms in (Terms.QUADRATIC, Terms.ATTENTION) and (terms is Terms.QUADRATIC or attention)
+    quadratic = _quadratic(terms, attention)
     width = columns(axes, terms, attention, odd)
     if not quadratic:
         return (False,) * width
@@ -114,7 +119,7 @@ def columns(axes: ShapeAxes, terms: Terms, attention: bool = True, odd: Sequence
         return 1
     if terms is Terms.SIZE:
         return 2
-    quadratic = terms is Terms.QUADRATIC or (terms is Terms.ATTENTION and attention)
+    quadratic = _quadratic(terms, attention)
     return 1 + len(axes.variables) + ((len(_pairs(axes)) + len(odd if attention else ())) if quadratic else 0)
 
 

@@ -134,11 +134,10 @@ class Accounting:
         edge): a paced counter's mark waits for the next step's mode (:meth:`next_step`)."""
         self._durations, self._steps_covariates, self._open_s = [], [], edge_s
         paced = self._trace is not None and self._trace.read_every_s > 0
-        self._marked = not (superseded and paced)
-        self._held = self._marked and held and paced
-        if self._marked and not self._held:
+        self._held = paced and held and not superseded
+        self._marked = not paced or not (superseded or held)
+        if self._marked:
             self._mark(edge_s)
-        self._marked = self._marked and not self._held
 
     def next_step(self, controlled: bool) -> None:
         """The next step's mode, once decided (the issuer calls this after each step): the open window's edge held
@@ -180,7 +179,7 @@ class Accounting:
             return None
         if not self._durations:
             self._first_step = index
-            if not self._marked and self._trace is not None:
+            if not self._marked:
                 self._held = True  # late: marked at the next step's mode, unless that discards the window
         known = None if self.covariates is None else self.covariates(index)
         self._durations.append(duration_s if self.covariates is None else duration_s * weight)

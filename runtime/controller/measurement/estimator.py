@@ -162,14 +162,14 @@ def adjusted(rows: list[WindowRow], sign: float = 1.0) -> Interval | None:
     if controlled < MIN_PAIRS or len(rows) - controlled < MIN_PAIRS:
         return None
     x, y = design(rows)
-    dof = len(rows) - x.shape[1]
-    if dof < 1 or np.linalg.matrix_rank(x) < x.shape[1]:
+    if not _estimable(x):
         return None
+    dof = len(rows) - x.shape[1]
     inverse = np.linalg.inv(x.T @ x)
     beta = inverse @ x.T @ y
     leverage = np.einsum("ij,jk,ik->i", x, inverse, x)
     at_auto = float(np.mean(np.delete(x, 1, axis=1) @ np.delete(beta, 1)))
-    if at_auto <= 0 or float(leverage.max()) > 1 - 1e-9:
+    if at_auto <= 0:
         return None
     scale = 100.0 * sign / at_auto
     arm_row = inverse[1] @ x.T  # the arm's coefficient is arm_row @ y
