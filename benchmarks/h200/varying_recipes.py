@@ -114,8 +114,8 @@ def window_noise(windows: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 def long_steps(steps: list[dict[str, Any]]) -> dict[str, Any]:
     """The steps of a dry run's log whose GPU time exceeds ``LONG_STEP_FACTOR`` times its median: how many, which,
-    and their median time against the run's (s); set beside the buckets planned in the background, whose
-    preparation could hold the training loop up."""
+    and their median time against the run's (s); set beside the buckets planned in the background, whose work in
+    the training process (while it held the interpreter lock) held the training loop up."""
     times = {s["step"]: s["duration_s"] for s in steps if s.get("duration_s") is not None}
     median_s = statistics.median(times.values()) if times else None
     long = {} if median_s is None else {i: t for i, t in times.items() if t > LONG_STEP_FACTOR * median_s}

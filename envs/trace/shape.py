@@ -92,9 +92,10 @@ LENGTH_KEYWORDS = frozenset({"max_length_k", "max_length_q"})
 """Keyword arguments that are plain integers the kernels follow, recorded as a one-row sequence ``(1, length)``:
 the longest sequence of a packed batch, which Hugging Face's ``DataCollatorWithFlattening(return_flash_attn_kwargs=
 True)`` passes beside the sequences' offsets (``cu_seq_lens_*``, tensors the host cannot read without a GPU sync).
-A packed row's attention work is the sum of its sequences' squared lengths, which the row's tokens and sequence
-count do not tell; tokens times the longest length bound it, and the step model's cross column of the two
-variables is that product (:mod:`kdvfs.envs.model.step.shape_fit`)."""
+With varlen flash attention a packed row's attention work is the sum of its sequences' squared lengths, which
+the row's tokens and sequence count do not tell; tokens times the longest length bound it, and the step model's
+cross column of the two variables is that product (:mod:`kdvfs.envs.model.step.shape_fit`). Hugging Face's SDPA
+path ignores these keywords and attends over the whole row with a mask: its work follows the tokens' square."""
 
 
 def call_shape(args: Sequence[Any], kwargs: dict[str, Any]) -> StepShape:
