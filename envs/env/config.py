@@ -84,6 +84,10 @@ class EnvConfig:
             anchors.
         budget_events: with ``residual_actions``, the agent also decides each time the run's progress passes
             another 1 / budget_events of its auto time (0: only at segment boundaries).
+        min_segment_s: the plan advisors' shortest segment (s) whatever the switching latency (the plans' segments
+            last at least the larger of this and the latency plus its spread). With ideal switching a plan may
+            otherwise change clocks at every kernel, and a controller that places itself by anchors (misplaced by a
+            kernel at about a quarter of its decisions) lands those clocks on the wrong kernels. 0: no floor.
         every_core_clock: the locked core levels are every core clock the profile supports (at its highest
             memory clock) from the lowest to the highest of ``core_fractions``, so that no pair a planner can
             choose in that range is missing (on an H200: 54 levels from 1185 to 1980 MHz in 15 MHz steps).
@@ -117,6 +121,7 @@ class EnvConfig:
     anchors_per_step: int = 9
     drift_sd_pct: float = 0.15
     budget_events: int = 8
+    min_segment_s: float = 0.0
 
     def __post_init__(self) -> None:
         # Sequences become tuples of floats (ints) so that equal settings give equal observation-spec hashes.
@@ -137,8 +142,9 @@ class EnvConfig:
                              "duration_noise >= 0")
         if not 0.0 <= self.decision_fraction < 1.0:
             raise KdvfsError(f"decision_fraction {self.decision_fraction} must be in [0, 1)")
-        if self.anchors_per_step < 1 or self.drift_sd_pct < 0 or self.budget_events < 0:
-            raise KdvfsError("need anchors_per_step >= 1, drift_sd_pct >= 0 and budget_events >= 0")
+        if self.anchors_per_step < 1 or self.drift_sd_pct < 0 or self.budget_events < 0 or self.min_segment_s < 0:
+            raise KdvfsError("need anchors_per_step >= 1, drift_sd_pct >= 0, budget_events >= 0 and "
+                             "min_segment_s >= 0")
         if self.drift_pct < 0 or self.drift_s <= 0 or self.run_start_s < 0 or self.run_steps < 1:
             raise KdvfsError("need drift_pct >= 0, drift_s > 0, run_start_s >= 0 and run_steps >= 1")
 

@@ -24,9 +24,10 @@ from kdvfs.envs.env.observing.observation import ObservationSpec, static_observa
 from kdvfs.envs.env.steps.step_data import StepData
 from kdvfs.envs.gpu.profiles import GpuProfile
 
-_CACHE: weakref.WeakKeyDictionary[StepData, dict[tuple[ObservationSpec, Switching], tuple[Array, PlanAdvice]]] = \
-    weakref.WeakKeyDictionary()
-"""Decision-point observations and plan advice per step and regime, shared by the envs of one process."""
+_Key = tuple[ObservationSpec, Switching, float]
+_CACHE: weakref.WeakKeyDictionary[StepData, dict[_Key, tuple[Array, PlanAdvice]]] = weakref.WeakKeyDictionary()
+"""Decision-point observations and plan advice per step, regime and plans' shortest segment, shared by the envs of
+one process."""
 
 
 @dataclass(frozen=True)
@@ -37,11 +38,14 @@ class Timing:
         switching: mean latency, its spread and the stall per change (s); all 0 with ideal switching.
         decision_interval_s: least time between decision points (s; 0: every kernel).
         disturbances: the disturbance settings with this regime's latency figures.
+        plan_segment_s: the plan advisors' shortest segment (s): the latency plus its spread, at least the
+            config's ``min_segment_s``.
     """
 
     switching: Switching
     decision_interval_s: float
     disturbances: DisturbanceSettings
+    plan_segment_s: float = 0.0
 
 
 def timings(config: EnvConfig, profile: GpuProfile) -> tuple[Timing, ...]:
@@ -54,7 +58,8 @@ def timings(config: EnvConfig, profile: GpuProfile) -> tuple[Timing, ...]:
         switching = Switching(base.latency_s * scale, base.latency_std_s * scale,
                               base.stall_s if scale > 0 and base.latency_s > 0 else 0.0)
         regimes.append(Timing(switching, config.decision_latencies * switching.latency_s,
-                              config.disturbances(switching)))
+                              config.disturbances(switching),
+                              max(switching.latency_s + switching.latency_std_s, config.min_segment_s)))
     return tuple(regimes)
 
 
@@ -70,12 +75,14 @@ def regime_index(scales: tuple[float, ...], options: dict[str, Any], rng: np.ran
 
 def decision_data(step: StepData, spec: ObservationSpec, timing: Timing) -> tuple[Array, PlanAdvice]:
     """The decision-point part of every observation of ``step`` under ``timing`` and its plan advice (segments
-    at least a latency plus its spread long), computed once per process and read-only."""
+    at least ``timing.plan_segment_s`` long, and a latency plus its spread), computed once per process and
+    read-only."""
     latency_s, latency_std_s, stall_s = timing.switching
     cached = _CACHE.setdefault(step, {})
-    key = (spec, timing.switching)
+    key = (spec, timing.switching, timing.plan_segment_s)
     if key not in cached:
         effect = window_bounds(step.cumulative[:, 0, 0], latency_s, (1.0,))[:, 0]
-        plans = plan_advice(step, spec.plan_budgets, effect, latency_s + latency_std_s, stall_s)
+        plans = plan_advice(step, spec.plan_budgets, effect, max(latency_s + latency_std_s, timing.plan_segment_s),
+                            stall_s)
         cached[key] = (static_observations(step, spec, latency_s), plans)
     return cached[key]

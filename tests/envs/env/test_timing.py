@@ -7,9 +7,13 @@ import numpy as np
 import pytest
 
 from kdvfs.common.errors import KdvfsError
+from kdvfs.envs.env.config import EnvConfig
 from kdvfs.envs.env.dvfs_env import KernelDVFSEnv
 from kdvfs.envs.env.observing.observation import BUDGET_FEATURES, CONDITION_FEATURES
+from kdvfs.envs.env.timing import decision_data
 from kdvfs.envs.gpu.profiles import load_profile
+from kdvfs.envs.model.schedule import switch_points
+from kdvfs.envs.model.segment_plans import segments_ok
 from tests.envs.env.env_doubles import PREVIOUS, PairEnv
 
 PROFILE = load_profile("h200")
@@ -118,3 +122,27 @@ def test_a_held_action_runs_the_clocks_of_issuing_it_at_every_decision_point() -
     assert counts[1][1] == pytest.approx(counts[0][1]) and counts[1][2] == pytest.approx(counts[0][2])
     with pytest.raises(KdvfsError, match="decision_fraction"):
         KernelDVFSEnv(decision_fraction=1.0)
+
+
+def _plans(latency_scale: float, min_segment_s: float) -> tuple[np.ndarray, np.ndarray]:
+    """(P, K) the plan advisors' schedules of the default step at one regime, and the step's (K, G) times."""
+    env = KernelDVFSEnv(config=EnvConfig().without_disturbances(), latency_scales=(latency_scale,),
+                        plan_budgets=(0.0, 0.01, 0.02), min_segment_s=min_segment_s)
+    env.reset(seed=0)
+    step = env.steps[0].repeated(env.config.run_steps)
+    _, plans = decision_data(step, env.observation_spec, env.timing)
+    return plans.pairs[:-1].T, step.time_s
+
+
+def test_min_segment_s_floors_the_plans_segments_where_the_latency_would_not() -> None:
+    """With ideal switching the plans change clocks at single kernels; ``min_segment_s`` keeps every segment of a
+    multi-segment plan at least that long. Where the latency plus its spread is longer, the plans are unchanged."""
+    floor_s = 3e-4
+    plain, time_s = _plans(0.0, 0.0)
+    floored, _ = _plans(0.0, floor_s)
+    assert not all(segments_ok(time_s, plan, floor_s) for plan in plain)
+    assert all(segments_ok(time_s, plan, floor_s) for plan in floored)
+    assert any(len(switch_points(plan)) > 0 for plan in floored)  # still plans, not one pair throughout
+    assert np.array_equal(_plans(1.0, 0.0)[0], _plans(1.0, floor_s)[0])
+    with pytest.raises(KdvfsError, match="min_segment_s"):
+        EnvConfig(min_segment_s=-1e-3)
