@@ -60,7 +60,11 @@ def window_axes(counts: Counter[StepShape]) -> ShapeAxes:
 def choose_targets(counts: Counter[StepShape], shapes: int) -> list[StepShape]:
     """Up to ``shapes`` shapes to profile: the most frequent, the smallest and largest in each variable of the
     shapes (:class:`~kdvfs.envs.trace.shape.ShapeAxes`: the tokens, or an encoder-decoder's input and label
-    tokens, ...), then by frequency (ties: the smaller shape first). The first is the one the main trace keeps."""
+    tokens, ...), then by frequency; among shapes seen equally often, the one farthest from those chosen (the
+    largest :func:`_log_distance` to its nearest chosen shape; ties: the smaller shape). The first is the one the
+    main trace keeps. Why farthest: in a run whose shapes rarely repeat (packing, dynamic padding) every shape is
+    seen once, and the smallest first would put the targets (and the profiled steps standing in for them) in the
+    low tail of the run's range, leaving the step model to bridge the rest."""
     by_count = sorted(counts, key=lambda s: (-counts[s], s))
     if not by_count:
         return []
@@ -71,9 +75,21 @@ def choose_targets(counts: Counter[StepShape], shapes: int) -> list[StepShape]:
         extremes += [min(layout, key=lambda s: (axes.values(s)[k], axes.size(s), -counts[s], s)),
                      max(layout, key=lambda s: (axes.values(s)[k], axes.size(s), counts[s], s))]
     chosen: list[StepShape] = []
-    for shape in (by_count[0], *extremes, *by_count[1:]):
+    for shape in (by_count[0], *extremes):
         if shape not in chosen and len(chosen) < shapes:
             chosen.append(shape)
+    rest = [s for s in by_count if s not in chosen]
+    while rest and len(chosen) < shapes:
+        tied = [s for s in rest if counts[s] == counts[rest[0]]]
+
+        def spread(shape: StepShape) -> float:
+            if not axes.fits(shape):
+                return 0.0
+            return min((_log_distance(axes, shape, c) for c in chosen if axes.fits(c)), default=0.0)
+
+        pick = min(tied, key=lambda s: (-spread(s), s))
+        chosen.append(pick)
+        rest.remove(pick)
     return chosen
 
 
@@ -290,12 +306,12 @@ class ShapeRounds:
 def _nearest(target: StepShape, shapes: list[StepShape]) -> StepShape:
     """Of ``shapes``, the nearest ``target``: the least sum of their variables' absolute log ratios."""
     axes = ShapeAxes.of([target, *shapes])
+    return min(shapes, key=lambda shape: (_log_distance(axes, shape, target), shape))
 
-    def distance(shape: StepShape) -> tuple[float, StepShape]:
-        return math.fsum(abs(math.log(max(a, 1) / max(b, 1)))
-                         for a, b in zip(axes.values(shape), axes.values(target), strict=True)), shape
 
-    return min(shapes, key=distance)
+def _log_distance(axes: ShapeAxes, a: StepShape, b: StepShape) -> float:
+    """How far apart two shapes of ``axes`` lie: the sum of their variables' absolute log ratios."""
+    return math.fsum(abs(math.log(max(x, 1) / max(y, 1))) for x, y in zip(axes.values(a), axes.values(b), strict=True))
 
 
 def shape_measurements(trace: Trace, window: WindowShapes, window_s: float, avg_power_w: float | None,

@@ -113,6 +113,15 @@ def test_targets_are_the_most_frequent_and_the_extremes() -> None:
     assert choose_targets(Counter(), 4) == []
 
 
+def test_targets_of_shapes_seen_once_spread_over_the_range() -> None:
+    # packing: every window shape seen once; the picks after the extremes are the farthest from those chosen,
+    # not the smallest (which would leave the upper part of the range to the step model's bridging)
+    shapes = [StepShape.of([(1, n)]) for n in (1000, 1100, 1200, 1300, 1400, 2000, 2600, 3200, 4000)]
+    targets = choose_targets(Counter(dict.fromkeys(shapes, 1)), 4)
+    assert targets == [shapes[0], shapes[8], shapes[5], shapes[4]]
+    assert choose_targets(Counter(dict.fromkeys(shapes, 1)), 5)[4] == shapes[6]
+
+
 @pytest.mark.slow
 def test_hf_trainer_with_dynamic_padding(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     pytest.importorskip("transformers")
