@@ -78,15 +78,15 @@ def choose_targets(counts: Counter[StepShape], shapes: int) -> list[StepShape]:
     for shape in (by_count[0], *extremes):
         if shape not in chosen and len(chosen) < shapes:
             chosen.append(shape)
+
+    def spread(shape: StepShape) -> float:  # how far ``shape`` lies from the nearest shape chosen so far
+        if not axes.fits(shape):
+            return 0.0
+        return min((_log_distance(axes, shape, c) for c in chosen if axes.fits(c)), default=0.0)
+
     rest = [s for s in by_count if s not in chosen]
     while rest and len(chosen) < shapes:
         tied = [s for s in rest if counts[s] == counts[rest[0]]]
-
-        def spread(shape: StepShape) -> float:
-            if not axes.fits(shape):
-                return 0.0
-            return min((_log_distance(axes, shape, c) for c in chosen if axes.fits(c)), default=0.0)
-
         pick = min(tied, key=lambda s: (-spread(s), s))
         chosen.append(pick)
         rest.remove(pick)
