@@ -76,9 +76,13 @@ def probe(nvml_module: str) -> dict[str, Any]:
     nvml.nvmlInit()
     handle = nvml.nvmlDeviceGetHandleByIndex(0)
     result: dict[str, Any] = {}
-    for name, read, gap_s in (("energy", lambda: nvml.nvmlDeviceGetTotalEnergyConsumption(handle), 0.0),
-                              ("power", lambda: nvml.nvmlDeviceGetPowerUsage(handle), 1e-3)):
-        walls, cpus, changes, last = [], [], [], read()
+    reads: list[tuple[str, Any, float]] = [
+        ("energy", lambda: nvml.nvmlDeviceGetTotalEnergyConsumption(handle), 0.0),
+        ("power", lambda: nvml.nvmlDeviceGetPowerUsage(handle), 1e-3)]
+    if hasattr(nvml, "nvmlDeviceGetFieldValues"):  # the same counter through the field-value call (mJ): its cost
+        reads.append(("energy_field", lambda: _field(nvml, handle, nvml.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION), 0.0))
+    for name, read, gap_s in reads:
+        walls, cpus, changes, given, last = [], [], [], 0, read()
         end_s = time.perf_counter() + PROBE_S
         while time.perf_counter() < end_s:
             wall, cpu = time.perf_counter(), time.thread_time()
@@ -87,10 +91,11 @@ def probe(nvml_module: str) -> dict[str, Any]:
             cpus.append(time.thread_time() - cpu)
             if value != last:
                 changes.append(wall)
+            given += value is not None
             last = value
             time.sleep(gap_s)
         gaps = [b - a for a, b in itertools.pairwise(changes)]
-        result[name] = {"reads": len(walls), "read_wall_ms": 1e3 * statistics.median(walls),
+        result[name] = {"reads": len(walls), "given": given, "read_wall_ms": 1e3 * statistics.median(walls),
                         "read_cpu_ms": 1e3 * statistics.median(cpus),
                         "update_period_ms": 1e3 * statistics.median(gaps) if gaps else None}
     result["gil"] = _gil_probe(lambda: nvml.nvmlDeviceGetTotalEnergyConsumption(handle))
@@ -103,7 +108,13 @@ def probe(nvml_module: str) -> dict[str, Any]:
 
 
 def _field_w(nvml: Any, handle: Any, field: int) -> float | None:
-    """An NVML field value in W (None: the driver does not give it)."""
+    """An NVML power field in W (None: the driver does not give it)."""
+    value = _field(nvml, handle, field)
+    return None if value is None else value / 1e3
+
+
+def _field(nvml: Any, handle: Any, field: int) -> float | None:
+    """An NVML field value in the driver's unit (mW, mJ; None: the driver does not give it)."""
     try:
         value = nvml.nvmlDeviceGetFieldValues(handle, [field])[0]
     except nvml.NVMLError:
@@ -113,7 +124,7 @@ def _field_w(nvml: Any, handle: Any, field: int) -> float | None:
     kinds = {nvml.NVML_VALUE_TYPE_DOUBLE: "dVal", nvml.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
              nvml.NVML_VALUE_TYPE_UNSIGNED_LONG: "ulVal", nvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal",
              nvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "sllVal"}
-    return float(getattr(value.value, kinds[value.valueType])) / 1e3
+    return float(getattr(value.value, kinds[value.valueType]))
 
 
 def power_beside_energy(nvml: Any, handle: Any) -> dict[str, Any]:

@@ -211,12 +211,25 @@ def markdown(result: dict[str, Any]) -> str:
                   f"{_num(probe['energy']['update_period_ms'], 1)} ms (median)",
                   f"- power read: {probe['power']['read_wall_ms']:.4f} ms wall, {probe['power']['read_cpu_ms']:.4f} ms "
                   f"CPU; updated every {_num(probe['power']['update_period_ms'], 1)} ms",
+                  *_field_lines(probe.get("energy_field")),
                   f"- a pure-Python loop ran at {probe['gil']['ratio']:.3f} of its speed alone while another thread "
                   "read the energy counter back to back (near 1: the read does not hold the interpreter lock)"]
         if "rows" in probe.get("power_beside_energy", {}):
             beside = probe["power_beside_energy"]
             lines += _power_lines(power_vs_energy(beside), beside["load_phase_s"])
     return "\n".join(lines) + "\n"
+
+
+def _field_lines(field: dict[str, Any] | None) -> list[str]:
+    """The total-energy counter read through the field-value call (a probe older runs lack: no line)."""
+    if field is None:
+        return []
+    if not field.get("given"):
+        return [f"- total-energy read through the field-value call: not given by this driver "
+                f"({field['read_wall_ms']:.4f} ms a refused call)"]
+    return [f"- total-energy read through the field-value call: {field['read_wall_ms']:.4f} ms wall, "
+            f"{field['read_cpu_ms']:.4f} ms CPU (median of {field['reads']}); updated every "
+            f"{_num(field['update_period_ms'], 1)} ms"]
 
 
 def _power_lines(compared: dict[str, dict[str, dict[str, Any]]], load_phase_s: float) -> list[str]:

@@ -67,3 +67,23 @@ def test_a_power_field_that_is_the_counters_last_period_mean_matches_it_at_lag_0
     assert compared["usage"]["1"]["median_abs_diff_pct"] > 1.0
     assert compared["instant"]["0"] == {"median_abs_diff_pct": None, "correlation": None, "periods": 0}
     assert compared["usage"]["0"]["periods"] >= 30
+
+
+def test_the_field_value_energy_read_is_reported_where_probed(report: ModuleType) -> None:
+    """The probe's read of the counter through the field-value call: its cost where the driver gives it, a note
+    where it does not, nothing for a run that predates it."""
+    read = {"reads": 200, "given": 200, "read_wall_ms": 0.012, "read_cpu_ms": 0.011, "update_period_ms": 100.0}
+    given = report.markdown({"run": {"command": "c", "machine": "m", "started_utc": "t", "nvidia_smi_before": "-",
+                                     "probe": {"energy": read, "power": read, "energy_field": read,
+                                               "gil": {"ratio": 1.0}}},
+                             "workloads": {}, "verdicts": {}})
+    assert "field-value call: 0.0120 ms wall, 0.0110 ms CPU (median of 200); updated every 100.0 ms" in given
+    refused = report.markdown({"run": {"command": "c", "machine": "m", "started_utc": "t", "nvidia_smi_before": "-",
+                                       "probe": {"energy": read, "power": read, "gil": {"ratio": 1.0},
+                                                 "energy_field": {**read, "given": 0}}},
+                               "workloads": {}, "verdicts": {}})
+    assert "field-value call: not given by this driver" in refused
+    older = report.markdown({"run": {"command": "c", "machine": "m", "started_utc": "t", "nvidia_smi_before": "-",
+                                     "probe": {"energy": read, "power": read, "gil": {"ratio": 1.0}}},
+                             "workloads": {}, "verdicts": {}})
+    assert "field-value call" not in older
