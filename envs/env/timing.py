@@ -45,7 +45,7 @@ class Timing:
     switching: Switching
     decision_interval_s: float
     disturbances: DisturbanceSettings
-    plan_segment_s: float = 0.0
+    plan_segment_s: float
 
 
 def timings(config: EnvConfig, profile: GpuProfile) -> tuple[Timing, ...]:
@@ -75,14 +75,12 @@ def regime_index(scales: tuple[float, ...], options: dict[str, Any], rng: np.ran
 
 def decision_data(step: StepData, spec: ObservationSpec, timing: Timing) -> tuple[Array, PlanAdvice]:
     """The decision-point part of every observation of ``step`` under ``timing`` and its plan advice (segments
-    at least ``timing.plan_segment_s`` long, and a latency plus its spread), computed once per process and
-    read-only."""
-    latency_s, latency_std_s, stall_s = timing.switching
+    at least ``timing.plan_segment_s`` long), computed once per process and read-only."""
+    latency_s, _, stall_s = timing.switching
     cached = _CACHE.setdefault(step, {})
     key = (spec, timing.switching, timing.plan_segment_s)
     if key not in cached:
         effect = window_bounds(step.cumulative[:, 0, 0], latency_s, (1.0,))[:, 0]
-        plans = plan_advice(step, spec.plan_budgets, effect, max(latency_s + latency_std_s, timing.plan_segment_s),
-                            stall_s)
+        plans = plan_advice(step, spec.plan_budgets, effect, timing.plan_segment_s, stall_s)
         cached[key] = (static_observations(step, spec, latency_s), plans)
     return cached[key]

@@ -287,7 +287,7 @@ def _quantities(trace: Trace) -> Array:
 
 def _template(traces: list[Trace], shapes: tuple[StepShape, ...], values: list[Array],
               matches: tuple[tuple[Array | None, ...], ...], t: int, axes: ShapeAxes, terms: Terms,
-              odd: tuple[int, ...] = ()) -> Template:
+              odd: tuple[int, ...]) -> Template:
     """Trace ``t`` as a template: its kernels' partners in every trace and the fits over them."""
     kernels = len(traces[t])
     y = np.zeros((len(traces), 4, kernels))
@@ -317,7 +317,7 @@ def _group_of(trace: Trace) -> Array:
 
 
 def _group_fit(traces: list[Trace], shapes: tuple[StepShape, ...], axes: ShapeAxes, terms: Terms,
-               odd: tuple[int, ...] = ()) -> Array:
+               odd: tuple[int, ...]) -> Array:
     """(PHASES x CATEGORIES, p) each group's kernel time fitted over the captured steps (on ``terms``' columns
     for an attention kernel, or any other)."""
     size = len(PHASES) * len(CATEGORIES)

@@ -23,7 +23,7 @@ import queue
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from multiprocessing import get_context
 
 from kdvfs.agents.common.problem import Planner, Problem
@@ -207,7 +207,7 @@ class ShapeBook:
 
     def _margins(self, top: StepShape, schedules: Sequence[Schedule]) -> tuple[ShapePlan, ...]:
         problem = self.problems[top]
-        return tuple(ShapePlan(top, replace(problem, budget=self._budget * margin), schedule, m)
+        return tuple(ShapePlan(top, problem.with_budget(self._budget * margin), schedule, m)
                      for m, (margin, schedule) in enumerate(zip(MARGINS, schedules, strict=True)))
 
     def request(self, top: StepShape) -> None:
