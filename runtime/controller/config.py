@@ -194,6 +194,9 @@ class ControllerConfig:
         tensorboard: folder for TensorBoard scalars (default: none).
         watchdog: spawn the watchdog process (only ever when clocks are changed, never in a dry run).
         cpu_test_mode: accept a CPU-only script; host time stands in for the GPU timeline (tests).
+        own_process: run the controller in a process of its own; the training process keeps the step marks, the
+            hooks and a thread answering it (:mod:`kdvfs.runtime.controller.training.own_process`; experimental,
+            off until a benchmark earns it its default; not under torchrun yet).
         report_path: where the child process of ``kdvfs run`` writes its summary.
         measurement: A/B windows, guard and energy counter (:class:`MeasurementConfig`).
         timing: step matching, anchors and request timing (:class:`TimingConfig`).
@@ -213,6 +216,7 @@ class ControllerConfig:
     tensorboard: str | None = None
     watchdog: bool = True
     cpu_test_mode: bool = False
+    own_process: bool = False
     report_path: str | None = None
     measurement: MeasurementConfig = field(default_factory=MeasurementConfig)
     timing: TimingConfig = field(default_factory=TimingConfig)

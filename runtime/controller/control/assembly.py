@@ -1,11 +1,11 @@
-"""The controller's thread and its parts, wired from what :mod:`~kdvfs.runtime.controller.control.opening`
-opened: the actuator, the accounting, the GPU timeline (CUDA events; the host's in ``cpu_test_mode``), the
-anchor hooks (CUDA only, with ``anchors``), the anchors, the step source (the online policy where the plan
-carries one, else the schedule replayed), the shape entries of a run whose steps vary (with an online policy:
-each bucket's policy prepared on the book's thread: :mod:`kdvfs.runtime.controller.shapes.bucket_decisions`),
-and the matcher, guard and accounting that judge each step. Builds only: starting the thread and installing
-the hooks is the controller's, and so is closing them.
-"""
+"""The controller's thread and its parts, wired from what :mod:`~kdvfs.runtime.controller.control.opening` opened: the
+actuator, the accounting, the GPU timeline (CUDA events; the host's in ``cpu_test_mode``; a controller in a process
+of its own asks the training process's: :class:`RemoteTimeline`), the anchor hooks (CUDA only, with ``anchors``; in
+a process of its own the training process's, :class:`RemoteHooks`), the anchors, the step source (the online policy
+where the plan carries one, else the schedule replayed), the shape entries of a run whose steps vary (with an online
+policy: each bucket's policy prepared on the book's thread:
+:mod:`kdvfs.runtime.controller.shapes.bucket_decisions`), and the matcher, guard and accounting that judge each
+step. Builds only: starting the thread and installing the hooks is the controller's, and so is closing them."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from kdvfs.agents.common.problem import Problem
 from kdvfs.envs.trace.shape import StepShape
 from kdvfs.runtime.controller.control.issuer import Issuer, StepJudges
 from kdvfs.runtime.controller.control.opening import Opened
+from kdvfs.runtime.controller.control.remote_timeline import RemoteHooks, RemoteTimeline
 from kdvfs.runtime.controller.decisions.actuator import Actuator
 from kdvfs.runtime.controller.decisions.sources import ReplayedSchedule, StepSource, ThreadContext
 from kdvfs.runtime.controller.event_log import EventLog
@@ -33,6 +34,9 @@ from kdvfs.runtime.controller.timing.matching import StepMatcher
 from kdvfs.runtime.device.host_time import Clock, CountingClock
 from kdvfs.runtime.job import JobGroup
 
+Hooks = AnchorHooks | RemoteHooks
+"""The anchor hooks: this process's, or those of the training process a controller in its own process serves."""
+
 
 @dataclass(frozen=True)
 class ThreadParts:
@@ -42,7 +46,7 @@ class ThreadParts:
     actuator: Actuator
     accounting: Accounting
     timeline: StepTimeline
-    hooks: AnchorHooks | None
+    hooks: Hooks | None
     source: StepSource
     shapes: ShapeSteps | None
     thread_clock: CountingClock
@@ -77,8 +81,10 @@ class ThreadBuilder:
                                 1 + int(problem.latency_s // plan.auto_s), self.log,
                                 lambda: issuers[0].next_request_s if issuers else math.inf)
         timeline = timeline or (HostStepTimeline(clock) if config.cpu_test_mode else CudaStepTimeline(clock))
-        hooks = (AnchorHooks(timeline.anchor, config.timing.anchor_every)
-                 if config.timing.anchors and isinstance(timeline, CudaStepTimeline) else None)
+        hooks: Hooks | None = (
+            timeline.hooks if isinstance(timeline, RemoteTimeline)
+            else AnchorHooks(timeline.anchor, config.timing.anchor_every)
+            if config.timing.anchors and isinstance(timeline, CudaStepTimeline) else None)
         anchors = self._anchors(timeline, hooks)
         thread_clock = CountingClock(clock)
         context = ThreadContext(timeline, thread_clock, self.log, actuator)
@@ -101,7 +107,7 @@ class ThreadBuilder:
                       accounting.slowdown.interval, lambda: len(accounting.windows), config.guard_off())
         return StepJudges(matcher, guard, accounting)
 
-    def _anchors(self, timeline: StepTimeline, hooks: AnchorHooks | None, step: tuple[Problem, StepPlan] | None = None
+    def _anchors(self, timeline: StepTimeline, hooks: Hooks | None, step: tuple[Problem, StepPlan] | None = None
                  ) -> Anchors:
         """The anchors of ``step`` (default: the plan's): learned from ``hooks``' events (mapped by the trace's
         structure where it fits), and where the requests are placed (:mod:`kdvfs.runtime.controller.timing.anchors`)."""
@@ -112,7 +118,7 @@ class ThreadBuilder:
                        config.step_match_tolerance, learn_auto=config.dry_run,
                        pace_from_auto=plan.online is not None and not config.dry_run, structure=structure)
 
-    def _shape_steps(self, timeline: StepTimeline, hooks: AnchorHooks | None, context: ThreadContext) -> ShapeSteps:
+    def _shape_steps(self, timeline: StepTimeline, hooks: Hooks | None, context: ThreadContext) -> ShapeSteps:
         """One entry per bucket of the book (its plan replayed on its own anchors) and the step-to-entry map;
         the buckets the book plans in the background join it as they come."""
         book, varying, config = self.book, self.varying, self.opened.config

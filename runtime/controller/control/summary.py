@@ -12,6 +12,7 @@ from kdvfs.agents.common.problem import score
 from kdvfs.agents.evaluation.ranges import predicted_range
 from kdvfs.runtime.controller.control.assembly import ThreadParts
 from kdvfs.runtime.controller.control.opening import Opened, clock_control_of, connection_error
+from kdvfs.runtime.controller.control.remote_timeline import RemoteTimeline
 from kdvfs.runtime.controller.measurement.accounting import Accounting
 from kdvfs.runtime.controller.measurement.host_cost import host_cost
 from kdvfs.runtime.controller.model.plan import Plan
@@ -34,8 +35,12 @@ def run_summary(opened: Opened, parts: ThreadParts, rank: Rank, gpu_restored: bo
     guard = issuer.guard.slowdown()
     online = parts.source.figures()
     shapes = None if parts.shapes is None else parts.shapes.figures()
-    cuda = parts.timeline if isinstance(parts.timeline, CudaStepTimeline) else None
-    hooks_s = None if cuda is None else cuda.hook_s
+    timeline = parts.timeline
+    if isinstance(timeline, RemoteTimeline):
+        timeline.fetch_figures()
+    hooks_s = timeline.hook_s if isinstance(timeline, CudaStepTimeline | RemoteTimeline) else None
+    sleeps = timeline.sleeps if isinstance(timeline, CudaStepTimeline | RemoteTimeline) else 0
+    server_s = timeline.server_cpu_s if isinstance(timeline, RemoteTimeline) else None
     return RunSummary(
         rank=rank.rank, world_size=rank.world_size, gpu_index=opened.device.index,
         source=source_that_ran(plan, online, shapes),
@@ -54,7 +59,7 @@ def run_summary(opened: Opened, parts: ThreadParts, rank: Rank, gpu_restored: bo
         auto_reasons=dict(sorted(issuer.auto_reasons.items())), lead_in=issuer.lead_in_figures(),
         controller_cpu=ControllerCpu(issuer.cpu_s, issuer.end_wait_cpu_s, issuer.issue_cpu_s, hooks_s),
         host_cost=host_cost(issuer.cpu_s, parts.accounting.energy_thread_cpu_s, hooks_s, issuer.steps,
-                            issuer.step_interval_s(), parts.thread_clock.sleeps + (0 if cuda is None else cuda.sleeps)),
+                            issuer.step_interval_s(), parts.thread_clock.sleeps + sleeps, server_s),
         requests=actuator.figures(),
         **parts.accounting.figures(issuer.controlled_steps / issuer.steps if issuer.steps else 0.0),
         predicted=Predicted(**{k: v for k, v in asdict(score(plan.problem, plan.schedule)).items() if k != "method"},

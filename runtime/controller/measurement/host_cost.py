@@ -2,11 +2,12 @@
 step's time, and how often its thread woke.
 
 The controller's thread (the issuer) and the energy counter's thread each report their own CPU time
-(``time.thread_time`` when they stop); the hooks that mark steps and anchors run on the training threads, and
-their wall time is their CPU (they never block). Their sum over the steps the controller saw, against the mean
-time between step ends, is the controller's host cost; the thread's wakes (sleeps on its clock and looks at the
-GPU's events) say whether it slept until it had work.
-"""
+(``time.thread_time`` when they stop); the hooks that mark steps and anchors run on the training threads, and their
+wall time is their CPU (they never block). A controller in a process of its own
+(:mod:`~kdvfs.runtime.controller.training.own_process`) adds the CPU of the training process's thread that answers
+it; there only that thread and the hooks hold the training process's interpreter lock. Their sum over the steps the
+controller saw, against the mean time between step ends, is the controller's host cost; the thread's wakes (sleeps
+on its clock and looks at the GPU's events) say whether it slept until it had work."""
 
 from __future__ import annotations
 
@@ -14,15 +15,20 @@ from kdvfs.runtime.controller.model.run_summary import HostCost
 
 
 def host_cost(thread_s: float, energy_s: float | None, hooks_s: float | None, steps: int,
-              step_interval_s: float | None, wakes: int) -> HostCost:
+              step_interval_s: float | None, wakes: int, server_s: float | None = None) -> HostCost:
     """The summary's ``host_cost``: CPU (s) of the controller's thread, the energy thread (None: no energy
-    measurement) and the hooks (None: not recorded), in all and per step, the per-step total's share of the
-    mean step time (fraction; None before two step ends), and the thread's wakes in all and per step."""
-    total_s = thread_s + (energy_s or 0.0) + (hooks_s or 0.0)
+    measurement), the hooks (None: not recorded) and, for a controller in a process of its own, the training
+    process's thread that answers it (``server_s``; None: none), in all and per step, the per-step total's share
+    of the mean step time (fraction; None before two step ends), the training process's own part of it (hooks
+    and server; None in process, where every part runs there), and the thread's wakes in all and per step."""
+    total_s = thread_s + (energy_s or 0.0) + (hooks_s or 0.0) + (server_s or 0.0)
+    training_s = None if server_s is None else server_s + (hooks_s or 0.0)
     per_step_s = total_s / steps if steps else None
     return HostCost(
         thread_s=thread_s, energy_thread_s=energy_s, hooks_s=hooks_s, total_s=total_s, per_step_s=per_step_s,
         thread_per_step_s=thread_s / steps if steps else None,
         step_share=None if per_step_s is None or not step_interval_s else per_step_s / step_interval_s,
         thread_step_share=None if not steps or not step_interval_s else thread_s / steps / step_interval_s,
-        wakes=wakes, wakes_per_step=wakes / steps if steps else None)
+        wakes=wakes, wakes_per_step=wakes / steps if steps else None, server_s=server_s,
+        training_step_share=None if training_s is None or not steps or not step_interval_s
+        else training_s / steps / step_interval_s)

@@ -1,8 +1,9 @@
 """The process ``kdvfs run`` runs the user's script in:
 ``python -m kdvfs.runtime.controller.training.boot CONFIG SCRIPT ARGS``.
 
-It opens the :class:`~kdvfs.runtime.controller.controller.Controller` described by CONFIG (every check happens
-here, before the script starts; a failed one is exit code 2 with the clocks untouched), registers a global
+It opens the :class:`~kdvfs.runtime.controller.controller.Controller` described by CONFIG (with ``own_process``,
+in a process of its own: :mod:`~kdvfs.runtime.controller.training.own_process`; every check happens here,
+before the script starts; a failed one is exit code 2 with the clocks untouched), registers a global
 ``torch.optim`` optimizer-step hook that calls :meth:`Controller.step`, and runs the unmodified script as
 ``__main__`` with the same runner as ``kdvfs capture``. Whatever way the script ends, the controller is
 closed (clocks restored) and the summary is written to the report file for the parent. The script's own
@@ -23,11 +24,12 @@ from kdvfs.common.errors import KdvfsError
 from kdvfs.runtime.child import run_target
 from kdvfs.runtime.controller.config import ControllerConfig
 from kdvfs.runtime.controller.controller import Controller
+from kdvfs.runtime.controller.training.own_process import ProcessController
 from kdvfs.runtime.job import write_rank_report
 
 
 @contextlib.contextmanager
-def step_hook(controller: Controller) -> Iterator[None]:
+def step_hook(controller: Controller | ProcessController) -> Iterator[None]:
     """Call ``controller.step()`` after every optimizer step."""
     handle = register_optimizer_step_post_hook(lambda optimizer, args, kwargs: controller.step())
     try:
@@ -39,7 +41,7 @@ def step_hook(controller: Controller) -> Iterator[None]:
 def main(argv: Sequence[str]) -> int:
     """Run the script ``argv[1:]`` under the controller configured by the file ``argv[0]``."""
     config = ControllerConfig.load(Path(argv[0]))
-    controller = Controller(config=config)
+    controller = ProcessController(config) if config.own_process else Controller(config=config)
     try:
         controller.__enter__()
     except KdvfsError as error:

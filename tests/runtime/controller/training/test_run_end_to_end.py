@@ -42,11 +42,12 @@ def _environment(tmp_path: Path, **fake: Any) -> dict[str, str]:
 
 
 def _run_argv(captured: tuple[Path, Path], tmp_path: Path, steps: int, dry_run: bool = False,
-              ab_share: float = 0.25) -> list[str]:
+              ab_share: float = 0.25, own_process: bool = False) -> list[str]:
     trace, plan = captured
     return [*KDVFS, "run", "--policy", str(plan), "--trace", str(trace), "--cpu-test-mode", "--nvml-module", NVML,
             "--log", str(tmp_path / "run.jsonl"), "--json", "--ab-share", str(ab_share),
-            *(["--dry-run"] if dry_run else []), "--", *GPT, "--steps", str(steps)]
+            *(["--dry-run"] if dry_run else []), *(["--own-process"] if own_process else []),
+            "--", *GPT, "--steps", str(steps)]
 
 
 def _locks(tmp_path: Path) -> dict[str, int]:
@@ -141,6 +142,42 @@ def test_the_watchdog_restores_after_a_sigkill(captured: tuple[Path, Path], tmp_
     assert code == (-signal.SIGKILL if group else 128 + signal.SIGKILL)
     events = [json.loads(line)["event"] for line in (tmp_path / "run.jsonl").read_text().splitlines()]
     assert events[0] == "start" and "request" in events and "summary" not in events
+
+
+def test_a_dry_run_in_its_own_process_controls_and_counts_what_the_training_process_pays(
+        captured: tuple[Path, Path], tmp_path: Path) -> None:
+    done = subprocess.run(_run_argv(captured, tmp_path, 200, dry_run=True, ab_share=0, own_process=True),
+                          capture_output=True, text=True, cwd=REPO_ROOT, env=_environment(tmp_path), check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    summary = strict_loads(done.stdout)
+    validate(summary, "run-summary")
+    assert summary["steps"] == 200 and summary["controlled_steps"] > 100 and summary["error"] is None
+    cost = summary["host_cost"]
+    assert cost["server_ms"] > 0 and 0 < cost["training_step_share_pct"] < cost["step_share_pct"]
+    assert all(READ_ONLY_CALL.fullmatch(name) for name in _calls(tmp_path))
+
+
+def test_a_controller_in_its_own_process_restores_when_the_trainer_is_sigkilled(captured: tuple[Path, Path],
+                                                                               tmp_path: Path) -> None:
+    """The training process's end closes the controller process's connection: the controller closes (clocks
+    restored, summary logged) without the watchdog."""
+    process = subprocess.Popen(_run_argv(captured, tmp_path, 100_000, own_process=True), stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT, env=_environment(tmp_path),
+                               start_new_session=True)
+    try:
+        assert _wait(lambda: "core" in _locks(tmp_path) and '"request"' in _log_text(tmp_path)), \
+            "the controller never locked a clock"
+        trainer = _trainer_pid(process.pid)
+        controller = int(json.loads(_log_text(tmp_path).splitlines()[0])["pid"])
+        assert controller != trainer
+        os.kill(trainer, signal.SIGKILL)
+        code = process.wait(30)
+        assert _wait(lambda: _locks(tmp_path) == {}), "the clocks were not reset"
+        assert _wait(lambda: '"summary"' in _log_text(tmp_path)), "the controller process did not close"
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    assert code == 128 + signal.SIGKILL
 
 
 def test_cpu_test_mode_matches_steps_loosely_and_gpu_runs_keep_their_tolerance() -> None:

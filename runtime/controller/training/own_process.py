@@ -1,0 +1,220 @@
+"""The controller in a process of its own (``ControllerConfig.own_process``; experimental, off by default).
+
+In a launch-bound training step the controller's thread competes with the training loop for the interpreter
+lock: every decision, look-ahead and record it makes is time the training thread cannot launch kernels. Here
+the whole controller (:class:`~kdvfs.runtime.controller.controller.Controller`: its thread, the energy
+counter's thread, the lease, the watchdog, the event log) runs in a child process with an interpreter of its
+own, and the training process keeps only what must run beside the training loop: the step marks, the anchor
+hooks, the shape probe of a run whose steps vary, and a thread that answers the child's questions about them
+(:mod:`~kdvfs.runtime.controller.control.timeline_server`; the child's side:
+:mod:`~kdvfs.runtime.controller.control.remote_timeline`).
+
+:class:`ProcessController` has the controller's interface (``with``, :meth:`~ProcessController.step`,
+:meth:`~ProcessController.close`, ``summary``, ``windows``). Opening starts the child (``python -m`` this module
+with the config's file and two connections' descriptors: a fresh interpreter, which neither inherits CUDA state nor
+runs the training script's module again) and waits until it opened the controller; a check that fails there raises
+here (:class:`~kdvfs.common.errors.KdvfsError`, its message), with the clocks untouched. Each step's mark is
+recorded here, then the step's number sent to the child. Closing asks the child to close its controller (clocks
+restored) and send back the summary and windows.
+
+Failure modes: the child ending early (an error, a signal) leaves training running at the GPU's own clocks,
+restored by the child or its watchdog, with no summary (``error`` says why). The training process ending,
+however it ends, closes the child's connection: the child then closes its controller, restoring the clocks.
+The child ignores SIGINT (a terminal's Ctrl-C reaches the whole process group; the training process decides).
+Not under torchrun yet (a one-line error): the ranks' controllers would reduce their steps from children.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import dataclasses
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import types
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from kdvfs.common.errors import KdvfsError
+from kdvfs.runtime.controller.config import ControllerConfig
+from kdvfs.runtime.controller.control.remote_timeline import RemoteTimeline
+from kdvfs.runtime.controller.control.timeline_server import TimelineServer
+from kdvfs.runtime.controller.controller import Controller
+from kdvfs.runtime.controller.model.run_summary import RunSummary
+from kdvfs.runtime.controller.shapes.varying import StepShapes, varying_steps
+from kdvfs.runtime.controller.timing.anchor_hooks import AnchorHooks
+from kdvfs.runtime.controller.timing.gpu_timeline import CudaStepTimeline, HostStepTimeline, StepTimeline
+from kdvfs.runtime.device.host_time import Clock, RealClock
+from kdvfs.runtime.device.nvml_device import terminate_on_sigterm
+from kdvfs.runtime.job import Rank
+
+CLOSE_TIMEOUT_S = 60.0
+"""Longest wait for the child to close its controller and send the summary (s); then it is terminated."""
+
+
+class ProcessController:
+    """See the module docstring. ``config``: the controller's; ``clock``: the training process's host clock
+    (the child's is the real one: host times must agree)."""
+
+    def __init__(self, config: ControllerConfig, clock: Clock | None = None) -> None:
+        self.config = config
+        self.summary: RunSummary | None = None
+        self.windows: list[dict[str, Any]] = []
+        self.error: str | None = None
+        """Why the child ended without a summary (None: it did not)."""
+        self._clock = clock or RealClock()
+        self._stack = contextlib.ExitStack()
+        self._process: Any = None
+        self._steps: Connection | None = None
+        self._server: TimelineServer | None = None
+        self._step_shapes: StepShapes | None = None
+        self._alive = False
+
+    def __enter__(self) -> ProcessController:
+        if Rank.from_environment().distributed:
+            raise KdvfsError("own_process: not yet under torchrun; leave it off there")
+        try:
+            self._open()
+        except BaseException:
+            self._stack.close()
+            raise
+        atexit.register(self.close)
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 trace: types.TracebackType | None) -> None:
+        self.close()
+
+    def _open(self) -> None:
+        config = self.config
+        timeline: StepTimeline = (HostStepTimeline(self._clock) if config.cpu_test_mode
+                                  else CudaStepTimeline(self._clock))
+        hooks = (AnchorHooks(timeline.anchor, config.timing.anchor_every)
+                 if config.timing.anchors and isinstance(timeline, CudaStepTimeline) else None)
+        questions, steps, inputs = self._start_child(None if hooks is None else hooks.every)
+        if inputs is not None:
+            self._step_shapes = StepShapes(self._clock, inputs)
+            self._step_shapes.probe.install()
+            self._stack.callback(self._step_shapes.probe.remove)
+        self._server = TimelineServer(questions, timeline, hooks,
+                                      None if self._step_shapes is None else self._step_shapes.shape_of)
+        self._server.start()
+        self._steps, self._alive = steps, True
+        if threading.current_thread() is threading.main_thread():
+            self._stack.enter_context(terminate_on_sigterm())
+        if hooks is not None:
+            hooks.install()
+            self._stack.callback(hooks.remove)
+
+    def _start_child(self, hooks_every: int | None) -> tuple[Connection, Connection, int | None]:
+        """Start the child on two socket pairs and wait until it opened its controller: the connections for the
+        timeline's questions and for the steps, and the inputs a step's shape holds (None: the steps do not
+        vary). Raises the child's error when it could not open."""
+        pairs = [socket.socketpair() for _ in range(2)]
+        for ours, _ in pairs:
+            self._stack.callback(ours.close)
+        with tempfile.TemporaryDirectory(prefix="kdvfs-controller-") as folder:
+            config_path = Path(folder) / "config.json"
+            self.config.save(config_path)
+            theirs = [child.fileno() for _, child in pairs]
+            self._process = subprocess.Popen(
+                [sys.executable, "-m", __name__, str(config_path), *map(str, theirs), str(hooks_every or 0)],
+                pass_fds=theirs)
+            for _, child in pairs:
+                child.close()
+            questions, steps = (Connection(ours.detach()) for ours, _ in pairs)
+            self._stack.callback(questions.close)
+            self._stack.callback(steps.close)
+            try:
+                kind, value = steps.recv()
+            except EOFError:
+                kind, value = "failed", f"the controller process ended while opening (exit code {self._process.wait()})"
+        if kind == "failed":
+            self._process.wait()
+            raise KdvfsError(value)
+        return questions, steps, value
+
+    def step(self) -> None:
+        """Mark the end of a training step (once per optimizer step): recorded here, announced to the child."""
+        if self._step_shapes is not None:
+            self._step_shapes.mark_step()
+        if not self._alive or self._server is None or self._steps is None:
+            return
+        step = self._server.add(self._server.timeline.mark())
+        try:
+            self._steps.send(step)
+        except (BrokenPipeError, OSError):
+            self._alive = False
+
+    def close(self) -> None:
+        """Have the child close its controller (clocks restored) and take its summary; stop everything here
+        (idempotent)."""
+        atexit.unregister(self.close)
+        if self._alive and self._steps is not None:
+            self._alive = False
+            self._collect(self._steps)
+        if self._process is not None:
+            try:
+                self._process.wait(CLOSE_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self._process.terminate()  # its SIGTERM handler closes the controller
+                self._process.wait()
+        self._stack.close()
+
+    def _collect(self, steps: Connection) -> None:
+        """Ask the child to close and keep what it sends back (or why nothing came)."""
+        try:
+            steps.send(None)
+            if not steps.poll(CLOSE_TIMEOUT_S):
+                self.error = f"the controller process sent no summary within {CLOSE_TIMEOUT_S:.0f} s"
+                return
+            _, (self.summary, self.windows) = steps.recv()
+        except (EOFError, OSError) as error:
+            self.error = f"the controller process ended without a summary ({error!r})"
+
+
+def serve(config: ControllerConfig, questions: Connection, steps: Connection, hooks_every: int | None) -> None:
+    """The child: open the controller on the training process's timeline, hand it each announced step until
+    told to close (``None``) or the training process is gone, then close it and send back its summary."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    timeline = RemoteTimeline(questions, hooks_every)
+    found = varying_steps(config.trace, RealClock())
+    varying = None if found is None else dataclasses.replace(found[0], shape_of=timeline.shape_of)
+    controller = Controller(config=config, timeline=timeline, varying=varying)
+    try:
+        controller.__enter__()
+    except BaseException as error:
+        steps.send(("failed", str(error) if isinstance(error, KdvfsError) else f"{type(error).__name__}: {error}"))
+        return
+    steps.send(("opened", None if found is None else found[1].inputs))
+    try:
+        while True:
+            try:
+                step = steps.recv()
+            except (EOFError, OSError):
+                break
+            if step is None:
+                break
+            controller.step()
+    finally:
+        controller.close()
+        with contextlib.suppress(BrokenPipeError, OSError):
+            steps.send(("closed", (controller.summary, controller.windows)))
+
+
+def main(argv: list[str]) -> int:
+    """``python -m kdvfs.runtime.controller.training.own_process CONFIG QUESTIONS_FD STEPS_FD HOOKS_EVERY``
+    (``HOOKS_EVERY`` 0: no anchor hooks in the training process)."""
+    config = ControllerConfig.load(Path(argv[0]))
+    questions, steps = Connection(int(argv[1])), Connection(int(argv[2]))
+    serve(config, questions, steps, int(argv[3]) or None)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
