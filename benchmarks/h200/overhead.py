@@ -1,11 +1,12 @@
 """kdvfs's whole cost on a real GPU: the same training script with and without `kdvfs run --dry-run`.
 
-    python -m benchmarks.h200.overhead run RESULTS_DIR [--pairs 3] [--only LABEL ...]   # on the GPU machine
+    python -m benchmarks.h200.overhead run RESULTS_DIR [--pairs 3] [--only LABEL ...] [--own-process]  # on the GPU
     python -m benchmarks.h200.overhead report RESULTS_DIR [--name overhead_h200]         # anywhere
 
 ``run`` never changes a clock (NVML through ``benchmarks.common.nvml_guard``). It probes the NVML reads'
 cost, then per workload runs ``--pairs`` ABBA pairs of processes: the script under
-``benchmarks/h200/step_clock.py``, alone or under ``kdvfs run --dry-run`` with the shipped policy. ``report``
+``benchmarks/h200/step_clock.py``, alone or under ``kdvfs run --dry-run`` with the shipped policy (``--own-process``:
+the controller in a process of its own, ``kdvfs run --own-process``). ``report``
 gives per workload the whole-run overhead (mean step time after ``WARMUP_STEPS``, with over without, 95% t
 interval), the dry run's own A/B slowdown (truth 0), the controller's host cost, the online decisions' time
 and the requests' timeliness, each against ``TARGETS``. ``--cpu-test``: all of it on a CPU with the fake NVML
@@ -190,9 +191,9 @@ def _capture(folder: Path, label: str, workload: dict[str, Any], fake: list[str]
 
 
 def _process(folder: Path, label: str, workload: dict[str, Any], pair: int, with_kdvfs: bool,
-             fake: list[str], policy: str) -> dict[str, Any]:
-    """One process of a pair: the script under ``benchmarks/h200/step_clock.py``, under ``kdvfs run --dry-run`` or
-    not."""
+             fake: list[str], policy: str, options: list[str]) -> dict[str, Any]:
+    """One process of a pair: the script under ``benchmarks/h200/step_clock.py``, under ``kdvfs run --dry-run`` (with
+    ``options``) or not."""
     name = f"{label}.{pair}.{'with' if with_kdvfs else 'without'}"
     clock = folder / f"{name}.steps.json"
     target = [sys.executable, "benchmarks/h200/step_clock.py", str(clock), *workload["script"], "--steps",
@@ -202,7 +203,7 @@ def _process(folder: Path, label: str, workload: dict[str, Any], pair: int, with
         log, record = folder / f"{name}.log.jsonl", folder / f"{name}.nvml.json"
         done = subprocess.run([sys.executable, "-c", CLI, "run", "--dry-run", "--policy", policy, "--trace",
                                workload["trace"], "--log", str(log), "--json", *(fake or ["--nvml-module", GUARD]),
-                               "--", *target], cwd=REPO_ROOT, text=True, stdout=subprocess.PIPE,
+                               *options, "--", *target], cwd=REPO_ROOT, text=True, stdout=subprocess.PIPE,
                               env={**_env(), "KDVFS_NVML_RECORD": str(record)}, check=False)
         records = [json.loads(line) for line in log.read_text().splitlines()] if log.is_file() else []
         extra = {"exit_code": done.returncode, "summary": json.loads(done.stdout) if done.stdout.strip() else None,
@@ -217,15 +218,17 @@ def _process(folder: Path, label: str, workload: dict[str, Any], pair: int, with
             **extra}
 
 
-def run(folder: Path, pairs: int, only: list[str] | None, cpu_test: bool) -> None:
-    """Every device-side measurement into ``folder/run.json`` (written after each process)."""
+def run(folder: Path, pairs: int, only: list[str] | None, cpu_test: bool, own_process: bool = False) -> None:
+    """Every device-side measurement into ``folder/run.json`` (written after each process); ``own_process``: the
+    controller in a process of its own."""
     folder.mkdir(parents=True, exist_ok=True)
     fake = ["--cpu-test-mode", "--nvml-module", "kdvfs.runtime.testing.nvml"] if cpu_test else []
     workloads = {label: dict(w) for label, w in (CPU_WORKLOADS if cpu_test else WORKLOADS).items()
                  if not only or label in only}
     log: dict[str, Any] = {**host(), "command": " ".join(["python", "-m", "benchmarks.h200.overhead", *sys.argv[1:]]),
                            "started_utc": utc_now(), "nvidia_smi_before": nvidia_smi(header=False),
-                           "probe": None if cpu_test else probe(GUARD), "workloads": {}, "processes": []}
+                           "probe": None if cpu_test else probe(GUARD), "own_process": own_process, "workloads": {},
+                           "processes": []}
     profile = log["profile"] = local_profile(cpu_test)
     policy = POLICY.format(profile=profile)
     for label, workload in workloads.items():
@@ -234,7 +237,8 @@ def run(folder: Path, pairs: int, only: list[str] | None, cpu_test: bool) -> Non
         log["workloads"][label] = workload
         for pair in range(pairs):
             for with_kdvfs in ((False, True) if pair % 2 == 0 else (True, False)):  # ABBA
-                log["processes"].append(_process(folder, label, workload, pair, with_kdvfs, fake, policy))
+                log["processes"].append(_process(folder, label, workload, pair, with_kdvfs, fake, policy,
+                                                 ["--own-process"] if own_process else []))
                 (folder / "run.json").write_text(json.dumps(log))
     log["nvidia_smi_after"], log["finished_utc"] = nvidia_smi(header=False), utc_now()
     (folder / "run.json").write_text(json.dumps(log))
@@ -249,10 +253,12 @@ def main(argv: list[str] | None = None) -> int:
         command.add_argument("--cpu-test", action="store_true")
     sub.choices["run"].add_argument("--pairs", type=int, default=3, help="ABBA process pairs per workload")
     sub.choices["run"].add_argument("--only", nargs="+", metavar="LABEL", help="only these workloads")
+    sub.choices["run"].add_argument("--own-process", action="store_true",
+                                    help="the controller in a process of its own (kdvfs run --own-process)")
     sub.choices["report"].add_argument("--name", default="overhead_h200", help="results file stem")
     args = parser.parse_args(argv)
     if args.what == "run":
-        run(args.folder, args.pairs, args.only, args.cpu_test)
+        run(args.folder, args.pairs, args.only, args.cpu_test, args.own_process)
     else:
         from benchmarks.reports.overhead import report
 

@@ -100,11 +100,12 @@ def workload_figures(processes: list[dict[str, Any]]) -> dict[str, Any]:
         "dry_run_slowdown_pct": {**_interval([x for p in withs for x in p["pairs_slowdown_pct"]]),
                                  "per_process": [s["measured"] for s in summaries]},
         "controlled_share": sum(s["controlled_steps"] for s in summaries) / steps if steps else None,
-        "host_cost": {key: statistics.mean(c[key] for c in costs) if costs and all(c[key] is not None for c in costs)
-                      else None for key in ("per_step_ms", "thread_per_step_ms", "step_share_pct",
-                                            "thread_step_share_pct", "wakes_per_step")},
-        "host_cost_parts_ms_per_step": {part: sum(c[part] or 0.0 for c in costs) / steps if steps else None
-                                        for part in ("thread_ms", "energy_thread_ms", "hooks_ms")},
+        "host_cost": {key: statistics.mean(c[key] for c in costs)
+                      if costs and all(c.get(key) is not None for c in costs) else None
+                      for key in ("per_step_ms", "thread_per_step_ms", "step_share_pct", "thread_step_share_pct",
+                                  "wakes_per_step", "training_step_share_pct")},
+        "host_cost_parts_ms_per_step": {part: sum(c.get(part) or 0.0 for c in costs) / steps if steps else None
+                                        for part in ("thread_ms", "energy_thread_ms", "hooks_ms", "server_ms")},
         "energy_learning_ms_per_step": _learning_ms_per_step(summaries, steps),
         "process_cpu_ms_per_step": {**_interval(cpu_pairs), "pairs": cpu_pairs},
         "energy_counter": [s["energy_counter"] for s in summaries],
@@ -163,12 +164,16 @@ def markdown(result: dict[str, Any]) -> str:
     lines = [f"# kdvfs's whole cost on an {gpu}, dry runs only", "", *provenance_lines(result), "",
              f"- run: `{result['run']['command']}` on `{result['run']['machine']}`, {result['run']['started_utc']}"
              f" to {result['run'].get('finished_utc', 'cut short')}; GPU (nvidia-smi before): "
-             f"`{result['run']['nvidia_smi_before']}`", "",
+             f"`{result['run']['nvidia_smi_before']}`",
+             *(["- the controller in a process of its own (`kdvfs run --own-process`): the training process pays "
+                "its hooks and the thread answering the controller's questions (server)"]
+               if result["run"].get("own_process") else []), "",
              "## Whole run and dry run (targets: overhead <= 0.5%; controlled-vs-auto slowdown within +-0.3 "
              "points, interval holding 0; host CPU <= 2% of the step)", "",
              "| workload | step without / with (ms) | overhead, mean of ABBA process pairs [95% CI] | dry run's "
              "controlled vs auto windows, pooled A/B pairs [95% CI] | controller host CPU: ms/step (% of step); "
-             "of it thread / energy (its one-time clock learning) / hooks (ms/step) | "
+             "of it thread / energy (its one-time clock learning) / hooks / server (ms/step); the training process's "
+             "share | "
              "process CPU with - without (ms/step) | steps controlled |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
     for label, f in result["workloads"].items():
@@ -177,7 +182,9 @@ def markdown(result: dict[str, Any]) -> str:
                      f"{_pct(f['overhead_pct'])} | {_pct(f['dry_run_slowdown_pct'])} | "
                      f"{_num(cost['per_step_ms'])} ({_num(cost['step_share_pct'])}%); "
                      f"{_num(parts['thread_ms'])} / {_num(parts['energy_thread_ms'])} "
-                     f"({_num(f.get('energy_learning_ms_per_step'))}) / {_num(parts['hooks_ms'])} | "
+                     f"({_num(f.get('energy_learning_ms_per_step'))}) / {_num(parts['hooks_ms'])} / "
+                     f"{_num(parts.get('server_ms') if result['run'].get('own_process') else None)}; "
+                     f"{_num(cost.get('training_step_share_pct'))}% | "
                      f"{_pct(f['process_cpu_ms_per_step']).replace('%', '')} | "
                      f"{_num(100 * f['controlled_share'], 0)}% |")
     lines += ["", "## The controller's thread, decisions and requests (targets: decisions' median <= 50 us; late "

@@ -87,3 +87,18 @@ def test_the_field_value_energy_read_is_reported_where_probed(report: ModuleType
                                      "probe": {"energy": read, "power": read, "gil": {"ratio": 1.0}}},
                              "workloads": {}, "verdicts": {}})
     assert "field-value call" not in older
+
+
+def test_a_run_of_the_controller_in_its_own_process_reports_what_the_training_process_pays(
+        report: ModuleType) -> None:
+    processes = [_process(report, 0, False, 0.100), _process(report, 0, True, 0.1002)]
+    processes[1]["summary"]["host_cost"].update(server_ms=20.0, training_step_share_pct=0.3)
+    figures = report.workload_figures(processes)
+    assert figures["host_cost_parts_ms_per_step"]["server_ms"] == pytest.approx(0.1)
+    assert figures["host_cost"]["training_step_share_pct"] == pytest.approx(0.3)
+    run = {"command": "c", "machine": "m", "started_utc": "t", "nvidia_smi_before": "-"}
+    own = report.markdown({"run": {**run, "own_process": True}, "workloads": {"w": figures}, "verdicts": {}})
+    assert "a process of its own" in own and " / 0.05 / 0.10; 0.30% |" in own
+    plain = report.workload_figures([processes[0], _process(report, 0, True, 0.1002)])
+    in_process = report.markdown({"run": run, "workloads": {"w": plain}, "verdicts": {}})
+    assert "a process of its own" not in in_process and " / 0.05 / -; -% |" in in_process
