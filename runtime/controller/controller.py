@@ -26,6 +26,7 @@ import threading
 import types
 from typing import TYPE_CHECKING, Any
 
+from kdvfs.common.errors import KdvfsError
 from kdvfs.runtime.controller.config import ControllerConfig
 from kdvfs.runtime.controller.control.assembly import ThreadBuilder, ThreadParts, shape_book
 from kdvfs.runtime.controller.control.opening import Opened, lease_and_watch, open_checked
@@ -107,6 +108,9 @@ class Controller:
         self.close()
 
     def _open(self) -> None:
+        if self.config.own_process:
+            raise KdvfsError("own_process: a Controller runs in the training process; use ProcessController(config) "
+                             "(kdvfs.runtime.controller), as kdvfs run --own-process does")
         device, timeline, clock = self._given
         self.config = self.config.for_rank(self.rank)
         opened = self._opened = open_checked(self.config, self.rank, device, self._stack)

@@ -24,12 +24,13 @@ from kdvfs.common.errors import KdvfsError
 from kdvfs.runtime.child import run_target
 from kdvfs.runtime.controller.config import ControllerConfig
 from kdvfs.runtime.controller.controller import Controller
+from kdvfs.runtime.controller.training.integrations import AnyController
 from kdvfs.runtime.controller.training.own_process import ProcessController
 from kdvfs.runtime.job import write_rank_report
 
 
 @contextlib.contextmanager
-def step_hook(controller: Controller | ProcessController) -> Iterator[None]:
+def step_hook(controller: AnyController) -> Iterator[None]:
     """Call ``controller.step()`` after every optimizer step."""
     handle = register_optimizer_step_post_hook(lambda optimizer, args, kwargs: controller.step())
     try:

@@ -20,12 +20,16 @@ import types
 from typing import Any
 
 from kdvfs.runtime.controller.controller import Controller
+from kdvfs.runtime.controller.training.own_process import ProcessController
+
+AnyController = Controller | ProcessController
+"""A controller in the training process or in a process of its own: both open, step and close alike."""
 
 
 class _Steps:
     """The shared logic: open at the start, one ``step()`` per optimizer step, close at the end."""
 
-    def __init__(self, controller: Controller) -> None:
+    def __init__(self, controller: AnyController) -> None:
         self.controller = controller
         self._open = False
 
@@ -60,7 +64,7 @@ class _Closing:
         self.steps.end()
 
 
-def hf_callback(controller: Controller, base: type | None = None) -> Any:
+def hf_callback(controller: AnyController, base: type | None = None) -> Any:
     """A ``transformers.TrainerCallback`` driving ``controller`` (``base``: the class to derive from;
     default ``transformers.TrainerCallback``). ``on_step_end`` runs once per optimizer step, after
     gradient accumulation. Use it as a context manager around ``trainer.train()`` (see the module
@@ -86,7 +90,7 @@ def hf_callback(controller: Controller, base: type | None = None) -> Any:
     return callback
 
 
-def lightning_callback(controller: Controller, base: type | None = None) -> Any:
+def lightning_callback(controller: AnyController, base: type | None = None) -> Any:
     """A Lightning ``Callback`` driving ``controller`` (``base``: default ``lightning.pytorch.Callback``, else
     ``pytorch_lightning.Callback``). A step is marked after the batch that ran the optimizer (every
     ``trainer.accumulate_grad_batches`` batches); an exception closes the controller too."""

@@ -150,6 +150,8 @@ class ProcessController:
             self._steps.send(step)
         except (BrokenPipeError, OSError):
             self._alive = False
+            print("kdvfs: the controller process ended; training continues at the GPU's own clocks",
+                  file=sys.stderr)
 
     def close(self) -> None:
         """Have the child close its controller (clocks restored) and take its summary; stop everything here
@@ -164,6 +166,8 @@ class ProcessController:
             except subprocess.TimeoutExpired:
                 self._process.terminate()  # its SIGTERM handler closes the controller
                 self._process.wait()
+            if self.summary is None and self.error is None:
+                self.error = f"the controller process ended without a summary (exit code {self._process.returncode})"
         self._stack.close()
 
     def _collect(self, steps: Connection) -> None:
@@ -182,6 +186,7 @@ def serve(config: ControllerConfig, questions: Connection, steps: Connection, ho
     """The child: open the controller on the training process's timeline, hand it each announced step until
     told to close (``None``) or the training process is gone, then close it and send back its summary."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    config = dataclasses.replace(config, own_process=False)  # this process is the controller's own
     timeline = RemoteTimeline(questions, hooks_every)
     found = varying_steps(config.trace, RealClock())
     varying = None if found is None else dataclasses.replace(found[0], shape_of=timeline.shape_of)

@@ -89,3 +89,11 @@ def test_a_mark_never_waited_for_is_dropped_after_keep_steps() -> None:
         remote.wait(0)
     assert remote.wait(1).end_s == 1.0
     remote.connection.close()
+
+
+def test_a_controller_told_to_run_in_its_own_process_says_which_class_does() -> None:
+    from kdvfs.common.errors import KdvfsError
+    from kdvfs.runtime.controller import Controller
+
+    with pytest.raises(KdvfsError, match=r"use ProcessController\(config\)"):
+        Controller("plan.json", "step.trace.json", own_process=True).__enter__()
