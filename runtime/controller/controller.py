@@ -23,12 +23,12 @@ import os
 import subprocess
 import sys
 import threading
-import types
 from typing import TYPE_CHECKING, Any
 
 from kdvfs.common.errors import KdvfsError
 from kdvfs.runtime.controller.config import ControllerConfig
 from kdvfs.runtime.controller.control.assembly import ThreadBuilder, ThreadParts, shape_book
+from kdvfs.runtime.controller.control.managed import Managed
 from kdvfs.runtime.controller.control.opening import Opened, lease_and_watch, open_checked
 from kdvfs.runtime.controller.control.summary import run_summary, window_records
 from kdvfs.runtime.controller.event_log import EventLog
@@ -50,7 +50,7 @@ if TYPE_CHECKING:
 STOP_TIMEOUT_S = 5.0
 
 
-class Controller:
+class Controller(Managed):
     """See the module docstring. ``policy``, ``trace`` and ``options`` make a :class:`ControllerConfig`
     (:meth:`ControllerConfig.from_options`: its fields, and each group's by their flat names, e.g. ``window_s``,
     ``anchor_every``, ``online``); or pass ``config``.
@@ -93,19 +93,6 @@ class Controller:
     def step_plan(self) -> StepPlan | None:
         """The step's clock changes on its expected timeline (None before the controller opened)."""
         return None if self._opened is None else self._opened.step_plan
-
-    def __enter__(self) -> Controller:
-        try:
-            self._open()
-        except BaseException:
-            self._stack.close()
-            raise
-        atexit.register(self.close)
-        return self
-
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
-                 trace: types.TracebackType | None) -> None:
-        self.close()
 
     def _open(self) -> None:
         if self.config.own_process:

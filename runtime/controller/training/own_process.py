@@ -1,27 +1,15 @@
 """The controller in a process of its own (``ControllerConfig.own_process``; experimental, off by default).
 
-In a launch-bound training step the controller's thread competes with the training loop for the interpreter
-lock: every decision, look-ahead and record it makes is time the training thread cannot launch kernels. Here
-the whole controller (:class:`~kdvfs.runtime.controller.controller.Controller`: its thread, the energy
-counter's thread, the lease, the watchdog, the event log) runs in a child process with an interpreter of its
-own, and the training process keeps only what must run beside the training loop: the step marks, the anchor
-hooks, the shape probe of a run whose steps vary, and a thread that answers the child's questions about them
-(:mod:`~kdvfs.runtime.controller.control.timeline_server`; the child's side:
-:mod:`~kdvfs.runtime.controller.control.remote_timeline`).
-
-:class:`ProcessController` has the controller's interface (``with``, :meth:`~ProcessController.step`,
-:meth:`~ProcessController.close`, ``summary``, ``windows``). Opening starts the child (``python -m`` this module
-with the config's file and two connections' descriptors: a fresh interpreter, which neither inherits CUDA state nor
-runs the training script's module again) and waits until it opened the controller; a check that fails there raises
-here (:class:`~kdvfs.common.errors.KdvfsError`, its message), with the clocks untouched. Each step's mark is
-recorded here, then the step's number sent to the child. Closing asks the child to close its controller (clocks
-restored) and send back the summary and windows.
-
-Failure modes: the child ending early (an error, a signal) leaves training running at the GPU's own clocks,
-restored by the child or its watchdog, with no summary (``error`` says why). The training process ending,
-however it ends, closes the child's connection: the child then closes its controller, restoring the clocks.
-The child ignores SIGINT (a terminal's Ctrl-C reaches the whole process group; the training process decides).
-Not under torchrun yet (a one-line error): the ranks' controllers would reduce their steps from children.
+:class:`ProcessController` runs the whole :class:`~kdvfs.runtime.controller.controller.Controller` in a child
+process (``python -m`` this module: a fresh interpreter, no CUDA state, the training script not run again), off
+the training process's interpreter lock; the training process keeps the step marks, the anchor hooks, the shape
+probe and the timeline server (:mod:`~kdvfs.runtime.controller.control.timeline_server`). It opens, steps and
+closes as a controller does; a check that fails in the child raises here (``KdvfsError``), clocks untouched.
+Each step's mark is recorded here, then its number sent to the child; closing has the child close its
+controller (clocks restored) and send back the summary and windows. Failure modes: the child ending early
+leaves training at the GPU's own clocks (restored by the child or its watchdog), no summary, ``error`` saying
+why; the training process ending closes the child's connection and the child restores; the child ignores
+SIGINT. Not under torchrun yet (a one-line error). Design: docs/design/controller.md (Threads).
 """
 
 from __future__ import annotations
@@ -35,13 +23,13 @@ import subprocess
 import sys
 import tempfile
 import threading
-import types
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
 from kdvfs.common.errors import KdvfsError
 from kdvfs.runtime.controller.config import ControllerConfig
+from kdvfs.runtime.controller.control.managed import Managed
 from kdvfs.runtime.controller.control.remote_timeline import RemoteTimeline
 from kdvfs.runtime.controller.control.timeline_server import TimelineServer
 from kdvfs.runtime.controller.controller import Controller
@@ -57,7 +45,7 @@ CLOSE_TIMEOUT_S = 60.0
 """Longest wait for the child to close its controller and send the summary (s); then it is terminated."""
 
 
-class ProcessController:
+class ProcessController(Managed):
     """See the module docstring. ``config``: the controller's; ``clock``: the training process's host clock
     (the child's is the real one: host times must agree)."""
 
@@ -75,22 +63,9 @@ class ProcessController:
         self._step_shapes: StepShapes | None = None
         self._alive = False
 
-    def __enter__(self) -> ProcessController:
+    def _open(self) -> None:
         if Rank.from_environment().distributed:
             raise KdvfsError("own_process: not yet under torchrun; leave it off there")
-        try:
-            self._open()
-        except BaseException:
-            self._stack.close()
-            raise
-        atexit.register(self.close)
-        return self
-
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
-                 trace: types.TracebackType | None) -> None:
-        self.close()
-
-    def _open(self) -> None:
         config = self.config
         timeline: StepTimeline = (HostStepTimeline(self._clock) if config.cpu_test_mode
                                   else CudaStepTimeline(self._clock))

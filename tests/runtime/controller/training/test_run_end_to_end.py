@@ -121,15 +121,21 @@ def _trainer_pid(parent: int) -> int:
     return int(children.read_text().split()[0])
 
 
+def _locking_run(argv: list[str], tmp_path: Path) -> subprocess.Popen[str]:
+    """A ``kdvfs run`` in a session of its own, once its controller locked a clock and logged the request (the lock
+    is applied just before its request is logged); the caller kills what is left of it."""
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT,
+                               env=_environment(tmp_path), start_new_session=True)
+    if not _wait(lambda: "core" in _locks(tmp_path) and '"request"' in _log_text(tmp_path)):
+        os.killpg(process.pid, signal.SIGKILL)
+        raise AssertionError("the controller never locked a clock")
+    return process
+
+
 @pytest.mark.parametrize("group", [False, True], ids=["trainer", "process-group"])
 def test_the_watchdog_restores_after_a_sigkill(captured: tuple[Path, Path], tmp_path: Path, group: bool) -> None:
-    process = subprocess.Popen(_run_argv(captured, tmp_path, 100_000), stdout=subprocess.DEVNULL,
-                               stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT, env=_environment(tmp_path),
-                               start_new_session=True)
+    process = _locking_run(_run_argv(captured, tmp_path, 100_000), tmp_path)
     try:
-        # The lock is applied just before its request is logged: kill only once both are seen.
-        assert _wait(lambda: "core" in _locks(tmp_path) and '"request"' in _log_text(tmp_path)), \
-            "the controller never locked a clock"
         if group:
             os.killpg(process.pid, signal.SIGKILL)  # kdvfs run and the trainer; not the watchdog's own session
         else:
@@ -161,12 +167,8 @@ def test_a_controller_in_its_own_process_restores_when_the_trainer_is_sigkilled(
                                                                                tmp_path: Path) -> None:
     """The training process's end closes the controller process's connection: the controller closes (clocks
     restored, summary logged) without the watchdog."""
-    process = subprocess.Popen(_run_argv(captured, tmp_path, 100_000, own_process=True), stdout=subprocess.DEVNULL,
-                               stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT, env=_environment(tmp_path),
-                               start_new_session=True)
+    process = _locking_run(_run_argv(captured, tmp_path, 100_000, own_process=True), tmp_path)
     try:
-        assert _wait(lambda: "core" in _locks(tmp_path) and '"request"' in _log_text(tmp_path)), \
-            "the controller never locked a clock"
         trainer = _trainer_pid(process.pid)
         controller = int(json.loads(_log_text(tmp_path).splitlines()[0])["pid"])
         assert controller != trainer
@@ -198,12 +200,8 @@ def test_a_second_run_on_a_leased_gpu_is_refused_and_leaves_the_first_alone(capt
     """Issue 44: a second non-dry ``kdvfs run`` on the GPU a first one controls exits 2 with one line naming the
     first's training process and makes no clock call (the first's locks are not reset under it); the first runs
     on, then restores and releases."""
-    first = subprocess.Popen(_run_argv(captured, tmp_path, 100_000, ab_share=0), stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT, env=_environment(tmp_path),
-                             start_new_session=True)
+    first = _locking_run(_run_argv(captured, tmp_path, 100_000, ab_share=0), tmp_path)
     try:
-        assert _wait(lambda: "core" in _locks(tmp_path) and '"request"' in _log_text(tmp_path)), \
-            "the first run never locked a clock"
         trainer = _trainer_pid(first.pid)
         (tmp_path / "second").mkdir()
         second = subprocess.run(_run_argv(captured, tmp_path / "second", 50), capture_output=True, text=True,
