@@ -14,11 +14,14 @@ over the rollout's finished episodes of cell c: up while the cell's budget is br
 down (to 0) while less. One multiplier per budget would let a cell that keeps its budget easily hide one that
 does not. A cell whose constraint no action meets would drive its multiplier up without end and drown the saving
 in every other cell's gradient; it stops at ``cap`` and is reported as infeasible
-(:meth:`CellMultipliers.capped`), not hidden.
+(:meth:`CellMultipliers.capped`), not hidden. A cell whose episodes still break its budget more often than the
+target over the run's last ``RECENT_ROLLOUTS`` rollouts is reported too (:meth:`CellMultipliers.unheld`): the
+constraint was not met by the end of training, whatever its multiplier.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,6 +30,10 @@ from stable_baselines3.common.vec_env import VecEnv, VecEnvWrapper
 
 from kdvfs.common.arrays import Array
 from kdvfs.common.errors import KdvfsError
+
+RECENT_ROLLOUTS = 10
+"""Rollouts over which a cell's violation rate at the end of training is measured (:meth:`CellMultipliers.unheld`):
+one rollout has a handful of episodes per cell."""
 
 
 @dataclass(frozen=True)
@@ -56,6 +63,7 @@ class CellMultipliers:
     def __init__(self, budgets: tuple[float, ...], latency_scales: tuple[float, ...], args: ConstraintArgs) -> None:
         self.budgets, self.latency_scales, self.args = tuple(budgets), tuple(latency_scales), args
         self.values = np.full((len(self.budgets), len(self.latency_scales)), args.initial)
+        self._recent: deque[tuple[Array, Array]] = deque(maxlen=RECENT_ROLLOUTS)
 
     def index(self, budget: float, latency_scale: float) -> tuple[int, int]:
         """The multiplier of the cell of ``budget`` and ``latency_scale`` (the nearest of each)."""
@@ -67,11 +75,23 @@ class CellMultipliers:
         cells without an episode keep their multiplier. Returns the multipliers (budgets, latency scales)."""
         cells = [self.index(float(b), float(s)) for b, s in zip(budgets, latency_scales, strict=True)]
         violations = np.asarray(violations, dtype=float)
+        episodes, broken = np.zeros(self.values.shape), np.zeros(self.values.shape)
+        for cell, violation in zip(cells, violations, strict=True):
+            episodes[cell] += 1
+            broken[cell] += violation
+        self._recent.append((episodes, broken))
         for cell in set(cells):
-            rate = float(violations[[c == cell for c in cells]].mean())
-            moved = self.values[cell] + self.args.learning_rate * (rate - self.args.target)
+            moved = self.values[cell] + self.args.learning_rate * (broken[cell] / episodes[cell] - self.args.target)
             self.values[cell] = min(self.args.cap, max(0.0, moved))
         return self.values
+
+    def recent_rates(self) -> Array:
+        """(budgets, latency scales) each cell's share of episodes over budget over the last ``RECENT_ROLLOUTS``
+        updates (NaN where it had none)."""
+        episodes = sum((e for e, _ in self._recent), np.zeros(self.values.shape))
+        broken = sum((b for _, b in self._recent), np.zeros(self.values.shape))
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(episodes > 0, broken / episodes, np.nan)
 
     def by_cell(self) -> dict[str, float]:
         """Each multiplier by its cell's name (``budget/latency scale``, e.g. ``0.01/2.0``)."""
@@ -82,6 +102,13 @@ class CellMultipliers:
         """The cells (named as :meth:`by_cell`) whose multiplier stands at the cap: their constraint is not met
         by anything learned."""
         return [name for name, value in self.by_cell().items() if value >= self.args.cap]
+
+    def unheld(self) -> list[str]:
+        """The cells (named as :meth:`by_cell`) whose episodes broke the budget more often than the target over
+        the last ``RECENT_ROLLOUTS`` updates: the constraint is not held there (yet), capped or not."""
+        rates = self.recent_rates()
+        return [f"{budget}/{scale}" for b, budget in enumerate(self.budgets)
+                for s, scale in enumerate(self.latency_scales) if rates[b, s] > self.args.target]
 
 
 class LagrangianReward(VecEnvWrapper):

@@ -10,7 +10,8 @@ best fixed-margin fitting plan of each cell with residual actions
 ``out`` receives ``run.json`` (command, resolved config, git revision, seed), ``config.yaml`` (the resolved
 config), ``tensorboard/``, ``checkpoints/``, ``model.zip`` and ``vecnormalize.pkl`` (SB3), the frozen policies
 ``policy`` (ships), ``imitation`` and ``ppo`` (``.kdvfs-policy.npz``) and ``summary.json`` (wall time, the
-selection's comparison, the multipliers); one git revision, read at the start, is recorded in all of them.
+selection's comparison, the multipliers, the cells at the cap and the cells over the target at the end); one git
+revision, read at the start, is recorded in all of them.
 """
 
 from __future__ import annotations
@@ -167,11 +168,12 @@ def train(config: TrainConfig, out: Path, timesteps: int | None = None, progress
     else:
         comparison = paired_comparison(ppo, cloned, validation_pairs, profile, config)
         selected = "ppo" if comparison["ci95"][0] > 0 else "imitation"
-    multipliers = None if wrapper is None else wrapper.multipliers.by_cell()
+    constraint = {"multipliers": None, "infeasible_cells": None, "unheld_cells": None} if wrapper is None else {
+        "multipliers": wrapper.multipliers.by_cell(), "infeasible_cells": wrapper.multipliers.capped(),
+        "unheld_cells": wrapper.multipliers.unheld()}
     meta = {"timesteps": int(model.num_timesteps), "train_wall_s": time.perf_counter() - start,
             "git_revision": revision, "seed": config.seed, "imitation": imitation,
-            "selection_comparison": comparison, "selected": selected, "multipliers": multipliers,
-            "infeasible_cells": None if wrapper is None else wrapper.multipliers.capped()}
+            "selection_comparison": comparison, "selected": selected, **constraint}
     policy = replace(ppo, meta={**meta, **ppo.meta}) if selected == "ppo" else replace(cloned, meta=meta)
     policy_path = out / POLICY_FILE
     policy.save(policy_path)
@@ -181,7 +183,7 @@ def train(config: TrainConfig, out: Path, timesteps: int | None = None, progress
     wall_s = time.perf_counter() - start
     summary = {"wall_s": wall_s, "timesteps": int(model.num_timesteps), "git_revision": revision,
                "imitation": imitation, "selection_comparison": comparison, "selected": selected,
-               "multipliers": multipliers, "train_steps": [p.predicted.name for p in train_pairs],
+               **constraint, "train_steps": [p.predicted.name for p in train_pairs],
                "validation_steps": [p.predicted.name for p in validation_pairs]}
     write_text_atomic(out / "summary.json", json.dumps(summary, indent=1) + "\n")
     return TrainResult(out, policy_path, wall_s, int(model.num_timesteps), selected, comparison)
@@ -249,9 +251,9 @@ def margin_comparison(ppo: FrozenPolicy, pairs: list[ShapePair], profile: GpuPro
     """PPO against the best fixed-margin fitting plan of each budget x latency cell on the validation ``pairs``
     (:mod:`kdvfs.agents.learned.training.margin_plans`, ``SCORE_SEEDS`` seeds; ``plans``: the plans' episodes there,
     ``episodes(margin_actors(), pairs, profile, config.env, SCORE_SEEDS)``): PPO's share of episodes within budget,
-    its saving minus the plan's on the same episodes (mean, 95% interval over the pairs' means), the margins
-    chosen, and whether PPO beats them (within budget in >= 95% of every cell's episodes and the interval
-    above 0)."""
+    its saving minus the plan's on the same episodes (mean, 95% interval over the pairs' means), its share per
+    cell (budgets x latencies of ``CELL_BUDGETS`` x ``CELL_LATENCY_SCALES``), the margins chosen, and whether
+    PPO beats them (within budget in >= 95% of every cell's episodes and the interval above 0)."""
     margins = best_margins(plans)
     bar = chosen(plans, margins)
     mine = episodes({"ppo": ppo}, pairs, profile, config.env, SCORE_SEEDS)[0]
@@ -261,5 +263,6 @@ def margin_comparison(ppo: FrozenPolicy, pairs: list[ShapePair], profile: GpuPro
     cells = within(mine).mean(axis=(0, 3))
     return {"delta_saved_pct": mean, "ci95": [mean - half, mean + half], "pairs": len(per_pair),
             "within_budget_ppo": float(within(mine).mean()), "within_budget_plans": float(within(bar).mean()),
-            "min_cell_within_budget_ppo": float(cells.min()), "margins": margins.tolist(),
+            "min_cell_within_budget_ppo": float(cells.min()), "cells_within_budget_ppo": cells.tolist(),
+            "margins": margins.tolist(),
             "beats_margin_plans": bool(cells.min() >= COMPLIANCE and mean - half > 0)}

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from stable_baselines3.common.vec_env import DummyVecEnv
 
-from kdvfs.agents.learned.training.lagrange import CellMultipliers, ConstraintArgs, LagrangianReward
+from kdvfs.agents.learned.training.lagrange import RECENT_ROLLOUTS, CellMultipliers, ConstraintArgs, LagrangianReward
 from kdvfs.envs.env.config import EnvConfig
 from kdvfs.envs.env.residual_env import ResidualDVFSEnv
 
@@ -29,6 +29,21 @@ def test_a_multiplier_stops_at_its_cap_and_the_cell_is_reported_infeasible() -> 
         multipliers.update(np.array([0.005, 0.005, 0.01]), np.array([0.0, 1.0, 0.0]), np.array([1.0, 0.0, 0.0]))
     assert multipliers.values[0, 0] == 4.0 and multipliers.capped() == ["0.005/0.0"]
     assert set(multipliers.by_cell()) == {"0.005/0.0", "0.005/1.0", "0.01/0.0", "0.01/1.0"}
+
+
+def test_a_cell_still_over_its_target_in_the_last_rollouts_is_reported_unheld_below_the_cap() -> None:
+    multipliers = CellMultipliers((0.005, 0.01), (0.0, 1.0), ConstraintArgs(target=0.03, learning_rate=1.0))
+    budgets, scales = np.array([0.005] * 10 + [0.01] * 10), np.array([0.0, 1.0] * 10)
+    once, held = np.zeros(20), np.zeros(20)
+    once[[0, 1, 10, 11]] = 1.0  # every cell broken in one of its five episodes: 20% against 3%
+    held[[1, 10, 11]] = 1.0  # then 0.5% at 0x never again, the others as before
+    for _ in range(RECENT_ROLLOUTS):
+        multipliers.update(budgets, scales, once)
+    assert multipliers.unheld() == ["0.005/0.0", "0.005/1.0", "0.01/0.0", "0.01/1.0"] and multipliers.capped() == []
+    for _ in range(RECENT_ROLLOUTS - 1):
+        multipliers.update(budgets, scales, held)
+    assert multipliers.unheld() == ["0.005/1.0", "0.01/0.0", "0.01/1.0"]  # 1 in 50 left in its window: 2%
+    assert multipliers.recent_rates()[0, 0] == pytest.approx(1 / 50)
 
 
 def test_a_cell_without_episodes_keeps_its_multiplier() -> None:

@@ -147,6 +147,8 @@ def test_residual_ppo_ships_only_when_it_beats_the_fixed_margin_plans_on_validat
     low, high = comparison["ci95"]
     assert low <= comparison["delta_saved_pct"] <= high
     beats = comparison["min_cell_within_budget_ppo"] >= 0.95 and low > 0
+    assert min(map(min, comparison["cells_within_budget_ppo"])) == comparison["min_cell_within_budget_ppo"]
+    assert set(summary["unheld_cells"]) <= set(summary["multipliers"]) >= set(summary["infeasible_cells"])
     assert comparison["beats_margin_plans"] == beats and selected == ("ppo" if beats else "imitation")
     policy = FrozenPolicy.load(tiny_run.policy_path, load_profile("h200"))
     assert policy.meta["selected"] == selected and policy.meta["selection_comparison"] == comparison
