@@ -6,7 +6,8 @@
 ``run`` never changes a clock (NVML through ``benchmarks.common.nvml_guard``). It probes the NVML reads'
 cost, then per workload runs ``--pairs`` ABBA pairs of processes: the script under
 ``benchmarks/h200/step_clock.py``, alone or under ``kdvfs run --dry-run`` with the shipped policy (``--own-process``:
-the controller in a process of its own, ``kdvfs run --own-process``). ``report``
+a third process per pair, under ``kdvfs run --dry-run --own-process``, the order reversed every other pair; the
+report gives it as the workload ``LABEL (own process)`` against the same pairs' processes without kdvfs). ``report``
 gives per workload the whole-run overhead (mean step time after ``WARMUP_STEPS``, with over without, 95% t
 interval), the dry run's own A/B slowdown (truth 0), the controller's host cost, the online decisions' time
 and the requests' timeliness, each against ``TARGETS``. ``--cpu-test``: all of it on a CPU with the fake NVML
@@ -191,10 +192,10 @@ def _capture(folder: Path, label: str, workload: dict[str, Any], fake: list[str]
 
 
 def _process(folder: Path, label: str, workload: dict[str, Any], pair: int, with_kdvfs: bool,
-             fake: list[str], policy: str, options: list[str]) -> dict[str, Any]:
+             fake: list[str], policy: str, own_process: bool = False) -> dict[str, Any]:
     """One process of a pair: the script under ``benchmarks/h200/step_clock.py``, under ``kdvfs run --dry-run`` (with
-    ``options``) or not."""
-    name = f"{label}.{pair}.{'with' if with_kdvfs else 'without'}"
+    ``own_process``: ``--own-process``) or not."""
+    name = f"{label}.{pair}.{('with-own' if own_process else 'with') if with_kdvfs else 'without'}"
     clock = folder / f"{name}.steps.json"
     target = [sys.executable, "benchmarks/h200/step_clock.py", str(clock), *workload["script"], "--steps",
               str(workload["steps"])]
@@ -203,8 +204,9 @@ def _process(folder: Path, label: str, workload: dict[str, Any], pair: int, with
         log, record = folder / f"{name}.log.jsonl", folder / f"{name}.nvml.json"
         done = subprocess.run([sys.executable, "-c", CLI, "run", "--dry-run", "--policy", policy, "--trace",
                                workload["trace"], "--log", str(log), "--json", *(fake or ["--nvml-module", GUARD]),
-                               *options, "--", *target], cwd=REPO_ROOT, text=True, stdout=subprocess.PIPE,
-                              env={**_env(), "KDVFS_NVML_RECORD": str(record)}, check=False)
+                               *(["--own-process"] if own_process else []), "--", *target], cwd=REPO_ROOT,
+                              text=True, stdout=subprocess.PIPE, env={**_env(), "KDVFS_NVML_RECORD": str(record)},
+                              check=False)
         records = [json.loads(line) for line in log.read_text().splitlines()] if log.is_file() else []
         extra = {"exit_code": done.returncode, "summary": json.loads(done.stdout) if done.stdout.strip() else None,
                  "pairs_slowdown_pct": [r["slowdown_pct"] for r in records if r["event"] == "pair"],
@@ -214,13 +216,13 @@ def _process(folder: Path, label: str, workload: dict[str, Any], pair: int, with
         extra = {"exit_code": subprocess.run(target, cwd=REPO_ROOT, text=True, env=_env(bool(fake)),
                                              check=False).returncode}
     steps = json.loads(clock.read_text()) if clock.is_file() else {"step_s": [], "cpu_s": []}
-    return {"label": label, "pair": pair, "with": with_kdvfs, "wall_s": time.perf_counter() - start_s, **steps,
-            **extra}
+    return {"label": label, "pair": pair, "with": with_kdvfs, "own_process": own_process,
+            "wall_s": time.perf_counter() - start_s, **steps, **extra}
 
 
 def run(folder: Path, pairs: int, only: list[str] | None, cpu_test: bool, own_process: bool = False) -> None:
-    """Every device-side measurement into ``folder/run.json`` (written after each process); ``own_process``: the
-    controller in a process of its own."""
+    """Every device-side measurement into ``folder/run.json`` (written after each process); ``own_process``: a
+    third process per pair, the controller in a process of its own."""
     folder.mkdir(parents=True, exist_ok=True)
     fake = ["--cpu-test-mode", "--nvml-module", "kdvfs.runtime.testing.nvml"] if cpu_test else []
     workloads = {label: dict(w) for label, w in (CPU_WORKLOADS if cpu_test else WORKLOADS).items()
@@ -235,10 +237,10 @@ def run(folder: Path, pairs: int, only: list[str] | None, cpu_test: bool, own_pr
         if workload["trace"] is None or not workload["trace"].startswith(f"{profile}/"):
             workload["trace"] = _capture(folder, label, workload, fake)
         log["workloads"][label] = workload
+        arms = [(False, False), (True, False), *([(True, True)] if own_process else [])]
         for pair in range(pairs):
-            for with_kdvfs in ((False, True) if pair % 2 == 0 else (True, False)):  # ABBA
-                log["processes"].append(_process(folder, label, workload, pair, with_kdvfs, fake, policy,
-                                                 ["--own-process"] if own_process else []))
+            for with_kdvfs, own in (arms if pair % 2 == 0 else arms[::-1]):  # ABBA (ABC CBA)
+                log["processes"].append(_process(folder, label, workload, pair, with_kdvfs, fake, policy, own))
                 (folder / "run.json").write_text(json.dumps(log))
     log["nvidia_smi_after"], log["finished_utc"] = nvidia_smi(header=False), utc_now()
     (folder / "run.json").write_text(json.dumps(log))
@@ -254,7 +256,8 @@ def main(argv: list[str] | None = None) -> int:
     sub.choices["run"].add_argument("--pairs", type=int, default=3, help="ABBA process pairs per workload")
     sub.choices["run"].add_argument("--only", nargs="+", metavar="LABEL", help="only these workloads")
     sub.choices["run"].add_argument("--own-process", action="store_true",
-                                    help="the controller in a process of its own (kdvfs run --own-process)")
+                                    help="a third process per pair: the controller in a process of its own "
+                                         "(kdvfs run --own-process)")
     sub.choices["report"].add_argument("--name", default="overhead_h200", help="results file stem")
     args = parser.parse_args(argv)
     if args.what == "run":

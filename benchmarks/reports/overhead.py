@@ -122,6 +122,21 @@ def workload_figures(processes: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+OWN = " (own process)"
+"""Suffix of a workload's arm whose controller ran in a process of its own (``kdvfs run --own-process``)."""
+
+
+def arms(label: str, processes: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """A workload's processes by arm: ``label`` (the controller in the training process) and, where run, ``label``
+    + ``OWN``, each with the same pairs' processes without kdvfs."""
+    without = [p for p in processes if not p["with"]]
+    by_arm = {label: without + [p for p in processes if p["with"] and not p.get("own_process")]}
+    own = [p for p in processes if p["with"] and p.get("own_process")]
+    if own:
+        by_arm[label + OWN] = without + own
+    return by_arm
+
+
 def _learning_ms_per_step(summaries: list[dict[str, Any]], steps: int) -> float | None:
     """The energy thread's one-time learning of the counter's clock, per step (ms; None: not in every summary,
     whose runs predate it, or no steps)."""
@@ -165,9 +180,9 @@ def markdown(result: dict[str, Any]) -> str:
              f"- run: `{result['run']['command']}` on `{result['run']['machine']}`, {result['run']['started_utc']}"
              f" to {result['run'].get('finished_utc', 'cut short')}; GPU (nvidia-smi before): "
              f"`{result['run']['nvidia_smi_before']}`",
-             *(["- the controller in a process of its own (`kdvfs run --own-process`): the training process pays "
-                "its hooks and the thread answering the controller's questions (server)"]
-               if result["run"].get("own_process") else []), "",
+             *([f"- `{OWN.strip()}`: the controller in a process of its own (`kdvfs run --own-process`), a third "
+                "process in each pair; the training process pays its hooks and the thread answering the controller's "
+                "questions (server)"] if result["run"].get("own_process") else []), "",
              "## Whole run and dry run (targets: overhead <= 0.5%; controlled-vs-auto slowdown within +-0.3 "
              "points, interval holding 0; host CPU <= 2% of the step)", "",
              "| workload | step without / with (ms) | overhead, mean of ABBA process pairs [95% CI] | dry run's "
@@ -183,7 +198,7 @@ def markdown(result: dict[str, Any]) -> str:
                      f"{_num(cost['per_step_ms'])} ({_num(cost['step_share_pct'])}%); "
                      f"{_num(parts['thread_ms'])} / {_num(parts['energy_thread_ms'])} "
                      f"({_num(f.get('energy_learning_ms_per_step'))}) / {_num(parts['hooks_ms'])} / "
-                     f"{_num(parts.get('server_ms') if result['run'].get('own_process') else None)}; "
+                     f"{_num(parts.get('server_ms') if label.endswith(OWN) else None)}; "
                      f"{_num(cost.get('training_step_share_pct'))}% | "
                      f"{_pct(f['process_cpu_ms_per_step']).replace('%', '')} | "
                      f"{_num(100 * f['controlled_share'], 0)}% |")
@@ -255,8 +270,8 @@ def _power_lines(compared: dict[str, dict[str, dict[str, Any]]], load_phase_s: f
 def report(folder: Path, cpu_test: bool, name: str = "overhead_h200") -> None:
     """Write ``NAME.{md,json}`` (into ``folder`` for a CPU test, else ``benchmarks/results``)."""
     run = json.loads((folder / "run.json").read_text())
-    workloads = {label: workload_figures([p for p in run["processes"] if p["label"] == label])
-                 for label in run["workloads"]}
+    workloads = {name: workload_figures(processes) for label in run["workloads"]
+                 for name, processes in arms(label, [p for p in run["processes"] if p["label"] == label]).items()}
     result = {**provenance(f"{run['command']} (on the GPU machine), then python -m benchmarks.h200.overhead report "
                            f"DIR --name {name}"),
               "run": {k: v for k, v in run.items() if k != "processes"}, "targets": TARGETS,

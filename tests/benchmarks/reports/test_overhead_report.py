@@ -89,16 +89,25 @@ def test_the_field_value_energy_read_is_reported_where_probed(report: ModuleType
     assert "field-value call" not in older
 
 
-def test_a_run_of_the_controller_in_its_own_process_reports_what_the_training_process_pays(
-        report: ModuleType) -> None:
-    processes = [_process(report, 0, False, 0.100), _process(report, 0, True, 0.1002)]
-    processes[1]["summary"]["host_cost"].update(server_ms=20.0, training_step_share_pct=0.3)
-    figures = report.workload_figures(processes)
-    assert figures["host_cost_parts_ms_per_step"]["server_ms"] == pytest.approx(0.1)
-    assert figures["host_cost"]["training_step_share_pct"] == pytest.approx(0.3)
-    run = {"command": "c", "machine": "m", "started_utc": "t", "nvidia_smi_before": "-"}
-    own = report.markdown({"run": {**run, "own_process": True}, "workloads": {"w": figures}, "verdicts": {}})
-    assert "a process of its own" in own and " / 0.05 / 0.10; 0.30% |" in own
-    plain = report.workload_figures([processes[0], _process(report, 0, True, 0.1002)])
-    in_process = report.markdown({"run": run, "workloads": {"w": plain}, "verdicts": {}})
-    assert "a process of its own" not in in_process and " / 0.05 / -; -% |" in in_process
+def test_the_own_process_arm_is_its_own_workload_against_the_same_pairs_without_kdvfs(report: ModuleType) -> None:
+    """``run --own-process``: a third process per pair; the report gives the arm as ``LABEL (own process)``, its
+    overhead against the same pairs' processes without kdvfs, and what the training process pays."""
+    own = [_process(report, 0, True, 0.1001), _process(report, 1, True, 0.1001)]
+    for process in own:
+        process["own_process"] = True
+        process["summary"]["host_cost"].update(server_ms=20.0, training_step_share_pct=0.3)
+    processes = [_process(report, 0, False, 0.100), _process(report, 0, True, 0.1002), own[0],
+                 own[1], _process(report, 1, True, 0.1003), _process(report, 1, False, 0.100)]
+    by_arm = report.arms("w", processes)
+    assert list(by_arm) == ["w", "w (own process)"]
+    figures = {name: report.workload_figures(arm) for name, arm in by_arm.items()}
+    assert figures["w"]["overhead_pct"]["pairs"] == pytest.approx([0.2, 0.3])
+    assert figures["w (own process)"]["overhead_pct"]["pairs"] == pytest.approx([0.1, 0.1])
+    assert figures["w (own process)"]["host_cost_parts_ms_per_step"]["server_ms"] == pytest.approx(0.1)
+    assert figures["w (own process)"]["host_cost"]["training_step_share_pct"] == pytest.approx(0.3)
+    page = report.markdown({"run": {"command": "c", "machine": "m", "started_utc": "t", "nvidia_smi_before": "-",
+                                    "own_process": True}, "workloads": figures, "verdicts": {}})
+    assert "a third process in each pair" in page
+    assert "| w | " in page and " / 0.05 / -; -% |" in page  # the in-process arm: no server
+    assert "| w (own process) | " in page and " / 0.05 / 0.10; 0.30% |" in page
+    assert list(report.arms("w", processes[:2])) == ["w"]  # a run without the arm
