@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from kdvfs.agents.common.problem import Problem
 from kdvfs.envs.trace.shape import StepShape
+from kdvfs.runtime.controller.config import ControllerConfig
 from kdvfs.runtime.controller.control.issuer import Issuer, StepJudges
 from kdvfs.runtime.controller.control.opening import Opened
 from kdvfs.runtime.controller.control.remote_timeline import RemoteHooks, RemoteTimeline
@@ -36,6 +37,18 @@ from kdvfs.runtime.job import JobGroup
 
 Hooks = AnchorHooks | RemoteHooks
 """The anchor hooks: this process's, or those of the training process a controller in its own process serves."""
+
+
+def local_timeline(config: ControllerConfig, clock: Clock) -> CudaStepTimeline | HostStepTimeline:
+    """This process's GPU timeline on ``clock``: its CUDA events, or the host's in ``cpu_test_mode``."""
+    return HostStepTimeline(clock) if config.cpu_test_mode else CudaStepTimeline(clock)
+
+
+def anchor_hooks(config: ControllerConfig, timeline: StepTimeline) -> AnchorHooks | None:
+    """The anchor hooks recording on ``timeline`` (CUDA only, with ``anchors``; None: none)."""
+    if config.timing.anchors and isinstance(timeline, CudaStepTimeline):
+        return AnchorHooks(timeline.anchor, config.timing.anchor_every)
+    return None
 
 
 @dataclass(frozen=True)
@@ -80,11 +93,8 @@ class ThreadBuilder:
         accounting = Accounting(opened.device if config.measurement.energy else None, clock, config,
                                 1 + int(problem.latency_s // plan.auto_s), self.log,
                                 lambda: issuers[0].next_request_s if issuers else math.inf)
-        timeline = timeline or (HostStepTimeline(clock) if config.cpu_test_mode else CudaStepTimeline(clock))
-        hooks: Hooks | None = (
-            timeline.hooks if isinstance(timeline, RemoteTimeline)
-            else AnchorHooks(timeline.anchor, config.timing.anchor_every)
-            if config.timing.anchors and isinstance(timeline, CudaStepTimeline) else None)
+        timeline = timeline or local_timeline(config, clock)
+        hooks: Hooks | None = timeline.hooks if isinstance(timeline, RemoteTimeline) else anchor_hooks(config, timeline)
         anchors = self._anchors(timeline, hooks)
         thread_clock = CountingClock(clock)
         context = ThreadContext(timeline, thread_clock, self.log, actuator)

@@ -38,8 +38,9 @@ def run_summary(opened: Opened, parts: ThreadParts, rank: Rank, gpu_restored: bo
     timeline = parts.timeline
     if isinstance(timeline, RemoteTimeline):
         timeline.fetch_figures()
-    hooks_s = timeline.hook_s if isinstance(timeline, CudaStepTimeline | RemoteTimeline) else None
-    sleeps = timeline.sleeps if isinstance(timeline, CudaStepTimeline | RemoteTimeline) else 0
+    counted = timeline if isinstance(timeline, CudaStepTimeline | RemoteTimeline) else None  # its hooks' time, sleeps
+    hooks_s = None if counted is None else counted.hook_s
+    sleeps = 0 if counted is None else counted.sleeps
     server_s = timeline.server_cpu_s if isinstance(timeline, RemoteTimeline) else None
     return RunSummary(
         rank=rank.rank, world_size=rank.world_size, gpu_index=opened.device.index,

@@ -29,14 +29,13 @@ from typing import Any
 
 from kdvfs.common.errors import KdvfsError
 from kdvfs.runtime.controller.config import ControllerConfig
+from kdvfs.runtime.controller.control.assembly import anchor_hooks, local_timeline
 from kdvfs.runtime.controller.control.managed import Managed
 from kdvfs.runtime.controller.control.remote_timeline import RemoteTimeline
 from kdvfs.runtime.controller.control.timeline_server import TimelineServer
 from kdvfs.runtime.controller.controller import Controller
 from kdvfs.runtime.controller.model.run_summary import RunSummary
 from kdvfs.runtime.controller.shapes.varying import StepShapes, varying_steps
-from kdvfs.runtime.controller.timing.anchor_hooks import AnchorHooks
-from kdvfs.runtime.controller.timing.gpu_timeline import CudaStepTimeline, HostStepTimeline, StepTimeline
 from kdvfs.runtime.device.host_time import Clock, RealClock
 from kdvfs.runtime.device.nvml_device import terminate_on_sigterm
 from kdvfs.runtime.job import Rank
@@ -66,11 +65,8 @@ class ProcessController(Managed):
     def _open(self) -> None:
         if Rank.from_environment().distributed:
             raise KdvfsError("own_process: not yet under torchrun; leave it off there")
-        config = self.config
-        timeline: StepTimeline = (HostStepTimeline(self._clock) if config.cpu_test_mode
-                                  else CudaStepTimeline(self._clock))
-        hooks = (AnchorHooks(timeline.anchor, config.timing.anchor_every)
-                 if config.timing.anchors and isinstance(timeline, CudaStepTimeline) else None)
+        timeline = local_timeline(self.config, self._clock)
+        hooks = anchor_hooks(self.config, timeline)
         questions, steps, inputs = self._start_child(None if hooks is None else hooks.every)
         if inputs is not None:
             self._step_shapes = StepShapes(self._clock, inputs)
