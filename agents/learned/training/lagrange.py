@@ -6,23 +6,15 @@ The environment reports, at each episode's end, its budget, its latency scale an
 :class:`~kdvfs.envs.env.residual_env.ResidualDVFSEnv`). :class:`LagrangianReward` (a vectorised-env wrapper)
 subtracts ``lambda_c`` times that indicator from the episode's last reward, so PPO maximises saving -
 lambda_c x P(violation) in every cell c; :class:`MultiplierCallback` moves each multiplier by dual ascent after
-every rollout,
-
-    lambda_c <- min(cap, max(0, lambda_c + learning_rate x (violation rate_c - target))),
-
-over the rollout's finished episodes of cell c: up while the cell's budget is broken more often than the target,
-down (to 0) while less. One multiplier per budget would let a cell that keeps its budget easily hide one that
-does not. A cell whose constraint no action meets would drive its multiplier up without end and drown the saving
-in every other cell's gradient; it stops at ``cap`` and is reported as infeasible
-(:meth:`CellMultipliers.capped`), not hidden. A cell whose episodes still break its budget more often than the
-target over the run's last ``RECENT_ROLLOUTS`` rollouts is reported too (:meth:`CellMultipliers.unheld`): the
-constraint was not met by the end of training, whatever its multiplier.
-
-The rollouts sample their actions; the policy that ships takes the most likely one. With
-``ConstraintArgs.most_likely_episodes`` > 0, :class:`MultiplierCallback` runs that many episodes per cell of the most
-likely policy after every rollout (:mod:`kdvfs.agents.learned.training.most_likely`), and their violation rates,
-not the rollout's, move the multipliers and decide :meth:`CellMultipliers.unheld`: the constraint then holds the
-policy that ships. The rollout's episodes are still priced by the multipliers (the gradient learns from them).
+every rollout, lambda_c <- min(cap, max(0, lambda_c + learning_rate x (violation rate_c - target))), over the
+rollout's finished episodes of cell c, or with ``ConstraintArgs.most_likely_episodes`` over episodes of the most
+likely policy, the one that ships (:mod:`kdvfs.agents.learned.training.most_likely`): up while the cell's budget is
+broken more often than the target, down (to 0) while less. One multiplier per budget would let a cell that keeps
+its budget easily hide one that does not. A cell whose constraint no action meets would drive its multiplier up
+without end and drown the saving in every other cell's gradient; it stops at ``cap`` and is reported as infeasible
+(:meth:`CellMultipliers.capped`), not hidden. A cell whose episodes (those that move its multiplier) still break
+its budget more often than the target over the run's last ``RECENT_ROLLOUTS`` rollouts is reported too
+(:meth:`CellMultipliers.unheld`): the constraint was not met by the end of training, whatever its multiplier.
 """
 
 from __future__ import annotations
