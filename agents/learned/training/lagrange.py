@@ -6,17 +6,15 @@ The environment reports, at each episode's end, its budget, its latency scale an
 :class:`~kdvfs.envs.env.residual_env.ResidualDVFSEnv`). :class:`LagrangianReward` (a vectorised-env wrapper)
 subtracts ``lambda_c`` times that indicator from the episode's last reward, so PPO maximises saving -
 lambda_c x P(violation) in every cell c; :class:`MultiplierCallback` moves each multiplier by dual ascent after
-every rollout,
-
-    lambda_c <- min(cap, max(0, lambda_c + learning_rate x (violation rate_c - target))),
-
-over the rollout's finished episodes of cell c: up while the cell's budget is broken more often than the target,
-down (to 0) while less. One multiplier per budget would let a cell that keeps its budget easily hide one that
-does not. A cell whose constraint no action meets would drive its multiplier up without end and drown the saving
-in every other cell's gradient; it stops at ``cap`` and is reported as infeasible
-(:meth:`CellMultipliers.capped`), not hidden. A cell whose episodes still break its budget more often than the
-target over the run's last ``RECENT_ROLLOUTS`` rollouts is reported too (:meth:`CellMultipliers.unheld`): the
-constraint was not met by the end of training, whatever its multiplier.
+every rollout, lambda_c <- min(cap, max(0, lambda_c + learning_rate x (violation rate_c - target))), over the
+rollout's finished episodes of cell c, or with ``ConstraintArgs.most_likely_episodes`` over episodes of the most
+likely policy, the one that ships (:mod:`kdvfs.agents.learned.training.most_likely`): up while the cell's budget is
+broken more often than the target, down (to 0) while less. One multiplier per budget would let a cell that keeps
+its budget easily hide one that does not. A cell whose constraint no action meets would drive its multiplier up
+without end and drown the saving in every other cell's gradient; it stops at ``cap`` and is reported as infeasible
+(:meth:`CellMultipliers.capped`), not hidden. A cell whose episodes (those that move its multiplier) still break
+its budget more often than the target over the run's last ``RECENT_ROLLOUTS`` rollouts is reported too
+(:meth:`CellMultipliers.unheld`): the constraint was not met by the end of training, whatever its multiplier.
 """
 
 from __future__ import annotations
@@ -26,8 +24,9 @@ from dataclasses import dataclass
 
 import numpy as np
 from stable_baselines3.common.callbacks import BaseCallback
-from stable_baselines3.common.vec_env import VecEnv, VecEnvWrapper
+from stable_baselines3.common.vec_env import VecEnv, VecEnvWrapper, VecNormalize
 
+from kdvfs.agents.learned.training.most_likely import MostLikelyEpisodes
 from kdvfs.common.arrays import Array
 from kdvfs.common.errors import KdvfsError
 
@@ -45,16 +44,22 @@ class ConstraintArgs:
         learning_rate: dual ascent step on each multiplier per rollout (reward per unit of violation rate).
         initial: each multiplier's starting value (reward lost by an episode over budget).
         cap: the most a multiplier reaches (a budget held there is reported infeasible).
+        most_likely_episodes: episodes per cell of the most likely policy (the one that ships) run on the training
+            pairs after every rollout, whose violation rates move the multipliers instead of the rollout's; 0:
+            none, the rollout's sampled episodes move them.
     """
 
     target: float = 0.05
     learning_rate: float = 5.0
     initial: float = 1.0
     cap: float = 20.0
+    most_likely_episodes: int = 0
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.target < 1.0 or self.learning_rate < 0 or not 0 <= self.initial <= self.cap:
             raise KdvfsError("constraint: need 0 <= target < 1, learning_rate >= 0 and 0 <= initial <= cap")
+        if self.most_likely_episodes < 0:
+            raise KdvfsError(f"constraint: most_likely_episodes must be >= 0, got {self.most_likely_episodes}")
 
 
 class CellMultipliers:
@@ -135,22 +140,35 @@ class LagrangianReward(VecEnvWrapper):
 
 
 class MultiplierCallback(BaseCallback):
-    """After each rollout, a dual ascent step on the wrapper's multipliers (logged as ``constraint/*``)."""
+    """After each rollout, a dual ascent step on the wrapper's multipliers (logged as ``constraint/*``): on the
+    rollout's finished episodes, or, given ``most_likely``, on its episodes of the model's most likely actions (on
+    the training env's normalised observations, as the policy is frozen: module docstring)."""
 
-    def __init__(self, wrapper: LagrangianReward) -> None:
+    def __init__(self, wrapper: LagrangianReward, most_likely: MostLikelyEpisodes | None = None) -> None:
         super().__init__()
-        self.wrapper = wrapper
+        self.wrapper, self.most_likely = wrapper, most_likely
 
     def _on_step(self) -> bool:
         return True
 
+    def _act(self, observations: Array) -> Array:
+        """The model's most likely actions on raw ``observations``, normalised as the training env does."""
+        env = self.training_env
+        assert isinstance(env, VecNormalize)
+        actions, _ = self.model.predict(env.normalize_obs(observations), deterministic=True)
+        return actions
+
     def _on_rollout_end(self) -> None:
-        finished = self.wrapper.finished
-        if not finished:
+        finished, self.wrapper.finished = self.wrapper.finished, []
+        if finished:
+            self.logger.record("constraint/violation_rate", float(np.array(finished)[:, 2].mean()))
+        if self.most_likely is not None:
+            budgets, scales, violations = self.most_likely.run(self._act)
+            self.logger.record("constraint/most_likely_violation_rate", float(violations.mean()))
+        elif finished:
+            budgets, scales, violations = np.array(finished).T
+        else:
             return
-        budgets, scales, violations = np.array(finished).T
         values = self.wrapper.multipliers.update(budgets, scales, violations)
-        self.logger.record("constraint/violation_rate", float(violations.mean()))
         self.logger.record("constraint/multiplier_mean", float(values.mean()))
         self.logger.record("constraint/multiplier_max", float(values.max()))
-        self.wrapper.finished = []

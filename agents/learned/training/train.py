@@ -36,6 +36,7 @@ from kdvfs.agents.learned.training.anchored import AnchoredPPO
 from kdvfs.agents.learned.training.imitation import clone, demonstrations, record
 from kdvfs.agents.learned.training.lagrange import MultiplierCallback
 from kdvfs.agents.learned.training.margin_plans import COMPLIANCE, best_margins, chosen, episodes, margin_actors, within
+from kdvfs.agents.learned.training.most_likely import MostLikelyEpisodes
 from kdvfs.agents.learned.training.ppo import (
     EpisodeMetrics,
     TrainConfig,
@@ -151,7 +152,7 @@ def train(config: TrainConfig, out: Path, timesteps: int | None = None, progress
     callbacks: list[BaseCallback] = [EpisodeMetrics(), checkpoints]
     wrapper = constrained(env)
     if wrapper is not None:
-        callbacks.append(MultiplierCallback(wrapper))
+        callbacks.append(MultiplierCallback(wrapper, most_likely_episodes(config, train_pairs, profile)))
     stage(f"PPO for {config.total_timesteps} timesteps ({config.n_envs} environments)")
     model.learn(config.total_timesteps, callback=CallbackList(callbacks), progress_bar=progress_bar)
 
@@ -207,6 +208,17 @@ def imitate(model: AnchoredPPO, env: VecNormalize, config: TrainConfig, profile:
     args = config.imitation
     model.anchor(normalised, actions, args.anchor_coef, args.anchor_batches, args.batch_size, config.seed)
     return result
+
+
+def most_likely_episodes(config: TrainConfig, pairs: list[ShapePair], profile: GpuProfile) -> MostLikelyEpisodes | None:
+    """The constraint's episodes of the most likely policy (``config.constraint.most_likely_episodes`` per budget x
+    latency cell of ``config.env``) on ``config.n_envs`` environments over the training ``pairs``, seeded from
+    ``config.seed``; None when the config asks for none."""
+    if config.constraint is None or config.constraint.most_likely_episodes == 0:
+        return None
+    envs = [pair_env(pairs, profile, config.env) for _ in range(config.n_envs)]
+    return MostLikelyEpisodes(envs, config.env.budgets, config.env.latency_scales,
+                              config.constraint.most_likely_episodes, config.seed)
 
 
 def pair_env(pairs: list[ShapePair], profile: GpuProfile, env_config: EnvConfig, **settings: Any) -> KernelDVFSEnv:
