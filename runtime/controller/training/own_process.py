@@ -1,23 +1,22 @@
 """The controller in a process of its own (``ControllerConfig.own_process``; experimental, off by default).
 
 :class:`ProcessController` runs the whole :class:`~kdvfs.runtime.controller.controller.Controller` in a child
-process (``python -m`` this module: a fresh interpreter, no CUDA state, the training script not run again), off
-the training process's interpreter lock; the training process keeps the step marks, the anchor hooks, the shape
-probe and the timeline server (:mod:`~kdvfs.runtime.controller.control.timeline_server`). It opens, steps and
-closes as a controller does; a check that fails in the child raises here (``KdvfsError``), clocks untouched.
-Each step's mark is recorded here, then its number sent to the child; closing has the child close its
-controller (clocks restored) and send back the summary and windows. Failure modes: the child ending early
-leaves training at the GPU's own clocks (restored by the child or its watchdog), no summary, ``error`` saying
-why; the training process ending closes the child's connection and the child restores; the child ignores
-SIGINT. Not under torchrun yet (a one-line error). Design: docs/design/controller.md (Threads).
+process (``python -m`` :mod:`~kdvfs.runtime.controller.training.controller_process`: a fresh interpreter, no CUDA
+state, the training script not run again), off the training process's interpreter lock; the training process
+keeps the step marks, the anchor hooks, the shape probe and the timeline server
+(:mod:`~kdvfs.runtime.controller.control.timeline_server`). It opens, steps and closes as a controller does; a
+check that fails in the child raises here (``KdvfsError``), clocks untouched. Each step's mark is recorded here,
+then its number sent to the child; closing has the child close its controller (clocks restored) and send back the
+summary and windows. Failure modes: the child ending early leaves training at the GPU's own clocks (restored by
+the child or its watchdog), no summary, ``error`` saying why; the training process ending closes the child's
+connection and the child restores; the child ignores SIGINT. Not under torchrun yet (a one-line error). Design:
+docs/design/controller.md (Threads).
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
-import dataclasses
-import signal
 import socket
 import subprocess
 import sys
@@ -31,15 +30,15 @@ from kdvfs.common.errors import KdvfsError
 from kdvfs.runtime.controller.config import ControllerConfig
 from kdvfs.runtime.controller.control.assembly import anchor_hooks, local_timeline
 from kdvfs.runtime.controller.control.managed import Managed
-from kdvfs.runtime.controller.control.remote_timeline import RemoteTimeline
 from kdvfs.runtime.controller.control.timeline_server import TimelineServer
-from kdvfs.runtime.controller.controller import Controller
 from kdvfs.runtime.controller.model.run_summary import RunSummary
-from kdvfs.runtime.controller.shapes.varying import StepShapes, varying_steps
+from kdvfs.runtime.controller.shapes.varying import StepShapes
 from kdvfs.runtime.device.host_time import Clock, RealClock
 from kdvfs.runtime.device.nvml_device import terminate_on_sigterm
 from kdvfs.runtime.job import Rank
 
+CHILD_MODULE = "kdvfs.runtime.controller.training.controller_process"
+"""What the child runs (``python -m``): a module the package does not import, so ``-m`` runs it fresh."""
 CLOSE_TIMEOUT_S = 60.0
 """Longest wait for the child to close its controller and send the summary (s); then it is terminated."""
 
@@ -94,7 +93,7 @@ class ProcessController(Managed):
             self.config.save(config_path)
             theirs = [child.fileno() for _, child in pairs]
             self._process = subprocess.Popen(
-                [sys.executable, "-m", __name__, str(config_path), *map(str, theirs), str(hooks_every or 0)],
+                [sys.executable, "-m", CHILD_MODULE, str(config_path), *map(str, theirs), str(hooks_every or 0)],
                 pass_fds=theirs)
             for _, child in pairs:
                 child.close()
@@ -151,46 +150,3 @@ class ProcessController(Managed):
             _, (self.summary, self.windows) = steps.recv()
         except (EOFError, OSError) as error:
             self.error = f"the controller process ended without a summary ({error!r})"
-
-
-def serve(config: ControllerConfig, questions: Connection, steps: Connection, hooks_every: int | None) -> None:
-    """The child: open the controller on the training process's timeline, hand it each announced step until
-    told to close (``None``) or the training process is gone, then close it and send back its summary."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    config = dataclasses.replace(config, own_process=False)  # this process is the controller's own
-    timeline = RemoteTimeline(questions, hooks_every)
-    found = varying_steps(config.trace, RealClock())
-    varying = None if found is None else dataclasses.replace(found[0], shape_of=timeline.shape_of)
-    controller = Controller(config=config, timeline=timeline, varying=varying)
-    try:
-        controller.__enter__()
-    except BaseException as error:
-        steps.send(("failed", str(error) if isinstance(error, KdvfsError) else f"{type(error).__name__}: {error}"))
-        return
-    steps.send(("opened", None if found is None else found[1].inputs))
-    try:
-        while True:
-            try:
-                step = steps.recv()
-            except (EOFError, OSError):
-                break
-            if step is None:
-                break
-            controller.step()
-    finally:
-        controller.close()
-        with contextlib.suppress(BrokenPipeError, OSError):
-            steps.send(("closed", (controller.summary, controller.windows)))
-
-
-def main(argv: list[str]) -> int:
-    """``python -m kdvfs.runtime.controller.training.own_process CONFIG QUESTIONS_FD STEPS_FD HOOKS_EVERY``
-    (``HOOKS_EVERY`` 0: no anchor hooks in the training process)."""
-    config = ControllerConfig.load(Path(argv[0]))
-    questions, steps = Connection(int(argv[1])), Connection(int(argv[2]))
-    serve(config, questions, steps, int(argv[3]) or None)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
