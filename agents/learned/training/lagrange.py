@@ -13,7 +13,7 @@ broken more often than the target, down (to 0) while less. One multiplier per bu
 its budget easily hide one that does not. A cell whose constraint no action meets would drive its multiplier up
 without end and drown the saving in every other cell's gradient; it stops at ``cap`` and is reported as infeasible
 (:meth:`CellMultipliers.capped`), not hidden. A cell whose episodes (those that move its multiplier) still break
-its budget more often than the target over the run's last ``RECENT_ROLLOUTS`` rollouts is reported too
+its budget more often than the target over its last ``RECENT_EPISODES`` episodes is reported too
 (:meth:`CellMultipliers.unheld`): the constraint was not met by the end of training, whatever its multiplier.
 """
 
@@ -30,9 +30,11 @@ from kdvfs.agents.learned.training.most_likely import MostLikelyEpisodes
 from kdvfs.common.arrays import Array
 from kdvfs.common.errors import KdvfsError
 
-RECENT_ROLLOUTS = 10
-"""Rollouts over which a cell's violation rate at the end of training is measured (:meth:`CellMultipliers.unheld`):
-one rollout has a handful of episodes per cell."""
+RECENT_EPISODES = 60
+"""A cell's last episodes (those that move its multiplier) over which its violation rate at the end of training is
+measured (:meth:`CellMultipliers.unheld`): counted in episodes, not rollouts, as a rollout has a handful of a cell's
+sampled episodes but only ``most_likely_episodes`` of its most likely ones, and a rate over a few episodes says
+little (the validation selection scores as many a cell)."""
 
 
 @dataclass(frozen=True)
@@ -68,7 +70,7 @@ class CellMultipliers:
     def __init__(self, budgets: tuple[float, ...], latency_scales: tuple[float, ...], args: ConstraintArgs) -> None:
         self.budgets, self.latency_scales, self.args = tuple(budgets), tuple(latency_scales), args
         self.values = np.full((len(self.budgets), len(self.latency_scales)), args.initial)
-        self._recent: deque[tuple[Array, Array]] = deque(maxlen=RECENT_ROLLOUTS)
+        self._recent = [[deque[float](maxlen=RECENT_EPISODES) for _ in self.latency_scales] for _ in self.budgets]
 
     def index(self, budget: float, latency_scale: float) -> tuple[int, int]:
         """The multiplier of the cell of ``budget`` and ``latency_scale`` (the nearest of each)."""
@@ -84,19 +86,16 @@ class CellMultipliers:
         for cell, violation in zip(cells, violations, strict=True):
             episodes[cell] += 1
             broken[cell] += violation
-        self._recent.append((episodes, broken))
+            self._recent[cell[0]][cell[1]].append(float(violation))
         for cell in set(cells):
             moved = self.values[cell] + self.args.learning_rate * (broken[cell] / episodes[cell] - self.args.target)
             self.values[cell] = min(self.args.cap, max(0.0, moved))
         return self.values
 
     def recent_rates(self) -> Array:
-        """(budgets, latency scales) each cell's share of episodes over budget over the last ``RECENT_ROLLOUTS``
-        updates (NaN where it had none)."""
-        episodes = sum((e for e, _ in self._recent), np.zeros(self.values.shape))
-        broken = sum((b for _, b in self._recent), np.zeros(self.values.shape))
-        with np.errstate(invalid="ignore", divide="ignore"):
-            return np.where(episodes > 0, broken / episodes, np.nan)
+        """(budgets, latency scales) each cell's share of episodes over budget over its last ``RECENT_EPISODES``
+        episodes (NaN where it had none)."""
+        return np.array([[float(np.mean(cell)) if cell else np.nan for cell in row] for row in self._recent])
 
     def by_cell(self) -> dict[str, float]:
         """Each multiplier by its cell's name (``budget/latency scale``, e.g. ``0.01/2.0``)."""
@@ -110,7 +109,7 @@ class CellMultipliers:
 
     def unheld(self) -> list[str]:
         """The cells (named as :meth:`by_cell`) whose episodes broke the budget more often than the target over
-        the last ``RECENT_ROLLOUTS`` updates: the constraint is not held there (yet), capped or not."""
+        its last ``RECENT_EPISODES`` episodes: the constraint is not held there (yet), capped or not."""
         rates = self.recent_rates()
         return [f"{budget}/{scale}" for b, budget in enumerate(self.budgets)
                 for s, scale in enumerate(self.latency_scales) if rates[b, s] > self.args.target]

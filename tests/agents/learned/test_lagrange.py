@@ -12,7 +12,7 @@ from stable_baselines3.common.logger import configure
 from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 
 from kdvfs.agents.learned.training.lagrange import (
-    RECENT_ROLLOUTS,
+    RECENT_EPISODES,
     CellMultipliers,
     ConstraintArgs,
     LagrangianReward,
@@ -47,19 +47,31 @@ def test_a_multiplier_stops_at_its_cap_and_the_cell_is_reported_infeasible() -> 
     assert set(multipliers.by_cell()) == {"0.005/0.0", "0.005/1.0", "0.01/0.0", "0.01/1.0"}
 
 
-def test_a_cell_still_over_its_target_in_the_last_rollouts_is_reported_unheld_below_the_cap() -> None:
+def test_a_cell_still_over_its_target_in_its_last_episodes_is_reported_unheld_below_the_cap() -> None:
     multipliers = CellMultipliers((0.005, 0.01), (0.0, 1.0), ConstraintArgs(target=0.03, learning_rate=1.0))
     budgets, scales = np.array([0.005] * 10 + [0.01] * 10), np.array([0.0, 1.0] * 10)
     once, held = np.zeros(20), np.zeros(20)
     once[[0, 1, 10, 11]] = 1.0  # every cell broken in one of its five episodes: 20% against 3%
     held[[1, 10, 11]] = 1.0  # then 0.5% at 0x never again, the others as before
-    for _ in range(RECENT_ROLLOUTS):
+    rollouts = RECENT_EPISODES // 5
+    for _ in range(rollouts):
         multipliers.update(budgets, scales, once)
     assert multipliers.unheld() == ["0.005/0.0", "0.005/1.0", "0.01/0.0", "0.01/1.0"] and multipliers.capped() == []
-    for _ in range(RECENT_ROLLOUTS - 1):
+    for _ in range(rollouts - 1):
         multipliers.update(budgets, scales, held)
-    assert multipliers.unheld() == ["0.005/1.0", "0.01/0.0", "0.01/1.0"]  # 1 in 50 left in its window: 2%
-    assert multipliers.recent_rates()[0, 0] == pytest.approx(1 / 50)
+    assert multipliers.unheld() == ["0.005/1.0", "0.01/0.0", "0.01/1.0"]  # one rollout's violation left in its window
+    assert multipliers.recent_rates()[0, 0] == pytest.approx(1 / RECENT_EPISODES)
+
+
+def test_a_cells_window_counts_its_episodes_not_the_updates() -> None:
+    multipliers = CellMultipliers((0.01,), (0.0,), ConstraintArgs(target=0.03))
+    multipliers.update(np.array([0.01]), np.array([0.0]), np.array([1.0]))
+    for _ in range(RECENT_EPISODES - 2):  # one episode an update, as the most likely episodes give
+        multipliers.update(np.array([0.01]), np.array([0.0]), np.array([0.0]))
+    assert multipliers.recent_rates()[0, 0] == pytest.approx(1 / (RECENT_EPISODES - 1))  # under 3%: held
+    assert multipliers.unheld() == []
+    multipliers.update(np.array([0.01, 0.01]), np.array([0.0, 0.0]), np.array([0.0, 0.0]))  # the violation leaves
+    assert multipliers.recent_rates()[0, 0] == 0.0
 
 
 def test_a_cell_without_episodes_keeps_its_multiplier() -> None:
