@@ -151,15 +151,35 @@ def _run_gpu(gpu: str, seeds: int, run_episodes: Callable[..., np.ndarray]) -> d
                "cells_plan_within_95": sum(c["within_budget_plan"] >= COMPLIANCE for c in cells),
                "cells_ppo_saves_more_ci_above_0": sum(c["ci95"][0] > 0 for c in cells),
                "cells_ppo_saves_more_than_strongest_ci_above_0": sum(c["ci95_strongest"][0] > 0 for c in cells),
-               "cells": cells,
+               "cells": cells, "by_drift": by_drift(ppo, strongest, member, rng),
                "policy_revisions": sorted({str(p.meta.get("git_revision")) for p in policies.values()})}
     return summary
 
 
-def family_seed_means(delta: np.ndarray, member: np.ndarray) -> np.ndarray:
+def family_seed_means(delta: np.ndarray, member: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
     """(families, seeds) mean of ``delta`` (seeds, pairs, ...) over each family's pairs (``member`` (families,
-    pairs) bool) and the remaining axes."""
-    return np.array([[delta[k][member[f]].mean() for k in range(delta.shape[0])] for f in range(len(member))])
+    pairs) bool) and the remaining axes; ``mask`` (pairs, ...) bool: only those episodes (None: all)."""
+    keep = np.ones(delta.shape[1:], dtype=bool) if mask is None else mask
+    return np.array([[delta[k][member[f]][keep[member[f]]].mean() for k in range(delta.shape[0])]
+                     for f in range(len(member))])
+
+
+def by_drift(ppo: np.ndarray, strongest: np.ndarray, member: np.ndarray, rng: np.random.Generator
+             ) -> list[dict[str, Any]]:
+    """PPO against the strongest plan in the held-out episodes below and above the median of auto's drift at
+    their start (the environment's modelled drift: a locked clock below the limiter gains it on auto for free).
+    ``ppo`` (seeds, pairs, budgets, latencies, noise seeds, 3), ``strongest`` the same without seeds."""
+    drift = strongest[..., 2]
+    median = float(np.median(drift))
+    halves = []
+    for name, mask in (("below", drift <= median), ("above", drift > median)):
+        delta = family_seed_means(ppo[..., 0] - strongest[None, ..., 0], member, mask)
+        halves.append({"drift": name, "median_drift_pct": median, "episodes": int(mask.sum()),
+                       "saved_ppo_pct": float(ppo[..., 0][:, mask].mean()),
+                       "saved_strongest_plan_pct": float(strongest[..., 0][mask].mean()),
+                       "within_budget_ppo": float(within(ppo)[:, mask].mean()),
+                       "ppo_minus_strongest_plan_pct": float(delta.mean()), "ci95": clustered_interval(delta, rng)})
+    return halves
 
 
 def baseline_only(gpu: str, margins: np.ndarray, bar: np.ndarray, reference: np.ndarray, pairs: int,
@@ -176,6 +196,17 @@ def baseline_only(gpu: str, margins: np.ndarray, bar: np.ndarray, reference: np.
             "within_budget_plan": float(within(bar).mean()),
             "within_budget_reference_plan": float(within(reference).mean()),
             "cells_plan_within_95": sum(c["within_budget_plan"] >= COMPLIANCE for c in cells), "cells": cells}
+
+
+def drift_lines(halves: list[dict[str, Any]]) -> list[str]:
+    """The :func:`by_drift` halves as markdown lines (before the cells' table)."""
+    lines = [f"By auto's drift at the episode's start (modelled; split at the held-out median, "
+             f"{halves[0]['median_drift_pct']:.2f}%):", ""]
+    lines += [f"- drift {h['drift']} the median ({h['episodes']} cases): saved PPO {h['saved_ppo_pct']:.2f}% / "
+              f"strongest plan {h['saved_strongest_plan_pct']:.2f}%, PPO within budget {h['within_budget_ppo']:.1%}, "
+              f"PPO - strongest {h['ppo_minus_strongest_plan_pct']:+.3f} [{h['ci95'][0]:+.3f}, {h['ci95'][1]:+.3f}]"
+              for h in halves]
+    return [*lines, ""]
 
 
 def _markdown(result: dict[str, Any]) -> str:
@@ -221,7 +252,7 @@ def _markdown(result: dict[str, Any]) -> str:
                          f" / {c['saved_reference_plan_pct']:.2f} / {c['saved_per_episode_bound_pct']:.2f} | "
                          f"{c['ppo_minus_plan_pct']:+.3f} [{lo:+.3f}, {hi:+.3f}] | "
                          f"{c['ppo_minus_strongest_plan_pct']:+.3f} [{los:+.3f}, {his:+.3f}] |")
-        lines.append("")
+        lines += ["", *drift_lines(row["by_drift"])]
     return "\n".join(lines)
 
 

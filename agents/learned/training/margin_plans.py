@@ -50,10 +50,11 @@ def case_config(config: EnvConfig) -> EnvConfig:
 
 def episodes(actors: dict[str, Actor], pairs: Sequence[ShapePair], profile: GpuProfile, config: EnvConfig,
              seeds: int, progress: Callable[[int], None] | None = None) -> Array:
-    """(methods, pairs, budgets, latencies, seeds, 2) energy saved and slowdown (%) of each actor of ``actors``
-    on every case (module docstring), in ``actors``' order."""
+    """(methods, pairs, budgets, latencies, seeds, 3) energy saved (%), slowdown (%) and auto's drift at the
+    episode's start (%, the case's draw: the same for every method) of each actor of ``actors`` on every case
+    (module docstring), in ``actors``' order."""
     config = case_config(config)
-    out = np.zeros((len(actors), len(pairs), len(CELL_BUDGETS), len(CELL_LATENCY_SCALES), seeds, 2))
+    out = np.zeros((len(actors), len(pairs), len(CELL_BUDGETS), len(CELL_LATENCY_SCALES), seeds, 3))
     for p, pair in enumerate(pairs):
         env = ResidualDVFSEnv([pair.predicted], profile, config)
         for b, budget in enumerate(CELL_BUDGETS):
@@ -64,7 +65,8 @@ def episodes(actors: dict[str, Actor], pairs: Sequence[ShapePair], profile: GpuP
                         options["executed"] = pair.executed[seed % len(pair.executed)]
                     for m, actor in enumerate(actors.values()):
                         summary = rollout(actor, env, options, seed)
-                        out[m, p, b, s, seed] = summary["energy_saved_pct"], summary["slowdown_pct"]
+                        out[m, p, b, s, seed] = (summary["energy_saved_pct"], summary["slowdown_pct"],
+                                                 env.disturbances.auto_drift_pct(0))
         if progress is not None:
             progress(1)
     return out
@@ -72,7 +74,7 @@ def episodes(actors: dict[str, Actor], pairs: Sequence[ShapePair], profile: GpuP
 
 def within(results: Array, cell_budgets: Sequence[float] = CELL_BUDGETS) -> Array:
     """(..., budgets, latencies, seeds) 0/1 whether each episode of ``results`` (..., budgets, latencies, seeds,
-    2; the budgets ``cell_budgets``) is within its budget."""
+    3 (:func:`episodes`); the budgets ``cell_budgets``) is within its budget."""
     budgets = np.array(cell_budgets)[:, None, None]
     slowdown = results[..., 1]
     return np.vectorize(within_budget)(slowdown, np.broadcast_to(budgets, slowdown.shape[-3:])).astype(float)
@@ -85,7 +87,7 @@ def margin_actors() -> dict[str, Actor]:
 
 def best_margins(results: Array) -> Array:
     """(budgets, latencies) int: per cell, the margin action (``results`` (margin actions, pairs,
-    budgets, latencies, seeds, 2), one row per margin) saving the most on average among those within budget
+    budgets, latencies, seeds, 3), one row per margin) saving the most on average among those within budget
     in >= ``COMPLIANCE`` of the cell's episodes; the most compliant margin where none reaches it."""
     share = within(results).mean(axis=(1, 4))
     saving = results[..., 0].mean(axis=(1, 4))
@@ -95,8 +97,8 @@ def best_margins(results: Array) -> Array:
 
 
 def chosen(results: Array, margins: Array) -> Array:
-    """(pairs, budgets, latencies, seeds, 2): each cell's results at its margin ``margins`` (budgets, latencies)
-    from ``results`` (margins, pairs, budgets, latencies, seeds, 2)."""
+    """(pairs, budgets, latencies, seeds, 3): each cell's results at its margin ``margins`` (budgets, latencies)
+    from ``results`` (margins, pairs, budgets, latencies, seeds, 3)."""
     out = np.empty(results.shape[1:])
     for b in range(margins.shape[0]):
         for s in range(margins.shape[1]):
