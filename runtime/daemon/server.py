@@ -145,15 +145,13 @@ def listen(path: Path, gid: int | None) -> socket.socket:
 
 
 class Stop(BaseException):
-    """A stop signal arrived (``signum``): unwinds the accept loop to :meth:`Daemon.shutdown`."""
+    """A stop signal arrived (``signum``): raised by the accept loop at its next turn, never by the signal handler
+    (an exception raised at any point of the main thread could land inside a lock that shutting down needs); it
+    unwinds the accept loop to :meth:`Daemon.shutdown`."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(signum)
         self.signum = signum
-
-
-def _stop(signum: int, frame: types.FrameType | None) -> None:
-    raise Stop(signum)
 
 
 class Daemon:
@@ -165,11 +163,12 @@ class Daemon:
         self.server, self.socket_path, self.table, self.log, self.limits = server, socket_path, table, log, limits
         self.count = ConnectionCount(limits)
         self._ids = itertools.count(1)
+        self._signum: int | None = None
 
     def serve_forever(self, **start: Any) -> int:
         """Log ``start`` (the ``start`` record's fields) once the stop signals are handled, accept connections
         until one arrives, then shut down (see the module docstring); the exit code."""
-        previous = {signum: signal.signal(signum, _stop) for signum in STOP_SIGNALS}
+        previous = {signum: signal.signal(signum, self._on_stop_signal) for signum in STOP_SIGNALS}
         try:
             self.log.write("start", **start)
             self.accept_forever()
@@ -182,16 +181,29 @@ class Daemon:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
 
+    def _on_stop_signal(self, signum: int, frame: types.FrameType | None) -> None:
+        """A stop signal: noted (the first one's exit code counts), and the listening socket shut so that a
+        blocked ``accept`` returns; the accept loop raises :class:`Stop` at its next turn."""
+        if self._signum is None:
+            self._signum = signum
+        with contextlib.suppress(OSError):
+            self.server.shutdown(socket.SHUT_RDWR)
+
     def accept_forever(self) -> NoReturn:
         """Accept connections, each served by a thread of its own; a connection over the limits is refused, a
-        lack of descriptors or memory waited out. Raises only what breaks the listening socket."""
+        lack of descriptors or memory waited out. Raises :class:`Stop` once a stop signal was noted, and
+        otherwise only what breaks the listening socket."""
         retry_s = ACCEPT_RETRY_S[0]
         while True:
+            if self._signum is not None:
+                raise Stop(self._signum)
             try:
                 connection, _ = self.server.accept()
             except (ConnectionAbortedError, InterruptedError):
                 continue  # a client gone before its connection was accepted
             except OSError as error:
+                if self._signum is not None:
+                    raise Stop(self._signum) from None
                 if error.errno not in OUT_OF_RESOURCES:
                     raise
                 self.log.write("accept_error", error=os.strerror(error.errno or 0), retry_s=retry_s,

@@ -164,6 +164,32 @@ def test_no_descriptor_left_in_accept_is_logged_and_waited_out(tmp_path: Path, s
     assert replies and replies[0]["ok"] and replies[0]["holder"] is None
 
 
+class SignalledMidWrite(io.StringIO):
+    """A log stream that receives SIGTERM in the middle of its first record's write, then writes the rest."""
+
+    def write(self, text: str) -> int:
+        if not self.getvalue():
+            half = len(text) // 2
+            super().write(text[:half])
+            os.kill(os.getpid(), signal.SIGTERM)
+            return half + super().write(text[half:])
+        return super().write(text)
+
+
+def test_a_stop_signal_in_the_middle_of_a_log_write_lets_the_write_end_then_stops(
+        tmp_path: Path, shared_nvml: EnergyFakeNvml) -> None:
+    """The handler raises nothing: an exception at any point of the main thread could land inside the log's lock
+    or cut its record, and shutting down writes that log."""
+    path, log = tmp_path / "kdvfs.sock", SignalledMidWrite()
+    with NvmlDevice(0, shared_nvml, check_energy=False) as device:
+        daemon = Daemon(listen(path, None), path, GpuTable([device], tmp_path / "state.json"), RequestLog(log),
+                        ConnectionLimits())
+        assert daemon.serve_forever(note="start") == 0
+    records = [json.loads(line) for line in log.getvalue().splitlines()]
+    assert [r["event"] for r in records] == ["start", "stop"] and records[1]["signal"] == "SIGTERM"
+    assert not path.exists()
+
+
 @pytest.mark.parametrize(("signum", "code"), [(signal.SIGHUP, 128 + signal.SIGHUP),
                                               (signal.SIGQUIT, 128 + signal.SIGQUIT), (signal.SIGINT, 0),
                                               (signal.SIGTERM, 0)])
