@@ -59,12 +59,13 @@ class Controller(Managed):
     tests pass a :class:`~kdvfs.runtime.testing.fake_gpu.FakeGpu` with its timeline and virtual clock, explicitly.
     ``varying``: the captured shapes of a run whose steps vary, the step model's prediction and where each step's
     shape comes from (:class:`VaryingSteps`); with it every step is planned by its shape
-    (:mod:`kdvfs.runtime.controller.shapes.steps`).
+    (:mod:`kdvfs.runtime.controller.shapes.steps`); without it the controller looks for them in the trace's
+    captures when it opens, unless ``look_for_varying`` is False (a caller that looked already).
     """
 
     def __init__(self, policy: str | None = None, trace: str | None = None, *, config: ControllerConfig | None = None,
                  device: Device | None = None, timeline: StepTimeline | None = None, clock: Clock | None = None,
-                 varying: VaryingSteps | None = None, **options: Any) -> None:
+                 varying: VaryingSteps | None = None, look_for_varying: bool = True, **options: Any) -> None:
         if config is None:
             if policy is None or trace is None:
                 raise TypeError("Controller needs a policy (or plan) and the expected trace, or a config")
@@ -76,7 +77,7 @@ class Controller(Managed):
         self.book: ShapeBook | None = None
         """The plans of the shape buckets of a run whose steps vary (None for a run of one shape)."""
         self._given = (device, timeline, clock or RealClock())
-        self._varying = varying
+        self._varying, self._look_for_varying = varying, look_for_varying
         self._step_shapes: StepShapes | None = None
         self._stack = contextlib.ExitStack()
         self._log = EventLog(None)
@@ -102,7 +103,7 @@ class Controller(Managed):
         self.config = self.config.for_rank(self.rank)
         opened = self._opened = open_checked(self.config, self.rank, device, self._stack)
         self.config = config = opened.config
-        if self._varying is None:
+        if self._varying is None and self._look_for_varying:
             from kdvfs.runtime.controller.shapes.varying import varying_steps
 
             found = varying_steps(config.trace, clock)

@@ -302,3 +302,22 @@ def test_the_source_names_the_buckets_a_policy_decided_online_in_and_those_it_re
     assert ran({"a": 4, "b": 1}, {"c": 2}) == "policy p.npz (online, 2 buckets; replayed, 1 bucket)"
     assert ran(None, {"a": 1, "b": 2}) == "policy p.npz (replayed, 2 buckets)"
     assert ran({}, {}) == "policy p.npz (replayed, 0 buckets)"  # nothing controlled: what it was set to run
+
+
+def test_a_controller_told_not_to_look_for_varying_steps_leaves_its_captures_unread(tmp_path: Path) -> None:
+    """The controller process (training/controller_process.py) looks for them itself before it opens the
+    controller; told so, the controller does not load the captures a second time."""
+    reference = problem(256)
+    trace_path = _capture_set(tmp_path, [step(256), step(128), step(192)])
+    plan_path = tmp_path / "plan.json"
+    plan_path.write_text(json.dumps(schedule_json(reference, make_planner("latency-optimal").plan(reference))))
+    books = []
+    for look in (False, True):
+        clock = VirtualClock()
+        gpu = FakeGpu(reference.costs, reference.profile, reference.latency_s, reference.stall_s, clock)
+        controller = Controller(str(plan_path), str(trace_path), device=gpu, timeline=FakeStepTimeline(gpu, clock),
+                                clock=clock, look_for_varying=look, latency_ms=LATENCY_MS, budget=BUDGET,
+                                energy_read_every_s=0.0, ab_share=0.0)
+        with controller:
+            books.append(controller.book)
+    assert books[0] is None and books[1] is not None
