@@ -169,7 +169,7 @@ def by_drift(ppo: np.ndarray, strongest: np.ndarray, member: np.ndarray, rng: np
     """PPO against the strongest plan in the held-out episodes below and above the median of auto's drift at
     their start (the environment's modelled drift: a locked clock below the limiter gains it on auto for free).
     ``ppo`` (seeds, pairs, budgets, latencies, noise seeds, 3), ``strongest`` the same without seeds."""
-    drift = strongest[..., 2]
+    drift, kept = strongest[..., 2], within(ppo)
     median = float(np.median(drift))
     halves = []
     for name, mask in (("below", drift <= median), ("above", drift > median)):
@@ -177,7 +177,7 @@ def by_drift(ppo: np.ndarray, strongest: np.ndarray, member: np.ndarray, rng: np
         halves.append({"drift": name, "median_drift_pct": median, "episodes": int(mask.sum()),
                        "saved_ppo_pct": float(ppo[..., 0][:, mask].mean()),
                        "saved_strongest_plan_pct": float(strongest[..., 0][mask].mean()),
-                       "within_budget_ppo": float(within(ppo)[:, mask].mean()),
+                       "within_budget_ppo": float(kept[:, mask].mean()),
                        "ppo_minus_strongest_plan_pct": float(delta.mean()), "ci95": clustered_interval(delta, rng)})
     return halves
 
