@@ -2,7 +2,7 @@
 
 The training thread calls :meth:`StepTimeline.mark` at each step boundary (cheap, no GPU sync); the
 controller's thread calls :meth:`StepTimeline.wait`, which returns once the GPU has finished that step
-(sleeping half the time left to its expected end at each look, at least ``POLL_S``).
+(one sleep to ``POLL_S`` before its expected end, then a look every ``POLL_S``).
 :class:`CudaStepTimeline` records a CUDA event per boundary and turns GPU times into host seconds through the
 host-minus-GPU offset, the smallest of the last ``OFFSET_WINDOW`` observations (a late wake-up does not move
 the timeline); :class:`HostStepTimeline` is the host's own, for ``cpu_test_mode``. Anchors
@@ -76,15 +76,19 @@ def current_stream() -> Any:
     return stream
 
 
-def wait_for(event: Any, expected_s: float = -math.inf, now_s: Callable[[], float] = time.perf_counter) -> int:
+def wait_for(event: Any, expected_s: float = -math.inf, now_s: Callable[[], float] = time.perf_counter,
+             sleep: Callable[[float], None] = time.sleep) -> int:
     """Return once the GPU has passed ``event``, asked at each look (``Event.query``: no sync, the interpreter
-    lock held for microseconds); between looks it sleeps half the time left until ``expected_s`` (host s on
-    ``now_s``'s time base, when the event is expected), at least ``POLL_S``. Returns the sleeps. Not
+    lock held for microseconds): the first look after one sleep to ``POLL_S`` before ``expected_s`` (host s on
+    ``now_s``'s time base, when the event is expected; at once when that is past), then one every ``POLL_S``.
+    Returns the sleeps. Each look takes the interpreter lock from a launch-bound training thread, which costs it
+    far more than the look (``docs/design/controller.md``), so the wait makes as few as it can; an event passed
+    well before ``expected_s`` is seen up to that much late (its time is the event's own, not the look's). Not
     ``Event.synchronize``: a thread blocked in it on a blocking-sync event slows a launch-bound training step
     (``docs/results.md``); a spinning sync costs a core."""
     sleeps = 0
     while not event.query():
-        time.sleep(max(POLL_S, (expected_s - now_s()) / 2))
+        sleep(max(POLL_S, expected_s - POLL_S - now_s()))
         sleeps += 1
     return sleeps
 

@@ -375,12 +375,11 @@ class LateEvent:
         return self.queries >= self.done_after
 
 
-def test_waiting_for_an_event_polls_it_and_sleeps_in_between(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_waiting_for_an_event_polls_it_and_sleeps_in_between() -> None:
     sleeps: list[float] = []
-    monkeypatch.setattr(gpu_timeline.time, "sleep", sleeps.append)
     event = LateEvent(done_after=4)
-    gpu_timeline.wait_for(event)
+    gpu_timeline.wait_for(event, sleep=sleeps.append)
     assert event.queries == 4 and sleeps == [gpu_timeline.POLL_S] * 3
     sleeps.clear()
-    gpu_timeline.wait_for(LateEvent(done_after=1))
+    gpu_timeline.wait_for(LateEvent(done_after=1), sleep=sleeps.append)
     assert sleeps == []
