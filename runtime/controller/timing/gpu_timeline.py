@@ -2,7 +2,7 @@
 
 The training thread calls :meth:`StepTimeline.mark` at each step boundary (cheap, no GPU sync); the
 controller's thread calls :meth:`StepTimeline.wait`, which returns once the GPU has finished that step
-(one sleep to ``POLL_S`` before its expected end, then a look every ``POLL_S``).
+(one sleep to ``POLL_S`` before its expected end, then a look every ``POLL_S``, further apart once it is late).
 :class:`CudaStepTimeline` records a CUDA event per boundary and turns GPU times into host seconds through the
 host-minus-GPU offset, the smallest of the last ``OFFSET_WINDOW`` observations (a late wake-up does not move
 the timeline); :class:`HostStepTimeline` is the host's own, for ``cpu_test_mode``. Anchors
@@ -26,7 +26,12 @@ from kdvfs.runtime.device.host_time import Clock
 
 OFFSET_WINDOW = 32
 POLL_S = 0.001
-"""How often a waiting thread asks an event whether the GPU has passed it (s; :func:`wait_for`)."""
+"""How often a waiting thread asks an event whether the GPU has passed it, at most (s; :func:`wait_for`)."""
+LATE_SHARE = 0.125
+MAX_POLL_S = 0.05
+"""Past its expected time, a wait looks every ``LATE_SHARE`` of the time it has been late (never more often than
+``POLL_S``, never less than ``MAX_POLL_S``): an evaluation pass or a checkpoint between two steps costs a few dozen
+looks, not one a millisecond (s; :func:`wait_for`)."""
 MAX_ANCHORS_PER_STEP = 4096
 KEEP_STEPS = 64
 
@@ -80,15 +85,19 @@ def wait_for(event: Any, expected_s: float = -math.inf, now_s: Callable[[], floa
              sleep: Callable[[float], None] = time.sleep) -> int:
     """Return once the GPU has passed ``event``, asked at each look (``Event.query``: no sync, the interpreter
     lock held for microseconds): the first look after one sleep to ``POLL_S`` before ``expected_s`` (host s on
-    ``now_s``'s time base, when the event is expected; at once when that is past), then one every ``POLL_S``.
-    Returns the sleeps. Each look takes the interpreter lock from a launch-bound training thread, which costs it
-    far more than the look (``docs/design/controller.md``), so the wait makes as few as it can; an event passed
-    well before ``expected_s`` is seen up to that much late (its time is the event's own, not the look's). Not
+    ``now_s``'s time base, when the event is expected; at once when that is past), then one every ``POLL_S`` until
+    it is late, and further apart the later it is (``LATE_SHARE`` of the lateness, at most ``MAX_POLL_S``; without
+    an expected time, late from the wait's start). Returns the sleeps. Each look takes the interpreter lock from a
+    launch-bound training thread, which costs it far more than the look (``docs/design/controller.md``), so the wait
+    makes as few as it can: an event passed well before ``expected_s`` is seen up to that much late, one passed
+    late up to ``LATE_SHARE`` of its lateness late (its time is the event's own, not the look's). Not
     ``Event.synchronize``: a thread blocked in it on a blocking-sync event slows a launch-bound training step
     (``docs/results.md``); a spinning sync costs a core."""
-    sleeps = 0
+    sleeps, late_from_s = 0, max(expected_s, now_s())
     while not event.query():
-        sleep(max(POLL_S, expected_s - POLL_S - now_s()))
+        now = now_s()
+        sleep(max(POLL_S, expected_s - POLL_S - now) if now < late_from_s
+              else min(MAX_POLL_S, max(POLL_S, LATE_SHARE * (now - late_from_s))))
         sleeps += 1
     return sleeps
 
