@@ -8,6 +8,7 @@ subprocess is the session capture's (``tests/runtime/conftest.py``)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -133,7 +134,8 @@ def test_killing_one_rank_leaves_no_gpu_of_the_job_locked(job: Path) -> None:
     for name in ("plan.rank0.json", "plan.rank1.json", "step.rank0.trace.json", "step.rank1.trace.json"):
         (folder / name).write_bytes((job / name).read_bytes())
     process = subprocess.Popen(_run_argv(folder, 100_000, dry_run=False), stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, cwd=REPO_ROOT, env=_environment(folder))
+                               stderr=subprocess.PIPE, cwd=REPO_ROOT, env=_environment(folder),
+                               start_new_session=True)  # its own process group: torchrun's ranks end with it below
     try:
         assert _wait(lambda: _locks(folder, 0) and _locks(folder, 1), 60), "no rank locked its GPU"
         os.kill(_records(folder, 1, "start")[0]["pid"], signal.SIGKILL)
@@ -141,9 +143,9 @@ def test_killing_one_rank_leaves_no_gpu_of_the_job_locked(job: Path) -> None:
                                                                                    _locks(folder, 1))
         stdout, _ = process.communicate(timeout=60)
     finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)  # kdvfs, torchrun and any rank left, should the test fail
+        process.wait()
     assert process.returncode != 0
     summary = strict_loads(stdout)  # --json: one summary also when a rank wrote none (issue 40)
     validate(summary, "run-summary")
