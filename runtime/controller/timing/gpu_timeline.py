@@ -89,8 +89,8 @@ def wait_for(event: Any, expected_s: float = -math.inf, now_s: Callable[[], floa
     it is late, and further apart the later it is (``LATE_SHARE`` of the lateness, at most ``MAX_POLL_S``; without
     an expected time, late from the wait's start). Returns the sleeps. Each look takes the interpreter lock from a
     launch-bound training thread, which costs it far more than the look (``docs/design/controller.md``), so the wait
-    makes as few as it can: an event passed well before ``expected_s`` is seen up to that much late, one passed
-    late up to ``LATE_SHARE`` of its lateness late (its time is the event's own, not the look's). Not
+    makes as few as it can: an event passed well before ``expected_s`` is seen up to that much after, one passed
+    late at most ``LATE_SHARE`` of its lateness after (its time is the event's own, not the look's). Not
     ``Event.synchronize``: a thread blocked in it on a blocking-sync event slows a launch-bound training step
     (``docs/results.md``); a spinning sync costs a core."""
     sleeps, late_from_s = 0, max(expected_s, now_s())
