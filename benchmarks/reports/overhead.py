@@ -113,6 +113,8 @@ def workload_figures(processes: list[dict[str, Any]]) -> dict[str, Any]:
                          "p99_max": max((o["decision_us"]["p99"] or 0.0 for o in onlines), default=None)},
         "wakes_per_step": {reason: sum(o["wakes"].get(reason, 0) for o in onlines) / steps
                            for reason in sorted({r for o in onlines for r in o["wakes"]})} if steps else {},
+        "timeline_wakes_per_step": sum(c["timeline_wakes"] for c in costs) / steps
+        if steps and costs and all(c.get("timeline_wakes") is not None for c in costs) else None,
         "requests": {"planned": sum(r["planned"] for r in requests), "late": sum(r["late"] for r in requests),
                      "late_ms_median_of_processes": _median([r["late_ms"]["median"] for r in requests]),
                      "late_ms_p99_max": max((r["late_ms"]["p99"] or 0.0 for r in requests), default=None)},
@@ -204,12 +206,15 @@ def markdown(result: dict[str, Any]) -> str:
                      f"{_num(100 * f['controlled_share'], 0)}% |")
     lines += ["", "## The controller's thread, decisions and requests (targets: decisions' median <= 50 us; late "
               "requests' median lateness <= 0.2 ms)", "",
-              "| workload | wakes per step (by reason, decision points) | decisions median / worst p99 (us) | "
+              "| workload | wakes per step (by reason, decision points; the timeline's looks) | decisions median / "
+              "worst p99 (us) | "
               "requests planned ahead, late, lateness median / worst p99 (ms) | energy counter: reads, of them "
               "learning / re-measuring, update period (ms), read (ms) | NVML calls refused |",
               "| --- | --- | --- | --- | --- | --- |"]
     for label, f in result["workloads"].items():
         wakes = ", ".join(f"{r} {n:.1f}" for r, n in f["wakes_per_step"].items())
+        if f.get("timeline_wakes_per_step") is not None:
+            wakes += f"; timeline {f['timeline_wakes_per_step']:.1f}"
         req, dec = f["requests"], f["decisions_us"]
         energy = "; ".join(f"{e['reads']}, {e['calibration_reads']} / {e['relock_reads']}, "
                            f"{_num(e['update_period_ms'], 1)}, {_num(e['read_ms'])}"

@@ -15,12 +15,14 @@ from kdvfs.runtime.controller.model.run_summary import HostCost
 
 
 def host_cost(thread_s: float, energy_s: float | None, hooks_s: float | None, steps: int,
-              step_interval_s: float | None, wakes: int, server_s: float | None = None) -> HostCost:
+              step_interval_s: float | None, wakes: int, server_s: float | None = None,
+              timeline_wakes: int | None = None) -> HostCost:
     """The summary's ``host_cost``: CPU (s) of the controller's thread, the energy thread (None: no energy
     measurement), the hooks (None: not recorded) and, for a controller in a process of its own, the training
     process's thread that answers it (``server_s``; None: none), in all and per step, the per-step total's share
     of the mean step time (fraction; None before two step ends), the training process's own part of it (hooks
-    and server; None in process, where every part runs there), and the thread's wakes in all and per step."""
+    and server; None in process, where every part runs there), and the thread's wakes in all and per step (of
+    them ``timeline_wakes``, the GPU timeline's looks at its events; None: a timeline that makes none)."""
     total_s = thread_s + (energy_s or 0.0) + (hooks_s or 0.0) + (server_s or 0.0)
     training_s = None if server_s is None else server_s + (hooks_s or 0.0)
     per_step_s = total_s / steps if steps else None
@@ -29,6 +31,6 @@ def host_cost(thread_s: float, energy_s: float | None, hooks_s: float | None, st
         thread_per_step_s=thread_s / steps if steps else None,
         step_share=None if per_step_s is None or not step_interval_s else per_step_s / step_interval_s,
         thread_step_share=None if not steps or not step_interval_s else thread_s / steps / step_interval_s,
-        wakes=wakes, wakes_per_step=wakes / steps if steps else None, server_s=server_s,
+        wakes=wakes, wakes_per_step=wakes / steps if steps else None, server_s=server_s, timeline_wakes=timeline_wakes,
         training_step_share=None if training_s is None or not steps or not step_interval_s
         else training_s / steps / step_interval_s)

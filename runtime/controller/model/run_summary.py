@@ -107,9 +107,9 @@ class ControllerCpu(JsonRecord):
 @dataclass(frozen=True)
 class HostCost(JsonRecord):
     """The controller's CPU (s) in all and per step, the per-step total's share of the step time (fraction; None
-    before two step ends), and the thread's wakes; a controller in its own process: its server's CPU in the
-    training process and the training process's share (hooks and server; None in process)
-    (:mod:`kdvfs.runtime.controller.measurement.host_cost`)."""
+    before two step ends), and the thread's wakes (of them, the GPU timeline's looks at its events: None where the
+    timeline has none); a controller in its own process: its server's CPU in the training process and the training
+    process's share (hooks and server; None in process) (:mod:`kdvfs.runtime.controller.measurement.host_cost`)."""
 
     thread_s: float = field(metadata=in_ms("thread_ms"))
     energy_thread_s: float | None = field(metadata=in_ms("energy_thread_ms"))
@@ -123,6 +123,7 @@ class HostCost(JsonRecord):
     wakes_per_step: float | None
     server_s: float | None = field(default=None, metadata=in_ms("server_ms"))
     training_step_share: float | None = field(default=None, metadata=in_pct("training_step_share_pct"))
+    timeline_wakes: int | None = None
 
 
 @dataclass(frozen=True)

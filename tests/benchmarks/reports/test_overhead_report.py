@@ -111,3 +111,21 @@ def test_the_own_process_arm_is_its_own_workload_against_the_same_pairs_without_
     assert "| w | " in page and " / 0.05 / -; -% |" in page  # the in-process arm: no server
     assert "| w (own process) | " in page and " / 0.05 / 0.10; 0.30% |" in page
     assert list(report.arms("w", processes[:2])) == ["w"]  # a run without the arm
+
+
+def test_the_timelines_looks_are_reported_where_every_summary_counts_them(report: ModuleType) -> None:
+    """``host_cost.timeline_wakes`` (the GPU timeline's looks, of the thread's wakes) per step beside the decision
+    points; absent from a summary written before it (or null: a timeline that makes none), not reported."""
+    processes = [_process(report, 0, False, 0.100), _process(report, 0, True, 0.1002)]
+    assert report.workload_figures(processes)["timeline_wakes_per_step"] is None
+    processes[1]["summary"]["host_cost"]["timeline_wakes"] = 300
+    figures = report.workload_figures(processes)
+    assert figures["timeline_wakes_per_step"] == pytest.approx(300 / _summarised_steps(processes))
+    page = report.markdown({"run": {"command": "c", "machine": "m", "started_utc": "t", "nvidia_smi_before": "-"},
+                            "workloads": {"w": figures}, "verdicts": {}})
+    assert "; timeline 1.5)" in page
+
+
+def _summarised_steps(processes: list[dict[str, Any]]) -> int:
+    """The steps the report counts: those of the summaries of the processes with kdvfs."""
+    return sum(p["summary"]["steps"] for p in processes if p["with"])
