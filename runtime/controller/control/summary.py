@@ -40,7 +40,7 @@ def run_summary(opened: Opened, parts: ThreadParts, rank: Rank, gpu_restored: bo
         timeline.fetch_figures()
     counted = timeline if isinstance(timeline, CudaStepTimeline | RemoteTimeline) else None  # its hooks' time, sleeps
     hooks_s = None if counted is None else counted.hook_s
-    sleeps = 0 if counted is None else counted.sleeps
+    timeline_wakes = None if counted is None else counted.sleeps
     server_s = timeline.server_cpu_s if isinstance(timeline, RemoteTimeline) else None
     return RunSummary(
         rank=rank.rank, world_size=rank.world_size, gpu_index=opened.device.index,
@@ -60,8 +60,8 @@ def run_summary(opened: Opened, parts: ThreadParts, rank: Rank, gpu_restored: bo
         auto_reasons=dict(sorted(issuer.auto_reasons.items())), lead_in=issuer.lead_in_figures(),
         controller_cpu=ControllerCpu(issuer.cpu_s, issuer.end_wait_cpu_s, issuer.issue_cpu_s, hooks_s),
         host_cost=host_cost(issuer.cpu_s, parts.accounting.energy_thread_cpu_s, hooks_s, issuer.steps,
-                            issuer.step_interval_s(), parts.thread_clock.sleeps + sleeps, server_s,
-                            None if counted is None else sleeps),
+                            issuer.step_interval_s(), parts.thread_clock.sleeps + (timeline_wakes or 0), server_s,
+                            timeline_wakes),
         requests=actuator.figures(),
         **parts.accounting.figures(issuer.controlled_steps / issuer.steps if issuer.steps else 0.0),
         predicted=Predicted(**{k: v for k, v in asdict(score(plan.problem, plan.schedule)).items() if k != "method"},
