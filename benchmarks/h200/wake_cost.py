@@ -1,22 +1,25 @@
 """What one wake of a helper thread costs a launch-bound training thread, by what the helper runs its loop in.
 
-    python -m benchmarks.h200.wake_cost run OUT.json [--seconds 6] [--rounds 2]   # on the GPU machine
-    python -m benchmarks.h200.wake_cost report OUT.json [--name wake_cost_h100]   # benchmarks/results/NAME.*
+    python -m benchmarks.h200.wake_cost run OUT.json [--blocks 41] [--block-s 0.25]   # on the GPU machine
+    python -m benchmarks.h200.wake_cost report OUT.json [--name wake_cost_h100]       # benchmarks/results/NAME.*
 
 A *training* thread launches small CUDA ops back to back in Python (a launch-bound step: it holds the interpreter
 lock all the time it is not in the driver). Beside it, a *helper* wakes every ``period_ms``, works ``work_us`` and
-sleeps again, as a controller's thread does at each decision point; each case runs ``--seconds`` and the cases
-rotate ``--rounds`` times, the training thread alone first and last in each round. Helpers:
+sleeps again, as a controller's thread does at each decision point. Helpers:
 
+- ``none``: no helper at all (the method's own spread: its interval should hold 0);
 - ``python``: a Python loop (``time.sleep``, then a busy wait on ``time.perf_counter``): each wake takes the
   interpreter lock back from the training thread;
 - ``native``: the same loop compiled (numba, ``nogil``: ``usleep`` from the C library and a busy wait on a counted
-  loop), which never takes the lock.
+  loop), which never takes the lock while it runs.
 
-The figure is the training thread's launches per second against its runs alone in the same round: its
-slowdown (%) and the time it loses per helper wake (us), beside the helper's own CPU per wake
-(``time.thread_time``). Read-only: no NVML, no clock touched. Without CUDA (``--cpu``) the ops run on the CPU (a
-check of the script, not a figure).
+A host's launch rate drifts by more than a helper's cost from one run to the next, so each case interleaves:
+``--blocks`` (odd) blocks of ``--block-s``, the helper off in the even ones and waking in the odd ones (while off
+it is blocked, not waking). Each on-block's launch rate is compared with the mean of its two neighbouring
+off-blocks (a drift linear over three blocks cancels); the figure is the mean of those slowdowns (%) with a
+Student-t 95% interval over the on-blocks, the training time lost per helper wake (us) and the helper's own CPU
+per wake (``time.thread_time``). Read-only: no NVML, no clock touched. Without CUDA (``--cpu``) the ops run on
+the CPU (a check of the script, not a figure).
 """
 
 from __future__ import annotations
@@ -25,20 +28,24 @@ import argparse
 import ctypes
 import ctypes.util
 import json
+import math
 import statistics
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numba
+import numpy as np
 
 from benchmarks.common.provenance import host, nvidia_smi, provenance, provenance_lines, utc_now, write_results
+from kdvfs.runtime.controller.measurement.estimator import t_975
 
 CASES: tuple[tuple[str, float, float], ...] = (
-    ("python", 8.0, 0.0), ("python", 8.0, 50.0), ("python", 8.0, 200.0), ("python", 2.0, 50.0),
-    ("native", 8.0, 50.0), ("native", 2.0, 50.0))
+    ("none", 8.0, 0.0), ("python", 8.0, 0.0), ("python", 8.0, 50.0), ("python", 8.0, 200.0),
+    ("python", 2.0, 50.0), ("native", 8.0, 50.0), ("native", 2.0, 50.0))
 """(helper, period (ms), work per wake (us)) of each case."""
 OPS_PER_LOOP = 50
 
@@ -48,87 +55,125 @@ _usleep.argtypes, _usleep.restype = [ctypes.c_uint], ctypes.c_int
 
 
 @numba.njit(nogil=True, cache=False)
-def _native_loop(wakes: int, period_us: int, spins: int) -> float:
-    """``wakes`` times: sleep ``period_us``, then ``spins`` iterations of arithmetic; never holds the lock."""
+def _spin(spins: int) -> float:
+    """``spins`` iterations of arithmetic (the native helper's work)."""
     total = 0.0
-    for _ in range(wakes):
-        _usleep(period_us)
-        for j in range(spins):
-            total += j * 1e-9
+    for j in range(spins):
+        total += j * 1e-9
     return total
 
 
+@numba.njit(nogil=True, cache=False)
+def _native_loop(on: np.ndarray, period_us: int, spins: int) -> int:
+    """While ``on[0]`` is not 0: sleep ``period_us``, then :func:`_spin`; the wakes made. Never holds the lock."""
+    wakes, total = 0, 0.0
+    while on[0] != 0:
+        _usleep(period_us)
+        total += _spin(spins)
+        wakes += 1
+    return wakes + int(total * 0)
+
+
 def _spins_per_us() -> float:
-    """Iterations of :func:`_native_loop`'s inner loop per microsecond on this CPU."""
-    _native_loop(1, 0, 1000)
+    """Iterations of :func:`_spin` per microsecond on this CPU."""
+    _spin(1000)  # compiled, not counted
+    _native_loop(np.zeros(1, dtype=np.int64), 0, 0)
     began_s = time.perf_counter()
-    _native_loop(1, 0, 10_000_000)
+    _spin(10_000_000)
     return 10_000_000 / ((time.perf_counter() - began_s) * 1e6)
 
 
-def _train(stop: threading.Event, out: dict[str, float], device: str) -> None:
+class Helper:
+    """A helper thread that wakes only while :meth:`switch` has it on; ``kind`` as in the module docstring."""
+
+    def __init__(self, kind: str, period_ms: float, work_us: float, spins_per_us: float) -> None:
+        self.kind, self.period_ms, self.work_us, self.spins_per_us = kind, period_ms, work_us, spins_per_us
+        self.wakes, self.cpu_s = 0, 0.0
+        self._on, self._stop = threading.Event(), False
+        self._flag = np.zeros(1, dtype=np.int64)
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> None:
+        if self.kind != "none":
+            self._thread.start()
+
+    def switch(self, on: bool) -> None:
+        """Wake (True) or block (False) from now on."""
+        self._flag[0] = int(on)
+        if on:
+            self._on.set()
+        else:
+            self._on.clear()
+
+    def stop(self) -> None:
+        self._stop = True
+        self.switch(True)
+        self._flag[0] = 0
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def _run(self) -> None:
+        began_cpu_s = time.thread_time()
+        while True:
+            self._on.wait()
+            if self._stop:
+                break
+            if self.kind == "native":
+                self.wakes += _native_loop(self._flag, int(self.period_ms * 1e3),
+                                           int(self.work_us * self.spins_per_us))
+            else:
+                self._python_wakes()
+        self.cpu_s = time.thread_time() - began_cpu_s
+
+    def _python_wakes(self) -> None:
+        while self._on.is_set() and not self._stop:
+            time.sleep(self.period_ms / 1e3)
+            until_s = time.perf_counter() + self.work_us / 1e6
+            while time.perf_counter() < until_s:
+                pass
+            self.wakes += 1
+
+
+def _launcher(device: str) -> Callable[[], None]:
+    """``OPS_PER_LOOP`` small ops launched back to back, as a launch-bound step does."""
     import torch
 
     x = torch.ones(1024, device=device)
-    launches, began_s = 0, time.perf_counter()
-    while not stop.is_set():
+
+    def launch() -> None:
+        nonlocal x
         for _ in range(OPS_PER_LOOP):
             x = x * 1.0001 + 0.0001
-        launches += OPS_PER_LOOP
-    if device == "cuda":
-        torch.cuda.synchronize()
-    out["launches_per_s"] = launches / (time.perf_counter() - began_s)
+
+    return launch
 
 
-def _python_helper(stop: threading.Event, out: dict[str, float], period_ms: float, work_us: float) -> None:
-    began_cpu_s, wakes = time.thread_time(), 0
-    while not stop.is_set():
-        time.sleep(period_ms / 1e3)
-        until_s = time.perf_counter() + work_us / 1e6
-        while time.perf_counter() < until_s:
-            pass
-        wakes += 1
-    out.update(wakes=wakes, helper_cpu_us_per_wake=1e6 * (time.thread_time() - began_cpu_s) / max(wakes, 1))
-
-
-def _native_helper(out: dict[str, float], seconds: float, period_ms: float, work_us: float, spins_per_us: float
-                   ) -> None:
-    wakes = int(seconds * 1e3 / (period_ms + work_us / 1e3))
-    began_cpu_s = time.thread_time()
-    _native_loop(wakes, int(period_ms * 1e3), int(work_us * spins_per_us))
-    out.update(wakes=wakes, helper_cpu_us_per_wake=1e6 * (time.thread_time() - began_cpu_s) / max(wakes, 1))
-
-
-def trial(helper: str | None, period_ms: float, work_us: float, seconds: float, device: str,
+def trial(kind: str, period_ms: float, work_us: float, blocks: int, block_s: float, device: str,
           spins_per_us: float) -> dict[str, Any]:
-    """One case: the training thread for ``seconds`` beside the helper (None: alone)."""
-    stop, trained, helped = threading.Event(), {}, {}
-    threads = [threading.Thread(target=_train, args=(stop, trained, device))]
-    if helper == "python":
-        threads.append(threading.Thread(target=_python_helper, args=(stop, helped, period_ms, work_us)))
-    elif helper == "native":
-        threads.append(threading.Thread(target=_native_helper,
-                                        args=(helped, seconds, period_ms, work_us, spins_per_us)))
-    for thread in threads:
-        thread.start()
-    time.sleep(seconds)
-    stop.set()
-    for thread in threads:
-        thread.join()
-    return {"helper": helper, "period_ms": period_ms, "work_us": work_us, "seconds": seconds, **trained, **helped}
+    """One case: the training thread's launch rate in each of ``blocks`` blocks, the helper on in the odd ones."""
+    launch, helper = _launcher(device), Helper(kind, period_ms, work_us, spins_per_us)
+    helper.start()
+    rates = []
+    for block in range(blocks):
+        helper.switch(block % 2 == 1)
+        launches, began_s = 0, time.perf_counter()
+        while (now_s := time.perf_counter()) - began_s < block_s:
+            launch()
+            launches += OPS_PER_LOOP
+        rates.append(launches / (now_s - began_s))
+    helper.stop()
+    return {"helper": kind, "period_ms": period_ms, "work_us": work_us, "block_s": block_s,
+            "launches_per_s": rates, "wakes": helper.wakes,
+            "helper_cpu_us_per_wake": 1e6 * helper.cpu_s / helper.wakes if helper.wakes else None}
 
 
-def run(out: Path, seconds: float, rounds: int, cpu: bool) -> None:
-    """Every case, ``rounds`` times, into ``out`` (JSON)."""
+def run(out: Path, blocks: int, block_s: float, cpu: bool) -> None:
+    """Every case, one after the other, into ``out`` (JSON)."""
     device, started_utc = ("cpu" if cpu else "cuda"), utc_now()
     spins_per_us = _spins_per_us()
-    trial(None, 0.0, 0.0, 1.0, device, spins_per_us)  # torch, its device and the ops made ready: not counted
-    trials: list[dict[str, Any]] = []
-    for round_ in range(rounds):
-        trials.append({"round": round_, **trial(None, 0.0, 0.0, seconds, device, spins_per_us)})
-        for helper, period_ms, work_us in CASES:
-            trials.append({"round": round_, **trial(helper, period_ms, work_us, seconds, device, spins_per_us)})
-        trials.append({"round": round_, **trial(None, 0.0, 0.0, seconds, device, spins_per_us)})
+    trial("none", 0.0, 0.0, 3, block_s, device, spins_per_us)  # torch, its device and the ops made ready
+    trials = [trial(kind, period_ms, work_us, blocks, block_s, device, spins_per_us)
+              for kind, period_ms, work_us in CASES]
     log = {**host(), "command": " ".join(["python", "-m", "benchmarks.h200.wake_cost", *sys.argv[1:]]),
            "started_utc": started_utc, "device": device, "gpu": nvidia_smi(header=False) if not cpu else None,
            "spins_per_us": spins_per_us, "trials": trials}
@@ -136,29 +181,29 @@ def run(out: Path, seconds: float, rounds: int, cpu: bool) -> None:
 
 
 def summarise(log: dict[str, Any]) -> list[dict[str, Any]]:
-    """Per case the log holds: the training thread's slowdown against its runs alone in the same round (%,
-    median over rounds), the time it loses per helper wake (us) and the helper's CPU per wake (us)."""
+    """Per case the log holds: each on-block's slowdown against the mean of its neighbouring off-blocks (%), their
+    mean and 95% interval, the training time lost per helper wake (us) and the helper's CPU per wake (us)."""
     rows = []
-    for helper, period_ms, work_us in CASES:
-        slowdowns, lost_us, cpu_us = [], [], []
-        for round_ in sorted({t["round"] for t in log["trials"]}):
-            trials = [t for t in log["trials"] if t["round"] == round_]
-            alone = statistics.mean(t["launches_per_s"] for t in trials if t["helper"] is None)
-            case = next((t for t in trials
-                         if (t["helper"], t["period_ms"], t["work_us"]) == (helper, period_ms, work_us)), None)
-            if case is None:
-                continue
-            slowdown = alone / case["launches_per_s"] - 1.0
-            slowdowns.append(100 * slowdown)
-            lost_us.append(1e6 * slowdown * case["seconds"] / max(case["wakes"], 1))
-            cpu_us.append(case["helper_cpu_us_per_wake"])
-        if not slowdowns:
+    for t in log["trials"]:
+        rates = t["launches_per_s"]
+        slowdowns = [100 * ((rates[i - 1] + rates[i + 1]) / 2 / rates[i] - 1) for i in range(1, len(rates) - 1, 2)]
+        if len(slowdowns) < 2:
             continue
-        rows.append({"helper": helper, "period_ms": period_ms, "work_us": work_us,
-                     "training_slowdown_pct": statistics.median(slowdowns), "slowdowns_pct": slowdowns,
-                     "training_lost_us_per_wake": statistics.median(lost_us),
-                     "helper_cpu_us_per_wake": statistics.median(cpu_us)})
+        mean = statistics.fmean(slowdowns)
+        half = t_975(len(slowdowns) - 1) * statistics.stdev(slowdowns) / math.sqrt(len(slowdowns))
+        wakes_per_block = t["wakes"] / len(slowdowns)
+        lost_share = mean / (100 + mean)  # of an on-block's time, lost to the helper
+        rows.append({"helper": t["helper"], "period_ms": t["period_ms"], "work_us": t["work_us"],
+                     "on_blocks": len(slowdowns), "training_slowdown_pct": mean,
+                     "training_slowdown_ci95_pct": [mean - half, mean + half],
+                     "training_lost_us_per_wake": 1e6 * lost_share * t["block_s"] / wakes_per_block
+                     if wakes_per_block else None,
+                     "helper_cpu_us_per_wake": t["helper_cpu_us_per_wake"]})
     return rows
+
+
+def _cell(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
 
 
 def report(path: Path, name: str) -> None:
@@ -170,17 +215,14 @@ def report(path: Path, name: str) -> None:
               "rows": rows}
     lines = [f"# A helper thread's wake against a launch-bound training thread ({log['gpu'] or 'CPU'})", "",
              *provenance_lines(result), f"- device run: `{log['command']}` on `{log['machine']}`, {log['started_utc']}",
-             "", "| helper | period (ms) | work per wake (us) | training slowdown % (median; each round) | "
+             "", "| helper | period (ms) | work per wake (us) | on-blocks | training slowdown % [95% CI] | "
              "training time lost per wake (us) | helper CPU per wake (us) |",
-             "| --- | ---: | ---: | --- | ---: | ---: |"]
+             "| --- | ---: | ---: | ---: | --- | ---: | ---: |"]
     for r in rows:
-        rounds = ", ".join(f"{s:+.1f}" for s in r["slowdowns_pct"])
-        lines.append(f"| {r['helper']} | {r['period_ms']:g} | {r['work_us']:g} | {r['training_slowdown_pct']:+.1f} "
-                     f"({rounds}) | {r['training_lost_us_per_wake']:.0f} | {r['helper_cpu_us_per_wake']:.0f} |")
-    measured = {(r["helper"], r["period_ms"], r["work_us"]) for r in rows}
-    missing = [f"{h} {p:g} ms / {w:g} us" for h, p, w in CASES if (h, p, w) not in measured]
-    if missing:
-        lines += ["", f"Not in this run: {', '.join(missing)}."]
+        lo, hi = r["training_slowdown_ci95_pct"]
+        lines.append(f"| {r['helper']} | {r['period_ms']:g} | {r['work_us']:g} | {r['on_blocks']} | "
+                     f"{r['training_slowdown_pct']:+.2f} [{lo:+.2f}, {hi:+.2f}] | "
+                     f"{_cell(r['training_lost_us_per_wake'], '.0f')} | {_cell(r['helper_cpu_us_per_wake'], '.0f')} |")
     write_results(name, result, "\n".join(lines) + "\n")
 
 
@@ -189,15 +231,17 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="what", required=True)
     run_parser = sub.add_parser("run")
     run_parser.add_argument("out", type=Path)
-    run_parser.add_argument("--seconds", type=float, default=6.0, help="each case's length (s)")
-    run_parser.add_argument("--rounds", type=int, default=2)
+    run_parser.add_argument("--blocks", type=int, default=41, help="blocks per case, odd (helper on in the odd ones)")
+    run_parser.add_argument("--block-s", type=float, default=0.25, help="each block's length (s)")
     run_parser.add_argument("--cpu", action="store_true", help="CPU tensors (a check of the script, no figure)")
     report_parser = sub.add_parser("report")
     report_parser.add_argument("log", type=Path)
     report_parser.add_argument("--name", default="wake_cost_h100", help="results file stem")
     args = parser.parse_args(argv)
     if args.what == "run":
-        run(args.out, args.seconds, args.rounds, args.cpu)
+        if args.blocks < 5 or args.blocks % 2 == 0:
+            parser.error(f"--blocks must be odd and at least 5, not {args.blocks}")
+        run(args.out, args.blocks, args.block_s, args.cpu)
     else:
         report(args.log, args.name)
     return 0
