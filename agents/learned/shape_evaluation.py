@@ -4,8 +4,11 @@ A run captured at a few shapes (the references) executes steps of a shape the co
 (``meta.step_shape``) but of kernels it does not. Per executed step, each method's energy saving and slowdown
 against auto on that step (%): ``auto``; ``reference-plan``, the latency-aware plans of the step model's
 prediction for the shape (:mod:`kdvfs.envs.model.step_model`) followed with live budget feedback (the
-``fitting_plan`` rule); ``policy``, the frozen policy deciding on the prediction's observations; ``oracle``,
-the latency-aware optimum re-solved on the executed step. The controller side sees only what the runtime would
+``fitting_plan`` rule); ``policy``, the frozen policy deciding on the prediction's observations;
+``prediction-optimum``, the latency-aware optimum of the predicted step, each executed kernel run at the action of
+the predicted kernel that stands for it (:func:`~kdvfs.envs.model.step.align.slots`), open loop: the best fixed
+plan a controller that trusts the prediction can make, the prediction's own limit; ``oracle``, the latency-aware
+optimum re-solved on the executed step. The controller side sees only what the runtime would
 (references, shape, progress, budget use) while the environment executes the real step under it
 (``reset(options={"executed": ...})``); only ``oracle`` reads the executed step. A shape the step model does
 not cover runs at auto. With ``episodes``, each method runs that many seeded episodes with the environment's
@@ -24,16 +27,18 @@ from kdvfs.agents.learned.policy.frozen import FrozenPolicy
 from kdvfs.agents.learned.policy.policy_planner import Actor, policy_env, rollout
 from kdvfs.agents.learned.training.imitation import Expert
 from kdvfs.agents.planners.latency_optimal import LatencyOptimal
+from kdvfs.common.arrays import Array
 from kdvfs.common.errors import KdvfsError
 from kdvfs.envs.env.dvfs_env import KernelDVFSEnv
 from kdvfs.envs.env.dynamics import Disturbances, draw, execute_open_loop
 from kdvfs.envs.env.steps.step_data import StepData
 from kdvfs.envs.gpu.profiles import GpuProfile
 from kdvfs.envs.model.schedule import replay
+from kdvfs.envs.model.step.align import slots
 from kdvfs.envs.model.step_model import StepModel
 from kdvfs.envs.trace.trace import Trace
 
-METHODS = ("auto", "reference-plan", "policy", "oracle")
+METHODS = ("auto", "reference-plan", "policy", "prediction-optimum", "oracle")
 Episode = tuple[float, float]
 """One episode of one method: energy saved (%), slowdown (%)."""
 
@@ -74,9 +79,10 @@ def _closed_loop(actor: Actor, env: KernelDVFSEnv, budget: float, view: StepData
     return results
 
 
-def _oracle(executed: Problem, env: KernelDVFSEnv | None, seeds: Sequence[int], disturbed: bool) -> list[Episode]:
-    """The optimum re-solved on the executed step, executed open-loop (through each seed's disturbances)."""
-    schedule = LatencyOptimal().plan(executed)
+def _open_loop(executed: Problem, actions: Array, env: KernelDVFSEnv | None, seeds: Sequence[int],
+               disturbed: bool) -> list[Episode]:
+    """``actions`` (one per executed kernel) executed open loop on the executed step, through each seed's
+    disturbances (none unless ``disturbed``)."""
     costs, results = executed.costs, []
     for seed in seeds:
         if disturbed and env is not None:
@@ -86,10 +92,10 @@ def _oracle(executed: Problem, env: KernelDVFSEnv | None, seeds: Sequence[int], 
             drawn = None
         if drawn is None:
             still = Disturbances(None, None, None, None, executed.latency_s)
-            outcome = execute_open_loop(costs, schedule.actions, still, executed.stall_s)
+            outcome = execute_open_loop(costs, actions, still, executed.stall_s)
             auto = executed.auto
         else:
-            outcome = execute_open_loop(costs, schedule.actions, drawn, executed.stall_s)
+            outcome = execute_open_loop(costs, actions, drawn, executed.stall_s)
             auto = replay(drawn.apply(costs), np.full(costs.kernels, costs.auto_index), executed.stall_s)
         results.append((100.0 * (1.0 - outcome.energy_j / auto.energy_j), 100.0 * (outcome.time_s / auto.time_s - 1)))
     return results
@@ -120,7 +126,15 @@ def evaluate_step(model: StepModel, executed: Trace, policy: FrozenPolicy, profi
         methods["reference-plan"] = _method(_closed_loop(Expert(env, "fitting_plan"), env, budget, view, seeds),
                                             budget)
         methods["policy"] = _method(_closed_loop(policy, env, budget, view, seeds), budget)
-    methods["oracle"] = _method(_oracle(executed_problem, controller.env, seeds, disturbed), budget)
+    if controller.predicted is None:
+        methods["prediction-optimum"] = _method(auto, budget)
+    else:
+        planned = LatencyOptimal().plan(controller.predicted).actions
+        methods["prediction-optimum"] = _method(_open_loop(
+            executed_problem, planned[slots(controller.predicted.trace, executed)], controller.env, seeds, disturbed),
+            budget)
+    methods["oracle"] = _method(_open_loop(executed_problem, LatencyOptimal().plan(executed_problem).actions,
+                                           controller.env, seeds, disturbed), budget)
     return methods
 
 

@@ -21,7 +21,7 @@ from kdvfs.envs.model.cost_model import CostParams
 from kdvfs.envs.model.cost_tables import build_tables
 from kdvfs.envs.model.estimate import estimate_features
 from kdvfs.envs.model.schedule import ActionCosts
-from kdvfs.envs.model.step.align import align, inverse, token_ids
+from kdvfs.envs.model.step.align import slots
 from kdvfs.envs.trace.trace import Category, Trace
 
 CATEGORIES = tuple(Category)
@@ -86,19 +86,13 @@ class StepData:
     @classmethod
     def executed_as(cls, expected: Trace, executed: Trace, costs: ActionCosts, grid: ClockGrid) -> StepData:
         """The step ``executed`` (its action costs ``costs``) as a controller expecting ``expected`` meets it,
-        on ``expected``'s K kernels: each executed kernel's time and energy go to its partner in ``expected``
-        (:func:`~kdvfs.envs.model.step.align.align`), an executed kernel without one to the partner of the
-        nearest paired kernel before it (the expected step's first kernel if none); an expected kernel that
+        on ``expected``'s K kernels: each executed kernel's time and energy go to the kernel of ``expected`` that
+        stands for it (:func:`~kdvfs.envs.model.step.align.slots`: its partner, else the partner of the nearest
+        paired kernel before it, else the expected step's first kernel); an expected kernel that
         did not run costs nothing. Every action's total time and energy are the executed step's. Features
         are ``expected``'s (what the controller sees)."""
         own = cls.from_costs(executed.meta.workload, executed, costs, grid)
-        expected_ids, executed_ids = token_ids([expected, executed])
-        partner = inverse(align(expected_ids, executed_ids), len(executed))
-        paired = np.flatnonzero(partner >= 0)
-        before = np.searchsorted(paired, np.arange(len(executed)), side="right") - 1
-        slot = np.zeros(len(executed), dtype=np.int64)
-        if len(paired):
-            slot = np.where(partner >= 0, partner, np.where(before >= 0, partner[paired[np.maximum(before, 0)]], 0))
+        slot = slots(expected, executed)
         time_s, energy_j = np.zeros((len(expected), grid.size)), np.zeros((len(expected), grid.size))
         np.add.at(time_s, slot, own.time_s)
         np.add.at(energy_j, slot, own.energy_j)

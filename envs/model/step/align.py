@@ -109,3 +109,16 @@ def inverse(match: Array, size: int) -> Array:
     paired = np.flatnonzero(match >= 0)
     back[match[paired]] = paired
     return back
+
+
+def slots(expected: Trace, executed: Trace) -> Array:
+    """(len(executed),) for each kernel of ``executed``, the kernel of ``expected`` that stands for it: its
+    partner (:func:`align`), else the partner of the nearest paired kernel before it, else ``expected``'s
+    first kernel. How a controller expecting ``expected`` meets ``executed``, kernel by kernel."""
+    expected_ids, executed_ids = token_ids([expected, executed])
+    partner = inverse(align(expected_ids, executed_ids), len(executed))
+    paired = np.flatnonzero(partner >= 0)
+    if not len(paired):
+        return np.zeros(len(executed), dtype=np.int64)
+    before = np.searchsorted(paired, np.arange(len(executed)), side="right") - 1
+    return np.where(partner >= 0, partner, np.where(before >= 0, partner[paired[np.maximum(before, 0)]], 0))

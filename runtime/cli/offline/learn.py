@@ -54,7 +54,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                           "the executed steps (one or more, each with meta.step_shape)")
     evaluate.add_argument("--reference", nargs="+", help="captured steps of the run's model at several shapes: "
                           "score the policy and the predicted steps' plans on each executed --trace "
-                          "(auto, reference-plan, policy, oracle)")
+                          "(auto, reference-plan, policy, prediction-optimum, oracle)")
     evaluate.add_argument("--gpu", required=True, help="GPU profile name or .yaml")
     evaluate.add_argument("--latency-ms", type=latency_ms, help="switching latency to execute with, at most 10 s "
                           "(default: the profile's; 0 = ideal switching)")

@@ -12,7 +12,7 @@ import pytest
 from kdvfs.common.paths import REPO_ROOT
 from kdvfs.envs.gpu.profiles import load_profile
 from kdvfs.envs.model import step_model
-from kdvfs.envs.model.step.align import align, token_ids
+from kdvfs.envs.model.step.align import align, slots, token_ids
 from kdvfs.envs.model.step.shape_fit import Terms
 from kdvfs.envs.model.step.validation import leave_one_out
 from kdvfs.envs.model.step_model import StepModel, StepModelError
@@ -69,6 +69,15 @@ def test_an_inserted_or_dropped_kernel_shifts_no_other_pair(base: Trace) -> None
     assert np.array_equal(to_inserted, np.r_[np.arange(40), np.arange(41, len(base) + 1)])
     assert to_dropped[60] == -1
     assert np.array_equal(np.delete(to_dropped, 60), np.arange(len(base) - 1))
+
+
+def test_each_executed_kernel_stands_on_its_partner_or_the_last_partner_before_it(base: Trace) -> None:
+    kernels = list(base.kernels)
+    inserted = Trace(base.meta, (*kernels[:40], kernels[7], *kernels[40:]))
+    assert np.array_equal(slots(base, base), np.arange(len(base)))
+    assert np.array_equal(slots(base, inserted), np.r_[np.arange(40), 39, np.arange(40, len(base))])
+    dropped = Trace(base.meta, (*kernels[:60], *kernels[61:]))
+    assert np.array_equal(slots(base, dropped), np.delete(np.arange(len(base)), 60))
 
 
 def test_a_kernel_only_some_shapes_have_is_predicted(base: Trace) -> None:
