@@ -1,6 +1,6 @@
 """evaluate --reference on held-out H200 shapes of three families: savings and steps within a 1% budget.
 
-reference-plan, policy and oracle, at 0 ms and at the profile's switching latency.
+reference-plan, policy, prediction-optimum and oracle, at 0 ms and at the profile's switching latency.
 
 For each family (llama, mixtral, bert: ``data/traces/h200/workloads``) each captured shape in turn is the
 executed step and the family's other shapes are the references (the step model is fitted on them; the
