@@ -96,7 +96,7 @@ def workload_figures(processes: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "step_ms_without": without_ms,
         "step_ms_with": statistics.mean(1e3 * _mean_step_s(arm[i, True]) for i in complete) if complete else None,
-        "overhead_pct": {**_interval(overheads), "pairs": overheads},
+        "overhead_pct": {**_interval(overheads), "pairs": overheads, "pair_ids": complete},
         "dry_run_slowdown_pct": {**_interval([x for p in withs for x in p["pairs_slowdown_pct"]]),
                                  "per_process": [s["measured"] for s in summaries]},
         "controlled_share": sum(s["controlled_steps"] for s in summaries) / steps if steps else None,
@@ -137,6 +137,22 @@ def arms(label: str, processes: list[dict[str, Any]]) -> dict[str, list[dict[str
     if own:
         by_arm[label + OWN] = without + own
     return by_arm
+
+
+def own_process_difference(workloads: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per workload run both ways: the in-process overhead minus the own-process overhead, pair by pair (points;
+    the two arms of a pair ran beside the same process without kdvfs), mean and 95% t interval."""
+    differences = {}
+    for label, figures in workloads.items():
+        own = workloads.get(label + OWN)
+        if label.endswith(OWN) or own is None:
+            continue
+        theirs = dict(zip(own["overhead_pct"]["pair_ids"], own["overhead_pct"]["pairs"], strict=True))
+        points = [mine - theirs[pair] for pair, mine in
+                  zip(figures["overhead_pct"]["pair_ids"], figures["overhead_pct"]["pairs"], strict=True)
+                  if pair in theirs]
+        differences[label] = {**_interval(points), "pairs": points}
+    return differences
 
 
 def _learning_ms_per_step(summaries: list[dict[str, Any]], steps: int) -> float | None:
@@ -224,6 +240,12 @@ def markdown(result: dict[str, Any]) -> str:
                      f"{req['planned']}, {req['late']}, "
                      f"{_num(req['late_ms_median_of_processes'], 3)} / {_num(req['late_ms_p99_max'], 3)} | {energy} | "
                      f"{f['nvml_refused']} |")
+    if result.get("own_process_difference"):
+        lines += ["", "## In the training process or in its own (pair by pair: the two arms of a pair ran beside the "
+                  "same process without kdvfs)", ""]
+        lines += [f"- {label}: in-process overhead minus own-process overhead {_pct(d).replace('%', '')} points; "
+                  f"pairs {', '.join(f'{x:+.2f}' for x in d['pairs'])}"
+                  for label, d in result["own_process_difference"].items()]
     lines += ["", "## Targets", "", "| workload | " + " | ".join(TARGETS) + " |",
               "| --- |" + " --- |" * len(TARGETS)]
     for label, verdict in result["verdicts"].items():
@@ -281,5 +303,6 @@ def report(folder: Path, cpu_test: bool, name: str = "overhead_h200") -> None:
                            f"DIR --name {name}"),
               "run": {k: v for k, v in run.items() if k != "processes"}, "targets": TARGETS,
               "warmup_steps": WARMUP_STEPS, "workloads": workloads,
+              "own_process_difference": own_process_difference(workloads),
               "verdicts": {label: verdicts(f) for label, f in workloads.items()}}
     write_results(name, result, markdown(result), indent=1, folder=folder if cpu_test else RESULTS)

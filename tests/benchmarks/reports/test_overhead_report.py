@@ -111,6 +111,24 @@ def test_the_own_process_arm_is_its_own_workload_against_the_same_pairs_without_
     assert "| w | " in page and " / 0.05 / -; -% |" in page  # the in-process arm: no server
     assert "| w (own process) | " in page and " / 0.05 / 0.10; 0.30% |" in page
     assert list(report.arms("w", processes[:2])) == ["w"]  # a run without the arm
+    difference = report.own_process_difference(figures)
+    assert list(difference) == ["w"] and difference["w"]["pairs"] == pytest.approx([0.1, 0.2])
+    assert difference["w"]["n"] == 2 and difference["w"]["ci95"] is not None
+    page = report.markdown({"run": {"command": "c", "machine": "m", "started_utc": "t", "nvidia_smi_before": "-",
+                                    "own_process": True}, "workloads": figures, "verdicts": {},
+                            "own_process_difference": difference})
+    assert "in-process overhead minus own-process overhead +0.15 [" in page and "pairs +0.10, +0.20" in page
+
+
+def test_the_arms_are_compared_on_the_pairs_both_ran(report: ModuleType) -> None:
+    """A pair whose own-process arm failed drops out of the difference, not out of alignment."""
+    own = [_process(report, 0, True, 0.1001, exit_code=1), _process(report, 1, True, 0.1001)]
+    for process in own:
+        process["own_process"] = True
+    processes = [_process(report, 0, False, 0.100), _process(report, 0, True, 0.1002), *own,
+                 _process(report, 1, True, 0.1003), _process(report, 1, False, 0.100)]
+    figures = {name: report.workload_figures(arm) for name, arm in report.arms("w", processes).items()}
+    assert report.own_process_difference(figures)["w"]["pairs"] == pytest.approx([0.2])
 
 
 def test_the_timelines_looks_are_reported_where_every_summary_counts_them(report: ModuleType) -> None:
