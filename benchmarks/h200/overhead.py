@@ -5,9 +5,10 @@
 
 ``run`` never changes a clock (NVML through ``benchmarks.common.nvml_guard``). It probes the NVML reads'
 cost, then per workload runs ``--pairs`` ABBA pairs of processes: the script under
-``benchmarks/h200/step_clock.py``, alone or under ``kdvfs run --dry-run`` with the shipped policy (``--own-process``:
-a third process per pair, under ``kdvfs run --dry-run --own-process``, the order reversed every other pair; the
-report gives it as the workload ``LABEL (own process)`` against the same pairs' processes without kdvfs). ``report``
+``benchmarks/h200/step_clock.py``, alone or under ``kdvfs run --dry-run --in-process`` with the shipped policy
+(``--own-process``: a third process per pair, under ``kdvfs run --dry-run``, whose controller runs in a process of
+its own, the order reversed every other pair; the report gives it as the workload ``LABEL (own process)`` against
+the same pairs' processes without kdvfs). ``report``
 gives per workload the whole-run overhead (mean step time after ``WARMUP_STEPS``, with over without, 95% t
 interval), the dry run's own A/B slowdown (truth 0), the controller's host cost, the online decisions' time
 and the requests' timeliness, each against ``TARGETS``. ``--cpu-test``: all of it on a CPU with the fake NVML
@@ -193,8 +194,8 @@ def _capture(folder: Path, label: str, workload: dict[str, Any], fake: list[str]
 
 def _process(folder: Path, label: str, workload: dict[str, Any], pair: int, with_kdvfs: bool,
              fake: list[str], policy: str, own_process: bool = False) -> dict[str, Any]:
-    """One process of a pair: the script under ``benchmarks/h200/step_clock.py``, under ``kdvfs run --dry-run`` (with
-    ``own_process``: ``--own-process``) or not."""
+    """One process of a pair: the script under ``benchmarks/h200/step_clock.py``, under ``kdvfs run --dry-run``
+    (``--in-process`` unless ``own_process``) or not."""
     name = f"{label}.{pair}.{('with-own' if own_process else 'with') if with_kdvfs else 'without'}"
     clock = folder / f"{name}.steps.json"
     target = [sys.executable, "benchmarks/h200/step_clock.py", str(clock), *workload["script"], "--steps",
@@ -204,7 +205,7 @@ def _process(folder: Path, label: str, workload: dict[str, Any], pair: int, with
         log, record = folder / f"{name}.log.jsonl", folder / f"{name}.nvml.json"
         done = subprocess.run([sys.executable, "-c", CLI, "run", "--dry-run", "--policy", policy, "--trace",
                                workload["trace"], "--log", str(log), "--json", *(fake or ["--nvml-module", GUARD]),
-                               *(["--own-process"] if own_process else []), "--", *target], cwd=REPO_ROOT,
+                               *([] if own_process else ["--in-process"]), "--", *target], cwd=REPO_ROOT,
                               text=True, stdout=subprocess.PIPE, env={**_env(), "KDVFS_NVML_RECORD": str(record)},
                               check=False)
         records = [json.loads(line) for line in log.read_text().splitlines()] if log.is_file() else []
@@ -257,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     sub.choices["run"].add_argument("--only", nargs="+", metavar="LABEL", help="only these workloads")
     sub.choices["run"].add_argument("--own-process", action="store_true",
                                     help="a third process per pair: the controller in a process of its own "
-                                         "(kdvfs run --own-process)")
+                                         "(kdvfs run's default outside torchrun)")
     sub.choices["report"].add_argument("--name", default="overhead_h200", help="results file stem")
     args = parser.parse_args(argv)
     if args.what == "run":

@@ -125,7 +125,8 @@ def workload_figures(processes: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 OWN = " (own process)"
-"""Suffix of a workload's arm whose controller ran in a process of its own (``kdvfs run --own-process``)."""
+"""Suffix of a workload's arm whose controller ran in a process of its own (``kdvfs run``'s default outside
+torchrun; the other arm ran ``--in-process``)."""
 
 
 def arms(label: str, processes: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
@@ -198,7 +199,7 @@ def markdown(result: dict[str, Any]) -> str:
              f"- run: `{result['run']['command']}` on `{result['run']['machine']}`, {result['run']['started_utc']}"
              f" to {result['run'].get('finished_utc', 'cut short')}; GPU (nvidia-smi before): "
              f"`{result['run']['nvidia_smi_before']}`",
-             *([f"- `{OWN.strip()}`: the controller in a process of its own (`kdvfs run --own-process`), a third "
+             *([f"- `{OWN.strip()}`: the controller in a process of its own (`kdvfs run`, outside torchrun), a third "
                 "process in each pair; the training process pays its hooks and the thread answering the controller's "
                 "questions (server)"] if result["run"].get("own_process") else []), "",
              "## Whole run and dry run (targets: overhead <= 0.5%; controlled-vs-auto slowdown within +-0.3 "

@@ -67,8 +67,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     run.add_argument("--no-energy", action="store_true", help="do not read the GPU's energy counter: time-only A/B "
                      "(no joules; for GPUs without a counter)")
     run.add_argument("--cpu-test-mode", action="store_true", help="accept a CPU-only script (tests and dry runs)")
-    run.add_argument("--own-process", action="store_true", help="experimental: run the controller in a process of its "
-                     "own, off the training process's interpreter lock (not under torchrun)")
+    run.add_argument("--in-process", action="store_true", help="run the controller in the training process (default: "
+                     "in a process of its own, off the training process's interpreter lock; under torchrun always in "
+                     "the training process)")
     run.add_argument("--nvml-module", default="pynvml", help="NVML binding to import (default pynvml)")
     add_daemon_option(run, "lock clocks")
     run.add_argument("--json", action="store_true", help="print the summary as JSON (script output to stderr)")
@@ -184,7 +185,7 @@ def run_command(args: argparse.Namespace) -> int:
         latency_ms=args.latency_ms,
         log=str(args.log) if args.log else None, tensorboard=str(args.tensorboard) if args.tensorboard else None,
         cpu_test_mode=args.cpu_test_mode, measure_energy=not args.no_energy, ab_share=args.ab_share,
-        window_s=args.ab_window_s, online=not args.replay, own_process=args.own_process)
+        window_s=args.ab_window_s, online=not args.replay, own_process=not args.in_process)
     code, summary = run_controlled(args.command, config, script_stdout=STDERR_FD if args.json else None)
     if args.json:
         print_json(summary.to_json())

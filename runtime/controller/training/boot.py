@@ -2,7 +2,8 @@
 ``python -m kdvfs.runtime.controller.training.boot CONFIG SCRIPT ARGS``.
 
 It opens the :class:`~kdvfs.runtime.controller.controller.Controller` described by CONFIG (with ``own_process``,
-in a process of its own: :mod:`~kdvfs.runtime.controller.training.own_process`; every check happens here,
+outside torchrun, in a process of its own: :mod:`~kdvfs.runtime.controller.training.own_process`; under torchrun
+always here, in the training process; every check happens here,
 before the script starts; a failed one is exit code 2 with the clocks untouched), registers a global
 ``torch.optim`` optimizer-step hook that calls :meth:`Controller.step`, and runs the unmodified script as
 ``__main__`` with the same runner as ``kdvfs capture``. Whatever way the script ends, the controller is
@@ -14,6 +15,7 @@ with its own controller, GPU and watchdog, and writes its own report (``report.r
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -26,7 +28,7 @@ from kdvfs.runtime.controller.config import ControllerConfig
 from kdvfs.runtime.controller.controller import Controller
 from kdvfs.runtime.controller.training.integrations import AnyController
 from kdvfs.runtime.controller.training.own_process import ProcessController
-from kdvfs.runtime.job import write_rank_report
+from kdvfs.runtime.job import Rank, write_rank_report
 
 
 @contextlib.contextmanager
@@ -42,6 +44,8 @@ def step_hook(controller: AnyController) -> Iterator[None]:
 def main(argv: Sequence[str]) -> int:
     """Run the script ``argv[1:]`` under the controller configured by the file ``argv[0]``."""
     config = ControllerConfig.load(Path(argv[0]))
+    if config.own_process and Rank.from_environment().distributed:  # under torchrun: in the training process
+        config = dataclasses.replace(config, own_process=False)
     controller = ProcessController(config) if config.own_process else Controller(config=config)
     try:
         controller.__enter__()

@@ -1,4 +1,5 @@
-"""The controller in a process of its own (``ControllerConfig.own_process``; experimental, off by default).
+"""The controller in a process of its own (``ControllerConfig.own_process``; ``kdvfs run``'s default outside
+torchrun).
 
 :class:`ProcessController` runs the whole :class:`~kdvfs.runtime.controller.controller.Controller` in a child
 process (``python -m`` :mod:`~kdvfs.runtime.controller.training.controller_process`: a fresh interpreter, no CUDA

@@ -32,14 +32,17 @@ from tests.schema_check import strict_loads, validate
 NOBODY = 65534
 
 
-def _run_argv(captured: tuple[Path, Path], folder: Path, steps: int, daemon: RunningDaemon | None) -> list[str]:
-    """``kdvfs run --json`` of the plan on fake GPU 0, with copies of the trace and plan in ``folder``."""
+def _run_argv(captured: tuple[Path, Path], folder: Path, steps: int, daemon: RunningDaemon | None,
+              in_process: bool = False) -> list[str]:
+    """``kdvfs run --json`` of the plan on fake GPU 0, with copies of the trace and plan in ``folder`` (the
+    controller in a process of its own, as by default, unless ``in_process``)."""
     for source in captured:
         shutil.copy(source, folder / source.name)
     trace, plan = (folder / source.name for source in captured)
     return [*KDVFS, "run", "--policy", str(plan), "--trace", str(trace), "--cpu-test-mode", "--nvml-module", NVML,
             "--gpu-index", "0", "--json", "--ab-share", "0",
-            *(["--daemon", str(daemon.socket)] if daemon else []), "--", *TINY_GPT, "--steps", str(steps)]
+            *(["--daemon", str(daemon.socket)] if daemon else []), *(["--in-process"] if in_process else []),
+            "--", *TINY_GPT, "--steps", str(steps)]
 
 
 def _as_nobody(folder: Path) -> dict[str, Any]:
@@ -108,8 +111,9 @@ def _trainer_pid(parent: int) -> int:
 def test_a_sigkilled_run_through_the_daemon_has_its_gpu_reset_and_a_second_is_refused(
         captured: tuple[Path, Path], daemon: RunningDaemon, open_folder: Path) -> None:
     client = fake_environment(open_folder, permitted=False)  # it may not lock clocks itself
-    first = subprocess.Popen(_run_argv(captured, open_folder, 100_000, daemon), stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT, env=client, start_new_session=True)
+    first = subprocess.Popen(_run_argv(captured, open_folder, 100_000, daemon, in_process=True),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT, env=client,
+                             start_new_session=True)
     try:
         assert wait_for(lambda: "core" in locks(open_folder), 120), "the run never locked a clock"
         trainer = _trainer_pid(first.pid)
@@ -130,6 +134,39 @@ def test_a_sigkilled_run_through_the_daemon_has_its_gpu_reset_and_a_second_is_re
     assert drop["reset"] == {"0": "ok"}
     summary = json.loads(first.stdout.read() if first.stdout else "{}")
     assert summary["clock_control"] == f"daemon:{daemon.socket}" and summary["partial"], summary
+
+
+def _controller_pid(trainer: int) -> int:
+    """The controller's own process among ``trainer``'s children (``kdvfs run``'s default outside torchrun)."""
+    for child in Path(f"/proc/{trainer}/task/{trainer}/children").read_text().split():
+        if b"controller_process" in Path(f"/proc/{child}/cmdline").read_bytes():
+            return int(child)
+    raise AssertionError(f"no controller process under the trainer {trainer}")
+
+
+def test_a_sigkilled_controller_process_has_its_gpu_reset_by_the_daemon_and_training_goes_on(
+        captured: tuple[Path, Path], daemon: RunningDaemon, open_folder: Path) -> None:
+    """The controller in a process of its own holds the lease: a second run is refused naming it, and when it is
+    SIGKILLed the daemon resets the GPU on the dropped connection while the trainer keeps training at auto."""
+    client = fake_environment(open_folder, permitted=False)
+    first = subprocess.Popen(_run_argv(captured, open_folder, 100_000, daemon), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT, env=client, start_new_session=True)
+    try:
+        assert wait_for(lambda: "core" in locks(open_folder), 120), "the run never locked a clock"
+        controller = _controller_pid(_trainer_pid(first.pid))
+        second = subprocess.run(_run_argv(captured, open_folder, 50, daemon), capture_output=True, text=True,
+                                cwd=REPO_ROOT, check=False, timeout=300, env=client)
+        lines = [line for line in second.stderr.splitlines() if line.startswith("kdvfs")]
+        assert second.returncode == 2 and len(lines) == 1, second.stderr[-2000:]
+        assert f"leased through this kdvfs daemon by pid {controller} " in lines[0]
+        os.kill(controller, signal.SIGKILL)
+        assert wait_for(lambda: locks(open_folder) == {}), "the daemon did not reset the killed controller's GPU"
+        (drop,) = [r for r in daemon.records("drop") if r["pid"] == controller]
+        assert drop["reset"] == {"0": "ok"}
+        assert first.poll() is None  # the trainer trains on
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait(60)
 
 
 def _watchdogs_of(pid: int) -> list[str]:

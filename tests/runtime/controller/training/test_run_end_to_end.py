@@ -46,7 +46,7 @@ def _run_argv(captured: tuple[Path, Path], tmp_path: Path, steps: int, dry_run: 
     trace, plan = captured
     return [*KDVFS, "run", "--policy", str(plan), "--trace", str(trace), "--cpu-test-mode", "--nvml-module", NVML,
             "--log", str(tmp_path / "run.jsonl"), "--json", "--ab-share", str(ab_share),
-            *(["--dry-run"] if dry_run else []), *(["--own-process"] if own_process else []),
+            *(["--dry-run"] if dry_run else []), *([] if own_process else ["--in-process"]),
             "--", *GPT, "--steps", str(steps)]
 
 
