@@ -4,22 +4,17 @@
     python -m benchmarks.h200.wake_cost report OUT.json [--name wake_cost_h100]       # benchmarks/results/NAME.*
 
 A *training* thread launches small CUDA ops back to back in Python (a launch-bound step: it holds the interpreter
-lock all the time it is not in the driver). Beside it, a *helper* wakes every ``period_ms``, works ``work_us`` and
-sleeps again, as a controller's thread does at each decision point. Helpers:
+lock all the time it is not in the driver). Beside it a *helper* wakes every ``period_ms`` and works ``work_us``, as
+a controller's thread does at each decision point: ``none`` (no helper: the method's own spread), ``python`` (a
+Python loop, ``time.sleep`` then a busy wait: each wake takes the lock back) or ``native`` (the same loop compiled
+with numba, ``nogil``: ``usleep`` and a counted busy loop, never taking the lock while it runs).
 
-- ``none``: no helper at all (the method's own spread: its interval should hold 0);
-- ``python``: a Python loop (``time.sleep``, then a busy wait on ``time.perf_counter``): each wake takes the
-  interpreter lock back from the training thread;
-- ``native``: the same loop compiled (numba, ``nogil``: ``usleep`` from the C library and a busy wait on a counted
-  loop), which never takes the lock while it runs.
-
-A host's launch rate drifts by more than a helper's cost from one run to the next, so each case interleaves:
-``--blocks`` (odd) blocks of ``--block-s``, the helper off in the even ones and waking in the odd ones (while off
-it is blocked, not waking). Each on-block's launch rate is compared with the mean of its two neighbouring
-off-blocks (a drift linear over three blocks cancels); the figure is the mean of those slowdowns (%) with a
-Student-t 95% interval over the on-blocks, the training time lost per helper wake (us) and the helper's own CPU
-per wake (``time.thread_time``). Read-only: no NVML, no clock touched. Without CUDA (``--cpu``) the ops run on
-the CPU (a check of the script, not a figure).
+A host's launch rate drifts by more than a helper's cost from run to run, so each case interleaves ``--blocks`` (odd)
+blocks of ``--block-s``, the helper blocked in the even ones and waking in the odd ones; each on-block's launch rate
+is compared with the mean of its two neighbouring off-blocks (a drift linear over three blocks cancels). Figures:
+the mean of those slowdowns (%) with a Student-t 95% interval, the training time lost per helper wake (us) and the
+helper's CPU per wake (``time.thread_time``). Read-only: no NVML, no clock touched. ``--cpu``: the ops on the CPU
+(a check of the script, not a figure).
 """
 
 from __future__ import annotations
