@@ -161,6 +161,7 @@ def test_a_sigkilled_controller_process_has_its_gpu_reset_by_the_daemon_and_trai
         assert f"leased through this kdvfs daemon by pid {controller} " in lines[0]
         os.kill(controller, signal.SIGKILL)
         assert wait_for(lambda: locks(open_folder) == {}), "the daemon did not reset the killed controller's GPU"
+        assert wait_for(lambda: any(r["pid"] == controller for r in daemon.records("drop")))  # logged after the reset
         (drop,) = [r for r in daemon.records("drop") if r["pid"] == controller]
         assert drop["reset"] == {"0": "ok"}
         assert first.poll() is None  # the trainer trains on
