@@ -6,8 +6,9 @@ NVML's total-energy counter updates only a few times a second on an H200 and a r
 it: it learns the counter's update clock (:class:`UpdateClock`, searched for in a few reads a period over about a
 dozen periods, :mod:`kdvfs.runtime.device.update_search`), reads just after the expected updates (those
 around each :meth:`EnergyTrace.mark` first), about once per update it needs, places each value at its update,
-keeps the clock fitted (in a few reads back to back now and then, never a period of them), and never starts a
-read within ``READ_GUARD_S`` before a clock request; the thread that issues clock requests never reads it. A
+keeps the clock fitted (in a few reads back to back now and then, never a period of them), and starts no read
+within ``READ_GUARD_S`` before a clock request (a change's measurement once put off ``RELOCK_WAIT_S``); the thread
+that issues clock requests never reads it. A
 counter with no usable period has each value placed at its read. With ``read_every_s == 0`` only
 :meth:`EnergyTrace.read` reads it, on the caller's thread. The algorithm: ``docs/design/device-safety.md``.
 """
@@ -33,6 +34,10 @@ RELOCK_S = 20.0
 its period or a read contradicts it."""
 READ_GUARD_S = 0.01
 """A read does not start this close before a clock request (s), unless it would then miss its update."""
+RELOCK_WAIT_S = 0.25
+"""A change put off for clock requests is measured anyway once it has waited this long (s): in a controlled step
+the requests come milliseconds apart and would put it off for good, and the clock, no longer measured, drifts off the
+updates (each value then goes to the wrong place, and a window's energy with it)."""
 
 
 
@@ -61,6 +66,8 @@ class EnergyTrace:
         """Expected updates to read just after (host s)."""
         self._read_now = self._doubt = self._lost = False
         self._relock_after_s = -math.inf
+        self._put_off_since_s = math.inf
+        """Since when the pending change measurement has been put off for clock requests (infinite: not put off)."""
         self._durations_s: deque[float] = deque(maxlen=16)
         self._searched: list[Read] | None = None
         """The reads of the search for the update clock under way, kept until it is found (None: none)."""
@@ -255,7 +262,7 @@ class EnergyTrace:
     def _relock(self) -> None:
         """Measure the change of the expected update ahead (the next one if that is too close): back to back from
         before it until its uncertainty past it; put off by half a period when a clock request falls in
-        between."""
+        between, for at most ``RELOCK_WAIT_S``."""
         updates = self.updates
         assert updates is not None
         unsure_s = self._uncertainty_s()
@@ -264,8 +271,11 @@ class EnergyTrace:
             return
         now_s, until_s = self._clock.now_s(), update_s + unsure_s + self._read_s
         if now_s < self._next_request_s() <= until_s + READ_GUARD_S:
-            self._relock_after_s = now_s + updates.period_s / 2
-            return
+            self._put_off_since_s = min(self._put_off_since_s, now_s)
+            if now_s - self._put_off_since_s < RELOCK_WAIT_S:
+                self._relock_after_s = now_s + updates.period_s / 2
+                return
+        self._put_off_since_s = math.inf
         self.read()  # the value before the change
         self.relock_reads += 1
         self._measure(until_s)

@@ -65,10 +65,14 @@ class Counter:
 
 
 def run(period_s: float, end_s: float, marks_s: list[float], read_every_s: float = 1.0,
-        next_request_s: Callable[[], float] = lambda: math.inf) -> tuple[EnergyTrace, Counter]:
-    """A paced trace of a :class:`Counter` until virtual ``end_s``, marked at ``marks_s``."""
+        next_request_s: Callable[[], float] = lambda: math.inf, clocks: list[VirtualClock] | None = None
+        ) -> tuple[EnergyTrace, Counter]:
+    """A paced trace of a :class:`Counter` until virtual ``end_s``, marked at ``marks_s`` (its clock appended to
+    ``clocks``, for a ``next_request_s`` that reads it)."""
     box: list[EnergyTrace] = []
     clock = ScriptedClock(end_s, [(mark_s, lambda mark_s=mark_s: box[0].mark(mark_s)) for mark_s in marks_s])
+    if clocks is not None:
+        clocks.append(clock)
     counter = Counter(clock, period_s)
     trace = EnergyTrace(counter, clock, read_every_s, next_request_s)
     box.append(trace)
@@ -135,6 +139,23 @@ def test_no_read_starts_just_before_an_update_or_a_clock_request() -> None:
         assert not any(0 < r - start_s < READ_GUARD_S for r in requests_s)
     straddling = [s for s in paced if counter.published_s(s + counter.read_s) > counter.published_s(s)]
     assert len(straddling) <= box[0].relock_reads  # only reads back to back to measure a change run into one
+
+
+@pytest.mark.parametrize("gap_s", [0.003, 0.008])
+def test_requests_milliseconds_apart_do_not_keep_the_clock_from_being_measured(gap_s: float) -> None:
+    """In a controlled step clock requests come milliseconds apart, so one always falls within a change's
+    measurement: it is put off for ``RELOCK_WAIT_S`` at most, then made, and the windows' energy stays the counter's
+    (put off for good, the clock drifted off the updates and whole updates went to the wrong window)."""
+    def next_request_s(clock: list[VirtualClock]) -> float:
+        return 2.0 + gap_s * max(0, math.ceil((clock[0].now_s() - 2.0) / gap_s + 1e-9))
+
+    clocks: list[VirtualClock] = []
+    marks_s = [3.0 + 0.7 * i + 0.013 * (i % 5) for i in range(70)]
+    trace, _ = run(0.1, 55.0, marks_s, next_request_s=lambda: next_request_s(clocks), clocks=clocks)
+    assert trace.relock_reads > 0
+    for start_s, end_s in itertools.pairwise(marks_s[:-1]):
+        joules = trace.energy_j(end_s) - trace.energy_j(start_s)  # type: ignore[operator]
+        assert joules == pytest.approx(POWER_W * (end_s - start_s), abs=POWER_W * 0.004)
 
 
 def test_a_counter_without_a_period_is_read_at_the_marks_and_each_value_placed_at_its_read() -> None:
