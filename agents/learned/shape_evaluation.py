@@ -141,12 +141,14 @@ def evaluate_step(model: StepModel, executed: Trace, policy: FrozenPolicy, profi
 def evaluate_shapes(policy: FrozenPolicy, references: Sequence[Trace], executed: Sequence[tuple[str, Trace]],
                     profile: GpuProfile, budget: float, latency_s: float | None = None, episodes: int | None = None,
                     seed: int = 0) -> dict[str, object]:
-    """``kdvfs evaluate --reference``'s JSON: ``{"steps": [{"trace", "methods": {METHOD: {energy_saved_pct,
-    slowdown_pct, within_budget}}}], "summary": {METHOD: {energy_saved_pct, slowdown_pct,
-    within_budget}}}``, the summary's figures means over the steps. ``executed``: (label, trace) pairs."""
+    """``kdvfs evaluate --reference``'s JSON: ``{"steps": [{"trace", "covered", "methods": {METHOD:
+    {energy_saved_pct, slowdown_pct, within_budget}}}], "summary": {METHOD: {energy_saved_pct, slowdown_pct,
+    within_budget}}}``, the summary's figures means over the steps; ``covered``: whether the step model covers the
+    step's shape (else every method but ``oracle`` runs at auto). ``executed``: (label, trace) pairs."""
     model = StepModel.fit(references)
-    steps = [{"trace": label, "methods": evaluate_step(model, trace, policy, profile, budget, latency_s, episodes,
-                                                       seed)} for label, trace in executed]
+    steps = [{"trace": label, "covered": model.covers(trace.meta.step_shape) if trace.meta.step_shape else False,
+              "methods": evaluate_step(model, trace, policy, profile, budget, latency_s, episodes, seed)}
+             for label, trace in executed]
     summary = {}
     for method in METHODS:
         rows = [step["methods"][method] for step in steps]  # type: ignore[index]

@@ -41,7 +41,7 @@ def test_json_has_every_method_per_step_and_a_summary(policy: FrozenPolicy) -> N
                              0.0)
     assert set(result) == {"steps", "summary"}
     step = result["steps"][0]  # type: ignore[index]
-    assert step["trace"] == "bert-s256" and set(step["methods"]) == set(METHODS)
+    assert step["trace"] == "bert-s256" and set(step["methods"]) == set(METHODS) and step["covered"] is True
     for row in step["methods"].values():
         assert set(row) == {"energy_saved_pct", "slowdown_pct", "within_budget"}
     for row in result["summary"].values():  # type: ignore[attr-defined]
