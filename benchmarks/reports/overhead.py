@@ -145,8 +145,8 @@ def own_process_difference(workloads: dict[str, Any]) -> dict[str, dict[str, Any
     the two arms of a pair ran beside the same process without kdvfs), mean and 95% t interval."""
     differences = {}
     for label, figures in workloads.items():
-        own = workloads.get(label + OWN)
-        if label.endswith(OWN) or own is None:
+        own = workloads.get(label + OWN)  # None for an own-process arm itself, or a workload run one way
+        if own is None:
             continue
         theirs = dict(zip(own["overhead_pct"]["pair_ids"], own["overhead_pct"]["pairs"], strict=True))
         points = [mine - theirs[pair] for pair, mine in
