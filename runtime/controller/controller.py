@@ -11,8 +11,9 @@
 On entry it opens and checks the GPU (:mod:`~kdvfs.runtime.controller.control.opening`), takes its lease and
 starts its watchdog unless ``dry_run``, and starts the background thread (:mod:`~kdvfs.runtime.controller.
 control.issuer`). ``step()`` records a CUDA event (no GPU sync). On exit, an exception, SIGINT or SIGTERM it
-stops the thread, returns the clocks to the GPU, stops the watchdog and builds :attr:`summary`. A check that
-fails raises before any clock changed; see docs/design/controller.md.
+stops the thread, returns the clocks to the GPU, stops the watchdog and builds :attr:`summary` (a SIGTERM
+during that shutdown waits for its end, then raises ``SystemExit``). A check that fails raises before any clock
+changed; see docs/design/controller.md.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from kdvfs.runtime.controller.shapes.steps import VaryingSteps
 from kdvfs.runtime.controller.timing.gpu_timeline import StepTimeline
 from kdvfs.runtime.device.host_time import Clock, RealClock
 from kdvfs.runtime.device.interface import Device
-from kdvfs.runtime.device.nvml_device import terminate_on_sigterm
+from kdvfs.runtime.device.nvml_device import Termination, terminate_on_sigterm
 from kdvfs.runtime.device.watchdog import stop_watchdog
 from kdvfs.runtime.job import JobGroup, Rank
 
@@ -84,6 +85,7 @@ class Controller(Managed):
         self._opened: Opened | None = None
         self._parts: ThreadParts | None = None
         self._watchdog: subprocess.Popen[bytes] | None = None
+        self._termination: Termination | None = None
 
     @property
     def plan(self) -> Plan | None:
@@ -112,7 +114,7 @@ class Controller(Managed):
         if self._varying is not None:
             self.book = shape_book(opened, self._varying, self._stack)
         if threading.current_thread() is threading.main_thread():
-            self._stack.enter_context(terminate_on_sigterm())
+            self._termination = self._stack.enter_context(terminate_on_sigterm())
         self._watchdog = lease_and_watch(opened, self.rank, self._stack)
         if self._watchdog is not None:
             self._stack.callback(self._stop_watchdog)  # before the lease is released
@@ -165,10 +167,12 @@ class Controller(Managed):
     def _stop_thread(self) -> None:
         assert self._parts is not None and self._opened is not None
         issuer = self._parts.issuer
-        issuer.stop_event.set()
-        issuer.queue.put(None)
-        issuer.join(STOP_TIMEOUT_S)
-        self._parts.actuator.close()
+        try:
+            issuer.stop_event.set()
+            issuer.queue.put(None)
+            issuer.join(STOP_TIMEOUT_S)
+        finally:  # also when interrupted (Ctrl-C): no request of the thread's may follow the restore
+            self._parts.actuator.close()
         restored = self._stop_watchdog()
         self._parts.accounting.close()
         self.summary = run_summary(self._opened, self._parts, self.rank, restored)
@@ -195,5 +199,7 @@ class Controller(Managed):
         naming the GPU and ``sudo kdvfs reset --gpu-index I``, and the summary's ``restore_error`` and
         ``gpu_restored``; everything else is still stopped and the summary still built.
         """
+        if self._termination is not None:
+            self._termination.hold()
         atexit.unregister(self.close)
         self._stack.close()

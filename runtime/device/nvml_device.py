@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Protocol, Self, TypeVar
 
 import pynvml
 
@@ -375,25 +375,54 @@ def reset_gpu_clocks(index: int, nvml: types.ModuleType | None = None) -> str:
         raise restore_error(f"GPU {index}", index, [str(error)]) from None
 
 
-def _terminate(signum: int, frame: types.FrameType | None) -> None:
-    raise SystemExit(128 + signum)
+class Termination:
+    """The SIGTERM handler of :func:`terminate_on_sigterm`: ``SystemExit`` at once until :meth:`hold`, then at the
+    block's end, so that a shutdown under way (a restore, a watchdog's stop) is not cut short by it."""
+
+    def __init__(self) -> None:
+        self.holding = False
+        self.held = False
+
+    def hold(self) -> None:
+        """From now on a SIGTERM is only remembered: the block raises ``SystemExit`` when it ends."""
+        self.holding = True
+
+    def handle(self, signum: int, frame: types.FrameType | None) -> None:
+        if not self.holding:
+            raise SystemExit(128 + signum)
+        self.held = True
 
 
 @contextlib.contextmanager
-def terminate_on_sigterm() -> Iterator[None]:
-    """Turn SIGTERM into ``SystemExit`` inside the block (main thread only), so ``finally`` clauses run."""
-    previous = signal.signal(signal.SIGTERM, _terminate)
+def terminate_on_sigterm() -> Iterator[Termination]:
+    """Turn SIGTERM into ``SystemExit`` inside the block (main thread only), so ``finally`` clauses run; after
+    :meth:`Termination.hold`, into ``SystemExit`` when the block ends without an exception of its own."""
+    termination = Termination()
+    previous = signal.signal(signal.SIGTERM, termination.handle)
     try:
-        yield
+        yield termination
     finally:
         signal.signal(signal.SIGTERM, previous)
+    if termination.held:
+        raise SystemExit(128 + signal.SIGTERM)
+
+
+class Restorable(Protocol):
+    """A device whose clocks :meth:`restore` returns to the GPU (this module's, or the daemon client's)."""
+
+    def restore(self) -> None: ...
+
+
+RestorableT = TypeVar("RestorableT", bound=Restorable)
 
 
 @contextlib.contextmanager
-def locked_clocks(device: NvmlDevice) -> Iterator[NvmlDevice]:
-    """Yield ``device``; restore the GPU's clocks on exit, on an exception and on SIGTERM."""
-    with terminate_on_sigterm():
+def locked_clocks(device: RestorableT) -> Iterator[RestorableT]:
+    """Yield ``device``; restore the GPU's clocks on exit, on an exception and on SIGTERM (one during the
+    restore waits for it)."""
+    with terminate_on_sigterm() as termination:
         try:
             yield device
         finally:
+            termination.hold()
             device.restore()

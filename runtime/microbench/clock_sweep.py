@@ -19,7 +19,7 @@ import numpy as np
 from kdvfs.envs.gpu.profiles import GpuProfile
 from kdvfs.runtime.daemon.client import DaemonDevice
 from kdvfs.runtime.device.lease import GpuLease
-from kdvfs.runtime.device.nvml_device import NvmlDevice, locked_clocks, terminate_on_sigterm
+from kdvfs.runtime.device.nvml_device import NvmlDevice, locked_clocks
 from kdvfs.runtime.microbench.measure import Measurement
 from kdvfs.runtime.microbench.profile_fit import nearest_clock
 
@@ -47,11 +47,8 @@ def _owned(device: NvmlDevice | DaemonDevice) -> Iterator[object]:
             yield owned
         return
     device.lease()
-    with terminate_on_sigterm():
-        try:
-            yield device
-        finally:
-            device.restore()
+    with locked_clocks(device) as owned:
+        yield owned
 
 
 def measure_clock_sweep(device: NvmlDevice | DaemonDevice, pairs: Sequence[tuple[int, int]],

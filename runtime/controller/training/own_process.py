@@ -35,7 +35,7 @@ from kdvfs.runtime.controller.control.timeline_server import TimelineServer
 from kdvfs.runtime.controller.model.run_summary import RunSummary
 from kdvfs.runtime.controller.shapes.varying import StepShapes
 from kdvfs.runtime.device.host_time import Clock, RealClock
-from kdvfs.runtime.device.nvml_device import terminate_on_sigterm
+from kdvfs.runtime.device.nvml_device import Termination, terminate_on_sigterm
 from kdvfs.runtime.job import Rank
 
 CHILD_MODULE = "kdvfs.runtime.controller.training.controller_process"
@@ -61,6 +61,7 @@ class ProcessController(Managed):
         self._server: TimelineServer | None = None
         self._step_shapes: StepShapes | None = None
         self._alive = False
+        self._termination: Termination | None = None
 
     def _open(self) -> None:
         if Rank.from_environment().distributed:
@@ -77,7 +78,7 @@ class ProcessController(Managed):
         self._server.start()
         self._steps, self._alive = steps, True
         if threading.current_thread() is threading.main_thread():
-            self._stack.enter_context(terminate_on_sigterm())
+            self._termination = self._stack.enter_context(terminate_on_sigterm())
         if hooks is not None:
             hooks.install()
             self._stack.callback(hooks.remove)
@@ -126,7 +127,9 @@ class ProcessController(Managed):
 
     def close(self) -> None:
         """Have the child close its controller (clocks restored) and take its summary; stop everything here
-        (idempotent)."""
+        (idempotent; a SIGTERM meanwhile waits for the end, then raises ``SystemExit``)."""
+        if self._termination is not None:
+            self._termination.hold()
         atexit.unregister(self.close)
         if self._alive and self._steps is not None:
             self._alive = False

@@ -11,6 +11,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 import types
 from pathlib import Path
@@ -67,6 +68,36 @@ def test_clocks_restored_on_a_signal(plan_file: Path, signum: int, raised: type[
     assert gpu.calls[-1].name == "reset_clocks"
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
 
+
+@pytest.mark.parametrize("signum, raised", [(signal.SIGTERM, SystemExit), (signal.SIGINT, KeyboardInterrupt)])
+def test_a_signal_during_the_shutdown_leaves_no_clock_locked(plan_file: Path, monkeypatch: pytest.MonkeyPatch,
+                                                             signum: int, raised: type[BaseException]) -> None:
+    """torchrun's SIGTERM to a rank that is closing its controller after a collective failed: it waits for the
+    shutdown's end. A Ctrl-C cuts the thread's stop short, yet no request of the thread's follows the restore."""
+    stop_thread = issuer.Issuer.join
+
+    def interrupted(thread: issuer.Issuer, timeout: float | None = None) -> None:
+        signal.raise_signal(signum)  # the main thread's handler runs at once
+        stop_thread(thread, timeout)
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    control, gpu, _ = fake_controller(plan_file)
+    try:
+        with pytest.raises(raised) as ended, control:
+            run_steps(control, 10)
+            assert gpu.set_calls
+            monkeypatch.setattr(issuer.Issuer, "join", interrupted)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    monkeypatch.undo()
+    for thread in threading.enumerate():
+        if isinstance(thread, issuer.Issuer):
+            thread.join(10)
+    assert gpu.calls[-1].name == "reset_clocks"
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    if signum == signal.SIGTERM:  # held to the end: the shutdown ran whole
+        assert ended.value.code == 128 + signal.SIGTERM and control.summary is not None
+        assert control.summary.gpu_restored
 
 def _parent_with_watchdog(log: Path, stop: bool) -> subprocess.Popen[str]:
     script = ("import time\n"
