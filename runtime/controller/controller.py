@@ -11,9 +11,8 @@
 On entry it opens and checks the GPU (:mod:`~kdvfs.runtime.controller.control.opening`), takes its lease and
 starts its watchdog unless ``dry_run``, and starts the background thread (:mod:`~kdvfs.runtime.controller.
 control.issuer`). ``step()`` records a CUDA event (no GPU sync). On exit, an exception, SIGINT or SIGTERM it
-stops the thread, returns the clocks to the GPU, stops the watchdog and builds :attr:`summary` (a SIGTERM
-during that shutdown waits for its end, then raises ``SystemExit``). A check that fails raises before any clock
-changed; see docs/design/controller.md.
+stops the thread, returns the clocks, stops the watchdog and builds :attr:`summary` (a SIGTERM meanwhile waits
+for the end). A check that fails raises before any clock changed; see docs/design/controller.md.
 """
 
 from __future__ import annotations
