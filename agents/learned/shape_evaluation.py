@@ -10,9 +10,11 @@ the predicted kernel that stands for it (:func:`~kdvfs.envs.model.step.align.slo
 plan a controller that trusts the prediction can make, the prediction's own limit; ``oracle``, the latency-aware
 optimum re-solved on the executed step. The controller side sees only what the runtime would
 (references, shape, progress, budget use) while the environment executes the real step under it
-(``reset(options={"executed": ...})``); only ``oracle`` reads the executed step. A shape the step model does
-not cover runs at auto. With ``episodes``, each method runs that many seeded episodes with the environment's
-disturbances; ``within_budget`` is the share of them within budget.
+(``reset(options={"executed": ...})``); only ``oracle`` reads the executed step. The controller side plans and
+decides at the budget times the references' prediction margin (:mod:`kdvfs.agents.planners.prediction_margin`),
+as the runtime does; every method is scored at the budget. A shape the step model does not cover runs at auto.
+With ``episodes``, each method runs that many seeded episodes with the environment's disturbances;
+``within_budget`` is the share of them within budget.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from kdvfs.agents.learned.policy.frozen import FrozenPolicy
 from kdvfs.agents.learned.policy.policy_planner import Actor, policy_env, rollout
 from kdvfs.agents.learned.training.imitation import Expert
 from kdvfs.agents.planners.latency_optimal import LatencyOptimal
+from kdvfs.agents.planners.prediction_margin import PredictionMargin, prediction_margin
 from kdvfs.common.arrays import Array
 from kdvfs.common.errors import KdvfsError
 from kdvfs.envs.env.dvfs_env import KernelDVFSEnv
@@ -108,12 +111,14 @@ def _method(results: list[Episode], budget: float) -> dict[str, float]:
 
 
 def evaluate_step(model: StepModel, executed: Trace, policy: FrozenPolicy, profile: GpuProfile, budget: float,
-                  latency_s: float | None, episodes: int | None, seed: int) -> dict[str, dict[str, float]]:
+                  latency_s: float | None, episodes: int | None, seed: int, margin: float = 1.0
+                  ) -> dict[str, dict[str, float]]:
     """Every method of the module docstring on one executed step: its mean saving and slowdown (%) and its
-    share of episodes within budget."""
+    share of episodes within ``budget``; the controller side at ``budget * margin``."""
     disturbed = episodes is not None
     seeds = [seed + e for e in range(episodes or 1)]
-    controller = controller_for(model, executed, policy, profile, budget, latency_s, disturbed)
+    planned_budget = budget * margin
+    controller = controller_for(model, executed, policy, profile, planned_budget, latency_s, disturbed)
     executed_problem = Problem.build(executed, profile, budget, latency_s)
     auto = [(0.0, 0.0)] * len(seeds)
     methods = {"auto": _method(auto, budget)}
@@ -123,9 +128,9 @@ def evaluate_step(model: StepModel, executed: Trace, policy: FrozenPolicy, profi
         env = controller.env
         view = StepData.executed_as(controller.predicted.trace, executed_problem.trace, executed_problem.costs,
                                     env.grid)
-        methods["reference-plan"] = _method(_closed_loop(Expert(env, "fitting_plan"), env, budget, view, seeds),
-                                            budget)
-        methods["policy"] = _method(_closed_loop(policy, env, budget, view, seeds), budget)
+        methods["reference-plan"] = _method(_closed_loop(Expert(env, "fitting_plan"), env, planned_budget, view,
+                                                         seeds), budget)
+        methods["policy"] = _method(_closed_loop(policy, env, planned_budget, view, seeds), budget)
     if controller.predicted is None:
         methods["prediction-optimum"] = _method(auto, budget)
     else:
@@ -140,14 +145,18 @@ def evaluate_step(model: StepModel, executed: Trace, policy: FrozenPolicy, profi
 
 def evaluate_shapes(policy: FrozenPolicy, references: Sequence[Trace], executed: Sequence[tuple[str, Trace]],
                     profile: GpuProfile, budget: float, latency_s: float | None = None, episodes: int | None = None,
-                    seed: int = 0) -> dict[str, object]:
+                    seed: int = 0, margin: PredictionMargin | None = None) -> dict[str, object]:
     """``kdvfs evaluate --reference``'s JSON: ``{"steps": [{"trace", "covered", "methods": {METHOD:
     {energy_saved_pct, slowdown_pct, within_budget}}}], "summary": {METHOD: {energy_saved_pct, slowdown_pct,
-    within_budget}}}``, the summary's figures means over the steps; ``covered``: whether the step model covers the
-    step's shape (else every method but ``oracle`` runs at auto). ``executed``: (label, trace) pairs."""
+    within_budget}}, "prediction_margin": {margin, slowdowns_pct}}``, the summary's figures means over the steps;
+    ``covered``: whether the step model covers the step's shape (else every method but ``oracle`` runs at auto).
+    ``executed``: (label, trace) pairs; ``margin``: the references' prediction margin at ``budget`` and
+    ``latency_s`` where the caller has it (None: computed here)."""
     model = StepModel.fit(references)
+    margin = margin or prediction_margin(references, profile, budget, latency_s)
     steps = [{"trace": label, "covered": model.covers(trace.meta.step_shape) if trace.meta.step_shape else False,
-              "methods": evaluate_step(model, trace, policy, profile, budget, latency_s, episodes, seed)}
+              "methods": evaluate_step(model, trace, policy, profile, budget, latency_s, episodes, seed,
+                                       margin.margin)}
              for label, trace in executed]
     summary = {}
     for method in METHODS:
@@ -155,4 +164,4 @@ def evaluate_shapes(policy: FrozenPolicy, references: Sequence[Trace], executed:
         summary[method] = {"energy_saved_pct": float(np.mean([r["energy_saved_pct"] for r in rows])),
                            "slowdown_pct": float(np.mean([r["slowdown_pct"] for r in rows])),
                            "within_budget": float(np.mean([r["within_budget"] for r in rows]))}
-    return {"steps": steps, "summary": summary}
+    return {"steps": steps, "summary": summary, "prediction_margin": margin.as_json()}

@@ -6,7 +6,8 @@ For each family (llama, mixtral, bert: ``data/traces/h200/workloads``) each capt
 executed step and the family's other shapes are the references (the step model is fitted on them; the
 executed step is never shown to the controller side). The shipped ``policies/h200`` policy, or each policy of
 ``--policy`` (a shipped name or a file, e.g. the residual seeds ``benchmarks/data/learned/h200-s*.kdvfs-policy.npz``,
-none trained on these families); ``of oracle``: the policy's mean saving over the oracle's.
+none trained on these families); ``of oracle``: the policy's mean saving over the oracle's. All but the oracle plan
+and decide at the budget times the references' prediction margin (``kdvfs.agents.planners.prediction_margin``).
 
     python -m benchmarks.learned.shapes_h200 [--episodes N] [--policy NAME_OR_PATH ...]
 """
@@ -22,20 +23,30 @@ from benchmarks.model.step_model import FAMILIES, WORKLOADS, family_traces
 from kdvfs.agents.learned.policy.frozen import FrozenPolicy
 from kdvfs.agents.learned.policy.shipped import policy_source_path
 from kdvfs.agents.learned.shape_evaluation import METHODS, evaluate_shapes
+from kdvfs.agents.planners.prediction_margin import PredictionMargin, prediction_margin
 from kdvfs.envs.gpu.profiles import load_profile
 
 BUDGET = 0.01
 
 
-def _family(family: str, policy: FrozenPolicy, latency_s: float | None, episodes: int | None) -> dict[str, Any]:
+Margins = dict[tuple[str, int, float | None], PredictionMargin]
+"""The prediction margin of each (family, executed index, latency): the same for every policy."""
+
+
+def _family(family: str, policy: FrozenPolicy, latency_s: float | None, episodes: int | None,
+            margins: Margins) -> dict[str, Any]:
     profile = load_profile("h200")
     traces = family_traces(family)
     names = sorted(path.name for path in WORKLOADS.glob(f"{family}-*.trace.json.gz"))
     steps = []
     for index, executed in enumerate(traces):
         references = [t for i, t in enumerate(traces) if i != index]
-        steps += evaluate_shapes(policy, references, [(names[index], executed)], profile, BUDGET, latency_s,
-                                 episodes)["steps"]  # type: ignore[operator]
+        key = (family, index, latency_s)
+        if key not in margins:
+            margins[key] = prediction_margin(references, profile, BUDGET, latency_s)
+        rows = evaluate_shapes(policy, references, [(names[index], executed)], profile, BUDGET, latency_s,
+                               episodes, margin=margins[key])["steps"]
+        steps += [{**row, "prediction_margin": margins[key].margin} for row in rows]  # type: ignore[attr-defined]
     return {"family": family, "steps": steps}
 
 
@@ -63,6 +74,18 @@ def _markdown(result: dict[str, Any]) -> str:
     for run in result["runs"]:
         count = f"{run['covered']['steps']} of {run['covered']['of']}"
         lines += _rows(run["policy"], f"{run['latency']} | {count}", run["covered"]["summary"])
+    lines += ["", "Each step (the first policy's runs): its prediction margin and each method's saving / slowdown:", "",
+              "| latency | executed | covered | margin | " + " | ".join(METHODS[1:]) + " |",
+              "| --- | --- | --- | --- | " + " | ".join("---" for _ in METHODS[1:]) + " |"]
+    for run in result["runs"]:
+        if run["policy"] != result["runs"][0]["policy"]:
+            continue
+        for step in (s for family in run["families"] for s in family["steps"]):
+            cells = [f"{step['methods'][m]['energy_saved_pct']:.2f}% / {step['methods'][m]['slowdown_pct']:.2f}%"
+                     for m in METHODS[1:]]
+            lines.append(f"| {run['latency']} | {step['trace'].removesuffix('.trace.json.gz')} | "
+                         f"{'yes' if step['covered'] else 'no'} | {step['prediction_margin']:.2f} | "
+                         + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -83,12 +106,12 @@ def main() -> None:
                         "(default: the shipped h200)")
     args = parser.parse_args()
     profile = load_profile("h200")
-    runs = []
+    runs, margins = [], {}
     for source in args.policy:
         policy = FrozenPolicy.load(policy_source_path(source), profile)
         name = Path(source).name.removesuffix(".kdvfs-policy.npz")
         for label, latency_s in (("0 ms", 0.0), ("profile", None)):
-            families = [_family(family, policy, latency_s, args.episodes) for family in FAMILIES]
+            families = [_family(family, policy, latency_s, args.episodes, margins) for family in FAMILIES]
             steps = [step for family in families for step in family["steps"]]
             covered = [step for step in steps if step["covered"]]
             runs.append({"policy": name, "latency": label, "families": families, "summary": _summary(steps),

@@ -63,7 +63,9 @@ class OnlineFigures(JsonRecord):
 
 @dataclass(frozen=True)
 class ShapeFigures(JsonRecord):
-    """A run whose steps vary: the buckets planned, the steps that ran in each (by bucket), the controlled ones
+    """A run whose steps vary: the buckets planned, the budgets they were planned at (``margins``, fractions of
+    the run's budget, the prediction margin included: :mod:`kdvfs.agents.planners.prediction_margin`) and the one
+    in use, the steps that ran in each (by bucket), the controlled ones
     that replayed their bucket's schedule (by bucket; a frozen policy's until its bucket decides online),
     those without an entry by reason (``no_shape``, ``no_plan``) and the basis the step model's fits are on
     (``quadratic``, ``attention``, ``linear``, ``size``, ``constant``: :class:`~kdvfs.envs.model.step.shape_fit.Terms`;
@@ -75,6 +77,7 @@ class ShapeFigures(JsonRecord):
     margins: list[float]
     margin: float
     margin_changes: int
+    prediction_margin: float
     planned_in_background: int
     plan_error: str | None
     stood_in: int

@@ -2,12 +2,12 @@
 
 Owns the :class:`ShapeBook`: shapes grouped into buckets by their length classes, each rounded up to its own
 quantum (at most ``MAX_BUCKETS`` buckets for one class, ``MAX_GRID`` in all), each bucket planned for its top
-shape (the longest step it holds) at the run's budget and at each fraction of ``MARGINS``, from the step
-model's expected trace (``predict``; None: no plan, its steps run at auto). Buckets the capture saw are
-planned before the first step (:meth:`ShapeBook.build`); one met later in the background (:meth:`ShapeBook.request`),
-until then :meth:`ShapeBook.stand_in` names the smallest planned bucket at least as long. What else a bucket
-needs (a frozen policy's online decisions) is prepared on the book's thread (:meth:`ShapeBook.prepare_buckets`),
-each bucket once planned, after the buckets waiting to be planned. Times in seconds, budgets fractions.
+shape (the longest step it holds) at each fraction of ``MARGINS`` of the run's budget times the prediction margin
+(1: none), from the step model's expected trace (``predict``; None: no plan, its steps run at auto). Buckets the
+capture saw are planned before the first step (:meth:`ShapeBook.build`); one met later in the background
+(:meth:`ShapeBook.request`), until then :meth:`ShapeBook.stand_in` names the smallest planned bucket at least as
+long. A bucket's online decisions are prepared on the book's thread once it is planned (:meth:`ShapeBook.
+prepare_buckets`, after the buckets waiting to be planned). Times in seconds, budgets fractions.
 
 Invariants: nothing here blocks a training step: the book's worker processes predict, price and solve a bucket,
 and the training process only keeps the result; the plans are one planner's, priced by the one cost model.
@@ -59,7 +59,7 @@ class ShapePlan:
         shape: the bucket's top shape (the step the plan was made for).
         problem: that step on the GPU, with the margin's budget and the run's switching latency.
         schedule: the planner's schedule for it (one action per kernel).
-        margin: the index of its margin in ``MARGINS``.
+        margin: the index of its margin in the book's ``margins``.
     """
 
     shape: StepShape
@@ -72,16 +72,16 @@ _CONTEXT: list[tuple[Predict, GpuProfile, float | None, Planner]] = []
 """What the forked workers solve with (the step model's prediction and the planner do not pickle)."""
 
 
-def _solve(top: StepShape, budget: float) -> tuple[Problem, tuple[Schedule, ...]] | None:
-    """Bucket ``top`` priced at ``budget`` and its schedule at each fraction of ``MARGINS`` of it (in a worker:
-    the prediction, pricing and solves hold no lock of the training process); None where the step model does not
+def _solve(top: StepShape, budget: float, margins: Sequence[float]) -> tuple[Problem, tuple[Schedule, ...]] | None:
+    """Bucket ``top`` priced at ``budget`` and its schedule at each fraction ``margins`` of it (in a worker: the
+    prediction, pricing and solves hold no lock of the training process); None where the step model does not
     cover it."""
     predict, profile, latency_s, planner = _CONTEXT[0]
     trace = predict(top)
     if trace is None:
         return None
     problem = Problem.build(trace, profile, budget, latency_s)
-    return problem, tuple(planner.plan(problem.with_budget(budget * margin)) for margin in MARGINS)
+    return problem, tuple(planner.plan(problem.with_budget(budget * margin)) for margin in margins)
 
 
 def _ready() -> None:
@@ -115,7 +115,9 @@ class ShapeBook:
         quanta: each class's quantum (0: exact).
     """
 
-    margins = MARGINS
+    margins: tuple[float, ...] = MARGINS
+    """The budgets each bucket is planned at, as fractions of the run's budget: ``MARGINS`` times the prediction
+    margin the book was built with (:meth:`build`)."""
 
     def __init__(self, plans: dict[StepShape, tuple[ShapePlan, ...]], axes: ShapeAxes,
                  quanta: Sequence[int]) -> None:
@@ -172,10 +174,11 @@ class ShapeBook:
     @classmethod
     def build(cls, shapes: Sequence[StepShape], predict: Predict, profile: GpuProfile, budget: float,
               latency_s: float | None, planner: Planner | None = None, workers: int | None = None,
-              progress: Callable[[int, int], None] | None = None) -> ShapeBook:
+              progress: Callable[[int, int], None] | None = None, prediction_margin: float = 1.0) -> ShapeBook:
         """Plan the buckets of ``shapes`` (and, for one length class, of the range between them, per batch
         size): predict each bucket's top shape and solve it with ``planner`` (default the latency-optimal one)
-        at each margin of ``budget`` (a fraction) and at ``latency_s`` (None: the profile's), on ``workers``
+        at each fraction of ``MARGINS`` times ``prediction_margin`` (:mod:`kdvfs.agents.planners.
+        prediction_margin`) of ``budget`` (a fraction) and at ``latency_s`` (None: the profile's), on ``workers``
         processes (default: the CPUs); ``progress(done, total)`` after each bucket. The pool stays for the
         buckets planned later (:meth:`request`) until :meth:`close`."""
         axes = ShapeAxes.of(shapes)
@@ -186,10 +189,11 @@ class ShapeBook:
                   for k, exact in enumerate(axes.exact)]
         book = cls({}, axes, quanta)
         book._budget = budget
+        book.margins = tuple(prediction_margin * margin for margin in MARGINS)
         _CONTEXT[:] = [(predict, profile, latency_s, planner or make_planner("latency-optimal"))]
         book._pool = ProcessPoolExecutor(max(1, workers or os.cpu_count() or 1), get_context("fork"))
         book._pool.submit(_ready).result()
-        futures = {top: book._pool.submit(_solve, top, budget) for top in book._tops(shapes)}
+        futures = {top: book._pool.submit(_solve, top, budget, book.margins) for top in book._tops(shapes)}
         for done, (top, future) in enumerate(futures.items(), 1):
             book._add(top, future.result())
             if progress is not None:
@@ -208,7 +212,7 @@ class ShapeBook:
     def _margins(self, top: StepShape, schedules: Sequence[Schedule]) -> tuple[ShapePlan, ...]:
         problem = self.problems[top]
         return tuple(ShapePlan(top, problem.with_budget(self._budget * margin), schedule, m)
-                     for m, (margin, schedule) in enumerate(zip(MARGINS, schedules, strict=True)))
+                     for m, (margin, schedule) in enumerate(zip(self.margins, schedules, strict=True)))
 
     def request(self, top: StepShape) -> None:
         """Plan bucket ``top`` in the background (once; nothing without a pool, for a planned bucket or one the
@@ -267,7 +271,7 @@ class ShapeBook:
         if pool is None:
             return False
         try:
-            if not self._add(top, pool.submit(_solve, top, self._budget).result()):
+            if not self._add(top, pool.submit(_solve, top, self._budget, self.margins).result()):
                 return True
         except Exception as error:
             self.plan_error = f"{type(error).__name__}: {error}"

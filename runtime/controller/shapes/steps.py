@@ -20,12 +20,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from kdvfs.agents.common.problem import Planner, Problem
+from kdvfs.agents.planners.prediction_margin import prediction_margin
 from kdvfs.envs.trace.shape import StepShape
+from kdvfs.envs.trace.trace import Trace
 from kdvfs.runtime.controller.decisions.sources import StepSource
 from kdvfs.runtime.controller.measurement.estimator import Interval
 from kdvfs.runtime.controller.model.run_summary import ShapeFigures
 from kdvfs.runtime.controller.model.step_plan import StepPlan
-from kdvfs.runtime.controller.shapes.book import Predict, ShapeBook
+from kdvfs.runtime.controller.shapes.book import MARGINS, Predict, ShapeBook
 from kdvfs.runtime.controller.timing.anchors import Anchors
 
 ShapeOf = Callable[[int, float], StepShape | None]
@@ -45,6 +47,8 @@ class VaryingSteps:
             step counts for its bucket's.
         step_model_basis: the basis the step model's fits are on (:class:`~kdvfs.envs.model.step.shape_fit.Terms`'
             value); None: ``predict`` is not a step model's.
+        references: the captured traces the step model was fitted on, for the prediction margin
+            (:mod:`kdvfs.agents.planners.prediction_margin`; none: no margin).
     """
 
     shapes: Sequence[StepShape]
@@ -53,12 +57,15 @@ class VaryingSteps:
     progress: Callable[[int, int], None] | None = None
     kernel_time_s: Callable[[StepShape], float] | None = None
     step_model_basis: str | None = None
+    references: Sequence[Trace] = ()
 
     def plan(self, problem: Problem, planner: Planner) -> ShapeBook:
-        """The book of the buckets planned by ``planner``, at ``problem``'s GPU, budget and switching latency
-        (its worker processes stay for the buckets planned later: :meth:`ShapeBook.close` them)."""
+        """The book of the buckets planned by ``planner``, at ``problem``'s GPU, budget times the references'
+        prediction margin and switching latency (its worker processes stay for the buckets planned later:
+        :meth:`ShapeBook.close` them)."""
+        margin = prediction_margin(self.references, problem.profile, problem.budget, problem.latency_s)
         return ShapeBook.build(self.shapes, self.predict, problem.profile, problem.budget, problem.latency_s,
-                               planner, progress=self.progress)
+                               planner, progress=self.progress, prediction_margin=margin.margin)
 
 
 @dataclass(frozen=True)
@@ -172,6 +179,7 @@ class ShapeSteps:
         return ShapeFigures(
             buckets=len(self.entries), quantum_tokens=self.book.quantum, quanta=list(self.book.quanta),
             margins=list(self.book.margins), margin=self.book.margins[self.margin], margin_changes=self.margin_changes,
+            prediction_margin=self.book.margins[0] / MARGINS[0],
             planned_in_background=self.book.planned_later, plan_error=self.book.plan_error, stood_in=self.stood_in,
             steps_by_bucket=dict(sorted(self.steps.items())),
             replayed_steps_by_bucket=dict(sorted(self.replayed.items())), misses=dict(self.misses),

@@ -92,7 +92,8 @@ def varying_steps(trace_path: str, clock: Clock) -> tuple[VaryingSteps, StepShap
     if len(shapes) < 2:
         return None
     try:
-        model = StepModel.fit([trace for trace in traces if trace.meta.step_shape is not None])
+        shaped = [trace for trace in traces if trace.meta.step_shape is not None]
+        model = StepModel.fit(shaped)
     except StepModelError as error:
         print(f"kdvfs: the capture's steps vary, but no step model fits its traces ({error}); only steps like "
               f"{trace_path} are controlled", file=sys.stderr)
@@ -110,4 +111,4 @@ def varying_steps(trace_path: str, clock: Clock) -> tuple[VaryingSteps, StepShap
             print(f"kdvfs: planned {total} step-shape buckets", file=sys.stderr)
 
     return VaryingSteps(shapes, predict, source.shape_of, progress=progress, kernel_time_s=model.kernel_time_s,
-                        step_model_basis=model.terms.value), source
+                        step_model_basis=model.terms.value, references=shaped), source

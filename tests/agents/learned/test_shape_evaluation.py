@@ -39,7 +39,9 @@ def test_json_has_every_method_per_step_and_a_summary(policy: FrozenPolicy) -> N
     references = [load_trace(p) for p in REFERENCES]
     result = evaluate_shapes(policy, references, [("bert-s256", load_trace(EXECUTED))], load_profile("h200"), 0.01,
                              0.0)
-    assert set(result) == {"steps", "summary"}
+    assert set(result) == {"steps", "summary", "prediction_margin"}
+    margin = result["prediction_margin"]
+    assert 0 < margin["margin"] <= 1 and len(margin["slowdowns_pct"]) <= len(references)  # type: ignore[index]
     step = result["steps"][0]  # type: ignore[index]
     assert step["trace"] == "bert-s256" and set(step["methods"]) == set(METHODS) and step["covered"] is True
     for row in step["methods"].values():

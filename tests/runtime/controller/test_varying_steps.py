@@ -103,6 +103,14 @@ def test_buckets_cover_the_captured_range_and_round_up() -> None:
     assert book.plan_for(shape(600)) is None and book.plan_for(StepShape.of([(3, 128)])) is None
 
 
+def test_the_buckets_are_planned_at_the_prediction_margin() -> None:
+    book = ShapeBook.build([shape(128), shape(256)], predict, load_profile("h200"), BUDGET, LATENCY_MS / 1e3,
+                           workers=1, prediction_margin=0.8)
+    assert book.margins == pytest.approx((0.8, 0.4))
+    for plans in book.plans.values():
+        assert [plan.problem.budget for plan in plans] == pytest.approx([BUDGET * 0.8, BUDGET * 0.4])
+
+
 def test_every_step_runs_its_buckets_plan_and_keeps_the_budget(tmp_path: Path) -> None:
     rng = np.random.default_rng(0)
     seqs = [int(s) for s in rng.choice(SEQS, 40)]
@@ -294,7 +302,7 @@ def test_the_source_names_the_buckets_a_policy_decided_online_in_and_those_it_re
     def ran(online: dict[str, int] | None, replayed: dict[str, int]) -> str:
         figures = None if online is None else OnlineFigures(0, 0, 0, 0, 0, {}, {}, none, none, none, 0.0, None, None,
                                                             {}, 0.01, 0.001, online)
-        shapes = ShapeFigures(3, 16, [16], [1.0, 0.5], 1.0, 0, 0, None, 0, {}, replayed, {}, "quadratic")
+        shapes = ShapeFigures(3, 16, [16], [1.0, 0.5], 1.0, 0, 1.0, 0, None, 0, {}, replayed, {}, "quadratic")
         plan = Plan(problem(128), Schedule(np.zeros(3, dtype=np.int64), "policy", 0.0), "policy p.npz (replayed)",
                     None, "p.npz")
         return source_that_ran(plan, figures, shapes)

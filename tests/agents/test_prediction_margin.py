@@ -1,0 +1,41 @@
+"""The prediction margin: set from the references alone, the budget over their worst held-out slowdown, 1
+without evidence; an exact prediction leaves no overrun."""
+
+from __future__ import annotations
+
+import pytest
+
+from kdvfs.agents.common.problem import within_budget
+from kdvfs.agents.planners.prediction_margin import held_out_slowdown_pct, prediction_margin
+from kdvfs.common.paths import REPO_ROOT
+from kdvfs.envs.gpu.profiles import load_profile
+from kdvfs.envs.trace.format import load_trace
+from kdvfs.envs.trace.trace import Trace
+
+WORKLOADS = REPO_ROOT / "data" / "traces" / "h200" / "workloads"
+BUDGET = 0.01
+
+
+@pytest.fixture(scope="module")
+def references() -> list[Trace]:
+    return [load_trace(WORKLOADS / f"bert-{s}.trace.json.gz") for s in ("b32-s128", "b32-s256", "b32-s512")]
+
+
+def test_the_margin_is_the_budget_over_the_worst_held_out_slowdown(references: list[Trace]) -> None:
+    margin = prediction_margin(references, load_profile("h200"), BUDGET, 0.0)
+    assert margin.slowdowns_pct  # the middle shape is covered by the other two
+    worst = max(margin.slowdowns_pct)
+    assert margin.margin == pytest.approx(min(1.0, 100 * BUDGET / worst) if worst > 0 else 1.0)
+    assert 0 < margin.margin <= 1
+
+
+def test_fewer_than_three_references_give_no_margin(references: list[Trace]) -> None:
+    margin = prediction_margin(references[:2], load_profile("h200"), BUDGET, 0.0)
+    assert (margin.margin, margin.slowdowns_pct) == (1.0, ())
+
+
+@pytest.mark.parametrize("latency_s", [0.0, None])
+def test_an_exact_prediction_stays_within_its_budget(references: list[Trace], latency_s: float | None) -> None:
+    reference = references[1]
+    slowdown = held_out_slowdown_pct(reference, reference, load_profile("h200"), BUDGET, latency_s)
+    assert within_budget(slowdown, BUDGET)
