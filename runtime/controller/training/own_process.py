@@ -41,7 +41,8 @@ from kdvfs.runtime.job import Rank
 CHILD_MODULE = "kdvfs.runtime.controller.training.controller_process"
 """What the child runs (``python -m``): a module the package does not import, so ``-m`` runs it fresh."""
 CLOSE_TIMEOUT_S = 60.0
-"""Longest wait for the child to close its controller and send the summary (s); then it is terminated."""
+"""Longest wait for the child to close its controller and send the summary (s); then it is terminated, and killed
+after as long again (its watchdog then resets the clocks)."""
 
 
 class ProcessController(Managed):
@@ -139,7 +140,11 @@ class ProcessController(Managed):
                 self._process.wait(CLOSE_TIMEOUT_S)
             except subprocess.TimeoutExpired:
                 self._process.terminate()  # its SIGTERM handler closes the controller
-                self._process.wait()
+                try:
+                    self._process.wait(CLOSE_TIMEOUT_S)
+                except subprocess.TimeoutExpired:  # a close stuck past its own timeouts: the watchdog resets
+                    self._process.kill()
+                    self._process.wait()
             if self.summary is None and self.error is None:
                 self.error = f"the controller process ended without a summary (exit code {self._process.returncode})"
         self._stack.close()
