@@ -185,7 +185,9 @@ def _evaluate_shapes(args: argparse.Namespace) -> int:
     if args.json:
         print_json(result)
     else:
-        console.print(_scored(args, profile) + "\n", highlight=False)
+        margin = result["prediction_margin"]
+        console.print(_scored(args, profile) + f"; plans of predicted steps at {margin['margin']:.0%} of the "  # type: ignore[index]
+                      "budget (the prediction margin)\n", highlight=False)
         for method, row in result["summary"].items():  # type: ignore[attr-defined]
             console.print(f"{method:15s} energy saved {row['energy_saved_pct']:6.2f}%  slowdown "
                           f"{row['slowdown_pct']:6.2f}%  within budget on {row['within_budget']:.0%} of steps")
