@@ -14,8 +14,11 @@ reads a step it will be used on.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from multiprocessing import current_process, get_context
 
 from kdvfs.agents.common.problem import Problem, score
 from kdvfs.agents.planners.latency_optimal import LatencyOptimal
@@ -51,24 +54,46 @@ def held_out_slowdown_pct(predicted: Trace, reference: Trace, profile: GpuProfil
     return score(executed, Schedule(planned[slots(predicted, reference)], planner.name)).slowdown_pct
 
 
-def prediction_margin(references: Sequence[Trace], profile: GpuProfile, budget: float, latency_s: float | None
-                      ) -> PredictionMargin:
+_CONTEXT: list[tuple[AlignedSteps, GpuProfile, float, float | None]] = []
+"""What the forked workers of :func:`prediction_margin` read (set before they fork; nothing large is pickled)."""
+
+
+def _held_out_slowdown_pct(index: int) -> float | None:
+    """Reference ``index``'s slowdown (%) planned on its prediction from the others; None where they fit no model
+    or do not cover its shape."""
+    steps, profile, budget, latency_s = _CONTEXT[0]
+    reference = steps.traces[index]
+    try:
+        model = StepModel.of_aligned(steps.without(index))
+    except StepModelError:  # the others fit no model: this reference says nothing
+        return None
+    shape = reference.meta.step_shape
+    assert shape is not None
+    if not model.covers(shape):
+        return None
+    return held_out_slowdown_pct(model.predict(shape), reference, profile, budget, latency_s)
+
+
+def prediction_margin(references: Sequence[Trace], profile: GpuProfile, budget: float, latency_s: float | None,
+                      workers: int | None = None) -> PredictionMargin:
     """The margin of the plans of steps predicted from ``references`` (module docstring) at ``budget`` (a
-    fraction) and ``latency_s`` (None: the profile's)."""
+    fraction) and ``latency_s`` (None: the profile's); each reference in a forked worker process, ``workers`` of
+    them (default: one per CPU; 1: in this process)."""
     shaped = [trace for trace in references if trace.meta.step_shape is not None]
     if len(shaped) < MIN_REFERENCES:
         return PredictionMargin(1.0, ())
-    steps = AlignedSteps.of(shaped)  # each pair aligned once, not once per model of the others
-    slowdowns = []
-    for reference in steps.traces:
-        try:
-            model = StepModel.of_aligned(steps.without(steps.traces.index(reference)))
-        except StepModelError:  # the others fit no model: this reference says nothing
-            continue
-        shape = reference.meta.step_shape
-        assert shape is not None
-        if model.covers(shape):
-            slowdowns.append(held_out_slowdown_pct(model.predict(shape), reference, profile, budget, latency_s))
+    _CONTEXT[:] = [(AlignedSteps.of(shaped), profile, budget, latency_s)]  # each pair aligned once
+    try:
+        indices = range(len(shaped))
+        processes = min(len(shaped), workers or os.cpu_count() or 1)
+        if processes == 1 or current_process().daemon:  # a daemonic process may not start workers
+            found = [_held_out_slowdown_pct(index) for index in indices]
+        else:
+            with ProcessPoolExecutor(processes, get_context("fork")) as pool:
+                found = list(pool.map(_held_out_slowdown_pct, indices))
+    finally:
+        _CONTEXT.clear()
+    slowdowns = [slowdown for slowdown in found if slowdown is not None]
     worst_pct = max(slowdowns, default=0.0)
     margin = min(1.0, 100.0 * budget / worst_pct) if worst_pct > 0 else 1.0
     return PredictionMargin(margin, tuple(slowdowns))

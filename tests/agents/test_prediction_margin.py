@@ -29,6 +29,11 @@ def test_the_margin_is_the_budget_over_the_worst_held_out_slowdown(references: l
     assert 0 < margin.margin <= 1
 
 
+def test_worker_processes_find_the_same_margin(references: list[Trace]) -> None:
+    here = prediction_margin(references, load_profile("h200"), BUDGET, None, workers=1)
+    assert prediction_margin(references, load_profile("h200"), BUDGET, None, workers=3) == here
+
+
 def test_fewer_than_three_references_give_no_margin(references: list[Trace]) -> None:
     margin = prediction_margin(references[:2], load_profile("h200"), BUDGET, 0.0)
     assert (margin.margin, margin.slowdowns_pct) == (1.0, ())
