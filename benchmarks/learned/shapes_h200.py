@@ -9,7 +9,7 @@ executed step is never shown to the controller side). The shipped ``policies/h20
 none trained on these families); ``of oracle``: the policy's mean saving over the oracle's. All but the oracle plan
 and decide at the budget times the references' prediction margin (``kdvfs.agents.planners.prediction_margin``).
 
-    python -m benchmarks.learned.shapes_h200 [--episodes N] [--policy NAME_OR_PATH ...]
+    python -m benchmarks.learned.shapes_h200 [--episodes N] [--policy NAME_OR_PATH ...] [--name NAME]
 """
 
 from __future__ import annotations
@@ -61,7 +61,9 @@ def _summary(steps: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
 
 
 def _markdown(result: dict[str, Any]) -> str:
-    lines = ["# evaluate --reference on held-out shapes (H200, 1% budget)", "",
+    episodes = result["episodes"]
+    lines = [f"# evaluate --reference on held-out shapes (H200, 1% budget, "
+             f"{f'{episodes} disturbed episodes' if episodes else 'one undisturbed episode'} a step)", "",
              *provenance_lines(result["provenance"]), "",
              "| policy | latency | method | energy saved | slowdown | steps within budget | of oracle |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
@@ -102,6 +104,7 @@ def _rows(policy: str, where: str, summary: dict[str, dict[str, float]]) -> list
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--episodes", type=int, help="disturbed episodes per step (default: one, undisturbed)")
+    parser.add_argument("--name", default="shapes_h200", help="the result files' name (benchmarks/results/NAME.*)")
     parser.add_argument("--policy", nargs="+", default=["h200"], help="policies to score: shipped names or files "
                         "(default: the shipped h200)")
     args = parser.parse_args()
@@ -118,9 +121,10 @@ def main() -> None:
                          "covered": {"steps": len(covered), "of": len(steps), "summary": _summary(covered)},
                          "by_family": {f["family"]: _summary(f["steps"]) for f in families}})
     command = ("python -m benchmarks.learned.shapes_h200" + (f" --episodes {args.episodes}" if args.episodes else "")
+               + (f" --name {args.name}" if args.name != "shapes_h200" else "")
                + (f" --policy {' '.join(args.policy)}" if args.policy != ["h200"] else ""))
-    result = {"provenance": provenance(command), "budget": BUDGET, "runs": runs}
-    write_results("shapes_h200", result, _markdown(result))
+    result = {"provenance": provenance(command), "budget": BUDGET, "episodes": args.episodes, "runs": runs}
+    write_results(args.name, result, _markdown(result))
 
 
 if __name__ == "__main__":
