@@ -15,6 +15,7 @@ control (its shape is its identity). Why: docs/design/controller.md.
 
 from __future__ import annotations
 
+import sys
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -64,6 +65,10 @@ class VaryingSteps:
         prediction margin and switching latency (its worker processes stay for the buckets planned later:
         :meth:`ShapeBook.close` them)."""
         margin = prediction_margin(self.references, problem.profile, problem.budget, problem.latency_s)
+        if margin.margin < 1.0:
+            print(f"kdvfs: every shape bucket is planned at {margin.margin:.0%} of the budget (the prediction margin): "
+                  f"the captured steps, each predicted from the others, ran up to {max(margin.slowdowns_pct):.2f}% "
+                  "slower at their plans", file=sys.stderr)
         return ShapeBook.build(self.shapes, self.predict, problem.profile, problem.budget, problem.latency_s,
                                planner, progress=self.progress, prediction_margin=margin.margin)
 

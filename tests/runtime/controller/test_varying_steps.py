@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from kdvfs.agents.common.problem import Problem
+from kdvfs.agents.planners.prediction_margin import PredictionMargin
 from kdvfs.agents.planners.registry import make_planner
 from kdvfs.envs.gpu.profiles import load_profile
 from kdvfs.envs.synthetic.generator import generate_transformer_trace, load_workload
@@ -23,6 +24,7 @@ from kdvfs.envs.trace.shape import StepShape
 from kdvfs.envs.trace.trace import Trace
 from kdvfs.runtime.cli.offline.plan import schedule_json
 from kdvfs.runtime.controller import Controller
+from kdvfs.runtime.controller.shapes import steps
 from kdvfs.runtime.controller.shapes.book import ShapeBook, ShapePlan, seq_quantum
 from kdvfs.runtime.controller.shapes.steps import VaryingSteps
 from kdvfs.runtime.testing.fake_gpu import FakeGpu, FakeStepTimeline, VirtualClock
@@ -109,6 +111,17 @@ def test_the_buckets_are_planned_at_the_prediction_margin() -> None:
     assert book.margins == pytest.approx((0.8, 0.4))
     for plans in book.plans.values():
         assert [plan.problem.budget for plan in plans] == pytest.approx([BUDGET * 0.8, BUDGET * 0.4])
+
+
+def test_varying_steps_plan_at_their_references_margin_and_say_so(monkeypatch: pytest.MonkeyPatch,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    built: dict[str, object] = {}
+    monkeypatch.setattr(steps, "prediction_margin", lambda *args: PredictionMargin(0.8, (0.9, 1.25)))
+    monkeypatch.setattr(ShapeBook, "build", lambda *args, **kwargs: built.update(kwargs))
+    varying = VaryingSteps([shape(128), shape(256)], predict, lambda step, deadline_s: None)
+    varying.plan(problem(128), make_planner("latency-optimal"))
+    assert built["prediction_margin"] == 0.8
+    assert "planned at 80% of the budget (the prediction margin)" in capsys.readouterr().err
 
 
 def test_every_step_runs_its_buckets_plan_and_keeps_the_budget(tmp_path: Path) -> None:
