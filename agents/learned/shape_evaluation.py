@@ -38,7 +38,7 @@ from kdvfs.envs.env.steps.step_data import StepData
 from kdvfs.envs.gpu.profiles import GpuProfile
 from kdvfs.envs.model.schedule import replay
 from kdvfs.envs.model.step.align import slots
-from kdvfs.envs.model.step_model import StepModel
+from kdvfs.envs.model.step_model import AlignedSteps, StepModel
 from kdvfs.envs.trace.trace import Trace
 
 METHODS = ("auto", "reference-plan", "policy", "prediction-optimum", "oracle")
@@ -152,8 +152,9 @@ def evaluate_shapes(policy: FrozenPolicy, references: Sequence[Trace], executed:
     ``covered``: whether the step model covers the step's shape (else every method but ``oracle`` runs at auto).
     ``executed``: (label, trace) pairs; ``margin``: the references' prediction margin at ``budget`` and
     ``latency_s`` where the caller has it (None: computed here)."""
-    model = StepModel.fit(references)
-    margin = margin or prediction_margin(references, profile, budget, latency_s)
+    aligned = AlignedSteps.of(references)
+    model = StepModel.of_aligned(aligned)
+    margin = margin or prediction_margin(aligned, profile, budget, latency_s)
     steps = [{"trace": label, "covered": model.covers(trace.meta.step_shape) if trace.meta.step_shape else False,
               "methods": evaluate_step(model, trace, policy, profile, budget, latency_s, episodes, seed,
                                        margin.margin)}

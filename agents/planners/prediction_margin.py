@@ -15,7 +15,6 @@ reads a step it will be used on.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from multiprocessing import current_process, get_context
@@ -74,18 +73,19 @@ def _held_out_slowdown_pct(index: int) -> float | None:
     return held_out_slowdown_pct(model.predict(shape), reference, profile, budget, latency_s)
 
 
-def prediction_margin(references: Sequence[Trace], profile: GpuProfile, budget: float, latency_s: float | None,
+def prediction_margin(references: AlignedSteps, profile: GpuProfile, budget: float, latency_s: float | None,
                       workers: int | None = None) -> PredictionMargin:
-    """The margin of the plans of steps predicted from ``references`` (module docstring) at ``budget`` (a
-    fraction) and ``latency_s`` (None: the profile's); each reference in a forked worker process, ``workers`` of
-    them (default: one per CPU; 1: in this process)."""
-    shaped = [trace for trace in references if trace.meta.step_shape is not None]
-    if len(shaped) < MIN_REFERENCES:
+    """The margin of the plans of steps predicted from ``references`` (module docstring; aligned once, as the
+    step model of them is: :meth:`StepModel.of_aligned`) at ``budget`` (a fraction) and ``latency_s`` (None: the
+    profile's); each reference in a forked worker process, ``workers`` of them (default: one per CPU; 1: in this
+    process)."""
+    count = len(references.traces)
+    if count < MIN_REFERENCES:
         return PredictionMargin(1.0, ())
-    _CONTEXT[:] = [(AlignedSteps.of(shaped), profile, budget, latency_s)]  # each pair aligned once
+    _CONTEXT[:] = [(references, profile, budget, latency_s)]
     try:
-        indices = range(len(shaped))
-        processes = min(len(shaped), workers or os.cpu_count() or 1)
+        indices = range(count)
+        processes = min(count, workers or os.cpu_count() or 1)
         if processes == 1 or current_process().daemon:  # a daemonic process may not start workers
             found = [_held_out_slowdown_pct(index) for index in indices]
         else:

@@ -25,6 +25,7 @@ from kdvfs.agents.learned.policy.shipped import policy_source_path
 from kdvfs.agents.learned.shape_evaluation import METHODS, evaluate_shapes
 from kdvfs.agents.planners.prediction_margin import PredictionMargin, prediction_margin
 from kdvfs.envs.gpu.profiles import load_profile
+from kdvfs.envs.model.step_model import AlignedSteps
 
 BUDGET = 0.01
 
@@ -43,7 +44,7 @@ def _family(family: str, policy: FrozenPolicy, latency_s: float | None, episodes
         references = [t for i, t in enumerate(traces) if i != index]
         key = (family, index, latency_s)
         if key not in margins:
-            margins[key] = prediction_margin(references, profile, BUDGET, latency_s)
+            margins[key] = prediction_margin(AlignedSteps.of(references), profile, BUDGET, latency_s)
         rows = evaluate_shapes(policy, references, [(names[index], executed)], profile, BUDGET, latency_s,
                                episodes, margin=margins[key])["steps"]
         steps += [{**row, "prediction_margin": margins[key].margin} for row in rows]  # type: ignore[attr-defined]

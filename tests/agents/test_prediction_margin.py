@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 
 from kdvfs.agents.common.problem import within_budget
-from kdvfs.agents.planners.prediction_margin import held_out_slowdown_pct, prediction_margin
+from kdvfs.agents.planners.prediction_margin import PredictionMargin, held_out_slowdown_pct, prediction_margin
 from kdvfs.common.paths import REPO_ROOT
 from kdvfs.envs.gpu.profiles import load_profile
+from kdvfs.envs.model.step_model import AlignedSteps
 from kdvfs.envs.trace.format import load_trace
 from kdvfs.envs.trace.trace import Trace
 
@@ -21,8 +22,12 @@ def references() -> list[Trace]:
     return [load_trace(WORKLOADS / f"bert-{s}.trace.json.gz") for s in ("b32-s128", "b32-s256", "b32-s512")]
 
 
+def _margin(references: list[Trace], latency_s: float | None, workers: int | None = None) -> PredictionMargin:
+    return prediction_margin(AlignedSteps.of(references), load_profile("h200"), BUDGET, latency_s, workers)
+
+
 def test_the_margin_is_the_budget_over_the_worst_held_out_slowdown(references: list[Trace]) -> None:
-    margin = prediction_margin(references, load_profile("h200"), BUDGET, 0.0)
+    margin = _margin(references, 0.0)
     assert margin.slowdowns_pct  # the middle shape is covered by the other two
     worst = max(margin.slowdowns_pct)
     assert margin.margin == pytest.approx(min(1.0, 100 * BUDGET / worst) if worst > 0 else 1.0)
@@ -30,12 +35,12 @@ def test_the_margin_is_the_budget_over_the_worst_held_out_slowdown(references: l
 
 
 def test_worker_processes_find_the_same_margin(references: list[Trace]) -> None:
-    here = prediction_margin(references, load_profile("h200"), BUDGET, None, workers=1)
-    assert prediction_margin(references, load_profile("h200"), BUDGET, None, workers=3) == here
+    here = _margin(references, None, workers=1)
+    assert _margin(references, None, workers=3) == here
 
 
 def test_fewer_than_three_references_give_no_margin(references: list[Trace]) -> None:
-    margin = prediction_margin(references[:2], load_profile("h200"), BUDGET, 0.0)
+    margin = _margin(references[:2], 0.0)
     assert (margin.margin, margin.slowdowns_pct) == (1.0, ())
 
 

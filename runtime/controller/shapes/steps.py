@@ -21,9 +21,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from kdvfs.agents.common.problem import Planner, Problem
-from kdvfs.agents.planners.prediction_margin import prediction_margin
+from kdvfs.agents.planners.prediction_margin import PredictionMargin, prediction_margin
+from kdvfs.envs.model.step_model import AlignedSteps
 from kdvfs.envs.trace.shape import StepShape
-from kdvfs.envs.trace.trace import Trace
 from kdvfs.runtime.controller.decisions.sources import StepSource
 from kdvfs.runtime.controller.measurement.estimator import Interval
 from kdvfs.runtime.controller.model.run_summary import ShapeFigures
@@ -48,8 +48,8 @@ class VaryingSteps:
             step counts for its bucket's.
         step_model_basis: the basis the step model's fits are on (:class:`~kdvfs.envs.model.step.shape_fit.Terms`'
             value); None: ``predict`` is not a step model's.
-        references: the captured traces the step model was fitted on, for the prediction margin
-            (:mod:`kdvfs.agents.planners.prediction_margin`; none: no margin).
+        references: the captured traces the step model was fitted on, aligned, for the prediction margin
+            (:mod:`kdvfs.agents.planners.prediction_margin`; None: no margin).
     """
 
     shapes: Sequence[StepShape]
@@ -58,13 +58,14 @@ class VaryingSteps:
     progress: Callable[[int, int], None] | None = None
     kernel_time_s: Callable[[StepShape], float] | None = None
     step_model_basis: str | None = None
-    references: Sequence[Trace] = ()
+    references: AlignedSteps | None = None
 
     def plan(self, problem: Problem, planner: Planner) -> ShapeBook:
         """The book of the buckets planned by ``planner``, at ``problem``'s GPU, budget times the references'
         prediction margin and switching latency (its worker processes stay for the buckets planned later:
         :meth:`ShapeBook.close` them)."""
-        margin = prediction_margin(self.references, problem.profile, problem.budget, problem.latency_s)
+        margin = (PredictionMargin(1.0, ()) if self.references is None else
+                  prediction_margin(self.references, problem.profile, problem.budget, problem.latency_s))
         if margin.margin < 1.0:
             print(f"kdvfs: every shape bucket is planned at {margin.margin:.0%} of the budget (the prediction margin): "
                   f"the captured steps, each predicted from the others, ran up to {max(margin.slowdowns_pct):.2f}% "

@@ -16,7 +16,7 @@ import threading
 from collections import Counter
 from pathlib import Path
 
-from kdvfs.envs.model.step_model import StepModel, StepModelError
+from kdvfs.envs.model.step_model import AlignedSteps, StepModel, StepModelError
 from kdvfs.envs.trace.shape import StepShape
 from kdvfs.envs.trace.trace import Trace
 from kdvfs.envs.trace.trace_set import load_trace_set
@@ -92,8 +92,8 @@ def varying_steps(trace_path: str, clock: Clock) -> tuple[VaryingSteps, StepShap
     if len(shapes) < 2:
         return None
     try:
-        shaped = [trace for trace in traces if trace.meta.step_shape is not None]
-        model = StepModel.fit(shaped)
+        aligned = AlignedSteps.of([trace for trace in traces if trace.meta.step_shape is not None])
+        model = StepModel.of_aligned(aligned)
     except StepModelError as error:
         print(f"kdvfs: the capture's steps vary, but no step model fits its traces ({error}); only steps like "
               f"{trace_path} are controlled", file=sys.stderr)
@@ -111,4 +111,4 @@ def varying_steps(trace_path: str, clock: Clock) -> tuple[VaryingSteps, StepShap
             print(f"kdvfs: planned {total} step-shape buckets", file=sys.stderr)
 
     return VaryingSteps(shapes, predict, source.shape_of, progress=progress, kernel_time_s=model.kernel_time_s,
-                        step_model_basis=model.terms.value, references=shaped), source
+                        step_model_basis=model.terms.value, references=aligned), source

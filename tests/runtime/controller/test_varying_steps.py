@@ -18,6 +18,7 @@ from kdvfs.agents.common.problem import Problem
 from kdvfs.agents.planners.prediction_margin import PredictionMargin
 from kdvfs.agents.planners.registry import make_planner
 from kdvfs.envs.gpu.profiles import load_profile
+from kdvfs.envs.model.step_model import AlignedSteps
 from kdvfs.envs.synthetic.generator import generate_transformer_trace, load_workload
 from kdvfs.envs.trace.format import save_trace
 from kdvfs.envs.trace.shape import StepShape
@@ -118,7 +119,8 @@ def test_varying_steps_plan_at_their_references_margin_and_say_so(monkeypatch: p
     built: dict[str, object] = {}
     monkeypatch.setattr(steps, "prediction_margin", lambda *args: PredictionMargin(0.8, (0.9, 1.25)))
     monkeypatch.setattr(ShapeBook, "build", lambda *args, **kwargs: built.update(kwargs))
-    varying = VaryingSteps([shape(128), shape(256)], predict, lambda step, deadline_s: None)
+    varying = VaryingSteps([shape(128), shape(256)], predict, lambda step, deadline_s: None,
+                           references=AlignedSteps((), (), ()))  # what the margin is found from: patched above
     varying.plan(problem(128), make_planner("latency-optimal"))
     assert built["prediction_margin"] == 0.8
     assert "planned at 80% of the budget (the prediction margin)" in capsys.readouterr().err
