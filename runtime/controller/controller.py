@@ -22,7 +22,6 @@ import contextlib
 import os
 import subprocess
 import sys
-import threading
 from typing import TYPE_CHECKING, Any
 
 from kdvfs.common.errors import KdvfsError
@@ -40,7 +39,6 @@ from kdvfs.runtime.controller.shapes.steps import VaryingSteps
 from kdvfs.runtime.controller.timing.gpu_timeline import StepTimeline
 from kdvfs.runtime.device.host_time import Clock, RealClock
 from kdvfs.runtime.device.interface import Device
-from kdvfs.runtime.device.nvml_device import Termination, terminate_on_sigterm
 from kdvfs.runtime.device.watchdog import stop_watchdog
 from kdvfs.runtime.job import JobGroup, Rank
 
@@ -84,7 +82,6 @@ class Controller(Managed):
         self._opened: Opened | None = None
         self._parts: ThreadParts | None = None
         self._watchdog: subprocess.Popen[bytes] | None = None
-        self._termination: Termination | None = None
 
     @property
     def plan(self) -> Plan | None:
@@ -112,8 +109,7 @@ class Controller(Managed):
                 self._varying, self._step_shapes = found
         if self._varying is not None:
             self.book = shape_book(opened, self._varying, self._stack)
-        if threading.current_thread() is threading.main_thread():
-            self._termination = self._stack.enter_context(terminate_on_sigterm())
+        self._exit_on_sigterm()
         self._watchdog = lease_and_watch(opened, self.rank, self._stack)
         if self._watchdog is not None:
             self._stack.callback(self._stop_watchdog)  # before the lease is released
@@ -198,7 +194,6 @@ class Controller(Managed):
         naming the GPU and ``sudo kdvfs reset --gpu-index I``, and the summary's ``restore_error`` and
         ``gpu_restored``; everything else is still stopped and the summary still built.
         """
-        if self._termination is not None:
-            self._termination.hold()
+        self._hold_sigterm()
         atexit.unregister(self.close)
         self._stack.close()

@@ -22,7 +22,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -35,7 +34,6 @@ from kdvfs.runtime.controller.control.timeline_server import TimelineServer
 from kdvfs.runtime.controller.model.run_summary import RunSummary
 from kdvfs.runtime.controller.shapes.varying import StepShapes
 from kdvfs.runtime.device.host_time import Clock, RealClock
-from kdvfs.runtime.device.nvml_device import Termination, terminate_on_sigterm
 from kdvfs.runtime.job import Rank
 
 CHILD_MODULE = "kdvfs.runtime.controller.training.controller_process"
@@ -62,7 +60,6 @@ class ProcessController(Managed):
         self._server: TimelineServer | None = None
         self._step_shapes: StepShapes | None = None
         self._alive = False
-        self._termination: Termination | None = None
 
     def _open(self) -> None:
         if Rank.from_environment().distributed:
@@ -78,8 +75,7 @@ class ProcessController(Managed):
                                       None if self._step_shapes is None else self._step_shapes.shape_of)
         self._server.start()
         self._steps, self._alive = steps, True
-        if threading.current_thread() is threading.main_thread():
-            self._termination = self._stack.enter_context(terminate_on_sigterm())
+        self._exit_on_sigterm()
         if hooks is not None:
             hooks.install()
             self._stack.callback(hooks.remove)
@@ -129,8 +125,7 @@ class ProcessController(Managed):
     def close(self) -> None:
         """Have the child close its controller (clocks restored) and take its summary; stop everything here
         (idempotent; a SIGTERM meanwhile waits for the end, then raises ``SystemExit``)."""
-        if self._termination is not None:
-            self._termination.hold()
+        self._hold_sigterm()
         atexit.unregister(self.close)
         if self._alive and self._steps is not None:
             self._alive = False
