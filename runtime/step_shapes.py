@@ -50,6 +50,9 @@ class ShapeProbe:
         * :meth:`shape_of` returns a step's shape so far (all its calls once the step ended), None for a step
           without a forward call (or before the root was found) and for steps older than the last ``history``
           steps. :attr:`current` is the shape of the step in progress, None until its first forward call.
+        * :meth:`first_seen` says whether a step ran a forward call of a shape that no earlier step's calls had
+          (such a step pays one-time host set-up: a new shape's allocations, attention plans, kernel choice),
+          None where :meth:`shape_of` is None.
         * ``on_shape(step, shape)``, when given, is called from the forward pre-hook on the training thread at
           each call with the step's shape so far, before that call launches any model kernel; it must be cheap
           and must not raise.
@@ -68,6 +71,8 @@ class ShapeProbe:
         self.root: nn.Module | None = None
         self.steps_marked = 0
         self._shapes: OrderedDict[int, StepShape] = OrderedDict()
+        self._calls_seen: set[StepShape] = set()
+        self._first_seen: set[int] = set()
         self._discovery: Any = None
         self._handle: Any = None
 
@@ -101,12 +106,15 @@ class ShapeProbe:
         if not torch.is_grad_enabled() or torch.compiler.is_compiling():
             return None
         shape = call_shape(args, kwargs or {})
+        if shape not in self._calls_seen:
+            self._calls_seen.add(shape)
+            self._first_seen.add(step)
         earlier = self._shapes.get(step)
         if earlier is not None:
             shape = StepShape(earlier.inputs + shape.inputs)
         self._shapes[step] = shape
         while len(self._shapes) > self.history:
-            self._shapes.popitem(last=False)
+            self._first_seen.discard(self._shapes.popitem(last=False)[0])
         if self.on_shape is not None:
             self.on_shape(step, shape)
         return None
@@ -119,6 +127,11 @@ class ShapeProbe:
     def shape_of(self, step: int) -> StepShape | None:
         """The shape of step ``step`` (None: unknown, see the contract)."""
         return self._shapes.get(step)
+
+    def first_seen(self, step: int) -> bool | None:
+        """Whether step ``step`` ran a forward call of a shape new to the process (None: unknown, see the
+        contract)."""
+        return None if step not in self._shapes else step in self._first_seen
 
     @property
     def current(self) -> StepShape | None:

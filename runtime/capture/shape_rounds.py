@@ -217,7 +217,12 @@ class ShapeRounds:
     cpu_only: bool
     captured: dict[StepShape, tuple[Path, int]] = field(default_factory=dict)
     profiled: dict[StepShape, tuple[Path, int]] = field(default_factory=dict)
-    """Every profiled step's shape (its first profiled step's recording and position)."""
+    """Every profiled step's shape (the recording and position of its first profiled step whose forward calls the
+    process had all run before, else of its first profiled step)."""
+    first_seen: set[StepShape] = field(default_factory=set)
+    """The profiled shapes whose kept step ran a forward call new to the process
+    (:meth:`~kdvfs.runtime.step_shapes.ShapeProbe.first_seen`): its recording holds one-time host set-up (idle
+    gaps of tens of milliseconds) that the shape's later steps do not pay."""
     stood_in: dict[StepShape, StepShape] = field(default_factory=dict)
     """The profiled shape that took a missed target's place, and that target."""
     profiled_s: float = 0.0
@@ -269,16 +274,22 @@ class ShapeRounds:
     def _collect(self, recording: Path, steps: range) -> None:
         for position, step in enumerate(steps):
             shape = self.probe.shape_of(step)
-            if shape is not None:
-                self.profiled.setdefault(shape, (recording, position - len(steps)))
-            if shape in self.targets and shape not in self.captured:
-                self.captured[shape] = (recording, position - len(steps))
+            if shape is None or (shape in self.profiled and shape not in self.first_seen):
+                continue
+            cold = bool(self.probe.first_seen(step))
+            if shape in self.profiled and cold:
+                continue  # a first-seen occurrence is kept only until a warm one comes
+            self.profiled[shape] = (recording, position - len(steps))
+            (self.first_seen.add if cold else self.first_seen.discard)(shape)
+            if shape in self.targets:
+                self.captured[shape] = self.profiled[shape]
 
     def stand_in(self) -> None:
         """Give each target still missing the profiled step nearest it in its variables (same input layout, not captured
         yet) in its place: in a run whose shapes rarely repeat (dynamic padding) the window's exact shapes do
-        not come up again, and a step near each of them covers the run's range as well. The replaced targets
-        are kept in :attr:`stood_in`."""
+        not come up again, and a step near each of them covers the run's range as well. A step that is not
+        :attr:`first_seen` is preferred, however far: a first-seen recording's one-time idle gaps, predicted into
+        warm steps, are where a plan lowers its clocks. The replaced targets are kept in :attr:`stood_in`."""
         for index, target in enumerate(list(self.targets)):
             if target in self.captured:
                 continue
@@ -286,7 +297,8 @@ class ShapeRounds:
                     and len(shape.inputs) == len(target.inputs) and shape.batch == target.batch]
             if not free:
                 continue
-            nearest = _nearest(target, free)
+            warm = [shape for shape in free if shape not in self.first_seen]
+            nearest = _nearest(target, warm or free)
             self.targets[index] = nearest
             self.captured[nearest] = self.profiled[nearest]
             self.stood_in[nearest] = target
@@ -315,15 +327,16 @@ def _log_distance(axes: ShapeAxes, a: StepShape, b: StepShape) -> float:
 
 
 def shape_measurements(trace: Trace, window: WindowShapes, window_s: float, avg_power_w: float | None,
-                       shape: StepShape) -> dict[str, float]:
+                       shape: StepShape, first_seen: bool) -> dict[str, float]:
     """The measurements of the trace of ``shape`` (module docstring): its own step time and joules per step
-    (when the window held enough of its steps), the whole window's seconds, steps and joules."""
+    (when the window held enough of its steps), the whole window's seconds, steps and joules, and
+    ``profiled_first_seen`` (1.0 when the profiled step was :attr:`ShapeRounds.first_seen`, else 0.0)."""
     values = dict(trace.meta.measurements)
     for key in ("step_time_s", "energy_j_per_step", "job_step_time_s"):
         values.pop(key, None)
     steps = len(window.shapes)
     values.update(window_s=window_s, window_steps=float(steps), window_step_time_s=window_s / steps,
-                  shape_window_steps=float(window.counts[shape]))
+                  shape_window_steps=float(window.counts[shape]), profiled_first_seen=float(first_seen))
     own_s = window.step_time_s(shape)
     if own_s is not None:
         values.update(step_time_s=own_s, job_step_time_s=own_s)
@@ -352,6 +365,7 @@ def shapes_report(window: WindowShapes, traces: Sequence[Trace], outputs: Sequen
         assert shape is not None
         captured.append({"shape": shape.key, "step_shape": shape.to_json(), "output": output,
                          "tokens": shape.tokens, "window_steps": window.counts[shape],
+                         "first_seen": bool(trace.meta.measurements.get("profiled_first_seen")),
                          "step_time_s": trace.meta.measurements.get("step_time_s"),
                          "energy_j_per_step": trace.meta.measurements.get("energy_j_per_step"),
                          "kernels": len(trace)})

@@ -37,11 +37,11 @@ def _shape_timing(timing: StepTiming, window: shape_rounds.WindowShapes, shape: 
 
 
 def _build(recording: Recording, position: int, window: shape_rounds.WindowShapes, config: CaptureConfig,
-           timing: StepTiming, gpu_name: str, shape: StepShape) -> Trace:
+           timing: StepTiming, gpu_name: str, shape: StepShape, first_seen: bool) -> Trace:
     trace = build_trace(recording, config, _shape_timing(timing, window, shape), gpu_name, step=position)
     reading = timing.reading
     measurements = shape_rounds.shape_measurements(trace, window, timing.window_s,
-                                              reading.avg_power_w if reading else None, shape)
+                                              reading.avg_power_w if reading else None, shape, first_seen)
     measurements["profiled_step_time_s"] = timing.profiled_step_time_s
     trace = replace(trace, meta=replace(trace.meta, measurements=measurements))
     return shape_rounds.with_shapes(trace, shape, window)
@@ -58,8 +58,8 @@ def _build_all(rounds: shape_rounds.ShapeRounds, window: shape_rounds.WindowShap
     built: dict[StepShape, Trace] = {}
     for path, held in by_recording.items():
         recording = read_gpu_recording(path, config)
-        built.update((shape, _build(recording, rounds.captured[shape][1], window, config, timing, gpu_name, shape))
-                     for shape in held)
+        built.update((shape, _build(recording, rounds.captured[shape][1], window, config, timing, gpu_name, shape,
+                                    shape in rounds.first_seen)) for shape in held)
     return [built[shape] for shape in shapes]
 
 

@@ -96,3 +96,14 @@ def test_attach_history_and_remove() -> None:
     probe.remove()
     model(torch.zeros(7, 4))
     assert probe.current is None
+
+
+def test_a_step_is_first_seen_when_a_forward_call_of_it_is_new_to_the_process() -> None:
+    model = nn.Linear(4, 2)
+    probe = ShapeProbe(history=4).attach(model)
+    for micro_batches in ([2], [2], [3], [2, 3], [3, 5], [5]):  # gradient accumulation: a call per micro-batch
+        for batch in micro_batches:
+            model(torch.zeros(batch, 4))
+        probe.mark_step()
+    assert [probe.first_seen(step) for step in range(6)] == [None, None, True, False, True, False]  # history 4
+    assert probe.first_seen(6) is None
