@@ -28,6 +28,7 @@ from kdvfs.common.arrays import Array
 from kdvfs.common.errors import KdvfsError
 from kdvfs.envs.model.estimate import split_work
 from kdvfs.envs.model.step.align import align, inverse, token_ids
+from kdvfs.envs.model.step.first_seen import warm_gaps
 from kdvfs.envs.model.step.shape_fit import (
     Terms,
     basis,
@@ -113,9 +114,12 @@ class AlignedSteps:
 
     @classmethod
     def of(cls, traces: Sequence[Trace]) -> AlignedSteps:
-        """``traces`` checked (:meth:`StepModel.fit`'s errors), sorted and aligned pair by pair."""
+        """``traces`` checked (:meth:`StepModel.fit`'s errors), sorted and aligned pair by pair; where some are
+        first-seen steps and some warm, the first-seen ones without their one-time gaps
+        (:func:`~kdvfs.envs.model.step.first_seen.warm_gaps`)."""
         ordered = _checked(traces)
         matches = _pairwise(token_ids(ordered))
+        ordered = warm_gaps(ordered, matches)
         return cls(tuple(ordered), tuple(_quantities(t) for t in ordered), tuple(map(tuple, matches)))
 
     def without(self, index: int) -> AlignedSteps:

@@ -198,3 +198,25 @@ def test_a_kernel_of_one_micro_batch_takes_no_cross_term_from_noise(base: Trace,
     assert abs(error(StepModel.fit(traces))) < 0.02
     monkeypatch.setattr(step_model, "cross_columns", lambda *args, **kwargs: ())  # least residual alone
     assert error(StepModel.fit(traces)) > 0.05
+
+
+def _first_seen(trace: Trace, kernel: int, gap_s: float) -> Trace:
+    """``trace`` as a step that ran its shape for the first time: one-time host set-up before ``kernel``."""
+    kernels = list(trace.kernels)
+    kernels[kernel] = replace(kernels[kernel], gap_before_s=gap_s)
+    return Trace(replace(trace.meta, measurements={"profiled_first_seen": 1.0}), tuple(kernels))
+
+
+def test_a_first_seen_steps_one_time_gap_is_not_predicted_into_warm_steps(base: Trace) -> None:
+    """A first-seen step among warm ones keeps its kernels but not its one-time gap (capped at the warm steps'
+    gap of the same kernel); where every step is first-seen (a packed run) the gaps stay."""
+    seqs, kernel, set_up_s = (128, 256, 512, 1024), 40, 0.07
+    truth = {seq: _linear(base, seq) for seq in (*seqs, 384)}
+    traces = [truth[seq] if seq != 256 else _first_seen(truth[seq], kernel, set_up_s) for seq in seqs]
+    predicted = StepModel.fit(traces).predict(StepShape.of([(BATCH, 384)]))
+    assert predicted.gap_before_s[kernel] < 2 * truth[384].gap_before_s[kernel] < 1e-3
+    mixed = StepModel.fit(traces).predict(StepShape.of([(BATCH, 256)]))
+    assert mixed.duration_s.tolist() == truth[256].duration_s.tolist()
+    assert mixed.gap_before_s[kernel] == max(truth[seq].gap_before_s[kernel] for seq in (128, 512, 1024))
+    every = [_first_seen(truth[seq], kernel, set_up_s) for seq in seqs]
+    assert StepModel.fit(every).predict(StepShape.of([(BATCH, 384)])).gap_before_s[kernel] == pytest.approx(set_up_s)
