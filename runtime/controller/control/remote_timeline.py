@@ -38,6 +38,7 @@ class RemoteTimeline:
         self.hooks = None if hooks_every is None else RemoteHooks(self, hooks_every)
         self._lock = threading.Lock()
         self._marks = 0
+        self._first_seen: tuple[int, bool | None] = (-1, None)
         self.blocks = 0
         """The anchor hooks' top-level blocks, as of the last answer."""
         self.hook_s: float | None = None
@@ -76,9 +77,18 @@ class RemoteTimeline:
         return passed
 
     def shape_of(self, step: int, deadline_s: float) -> StepShape | None:
-        """Step ``step``'s shape, from the training process's shape probe (a run whose steps vary)."""
-        shape: StepShape | None = self._ask("shape_of", step, deadline_s)
+        """Step ``step``'s shape, from the training process's shape probe (a run whose steps vary); the answer
+        also says whether the step ran a shape new to the process (:meth:`first_seen`)."""
+        answer: tuple[StepShape | None, bool | None] = self._ask("shape_of", step, deadline_s)
+        shape, first_seen = answer
+        self._first_seen = (step, first_seen)
         return shape
+
+    def first_seen(self, step: int) -> bool | None:
+        """Whether step ``step`` ran a forward call of a shape new to the process, as :meth:`shape_of`'s last answer
+        said (None: that answer was another step's)."""
+        asked, first_seen = self._first_seen
+        return first_seen if asked == step else None
 
     def fetch_figures(self) -> None:
         """Ask for the training process's figures (:attr:`hook_s`, :attr:`sleeps`, :attr:`server_cpu_s`); they

@@ -30,7 +30,8 @@ def serve(config: ControllerConfig, questions: Connection, steps: Connection, ho
     config = dataclasses.replace(config, own_process=False)  # this process is the controller's own
     timeline = RemoteTimeline(questions, hooks_every)
     found = varying_steps(config.trace, RealClock())
-    varying = None if found is None else dataclasses.replace(found[0], shape_of=timeline.shape_of)
+    varying = None if found is None else dataclasses.replace(found[0], shape_of=timeline.shape_of,
+                                                              first_seen=timeline.first_seen)
     controller = Controller(config=config, timeline=timeline, varying=varying, look_for_varying=False)
     try:
         controller.__enter__()
