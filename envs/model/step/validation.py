@@ -68,19 +68,21 @@ def is_edge(shape: StepShape, others: Sequence[StepShape]) -> bool:
 
 
 def leave_one_out(traces: Sequence[Trace]) -> list[ShapeError]:
-    """Each trace (one model, at least three shapes) predicted by the step model of the others."""
-    errors = []
+    """Each trace (one model, at least three shapes) predicted by the step model of the others, in the order of
+    ``traces``; a first-seen step is measured without its one-time gaps, as the model predicts it
+    (:func:`~kdvfs.envs.model.step.first_seen.warm_gaps`)."""
+    errors: dict[StepShape, ShapeError] = {}
     steps = AlignedSteps.of(traces)  # each pair aligned once, not once per model of the others
-    for held in traces:
-        rest = [t for t in traces if t is not held]
+    for index, held in enumerate(steps.traces):  # sorted, first-seen ones without their one-time gaps
+        rest = [t for t in steps.traces if t is not held]
         shape = held.meta.step_shape
         assert shape is not None
-        model = StepModel.of_aligned(steps.without(steps.traces.index(held)))
+        model = StepModel.of_aligned(steps.without(index))
         predicted = model.predict(shape)
         step_s, measured_s = with_measured_gaps(predicted).step_time_s, with_measured_gaps(held).step_time_s
         others = [t.meta.step_shape for t in rest if t.meta.step_shape is not None]
-        errors.append(ShapeError(shape, is_edge(shape, others), 100.0 * (predicted.busy_s / held.busy_s - 1.0),
-                                 100.0 * (step_s / measured_s - 1.0),
-                                 100.0 * weighted_duration_error(predicted, held), model.terms.value,
-                                 model.basis_note))
-    return errors
+        errors[shape] = ShapeError(shape, is_edge(shape, others), 100.0 * (predicted.busy_s / held.busy_s - 1.0),
+                                   100.0 * (step_s / measured_s - 1.0),
+                                   100.0 * weighted_duration_error(predicted, held), model.terms.value,
+                                   model.basis_note)
+    return [errors[trace.meta.step_shape] for trace in traces if trace.meta.step_shape is not None]

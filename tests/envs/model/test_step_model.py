@@ -218,5 +218,7 @@ def test_a_first_seen_steps_one_time_gap_is_not_predicted_into_warm_steps(base: 
     mixed = StepModel.fit(traces).predict(StepShape.of([(BATCH, 256)]))
     assert mixed.duration_s.tolist() == truth[256].duration_s.tolist()
     assert mixed.gap_before_s[kernel] == max(truth[seq].gap_before_s[kernel] for seq in (128, 512, 1024))
+    shuffled = traces[::-1]  # the capture's check: an error per trace, in its order, the first-seen one included
+    assert [error.shape for error in leave_one_out(shuffled)] == [t.meta.step_shape for t in shuffled]
     every = [_first_seen(truth[seq], kernel, set_up_s) for seq in seqs]
     assert StepModel.fit(every).predict(StepShape.of([(BATCH, 384)])).gap_before_s[kernel] == pytest.approx(set_up_s)
