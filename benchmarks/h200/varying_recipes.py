@@ -10,7 +10,8 @@ GPU's shipped profile) and run for 300 steps.
 ``examples/hf_sft.py`` as a new user runs it: ``kdvfs capture``, ``kdvfs plan --method latency-optimal
 --budget 0.01``, ``kdvfs run --dry-run`` with the default A/B windows. ``report`` reads per recipe the share of
 B-window steps controlled (target >= 90%), the dry run's saving and slowdown intervals (truth 0, half-width <= 2
-points), the step model's leave-one-shape-out kernel-time error (target within 5%), the steps at auto by reason
+points), the step model's leave-one-shape-out kernel-time error (target within 5%), how many captured steps ran a
+shape new to the process and the prediction margin the run planned at, the steps at auto by reason
 and the refused NVML calls; the JSON keeps every A/B window's record (arm, steps, joules per step, expected
 kernel time, new shapes) for studying the estimator offline. Recipes and method: ``docs/design/benchmarks.md``.
 """
@@ -164,6 +165,7 @@ def figures(folder: Path) -> dict[str, Any]:
             "saving_half_width_pct": half_width_pct,
             "steps_for_target_half_width": steps_for_half_width(summary["steps"], half_width_pct),
             "captured": [c["shape"] for c in captured],
+            "captured_first_seen": sum(bool(c.get("first_seen")) for c in captured),
             "capture_step_times_s": {c["shape"]: c["step_time_s"] for c in captured},
             "guard_backoffs": summary["guard_backoffs"], "gpu_restored": summary["gpu_restored"],
             "error": summary["error"],
@@ -201,8 +203,9 @@ def markdown(result: dict[str, Any]) -> str:
              f"- device run: `{result['device_run'].get('machine')}`, {result['device_run'].get('date_utc')}",
              *(f"  - {recipe}: {run}" for recipe, run in result["device_run"].get("runs", {}).items()), "",
              "| recipe | steps | controlled | of B-window steps | dry-run saving % [95%] (truth 0) | half-width | "
-             "slowdown % [95%] | step model max kernel-time error % | auto reasons | background plans | refused |",
-             "| --- | ---: | ---: | ---: | --- | ---: | --- | ---: | --- | ---: | --- |"]
+             "slowdown % [95%] | step model max kernel-time error % | captured steps first seen | prediction margin | "
+             "auto reasons | background plans | refused |",
+             "| --- | ---: | ---: | ---: | --- | ---: | --- | ---: | ---: | ---: | --- | ---: | --- |"]
     for name, r in result["recipes"].items():
         m = r["measured"]
         saving, slow = m.get("energy_saved_ci95_pct"), m.get("slowdown_ci95_pct")
@@ -212,13 +215,15 @@ def markdown(result: dict[str, Any]) -> str:
         if r.get("cut_short"):
             lines.append(f"| {name} (stopped at step {r['steps']} of 300: no summary) | {r['steps']} | "
                          f"{r['controlled_steps']} | {'-' if share is None else f'{share:.0%}'} | "
-                         f"- ({r['ab_pairs']} A/B pairs) | - | - | {_pct(r['kernel_error_max_pct'])} | - | - | - |")
+                         f"- ({r['ab_pairs']} A/B pairs) | - | - | {_pct(r['kernel_error_max_pct'])} | - | - | - | - | "
+                         "- |")
             continue
         lines.append(
             f"| {name} | {r['steps']} | {r['controlled_steps']} | {'-' if share is None else f'{share:.0%}'} | "
             f"{_pct(m.get('energy_saved_pct'), '+.2f')} {saving_text} | {_pct(r['saving_half_width_pct'], '.2f')} | "
             f"{_pct(m.get('slowdown_pct'), '+.2f')} {slow_text} | {_pct(r['kernel_error_max_pct'])} | "
-            f"{r['auto_reasons']} | {(r['shapes'] or {}).get('planned_in_background')} | {r['refused_nvml_calls']} |")
+            f"{r.get('captured_first_seen', '-')} of {len(r['captured'])} | "
+            f"{_pct((r['shapes'] or {}).get('prediction_margin'), '.2f')} | {r['auto_reasons']} | {(r['shapes'] or {}).get('planned_in_background')} | {r['refused_nvml_calls']} |")
     lines += ["", "What the A/B interval is up against (windows' records; `window_noise`):", ""]
     for name, r in result["recipes"].items():
         noise = r.get("window_noise")
