@@ -223,7 +223,8 @@ def markdown(result: dict[str, Any]) -> str:
             f"{_pct(m.get('energy_saved_pct'), '+.2f')} {saving_text} | {_pct(r['saving_half_width_pct'], '.2f')} | "
             f"{_pct(m.get('slowdown_pct'), '+.2f')} {slow_text} | {_pct(r['kernel_error_max_pct'])} | "
             f"{r.get('captured_first_seen', '-')} of {len(r['captured'])} | "
-            f"{_pct((r['shapes'] or {}).get('prediction_margin'), '.2f')} | {r['auto_reasons']} | {(r['shapes'] or {}).get('planned_in_background')} | {r['refused_nvml_calls']} |")
+            f"{_pct((r['shapes'] or {}).get('prediction_margin'), '.2f')} | {r['auto_reasons']} | "
+            f"{(r['shapes'] or {}).get('planned_in_background')} | {r['refused_nvml_calls']} |")
     lines += ["", "What the A/B interval is up against (windows' records; `window_noise`):", ""]
     for name, r in result["recipes"].items():
         noise = r.get("window_noise")

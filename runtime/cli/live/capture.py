@@ -102,8 +102,9 @@ def _print_shapes(shapes: dict[str, Any]) -> None:
     for entry in shapes["captured"]:
         time_s = entry["step_time_s"]
         timing = f"{time_s * 1e3:.2f} ms/step" if time_s is not None else "too few window steps to time"
+        first = ", its profiled step the shape's first (one-time host set-up)" if entry.get("first_seen") else ""
         console.print(f"  {entry['shape']}: {entry['window_steps']} window steps, {timing}, {entry['kernels']} "
-                      f"activities -> {entry['output']}")
+                      f"activities{first} -> {entry['output']}")
     errors = shapes.get("step_model") or []
     for error in errors:
         edge = " (edge)" if error["edge"] else ""
