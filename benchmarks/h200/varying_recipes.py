@@ -11,9 +11,10 @@ GPU's shipped profile) and run for 300 steps.
 --budget 0.01``, ``kdvfs run --dry-run`` with the default A/B windows. ``report`` reads per recipe the share of
 B-window steps controlled (target >= 90%), the dry run's saving and slowdown intervals (truth 0, half-width <= 2
 points), the step model's leave-one-shape-out kernel-time error (target within 5%), how many captured steps ran a
-shape new to the process and the prediction margin the run planned at, the steps at auto by reason
-and the refused NVML calls; the JSON keeps every A/B window's record (arm, steps, joules per step, expected
-kernel time, new shapes) for studying the estimator offline. Recipes and method: ``docs/design/benchmarks.md``.
+shape new to the process and the prediction margin the run planned at, the steps at auto by reason, the capture's
+window check (``kdvfs predict``'s, within 5% the aim) and the refused NVML calls; the JSON keeps every A/B window's
+record (arm, steps, joules per step, expected kernel time, new shapes) for studying the estimator offline. Recipes
+and method: ``docs/design/benchmarks.md``.
 """
 
 from __future__ import annotations
@@ -41,6 +42,9 @@ from benchmarks.common.provenance import (
     write_results,
 )
 from kdvfs.common.paths import REPO_ROOT
+from kdvfs.envs.gpu.profiles import load_profile
+from kdvfs.envs.trace.format import load_trace
+from kdvfs.runtime.cli.offline.predict import window_check
 from kdvfs.runtime.controller.measurement.estimator import WindowRow, design
 
 LENGTHS = ["--lengths", "lognormal", "--median-len", "256", "--min-len", "16", "--max-len", "1024", "--batch", "8"]
@@ -49,6 +53,8 @@ CPU_LENGTHS = ["--size", "tiny", "--device", "cpu", "--lengths", "lognormal", "-
 RECIPES = {"encoder-decoder": ["--model", "t5"], "grad-accum": ["--model", "llama", "--grad-accum", "2"],
            "packing": ["--model", "llama", "--packing"]}
 TARGET_CONTROLLED, TARGET_HALF_WIDTH_PCT, TARGET_KERNEL_ERROR_PCT = 0.90, 2.0, 5.0
+WINDOW_CHECK_PCT = 5.0
+"""Issue 53's aim for the capture's window check (measured against predicted joules of the unprofiled window)."""
 LONG_STEP_FACTOR = 1.6
 """A step whose GPU time exceeds this many times the run's median is a long step (report: ``long_steps``)."""
 
@@ -134,10 +140,14 @@ def steps_for_half_width(steps: int, half_width_pct: float | None) -> int | None
     return math.ceil(steps * (half_width_pct / TARGET_HALF_WIDTH_PCT) ** 2)
 
 
-def figures(folder: Path) -> dict[str, Any]:
+def figures(folder: Path, profile: str | None) -> dict[str, Any]:
     """One recipe's figures (see the module docstring); of a dry run stopped before its summary (the device's
-    time ran out), what its log holds."""
+    time ran out), what its log holds. With the GPU profile ``profile``, the capture's window check too
+    (``kdvfs predict``'s: :func:`~kdvfs.runtime.cli.offline.predict.window_check`)."""
     capture = json.loads((folder / "capture.out.json").read_text())
+    trace = folder / "run.trace.json"
+    window = (window_check(str(trace), load_trace(trace), load_profile(profile))
+              if profile is not None and trace.is_file() else None)
     log = _log(folder)
     b_windows = [w for w in log["window"] if w["arm"] == "B"]
     b_steps = sum(w["steps"] for w in b_windows)
@@ -146,7 +156,8 @@ def figures(folder: Path) -> dict[str, Any]:
             else None, "step_model": errors, "windows": [{k: v for k, v in w.items() if k != "event"}
                                                         for w in log["window"]],
             "kernel_error_max_pct": max((abs(e["kernel_time_error_pct"]) for e in errors), default=None),
-            "window_noise": window_noise(log["window"]), "long_steps": long_steps(log["step"])}
+            "window_noise": window_noise(log["window"]), "long_steps": long_steps(log["step"]),
+            "window_check": window}
     if not (folder / "run.out.json").is_file():
         return {**both, "cut_short": True, "steps": len(log["step"]),
                 "controlled_steps": sum(bool(s["controlled"]) for s in log["step"]), "auto_reasons": None,
@@ -186,7 +197,7 @@ def report(folder: Path, name: str = "varying_recipes_h200") -> dict[str, Any]:
     result = {"provenance": provenance(f"python -m benchmarks.h200.varying_recipes run {folder} (on the GPU machine), "
                                        f"then python -m benchmarks.h200.varying_recipes report {folder}"),
               "device_run": {k: device[k] for k in DEVICE_RUN_KEYS if k in device},
-              "recipes": {r: figures(folder / r) for r in recipes}}
+              "recipes": {r: figures(folder / r, device.get("profile")) for r in recipes}}
     write_results(name, result, markdown(result))
     return result
 
@@ -242,6 +253,15 @@ def markdown(result: dict[str, Any]) -> str:
                          f"{long['median_s']:.3f} s): {long['count']} (median {long['long_median_s']:.3f} s), at steps "
                          f"{', '.join(map(str, long['steps']))}; buckets planned in the background: "
                          f"{(r.get('shapes') or {}).get('planned_in_background')}")
+    checks = {name: r["window_check"] for name, r in result["recipes"].items() if r.get("window_check")}
+    if checks:
+        lines += ["", "The captures' window check (`kdvfs predict`: the unprofiled window's measured joules "
+                  "against the sum of its steps' predicted joules at auto, a shape not captured scaled from the "
+                  "nearest by size; "
+                  f"the aim within {WINDOW_CHECK_PCT:g}%):", ""]
+        lines += [f"- {name}: measured {c['measured_j']:.1f} J, predicted {c['predicted_j']:.1f} J "
+                  f"({100 * c['error']:+.1f}%) over {c['steps']:.0f} steps, {c['captured_steps']:.0f} of a captured "
+                  "shape" for name, c in checks.items()]
     lines += ["", f"Targets: >= {TARGET_CONTROLLED:.0%} of the B-window steps controlled; the dry-run saving interval "
               f"holds 0 with a half-width <= {TARGET_HALF_WIDTH_PCT:g} points; step-model kernel time within "
               f"{TARGET_KERNEL_ERROR_PCT:g}% leave-one-shape-out; no refused NVML call."]
