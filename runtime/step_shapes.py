@@ -30,6 +30,10 @@ from kdvfs.envs.trace.shape import StepShape, call_shape
 
 HISTORY_STEPS = 4096
 """Steps whose shapes :meth:`ShapeProbe.shape_of` remembers by default (the most recent ones)."""
+CALL_SHAPES = 4096
+"""Distinct forward-call shapes :meth:`ShapeProbe.first_seen` remembers (the most recently run): a run whose every
+step has a new shape (packing) would otherwise grow the set for good; a shape not run among the last ones counts
+as new again."""
 
 
 def _owns_parameters(module: nn.Module) -> bool:
@@ -51,8 +55,8 @@ class ShapeProbe:
           without a forward call (or before the root was found) and for steps older than the last ``history``
           steps. :attr:`current` is the shape of the step in progress, None until its first forward call.
         * :meth:`first_seen` says whether a step ran a forward call of a shape that no earlier step's calls had
-          (such a step pays one-time host set-up: a new shape's allocations, attention plans, kernel choice),
-          None where :meth:`shape_of` is None.
+          (such a step pays one-time host set-up: a new shape's allocations, attention plans, kernel choice;
+          the last ``CALL_SHAPES`` distinct call shapes are remembered), None where :meth:`shape_of` is None.
         * ``on_shape(step, shape)``, when given, is called from the forward pre-hook on the training thread at
           each call with the step's shape so far, before that call launches any model kernel; it must be cheap
           and must not raise.
@@ -71,7 +75,7 @@ class ShapeProbe:
         self.root: nn.Module | None = None
         self.steps_marked = 0
         self._shapes: OrderedDict[int, StepShape] = OrderedDict()
-        self._calls_seen: set[StepShape] = set()
+        self._calls_seen: OrderedDict[StepShape, None] = OrderedDict()
         self._first_seen: set[int] = set()
         self._discovery: Any = None
         self._handle: Any = None
@@ -106,9 +110,13 @@ class ShapeProbe:
         if not torch.is_grad_enabled() or torch.compiler.is_compiling():
             return None
         shape = call_shape(args, kwargs or {})
-        if shape not in self._calls_seen:
-            self._calls_seen.add(shape)
+        if shape in self._calls_seen:
+            self._calls_seen.move_to_end(shape)
+        else:
+            self._calls_seen[shape] = None
             self._first_seen.add(step)
+            if len(self._calls_seen) > CALL_SHAPES:
+                self._calls_seen.popitem(last=False)
         earlier = self._shapes.get(step)
         if earlier is not None:
             shape = StepShape(earlier.inputs + shape.inputs)

@@ -107,3 +107,16 @@ def test_a_step_is_first_seen_when_a_forward_call_of_it_is_new_to_the_process() 
         probe.mark_step()
     assert [probe.first_seen(step) for step in range(6)] == [None, None, True, False, True, False]  # history 4
     assert probe.first_seen(6) is None
+
+
+def test_the_call_shapes_remembered_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A packed run meets a new shape every step: the probe keeps the most recently run ones only."""
+    from kdvfs.runtime import step_shapes
+
+    monkeypatch.setattr(step_shapes, "CALL_SHAPES", 2)
+    model = nn.Linear(4, 2)
+    probe = ShapeProbe().attach(model)
+    for batch in (1, 2, 1, 3, 2, 3, 1):  # 1 was run again, so 3 pushes 2 out; then 2 pushes 1 out
+        model(torch.zeros(batch, 4))
+        probe.mark_step()
+    assert [probe.first_seen(step) for step in range(7)] == [True, True, False, True, True, False, True]
