@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -135,7 +135,9 @@ class StepModel:
 
     Attributes:
         shapes: the captured shapes, sorted.
-        templates: one per captured shape, in the same order.
+        steps: the captured steps, in the same order, aligned: each one's :class:`Template` is fitted the first
+            time a prediction needs it (:meth:`template`), so that a model asked about one shape (a leave-one-out
+            check, the prediction margin) fits one template, not one per captured shape.
         measurements: (M, p) coefficients of each whole-step measurement in ``measurement_keys`` (the basis of a
             kernel other than attention).
         measurement_keys: the measurements every captured step has.
@@ -149,13 +151,14 @@ class StepModel:
     """
 
     shapes: tuple[StepShape, ...]
-    templates: tuple[Template, ...]
+    steps: AlignedSteps
     measurements: Array
     measurement_keys: tuple[str, ...]
     groups: Array
     axes: ShapeAxes
     terms: Terms
     odd: tuple[int, ...] = ()
+    _templates: dict[int, Template] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def fit(cls, traces: Sequence[Trace]) -> StepModel:
@@ -170,19 +173,25 @@ class StepModel:
     @classmethod
     def of_aligned(cls, steps: AlignedSteps) -> StepModel:
         """The model of ``steps`` (:meth:`fit` without aligning them again)."""
-        ordered, values, matches = list(steps.traces), list(steps.values), steps.matches
+        ordered = list(steps.traces)
         shapes = tuple(t.meta.step_shape for t in ordered if t.meta.step_shape is not None)
         axes = ShapeAxes.of([*shapes, *(s for t in ordered for s, _ in t.meta.shape_distribution)])
         terms = choose_terms(shapes, axes)
         odd = odd_lengths(shapes, axes, terms)
-        templates = tuple(_template(ordered, shapes, values, matches, t, axes, terms, odd)
-                          for t in range(len(ordered)))
         keys = tuple(sorted(set.intersection(*(set(t.meta.measurements) for t in ordered))))
         y = np.array([[t.meta.measurements[k] for k in keys] for t in ordered]).reshape(len(ordered), len(keys))
         coefficients = fit_nonnegative(basis(shapes, False, axes, terms), y, np.ones_like(y),
                                        cross_columns(axes, terms, False))
-        return cls(shapes, templates, coefficients, keys, _group_fit(ordered, shapes, axes, terms, odd), axes, terms,
-                   odd)
+        return cls(shapes, steps, coefficients, keys, _group_fit(ordered, shapes, axes, terms, odd), axes, terms, odd)
+
+    def template(self, index: int) -> Template:
+        """The template of captured shape ``index`` (fitted once, on first use; any thread may ask)."""
+        found = self._templates.get(index)
+        if found is None:
+            found = _template(list(self.steps.traces), self.shapes, list(self.steps.values), self.steps.matches,
+                              index, self.axes, self.terms, self.odd)
+            self._templates[index] = found
+        return found
 
     @property
     def basis_note(self) -> str | None:
@@ -225,9 +234,9 @@ class StepModel:
         shape gives its own trace. Deterministic. Check :meth:`covers` first: outside it the fits extrapolate.
         """
         index = self.nearest(shape)
-        template = self.templates[index]
         if self.shapes[index] == shape:
-            return template.trace
+            return self.steps.traces[index]
+        template = self.template(index)
         duration, gap, flops, dram = template.values(shape)
         duration = _scaled_to_groups(duration, template.groups,
                                      self.groups @ basis([shape], True, self.axes, self.terms, self.odd)[0])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -222,3 +223,22 @@ def test_a_first_seen_steps_one_time_gap_is_not_predicted_into_warm_steps(base: 
     assert [error.shape for error in leave_one_out(shuffled)] == [t.meta.step_shape for t in shuffled]
     every = [_first_seen(truth[seq], kernel, set_up_s) for seq in seqs]
     assert StepModel.fit(every).predict(StepShape.of([(BATCH, 384)])).gap_before_s[kernel] == pytest.approx(set_up_s)
+
+
+def test_a_model_fits_only_the_templates_its_predictions_need(base: Trace, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A leave-one-out check or the prediction margin asks each model about one shape: one template fitted, once
+    (a capture of nine shapes held the training process for tens of seconds fitting all of them)."""
+    fitted: list[int] = []
+    template = step_model._template
+
+    def counted(*args: Any) -> step_model.Template:
+        fitted.append(args[4])
+        return template(*args)
+
+    monkeypatch.setattr(step_model, "_template", counted)
+    model = StepModel.fit([_linear(base, seq) for seq in (128, 256, 512, 1024)])
+    assert fitted == []
+    model.predict(StepShape.of([(BATCH, 384)]))
+    model.predict(StepShape.of([(BATCH, 400)]))
+    model.predict(StepShape.of([(BATCH, 512)]))  # a captured shape is its own trace
+    assert fitted == [model.nearest(StepShape.of([(BATCH, 384)]))]
