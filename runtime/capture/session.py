@@ -203,8 +203,10 @@ class Capture:
         self._window = (elapsed_s, self._counted, reading)
         step_s = elapsed_s / self._counted
         self._job_step_s = step_s if self._job is None else self._job.max([step_s])[0]
-        self._shapes = shape_rounds.WindowShapes(tuple(self.probe.shape_of(step) for step in self._window_steps),
-                                            tuple(self._clock.durations_s()))
+        steps = self._window_steps
+        self._shapes = shape_rounds.WindowShapes(tuple(self.probe.shape_of(step) for step in steps),
+                                                 tuple(self._clock.durations_s()),
+                                                 tuple(bool(self.probe.first_seen(step)) for step in steps))
         if self._shapes.varies and self._profiles_shapes():
             self._start_rounds()
             return

@@ -119,10 +119,13 @@ class StepClock:
 
 @dataclass(frozen=True)
 class WindowShapes:
-    """The unprofiled window's steps: each one's shape (None: unknown) and time (s)."""
+    """The unprofiled window's steps: each one's shape (None: unknown) and time (s), and whether each ran a forward
+    call of a shape new to the process (:meth:`~kdvfs.runtime.step_shapes.ShapeProbe.first_seen`; empty: not
+    known, see :attr:`first_seen`)."""
 
     shapes: tuple[StepShape | None, ...]
     times_s: tuple[float, ...]
+    new_to_process: tuple[bool, ...] = ()
 
     @property
     def counts(self) -> Counter[StepShape]:
@@ -139,7 +142,11 @@ class WindowShapes:
 
     @property
     def first_seen(self) -> tuple[bool, ...]:
-        """For each step, whether it is its shape's first in the window (a new shape pays host set-up)."""
+        """For each step, whether it paid a new shape's host set-up: :attr:`new_to_process` where known (a step
+        whose whole shape is new may run micro-batches the process ran before, and the warm-up before the window
+        ran shapes too), else whether it is its shape's first in the window."""
+        if self.new_to_process:
+            return self.new_to_process
         seen: set[StepShape | None] = set()
         flags = []
         for shape in self.shapes:

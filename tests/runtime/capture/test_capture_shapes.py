@@ -262,3 +262,26 @@ def test_a_stand_in_is_a_warm_step_and_a_shape_keeps_its_warm_recording(tmp_path
     assert rounds.profiled[shape[5]][1] == profiled.index(5) + 1 - ROUND_STEPS  # the second, warm step of 5
     assert rounds.stood_in == {shape[5]: shape[10]}  # 9 lies nearer 10 but was profiled cold
     assert rounds.captured[shape[5]] == rounds.profiled[shape[5]]
+
+
+def test_set_up_follows_the_micro_batches_new_to_the_process_not_the_whole_steps_shape() -> None:
+    """Gradient accumulation: every step's whole shape (both micro-batches) is new to the window, but only the steps
+    that run a micro-batch length the process had not run pay set-up; with the probe's flags the fit prices it
+    apart and gives each shape its warm time."""
+    rng = np.random.default_rng(2)
+    lengths = tuple(range(64, 1600, 64))
+    pairs = [(int(rng.choice(lengths)), int(rng.choice(lengths))) for _ in range(60)]
+    shapes = tuple(StepShape.of([(8, a), (8, b)]) for a, b in pairs)
+    ran: set[int] = {128, 256}  # the warm-up ran these
+    new = []
+    for a, b in pairs:
+        new.append(a not in ran or b not in ran)
+        ran |= {a, b}
+    times = tuple(0.02 + 1e-4 * (a + b) + (0.08 if n else 0.0) + float(rng.normal(0, 1e-4))
+                  for (a, b), n in zip(pairs, new, strict=True))
+    assert 0 < sum(new) < len(new) and len(set(shapes)) > 0.5 * len(shapes)
+    window = WindowShapes(shapes, times, tuple(new))
+    fit = window.warm_fit
+    assert fit is not None and fit[2] == pytest.approx(0.08, rel=0.05)
+    for (a, b), shape in zip(pairs, shapes, strict=True):
+        assert window.step_time_s(shape) == pytest.approx(0.02 + 1e-4 * (a + b), rel=0.05)
