@@ -30,6 +30,7 @@ from torch.profiler import ProfilerActivity, profile, schedule
 
 from kdvfs.common.arrays import Array
 from kdvfs.envs.model.step.shape_fit import basis, fit_nonnegative
+from kdvfs.envs.model.step_model import COVER_FACTOR
 from kdvfs.envs.trace.shape import ShapeAxes, StepShape
 from kdvfs.envs.trace.trace import Trace
 from kdvfs.envs.trace.trace_set import shape_path
@@ -294,9 +295,11 @@ class ShapeRounds:
     def stand_in(self) -> None:
         """Give each target still missing the profiled step nearest it in its variables (same input layout, not captured
         yet) in its place: in a run whose shapes rarely repeat (dynamic padding) the window's exact shapes do
-        not come up again, and a step near each of them covers the run's range as well. A step that is not
-        :attr:`first_seen` is preferred, however far: a first-seen recording's one-time idle gaps, predicted into
-        warm steps, are where a plan lowers its clocks. The replaced targets are kept in :attr:`stood_in`."""
+        not come up again, and a step near each of them covers the run's range as well. The nearest step that is
+        not :attr:`first_seen` is preferred (a first-seen recording's one-time idle gaps, predicted into warm steps,
+        are where a plan lowers its clocks) unless it lies farther than the nearest step by more than the step
+        model's ``COVER_FACTOR`` (which would narrow the shapes it covers). The replaced targets are kept in
+        :attr:`stood_in`."""
         for index, target in enumerate(list(self.targets)):
             if target in self.captured:
                 continue
@@ -304,8 +307,13 @@ class ShapeRounds:
                     and len(shape.inputs) == len(target.inputs) and shape.batch == target.batch]
             if not free:
                 continue
+            nearest = _nearest(target, free)
             warm = [shape for shape in free if shape not in self.first_seen]
-            nearest = _nearest(target, warm or free)
+            if warm and nearest in self.first_seen:
+                axes = ShapeAxes.of([target, *free])
+                closest_warm = _nearest(target, warm)
+                reach = _log_distance(axes, nearest, target) + math.log(COVER_FACTOR)
+                nearest = closest_warm if _log_distance(axes, closest_warm, target) <= reach else nearest
             self.targets[index] = nearest
             self.captured[nearest] = self.profiled[nearest]
             self.stood_in[nearest] = target

@@ -232,10 +232,13 @@ def test_each_rounds_recording_is_read_once_however_many_shapes_it_holds(tmp_pat
     assert len(reads) == 1  # the three shapes come up in the first round
 
 
-def test_a_stand_in_is_a_warm_step_and_a_shape_keeps_its_warm_recording(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("middle", "stand_in"), [(7, 7), (5, 9)])
+def test_a_stand_in_is_a_warm_step_and_a_shape_keeps_its_warm_recording(tmp_path: Path, middle: int,
+                                                                        stand_in: int) -> None:
     """A step that runs a shape for the first time pays one-time host set-up (tens of ms of idle gaps on a GPU):
-    a target that never comes is stood in for by the nearest warm profiled shape, and a shape profiled first
-    cold, then warm, keeps its warm step."""
+    a target that never comes (10) is stood in for by the nearest warm profiled shape unless it lies farther than
+    the nearest (9, first seen) by more than the step model's cover factor (7 does, 5 does not), and a shape
+    profiled first cold, then warm, keeps its warm step."""
     import torch
 
     from kdvfs.runtime.capture.shape_rounds import ROUND_STEPS, ShapeRounds
@@ -250,18 +253,18 @@ def test_a_stand_in_is_a_warm_step_and_a_shape_keeps_its_warm_recording(tmp_path
 
     for length in (2, 3):  # the window
         run(length)
-    shape = {n: StepShape.of([(2, n, 4)]) for n in (2, 3, 5, 9, 10)}
+    shape = {n: StepShape.of([(2, n, 4)]) for n in (2, 3, middle, 9, 10)}
     rounds = ShapeRounds([shape[2], shape[10]], probe, tmp_path, ROUND_STEPS, lambda: 0.0, cpu_only=True)
     rounds.start()
-    profiled = (9, 5, 5, 3, 2, 2, 2, 2)
+    profiled = (9, middle, middle, 3, 2, 2, 2, 2)
     assert len(profiled) == ROUND_STEPS
     assert not rounds.step(run(2))  # the profiler's warm-up step
     done = [rounds.step(run(length)) for length in profiled]
     assert done == [False] * (ROUND_STEPS - 1) + [True]
     assert rounds.first_seen == {shape[9]}
-    assert rounds.profiled[shape[5]][1] == profiled.index(5) + 1 - ROUND_STEPS  # the second, warm step of 5
-    assert rounds.stood_in == {shape[5]: shape[10]}  # 9 lies nearer 10 but was profiled cold
-    assert rounds.captured[shape[5]] == rounds.profiled[shape[5]]
+    assert rounds.profiled[shape[middle]][1] == profiled.index(middle) + 1 - ROUND_STEPS  # its second, warm step
+    assert rounds.stood_in == {shape[stand_in]: shape[10]}
+    assert rounds.captured[shape[stand_in]] == rounds.profiled[shape[stand_in]]
 
 
 def test_set_up_follows_the_micro_batches_new_to_the_process_not_the_whole_steps_shape() -> None:
