@@ -307,13 +307,14 @@ class ShapeRounds:
                     and len(shape.inputs) == len(target.inputs) and shape.batch == target.batch]
             if not free:
                 continue
-            nearest = _nearest(target, free)
+            axes = ShapeAxes.of([target, *free])
+            distance = {shape: _log_distance(axes, shape, target) for shape in free}
+            nearest = min(free, key=lambda shape: (distance[shape], shape))
             warm = [shape for shape in free if shape not in self.first_seen]
             if warm and nearest in self.first_seen:
-                axes = ShapeAxes.of([target, *free])
-                closest_warm = _nearest(target, warm)
-                reach = _log_distance(axes, nearest, target) + math.log(COVER_FACTOR)
-                nearest = closest_warm if _log_distance(axes, closest_warm, target) <= reach else nearest
+                closest_warm = min(warm, key=lambda shape: (distance[shape], shape))
+                if distance[closest_warm] <= distance[nearest] + math.log(COVER_FACTOR):
+                    nearest = closest_warm
             self.targets[index] = nearest
             self.captured[nearest] = self.profiled[nearest]
             self.stood_in[nearest] = target
@@ -328,12 +329,6 @@ class ShapeRounds:
             with contextlib.suppress(RuntimeError):
                 self._profiler.stop()
             self._profiler = None
-
-
-def _nearest(target: StepShape, shapes: list[StepShape]) -> StepShape:
-    """Of ``shapes``, the nearest ``target``: the least sum of their variables' absolute log ratios."""
-    axes = ShapeAxes.of([target, *shapes])
-    return min(shapes, key=lambda shape: (_log_distance(axes, shape, target), shape))
 
 
 def _log_distance(axes: ShapeAxes, a: StepShape, b: StepShape) -> float:
