@@ -57,6 +57,11 @@ class ShapeProbe:
         * :meth:`first_seen` says whether a step ran a forward call of a shape that no earlier step's calls had
           (such a step pays one-time host set-up: a new shape's allocations, attention plans, kernel choice;
           the last ``CALL_SHAPES`` distinct call shapes are remembered), None where :meth:`shape_of` is None.
+        * :meth:`new_inputs` counts a step's inputs of a shape new at their place: over its forward calls, the
+          inputs whose shape no earlier call had at the same position (the same bound per position). It
+          measures how much set-up a step pays where :meth:`first_seen` only says whether: with gradient
+          accumulation two new micro-batches count twice, and an input that varies alone (a packed batch's
+          longest sample) counts apart from those the model's matrix shapes follow (its tokens).
         * ``on_shape(step, shape)``, when given, is called from the forward pre-hook on the training thread at
           each call with the step's shape so far, before that call launches any model kernel; it must be cheap
           and must not raise.
@@ -77,6 +82,8 @@ class ShapeProbe:
         self._shapes: OrderedDict[int, StepShape] = OrderedDict()
         self._calls_seen: OrderedDict[StepShape, None] = OrderedDict()
         self._first_seen: set[int] = set()
+        self._inputs_seen: list[OrderedDict[tuple[int, ...], None]] = []
+        self._new_inputs: dict[int, int] = {}
         self._discovery: Any = None
         self._handle: Any = None
 
@@ -117,15 +124,33 @@ class ShapeProbe:
             self._first_seen.add(step)
             if len(self._calls_seen) > CALL_SHAPES:
                 self._calls_seen.popitem(last=False)
+        self._new_inputs[step] = self._new_inputs.get(step, 0) + self._count_new_inputs(shape)
         earlier = self._shapes.get(step)
         if earlier is not None:
             shape = StepShape(earlier.inputs + shape.inputs)
         self._shapes[step] = shape
         while len(self._shapes) > self.history:
-            self._first_seen.discard(self._shapes.popitem(last=False)[0])
+            oldest = self._shapes.popitem(last=False)[0]
+            self._first_seen.discard(oldest)
+            self._new_inputs.pop(oldest, None)
         if self.on_shape is not None:
             self.on_shape(step, shape)
         return None
+
+    def _count_new_inputs(self, call: StepShape) -> int:
+        """How many of one call's inputs have a shape new at their position (and remember them)."""
+        while len(self._inputs_seen) < len(call.inputs):
+            self._inputs_seen.append(OrderedDict())
+        new = 0
+        for dims, seen in zip(call.inputs, self._inputs_seen, strict=False):
+            if dims in seen:
+                seen.move_to_end(dims)
+                continue
+            new += 1
+            seen[dims] = None
+            if len(seen) > CALL_SHAPES:
+                seen.popitem(last=False)
+        return new
 
     def mark_step(self) -> int:
         """End the step in progress; its number."""
@@ -140,6 +165,11 @@ class ShapeProbe:
         """Whether step ``step`` ran a forward call of a shape new to the process (None: unknown, see the
         contract)."""
         return None if step not in self._shapes else step in self._first_seen
+
+    def new_inputs(self, step: int) -> int | None:
+        """How many of step ``step``'s inputs had a shape new at their position (None: unknown, see the
+        contract)."""
+        return None if step not in self._shapes else self._new_inputs.get(step, 0)
 
     @property
     def current(self) -> StepShape | None:

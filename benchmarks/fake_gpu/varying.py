@@ -249,7 +249,7 @@ def dry_markdown(result: dict[str, Any]) -> str:
         lines.append(f"| {name.replace('_', ' ')} | {c['runs']} | {c['hold_zero']} | "
                      f"{c['median_half_width_pct']:.2f} | {c['max_half_width_pct']:.2f} |")
     lines += ["", "Adjusted: the controller's estimate for steps that vary (every window regressed on its arm, "
-              "expected kernel time, new shapes and time; HC3 standard error, Student-t on n - p); paired: the "
+              "expected kernel time, new inputs and time; HC3 standard error, Student-t on n - p); paired: the "
               "pairs' mean it replaced. Target: 95% nominal coverage, half-width <= 2 points."]
     return "\n".join(lines) + "\n"
 

@@ -13,7 +13,7 @@ B-window steps controlled (target >= 90%), the dry run's saving and slowdown int
 points), the step model's leave-one-shape-out kernel-time error (target within 5%), how many captured steps ran a
 shape new to the process and the prediction margin the run planned at, the steps at auto by reason, the capture's
 window check (``kdvfs predict``'s, within 5% the aim) and the refused NVML calls; the JSON keeps every A/B window's
-record (arm, steps, joules per step, expected kernel time, new shapes) for studying the estimator offline. Recipes
+record (arm, steps, joules per step, expected kernel time, new inputs) for studying the estimator offline. Recipes
 and method: ``docs/design/benchmarks.md``.
 """
 
@@ -104,17 +104,17 @@ def _log(folder: Path) -> dict[str, list[dict[str, Any]]]:
 
 
 def window_noise(windows: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """What the A/B interval of a varying run is up against, from its windows' records: the range of their share of
-    steps of a shape new to the process, the correlation of a window's step time with its expected kernel time, and
-    the residual of its step time after the A/B estimator's own regression (:func:`design`: arm, expected kernel
-    time, new shapes, time), as a share of the mean (%). None under 6 windows."""
+    """What the A/B interval of a varying run is up against, from its windows' records: the range of their steps' mean
+    count of inputs of a shape new to the process, the correlation of a window's step time with its expected kernel
+    time, and the residual of its step time after the A/B estimator's own regression (:func:`design`: arm, expected
+    kernel time, new inputs, time), as a share of the mean (%). None under 6 windows."""
     if len(windows) < 6:
         return None
-    rows = [WindowRow(w["arm"] == "B", w["step_time_s"], w["kernel_steps"], w["new_shapes"],
+    rows = [WindowRow(w["arm"] == "B", w["step_time_s"], w["kernel_steps"], w["new_inputs"],
                       (w["start_s"] + w["end_s"]) / 2) for w in windows]
     x, y = design(rows)
     residual = y - x @ np.linalg.lstsq(x, y, rcond=None)[0]
-    return {"new_shapes_share": [min(r.new_shapes for r in rows), max(r.new_shapes for r in rows)],
+    return {"new_inputs": [min(r.new_inputs for r in rows), max(r.new_inputs for r in rows)],
             "step_time_vs_kernel_correlation": float(np.corrcoef(y, [r.kernel_steps for r in rows])[0, 1]),
             "adjusted_residual_pct": float(100 * residual.std(ddof=x.shape[1]) / y.mean())}
 
@@ -240,8 +240,8 @@ def markdown(result: dict[str, Any]) -> str:
     for name, r in result["recipes"].items():
         noise = r.get("window_noise")
         if noise:
-            lines.append(f"- {name}: steps of a shape new to the process {noise['new_shapes_share'][0]:.2f}-"
-                         f"{noise['new_shapes_share'][1]:.2f} of a window; window step time vs expected kernel time "
+            lines.append(f"- {name}: inputs of a shape new to the process {noise['new_inputs'][0]:.2f}-"
+                         f"{noise['new_inputs'][1]:.2f} a step of a window; window step time vs expected kernel time "
                          f"correlation {noise['step_time_vs_kernel_correlation']:.2f}; adjusted residual "
                          f"{noise['adjusted_residual_pct']:.1f}% of the mean step time; a half-width of "
                          f"{TARGET_HALF_WIDTH_PCT:g} points would take about "

@@ -12,14 +12,14 @@ from benchmarks.h200.varying_recipes import LONG_STEP_FACTOR, long_steps, window
 
 def _windows(noise: np.ndarray) -> list[dict[str, Any]]:
     kernel = np.linspace(0.2, 0.4, len(noise))
-    return [{"step_time_s": 0.1 + 0.5 * k + n, "kernel_steps": k, "new_shapes": 1.0, "start_s": 4.0 * i,
+    return [{"step_time_s": 0.1 + 0.5 * k + n, "kernel_steps": k, "new_inputs": 1.0, "start_s": 4.0 * i,
              "end_s": 4.0 * i + 3.0, "arm": "AB"[i % 2]} for i, (k, n) in enumerate(zip(kernel, noise, strict=True))]
 
 
 def test_a_step_time_the_covariates_explain_leaves_no_residual() -> None:
     noise = window_noise(_windows(np.zeros(12)))
     assert noise is not None
-    assert noise["new_shapes_share"] == [1.0, 1.0]
+    assert noise["new_inputs"] == [1.0, 1.0]
     assert noise["step_time_vs_kernel_correlation"] == pytest.approx(1.0)
     assert noise["adjusted_residual_pct"] == pytest.approx(0.0, abs=1e-9)
 

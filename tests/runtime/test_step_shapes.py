@@ -109,6 +109,32 @@ def test_a_step_is_first_seen_when_a_forward_call_of_it_is_new_to_the_process() 
     assert probe.first_seen(6) is None
 
 
+class _Packed(nn.Module):
+    """A packed batch's forward: the tokens and, apart, the longest sample's length (a model's kwargs)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 2)
+
+    def forward(self, tokens: torch.Tensor, longest: torch.Tensor) -> torch.Tensor:
+        return self.linear(tokens)
+
+
+def test_new_inputs_count_the_inputs_new_at_their_place() -> None:
+    """Two new micro-batches count twice; an input that varies alone counts apart from the others; a call new only
+    as a combination of known inputs counts none (it is still first seen)."""
+    model = _Packed()
+    probe = ShapeProbe().attach(model)
+    steps = ([(2, 1)], [(2, 1)], [(3, 1), (5, 1)], [(3, 2)], [(5, 1), (3, 3)], [(5, 2)])
+    for calls in steps:  # (tokens, longest) per micro-batch
+        for tokens, longest in calls:
+            model(torch.zeros(tokens, 4), torch.zeros(longest))
+        probe.mark_step()
+    assert [probe.new_inputs(step) for step in range(6)] == [2, 0, 2, 1, 1, 0]
+    assert [probe.first_seen(step) for step in range(6)] == [True, False, True, True, True, True]
+    assert probe.new_inputs(6) is None
+
+
 def test_the_call_shapes_remembered_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     """A packed run meets a new shape every step: the probe keeps the most recently run ones only."""
     from kdvfs.runtime import step_shapes

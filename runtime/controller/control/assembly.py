@@ -146,7 +146,7 @@ class ThreadBuilder:
 
         shapes = ShapeSteps(book, {top: entries(top, plans) for top, plans in book.plans.items()}, varying.shape_of,
                             kernel_time_s(self.opened.plan.problem), config.budget, varying.kernel_time_s,
-                            varying.step_model_basis, varying.first_seen)
+                            varying.step_model_basis, varying.new_inputs)
         book.on_plan = lambda top, plans: shapes.add(top, entries(top, plans))
         return shapes
 

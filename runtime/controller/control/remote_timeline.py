@@ -38,7 +38,7 @@ class RemoteTimeline:
         self.hooks = None if hooks_every is None else RemoteHooks(self, hooks_every)
         self._lock = threading.Lock()
         self._marks = 0
-        self._first_seen: tuple[int, bool | None] = (-1, None)
+        self._new_inputs: tuple[int, int | None] = (-1, None)
         self.blocks = 0
         """The anchor hooks' top-level blocks, as of the last answer."""
         self.hook_s: float | None = None
@@ -78,17 +78,17 @@ class RemoteTimeline:
 
     def shape_of(self, step: int, deadline_s: float) -> StepShape | None:
         """Step ``step``'s shape, from the training process's shape probe (a run whose steps vary); the answer
-        also says whether the step ran a shape new to the process (:meth:`first_seen`)."""
-        answer: tuple[StepShape | None, bool | None] = self._ask("shape_of", step, deadline_s)
-        shape, first_seen = answer
-        self._first_seen = (step, first_seen)
+        also says how many of its inputs had a shape new to the process (:meth:`new_inputs`)."""
+        answer: tuple[StepShape | None, int | None] = self._ask("shape_of", step, deadline_s)
+        shape, new_inputs = answer
+        self._new_inputs = (step, new_inputs)
         return shape
 
-    def first_seen(self, step: int) -> bool | None:
-        """Whether step ``step`` ran a forward call of a shape new to the process, as :meth:`shape_of`'s last answer
-        said (None: that answer was another step's)."""
-        asked, first_seen = self._first_seen
-        return first_seen if asked == step else None
+    def new_inputs(self, step: int) -> int | None:
+        """How many of step ``step``'s inputs had a shape new at their place in the process, as :meth:`shape_of`'s
+        last answer said (None: that answer was another step's)."""
+        asked, new_inputs = self._new_inputs
+        return new_inputs if asked == step else None
 
     def fetch_figures(self) -> None:
         """Ask for the training process's figures (:attr:`hook_s`, :attr:`sleeps`, :attr:`server_cpu_s`); they

@@ -54,8 +54,8 @@ class Window:
     avg_power_w: float | None = None
     kernel_steps: float | None = None
     """Its steps' mean expected kernel time in reference steps (None: a run of one shape)."""
-    new_shapes: float | None = None
-    """The share of its steps whose shape was new to the process (None: a run of one shape)."""
+    new_inputs: float | None = None
+    """Its steps' mean count of forward-call inputs of a shape new to the process (None: a run of one shape)."""
 
     @property
     def as_intended(self) -> bool:
@@ -199,7 +199,7 @@ class Accounting:
         window = Window(self._first_step, index, self.slot.arm, self.slot.pair, steps,
                         math.fsum(self._durations) / steps, self._open_s, end_s, steps if self._mode else 0,
                         kernel_steps=math.fsum(k for k, _ in self._steps_covariates) / steps if varying else None,
-                        new_shapes=math.fsum(n for _, n in self._steps_covariates) / steps if varying else None)
+                        new_inputs=math.fsum(n for _, n in self._steps_covariates) / steps if varying else None)
         self.windows.append(window)
         self._unmeasured.append(len(self.windows) - 1)
         self._log.write("window", **{name: getattr(window, name) for name in WINDOW_FIELDS})  # asdict's
@@ -340,7 +340,7 @@ class Estimate:
         for row in accounting.windows[since:]:
             value = row.energy_j_per_step if self.kind == "energy" else row.step_time_s
             if row.as_intended and value is not None and row.kernel_steps is not None:
-                rows.append(WindowRow(row.arm == CONTROLLED, value, row.kernel_steps, row.new_shapes or 0.0,
+                rows.append(WindowRow(row.arm == CONTROLLED, value, row.kernel_steps, row.new_inputs or 0.0,
                                       (row.start_s + row.end_s) / 2))
         return adjusted(rows, -1.0 if self.kind == "energy" else 1.0)
 

@@ -110,24 +110,25 @@ def net(figures: Measured, controlled_share: float) -> NetEffect:
 @dataclass(frozen=True)
 class WindowRow:
     """One window for :func:`adjusted`: its arm, its per-step figure (seconds or joules per step) and what
-    explains that figure besides the arm: its steps' mean expected kernel time in reference steps, the share of
-    them whose shape was new to the process, and its middle (host s, for the drift)."""
+    explains that figure besides the arm: its steps' mean expected kernel time in reference steps, their mean
+    count of inputs of a shape new to the process (each pays one-time host set-up), and its middle (host s, for
+    the drift)."""
 
     controlled: bool
     value: float
     kernel_steps: float
-    new_shapes: float
+    new_inputs: float
     mid_s: float
 
 
 def design(rows: list[WindowRow]) -> tuple[np.ndarray, np.ndarray]:
     """:func:`adjusted`'s regression: the design matrix (a column of ones, the arm, then each of the expected kernel
-    time, the share of new shapes and the window's middle, centred, in that order, where it varies over ``rows``
+    time, the count of new inputs and the window's middle, centred, in that order, where it varies over ``rows``
     enough to be estimated) and the figures. A covariate is left out where it would leave the design short of
-    full rank or let one window alone fix a coefficient (leverage 1: say, a share of new shapes that differs in
+    full rank or let one window alone fix a coefficient (leverage 1: say, a count of new inputs that differs in
     one window only); the rule looks at the covariates only, never at the figures."""
     columns = [[1.0] * len(rows), [float(r.controlled) for r in rows]]
-    for name in ("kernel_steps", "new_shapes", "mid_s"):
+    for name in ("kernel_steps", "new_inputs", "mid_s"):
         values = [float(getattr(r, name)) for r in rows]
         if max(values) - min(values) > 1e-12 * max(1.0, abs(max(values))):
             centre = math.fsum(values) / len(values)
@@ -147,16 +148,16 @@ def _estimable(x: np.ndarray) -> bool:
 def adjusted(rows: list[WindowRow], sign: float = 1.0) -> Interval | None:
     """The arm's effect (%) on windows of mixed steps, adjusted for what differs between them (ANCOVA).
 
-    The per-step figure of every window of both arms is regressed (ordinary least squares) on the arm, the
-    window's expected kernel time per step, its share of new shapes and its time (the drift); covariates that do
-    not vary are left out. The effect is the arm's coefficient over the mean fitted figure at auto, times 100
-    (times ``sign``: -1 for a saving), with a Student-t 95% interval on ``n - p`` degrees of freedom around the
-    heteroscedasticity-robust standard error HC3 (each window's residual over ``1 - leverage``): windows do not
-    share one noise (a window of new shapes or long steps is noisier, and it weighs more when it is rare), which
-    the pooled residual variance assumes. The covariates are known before the window runs (the shapes), so the
-    adjustment removes the shape mix from the comparison without absorbing the arm's effect. ``n`` of the
-    interval is the smaller arm's window count. None with fewer than two windows of each arm, too few windows
-    for the regression, or a window that alone fixes a coefficient (leverage 1).
+    The per-step figure of every window of both arms is regressed (ordinary least squares) on the arm, the window's
+    expected kernel time per step, its count of new inputs per step and its time (the drift); covariates that do not
+    vary are left out. The effect is the arm's coefficient over the mean fitted figure at auto, times 100 (times
+    ``sign``: -1 for a saving), with a Student-t 95% interval on ``n - p`` degrees of freedom around the
+    heteroscedasticity-robust standard error HC3 (each window's residual over ``1 - leverage``): windows do not share
+    one noise (a window of new inputs or long steps is noisier, and it weighs more when it is rare), which the pooled
+    residual variance assumes. The covariates are known before the window runs (the shapes), so the adjustment removes
+    the shape mix from the comparison without absorbing the arm's effect. ``n`` of the interval is the smaller arm's
+    window count. None with fewer than two windows of each arm, too few windows for the regression, or a window that
+    alone fixes a coefficient (leverage 1).
     """
     controlled = sum(r.controlled for r in rows)
     if controlled < MIN_PAIRS or len(rows) - controlled < MIN_PAIRS:

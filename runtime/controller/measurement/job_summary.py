@@ -42,13 +42,13 @@ def _adjusted(windows: list[list[dict[str, Any]]]) -> tuple[Interval | None, Int
             continue
         first = job_windows[0]
         controlled, mid_s = first["arm"] != AUTO, (first["start_s"] + first["end_s"]) / 2
-        new_shapes = sum(w["new_shapes"] or 0.0 for w in job_windows) / len(job_windows)
+        new_inputs = sum(w["new_inputs"] or 0.0 for w in job_windows) / len(job_windows)
         time_rows.append(WindowRow(controlled, max(w["step_time_s"] for w in job_windows),
-                                   max(w["kernel_steps"] for w in job_windows), new_shapes, mid_s))
+                                   max(w["kernel_steps"] for w in job_windows), new_inputs, mid_s))
         energy_j = _total([w["energy_j_per_step"] for w in job_windows])
         if energy_j is not None:
             energy_rows.append(WindowRow(controlled, energy_j, sum(w["kernel_steps"] for w in job_windows),
-                                         new_shapes, mid_s))
+                                         new_inputs, mid_s))
     return adjusted(energy_rows, -1.0), adjusted(time_rows, 1.0)
 
 

@@ -33,9 +33,10 @@ from kdvfs.runtime.controller.timing.anchors import Anchors
 
 ShapeOf = Callable[[int, float], StepShape | None]
 """``shape_of(step, deadline_s)``: step ``step``'s shape, waiting until host time ``deadline_s`` at most."""
-FirstSeen = Callable[[int], bool | None]
-"""``first_seen(step)``, read after ``shape_of(step, ...)``: whether step ``step`` ran a forward call of a shape new
-to the process (:meth:`~kdvfs.runtime.step_shapes.ShapeProbe.first_seen`; None: unknown)."""
+NewInputs = Callable[[int], int | None]
+"""``new_inputs(step)``, read after ``shape_of(step, ...)``: how many of step ``step``'s forward-call inputs had a
+shape new at their place in the process (:meth:`~kdvfs.runtime.step_shapes.ShapeProbe.new_inputs`; None:
+unknown)."""
 
 
 @dataclass(frozen=True)
@@ -46,8 +47,8 @@ class VaryingSteps:
         shapes: the shapes the capture saw (its captured steps' and its run's distribution).
         predict: the expected trace of a shape (the step model's), None where it does not cover it.
         shape_of: where each step's shape comes from (see :data:`ShapeOf`).
-        first_seen: where it comes from whether the step ran a shape new to the process (:data:`FirstSeen`; None:
-            a step is new when its whole shape is).
+        new_inputs: where it comes from how many of the step's inputs were new to the process (:data:`NewInputs`;
+            None: a step counts one when its whole shape is new).
         progress: ``(done, total)`` after each bucket's solve (None: quiet).
         kernel_time_s: the expected kernel time at auto of any shape (s; the step model's, cheap); None: each
             step counts for its bucket's.
@@ -60,7 +61,7 @@ class VaryingSteps:
     shapes: Sequence[StepShape]
     predict: Predict
     shape_of: ShapeOf
-    first_seen: FirstSeen | None = None
+    new_inputs: NewInputs | None = None
     progress: Callable[[int, int], None] | None = None
     kernel_time_s: Callable[[StepShape], float] | None = None
     step_model_basis: str | None = None
@@ -105,14 +106,14 @@ class ShapeSteps:
         shape_of: the step's shape, waiting until a deadline.
         reference_kernel_s: the kernel time at auto that weights 1 (s): the captured step's.
         budget: the run's budget (fraction), which the feedback compares the measured slowdown with.
-        kernel_time_s, step_model_basis, first_seen: as :class:`VaryingSteps`'.
+        kernel_time_s, step_model_basis, new_inputs: as :class:`VaryingSteps`'.
     """
 
     def __init__(self, book: ShapeBook, entries: dict[StepShape, tuple[StepEntry, ...]], shape_of: ShapeOf,
                  reference_kernel_s: float, budget: float,
                  kernel_time_s: Callable[[StepShape], float] | None = None,
-                 step_model_basis: str | None = None, first_seen: FirstSeen | None = None) -> None:
-        self.book, self.entries, self.shape_of, self.first_seen = book, entries, shape_of, first_seen
+                 step_model_basis: str | None = None, new_inputs: NewInputs | None = None) -> None:
+        self.book, self.entries, self.shape_of, self.new_inputs = book, entries, shape_of, new_inputs
         self.reference_kernel_s, self.budget = reference_kernel_s, budget
         self.kernel_time_s, self.step_model_basis = kernel_time_s, step_model_basis
         self.margin = 0
@@ -150,7 +151,7 @@ class ShapeSteps:
             self.stood_in += 1
         self.steps[entries[0].key] += 1
         kernel_s = entries[0].kernel_s if self.kernel_time_s is None else self.kernel_time_s(shape)
-        new = self.first_seen(step) if self.first_seen is not None else None
+        new = self.new_inputs(step) if self.new_inputs is not None else None
         self._covariates[step] = (kernel_s / self.reference_kernel_s, float(shape not in self._seen if new is None
                                                                             else new))
         self._seen.add(shape)
@@ -166,8 +167,8 @@ class ShapeSteps:
         self.last_miss = reason
 
     def covariates(self, step: int) -> tuple[float, float] | None:
-        """Step ``step``'s expected kernel time in reference steps and 1.0 when it ran a shape new to the process
-        (``first_seen``'s: one of its forward calls; without it, its whole shape), 0.0 else; None for a step without
+        """Step ``step``'s expected kernel time in reference steps and its inputs of a shape new to the process
+        (``new_inputs``'s count; without it, 1.0 when its whole shape was new, else 0.0); None for a step without
         an entry. Each step's are read once (then forgotten)."""
         return self._covariates.pop(step, None)
 

@@ -52,13 +52,13 @@ class StepShapes:
             self.probe.mark_step()
             self._arrived.notify_all()
 
-    def first_seen(self, step: int) -> bool | None:
-        """Whether step ``step`` ran a forward call of a shape new to the process (the probe's; None: unknown)."""
-        return self.probe.first_seen(step)
+    def new_inputs(self, step: int) -> int | None:
+        """How many of step ``step``'s inputs had a shape new at their place (the probe's; None: unknown)."""
+        return self.probe.new_inputs(step)
 
-    def shape_and_first_seen(self, step: int, deadline_s: float) -> tuple[StepShape | None, bool | None]:
-        """:meth:`shape_of` and then :meth:`first_seen` (one answer to a controller in its own process)."""
-        return self.shape_of(step, deadline_s), self.first_seen(step)
+    def shape_and_new_inputs(self, step: int, deadline_s: float) -> tuple[StepShape | None, int | None]:
+        """:meth:`shape_of` and then :meth:`new_inputs` (one answer to a controller in its own process)."""
+        return self.shape_of(step, deadline_s), self.new_inputs(step)
 
     def shape_of(self, step: int, deadline_s: float) -> StepShape | None:
         """Step ``step``'s complete shape, waiting for its first forward call until host time ``deadline_s`` (None:
@@ -118,6 +118,6 @@ def varying_steps(trace_path: str, clock: Clock) -> tuple[VaryingSteps, StepShap
         if done == total:
             print(f"kdvfs: planned {total} step-shape buckets", file=sys.stderr)
 
-    return VaryingSteps(shapes, predict, source.shape_of, source.first_seen, progress=progress,
+    return VaryingSteps(shapes, predict, source.shape_of, source.new_inputs, progress=progress,
                         kernel_time_s=model.kernel_time_s, step_model_basis=model.terms.value,
                         references=aligned), source

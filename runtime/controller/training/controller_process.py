@@ -31,7 +31,7 @@ def serve(config: ControllerConfig, questions: Connection, steps: Connection, ho
     timeline = RemoteTimeline(questions, hooks_every)
     found = varying_steps(config.trace, RealClock())
     varying = None if found is None else dataclasses.replace(found[0], shape_of=timeline.shape_of,
-                                                              first_seen=timeline.first_seen)
+                                                              new_inputs=timeline.new_inputs)
     controller = Controller(config=config, timeline=timeline, varying=varying, look_for_varying=False)
     try:
         controller.__enter__()

@@ -72,7 +72,7 @@ class ProcessController(Managed):
             self._step_shapes.probe.install()
             self._stack.callback(self._step_shapes.probe.remove)
         self._server = TimelineServer(questions, timeline, hooks,
-                                      None if self._step_shapes is None else self._step_shapes.shape_and_first_seen)
+                                      None if self._step_shapes is None else self._step_shapes.shape_and_new_inputs)
         self._server.start()
         self._steps, self._alive = steps, True
         self._exit_on_sigterm()

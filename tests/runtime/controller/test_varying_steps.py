@@ -27,7 +27,7 @@ from kdvfs.runtime.cli.offline.plan import schedule_json
 from kdvfs.runtime.controller import Controller
 from kdvfs.runtime.controller.shapes import steps
 from kdvfs.runtime.controller.shapes.book import ShapeBook, ShapePlan, seq_quantum
-from kdvfs.runtime.controller.shapes.steps import FirstSeen, VaryingSteps
+from kdvfs.runtime.controller.shapes.steps import NewInputs, VaryingSteps
 from kdvfs.runtime.testing.fake_gpu import FakeGpu, FakeStepTimeline, VirtualClock
 from tests.runtime.summaries import checked
 
@@ -61,10 +61,11 @@ def problem(seq: int) -> Problem:
 
 
 def varying_controller(tmp_path: Path, seqs: list[int], policy: str | None = None, online: bool = False,
-                       first_seen: FirstSeen | None = None, ab_share: float = 0.0) -> tuple[Controller, FakeGpu]:
+                       new_inputs: NewInputs | None = None, ab_share: float = 0.0) -> tuple[Controller, FakeGpu]:
     """A controller on a fake H200 whose step ``i`` has ``seqs[i]`` tokens per sequence; its trace is the
     256-token step's, its plan that step's latency-optimal plan, or ``policy`` (deciding online with ``online``,
-    else its rollouts replayed); ``first_seen``: whether a step ran a new shape (None: when its shape is new)."""
+    else its rollouts replayed); ``new_inputs``: a step's inputs of a new shape (None: one when its whole shape is
+    new)."""
     reference = problem(256)
     trace_path = tmp_path / "step.trace.json"
     save_trace(reference.trace, trace_path)
@@ -76,7 +77,7 @@ def varying_controller(tmp_path: Path, seqs: list[int], policy: str | None = Non
     timeline = FakeStepTimeline(gpu, clock)
     for i, seq in enumerate(seqs):
         gpu.step_costs[i], timeline.shapes[i] = problem(seq).costs, shape(seq)
-    varying = VaryingSteps([shape(s) for s in SEQS], predict, timeline.shape_of, first_seen)
+    varying = VaryingSteps([shape(s) for s in SEQS], predict, timeline.shape_of, new_inputs)
     controller = Controller(source, str(trace_path), device=gpu, timeline=timeline, clock=clock,
                             varying=varying, online=online, latency_ms=LATENCY_MS, budget=BUDGET, window_steps=5,
                             window_s=0.1, energy_read_every_s=0.0, issue_early_ms=0.0, ab_share=ab_share)
@@ -346,17 +347,18 @@ def test_a_controller_told_not_to_look_for_varying_steps_leaves_its_captures_unr
     assert books[0] is None and books[1] is not None
 
 
-@pytest.mark.parametrize("told", [None, False, True])
-def test_a_windows_new_shapes_are_the_steps_the_probe_says_ran_a_new_shape(tmp_path: Path, told: bool | None) -> None:
+@pytest.mark.parametrize("told", [None, 0, 2])
+def test_a_windows_new_inputs_are_the_probes_count(tmp_path: Path, told: int | None) -> None:
     """With gradient accumulation nearly every step's whole shape is new while its micro-batches' shapes are not:
-    the A/B windows' ``new_shapes`` covariate counts the steps that ran a forward call new to the process."""
+    the A/B windows' ``new_inputs`` covariate is the steps' mean count of inputs new to the process, as the probe
+    counts them (without the probe's count, one for a step whose whole shape is new)."""
     seqs = [128, 192, 256] * 60
-    controller, _ = varying_controller(tmp_path, seqs, first_seen=None if told is None else (lambda step: told),
+    controller, _ = varying_controller(tmp_path, seqs, new_inputs=None if told is None else (lambda step: told),
                                        ab_share=0.5)
     run(controller, len(seqs) - 1)
-    shares = [w["new_shapes"] for w in controller.windows if w["new_shapes"] is not None]
-    assert shares
+    counts = [w["new_inputs"] for w in controller.windows if w["new_inputs"] is not None]
+    assert counts
     if told is None:
-        assert max(shares) < 0.1  # the first step of each shape only
+        assert max(counts) < 0.1  # the first step of each shape only
     else:
-        assert set(shares) == {float(told)}
+        assert set(counts) == {float(told)}

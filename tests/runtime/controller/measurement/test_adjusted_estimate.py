@@ -15,7 +15,7 @@ WINDOWS = 40
 
 def windows(seed: int, effect: float, auto_noise: float = 0.003) -> list[WindowRow]:
     """``WINDOWS`` windows of the A/B schedule (a quarter at auto): each window's joules per step follow its
-    steps' expected kernel time (the shape mix varies from window to window by +-30%), its share of new shapes
+    steps' expected kernel time (the shape mix varies from window to window by +-30%), its count of new inputs
     (set-up costs 3x a step) and a drift, with 0.3% noise (``auto_noise`` at auto); controlled windows are
     ``effect`` lower."""
     rng = np.random.default_rng(seed)
@@ -42,7 +42,7 @@ def test_the_adjusted_interval_holds_the_truth_at_the_nominal_rate() -> None:
 
 def pooled_interval_holds_zero(rows: list[WindowRow]) -> bool:
     """The interval :func:`adjusted` had before HC3: one residual variance pooled over every window."""
-    x = np.array([[1.0, float(r.controlled), r.kernel_steps, r.new_shapes, r.mid_s] for r in rows])
+    x = np.array([[1.0, float(r.controlled), r.kernel_steps, r.new_inputs, r.mid_s] for r in rows])
     y = np.array([r.value for r in rows])
     inverse = np.linalg.inv(x.T @ x)
     beta = inverse @ x.T @ y

@@ -76,7 +76,7 @@ def _varying_window(index: int, arm: str, kernel_s: float, rank: int) -> dict[st
     controlled = arm == "B"
     return {**_window(index // 2, arm, kernel_s * 1.2 * (1.01 if controlled else 1.0) * noise,
                       kernel_s * 700.0 * (1 + rank) * (0.95 if controlled else 1.0) * noise),
-            "first_step": 10 * index, "last_step": 10 * index + 9, "kernel_steps": kernel_s, "new_shapes": 0.0,
+            "first_step": 10 * index, "last_step": 10 * index + 9, "kernel_steps": kernel_s, "new_inputs": 0.0,
             "start_s": float(index), "end_s": index + 1.0}
 
 
