@@ -45,7 +45,7 @@ from kdvfs.common.paths import REPO_ROOT
 from kdvfs.envs.gpu.profiles import load_profile
 from kdvfs.envs.trace.format import load_trace
 from kdvfs.runtime.cli.offline.predict import window_check
-from kdvfs.runtime.controller.measurement.estimator import WindowRow, design
+from kdvfs.runtime.controller.measurement.estimator import WindowRow, adjusted, design
 
 LENGTHS = ["--lengths", "lognormal", "--median-len", "256", "--min-len", "16", "--max-len", "1024", "--batch", "8"]
 CPU_LENGTHS = ["--size", "tiny", "--device", "cpu", "--lengths", "lognormal", "--median-len", "32", "--min-len", "8",
@@ -119,6 +119,25 @@ def window_noise(windows: list[dict[str, Any]]) -> dict[str, Any] | None:
             "adjusted_residual_pct": float(100 * residual.std(ddof=x.shape[1]) / y.mean())}
 
 
+def new_input_covariates(windows: list[dict[str, Any]], energies: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The dry run's saving (%, with its interval) from its windows' records, once with each form of the new-shape
+    covariate: ``count`` (the run's: the steps' mean count of inputs new to the process) and ``share`` (the share of
+    steps with any, its earlier form), on the same windows and joules; the same estimator (:func:`adjusted`) as the
+    run's. None for a log without both forms or without an estimate."""
+    joules = {e["last_step"]: e["energy_j_per_step"] for e in energies}
+    rows = [w for w in windows if w.get("new_input_steps") is not None and joules.get(w["last_step"]) is not None
+            and w["controlled_steps"] == (w["steps"] if w["arm"] == "B" else 0)]
+    result = {}
+    for name, key in (("count", "new_inputs"), ("share", "new_input_steps")):
+        saving = adjusted([WindowRow(w["arm"] == "B", joules[w["last_step"]], w["kernel_steps"], w[key],
+                                     (w["start_s"] + w["end_s"]) / 2) for w in rows], -1.0)
+        if saving is None:
+            return None
+        result[name] = {"saving_pct": saving.mean_pct, "ci95_pct": [saving.lo_pct, saving.hi_pct],
+                        "half_width_pct": saving.half_width_pct}
+    return result
+
+
 def long_steps(steps: list[dict[str, Any]]) -> dict[str, Any]:
     """The steps of a dry run's log whose GPU time exceeds ``LONG_STEP_FACTOR`` times its median: how many, which,
     and their median time against the run's (s); set beside the buckets planned in the background, whose work in
@@ -157,6 +176,7 @@ def figures(folder: Path, profile: str | None) -> dict[str, Any]:
                                                         for w in log["window"]],
             "kernel_error_max_pct": max((abs(e["kernel_time_error_pct"]) for e in errors), default=None),
             "window_noise": window_noise(log["window"]), "long_steps": long_steps(log["step"]),
+            "new_input_covariates": new_input_covariates(log["window"], log["window_energy"]),
             "window_check": window}
     if not (folder / "run.out.json").is_file():
         return {**both, "cut_short": True, "steps": len(log["step"]),
@@ -247,6 +267,12 @@ def markdown(result: dict[str, Any]) -> str:
                          f"{TARGET_HALF_WIDTH_PCT:g} points would take about "
                          f"{r.get('steps_for_target_half_width') or '-'} steps at this noise (an upper estimate: "
                          "`steps_for_half_width`)")
+        forms = r.get("new_input_covariates")
+        if forms:
+            lines.append(f"  - saving with the new-input count as covariate (the run's) "
+                         f"{forms['count']['saving_pct']:+.2f}%, half-width {forms['count']['half_width_pct']:.2f}; "
+                         f"with the share of steps with a new input (the earlier form) "
+                         f"{forms['share']['saving_pct']:+.2f}%, half-width {forms['share']['half_width_pct']:.2f}")
         long = r.get("long_steps")
         if long and long["count"]:
             lines.append(f"  - long steps (over {LONG_STEP_FACTOR:g} x the median GPU step time, "

@@ -56,6 +56,9 @@ class Window:
     """Its steps' mean expected kernel time in reference steps (None: a run of one shape)."""
     new_inputs: float | None = None
     """Its steps' mean count of forward-call inputs of a shape new to the process (None: a run of one shape)."""
+    new_input_steps: float | None = None
+    """The share of its steps with any such input (None: a run of one shape): the covariate's earlier form, kept
+    in the log to compare the two on the same windows."""
 
     @property
     def as_intended(self) -> bool:
@@ -199,7 +202,8 @@ class Accounting:
         window = Window(self._first_step, index, self.slot.arm, self.slot.pair, steps,
                         math.fsum(self._durations) / steps, self._open_s, end_s, steps if self._mode else 0,
                         kernel_steps=math.fsum(k for k, _ in self._steps_covariates) / steps if varying else None,
-                        new_inputs=math.fsum(n for _, n in self._steps_covariates) / steps if varying else None)
+                        new_inputs=math.fsum(n for _, n in self._steps_covariates) / steps if varying else None,
+                        new_input_steps=sum(n > 0 for _, n in self._steps_covariates) / steps if varying else None)
         self.windows.append(window)
         self._unmeasured.append(len(self.windows) - 1)
         self._log.write("window", **{name: getattr(window, name) for name in WINDOW_FIELDS})  # asdict's
