@@ -57,9 +57,9 @@ class ShapeProbe:
         * :meth:`first_seen` says whether a step ran a forward call of a shape that no earlier step's calls had
           (such a step pays one-time host set-up: a new shape's allocations, attention plans, kernel choice;
           the last ``CALL_SHAPES`` distinct call shapes are remembered), None where :meth:`shape_of` is None.
-        * :meth:`new_inputs` counts a step's inputs of a shape new at their place: over its forward calls, the
-          inputs whose shape no earlier call had at the same position (the same bound per position). It
-          measures how much set-up a step pays where :meth:`first_seen` only says whether: with gradient
+        * :meth:`new_inputs` counts, for each input position, a step's forward calls whose input there had a
+          shape no earlier call had at that position (the same bound per position). It measures how much set-up
+          a step pays and where it comes from, where :meth:`first_seen` only says whether: with gradient
           accumulation two new micro-batches count twice, and an input that varies alone (a packed batch's
           longest sample) counts apart from those the model's matrix shapes follow (its tokens).
         * ``on_shape(step, shape)``, when given, is called from the forward pre-hook on the training thread at
@@ -83,7 +83,7 @@ class ShapeProbe:
         self._calls_seen: OrderedDict[StepShape, None] = OrderedDict()
         self._first_seen: set[int] = set()
         self._inputs_seen: list[OrderedDict[tuple[int, ...], None]] = []
-        self._new_inputs: dict[int, int] = {}
+        self._new_inputs: dict[int, list[int]] = {}
         self._discovery: Any = None
         self._handle: Any = None
 
@@ -124,7 +124,11 @@ class ShapeProbe:
             self._first_seen.add(step)
             if len(self._calls_seen) > CALL_SHAPES:
                 self._calls_seen.popitem(last=False)
-        self._new_inputs[step] = self._new_inputs.get(step, 0) + self._count_new_inputs(shape)
+        counts = self._new_inputs.setdefault(step, [])
+        for position, new in enumerate(self._new_at_position(shape)):
+            if position == len(counts):
+                counts.append(0)
+            counts[position] += new
         earlier = self._shapes.get(step)
         if earlier is not None:
             shape = StepShape(earlier.inputs + shape.inputs)
@@ -137,17 +141,15 @@ class ShapeProbe:
             self.on_shape(step, shape)
         return None
 
-    def _count_new_inputs(self, call: StepShape) -> int:
-        """How many of one call's inputs have a shape new at their position (and remember them)."""
+    def _new_at_position(self, call: StepShape) -> list[bool]:
+        """For each of one call's inputs, whether its shape is new at its position (and remember them)."""
         while len(self._inputs_seen) < len(call.inputs):
             self._inputs_seen.append(OrderedDict())
-        new = 0
+        new = []
         for dims, seen in zip(call.inputs, self._inputs_seen, strict=False):
-            if dims in seen:
-                seen.move_to_end(dims)
-                continue
-            new += 1
+            new.append(dims not in seen)
             seen[dims] = None
+            seen.move_to_end(dims)
             if len(seen) > CALL_SHAPES:
                 seen.popitem(last=False)
         return new
@@ -166,10 +168,10 @@ class ShapeProbe:
         contract)."""
         return None if step not in self._shapes else step in self._first_seen
 
-    def new_inputs(self, step: int) -> int | None:
-        """How many of step ``step``'s inputs had a shape new at their position (None: unknown, see the
-        contract)."""
-        return None if step not in self._shapes else self._new_inputs.get(step, 0)
+    def new_inputs(self, step: int) -> tuple[int, ...] | None:
+        """For each input position, how many of step ``step``'s forward calls had a shape new there (None:
+        unknown, see the contract)."""
+        return None if step not in self._shapes else tuple(self._new_inputs.get(step, ()))
 
     @property
     def current(self) -> StepShape | None:

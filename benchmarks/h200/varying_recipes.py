@@ -26,6 +26,7 @@ import statistics
 import subprocess
 import sys
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -105,31 +106,36 @@ def _log(folder: Path) -> dict[str, list[dict[str, Any]]]:
 
 def window_noise(windows: list[dict[str, Any]]) -> dict[str, Any] | None:
     """What the A/B interval of a varying run is up against, from its windows' records: the range of their steps' mean
-    count of inputs of a shape new to the process, the correlation of a window's step time with its expected kernel
-    time, and the residual of its step time after the A/B estimator's own regression (:func:`design`: arm, expected
-    kernel time, new inputs, time), as a share of the mean (%). None under 6 windows."""
+    count of inputs of a shape new to the process (all positions together), the correlation of a window's step time with
+    its expected kernel time, and the residual of its step time after the A/B estimator's own regression
+    (:func:`design`: arm, expected kernel time, new inputs, time), as a share of the mean (%). None under 6 windows."""
     if len(windows) < 6:
         return None
-    rows = [WindowRow(w["arm"] == "B", w["step_time_s"], w["kernel_steps"], w["new_inputs"],
+    rows = [WindowRow(w["arm"] == "B", w["step_time_s"], w["kernel_steps"], tuple(w["new_inputs"]),
                       (w["start_s"] + w["end_s"]) / 2) for w in windows]
     x, y = design(rows)
     residual = y - x @ np.linalg.lstsq(x, y, rcond=None)[0]
-    return {"new_inputs": [min(r.new_inputs for r in rows), max(r.new_inputs for r in rows)],
+    totals = [sum(r.new_inputs) for r in rows]
+    return {"new_inputs": [min(totals), max(totals)],
             "step_time_vs_kernel_correlation": float(np.corrcoef(y, [r.kernel_steps for r in rows])[0, 1]),
             "adjusted_residual_pct": float(100 * residual.std(ddof=x.shape[1]) / y.mean())}
 
 
 def new_input_covariates(windows: list[dict[str, Any]], energies: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The dry run's saving (%, with its interval) from its windows' records, once with each form of the new-shape
-    covariate: ``count`` (the run's: the steps' mean count of inputs new to the process) and ``share`` (the share of
-    steps with any, its earlier form), on the same windows and joules; the same estimator (:func:`adjusted`) as the
-    run's. None for a log without both forms or without an estimate."""
+    covariate: ``by_position`` (the run's: the steps' mean count of calls with a new input shape at each input
+    position), ``count`` (those counts summed over the positions) and ``share`` (the share of steps with any new
+    input, the first form), on the same windows and joules; the same estimator (:func:`adjusted`) as the run's.
+    None for a log without the share or without an estimate."""
     joules = {e["last_step"]: e["energy_j_per_step"] for e in energies}
     rows = [w for w in windows if w.get("new_input_steps") is not None and joules.get(w["last_step"]) is not None
             and w["controlled_steps"] == (w["steps"] if w["arm"] == "B" else 0)]
     result = {}
-    for name, key in (("count", "new_inputs"), ("share", "new_input_steps")):
-        saving = adjusted([WindowRow(w["arm"] == "B", joules[w["last_step"]], w["kernel_steps"], w[key],
+    forms: dict[str, Callable[[dict[str, Any]], tuple[float, ...]]] = {
+        "by_position": lambda w: tuple(w["new_inputs"]), "count": lambda w: (sum(w["new_inputs"]),),
+        "share": lambda w: (w["new_input_steps"],)}
+    for name, covariate in forms.items():
+        saving = adjusted([WindowRow(w["arm"] == "B", joules[w["last_step"]], w["kernel_steps"], covariate(w),
                                      (w["start_s"] + w["end_s"]) / 2) for w in rows], -1.0)
         if saving is None:
             return None
@@ -269,10 +275,9 @@ def markdown(result: dict[str, Any]) -> str:
                          "`steps_for_half_width`)")
         forms = r.get("new_input_covariates")
         if forms:
-            lines.append(f"  - saving with the new-input count as covariate (the run's) "
-                         f"{forms['count']['saving_pct']:+.2f}%, half-width {forms['count']['half_width_pct']:.2f}; "
-                         f"with the share of steps with a new input (the earlier form) "
-                         f"{forms['share']['saving_pct']:+.2f}%, half-width {forms['share']['half_width_pct']:.2f}")
+            lines.append("  - the saving under each form of the new-input covariate, on the same windows: " + "; ".join(
+                f"{name} {form['saving_pct']:+.2f}%, half-width {form['half_width_pct']:.2f}"
+                for name, form in forms.items()) + " (by_position is the run's)")
         long = r.get("long_steps")
         if long and long["count"]:
             lines.append(f"  - long steps (over {LONG_STEP_FACTOR:g} x the median GPU step time, "

@@ -12,7 +12,7 @@ from benchmarks.h200.varying_recipes import LONG_STEP_FACTOR, long_steps, window
 
 def _windows(noise: np.ndarray) -> list[dict[str, Any]]:
     kernel = np.linspace(0.2, 0.4, len(noise))
-    return [{"step_time_s": 0.1 + 0.5 * k + n, "kernel_steps": k, "new_inputs": 1.0, "start_s": 4.0 * i,
+    return [{"step_time_s": 0.1 + 0.5 * k + n, "kernel_steps": k, "new_inputs": [1.0], "start_s": 4.0 * i,
              "end_s": 4.0 * i + 3.0, "arm": "AB"[i % 2]} for i, (k, n) in enumerate(zip(kernel, noise, strict=True))]
 
 
@@ -53,22 +53,24 @@ def test_long_steps_are_those_over_the_factor_times_the_median() -> None:
     assert long_steps([])["count"] == 0
 
 
-def test_the_two_covariate_forms_are_compared_on_the_same_windows() -> None:
-    """Joules follow the count of new inputs (not the share of steps with any): the count's estimate is exact, the
-    share's is not; a log without the share (an earlier run) gives None."""
+def test_the_covariate_forms_are_compared_on_the_same_windows() -> None:
+    """Joules follow the new tokens' count and not the new longest sample's (a packed batch's two inputs): the
+    estimate by position is exact, the summed count's and the share's are not; a log without the share (an earlier
+    run) gives None."""
     from benchmarks.h200.varying_recipes import new_input_covariates
 
     rng = np.random.default_rng(1)
     windows, energies = [], []
     for i in range(16):
         share = rng.uniform(0.5, 1.0)
-        count = share * rng.uniform(1.0, 3.0)
+        tokens, longest = share * rng.uniform(0.0, 1.0), share * rng.uniform(0.0, 1.0)
         arm = "AB"[i % 2]
         windows.append({"arm": arm, "steps": 10, "controlled_steps": 10 if arm == "B" else 0, "last_step": 10 * i,
-                        "kernel_steps": 1.0, "new_inputs": count, "new_input_steps": share, "start_s": 4.0 * i,
-                        "end_s": 4.0 * i + 3.0})
-        energies.append({"last_step": 10 * i, "energy_j_per_step": 20.0 + 5.0 * count - (2.0 if arm == "B" else 0.0)})
+                        "kernel_steps": 1.0, "new_inputs": [tokens, longest], "new_input_steps": share,
+                        "start_s": 4.0 * i, "end_s": 4.0 * i + 3.0})
+        energies.append({"last_step": 10 * i, "energy_j_per_step": 20.0 + 5.0 * tokens - (2.0 if arm == "B" else 0.0)})
     forms = new_input_covariates(windows, energies)
     assert forms is not None
-    assert forms["count"]["half_width_pct"] < 1e-6 < forms["share"]["half_width_pct"]
+    assert forms["by_position"]["half_width_pct"] < 1e-6
+    assert min(forms["count"]["half_width_pct"], forms["share"]["half_width_pct"]) > 0.1
     assert new_input_covariates([{**w, "new_input_steps": None} for w in windows], energies) is None

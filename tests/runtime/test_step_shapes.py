@@ -130,7 +130,7 @@ def test_new_inputs_count_the_inputs_new_at_their_place() -> None:
         for tokens, longest in calls:
             model(torch.zeros(tokens, 4), torch.zeros(longest))
         probe.mark_step()
-    assert [probe.new_inputs(step) for step in range(6)] == [2, 0, 2, 1, 1, 0]
+    assert [probe.new_inputs(step) for step in range(6)] == [(1, 1), (0, 0), (2, 0), (0, 1), (0, 1), (0, 0)]
     assert [probe.first_seen(step) for step in range(6)] == [True, False, True, True, True, True]
     assert probe.new_inputs(6) is None
 

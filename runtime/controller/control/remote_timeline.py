@@ -38,7 +38,7 @@ class RemoteTimeline:
         self.hooks = None if hooks_every is None else RemoteHooks(self, hooks_every)
         self._lock = threading.Lock()
         self._marks = 0
-        self._new_inputs: tuple[int, int | None] = (-1, None)
+        self._new_inputs: tuple[int, tuple[int, ...] | None] = (-1, None)
         self.blocks = 0
         """The anchor hooks' top-level blocks, as of the last answer."""
         self.hook_s: float | None = None
@@ -78,14 +78,14 @@ class RemoteTimeline:
 
     def shape_of(self, step: int, deadline_s: float) -> StepShape | None:
         """Step ``step``'s shape, from the training process's shape probe (a run whose steps vary); the answer
-        also says how many of its inputs had a shape new to the process (:meth:`new_inputs`)."""
-        answer: tuple[StepShape | None, int | None] = self._ask("shape_of", step, deadline_s)
+        also says which of its inputs had a shape new to the process (:meth:`new_inputs`)."""
+        answer: tuple[StepShape | None, tuple[int, ...] | None] = self._ask("shape_of", step, deadline_s)
         shape, new_inputs = answer
         self._new_inputs = (step, new_inputs)
         return shape
 
-    def new_inputs(self, step: int) -> int | None:
-        """How many of step ``step``'s inputs had a shape new at their place in the process, as :meth:`shape_of`'s
+    def new_inputs(self, step: int) -> tuple[int, ...] | None:
+        """For each input position, step ``step``'s forward calls with a shape new there, as :meth:`shape_of`'s
         last answer said (None: that answer was another step's)."""
         asked, new_inputs = self._new_inputs
         return new_inputs if asked == step else None

@@ -26,7 +26,15 @@ from typing import Any
 from kdvfs.runtime.controller.config import ControllerConfig
 from kdvfs.runtime.controller.event_log import EventLog
 from kdvfs.runtime.controller.measurement.ab import AUTO, CONTROLLED, AbSchedule, Slot
-from kdvfs.runtime.controller.measurement.estimator import Interval, Paired, WindowRow, adjusted, measured, net
+from kdvfs.runtime.controller.measurement.estimator import (
+    Interval,
+    Paired,
+    WindowRow,
+    adjusted,
+    mean_by_position,
+    measured,
+    net,
+)
 from kdvfs.runtime.controller.model.run_summary import EnergyCounter
 from kdvfs.runtime.device.energy import Meter
 from kdvfs.runtime.device.energy_trace import EnergyTrace
@@ -54,11 +62,12 @@ class Window:
     avg_power_w: float | None = None
     kernel_steps: float | None = None
     """Its steps' mean expected kernel time in reference steps (None: a run of one shape)."""
-    new_inputs: float | None = None
-    """Its steps' mean count of forward-call inputs of a shape new to the process (None: a run of one shape)."""
+    new_inputs: tuple[float, ...] | None = None
+    """For each forward-call input position, its steps' mean count of calls whose input there had a shape new to
+    the process (None: a run of one shape)."""
     new_input_steps: float | None = None
     """The share of its steps with any such input (None: a run of one shape): the covariate's earlier form, kept
-    in the log to compare the two on the same windows."""
+    in the log to compare the forms on the same windows."""
 
     @property
     def as_intended(self) -> bool:
@@ -67,8 +76,8 @@ class Window:
 
 
 WINDOW_FIELDS = tuple(field.name for field in dataclasses.fields(Window))
-"""A window's fields in order (each a number, a string or None: its log record is ``asdict``'s without the
-deep copy)."""
+"""A window's fields in order (each a number, a string, None or a tuple of numbers: its log record is ``asdict``'s
+without the deep copy)."""
 
 
 class Accounting:
@@ -80,7 +89,7 @@ class Accounting:
         self.schedule = AbSchedule(config.measurement.ab_share, config.measurement.ab_seed)
         self.slot: Slot = self.schedule.next()
         self.saved, self.slowdown = Estimate(self, "energy"), Estimate(self, "time")
-        self.covariates: Callable[[int], tuple[float, float] | None] | None = None
+        self.covariates: Callable[[int], tuple[float, tuple[float, ...]] | None] | None = None
         """Each step's covariates for a run whose steps vary (docs/design/controller.md); None: one shape."""
         self.pairs: dict[str, list[tuple[int, float]]] = {"energy": [], "time": []}
         """Each A/B pair's difference (%, a saving for energy, a slowdown for time) and its later window."""
@@ -93,7 +102,7 @@ class Accounting:
 
             self._writer = SummaryWriter(config.tensorboard)
         self._durations: list[float] = []
-        self._steps_covariates: list[tuple[float, float]] = []
+        self._steps_covariates: list[tuple[float, tuple[float, ...]]] = []
         self._first_step, self._open_s, self._settle = 0, 0.0, 0
         self._marked, self._last_matched, self._held = True, True, False
         self._mode: bool | None = None
@@ -186,7 +195,7 @@ class Accounting:
                 self._held = True  # late: marked at the next step's mode, unless that discards the window
         known = None if self.covariates is None else self.covariates(index)
         self._durations.append(duration_s if self.covariates is None else duration_s * weight)
-        self._steps_covariates.append(known or (weight, 0.0))
+        self._steps_covariates.append(known or (weight, ()))
         windows = self._config.measurement
         long_enough = (self.window_elapsed_s(end_s) if elapsed_s is None else elapsed_s) >= windows.window_s
         if len(self._durations) < windows.window_steps or not long_enough:
@@ -202,8 +211,8 @@ class Accounting:
         window = Window(self._first_step, index, self.slot.arm, self.slot.pair, steps,
                         math.fsum(self._durations) / steps, self._open_s, end_s, steps if self._mode else 0,
                         kernel_steps=math.fsum(k for k, _ in self._steps_covariates) / steps if varying else None,
-                        new_inputs=math.fsum(n for _, n in self._steps_covariates) / steps if varying else None,
-                        new_input_steps=sum(n > 0 for _, n in self._steps_covariates) / steps if varying else None)
+                        new_inputs=mean_by_position([n for _, n in self._steps_covariates]) if varying else None,
+                        new_input_steps=sum(any(n) for _, n in self._steps_covariates) / steps if varying else None)
         self.windows.append(window)
         self._unmeasured.append(len(self.windows) - 1)
         self._log.write("window", **{name: getattr(window, name) for name in WINDOW_FIELDS})  # asdict's
@@ -344,7 +353,7 @@ class Estimate:
         for row in accounting.windows[since:]:
             value = row.energy_j_per_step if self.kind == "energy" else row.step_time_s
             if row.as_intended and value is not None and row.kernel_steps is not None:
-                rows.append(WindowRow(row.arm == CONTROLLED, value, row.kernel_steps, row.new_inputs or 0.0,
+                rows.append(WindowRow(row.arm == CONTROLLED, value, row.kernel_steps, row.new_inputs or (),
                                       (row.start_s + row.end_s) / 2))
         return adjusted(rows, -1.0 if self.kind == "energy" else 1.0)
 

@@ -12,6 +12,7 @@ pairs give no interval (None). Why a t-interval and not a bootstrap: docs/design
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,6 +22,9 @@ from kdvfs.common.units import PCT_PER_FRACTION
 from kdvfs.runtime.controller.model.run_summary import Measured, NetEffect
 
 MIN_PAIRS = 2
+NEW_INPUT_COLUMNS = 3
+"""The most input positions whose counts of new shapes enter :func:`design` (those that vary most): a model whose
+inputs vary apart would otherwise spend a degree of freedom on each."""
 
 
 def t_975(dof: int) -> float:
@@ -110,32 +114,48 @@ def net(figures: Measured, controlled_share: float) -> NetEffect:
 @dataclass(frozen=True)
 class WindowRow:
     """One window for :func:`adjusted`: its arm, its per-step figure (seconds or joules per step) and what
-    explains that figure besides the arm: its steps' mean expected kernel time in reference steps, their mean
-    count of inputs of a shape new to the process (each pays one-time host set-up), and its middle (host s, for
-    the drift)."""
+    explains that figure besides the arm: its steps' mean expected kernel time in reference steps, for each
+    forward-call input position their mean count of calls whose input there had a shape new to the process (each
+    pays one-time host set-up), and its middle (host s, for the drift)."""
 
     controlled: bool
     value: float
     kernel_steps: float
-    new_inputs: float
+    new_inputs: tuple[float, ...]
     mid_s: float
+
+
+def mean_by_position(rows: Sequence[Sequence[float]]) -> tuple[float, ...]:
+    """Each position's mean over ``rows`` (a row without that position counts 0); () without rows."""
+    width = max((len(row) for row in rows), default=0)
+    return tuple(math.fsum(row[i] for row in rows if i < len(row)) / len(rows) for i in range(width))
 
 
 def design(rows: list[WindowRow]) -> tuple[np.ndarray, np.ndarray]:
     """:func:`adjusted`'s regression: the design matrix (a column of ones, the arm, then each of the expected kernel
-    time, the count of new inputs and the window's middle, centred, in that order, where it varies over ``rows``
-    enough to be estimated) and the figures. A covariate is left out where it would leave the design short of
-    full rank or let one window alone fix a coefficient (leverage 1: say, a count of new inputs that differs in
-    one window only); the rule looks at the covariates only, never at the figures."""
+    time, the counts of new inputs of up to ``NEW_INPUT_COLUMNS`` positions (those of the largest variance over
+    ``rows`` first) and the window's middle, centred, in that order, where it varies over ``rows`` enough to be
+    estimated) and the figures. A covariate is left out where it would leave the design short of full rank (say,
+    two positions whose inputs always share a shape) or let one window alone fix a coefficient (leverage 1: say,
+    a count of new inputs that differs in one window only); the rule looks at the covariates only, never at the
+    figures."""
     columns = [[1.0] * len(rows), [float(r.controlled) for r in rows]]
-    for name in ("kernel_steps", "new_inputs", "mid_s"):
-        values = [float(getattr(r, name)) for r in rows]
+    for values in ([r.kernel_steps for r in rows], *_new_input_columns(rows), [r.mid_s for r in rows]):
         if max(values) - min(values) > 1e-12 * max(1.0, abs(max(values))):
             centre = math.fsum(values) / len(values)
             candidate = [*columns, [v - centre for v in values]]
             if _estimable(np.array(candidate).T):
                 columns = candidate
     return np.array(columns).T, np.array([r.value for r in rows])
+
+
+def _new_input_columns(rows: list[WindowRow]) -> list[list[float]]:
+    """The windows' counts of new inputs by position (a window without a position counts 0), each distinct column
+    once (inputs that always share a shape, such as token ids and their labels, give one), the
+    ``NEW_INPUT_COLUMNS`` of the largest variance first."""
+    width = max((len(r.new_inputs) for r in rows), default=0)
+    columns = {tuple(r.new_inputs[i] if i < len(r.new_inputs) else 0.0 for r in rows): None for i in range(width)}
+    return [list(c) for c in sorted(columns, key=lambda column: -float(np.var(column)))[:NEW_INPUT_COLUMNS]]
 
 
 def _estimable(x: np.ndarray) -> bool:

@@ -33,9 +33,9 @@ from kdvfs.runtime.controller.timing.anchors import Anchors
 
 ShapeOf = Callable[[int, float], StepShape | None]
 """``shape_of(step, deadline_s)``: step ``step``'s shape, waiting until host time ``deadline_s`` at most."""
-NewInputs = Callable[[int], int | None]
-"""``new_inputs(step)``, read after ``shape_of(step, ...)``: how many of step ``step``'s forward-call inputs had a
-shape new at their place in the process (:meth:`~kdvfs.runtime.step_shapes.ShapeProbe.new_inputs`; None:
+NewInputs = Callable[[int], tuple[int, ...] | None]
+"""``new_inputs(step)``, read after ``shape_of(step, ...)``: for each input position, step ``step``'s forward calls
+whose input there had a shape new to the process (:meth:`~kdvfs.runtime.step_shapes.ShapeProbe.new_inputs`; None:
 unknown)."""
 
 
@@ -47,8 +47,8 @@ class VaryingSteps:
         shapes: the shapes the capture saw (its captured steps' and its run's distribution).
         predict: the expected trace of a shape (the step model's), None where it does not cover it.
         shape_of: where each step's shape comes from (see :data:`ShapeOf`).
-        new_inputs: where it comes from how many of the step's inputs were new to the process (:data:`NewInputs`;
-            None: a step counts one when its whole shape is new).
+        new_inputs: where it comes from which of the step's inputs were new to the process (:data:`NewInputs`;
+            None: a step counts one new input when its whole shape is new).
         progress: ``(done, total)`` after each bucket's solve (None: quiet).
         kernel_time_s: the expected kernel time at auto of any shape (s; the step model's, cheap); None: each
             step counts for its bucket's.
@@ -126,7 +126,7 @@ class ShapeSteps:
         self.last_miss = ""
         """Why the last step without an entry had none (``no_shape``, ``no_plan``)."""
         self._seen: set[StepShape] = set()
-        self._covariates: dict[int, tuple[float, float]] = {}
+        self._covariates: dict[int, tuple[float, tuple[float, ...]]] = {}
 
     def add(self, top: StepShape, entries: tuple[StepEntry, ...]) -> None:
         """Bucket ``top``'s entries, planned in the background: its next steps run them."""
@@ -152,8 +152,8 @@ class ShapeSteps:
         self.steps[entries[0].key] += 1
         kernel_s = entries[0].kernel_s if self.kernel_time_s is None else self.kernel_time_s(shape)
         new = self.new_inputs(step) if self.new_inputs is not None else None
-        self._covariates[step] = (kernel_s / self.reference_kernel_s, float(shape not in self._seen if new is None
-                                                                            else new))
+        self._covariates[step] = (kernel_s / self.reference_kernel_s,
+                                  (float(shape not in self._seen),) if new is None else tuple(map(float, new)))
         self._seen.add(shape)
         return entries[margin]
 
@@ -166,10 +166,10 @@ class ShapeSteps:
         self.misses[reason] += 1
         self.last_miss = reason
 
-    def covariates(self, step: int) -> tuple[float, float] | None:
+    def covariates(self, step: int) -> tuple[float, tuple[float, ...]] | None:
         """Step ``step``'s expected kernel time in reference steps and its inputs of a shape new to the process
-        (``new_inputs``'s count; without it, 1.0 when its whole shape was new, else 0.0); None for a step without
-        an entry. Each step's are read once (then forgotten)."""
+        (``new_inputs``'s counts by position; without it, one position: 1.0 when its whole shape was new, else
+        0.0); None for a step without an entry. Each step's are read once (then forgotten)."""
         return self._covariates.pop(step, None)
 
     def feedback(self, measured: Interval | None) -> None:

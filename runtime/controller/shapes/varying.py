@@ -52,11 +52,12 @@ class StepShapes:
             self.probe.mark_step()
             self._arrived.notify_all()
 
-    def new_inputs(self, step: int) -> int | None:
-        """How many of step ``step``'s inputs had a shape new at their place (the probe's; None: unknown)."""
+    def new_inputs(self, step: int) -> tuple[int, ...] | None:
+        """For each input position, step ``step``'s forward calls with a shape new there (the probe's; None:
+        unknown)."""
         return self.probe.new_inputs(step)
 
-    def shape_and_new_inputs(self, step: int, deadline_s: float) -> tuple[StepShape | None, int | None]:
+    def shape_and_new_inputs(self, step: int, deadline_s: float) -> tuple[StepShape | None, tuple[int, ...] | None]:
         """:meth:`shape_of` and then :meth:`new_inputs` (one answer to a controller in its own process)."""
         return self.shape_of(step, deadline_s), self.new_inputs(step)
 

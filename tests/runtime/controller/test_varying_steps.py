@@ -347,11 +347,11 @@ def test_a_controller_told_not_to_look_for_varying_steps_leaves_its_captures_unr
     assert books[0] is None and books[1] is not None
 
 
-@pytest.mark.parametrize("told", [None, 0, 2])
-def test_a_windows_new_inputs_are_the_probes_count(tmp_path: Path, told: int | None) -> None:
+@pytest.mark.parametrize("told", [None, (0, 0), (2, 1)])
+def test_a_windows_new_inputs_are_the_probes_count(tmp_path: Path, told: tuple[int, ...] | None) -> None:
     """With gradient accumulation nearly every step's whole shape is new while its micro-batches' shapes are not:
-    the A/B windows' ``new_inputs`` covariate is the steps' mean count of inputs new to the process, as the probe
-    counts them (without the probe's count, one for a step whose whole shape is new)."""
+    the A/B windows' ``new_inputs`` covariate is the steps' mean count of inputs new to the process by position, as
+    the probe counts them (without the probe's count, one position: one for a step whose whole shape is new)."""
     seqs = [128, 192, 256] * 60
     controller, _ = varying_controller(tmp_path, seqs, new_inputs=None if told is None else (lambda step: told),
                                        ab_share=0.5)
@@ -359,6 +359,6 @@ def test_a_windows_new_inputs_are_the_probes_count(tmp_path: Path, told: int | N
     counts = [w["new_inputs"] for w in controller.windows if w["new_inputs"] is not None]
     assert counts
     if told is None:
-        assert max(counts) < 0.1  # the first step of each shape only
+        assert max(c for (c,) in counts) < 0.1  # the first step of each shape only
     else:
-        assert set(counts) == {float(told)}
+        assert set(counts) == {tuple(map(float, told))}

@@ -8,7 +8,7 @@ import pytest
 from scipy import stats
 
 from kdvfs.runtime.controller.measurement.ab import CONTROLLED, AbSchedule
-from kdvfs.runtime.controller.measurement.estimator import Paired, WindowRow, adjusted
+from kdvfs.runtime.controller.measurement.estimator import Paired, WindowRow, adjusted, design
 
 WINDOWS = 40
 
@@ -27,7 +27,7 @@ def windows(seed: int, effect: float, auto_noise: float = 0.003) -> list[WindowR
         controlled = schedule.next().arm == CONTROLLED
         noise = rng.normal(0, 0.003 if controlled else auto_noise)
         value = (100.0 * kernel + 20.0 + 300.0 * new) * (1 + 0.0005 * index) * (1 + noise)
-        rows.append(WindowRow(controlled, value * (1 - effect if controlled else 1), kernel, new, float(index)))
+        rows.append(WindowRow(controlled, value * (1 - effect if controlled else 1), kernel, (new,), float(index)))
     return rows
 
 
@@ -42,7 +42,7 @@ def test_the_adjusted_interval_holds_the_truth_at_the_nominal_rate() -> None:
 
 def pooled_interval_holds_zero(rows: list[WindowRow]) -> bool:
     """The interval :func:`adjusted` had before HC3: one residual variance pooled over every window."""
-    x = np.array([[1.0, float(r.controlled), r.kernel_steps, r.new_inputs, r.mid_s] for r in rows])
+    x = np.array([[1.0, float(r.controlled), r.kernel_steps, r.new_inputs[0], r.mid_s] for r in rows])
     y = np.array([r.value for r in rows])
     inverse = np.linalg.inv(x.T @ x)
     beta = inverse @ x.T @ y
@@ -83,7 +83,7 @@ def test_too_few_windows_of_an_arm_give_no_estimate() -> None:
 @pytest.mark.parametrize("sign", [1.0, -1.0])
 def test_covariates_that_do_not_vary_are_left_out(sign: float) -> None:
     """A run of one shape: no kernel or new-shape variation, the arm and the drift only."""
-    rows = [WindowRow(i % 2 == 0, 10.0 * (1.02 if i % 2 == 0 else 1.0) + 0.01 * i, 1.0, 0.0, float(i))
+    rows = [WindowRow(i % 2 == 0, 10.0 * (1.02 if i % 2 == 0 else 1.0) + 0.01 * i, 1.0, (), float(i))
             for i in range(12)]
     interval = adjusted(rows, sign)
     assert interval is not None and interval.mean_pct == pytest.approx(2.0 * sign, abs=0.1)
@@ -92,7 +92,27 @@ def test_covariates_that_do_not_vary_are_left_out(sign: float) -> None:
 def test_a_covariate_that_differs_in_one_window_only_is_left_out() -> None:
     """Every window's steps new to the process but one's (a run whose shapes keep coming): that window alone would
     fix the share's coefficient (leverage 1), so the share is left out and the estimate stands."""
-    rows = [WindowRow(r.controlled, r.value, r.kernel_steps, 0.9 if i == 7 else 1.0, r.mid_s)
+    rows = [WindowRow(r.controlled, r.value, r.kernel_steps, (0.9 if i == 7 else 1.0,), r.mid_s)
             for i, r in enumerate(windows(2, 0.05))]
     interval = adjusted(rows, -1.0)
     assert interval is not None and interval.lo_pct < 5.0 < interval.hi_pct  # a 5% saving
+
+
+def test_new_inputs_enter_by_position_each_distinct_column_once() -> None:
+    """A packed batch: its tokens (three inputs that share a shape) cost set-up when new, its longest sample's
+    length does not. By position the estimate is exact; with only the first position's count it is not; the
+    three identical columns enter once (the design has full rank)."""
+    rng = np.random.default_rng(3)
+    rows, first_only = [], []
+    for index in range(24):
+        tokens, longest = rng.uniform(0.5, 1.0), rng.uniform(0.0, 1.0)
+        controlled = index % 3 != 0
+        value = (20.0 + 8.0 * tokens + 0.3 * rng.normal()) * (0.95 if controlled else 1.0)
+        rows.append(WindowRow(controlled, value, 1.0, (tokens, tokens, longest, tokens), float(index)))
+        first_only.append(WindowRow(controlled, value, 1.0, (tokens + longest,), float(index)))
+    x, _ = design(rows)
+    assert x.shape[1] == 5  # ones, arm, tokens, longest, time
+    by_position, summed = adjusted(rows, -1.0), adjusted(first_only, -1.0)
+    assert by_position is not None and summed is not None
+    assert by_position.half_width_pct < summed.half_width_pct
+    assert by_position.lo_pct <= 5.0 <= by_position.hi_pct
