@@ -365,7 +365,8 @@ def shape_measurements(trace: Trace, window: WindowShapes, window_s: float, avg_
 def shapes_report(window: WindowShapes, traces: Sequence[Trace], outputs: Sequence[str],
                   missed: Sequence[StepShape], profiled_steps: int) -> dict[str, Any]:
     """The report's ``shapes``: the window's shapes (steps, tokens), each captured shape's file, step time
-    and kernels, the targets missed, the window's step-time variation."""
+    and kernels, the targets missed, the window's step-time variation and, step by step, its times and which
+    paid a new shape's set-up (what the window check and the warm fit are up against: a stall shows there)."""
     seen = [{"shape": s.key, "step_shape": s.to_json(), "steps": n, "tokens": s.tokens}
             for s, n in window.distribution()]
     tokens = [s.tokens for s, _ in window.distribution()]
@@ -381,6 +382,7 @@ def shapes_report(window: WindowShapes, traces: Sequence[Trace], outputs: Sequen
                          "kernels": len(trace)})
     return {"seen": seen, "tokens_range": [min(tokens), max(tokens)] if tokens else None,
             "window_steps": len(window.shapes), "captured": captured, "step_time_cv": window.time_cv(),
+            "window_step_times_s": list(window.times_s), "window_first_seen": list(window.first_seen),
             "missed": [{"shape": s.key, "step_shape": s.to_json(), "window_steps": window.counts[s]} for s in missed],
             "profiled_steps": profiled_steps}
 
