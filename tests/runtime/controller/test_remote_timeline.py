@@ -47,7 +47,7 @@ def _pair(shape_of: object = None) -> tuple[TimelineServer, RemoteTimeline, Conn
 
 
 def test_the_remote_timeline_answers_as_the_training_processs_does() -> None:
-    server, remote, _ = _pair(lambda step, deadline_s: (("shape", step), 3 if step == 9 else 0))
+    server, remote, _ = _pair(lambda step, deadline_s: (("shape", step), (3, 1) if step == 9 else (0, 0)))
     for token in (5, 6):
         assert server.add(token) == token - 5
     assert [remote.mark(), remote.mark()] == [0, 1]
@@ -55,7 +55,7 @@ def test_the_remote_timeline_answers_as_the_training_processs_does() -> None:
     assert remote.anchor_s(3, 2, 10.0) == pytest.approx(3.2)
     assert remote.passed_anchor(4, 0) == (1, pytest.approx(4.1))
     assert remote.shape_of(9, 1.0) == ("shape", 9)
-    assert (remote.new_inputs(9), remote.new_inputs(8)) == (3, None)  # the answer's, for its step only
+    assert (remote.new_inputs(9), remote.new_inputs(8)) == ((3, 1), None)  # the answer's, for its step only
     assert remote.hooks is not None and (remote.hooks.every, remote.hooks.blocks) == (2, 12)
     remote.fetch_figures()
     assert (remote.hook_s, remote.sleeps) == (0.25, 7) and remote.server_cpu_s is not None
