@@ -169,9 +169,9 @@ def adjusted(rows: list[WindowRow], sign: float = 1.0) -> Interval | None:
     """The arm's effect (%) on windows of mixed steps, adjusted for what differs between them (ANCOVA).
 
     The per-step figure of every window of both arms is regressed (ordinary least squares) on the arm, the window's
-    expected kernel time per step, its count of new inputs per step and its time (the drift); covariates that do not
-    vary are left out. The effect is the arm's coefficient over the mean fitted figure at auto, times 100 (times
-    ``sign``: -1 for a saving), with a Student-t 95% interval on ``n - p`` degrees of freedom around the
+    expected kernel time per step, its counts of new inputs per step by position and its time (the drift); covariates
+    that do not vary are left out. The effect is the arm's coefficient over the mean fitted figure at auto, times 100
+    (times ``sign``: -1 for a saving), with a Student-t 95% interval on ``n - p`` degrees of freedom around the
     heteroscedasticity-robust standard error HC3 (each window's residual over ``1 - leverage``): windows do not share
     one noise (a window of new inputs or long steps is noisier, and it weighs more when it is rare), which the pooled
     residual variance assumes. The covariates are known before the window runs (the shapes), so the adjustment removes
