@@ -4,6 +4,7 @@ encoder-decoder, gradient accumulation and packing recipes go through ``kdvfs ca
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import sys
@@ -28,6 +29,8 @@ VARIABLES = {"encoder-decoder": 2, "grad-accum": 2, "packing": 2}
 """The variables each recipe's step shapes hold: input and label tokens; each micro-batch's tokens; a packed
 batch's total tokens and its longest sequence (``max_length_q``; its sequence count, ``cu_seq_lens``, is in the
 shape too, constant at a fixed batch)."""
+RECIPE_CALLS = {"grad-accum": 2}
+"""Forward calls a step of each recipe makes (its step shape holds each call's inputs in turn); 1 where not named."""
 TINY = ["--size", "tiny", "--device", "cpu", "--batch", "4", "--min-len", "8", "--max-len", "96", "--lengths",
         "lognormal", "--median-len", "32"]
 CPU = ["--cpu-test-mode", "--nvml-module", "kdvfs.runtime.testing.nvml"]
@@ -62,9 +65,14 @@ def test_recipe_is_captured_and_run_dry_on_the_cpu(recipe: str, tmp_path: Path,
     assert main(["plan", "--trace", trace, "--gpu", "h200", "--method", "latency-optimal", "--budget", "0.01",
                  "-o", plan]) == 0
     capsys.readouterr()
-    assert main(["run", "--dry-run", *CPU, "--policy", plan, "--trace", trace, "--json", "--", *script,
-                 "--steps", "40"]) == 0
+    log = tmp_path / "run.jsonl"
+    assert main(["run", "--dry-run", *CPU, "--policy", plan, "--trace", trace, "--log", str(log), "--json", "--",
+                 *script, "--steps", "40"]) == 0
     summary = strict_loads(capsys.readouterr().out)
+    windows = [r for r in map(json.loads, log.read_text().splitlines()) if r["event"] == "window"]
+    assert all(len(w["new_inputs"]) == len(shapes[0].inputs) // RECIPE_CALLS.get(recipe, 1)
+               for w in windows)  # the probe's counts by input position, from the training process
+    assert windows or recipe == "packing"  # its tiny CPU steps mismatch too often to close a window in 40
     validate(summary, "run-summary")  # a run whose steps vary: its shapes' figures
     assert summary["shapes"] is not None and summary["controlled_steps"] > 0 and summary["gpu_restored"]
     assert set(summary["auto_reasons"]) <= {"ab_window", "no_plan", "no_shape", "after_off_script", "mismatch",
