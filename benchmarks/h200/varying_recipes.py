@@ -25,7 +25,7 @@ import math
 import statistics
 import subprocess
 import sys
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -213,6 +213,14 @@ DEVICE_RUN_KEYS = ("machine", "python", "date_utc", "nvidia_smi", "runs")
 """What the report keeps of the GPU machine's ``run.json`` (``runs``: each recipe's call, where joined by hand)."""
 
 
+def profile_parameters(profile: str | None) -> dict[str, int] | None:
+    """How many of GPU profile ``profile``'s cost-model parameters have each status (``calibrated``, ``estimate``,
+    ``placeholder``): the window check tests the cost model only as far as it is calibrated. None without one."""
+    if profile is None:
+        return None
+    return dict(Counter(parameter.status for parameter in load_profile(profile).cost_model.values()))
+
+
 def report(folder: Path, name: str = "varying_recipes_h200") -> dict[str, Any]:
     """The figures of every recipe run into ``folder``, written to ``benchmarks/results/<name>.*``. Recipes run in
     separate calls are joined by hand: their logs in one ``run.json``, whose ``runs`` maps each recipe to the
@@ -223,7 +231,8 @@ def report(folder: Path, name: str = "varying_recipes_h200") -> dict[str, Any]:
     result = {"provenance": provenance(f"python -m benchmarks.h200.varying_recipes run {folder} (on the GPU machine), "
                                        f"then python -m benchmarks.h200.varying_recipes report {folder}"),
               "device_run": {k: device[k] for k in DEVICE_RUN_KEYS if k in device},
-              "recipes": {r: figures(folder / r, device.get("profile")) for r in recipes}}
+              "recipes": {r: figures(folder / r, device.get("profile")) for r in recipes},
+              "profile_parameters": profile_parameters(device.get("profile"))}
     write_results(name, result, markdown(result))
     return result
 
@@ -289,7 +298,8 @@ def markdown(result: dict[str, Any]) -> str:
         lines += ["", "The captures' window check (`kdvfs predict`: the unprofiled window's measured joules "
                   "against the sum of its steps' predicted joules at auto, a shape not captured scaled from the "
                   "nearest by size; "
-                  f"the aim within {WINDOW_CHECK_PCT:g}%):", ""]
+                  f"the aim within {WINDOW_CHECK_PCT:g}%; the profile's cost-model parameters by status: "
+                  f"{result.get('profile_parameters')}):", ""]
         lines += [f"- {name}: measured {c['measured_j']:.1f} J, predicted {c['predicted_j']:.1f} J "
                   f"({100 * c['error']:+.1f}%) over {c['steps']:.0f} steps, {c['captured_steps']:.0f} of a captured "
                   "shape" for name, c in checks.items()]

@@ -74,3 +74,13 @@ def test_the_covariate_forms_are_compared_on_the_same_windows() -> None:
     assert forms["by_position"]["half_width_pct"] < 1e-6
     assert min(forms["count"]["half_width_pct"], forms["share"]["half_width_pct"]) > 0.1
     assert new_input_covariates([{**w, "new_input_steps": None} for w in windows], energies) is None
+
+
+def test_the_report_says_how_far_the_profiles_cost_model_is_calibrated() -> None:
+    from benchmarks.h200.varying_recipes import profile_parameters
+    from kdvfs.envs.gpu.profiles import load_profile
+
+    statuses = profile_parameters("h200")
+    assert statuses is not None and statuses.get("calibrated", 0) > 0
+    assert sum(statuses.values()) == len(load_profile("h200").cost_model)
+    assert profile_parameters(None) is None
