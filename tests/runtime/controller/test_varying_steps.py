@@ -80,7 +80,8 @@ def varying_controller(tmp_path: Path, seqs: list[int], policy: str | None = Non
     varying = VaryingSteps([shape(s) for s in SEQS], predict, timeline.shape_of, new_inputs)
     controller = Controller(source, str(trace_path), device=gpu, timeline=timeline, clock=clock,
                             varying=varying, online=online, latency_ms=LATENCY_MS, budget=BUDGET, window_steps=5,
-                            window_s=0.1, energy_read_every_s=0.0, issue_early_ms=0.0, ab_share=ab_share)
+                            window_s=0.1, energy_read_every_s=0.0, issue_early_ms=0.0, ab_share=ab_share,
+                            log=str(tmp_path / "run.jsonl"))
     return controller, gpu
 
 
@@ -174,6 +175,9 @@ def test_a_new_bucket_runs_a_longer_plan_at_the_safety_margin_until_its_own_is_p
     assert summary is not None and summary.shapes.misses == {}
     assert summary.shapes.stood_in >= 1 and summary.shapes.planned_in_background == 1
     assert summary.shapes.steps_by_bucket.get(shape(64).key, 0) >= 2  # its own plan, once in
+    log = [json.loads(line) for line in (tmp_path / "run.jsonl").read_text().splitlines()]
+    planned = [r for r in log if r["event"] == "bucket_planned"]  # when, to set beside the steps' times
+    assert [r["bucket"] for r in planned] == [shape(64).key] and planned[0]["end_s"] > 0
 
 
 def test_a_policy_plans_every_bucket_by_its_rollout(tmp_path: Path) -> None:
