@@ -103,7 +103,7 @@ def tokens_scaled(shape: StepShape, captured: Mapping[StepShape, float]) -> floa
 
 def window_prediction(distribution: Sequence[tuple[StepShape, int]], captured: Mapping[StepShape, float],
                       uncaptured: Callable[[StepShape], float] | None = None,
-                      first_seen: float = 0.0) -> dict[str, float]:
+                      first_seen: float = 0.0, first_seen_steps: float | None = None) -> dict[str, float]:
     """The predicted total of a window of mixed steps: the sum over its steps of their own shape's prediction.
 
     Args:
@@ -111,13 +111,16 @@ def window_prediction(distribution: Sequence[tuple[StepShape, int]], captured: M
         captured: the predicted per-step figure (e.g. joules) of each captured shape.
         uncaptured: the figure of a shape not in ``captured``; default :func:`tokens_scaled` (the nearest captured
             shape scaled by size). The hook for a step model that predicts unseen shapes.
-        first_seen: what the first step of each shape costs on top (the capture's ``first_seen_energy_j``).
+        first_seen: what a step that pays one-time set-up costs on top (the capture's ``first_seen_energy_j``).
+        first_seen_steps: how many of the window's steps paid it (the capture's ``window_first_seen_steps``, as
+            the fit of ``first_seen`` counted them); None: the first step of each shape.
     Returns:
         ``{"total", "steps", "captured_steps"}``: the window's predicted total, its steps, and how many of
         them had a captured shape (the rest are predicted by ``uncaptured``).
     """
     predict = uncaptured or (lambda shape: tokens_scaled(shape, captured))
-    total = sum(steps * (captured[shape] if shape in captured else predict(shape)) + first_seen
-                for shape, steps in distribution)
+    paying = len(distribution) if first_seen_steps is None else first_seen_steps
+    total = sum(steps * (captured[shape] if shape in captured else predict(shape))
+                for shape, steps in distribution) + first_seen * paying
     return {"total": float(total), "steps": float(sum(steps for _, steps in distribution)),
             "captured_steps": float(sum(steps for shape, steps in distribution if shape in captured))}

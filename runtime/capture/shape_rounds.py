@@ -355,6 +355,7 @@ def shape_measurements(trace: Trace, window: WindowShapes, window_s: float, avg_
     fit = window.warm_fit if window.varies else None
     if fit is not None:
         values["first_seen_step_s"] = fit[2]
+        values["window_first_seen_steps"] = float(sum(window.first_seen))
         if avg_power_w is not None:
             values["first_seen_energy_j"] = avg_power_w * fit[2]
     if avg_power_w is not None:

@@ -107,8 +107,9 @@ def with_ranges(rows: list[dict[str, Any]], trace: Trace, profile: GpuProfile, p
 
 def window_check(path: str, trace: Trace, profile: GpuProfile) -> dict[str, float] | None:
     """For a capture whose steps vary: the measured joules of its unprofiled window against the sum over the
-    window's steps of the predicted auto-mode joules of each step's own shape, plus each shape's first-step set-up
-    (from the capture's trace set:
+    window's steps of the predicted auto-mode joules of each step's own shape, plus the one-time set-up of the steps
+    that paid it (as the capture's fit counted them; an older capture: each shape's first step) (from the capture's
+    trace set:
     :func:`kdvfs.envs.trace.trace_set.window_prediction`); None for other traces."""
     measured_j = trace.meta.measurements.get("window_energy_j")
     if len(trace.meta.shape_distribution) < 2 or measured_j is None or not Path(path).is_file():
@@ -116,7 +117,8 @@ def window_check(path: str, trace: Trace, profile: GpuProfile) -> dict[str, floa
     captured = {t.meta.step_shape: predictions(with_measured_gaps(t), profile, [])[0]["energy_j"]
                 for t in load_trace_set(main_path(path)) if t.meta.step_shape is not None}
     predicted = window_prediction(trace.meta.shape_distribution, captured,
-                                  first_seen=trace.meta.measurements.get("first_seen_energy_j", 0.0))
+                                  first_seen=trace.meta.measurements.get("first_seen_energy_j", 0.0),
+                                  first_seen_steps=trace.meta.measurements.get("window_first_seen_steps"))
     return {"measured_j": measured_j, "predicted_j": predicted["total"], "steps": predicted["steps"],
             "captured_steps": predicted["captured_steps"], "error": predicted["total"] / measured_j - 1}
 

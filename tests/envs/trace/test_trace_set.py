@@ -78,3 +78,12 @@ def test_window_prediction_sums_each_step_of_its_own_shape() -> None:
     assert prediction == {"total": 5 * 2.0 + 3 * 1.0 + 2 * 8.0, "steps": 10.0, "captured_steps": 7.0}
     assert tokens_scaled(LARGE, captured) == 8.0
     assert window_prediction(DISTRIBUTION, captured, uncaptured=lambda shape: 0.0)["total"] == 26.0
+
+
+def test_window_prediction_adds_set_up_to_the_steps_that_paid_it() -> None:
+    """The capture's fit counts set-up per step that ran a new forward call: the check adds it as often; an older
+    capture, which does not say, gets it once per shape."""
+    captured = {MIDDLE: 2.0, LARGE: 8.0}
+    plain = window_prediction(DISTRIBUTION, captured)["total"]
+    assert window_prediction(DISTRIBUTION, captured, first_seen=0.5, first_seen_steps=4.0)["total"] == plain + 2.0
+    assert window_prediction(DISTRIBUTION, captured, first_seen=0.5)["total"] == plain + 0.5 * len(DISTRIBUTION)

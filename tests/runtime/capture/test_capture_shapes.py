@@ -74,6 +74,7 @@ def test_steps_of_three_shapes_give_three_traces(capsys: pytest.CaptureFixture[s
         str(tmp_path / name) for name in ("run.trace.json", "run.shape-1.trace.json", "run.shape-2.trace.json")]
     assert len(summary["seen"]) == 3 and summary["missed"] == [] and summary["tokens_range"] == [4 * 32, 64 * 32]
     assert len(summary["window_step_times_s"]) == len(summary["window_first_seen"]) == window_steps
+    assert traces[0].meta.measurements["window_first_seen_steps"] == sum(summary["window_first_seen"])
     assert min(summary["window_step_times_s"]) > 0
     assert report["step_time_s"] == traces[0].meta.measurements["step_time_s"]
     assert main(["predict", "--trace", str(tmp_path / "run.trace.json"), "--gpu", "h200", "--samples", "0",
