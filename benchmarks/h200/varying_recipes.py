@@ -20,6 +20,7 @@ and method: ``docs/design/benchmarks.md``.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import statistics
@@ -146,13 +147,31 @@ def new_input_covariates(windows: list[dict[str, Any]], energies: list[dict[str,
 
 def long_steps(steps: list[dict[str, Any]]) -> dict[str, Any]:
     """The steps of a dry run's log whose GPU time exceeds ``LONG_STEP_FACTOR`` times its median: how many, which,
-    and their median time against the run's (s); set beside the buckets planned in the background, whose work in
-    the training process (while it held the interpreter lock) held the training loop up."""
+    and their median time against the run's (s); set beside the buckets planned in the background
+    (:func:`during_solves`)."""
     times = {s["step"]: s["duration_s"] for s in steps if s.get("duration_s") is not None}
     median_s = statistics.median(times.values()) if times else None
     long = {} if median_s is None else {i: t for i, t in times.items() if t > LONG_STEP_FACTOR * median_s}
     return {"count": len(long), "steps": sorted(long), "median_s": median_s,
             "long_median_s": statistics.median(long.values()) if long else None}
+
+
+def during_solves(steps: list[dict[str, Any]], planned: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Whether the workers' background solves slow the training steps down: the median GPU time (s) of the steps
+    whose span (from the previous step's end to their own) overlaps a solve (``bucket_planned``: from its end less
+    its ``solve_s`` to its end), against the other steps'. The same steps' shapes differ, so it is a first look,
+    not a measurement of the cost. None without a solve logged (a log before ``solve_s``) or a step on each side."""
+    solves = [(p["end_s"] - p["solve_s"], p["end_s"]) for p in planned if "solve_s" in p]
+    ends = sorted((s["end_s"], s["duration_s"]) for s in steps if s.get("duration_s") is not None)
+    overlapping, others = [], []
+    for (start_s, _), (end_s, duration_s) in itertools.pairwise(ends):
+        hit = any(a < end_s and b > start_s for a, b in solves)
+        (overlapping if hit else others).append(duration_s)
+    if not solves or not overlapping or not others:
+        return None
+    return {"solves": len(solves), "solve_s_median": statistics.median(b - a for a, b in solves),
+            "steps_during": len(overlapping), "median_s_during": statistics.median(overlapping),
+            "steps_other": len(others), "median_s_other": statistics.median(others)}
 
 
 def steps_for_half_width(steps: int, half_width_pct: float | None) -> int | None:
@@ -182,6 +201,7 @@ def figures(folder: Path, profile: str | None) -> dict[str, Any]:
                                                         for w in log["window"]],
             "kernel_error_max_pct": max((abs(e["kernel_time_error_pct"]) for e in errors), default=None),
             "window_noise": window_noise(log["window"]), "long_steps": long_steps(log["step"]),
+            "during_solves": during_solves(log["step"], log["bucket_planned"]),
             "new_input_covariates": new_input_covariates(log["window"], log["window_energy"]),
             "window_check": window}
     if not (folder / "run.out.json").is_file():
@@ -293,6 +313,12 @@ def markdown(result: dict[str, Any]) -> str:
                          f"{long['median_s']:.3f} s): {long['count']} (median {long['long_median_s']:.3f} s), at steps "
                          f"{', '.join(map(str, long['steps']))}; buckets planned in the background: "
                          f"{(r.get('shapes') or {}).get('planned_in_background')}")
+        solves = r.get("during_solves")
+        if solves:
+            lines.append(f"  - steps during the {solves['solves']} background solves (median "
+                         f"{solves['solve_s_median']:.2f} s each): {solves['steps_during']}, median "
+                         f"{solves['median_s_during']:.3f} s; the other {solves['steps_other']}: "
+                         f"{solves['median_s_other']:.3f} s (`during_solves`; a first look: their shapes differ)")
     checks = {name: r["window_check"] for name, r in result["recipes"].items() if r.get("window_check")}
     if checks:
         lines += ["", "The captures' window check (`kdvfs predict`: the unprofiled window's measured joules "

@@ -84,3 +84,16 @@ def test_the_report_says_how_far_the_profiles_cost_model_is_calibrated() -> None
     assert statuses is not None and statuses.get("calibrated", 0) > 0
     assert sum(statuses.values()) == len(load_profile("h200").cost_model)
     assert profile_parameters(None) is None
+
+
+def test_steps_during_a_background_solve_are_set_apart() -> None:
+    from benchmarks.h200.varying_recipes import during_solves
+
+    steps = [{"step": i, "end_s": 0.1 * i, "duration_s": 0.2 if 10 < i <= 15 else 0.1} for i in range(30)]
+    solved = [{"event": "bucket_planned", "bucket": "8x64", "end_s": 1.45, "solve_s": 0.4}]  # 1.05 s to 1.45 s
+    figures = during_solves(steps, solved)
+    assert figures is not None
+    assert (figures["steps_during"], figures["median_s_during"]) == (5, 0.2)
+    assert (figures["steps_other"], figures["median_s_other"]) == (24, 0.1)
+    assert during_solves(steps, []) is None
+    assert during_solves(steps, [{"end_s": 1.45}]) is None  # a log from before solve_s

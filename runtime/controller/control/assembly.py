@@ -147,11 +147,11 @@ class ThreadBuilder:
         shapes = ShapeSteps(book, {top: entries(top, plans) for top, plans in book.plans.items()}, varying.shape_of,
                             kernel_time_s(self.opened.plan.problem), config.budget, varying.kernel_time_s,
                             varying.step_model_basis, varying.new_inputs)
-        def planned(top: StepShape, shape_plans: tuple[ShapePlan, ...]) -> None:
-            """A bucket planned in the background joins the run; the log says when (a worker's solve competes with
-            the training process for the host's cores: set beside the steps' times)."""
+        def planned(top: StepShape, shape_plans: tuple[ShapePlan, ...], solve_s: float) -> None:
+            """A bucket planned in the background joins the run; the log says when and how long its solve took (a
+            worker's solve competes with the training process for the host's cores: set beside the steps' times)."""
             shapes.add(top, entries(top, shape_plans))
-            self.log.write("bucket_planned", bucket=top.key, end_s=self.clock.now_s())
+            self.log.write("bucket_planned", bucket=top.key, end_s=self.clock.now_s(), solve_s=solve_s)
 
         book.on_plan = planned
         return shapes

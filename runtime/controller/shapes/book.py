@@ -21,6 +21,7 @@ import math
 import os
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -130,8 +131,9 @@ class ShapeBook:
         self._requested: set[StepShape] = set()
         self._thread: threading.Thread | None = None
         self._budget = 0.0
-        self.on_plan: Callable[[StepShape, tuple[ShapePlan, ...]], None] | None = None
-        """Called on the book's thread with each bucket planned in the background (set before any request)."""
+        self.on_plan: Callable[[StepShape, tuple[ShapePlan, ...], float], None] | None = None
+        """Called on the book's thread with each bucket planned in the background and the wall seconds its solve
+        took on a worker (set before any request)."""
         self._prepare: Callable[[StepShape, tuple[ShapePlan, ...]], None] | None = None
         self.planned_later = 0
         self.plan_error: str | None = None
@@ -271,15 +273,17 @@ class ShapeBook:
         if pool is None:
             return False
         try:
+            start_s = time.perf_counter()
             if not self._add(top, pool.submit(_solve, top, self._budget, self.margins).result()):
                 return True
+            solve_s = time.perf_counter() - start_s
         except Exception as error:
             self.plan_error = f"{type(error).__name__}: {error}"
             return False
         plans = self.plans[top]
         self.planned_later += 1
         if self.on_plan is not None:
-            self.on_plan(top, plans)
+            self.on_plan(top, plans, solve_s)
         if self._prepare is not None:
             self._put(PREPARE, top)
         return True

@@ -177,7 +177,7 @@ def test_a_new_bucket_runs_a_longer_plan_at_the_safety_margin_until_its_own_is_p
     assert summary.shapes.steps_by_bucket.get(shape(64).key, 0) >= 2  # its own plan, once in
     log = [json.loads(line) for line in (tmp_path / "run.jsonl").read_text().splitlines()]
     planned = [r for r in log if r["event"] == "bucket_planned"]  # when, to set beside the steps' times
-    assert [r["bucket"] for r in planned] == [shape(64).key] and planned[0]["end_s"] > 0
+    assert [r["bucket"] for r in planned] == [shape(64).key] and planned[0]["end_s"] > 0 < planned[0]["solve_s"]
 
 
 def test_a_policy_plans_every_bucket_by_its_rollout(tmp_path: Path) -> None:
@@ -263,7 +263,7 @@ def test_two_lengths_are_bucketed_each_and_a_new_bucket_is_planned_in_the_backgr
         assert book.stand_in(new, book.plans) == two_lengths(192, 64)  # the smallest at least as long in both
         assert book.stand_in(book.bucket(two_lengths(300, 10)), book.plans) is None
         planned: list[StepShape] = []
-        book.on_plan = lambda top, plans: planned.append(top)
+        book.on_plan = lambda top, plans, solve_s: planned.append(top)
         book.request(new)
         book.request(new)  # once
         book.settle()
