@@ -29,6 +29,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile, schedule
 
 from kdvfs.common.arrays import Array
+from kdvfs.envs.model.step.first_seen import FIRST_SEEN_KEY, is_first_seen
 from kdvfs.envs.model.step.shape_fit import basis, fit_nonnegative
 from kdvfs.envs.model.step_model import COVER_FACTOR
 from kdvfs.envs.trace.shape import ShapeAxes, StepShape
@@ -346,7 +347,8 @@ def shape_measurements(trace: Trace, window: WindowShapes, window_s: float, avg_
         values.pop(key, None)
     steps = len(window.shapes)
     values.update(window_s=window_s, window_steps=float(steps), window_step_time_s=window_s / steps,
-                  shape_window_steps=float(window.counts[shape]), profiled_first_seen=float(first_seen))
+                  shape_window_steps=float(window.counts[shape]))
+    values[FIRST_SEEN_KEY] = float(first_seen)
     own_s = window.step_time_s(shape)
     if own_s is not None:
         values.update(step_time_s=own_s, job_step_time_s=own_s)
@@ -377,7 +379,7 @@ def shapes_report(window: WindowShapes, traces: Sequence[Trace], outputs: Sequen
         assert shape is not None
         captured.append({"shape": shape.key, "step_shape": shape.to_json(), "output": output,
                          "tokens": shape.tokens, "window_steps": window.counts[shape],
-                         "first_seen": bool(trace.meta.measurements.get("profiled_first_seen")),
+                         "first_seen": is_first_seen(trace),
                          "step_time_s": trace.meta.measurements.get("step_time_s"),
                          "energy_j_per_step": trace.meta.measurements.get("energy_j_per_step"),
                          "kernels": len(trace)})

@@ -147,6 +147,7 @@ class ThreadBuilder:
         shapes = ShapeSteps(book, {top: entries(top, plans) for top, plans in book.plans.items()}, varying.shape_of,
                             kernel_time_s(self.opened.plan.problem), config.budget, varying.kernel_time_s,
                             varying.step_model_basis, varying.new_inputs)
+
         def planned(top: StepShape, shape_plans: tuple[ShapePlan, ...], solve_s: float) -> None:
             """A bucket planned in the background joins the run; the log says when and how long its solve took (a
             worker's solve competes with the training process for the host's cores: set beside the steps' times)."""
