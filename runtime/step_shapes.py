@@ -40,6 +40,17 @@ def _owns_parameters(module: nn.Module) -> bool:
     return next(module.parameters(), None) is not None
 
 
+def _remember(seen: OrderedDict[Any, None], key: Any) -> bool:
+    """Whether ``key`` is new to ``seen`` (the last ``CALL_SHAPES`` keys, most recent last); remember it there."""
+    if key in seen:
+        seen.move_to_end(key)
+        return False
+    seen[key] = None
+    if len(seen) > CALL_SHAPES:
+        seen.popitem(last=False)
+    return True
+
+
 class ShapeProbe:
     """Records the step shape of every training step (see the module docstring).
 
@@ -117,13 +128,8 @@ class ShapeProbe:
         if not torch.is_grad_enabled() or torch.compiler.is_compiling():
             return None
         shape = call_shape(args, kwargs or {})
-        if shape in self._calls_seen:
-            self._calls_seen.move_to_end(shape)
-        else:
-            self._calls_seen[shape] = None
+        if _remember(self._calls_seen, shape):
             self._first_seen.add(step)
-            if len(self._calls_seen) > CALL_SHAPES:
-                self._calls_seen.popitem(last=False)
         counts = self._new_inputs.setdefault(step, [])
         for position, new in enumerate(self._new_at_position(shape)):
             if position == len(counts):
@@ -145,14 +151,7 @@ class ShapeProbe:
         """For each of one call's inputs, whether its shape is new at its position (and remember them)."""
         while len(self._inputs_seen) < len(call.inputs):
             self._inputs_seen.append(OrderedDict())
-        new = []
-        for dims, seen in zip(call.inputs, self._inputs_seen, strict=False):
-            new.append(dims not in seen)
-            seen[dims] = None
-            seen.move_to_end(dims)
-            if len(seen) > CALL_SHAPES:
-                seen.popitem(last=False)
-        return new
+        return [_remember(seen, dims) for dims, seen in zip(call.inputs, self._inputs_seen, strict=False)]
 
     def mark_step(self) -> int:
         """End the step in progress; its number."""

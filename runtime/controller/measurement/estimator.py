@@ -125,10 +125,15 @@ class WindowRow:
     mid_s: float
 
 
+def _by_position(rows: Sequence[Sequence[float]]) -> list[tuple[float, ...]]:
+    """Each position's values over ``rows``, in their order (a row without that position counts 0)."""
+    width = max((len(row) for row in rows), default=0)
+    return [tuple(row[i] if i < len(row) else 0.0 for row in rows) for i in range(width)]
+
+
 def mean_by_position(rows: Sequence[Sequence[float]]) -> tuple[float, ...]:
     """Each position's mean over ``rows`` (a row without that position counts 0); () without rows."""
-    width = max((len(row) for row in rows), default=0)
-    return tuple(math.fsum(row[i] for row in rows if i < len(row)) / len(rows) for i in range(width))
+    return tuple(math.fsum(column) / len(rows) for column in _by_position(rows))
 
 
 def design(rows: list[WindowRow]) -> tuple[np.ndarray, np.ndarray]:
@@ -153,8 +158,7 @@ def _new_input_columns(rows: list[WindowRow]) -> list[list[float]]:
     """The windows' counts of new inputs by position (a window without a position counts 0), each distinct column
     once (inputs that always share a shape, such as token ids and their labels, give one), the
     ``NEW_INPUT_COLUMNS`` of the largest variance first."""
-    width = max((len(r.new_inputs) for r in rows), default=0)
-    columns = {tuple(r.new_inputs[i] if i < len(r.new_inputs) else 0.0 for r in rows): None for i in range(width)}
+    columns = dict.fromkeys(_by_position([r.new_inputs for r in rows]))
     return [list(c) for c in sorted(columns, key=lambda column: -float(np.var(column)))[:NEW_INPUT_COLUMNS]]
 
 

@@ -21,9 +21,16 @@ from collections import defaultdict
 from dataclasses import replace
 from typing import Any
 
-from kdvfs.runtime.controller.measurement import estimator
 from kdvfs.runtime.controller.measurement.ab import AUTO
-from kdvfs.runtime.controller.measurement.estimator import Interval, Paired, WindowRow, adjusted, measured, net
+from kdvfs.runtime.controller.measurement.estimator import (
+    Interval,
+    Paired,
+    WindowRow,
+    adjusted,
+    mean_by_position,
+    measured,
+    net,
+)
 from kdvfs.runtime.controller.model.run_summary import JobSummary, Predicted, RankRow, RunSummary
 
 
@@ -43,7 +50,7 @@ def _adjusted(windows: list[list[dict[str, Any]]]) -> tuple[Interval | None, Int
             continue
         first = job_windows[0]
         controlled, mid_s = first["arm"] != AUTO, (first["start_s"] + first["end_s"]) / 2
-        new_inputs = estimator.mean_by_position([w["new_inputs"] or () for w in job_windows])
+        new_inputs = mean_by_position([w["new_inputs"] or () for w in job_windows])
         time_rows.append(WindowRow(controlled, max(w["step_time_s"] for w in job_windows),
                                    max(w["kernel_steps"] for w in job_windows), new_inputs, mid_s))
         energy_j = _total([w["energy_j_per_step"] for w in job_windows])
