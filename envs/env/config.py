@@ -20,9 +20,6 @@ from kdvfs.envs.env.observing.observation import ObservationSpec
 from kdvfs.envs.env.steps.clock_grid import ClockGrid
 from kdvfs.envs.gpu.profiles import GpuProfile
 
-RESIDUAL_BASES = ("fitting", "budget_plan")
-"""The values of :attr:`EnvConfig.residual_base`."""
-
 
 class Switching(NamedTuple):
     """The clock-switching figures an environment runs with (s)."""
@@ -78,10 +75,6 @@ class EnvConfig:
             :class:`kdvfs.envs.env.residual_env.ResidualDVFSEnv`): the observation is what a controller measures
             (:mod:`kdvfs.envs.env.observing.measured`) and the action a residual over the fitting plan's pair and a
             margin on the slack, decided at segment boundaries and budget events.
-        residual_base: with ``residual_actions``, the pair the residual applies to (the zero action):
-            ``"fitting"``, the fitting plan with the margin held back from the slack (closed loop), or
-            ``"budget_plan"``, the plan of the largest budget within the budget x (1 - margin), open loop
-            (:func:`kdvfs.envs.env.observing.measured.base_plans`).
         anchors_per_step: with ``residual_actions``, anchors a controller sees per step, evenly spread over its
             kernels (the first at kernel 0): the position is extrapolated from the last one passed through the
             clocks seen in effect since, at the step's pace between anchors as measured (never past the next
@@ -125,7 +118,6 @@ class EnvConfig:
     memory_mhz: tuple[int, ...] | None = None
     every_core_clock: bool = True
     residual_actions: bool = False
-    residual_base: str = "fitting"
     anchors_per_step: int = 9
     drift_sd_pct: float = 0.15
     budget_events: int = 8
@@ -153,8 +145,6 @@ class EnvConfig:
         if self.anchors_per_step < 1 or self.drift_sd_pct < 0 or self.budget_events < 0 or self.min_segment_s < 0:
             raise KdvfsError("need anchors_per_step >= 1, drift_sd_pct >= 0, budget_events >= 0 and "
                              "min_segment_s >= 0")
-        if self.residual_base not in RESIDUAL_BASES:
-            raise KdvfsError(f"residual_base {self.residual_base!r} must be one of {list(RESIDUAL_BASES)}")
         if self.drift_pct < 0 or self.drift_s <= 0 or self.run_start_s < 0 or self.run_steps < 1:
             raise KdvfsError("need drift_pct >= 0, drift_s > 0, run_start_s >= 0 and run_steps >= 1")
 

@@ -1,12 +1,11 @@
-"""``KernelDVFSResidual-v0`` (experimental): set each kernel segment's clocks as a residual over a plan,
+"""``KernelDVFSResidual-v0`` (experimental): set each kernel segment's clocks as a residual over the fitting plan,
 observing only what a controller measures.
 
 It executes as ``KernelDVFS-v0`` (:class:`~kdvfs.envs.env.dvfs_env.KernelDVFSEnv`: kernels, switching, disturbances,
 executed variants) but observes :func:`~kdvfs.envs.env.observing.measured.residual_observation` of the state a
 controller measures (:class:`~kdvfs.envs.env.observing.measured.Measurement`); its action is
-``MultiDiscrete([len(CORE_STEPS), len(MEMORY_STEPS), MARGIN_ACTIONS])``, a core and a memory residual on the base
-pair and a margin (the zero action is the base: per ``residual_base``, the fitting plan with the margin held back
-from the slack, or the budget's plan at the budget x (1 - margin), open loop), or the release of the clocks to auto
+``MultiDiscrete([len(CORE_STEPS), len(MEMORY_STEPS), MARGIN_ACTIONS])``, a core and a memory residual on the fitting
+plan's pair and a margin on the slack (the zero action is the fitting plan), or the release of the clocks to auto
 for the rest of the step (``RELEASE``: the run goes on to its end without another decision), held as a standing
 order and decided at the step's start, at segment boundaries a controller acts on and at each budget event (the run
 passing another ``1 / budget_events`` of its auto time). Reward: energy saved (% of the executed step's auto
@@ -41,7 +40,6 @@ from kdvfs.envs.env.observing.measured import (
     RELEASE,
     MeasuredState,
     Measurement,
-    base_plans,
     budget_use,
     drift_factors,
     policy_spec,
@@ -88,11 +86,6 @@ class ResidualDVFSEnv(KernelDVFSEnv):
         self._tables_key: tuple[int, float, float, float] | None = None
         self._tables: LiveTables | None = None
         self._start_measuring(0.0)
-
-    def _select(self, index: int, budget: float, regime: int) -> None:
-        """As the base environment's, then the plan each margin's base follows at ``budget``."""
-        super()._select(index, budget, regime)
-        self._base_plans = base_plans(self.config.residual_base, self.observation_spec.plan_budgets, budget)
 
     def _start_measuring(self, drift_pct: float, pace_sd: float = 0.0) -> None:
         """A new run's measurements: the measured drift, anchors, the step's pace between them (each the
@@ -180,11 +173,11 @@ class ResidualDVFSEnv(KernelDVFSEnv):
     def _observe_policy(self) -> Array:
         """Measure, write the policy's observation and the standing order's pair at this decision point."""
         self._state = self.measured_state()
-        order = min(int(self._action[2]), len(MARGINS) - 1)
-        base = residual_observation(self._policy_obs, self.tables(), self._state, self.budget, self._budget_plan,
-                                    MARGINS[order], int(self._base_plans[order]), self.measurement.errors)
+        margin = MARGINS[min(int(self._action[2]), len(MARGINS) - 1)]
+        fitting = residual_observation(self._policy_obs, self.tables(), self._state, self.budget, self._budget_plan,
+                                       margin, self.measurement.errors)
         levels, memories = self.grid.levels, self._memories
-        self._pair = residual_pair(base, CORE_STEPS[int(self._action[0])], MEMORY_STEPS[int(self._action[1])],
+        self._pair = residual_pair(fitting, CORE_STEPS[int(self._action[0])], MEMORY_STEPS[int(self._action[1])],
                                    levels, memories)
         return self._policy_obs.copy()
 

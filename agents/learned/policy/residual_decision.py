@@ -34,12 +34,11 @@ RESIDUAL_FIELDS = (
     "out", "acted_on", "scratch", "errors", "action", "counters",
     "obs", "advice", "static_rows", "lay", "advisor_index", "cumulative_s", "landings", "plan_pairs", "plan_rest",
     "joinable", "next_change", "speeds_up", "sizes", "auto_time_s", "latency_s", "stall_s",
-    "margins", "base_plans", "core_steps", "memory_steps", "levels", "memories", "events", "event_time_s",
+    "margins", "core_steps", "memory_steps", "levels", "memories", "events", "event_time_s",
     "first", "mean", "inverse_std", "clip", "products", "picks", "later", "bounds", "activation")
 """What :class:`BoundResidual` holds: the decider's buffers (the observation decided on, its copy the policy ran
 on, a throwaway observation, the errors (%), the standing order, ``counters``), the live tables (through
-``stall_s``), the action's tables (``MARGINS``, each margin's base plan at the step's budget
-(:func:`~kdvfs.envs.env.observing.measured.base_plans`), ``CORE_STEPS``, ``MEMORY_STEPS``; the grid's levels and memory
+``stall_s``), the action's tables (``MARGINS``, ``CORE_STEPS``, ``MEMORY_STEPS``; the grid's levels and memory
 clocks), the budget events per step and the step's auto time they divide (s), and the policy's forward pass
 (``FrozenPolicy.forward_inputs(0)`` with one zero row of products)."""
 
@@ -64,29 +63,28 @@ def _observe(b: Any, out: Any, budget: float, budget_plan: int, kernel: int, in_
              pending_age_s: float, elapsed_s: float, model_elapsed_s: float, auto_elapsed_s: float, drift_pct: float,
              last_latency_ratio: float) -> int:
     """The observation at a measured state (host seconds) under the standing order's margin, into ``out``; the
-    base pair."""
-    order = min(b.action[2], b.margins.shape[0] - 1)
+    fitting plan's pair."""
+    margin = b.margins[min(b.action[2], b.margins.shape[0] - 1)]
     return observe_residual(out, b.obs, b.advice, b.static_rows, b.lay, b.advisor_index, b.cumulative_s, b.landings,
                             b.plan_pairs, b.plan_rest, b.joinable, b.next_change, b.speeds_up, b.sizes,
-                            b.auto_time_s, b.latency_s, b.stall_s, budget, budget_plan, b.margins[order],
-                            b.base_plans[order], b.errors, kernel,
+                            b.auto_time_s, b.latency_s, b.stall_s, budget, budget_plan, margin, b.errors, kernel,
                             in_effect, pending, pending_age_s, elapsed_s, model_elapsed_s, auto_elapsed_s, drift_pct,
                             last_latency_ratio)
 
 
 @compiled
-def _standing(b: Any, base: int) -> int:
-    """The standing order's pair: its residual over the base pair ``base``."""
-    return residual_pair(base, b.core_steps[b.action[0]], b.memory_steps[b.action[1]], b.levels, b.memories)
+def _standing(b: Any, fitting: int) -> int:
+    """The standing order's pair: its residual over the fitting plan's pair ``fitting``."""
+    return residual_pair(fitting, b.core_steps[b.action[0]], b.memory_steps[b.action[1]], b.levels, b.memories)
 
 
 @compiled
 def _evaluate(b: Any, budget: float, budget_plan: int, kernel: int, in_effect: int, pending: int,
               pending_age_s: float, elapsed_s: float, model_elapsed_s: float, auto_elapsed_s: float, drift_pct: float,
-              last_latency_ratio: float, base: int) -> int:
-    """Run the policy on the observation in ``out`` (``base``: its base pair), as the environment's step
+              last_latency_ratio: float, fitting: int) -> int:
+    """Run the policy on the observation in ``out`` (``fitting``: its fitting pair), as the environment's step
     does: act, keep the prediction error measured here, then the new order's pair (auto, released, for the
-    release; the base pair anew only if the margin changed)."""
+    release; the fitting pair anew only if the margin changed)."""
     b.acted_on[:] = b.out
     margin = b.action[2]
     b.action[:] = act(b.first, b.acted_on, b.mean, b.inverse_std, b.clip, b.products, b.picks, b.later, b.bounds,
@@ -99,9 +97,9 @@ def _evaluate(b: Any, budget: float, budget_plan: int, kernel: int, in_effect: i
         b.counters[RELEASED] = 1
         return 0
     if b.action[2] != margin:
-        base = _observe(b, b.out, budget, budget_plan, kernel, in_effect, pending, pending_age_s, elapsed_s,
+        fitting = _observe(b, b.out, budget, budget_plan, kernel, in_effect, pending, pending_age_s, elapsed_s,
                            model_elapsed_s, auto_elapsed_s, drift_pct, last_latency_ratio)
-    return _standing(b, base)
+    return _standing(b, fitting)
 
 
 @compiled
@@ -130,8 +128,8 @@ def begin_bound(b: Any, budget: float, budget_plan: int, drift_pct: float) -> in
     b.errors[:] = 0.0
     b.counters[NEXT_EVENT], b.counters[RELEASED] = 1, 0
     b.action[:] = 0
-    base = _observe(b, b.out, budget, budget_plan, 0, 0, -1, 0.0, 0.0, 0.0, 0.0, drift_pct, 1.0)
-    return _evaluate(b, budget, budget_plan, 0, 0, -1, 0.0, 0.0, 0.0, 0.0, drift_pct, 1.0, base)
+    fitting = _observe(b, b.out, budget, budget_plan, 0, 0, -1, 0.0, 0.0, 0.0, 0.0, drift_pct, 1.0)
+    return _evaluate(b, budget, budget_plan, 0, 0, -1, 0.0, 0.0, 0.0, 0.0, drift_pct, 1.0, fitting)
 
 
 @compiled
@@ -144,13 +142,13 @@ def decide_residual(b: Any, budget: float, budget_plan: int, kernel: int, in_eff
     if b.counters[RELEASED]:
         return 0, False
     pending_age_s, elapsed_s = host_times(pending_age_s, elapsed_s, drift_pct)
-    base = _observe(b, b.out, budget, budget_plan, kernel, in_effect, pending, pending_age_s, elapsed_s,
+    fitting = _observe(b, b.out, budget, budget_plan, kernel, in_effect, pending, pending_age_s, elapsed_s,
                        model_elapsed_s, auto_elapsed_s, drift_pct, last_latency_ratio)
-    pair = _standing(b, base)
+    pair = _standing(b, fitting)
     evaluated = _budget_event(b, auto_elapsed_s) or (pending < 0 and pair != in_effect)
     if evaluated:
         pair = _evaluate(b, budget, budget_plan, kernel, in_effect, pending, pending_age_s, elapsed_s,
-                         model_elapsed_s, auto_elapsed_s, drift_pct, last_latency_ratio, base)
+                         model_elapsed_s, auto_elapsed_s, drift_pct, last_latency_ratio, fitting)
     return pair, evaluated
 
 
@@ -181,8 +179,8 @@ def first_change_residual(b: Any, budget: float, budget_plan: int, kernels: Any,
         if auto_elapsed_s[j] >= event_s:
             return j
         _, host_elapsed_s = host_times(0.0, elapsed_s[j], drift_pct)
-        base = _observe(b, b.scratch, budget, budget_plan, kernels[j], in_effect, -1, 0.0, host_elapsed_s,
+        fitting = _observe(b, b.scratch, budget, budget_plan, kernels[j], in_effect, -1, 0.0, host_elapsed_s,
                            model_elapsed_s[j], auto_elapsed_s[j], drift_pct, last_latency_ratio)
-        if _standing(b, base) != in_effect:
+        if _standing(b, fitting) != in_effect:
             return j
     return n

@@ -46,7 +46,6 @@ from kdvfs.envs.env.observing.measured import (
     FEATURES,
     MARGINS,
     MEMORY_STEPS,
-    base_plans,
     drift_factors,
 )
 from kdvfs.envs.env.residual_env import ResidualDVFSEnv
@@ -93,7 +92,6 @@ class ResidualOnlinePolicy:
         self._action = np.zeros(3, dtype=np.int64)
         self._counters = np.zeros(2, dtype=np.int64)
         self._budget, self._budget_plan = 0.0, -2
-        self._base_plans = base_plans(self.env.config.residual_base, self.env.observation_spec.plan_budgets, 0.0)
         """The last step's budget and its plan (:func:`plan_for_budget`; -2: none yet)."""
         self._bound: BoundResidual | None = None
 
@@ -110,8 +108,7 @@ class ResidualOnlinePolicy:
             tables.obs, tables.advice, tables.static_rows, tables.layout, tables.advisor_index, tables.cumulative_s,
             tables.landings, tables.plan_pairs, tables.plan_rest, tables.joinable, tables.next_change,
             tables.speeds_up, tables.sizes, tables.auto_time_s, tables.latency_s, tables.stall_s,
-            np.array(MARGINS), self._base_plans, np.array(CORE_STEPS, dtype=np.int64),
-            np.array(MEMORY_STEPS, dtype=np.int64),
+            np.array(MARGINS), np.array(CORE_STEPS, dtype=np.int64), np.array(MEMORY_STEPS, dtype=np.int64),
             self.env.grid.levels, self._memories, self.env.config.budget_events, self.auto_time_s,
             first, mean, inverse_std, clip, np.zeros((1, len(first[1])), dtype=np.float32),
             np.zeros(1, dtype=np.int64), later, bounds, activation)
@@ -134,8 +131,6 @@ class ResidualOnlinePolicy:
         if max(0.0, budget) != self._budget or self._budget_plan < -1:  # the last step's budget: its plan
             self._budget = max(0.0, budget)
             self._budget_plan = plan_for_budget(self.env.observation_spec.plan_budgets, self._budget)
-            self._base_plans[:] = base_plans(self.env.config.residual_base, self.env.observation_spec.plan_budgets,
-                                             self._budget)  # in place: the bound arrays hold it
         return int(begin_bound(self._bound, self._budget, self._budget_plan, self._drift_pct))
 
     def decide(self, state: LiveState, now_s: float) -> OnlineDecision:

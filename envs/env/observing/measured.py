@@ -7,11 +7,9 @@ residual policy's observation, and the environment (:class:`~kdvfs.envs.env.resi
 builds the same state from its simulation through :class:`Measurement`. Invariants: the drift applies only
 where clocks drift (:func:`drift_factors`); the position never goes back before the last estimate; budget
 used (host s) = host time - the prediction's auto time up to the position x (1 + drift) x (1 + error)
-(:func:`budget_use`). The action (:func:`residual_pair`) is a core/memory residual over a base pair and a margin,
-or the release of the clocks to auto for the rest of the step (:data:`RELEASE`); the zero action is the base. The
-base (:func:`base_plans`, the environment's ``residual_base``) is either the fitting plan with the margin held back
-from the slack, or the budget's plan at budget x (1 - margin), open loop; the ``fitting_*`` and
-``segment_latencies`` entries describe the base pair. Design and measurements: ``docs/learning.md``
+(:func:`budget_use`). The action (:func:`residual_pair`) is a core/memory residual over the fitting plan's pair
+and a margin on the slack, or the release of the clocks to auto for the rest of the step (:data:`RELEASE`); the
+zero action is the fitting plan. Design and measurements: ``docs/learning.md``
 (the residual design).
 """
 
@@ -26,10 +24,9 @@ from typing import NamedTuple
 import numpy as np
 
 from kdvfs.common.arrays import Array
-from kdvfs.envs.env.advice.plan_advice import plan_for_budget
 from kdvfs.envs.env.observing.live_tables import LiveTables
 from kdvfs.envs.env.observing.observation import ObservationSpec
-from kdvfs.envs.env.observing.residual_kernel import FITTING_BASE, budget_use_of, observe_residual
+from kdvfs.envs.env.observing.residual_kernel import budget_use_of, observe_residual
 from kdvfs.envs.env.observing.residual_kernel import residual_pair as residual_pair
 
 RESIDUAL_OBSERVATION_VERSION = 8
@@ -247,10 +244,9 @@ def budget_use(state: MeasuredState) -> tuple[float, float]:
 
 
 def residual_observation(out: Array, tables: LiveTables, state: MeasuredState, budget: float, budget_plan: int,
-                         margin: float, base_plan: int, errors: Array) -> int:
+                         margin: float, errors: Array) -> int:
     """Write the residual policy's observation at ``state`` into ``out`` ((spec size,) float32) and return the
-    base pair the residual applies to (``base_plan``'s, :func:`base_plans`; for ``FITTING_BASE`` the fitting plan's
-    with ``margin`` of the slack held back, auto if no plan fits): the compiled
+    fitting plan's pair (the expert's, with ``margin`` of the slack held back; auto if no plan fits): the compiled
     :func:`~kdvfs.envs.env.observing.residual_kernel.observe_residual`, which a controller's compiled decisions
     call with the same arguments.
 
@@ -261,19 +257,9 @@ def residual_observation(out: Array, tables: LiveTables, state: MeasuredState, b
     return observe_residual(out, tables.obs, tables.advice, tables.static_rows, tables.layout, tables.advisor_index,
                             tables.cumulative_s, tables.landings, tables.plan_pairs, tables.plan_rest,
                             tables.joinable, tables.next_change, tables.speeds_up, tables.sizes, tables.auto_time_s,
-                            tables.latency_s, tables.stall_s, budget, budget_plan, margin, base_plan, errors,
-                            state.kernel,
+                            tables.latency_s, tables.stall_s, budget, budget_plan, margin, errors, state.kernel,
                             state.in_effect, state.pending, state.pending_age_s, state.elapsed_s,
                             state.model_elapsed_s, state.auto_elapsed_s, state.drift_pct, state.last_latency_ratio)
-
-
-def base_plans(base: str, plan_budgets: tuple[float, ...], budget: float) -> Array:
-    """(len(MARGINS),) int64: for each margin action the plan its base pair follows at ``budget`` (a fraction):
-    with ``base`` ``"budget_plan"`` the plan of the largest budget within budget x (1 - margin) (-1: none, auto),
-    open loop; with ``"fitting"`` ``FITTING_BASE`` (the fitting plan, the margin held back from the slack)."""
-    if base == "fitting":
-        return np.full(len(MARGINS), FITTING_BASE, dtype=np.int64)
-    return np.array([plan_for_budget(plan_budgets, budget * (1.0 - margin)) for margin in MARGINS], dtype=np.int64)
 
 
 def policy_spec(spec: ObservationSpec) -> ResidualSpec:

@@ -28,8 +28,6 @@ from kdvfs.envs.env.observing.live_tables import S_KERNELS
 from kdvfs.envs.env.observing.observation import OBS_LIMIT, PLAN_ADVISOR_FEATURES, REMAINING_LATENCIES_CAP
 
 EXISTS = PLAN_ADVISOR_FEATURES.index("exists")
-FITTING_BASE = -2
-"""``base_plan`` of :func:`observe_residual` meaning the fitting plan (the margin then holds back slack from it)."""
 
 
 @compiled
@@ -88,18 +86,16 @@ def _fitting_plan(advice: Array, lay: Array, pair: int, exists: float) -> int:
 def observe_residual(out: Array, obs: Array, advice: Array, static_rows: Array, lay: Array, advisor_index: Array,
                      cumulative_s: Array, landings: Array, plan_pairs: Array, plan_rest: Array, joinable: Array,
                      next_change: Array, speeds_up: Array, sizes: Array, auto_time_s: float, latency_s: float,
-                     stall_s: float, budget: float, budget_plan: int, margin: float, base_plan: int, errors: Array,
-                     kernel: int, in_effect: int, pending: int, pending_age_s: float, elapsed_s: float,
-                     model_elapsed_s: float, auto_elapsed_s: float, drift_pct: float, last_latency_ratio: float) -> int:
+                     stall_s: float, budget: float, budget_plan: int, margin: float, errors: Array, kernel: int,
+                     in_effect: int, pending: int, pending_age_s: float, elapsed_s: float, model_elapsed_s: float,
+                     auto_elapsed_s: float, drift_pct: float, last_latency_ratio: float) -> int:
     """Write the residual policy's observation into ``out`` ((spec size,) float32: the entries of
     :data:`~kdvfs.envs.env.observing.measured.FEATURES` in order, then each plan's rest-of-step saving and
-    slowdown) and return the base pair the residual applies to, at a measured state (``kernel`` to
-    ``last_latency_ratio``: :class:`~kdvfs.envs.env.observing.measured.MeasuredState`'s fields, host seconds) with
-    ``budget``, its plan, the standing order's ``margin`` and ``errors`` (the last decisions' prediction errors, %).
-    ``base_plan``: the plan whose pair is the base (its proposal here; -1: auto), or ``FITTING_BASE``: the fitting
-    plan with ``margin`` of the slack held back. The arguments before ``budget`` are
-    :class:`~kdvfs.envs.env.observing.live_tables.LiveTables`' (without the proposal changes); its ``obs`` and
-    ``advice`` buffers are written (the advisors' observation)."""
+    slowdown) and return the fitting plan's pair, at a measured state (``kernel`` to ``last_latency_ratio``:
+    :class:`~kdvfs.envs.env.observing.measured.MeasuredState`'s fields, host seconds) with ``budget``, its plan,
+    ``margin`` of the slack held back and ``errors`` (the last decisions' prediction errors, %). The arguments
+    before ``budget`` are :class:`~kdvfs.envs.env.observing.live_tables.LiveTables`' (without the proposal
+    changes); its ``obs`` and ``advice`` buffers are written (the advisors' observation)."""
     kernels, plans = sizes[S_KERNELS], lay[L_PLANS]
     levels, memories = lay[L_LEVELS], lay[L_MEMORIES]
     k = min(max(kernel, 0), kernels - 1)
@@ -108,7 +104,7 @@ def observe_residual(out: Array, obs: Array, advice: Array, static_rows: Array, 
     used_s, error = budget_use_of(elapsed_s, model_elapsed_s, auto_elapsed_s, drift_pct)
     used_model_s = used_s / (scale * (1.0 + error))
     slack_s = max(budget * step_s - used_model_s, 0.0)
-    held_budget = budget - margin * slack_s / step_s if base_plan == FITTING_BASE else budget
+    held_budget = budget - margin * slack_s / step_s
     observe_dynamic(obs, advice, static_rows[k], lay, advisor_index, cumulative_s, landings[in_effect, 0],
                     landings[in_effect, 1], plan_pairs, plan_rest, joinable, next_change, speeds_up, k, in_effect,
                     pending, latency_s - pending_age_s / scale, elapsed_s / scale, auto_elapsed_s,
@@ -119,13 +115,10 @@ def observe_residual(out: Array, obs: Array, advice: Array, static_rows: Array, 
     remaining_s = step_s - auto_elapsed_s
     affordable = 100.0 * (budget * step_s - used_model_s) / max(remaining_s, 1e-6 * step_s)
     effect = landings[in_effect, 0, k]
-    if base_plan == FITTING_BASE:
-        base_pair, followed = fitting_pair, _fitting_plan(advice, lay, fitting_pair, obs[fitting_start + EXISTS])
-    else:
-        base_pair, followed = (advice[lay[L_PLAN_SLOT] + base_plan] if base_plan >= 0 else 0), base_plan
-    segment_end = next_change[effect, followed] if followed >= 0 else kernels
-    segment_s = cumulative_s[segment_end, base_pair] - cumulative_s[effect, base_pair]
-    level, memory = base_pair // memories, base_pair % memories
+    fitting_plan = _fitting_plan(advice, lay, fitting_pair, obs[fitting_start + EXISTS])
+    segment_end = next_change[effect, fitting_plan] if fitting_plan >= 0 else kernels
+    segment_s = cumulative_s[segment_end, fitting_pair] - cumulative_s[effect, fitting_pair]
+    level, memory = fitting_pair // memories, fitting_pair % memories
     level_now, memory_now = in_effect // memories, in_effect % memories
     i = _put(out, 0, 100.0 * budget)
     i = _put(out, i, used_model_s / (max(budget, 1e-3) * step_s))
@@ -154,4 +147,4 @@ def observe_residual(out: Array, obs: Array, advice: Array, static_rows: Array, 
     rest = lay[L_PLANS_REST]
     for j in range(2 * plans):
         out[i + j] = obs[rest + j]
-    return base_pair
+    return fitting_pair

@@ -8,18 +8,15 @@ from gymnasium.utils.env_checker import check_env
 from stable_baselines3.common.env_checker import check_env as sb3_check_env
 
 from kdvfs.agents.learned.training.imitation import expert_action
-from kdvfs.envs.env.config import RESIDUAL_BASES, EnvConfig
+from kdvfs.envs.env.config import EnvConfig
 from kdvfs.envs.env.dvfs_env import KernelDVFSEnv
 from kdvfs.envs.env.observing.measured import (
-    MARGINS,
     RELEASE,
     Measurement,
-    base_plans,
     drift_factors,
     residual_observation,
     residual_pair,
 )
-from kdvfs.envs.env.observing.residual_kernel import FITTING_BASE
 from kdvfs.envs.env.residual_env import ZERO_ACTION, ResidualDVFSEnv
 
 SETTINGS = EnvConfig(plan_budgets=(0.0, 0.005, 0.01, 0.02), budgets=(0.005, 0.01, 0.02),
@@ -65,29 +62,18 @@ def test_a_residual_moves_the_clocks_off_the_plan() -> None:
     assert not np.array_equal(env.applied, planned)
 
 
-@pytest.mark.parametrize("base", RESIDUAL_BASES)
-def test_the_observation_is_the_measured_states_function(base: str) -> None:
+def test_the_observation_is_the_measured_states_function() -> None:
     """The observation the environment returns is :func:`residual_observation` of the state it measured: the
     function a controller calls with its own measurements."""
-    config = SETTINGS.with_disturbances().replace(residual_actions=True, residual_base=base)
-    env = ResidualDVFSEnv(gpu="h200", config=config)
+    env = ResidualDVFSEnv(gpu="h200", config=SETTINGS.with_disturbances().replace(residual_actions=True))
     env.reset(seed=3, options={"budget": 0.01, "latency_scale": 1.0})
     for _ in range(3):
         observation, *_ = env.step(np.array([0, 0, 2]))
     state = env.measured_state()
     assert state.kernel > 0 and state.model_elapsed_s > 0
     out = np.zeros_like(observation)
-    plan = base_plans(base, env.observation_spec.plan_budgets, env.budget)[2]
-    residual_observation(out, env.tables(), state, env.budget, env.budget_plan, MARGINS[2], int(plan),
-                         env.measurement.errors)
+    residual_observation(out, env.tables(), state, env.budget, env.budget_plan, 0.1, env.measurement.errors)
     np.testing.assert_array_equal(out, observation)
-
-
-def test_each_margin_of_the_budget_plan_base_follows_the_plan_within_the_held_budget() -> None:
-    plans = base_plans("budget_plan", SETTINGS.plan_budgets, 0.01)  # plans at 0, 0.5%, 1%, 2%
-    assert [int(plans[MARGINS.index(m)]) for m in (0.0, 0.05, 0.5, 0.6, 1.0)] == [2, 1, 1, 0, 0]
-    assert (base_plans("budget_plan", (0.005, 0.01), 0.004) == -1).all()  # no plan within: auto
-    assert (base_plans("fitting", SETTINGS.plan_budgets, 0.01) == FITTING_BASE).all()
 
 
 def test_drift_slows_only_the_clocks_that_drift() -> None:

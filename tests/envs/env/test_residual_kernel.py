@@ -33,7 +33,6 @@ from kdvfs.envs.env.observing.measured import (
     residual_pair,
 )
 from kdvfs.envs.env.observing.observation import OBS_LIMIT, PLAN_ADVISOR_FEATURES, REMAINING_LATENCIES_CAP
-from kdvfs.envs.env.observing.residual_kernel import FITTING_BASE
 from kdvfs.envs.env.residual_env import ResidualDVFSEnv
 
 SETTINGS = EnvConfig(plan_budgets=(0.0, 0.005, 0.01, 0.02), budgets=(0.005, 0.01, 0.02),
@@ -41,7 +40,7 @@ SETTINGS = EnvConfig(plan_budgets=(0.0, 0.005, 0.01, 0.02), budgets=(0.005, 0.01
 
 
 def python_residual_observation(out: Array, tables: LiveTables, state: MeasuredState, budget: float,
-                                budget_plan: int, margin: float, base_plan: int, errors: Array) -> int:
+                                budget_plan: int, margin: float, errors: Array) -> int:
     """The residual observation as Python computed it before it was compiled (the reference)."""
     sizes = tables.sizes
     lay = tables.layout
@@ -55,7 +54,7 @@ def python_residual_observation(out: Array, tables: LiveTables, state: MeasuredS
     used_s = state.elapsed_s - state.auto_elapsed_s * (1.0 + state.drift_pct / 100.0) * (1.0 + error)
     used_model_s = used_s / (scale * (1.0 + error))
     slack_s = max(budget * step_s - used_model_s, 0.0)
-    held_budget = budget - margin * slack_s / step_s if base_plan == FITTING_BASE else budget
+    held_budget = budget - margin * slack_s / step_s
     obs, advice = tables.obs, tables.advice
     in_effect = state.in_effect
     observe_dynamic(obs, advice, tables.static_rows[k], lay, tables.advisor_index, tables.cumulative_s,
@@ -74,14 +73,10 @@ def python_residual_observation(out: Array, tables: LiveTables, state: MeasuredS
         start = int(lay[L_PLAN_SLOT])
         found = np.flatnonzero(advice[start:start + plans] == fitting_pair)
         fitting_plan = int(found[0]) if len(found) else -1
-    base_pair, followed = fitting_pair, fitting_plan
-    if base_plan != FITTING_BASE:
-        followed = base_plan
-        base_pair = int(advice[int(lay[L_PLAN_SLOT]) + base_plan]) if base_plan >= 0 else 0
-    segment_end = int(tables.next_change[effect, followed]) if followed >= 0 else kernels
-    segment_s = float(tables.cumulative_s[segment_end, base_pair] - tables.cumulative_s[effect, base_pair])
+    segment_end = int(tables.next_change[effect, fitting_plan]) if fitting_plan >= 0 else kernels
+    segment_s = float(tables.cumulative_s[segment_end, fitting_pair] - tables.cumulative_s[effect, fitting_pair])
     latency_s = tables.latency_s
-    level, memory = divmod(base_pair, memories)
+    level, memory = divmod(fitting_pair, memories)
     level_now, memory_now = divmod(in_effect, memories)
     values = [
         100.0 * budget, used_model_s / (max(budget, 1e-3) * step_s), affordable, auto_s / step_s,
@@ -98,7 +93,7 @@ def python_residual_observation(out: Array, tables: LiveTables, state: MeasuredS
     out[:len(FEATURES)] = np.clip(values, -OBS_LIMIT, OBS_LIMIT)
     rest = int(lay[L_PLANS_REST])
     out[len(FEATURES):] = obs[rest:rest + 2 * plans]
-    return base_pair
+    return fitting_pair
 
 
 @pytest.fixture(scope="module", params=[0.0, 1.0])
@@ -127,17 +122,16 @@ def test_the_compiled_observation_is_the_python_one_bit_for_bit(env: ResidualDVF
     budget = data.draw(st.sampled_from((0.0, 0.005, 0.01, 0.02, 0.05)))
     budget_plan = data.draw(st.integers(-1, len(SETTINGS.plan_budgets) - 1))
     margin = data.draw(st.sampled_from(MARGINS))
-    base_plan = data.draw(st.integers(FITTING_BASE, len(SETTINGS.plan_budgets) - 1))
     errors = np.array(data.draw(st.lists(st.floats(-50.0, 50.0), min_size=ERROR_HISTORY, max_size=ERROR_HISTORY)))
     compiled, python = np.zeros(env.policy_spec.size, np.float32), np.full(env.policy_spec.size, np.nan, np.float32)
     try:  # a host time far below the prediction's (error -1) divides by zero, in Python as compiled
-        expected = python_residual_observation(python, tables, state, budget, budget_plan, margin, base_plan, errors)
+        expected = python_residual_observation(python, tables, state, budget, budget_plan, margin, errors)
     except ZeroDivisionError:
         with pytest.raises(ZeroDivisionError):
-            residual_observation(compiled, tables, state, budget, budget_plan, margin, base_plan, errors)
+            residual_observation(compiled, tables, state, budget, budget_plan, margin, errors)
         return
     obs, advice = tables.obs.copy(), tables.advice.copy()
-    assert residual_observation(compiled, tables, state, budget, budget_plan, margin, base_plan, errors) == expected
+    assert residual_observation(compiled, tables, state, budget, budget_plan, margin, errors) == expected
     assert np.array_equal(compiled, python)
     assert np.array_equal(obs, tables.obs) and np.array_equal(advice, tables.advice)
 
