@@ -274,9 +274,10 @@ class ShapeBook:
             return False
         try:
             start_s = time.perf_counter()
-            if not self._add(top, pool.submit(_solve, top, self._budget, self.margins).result()):
-                return True
+            solved = pool.submit(_solve, top, self._budget, self.margins).result()
             solve_s = time.perf_counter() - start_s
+            if not self._add(top, solved):
+                return True
         except Exception as error:
             self.plan_error = f"{type(error).__name__}: {error}"
             return False
