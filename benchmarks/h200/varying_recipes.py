@@ -123,21 +123,24 @@ def window_noise(windows: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 
 def new_input_covariates(windows: list[dict[str, Any]], energies: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The dry run's saving (%, with its interval) from its windows' records, once with each form of the new-shape
-    covariate: ``by_position`` (the run's: the steps' mean count of calls with a new input shape at each input
-    position), ``count`` (those counts summed over the positions) and ``share`` (the share of steps with any new
-    input, the first form), on the same windows and joules; the same estimator (:func:`adjusted`) as the run's.
-    None for a log without the share or without an estimate."""
+    """The dry run's saving (%, with its interval) from its windows' records, once with each form of the covariates:
+    ``run`` (the run's: the steps' mean count of calls with a new input shape at each input position),
+    ``host_pace`` (the same and the windows' host pace, a diagnostic: what of the interval is the host's jitter;
+    not the run's, as the pace would take in the controller's own host work, docs/design/controller.md),
+    ``count`` (the counts summed over the positions) and ``share`` (the share of steps with any new input, the
+    first form), on the same windows and joules; the same estimator (:func:`adjusted`) as the run's. None for a
+    log without the share or without an estimate."""
     joules = {e["last_step"]: e["energy_j_per_step"] for e in energies}
     rows = [w for w in windows if w.get("new_input_steps") is not None and joules.get(w["last_step"]) is not None
             and w["controlled_steps"] == (w["steps"] if w["arm"] == "B" else 0)]
     result = {}
-    forms: dict[str, Callable[[dict[str, Any]], tuple[float, ...]]] = {
-        "by_position": lambda w: tuple(w["new_inputs"]), "count": lambda w: (sum(w["new_inputs"]),),
-        "share": lambda w: (w["new_input_steps"],)}
-    for name, covariate in forms.items():
+    forms: dict[str, tuple[Callable[[dict[str, Any]], tuple[float, ...]], bool]] = {
+        "run": (lambda w: tuple(w["new_inputs"]), False), "host_pace": (lambda w: tuple(w["new_inputs"]), True),
+        "count": (lambda w: (sum(w["new_inputs"]),), False), "share": (lambda w: (w["new_input_steps"],), False)}
+    for name, (covariate, paced) in forms.items():
         saving = adjusted([WindowRow(w["arm"] == "B", joules[w["last_step"]], w["kernel_steps"], covariate(w),
-                                     (w["start_s"] + w["end_s"]) / 2) for w in rows], -1.0)
+                                     (w["start_s"] + w["end_s"]) / 2, w.get("host_pace_s") if paced else None)
+                           for w in rows], -1.0)
         if saving is None:
             return None
         result[name] = {"saving_pct": saving.mean_pct, "ci95_pct": [saving.lo_pct, saving.hi_pct],
@@ -304,9 +307,9 @@ def markdown(result: dict[str, Any]) -> str:
                          "`steps_for_half_width`)")
         forms = r.get("new_input_covariates")
         if forms:
-            lines.append("  - the saving under each form of the new-input covariate, on the same windows: " + "; ".join(
+            lines.append("  - the saving under each form of the covariates, on the same windows: " + "; ".join(
                 f"{name} {form['saving_pct']:+.2f}%, half-width {form['half_width_pct']:.2f}"
-                for name, form in forms.items()) + " (by_position is the run's)")
+                for name, form in forms.items()) + " (run is the run's)")
         long = r.get("long_steps")
         if long and long["count"]:
             lines.append(f"  - long steps (over {LONG_STEP_FACTOR:g} x the median GPU step time, "

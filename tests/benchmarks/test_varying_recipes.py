@@ -54,9 +54,9 @@ def test_long_steps_are_those_over_the_factor_times_the_median() -> None:
 
 
 def test_the_covariate_forms_are_compared_on_the_same_windows() -> None:
-    """Joules follow the new tokens' count and not the new longest sample's (a packed batch's two inputs): the
-    estimate by position is exact, the summed count's and the share's are not; a log without the share (an earlier
-    run) gives None."""
+    """Joules follow the new tokens' count and not the new longest sample's (a packed batch's two inputs), and the
+    host's pace: the estimate by position with the pace is exact; the run's (by position, without the pace) and
+    those of the summed count or the share are not; a log without the share (an earlier run) gives None."""
     from benchmarks.h200.varying_recipes import new_input_covariates
 
     rng = np.random.default_rng(1)
@@ -64,15 +64,17 @@ def test_the_covariate_forms_are_compared_on_the_same_windows() -> None:
     for i in range(16):
         share = rng.uniform(0.5, 1.0)
         tokens, longest = share * rng.uniform(0.0, 1.0), share * rng.uniform(0.0, 1.0)
+        pace_s = rng.uniform(0.001, 0.002)
         arm = "AB"[i % 2]
         windows.append({"arm": arm, "steps": 10, "controlled_steps": 10 if arm == "B" else 0, "last_step": 10 * i,
                         "kernel_steps": 1.0, "new_inputs": [tokens, longest], "new_input_steps": share,
-                        "start_s": 4.0 * i, "end_s": 4.0 * i + 3.0})
-        energies.append({"last_step": 10 * i, "energy_j_per_step": 20.0 + 5.0 * tokens - (2.0 if arm == "B" else 0.0)})
+                        "start_s": 4.0 * i, "end_s": 4.0 * i + 3.0, "host_pace_s": pace_s})
+        energies.append({"last_step": 10 * i, "energy_j_per_step": 20.0 + 5.0 * tokens + 2000.0 * pace_s
+                         - (2.0 if arm == "B" else 0.0)})
     forms = new_input_covariates(windows, energies)
     assert forms is not None
-    assert forms["by_position"]["half_width_pct"] < 1e-6
-    assert min(forms["count"]["half_width_pct"], forms["share"]["half_width_pct"]) > 0.1
+    assert forms["host_pace"]["half_width_pct"] < 1e-6
+    assert min(forms[name]["half_width_pct"] for name in ("run", "count", "share")) > 0.1
     assert new_input_covariates([{**w, "new_input_steps": None} for w in windows], energies) is None
 
 

@@ -160,7 +160,7 @@ class Issuer(threading.Thread):
             self.accounting.start(end.end_s)
         elif job.duration_s is not None:
             slowdown_pct = self.accounting.step(index, job.duration_s, end.end_s, matched, was_controlled,
-                                                job.window_elapsed_s, weight)
+                                                job.window_elapsed_s, weight, end.host_pace_s)
             if slowdown_pct is not None and self.guard.observe(now_s) == Guard.BACK_OFF:
                 self.log.write("backoff", step=index, reason=self.guard.reason)
             if slowdown_pct is not None:  # a new A/B pair: the run's slowdown moved

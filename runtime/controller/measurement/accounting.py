@@ -68,6 +68,10 @@ class Window:
     new_input_steps: float | None = None
     """The share of its steps with any such input (None: a run of one shape): the covariate's earlier form, kept
     in the log to compare the forms on the same windows."""
+    host_pace_s: float | None = None
+    """Its steps' mean host pace (:func:`~kdvfs.runtime.controller.timing.gpu_timeline.host_pace_s`, s; None: a
+    run of one shape, or a step of it without one): logged for study, not in the run's estimate
+    (docs/design/controller.md)."""
 
     @property
     def as_intended(self) -> bool:
@@ -103,6 +107,7 @@ class Accounting:
             self._writer = SummaryWriter(config.tensorboard)
         self._durations: list[float] = []
         self._steps_covariates: list[tuple[float, tuple[float, ...]]] = []
+        self._paces_s: list[float | None] = []
         self._first_step, self._open_s, self._settle = 0, 0.0, 0
         self._marked, self._last_matched, self._held = True, True, False
         self._mode: bool | None = None
@@ -144,7 +149,7 @@ class Accounting:
         and the one before did), so a counter whose marks cost reads (paced) is not marked now; should the window
         stand after all, its first counted step marks its edge then, late. ``held`` (likewise never for a closing
         edge): a paced counter's mark waits for the next step's mode (:meth:`next_step`)."""
-        self._durations, self._steps_covariates, self._open_s = [], [], edge_s
+        self._durations, self._steps_covariates, self._paces_s, self._open_s = [], [], [], edge_s
         paced = self._trace is not None and self._trace.read_every_s > 0
         self._held = paced and held and not superseded
         self._marked = not paced or not (superseded or held)
@@ -176,10 +181,11 @@ class Accounting:
         return end_s - self._open_s
 
     def step(self, index: int, duration_s: float, end_s: float, matched: bool, controlled: bool,
-             elapsed_s: float | None = None, weight: float = 1.0) -> float | None:
+             elapsed_s: float | None = None, weight: float = 1.0, host_pace_s: float | None = None) -> float | None:
         """One finished step (its GPU time, its end on the host clock; ``elapsed_s``: the open window's
         length, the job's under torchrun, default ``end_s`` minus its start); the slowdown (%) of an A/B pair
-        this step completes, else None. ``weight``: the step's reference steps (docs/design/controller.md)."""
+        this step completes, else None. ``weight``: the step's reference steps; ``host_pace_s``: the host's pace
+        through it (s; a covariate of a run whose steps vary; docs/design/controller.md)."""
         self.next_step(controlled)
         changed = self._mode is not None and controlled != self._mode
         self._mode = controlled
@@ -196,6 +202,7 @@ class Accounting:
         known = None if self.covariates is None else self.covariates(index)
         self._durations.append(duration_s if self.covariates is None else duration_s * weight)
         self._steps_covariates.append(known or (weight, ()))
+        self._paces_s.append(host_pace_s)
         windows = self._config.measurement
         long_enough = (self.window_elapsed_s(end_s) if elapsed_s is None else elapsed_s) >= windows.window_s
         if len(self._durations) < windows.window_steps or not long_enough:
@@ -212,7 +219,8 @@ class Accounting:
                         math.fsum(self._durations) / steps, self._open_s, end_s, steps if self._mode else 0,
                         kernel_steps=math.fsum(k for k, _ in self._steps_covariates) / steps if varying else None,
                         new_inputs=mean_by_position([n for _, n in self._steps_covariates]) if varying else None,
-                        new_input_steps=sum(any(n) for _, n in self._steps_covariates) / steps if varying else None)
+                        new_input_steps=sum(any(n) for _, n in self._steps_covariates) / steps if varying else None,
+                        host_pace_s=_mean_or_none(self._paces_s) if varying else None)
         self.windows.append(window)
         self._unmeasured.append(len(self.windows) - 1)
         self._log.write("window", **{name: getattr(window, name) for name in WINDOW_FIELDS})  # asdict's
@@ -356,6 +364,12 @@ class Estimate:
                 rows.append(WindowRow(row.arm == CONTROLLED, value, row.kernel_steps, row.new_inputs or (),
                                       (row.start_s + row.end_s) / 2))
         return adjusted(rows, -1.0 if self.kind == "energy" else 1.0)
+
+
+def _mean_or_none(values: list[float | None]) -> float | None:
+    """The mean of ``values``; None when any is None (or there are none)."""
+    known = [v for v in values if v is not None]
+    return math.fsum(known) / len(known) if known and len(known) == len(values) else None
 
 
 def _text(interval: Interval | None) -> str:

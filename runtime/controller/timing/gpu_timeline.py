@@ -14,11 +14,12 @@ not passed by then), :meth:`StepTimeline.passed_anchor` asks without waiting whi
 
 from __future__ import annotations
 
+import itertools
 import math
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -34,17 +35,38 @@ MAX_POLL_S = 0.05
 looks, not one a millisecond (s; :func:`wait_for`)."""
 MAX_ANCHORS_PER_STEP = 4096
 KEEP_STEPS = 64
+PACE_QUANTILES = (0.1, 0.7)
+""":func:`host_pace_s` averages the gaps between these quantiles: the longest gaps are where the host waited for the
+GPU (a synchronisation, a full launch queue) or did the step's own host work, the shortest back-to-back hooks."""
+MIN_PACE_GAPS = 4
+
+
+def host_pace_s(times_s: Sequence[float]) -> float | None:
+    """The host's pace through a step: the mean of the gaps between consecutive anchor hooks' host times
+    (``times_s``, s, in the order the hooks ran) from the ``PACE_QUANTILES`` quantiles' ranks (s); None with fewer
+    than ``MIN_PACE_GAPS`` gaps. A gap where the host only launches a block's kernels does not depend on the GPU's
+    clocks (the GPU runs them later); where it waits for the GPU it does, and such gaps are the longest ones
+    a step has (docs/design/controller.md)."""
+    gaps = sorted(b - a for a, b in itertools.pairwise(times_s))
+    if len(gaps) < MIN_PACE_GAPS:
+        return None
+    low, high = (int(q * (len(gaps) - 1)) for q in PACE_QUANTILES)
+    kept = gaps[low:high + 1]
+    return math.fsum(kept) / len(kept)
 
 
 @dataclass(frozen=True)
 class StepEnd:
     """A finished step: host time its GPU work ended (s), its GPU time since the previous step's end (s, None
-    for the first), its allocation count (None when not counted) and the host times of its anchors (s)."""
+    for the first), its allocation count (None when not counted), the host times at which the GPU passed its
+    anchors (s) and the host's pace through it (:func:`host_pace_s` of its hooks' own host times, s; None: not
+    known)."""
 
     end_s: float
     duration_s: float | None
     signature: int | None
     anchors_s: tuple[float, ...] = ()
+    host_pace_s: float | None = None
 
 
 class StepTimeline(Protocol):
@@ -127,9 +149,10 @@ class CudaStepTimeline:
         """Host minus GPU time (s): the least of ``_offsets_s`` (set with each; read only once there is one)."""
         self._previous_gpu_s: float | None = None
         self._allocations: int | None = None
-        self._anchors: dict[int, list[Any]] = {}
-        """The anchors of each marked step (until :meth:`wait` takes them)."""
-        self._recording: list[Any] = []
+        self._anchors: dict[int, list[tuple[Any, float]]] = {}
+        """The anchors of each marked step (until :meth:`wait` takes them): each its event and the host time its
+        hook ran (s)."""
+        self._recording: list[tuple[Any, float]] = []
         """The anchors of the step being recorded (the ``_marks``-th): :meth:`mark` moves it to ``_anchors``."""
         self._marks = 0
         self._changed = threading.Condition()
@@ -155,7 +178,7 @@ class CudaStepTimeline:
             step = self._marks
             self._anchors[step], self._recording = self._recording, []
             self._marks += 1
-            self._pool += self._anchors.pop(step - KEEP_STEPS, [])  # a controller thread that stopped waiting
+            self._pool += [event for event, _ in self._anchors.pop(step - KEEP_STEPS, [])]  # a waiter that stopped
             self._changed.notify_all()
         self.hook_s += time.perf_counter() - began_s
         return event, signature, step
@@ -174,7 +197,7 @@ class CudaStepTimeline:
         event.record(current_stream())
         events = self._recording
         if len(events) < MAX_ANCHORS_PER_STEP:
-            events.append(event)
+            events.append((event, began_s))
         self.hook_s += time.perf_counter() - began_s
 
     def _host_s(self, event: Any) -> float:
@@ -191,10 +214,11 @@ class CudaStepTimeline:
         self._previous_gpu_s = gpu_s
         with self._changed:
             anchors = self._anchors.pop(step, [])
-        anchors_s = tuple(map(self._host_s, anchors))
+        anchors_s = tuple(self._host_s(event) for event, _ in anchors)
         with self._changed:
-            self._pool += anchors  # the GPU has passed them: they can be recorded again
-        return StepEnd(gpu_s + self._offset_s, duration_s, signature, anchors_s)
+            self._pool += [event for event, _ in anchors]  # the GPU has passed them: they can be recorded again
+        return StepEnd(gpu_s + self._offset_s, duration_s, signature, anchors_s,
+                       host_pace_s([hooked_s for _, hooked_s in anchors]))
 
     def anchor_s(self, step: int, index: int, deadline_s: float) -> float | None:
         with self._changed:
@@ -207,11 +231,11 @@ class CudaStepTimeline:
             events = self._events_of(step)
             if len(events) <= index or self._first is None or not self._offsets_s:
                 return None
-            event = events[index]
+            event = events[index][0]
         self.sleeps += wait_for(event, now_s=self._clock.now_s)
         return self._host_s(event)
 
-    def _events_of(self, step: int) -> list[Any]:
+    def _events_of(self, step: int) -> list[tuple[Any, float]]:
         """The anchors of step ``step`` recorded so far (the caller holds ``_changed``)."""
         return self._recording if step == self._marks else self._anchors.get(step, [])
 
@@ -222,10 +246,10 @@ class CudaStepTimeline:
             return None
         latest = None
         for index in range(after + 1, len(events)):
-            if not events[index].query():  # a few microseconds, no sync; anchors complete in order
+            if not events[index][0].query():  # a few microseconds, no sync; anchors complete in order
                 break
             latest = index
-        return None if latest is None else (latest, self._host_s(events[latest]))
+        return None if latest is None else (latest, self._host_s(events[latest][0]))
 
 
 class HostStepTimeline:
