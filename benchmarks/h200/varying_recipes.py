@@ -148,6 +148,22 @@ def new_input_covariates(windows: list[dict[str, Any]], energies: list[dict[str,
     return result
 
 
+def host_pace_arm(windows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """How the arm moves the windows' host pace (%, with its interval; :func:`adjusted` with the pace as the figure,
+    the run's covariates): in a dry run the clocks do not change, so what moves it is the controller's own host work
+    in controlled windows, which keeps the pace out of the run's estimate (docs/design/controller.md). None for a
+    log without paces or without an estimate."""
+    rows = [w for w in windows if w.get("host_pace_s") is not None
+            and w["controlled_steps"] == (w["steps"] if w["arm"] == "B" else 0)]
+    effect = adjusted([WindowRow(w["arm"] == "B", w["host_pace_s"], w["kernel_steps"], tuple(w["new_inputs"]),
+                                 (w["start_s"] + w["end_s"]) / 2) for w in rows], 1.0) if rows else None
+    if effect is None:
+        return None
+    paces_s = np.array([w["host_pace_s"] for w in rows])
+    return {"effect_pct": effect.mean_pct, "ci95_pct": [effect.lo_pct, effect.hi_pct],
+            "mean_s": float(paces_s.mean()), "cv_pct": float(100 * paces_s.std() / paces_s.mean())}
+
+
 def long_steps(steps: list[dict[str, Any]]) -> dict[str, Any]:
     """The steps of a dry run's log whose GPU time exceeds ``LONG_STEP_FACTOR`` times its median: how many, which,
     and their median time against the run's (s); set beside the buckets planned in the background
@@ -206,6 +222,7 @@ def figures(folder: Path, profile: str | None) -> dict[str, Any]:
             "window_noise": window_noise(log["window"]), "long_steps": long_steps(log["step"]),
             "during_solves": during_solves(log["step"], log["bucket_planned"]),
             "new_input_covariates": new_input_covariates(log["window"], log["window_energy"]),
+            "host_pace_arm": host_pace_arm(log["window"]),
             "window_check": window}
     if not (folder / "run.out.json").is_file():
         return {**both, "cut_short": True, "steps": len(log["step"]),
@@ -310,6 +327,12 @@ def markdown(result: dict[str, Any]) -> str:
             lines.append("  - the saving under each form of the covariates, on the same windows: " + "; ".join(
                 f"{name} {form['saving_pct']:+.2f}%, half-width {form['half_width_pct']:.2f}"
                 for name, form in forms.items()) + " (run is the run's)")
+        pace = r.get("host_pace_arm")
+        if pace:
+            lines.append(f"  - host pace {1e3 * pace['mean_s']:.3f} ms, {pace['cv_pct']:.1f}% from window to window; "
+                         f"controlled windows' against auto's {pace['effect_pct']:+.2f}% [{pace['ci95_pct'][0]:+.2f}, "
+                         f"{pace['ci95_pct'][1]:+.2f}] (`host_pace_arm`: the controller's own host work, unresolved "
+                         "at this jitter)")
         long = r.get("long_steps")
         if long and long["count"]:
             lines.append(f"  - long steps (over {LONG_STEP_FACTOR:g} x the median GPU step time, "

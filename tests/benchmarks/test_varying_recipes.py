@@ -99,3 +99,21 @@ def test_steps_during_a_background_solve_are_set_apart() -> None:
     assert (figures["steps_other"], figures["median_s_other"]) == (24, 0.1)
     assert during_solves(steps, []) is None
     assert during_solves(steps, [{"end_s": 1.45}]) is None  # a log from before solve_s
+
+
+def test_the_arm_effect_on_the_pace_is_reported() -> None:
+    """Controlled windows' host 5% slower than auto's (and nothing else differs): the report's pace effect is
+    +5%; a log without paces gives None."""
+    from benchmarks.h200.varying_recipes import host_pace_arm
+
+    rng = np.random.default_rng(2)
+    windows = []
+    for i in range(20):
+        arm = "AB"[i % 2]
+        windows.append({"arm": arm, "steps": 10, "controlled_steps": 10 if arm == "B" else 0, "kernel_steps": 1.0,
+                        "new_inputs": [0.0], "start_s": 4.0 * i, "end_s": 4.0 * i + 3.0,
+                        "host_pace_s": 0.001 * (1.05 if arm == "B" else 1.0) * (1 + rng.normal(0, 0.001))})
+    pace = host_pace_arm(windows)
+    assert pace is not None and pace["effect_pct"] == pytest.approx(5.0, abs=0.2)
+    assert pace["ci95_pct"][0] <= 5.0 <= pace["ci95_pct"][1]
+    assert host_pace_arm([{**w, "host_pace_s": None} for w in windows]) is None
