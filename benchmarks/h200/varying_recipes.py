@@ -277,6 +277,11 @@ def report(folder: Path, name: str = "varying_recipes_h200") -> dict[str, Any]:
     return result
 
 
+def _counts(by_status: dict[str, int] | None) -> str:
+    """``{'estimate': 18}`` as ``18 estimate``; ``-`` without."""
+    return ", ".join(f"{count} {status}" for status, count in sorted(by_status.items())) if by_status else "-"
+
+
 def _pct(value: float | None, fmt: str = ".1f") -> str:
     return "-" if value is None else f"{value:{fmt}}"
 
@@ -351,7 +356,7 @@ def markdown(result: dict[str, Any]) -> str:
                   "against the sum of its steps' predicted joules at auto, a shape not captured scaled from the "
                   "nearest by size; "
                   f"the aim within {WINDOW_CHECK_PCT:g}%; the profile's cost-model parameters by status: "
-                  f"{result.get('profile_parameters')}):", ""]
+                  f"{_counts(result.get('profile_parameters'))}):", ""]
         lines += [f"- {name}: measured {c['measured_j']:.1f} J, predicted {c['predicted_j']:.1f} J "
                   f"({100 * c['error']:+.1f}%) over {c['steps']:.0f} steps, {c['captured_steps']:.0f} of a captured "
                   "shape" for name, c in checks.items()]

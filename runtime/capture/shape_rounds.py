@@ -175,10 +175,11 @@ class WindowShapes:
         :data:`MIN_SHAPE_STEPS` above the columns, or a single shape. In a window early in the run most shapes
         come for the first time and pay host set-up (allocations, kernel selection) while the most frequent
         repeat warm: a mean per shape would give a longer step a shorter time; the fit keeps set-up apart.
-        Where every step (or none) is its shape's first, set-up cannot be told apart: it stays in the line and
-        the extra is 0. Steps slower than the fit by more than :data:`STALL_MADS` robust deviations (a stall:
-        garbage collection, a checkpoint, the allocator growing) are left out and the line fitted again. Fitted
-        once per window: every captured shape's time and measurements read it."""
+        Where fewer than :data:`MIN_SHAPE_STEPS` steps are their shape's first, or fewer are not, set-up cannot be
+        told apart (one warm step would set the extra on its own): it stays in the line and the extra is 0. Steps
+        slower than the fit by more than :data:`STALL_MADS` robust deviations (a stall: garbage collection, a
+        checkpoint, the allocator growing) are left out and the line fitted again. Fitted once per window: every
+        captured shape's time and measurements read it."""
         structures = Counter(len(s.inputs) for s in self.shapes if s is not None)
         if not structures:
             return None
@@ -188,7 +189,8 @@ class WindowShapes:
         axes = ShapeAxes.of([s for s, _, _ in steps])
         if not axes.classes:
             return None
-        separable = len({first for _, _, first in steps}) > 1
+        paying = sum(first for _, _, first in steps)
+        separable = min(paying, len(steps) - paying) >= MIN_SHAPE_STEPS
         x = np.column_stack([basis([s for s, _, _ in steps], False, axes),
                              [float(f and separable) for _, _, f in steps]])
         if len(steps) < x.shape[1] + MIN_SHAPE_STEPS:
