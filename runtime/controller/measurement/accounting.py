@@ -185,7 +185,7 @@ class Accounting:
         """One finished step (its GPU time, its end on the host clock; ``elapsed_s``: the open window's
         length, the job's under torchrun, default ``end_s`` minus its start); the slowdown (%) of an A/B pair
         this step completes, else None. ``weight``: the step's reference steps; ``host_pace_s``: the host's pace
-        through it (s; a covariate of a run whose steps vary; docs/design/controller.md)."""
+        through it (s; logged with the windows of a run whose steps vary; docs/design/controller.md)."""
         self.next_step(controlled)
         changed = self._mode is not None and controlled != self._mode
         self._mode = controlled
