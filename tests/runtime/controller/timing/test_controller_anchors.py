@@ -383,3 +383,35 @@ def test_waiting_for_an_event_polls_it_and_sleeps_in_between() -> None:
     sleeps.clear()
     gpu_timeline.wait_for(LateEvent(done_after=1), sleep=sleeps.append)
     assert sleeps == []
+
+
+def test_a_step_carries_the_hosts_pace_through_its_hooks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Six hooks 2 ms apart on the host, then one 40 ms later (the host waited for the GPU): the step's pace is
+    2 ms, whatever the GPU's times; a step of three hooks has none."""
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(gpu_timeline, "_allocations", lambda: 0)
+    monkeypatch.setattr(gpu_timeline, "current_stream", lambda: None)
+    host = {"s": 100.0}
+
+    class HostTime:
+        sleep = staticmethod(time.sleep)
+
+        @staticmethod
+        def perf_counter() -> float:
+            return host["s"]
+
+    monkeypatch.setattr(gpu_timeline, "time", HostTime)
+    timeline = CudaStepTimeline(RealClock())
+    FakeEvent.gpu_s = 0.0
+    first = timeline.mark()
+    for gap_s in (0.0, 0.002, 0.002, 0.002, 0.002, 0.002, 0.04):
+        host["s"] += gap_s
+        FakeEvent.gpu_s += 0.01  # the GPU's own pace differs
+        timeline.anchor()
+    second = timeline.mark()
+    for _ in range(3):
+        timeline.anchor()
+    third = timeline.mark()
+    assert timeline.wait(first).host_pace_s is None
+    assert timeline.wait(second).host_pace_s == pytest.approx(0.002)
+    assert timeline.wait(third).host_pace_s is None
