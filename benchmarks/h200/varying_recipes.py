@@ -105,6 +105,21 @@ def _log(folder: Path) -> dict[str, list[dict[str, Any]]]:
     return by_event
 
 
+def _as_intended(window: dict[str, Any]) -> bool:
+    """Every step of a window's log record ran as its arm says (the test of
+    :attr:`~kdvfs.runtime.controller.measurement.accounting.Window.as_intended`)."""
+    return bool(window["controlled_steps"] == (window["steps"] if window["arm"] == "B" else 0))
+
+
+def _row(window: dict[str, Any], value: float, new_inputs: tuple[float, ...] | None = None,
+         paced: bool = False) -> WindowRow:
+    """The estimator's row of a window's log record: its arm, ``value``, its covariates (``new_inputs``: another form
+    of the new-input counts than the run's; ``paced``: with the record's host pace)."""
+    return WindowRow(window["arm"] == "B", value, window["kernel_steps"],
+                     tuple(window["new_inputs"]) if new_inputs is None else new_inputs,
+                     (window["start_s"] + window["end_s"]) / 2, window.get("host_pace_s") if paced else None)
+
+
 def window_noise(windows: list[dict[str, Any]]) -> dict[str, Any] | None:
     """What the A/B interval of a varying run is up against, from its windows' records: the range of their steps' mean
     count of inputs of a shape new to the process (all positions together), the correlation of a window's step time with
@@ -112,8 +127,7 @@ def window_noise(windows: list[dict[str, Any]]) -> dict[str, Any] | None:
     (:func:`design`: arm, expected kernel time, new inputs, time), as a share of the mean (%). None under 6 windows."""
     if len(windows) < 6:
         return None
-    rows = [WindowRow(w["arm"] == "B", w["step_time_s"], w["kernel_steps"], tuple(w["new_inputs"]),
-                      (w["start_s"] + w["end_s"]) / 2) for w in windows]
+    rows = [_row(w, w["step_time_s"]) for w in windows]
     x, y = design(rows)
     residual = y - x @ np.linalg.lstsq(x, y, rcond=None)[0]
     totals = [sum(r.new_inputs) for r in rows]
@@ -132,15 +146,13 @@ def new_input_covariates(windows: list[dict[str, Any]], energies: list[dict[str,
     log without the share or without an estimate."""
     joules = {e["last_step"]: e["energy_j_per_step"] for e in energies}
     rows = [w for w in windows if w.get("new_input_steps") is not None and joules.get(w["last_step"]) is not None
-            and w["controlled_steps"] == (w["steps"] if w["arm"] == "B" else 0)]
+            and _as_intended(w)]
     result = {}
     forms: dict[str, tuple[Callable[[dict[str, Any]], tuple[float, ...]], bool]] = {
         "run": (lambda w: tuple(w["new_inputs"]), False), "host_pace": (lambda w: tuple(w["new_inputs"]), True),
         "count": (lambda w: (sum(w["new_inputs"]),), False), "share": (lambda w: (w["new_input_steps"],), False)}
     for name, (covariate, paced) in forms.items():
-        saving = adjusted([WindowRow(w["arm"] == "B", joules[w["last_step"]], w["kernel_steps"], covariate(w),
-                                     (w["start_s"] + w["end_s"]) / 2, w.get("host_pace_s") if paced else None)
-                           for w in rows], -1.0)
+        saving = adjusted([_row(w, joules[w["last_step"]], covariate(w), paced) for w in rows], -1.0)
         if saving is None:
             return None
         result[name] = {"saving_pct": saving.mean_pct, "ci95_pct": [saving.lo_pct, saving.hi_pct],
@@ -153,10 +165,8 @@ def host_pace_arm(windows: list[dict[str, Any]]) -> dict[str, Any] | None:
     the run's covariates): in a dry run the clocks do not change, so what moves it is the controller's own host work
     in controlled windows, which keeps the pace out of the run's estimate (docs/design/controller.md). None for a
     log without paces or without an estimate."""
-    rows = [w for w in windows if w.get("host_pace_s") is not None
-            and w["controlled_steps"] == (w["steps"] if w["arm"] == "B" else 0)]
-    effect = adjusted([WindowRow(w["arm"] == "B", w["host_pace_s"], w["kernel_steps"], tuple(w["new_inputs"]),
-                                 (w["start_s"] + w["end_s"]) / 2) for w in rows], 1.0) if rows else None
+    rows = [w for w in windows if w.get("host_pace_s") is not None and _as_intended(w)]
+    effect = adjusted([_row(w, w["host_pace_s"]) for w in rows], 1.0) if rows else None
     if effect is None:
         return None
     paces_s = np.array([w["host_pace_s"] for w in rows])
