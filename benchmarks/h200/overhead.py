@@ -34,6 +34,8 @@ from benchmarks.common.provenance import host, local_profile, nvidia_smi, utc_no
 from kdvfs.common.paths import REPO_ROOT
 
 GUARD = "benchmarks.common.nvml_guard"
+WINDOW_KEYS = ("arm", "pair", "steps", "controlled_steps", "host_pace_s")
+"""What a process's record keeps of each A/B window of its log (the report's ``host_pace_arm``)."""
 POLICY = "policies/{profile}.kdvfs-policy.npz"
 """The shipped policy of the local GPU's profile (the H200's where the workloads' recorded traces come from)."""
 WORKLOADS: dict[str, dict[str, Any]] = {
@@ -211,6 +213,7 @@ def _process(folder: Path, label: str, workload: dict[str, Any], pair: int, with
         records = [json.loads(line) for line in log.read_text().splitlines()] if log.is_file() else []
         extra = {"exit_code": done.returncode, "summary": json.loads(done.stdout) if done.stdout.strip() else None,
                  "pairs_slowdown_pct": [r["slowdown_pct"] for r in records if r["event"] == "pair"],
+                 "windows": [{key: r.get(key) for key in WINDOW_KEYS} for r in records if r["event"] == "window"],
                  "nvml": json.loads(record.read_text()) if record.is_file() else None}
         log.unlink(missing_ok=True)
     else:

@@ -63,6 +63,22 @@ def _interval(values: list[float]) -> dict[str, Any]:
             [found.lo_pct, found.hi_pct], "n": len(values)}
 
 
+def host_pace_arm(processes: list[dict[str, Any]]) -> dict[str, Any]:
+    """How the controller's own host work moves the training loop's host pace in a dry run (the clocks do not
+    change): each A/B pair's controlled window's mean host pace against its auto window's (%), both windows run as
+    their arm says, pooled over the processes' pairs (mean and 95% t interval); ``n`` 0 where no process logged a
+    pace (a run before the windows carried it)."""
+    differences = []
+    for process in processes:
+        by_pair: dict[int, dict[str, float]] = {}
+        for window in process.get("windows") or []:
+            intended = window["controlled_steps"] == (window["steps"] if window["arm"] == "B" else 0)
+            if window.get("host_pace_s") is not None and window["pair"] is not None and intended:
+                by_pair.setdefault(window["pair"], {})[window["arm"]] = window["host_pace_s"]
+        differences += [100 * (pair["B"] / pair["A"] - 1) for pair in by_pair.values() if len(pair) == 2]
+    return _interval(differences)
+
+
 def _mean_step_s(process: dict[str, Any]) -> float:
     return statistics.mean(process["step_s"][WARMUP_STEPS:])
 
@@ -99,6 +115,7 @@ def workload_figures(processes: list[dict[str, Any]]) -> dict[str, Any]:
         "overhead_pct": {**_interval(overheads), "pairs": overheads, "pair_ids": complete},
         "dry_run_slowdown_pct": {**_interval([x for p in withs for x in p["pairs_slowdown_pct"]]),
                                  "per_process": [s["measured"] for s in summaries]},
+        "host_pace_arm_pct": host_pace_arm(withs),
         "controlled_share": sum(s["controlled_steps"] for s in summaries) / steps if steps else None,
         "host_cost": {key: statistics.mean(c[key] for c in costs)
                       if costs and all(c.get(key) is not None for c in costs) else None
@@ -241,6 +258,12 @@ def markdown(result: dict[str, Any]) -> str:
                      f"{req['planned']}, {req['late']}, "
                      f"{_num(req['late_ms_median_of_processes'], 3)} / {_num(req['late_ms_p99_max'], 3)} | {energy} | "
                      f"{f['nvml_refused']} |")
+    paces = {label: f["host_pace_arm_pct"] for label, f in result["workloads"].items()
+             if f.get("host_pace_arm_pct", {}).get("n")}
+    if paces:
+        lines += ["", "## The training loop's host pace, controlled windows against auto (`host_pace_arm`: the "
+                  "controller's own host work; a dry run does not change the clocks)", ""]
+        lines += [f"- {label}: {_pct(pace)} over the processes' A/B pairs" for label, pace in paces.items()]
     if result.get("own_process_difference"):
         lines += ["", "## In the training process or in its own (pair by pair: the two arms of a pair ran beside the "
                   "same process without kdvfs)", ""]

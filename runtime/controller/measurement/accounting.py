@@ -70,8 +70,8 @@ class Window:
     in the log to compare the forms on the same windows."""
     host_pace_s: float | None = None
     """Its steps' mean host pace (:func:`~kdvfs.runtime.controller.timing.gpu_timeline.host_pace_s`, s; None: a
-    run of one shape, or a step of it without one): logged for study, not in the run's estimate
-    (docs/design/controller.md)."""
+    step of it without one): logged for study, in runs of one shape too (how the controller's own host work
+    moves it), not in the run's estimate (docs/design/controller.md)."""
 
     @property
     def as_intended(self) -> bool:
@@ -220,7 +220,7 @@ class Accounting:
                         kernel_steps=math.fsum(k for k, _ in self._steps_covariates) / steps if varying else None,
                         new_inputs=mean_by_position([n for _, n in self._steps_covariates]) if varying else None,
                         new_input_steps=sum(any(n) for _, n in self._steps_covariates) / steps if varying else None,
-                        host_pace_s=_mean_or_none(self._paces_s) if varying else None)
+                        host_pace_s=_mean_or_none(self._paces_s))
         self.windows.append(window)
         self._unmeasured.append(len(self.windows) - 1)
         self._log.write("window", **{name: getattr(window, name) for name in WINDOW_FIELDS})  # asdict's

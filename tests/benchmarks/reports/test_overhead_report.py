@@ -147,3 +147,19 @@ def test_the_timelines_looks_are_reported_where_every_summary_counts_them(report
 def _summarised_steps(processes: list[dict[str, Any]]) -> int:
     """The steps the report counts: those of the summaries of the processes with kdvfs."""
     return sum(p["summary"]["steps"] for p in processes if p["with"])
+
+
+def test_the_host_pace_arm_pairs_each_a_window_with_its_b_window_run_as_intended(report: ModuleType) -> None:
+    def window(arm: str, pair: int | None, pace_s: float | None, controlled: int | None = None) -> dict[str, Any]:
+        steps = 10
+        return {"arm": arm, "pair": pair, "steps": steps, "host_pace_s": pace_s,
+                "controlled_steps": (steps if arm == "B" else 0) if controlled is None else controlled}
+
+    first = {"windows": [window("B", 0, 0.00102), window("A", 0, 0.001), window("B", None, 0.005),
+                         window("A", 1, 0.001), window("B", 1, 0.00104)]}
+    backed_off = {"windows": [window("B", 0, 0.002, controlled=0), window("A", 0, 0.001),  # B at auto: left out
+                              window("A", 1, 0.002), window("B", 1, 0.00206), window("A", 2, None),
+                              window("B", 2, 0.001)]}
+    pace = report.host_pace_arm([first, backed_off, {"pairs_slowdown_pct": []}])
+    assert pace["n"] == 3 and pace["mean"] == pytest.approx(3.0)
+    assert report.host_pace_arm([{"windows": []}])["n"] == 0
