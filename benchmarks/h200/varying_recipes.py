@@ -362,14 +362,17 @@ def markdown(result: dict[str, Any]) -> str:
                          f"{solves['median_s_other']:.3f} s (`during_solves`; a first look: their shapes differ)")
     checks = {name: r["window_check"] for name, r in result["recipes"].items() if r.get("window_check")}
     if checks:
-        lines += ["", "The captures' window check (`kdvfs predict`: the unprofiled window's measured joules "
-                  "against the sum of its steps' predicted joules at auto, a shape not captured scaled from the "
+        lines += ["", "The captures' window check (`kdvfs predict`: the unprofiled window's measured joules (and "
+                  "seconds) against the sum of its steps' predicted joules (seconds) at auto, a shape not captured "
+                  "scaled from the "
                   "nearest by size; "
                   f"the aim within {WINDOW_CHECK_PCT:g}%; the profile's cost-model parameters by status: "
                   f"{_counts(result.get('profile_parameters'))}):", ""]
         lines += [f"- {name}: measured {c['measured_j']:.1f} J, predicted {c['predicted_j']:.1f} J "
                   f"({100 * c['error']:+.1f}%) over {c['steps']:.0f} steps, {c['captured_steps']:.0f} of a captured "
-                  "shape" for name, c in checks.items()]
+                  "shape" + ("" if c.get("time_error") is None else f"; measured {c['measured_s']:.2f} s, predicted "
+                             f"{c['predicted_s']:.2f} s ({100 * c['time_error']:+.1f}%)")
+                  for name, c in checks.items()]
     lines += ["", f"Targets: >= {TARGET_CONTROLLED:.0%} of the B-window steps controlled; the dry-run saving interval "
               f"holds 0 with a half-width <= {TARGET_HALF_WIDTH_PCT:g} points; step-model kernel time within "
               f"{TARGET_KERNEL_ERROR_PCT:g}% leave-one-shape-out; no refused NVML call."]

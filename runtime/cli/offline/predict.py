@@ -105,22 +105,30 @@ def with_ranges(rows: list[dict[str, Any]], trace: Trace, profile: GpuProfile, p
     return basis
 
 
-def window_check(path: str, trace: Trace, profile: GpuProfile) -> dict[str, float] | None:
-    """For a capture whose steps vary: the measured joules of its unprofiled window against the sum over the
-    window's steps of the predicted auto-mode joules of each step's own shape, plus the one-time set-up of the steps
-    that paid it (as the capture's fit counted them; an older capture: each shape's first step) (from the capture's
-    trace set:
-    :func:`kdvfs.envs.trace.trace_set.window_prediction`); None for other traces."""
-    measured_j = trace.meta.measurements.get("window_energy_j")
+def window_check(path: str, trace: Trace, profile: GpuProfile) -> dict[str, float | None] | None:
+    """For a capture whose steps vary: the measured joules and seconds of its unprofiled window against the sums
+    over the window's steps of the predicted auto-mode joules and seconds of each step's own shape, plus the
+    one-time set-up of the steps that paid it (as the capture's fit counted them; an older capture: each shape's
+    first step) (from the capture's trace set: :func:`kdvfs.envs.trace.trace_set.window_prediction`). Both, as
+    joules alone can agree by chance: a step predicted too short at too high a power. ``error`` and
+    ``time_error``: predicted over measured, less 1; the seconds are None for a capture without its window's
+    length. None for other traces."""
+    measured = trace.meta.measurements
+    measured_j = measured.get("window_energy_j")
     if len(trace.meta.shape_distribution) < 2 or measured_j is None or not Path(path).is_file():
         return None
-    captured = {t.meta.step_shape: predictions(with_measured_gaps(t), profile, [])[0]["energy_j"]
+    captured = {t.meta.step_shape: predictions(with_measured_gaps(t), profile, [])[0]
                 for t in load_trace_set(main_path(path)) if t.meta.step_shape is not None}
-    predicted = window_prediction(trace.meta.shape_distribution, captured,
-                                  first_seen=trace.meta.measurements.get("first_seen_energy_j", 0.0),
-                                  first_seen_steps=trace.meta.measurements.get("window_first_seen_steps"))
+    totals = {key: window_prediction(trace.meta.shape_distribution, {s: row[key] for s, row in captured.items()},
+                                     first_seen=measured.get(first_seen, 0.0),
+                                     first_seen_steps=measured.get("window_first_seen_steps"))
+              for key, first_seen in (("energy_j", "first_seen_energy_j"), ("step_time_s", "first_seen_step_s"))}
+    predicted, window_s = totals["energy_j"], measured.get("window_s")
+    predicted_s = totals["step_time_s"]["total"]
     return {"measured_j": measured_j, "predicted_j": predicted["total"], "steps": predicted["steps"],
-            "captured_steps": predicted["captured_steps"], "error": predicted["total"] / measured_j - 1}
+            "captured_steps": predicted["captured_steps"], "error": predicted["total"] / measured_j - 1,
+            "measured_s": window_s, "predicted_s": predicted_s,
+            "time_error": None if not window_s else predicted_s / window_s - 1}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -145,7 +153,9 @@ def run(args: argparse.Namespace) -> int:
             console.print(f"window of {window['steps']:.0f} steps of mixed shapes ({window['captured_steps']:.0f} of a "
                           f"captured shape, the others scaled from the nearest by size): measured "
                           f"{window['measured_j']:.1f} J, predicted {window['predicted_j']:.1f} J "
-                          f"({window['error']:+.1%})")
+                          f"({window['error']:+.1%})" + ("" if window["time_error"] is None else
+                                                        f"; {window['measured_s']:.2f} s, predicted "
+                                                        f"{window['predicted_s']:.2f} s ({window['time_error']:+.1%})"))
     if note:
         print(f"kdvfs: {note}", file=sys.stderr)
     return 0

@@ -82,6 +82,9 @@ def test_steps_of_three_shapes_give_three_traces(capsys: pytest.CaptureFixture[s
     predicted = strict_loads(capsys.readouterr().out)
     validate(predicted, "predict")
     assert predicted["window"]["steps"] == window_steps  # the window check of a capture whose steps vary
+    window = predicted["window"]  # in seconds too: the window's length against its steps' predicted times
+    assert window["measured_s"] > 0 and window["time_error"] == pytest.approx(
+        window["predicted_s"] / window["measured_s"] - 1)
 
 
 def test_fixed_shape_steps_give_one_trace(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
