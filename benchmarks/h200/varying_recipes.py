@@ -296,17 +296,9 @@ def _pct(value: float | None, fmt: str = ".1f") -> str:
     return "-" if value is None else f"{value:{fmt}}"
 
 
-def markdown(result: dict[str, Any]) -> str:
-    smi = result["device_run"].get("nvidia_smi", "").splitlines()
-    gpu = smi[1].split(",")[0] if len(smi) > 1 else "H200"
-    lines = [f"# Steps that vary in more than one length on the {gpu} (dry runs of 300 steps)", "",
-             *provenance_lines(result["provenance"]),
-             f"- device run: `{result['device_run'].get('machine')}`, {result['device_run'].get('date_utc')}",
-             *(f"  - {recipe}: {run}" for recipe, run in result["device_run"].get("runs", {}).items()), "",
-             "| recipe | steps | controlled | of B-window steps | dry-run saving % [95%] (truth 0) | half-width | "
-             "slowdown % [95%] | step model max kernel-time error % | captured steps first seen | prediction margin | "
-             "auto reasons | background plans | refused |",
-             "| --- | ---: | ---: | ---: | --- | ---: | --- | ---: | ---: | ---: | --- | ---: | --- |"]
+def _table_rows(result: dict[str, Any]) -> list[str]:
+    """The recipes' table rows."""
+    lines: list[str] = []
     for name, r in result["recipes"].items():
         m = r["measured"]
         saving, slow = m.get("energy_saved_ci95_pct"), m.get("slowdown_ci95_pct")
@@ -326,7 +318,12 @@ def markdown(result: dict[str, Any]) -> str:
             f"{r.get('captured_first_seen', '-')} of {len(r['captured'])} | "
             f"{_pct((r['shapes'] or {}).get('prediction_margin'), '.2f')} | {r['auto_reasons']} | "
             f"{(r['shapes'] or {}).get('planned_in_background')} | {r['refused_nvml_calls']} |")
-    lines += ["", "What the A/B interval is up against (windows' records; `window_noise`):", ""]
+    return lines
+
+
+def _noise_lines(result: dict[str, Any]) -> list[str]:
+    """What the A/B interval is up against, recipe by recipe."""
+    lines = ["", "What the A/B interval is up against (windows' records; `window_noise`):", ""]
     for name, r in result["recipes"].items():
         noise = r.get("window_noise")
         if noise:
@@ -360,6 +357,12 @@ def markdown(result: dict[str, Any]) -> str:
                          f"{solves['solve_s_median']:.2f} s each): {solves['steps_during']}, median "
                          f"{solves['median_s_during']:.3f} s; the other {solves['steps_other']}: "
                          f"{solves['median_s_other']:.3f} s (`during_solves`; a first look: their shapes differ)")
+    return lines
+
+
+def _window_check_lines(result: dict[str, Any]) -> list[str]:
+    """The captures' window check, recipe by recipe (none without one)."""
+    lines: list[str] = []
     checks = {name: r["window_check"] for name, r in result["recipes"].items() if r.get("window_check")}
     if checks:
         lines += ["", "The captures' window check (`kdvfs predict`: the unprofiled window's measured joules (and "
@@ -373,6 +376,21 @@ def markdown(result: dict[str, Any]) -> str:
                   "shape" + ("" if c.get("time_error") is None else f"; measured {c['measured_s']:.2f} s, predicted "
                              f"{c['predicted_s']:.2f} s ({100 * c['time_error']:+.1f}%)")
                   for name, c in checks.items()]
+    return lines
+
+
+def markdown(result: dict[str, Any]) -> str:
+    smi = result["device_run"].get("nvidia_smi", "").splitlines()
+    gpu = smi[1].split(",")[0] if len(smi) > 1 else "H200"
+    lines = [f"# Steps that vary in more than one length on the {gpu} (dry runs of 300 steps)", "",
+             *provenance_lines(result["provenance"]),
+             f"- device run: `{result['device_run'].get('machine')}`, {result['device_run'].get('date_utc')}",
+             *(f"  - {recipe}: {run}" for recipe, run in result["device_run"].get("runs", {}).items()), "",
+             "| recipe | steps | controlled | of B-window steps | dry-run saving % [95%] (truth 0) | half-width | "
+             "slowdown % [95%] | step model max kernel-time error % | captured steps first seen | prediction margin | "
+             "auto reasons | background plans | refused |",
+             "| --- | ---: | ---: | ---: | --- | ---: | --- | ---: | ---: | ---: | --- | ---: | --- |"]
+    lines += [*_table_rows(result), *_noise_lines(result), *_window_check_lines(result)]
     lines += ["", f"Targets: >= {TARGET_CONTROLLED:.0%} of the B-window steps controlled; the dry-run saving interval "
               f"holds 0 with a half-width <= {TARGET_HALF_WIDTH_PCT:g} points; step-model kernel time within "
               f"{TARGET_KERNEL_ERROR_PCT:g}% leave-one-shape-out; no refused NVML call."]

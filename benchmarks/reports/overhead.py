@@ -209,6 +209,70 @@ def _num(value: float | None, digits: int = 2) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
+def _thread_lines(result: dict[str, Any]) -> list[str]:
+    """The controller's thread, decisions and requests, workload by workload."""
+    lines = ["", "## The controller's thread, decisions and requests (targets: decisions' median <= 50 us; late "
+              "requests' median lateness <= 0.2 ms)", "",
+              "| workload | wakes per step (by reason, decision points; the timeline's looks) | decisions median / "
+              "worst p99 (us) | "
+              "requests planned ahead, late, lateness median / worst p99 (ms) | energy counter: reads, of them "
+              "learning / re-measuring, update period (ms), read (ms) | NVML calls refused |",
+              "| --- | --- | --- | --- | --- | --- |"]
+    for label, f in result["workloads"].items():
+        wakes = ", ".join(f"{r} {n:.1f}" for r, n in f["wakes_per_step"].items())
+        if f.get("timeline_wakes_per_step") is not None:
+            wakes += f"; timeline {f['timeline_wakes_per_step']:.1f}"
+        req, dec = f["requests"], f["decisions_us"]
+        energy = "; ".join(f"{e['reads']}, {e['calibration_reads']} / {e['relock_reads']}, "
+                           f"{_num(e['update_period_ms'], 1)}, {_num(e['read_ms'])}"
+                           for e in f["energy_counter"] if e)
+        lines.append(f"| {label} | {_num(f['host_cost']['wakes_per_step'], 1)} ({wakes}) | "
+                     f"{_num(dec['median_of_processes'], 1)} / {_num(dec['p99_max'], 1)} | "
+                     f"{req['planned']}, {req['late']}, "
+                     f"{_num(req['late_ms_median_of_processes'], 3)} / {_num(req['late_ms_p99_max'], 3)} | {energy} | "
+                     f"{f['nvml_refused']} |")
+    return lines
+
+
+def _pace_and_arm_lines(result: dict[str, Any]) -> list[str]:
+    """The host pace's arm effect and the in-process against own-process overheads (none where not measured)."""
+    lines: list[str] = []
+    paces = {label: f["host_pace_arm_pct"] for label, f in result["workloads"].items()
+             if f.get("host_pace_arm_pct", {}).get("n")}
+    if paces:
+        lines += ["", "## The training loop's host pace, controlled windows against auto (`host_pace_arm`: the "
+                  "controller's own host work; a dry run does not change the clocks)", ""]
+        lines += [f"- {label}: {_pct(pace)} over the processes' A/B pairs" for label, pace in paces.items()]
+    if result.get("own_process_difference"):
+        lines += ["", "## In the training process or in its own (pair by pair: the two arms of a pair ran beside the "
+                  "same process without kdvfs)", ""]
+        lines += [f"- {label}: in-process overhead minus own-process overhead {_pct(d).replace('%', '')} points; "
+                  f"pairs {', '.join(f'{x:+.2f}' for x in d['pairs'])}"
+                  for label, d in result["own_process_difference"].items()]
+    return lines
+
+
+def _probe_lines(result: dict[str, Any]) -> list[str]:
+    """The NVML reads' probe on this GPU (none where not run)."""
+    lines: list[str] = []
+    probe = result["run"].get("probe")
+    if probe:
+        lines += ["", "## NVML reads on this GPU (probe, through the guard)", "",
+                  f"- total-energy read: {probe['energy']['read_wall_ms']:.3f} ms wall, "
+                  f"{probe['energy']['read_cpu_ms']:.3f} ms of the reading thread's CPU (median of "
+                  f"{probe['energy']['reads']}); the counter updated every "
+                  f"{_num(probe['energy']['update_period_ms'], 1)} ms (median)",
+                  f"- power read: {probe['power']['read_wall_ms']:.4f} ms wall, {probe['power']['read_cpu_ms']:.4f} ms "
+                  f"CPU; updated every {_num(probe['power']['update_period_ms'], 1)} ms",
+                  *_field_lines(probe.get("energy_field")),
+                  f"- a pure-Python loop ran at {probe['gil']['ratio']:.3f} of its speed alone while another thread "
+                  "read the energy counter back to back (near 1: the read does not hold the interpreter lock)"]
+        if "rows" in probe.get("power_beside_energy", {}):
+            beside = probe["power_beside_energy"]
+            lines += _power_lines(power_vs_energy(beside), beside["load_phase_s"])
+    return lines
+
+
 def markdown(result: dict[str, Any]) -> str:
     """The results page."""
     gpu = result["run"]["nvidia_smi_before"].split(",")[0] or "GPU"
@@ -238,58 +302,13 @@ def markdown(result: dict[str, Any]) -> str:
                      f"{_num(cost.get('training_step_share_pct'))}% | "
                      f"{_pct(f['process_cpu_ms_per_step']).replace('%', '')} | "
                      f"{_num(100 * f['controlled_share'], 0)}% |")
-    lines += ["", "## The controller's thread, decisions and requests (targets: decisions' median <= 50 us; late "
-              "requests' median lateness <= 0.2 ms)", "",
-              "| workload | wakes per step (by reason, decision points; the timeline's looks) | decisions median / "
-              "worst p99 (us) | "
-              "requests planned ahead, late, lateness median / worst p99 (ms) | energy counter: reads, of them "
-              "learning / re-measuring, update period (ms), read (ms) | NVML calls refused |",
-              "| --- | --- | --- | --- | --- | --- |"]
-    for label, f in result["workloads"].items():
-        wakes = ", ".join(f"{r} {n:.1f}" for r, n in f["wakes_per_step"].items())
-        if f.get("timeline_wakes_per_step") is not None:
-            wakes += f"; timeline {f['timeline_wakes_per_step']:.1f}"
-        req, dec = f["requests"], f["decisions_us"]
-        energy = "; ".join(f"{e['reads']}, {e['calibration_reads']} / {e['relock_reads']}, "
-                           f"{_num(e['update_period_ms'], 1)}, {_num(e['read_ms'])}"
-                           for e in f["energy_counter"] if e)
-        lines.append(f"| {label} | {_num(f['host_cost']['wakes_per_step'], 1)} ({wakes}) | "
-                     f"{_num(dec['median_of_processes'], 1)} / {_num(dec['p99_max'], 1)} | "
-                     f"{req['planned']}, {req['late']}, "
-                     f"{_num(req['late_ms_median_of_processes'], 3)} / {_num(req['late_ms_p99_max'], 3)} | {energy} | "
-                     f"{f['nvml_refused']} |")
-    paces = {label: f["host_pace_arm_pct"] for label, f in result["workloads"].items()
-             if f.get("host_pace_arm_pct", {}).get("n")}
-    if paces:
-        lines += ["", "## The training loop's host pace, controlled windows against auto (`host_pace_arm`: the "
-                  "controller's own host work; a dry run does not change the clocks)", ""]
-        lines += [f"- {label}: {_pct(pace)} over the processes' A/B pairs" for label, pace in paces.items()]
-    if result.get("own_process_difference"):
-        lines += ["", "## In the training process or in its own (pair by pair: the two arms of a pair ran beside the "
-                  "same process without kdvfs)", ""]
-        lines += [f"- {label}: in-process overhead minus own-process overhead {_pct(d).replace('%', '')} points; "
-                  f"pairs {', '.join(f'{x:+.2f}' for x in d['pairs'])}"
-                  for label, d in result["own_process_difference"].items()]
+    lines += [*_thread_lines(result), *_pace_and_arm_lines(result)]
     lines += ["", "## Targets", "", "| workload | " + " | ".join(TARGETS) + " |",
               "| --- |" + " --- |" * len(TARGETS)]
     for label, verdict in result["verdicts"].items():
         lines.append(f"| {label} | " + " | ".join("-" if v is None else ("met" if v else "MISSED")
                                                    for v in verdict.values()) + " |")
-    probe = result["run"].get("probe")
-    if probe:
-        lines += ["", "## NVML reads on this GPU (probe, through the guard)", "",
-                  f"- total-energy read: {probe['energy']['read_wall_ms']:.3f} ms wall, "
-                  f"{probe['energy']['read_cpu_ms']:.3f} ms of the reading thread's CPU (median of "
-                  f"{probe['energy']['reads']}); the counter updated every "
-                  f"{_num(probe['energy']['update_period_ms'], 1)} ms (median)",
-                  f"- power read: {probe['power']['read_wall_ms']:.4f} ms wall, {probe['power']['read_cpu_ms']:.4f} ms "
-                  f"CPU; updated every {_num(probe['power']['update_period_ms'], 1)} ms",
-                  *_field_lines(probe.get("energy_field")),
-                  f"- a pure-Python loop ran at {probe['gil']['ratio']:.3f} of its speed alone while another thread "
-                  "read the energy counter back to back (near 1: the read does not hold the interpreter lock)"]
-        if "rows" in probe.get("power_beside_energy", {}):
-            beside = probe["power_beside_energy"]
-            lines += _power_lines(power_vs_energy(beside), beside["load_phase_s"])
+    lines += _probe_lines(result)
     return "\n".join(lines) + "\n"
 
 

@@ -30,7 +30,10 @@ def _process(report: ModuleType, pair: int, with_kdvfs: bool, step_s: float, exi
     steps = report.WARMUP_STEPS + 100
     return {"label": "w", "pair": pair, "with": with_kdvfs, "exit_code": exit_code, "step_s": [step_s] * steps,
             "cpu_s": [0.01 * i for i in range(steps + 1)], "summary": _summary(1.0) if with_kdvfs else None,
-            "pairs_slowdown_pct": [0.1, -0.1, 0.05, -0.05] if with_kdvfs else []}
+            "pairs_slowdown_pct": [0.1, -0.1, 0.05, -0.05] if with_kdvfs else [],
+            "windows": [{"arm": arm, "pair": 0, "steps": 10, "controlled_steps": 10 if arm == "B" else 0,
+                         "host_pace_s": pace_s} for arm, pace_s in (("A", 0.001), ("B", 0.00101))]
+            if with_kdvfs else []}
 
 
 def test_the_overhead_is_per_abba_pair_and_a_failed_process_leaves_its_pair_out(report: ModuleType) -> None:
@@ -46,9 +49,10 @@ def test_the_overhead_is_per_abba_pair_and_a_failed_process_leaves_its_pair_out(
     verdicts = report.verdicts(figures)
     assert verdicts == {"slowdown_points": True, "overhead_pct": True, "host_cpu_pct": True, "decision_us": True,
                         "late_ms": True}
-    assert "| w |" in report.markdown({"run": {"command": "c", "machine": "m", "started_utc": "t",
-                                               "nvidia_smi_before": "-"}, "workloads": {"w": figures},
-                                       "verdicts": {"w": verdicts}})
+    page = report.markdown({"run": {"command": "c", "machine": "m", "started_utc": "t", "nvidia_smi_before": "-"},
+                            "workloads": {"w": figures}, "verdicts": {"w": verdicts}})
+    assert "| w |" in page
+    assert figures["host_pace_arm_pct"]["n"] == 2 and "- w: +1.00% [+1.00, +1.00] (n=2)" in page
 
 
 def test_a_power_field_that_is_the_counters_last_period_mean_matches_it_at_lag_0(report: ModuleType) -> None:
