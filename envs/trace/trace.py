@@ -303,15 +303,23 @@ class Trace:
 
 
 def with_measured_gaps(trace: Trace) -> Trace:
-    """The trace with its idle gaps scaled so the step lasts the measured, unprofiled step time.
+    """The trace with its idle gaps set so the step lasts the measured, unprofiled step time.
 
     Profiler overhead slows the CPU's kernel launches and inflates the GPU's idle gaps; when the metadata
     holds ``measurements["step_time_s"]`` shorter than the traced step, the gaps shrink in proportion
-    (to zero at most). Otherwise the trace is returned unchanged.
+    (to zero at most). When it is longer, the difference is the host's work between steps (the data, the
+    optimizer's Python), which the measured interval between step ends holds and the trace, from its first kernel
+    to its last, does not: it goes before the first kernel, as idle. Otherwise the trace is returned unchanged.
     """
     measured = trace.meta.measurements.get("step_time_s")
+    if measured is None or not len(trace.kernels) or measured == trace.step_time_s:
+        return trace
+    if measured > trace.step_time_s:
+        first = trace.kernels[0]
+        leading = replace(first, gap_before_s=first.gap_before_s + measured - trace.step_time_s)
+        return Trace(trace.meta, (leading, *trace.kernels[1:]))
     idle_s = float(trace.gap_before_s.sum())
-    if measured is None or measured >= trace.step_time_s or idle_s <= 0:
+    if idle_s <= 0:
         return trace
     scale = max(0.0, measured - trace.busy_s) / idle_s
     return Trace(trace.meta, tuple(replace(k, gap_before_s=k.gap_before_s * scale) for k in trace.kernels))

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from kdvfs.common.errors import TraceFormatError
-from kdvfs.envs.trace.trace import Category, Features, Kernel, Kind, Phase, Trace, TraceMeta
+from kdvfs.envs.trace.trace import Category, Features, Kernel, Kind, Phase, Trace, TraceMeta, with_measured_gaps
 
 
 def make_kernel(duration_s: float = 1e-5, gap_before_s: float = 1e-6, features: Features | None = None) -> Kernel:
@@ -51,3 +51,21 @@ def test_utilisation_outside_unit_interval_is_rejected(sm_util: float) -> None:
 def test_empty_trace_is_rejected() -> None:
     with pytest.raises(TraceFormatError, match="no kernels"):
         Trace(TraceMeta("gpu", "w", "s"), ())
+
+
+@pytest.mark.parametrize("measured_s", [2.2e-5, 3.2e-5, 3.4e-5, 6e-5, None])
+def test_measured_gaps_shrink_to_a_shorter_step_and_lead_a_longer_one(measured_s: float | None) -> None:
+    """A profiled step (34 us: 30 busy, 4 idle) against its unprofiled time: shorter, the idle shrinks in
+    proportion; longer, the host's time between steps goes before the first kernel; busy time never changes."""
+    measurements = {} if measured_s is None else {"step_time_s": measured_s}
+    trace = Trace(TraceMeta("gpu", "w", "s", measurements=measurements),
+                  (make_kernel(2e-5, 1e-6), make_kernel(1e-5, 3e-6)))
+    timed = with_measured_gaps(trace)
+    assert timed.busy_s == pytest.approx(trace.busy_s)
+    assert timed.step_time_s == pytest.approx(trace.step_time_s if measured_s is None else max(measured_s, 3e-5))
+    if measured_s is not None and measured_s > trace.step_time_s:
+        assert timed.gap_before_s.tolist() == pytest.approx([1e-6 + measured_s - 3.4e-5, 3e-6])
+    elif measured_s is not None and measured_s > trace.busy_s:
+        assert timed.gap_before_s[1] / timed.gap_before_s[0] == pytest.approx(3.0)
+    elif measured_s is not None:  # shorter than its kernels: no idle left
+        assert timed.gap_before_s.tolist() == [0.0, 0.0]
