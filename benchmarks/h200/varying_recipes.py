@@ -47,6 +47,7 @@ from kdvfs.common.paths import REPO_ROOT
 from kdvfs.envs.gpu.profiles import load_profile
 from kdvfs.envs.trace.format import load_trace
 from kdvfs.runtime.cli.offline.predict import window_check
+from kdvfs.runtime.controller.measurement.accounting import ran_as_intended
 from kdvfs.runtime.controller.measurement.estimator import WindowRow, adjusted, design
 
 LENGTHS = ["--lengths", "lognormal", "--median-len", "256", "--min-len", "16", "--max-len", "1024", "--batch", "8"]
@@ -106,9 +107,8 @@ def _log(folder: Path) -> dict[str, list[dict[str, Any]]]:
 
 
 def _as_intended(window: dict[str, Any]) -> bool:
-    """Every step of a window's log record ran as its arm says (the test of
-    :attr:`~kdvfs.runtime.controller.measurement.accounting.Window.as_intended`)."""
-    return bool(window["controlled_steps"] == (window["steps"] if window["arm"] == "B" else 0))
+    """Every step of a window's log record ran as its arm says (:func:`ran_as_intended`)."""
+    return ran_as_intended(window["arm"], window["steps"], window["controlled_steps"])
 
 
 def _row(window: dict[str, Any], value: float, new_inputs: tuple[float, ...] | None = None,

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common.provenance import RESULTS, provenance, provenance_lines, write_results
+from kdvfs.runtime.controller.measurement.accounting import ran_as_intended
 from kdvfs.runtime.controller.measurement.estimator import Paired
 from kdvfs.runtime.device.update_clock import measured_s
 
@@ -72,7 +73,7 @@ def host_pace_arm(processes: list[dict[str, Any]]) -> dict[str, Any]:
     for process in processes:
         by_pair: dict[int, dict[str, float]] = {}
         for window in process.get("windows") or []:
-            intended = window["controlled_steps"] == (window["steps"] if window["arm"] == "B" else 0)
+            intended = ran_as_intended(window["arm"], window["steps"], window["controlled_steps"])
             if window.get("host_pace_s") is not None and window["pair"] is not None and intended:
                 by_pair.setdefault(window["pair"], {})[window["arm"]] = window["host_pace_s"]
         differences += [100 * (pair["B"] / pair["A"] - 1) for pair in by_pair.values() if len(pair) == 2]

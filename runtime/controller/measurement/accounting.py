@@ -76,7 +76,14 @@ class Window:
     @property
     def as_intended(self) -> bool:
         """Every step ran as the arm says (a B window during a back-off ran at auto)."""
-        return self.controlled_steps == (self.steps if self.arm == CONTROLLED else 0)
+        return ran_as_intended(self.arm, self.steps, self.controlled_steps)
+
+
+def ran_as_intended(arm: str, steps: int, controlled_steps: int) -> bool:
+    """Whether a window of ``steps`` steps, ``controlled_steps`` of them controlled, ran as its ``arm`` says: all
+    controlled in a B window, none in an A window (:attr:`Window.as_intended`; for a ``window`` log record, its
+    fields of those names)."""
+    return controlled_steps == (steps if arm == CONTROLLED else 0)
 
 
 WINDOW_FIELDS = tuple(field.name for field in dataclasses.fields(Window))
