@@ -87,36 +87,39 @@ class ResidualDVFSEnv(KernelDVFSEnv):
         self._tables: LiveTables | None = None
         self._start_measuring(0.0)
 
-    def _start_measuring(self, drift_pct: float, pace_sd: float = 0.0) -> None:
-        """A new run's measurements: the measured drift, anchors, the step's pace between them (each the
-        executed step's auto time over the prediction's, measured with a relative error of ``pace_sd``), no
-        history."""
-        self._measured_drift_pct = drift_pct
-        factors = drift_factors(core_fractions(self._data.action_costs.core_mhz), self._memories, drift_pct)
+    def _start_measuring(self, drift_pct: float, drift_error_pct: float = 0.0, pace_sd: float = 0.0) -> None:
+        """A new run's measurements, as a controller's A windows measure them at auto: the drift, auto's step
+        time over the prediction's (the executed step's own error and auto's true drift ``drift_pct`` together,
+        as the runtime's auto scale reads them: it cannot tell the two apart), off by ``drift_error_pct`` (%);
+        anchors; the step's pace between them (each segment's auto time over the prediction's, relative to the
+        whole step's, which the drift carries; measured with a relative error of ``pace_sd``); no history."""
         step_kernels = self._kernels // self.config.run_steps
         per_step = np.unique(np.linspace(0, step_kernels, self.config.anchors_per_step, endpoint=False).astype(int))
         anchors = (per_step[None, :] + step_kernels * np.arange(self.config.run_steps)[:, None]).ravel()
-        paces = None
+        paces, whole = None, 1.0
         if hasattr(self, "_executed"):
             bounds = np.append(anchors, self._kernels)
             predicted, executed = self._data.cumulative[bounds, 0, 0], self._executed.cumulative[bounds, 0, 0]
-            paces = np.diff(executed) / np.maximum(np.diff(predicted), 1e-12)
+            whole = float((executed[-1] - executed[0]) / max(predicted[-1] - predicted[0], 1e-12))
+            paces = np.diff(executed) / np.maximum(np.diff(predicted), 1e-12) / whole
             paces = np.clip(np.where(np.diff(predicted) > 0, paces, 1.0), PACE_RANGE[0], PACE_RANGE[1])
             if pace_sd > 0:
                 paces = paces * np.exp(self.np_random.normal(0.0, pace_sd, len(paces)))
+        self._measured_drift_pct = 100.0 * (whole * (1.0 + drift_pct / 100.0) - 1.0) + drift_error_pct
+        factors = drift_factors(core_fractions(self._data.action_costs.core_mhz), self._memories,
+                                self._measured_drift_pct)
         self.measurement = Measurement(self._data.cumulative[:, 0, :], self.stall_s, anchors, factors, paces)
         self._started_s = np.zeros(self._kernels + 1)
         self._action = ZERO_ACTION.copy()
         self._next_event = 1
         self._pair = 0
-        self._state = MeasuredState(0, 0, -1, 0.0, 0.0, 0.0, 0.0, drift_pct)
+        self._state = MeasuredState(0, 0, -1, 0.0, 0.0, 0.0, 0.0, self._measured_drift_pct)
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Array, dict[str, Any]]:
-        """As ``KernelDVFS-v0``'s reset, then the measured drift is drawn (after every other draw)."""
+        """As ``KernelDVFS-v0``'s reset, then the measurements are drawn (after every other draw)."""
         _, info = super().reset(seed=seed, options=options)
-        truth = self.disturbances.auto_drift_pct(0)
-        self._start_measuring(truth + float(self.np_random.normal(0.0, self.config.drift_sd_pct)),
-                              self.config.drift_sd_pct / 100.0)
+        error_pct = float(self.np_random.normal(0.0, self.config.drift_sd_pct))
+        self._start_measuring(self.disturbances.auto_drift_pct(0), error_pct, self.config.drift_sd_pct / 100.0)
         self._reference = self._reference._replace(step_auto_energy_j=self._executed.auto_energy_j,
                                                    step_auto_time_s=self._executed.auto_time_s)
         return self._observe_policy(), info

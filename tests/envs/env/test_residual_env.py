@@ -18,6 +18,7 @@ from kdvfs.envs.env.observing.measured import (
     residual_pair,
 )
 from kdvfs.envs.env.residual_env import ZERO_ACTION, ResidualDVFSEnv
+from kdvfs.envs.env.steps.step_data import StepData
 
 SETTINGS = EnvConfig(plan_budgets=(0.0, 0.005, 0.01, 0.02), budgets=(0.005, 0.01, 0.02),
                      latency_scales=(0.0, 1.0, 2.0), decision_latencies=0.1)
@@ -118,6 +119,30 @@ def test_a_drift_measured_with_its_error_keeps_the_fitting_plan_within_budget_at
             _, _, done, _, info = env.step(ZERO_ACTION)
         error_pct = abs(env._measured_drift_pct)  # the true drift is 0
         assert error_pct > 0.0 and info["slowdown_pct"] <= 1.0 + 1.1 * error_pct
+
+
+def _slower(step: StepData, factor: float) -> StepData:
+    """``step`` with every kernel's time at every pair ``factor`` times the prediction's."""
+    time_s = step.time_s * factor
+    cumulative = np.zeros_like(step.cumulative)
+    cumulative[1:, 0] = np.cumsum(time_s, axis=0)
+    cumulative[1:, 1] = np.cumsum(step.energy_j, axis=0)
+    return StepData(step.name, step.grid, step.actions, time_s, step.energy_j, step.idle_power_w, step.features,
+                    cumulative)
+
+
+def test_the_measured_drift_is_autos_step_time_over_the_predictions() -> None:
+    """A controller's A windows measure auto's step time over the prediction's (the runtime's auto scale): an
+    executed step 10% slower than predicted at every clock reads as a 10% drift, with no true drift and no
+    measurement error, and the pace between anchors, relative to that, as 1."""
+    config = SETTINGS.without_disturbances().replace(residual_actions=True, drift_sd_pct=0.0)
+    env = ResidualDVFSEnv(gpu="h200", config=config)
+    env.reset(seed=0, options={"budget": 0.01, "latency_scale": 1.0})
+    assert env.measured_state().drift_pct == 0.0
+    env.reset(seed=0, options={"step": 0, "budget": 0.01, "latency_scale": 1.0,
+                           "executed": _slower(env.steps[0], 1.1)})
+    assert env.measured_state().drift_pct == pytest.approx(10.0)
+    np.testing.assert_allclose(env.measurement.paces, 1.0)
 
 
 @pytest.mark.parametrize("scale", [0.0, 1.0])
