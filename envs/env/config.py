@@ -79,9 +79,9 @@ class EnvConfig:
             kernels (the first at kernel 0): the position is extrapolated from the last one passed through the
             clocks seen in effect since, at the step's pace between anchors as measured (never past the next
             anchor).
-        drift_sd_pct: with ``residual_actions``, the error of the drift the A windows measure (%, sd; drawn
-            once per episode), and the relative error (the same number, in %) of each measured pace between
-            anchors.
+        drift_sd_pct: with ``residual_actions``, the error of the drift the A windows measure (auto's step time
+            over the prediction's: the executed step's own error and the true drift together; %, sd; drawn once
+            per episode), and the relative error (the same number, in %) of each measured pace between anchors.
         budget_events: with ``residual_actions``, the agent also decides each time the run's progress passes
             another 1 / budget_events of its auto time (0: only at segment boundaries).
         min_segment_s: the plan advisors' shortest segment (s) whatever the switching latency (the plans' segments
