@@ -30,7 +30,6 @@ from kdvfs.common.errors import KdvfsError
 from kdvfs.envs.env.advice.plan_advice import EPS
 from kdvfs.envs.env.config import EnvConfig
 from kdvfs.envs.env.dvfs_env import KernelDVFSEnv
-from kdvfs.envs.env.dynamics import core_fractions
 from kdvfs.envs.env.observing.live_tables import LiveTables
 from kdvfs.envs.env.observing.measured import (
     CORE_STEPS,
@@ -106,8 +105,7 @@ class ResidualDVFSEnv(KernelDVFSEnv):
             if pace_sd > 0:
                 paces = paces * np.exp(self.np_random.normal(0.0, pace_sd, len(paces)))
         self._measured_drift_pct = 100.0 * (whole * (1.0 + drift_pct / 100.0) - 1.0) + drift_error_pct
-        factors = drift_factors(core_fractions(self._data.action_costs.core_mhz), self._memories,
-                                self._measured_drift_pct)
+        factors = drift_factors(self.grid.size, self._measured_drift_pct)
         self.measurement = Measurement(self._data.cumulative[:, 0, :], self.stall_s, anchors, factors, paces)
         self._started_s = np.zeros(self._kernels + 1)
         self._action = ZERO_ACTION.copy()

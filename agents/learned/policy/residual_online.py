@@ -5,7 +5,7 @@
 decision point it turns the controller's :class:`~kdvfs.envs.env.observing.live.LiveState` into the
 :class:`~kdvfs.envs.env.observing.measured.MeasuredState` the residual environment builds from its simulation
 (:func:`~kdvfs.agents.learned.policy.residual_decision.host_times`: host seconds; the prediction's time at the
-clocks run with the measured drift where it slows them, which the controller counts with :attr:`elapsed_factors`)
+clocks run with the measured drift, which the controller counts with :attr:`elapsed_factors`)
 and computes the observation with the environment's own function,
 :func:`~kdvfs.envs.env.observing.measured.residual_observation` (compiled: the decisions, their look-ahead and
 their policy runs are each one compiled call, :mod:`~kdvfs.agents.learned.policy.residual_decision`). It decides
@@ -38,7 +38,6 @@ from kdvfs.agents.learned.policy.residual_decision import (
 )
 from kdvfs.envs.env.advice.plan_advice import plan_for_budget
 from kdvfs.envs.env.dvfs_env import KernelDVFSEnv
-from kdvfs.envs.env.dynamics import core_fractions
 from kdvfs.envs.env.observing.live import LiveState
 from kdvfs.envs.env.observing.measured import (
     CORE_STEPS,
@@ -83,10 +82,9 @@ class ResidualOnlinePolicy:
         self.labels = tuple(problem.costs.label(int(a)) for a in step.actions)
         self.auto_time_s = step.auto_time_s
         self.decision_interval_s, self.latency_std_s = self.env.decision_interval_s, self.env.latency_std_s
-        self._core_fractions = core_fractions(step.action_costs.core_mhz)
         self._memories = len(self.env.grid.memory_mhz)
         self._drift_pct = 0.0
-        self.elapsed_factors = drift_factors(self._core_fractions, self._memories, 0.0)
+        self.elapsed_factors = drift_factors(self.env.grid.size, 0.0)
         self._obs = np.zeros(self.env.policy_spec.size, dtype=np.float32)
         self.acted_on = np.zeros_like(self._obs)
         self._action = np.zeros(3, dtype=np.int64)
@@ -165,4 +163,4 @@ class ResidualOnlinePolicy:
         :meth:`begin`'s (each decision takes its state's)."""
         if drift_pct != self._drift_pct:
             self._drift_pct = drift_pct
-            self.elapsed_factors[:] = drift_factors(self._core_fractions, self._memories, drift_pct)
+            self.elapsed_factors[:] = drift_factors(self.env.grid.size, drift_pct)

@@ -57,7 +57,7 @@ class PredictedElapsed:
     Args:
         cumulative_s: (K + 1, G) the prediction's start time of each kernel at each grid pair (model s).
         stall_s: GPU stall per clock change (s).
-        factors: (G,) factor on each pair's kernel times (the measured drift where it slows them:
+        factors: (G,) factor on each pair's kernel times (the measured drift:
             :func:`kdvfs.envs.env.observing.measured.drift_factors`); None: 1.
     """
 

@@ -1,16 +1,15 @@
 """What a controller measures of a running step, honestly, and the one observation a residual policy decides on.
 
 A controller knows the step it predicted (its kernels' cost at every clock pair), the host time since the step
-started, the clocks in effect and pending, the auto drift as its A windows measure it, and where the GPU is as
-its anchors place it (:class:`MeasuredState`); from that alone :func:`residual_observation` computes the
-residual policy's observation, and the environment (:class:`~kdvfs.envs.env.residual_env.ResidualDVFSEnv`)
-builds the same state from its simulation through :class:`Measurement`. Invariants: the drift applies only
-where clocks drift (:func:`drift_factors`); the position never goes back before the last estimate; budget
-used (host s) = host time - the prediction's auto time up to the position x (1 + drift) x (1 + error)
-(:func:`budget_use`). The action (:func:`residual_pair`) is a core/memory residual over the fitting plan's pair
-and a margin on the slack, or the release of the clocks to auto for the rest of the step (:data:`RELEASE`); the
-zero action is the fitting plan. Design and measurements: ``docs/learning.md``
-(the residual design).
+started, the clocks in effect and pending, the auto drift as its A windows measure it, and where the GPU is as its
+anchors place it (:class:`MeasuredState`); from that alone :func:`residual_observation` computes the residual
+policy's observation, and the environment (:class:`~kdvfs.envs.env.residual_env.ResidualDVFSEnv`) builds the same
+state from its simulation through :class:`Measurement`. Invariants: the measured drift (auto's step time over the
+prediction's) applies at every clock (:func:`drift_factors`); the position never goes back before the last estimate;
+budget used (host s) = host time - the prediction's auto time up to the position x (1 + drift) x (1 + error)
+(:func:`budget_use`). The action (:func:`residual_pair`) is a core/memory residual over the fitting plan's pair and
+a margin on the slack, or the release of the clocks to auto for the rest of the step (:data:`RELEASE`); the zero
+action is the fitting plan. Design and measurements: ``docs/learning.md`` (the residual design).
 """
 
 from __future__ import annotations
@@ -29,7 +28,7 @@ from kdvfs.envs.env.observing.observation import ObservationSpec
 from kdvfs.envs.env.observing.residual_kernel import budget_use_of, observe_residual
 from kdvfs.envs.env.observing.residual_kernel import residual_pair as residual_pair
 
-RESIDUAL_OBSERVATION_VERSION = 8
+RESIDUAL_OBSERVATION_VERSION = 9
 CORE_STEPS = (0, -1, 1, -2, 2, -4, 4)
 """Core residuals, in grid levels (positive: a lower core clock); index 0 is none."""
 MEMORY_STEPS = (0, 1, -1)
@@ -68,10 +67,10 @@ class MeasuredState(NamedTuple):
         in_effect, pending: grid pair in effect; pair requested and not yet in effect (-1: none).
         pending_age_s: host time since that request (s; 0 if none).
         elapsed_s: host time since the step started (s).
-        model_elapsed_s: the prediction's time up to the position at the clocks run, the measured drift applied
-            where it slows them, stalls included (s; 0: none run yet).
+        model_elapsed_s: the prediction's time up to the position at the clocks run, the measured drift applied,
+            stalls included (s; 0: none run yet).
         auto_elapsed_s: the prediction's auto time up to the position (s, no drift).
-        drift_pct: auto's measured drift (%).
+        drift_pct: auto's measured drift: its step time over the prediction's, minus 1 (%).
         last_latency_ratio: the last change's measured latency over the mean (1 if none).
     """
 
@@ -108,14 +107,12 @@ class ResidualSpec:
         return hashlib.sha256(json.dumps(self.describe(), sort_keys=True).encode("utf-8")).hexdigest()[:16]
 
 
-def drift_factors(core_fraction: Array, memories: int, drift_pct: float) -> Array:
-    """(G,) factor on each grid pair's time under auto drift ``drift_pct``: 1 + drift at the auto levels (the
-    first ``memories`` pairs), and at a locked core clock of ``core_fraction`` of the maximum only what lies
-    above the limiter's clock (max(1, fraction x (1 + drift))), as :mod:`kdvfs.envs.env.dynamics` simulates."""
-    scale = 1.0 + drift_pct / 100.0
-    factors = np.maximum(1.0, core_fraction * scale)
-    factors[:memories] = scale
-    return factors
+def drift_factors(pairs: int, drift_pct: float) -> Array:
+    """(``pairs``,) factor on each grid pair's predicted time at the measured drift ``drift_pct``: 1 + drift at
+    every pair. The drift a controller measures is auto's step time over the prediction's: the step's own error
+    (at every clock) and the power limiter's drift together, which it cannot tell apart; that a locked clock
+    below the limiter's escapes the latter (:mod:`kdvfs.envs.env.dynamics` simulates it) is not assumed."""
+    return np.full(pairs, 1.0 + drift_pct / 100.0)
 
 
 def margin_label(index: int) -> str:
@@ -253,7 +250,7 @@ def residual_observation(out: Array, tables: LiveTables, state: MeasuredState, b
     Every entry is computed from the measured state, the prediction (``tables``) and ``errors`` (the prediction
     errors of the last decisions, %): what a controller knows. The fitting plan is the advisors' own
     (:func:`~kdvfs.envs.env.observing.dynamic_observation.observe_dynamic`), fed on the prediction's timeline (host
-    seconds over the measured auto scale, the drift applied where it slows the clocks run)."""
+    seconds over the measured auto scale, the drift applied at the clocks run)."""
     return observe_residual(out, tables.obs, tables.advice, tables.static_rows, tables.layout, tables.advisor_index,
                             tables.cumulative_s, tables.landings, tables.plan_pairs, tables.plan_rest,
                             tables.joinable, tables.next_change, tables.speeds_up, tables.sizes, tables.auto_time_s,
