@@ -99,7 +99,7 @@ class ResidualDVFSEnv(KernelDVFSEnv):
         if hasattr(self, "_executed"):
             bounds = np.append(anchors, self._kernels)
             predicted, executed = self._data.cumulative[bounds, 0, 0], self._executed.cumulative[bounds, 0, 0]
-            whole = float((executed[-1] - executed[0]) / max(predicted[-1] - predicted[0], 1e-12))
+            whole = self._executed.auto_time_s / max(self._data.auto_time_s, 1e-12)
             paces = np.diff(executed) / np.maximum(np.diff(predicted), 1e-12) / whole
             paces = np.clip(np.where(np.diff(predicted) > 0, paces, 1.0), PACE_RANGE[0], PACE_RANGE[1])
             if pace_sd > 0:
