@@ -184,7 +184,7 @@ def test_most_likely_episodes_must_be_a_whole_number_of_at_least_zero(tmp_path: 
         load_train_config(path)
 
 
-@pytest.mark.parametrize("config", ["residual-h200", "residual-b200"])
+@pytest.mark.parametrize("config", ["residual-b200"])
 def test_configs_that_do_not_name_most_likely_episodes_keep_the_rollouts_rates(config: str) -> None:
     constraint = load_train_config(config).constraint
     assert constraint is not None and constraint.most_likely_episodes == 0
