@@ -39,6 +39,7 @@ from kdvfs.agents.learned.training.margin_plans import (
     chosen,
     episodes,
     margin_actors,
+    score_seeds,
     within,
 )
 from kdvfs.agents.learned.training.ppo import build_pairs, load_train_config
@@ -49,7 +50,6 @@ from kdvfs.envs.env.steps.shape_pairs import ShapePair
 from kdvfs.envs.gpu.profiles import load_profile
 
 POLICIES = REPO_ROOT / "benchmarks" / "data" / "learned"
-VALIDATION_SEEDS = 2
 BOOTSTRAP = 2000
 
 
@@ -100,7 +100,7 @@ def _run_gpu(gpu: str, seeds: int, run_episodes: Callable[..., np.ndarray]) -> d
     config = next(iter(policies.values())).config if policies else load_train_config(f"residual-{gpu}").env
     grid = config.grid(profile)
     validation = build_pairs(load_train_config(f"residual-{gpu}").data.validation, profile, grid)
-    margins = best_margins(run_episodes("plans", validation, config, VALIDATION_SEEDS))
+    margins = best_margins(run_episodes("plans", validation, config, score_seeds(validation)))
     labelled = held_out_pairs(gpu, profile, grid)
     pairs = [pair for _, pair in labelled]
     full = run_episodes("plans", pairs, config, seeds)

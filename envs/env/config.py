@@ -74,7 +74,7 @@ class EnvConfig:
         residual_actions: the honest, residual design (``KernelDVFSResidual-v0``,
             :class:`kdvfs.envs.env.residual_env.ResidualDVFSEnv`): the observation is what a controller measures
             (:mod:`kdvfs.envs.env.observing.measured`) and the action a residual over the fitting plan's pair and a
-            margin on the slack, decided at segment boundaries and budget events.
+            margin on the budget, decided at segment boundaries and budget events.
         anchors_per_step: with ``residual_actions``, anchors a controller sees per step, evenly spread over its
             kernels (the first at kernel 0): the position is extrapolated from the last one passed through the
             clocks seen in effect since, at the step's pace between anchors as measured (never past the next

@@ -5,7 +5,7 @@ It executes as ``KernelDVFS-v0`` (:class:`~kdvfs.envs.env.dvfs_env.KernelDVFSEnv
 executed variants) but observes :func:`~kdvfs.envs.env.observing.measured.residual_observation` of the state a
 controller measures (:class:`~kdvfs.envs.env.observing.measured.Measurement`); its action is
 ``MultiDiscrete([len(CORE_STEPS), len(MEMORY_STEPS), MARGIN_ACTIONS])``, a core and a memory residual on the fitting
-plan's pair and a margin on the slack (the zero action is the fitting plan), or the release of the clocks to auto
+plan's pair and a margin on the budget (the zero action is the fitting plan), or the release of the clocks to auto
 for the rest of the step (``RELEASE``: the run goes on to its end without another decision), held as a standing
 order and decided at the step's start, at segment boundaries a controller acts on and at each budget event (the run
 passing another ``1 / budget_events`` of its auto time). Reward: energy saved (% of the executed step's auto

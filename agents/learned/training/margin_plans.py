@@ -1,7 +1,7 @@
 """The bar a residual policy must clear: the fitting plan with a fixed margin, scored on the same episodes.
 
 A fixed-margin plan is the residual environment's constant action (no residual, margin ``m``: the fitting plan
-leaves that share of the slack unspent, :mod:`kdvfs.envs.env.observing.measured`); the last, ``release``, runs
+leaves that share of the step's budget unspent, :mod:`kdvfs.envs.env.observing.measured`); the last, ``release``, runs
 the whole step at auto (no saving, never over budget): the bar of a cell no margin keeps. :func:`episodes` runs
 any actor closed-loop on every (pair, budget, switching latency, seed) case with every disturbance on (the seed picks
 the executed variant and the draws, the same for every method); :func:`best_margins` chooses, per budget x
@@ -30,11 +30,13 @@ COMPLIANCE = 0.95
 CELL_BUDGETS = (0.005, 0.01, 0.02)
 CELL_LATENCY_SCALES = (0.0, 1.0, 2.0)
 """The budget x switching-latency cells every method is scored in."""
+MIN_SCORE_SEEDS = 2
+"""Noise seeds per validation case at least (:func:`score_seeds`), also for steps without executed variants."""
 
 
 @dataclass(frozen=True)
 class FixedMargin:
-    """The margin action ``index`` held throughout (``MARGINS[index]`` of the slack held back, or ``RELEASE``),
+    """The margin action ``index`` held throughout (``MARGINS[index]`` of the budget held back, or ``RELEASE``),
     as an actor."""
 
     index: int
@@ -70,6 +72,12 @@ def episodes(actors: dict[str, Actor], pairs: Sequence[ShapePair], profile: GpuP
         if progress is not None:
             progress(1)
     return out
+
+
+def score_seeds(pairs: Sequence[ShapePair]) -> int:
+    """Seeds per validation case: one per executed variant of the pairs (a seed picks variant ``seed % V``), at
+    least ``MIN_SCORE_SEEDS``; every variant is scored, not only the first two."""
+    return max(MIN_SCORE_SEEDS, max((len(pair.executed) for pair in pairs), default=0))
 
 
 def within(results: Array, cell_budgets: Sequence[float] = CELL_BUDGETS) -> Array:

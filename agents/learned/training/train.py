@@ -35,7 +35,15 @@ from kdvfs.agents.learned.policy.policy_planner import rollout
 from kdvfs.agents.learned.training.anchored import AnchoredPPO
 from kdvfs.agents.learned.training.imitation import clone, demonstrations, record
 from kdvfs.agents.learned.training.lagrange import MultiplierCallback
-from kdvfs.agents.learned.training.margin_plans import COMPLIANCE, best_margins, chosen, episodes, margin_actors, within
+from kdvfs.agents.learned.training.margin_plans import (
+    COMPLIANCE,
+    best_margins,
+    chosen,
+    episodes,
+    margin_actors,
+    score_seeds,
+    within,
+)
 from kdvfs.agents.learned.training.most_likely import MostLikelyEpisodes
 from kdvfs.agents.learned.training.ppo import (
     EpisodeMetrics,
@@ -60,8 +68,6 @@ POLICY_FILE = f"policy{POLICY_SUFFIX}"
 CLONE_FILE = f"imitation{POLICY_SUFFIX}"
 PPO_FILE = f"ppo{POLICY_SUFFIX}"
 """The clone before PPO and PPO's final policy, both kept whichever ships (``benchmarks/policies.py``)."""
-SCORE_SEEDS = 2
-"""Noise seeds per validation step, budget and latency when the clone and PPO's policy are compared."""
 Z95 = 1.96
 """The normal quantile of a two-sided 95% interval (the paired comparisons have hundreds of pairs)."""
 
@@ -163,7 +169,8 @@ def train(config: TrainConfig, out: Path, timesteps: int | None = None, progress
     ppo = freeze_model(model, env, config, profile, {})
     if config.env.residual_actions:
         if data.plan_episodes is None:
-            data.plan_episodes = episodes(margin_actors(), validation_pairs, profile, config.env, SCORE_SEEDS)
+            data.plan_episodes = episodes(margin_actors(), validation_pairs, profile, config.env,
+                                            score_seeds(validation_pairs))
         comparison = margin_comparison(ppo, validation_pairs, profile, config, data.plan_episodes)
         selected = "ppo" if comparison["beats_margin_plans"] else "imitation"
     else:
@@ -242,11 +249,11 @@ def freeze_model(model: Any, env: VecNormalize, config: TrainConfig, profile: Gp
 def paired_returns(policy: FrozenPolicy, pairs: list[ShapePair], profile: GpuProfile, config: TrainConfig) -> Array:
     """Returns (the sum of the environment's rewards: energy saved % - overrun penalties) of the deterministic
     policy on every step of ``pairs``, budget and switching regime, with the environment's noise and executed
-    variants, seeds 0..SCORE_SEEDS-1, in a fixed order (two policies' arrays pair up)."""
+    variants, seeds 0..score_seeds(pairs)-1 (every variant), in a fixed order (two policies' arrays pair up)."""
     env = pair_env(pairs, profile, config.env)
     return np.array([rollout(policy, env, {"step": i, "budget": budget, "latency_scale": scale}, seed)["return"]
                      for i in range(len(pairs)) for budget in config.env.budgets
-                     for scale in config.env.latency_scales for seed in range(SCORE_SEEDS)])
+                     for scale in config.env.latency_scales for seed in range(score_seeds(pairs))])
 
 
 def paired_comparison(ppo: FrozenPolicy, cloned: FrozenPolicy, pairs: list[ShapePair], profile: GpuProfile,
@@ -261,14 +268,14 @@ def paired_comparison(ppo: FrozenPolicy, cloned: FrozenPolicy, pairs: list[Shape
 def margin_comparison(ppo: FrozenPolicy, pairs: list[ShapePair], profile: GpuProfile, config: TrainConfig,
                       plans: Array) -> dict[str, Any]:
     """PPO against the best fixed-margin fitting plan of each budget x latency cell on the validation ``pairs``
-    (:mod:`kdvfs.agents.learned.training.margin_plans`, ``SCORE_SEEDS`` seeds; ``plans``: the plans' episodes there,
-    ``episodes(margin_actors(), pairs, profile, config.env, SCORE_SEEDS)``): PPO's share of episodes within budget,
-    its saving minus the plan's on the same episodes (mean, 95% interval over the pairs' means), its share per
-    cell (budgets x latencies of ``CELL_BUDGETS`` x ``CELL_LATENCY_SCALES``), the margins chosen, and whether
-    PPO beats them (within budget in >= 95% of every cell's episodes and the interval above 0)."""
+    (:mod:`kdvfs.agents.learned.training.margin_plans`, :func:`score_seeds` seeds; ``plans``: the plans' episodes
+    there, ``episodes(margin_actors(), pairs, profile, config.env, score_seeds(pairs))``): PPO's share of episodes
+    within budget, its saving minus the plan's on the same episodes (mean, 95% interval over the pairs' means), its
+    share per cell (budgets x latencies of ``CELL_BUDGETS`` x ``CELL_LATENCY_SCALES``), the margins chosen, and
+    whether PPO beats them (within budget in >= 95% of every cell's episodes and the interval above 0)."""
     margins = best_margins(plans)
     bar = chosen(plans, margins)
-    mine = episodes({"ppo": ppo}, pairs, profile, config.env, SCORE_SEEDS)[0]
+    mine = episodes({"ppo": ppo}, pairs, profile, config.env, score_seeds(pairs))[0]
     per_pair = (mine[..., 0] - bar[..., 0]).mean(axis=(1, 2, 3))
     mean = float(per_pair.mean())
     half = Z95 * float(per_pair.std(ddof=1)) / np.sqrt(len(per_pair)) if len(per_pair) > 1 else float("inf")

@@ -8,7 +8,7 @@ state from its simulation through :class:`Measurement`. Invariants: the measured
 prediction's) applies at every clock (:func:`drift_factors`); the position never goes back before the last estimate;
 budget used (host s) = host time - the prediction's auto time up to the position x (1 + drift) x (1 + error)
 (:func:`budget_use`). The action (:func:`residual_pair`) is a core/memory residual over the fitting plan's pair and
-a margin on the slack, or the release of the clocks to auto for the rest of the step (:data:`RELEASE`); the zero
+a margin on the budget, or the release of the clocks to auto for the rest of the step (:data:`RELEASE`); the zero
 action is the fitting plan. Design and measurements: ``docs/learning.md`` (the residual design).
 """
 
@@ -28,13 +28,15 @@ from kdvfs.envs.env.observing.observation import ObservationSpec
 from kdvfs.envs.env.observing.residual_kernel import budget_use_of, observe_residual
 from kdvfs.envs.env.observing.residual_kernel import residual_pair as residual_pair
 
-RESIDUAL_OBSERVATION_VERSION = 9
+RESIDUAL_OBSERVATION_VERSION = 10
 CORE_STEPS = (0, -1, 1, -2, 2, -4, 4)
 """Core residuals, in grid levels (positive: a lower core clock); index 0 is none."""
 MEMORY_STEPS = (0, 1, -1)
 """Memory residuals, in the grid's memory clocks (positive: a lower memory clock); index 0 is none."""
 MARGINS = (0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0)
-"""Shares of the remaining slack held back; index 0 is none."""
+"""Shares of the step's budget held back: the fitting plan fits the budget x (1 - margin), whatever was spent
+and however often it decides (a share of the remaining slack, as before v10, is given back at every decision: at
+ideal switching every margin under 100% spent nearly the whole budget); index 0 is none."""
 RELEASE = len(MARGINS)
 """The margin action's last index, after ``MARGINS``: release the clocks to auto (core and memory) and request
 nothing more this step, the residuals ignored; what a controller does by resetting the clocks once and going
@@ -116,7 +118,7 @@ def drift_factors(pairs: int, drift_pct: float) -> Array:
 
 
 def margin_label(index: int) -> str:
-    """The margin action ``index`` in words: ``15%`` (of the slack held back) or ``release`` (:data:`RELEASE`)."""
+    """The margin action ``index`` in words: ``15%`` (of the budget held back) or ``release`` (:data:`RELEASE`)."""
     return "release" if index == RELEASE else f"{100 * MARGINS[index]:g}%"
 
 
@@ -243,7 +245,7 @@ def budget_use(state: MeasuredState) -> tuple[float, float]:
 def residual_observation(out: Array, tables: LiveTables, state: MeasuredState, budget: float, budget_plan: int,
                          margin: float, errors: Array) -> int:
     """Write the residual policy's observation at ``state`` into ``out`` ((spec size,) float32) and return the
-    fitting plan's pair (the expert's, with ``margin`` of the slack held back; auto if no plan fits): the compiled
+    fitting plan's pair (the expert's, with ``margin`` of the budget held back; auto if no plan fits): the compiled
     :func:`~kdvfs.envs.env.observing.residual_kernel.observe_residual`, which a controller's compiled decisions
     call with the same arguments.
 

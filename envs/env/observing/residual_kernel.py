@@ -93,9 +93,9 @@ def observe_residual(out: Array, obs: Array, advice: Array, static_rows: Array, 
     :data:`~kdvfs.envs.env.observing.measured.FEATURES` in order, then each plan's rest-of-step saving and
     slowdown) and return the fitting plan's pair, at a measured state (``kernel`` to ``last_latency_ratio``:
     :class:`~kdvfs.envs.env.observing.measured.MeasuredState`'s fields, host seconds) with ``budget``, its plan,
-    ``margin`` of the slack held back and ``errors`` (the last decisions' prediction errors, %). The arguments
-    before ``budget`` are :class:`~kdvfs.envs.env.observing.live_tables.LiveTables`' (without the proposal
-    changes); its ``obs`` and ``advice`` buffers are written (the advisors' observation)."""
+    ``margin`` of it held back (a share of the whole step's budget) and ``errors`` (the last decisions' prediction
+    errors, %). The arguments before ``budget`` are :class:`~kdvfs.envs.env.observing.live_tables.LiveTables`'
+    (without the proposal changes); its ``obs`` and ``advice`` buffers are written (the advisors' observation)."""
     kernels, plans = sizes[S_KERNELS], lay[L_PLANS]
     levels, memories = lay[L_LEVELS], lay[L_MEMORIES]
     k = min(max(kernel, 0), kernels - 1)
@@ -103,8 +103,7 @@ def observe_residual(out: Array, obs: Array, advice: Array, static_rows: Array, 
     step_s = auto_time_s
     used_s, error = budget_use_of(elapsed_s, model_elapsed_s, auto_elapsed_s, drift_pct)
     used_model_s = used_s / (scale * (1.0 + error))
-    slack_s = max(budget * step_s - used_model_s, 0.0)
-    held_budget = budget - margin * slack_s / step_s
+    held_budget = budget * (1.0 - margin)
     observe_dynamic(obs, advice, static_rows[k], lay, advisor_index, cumulative_s, landings[in_effect, 0],
                     landings[in_effect, 1], plan_pairs, plan_rest, joinable, next_change, speeds_up, k, in_effect,
                     pending, latency_s - pending_age_s / scale, elapsed_s / scale, auto_elapsed_s,

@@ -53,8 +53,7 @@ def python_residual_observation(out: Array, tables: LiveTables, state: MeasuredS
         else 0.0
     used_s = state.elapsed_s - state.auto_elapsed_s * (1.0 + state.drift_pct / 100.0) * (1.0 + error)
     used_model_s = used_s / (scale * (1.0 + error))
-    slack_s = max(budget * step_s - used_model_s, 0.0)
-    held_budget = budget - margin * slack_s / step_s
+    held_budget = budget * (1.0 - margin)
     obs, advice = tables.obs, tables.advice
     in_effect = state.in_effect
     observe_dynamic(obs, advice, tables.static_rows[k], lay, tables.advisor_index, tables.cumulative_s,
