@@ -11,6 +11,7 @@ from kdvfs.agents.learned.training.imitation import expert_action
 from kdvfs.envs.env.config import EnvConfig
 from kdvfs.envs.env.dvfs_env import KernelDVFSEnv
 from kdvfs.envs.env.observing.measured import (
+    MARGINS,
     RELEASE,
     Measurement,
     drift_factors,
@@ -186,3 +187,20 @@ def test_environments_over_the_same_steps_share_one_copy_of_each_steps_tables() 
     assert mine.obs is not theirs.obs and mine.advice is not theirs.advice  # each writes its own buffers
     first.reset(seed=0, options={"budget": 0.01, "latency_scale": 2.0})
     assert first.tables().landings is not mine.landings
+
+
+@pytest.mark.parametrize("scale", [0.0, 1.0])
+def test_a_margin_holds_its_share_of_the_budget_however_often_the_plan_decides(scale: float) -> None:
+    """Measured without error, the fitting plan with half the budget held back slows the step by at most half the
+    budget, at ideal switching (a decision at almost every segment) as at the profile's latency: the margin is a
+    share of the step's budget, not of the slack left at each decision (which every decision gave back)."""
+    quiet = SETTINGS.without_disturbances().replace(residual_actions=True, drift_sd_pct=0.0, anchors_per_step=100_000)
+    env = ResidualDVFSEnv(gpu="h200", config=quiet)
+    half = np.array([0, 0, MARGINS.index(0.5)])
+    held_pct = []
+    for budget in SETTINGS.budgets:
+        options = {"budget": budget, "latency_scale": scale}
+        held_pct.append(_episode(env, lambda e: half, options)["slowdown_pct"])
+        spent_pct = _episode(env, lambda e: ZERO_ACTION, options)["slowdown_pct"]
+        assert held_pct[-1] <= 50.0 * budget + 1e-6 < spent_pct
+    assert max(held_pct) > 0.0  # the held plan still spends
