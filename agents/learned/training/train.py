@@ -250,10 +250,10 @@ def paired_returns(policy: FrozenPolicy, pairs: list[ShapePair], profile: GpuPro
     """Returns (the sum of the environment's rewards: energy saved % - overrun penalties) of the deterministic
     policy on every step of ``pairs``, budget and switching regime, with the environment's noise and executed
     variants, seeds 0..score_seeds(pairs)-1 (every variant), in a fixed order (two policies' arrays pair up)."""
-    env = pair_env(pairs, profile, config.env)
+    env, seeds = pair_env(pairs, profile, config.env), score_seeds(pairs)
     return np.array([rollout(policy, env, {"step": i, "budget": budget, "latency_scale": scale}, seed)["return"]
                      for i in range(len(pairs)) for budget in config.env.budgets
-                     for scale in config.env.latency_scales for seed in range(score_seeds(pairs))])
+                     for scale in config.env.latency_scales for seed in range(seeds)])
 
 
 def paired_comparison(ppo: FrozenPolicy, cloned: FrozenPolicy, pairs: list[ShapePair], profile: GpuProfile,
