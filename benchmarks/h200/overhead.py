@@ -1,11 +1,12 @@
 """kdvfs's whole cost on a real GPU: the same training script with and without `kdvfs run --dry-run`.
 
-    python -m benchmarks.h200.overhead run RESULTS_DIR [--pairs 3] [--only LABEL ...] [--own-process]  # on the GPU
-    python -m benchmarks.h200.overhead report RESULTS_DIR [--name overhead_h200]         # anywhere
+    python -m benchmarks.h200.overhead run DIR [--pairs 3] [--only LABEL ...] [--own-process] [--policy P]  # on the GPU
+    python -m benchmarks.h200.overhead report DIR [--name overhead_h200]         # anywhere
 
 ``run`` never changes a clock (NVML through ``benchmarks.common.nvml_guard``). It probes the NVML reads'
 cost, then per workload runs ``--pairs`` ABBA pairs of processes: the script under
-``benchmarks/h200/step_clock.py``, alone or under ``kdvfs run --dry-run --in-process`` with the shipped policy
+``benchmarks/h200/step_clock.py``, alone or under ``kdvfs run --dry-run --in-process`` with the shipped policy (or
+``--policy``'s file, say a residual policy deciding online)
 (``--own-process``: a third process per pair, under ``kdvfs run --dry-run``, whose controller runs in a process of
 its own, the order reversed every other pair; the report gives it as the workload ``LABEL (own process)`` against
 the same pairs' processes without kdvfs). ``report``
@@ -224,9 +225,11 @@ def _process(folder: Path, label: str, workload: dict[str, Any], pair: int, with
             "wall_s": time.perf_counter() - start_s, **steps, **extra}
 
 
-def run(folder: Path, pairs: int, only: list[str] | None, cpu_test: bool, own_process: bool = False) -> None:
+def run(folder: Path, pairs: int, only: list[str] | None, cpu_test: bool, own_process: bool = False,
+        policy: str | None = None) -> None:
     """Every device-side measurement into ``folder/run.json`` (written after each process); ``own_process``: a
-    third process per pair, the controller in a process of its own."""
+    third process per pair, the controller in a process of its own; ``policy``: the policy or plan file the
+    controller runs (None: the local GPU's shipped policy)."""
     folder.mkdir(parents=True, exist_ok=True)
     fake = ["--cpu-test-mode", "--nvml-module", "kdvfs.runtime.testing.nvml"] if cpu_test else []
     workloads = {label: dict(w) for label, w in (CPU_WORKLOADS if cpu_test else WORKLOADS).items()
@@ -236,7 +239,7 @@ def run(folder: Path, pairs: int, only: list[str] | None, cpu_test: bool, own_pr
                            "probe": None if cpu_test else probe(GUARD), "own_process": own_process, "workloads": {},
                            "processes": []}
     profile = log["profile"] = local_profile(cpu_test)
-    policy = POLICY.format(profile=profile)
+    policy = log["policy"] = policy or POLICY.format(profile=profile)
     for label, workload in workloads.items():
         if workload["trace"] is None or not workload["trace"].startswith(f"{profile}/"):
             workload["trace"] = _capture(folder, label, workload, fake)
@@ -262,10 +265,12 @@ def main(argv: list[str] | None = None) -> int:
     sub.choices["run"].add_argument("--own-process", action="store_true",
                                     help="a third process per pair: the controller in a process of its own "
                                          "(kdvfs run's default outside torchrun)")
+    sub.choices["run"].add_argument("--policy", help="policy or plan file the controller runs (default: the local "
+                                    "GPU's shipped policy)")
     sub.choices["report"].add_argument("--name", default="overhead_h200", help="results file stem")
     args = parser.parse_args(argv)
     if args.what == "run":
-        run(args.folder, args.pairs, args.only, args.cpu_test, args.own_process)
+        run(args.folder, args.pairs, args.only, args.cpu_test, args.own_process, args.policy)
     else:
         from benchmarks.reports.overhead import report
 

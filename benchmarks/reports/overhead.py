@@ -281,6 +281,7 @@ def markdown(result: dict[str, Any]) -> str:
              f"- run: `{result['run']['command']}` on `{result['run']['machine']}`, {result['run']['started_utc']}"
              f" to {result['run'].get('finished_utc', 'cut short')}; GPU (nvidia-smi before): "
              f"`{result['run']['nvidia_smi_before']}`",
+             *([f"- policy: `{result['run']['policy']}`"] if result["run"].get("policy") else []),
              *([f"- `{OWN.strip()}`: the controller in a process of its own (`kdvfs run`, outside torchrun), a third "
                 "process in each pair; the training process pays its hooks and the thread answering the controller's "
                 "questions (server)"] if result["run"].get("own_process") else []), "",
