@@ -9,8 +9,12 @@ from hypothesis import strategies as st
 
 from kdvfs.runtime.device.update_search import UpdateSearch
 
+OFFSETS_S = st.floats(-0.02, 0.02).filter(lambda offset_s: abs(offset_s) >= 1e-9)
+"""A probe's time from the update it asks about: never within a nanosecond of it (a host clock's resolution), where
+the true clock would lie on the findings' boundaries and the polygon's float arithmetic may cut it off."""
 
-@given(st.floats(0.0, 0.1), st.floats(0.05, 0.2), st.lists(st.tuples(st.integers(1, 30), st.floats(-0.02, 0.02)),
+
+@given(st.floats(0.0, 0.1), st.floats(0.05, 0.2), st.lists(st.tuples(st.integers(1, 30), OFFSETS_S),
                                                            min_size=1, max_size=20))
 def test_findings_true_of_a_clock_keep_it_and_narrow_the_windows_around_its_updates(
         first_s: float, period_s: float, probes: list[tuple[int, float]]) -> None:
