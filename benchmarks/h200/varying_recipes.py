@@ -375,6 +375,7 @@ def _window_check_lines(result: dict[str, Any]) -> list[str]:
                   f"({100 * c['error']:+.1f}%) over {c['steps']:.0f} steps, {c['captured_steps']:.0f} of a captured "
                   "shape" + ("" if c.get("time_error") is None else f"; measured {c['measured_s']:.2f} s, predicted "
                              f"{c['predicted_s']:.2f} s ({100 * c['time_error']:+.1f}%)")
+                  + ("" if c.get("stall_s") is None else f"; stalls {c['stall_s']:.2f} s (as measured, idle)")
                   for name, c in checks.items()]
     return lines
 

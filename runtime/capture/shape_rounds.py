@@ -167,7 +167,7 @@ class WindowShapes:
         times = [t for s, t in zip(self.shapes, self.times_s, strict=True) if s == shape]
         return statistics.fmean(times) if len(times) >= MIN_SHAPE_STEPS else None
 
-    @functools.cached_property
+    @property
     def warm_fit(self) -> tuple[ShapeAxes, Array, float] | None:
         """The window's step time as a non-negative line in its shapes' variables plus a first-seen term,
         fitted over the steps of the most frequent input structure: the variables' axes, their coefficients
@@ -177,9 +177,23 @@ class WindowShapes:
         repeat warm: a mean per shape would give a longer step a shorter time; the fit keeps set-up apart.
         Where fewer than :data:`MIN_SHAPE_STEPS` steps are their shape's first, or fewer are not, set-up cannot be
         told apart (one warm step would set the extra on its own): it stays in the line and the extra is 0. Steps
-        slower than the fit by more than :data:`STALL_MADS` robust deviations (a stall: garbage collection, a
-        checkpoint, the allocator growing) are left out and the line fitted again. Fitted once per window: every
-        captured shape's time and measurements read it."""
+        slower than the fit by more than :data:`STALL_MADS` robust deviations (a stall: a kernel module loaded on
+        first use, garbage collection, a checkpoint, the allocator growing) are left out and the line fitted again
+        (:attr:`stall_s` their seconds beyond it). Fitted once per window: every captured shape's time and
+        measurements read it."""
+        fit = self._fit
+        return None if fit is None else (fit[0], fit[1][:-1], float(fit[1][-1]))
+
+    @property
+    def stall_s(self) -> float:
+        """The seconds the window's stalls took beyond the warm fit (:attr:`warm_fit`): one-time host events that
+        no step's shape predicts (s; 0 without a fit, or where too few steps were left to fit without them)."""
+        fit = self._fit
+        return 0.0 if fit is None else fit[2]
+
+    @functools.cached_property
+    def _fit(self) -> tuple[ShapeAxes, Array, float] | None:
+        """:attr:`warm_fit`'s axes, all its coefficients (the first-seen term last) and :attr:`stall_s`."""
         structures = Counter(len(s.inputs) for s in self.shapes if s is not None)
         if not structures:
             return None
@@ -202,7 +216,9 @@ class WindowShapes:
         keep = residuals <= np.median(residuals) + STALL_MADS * spread
         if spread > 0 and not keep.all() and keep.sum() >= x.shape[1] + MIN_SHAPE_STEPS:
             coefficients = fit_nonnegative(x[keep], y[keep], np.ones_like(y[keep]))[0]
-        return axes, coefficients[:-1], float(coefficients[-1])
+            beyond_s = y[~keep, 0] - x[~keep] @ coefficients
+            return axes, coefficients, float(np.clip(beyond_s, 0.0, None).sum())
+        return axes, coefficients, 0.0
 
     def time_cv(self) -> float | None:
         """Coefficient of variation of the step times (None below two steps)."""
@@ -360,6 +376,7 @@ def shape_measurements(trace: Trace, window: WindowShapes, window_s: float, avg_
     if fit is not None:
         values["first_seen_step_s"] = fit[2]
         values["window_first_seen_steps"] = float(sum(window.first_seen))
+        values["window_stall_s"] = window.stall_s
         if avg_power_w is not None:
             values["first_seen_energy_j"] = avg_power_w * fit[2]
     if avg_power_w is not None:

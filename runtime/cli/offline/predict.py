@@ -12,6 +12,7 @@ import numpy as np
 
 from kdvfs.common.errors import KdvfsError
 from kdvfs.envs.gpu.profiles import GpuProfile, load_profile
+from kdvfs.envs.model.cost_model import ClockLimits, CostParams, idle_power_w
 from kdvfs.envs.model.cost_tables import build_tables, step_breakdown
 from kdvfs.envs.model.model_error import RangeBasis, range_basis
 from kdvfs.envs.model.power_limits import power_limits
@@ -109,10 +110,12 @@ def window_check(path: str, trace: Trace, profile: GpuProfile) -> dict[str, floa
     """For a capture whose steps vary: the measured joules and seconds of its unprofiled window against the sums
     over the window's steps of the predicted auto-mode joules and seconds of each step's own shape, plus the
     one-time set-up of the steps that paid it (as the capture's fit counted them; an older capture: each shape's
-    first step) (from the capture's trace set: :func:`kdvfs.envs.trace.trace_set.window_prediction`). Both, as
-    joules alone can agree by chance: a step predicted too short at too high a power. ``error`` and
-    ``time_error``: predicted over measured, less 1; the seconds are None for a capture without its window's
-    length. None for other traces."""
+    first step) and the window's stalls (``window_stall_s``, the seconds beyond the fit of the steps it left out:
+    a kernel module loaded on first use, say; taken as measured, idle at auto's clocks: :func:`stall_power_w`)
+    (from the capture's trace set: :func:`kdvfs.envs.trace.trace_set.window_prediction`). Both, as joules alone can
+    agree by chance: a step predicted too short at too high a power. ``error`` and ``time_error``: predicted over
+    measured, less 1; ``stall_s`` the stalls' seconds (0 for a capture that did not record them); the seconds are
+    None for a capture without its window's length. None for other traces."""
     measured = trace.meta.measurements
     measured_j = measured.get("window_energy_j")
     if len(trace.meta.shape_distribution) < 2 or measured_j is None or not Path(path).is_file():
@@ -123,12 +126,21 @@ def window_check(path: str, trace: Trace, profile: GpuProfile) -> dict[str, floa
                                      first_seen=measured.get(first_seen, 0.0),
                                      first_seen_steps=measured.get("window_first_seen_steps"))
               for key, first_seen in (("energy_j", "first_seen_energy_j"), ("step_time_s", "first_seen_step_s"))}
-    predicted, window_s = totals["energy_j"], measured.get("window_s")
-    predicted_s = totals["step_time_s"]["total"]
-    return {"measured_j": measured_j, "predicted_j": predicted["total"], "steps": predicted["steps"],
-            "captured_steps": predicted["captured_steps"], "error": predicted["total"] / measured_j - 1,
-            "measured_s": window_s, "predicted_s": predicted_s,
+    stall_s, window_s = measured.get("window_stall_s", 0.0), measured.get("window_s")
+    predicted_j = totals["energy_j"]["total"] + stall_s * stall_power_w(profile)
+    predicted_s = totals["step_time_s"]["total"] + stall_s
+    return {"measured_j": measured_j, "predicted_j": predicted_j, "steps": totals["energy_j"]["steps"],
+            "captured_steps": totals["energy_j"]["captured_steps"], "error": predicted_j / measured_j - 1,
+            "stall_s": stall_s, "measured_s": window_s, "predicted_s": predicted_s,
             "time_error": None if not window_s else predicted_s / window_s - 1}
+
+
+def stall_power_w(profile: GpuProfile) -> float:
+    """The cost model's power of the GPU idle at auto's clocks (the highest core clock, the default memory clock;
+    W): what a second of a stall, with no kernel to run, costs in the window check."""
+    params, limits = CostParams.from_profile(profile), ClockLimits.of(profile)
+    return float(idle_power_w(params, limits, np.array(limits.max_core_mhz),
+                              np.array(float(profile.clocks.default_memory_mhz))))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -151,7 +163,8 @@ def run(args: argparse.Namespace) -> int:
             console.print(line)
         if window is not None:
             console.print(f"window of {window['steps']:.0f} steps of mixed shapes ({window['captured_steps']:.0f} of a "
-                          f"captured shape, the others scaled from the nearest by size): measured "
+                          f"captured shape, the others scaled from the nearest by size; stalls "
+                          f"{window['stall_s']:.2f} s as measured, idle): measured "
                           f"{window['measured_j']:.1f} J, predicted {window['predicted_j']:.1f} J "
                           f"({window['error']:+.1%})" + ("" if window["time_error"] is None else
                                                         f"; {window['measured_s']:.2f} s, predicted "

@@ -6,17 +6,20 @@ from __future__ import annotations
 import json
 import sys
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from kdvfs.common.paths import REPO_ROOT
+from kdvfs.envs.gpu.profiles import load_profile
 from kdvfs.envs.trace.format import load_trace
 from kdvfs.envs.trace.shape import StepShape
 from kdvfs.envs.trace.trace_set import load_trace_set
 from kdvfs.runtime.capture.shape_rounds import MIN_VARYING_WINDOW_STEPS, WindowShapes, choose_targets
 from kdvfs.runtime.cli import main
+from kdvfs.runtime.cli.offline.predict import stall_power_w, window_check
 from tests.schema_check import strict_loads, validate
 
 CAPTURE = ["capture", "--cpu-test-mode", "--nvml-module", "kdvfs.runtime.testing.nvml", "--warmup", "2",
@@ -85,6 +88,23 @@ def test_steps_of_three_shapes_give_three_traces(capsys: pytest.CaptureFixture[s
     window = predicted["window"]  # in seconds too: the window's length against its steps' predicted times
     assert window["measured_s"] > 0 and window["time_error"] == pytest.approx(
         window["predicted_s"] / window["measured_s"] - 1)
+    assert window["stall_s"] == traces[0].meta.measurements["window_stall_s"] >= 0
+
+
+def test_the_window_check_takes_the_stalls_as_measured_and_idle(capsys: pytest.CaptureFixture[str],
+                                                                 tmp_path: Path) -> None:
+    """A stall (a kernel module loaded on first use: seen on an H100, 1.7 s in a window of 0.2 s steps) is no
+    step's shape: the window check adds its seconds as measured, at the cost model's idle power at auto's clocks."""
+    capture(capsys, tmp_path, [4, 16, 64])
+    path, profile = str(tmp_path / "run.trace.json"), load_profile("h200")
+    trace = load_trace(path)
+    calm = replace(trace, meta=replace(trace.meta, measurements={**trace.meta.measurements, "window_stall_s": 0.0}))
+    stalled = replace(trace, meta=replace(trace.meta, measurements={**trace.meta.measurements, "window_stall_s": 1.5}))
+    before, after = window_check(path, calm, profile), window_check(path, stalled, profile)
+    assert before is not None and after is not None and after["stall_s"] == 1.5
+    assert after["predicted_s"] == pytest.approx(before["predicted_s"] + 1.5)
+    assert after["predicted_j"] == pytest.approx(before["predicted_j"] + 1.5 * stall_power_w(profile))
+    assert profile.power.idle_w < stall_power_w(profile) < profile.power.limit_w
 
 
 def test_fixed_shape_steps_give_one_trace(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -201,6 +221,7 @@ def test_a_window_of_new_shapes_with_a_stall_still_prices_each_shape_by_its_leng
     assert all(window.first_seen)
     fit = window.warm_fit
     assert fit is not None and fit[2] == 0.0
+    assert window.stall_s == pytest.approx(4.0, abs=0.02)  # the stall's seconds beyond the fit, for the check
     for (a, b), shape in zip(pairs[1:], shapes[1:], strict=True):
         assert window.step_time_s(shape) == pytest.approx(0.05 + 2e-4 * a + 1e-4 * b, rel=0.05)
 
