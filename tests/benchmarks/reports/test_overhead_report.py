@@ -167,3 +167,14 @@ def test_the_host_pace_arm_pairs_each_a_window_with_its_b_window_run_as_intended
     pace = report.host_pace_arm([first, backed_off, {"pairs_slowdown_pct": []}])
     assert pace["n"] == 3 and pace["mean"] == pytest.approx(3.0)
     assert report.host_pace_arm([{"windows": []}])["n"] == 0
+
+
+def test_the_page_names_the_policy_a_run_was_given(report: ModuleType) -> None:
+    """The results page says which policy the controller ran (``run`` records it: ``--policy FILE``, else the
+    shipped one); a record from before the key says nothing."""
+    figures = {"w": report.workload_figures([_process(report, 0, False, 0.100), _process(report, 0, True, 0.1002)])}
+    run = {"command": "c", "machine": "m", "started_utc": "t", "nvidia_smi_before": "-"}
+    given = report.markdown({"run": {**run, "policy": "benchmarks/data/learned/h200-s0.kdvfs-policy.npz"},
+                             "workloads": figures, "verdicts": {}})
+    assert "- policy: `benchmarks/data/learned/h200-s0.kdvfs-policy.npz`" in given
+    assert "- policy:" not in report.markdown({"run": run, "workloads": figures, "verdicts": {}})
