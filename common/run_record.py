@@ -39,12 +39,12 @@ def write_run_record(folder: Path, config: dict[str, Any], seed: int | None = No
     path = Path(folder) / "run.json"
     if str(record["git_revision"]).endswith("+dirty"):
         record["git_diff"] = "run.diff"
-        write_text_atomic(path.with_name("run.diff"), _tracked_diff())
+        write_text_atomic(path.with_name("run.diff"), tracked_diff())
     write_text_atomic(path, json.dumps(record, indent=1, default=str) + "\n")
     return path
 
 
-def _tracked_diff() -> str:
+def tracked_diff() -> str:
     """``git diff HEAD`` of the tracked files (empty when git cannot say)."""
     try:
         return subprocess.run(["git", "diff", "HEAD", "--no-color", "--no-ext-diff"], capture_output=True,

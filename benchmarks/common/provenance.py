@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from kdvfs.common.paths import REPO_ROOT
-from kdvfs.common.run_record import git_revision
+from kdvfs.common.run_record import git_revision, tracked_diff
 
 RESULTS = REPO_ROOT / "benchmarks" / "results"
 PROVENANCE_KEYS = ("figure", "command", "machine", "python", "date_utc", "git_revision")
@@ -57,16 +57,24 @@ def benchmark_figure() -> str:
 
 def provenance(command: str, figure: str | None = None) -> dict[str, str]:
     """The provenance block of a results file: ``PROVENANCE_KEYS`` in that order for a run of ``command``
-    measuring ``figure`` (default: :func:`benchmark_figure`)."""
-    return {"figure": figure or benchmark_figure(), "command": command, "machine": machine_description(),
-            "python": python_version(), "date_utc": utc_now(), "git_revision": git_revision()}
+    measuring ``figure`` (default: :func:`benchmark_figure`), and, where the revision is ``+dirty``, ``git_diff``:
+    the tracked files' ``git diff HEAD`` at the run (the code that ran, rebuilt from the revision and it)."""
+    revision = git_revision()
+    block = {"figure": figure or benchmark_figure(), "command": command, "machine": machine_description(),
+             "python": python_version(), "date_utc": utc_now(), "git_revision": revision}
+    return {**block, "git_diff": tracked_diff()} if revision.endswith("+dirty") else block
 
 
 def provenance_lines(record: Mapping[str, Any]) -> list[str]:
     """The Markdown bullet list of the provenance keys of ``record`` (a provenance block or a whole document); the
-    figure as text, the rest as code; a key the record lacks (a file written before it existed) is left out."""
-    return [f"- {key}: {record[key]}" if key == "figure" else f"- {key}: `{record[key]}`"
-            for key in PROVENANCE_KEYS if key in record]
+    figure as text, the rest as code; a key the record lacks (a file written before it existed) is left out; a
+    ``git_diff`` is named, not printed (it is in the JSON file)."""
+    lines = [f"- {key}: {record[key]}" if key == "figure" else f"- {key}: `{record[key]}`"
+             for key in PROVENANCE_KEYS if key in record]
+    if "git_diff" in record:
+        lines.append(f"- git_diff: the tracked changes at the run ({len(str(record['git_diff']).splitlines())} "
+                     "lines of `git diff HEAD`), in the JSON file's `git_diff`")
+    return lines
 
 
 def host() -> dict[str, str]:

@@ -17,18 +17,30 @@ from kdvfs.common.errors import UnknownGpuError
 from kdvfs.common.run_record import git_revision
 
 
-def test_provenance_has_the_keys_results_files_carry() -> None:
+def test_provenance_has_the_keys_results_files_carry(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(module, "git_revision", lambda: "0123abc")  # a clean tree
     record = provenance("python -m benchmarks.model.example", figure="what it measures")
     assert tuple(record) == PROVENANCE_KEYS == ("figure", "command", "machine", "python", "date_utc", "git_revision")
     assert record["figure"] == "what it measures"
     assert record["command"] == "python -m benchmarks.model.example"
     assert all(isinstance(v, str) for v in record.values())
     assert record["machine"].startswith(host()["machine"] + " (") and record["machine"].endswith(" cores)")
-    assert record["python"].count(".") == 2 and record["git_revision"] == git_revision()
+    assert record["python"].count(".") == 2 and record["git_revision"] == "0123abc"
     assert datetime.fromisoformat(record["date_utc"]).utcoffset() is not None
 
 
-def test_markdown_lines_of_a_block_or_a_document() -> None:
+def test_a_dirty_tree_records_its_diff_in_the_json_and_names_it_on_the_page(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A results file written from uncommitted changes keeps them: its revision alone would not rebuild the code."""
+    monkeypatch.setattr(module, "git_revision", lambda: "0123abc+dirty")
+    monkeypatch.setattr(module, "tracked_diff", lambda: "diff --git a/x b/x\n+y\n")
+    record = provenance("c", figure="f")
+    assert tuple(record) == (*PROVENANCE_KEYS, "git_diff") and record["git_diff"] == "diff --git a/x b/x\n+y\n"
+    assert provenance_lines(record)[-1] == ("- git_diff: the tracked changes at the run (2 lines of `git diff HEAD`), "
+                                            "in the JSON file's `git_diff`")
+
+
+def test_markdown_lines_of_a_block_or_a_document(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(module, "git_revision", lambda: "0123abc")
     record = provenance("c", figure="f")
     lines = provenance_lines({**record, "other": 1})
     assert lines == ["- figure: f", *(f"- {key}: `{record[key]}`" for key in PROVENANCE_KEYS[1:])]
@@ -72,3 +84,8 @@ def test_local_profile_of_an_unknown_gpu_says_how_to_make_one(monkeypatch: pytes
     monkeypatch.setattr(module.subprocess, "run", lambda *args, **kwargs: printed)
     with pytest.raises(UnknownGpuError, match="kdvfs gpus local --write"):
         module.local_profile()
+
+
+def test_the_revision_is_the_checkouts() -> None:
+    record = provenance("c", figure="f")
+    assert record["git_revision"] == git_revision() and ("git_diff" in record) == git_revision().endswith("+dirty")
