@@ -138,17 +138,12 @@ class DataSplit:
         validation: what PPO and its clone are compared on to choose the one that ships: steps not in
             ``train`` (e.g. the training families at other shapes), none of a held-out family; empty: the
             comparison runs on the training steps.
-        constraint: what the constraint's multipliers are moved on with the most likely policy's episodes
-            (``constraint.most_likely_episodes``): steps neither trained nor validated on (e.g. the training
-            families at yet other shapes), none of a held-out family, so that a cell's violations are counted
-            on steps the policy has not fitted; empty: the training steps.
     """
 
     train: WorkloadSet
     held_out: WorkloadSet
     held_out_families: tuple[str, ...]
     validation: WorkloadSet = WorkloadSet()
-    constraint: WorkloadSet = WorkloadSet()
 
     def __post_init__(self) -> None:
         leaked = sorted(self.train.families() & set(self.held_out_families))
@@ -160,9 +155,6 @@ class DataSplit:
         peeking = sorted(self.validation.families() & set(self.held_out_families))
         if peeking:
             raise ConfigError(f"validation set uses held-out families {peeking}; validate on other families")
-        peeking = sorted(self.constraint.families() & set(self.held_out_families))
-        if peeking:
-            raise ConfigError(f"constraint set uses held-out families {peeking}; use other families")
 
 
 def default_step(profile: GpuProfile, grid: ClockGrid | None = None) -> StepData:

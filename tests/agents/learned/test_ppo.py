@@ -84,9 +84,6 @@ def test_a_split_that_trains_on_a_held_out_family_is_refused() -> None:
     with pytest.raises(ConfigError, match="validation set uses held-out families"):
         DataSplit(train=WorkloadSet(), held_out=WorkloadSet(presets=("gpt2s",)), held_out_families=("gpt2s",),
                   validation=WorkloadSet(presets=("gpt2s",)))
-    with pytest.raises(ConfigError, match="constraint set uses held-out families"):
-        DataSplit(train=WorkloadSet(), held_out=WorkloadSet(presets=("gpt2s",)), held_out_families=("gpt2s",),
-                  constraint=WorkloadSet(presets=("gpt2s",)))
 
 
 def test_variants_are_seeded_and_named() -> None:
