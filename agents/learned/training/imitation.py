@@ -8,11 +8,7 @@ step on the policy's clock grid for each budget), through the environment's own 
 happens), or ``fitting_plan``, the plan saving the most among those whose slowdown fits what the run can
 still afford as measured (closed loop, but with no margin for what the disturbances do next). The critic
 learns the expert's discounted returns. PPO then improves on the clone with the environment's own reward
-(budget tracking under noise, unseen steps). With residual actions the expert is the fitting plan (the zero
-action) or, with ``residual_expert: best_margin``, the fitting plan with each budget x latency cell's best fixed
-margin on the training pairs (:mod:`kdvfs.agents.learned.training.margin_plans`): a clone that keeps its budget,
-so that PPO starts from a margin rather than from a plan that breaks the budget whenever the step runs slower
-than predicted.
+(budget tracking under noise, unseen steps).
 """
 
 from __future__ import annotations
@@ -24,15 +20,12 @@ import numpy as np
 import torch
 from stable_baselines3.common.policies import ActorCriticPolicy
 
-from kdvfs.agents.learned.training.margin_plans import cell_margin
 from kdvfs.common.arrays import Array
 from kdvfs.common.errors import KdvfsError
 from kdvfs.envs.env.dvfs_env import KernelDVFSEnv
 
 EXPERTS = ("budget_plan", "fitting_plan")
 """The advisors an expert may follow (groups of :data:`kdvfs.envs.env.observing.observation.ADVISOR_GROUPS`)."""
-RESIDUAL_EXPERTS = ("fitting_plan", "best_margin")
-"""What the clone imitates with residual actions (module docstring)."""
 
 
 @dataclass(frozen=True)
@@ -53,7 +46,6 @@ class ImitationArgs:
             on this times the negative log-likelihood of the expert's actions on the demonstrations); 0: PPO is
             only initialised from the clone.
         anchor_batches: anchor gradient steps (of ``batch_size`` decisions) after each PPO update.
-        residual_expert: with residual actions, what is imitated, one of ``RESIDUAL_EXPERTS`` (module docstring).
     """
 
     episodes_per_step: int
@@ -64,14 +56,10 @@ class ImitationArgs:
     entropy_coef: float = 0.0
     anchor_coef: float = 0.0
     anchor_batches: int = 4
-    residual_expert: str = "fitting_plan"
 
     def __post_init__(self) -> None:
         if self.expert not in EXPERTS:
             raise KdvfsError(f"imitation expert {self.expert!r} is not one of {list(EXPERTS)}")
-        if self.residual_expert not in RESIDUAL_EXPERTS:
-            raise KdvfsError(f"imitation residual_expert {self.residual_expert!r} is not one of "
-                             f"{list(RESIDUAL_EXPERTS)}")
         if self.anchor_coef < 0 or self.anchor_batches < 1:
             raise KdvfsError("imitation anchor_coef must be >= 0 and anchor_batches >= 1")
 
@@ -93,18 +81,14 @@ def demonstrations(env: KernelDVFSEnv) -> list[Demonstration]:
             for scale in env.config.latency_scales]
 
 
-def expert_action(env: KernelDVFSEnv, expert: str = "budget_plan", margins: Array | None = None) -> Array:
+def expert_action(env: KernelDVFSEnv, expert: str = "budget_plan") -> Array:
     """What the expert does at every decision: request the pair advisor ``expert`` (one of ``EXPERTS``)
     proposes. A standing order: the environment ignores it while a request is pending or when that pair is
     in effect, so the expert's action is the same all episode and the plan's changes happen when the
     advisor proposes them. With residual actions (``KernelDVFSResidual-v0``) the expert is the fitting plan: the zero
-    action, or with ``margins`` (a margin action per cell, :func:`~kdvfs.agents.learned.training.margin_plans.
-    best_margins`) the margin of the episode's cell (the nearest)."""
+    action."""
     if env.config.residual_actions:
-        action = np.zeros(len(env.action_space.nvec), dtype=np.int64)  # type: ignore[attr-defined]
-        if margins is not None:
-            action[2] = cell_margin(margins, env.budget, env.config.latency_scales[env.selection[1]])
-        return action
+        return np.zeros(len(env.action_space.nvec), dtype=np.int64)  # type: ignore[attr-defined]
     return np.array([1, env.advisor_action(expert)])
 
 
@@ -120,9 +104,8 @@ class Expert:
 
 
 def record(env: KernelDVFSEnv, demos: Sequence[Demonstration], episodes: int, gamma: float,
-           seed: int, expert: str = "budget_plan", margins: Array | None = None) -> tuple[Array, Array, Array]:
-    """Observations, expert actions and discounted returns of ``episodes`` episodes per demonstration
-    (``expert`` and ``margins``: :func:`expert_action`'s)."""
+           seed: int, expert: str = "budget_plan") -> tuple[Array, Array, Array]:
+    """Observations, expert actions and discounted returns of ``episodes`` episodes per demonstration."""
     observations: list[Array] = []
     actions: list[Array] = []
     returns: list[float] = []
@@ -132,7 +115,7 @@ def record(env: KernelDVFSEnv, demos: Sequence[Demonstration], episodes: int, ga
             observation, _ = env.reset(seed=seed + episode, options=options)
             rewards, done = [], False
             while not done:
-                action = expert_action(env, expert, margins)
+                action = expert_action(env, expert)
                 observations.append(observation)
                 actions.append(action)
                 observation, reward, done, _, _ = env.step(action)

@@ -104,14 +104,6 @@ def best_margins(results: Array) -> Array:
     return np.where(ok.any(axis=0), ranked.argmax(axis=0), share.argmax(axis=0))
 
 
-def cell_margin(margins: Array, budget: float, latency_scale: float) -> int:
-    """The margin action ``margins`` (budgets, latencies: :func:`best_margins`) holds for the cell nearest to
-    ``budget`` and ``latency_scale`` (a budget outside ``CELL_BUDGETS`` takes its nearest cell's)."""
-    b = int(np.argmin(np.abs(np.asarray(CELL_BUDGETS) - budget)))
-    s = int(np.argmin(np.abs(np.asarray(CELL_LATENCY_SCALES) - latency_scale)))
-    return int(margins[b, s])
-
-
 def chosen(results: Array, margins: Array) -> Array:
     """(pairs, budgets, latencies, seeds, 3): each cell's results at its margin ``margins`` (budgets, latencies)
     from ``results`` (margins, pairs, budgets, latencies, seeds, 3)."""

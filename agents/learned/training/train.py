@@ -2,17 +2,16 @@
 :mod:`kdvfs.envs.env.steps.shape_pairs`), build the envs and the model, clone the expert on every budget and
 latency, freeze the observation statistics, learn (anchored to the clone; with residual actions under a Lagrange
 multiplier per budget x latency cell, :mod:`kdvfs.agents.learned.training.lagrange`), then freeze the actor into one
-file. Every choice is made on the validation steps (``data.validation``; the training steps if empty), but the
-``best_margin`` expert's margins, chosen on the training steps; nothing held out is priced or scored here. PPO ships
-where it beats on validation (paired episodes, the 95% interval above 0) the best fixed-margin fitting plan of each
-cell with residual actions
+file. Every choice is made on the validation steps (``data.validation``; the training steps if empty); nothing held
+out is priced or scored here. PPO ships where it beats on validation (paired episodes, the 95% interval above 0) the
+best fixed-margin fitting plan of each cell with residual actions
 (:mod:`kdvfs.agents.learned.training.margin_plans`), else the clone; otherwise the clone ships.
 
 ``out`` receives ``run.json`` (command, resolved config, git revision, seed), ``config.yaml`` (the resolved
 config), ``tensorboard/``, ``checkpoints/``, ``model.zip`` and ``vecnormalize.pkl`` (SB3), the frozen policies
 ``policy`` (ships), ``imitation`` and ``ppo`` (``.kdvfs-policy.npz``) and ``summary.json`` (wall time, the
-selection's comparison, the expert's margins, the multipliers, the cells at the cap and the cells over the target at
-the end); one git revision, read at the start, is recorded in all of them.
+selection's comparison, the multipliers, the cells at the cap and the cells over the target at the end); one git
+revision, read at the start, is recorded in all of them.
 """
 
 from __future__ import annotations
@@ -82,15 +81,13 @@ class TrainingData:
     """What every seed of one config trains and is chosen on, priced once: the GPU's profile, the training and
     validation pairs, the git revision of the code (read when priced: the code every seed of the process runs,
     whatever the tree holds by the time a later seed starts), and (computed at the first use, then kept) the
-    fixed-margin plans' validation episodes (:func:`margin_comparison`: the same for every seed) and, for the
-    ``best_margin`` expert, each cell's best fixed margin on the training pairs (:func:`expert_margins`)."""
+    fixed-margin plans' validation episodes (:func:`margin_comparison`: the same for every seed)."""
 
     profile: GpuProfile
     train_pairs: list[ShapePair]
     validation_pairs: list[ShapePair]
     revision: str
     plan_episodes: Array | None = None
-    expert_margins: Array | None = None
 
     @classmethod
     def price(cls, config: TrainConfig, progress_bar: bool = False, stage: Callable[[str], None] = _silent,
@@ -153,9 +150,8 @@ def train(config: TrainConfig, out: Path, timesteps: int | None = None, progress
     # on (the clone's inputs stay what it was fitted on), then PPO (anchored to the clone, constrained).
     env = make_vec_env(config, train_pairs, profile)
     model = make_model(config, env, out / "tensorboard")
-    margins = expert_margins(config, data, stage)
     stage(f"imitation warm start on {len(train_pairs)} training steps, every budget and latency")
-    imitation = imitate(model, env, config, profile, train_pairs, margins)
+    imitation = imitate(model, env, config, profile, train_pairs)
     cloned = freeze_model(model, env, config, profile, {})
     checkpoints = CheckpointCallback(max(1, config.checkpoint_every // config.n_envs), str(out / "checkpoints"),
                                      name_prefix="ppo", save_vecnormalize=True)
@@ -183,9 +179,8 @@ def train(config: TrainConfig, out: Path, timesteps: int | None = None, progress
     constraint = {"multipliers": None, "infeasible_cells": None, "unheld_cells": None} if wrapper is None else {
         "multipliers": wrapper.multipliers.by_cell(), "infeasible_cells": wrapper.multipliers.capped(),
         "unheld_cells": wrapper.multipliers.unheld()}
-    expert = None if margins is None else margins.tolist()
     meta = {"timesteps": int(model.num_timesteps), "train_wall_s": time.perf_counter() - start,
-            "git_revision": revision, "seed": config.seed, "imitation": imitation, "expert_margins": expert,
+            "git_revision": revision, "seed": config.seed, "imitation": imitation,
             "selection_comparison": comparison, "selected": selected, **constraint}
     policy = replace(ppo, meta={**meta, **ppo.meta}) if selected == "ppo" else replace(cloned, meta=meta)
     policy_path = out / POLICY_FILE
@@ -195,37 +190,22 @@ def train(config: TrainConfig, out: Path, timesteps: int | None = None, progress
     env.close()
     wall_s = time.perf_counter() - start
     summary = {"wall_s": wall_s, "timesteps": int(model.num_timesteps), "git_revision": revision,
-               "imitation": imitation, "expert_margins": expert, "selection_comparison": comparison,
-               "selected": selected, **constraint, "train_steps": [p.predicted.name for p in train_pairs],
+               "imitation": imitation, "selection_comparison": comparison, "selected": selected,
+               **constraint, "train_steps": [p.predicted.name for p in train_pairs],
                "validation_steps": [p.predicted.name for p in validation_pairs]}
     write_text_atomic(out / "summary.json", json.dumps(summary, indent=1) + "\n")
     return TrainResult(out, policy_path, wall_s, int(model.num_timesteps), selected, comparison)
 
 
-def expert_margins(config: TrainConfig, data: TrainingData, stage: Callable[[str], None]) -> Array | None:
-    """With residual actions and the ``best_margin`` expert, each budget x latency cell's best fixed margin on
-    the training pairs (:func:`~kdvfs.agents.learned.training.margin_plans.best_margins`; computed once per
-    ``data``, never on validation pairs); else None (the clone imitates the zero action)."""
-    if not config.env.residual_actions or config.imitation.residual_expert != "best_margin":
-        return None
-    if data.expert_margins is None:
-        stage(f"the fixed-margin plans on {len(data.train_pairs)} training steps (the expert's margins)")
-        pairs = data.train_pairs
-        results = episodes(margin_actors(), pairs, data.profile, config.env, score_seeds(pairs))
-        data.expert_margins = best_margins(results)
-    return data.expert_margins
-
-
 def imitate(model: AnchoredPPO, env: VecNormalize, config: TrainConfig, profile: GpuProfile,
-            pairs: list[ShapePair], margins: Array | None = None) -> dict[str, float]:
-    """Clone the plan advisors' expert (:mod:`kdvfs.agents.learned.training.imitation`; with residual actions
-    and ``margins``, the fitting plan at each cell's margin) into ``model``'s policy and critic on every step,
-    budget and latency scale; the recorded observations set the env's normalisation statistics, which stay
-    frozen from then on, and anchor PPO (:class:`AnchoredPPO`) to the expert."""
+            pairs: list[ShapePair]) -> dict[str, float]:
+    """Clone the plan advisors' expert (:mod:`kdvfs.agents.learned.training.imitation`) into ``model``'s policy and
+    critic on every step, budget and latency scale; the recorded observations set the env's normalisation
+    statistics, which stay frozen from then on, and anchor PPO (:class:`AnchoredPPO`) to the expert."""
     expert_env = pair_env(pairs, profile, config.env)
     observations, actions, returns = record(expert_env, demonstrations(expert_env),
                                             config.imitation.episodes_per_step, config.ppo.gamma, config.seed,
-                                            config.imitation.expert, margins)
+                                            config.imitation.expert)
     assert isinstance(env.obs_rms, RunningMeanStd)
     env.obs_rms.update(observations)
     env.training = False  # frozen: PPO's rollouts no longer move the statistics the clone was fitted with
