@@ -48,7 +48,7 @@ class MeasurementConfig:
     window_s: float = 0.5
     ab_share: float = 0.25
     ab_seed: int = 0
-    energy_read_every_s: float = 1.0
+    energy_read_every_s: float = 5.0
     guard_margin: float = 0.005
     guard_min_pairs: int = 3
     guard_retry_s: float = 60.0
