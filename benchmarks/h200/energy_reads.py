@@ -120,7 +120,7 @@ def truth(counter: np.ndarray) -> dict[str, Any]:
     changed = np.nonzero(np.diff(counter[:, 2]) != 0)[0] + 1
     middles_s = (counter[changed - 1, 0] + counter[changed, 1]) / 2
     period_s = float(np.median(np.diff(middles_s)))
-    counts = np.round((middles_s - middles_s[0]) / period_s)
+    counts = np.concatenate([[0.0], np.cumsum(np.round(np.diff(middles_s) / period_s))])
     slope, intercept = np.polyfit(counts, middles_s, 1)
     early = middles_s < middles_s[0] + 20.0
     early_slope, early_intercept = np.polyfit(counts[early], middles_s[early], 1)
