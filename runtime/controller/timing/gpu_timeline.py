@@ -158,15 +158,16 @@ class CudaStepTimeline:
         self._changed = threading.Condition()
         self._pool: list[Any] = []
         self.hook_s = 0.0
-        """Time spent in :meth:`mark` and :meth:`anchor`, on the threads that call them (wall s, which is their
-        CPU: neither blocks; concurrent anchors from autograd's threads may drop an addition: a lower bound)."""
+        """CPU time spent in :meth:`mark` and :meth:`anchor`, on the threads that call them (s, each thread's
+        ``time.thread_time``: not the time a hook waits for the interpreter lock, which another thread holds;
+        concurrent anchors from autograd's threads may drop an addition: a lower bound)."""
         self.sleeps = 0
         """Sleeps of the waiting thread (:func:`wait_for`) in :meth:`wait` and :meth:`anchor_s`."""
 
     def mark(self) -> tuple[Any, int | None, int]:
         import torch
 
-        began_s = time.perf_counter()
+        began_cpu_s = time.thread_time()
         event = torch.cuda.Event(enable_timing=True, blocking=True)
         event.record(current_stream())
         if self._first is None:
@@ -180,14 +181,14 @@ class CudaStepTimeline:
             self._marks += 1
             self._pool += [event for event, _ in self._anchors.pop(step - KEEP_STEPS, [])]  # a waiter that stopped
             self._changed.notify_all()
-        self.hook_s += time.perf_counter() - began_s
+        self.hook_s += time.thread_time() - began_cpu_s
         return event, signature, step
 
     def anchor(self) -> None:
         """Record an anchor event of the current step (from a hook; a few microseconds). No lock: a pool's
         ``pop`` and a list's ``append`` are atomic, and an anchor whose list :meth:`mark` moves meanwhile
         was recorded before that mark's event, so it belongs to the step it ends."""
-        began_s = time.perf_counter()
+        began_s, began_cpu_s = time.perf_counter(), time.thread_time()
         try:
             event = self._pool.pop()
         except IndexError:
@@ -198,7 +199,7 @@ class CudaStepTimeline:
         events = self._recording
         if len(events) < MAX_ANCHORS_PER_STEP:
             events.append((event, began_s))
-        self.hook_s += time.perf_counter() - began_s
+        self.hook_s += time.thread_time() - began_cpu_s
 
     def _host_s(self, event: Any) -> float:
         return self._first.elapsed_time(event) / 1e3 + self._offset_s

@@ -395,6 +395,7 @@ def test_a_step_carries_the_hosts_pace_through_its_hooks(monkeypatch: pytest.Mon
 
     class HostTime:
         sleep = staticmethod(time.sleep)
+        thread_time = staticmethod(time.thread_time)
 
         @staticmethod
         def perf_counter() -> float:
