@@ -30,7 +30,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +38,7 @@ import numpy as np
 from benchmarks.common.provenance import host, nvidia_smi, provenance, provenance_lines, utc_now, write_results
 from kdvfs.common.paths import REPO_ROOT
 from kdvfs.runtime.controller.config import MeasurementConfig
+from kdvfs.runtime.testing.scripted_clock import ScriptedClock
 
 GUARD = "benchmarks.common.nvml_guard"
 WORKLOADS = {"gpt3xl-b4": ["--size", "gpt3xl", "--batch", "4", "--steps", "600"],
@@ -133,43 +133,11 @@ def truth(counter: np.ndarray) -> dict[str, Any]:
             "read_s": float(np.median(counter[:, 1] - counter[:, 0]))}
 
 
-class ReplayClock:
-    """A virtual clock moved only by the reading thread's sleeps and reads; it runs ``script`` actions (window
-    marks) as their times pass and parks the thread at ``end_s``."""
-
-    def __init__(self, start_s: float, end_s: float, script: list[tuple[float, Callable[[], None]]]) -> None:
-        self._now_s, self.end_s, self.script = start_s, end_s, sorted(script, key=lambda item: item[0])
-        self.at_end = threading.Event()
-
-    def now_s(self) -> float:
-        return self._now_s
-
-    def advance_to(self, time_s: float) -> None:
-        self._now_s = max(self._now_s, time_s)
-
-    def sleep_until(self, time_s: float, stop: threading.Event) -> bool:
-        while self.script and self.script[0][0] <= min(time_s, self.end_s):
-            at_s, action = self.script.pop(0)
-            self.advance_to(at_s)
-            action()
-            if stop.is_set():
-                return False
-        if time_s >= self.end_s:
-            self.advance_to(self.end_s)
-            self.at_end.set()
-            stop.wait()
-            return False
-        if stop.is_set():
-            return False
-        self.advance_to(time_s)
-        return True
-
-
 class RecordedCounter:
     """The recorded counter on ``clock``: a read takes the next recorded read's duration (in turn) and returns
     the value held at its middle (J x 1e3, as NVML gives mJ); ``starts_s`` keeps each read's start."""
 
-    def __init__(self, clock: ReplayClock, updates: dict[str, Any], durations_s: np.ndarray) -> None:
+    def __init__(self, clock: ScriptedClock, updates: dict[str, Any], durations_s: np.ndarray) -> None:
         self.clock, self.times_s, self.energies_j = clock, updates["times_s"], updates["energies_j"]
         self.durations_s, self.starts_s = durations_s, []
 
@@ -195,7 +163,7 @@ def replay_one(counter: np.ndarray) -> dict[str, Any]:
     script = [(s, lambda s=s: box[0].mark(s)) for s in marks_s]
     script += [(s, lambda: blocks.append((box[0].reads, box[0].calibration_reads, box[0].relock_reads)))
                for s in np.arange(start_s + BLOCK_S, end_s, BLOCK_S)]
-    clock = ReplayClock(start_s, end_s, script)
+    clock = ScriptedClock(end_s, script, start_s)
     trace = EnergyTrace(RecordedCounter(clock, updates, counter[:, 1] - counter[:, 0]), clock,
                         MeasurementConfig().energy_read_every_s)
     box.append(trace)

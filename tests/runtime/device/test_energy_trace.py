@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 import math
 import random
-import threading
 from collections.abc import Callable
 
 import numpy as np
@@ -13,32 +12,9 @@ import pytest
 
 from kdvfs.runtime.device.energy_trace import READ_GUARD_S, EnergyTrace
 from kdvfs.runtime.testing.fake_gpu import VirtualClock
+from kdvfs.runtime.testing.scripted_clock import ScriptedClock
 
 POWER_W = 600.0
-
-
-class ScriptedClock(VirtualClock):
-    """A virtual clock moved only by the reading thread's sleeps and reads, which runs ``script`` actions as
-    their times pass (a mark wakes the sleeper as it would in real time) and parks the thread at ``end_s``."""
-
-    def __init__(self, end_s: float, script: list[tuple[float, Callable[[], None]]]) -> None:
-        super().__init__()
-        self.end_s, self.script = end_s, sorted(script, key=lambda item: item[0])
-        self.at_end = threading.Event()
-
-    def sleep_until(self, time_s: float, stop: threading.Event) -> bool:
-        while self.script and self.script[0][0] <= min(time_s, self.end_s):
-            at_s, action = self.script.pop(0)
-            self.advance_to(at_s)
-            action()
-            if stop.is_set():
-                return False
-        if time_s >= self.end_s:
-            self.advance_to(self.end_s)
-            self.at_end.set()
-            stop.wait()
-            return False
-        return super().sleep_until(time_s, stop)
 
 
 class Counter:
