@@ -36,8 +36,10 @@ from typing import Any
 import numpy as np
 
 from benchmarks.common.provenance import host, nvidia_smi, provenance, provenance_lines, utc_now, write_results
+from benchmarks.h200.overhead import field_value
 from kdvfs.common.paths import REPO_ROOT
 from kdvfs.runtime.controller.config import MeasurementConfig
+from kdvfs.runtime.device.energy_trace import EnergyTrace
 from kdvfs.runtime.testing.scripted_clock import ScriptedClock
 
 GUARD = "benchmarks.common.nvml_guard"
@@ -105,11 +107,8 @@ def _record_one(nvml: Any, handle: Any, command: list[str]) -> tuple[list[tuple[
 
 def _instant_mw(nvml: Any, handle: Any) -> float:
     """NVML's instantaneous power field (mW; NaN where the driver does not give it)."""
-    value = nvml.nvmlDeviceGetFieldValues(handle, [nvml.NVML_FI_DEV_POWER_INSTANT])[0]
-    kinds = {nvml.NVML_VALUE_TYPE_DOUBLE: "dVal", nvml.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
-             nvml.NVML_VALUE_TYPE_UNSIGNED_LONG: "ulVal", nvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal",
-             nvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "sllVal"}
-    return float(getattr(value.value, kinds[value.valueType])) if value.nvmlReturn == nvml.NVML_SUCCESS else math.nan
+    value = field_value(nvml, handle, nvml.NVML_FI_DEV_POWER_INSTANT)
+    return math.nan if value is None else value
 
 
 def truth(counter: np.ndarray) -> dict[str, Any]:
@@ -135,16 +134,16 @@ def truth(counter: np.ndarray) -> dict[str, Any]:
 
 class RecordedCounter:
     """The recorded counter on ``clock``: a read takes the next recorded read's duration (in turn) and returns
-    the value held at its middle (J x 1e3, as NVML gives mJ); ``starts_s`` keeps each read's start."""
+    the value held at its middle (J x 1e3, as NVML gives mJ)."""
 
     def __init__(self, clock: ScriptedClock, updates: dict[str, Any], durations_s: np.ndarray) -> None:
         self.clock, self.times_s, self.energies_j = clock, updates["times_s"], updates["energies_j"]
-        self.durations_s, self.starts_s = durations_s, []
+        self.durations_s, self.reads = durations_s, 0
 
     def __call__(self) -> float:
         start_s = self.clock.now_s()
-        duration_s = float(self.durations_s[len(self.starts_s) % len(self.durations_s)])
-        self.starts_s.append(start_s)
+        duration_s = float(self.durations_s[self.reads % len(self.durations_s)])
+        self.reads += 1
         index = max(0, int(np.searchsorted(self.times_s, start_s + duration_s / 2, side="right")) - 1)
         self.clock.advance_to(start_s + duration_s)
         return float(self.energies_j[index])
@@ -153,8 +152,6 @@ class RecordedCounter:
 def replay_one(counter: np.ndarray) -> dict[str, Any]:
     """:class:`EnergyTrace` on the recorded ``counter`` (see the module docstring): read rates per ``BLOCK_S``
     and each window's energy error against the recorded counter's (% of the window's energy)."""
-    from kdvfs.runtime.device.energy_trace import EnergyTrace
-
     updates = truth(counter)
     start_s, end_s = float(updates["times_s"][0]), float(updates["times_s"][-1])
     marks_s = list(np.arange(start_s + 2 * WINDOW_S, end_s - WINDOW_S, WINDOW_S))
@@ -195,14 +192,14 @@ def _spread(values: list[float]) -> dict[str, float] | None:
     return {"mean": float(array.mean()), "sd": float(array.std()), "max_abs": float(np.abs(array).max())}
 
 
-def power_as_counter(counter: np.ndarray, power: np.ndarray) -> dict[str, Any] | None:
+def power_as_counter(updates: dict[str, Any], power: np.ndarray) -> dict[str, Any] | None:
     """How well the power field would stand in for the counter: its samples held until the next, integrated over
     windows of ``WINDOW_UPDATES`` counter updates and compared with the counter's energy over each (% of it), at
-    the lag (ms, from -100 to 150) that gives the smallest spread in hindsight. None without power samples."""
+    the lag (ms, from -100 to 150) that gives the smallest spread in hindsight; ``updates``: the counter's
+    (:func:`truth`). None without power samples."""
     usable = power[np.isfinite(power[:, 2])]
     if len(usable) < 2:
         return None
-    updates = truth(counter)
     times_s, energies_j = updates["times_s"], updates["energies_j"]
     middles_s = (usable[:, 0] + usable[:, 1]) / 2
     held_j = np.concatenate([[0.0], np.cumsum(usable[:-1, 2] / 1e3 * np.diff(middles_s))])
@@ -235,8 +232,9 @@ def report(folder: Path, replays: list[Path], name: str) -> dict[str, Any]:
     counters = {}
     for path in sorted(folder.glob("*.npz")):
         data = np.load(path)
-        clock = {k: v for k, v in truth(data["counter"]).items() if not isinstance(v, np.ndarray)}
-        counters[path.stem] = {"clock": clock, "power_field": power_as_counter(data["counter"], data["power"])}
+        updates = truth(data["counter"])
+        clock = {k: v for k, v in updates.items() if not isinstance(v, np.ndarray)}
+        counters[path.stem] = {"clock": clock, "power_field": power_as_counter(updates, data["power"])}
     command = (f"python -m benchmarks.h200.energy_reads record {folder} (on the GPU machine); replay {folder} "
                f"OUT.json --label L for each kdvfs; report {folder} {' '.join(str(p) for p in replays)} --name {name}")
     result = {"provenance": provenance(command), "device_run": json.loads((folder / "run.json").read_text()),

@@ -86,7 +86,8 @@ def probe(nvml_module: str) -> dict[str, Any]:
         ("energy", lambda: nvml.nvmlDeviceGetTotalEnergyConsumption(handle), 0.0),
         ("power", lambda: nvml.nvmlDeviceGetPowerUsage(handle), 1e-3)]
     if hasattr(nvml, "nvmlDeviceGetFieldValues"):  # the same counter through the field-value call (mJ): its cost
-        reads.append(("energy_field", lambda: _field(nvml, handle, nvml.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION), 0.0))
+        energy_field = nvml.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION
+        reads.append(("energy_field", lambda: field_value(nvml, handle, energy_field), 0.0))
     for name, read, gap_s in reads:
         walls, cpus, changes, given, last = [], [], [], 0, read()
         end_s = time.perf_counter() + PROBE_S
@@ -115,11 +116,11 @@ def probe(nvml_module: str) -> dict[str, Any]:
 
 def _field_w(nvml: Any, handle: Any, field: int) -> float | None:
     """An NVML power field in W (None: the driver does not give it)."""
-    value = _field(nvml, handle, field)
+    value = field_value(nvml, handle, field)
     return None if value is None else value / 1e3
 
 
-def _field(nvml: Any, handle: Any, field: int) -> float | None:
+def field_value(nvml: Any, handle: Any, field: int) -> float | None:
     """An NVML field value in the driver's unit (mW, mJ; None: the driver does not give it)."""
     try:
         value = nvml.nvmlDeviceGetFieldValues(handle, [field])[0]

@@ -32,6 +32,7 @@ from kdvfs.agents.learned.training.margin_plans import (
     COMPLIANCE,
     episodes,
     margin_actors,
+    most_saving_compliant,
     score_seeds,
     within,
 )
@@ -63,14 +64,6 @@ def validation_cases(gpu: str) -> tuple[np.ndarray, np.ndarray, dict[str, np.nda
     return results, families, {"scale": error * (1 + drift_pct / 100), "error": error, "drift": drift_pct}
 
 
-def _choose(saving: np.ndarray, ok: np.ndarray) -> int:
-    """The margin (first axis) saving the most among those within budget in >= ``COMPLIANCE`` of the episodes (the
-    rest of the axes); the most compliant one where none is."""
-    share, mean = ok.reshape(len(ok), -1).mean(axis=1), saving.reshape(len(saving), -1).mean(axis=1)
-    fit = share >= COMPLIANCE
-    return int(np.where(fit, mean, -np.inf).argmax()) if fit.any() else int(share.argmax())
-
-
 def leave_one_family_out(results: np.ndarray, families: np.ndarray, known: list[np.ndarray]) -> np.ndarray:
     """(pairs, budgets, latencies, seeds, 2) saving and within-budget of the margin chosen for each episode: per
     family left out and cell, on the other families' episodes, over all of them (``known`` empty: the bar) or within
@@ -88,7 +81,8 @@ def leave_one_family_out(results: np.ndarray, families: np.ndarray, known: list[
             fit, where = (bins == k) & train[:, None], (bins == k) & test[:, None]
             for b in range(len(CELL_BUDGETS)):
                 for s in range(len(CELL_LATENCY_SCALES)):
-                    pick = _choose(by_seed[:, fit, b, s, 0], ok[:, fit, b, s]) if fit.any() else -1  # none: release
+                    share, saving = ok[:, fit, b, s].mean(axis=1), by_seed[:, fit, b, s, 0].mean(axis=1)
+                    pick = int(most_saving_compliant(share, saving)) if fit.any() else -1  # none to choose on: release
                     out[where, b, s, 0] = by_seed[pick][where][:, b, s, 0]
                     out[where, b, s, 1] = ok[pick][where][:, b, s]
     return out.transpose(0, 2, 3, 1, 4)

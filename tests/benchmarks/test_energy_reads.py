@@ -40,6 +40,6 @@ def test_a_power_field_that_is_the_counters_mean_stands_in_for_it() -> None:
     counter = made_counter(0.1, 0.003, 20.0, power_w=500.0)
     starts_s = np.arange(0.0, 20.0, 0.004)
     power = np.column_stack([starts_s, starts_s + 6e-5, np.full(len(starts_s), 5e5)])
-    stand_in = power_as_counter(counter, power)
+    stand_in = power_as_counter(truth(counter), power)
     assert stand_in is not None and abs(stand_in["mean"]) < 0.5 and stand_in["sd"] < 0.5
-    assert power_as_counter(counter, power[:1]) is None
+    assert power_as_counter(truth(counter), power[:1]) is None

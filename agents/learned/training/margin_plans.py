@@ -97,8 +97,12 @@ def best_margins(results: Array) -> Array:
     """(budgets, latencies) int: per cell, the margin action (``results`` (margin actions, pairs,
     budgets, latencies, seeds, 3), one row per margin) saving the most on average among those within budget
     in >= ``COMPLIANCE`` of the cell's episodes; the most compliant margin where none reaches it."""
-    share = within(results).mean(axis=(1, 4))
-    saving = results[..., 0].mean(axis=(1, 4))
+    return most_saving_compliant(within(results).mean(axis=(1, 4)), results[..., 0].mean(axis=(1, 4)))
+
+
+def most_saving_compliant(share: Array, saving: Array) -> Array:
+    """Along the first axis (margin actions): the one saving the most (``saving``, mean %) among those within
+    budget in >= ``COMPLIANCE`` of their episodes (``share``), else the most compliant; int, over the other axes."""
     ok = share >= COMPLIANCE
     ranked = np.where(ok, saving, -np.inf)
     return np.where(ok.any(axis=0), ranked.argmax(axis=0), share.argmax(axis=0))
