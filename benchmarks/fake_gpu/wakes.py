@@ -164,12 +164,14 @@ def run_case(trace: str, seconds: float, log: Path, policy: str = POLICY) -> dic
 
 
 def thread_table(runs: list[dict[str, Any]]) -> list[str]:
-    """The whole thread's CPU per controlled step by label and workload: median and range over the label's runs,
-    and whether all of each workload's runs with the same policy logged alike (one digest a policy)."""
+    """The whole thread's CPU per controlled step and the decisions' median by label and workload: median and range
+    over the label's runs, and whether all of each workload's runs with the same policy logged alike (one digest a
+    policy)."""
     labels = list(dict.fromkeys(run["label"] for run in runs))
     counts = {label: sum(run["label"] == label for run in runs) for label in labels}
-    lines = ["| workload | " + " | ".join(f"{label}: thread CPU (ms), median [min, max] of {counts[label]} runs"
-                                        for label in labels) + " | event logs alike (each policy's runs) |",
+    lines = ["| workload | " + " | ".join(f"{label}: thread CPU (ms); decisions' median (us), each median [min, max] "
+                                        f"of {counts[label]} runs" for label in labels)
+             + " | event logs alike (each policy's runs) |",
              "| --- |" + " ---: |" * len(labels) + " --- |"]
     for trace in CASES:
         cells, digests = [], set()
@@ -178,7 +180,11 @@ def thread_table(runs: list[dict[str, Any]]) -> list[str]:
                       for c in r["cases"] if c["trace"] == trace]
             digests |= {(r.get("policy", POLICY), c["log_digest"]) for r in runs if r["label"] == label
                         for c in r["cases"] if c["trace"] == trace}
-            cells.append(f"{statistics.median(cpu_ms):.2f} [{min(cpu_ms):.2f}, {max(cpu_ms):.2f}]")
+            decision_us = [c["decision_us"]["median"] for r in runs if r["label"] == label for c in r["cases"]
+                           if c["trace"] == trace and c["decision_us"]["median"] is not None]
+            cells.append(f"{statistics.median(cpu_ms):.2f} [{min(cpu_ms):.2f}, {max(cpu_ms):.2f}]; " + (
+                f"{statistics.median(decision_us):.1f} [{min(decision_us):.1f}, {max(decision_us):.1f}]"
+                if decision_us else "-"))
         alike = len(digests) == len({policy for policy, _ in digests})
         lines.append(f"| {trace} | " + " | ".join(cells) + f" | {'yes' if alike else 'no'} |")
     return lines

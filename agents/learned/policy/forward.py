@@ -24,17 +24,29 @@ TANH, RELU = 0, 1
 
 @compiled
 def _activate(value: np.float32, activation: int) -> np.float32:
-    return np.tanh(value) if activation == TANH else max(value, np.float32(0.0))
+    """tanh as ``1 - 2 / (exp(2 value) + 1)`` in float32 (within 2e-7 of tanh: ``exp`` takes a quarter of the time
+    ``tanh`` takes, and a decision runs 256 of them; it saturates to +-1 without overflow trouble), or relu."""
+    if activation == TANH:
+        return np.float32(1.0) - np.float32(2.0) / (np.exp(np.float32(2.0) * value) + np.float32(1.0))
+    return max(value, np.float32(0.0))
 
 
 @compiled
 def _affine(weight: Array, x: Array, out: Array) -> None:
     """``out`` (O,) = ``x`` (I,) @ ``weight`` (I, O), summed over I in order (the inner loop runs over O, so it
-    vectorises without reordering any sum)."""
+    vectorises without reordering any sum; four rows of ``weight`` a pass, so that ``out`` is loaded and stored a
+    quarter as often: the same sums, bit for bit)."""
     out[:] = 0.0
-    for j in range(x.shape[0]):
+    rows, j = x.shape[0], 0
+    while j + 4 <= rows:
+        x0, x1, x2, x3 = x[j], x[j + 1], x[j + 2], x[j + 3]
         for o in range(out.shape[0]):
-            out[o] += x[j] * weight[j, o]
+            out[o] = (((out[o] + x0 * weight[j, o]) + x1 * weight[j + 1, o]) + x2 * weight[j + 2, o]) \
+                + x3 * weight[j + 3, o]
+        j += 4
+    for k in range(j, rows):
+        for o in range(out.shape[0]):
+            out[o] += x[k] * weight[k, o]
 
 
 @compiled
