@@ -85,3 +85,17 @@ def test_one_compiled_call_gives_the_action_of_the_layer_by_layer_pass(hidden_la
     action = act(first, net["x"][split:], net["mean"][split:], net["inverse_std"][split:], CLIP, products, picks,
                  (*hidden, last), bounds, activation)
     assert action.tolist() == expected.tolist() and np.array_equal(last[2], logits)  # the same sums, bit for bit
+
+
+def test_tanh_is_within_2e_7_of_tanh_and_saturates_without_overflow() -> None:
+    """The hidden layers' tanh (from ``exp`` in float32) against float64 tanh, through a dense layer of identity
+    weights, over [-20, 20], values near 0 and the float32 extremes."""
+    x = np.concatenate([np.linspace(-20, 20, 40001), np.geomspace(1e-12, 1e-2, 200), -np.geomspace(1e-12, 1e-2, 200),
+                        [np.finfo(np.float32).max, -np.finfo(np.float32).max, 0.0]]).astype(np.float32)
+    out, eye = np.empty_like(x), np.eye(512, dtype=np.float32)
+    for start in range(0, len(x), 512):
+        chunk = x[start:start + 512]
+        out[start:start + 512] = dense(eye[:len(chunk), :len(chunk)].copy(), chunk, np.zeros_like(chunk),
+                                       np.empty_like(chunk), TANH)
+    assert np.abs(out - np.tanh(x.astype(np.float64))).max() <= 2e-7
+    assert out[-3] == 1.0 and out[-2] == -1.0 and out[-1] == 0.0
