@@ -34,6 +34,19 @@ MAX_POLL_S = 0.05
 ``POLL_S``, never less than ``MAX_POLL_S``): an evaluation pass or a checkpoint between two steps costs a few dozen
 looks, not one a millisecond (s; :func:`wait_for`)."""
 MAX_ANCHORS_PER_STEP = 4096
+CPU_SAMPLE_ANCHORS = 16
+"""Every this many anchors one counts its CPU (two ``time.thread_time`` calls, system calls that cost an anchor
+several times its own Python), for all of them: ``CudaStepTimeline.hook_s``."""
+
+
+def thread_time_cost_s(reads: int = 33) -> float:
+    """What two ``time.thread_time`` calls add to the CPU time they measure (s): the median difference of
+    ``reads`` back-to-back pairs."""
+    differences = []
+    for _ in range(reads):
+        began_s = time.thread_time()
+        differences.append(time.thread_time() - began_s)
+    return sorted(differences)[reads // 2]
 KEEP_STEPS = 64
 PACE_QUANTILES = (0.1, 0.7)
 """:func:`host_pace_s` averages the gaps between these quantiles: the longest gaps are where the host waited for the
@@ -159,8 +172,11 @@ class CudaStepTimeline:
         self._pool: list[Any] = []
         self.hook_s = 0.0
         """CPU time spent in :meth:`mark` and :meth:`anchor`, on the threads that call them (s, each thread's
-        ``time.thread_time``: not the time a hook waits for the interpreter lock, which another thread holds;
-        concurrent anchors from autograd's threads may drop an addition: a lower bound)."""
+        ``time.thread_time``: not the time a hook waits for the interpreter lock, which another thread holds): every
+        mark's, and every ``CPU_SAMPLE_ANCHORS``-th anchor's times ``CPU_SAMPLE_ANCHORS`` (an estimate; concurrent
+        anchors from autograd's threads may drop an addition), less what the counting itself adds."""
+        self._anchors_seen = 0
+        self._counting_s = thread_time_cost_s()
         self.sleeps = 0
         """Sleeps of the waiting thread (:func:`wait_for`) in :meth:`wait` and :meth:`anchor_s`."""
 
@@ -187,8 +203,12 @@ class CudaStepTimeline:
     def anchor(self) -> None:
         """Record an anchor event of the current step (from a hook; a few microseconds). No lock: a pool's
         ``pop`` and a list's ``append`` are atomic, and an anchor whose list :meth:`mark` moves meanwhile
-        was recorded before that mark's event, so it belongs to the step it ends."""
-        began_s, began_cpu_s = time.perf_counter(), time.thread_time()
+        was recorded before that mark's event, so it belongs to the step it ends (the sampling count may lose
+        an increment to a concurrent anchor: a sample a little off its place)."""
+        counted = self._anchors_seen % CPU_SAMPLE_ANCHORS == 0
+        self._anchors_seen += 1
+        began_cpu_s = time.thread_time() if counted else 0.0
+        began_s = time.perf_counter()
         try:
             event = self._pool.pop()
         except IndexError:
@@ -199,7 +219,8 @@ class CudaStepTimeline:
         events = self._recording
         if len(events) < MAX_ANCHORS_PER_STEP:
             events.append((event, began_s))
-        self.hook_s += time.thread_time() - began_cpu_s
+        if counted:
+            self.hook_s += CPU_SAMPLE_ANCHORS * max(0.0, time.thread_time() - began_cpu_s - self._counting_s)
 
     def _host_s(self, event: Any) -> float:
         return self._first.elapsed_time(event) / 1e3 + self._offset_s

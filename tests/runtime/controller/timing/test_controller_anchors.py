@@ -194,6 +194,43 @@ def test_the_last_passed_anchor_is_seen_while_its_step_is_recorded_and_after_it_
     assert timeline.hook_s > 0
 
 
+class ThreadClock:
+    """``time.thread_time``: ``read_s`` a read, and whatever :meth:`spend` adds between reads."""
+
+    def __init__(self, read_s: float) -> None:
+        self.now_s, self.read_s, self.calls = 0.0, read_s, 0
+
+    def spend(self, seconds: float) -> None:
+        self.now_s += seconds
+
+    def __call__(self) -> float:
+        self.calls += 1
+        self.now_s += self.read_s
+        return self.now_s
+
+
+def test_one_anchor_in_sixteen_counts_the_cpu_of_all_less_what_counting_adds(monkeypatch: pytest.MonkeyPatch
+                                                                               ) -> None:
+    """The hooks' CPU (``hook_s``) from every ``CPU_SAMPLE_ANCHORS``-th anchor's, times that many, less the cost of
+    the two reads that measure it (a thread clock of 1 us a read; each anchor's own work, its event's record, 4 us)."""
+    clock = ThreadClock(1e-6)
+
+    class WorkingEvent(FakeEvent):
+        def record(self, stream: Any = None) -> None:
+            super().record(stream)
+            clock.spend(4e-6)
+
+    monkeypatch.setattr(torch.cuda, "Event", WorkingEvent)
+    monkeypatch.setattr(gpu_timeline, "current_stream", lambda: None)
+    monkeypatch.setattr(gpu_timeline.time, "thread_time", clock)
+    timeline = CudaStepTimeline(RealClock())
+    before = clock.calls
+    for _ in range(2 * gpu_timeline.CPU_SAMPLE_ANCHORS):
+        timeline.anchor()
+    assert clock.calls - before == 4  # two anchors counted, two reads each
+    assert timeline.hook_s == pytest.approx(2 * gpu_timeline.CPU_SAMPLE_ANCHORS * 4e-6)
+
+
 def test_anchor_map_learns_positions_and_their_kernels() -> None:
     starts_s = np.linspace(0.0, 0.1, 101)  # a kernel every millisecond
     anchor_map = AnchorMap(starts_s, expected_s=0.1, learn_steps=3)
