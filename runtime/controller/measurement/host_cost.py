@@ -3,7 +3,8 @@ step's time, and how often its thread woke.
 
 The controller's thread (the issuer) and the energy counter's thread each report their own CPU time
 (``time.thread_time`` when they stop); the hooks that mark steps and anchors run on the training threads, each
-counting its own thread's CPU (``time.thread_time``: not the time it waits for the interpreter lock). A controller in a process of its own
+counting its own thread's CPU (``time.thread_time``: not the time it waits for the interpreter lock; the anchors' on
+one in ``CPU_SAMPLE_ANCHORS``). A controller in a process of its own
 (:mod:`~kdvfs.runtime.controller.training.own_process`) adds the CPU of the training process's thread that answers
 it; there only that thread and the hooks hold the training process's interpreter lock. Their sum over the steps the
 controller saw, against the mean time between step ends, is the controller's host cost; the thread's wakes (sleeps
