@@ -31,6 +31,7 @@ from kdvfs.envs.env.observing.live_tables import (
     next_change_in,
     observe_at,
     plan_of,
+    plans_at,
     target_pair_of,
 )
 from kdvfs.envs.env.observing.observation import BUDGET_FEATURES
@@ -123,20 +124,19 @@ def decide_bound(bound: Any, budget: float, budget_plan: int, kernel: int, in_ef
 
 @compiled
 def first_change_bound(bound: Any, budget: float, budget_plan: int, kernels: Array, in_effect: int,
-                       elapsed_s: Array, auto_elapsed_s: Array, last_latency_ratio: float, drift_pct: float,
-                       model_elapsed_s: Array) -> int:
+                       elapsed_s: Array, auto_elapsed_s: Array, model_elapsed_s: Array) -> int:
     """The first of the states ahead (``kernels`` (n,) int64 and the times (n,) float64; no change pending,
     ``in_effect`` in effect: :class:`~kdvfs.envs.env.observing.live.LiveState`'s fields) at which the standing order
-    (``bound.action``) proposes a pair other than ``in_effect``; n if none (or it requests nothing). Writes the
-    observation and the advice at each (the environment's buffers, which every decision writes anew)."""
+    (``bound.action``) proposes a pair other than ``in_effect``; n if none (or it requests nothing). Writes the plan
+    advisors' part of the observation and of the advice at each (:func:`plans_at`: what the order's proposal reads;
+    the environment's buffers, which every decision writes anew)."""
     b, n = bound, kernels.shape[0]
     if not b.action[0]:
         return n
     for j in range(n):
-        observe_at(b.obs, b.advice, b.static_rows, b.lay, b.advisor_index, b.cumulative_s, b.landings, b.plan_pairs,
-                   b.plan_rest, b.joinable, b.next_change, b.speeds_up, b.sizes, b.auto_time_s, b.latency_s,
-                   b.stall_s, budget, budget_plan, kernels[j], in_effect, -1, 0.0, elapsed_s[j], auto_elapsed_s[j],
-                   last_latency_ratio, drift_pct, model_elapsed_s[j])
+        plans_at(b.obs, b.advice, b.lay, b.cumulative_s, b.landings, b.plan_pairs, b.plan_rest, b.joinable,
+                 b.next_change, b.speeds_up, b.sizes, b.auto_time_s, b.stall_s, budget, budget_plan, kernels[j],
+                 in_effect, elapsed_s[j], auto_elapsed_s[j], model_elapsed_s[j])
         if target_pair_of(b.action[1], b.advice, b.sizes) != in_effect:
             return j
     return n

@@ -191,10 +191,11 @@ class OnlinePolicy:
         name a pair other than ``in_effect`` (n: none), in one compiled call
         (:func:`~kdvfs.agents.learned.policy.live_decision.first_change_bound`): ``kernels`` (n,) int64 and the times
         (n,) (s, model timeline) of :class:`~kdvfs.envs.env.observing.live.LiveState`, with no change pending; after
-        :meth:`begin`. The standing order and its hold are unchanged."""
+        :meth:`begin`. The standing order and its hold are unchanged. ``last_latency_ratio`` and ``drift_pct`` are
+        the controller's interface's (a residual policy's look-ahead reads them); the plans' proposals do not."""
         assert self._bound is not None, "begin a step first"
         return _first_change(self._bound[0], *self._budget, kernels, in_effect, elapsed_s, auto_elapsed_s,
-                             last_latency_ratio, drift_pct, model_elapsed_s)
+                             model_elapsed_s)
 
     def warm(self, state: LiveState) -> None:
         """Run a decision at ``state`` (the observation, the policy, the decision's making) and drop its result:

@@ -187,9 +187,7 @@ def observe_dynamic(obs: Array, advice: Array, row: Array, lay: Array, advisor_i
     obs[c + 2] = 1.0 if k == 0 or latency_s <= 0 else 0.0
     c = lay[L_CONDITIONS]
     run_pct = 100.0 * (elapsed_s / auto_elapsed_s - 1.0) if auto_elapsed_s > 0 else 0.0
-    # The prediction error (elapsed over the prediction's time at the clocks run) scales the prediction's auto
-    # time before it is subtracted: a step longer than predicted at every clock is not budget used.
-    error_scale = elapsed_s / model_elapsed_s if model_elapsed_s > 0 else 1.0
+    error_scale = _error_scale(elapsed_s, model_elapsed_s)
     obs[c], obs[c + 1], obs[c + 2], obs[c + 3] = 1e3 * latency_s, drift_pct, _clip(run_pct), last_latency_ratio
     obs[c + 4] = _clip(100.0 * (error_scale - 1.0))
     expected_s = cumulative_s[min(k, lay[L_KERNELS]), 0]
@@ -201,5 +199,27 @@ def observe_dynamic(obs: Array, advice: Array, row: Array, lay: Array, advisor_i
     obs[c + 2], obs[c + 3] = _clip(affordable), expected_s / auto_time_s
     obs[c + 4] = min(latencies, REMAINING_LATENCIES_CAP) / REMAINING_LATENCIES_CAP
     _window_advisors(obs, advice, row, lay, advisor_index, in_effect, affordable)
+    observe_plans(obs, advice, lay, cumulative_s, effect, next_effect, plan_pairs, plan_rest, joinable, next_change,
+                  speeds_up, k, in_effect, elapsed_s, auto_elapsed_s, model_elapsed_s, budget, auto_time_s, stall_s,
+                  budget_plan)
+
+
+@compiled
+def _error_scale(elapsed_s: float, model_elapsed_s: float) -> float:
+    """The prediction error (elapsed over the prediction's time at the clocks run): it scales the prediction's
+    auto time before it is subtracted, so a step longer than predicted at every clock is not budget used."""
+    return elapsed_s / model_elapsed_s if model_elapsed_s > 0 else 1.0
+
+
+@compiled
+def observe_plans(obs: Array, advice: Array, lay: Array, cumulative_s: Array, effect: Array, next_effect: Array,
+                  plan_pairs: Array, plan_rest: Array, joinable: Array, next_change: Array, speeds_up: Array, k: int,
+                  in_effect: int, elapsed_s: float, auto_elapsed_s: float, model_elapsed_s: float, budget: float,
+                  auto_time_s: float, stall_s: float, budget_plan: int) -> None:
+    """:func:`observe_dynamic`'s plan advisors alone: the plans', the fitting plan's and the budget plan's pairs
+    into ``advice`` and their blocks into ``obs``, as :func:`observe_dynamic` writes them at the same state (the
+    same arguments; what the plans propose depends on nothing else of it), for a caller that reads no more (a
+    budget-dependent order's proposal read ahead, state by state)."""
+    used_s = elapsed_s - auto_elapsed_s * _error_scale(elapsed_s, model_elapsed_s)
     _plan_advisors(obs, advice, lay, cumulative_s, effect[k], next_effect[k], plan_pairs, plan_rest, joinable,
                    next_change, speeds_up, k, in_effect, used_s, budget, auto_time_s, stall_s, budget_plan)

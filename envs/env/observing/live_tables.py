@@ -21,7 +21,7 @@ import numpy as np
 
 from kdvfs.common.arrays import Array
 from kdvfs.common.compiled import compiled
-from kdvfs.envs.env.observing.dynamic_observation import observe_dynamic
+from kdvfs.envs.env.observing.dynamic_observation import observe_dynamic, observe_plans
 
 DEPENDS_ON_BUDGET = -2
 """:func:`plan_of` (and a live decision's next change): the standing order's proposal depends on the budget."""
@@ -123,4 +123,20 @@ def observe_at(obs: Array, advice: Array, static_rows: Array, lay: Array, adviso
                     landings[in_effect, 1], plan_pairs, plan_rest, joinable, next_change, speeds_up, k, in_effect,
                     pending, latency_s - pending_age_s, elapsed_s, auto_elapsed_s, model_elapsed_s,
                     last_latency_ratio, drift_pct, budget, auto_time_s, latency_s, stall_s, budget_plan)
+    return k
+
+
+@compiled
+def plans_at(obs: Array, advice: Array, lay: Array, cumulative_s: Array, landings: Array, plan_pairs: Array,
+             plan_rest: Array, joinable: Array, next_change: Array, speeds_up: Array, sizes: Array, auto_time_s: float,
+             stall_s: float, budget: float, budget_plan: int, kernel: int, in_effect: int, elapsed_s: float,
+             auto_elapsed_s: float, model_elapsed_s: float) -> int:
+    """:func:`observe_at`'s plan advisors alone (:func:`~kdvfs.envs.env.observing.dynamic_observation.observe_plans`):
+    their pairs in ``advice`` (the plans', the fitting plan's, the budget plan's slots) as :func:`observe_at` writes
+    them at the same state; the rest of ``obs`` and ``advice`` is left as it was. Returns the kernel, as
+    :func:`observe_at` does."""
+    k = min(max(kernel, 0), sizes[S_KERNELS])
+    observe_plans(obs, advice, lay, cumulative_s, landings[in_effect, 0], landings[in_effect, 1], plan_pairs,
+                  plan_rest, joinable, next_change, speeds_up, k, in_effect, elapsed_s, auto_elapsed_s,
+                  model_elapsed_s, budget, auto_time_s, stall_s, budget_plan)
     return k

@@ -8,6 +8,7 @@ import pytest
 
 from kdvfs.envs.env.dvfs_env import KernelDVFSEnv
 from kdvfs.envs.env.observing.live import LiveState, PredictedElapsed
+from kdvfs.envs.env.observing.live_tables import plans_at
 from tests.envs.env.env_doubles import PREVIOUS, PairEnv, observe_state
 
 
@@ -67,3 +68,37 @@ def test_a_change_of_pair_adds_one_stall_and_kernels_count_at_the_pair_of_the_ea
     assert predicted.at(1, 1) == 7.5
     predicted.restart()
     assert predicted.at(1, 1) == 2.0  # the first reading's pair ran from the start, no stall
+
+
+def test_the_plans_alone_are_what_the_observation_says_of_them() -> None:
+    """``plans_at`` (what a controller's look-ahead reads of the budget-dependent proposals) writes every plan
+    advisor's pair (the plans', the fitting plan's, the budget plan's) and their blocks as ``observe_at`` does, at
+    states along a step, some where the budget holds the fitting plan below the most saving one and some not."""
+    env = KernelDVFSEnv(gpu="h200", plan_budgets=(0.0025, 0.005, 0.01, 0.02), budgets=(0.005, 0.01))
+    spec, rng, binds = env.observation_spec, np.random.default_rng(5), []
+    slots = spec.advisor_slots()
+    plan_slots = np.r_[slots["plans"], slots["fitting_plan"], slots["budget_plan"]]
+    blocks = ("plans_rest_saving_then_slowdown_pct", "plans_in_effect", "fitting_plan", "budget_plan")
+    for seed in range(3):
+        env.reset(seed=seed)
+        step = env.steps[0]
+        for _ in range(40):
+            kernel = int(rng.integers(0, step.kernels + 1))
+            in_effect = int(rng.integers(env.grid.size))
+            auto_s = float(step.cumulative[kernel, 0, 0])
+            state = LiveState(kernel, in_effect, -1, 0.0, auto_s * rng.uniform(0.98, 1.02), auto_s, 1.0, 0.0,
+                              auto_s * rng.uniform(0.99, 1.01))
+            observation = observe_state(env, state)
+            expected = env.advice[plan_slots].copy()
+            tables = env.live_tables()
+            env.advice[:] = -7
+            plans_at(tables.obs, env.advice, tables.layout, tables.cumulative_s, tables.landings, tables.plan_pairs,
+                     tables.plan_rest, tables.joinable, tables.next_change, tables.speeds_up, tables.sizes,
+                     tables.auto_time_s, tables.stall_s, env.budget, env.budget_plan, *state[:2], *state[4:6],
+                     state[8])
+            assert np.array_equal(env.advice[plan_slots], expected)
+            for block in blocks:
+                assert np.array_equal(spec.view(tables.obs, block), spec.view(observation, block))
+            savings = spec.view(observation, "plans_rest_saving_then_slowdown_pct")[:len(spec.plan_budgets)]
+            binds.append(bool(spec.view(observation, "fitting_plan")[0] < savings.max()))
+    assert 10 <= sum(binds) <= len(binds) - 10
