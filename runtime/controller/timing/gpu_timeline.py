@@ -37,6 +37,11 @@ MAX_ANCHORS_PER_STEP = 4096
 CPU_SAMPLE_ANCHORS = 16
 """Every this many anchors one counts its CPU (two ``time.thread_time`` calls, system calls that cost an anchor
 several times its own Python), for all of them: ``CudaStepTimeline.hook_s``."""
+KEEP_STEPS = 64
+PACE_QUANTILES = (0.1, 0.7)
+""":func:`host_pace_s` averages the gaps between these quantiles: the longest gaps are where the host waited for the
+GPU (a synchronisation, a full launch queue) or did the step's own host work, the shortest back-to-back hooks."""
+MIN_PACE_GAPS = 4
 
 
 def thread_time_cost_s(reads: int = 33) -> float:
@@ -47,11 +52,6 @@ def thread_time_cost_s(reads: int = 33) -> float:
         began_s = time.thread_time()
         differences.append(time.thread_time() - began_s)
     return sorted(differences)[reads // 2]
-KEEP_STEPS = 64
-PACE_QUANTILES = (0.1, 0.7)
-""":func:`host_pace_s` averages the gaps between these quantiles: the longest gaps are where the host waited for the
-GPU (a synchronisation, a full launch queue) or did the step's own host work, the shortest back-to-back hooks."""
-MIN_PACE_GAPS = 4
 
 
 def host_pace_s(times_s: Sequence[float]) -> float | None:
