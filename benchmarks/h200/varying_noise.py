@@ -36,6 +36,20 @@ def _row(window: dict[str, Any], value: float, new_inputs: tuple[float, ...] | N
                      (window["start_s"] + window["end_s"]) / 2, window.get("host_pace_s") if paced else None)
 
 
+def _measured(windows: list[dict[str, Any]], energies: list[dict[str, Any]]) -> list[tuple[dict[str, Any], float]]:
+    """Each window run as its arm says whose joules per step were measured, with them."""
+    joules = {e["last_step"]: e["energy_j_per_step"] for e in energies}
+    return [(w, joules[w["last_step"]]) for w in windows if joules.get(w["last_step"]) is not None and _as_intended(w)]
+
+
+def _residual_pct(rows: list[WindowRow]) -> tuple[float, int]:
+    """What of the rows' figure the A/B estimator's regression (:func:`design`) leaves: its residual's standard
+    deviation as a share of the mean (%), and the regression's columns."""
+    x, y = design(rows)
+    residual = y - x @ np.linalg.lstsq(x, y, rcond=None)[0]
+    return float(100 * residual.std(ddof=x.shape[1]) / y.mean()), x.shape[1]
+
+
 def window_noise(windows: list[dict[str, Any]]) -> dict[str, Any] | None:
     """What the A/B interval of a varying run is up against, from its windows' records: the range of their steps' mean
     count of inputs of a shape new to the process (all positions together), the correlation of a window's step time with
@@ -44,12 +58,11 @@ def window_noise(windows: list[dict[str, Any]]) -> dict[str, Any] | None:
     if len(windows) < 6:
         return None
     rows = [_row(w, w["step_time_s"]) for w in windows]
-    x, y = design(rows)
-    residual = y - x @ np.linalg.lstsq(x, y, rcond=None)[0]
     totals = [sum(r.new_inputs) for r in rows]
     return {"new_inputs": [min(totals), max(totals)],
-            "step_time_vs_kernel_correlation": float(np.corrcoef(y, [r.kernel_steps for r in rows])[0, 1]),
-            "adjusted_residual_pct": float(100 * residual.std(ddof=x.shape[1]) / y.mean())}
+            "step_time_vs_kernel_correlation": float(np.corrcoef([r.value for r in rows],
+                                                                 [r.kernel_steps for r in rows])[0, 1]),
+            "adjusted_residual_pct": _residual_pct(rows)[0]}
 
 
 def energy_floor(windows: list[dict[str, Any]], energies: list[dict[str, Any]], steps: int) -> dict[str, Any] | None:
@@ -60,15 +73,11 @@ def energy_floor(windows: list[dict[str, Any]], energies: list[dict[str, Any]], 
     (``floor_half_width_pct``), and ``TARGET_HALF_WIDTH_PCT`` would take ``steps`` times the square of their ratio
     (``steps_for_target``). A lower bound for the run's own estimator (a quarter of the windows at auto, HC3); None
     under 8 windows."""
-    joules = {e["last_step"]: e["energy_j_per_step"] for e in energies}
-    rows = [_row(w, joules[w["last_step"]]) for w in windows
-            if joules.get(w["last_step"]) is not None and _as_intended(w)]
+    rows = [_row(w, joules) for w, joules in _measured(windows, energies)]
     if len(rows) < 8:
         return None
-    x, y = design(rows)
-    residual = y - x @ np.linalg.lstsq(x, y, rcond=None)[0]
-    residual_pct = float(100 * residual.std(ddof=x.shape[1]) / y.mean())
-    floor_pct = t_975(len(rows) - x.shape[1]) * residual_pct * math.sqrt(4 / len(rows))
+    residual_pct, columns = _residual_pct(rows)
+    floor_pct = t_975(len(rows) - columns) * residual_pct * math.sqrt(4 / len(rows))
     return {"windows": len(rows), "residual_pct": residual_pct, "floor_half_width_pct": floor_pct,
             "steps_for_target": math.ceil(steps * (floor_pct / TARGET_HALF_WIDTH_PCT) ** 2)}
 
@@ -81,15 +90,13 @@ def new_input_covariates(windows: list[dict[str, Any]], energies: list[dict[str,
     ``count`` (the counts summed over the positions) and ``share`` (the share of steps with any new input, the
     first form), on the same windows and joules; the same estimator (:func:`adjusted`) as the run's. None for a
     log without the share or without an estimate."""
-    joules = {e["last_step"]: e["energy_j_per_step"] for e in energies}
-    rows = [w for w in windows if w.get("new_input_steps") is not None and joules.get(w["last_step"]) is not None
-            and _as_intended(w)]
+    rows = [(w, joules) for w, joules in _measured(windows, energies) if w.get("new_input_steps") is not None]
     result = {}
     forms: dict[str, tuple[Callable[[dict[str, Any]], tuple[float, ...]], bool]] = {
         "run": (lambda w: tuple(w["new_inputs"]), False), "host_pace": (lambda w: tuple(w["new_inputs"]), True),
         "count": (lambda w: (sum(w["new_inputs"]),), False), "share": (lambda w: (w["new_input_steps"],), False)}
     for name, (covariate, paced) in forms.items():
-        saving = adjusted([_row(w, joules[w["last_step"]], covariate(w), paced) for w in rows], -1.0)
+        saving = adjusted([_row(w, joules, covariate(w), paced) for w, joules in rows], -1.0)
         if saving is None:
             return None
         result[name] = {"saving_pct": saving.mean_pct, "ci95_pct": [saving.lo_pct, saving.hi_pct],
