@@ -176,12 +176,10 @@ def thread_table(runs: list[dict[str, Any]]) -> list[str]:
     for trace in CASES:
         cells, digests = [], set()
         for label in labels:
-            cpu_ms = [c["thread_cpu_ms_per_controlled_step"] for r in runs if r["label"] == label
-                      for c in r["cases"] if c["trace"] == trace]
-            digests |= {(r.get("policy", POLICY), c["log_digest"]) for r in runs if r["label"] == label
-                        for c in r["cases"] if c["trace"] == trace}
-            decision_us = [c["decision_us"]["median"] for r in runs if r["label"] == label for c in r["cases"]
-                           if c["trace"] == trace and c["decision_us"]["median"] is not None]
+            picked = [(r, c) for r in runs if r["label"] == label for c in r["cases"] if c["trace"] == trace]
+            cpu_ms = [c["thread_cpu_ms_per_controlled_step"] for _, c in picked]
+            digests |= {(r.get("policy", POLICY), c["log_digest"]) for r, c in picked}
+            decision_us = [c["decision_us"]["median"] for _, c in picked if c["decision_us"]["median"] is not None]
             cells.append(f"{statistics.median(cpu_ms):.2f} [{min(cpu_ms):.2f}, {max(cpu_ms):.2f}]; " + (
                 f"{statistics.median(decision_us):.1f} [{min(decision_us):.1f}, {max(decision_us):.1f}]"
                 if decision_us else "-"))
