@@ -265,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     sub.choices["run"].add_argument("--only", nargs="+", metavar="LABEL", help="only these workloads")
     sub.choices["run"].add_argument("--own-process", action="store_true",
                                     help="a third process per pair: the controller in a process of its own "
-                                         "(kdvfs run's default outside torchrun)")
+                                         "(kdvfs run's default)")
     sub.choices["run"].add_argument("--policy", help="policy or plan file the controller runs (default: the local "
                                     "GPU's shipped policy)")
     sub.choices["report"].add_argument("--name", default="overhead_h200", help="results file stem")

@@ -196,8 +196,8 @@ class ControllerConfig:
         cpu_test_mode: accept a CPU-only script; host time stands in for the GPU timeline (tests).
         own_process: run the controller in a process of its own; the training process keeps the step marks, the
             hooks and a thread answering it (:mod:`kdvfs.runtime.controller.training.own_process`; ``kdvfs run``'s
-            default outside torchrun, where the bootstrap keeps it in the training process; False here, for the
-            API's ``Controller``, which runs in the training process).
+            default, under torchrun too: one a rank; False here, for the API's ``Controller``, which runs in the
+            training process).
         report_path: where the child process of ``kdvfs run`` writes its summary.
         measurement: A/B windows, guard and energy counter (:class:`MeasurementConfig`).
         timing: step matching, anchors and request timing (:class:`TimingConfig`).

@@ -96,7 +96,7 @@ class Controller(Managed):
     def _open(self) -> None:
         if self.config.own_process:
             raise KdvfsError("own_process: a Controller runs in the training process; use ProcessController(config) "
-                             "(kdvfs.runtime.controller), as kdvfs run does outside torchrun")
+                             "(kdvfs.runtime.controller), as kdvfs run does")
         device, timeline, clock = self._given
         self.config = self.config.for_rank(self.rank)
         opened = self._opened = open_checked(self.config, self.rank, device, self._stack)

@@ -68,8 +68,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                      "(no joules; for GPUs without a counter)")
     run.add_argument("--cpu-test-mode", action="store_true", help="accept a CPU-only script (tests and dry runs)")
     run.add_argument("--in-process", action="store_true", help="run the controller in the training process (default: "
-                     "in a process of its own, off the training process's interpreter lock; under torchrun always in "
-                     "the training process)")
+                     "in a process of its own, off the training process's interpreter lock; under torchrun one a rank)")
     run.add_argument("--nvml-module", default="pynvml", help="NVML binding to import (default pynvml)")
     add_daemon_option(run, "lock clocks")
     run.add_argument("--json", action="store_true", help="print the summary as JSON (script output to stderr)")

@@ -2,20 +2,20 @@
 ``python -m kdvfs.runtime.controller.training.boot CONFIG SCRIPT ARGS``.
 
 It opens the :class:`~kdvfs.runtime.controller.controller.Controller` described by CONFIG (with ``own_process``,
-outside torchrun, in a process of its own: :mod:`~kdvfs.runtime.controller.training.own_process`; under torchrun
-always here, in the training process; every check happens here,
+in a process of its own: :mod:`~kdvfs.runtime.controller.training.own_process`, under torchrun too, one a rank;
+else here, in the training process; every check happens before the script starts;
 before the script starts; a failed one is exit code 2 with the clocks untouched), registers a global
 ``torch.optim`` optimizer-step hook that calls :meth:`Controller.step`, and runs the unmodified script as
 ``__main__`` with the same runner as ``kdvfs capture``. Whatever way the script ends, the controller is
 closed (clocks restored) and the summary is written to the report file for the parent. The script's own
 exit code passes through. Under torchrun every worker runs this module (torchrun's ``-m`` entry), each
-with its own controller, GPU and watchdog, and writes its own report (``report.rankR.json``).
+with its own controller (in its own process, with ``own_process``: the process inherits the rank's
+environment and joins the job's lockstep), GPU and watchdog, and writes its own report (``report.rankR.json``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -28,7 +28,7 @@ from kdvfs.runtime.controller.config import ControllerConfig
 from kdvfs.runtime.controller.controller import Controller
 from kdvfs.runtime.controller.training.integrations import AnyController
 from kdvfs.runtime.controller.training.own_process import ProcessController
-from kdvfs.runtime.job import Rank, write_rank_report
+from kdvfs.runtime.job import write_rank_report
 
 
 @contextlib.contextmanager
@@ -44,8 +44,6 @@ def step_hook(controller: AnyController) -> Iterator[None]:
 def main(argv: Sequence[str]) -> int:
     """Run the script ``argv[1:]`` under the controller configured by the file ``argv[0]``."""
     config = ControllerConfig.load(Path(argv[0]))
-    if config.own_process and Rank.from_environment().distributed:  # under torchrun: in the training process
-        config = dataclasses.replace(config, own_process=False)
     controller = ProcessController(config) if config.own_process else Controller(config=config)
     try:
         controller.__enter__()

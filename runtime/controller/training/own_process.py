@@ -1,5 +1,5 @@
-"""The controller in a process of its own (``ControllerConfig.own_process``; ``kdvfs run``'s default outside
-torchrun).
+"""The controller in a process of its own (``ControllerConfig.own_process``; ``kdvfs run``'s default, under
+torchrun one a rank).
 
 :class:`ProcessController` runs the whole :class:`~kdvfs.runtime.controller.controller.Controller` in a child
 process (``python -m`` :mod:`~kdvfs.runtime.controller.training.controller_process`: a fresh interpreter, no CUDA
@@ -10,8 +10,9 @@ check that fails in the child raises here (``KdvfsError``), clocks untouched. Ea
 then its number sent to the child; closing has the child close its controller (clocks restored) and send back the
 summary and windows. Failure modes: the child ending early leaves training at the GPU's own clocks (restored by
 the child or its watchdog), no summary, ``error`` saying why; the training process ending closes the child's
-connection and the child restores; the child ignores SIGINT. Not under torchrun yet (a one-line error). Design:
-docs/design/controller.md (Threads).
+connection and the child restores; the child ignores SIGINT. Under torchrun the child inherits the rank's
+environment: its controller opens the rank's GPU and joins the job's lockstep (:class:`~kdvfs.runtime.job.JobGroup`)
+as one in the training process would. Design: docs/design/controller.md (Threads).
 """
 
 from __future__ import annotations
@@ -34,7 +35,6 @@ from kdvfs.runtime.controller.control.timeline_server import TimelineServer
 from kdvfs.runtime.controller.model.run_summary import RunSummary
 from kdvfs.runtime.controller.shapes.varying import StepShapes
 from kdvfs.runtime.device.host_time import Clock, RealClock
-from kdvfs.runtime.job import Rank
 
 CHILD_MODULE = "kdvfs.runtime.controller.training.controller_process"
 """What the child runs (``python -m``): a module the package does not import, so ``-m`` runs it fresh."""
@@ -62,8 +62,6 @@ class ProcessController(Managed):
         self._alive = False
 
     def _open(self) -> None:
-        if Rank.from_environment().distributed:
-            raise KdvfsError("own_process: not yet under torchrun; leave it off there")
         timeline = local_timeline(self.config, self._clock)
         hooks = anchor_hooks(self.config, timeline)
         questions, steps, inputs = self._start_child(None if hooks is None else hooks.every)

@@ -137,7 +137,7 @@ def test_a_sigkilled_run_through_the_daemon_has_its_gpu_reset_and_a_second_is_re
 
 
 def _controller_pid(trainer: int) -> int:
-    """The controller's own process among ``trainer``'s children (``kdvfs run``'s default outside torchrun)."""
+    """The controller's own process among ``trainer``'s children (``kdvfs run``'s default)."""
     for child in Path(f"/proc/{trainer}/task/{trainer}/children").read_text().split():
         if b"controller_process" in Path(f"/proc/{child}/cmdline").read_bytes():
             return int(child)

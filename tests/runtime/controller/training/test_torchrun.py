@@ -70,10 +70,11 @@ def _locks(folder: Path, gpu: int) -> dict[str, int]:
     return dict(json.loads(state.read_text())) if state.is_file() else {}
 
 
-def _run_argv(folder: Path, steps: int, dry_run: bool, ranks: int = 2) -> list[str]:
+def _run_argv(folder: Path, steps: int, dry_run: bool, ranks: int = 2, in_process: bool = False) -> list[str]:
     return [*KDVFS, "run", "--policy", str(folder / "plan.json"), "--trace", str(folder / "step.trace.json"),
             "--cpu-test-mode", "--nvml-module", NVML, "--log", str(folder / "run.jsonl"), "--json",
-            *(["--dry-run"] if dry_run else []), "--", *_torchrun(ranks), *GPT_DDP, "--steps", str(steps)]
+            *(["--dry-run"] if dry_run else []), *(["--in-process"] if in_process else []), "--", *_torchrun(ranks),
+            *GPT_DDP, "--steps", str(steps)]
 
 
 def _records(folder: Path, rank: int, event: str) -> list[dict[str, Any]]:
@@ -110,13 +111,18 @@ def test_a_one_rank_torchrun_job_names_its_trace_as_without_torchrun(tmp_path: P
 
 # The dry run is slow: the fast suite has the controlled job (the ranks' path) and the dry runs of one process
 # (test_run_end_to_end.py::test_a_cpu_test_mode_run_matches_its_own_capture, read-only NVML calls included).
-@pytest.mark.parametrize("dry_run", [pytest.param(True, marks=pytest.mark.slow), False], ids=["dry-run", "controlled"])
-def test_every_rank_controls_its_own_gpu_in_lockstep(job: Path, dry_run: bool) -> None:
-    done = subprocess.run(_run_argv(job, 300, dry_run), capture_output=True, text=True, cwd=REPO_ROOT,
-                          env=_environment(job), check=False)
+@pytest.mark.parametrize(("dry_run", "in_process"), [pytest.param(True, False, marks=pytest.mark.slow),
+                                                   (False, False), (False, True)],
+                         ids=["dry-run", "controlled", "controlled-in-process"])
+def test_every_rank_controls_its_own_gpu_in_lockstep(job: Path, dry_run: bool, in_process: bool) -> None:
+    """By default each rank's controller runs in a process of its own (its timeline server's CPU reported), with
+    ``--in-process`` in the rank's training process (none); either way in the job's lockstep."""
+    done = subprocess.run(_run_argv(job, 300, dry_run, in_process=in_process), capture_output=True, text=True,
+                          cwd=REPO_ROOT, env=_environment(job), check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     summary = strict_loads(done.stdout)
     validate(summary, "run-summary")  # the job's summary with each rank's row
+    assert (summary["host_cost"]["server_ms"] is None) is in_process
     assert summary["dry_run"] is dry_run and summary["gpu_restored"] is True and summary["error"] is None
     assert [(r["rank"], r["gpu_index"]) for r in summary["ranks"]] == [(0, 0), (1, 1)]
     assert summary["steps"] == 300 and summary["controlled_steps"] > 0
@@ -128,7 +134,14 @@ def test_every_rank_controls_its_own_gpu_in_lockstep(job: Path, dry_run: bool) -
     assert _locks(job, 0) == {} and _locks(job, 1) == {}
 
 
+def _parent_pid(pid: int) -> int:
+    """The parent of process ``pid`` (``/proc``): a rank's training process, whose controller runs in ``pid``."""
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
 def test_killing_one_rank_leaves_no_gpu_of_the_job_locked(job: Path) -> None:
+    """Rank 1's training process killed (its controller in a process of its own, the default): its controller
+    process restores its GPU, and the rank that lives on closes its controller whole."""
     folder = job / "kill"
     folder.mkdir()
     for name in ("plan.rank0.json", "plan.rank1.json", "step.rank0.trace.json", "step.rank1.trace.json"):
@@ -138,7 +151,7 @@ def test_killing_one_rank_leaves_no_gpu_of_the_job_locked(job: Path) -> None:
                                start_new_session=True)  # its own process group: torchrun's ranks end with it below
     try:
         assert _wait(lambda: _locks(folder, 0) and _locks(folder, 1), 60), "no rank locked its GPU"
-        os.kill(_records(folder, 1, "start")[0]["pid"], signal.SIGKILL)
+        os.kill(_parent_pid(_records(folder, 1, "start")[0]["pid"]), signal.SIGKILL)  # rank 1's training process
         assert _wait(lambda: not _locks(folder, 0) and not _locks(folder, 1), 30), (_locks(folder, 0),
                                                                                    _locks(folder, 1))
         stdout, _ = process.communicate(timeout=60)
