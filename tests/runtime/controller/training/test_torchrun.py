@@ -168,6 +168,32 @@ def test_killing_one_rank_leaves_no_gpu_of_the_job_locked(job: Path) -> None:
     assert [record["gpu_restored"] for record in _records(folder, 0, "summary")] == [True]
 
 
+def test_killing_one_ranks_controller_process_leaves_no_gpu_locked_and_training_goes_on(job: Path) -> None:
+    """Rank 1's controller process killed (training lives on): its watchdog resets its GPU, rank 0's controller
+    loses the job's lockstep and restores its own, and the job trains to its end with a summary saying so."""
+    folder = job / "kill-controller"
+    folder.mkdir()
+    for name in ("plan.rank0.json", "plan.rank1.json", "step.rank0.trace.json", "step.rank1.trace.json"):
+        (folder / name).write_bytes((job / name).read_bytes())
+    process = subprocess.Popen(_run_argv(folder, 4000, dry_run=False), stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, cwd=REPO_ROOT, env=_environment(folder),
+                               start_new_session=True)
+    try:
+        assert _wait(lambda: _locks(folder, 0) and _locks(folder, 1), 60), "no rank locked its GPU"
+        os.kill(_records(folder, 1, "start")[0]["pid"], signal.SIGKILL)
+        assert _wait(lambda: not _locks(folder, 0) and not _locks(folder, 1), 30), (_locks(folder, 0),
+                                                                                   _locks(folder, 1))
+        stdout, stderr = process.communicate(timeout=240)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    summary = strict_loads(stdout)
+    validate(summary, "run-summary")
+    assert summary["error"] and summary["gpu_restored"] is True, summary
+    assert stderr.decode().count("4000 steps") == 2, stderr[-2000:]  # both ranks trained to the end
+
+
 def _capture(folder: Path, script: list[str], ranks: int) -> dict[str, Any]:
     """``kdvfs capture`` of ``script`` under torchrun with ``ranks`` ranks into ``folder/step.rankR.trace.json``."""
     done = _kdvfs(["capture", "--cpu-test-mode", "--nvml-module", NVML, "--energy-window-s", "0.3", "--json", "-o",
