@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -139,27 +140,36 @@ def _parent_pid(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
-def test_killing_one_rank_leaves_no_gpu_of_the_job_locked(job: Path) -> None:
-    """Rank 1's training process killed (its controller in a process of its own, the default): its controller
-    process restores its GPU, and the rank that lives on closes its controller whole."""
-    folder = job / "kill"
+def _kill_mid_job(job: Path, name: str, steps: int, victim: Callable[[int], int], timeout_s: float
+                  ) -> tuple[Path, int, bytes, bytes]:
+    """A controlled two-rank job of ``steps`` steps in ``job/name`` (the job's plans and traces copied there); once
+    both GPUs are locked, SIGKILL to ``victim`` of rank 1's controller's pid, then both GPUs must be unlocked within
+    30 s. Returns the folder, the job's exit code, stdout and stderr (within ``timeout_s``)."""
+    folder = job / name
     folder.mkdir()
-    for name in ("plan.rank0.json", "plan.rank1.json", "step.rank0.trace.json", "step.rank1.trace.json"):
-        (folder / name).write_bytes((job / name).read_bytes())
-    process = subprocess.Popen(_run_argv(folder, 100_000, dry_run=False), stdout=subprocess.PIPE,
+    for file in ("plan.rank0.json", "plan.rank1.json", "step.rank0.trace.json", "step.rank1.trace.json"):
+        (folder / file).write_bytes((job / file).read_bytes())
+    process = subprocess.Popen(_run_argv(folder, steps, dry_run=False), stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, cwd=REPO_ROOT, env=_environment(folder),
                                start_new_session=True)  # its own process group: torchrun's ranks end with it below
     try:
         assert _wait(lambda: _locks(folder, 0) and _locks(folder, 1), 60), "no rank locked its GPU"
-        os.kill(_parent_pid(_records(folder, 1, "start")[0]["pid"]), signal.SIGKILL)  # rank 1's training process
+        os.kill(victim(_records(folder, 1, "start")[0]["pid"]), signal.SIGKILL)
         assert _wait(lambda: not _locks(folder, 0) and not _locks(folder, 1), 30), (_locks(folder, 0),
                                                                                    _locks(folder, 1))
-        stdout, _ = process.communicate(timeout=60)
+        stdout, stderr = process.communicate(timeout=timeout_s)
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)  # kdvfs, torchrun and any rank left, should the test fail
         process.wait()
-    assert process.returncode != 0
+    return folder, process.returncode, stdout, stderr
+
+
+def test_killing_one_rank_leaves_no_gpu_of_the_job_locked(job: Path) -> None:
+    """Rank 1's training process killed (its controller in a process of its own, the default): its controller
+    process restores its GPU, and the rank that lives on closes its controller whole."""
+    folder, code, stdout, _ = _kill_mid_job(job, "kill", 100_000, _parent_pid, 60)
+    assert code != 0
     summary = strict_loads(stdout)  # --json: one summary also when a rank wrote none (issue 40)
     validate(summary, "run-summary")
     assert summary["partial"] and summary["error"] and summary["gpu_restored"] is True, summary
@@ -171,23 +181,7 @@ def test_killing_one_rank_leaves_no_gpu_of_the_job_locked(job: Path) -> None:
 def test_killing_one_ranks_controller_process_leaves_no_gpu_locked_and_training_goes_on(job: Path) -> None:
     """Rank 1's controller process killed (training lives on): its watchdog resets its GPU, rank 0's controller
     loses the job's lockstep and restores its own, and the job trains to its end with a summary saying so."""
-    folder = job / "kill-controller"
-    folder.mkdir()
-    for name in ("plan.rank0.json", "plan.rank1.json", "step.rank0.trace.json", "step.rank1.trace.json"):
-        (folder / name).write_bytes((job / name).read_bytes())
-    process = subprocess.Popen(_run_argv(folder, 4000, dry_run=False), stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, cwd=REPO_ROOT, env=_environment(folder),
-                               start_new_session=True)
-    try:
-        assert _wait(lambda: _locks(folder, 0) and _locks(folder, 1), 60), "no rank locked its GPU"
-        os.kill(_records(folder, 1, "start")[0]["pid"], signal.SIGKILL)
-        assert _wait(lambda: not _locks(folder, 0) and not _locks(folder, 1), 30), (_locks(folder, 0),
-                                                                                   _locks(folder, 1))
-        stdout, stderr = process.communicate(timeout=240)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
+    _, _, stdout, stderr = _kill_mid_job(job, "kill-controller", 4000, lambda pid: pid, 240)
     summary = strict_loads(stdout)
     validate(summary, "run-summary")
     assert summary["error"] and summary["gpu_restored"] is True, summary
