@@ -3,8 +3,8 @@
 
 It opens the :class:`~kdvfs.runtime.controller.controller.Controller` described by CONFIG (with ``own_process``,
 in a process of its own: :mod:`~kdvfs.runtime.controller.training.own_process`, under torchrun too, one a rank;
-else here, in the training process; every check happens before the script starts;
-before the script starts; a failed one is exit code 2 with the clocks untouched), registers a global
+else here, in the training process; every check happens before the script starts; a failed one is exit code 2
+with the clocks untouched), registers a global
 ``torch.optim`` optimizer-step hook that calls :meth:`Controller.step`, and runs the unmodified script as
 ``__main__`` with the same runner as ``kdvfs capture``. Whatever way the script ends, the controller is
 closed (clocks restored) and the summary is written to the report file for the parent. The script's own
