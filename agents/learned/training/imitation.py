@@ -6,10 +6,7 @@ request the pair of one plan advisor (:mod:`kdvfs.envs.env.advice.plan_advice`: 
 step on the policy's clock grid for each budget), through the environment's own request semantics:
 ``budget_plan``, the plan with the largest budget within the episode's (open loop: the same plan whatever
 happens), or ``fitting_plan``, the plan saving the most among those whose slowdown fits what the run can
-still afford as measured (closed loop, but with no margin for what the disturbances do next). With residual
-actions (``KernelDVFSResidual-v0``) the expert is the fitting plan (the zero action) or, ``margin_plan``, the
-fitting plan with a fixed margin per budget x latency cell (the bar of
-:mod:`kdvfs.agents.learned.training.margin_plans`, its margins chosen on the training steps). The critic
+still afford as measured (closed loop, but with no margin for what the disturbances do next). The critic
 learns the expert's discounted returns. PPO then improves on the clone with the environment's own reward
 (budget tracking under noise, unseen steps).
 """
@@ -23,15 +20,12 @@ import numpy as np
 import torch
 from stable_baselines3.common.policies import ActorCriticPolicy
 
-from kdvfs.agents.learned.training.margin_plans import CELL_BUDGETS, CELL_LATENCY_SCALES
 from kdvfs.common.arrays import Array
 from kdvfs.common.errors import KdvfsError
 from kdvfs.envs.env.dvfs_env import KernelDVFSEnv
-from kdvfs.envs.env.observing.measured import MARGIN_ACTIONS
 
-EXPERTS = ("budget_plan", "fitting_plan", "margin_plan")
-"""The advisors an expert may follow (groups of :data:`kdvfs.envs.env.observing.observation.ADVISOR_GROUPS`), or,
-with residual actions only, ``margin_plan`` (``ImitationArgs.expert_margins``)."""
+EXPERTS = ("budget_plan", "fitting_plan")
+"""The advisors an expert may follow (groups of :data:`kdvfs.envs.env.observing.observation.ADVISOR_GROUPS`)."""
 
 
 @dataclass(frozen=True)
@@ -52,10 +46,6 @@ class ImitationArgs:
             on this times the negative log-likelihood of the expert's actions on the demonstrations); 0: PPO is
             only initialised from the clone.
         anchor_batches: anchor gradient steps (of ``batch_size`` decisions) after each PPO update.
-        expert_margins: ``margin_plan``'s margin action (an index of
-            :data:`kdvfs.envs.env.observing.measured.MARGINS`, or its ``RELEASE``) per budget of
-            :data:`~kdvfs.agents.learned.training.margin_plans.CELL_BUDGETS` (rows) and latency scale of
-            ``CELL_LATENCY_SCALES`` (columns); an episode at another budget takes the nearest row's.
     """
 
     episodes_per_step: int
@@ -66,29 +56,10 @@ class ImitationArgs:
     entropy_coef: float = 0.0
     anchor_coef: float = 0.0
     anchor_batches: int = 4
-    expert_margins: tuple[tuple[int, ...], ...] | None = None
 
     def __post_init__(self) -> None:
         if self.expert not in EXPERTS:
             raise KdvfsError(f"imitation expert {self.expert!r} is not one of {list(EXPERTS)}")
-        if (self.expert == "margin_plan") != (self.expert_margins is not None):
-            raise KdvfsError("imitation expert_margins is set with expert margin_plan, and only with it")
-        shape = (len(CELL_BUDGETS), len(CELL_LATENCY_SCALES))
-        margins = np.array(self.expert_margins if self.expert_margins is not None else np.zeros(shape, dtype=int))
-        if margins.shape != shape or margins.min() < 0 or margins.max() >= MARGIN_ACTIONS:
-            raise KdvfsError(f"imitation expert_margins must be {shape[0]} rows of {shape[1]} margin actions "
-                             f"(0..{MARGIN_ACTIONS - 1}), got {self.expert_margins}")
-
-    def margin(self, demo: Demonstration) -> int:
-        """The margin action of ``demo``'s cell under ``margin_plan`` (its budget's nearest row); 0 under the
-        other experts."""
-        if self.expert_margins is None:
-            return 0
-        row = int(np.argmin([abs(demo.budget - budget) for budget in CELL_BUDGETS]))
-        if demo.latency_scale not in CELL_LATENCY_SCALES:
-            raise KdvfsError(f"margin_plan has no margin for latency scale {demo.latency_scale} (its scales: "
-                             f"{list(CELL_LATENCY_SCALES)})")
-        return self.expert_margins[row][CELL_LATENCY_SCALES.index(demo.latency_scale)]
         if self.anchor_coef < 0 or self.anchor_batches < 1:
             raise KdvfsError("imitation anchor_coef must be >= 0 and anchor_batches >= 1")
 
@@ -110,14 +81,14 @@ def demonstrations(env: KernelDVFSEnv) -> list[Demonstration]:
             for scale in env.config.latency_scales]
 
 
-def expert_action(env: KernelDVFSEnv, expert: str = "budget_plan", margin: int = 0) -> Array:
+def expert_action(env: KernelDVFSEnv, expert: str = "budget_plan") -> Array:
     """What the expert does at every decision: request the pair advisor ``expert`` (one of ``EXPERTS``)
     proposes. A standing order: the environment ignores it while a request is pending or when that pair is
     in effect, so the expert's action is the same all episode and the plan's changes happen when the
-    advisor proposes them. With residual actions (``KernelDVFSResidual-v0``) the expert is the fitting plan with
-    margin action ``margin`` (0: none, the zero action)."""
+    advisor proposes them. With residual actions (``KernelDVFSResidual-v0``) the expert is the fitting plan: the zero
+    action."""
     if env.config.residual_actions:
-        return np.array([0, 0, margin], dtype=np.int64)
+        return np.zeros(len(env.action_space.nvec), dtype=np.int64)  # type: ignore[attr-defined]
     return np.array([1, env.advisor_action(expert)])
 
 
@@ -133,9 +104,8 @@ class Expert:
 
 
 def record(env: KernelDVFSEnv, demos: Sequence[Demonstration], episodes: int, gamma: float,
-           seed: int, args: ImitationArgs) -> tuple[Array, Array, Array]:
-    """Observations, the actions of ``args.expert`` and discounted returns of ``episodes`` episodes per
-    demonstration."""
+           seed: int, expert: str = "budget_plan") -> tuple[Array, Array, Array]:
+    """Observations, expert actions and discounted returns of ``episodes`` episodes per demonstration."""
     observations: list[Array] = []
     actions: list[Array] = []
     returns: list[float] = []
@@ -145,7 +115,7 @@ def record(env: KernelDVFSEnv, demos: Sequence[Demonstration], episodes: int, ga
             observation, _ = env.reset(seed=seed + episode, options=options)
             rewards, done = [], False
             while not done:
-                action = expert_action(env, args.expert, args.margin(demo))
+                action = expert_action(env, expert)
                 observations.append(observation)
                 actions.append(action)
                 observation, reward, done, _, _ = env.step(action)

@@ -205,7 +205,7 @@ def imitate(model: AnchoredPPO, env: VecNormalize, config: TrainConfig, profile:
     expert_env = pair_env(pairs, profile, config.env)
     observations, actions, returns = record(expert_env, demonstrations(expert_env),
                                             config.imitation.episodes_per_step, config.ppo.gamma, config.seed,
-                                            config.imitation)
+                                            config.imitation.expert)
     assert isinstance(env.obs_rms, RunningMeanStd)
     env.obs_rms.update(observations)
     env.training = False  # frozen: PPO's rollouts no longer move the statistics the clone was fitted with
