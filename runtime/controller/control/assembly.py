@@ -1,6 +1,6 @@
 """The controller's thread and its parts, wired from what :mod:`~kdvfs.runtime.controller.control.opening` opened: the
 actuator, the accounting, the GPU timeline (CUDA events; the host's in ``cpu_test_mode``; a controller in a process
-of its own asks the training process's: :class:`RemoteTimeline`), the anchor hooks (CUDA only, with ``anchors``; in
+of its own reads the training process's: :class:`RemoteTimeline`), the anchor hooks (CUDA only, with ``anchors``; in
 a process of its own the training process's, :class:`RemoteHooks`), the anchors, the step source (the online policy
 where the plan carries one, else the schedule replayed), the shape entries of a run whose steps vary (with an online
 policy: each bucket's policy prepared on the book's thread:
@@ -30,7 +30,10 @@ from kdvfs.runtime.controller.shapes.book import ShapeBook, ShapePlan, kernel_ti
 from kdvfs.runtime.controller.shapes.steps import ShapeSteps, StepEntry, VaryingSteps
 from kdvfs.runtime.controller.timing.anchor_hooks import AnchorHooks
 from kdvfs.runtime.controller.timing.anchors import Anchors, TraceStructure
-from kdvfs.runtime.controller.timing.gpu_timeline import CudaStepTimeline, HostStepTimeline, StepTimeline
+from kdvfs.runtime.controller.timing.gpu_events.board import EventBoard
+from kdvfs.runtime.controller.timing.gpu_events.recorder import EventRecorder
+from kdvfs.runtime.controller.timing.gpu_timeline import BoardTimeline, StepTimeline
+from kdvfs.runtime.controller.timing.gpu_timeline import local_timeline as timeline_of
 from kdvfs.runtime.controller.timing.matching import StepMatcher
 from kdvfs.runtime.device.host_time import Clock, CountingClock
 from kdvfs.runtime.job import JobGroup
@@ -39,15 +42,17 @@ Hooks = AnchorHooks | RemoteHooks
 """The anchor hooks: this process's, or those of the training process a controller in its own process serves."""
 
 
-def local_timeline(config: ControllerConfig, clock: Clock) -> CudaStepTimeline | HostStepTimeline:
-    """This process's GPU timeline on ``clock``: its CUDA events, or the host's in ``cpu_test_mode``."""
-    return HostStepTimeline(clock) if config.cpu_test_mode else CudaStepTimeline(clock)
+def local_timeline(config: ControllerConfig, clock: Clock, board: EventBoard | None = None) -> BoardTimeline:
+    """This process's GPU timeline on ``clock``, recorded on ``board`` (None: its own): its CUDA events, or the
+    host's in ``cpu_test_mode``."""
+    return timeline_of(clock, config.cpu_test_mode, board)
 
 
 def anchor_hooks(config: ControllerConfig, timeline: StepTimeline) -> AnchorHooks | None:
     """The anchor hooks recording on ``timeline`` (CUDA only, with ``anchors``; None: none)."""
-    if config.timing.anchors and isinstance(timeline, CudaStepTimeline):
-        return AnchorHooks(timeline.anchor, config.timing.anchor_every)
+    recorder = timeline.recorder if isinstance(timeline, BoardTimeline) else None
+    if config.timing.anchors and isinstance(recorder, EventRecorder):
+        return AnchorHooks(recorder.anchor, config.timing.anchor_every)
     return None
 
 
@@ -93,7 +98,9 @@ class ThreadBuilder:
         accounting = Accounting(opened.device if config.measurement.energy else None, clock, config,
                                 1 + int(problem.latency_s // plan.auto_s), self.log,
                                 lambda: issuers[0].next_request_s if issuers else math.inf)
-        timeline = timeline or local_timeline(config, clock)
+        if timeline is None:
+            timeline = local_timeline(config, clock)
+            stack.callback(timeline.stop)
         hooks: Hooks | None = timeline.hooks if isinstance(timeline, RemoteTimeline) else anchor_hooks(config, timeline)
         anchors = self._anchors(timeline, hooks)
         thread_clock = CountingClock(clock)

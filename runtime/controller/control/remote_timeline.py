@@ -1,80 +1,56 @@
 """The controller process's view of the training process's GPU timeline (``own_process``).
 
-:class:`RemoteTimeline` is a :class:`~kdvfs.runtime.controller.timing.gpu_timeline.StepTimeline` whose
-questions go to the training process's :class:`~kdvfs.runtime.controller.control.timeline_server.TimelineServer`
-over a connection and wait for its answer (one question at a time, under a lock). Its :meth:`RemoteTimeline.mark`
-only numbers the steps the training process announced (the marks themselves are recorded there); the step
-number is the token :meth:`RemoteTimeline.wait` sends. :class:`RemoteHooks` stands in for the anchor hooks
-installed in the training process: their ``every`` and the top-level blocks they found, as the last answer
-carried them. Host times are ``time.perf_counter``'s, one clock for both processes on the same host.
+:class:`RemoteTimeline` is a :class:`~kdvfs.runtime.controller.timing.gpu_timeline.BoardTimeline` on the training
+process's event board, mapped here (the training process records marks and anchors there and its poller writes when
+the GPU passed them: no question crosses for the timeline); its :meth:`~BoardTimeline.mark` numbers the steps the
+training process announced. In a run whose steps vary, :meth:`RemoteTimeline.shape_of` asks the training process's
+:class:`~kdvfs.runtime.controller.control.shape_server.ShapeServer` over a connection and waits for its answer (one
+question at a time, under a lock). :class:`RemoteHooks` stands in for the anchor hooks installed in the training
+process: their ``every``, and the top-level blocks they found as the board's ``BLOCKS`` says. Host times are
+``time.perf_counter``'s, one clock for both processes on the same host.
 
-Failure modes: an error the server met is raised here as :class:`RemoteTimelineError` (the controller's thread
+Failure modes: an error the shape server met is raised here as :class:`RemoteTimelineError` (the controller's thread
 then returns the GPU to auto); a closed connection (the training process ended) raises it too.
 """
 
 from __future__ import annotations
 
-import contextlib
-import math
 import threading
 from multiprocessing.connection import Connection
 from typing import Any
 
 from kdvfs.common.errors import KdvfsError
 from kdvfs.envs.trace.shape import StepShape
-from kdvfs.runtime.controller.timing.gpu_timeline import StepEnd
+from kdvfs.runtime.controller.timing.gpu_events.board import BLOCKS, EventBoard
+from kdvfs.runtime.controller.timing.gpu_timeline import BoardTimeline
+from kdvfs.runtime.device.host_time import Clock
 
 
 class RemoteTimelineError(KdvfsError):
-    """The training process could not answer a question about its timeline."""
+    """The training process could not answer a question about its steps."""
 
 
-class RemoteTimeline:
-    """See the module docstring. ``connection``: to the training process's timeline server; ``hooks_every``: the
-    ``every`` of the anchor hooks installed there (None: none are)."""
+class RemoteTimeline(BoardTimeline):
+    """See the module docstring. ``board``: the training process's; ``connection``: to its shape server;
+    ``hooks_every``: the ``every`` of the anchor hooks installed there (None: none are)."""
 
-    def __init__(self, connection: Connection, hooks_every: int | None) -> None:
+    def __init__(self, board: EventBoard, clock: Clock, connection: Connection, hooks_every: int | None) -> None:
+        super().__init__(board, clock)
         self.connection = connection
-        self.hooks = None if hooks_every is None else RemoteHooks(self, hooks_every)
+        self.hooks = None if hooks_every is None else RemoteHooks(board, hooks_every)
         self._lock = threading.Lock()
-        self._marks = 0
         self._new_inputs: tuple[int, tuple[int, ...] | None] = (-1, None)
-        self.blocks = 0
-        """The anchor hooks' top-level blocks, as of the last answer."""
-        self.hook_s: float | None = None
-        self.sleeps = 0
-        self.server_cpu_s: float | None = None
-        """The hooks' time, the timeline's sleeps and the timeline server's CPU in the training process (s), as
-        of :meth:`fetch_figures` (None before it)."""
 
     def _ask(self, *question: Any) -> Any:
         with self._lock:
             try:
                 self.connection.send(question)
-                ok, value, self.blocks = self.connection.recv()
+                ok, value = self.connection.recv()
             except (EOFError, OSError) as error:
                 raise RemoteTimelineError(f"the training process stopped answering ({error!r})") from error
         if not ok:
-            raise RemoteTimelineError(f"the training process's timeline failed: {value}")
+            raise RemoteTimelineError(f"the training process's shape probe failed: {value}")
         return value
-
-    def mark(self) -> int:
-        """The next step's number (the training process recorded its mark before announcing it)."""
-        step = self._marks
-        self._marks += 1
-        return step
-
-    def wait(self, token: int, expected_s: float = -math.inf) -> StepEnd:
-        end: StepEnd = self._ask("wait", token, expected_s)
-        return end
-
-    def anchor_s(self, step: int, index: int, deadline_s: float) -> float | None:
-        passed: float | None = self._ask("anchor_s", step, index, deadline_s)
-        return passed
-
-    def passed_anchor(self, step: int, after: int) -> tuple[int, float] | None:
-        passed: tuple[int, float] | None = self._ask("passed_anchor", step, after)
-        return passed
 
     def shape_of(self, step: int, deadline_s: float) -> StepShape | None:
         """Step ``step``'s shape, from the training process's shape probe (a run whose steps vary); the answer
@@ -90,23 +66,18 @@ class RemoteTimeline:
         asked, new_inputs = self._new_inputs
         return new_inputs if asked == step else None
 
-    def fetch_figures(self) -> None:
-        """Ask for the training process's figures (:attr:`hook_s`, :attr:`sleeps`, :attr:`server_cpu_s`); they
-        stay None where it no longer answers."""
-        with contextlib.suppress(RemoteTimelineError):
-            self.hook_s, self.sleeps, self.server_cpu_s = self._ask("figures")
-
 
 class RemoteHooks:
     """The anchor hooks of the training process, as the controller process knows them: ``every`` and
-    ``blocks`` (installed and removed there: here :meth:`install` and :meth:`remove` do nothing)."""
+    ``blocks`` (the board's ``BLOCKS``; installed and removed there: here :meth:`install` and :meth:`remove` do
+    nothing)."""
 
-    def __init__(self, timeline: RemoteTimeline, every: int) -> None:
-        self._timeline, self.every = timeline, every
+    def __init__(self, board: EventBoard, every: int) -> None:
+        self._board, self.every = board, every
 
     @property
     def blocks(self) -> int:
-        return self._timeline.blocks
+        return int(self._board.ints[BLOCKS])
 
     def install(self) -> None:
         """Nothing: the hooks are the training process's."""

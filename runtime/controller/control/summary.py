@@ -23,7 +23,7 @@ from kdvfs.runtime.controller.model.run_summary import (
     RunSummary,
     ShapeFigures,
 )
-from kdvfs.runtime.controller.timing.gpu_timeline import CudaStepTimeline
+from kdvfs.runtime.controller.timing.gpu_timeline import BoardTimeline
 from kdvfs.runtime.device.errors import observe_only_reason
 from kdvfs.runtime.job import Rank
 
@@ -35,13 +35,10 @@ def run_summary(opened: Opened, parts: ThreadParts, rank: Rank, gpu_restored: bo
     guard = issuer.guard.slowdown()
     online = parts.source.figures()
     shapes = None if parts.shapes is None else parts.shapes.figures()
-    timeline = parts.timeline
-    if isinstance(timeline, RemoteTimeline):
-        timeline.fetch_figures()
-    counted = timeline if isinstance(timeline, CudaStepTimeline | RemoteTimeline) else None  # its hooks' time, sleeps
+    counted = parts.timeline if isinstance(parts.timeline, BoardTimeline) else None  # its hooks' time, sleeps
     hooks_s = None if counted is None else counted.hook_s
     timeline_wakes = None if counted is None else counted.sleeps
-    server_s = timeline.server_cpu_s if isinstance(timeline, RemoteTimeline) else None
+    server_s = None if counted is None else counted.server_cpu_s
     return RunSummary(
         rank=rank.rank, world_size=rank.world_size, gpu_index=opened.device.index,
         source=source_that_ran(plan, online, shapes),
@@ -61,7 +58,7 @@ def run_summary(opened: Opened, parts: ThreadParts, rank: Rank, gpu_restored: bo
         controller_cpu=ControllerCpu(issuer.cpu_s, issuer.end_wait_cpu_s, issuer.issue_cpu_s, hooks_s),
         host_cost=host_cost(issuer.cpu_s, parts.accounting.energy_thread_cpu_s, hooks_s, issuer.steps,
                             issuer.step_interval_s(), parts.thread_clock.sleeps + (timeline_wakes or 0), server_s,
-                            timeline_wakes),
+                            timeline_wakes, isinstance(parts.timeline, RemoteTimeline)),
         requests=actuator.figures(),
         **parts.accounting.figures(issuer.controlled_steps / issuer.steps if issuer.steps else 0.0),
         predicted=Predicted(**{k: v for k, v in asdict(score(plan.problem, plan.schedule)).items() if k != "method"},

@@ -111,8 +111,9 @@ class ControllerCpu(JsonRecord):
 class HostCost(JsonRecord):
     """The controller's CPU (s) in all and per step, the per-step total's share of the step time (fraction; None
     before two step ends), and the thread's wakes (of them, the GPU timeline's looks at its events: None where the
-    timeline has none); a controller in its own process: its server's CPU in the training process and the training
-    process's share (hooks and server; None in process) (:mod:`kdvfs.runtime.controller.measurement.host_cost`)."""
+    timeline has none), the CPU of the training process's threads that serve the controller (the event poller and
+    the shape server) and, for a controller in its own process, the training process's share (hooks and those;
+    None in process) (:mod:`kdvfs.runtime.controller.measurement.host_cost`)."""
 
     thread_s: float = field(metadata=in_ms("thread_ms"))
     energy_thread_s: float | None = field(metadata=in_ms("energy_thread_ms"))

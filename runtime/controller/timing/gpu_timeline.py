@@ -3,55 +3,57 @@
 The training thread calls :meth:`StepTimeline.mark` at each step boundary (cheap, no GPU sync); the
 controller's thread calls :meth:`StepTimeline.wait`, which returns once the GPU has finished that step
 (one sleep to ``POLL_S`` before its expected end, then a look every ``POLL_S``, further apart once it is late).
-:class:`CudaStepTimeline` records a CUDA event per boundary and turns GPU times into host seconds through the
-host-minus-GPU offset, the smallest of the last ``OFFSET_WINDOW`` observations (a late wake-up does not move
-the timeline); :class:`HostStepTimeline` is the host's own, for ``cpu_test_mode``. Anchors
-(:mod:`kdvfs.runtime.controller.timing.anchor_hooks`) recorded after boundary ``i - 1`` and before boundary
-``i`` belong to step ``i`` (0-based): :meth:`StepTimeline.anchor_s` waits for one (until a deadline; None:
-not passed by then), :meth:`StepTimeline.passed_anchor` asks without waiting which the GPU passed last, and
-:class:`StepEnd` carries a finished step's anchors' host times.
+:class:`BoardTimeline` reads the event board (:mod:`kdvfs.runtime.controller.timing.gpu_events`): CUDA events the
+training threads record at each boundary and anchor, which a native thread there polls without the interpreter
+lock, writing the GPU time each was passed; GPU times become host seconds through the host-minus-GPU offset, the
+smallest of the last ``OFFSET_WINDOW`` marks' (a late look does not move the timeline); in ``cpu_test_mode`` the
+host's own marks stand in (no anchors). Anchors (:mod:`kdvfs.runtime.controller.timing.anchor_hooks`) recorded after
+boundary ``i - 1`` and before boundary ``i`` belong to step ``i`` (0-based): :meth:`StepTimeline.anchor_s` waits for
+one (until a deadline; None: not passed by then), :meth:`StepTimeline.passed_anchor` asks without waiting which the
+GPU passed last, and :class:`StepEnd` carries a finished step's anchors' host times.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-import threading
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import numpy as np
+
+from kdvfs.common.errors import KdvfsError
+from kdvfs.runtime.controller.timing.gpu_events.board import (
+    ANCHOR_SLOTS,
+    ANCHORS,
+    ANCHORS_PASSED,
+    HOOK_S,
+    MARK_SLOTS,
+    MARKS,
+    MARKS_PASSED,
+    NO_SIGNATURE,
+    POLLER_CPU_S,
+    SERVER_CPU_S,
+    EventBoard,
+)
+from kdvfs.runtime.controller.timing.gpu_events.driver import driver_event_calls
+from kdvfs.runtime.controller.timing.gpu_events.recorder import EventRecorder, HostRecorder
 from kdvfs.runtime.device.host_time import Clock
 
 OFFSET_WINDOW = 32
 POLL_S = 0.001
-"""How often a waiting thread asks an event whether the GPU has passed it, at most (s; :func:`wait_for`)."""
+"""How often a waiting thread looks whether the GPU has passed an item, at most (s; :func:`wait_for`)."""
 LATE_SHARE = 0.125
 MAX_POLL_S = 0.05
 """Past its expected time, a wait looks every ``LATE_SHARE`` of the time it has been late (never more often than
 ``POLL_S``, never less than ``MAX_POLL_S``): an evaluation pass or a checkpoint between two steps costs a few dozen
 looks, not one a millisecond (s; :func:`wait_for`)."""
-MAX_ANCHORS_PER_STEP = 4096
-CPU_SAMPLE_ANCHORS = 16
-"""Every this many anchors one counts its CPU (two ``time.thread_time`` calls, system calls that cost an anchor
-several times its own Python), for all of them: ``CudaStepTimeline.hook_s``."""
-KEEP_STEPS = 64
 PACE_QUANTILES = (0.1, 0.7)
 """:func:`host_pace_s` averages the gaps between these quantiles: the longest gaps are where the host waited for the
 GPU (a synchronisation, a full launch queue) or did the step's own host work, the shortest back-to-back hooks."""
 MIN_PACE_GAPS = 4
-
-
-def thread_time_cost_s(reads: int = 33) -> float:
-    """What two ``time.thread_time`` calls add to the CPU time they measure (s): the median difference of
-    ``reads`` back-to-back pairs."""
-    differences = []
-    for _ in range(reads):
-        began_s = time.thread_time()
-        differences.append(time.thread_time() - began_s)
-    return sorted(differences)[reads // 2]
 
 
 def host_pace_s(times_s: Sequence[float]) -> float | None:
@@ -116,20 +118,18 @@ def current_stream() -> Any:
     return stream
 
 
-def wait_for(event: Any, expected_s: float = -math.inf, now_s: Callable[[], float] = time.perf_counter,
-             sleep: Callable[[float], None] = time.sleep) -> int:
-    """Return once the GPU has passed ``event``, asked at each look (``Event.query``: no sync, the interpreter
-    lock held for microseconds): the first look after one sleep to ``POLL_S`` before ``expected_s`` (host s on
+def wait_for(passed: Callable[[], bool], expected_s: float = -math.inf,
+             now_s: Callable[[], float] = time.perf_counter, sleep: Callable[[float], None] = time.sleep) -> int:
+    """Return once ``passed()`` (the GPU has passed an item: a look at the board, the interpreter lock held for
+    microseconds): the first look after one sleep to ``POLL_S`` before ``expected_s`` (host s on
     ``now_s``'s time base, when the event is expected; at once when that is past), then one every ``POLL_S`` until
     it is late, and further apart the later it is (``LATE_SHARE`` of the lateness, at most ``MAX_POLL_S``; without
-    an expected time, late from the wait's start). Returns the sleeps. Each look takes the interpreter lock from a
-    launch-bound training thread, which costs it far more than the look (``docs/design/controller.md``), so the wait
-    makes as few as it can: an event passed well before ``expected_s`` is seen up to that much after, one passed
-    late at most ``LATE_SHARE`` of its lateness after (its time is the event's own, not the look's). Not
-    ``Event.synchronize``: a thread blocked in it on a blocking-sync event slows a launch-bound training step
-    (``docs/results.md``); a spinning sync costs a core."""
+    an expected time, late from the wait's start). Returns the sleeps. In the training process each look takes the
+    interpreter lock from a launch-bound training thread (``docs/design/controller.md``), so the wait makes as few
+    as it can: an item passed well before ``expected_s`` is seen up to that much after, one passed late at most
+    ``LATE_SHARE`` of its lateness after (its time is the GPU's own, not the look's)."""
     sleeps, late_from_s = 0, max(expected_s, now_s())
-    while not event.query():
+    while not passed():
         now = now_s()
         sleep(max(POLL_S, expected_s - POLL_S - now) if now < late_from_s
               else min(MAX_POLL_S, max(POLL_S, LATE_SHARE * (now - late_from_s))))
@@ -137,164 +137,135 @@ def wait_for(event: Any, expected_s: float = -math.inf, now_s: Callable[[], floa
     return sleeps
 
 
-def _allocations() -> int:
+def allocations() -> int:
     """Allocations the CUDA caching allocator has served in this process."""
     import torch
 
     return int(torch.cuda.memory_stats_as_nested_dict()["allocation"]["all"]["allocated"])
 
 
-class CudaStepTimeline:
-    """Step ends and anchors from CUDA events on the current stream (docs/design/controller.md).
+class TimelineLappedError(KdvfsError):
+    """A step's record was overwritten on the board before the controller read it."""
 
-    :meth:`mark` is called on the training thread, :meth:`anchor` on the training thread or autograd's,
-    :meth:`wait` and :meth:`anchor_s` on the controller's thread, which polls the events (:func:`wait_for`): it
-    neither spins a core (which slows a launch-bound training loop) nor blocks in the driver. Anchor events
-    are recorded again once their step is done (a pool), so no CUDA event is created and destroyed per anchor
-    on the training thread.
+
+class BoardTimeline:
+    """Step ends and anchors read from an event board (:mod:`kdvfs.runtime.controller.timing.gpu_events.board`) on
+    ``clock`` (with CUDA the real one: the board's host times are ``time.perf_counter``'s). With ``recorder`` (this
+    process's: :class:`~kdvfs.runtime.controller.timing.gpu_events.recorder.EventRecorder`, or ``HostRecorder`` in
+    ``cpu_test_mode``) :meth:`mark` records the step's end; without (a controller in a process of its own, reading
+    the training process's board) it numbers the steps that process announced.
+
+    The waits (:meth:`wait`, :meth:`anchor_s`) look at the board's counts (:func:`wait_for`), never at an event:
+    the poller thread there asked the GPU. A host time is the item's GPU time plus the host-minus-GPU offset, the
+    smallest of the last ``OFFSET_WINDOW`` marks' (the host time the poller saw each passed, minus its GPU time; a
+    late look does not move the timeline). Raises :class:`TimelineLappedError` for a step whose record the ring
+    reused (a controller ``MARK_SLOTS`` steps behind).
     """
 
-    def __init__(self, clock: Clock) -> None:
-        self._clock = clock
-        self._first: Any = None
-        self._offsets_s: deque[float] = deque(maxlen=OFFSET_WINDOW)
-        self._offset_s = 0.0
-        """Host minus GPU time (s): the least of ``_offsets_s`` (set with each; read only once there is one)."""
-        self._previous_gpu_s: float | None = None
-        self._allocations: int | None = None
-        self._anchors: dict[int, list[tuple[Any, float]]] = {}
-        """The anchors of each marked step (until :meth:`wait` takes them): each its event and the host time its
-        hook ran (s)."""
-        self._recording: list[tuple[Any, float]] = []
-        """The anchors of the step being recorded (the ``_marks``-th): :meth:`mark` moves it to ``_anchors``."""
+    def __init__(self, board: EventBoard, clock: Clock, recorder: EventRecorder | HostRecorder | None = None) -> None:
+        self.board, self._clock, self.recorder = board, clock, recorder
         self._marks = 0
-        self._changed = threading.Condition()
-        self._pool: list[Any] = []
-        self.hook_s = 0.0
-        """CPU time spent in :meth:`mark` and :meth:`anchor`, on the threads that call them (s, each thread's
-        ``time.thread_time``: not the time a hook waits for the interpreter lock, which another thread holds): every
-        mark's, and every ``CPU_SAMPLE_ANCHORS``-th anchor's times ``CPU_SAMPLE_ANCHORS`` (an estimate; concurrent
-        anchors from autograd's threads may drop an addition), less what the counting itself adds."""
-        self._anchors_seen = 0
-        self._counting_s = thread_time_cost_s()
+        self._offset: tuple[int, float | None] = (0, None)
         self.sleeps = 0
         """Sleeps of the waiting thread (:func:`wait_for`) in :meth:`wait` and :meth:`anchor_s`."""
 
-    def mark(self) -> tuple[Any, int | None, int]:
-        import torch
+    @property
+    def hook_s(self) -> float:
+        """The recorder's CPU on the training threads (s, its marks' and sampled anchors')."""
+        return float(self.board.floats[HOOK_S])
 
-        began_cpu_s = time.thread_time()
-        event = torch.cuda.Event(enable_timing=True, blocking=True)
-        event.record(current_stream())
-        if self._first is None:
-            self._first = event
-        count = _allocations()
-        signature = None if self._allocations is None else count - self._allocations
-        self._allocations = count
-        with self._changed:
-            step = self._marks
-            self._anchors[step], self._recording = self._recording, []
-            self._marks += 1
-            self._pool += [event for event, _ in self._anchors.pop(step - KEEP_STEPS, [])]  # a waiter that stopped
-            self._changed.notify_all()
-        self.hook_s += time.thread_time() - began_cpu_s
-        return event, signature, step
+    @property
+    def server_cpu_s(self) -> float:
+        """The CPU of the training process's threads that serve the controller: the poller and the shape server
+        (s)."""
+        return float(self.board.floats[POLLER_CPU_S] + self.board.floats[SERVER_CPU_S])
 
-    def anchor(self) -> None:
-        """Record an anchor event of the current step (from a hook; a few microseconds). No lock: a pool's
-        ``pop`` and a list's ``append`` are atomic, and an anchor whose list :meth:`mark` moves meanwhile
-        was recorded before that mark's event, so it belongs to the step it ends (the sampling count may lose
-        an increment to a concurrent anchor: a sample a little off its place)."""
-        counted = self._anchors_seen % CPU_SAMPLE_ANCHORS == 0
-        self._anchors_seen += 1
-        began_cpu_s = time.thread_time() if counted else 0.0
-        began_s = time.perf_counter()
-        try:
-            event = self._pool.pop()
-        except IndexError:
-            import torch
+    def mark(self) -> int:
+        if self.recorder is not None:
+            return self.recorder.mark()
+        step = self._marks
+        self._marks += 1
+        return step
 
-            event = torch.cuda.Event(enable_timing=True, blocking=True)
-        event.record(current_stream())
-        events = self._recording
-        if len(events) < MAX_ANCHORS_PER_STEP:
-            events.append((event, began_s))
-        if counted:
-            self.hook_s += CPU_SAMPLE_ANCHORS * max(0.0, time.thread_time() - began_cpu_s - self._counting_s)
+    def stop(self) -> None:
+        """Stop this process's poller (none: nothing; idempotent)."""
+        if self.recorder is not None:
+            self.recorder.stop()
 
-    def _host_s(self, event: Any) -> float:
-        return self._first.elapsed_time(event) / 1e3 + self._offset_s
+    def _offset_s(self) -> float | None:
+        passed = int(self.board.ints[MARKS_PASSED])
+        if passed != self._offset[0]:
+            slots = np.arange(max(0, passed - OFFSET_WINDOW), passed) % MARK_SLOTS
+            self._offset = (passed, float(np.min(self.board.mark_seen_s[slots] - self.board.mark_gpu_s[slots])))
+        return self._offset[1]
 
-    def wait(self, token: tuple[Any, int | None, int], expected_s: float = -math.inf) -> StepEnd:
-        event, signature, step = token
-        self.sleeps += wait_for(event, expected_s, self._clock.now_s)
-        wake_s = self._clock.now_s()
-        gpu_s = self._first.elapsed_time(event) / 1e3
-        self._offsets_s.append(wake_s - gpu_s)
-        self._offset_s = min(self._offsets_s)
-        duration_s = None if self._previous_gpu_s is None else gpu_s - self._previous_gpu_s
-        self._previous_gpu_s = gpu_s
-        with self._changed:
-            anchors = self._anchors.pop(step, [])
-        anchors_s = tuple(self._host_s(event) for event, _ in anchors)
-        with self._changed:
-            self._pool += [event for event, _ in anchors]  # the GPU has passed them: they can be recorded again
-        return StepEnd(gpu_s + self._offset_s, duration_s, signature, anchors_s,
-                       host_pace_s([hooked_s for _, hooked_s in anchors]))
+    def _first_anchor(self, step: int) -> int:
+        """The number of step ``step``'s first anchor (its previous mark is recorded)."""
+        return 0 if step == 0 else int(self.board.mark_anchors[(step - 1) % MARK_SLOTS])
+
+    def _check(self, step: int) -> None:
+        if int(self.board.ints[MARKS]) - step >= MARK_SLOTS:
+            raise TimelineLappedError(f"step {step}'s record was reused: the controller fell {MARK_SLOTS} steps "
+                                      "behind the training loop")
+
+    def wait(self, token: int, expected_s: float = -math.inf) -> StepEnd:
+        board, step = self.board, token
+        self.sleeps += wait_for(lambda: board.ints[MARKS_PASSED] > step, expected_s, self._clock.now_s)
+        self._check(max(step - 1, 0))  # its anchors' first number is on the previous mark
+        slot = step % MARK_SLOTS
+        offset_s = self._offset_s() or 0.0
+        gpu_s = float(board.mark_gpu_s[slot])
+        first, end = self._first_anchor(step), int(board.mark_anchors[slot])
+        slots = np.arange(first, end if int(board.ints[ANCHORS]) - first <= ANCHOR_SLOTS else first) % ANCHOR_SLOTS
+        signature, duration_s = int(board.mark_signature[slot]), float(board.mark_duration_s[slot])
+        return StepEnd(gpu_s + offset_s, None if math.isnan(duration_s) else duration_s,
+                       None if signature == NO_SIGNATURE else signature,
+                       tuple((board.anchor_gpu_s[slots] + offset_s).tolist()),
+                       host_pace_s(board.anchor_hook_s[slots].tolist()))
 
     def anchor_s(self, step: int, index: int, deadline_s: float) -> float | None:
-        with self._changed:
-            while len(self._events_of(step)) <= index and self._marks <= step:  # anchors do not notify: poll
-                left_s = deadline_s - self._clock.now_s()
-                if left_s <= 0:
+        board = self.board
+        while True:
+            marks = int(board.ints[MARKS])
+            if marks >= step:
+                number = self._first_anchor(step) + index
+                if marks > step and number >= int(board.mark_anchors[step % MARK_SLOTS]):
+                    return None  # the step ended without it
+                if int(board.ints[ANCHORS]) > number:
                     break
-                self._changed.wait(min(left_s, POLL_S))
-                self.sleeps += 1
-            events = self._events_of(step)
-            if len(events) <= index or self._first is None or not self._offsets_s:
+            if self._clock.now_s() >= deadline_s:
                 return None
-            event = events[index][0]
-        self.sleeps += wait_for(event, now_s=self._clock.now_s)
-        return self._host_s(event)
-
-    def _events_of(self, step: int) -> list[tuple[Any, float]]:
-        """The anchors of step ``step`` recorded so far (the caller holds ``_changed``)."""
-        return self._recording if step == self._marks else self._anchors.get(step, [])
+            time.sleep(POLL_S)  # anchors do not notify: poll
+            self.sleeps += 1
+        self._check(step)
+        self.sleeps += wait_for(lambda: board.ints[ANCHORS_PASSED] > number, now_s=self._clock.now_s)
+        offset_s = self._offset_s()
+        return None if offset_s is None else float(board.anchor_gpu_s[number % ANCHOR_SLOTS]) + offset_s
 
     def passed_anchor(self, step: int, after: int) -> tuple[int, float] | None:
-        with self._changed:
-            events = list(self._events_of(step))
-        if self._first is None or not self._offsets_s:
+        board = self.board
+        marks = int(board.ints[MARKS])
+        if marks < step:
             return None
-        latest = None
-        for index in range(after + 1, len(events)):
-            if not events[index][0].query():  # a few microseconds, no sync; anchors complete in order
-                break
-            latest = index
-        return None if latest is None else (latest, self._host_s(events[latest][0]))
+        first = self._first_anchor(step)
+        end = int(board.mark_anchors[step % MARK_SLOTS]) if marks > step else int(board.ints[ANCHORS])
+        latest = min(int(board.ints[ANCHORS_PASSED]), end) - 1 - first
+        offset_s = self._offset_s()
+        if latest <= after or offset_s is None:
+            return None
+        self._check(step)
+        return latest, float(board.anchor_gpu_s[(first + latest) % ANCHOR_SLOTS]) + offset_s
 
 
-class HostStepTimeline:
-    """CPU test mode (no CUDA): host time at each boundary stands in for the GPU's step end, and the training
-    thread's CPU time between boundaries for the step's GPU time (``cpu_time_s``, default
-    ``time.thread_time``), as ``kdvfs capture --cpu-test-mode`` measures it: on a busy machine the wall time
-    of a CPU step is mostly the scheduler's, not the step's."""
+def local_timeline(clock: Clock, cpu_test_mode: bool, board: EventBoard | None = None) -> BoardTimeline:
+    """This process's timeline recorded on ``board`` (None: a board of its own; a shared one for a controller in a
+    process of its own): from CUDA events on the current stream, polled with the CUDA driver's calls, or the
+    host's own marks in ``cpu_test_mode``."""
+    board = board or EventBoard.local()
+    if cpu_test_mode:
+        return BoardTimeline(board, clock, HostRecorder(board, clock.now_s))
+    import torch
 
-    def __init__(self, clock: Clock, cpu_time_s: Callable[[], float] = time.thread_time) -> None:
-        self._clock, self._cpu_time_s = clock, cpu_time_s
-        self._previous_s: float | None = None
-
-    def mark(self) -> tuple[float, float]:
-        return self._clock.now_s(), self._cpu_time_s()
-
-    def wait(self, token: tuple[float, float], expected_s: float = -math.inf) -> StepEnd:
-        end_s, cpu_s = token
-        duration_s = None if self._previous_s is None else cpu_s - self._previous_s
-        self._previous_s = cpu_s
-        return StepEnd(end_s, duration_s, None)
-
-    def anchor_s(self, step: int, index: int, deadline_s: float) -> float | None:
-        return None
-
-    def passed_anchor(self, step: int, after: int) -> tuple[int, float] | None:
-        return None
+    recorder = EventRecorder(board, driver_event_calls(), lambda: torch.cuda.Event(enable_timing=True),
+                             current_stream, allocations)
+    return BoardTimeline(board, clock, recorder)

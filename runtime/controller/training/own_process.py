@@ -1,18 +1,18 @@
-"""The controller in a process of its own (``ControllerConfig.own_process``; ``kdvfs run``'s default, under
-torchrun one a rank).
+"""The controller in a process of its own (``ControllerConfig.own_process``; ``kdvfs run``'s default, under torchrun
+one a rank).
 
 :class:`ProcessController` runs the whole :class:`~kdvfs.runtime.controller.controller.Controller` in a child
 process (``python -m`` :mod:`~kdvfs.runtime.controller.training.controller_process`: a fresh interpreter, no CUDA
-state, the training script not run again), off the training process's interpreter lock; the training process
-keeps the step marks, the anchor hooks, the shape probe and the timeline server
-(:mod:`~kdvfs.runtime.controller.control.timeline_server`). It opens, steps and closes as a controller does; a
+state, the training script not run again), off the training process's interpreter lock; the training process keeps
+the step marks and anchor hooks, on an event board the child maps (``timing.gpu_events``), and, in a run whose steps
+vary, the shape probe and its server (``control.shape_server``). It opens, steps and closes as a controller does; a
 check that fails in the child raises here (``KdvfsError``), clocks untouched. Each step's mark is recorded here,
 then its number sent to the child; closing has the child close its controller (clocks restored) and send back the
-summary and windows. Failure modes: the child ending early leaves training at the GPU's own clocks (restored by
-the child or its watchdog), no summary, ``error`` saying why; the training process ending closes the child's
-connection and the child restores; the child ignores SIGINT. Under torchrun the child inherits the rank's
-environment: its controller opens the rank's GPU and joins the job's lockstep (:class:`~kdvfs.runtime.job.JobGroup`)
-as one in the training process would. Design: docs/design/controller.md (Threads).
+summary and windows. Failure modes: the child ending early leaves training at the GPU's own clocks (restored by the
+child or its watchdog), no summary, ``error`` saying why; the training process ending closes the child's connection
+and the child restores; the child ignores SIGINT. Under torchrun the child inherits the rank's environment: its
+controller opens the rank's GPU and joins the job's lockstep (:class:`~kdvfs.runtime.job.JobGroup`) as one in the
+training process would. Design: docs/design/controller.md (Threads).
 """
 
 from __future__ import annotations
@@ -31,9 +31,12 @@ from kdvfs.common.errors import KdvfsError
 from kdvfs.runtime.controller.config import ControllerConfig
 from kdvfs.runtime.controller.control.assembly import anchor_hooks, local_timeline
 from kdvfs.runtime.controller.control.managed import Managed
-from kdvfs.runtime.controller.control.timeline_server import TimelineServer
+from kdvfs.runtime.controller.control.shape_server import ShapeServer
 from kdvfs.runtime.controller.model.run_summary import RunSummary
 from kdvfs.runtime.controller.shapes.varying import StepShapes
+from kdvfs.runtime.controller.timing.anchor_hooks import AnchorHooks
+from kdvfs.runtime.controller.timing.gpu_events.board import BLOCKS, EventBoard
+from kdvfs.runtime.controller.timing.gpu_timeline import StepTimeline
 from kdvfs.runtime.device.host_time import Clock, RealClock
 
 CHILD_MODULE = "kdvfs.runtime.controller.training.controller_process"
@@ -57,31 +60,36 @@ class ProcessController(Managed):
         self._stack = contextlib.ExitStack()
         self._process: Any = None
         self._steps: Connection | None = None
-        self._server: TimelineServer | None = None
+        self._timeline: StepTimeline | None = None
+        self._hooks: AnchorHooks | None = None
+        self._board: EventBoard | None = None
         self._step_shapes: StepShapes | None = None
         self._alive = False
 
     def _open(self) -> None:
-        timeline = local_timeline(self.config, self._clock)
-        hooks = anchor_hooks(self.config, timeline)
-        questions, steps, inputs = self._start_child(None if hooks is None else hooks.every)
+        self._board = EventBoard.shared()
+        self._stack.callback(self._board.close_fd)
+        self._timeline = timeline = local_timeline(self.config, self._clock, self._board)
+        if hasattr(timeline, "stop"):
+            self._stack.callback(timeline.stop)
+        self._hooks = hooks = anchor_hooks(self.config, timeline)
+        questions, steps, inputs = self._start_child(None if hooks is None else hooks.every, self._board)
+        self._board.close_fd()
         if inputs is not None:
             self._step_shapes = StepShapes(self._clock, inputs)
             self._step_shapes.probe.install()
             self._stack.callback(self._step_shapes.probe.remove)
-        self._server = TimelineServer(questions, timeline, hooks,
-                                      None if self._step_shapes is None else self._step_shapes.shape_and_new_inputs)
-        self._server.start()
+            ShapeServer(questions, self._step_shapes.shape_and_new_inputs, self._board).start()
         self._steps, self._alive = steps, True
         self._exit_on_sigterm()
         if hooks is not None:
             hooks.install()
             self._stack.callback(hooks.remove)
 
-    def _start_child(self, hooks_every: int | None) -> tuple[Connection, Connection, int | None]:
-        """Start the child on two socket pairs and wait until it opened its controller: the connections for the
-        timeline's questions and for the steps, and the inputs a step's shape holds (None: the steps do not
-        vary). Raises the child's error when it could not open."""
+    def _start_child(self, hooks_every: int | None, board: EventBoard) -> tuple[Connection, Connection, int | None]:
+        """Start the child on two socket pairs and ``board``'s memfd and wait until it opened its controller: the
+        connections for the shape questions and for the steps, and the inputs a step's shape holds (None: the
+        steps do not vary). Raises the child's error when it could not open."""
         pairs = [socket.socketpair() for _ in range(2)]
         for ours, _ in pairs:
             self._stack.callback(ours.close)
@@ -89,9 +97,10 @@ class ProcessController(Managed):
             config_path = Path(folder) / "config.json"
             self.config.save(config_path)
             theirs = [child.fileno() for _, child in pairs]
+            assert board.fd is not None
             self._process = subprocess.Popen(
-                [sys.executable, "-m", CHILD_MODULE, str(config_path), *map(str, theirs), str(hooks_every or 0)],
-                pass_fds=theirs)
+                [sys.executable, "-m", CHILD_MODULE, str(config_path), *map(str, theirs), str(board.fd),
+                 str(hooks_every or 0)], pass_fds=[*theirs, board.fd])
             for _, child in pairs:
                 child.close()
             questions, steps = (Connection(ours.detach()) for ours, _ in pairs)
@@ -110,9 +119,11 @@ class ProcessController(Managed):
         """Mark the end of a training step (once per optimizer step): recorded here, announced to the child."""
         if self._step_shapes is not None:
             self._step_shapes.mark_step()
-        if not self._alive or self._server is None or self._steps is None:
+        if not self._alive or self._timeline is None or self._steps is None or self._board is None:
             return
-        step = self._server.add(self._server.timeline.mark())
+        if self._hooks is not None:
+            self._board.ints[BLOCKS] = self._hooks.blocks
+        step = self._timeline.mark()
         try:
             self._steps.send(step)
         except (BrokenPipeError, OSError):

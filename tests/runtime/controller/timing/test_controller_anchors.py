@@ -1,11 +1,10 @@
-"""Anchors inside the step: the hooks that record them, the CUDA timeline's bookkeeping (with a fake event),
-the learned anchor map, and requests placed on anchors by the controller on the fake GPU, with the
-step-level timeline as the fallback for anchors that are missing, late, disordered or out of place."""
+"""Anchors inside the step: the hooks that record them, the stream they record on, the learned anchor map, and
+requests placed on anchors by the controller on the fake GPU, with the step-level timeline as the fallback for
+anchors that are missing, late, disordered or out of place."""
 
 from __future__ import annotations
 
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +19,7 @@ from kdvfs.runtime.controller.event_log import seconds
 from kdvfs.runtime.controller.timing import anchors, gpu_timeline
 from kdvfs.runtime.controller.timing.anchor_hooks import AnchorHooks, find_blocks
 from kdvfs.runtime.controller.timing.anchors import AnchorMap, nearest_kernels
-from kdvfs.runtime.controller.timing.gpu_timeline import CudaStepTimeline
 from kdvfs.runtime.controller.timing.pace import host_offsets_s
-from kdvfs.runtime.device.host_time import RealClock
 from tests.runtime.controller_helpers import LATENCY_MS, fake_controller, log_records, run_steps, write_plan
 
 LATENCY_S = LATENCY_MS / 1e3
@@ -101,26 +98,6 @@ def test_anchors_at_every_nth_block_hook_those_blocks_forward_and_backward(every
     assert [records[i - 1] for i, r in enumerate(records) if r == "anchor"] == [f"block {i}" for i in hooked]
 
 
-class FakeEvent:
-    """A timing event on a fake GPU whose time (s) is ``FakeEvent.gpu_s`` when it is recorded."""
-
-    gpu_s = 0.0
-
-    def __init__(self, enable_timing: bool = False, blocking: bool = False) -> None:
-        self.time_s: float | None = None
-
-    def record(self, stream: object = None) -> None:
-        self.time_s = FakeEvent.gpu_s
-
-    def query(self) -> bool:
-        """Done once recorded (the fake GPU runs it at once); no ``synchronize``: the timeline never blocks."""
-        return self.time_s is not None
-
-    def elapsed_time(self, other: FakeEvent) -> float:
-        assert self.time_s is not None and other.time_s is not None
-        return (other.time_s - self.time_s) * 1e3
-
-
 class FakeStream:
     def __init__(self, stream_id: int, device_index: int, device_type: int) -> None:
         self.key = (stream_id, device_index, device_type)
@@ -140,95 +117,6 @@ def test_current_stream_keeps_one_object_per_stream_of_the_calling_thread(monkey
     assert other.key == (9, 0, 1) and other is not first
     current["stream"] = (7, 0, 1)
     assert gpu_timeline.current_stream() is first
-
-
-def test_cuda_timeline_files_anchors_by_step_and_waits_for_them(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
-    monkeypatch.setattr(gpu_timeline, "_allocations", lambda: 0)
-    monkeypatch.setattr(gpu_timeline, "current_stream", lambda: None)
-    timeline = CudaStepTimeline(RealClock())
-    first = timeline.mark()  # ends step 0
-    FakeEvent.gpu_s = 0.01
-    timeline.anchor()
-    FakeEvent.gpu_s = 0.02
-    timeline.anchor()
-    FakeEvent.gpu_s = 0.1
-    second = timeline.mark()  # ends step 1, which holds the two anchors
-    assert timeline.wait(first).anchors_s == ()
-    end = timeline.wait(second)
-    assert np.diff([end.end_s - 0.1, *end.anchors_s]) == pytest.approx([0.01, 0.01])
-    assert timeline.anchor_s(1, 1, time.perf_counter() + 10) is None  # already waited for: gone
-    now_s = time.perf_counter()
-    assert timeline.anchor_s(2, 0, now_s) is None  # not recorded by the deadline
-    FakeEvent.gpu_s = 0.15
-    threading.Timer(0.05, timeline.anchor).start()
-    anchor_s = timeline.anchor_s(2, 0, now_s + 10)  # recorded while it waits
-    assert anchor_s == pytest.approx(end.end_s + 0.05)
-    closing = threading.Timer(0.05, timeline.mark)
-    closing.start()
-    started_s = time.perf_counter()
-    assert timeline.anchor_s(2, 1, started_s + 10) is None  # the step ended without a second anchor
-    assert time.perf_counter() - started_s < 5
-    closing.join()
-
-
-def test_the_last_passed_anchor_is_seen_while_its_step_is_recorded_and_after_it_ended(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
-    monkeypatch.setattr(gpu_timeline, "_allocations", lambda: 0)
-    monkeypatch.setattr(gpu_timeline, "current_stream", lambda: None)
-    timeline = CudaStepTimeline(RealClock())
-    FakeEvent.gpu_s = 0.0
-    end = timeline.wait(timeline.mark())  # step 0 ends; step 1 is being recorded
-    FakeEvent.gpu_s = 0.01
-    timeline.anchor()
-    FakeEvent.gpu_s = 0.03
-    timeline.anchor()
-    passed = timeline.passed_anchor(1, -1)
-    assert passed is not None and passed[0] == 1 and passed[1] == pytest.approx(end.end_s + 0.03)
-    assert timeline.passed_anchor(1, 1) is None  # none since the last one seen
-    assert timeline.passed_anchor(2, -1) is None  # a step not yet begun
-    FakeEvent.gpu_s = 0.05
-    timeline.mark()  # step 1 ends: its anchors stay until it is waited for
-    assert timeline.passed_anchor(1, 0) == passed
-    assert timeline.hook_s > 0
-
-
-class ThreadClock:
-    """``time.thread_time``: ``read_s`` a read, and whatever :meth:`spend` adds between reads."""
-
-    def __init__(self, read_s: float) -> None:
-        self.now_s, self.read_s, self.calls = 0.0, read_s, 0
-
-    def spend(self, seconds: float) -> None:
-        self.now_s += seconds
-
-    def __call__(self) -> float:
-        self.calls += 1
-        self.now_s += self.read_s
-        return self.now_s
-
-
-def test_one_anchor_in_sixteen_counts_the_cpu_of_all_less_what_counting_adds(monkeypatch: pytest.MonkeyPatch
-                                                                               ) -> None:
-    """The hooks' CPU (``hook_s``) from every ``CPU_SAMPLE_ANCHORS``-th anchor's, times that many, less the cost of
-    the two reads that measure it (a thread clock of 1 us a read; each anchor's own work, its event's record, 4 us)."""
-    clock = ThreadClock(1e-6)
-
-    class WorkingEvent(FakeEvent):
-        def record(self, stream: Any = None) -> None:
-            super().record(stream)
-            clock.spend(4e-6)
-
-    monkeypatch.setattr(torch.cuda, "Event", WorkingEvent)
-    monkeypatch.setattr(gpu_timeline, "current_stream", lambda: None)
-    monkeypatch.setattr(gpu_timeline.time, "thread_time", clock)
-    timeline = CudaStepTimeline(RealClock())
-    before = clock.calls
-    for _ in range(2 * gpu_timeline.CPU_SAMPLE_ANCHORS):
-        timeline.anchor()
-    assert clock.calls - before == 4  # two anchors counted, two reads each
-    assert timeline.hook_s == pytest.approx(2 * gpu_timeline.CPU_SAMPLE_ANCHORS * 4e-6)
 
 
 def test_anchor_map_learns_positions_and_their_kernels() -> None:
@@ -415,41 +303,8 @@ class LateEvent:
 def test_waiting_for_an_event_polls_it_and_sleeps_in_between() -> None:
     sleeps: list[float] = []
     event = LateEvent(done_after=4)
-    gpu_timeline.wait_for(event, sleep=sleeps.append)
+    gpu_timeline.wait_for(event.query, sleep=sleeps.append)
     assert event.queries == 4 and sleeps == [gpu_timeline.POLL_S] * 3
     sleeps.clear()
-    gpu_timeline.wait_for(LateEvent(done_after=1), sleep=sleeps.append)
+    gpu_timeline.wait_for(LateEvent(done_after=1).query, sleep=sleeps.append)
     assert sleeps == []
-
-
-def test_a_step_carries_the_hosts_pace_through_its_hooks(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Six hooks 2 ms apart on the host, then one 40 ms later (the host waited for the GPU): the step's pace is
-    2 ms, whatever the GPU's times; a step of three hooks has none."""
-    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
-    monkeypatch.setattr(gpu_timeline, "_allocations", lambda: 0)
-    monkeypatch.setattr(gpu_timeline, "current_stream", lambda: None)
-    host = {"s": 100.0}
-
-    class HostTime:
-        sleep = staticmethod(time.sleep)
-        thread_time = staticmethod(time.thread_time)
-
-        @staticmethod
-        def perf_counter() -> float:
-            return host["s"]
-
-    monkeypatch.setattr(gpu_timeline, "time", HostTime)
-    timeline = CudaStepTimeline(RealClock())
-    FakeEvent.gpu_s = 0.0
-    first = timeline.mark()
-    for gap_s in (0.0, 0.002, 0.002, 0.002, 0.002, 0.002, 0.04):
-        host["s"] += gap_s
-        FakeEvent.gpu_s += 0.01  # the GPU's own pace differs
-        timeline.anchor()
-    second = timeline.mark()
-    for _ in range(3):
-        timeline.anchor()
-    third = timeline.mark()
-    assert timeline.wait(first).host_pace_s is None
-    assert timeline.wait(second).host_pace_s == pytest.approx(0.002)
-    assert timeline.wait(third).host_pace_s is None

@@ -1,5 +1,5 @@
-"""Waiting for a CUDA event (:func:`~kdvfs.runtime.controller.timing.gpu_timeline.wait_for`) without a GPU: an
-event that completes at a given time on a fake clock, whose sleeps move that clock."""
+"""Waiting for the GPU to pass an item (:func:`~kdvfs.runtime.controller.timing.gpu_timeline.wait_for`) without a
+GPU: an event that completes at a given time on a fake clock, whose sleeps move that clock."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def test_a_step_end_expected_is_slept_towards_once_then_looked_at_every_poll(ste
     never after the event by more than a poll."""
     for late_s in (0.0, 0.004):
         clock = FakeTime()
-        sleeps = wait_for(Event(clock, step_s + late_s), step_s, lambda clock=clock: clock.now_s, clock.sleep)
+        sleeps = wait_for(Event(clock, step_s + late_s).query, step_s, lambda clock=clock: clock.now_s, clock.sleep)
         assert step_s + late_s <= clock.now_s <= step_s + late_s + POLL_S + 1e-12
         assert sleeps <= 2 + math.ceil(late_s / POLL_S - 1e-9) + 1
 
@@ -46,7 +46,7 @@ def test_a_late_event_is_looked_at_further_apart_the_later_it_is(expected_s: flo
     its lateness, at least a poll and at most ``MAX_POLL_S`` apart: a few dozen looks for seconds late, not one a
     poll, and the event seen at most that late."""
     clock = FakeTime()
-    sleeps = wait_for(Event(clock, done_s), expected_s, lambda: clock.now_s, clock.sleep)
+    sleeps = wait_for(Event(clock, done_s).query, expected_s, lambda: clock.now_s, clock.sleep)
     late_s = done_s - max(expected_s, 0.0)
     assert done_s <= clock.now_s <= done_s + max(POLL_S, min(MAX_POLL_S, LATE_SHARE * late_s)) + 1e-9
     assert sleeps <= 2 + math.log(max(late_s, POLL_S) / POLL_S) / math.log(1 + LATE_SHARE) + late_s / MAX_POLL_S
@@ -57,7 +57,7 @@ def test_an_event_done_early_is_seen_at_the_first_look() -> None:
     """An event the GPU passed well before it was expected is seen at the first look, a poll before the expected
     time: one sleep, as late as it was early (less a poll)."""
     clock = FakeTime()
-    sleeps = wait_for(Event(clock, 0.03), 0.07, lambda: clock.now_s, clock.sleep)
+    sleeps = wait_for(Event(clock, 0.03).query, 0.07, lambda: clock.now_s, clock.sleep)
     assert sleeps == 1
     assert clock.now_s == pytest.approx(0.07 - POLL_S)
 
@@ -65,4 +65,4 @@ def test_an_event_done_early_is_seen_at_the_first_look() -> None:
 def test_an_expected_time_already_past_is_looked_at_every_poll() -> None:
     clock = FakeTime()
     clock.now_s = 0.1
-    assert wait_for(Event(clock, 0.1035), 0.05, lambda: clock.now_s, clock.sleep) == 4
+    assert wait_for(Event(clock, 0.1035).query, 0.05, lambda: clock.now_s, clock.sleep) == 4

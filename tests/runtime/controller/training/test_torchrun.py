@@ -116,14 +116,14 @@ def test_a_one_rank_torchrun_job_names_its_trace_as_without_torchrun(tmp_path: P
                                                    (False, False), (False, True)],
                          ids=["dry-run", "controlled", "controlled-in-process"])
 def test_every_rank_controls_its_own_gpu_in_lockstep(job: Path, dry_run: bool, in_process: bool) -> None:
-    """By default each rank's controller runs in a process of its own (its timeline server's CPU reported), with
-    ``--in-process`` in the rank's training process (none); either way in the job's lockstep."""
+    """By default each rank's controller runs in a process of its own (the training process's share of its cost
+    reported), with ``--in-process`` in the rank's training process (none); either way in the job's lockstep."""
     done = subprocess.run(_run_argv(job, 300, dry_run, in_process=in_process), capture_output=True, text=True,
                           cwd=REPO_ROOT, env=_environment(job), check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     summary = strict_loads(done.stdout)
     validate(summary, "run-summary")  # the job's summary with each rank's row
-    assert (summary["host_cost"]["server_ms"] is None) is in_process
+    assert (summary["host_cost"]["training_step_share_pct"] is None) is in_process
     assert summary["dry_run"] is dry_run and summary["gpu_restored"] is True and summary["error"] is None
     assert [(r["rank"], r["gpu_index"]) for r in summary["ranks"]] == [(0, 0), (1, 1)]
     assert summary["steps"] == 300 and summary["controlled_steps"] > 0
