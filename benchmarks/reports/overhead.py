@@ -283,13 +283,15 @@ def markdown(result: dict[str, Any]) -> str:
              f"`{result['run']['nvidia_smi_before']}`",
              *([f"- policy: `{result['run']['policy']}`"] if result["run"].get("policy") else []),
              *([f"- `{OWN.strip()}`: the controller in a process of its own (`kdvfs run`, outside torchrun), a third "
-                "process in each pair; the training process pays its hooks and the thread answering the controller's "
-                "questions (server)"] if result["run"].get("own_process") else []), "",
+                "process in each pair; the training process pays its hooks and the threads serving the controller "
+                "(server: the native event poller; the shape server where steps vary)"]
+               if result["run"].get("own_process") else []), "",
              "## Whole run and dry run (targets: overhead <= 0.5%; controlled-vs-auto slowdown within +-0.3 "
              "points, interval holding 0; host CPU <= 2% of the step)", "",
              "| workload | step without / with (ms) | overhead, mean of ABBA process pairs [95% CI] | dry run's "
              "controlled vs auto windows, pooled A/B pairs [95% CI] | controller host CPU: ms/step (% of step); "
-             "of it thread / energy (its one-time clock learning) / hooks / server (ms/step); the training process's "
+             "of it thread / energy (its one-time clock learning) / hooks / server (poller) (ms/step); the training "
+             "process's "
              "share | "
              "process CPU with - without (ms/step) | steps controlled |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
@@ -300,7 +302,7 @@ def markdown(result: dict[str, Any]) -> str:
                      f"{_num(cost['per_step_ms'])} ({_num(cost['step_share_pct'])}%); "
                      f"{_num(parts['thread_ms'])} / {_num(parts['energy_thread_ms'])} "
                      f"({_num(f.get('energy_learning_ms_per_step'))}) / {_num(parts['hooks_ms'])} / "
-                     f"{_num(parts.get('server_ms') if label.endswith(OWN) else None)}; "
+                     f"{_num(parts.get('server_ms'))}; "
                      f"{_num(cost.get('training_step_share_pct'))}% | "
                      f"{_pct(f['process_cpu_ms_per_step']).replace('%', '')} | "
                      f"{_num(100 * f['controlled_share'], 0)}% |")

@@ -112,7 +112,7 @@ def test_the_own_process_arm_is_its_own_workload_against_the_same_pairs_without_
     page = report.markdown({"run": {"command": "c", "machine": "m", "started_utc": "t", "nvidia_smi_before": "-",
                                     "own_process": True}, "workloads": figures, "verdicts": {}})
     assert "a third process in each pair" in page
-    assert "| w | " in page and " / 0.05 / -; -% |" in page  # the in-process arm: no server
+    assert "| w | " in page and " / 0.05 / 0.00; -% |" in page  # the in-process arm: no poller CPU in these records
     assert "| w (own process) | " in page and " / 0.05 / 0.10; 0.30% |" in page
     assert list(report.arms("w", processes[:2])) == ["w"]  # a run without the arm
     difference = report.own_process_difference(figures)
