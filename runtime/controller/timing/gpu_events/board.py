@@ -72,8 +72,8 @@ class EventBoard:
 
     @classmethod
     def local(cls) -> EventBoard:
-        """A board for one process (zeroed)."""
-        return cls(mmap.mmap(-1, SIZE_BYTES))
+        """A board for one process (zeroed; private: a forked child's writes stay its own)."""
+        return cls(mmap.mmap(-1, SIZE_BYTES, flags=mmap.MAP_PRIVATE))
 
     @classmethod
     def shared(cls) -> EventBoard:

@@ -13,6 +13,8 @@ fewer). :class:`HostRecorder` stands in for ``cpu_test_mode`` (no CUDA): its mar
 
 from __future__ import annotations
 
+import atexit
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -62,6 +64,7 @@ class EventRecorder:
         self._mark_events = [new_event() for _ in range(MARK_SLOTS)]
         self._origin = new_event()
         self._started = threading.Lock()
+        self._pid = os.getpid()
         self.poller: EventPoller | None = None
         self._previous_allocations: int | None = None
         self._step_anchors = 0
@@ -77,6 +80,7 @@ class EventRecorder:
                 self.board.ints[ORIGIN] = self._origin.cuda_event
                 self.poller = EventPoller(self.board, self._calls, self._calls.current_context(), self._loop)
                 self.poller.start()
+                atexit.register(self.stop)  # before CUDA's own teardown (registered earlier, run later)
 
     def mark(self) -> int:
         """Record the end of the current step; its number (from 0)."""
@@ -127,8 +131,9 @@ class EventRecorder:
             board.floats[HOOK_S] += CPU_SAMPLE_ANCHORS * max(0.0, time.thread_time() - began_cpu_s - self._counting_s)
 
     def stop(self) -> None:
-        """Stop the poller (idempotent)."""
-        if self.poller is not None:
+        """Stop the poller (idempotent; nothing in a forked child, whose board may be its parent's)."""
+        if self.poller is not None and os.getpid() == self._pid:
+            atexit.unregister(self.stop)
             self.poller.stop()
 
 

@@ -244,3 +244,25 @@ def test_without_cuda_the_hosts_marks_stand_in() -> None:
     assert (end.end_s, end.duration_s, end.anchors_s, end.signature) == (12.0, 0.25, (), None)
     assert timeline.passed_anchor(1, -1) is None and timeline.anchor_s(1, 0, 0.0) is None
     timeline.stop()
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["local", "shared"])
+def test_a_forked_child_leaves_its_parents_poller_and_board_alone(gpu: FakeCudaEvents, shared: bool) -> None:
+    """A DataLoader worker forked mid-run (say) that stops the recorder at its exit does not stop the parent's
+    poller, even on a shared board; its writes on a local board stay its own."""
+    board = EventBoard.shared() if shared else EventBoard.local()
+    recorder = EventRecorder(board, gpu.calls(), gpu.new_event, lambda: None, None)
+    timeline = BoardTimeline(board, RealClock(), recorder)
+    timeline.wait(timeline.mark())
+    child = os.fork()
+    if child == 0:  # pragma: no cover (the child)
+        timeline.stop()
+        if not shared:
+            board.ints[ANCHORS] = 99
+        os._exit(0)
+    assert os.waitpid(child, 0)[1] == 0
+    assert recorder.poller is not None and recorder.poller.is_alive() and board.ints[ANCHORS] == 0
+    timeline.mark()
+    assert timeline.wait(1).duration_s == pytest.approx(0.0)
+    timeline.stop()
+    board.close_fd()
