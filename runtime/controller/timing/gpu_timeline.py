@@ -35,6 +35,7 @@ from kdvfs.runtime.controller.timing.gpu_events.board import (
     MARKS_PASSED,
     NO_SIGNATURE,
     POLLER_CPU_S,
+    POLLS,
     SERVER_CPU_S,
     EventBoard,
 )
@@ -43,6 +44,8 @@ from kdvfs.runtime.controller.timing.gpu_events.recorder import EventRecorder, H
 from kdvfs.runtime.device.host_time import Clock
 
 OFFSET_WINDOW = 32
+STALL_S = 5.0
+"""A wait whose item the board's poller has not passed raises once the poller made no poll for this long (s)."""
 POLL_S = 0.001
 """How often a waiting thread looks whether the GPU has passed an item, at most (s; :func:`wait_for`)."""
 LATE_SHARE = 0.125
@@ -144,8 +147,9 @@ def allocations() -> int:
     return int(torch.cuda.memory_stats_as_nested_dict()["allocation"]["all"]["allocated"])
 
 
-class TimelineLappedError(KdvfsError):
-    """A step's record was overwritten on the board before the controller read it."""
+class TimelineError(KdvfsError):
+    """The board cannot say where the GPU is: a step's record was reused before the controller read it, or the
+    poller stopped."""
 
 
 class BoardTimeline:
@@ -158,8 +162,9 @@ class BoardTimeline:
     The waits (:meth:`wait`, :meth:`anchor_s`) look at the board's counts (:func:`wait_for`), never at an event:
     the poller thread there asked the GPU. A host time is the item's GPU time plus the host-minus-GPU offset, the
     smallest of the last ``OFFSET_WINDOW`` marks' (the host time the poller saw each passed, minus its GPU time; a
-    late look does not move the timeline). Raises :class:`TimelineLappedError` for a step whose record the ring
-    reused (a controller ``MARK_SLOTS`` steps behind).
+    late look does not move the timeline). Raises :class:`TimelineError` for a step whose record the ring reused (a
+    controller ``MARK_SLOTS`` steps behind), and in a wait once the board's polls stood still for ``STALL_S`` (the
+    poller stopped: its process ended, or it was stopped).
     """
 
     def __init__(self, board: EventBoard, clock: Clock, recorder: EventRecorder | HostRecorder | None = None) -> None:
@@ -205,12 +210,30 @@ class BoardTimeline:
 
     def _check(self, step: int) -> None:
         if int(self.board.ints[MARKS]) - step >= MARK_SLOTS:
-            raise TimelineLappedError(f"step {step}'s record was reused: the controller fell {MARK_SLOTS} steps "
+            raise TimelineError(f"step {step}'s record was reused: the controller fell {MARK_SLOTS} steps "
                                       "behind the training loop")
+
+    def _watched(self, passed: Callable[[], bool]) -> Callable[[], bool]:
+        """``passed``, raising :class:`TimelineError` once it has been false while the board's polls stood still for
+        ``STALL_S``."""
+        board, now_s = self.board, self._clock.now_s
+        last = [int(board.ints[POLLS]), now_s()]
+
+        def watched() -> bool:
+            if passed():
+                return True
+            polls, at_s = int(board.ints[POLLS]), now_s()
+            if polls != last[0]:
+                last[:] = [polls, at_s]
+            elif at_s - last[1] > STALL_S:
+                raise TimelineError(f"the event poller made no poll in {STALL_S:.0f} s: it stopped")
+            return False
+
+        return watched
 
     def wait(self, token: int, expected_s: float = -math.inf) -> StepEnd:
         board, step = self.board, token
-        self.sleeps += wait_for(lambda: board.ints[MARKS_PASSED] > step, expected_s, self._clock.now_s)
+        self.sleeps += wait_for(self._watched(lambda: board.ints[MARKS_PASSED] > step), expected_s, self._clock.now_s)
         self._check(max(step - 1, 0))  # its anchors' first number is on the previous mark
         slot = step % MARK_SLOTS
         offset_s = self._offset_s() or 0.0
@@ -238,7 +261,7 @@ class BoardTimeline:
             time.sleep(POLL_S)  # anchors do not notify: poll
             self.sleeps += 1
         self._check(step)
-        self.sleeps += wait_for(lambda: board.ints[ANCHORS_PASSED] > number, now_s=self._clock.now_s)
+        self.sleeps += wait_for(self._watched(lambda: board.ints[ANCHORS_PASSED] > number), now_s=self._clock.now_s)
         offset_s = self._offset_s()
         return None if offset_s is None else float(board.anchor_gpu_s[number % ANCHOR_SLOTS]) + offset_s
 

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from kdvfs.runtime.controller.timing import gpu_timeline
 from kdvfs.runtime.controller.timing.gpu_events import recorder as recorder_module
 from kdvfs.runtime.controller.timing.gpu_events.board import (
     ANCHOR_SLOTS,
@@ -31,7 +32,7 @@ from kdvfs.runtime.controller.timing.gpu_events.recorder import (
     EventRecorder,
     HostRecorder,
 )
-from kdvfs.runtime.controller.timing.gpu_timeline import BoardTimeline, TimelineLappedError
+from kdvfs.runtime.controller.timing.gpu_timeline import BoardTimeline, TimelineError
 from kdvfs.runtime.device.host_time import RealClock
 from kdvfs.runtime.testing.fake_cuda_events import FakeCudaEvents
 
@@ -217,7 +218,7 @@ def test_a_ring_behind_drops_the_rest_of_the_step_and_a_lapped_step_is_an_error(
     assert board.ints[ANCHORS] == ANCHOR_SLOTS + 1
     for _ in range(MARK_SLOTS):
         timeline.mark()
-    with pytest.raises(TimelineLappedError, match="fell 128 steps behind"):
+    with pytest.raises(TimelineError, match="fell 128 steps behind"):
         timeline.wait(1)
 
 
@@ -266,3 +267,18 @@ def test_a_forked_child_leaves_its_parents_poller_and_board_alone(gpu: FakeCudaE
     assert timeline.wait(1).duration_s == pytest.approx(0.0)
     timeline.stop()
     board.close_fd()
+
+
+def test_a_wait_on_a_stopped_poller_is_an_error(monkeypatch: pytest.MonkeyPatch, gpu: FakeCudaEvents,
+                                                timeline: BoardTimeline) -> None:
+    """The poller gone (its process ended, say) while the GPU has not passed the step: the wait raises (the
+    controller's thread then returns the GPU to auto) rather than waiting for ever."""
+    monkeypatch.setattr(gpu_timeline, "STALL_S", 0.2)
+    timeline.wait(timeline.mark())
+    gpu.passed_s = -1.0
+    timeline.mark()
+    timeline.stop()
+    started_s = time.perf_counter()
+    with pytest.raises(TimelineError, match="made no poll"):
+        timeline.wait(1)
+    assert time.perf_counter() - started_s < 5
