@@ -208,6 +208,12 @@ class BoardTimeline:
         """The number of step ``step``'s first anchor (its previous mark is recorded)."""
         return 0 if step == 0 else int(self.board.mark_anchors[(step - 1) % MARK_SLOTS])
 
+    def _recorded_end(self, step: int, anchors: int, marks: int) -> int:
+        """One past the number of step ``step``'s last anchor recorded, from the board's anchor count ``anchors`` read
+        before its mark count ``marks`` (>= ``step``): a step not yet ended when the marks were read holds every anchor
+        counted before."""
+        return int(self.board.mark_anchors[step % MARK_SLOTS]) if marks > step else anchors
+
     def _check(self, step: int) -> None:
         if int(self.board.ints[MARKS]) - step >= MARK_SLOTS:
             raise TimelineError(f"step {step}'s record was reused: the controller fell {MARK_SLOTS} steps "
@@ -249,13 +255,13 @@ class BoardTimeline:
     def anchor_s(self, step: int, index: int, deadline_s: float) -> float | None:
         board = self.board
         while True:
-            marks = int(board.ints[MARKS])
+            anchors, marks = int(board.ints[ANCHORS]), int(board.ints[MARKS])  # in this order (_recorded_end)
             if marks >= step:
                 number = self._first_anchor(step) + index
-                if marks > step and number >= int(board.mark_anchors[step % MARK_SLOTS]):
-                    return None  # the step ended without it
-                if int(board.ints[ANCHORS]) > number:
+                if number < self._recorded_end(step, anchors, marks):
                     break
+                if marks > step:
+                    return None  # the step ended without it
             if self._clock.now_s() >= deadline_s:
                 return None
             time.sleep(POLL_S)  # anchors do not notify: poll
@@ -267,12 +273,11 @@ class BoardTimeline:
 
     def passed_anchor(self, step: int, after: int) -> tuple[int, float] | None:
         board = self.board
-        marks = int(board.ints[MARKS])
+        anchors, marks = int(board.ints[ANCHORS]), int(board.ints[MARKS])  # in this order (_recorded_end)
         if marks < step:
             return None
         first = self._first_anchor(step)
-        end = int(board.mark_anchors[step % MARK_SLOTS]) if marks > step else int(board.ints[ANCHORS])
-        latest = min(int(board.ints[ANCHORS_PASSED]), end) - 1 - first
+        latest = min(int(board.ints[ANCHORS_PASSED]), self._recorded_end(step, anchors, marks)) - 1 - first
         offset_s = self._offset_s()
         if latest <= after or offset_s is None:
             return None
