@@ -4,7 +4,10 @@ and the host's pace from the board, in this process or mapped by another; the ho
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -13,6 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from kdvfs.common.paths import REPO_ROOT
 from kdvfs.runtime.controller.timing import gpu_timeline
 from kdvfs.runtime.controller.timing.gpu_events import recorder as recorder_module
 from kdvfs.runtime.controller.timing.gpu_events.board import (
@@ -282,3 +286,40 @@ def test_a_wait_on_a_stopped_poller_is_an_error(monkeypatch: pytest.MonkeyPatch,
     with pytest.raises(TimelineError, match="made no poll"):
         timeline.wait(1)
     assert time.perf_counter() - started_s < 5
+
+
+READER = """
+import json, os, sys, socket
+from multiprocessing.connection import Connection
+from kdvfs.runtime.controller.control.remote_timeline import RemoteTimeline
+from kdvfs.runtime.controller.timing.gpu_events.board import EventBoard
+from kdvfs.runtime.device.host_time import RealClock
+ours, _ = socket.socketpair()
+timeline = RemoteTimeline(EventBoard.attach(int(sys.argv[1])), RealClock(), Connection(ours.detach()), 1)
+ends = [timeline.wait(timeline.mark()) for _ in range(2)]
+print(json.dumps({"anchors_s": ends[1].anchors_s, "end_s": ends[1].end_s, "duration_s": ends[1].duration_s,
+                  "passed": timeline.passed_anchor(1, 0)}))
+"""
+
+
+def test_a_controller_process_reads_what_the_training_processs_poller_wrote() -> None:
+    """The own-process path end to end on the fake GPU: the recorder and poller here, on a shared board; another
+    interpreter maps its memfd and reads step 1's end and anchors as this process's timeline would."""
+    gpu = FakeCudaEvents()
+    board = EventBoard.shared()
+    assert board.fd is not None
+    timeline = BoardTimeline(board, RealClock(), EventRecorder(board, gpu.calls(), gpu.new_event, lambda: None, None))
+    reader = subprocess.Popen([sys.executable, "-c", READER, str(board.fd)], pass_fds=[board.fd],
+                              stdout=subprocess.PIPE, text=True, cwd=REPO_ROOT)
+    board.close_fd()
+    timeline.mark()
+    for gpu.gpu_s in (0.01, 0.03):
+        _anchor(timeline)
+    gpu.gpu_s = 0.1
+    timeline.mark()
+    out, _ = reader.communicate(timeout=60)
+    here = timeline.wait(1)
+    timeline.stop()
+    there = json.loads(out)
+    assert there["anchors_s"] == pytest.approx(here.anchors_s) and there["end_s"] == pytest.approx(here.end_s)
+    assert there["duration_s"] == pytest.approx(0.1) and there["passed"] == [1, pytest.approx(here.anchors_s[1])]
