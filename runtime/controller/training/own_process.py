@@ -36,7 +36,7 @@ from kdvfs.runtime.controller.model.run_summary import RunSummary
 from kdvfs.runtime.controller.shapes.varying import StepShapes
 from kdvfs.runtime.controller.timing.anchor_hooks import AnchorHooks
 from kdvfs.runtime.controller.timing.gpu_events.board import BLOCKS, EventBoard
-from kdvfs.runtime.controller.timing.gpu_timeline import StepTimeline
+from kdvfs.runtime.controller.timing.gpu_timeline import BoardTimeline
 from kdvfs.runtime.device.host_time import Clock, RealClock
 
 CHILD_MODULE = "kdvfs.runtime.controller.training.controller_process"
@@ -60,7 +60,7 @@ class ProcessController(Managed):
         self._stack = contextlib.ExitStack()
         self._process: Any = None
         self._steps: Connection | None = None
-        self._timeline: StepTimeline | None = None
+        self._timeline: BoardTimeline | None = None
         self._hooks: AnchorHooks | None = None
         self._board: EventBoard | None = None
         self._step_shapes: StepShapes | None = None
@@ -70,8 +70,7 @@ class ProcessController(Managed):
         self._board = EventBoard.shared()
         self._stack.callback(self._board.close_fd)
         self._timeline = timeline = local_timeline(self.config, self._clock, self._board)
-        if hasattr(timeline, "stop"):
-            self._stack.callback(timeline.stop)
+        self._stack.callback(timeline.stop)
         self._hooks = hooks = anchor_hooks(self.config, timeline)
         questions, steps, inputs = self._start_child(None if hooks is None else hooks.every, self._board)
         self._board.close_fd()
