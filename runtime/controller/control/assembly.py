@@ -30,22 +30,14 @@ from kdvfs.runtime.controller.shapes.book import ShapeBook, ShapePlan, kernel_ti
 from kdvfs.runtime.controller.shapes.steps import ShapeSteps, StepEntry, VaryingSteps
 from kdvfs.runtime.controller.timing.anchor_hooks import AnchorHooks
 from kdvfs.runtime.controller.timing.anchors import Anchors, TraceStructure
-from kdvfs.runtime.controller.timing.gpu_events.board import EventBoard
 from kdvfs.runtime.controller.timing.gpu_events.recorder import EventRecorder
-from kdvfs.runtime.controller.timing.gpu_timeline import BoardTimeline, StepTimeline
-from kdvfs.runtime.controller.timing.gpu_timeline import local_timeline as timeline_of
+from kdvfs.runtime.controller.timing.gpu_timeline import BoardTimeline, StepTimeline, local_timeline
 from kdvfs.runtime.controller.timing.matching import StepMatcher
 from kdvfs.runtime.device.host_time import Clock, CountingClock
 from kdvfs.runtime.job import JobGroup
 
 Hooks = AnchorHooks | RemoteHooks
 """The anchor hooks: this process's, or those of the training process a controller in its own process serves."""
-
-
-def local_timeline(config: ControllerConfig, clock: Clock, board: EventBoard | None = None) -> BoardTimeline:
-    """This process's GPU timeline on ``clock``, recorded on ``board`` (None: its own): its CUDA events, or the
-    host's in ``cpu_test_mode``."""
-    return timeline_of(clock, config.cpu_test_mode, board)
 
 
 def anchor_hooks(config: ControllerConfig, timeline: StepTimeline) -> AnchorHooks | None:
@@ -99,7 +91,7 @@ class ThreadBuilder:
                                 1 + int(problem.latency_s // plan.auto_s), self.log,
                                 lambda: issuers[0].next_request_s if issuers else math.inf)
         if timeline is None:
-            timeline = local_timeline(config, clock)
+            timeline = local_timeline(clock, config.cpu_test_mode)
             stack.callback(timeline.stop)
         hooks: Hooks | None = timeline.hooks if isinstance(timeline, RemoteTimeline) else anchor_hooks(config, timeline)
         anchors = self._anchors(timeline, hooks)

@@ -29,14 +29,14 @@ from typing import Any
 
 from kdvfs.common.errors import KdvfsError
 from kdvfs.runtime.controller.config import ControllerConfig
-from kdvfs.runtime.controller.control.assembly import anchor_hooks, local_timeline
+from kdvfs.runtime.controller.control.assembly import anchor_hooks
 from kdvfs.runtime.controller.control.managed import Managed
 from kdvfs.runtime.controller.control.shape_server import ShapeServer
 from kdvfs.runtime.controller.model.run_summary import RunSummary
 from kdvfs.runtime.controller.shapes.varying import StepShapes
 from kdvfs.runtime.controller.timing.anchor_hooks import AnchorHooks
 from kdvfs.runtime.controller.timing.gpu_events.board import BLOCKS, EventBoard
-from kdvfs.runtime.controller.timing.gpu_timeline import BoardTimeline
+from kdvfs.runtime.controller.timing.gpu_timeline import BoardTimeline, local_timeline
 from kdvfs.runtime.device.host_time import Clock, RealClock
 
 CHILD_MODULE = "kdvfs.runtime.controller.training.controller_process"
@@ -62,23 +62,22 @@ class ProcessController(Managed):
         self._steps: Connection | None = None
         self._timeline: BoardTimeline | None = None
         self._hooks: AnchorHooks | None = None
-        self._board: EventBoard | None = None
         self._step_shapes: StepShapes | None = None
         self._alive = False
 
     def _open(self) -> None:
-        self._board = EventBoard.shared()
-        self._stack.callback(self._board.close_fd)
-        self._timeline = timeline = local_timeline(self.config, self._clock, self._board)
+        board = EventBoard.shared()
+        self._stack.callback(board.close_fd)
+        self._timeline = timeline = local_timeline(self._clock, self.config.cpu_test_mode, board)
         self._stack.callback(timeline.stop)
         self._hooks = hooks = anchor_hooks(self.config, timeline)
-        questions, steps, inputs = self._start_child(None if hooks is None else hooks.every, self._board)
-        self._board.close_fd()
+        questions, steps, inputs = self._start_child(None if hooks is None else hooks.every, board)
+        board.close_fd()
         if inputs is not None:
             self._step_shapes = StepShapes(self._clock, inputs)
             self._step_shapes.probe.install()
             self._stack.callback(self._step_shapes.probe.remove)
-            ShapeServer(questions, self._step_shapes.shape_and_new_inputs, self._board).start()
+            ShapeServer(questions, self._step_shapes.shape_and_new_inputs, board).start()
         self._steps, self._alive = steps, True
         self._exit_on_sigterm()
         if hooks is not None:
@@ -118,10 +117,10 @@ class ProcessController(Managed):
         """Mark the end of a training step (once per optimizer step): recorded here, announced to the child."""
         if self._step_shapes is not None:
             self._step_shapes.mark_step()
-        if not self._alive or self._timeline is None or self._steps is None or self._board is None:
+        if not self._alive or self._timeline is None or self._steps is None:
             return
         if self._hooks is not None:
-            self._board.ints[BLOCKS] = self._hooks.blocks
+            self._timeline.board.ints[BLOCKS] = self._hooks.blocks
         step = self._timeline.mark()
         try:
             self._steps.send(step)
