@@ -17,7 +17,6 @@ tensors, no torch event: a check of the script, not a figure.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -27,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common.provenance import host, nvidia_smi, provenance, provenance_lines, utc_now, write_results
+from benchmarks.common.run_report import number_cell, run_report_parser
 from kdvfs.runtime.controller.timing.gpu_events.board import (
     ANCHORS_PASSED,
     HOOK_S,
@@ -167,10 +167,6 @@ def run(out: Path, steps: int, anchors: int, cpu: bool) -> None:
     out.write_text(json.dumps(log, indent=1))
 
 
-def _cell(value: float | None, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
-
-
 def report(path: Path, name: str) -> None:
     """``benchmarks/results/NAME.{json,md}`` from a run's log."""
     log = json.loads(path.read_text())
@@ -182,33 +178,29 @@ def report(path: Path, name: str) -> None:
              f"- device run: `{log['command']}` on `{log['machine']}`, {log['started_utc']}", "",
              "## Against torch's own events (a launch-bound loop)", "",
              f"- {a['steps']} steps of {a['step_ms']:.2f} ms, {a['anchors_per_step']} anchors each: step times within "
-             f"{_cell(a['max_duration_error_ms'], '.4f')} ms of torch's; anchors in order and before their step's end: "
+             f"{number_cell(a['max_duration_error_ms'], '.4f')} ms of torch's; anchors in order and before their "
+             "step's end: "
              f"{a['ordered']}; passed {a['anchors_passed']} anchors and {a['marks_passed']} marks",
              f"- the recorder's CPU on the training thread: {a['hook_us_per_step']:.1f} us a step (the board's "
-             "sampled figure); the poller: " f"{_cell(a['poller_us_per_poll'], '.2f')} us a poll, "
+             "sampled figure); the poller: " f"{number_cell(a['poller_us_per_poll'], '.2f')} us a poll, "
              f"{a['poller_pct_of_core']:.2f}% of a core", "",
              "## A hook's parts (training thread's CPU per call, median of blocks)", "",
              "| event record | current stream | allocation count | recorder anchor | recorder mark |",
              "| ---: | ---: | ---: | ---: | ---: |",
-             "| " + " | ".join(f"{_cell(parts[k], '.2f')} us" for k in (
+             "| " + " | ".join(f"{number_cell(parts[k], '.2f')} us" for k in (
                  "event_record_us", "current_stream_us", "allocations_us", "anchor_us", "mark_us")) + " |", "",
              "## The poller idle (nothing pending)", "",
-             f"- {idle['idle_polls_per_s']:.0f} polls a second, {_cell(idle['idle_us_per_poll'], '.2f')} us a poll, "
+             f"- {idle['idle_polls_per_s']:.0f} polls a second, "
+             f"{number_cell(idle['idle_us_per_poll'], '.2f')} us a poll, "
              f"{idle['idle_pct_of_core']:.2f}% of a core"]
     write_results(name, result, "\n".join(lines) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    sub = parser.add_subparsers(dest="what", required=True)
-    run_parser = sub.add_parser("run")
-    run_parser.add_argument("out", type=Path)
+    parser, run_parser = run_report_parser(__doc__, "event_board_h100")
     run_parser.add_argument("--steps", type=int, default=60, help="steps of the launch-bound loop (>= 3)")
     run_parser.add_argument("--anchors", type=int, default=10, help="anchors a step (1-200)")
     run_parser.add_argument("--cpu", action="store_true", help="fake events, CPU tensors (a check of the script)")
-    report_parser = sub.add_parser("report")
-    report_parser.add_argument("log", type=Path)
-    report_parser.add_argument("--name", default="event_board_h100", help="results file stem")
     args = parser.parse_args(argv)
     if args.what == "run":
         if args.steps < 3 or not 1 <= args.anchors <= OPS_PER_STEP:

@@ -19,7 +19,6 @@ helper's CPU per wake (``time.thread_time``). Read-only: no NVML, no clock touch
 
 from __future__ import annotations
 
-import argparse
 import ctypes
 import ctypes.util
 import json
@@ -36,6 +35,7 @@ import numba
 import numpy as np
 
 from benchmarks.common.provenance import host, nvidia_smi, provenance, provenance_lines, utc_now, write_results
+from benchmarks.common.run_report import number_cell, run_report_parser
 from kdvfs.runtime.controller.measurement.estimator import t_975
 
 CASES: tuple[tuple[str, float, float], ...] = (
@@ -194,10 +194,6 @@ def summarise(log: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def _cell(value: float | None, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
-
-
 def report(path: Path, name: str) -> None:
     """``benchmarks/results/NAME.{json,md}`` from a run's log."""
     log = json.loads(path.read_text())
@@ -214,21 +210,16 @@ def report(path: Path, name: str) -> None:
         lo, hi = r["training_slowdown_ci95_pct"]
         lines.append(f"| {r['helper']} | {r['period_ms']:g} | {r['work_us']:g} | {r['on_blocks']} | "
                      f"{r['training_slowdown_pct']:+.2f} [{lo:+.2f}, {hi:+.2f}] | "
-                     f"{_cell(r['training_lost_us_per_wake'], '.0f')} | {_cell(r['helper_cpu_us_per_wake'], '.0f')} |")
+                     f"{number_cell(r['training_lost_us_per_wake'], '.0f')} | "
+                     f"{number_cell(r['helper_cpu_us_per_wake'], '.0f')} |")
     write_results(name, result, "\n".join(lines) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    sub = parser.add_subparsers(dest="what", required=True)
-    run_parser = sub.add_parser("run")
-    run_parser.add_argument("out", type=Path)
+    parser, run_parser = run_report_parser(__doc__, "wake_cost_h100")
     run_parser.add_argument("--blocks", type=int, default=41, help="blocks per case, odd (helper on in the odd ones)")
     run_parser.add_argument("--block-s", type=float, default=0.25, help="each block's length (s)")
     run_parser.add_argument("--cpu", action="store_true", help="CPU tensors (a check of the script, no figure)")
-    report_parser = sub.add_parser("report")
-    report_parser.add_argument("log", type=Path)
-    report_parser.add_argument("--name", default="wake_cost_h100", help="results file stem")
     args = parser.parse_args(argv)
     if args.what == "run":
         if args.blocks < 5 or args.blocks % 2 == 0:
