@@ -155,8 +155,8 @@ def run(out: Path, steps: int, anchors: int, cpu: bool) -> None:
     """The three parts into ``out`` (JSON)."""
     started_utc = utc_now()
     timeline, new_event, tick = _timeline(cpu)
-    agreement(timeline, 3, anchors, cpu, tick)  # torch, the device, the poller's first polls made ready
     try:
+        agreement(timeline, 3, anchors, cpu, tick)  # torch, the device, the poller's first polls made ready
         log = {**host(), "command": " ".join(["python", "-m", "benchmarks.h200.event_board", *sys.argv[1:]]),
                "started_utc": started_utc, "gpu": None if cpu else nvidia_smi(header=False),
                "agreement": agreement(timeline, steps, anchors, cpu, tick),
