@@ -78,8 +78,8 @@ def _timeline(cpu: bool) -> tuple[BoardTimeline, Callable[[], Any], Callable[[],
 
 def agreement(timeline: BoardTimeline, steps: int, anchors: int, cpu: bool,
               tick: Callable[[], None]) -> dict[str, Any]:
-    """Part 1 of the module docstring (without torch's events with ``cpu``), and the poller's CPU during the loop;
-    ``tick`` before each record (:func:`_timeline`)."""
+    """Part 1 of the module docstring (without torch's events with ``cpu``; the items passed and the poller's CPU
+    counted over this loop alone); ``tick`` before each record (:func:`_timeline`)."""
     import torch
 
     device = "cpu" if cpu else "cuda"
@@ -89,6 +89,7 @@ def agreement(timeline: BoardTimeline, steps: int, anchors: int, cpu: bool,
     assert isinstance(recorder, EventRecorder)
     polls, cpu_s, hook_s, began_s = int(board.ints[POLLS]), float(board.floats[POLLER_CPU_S]), \
         float(board.floats[HOOK_S]), time.perf_counter()
+    anchors_before, marks_before = int(board.ints[ANCHORS_PASSED]), int(board.ints[MARKS_PASSED])
     tokens = []
     for step in range(steps):
         if starts:
@@ -116,8 +117,9 @@ def agreement(timeline: BoardTimeline, steps: int, anchors: int, cpu: bool,
     loop_cpu_s = float(board.floats[POLLER_CPU_S]) - cpu_s
     return {"steps": steps, "anchors_per_step": anchors, "step_ms": 1e3 * loop_s / steps,
             "max_duration_error_ms": max(errors_ms) if errors_ms else None, "ordered": ordered,
-            "anchors_seen": sum(len(e.anchors_s) for e in ends), "anchors_passed": int(board.ints[ANCHORS_PASSED]),
-            "marks_passed": int(board.ints[MARKS_PASSED]),
+            "anchors_seen": sum(len(e.anchors_s) for e in ends),
+            "anchors_passed": int(board.ints[ANCHORS_PASSED]) - anchors_before,
+            "marks_passed": int(board.ints[MARKS_PASSED]) - marks_before,
             "hook_us_per_step": 1e6 * (float(board.floats[HOOK_S]) - hook_s) / steps,
             "poller_us_per_poll": 1e6 * loop_cpu_s / loop_polls if loop_polls else None,
             "poller_pct_of_core": 100 * loop_cpu_s / loop_s}

@@ -217,7 +217,7 @@ class BoardTimeline:
     def _check(self, step: int) -> None:
         if int(self.board.ints[MARKS]) - step >= MARK_SLOTS:
             raise TimelineError(f"step {step}'s record was reused: the controller fell {MARK_SLOTS} steps "
-                                      "behind the training loop")
+                                "behind the training loop")
 
     def _watched(self, passed: Callable[[], bool]) -> Callable[[], bool]:
         """``passed``, raising :class:`TimelineError` once it has been false while the board's polls stood still for
