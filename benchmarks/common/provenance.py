@@ -77,9 +77,13 @@ def provenance_lines(record: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-def host() -> dict[str, str]:
-    """The bare host record of a run on the GPU machine: its host name and Python version."""
-    return {"machine": platform.node(), "python": python_version()}
+def host(module: str | None = None) -> dict[str, str]:
+    """The bare host record of a run on the GPU machine: its host name and Python version, and with ``module`` the
+    command that ran it (``python -m MODULE`` and this process's arguments)."""
+    record = {"machine": platform.node(), "python": python_version()}
+    if module is not None:
+        record["command"] = " ".join(["python", "-m", module, *sys.argv[1:]])
+    return record
 
 
 def nvidia_smi(header: bool = True) -> str:

@@ -60,7 +60,7 @@ def _dry_run(folder: Path, label: str, policy: str, trace: str, script: list[str
 def run(folder: Path, seconds: float) -> None:
     """Both dry runs into ``folder``."""
     folder.mkdir(parents=True, exist_ok=True)
-    log: dict[str, Any] = {**host(), "command": " ".join(["python", "-m", "benchmarks.h200.ab", *sys.argv[1:]]),
+    log: dict[str, Any] = {**host("benchmarks.h200.ab"),
                            "started_utc": utc_now(), "nvidia_smi_before": nvidia_smi(header=False), "runs": []}
     log["runs"].append(_dry_run(folder, "gpt3xl-eager", "policies/h200.kdvfs-policy.npz", "h200/capture-gpt3xl-b4",
                                 EAGER, seconds))

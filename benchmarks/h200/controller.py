@@ -239,8 +239,7 @@ def run(folder: Path, cpu_test: bool, policy: Path | None, hf: bool = False, onl
     sources = {label: policy.resolve() if policy else plan_path(label.split("[")[0], plans) for label in workloads}
     fake = ["--cpu-test-mode", "--nvml-module", "kdvfs.runtime.testing.nvml"] if cpu_test else []
     first = next(iter(workloads))
-    command = " ".join(["python", "-m", "benchmarks.h200.controller", *sys.argv[1:]])
-    log: dict[str, Any] = {**host(), "command": command, "started_utc": utc_now(),
+    log: dict[str, Any] = {**host("benchmarks.h200.controller"), "started_utc": utc_now(),
                            "nvidia_smi_before": nvidia_smi(header=False),
                            "cli": _cli_run(folder, workloads[first], sources[first], fake) if end_to_end else None}
     for label, workload in workloads.items():

@@ -70,7 +70,7 @@ def record(folder: Path) -> None:
         runs[label] = {"counter_reads": len(counter), "power_reads": len(power)}
         print(f"{label}: {len(counter)} counter reads, {len(power)} power reads", flush=True)
     nvml.nvmlShutdown()
-    record = {**host(), "command": " ".join(["python", "-m", "benchmarks.h200.energy_reads", *sys.argv[1:]]),
+    record = {**host("benchmarks.h200.energy_reads"),
               "started_utc": started_utc, "gpu": nvidia_smi(header=False), "workloads": WORKLOADS, "runs": runs}
     (folder / "run.json").write_text(json.dumps(record, indent=1))
 

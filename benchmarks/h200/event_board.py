@@ -159,7 +159,7 @@ def run(out: Path, steps: int, anchors: int, cpu: bool) -> None:
     timeline, new_event, tick = _timeline(cpu)
     try:
         agreement(timeline, 3, anchors, cpu, tick)  # torch, the device, the poller's first polls made ready
-        log = {**host(), "command": " ".join(["python", "-m", "benchmarks.h200.event_board", *sys.argv[1:]]),
+        log = {**host("benchmarks.h200.event_board"),
                "started_utc": started_utc, "gpu": None if cpu else nvidia_smi(header=False),
                "agreement": agreement(timeline, steps, anchors, cpu, tick),
                "hook_parts": hook_parts(timeline, new_event, cpu),

@@ -235,7 +235,7 @@ def run(folder: Path, pairs: int, only: list[str] | None, cpu_test: bool, own_pr
     fake = ["--cpu-test-mode", "--nvml-module", "kdvfs.runtime.testing.nvml"] if cpu_test else []
     workloads = {label: dict(w) for label, w in (CPU_WORKLOADS if cpu_test else WORKLOADS).items()
                  if not only or label in only}
-    log: dict[str, Any] = {**host(), "command": " ".join(["python", "-m", "benchmarks.h200.overhead", *sys.argv[1:]]),
+    log: dict[str, Any] = {**host("benchmarks.h200.overhead"),
                            "started_utc": utc_now(), "nvidia_smi_before": nvidia_smi(header=False),
                            "probe": None if cpu_test else probe(GUARD), "own_process": own_process, "workloads": {},
                            "processes": []}

@@ -166,7 +166,7 @@ def run(out: Path, blocks: int, block_s: float, cpu: bool) -> None:
     trial("none", 0.0, 0.0, 3, block_s, device, spins_per_us)  # torch, its device and the ops made ready
     trials = [trial(kind, period_ms, work_us, blocks, block_s, device, spins_per_us)
               for kind, period_ms, work_us in CASES]
-    log = {**host(), "command": " ".join(["python", "-m", "benchmarks.h200.wake_cost", *sys.argv[1:]]),
+    log = {**host("benchmarks.h200.wake_cost"),
            "started_utc": started_utc, "device": device, "gpu": nvidia_smi(header=False) if not cpu else None,
            "spins_per_us": spins_per_us, "trials": trials}
     out.write_text(json.dumps(log, indent=1))
