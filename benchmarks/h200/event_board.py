@@ -25,8 +25,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common.provenance import host, nvidia_smi, provenance, provenance_lines, utc_now, write_results
-from benchmarks.common.run_report import number_cell, run_report_parser
+from benchmarks.common.provenance import host, nvidia_smi, utc_now, write_results
+from benchmarks.common.run_report import device_report, number_cell, run_report_parser
 from kdvfs.runtime.controller.timing.gpu_events.board import (
     ANCHORS_PASSED,
     HOOK_S,
@@ -172,12 +172,10 @@ def run(out: Path, steps: int, anchors: int, cpu: bool) -> None:
 def report(path: Path, name: str) -> None:
     """``benchmarks/results/NAME.{json,md}`` from a run's log."""
     log = json.loads(path.read_text())
-    command = f"python -m benchmarks.h200.event_board report {path} --name {name}"
     a, parts, idle = log["agreement"], log["hook_parts"], log["poller_idle"]
-    result = {**provenance(command), "device_run": {k: log[k] for k in ("machine", "command", "started_utc", "gpu")},
-              "agreement": a, "hook_parts": parts, "poller_idle": idle}
-    lines = [f"# The event board on {log['gpu'] or 'the CPU (fake events)'}", "", *provenance_lines(result),
-             f"- device run: `{log['command']}` on `{log['machine']}`, {log['started_utc']}", "",
+    record, header = device_report("benchmarks.h200.event_board", path, name, log)
+    result = {**record, "agreement": a, "hook_parts": parts, "poller_idle": idle}
+    lines = [f"# The event board on {log['gpu'] or 'the CPU (fake events)'}", "", *header, "",
              "## Against torch's own events (a launch-bound loop)", "",
              f"- {a['steps']} steps of {a['step_ms']:.2f} ms, {a['anchors_per_step']} anchors each: step times within "
              f"{number_cell(a['max_duration_error_ms'], '.4f')} ms of torch's; anchors in order and before their "

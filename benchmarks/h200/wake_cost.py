@@ -34,8 +34,8 @@ from typing import Any
 import numba
 import numpy as np
 
-from benchmarks.common.provenance import host, nvidia_smi, provenance, provenance_lines, utc_now, write_results
-from benchmarks.common.run_report import number_cell, run_report_parser
+from benchmarks.common.provenance import host, nvidia_smi, utc_now, write_results
+from benchmarks.common.run_report import device_report, number_cell, run_report_parser
 from kdvfs.runtime.controller.measurement.estimator import t_975
 
 CASES: tuple[tuple[str, float, float], ...] = (
@@ -198,12 +198,10 @@ def report(path: Path, name: str) -> None:
     """``benchmarks/results/NAME.{json,md}`` from a run's log."""
     log = json.loads(path.read_text())
     rows = summarise(log)
-    command = f"python -m benchmarks.h200.wake_cost report {path} --name {name}"
-    result = {**provenance(command), "device_run": {k: log[k] for k in ("machine", "command", "started_utc", "gpu")},
-              "rows": rows}
+    record, header = device_report("benchmarks.h200.wake_cost", path, name, log)
+    result = {**record, "rows": rows}
     lines = [f"# A helper thread's wake against a launch-bound training thread ({log['gpu'] or 'CPU'})", "",
-             *provenance_lines(result), f"- device run: `{log['command']}` on `{log['machine']}`, {log['started_utc']}",
-             "", "| helper | period (ms) | work per wake (us) | on-blocks | training slowdown % [95% CI] | "
+             *header, "", "| helper | period (ms) | work per wake (us) | on-blocks | training slowdown % [95% CI] | "
              "training time lost per wake (us) | helper CPU per wake (us) |",
              "| --- | ---: | ---: | ---: | --- | ---: | ---: |"]
     for r in rows:
